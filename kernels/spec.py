@@ -1,0 +1,214 @@
+"""The operator-spec contract: everything Kato needs to tune and verify one operator.
+
+A spec is pure Python + numpy. The tuner asks it for the parameter space, prunes invalid configs
+with :meth:`OperatorSpec.check`, renders a config into CUDA source (tunable parameters become
+``#define NAME value`` lines before the template, Kernel Tuner's convention), and gets the launch
+geometry, inputs and float64 reference from it. Backends do the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+#: A configuration: tunable parameter name -> value (ints or short strings).
+Config = dict[str, Any]
+
+#: Supported element types: name -> (numpy dtype, CUDA C type, bytes per element).
+DTYPES: dict[str, tuple[np.dtype, str, int]] = {
+    "float32": (np.dtype(np.float32), "float", 4),
+    "float16": (np.dtype(np.float16), "__half", 2),
+    "bfloat16": (np.dtype(ml_dtypes.bfloat16), "__nv_bfloat16", 2),
+    "int32": (np.dtype(np.int32), "int", 4),
+}
+
+
+class InvalidInput(ValueError):
+    """A request that cannot be served: unknown dtype, shape of the wrong rank, non-positive sizes.
+
+    The message says what to fix; the service turns it into an HTTP 422.
+    """
+
+
+def config_key(params: Sequence[str], config: Mapping[str, Any]) -> str:
+    """Kernel Tuner's cache key: parameter values comma-joined in ``params`` order."""
+    return ",".join(str(config[name]) for name in params)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Launch geometry of one kernel call."""
+
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int = 0  # dynamic shared memory per block
+
+    @property
+    def threads_per_block(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+
+@dataclass
+class Problem:
+    """One concrete problem instance: kernel arguments, which of them are outputs, references.
+
+    ``args`` is the kernel's argument list in order: numpy arrays (copied to the device) and
+    numpy scalars (passed by value). ``outputs`` are indices into ``args`` of the arrays the kernel
+    writes; a backend poisons them before a verification launch. ``references`` holds one float64
+    array per output (same order), computed from the inputs.
+    """
+
+    args: list[np.ndarray | np.generic]
+    outputs: list[int]
+    references: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.args if isinstance(a, np.ndarray))
+
+
+class OperatorSpec(ABC):
+    """An operator Kato can tune. Subclasses set the class attributes and implement the methods.
+
+    Attributes:
+        name: registry name, e.g. ``"softmax"``.
+        description: one line for ``GET /v1/operators``.
+        dtypes: the element types it accepts.
+        rank: number of dimensions of its shape.
+        shape_names: one name per dimension (``("rows", "cols")``), for docs and errors.
+        params: the tunable parameters, name -> allowed values, in Kernel Tuner key order.
+        template: path of the CUDA template rendered by :meth:`render`.
+        kernel_name: the ``extern "C"`` entry point in the template.
+    """
+
+    name: str
+    description: str
+    dtypes: tuple[str, ...]
+    rank: int
+    shape_names: tuple[str, ...]
+    params: dict[str, tuple[Any, ...]]
+    template: Path
+    kernel_name: str
+
+    # --- identity -----------------------------------------------------------------------------
+
+    @cached_property
+    def version(self) -> str:
+        """Hash of the template source and the parameter space (12 hex digits).
+
+        Part of every stored result's key: change the kernel or its space and old results stop
+        matching instead of serving a stale winner.
+        """
+        h = hashlib.sha256()
+        h.update(self.template.read_bytes())
+        h.update(json.dumps(self.params, sort_keys=True, default=str).encode())
+        return h.hexdigest()[:12]
+
+    # --- validation ---------------------------------------------------------------------------
+
+    def validate(self, shape: Sequence[int], dtype: str) -> tuple[int, ...]:
+        """Check a request's shape and dtype; return the shape as a tuple of ints.
+
+        Raises:
+            InvalidInput: with a message that says what to fix.
+        """
+        if dtype not in self.dtypes:
+            raise InvalidInput(
+                f"operator {self.name!r} does not support dtype {dtype!r}; "
+                f"supported: {', '.join(self.dtypes)}"
+            )
+        shape = tuple(int(s) for s in shape)
+        if len(shape) != self.rank:
+            raise InvalidInput(
+                f"operator {self.name!r} takes a shape of rank {self.rank} "
+                f"({'x'.join(self.shape_names)}), got {len(shape)} dimension(s): {shape}"
+            )
+        bad = [f"{n}={s}" for n, s in zip(self.shape_names, shape, strict=True) if s < 1]
+        if bad:
+            raise InvalidInput(f"every dimension must be at least 1, got {', '.join(bad)}")
+        return shape
+
+    @abstractmethod
+    def check(self, config: Config, shape: Sequence[int], dtype: str) -> str | None:
+        """Return ``None`` if ``config`` is valid for this shape and dtype, else the reason.
+
+        Must reject, before anything is compiled, every config that cannot be correct or cannot
+        launch on any supported GPU (threads per block > 1024, shared memory over the 227 KiB
+        opt-in maximum of the largest GPU, vector width not dividing what it must, ...).
+        Device-specific limits (a smaller GPU's shared memory) are checked by the tuner with the
+        GPU catalog.
+        """
+
+    @abstractmethod
+    def default_config(self, shape: Sequence[int], dtype: str) -> Config:
+        """A valid, reasonable config for any shape: what is served when nothing was tuned."""
+
+    # --- rendering and launching --------------------------------------------------------------
+
+    def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, Any]:
+        """Preprocessor macros for a config: the tunable parameters plus anything derived.
+
+        The default renders every tunable parameter as is; subclasses add derived values
+        (element type, problem-size constants) by overriding and extending.
+        """
+        return dict(config)
+
+    def render(self, config: Config, shape: Sequence[int], dtype: str) -> str:
+        """Full CUDA source: ``#define NAME value`` lines, then the template."""
+        lines = [f"#define {k} {v}" for k, v in self.defines(config, shape, dtype).items()]
+        return "\n".join(lines) + "\n" + self.template.read_text()
+
+    @abstractmethod
+    def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
+        """Grid, block and dynamic shared memory for one call on ``shape``."""
+
+    @abstractmethod
+    def make_problem(self, shape: Sequence[int], dtype: str, rng: np.random.Generator) -> Problem:
+        """Fresh random inputs (never zeros), output buffers and float64 references."""
+
+    @abstractmethod
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        """``(atol, rtol)`` for comparing an output of this dtype with the float64 reference."""
+
+    @abstractmethod
+    def bytes_moved(self, shape: Sequence[int], dtype: str) -> int:
+        """Minimum bytes read + written in global memory, for achieved GB/s."""
+
+    def buffer_bytes(self, shape: Sequence[int], dtype: str) -> int:
+        """Device memory one problem instance needs (inputs + outputs). The service rejects shapes
+        whose buffers do not fit the GPU model's memory. Default: :meth:`bytes_moved`."""
+        return self.bytes_moved(shape, dtype)
+
+    def flops(self, shape: Sequence[int], dtype: str) -> int:
+        """Floating-point operations (0 where bandwidth is the figure of merit)."""
+        return 0
+
+    # --- helpers for the service --------------------------------------------------------------
+
+    def space_size(self) -> int:
+        n = 1
+        for values in self.params.values():
+            n *= len(values)
+        return n
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready description for ``GET /v1/operators``."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "version": self.version,
+            "dtypes": list(self.dtypes),
+            "rank": self.rank,
+            "shape_names": list(self.shape_names),
+            "params": {k: list(v) for k, v in self.params.items()},
+            "space_size": self.space_size(),
+        }

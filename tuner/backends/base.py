@@ -1,0 +1,99 @@
+"""The backend contract: evaluate one config of one tuning task and report a :class:`TrialResult`.
+
+A backend never raises for a bad config: a config that fails to compile, launch or verify is a
+result with a failure status and its error text, so the search records it and goes on. Backends
+raise only for problems of the backend itself (no device, unreadable cache file).
+"""
+
+from __future__ import annotations
+
+import statistics
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from tuner.space import SearchSpace
+
+Config = dict[str, Any]
+
+
+class TrialStatus(StrEnum):
+    OK = "ok"
+    COMPILE_ERROR = "compile_error"
+    LAUNCH_ERROR = "launch_error"  # includes out-of-resources and faults during a launch
+    VERIFY_ERROR = "verify_error"  # ran, but the output did not match the float64 reference
+    TIMEOUT = "timeout"
+    INVALID = "invalid"  # rejected by the constraints; never measured, never counted
+
+
+@dataclass
+class TrialResult:
+    """What one evaluation of one config produced. ``time_ms`` is the median of ``times_ms``."""
+
+    config: Config
+    status: TrialStatus
+    times_ms: list[float] = field(default_factory=list)
+    compile_time_s: float | None = None
+    registers: int | None = None
+    shared_static_bytes: int | None = None
+    shared_dynamic_bytes: int | None = None
+    local_bytes: int | None = None
+    blocks_per_sm: int | None = None
+    occupancy: float | None = None  # active warps per SM / max warps per SM
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is TrialStatus.OK
+
+    @property
+    def time_ms(self) -> float | None:
+        return statistics.median(self.times_ms) if self.ok and self.times_ms else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["status"] = self.status.value
+        d["time_ms"] = self.time_ms
+        return d
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The GPU a backend measures on. ``model`` is the catalog's canonical name ("H200")."""
+
+    name: str
+    model: str
+    compute_capability: tuple[int, int]
+    cuda_version: str
+    sm_count: int | None = None
+    memory_bytes: int | None = None
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.compute_capability[0]}{self.compute_capability[1]}"
+
+
+class Backend(ABC):
+    """Evaluates configs of one tuning task on one device (real or recorded).
+
+    Thread-safety: a backend instance is used by one thread at a time.
+    """
+
+    name: str
+
+    @abstractmethod
+    def device(self) -> DeviceInfo:
+        """The device this backend measures on (for a replay file, the recorded one)."""
+
+    @abstractmethod
+    def space(self) -> SearchSpace:
+        """The search space of the task: parameters, and which combinations are valid."""
+
+    @abstractmethod
+    def evaluate(self, config: Config) -> TrialResult:
+        """Measure ``config`` (compile, verify, time) and return the result; never raises for a
+        faulty config. ``config`` must be valid according to :meth:`space`."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release device resources. Safe to call twice."""
