@@ -1,0 +1,135 @@
+"""Softmax on a real GPU: every dtype, awkward shapes, every valid variant verified."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from backend_conformance import BackendConformance
+
+from kernels import get_operator
+from kernels.spec import DTYPES
+
+AWKWARD = [(1, 1), (1, 4097), (3000, 3001), (65536, 128), (17, 333), (5, 1000003), (1, 32768)]
+DTYPE_NAMES = ["float32", "float16", "bfloat16"]
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return get_operator("softmax")
+
+
+def run_on_device(spec, config, shape, dtype, seed=0):
+    """Launch once outside the backend and return (output as float64, float64 reference)."""
+    import pycuda.autoprimaryctx  # noqa: F401 - a context for this process
+    import pycuda.driver as cuda
+
+    from tuner.nvcc import compile_kernel
+    from tuner.backends.pycuda import describe_device
+
+    arch = describe_device(0).arch
+    problem = spec.make_problem(shape, dtype, np.random.default_rng(seed))
+    compiled = compile_kernel(spec.render(config, shape, dtype), spec.kernel_name, arch=arch)
+    module = cuda.module_from_buffer(compiled.cubin)
+    fn = module.get_function(spec.kernel_name)
+    launch = spec.launch(config, shape, dtype)
+    if launch.shared_bytes > 48 * 1024:
+        fn.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                         launch.shared_bytes)
+    args, bufs = [], []
+    for a in problem.args:
+        if isinstance(a, np.ndarray):
+            buf = cuda.mem_alloc(a.nbytes)
+            cuda.memcpy_htod(buf, a)
+            bufs.append(buf)
+            args.append(buf)
+        else:
+            args.append(a)
+    out_index = problem.outputs[0]
+    out = np.empty_like(problem.args[out_index])
+    cuda.memset_d8(args[out_index], 0xFF, out.nbytes)  # poison: NaN everywhere
+    fn(*args, block=launch.block, grid=launch.grid, shared=launch.shared_bytes)
+    cuda.Context.synchronize()
+    cuda.memcpy_dtoh(out, args[out_index])
+    return out.astype(np.float64), problem.references[0]
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("shape", AWKWARD, ids=lambda s: "x".join(map(str, s)))
+def test_default_config_matches_float64_reference(spec, shape, dtype):
+    y, ref = run_on_device(spec, spec.default_config(shape, dtype), shape, dtype)
+    atol, rtol = spec.tolerance(dtype)
+    assert np.isfinite(y).all(), "some outputs were never written (poison left)"
+    np.testing.assert_allclose(y, ref, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("shape", [(3000, 3001), (257, 4096), (64, 130), (3, 24576)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_every_valid_variant_verifies(spec, shape, dtype):
+    """The backend's device-side verification passes for every valid config of the space."""
+    from tuner.backends.pycuda import PyCudaBackend
+
+    backend = PyCudaBackend(spec, shape, dtype, repeats=1, warmup=0, seed=1)
+    try:
+        failures = []
+        for config in backend.space().valid_configs():
+            compiled = backend.compile(config)
+            launch = spec.launch(config, shape, dtype)
+            fn = backend._load(compiled, launch)
+            error = backend.verify(fn, launch)
+            if error:
+                failures.append((config, error))
+        assert not failures, failures[:5]
+    finally:
+        backend.close()
+
+
+BROKEN = r"""
+extern "C" __global__ void softmax_kernel(const float* x, float* y, int rows, int cols) {
+    // Uniform output, and the very last element is never written (its poison stays).
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < (long long)rows * cols - 1) y[i] = 1.0f / cols;
+}
+"""
+
+
+def test_verification_catches_a_wrong_kernel(spec, monkeypatch):
+    """A wrong kernel is a recorded verify_error with its reason, never a timed success."""
+    from tuner.backends.base import TrialStatus
+    from tuner.backends.pycuda import PyCudaBackend
+
+    shape, dtype = (64, 1000), "float32"
+    backend = PyCudaBackend(spec, shape, dtype, repeats=2, seed=2)
+    try:
+        monkeypatch.setattr(spec, "render", lambda config, shape, dtype: BROKEN)
+        config = spec.default_config(shape, dtype)
+        launch = spec.launch(config, shape, dtype)
+        # the broken kernel is 1-D over all elements: give it enough threads
+        monkeypatch.setattr(spec, "launch", lambda c, s, d: type(launch)(
+            grid=((s[0] * s[1] + 255) // 256, 1, 1), block=(256, 1, 1), shared_bytes=0))
+        result = backend.evaluate(config)
+        assert result.status is TrialStatus.VERIFY_ERROR
+        assert "outside tolerance" in result.error
+        assert result.time_ms is None
+    finally:
+        backend.close()
+
+
+class TestPyCudaConformance(BackendConformance):
+    sweep = 16
+
+    @pytest.fixture(scope="class")
+    def backend(self):
+        from tuner.backends.pycuda import PyCudaBackend
+
+        b = PyCudaBackend(get_operator("softmax"), (4096, 4096), "float16", repeats=10)
+        yield b
+        b.close()
+
+    @pytest.fixture
+    def reference_config(self):
+        return get_operator("softmax").default_config((4096, 4096), "float16")
+
+
+def test_dtypes_known():
+    assert set(DTYPE_NAMES) <= set(DTYPES)

@@ -1,0 +1,113 @@
+"""The replay backend and the search over real brute-forced spaces (../shared/datasets)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+from backend_conformance import BackendConformance
+from typer.testing import CliRunner
+
+from service.cli import app
+from tuner.backends.base import TrialStatus
+from tuner.backends.replay import ReplayBackend
+from tuner.kt_cache import KernelTunerCache, load_cache, save_cache
+from tuner.replay_eval import replay_search
+
+
+@pytest.fixture(scope="module")
+def conv_file(shared_datasets):
+    return next(f for f in shared_datasets if "convolution" in str(f))
+
+
+class TestReplayConformance(BackendConformance):
+    @pytest.fixture(scope="class")
+    def backend(self, conv_file):
+        return ReplayBackend(conv_file)
+
+    @pytest.fixture
+    def reference_config(self, backend):
+        key, entry = backend.cache.best()
+        return {p: entry[p] for p in backend.cache.params}
+
+
+def test_replay_answers_from_the_file(conv_file):
+    cache = load_cache(conv_file)
+    backend = ReplayBackend(cache)
+    statuses = {}
+    for key, entry in cache.entries.items():
+        config = {p: entry[p] for p in cache.params}
+        assert backend.space().is_valid(config)
+        r = backend.evaluate(config)
+        statuses[r.status] = statuses.get(r.status, 0) + 1
+        if r.ok:
+            assert r.time_ms == entry["time"]
+    # The convolution space has both kinds of recorded failure (see the datasets README).
+    assert statuses[TrialStatus.OK] == 4201
+    assert statuses[TrialStatus.LAUNCH_ERROR] == 155
+    assert statuses[TrialStatus.COMPILE_ERROR] == 6
+    # A combination absent from the file violated the kernel's restrictions.
+    absent = next(c for c in backend.space().all_configs()
+                  if cache.key(c) not in cache.entries)
+    assert not backend.space().is_valid(absent)
+    assert backend.device().model == "A100 40GB"
+
+
+def test_cache_roundtrip_plain_and_gzip(tmp_path):
+    cache = KernelTunerCache(
+        device_name="NVIDIA H200", kernel_name="k", problem_size=[4, 4],
+        tune_params={"a": [1, 2], "b": ["x", "y"]},
+        entries={"1,x": {"a": 1, "b": "x", "time": 1.5, "times": [1.4, 1.5, 1.6]},
+                 "2,y": {"a": 2, "b": "y", "time": "RuntimeFailedConfig"}},
+    )
+    for name in ("c.json", "c.json.gz"):
+        save_cache(cache, tmp_path / name)
+        back = load_cache(tmp_path / name)
+        assert back.entries == cache.entries and back.tune_params == cache.tune_params
+        assert back.best()[0] == "1,x"
+    assert gzip.open(tmp_path / "c.json.gz").read(1) == b"{"
+
+
+def test_unfinished_kernel_tuner_file_is_accepted(tmp_path):
+    # Kernel Tuner appends entries while tuning and closes the JSON only at the end.
+    text = json.dumps({"device_name": "d", "kernel_name": "k", "problem_size": [1],
+                       "tune_params_keys": ["a"], "tune_params": {"a": [1, 2]},
+                       "objective": "time", "cache": {"1": {"a": 1, "time": 2.0}}})
+    (tmp_path / "open.json").write_text(text[:-2] + ",\n")
+    assert load_cache(tmp_path / "open.json").entries["1"]["time"] == 2.0
+
+
+def test_not_a_cache_file_is_a_clear_error(tmp_path):
+    (tmp_path / "x.json").write_text('{"hello": 1}')
+    with pytest.raises(ValueError, match="not a Kernel Tuner cache file"):
+        load_cache(tmp_path / "x.json")
+
+
+def test_search_over_every_dataset_beats_a_floor(shared_datasets):
+    """The default strategy at budget 100 on each brute-forced space (3 seeds): a floor well
+    above what a broken search reaches (a search that never learns lands near random's 0.7 on
+    the convolution spaces); benchmarks/search_quality.py reports the real figures."""
+    for path in shared_datasets:
+        report = replay_search(path, budget=100, repeats=3, seed=0)
+        assert report.mean_fraction_of_optimum >= 0.75, (path, report.per_seed)
+        assert all(p["measured"] == 100 for p in report.per_seed)
+
+
+def test_cli_replay_json(shared_datasets):
+    path = next(f for f in shared_datasets if "dedispersion" in str(f))
+    out = CliRunner().invoke(app, ["replay", str(path), "--budget", "20", "--repeats", "2",
+                                   "--seed", "7", "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    assert data["budget"] == 20 and data["strategy"] == "tpe"
+    assert [p["seed"] for p in data["per_seed"]] == [7, 8]
+    assert 0.9 < data["mean_fraction_of_optimum"] <= 1.0
+    mean = sum(p["fraction_of_optimum"] for p in data["per_seed"]) / 2
+    assert data["mean_fraction_of_optimum"] == pytest.approx(mean)
+
+
+def test_cli_replay_bad_strategy(shared_datasets):
+    out = CliRunner().invoke(app, ["replay", str(shared_datasets[0]), "--strategy", "nope"])
+    assert out.exit_code != 0
+    assert "strategy must be one of" in out.output

@@ -1,0 +1,122 @@
+"""The search loop's contract, on synthetic spaces where every answer is known."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from tuner.backends.base import TrialResult, TrialStatus
+from tuner.search import Budget, Search
+from tuner.space import SearchSpace
+
+
+def make_space() -> SearchSpace:
+    # 8 x 4 x 3 = 96 combinations; odd block sizes with vec 4 are "invalid".
+    return SearchSpace(
+        params={"block": (32, 64, 96, 128, 160, 192, 224, 256), "vec": (1, 2, 4, 8),
+                "mode": ("a", "b", "c")},
+        check=lambda c: "vec 8 needs mode a" if c["vec"] == 8 and c["mode"] != "a" else None,
+    )
+
+
+class Counter:
+    """An evaluate() that records every call and fails some configs."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def __call__(self, config):
+        key = (config["block"], config["vec"], config["mode"])
+        self.calls.append(key)
+        if config["block"] == 160:
+            return TrialResult(config=config, status=TrialStatus.COMPILE_ERROR, error="boom")
+        t = abs(config["block"] - 192) / 32 + abs(config["vec"] - 4) + {"a": 1, "b": 0, "c": 2}[
+            config["mode"]] + 1.0
+        return TrialResult(config=config, status=TrialStatus.OK, times_ms=[t, t + 1, t - 0.5])
+
+
+@pytest.mark.parametrize("strategy", ["tpe", "random", "grid"])
+def test_budget_distinct_valid_and_failures_counted(strategy):
+    space, evaluate = make_space(), Counter()
+    result = Search(space, evaluate, strategy=strategy, seed=3).run(Budget(max_configs=30))
+    assert result.measured == 30
+    assert len(evaluate.calls) == 30
+    assert len(set(evaluate.calls)) == 30, "a config was measured twice"
+    for block, vec, mode in evaluate.calls:
+        assert not (vec == 8 and mode != "a"), "an invalid config was measured"
+    # The winner is the lowest median among OK results (median of [t, t+1, t-0.5] is t).
+    ok = [r for r in result.results.values() if r.ok]
+    assert result.best.time_ms == min(r.time_ms for r in ok)
+    assert result.best.time_ms == pytest.approx(min(r.times_ms[0] for r in ok))
+
+
+def test_failed_configs_are_recorded_and_search_goes_on():
+    space, evaluate = make_space(), Counter()
+    result = Search(space, evaluate, strategy="grid", seed=0).run(Budget(max_configs=80))
+    failed = [r for r in result.results.values() if r.status is TrialStatus.COMPILE_ERROR]
+    assert failed and all(r.config["block"] == 160 for r in failed)
+    assert result.best is not None and result.best.ok
+
+
+def test_exhausting_a_small_space_stops_with_every_valid_config_measured_once():
+    space, evaluate = make_space(), Counter()
+    valid = len(space.valid_configs())
+    assert valid == 96 - 16
+    result = Search(space, evaluate, strategy="tpe", seed=1).run(Budget(max_configs=1000))
+    assert result.stopped == "exhausted"
+    assert len(evaluate.calls) == valid == len(set(evaluate.calls))
+    assert result.best.config == {"block": 192, "vec": 4, "mode": "b"}
+
+
+def test_same_seed_same_proposals():
+    runs = []
+    for _ in range(2):
+        evaluate = Counter()
+        Search(make_space(), evaluate, strategy="tpe", seed=42).run(Budget(max_configs=20))
+        runs.append(evaluate.calls)
+    assert runs[0] == runs[1]
+
+
+def test_resume_never_remeasures_and_continues_the_study(tmp_path):
+    """A job stopped half-way resumes from its stored study and known results."""
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    space = make_space()
+    first = Counter()
+    stop_after = 12
+    r1 = Search(space, first, strategy="tpe", seed=5, storage=storage, study_name="job",
+                should_stop=lambda: len(first.calls) >= stop_after).run(Budget(max_configs=40))
+    assert r1.stopped == "cancelled" and r1.measured == stop_after
+    # Simulate a crash between ask() and tell(): a RUNNING trial left in the study.
+    optuna.load_study(study_name="job", storage=storage).ask()
+    second = Counter()
+    r2 = Search(space, second, strategy="tpe", seed=5, storage=storage, study_name="job",
+                known=r1.results).run(Budget(max_configs=40))
+    assert r2.measured == 40
+    assert len(second.calls) == 40 - stop_after
+    assert not set(first.calls) & set(second.calls), "a finished trial was measured again"
+    study = optuna.load_study(study_name="job", storage=storage)
+    assert not study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+
+
+def test_seed_configs_are_measured_first():
+    evaluate = Counter()
+    seeds = [{"block": 192, "vec": 4, "mode": "b"}, {"block": 64, "vec": 8, "mode": "c"},
+             {"block": 32, "vec": 1, "mode": "a"}]
+    Search(make_space(), evaluate, seed=0, seed_configs=seeds).run(Budget(max_configs=5))
+    # the invalid seed (vec 8, mode c) is skipped
+    assert evaluate.calls[:2] == [(192, 4, "b"), (32, 1, "a")]
+
+
+def test_time_budget_stops():
+    evaluate = Counter()
+    result = Search(make_space(), evaluate, seed=0).run(Budget(max_configs=None, max_seconds=0.2))
+    assert result.stopped == "time"
+
+
+def test_bad_budget_and_strategy():
+    with pytest.raises(ValueError, match="max_configs"):
+        Budget(max_configs=None, max_seconds=None)
+    with pytest.raises(ValueError, match="at least 1"):
+        Budget(max_configs=0)
+    with pytest.raises(ValueError, match="unknown strategy"):
+        Search(make_space(), Counter(), strategy="annealing")

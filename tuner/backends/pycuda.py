@@ -1,0 +1,301 @@
+"""The PyCUDA backend: compiles a spec's variants with nvcc, verifies them, times them.
+
+The only module that imports pycuda (lazily, at construction). Per config:
+
+1. render the source and compile it with nvcc for the device's arch (``tuner.nvcc``, with an
+   on-disk cache); read registers, static shared and local memory from ptxas;
+2. load the cubin into the device's primary context (shared with PyTorch);
+3. verify: poison the output buffers (all bits set = NaN), launch once on fresh random inputs,
+   compare every element with the float64 reference on the device (tolerance per dtype);
+4. time: warm up, then ``repeats`` CUDA-event-timed batches of launches, rotating over enough
+   copies of the inputs that a repeat does not time the L2 cache; report the per-launch time of
+   each batch (the trial's time is their median).
+
+A failure in any step is a :class:`TrialResult` with a failure status, never an exception.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kernels.spec import DTYPES, Launch, OperatorSpec
+from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
+from tuner.gpus import find_gpu, normalize_gpu_name
+from tuner.nvcc import CompiledKernel, CompileError, compile_kernel, cuda_version
+from tuner.occupancy import occupancy
+from tuner.space import SearchSpace
+
+_VERIFY_SOURCE = Path(__file__).resolve().parent.parent / "verify_kernel.cu"
+_ARG_FORMATS = {np.int32: "i", np.uint32: "I", np.int64: "q", np.uint64: "Q",
+                np.float32: "f", np.float64: "d"}
+#: Target duration of one timed batch: long enough that event resolution and launch gaps vanish.
+_BATCH_TARGET_MS = 1.0
+_MAX_BATCH = 200
+
+
+def _import_pycuda():
+    try:
+        import pycuda.driver as cuda
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        raise RuntimeError(
+            "the pycuda backend needs PyCUDA and a CUDA driver: pip install 'kato[cuda]'"
+        ) from exc
+    return cuda
+
+
+def device_count() -> int:
+    """Number of CUDA devices visible (0 where PyCUDA or the driver is missing)."""
+    try:
+        cuda = _import_pycuda()
+        cuda.init()
+        return cuda.Device.count()
+    except Exception:
+        return 0
+
+
+def describe_device(index: int = 0) -> DeviceInfo:
+    cuda = _import_pycuda()
+    cuda.init()
+    dev = cuda.Device(index)
+    name = dev.name()
+    return DeviceInfo(
+        name=name,
+        model=normalize_gpu_name(name),
+        compute_capability=dev.compute_capability(),
+        cuda_version=cuda_version(),
+        sm_count=dev.get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT),
+        memory_bytes=dev.total_memory(),
+    )
+
+
+class PyCudaBackend(Backend):
+    """Measures ``spec`` at ``shape``/``dtype`` on CUDA device ``device_index``.
+
+    Args:
+        repeats: timed batches per config (the time is their median).
+        warmup: untimed launches before timing.
+        seed: seeds the random inputs (each backend instance draws fresh ones).
+        compile_cache: directory of the nvcc cache (None = the default).
+    """
+
+    name = "pycuda"
+
+    def __init__(
+        self,
+        spec: OperatorSpec,
+        shape: Sequence[int],
+        dtype: str,
+        *,
+        device_index: int = 0,
+        repeats: int = 15,
+        warmup: int = 3,
+        seed: int | None = None,
+        compile_cache: Path | None = None,
+    ):
+        self.cuda = cuda = _import_pycuda()
+        cuda.init()
+        self.spec, self.shape, self.dtype = spec, tuple(shape), dtype
+        self.repeats, self.warmup = repeats, warmup
+        self.compile_cache = compile_cache
+        self._device = cuda.Device(device_index)
+        self._context = self._device.retain_primary_context()
+        self._context.push()
+        self.info = describe_device(device_index)
+        self.gpu = find_gpu(self.info.model)
+        self._rng = np.random.default_rng(seed)
+        self._modules: list[Any] = []  # keep loaded modules alive
+        self._setup_buffers()
+        self._verifier = self._load_verifier()
+
+    # --- setup ------------------------------------------------------------------------------
+
+    def _setup_buffers(self) -> None:
+        cuda = self.cuda
+        problem = self.spec.make_problem(self.shape, self.dtype, self._rng)
+        self.problem = problem
+        self._arg_format = "".join(
+            "P" if isinstance(a, np.ndarray) else _ARG_FORMATS[type(a)] for a in problem.args
+        )
+        # Enough copies that one timed batch streams more than twice the L2 from memory.
+        l2 = self.gpu.l2_bytes if self.gpu else 64 << 20
+        copies = max(1, min(8, math.ceil(2 * l2 / max(problem.nbytes, 1))))
+        free, _ = cuda.mem_get_info()
+        copies = max(1, min(copies, int(0.5 * free // max(problem.nbytes, 1))))
+        self._arg_sets: list[list[Any]] = []
+        for _ in range(copies):
+            args = []
+            for a in problem.args:
+                if isinstance(a, np.ndarray):
+                    buf = cuda.mem_alloc(max(a.nbytes, 1))
+                    cuda.memcpy_htod(buf, np.ascontiguousarray(a))
+                    args.append(buf)
+                else:
+                    args.append(a)
+            self._arg_sets.append(args)
+        self._refs = []
+        for out_index, ref in zip(problem.outputs, problem.references, strict=True):
+            buf = cuda.mem_alloc(max(ref.size * 4, 4))
+            cuda.memcpy_htod(buf, np.ascontiguousarray(ref, dtype=np.float32))
+            self._refs.append((out_index, buf, ref.size))
+        self._bad = cuda.mem_alloc(8)
+        self._max_err = cuda.mem_alloc(4)
+
+    def _load_verifier(self):
+        out_types = {DTYPES[self.dtype][1]}
+        functions = {}
+        for ctype in out_types:
+            compiled = compile_kernel(
+                _VERIFY_SOURCE.read_text(), "count_mismatches", arch=self.info.arch,
+                options=(f"-DOUT_T={ctype}",), cache_dir=self.compile_cache,
+            )
+            module = self.cuda.module_from_buffer(compiled.cubin)
+            self._modules.append(module)
+            fn = module.get_function("count_mismatches")
+            fn.prepare("PPqffPP")
+            functions[ctype] = fn
+        return functions[DTYPES[self.dtype][1]]
+
+    # --- Backend API ------------------------------------------------------------------------
+
+    def device(self) -> DeviceInfo:
+        return self.info
+
+    def space(self) -> SearchSpace:
+        return SearchSpace(self.spec.params, check=self.check)
+
+    def check(self, config: dict[str, Any]) -> str | None:
+        """The spec's constraints plus this device's limits (threads, shared memory)."""
+        reason = self.spec.check(config, self.shape, self.dtype)
+        if reason or self.gpu is None:
+            return reason
+        launch = self.spec.launch(config, self.shape, self.dtype)
+        if launch.threads_per_block > self.gpu.max_threads_per_block:
+            return f"{launch.threads_per_block} threads per block > {self.gpu.max_threads_per_block}"
+        if launch.shared_bytes > self.gpu.shared_per_block_optin_bytes:
+            return (f"{launch.shared_bytes} B dynamic shared memory > "
+                    f"{self.gpu.shared_per_block_optin_bytes} B per block on {self.gpu.name}")
+        return None
+
+    def compile(self, config: dict[str, Any]) -> CompiledKernel:
+        """Render and compile ``config`` (raises CompileError)."""
+        source = self.spec.render(config, self.shape, self.dtype)
+        return compile_kernel(source, self.spec.kernel_name, arch=self.info.arch,
+                              cache_dir=self.compile_cache)
+
+    def evaluate(self, config: dict[str, Any]) -> TrialResult:
+        result = TrialResult(config=dict(config), status=TrialStatus.OK)
+        reason = self.check(config)
+        if reason:
+            result.status, result.error = TrialStatus.INVALID, reason
+            return result
+        t0 = time.perf_counter()
+        try:
+            compiled = self.compile(config)
+        except CompileError as exc:
+            result.status, result.error = TrialStatus.COMPILE_ERROR, exc.log[-4000:]
+            result.compile_time_s = time.perf_counter() - t0
+            return result
+        launch = self.spec.launch(config, self.shape, self.dtype)
+        result.compile_time_s = compiled.compile_time_s
+        result.registers = compiled.registers
+        result.shared_static_bytes = compiled.shared_static_bytes
+        result.shared_dynamic_bytes = launch.shared_bytes
+        result.local_bytes = compiled.local_bytes
+        if self.gpu is not None:
+            occ = occupancy(self.gpu, launch.threads_per_block, compiled.registers,
+                            compiled.shared_static_bytes + launch.shared_bytes)
+            result.blocks_per_sm, result.occupancy = occ.blocks_per_sm, occ.fraction
+        try:
+            fn = self._load(compiled, launch)
+            error = self.verify(fn, launch)
+        except self.cuda.Error as exc:
+            result.status, result.error = TrialStatus.LAUNCH_ERROR, f"{type(exc).__name__}: {exc}"
+            return result
+        if error:
+            result.status, result.error = TrialStatus.VERIFY_ERROR, error
+            return result
+        try:
+            result.times_ms = self.time(fn, launch)
+        except self.cuda.Error as exc:
+            result.status, result.error = TrialStatus.LAUNCH_ERROR, f"{type(exc).__name__}: {exc}"
+        return result
+
+    # --- steps ------------------------------------------------------------------------------
+
+    def _load(self, compiled: CompiledKernel, launch: Launch):
+        module = self.cuda.module_from_buffer(compiled.cubin)
+        self._modules.append(module)
+        fn = module.get_function(compiled.kernel_name)
+        if launch.shared_bytes > 48 * 1024:
+            fn.set_attribute(
+                self.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, launch.shared_bytes
+            )
+        fn.prepare(self._arg_format)
+        return fn
+
+    def _launch(self, fn, launch: Launch, args: list[Any]) -> None:
+        fn.prepared_call(launch.grid, launch.block, *args, shared_size=launch.shared_bytes)
+
+    def verify(self, fn, launch: Launch) -> str | None:
+        """Launch once on the reference inputs with poisoned outputs; return an error text if
+        any output element is outside tolerance (None if all match)."""
+        cuda = self.cuda
+        args = self._arg_sets[0]
+        for out_index, _, _ in self._refs:
+            nbytes = self.problem.args[out_index].nbytes
+            cuda.memset_d8(args[out_index], 0xFF, nbytes)
+        self._launch(fn, launch, args)
+        cuda.Context.synchronize()
+        atol, rtol = self.spec.tolerance(self.dtype)
+        for out_index, ref_buf, n in self._refs:
+            cuda.memset_d8(self._bad, 0, 8)
+            cuda.memset_d8(self._max_err, 0, 4)
+            grid = (min(4096, max(1, (n + 255) // 256)), 1, 1)
+            self._verifier.prepared_call(grid, (256, 1, 1), args[out_index], ref_buf, np.int64(n),
+                                         np.float32(atol), np.float32(rtol), self._bad,
+                                         self._max_err)
+            bad = np.zeros(1, np.uint64)
+            max_err = np.zeros(1, np.float32)
+            cuda.memcpy_dtoh(bad, self._bad)
+            cuda.memcpy_dtoh(max_err, self._max_err)
+            if bad[0]:
+                return (f"output {out_index}: {int(bad[0])} of {n} elements outside tolerance "
+                        f"(atol={atol}, rtol={rtol}); max abs error {float(max_err[0]):.3g}")
+        return None
+
+    def time(self, fn, launch: Launch) -> list[float]:
+        """Per-launch milliseconds of each of ``repeats`` batches (after warm-up)."""
+        cuda = self.cuda
+        sets = self._arg_sets
+        for i in range(self.warmup):
+            self._launch(fn, launch, sets[i % len(sets)])
+        start, end = cuda.Event(), cuda.Event()
+        start.record()
+        self._launch(fn, launch, sets[0])
+        end.record()
+        end.synchronize()
+        single = max(end.time_since(start), 1e-3)
+        batch = max(1, min(_MAX_BATCH, math.ceil(_BATCH_TARGET_MS / single)))
+        times = []
+        for _ in range(self.repeats):
+            start.record()
+            for i in range(batch):
+                self._launch(fn, launch, sets[i % len(sets)])
+            end.record()
+            end.synchronize()
+            times.append(end.time_since(start) / batch)
+        return times
+
+    def close(self) -> None:
+        if self._context is not None:
+            self._modules.clear()
+            self._context.pop()
+            self._context.detach()
+            self._context = None
+

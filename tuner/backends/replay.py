@@ -1,0 +1,91 @@
+"""The replay backend: answers evaluations from a recorded Kernel Tuner cache file.
+
+It makes the whole tuning path run without a GPU (CI, search-quality benchmarks): the search
+space is the file's ``tune_params``; a combination absent from the file violated the kernel's
+restrictions and is invalid; an entry whose time is a failure marker is a failed trial.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
+from tuner.kt_cache import KernelTunerCache, load_cache
+from tuner.space import SearchSpace
+
+_FAILURES = {
+    "CompilationFailedConfig": TrialStatus.COMPILE_ERROR,
+    "RuntimeFailedConfig": TrialStatus.LAUNCH_ERROR,
+    "InvalidConfig": TrialStatus.INVALID,
+}
+
+#: Optional per-entry fields this backend copies into a TrialResult (Kato writes them).
+_RESOURCE_FIELDS = (
+    "registers",
+    "shared_static_bytes",
+    "shared_dynamic_bytes",
+    "local_bytes",
+    "blocks_per_sm",
+    "occupancy",
+)
+
+
+class ReplayBackend(Backend):
+    """Replays ``cache`` (a :class:`KernelTunerCache` or a path to one).
+
+    ``time_ms`` of a replayed trial is the file's objective value (Kernel Tuner stores the mean of
+    its repeats as ``time``), so that "best found / best in file" compares like with like.
+    """
+
+    name = "replay"
+
+    def __init__(self, cache: KernelTunerCache | str | Path, *, compute_capability=(0, 0)):
+        self.cache = cache if isinstance(cache, KernelTunerCache) else load_cache(cache)
+        self._space = SearchSpace(
+            params={k: tuple(v) for k, v in self.cache.tune_params.items()},
+            check=self._check,
+        )
+        self._compute_capability = tuple(compute_capability)
+        self.evaluations = 0  # how many times evaluate() was called (tests use it)
+
+    def _check(self, config: dict[str, Any]) -> str | None:
+        if self.cache.key(config) in self.cache.entries:
+            return None
+        return "combination absent from the recorded space (violates the kernel's restrictions)"
+
+    def device(self) -> DeviceInfo:
+        from tuner.gpus import normalize_gpu_name
+
+        cc = self.cache.extra.get("compute_capability")
+        cc_tuple = tuple(int(x) for x in str(cc).split(".")) if cc else self._compute_capability
+        return DeviceInfo(
+            name=self.cache.device_name,
+            model=normalize_gpu_name(self.cache.device_name),
+            compute_capability=cc_tuple,  # type: ignore[arg-type]
+            cuda_version=str(self.cache.extra.get("cuda_version", "replay")),
+        )
+
+    def space(self) -> SearchSpace:
+        return self._space
+
+    def evaluate(self, config: dict[str, Any]) -> TrialResult:
+        self.evaluations += 1
+        entry = self.cache.entries.get(self.cache.key(config))
+        if entry is None:
+            return TrialResult(config=dict(config), status=TrialStatus.INVALID,
+                               error="combination absent from the recorded space")
+        value = entry.get(self.cache.objective)
+        compile_ms = entry.get("compile_time")
+        compile_s = compile_ms / 1000.0 if isinstance(compile_ms, int | float) else None
+        resources = {f: entry[f] for f in _RESOURCE_FIELDS if f in entry}
+        if isinstance(value, str) or value is None:
+            status = _FAILURES.get(str(value), TrialStatus.LAUNCH_ERROR)
+            return TrialResult(config=dict(config), status=status, compile_time_s=compile_s,
+                               error=entry.get("error", str(value)), **resources)
+        return TrialResult(config=dict(config), status=TrialStatus.OK, times_ms=[float(value)],
+                           compile_time_s=compile_s, **resources)
+
+    def best_time_ms(self) -> float:
+        """The lowest objective value in the file (the optimum of the space)."""
+        return float(self.cache.best()[1][self.cache.objective])

@@ -1,0 +1,266 @@
+"""The search loop: Optuna proposes configs, a backend measures them, the best median wins.
+
+Contract (what the tests hold the loop to):
+
+- Invalid configs (``space.check`` names a reason) are never measured and never count.
+- A config is measured at most once per job: a repeat proposal is answered from the results
+  already known (also those recorded before a restart), for free.
+- A failed config (compile, launch, verify, timeout) counts as measured, is recorded, and the
+  search goes on. Optuna sees it as a bad value so it steers away from it.
+- The budget is a number of distinct measured configs and/or seconds of wall time.
+- The winner is the config with the lowest median time among the OK results.
+
+The Optuna study can live in any Optuna storage (the service uses the job database), so a job
+that stops half-way resumes with the sampler's history intact.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import optuna
+
+from tuner.backends.base import TrialResult
+from tuner.space import Config, SearchSpace
+
+log = logging.getLogger(__name__)
+
+Strategy = Literal["tpe", "random", "grid"]
+STRATEGIES: tuple[str, ...] = ("tpe", "random", "grid")
+
+#: Objective value given to Optuna for failed or invalid configs: worse than any real time.
+#: The samplers rank values, so only "worse than every success" matters, not the magnitude.
+FAILED_VALUE = 1e30
+#: After this many proposals in a row that bring nothing new (invalid or already measured), the
+#: loop measures a random unmeasured valid config instead, so small or heavily constrained
+#: spaces never stall the search.
+MAX_UNPRODUCTIVE_PROPOSALS = 32
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much a search may measure: distinct configs and/or wall-clock seconds (None = no
+    limit on that axis; at least one must be set)."""
+
+    max_configs: int | None = 100
+    max_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_configs is None and self.max_seconds is None:
+            raise ValueError("a budget needs max_configs or max_seconds")
+        if self.max_configs is not None and self.max_configs < 1:
+            raise ValueError("max_configs must be at least 1")
+        if self.max_seconds is not None and self.max_seconds <= 0:
+            raise ValueError("max_seconds must be positive")
+
+
+@dataclass
+class SearchResult:
+    """Outcome of :meth:`Search.run`. ``results`` maps config key -> result for every config
+    measured in this job (resumed ones included); ``new`` lists the ones measured in this run."""
+
+    best: TrialResult | None
+    results: dict[str, TrialResult]
+    new: list[TrialResult] = field(default_factory=list)
+    stopped: str = "budget"  # budget | time | exhausted | cancelled
+
+    @property
+    def measured(self) -> int:
+        return len(self.results)
+
+
+class _Encoding:
+    """Maps configs to Optuna parameters and back.
+
+    Numeric parameters are suggested as an integer index into their sorted values, so the TPE
+    density model sees their order (block size 128 is between 64 and 256); other parameters are
+    categorical. Parameters with a single value are fixed and not suggested at all.
+    """
+
+    def __init__(self, params: Mapping[str, tuple[Any, ...]]):
+        self.values: dict[str, list[Any]] = {}
+        self.ordered: dict[str, bool] = {}
+        self.fixed: dict[str, Any] = {}
+        for name, values in params.items():
+            vals = list(dict.fromkeys(values))
+            if len(vals) == 1:
+                self.fixed[name] = vals[0]
+                continue
+            numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in vals)
+            self.values[name] = sorted(vals) if numeric else vals
+            self.ordered[name] = numeric
+        self.order = list(params)
+
+    def suggest(self, trial: optuna.Trial) -> Config:
+        chosen: dict[str, Any] = dict(self.fixed)
+        for name, vals in self.values.items():
+            if self.ordered[name]:
+                chosen[name] = vals[trial.suggest_int(name, 0, len(vals) - 1)]
+            else:
+                idx = trial.suggest_categorical(name, list(range(len(vals))))
+                chosen[name] = vals[idx]
+        return {name: chosen[name] for name in self.order}
+
+    def encode(self, config: Mapping[str, Any]) -> dict[str, int]:
+        return {name: vals.index(config[name]) for name, vals in self.values.items()}
+
+
+def make_sampler(strategy: str, seed: int, encoding: _Encoding) -> optuna.samplers.BaseSampler:
+    """The Optuna sampler for a strategy name.
+
+    Raises:
+        ValueError: for an unknown strategy.
+    """
+    if strategy == "tpe":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10)
+    if strategy == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if strategy == "grid":
+        # The grid's order comes from Search (every valid config, shuffled by the seed, enqueued
+        # one by one); Optuna's GridSampler would also walk the invalid points and stop the study.
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+
+
+def objective_value(result: TrialResult) -> float:
+    t = result.time_ms
+    return t if t is not None and math.isfinite(t) else FAILED_VALUE
+
+
+def best_of(results: Mapping[str, TrialResult]) -> TrialResult | None:
+    """The OK result with the lowest median time (None if none succeeded)."""
+    ok = [r for r in results.values() if r.time_ms is not None]
+    return min(ok, key=lambda r: r.time_ms) if ok else None  # type: ignore[arg-type,return-value]
+
+
+class Search:
+    """One search over ``space`` measuring with ``evaluate``.
+
+    Args:
+        space: parameters and validity.
+        evaluate: measures one valid config; must not raise for a faulty config.
+        strategy: "tpe" (default), "random" or "grid".
+        seed: makes the proposals reproducible.
+        storage: Optuna storage (URL or object); None keeps the study in memory.
+        study_name: required with a persistent storage to resume a job.
+        known: results measured earlier for this job (key -> result); never re-measured.
+        seed_configs: configs to measure first (warm start), in order; invalid ones skipped.
+        on_result: called after each new measurement with (result, measured_so_far).
+        should_stop: polled before each measurement; True ends the search ("cancelled").
+    """
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        evaluate: Callable[[Config], TrialResult],
+        *,
+        strategy: str = "tpe",
+        seed: int = 0,
+        storage: str | optuna.storages.BaseStorage | None = None,
+        study_name: str | None = None,
+        known: Mapping[str, TrialResult] | None = None,
+        seed_configs: list[Config] | None = None,
+        on_result: Callable[[TrialResult, int], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ):
+        self.space = space
+        self.evaluate = evaluate
+        self.strategy = strategy
+        self.encoding = _Encoding(space.params)
+        self.results: dict[str, TrialResult] = dict(known or {})
+        self.on_result = on_result
+        self.should_stop = should_stop
+        self._rng = random.Random(seed)
+        self._grid: list[Config] | None = None
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.study = optuna.create_study(
+            storage=storage,
+            study_name=study_name,
+            sampler=make_sampler(strategy, seed, self.encoding),
+            direction="minimize",
+            load_if_exists=study_name is not None,
+        )
+        self._fail_orphaned_trials()
+        for config in seed_configs or []:
+            if space.is_valid(config) and space.key(config) not in self.results:
+                self.study.enqueue_trial(self.encoding.encode(config), skip_if_exists=True)
+
+    def _fail_orphaned_trials(self) -> None:
+        """Trials asked but never told (the process died mid-measurement) are marked failed;
+        their configs, if measured and recorded, are answered from ``known``."""
+        for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+
+    def _random_unmeasured(self) -> Config | None:
+        candidates = [c for c in self.space.valid_configs()
+                      if self.space.key(c) not in self.results]
+        return self._rng.choice(candidates) if candidates else None
+
+    def _next_grid_point(self) -> Config | None:
+        if self._grid is None:
+            self._grid = list(self.space.valid_configs())
+            self._rng.shuffle(self._grid)
+            self._grid.reverse()  # pop() from the end walks the shuffled order
+        while self._grid:
+            point = self._grid.pop()
+            if self.space.key(point) not in self.results:
+                return point
+        return None
+
+    def run(self, budget: Budget) -> SearchResult:
+        start = time.monotonic()
+        new: list[TrialResult] = []
+        unproductive = 0
+        stopped = "budget"
+        while True:
+            if budget.max_configs is not None and len(self.results) >= budget.max_configs:
+                stopped = "budget"
+                break
+            if budget.max_seconds is not None and time.monotonic() - start >= budget.max_seconds:
+                stopped = "time"
+                break
+            if self.should_stop is not None and self.should_stop():
+                stopped = "cancelled"
+                break
+            if unproductive >= MAX_UNPRODUCTIVE_PROPOSALS:
+                fallback = self._random_unmeasured()
+                if fallback is None:
+                    stopped = "exhausted"
+                    break
+                self.study.enqueue_trial(self.encoding.encode(fallback))
+                unproductive = 0
+            if self.strategy == "grid":
+                point = self._next_grid_point()
+                if point is None:
+                    stopped = "exhausted"
+                    break
+                self.study.enqueue_trial(self.encoding.encode(point))
+            trial = self.study.ask()
+            config = self.encoding.suggest(trial)
+            key = self.space.key(config)
+            if not self.space.is_valid(config):
+                self.study.tell(trial, FAILED_VALUE)
+                unproductive += 1
+                continue
+            if key in self.results:
+                self.study.tell(trial, objective_value(self.results[key]))
+                unproductive += 1
+                continue
+            unproductive = 0
+            result = self.evaluate(config)
+            self.results[key] = result
+            new.append(result)
+            self.study.tell(trial, objective_value(result))
+            if self.on_result is not None:
+                self.on_result(result, len(self.results))
+        return SearchResult(best=best_of(self.results), results=self.results, new=new,
+                            stopped=stopped)
