@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One device call on the H200 (see ../shared/device/README.md): install the staged wheels, then
+# run the steps named as arguments, writing results under $OUT.
+#   steps: occupancy gputests operators (default: all three)
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device-wheels/*.whl \
+  && export PYTHONPATH=/tmp/site:$PWD || exit 1
+export PYTHONUNBUFFERED=1 KATO_COMPILE_CACHE=/tmp/kato-cubin
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/gpu.txt"
+steps=${*:-occupancy gputests operators}
+for step in $steps; do
+  echo "=== $step $(date +%T)"
+  case $step in
+    occupancy) python3 benchmarks/occupancy_check.py --cache-dir /tmp/kato-cubin \
+                 --out "$OUT/occupancy_h200.json" 2>&1 | tail -25 ;;
+    gputests) python3 -m pytest -q -x -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu_tests.log" | tail -30 ;;
+    operators) python3 benchmarks/operators.py --db "sqlite:///$OUT/kato.db" --tune "${TUNE_BUDGET:-100}" \
+                 --out "$OUT/operators.json" 2>&1 | tee "$OUT/operators.log" | tail -30 ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+echo "=== end $(date +%T)"
