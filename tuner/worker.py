@@ -31,6 +31,9 @@ from tuner.search import Budget, Search
 
 log = logging.getLogger(__name__)
 
+#: Spaces up to this many valid configs are compiled ahead in full when a job starts.
+PRECOMPILE_MAX_CONFIGS = 2000
+
 #: Builds the backend that measures one job: (job) -> Backend.
 BackendFactory = Callable[[Job], Backend]
 
@@ -145,6 +148,12 @@ class JobRunner:
             if self.on_progress is not None:
                 self.on_progress(result, measured, job.budget_configs)
 
+        precompile = getattr(backend, "precompile", None)
+        if precompile is not None:
+            # Compile ahead: small spaces entirely, in parallel, while the GPU measures.
+            valid = space.valid_configs()
+            if len(valid) <= PRECOMPILE_MAX_CONFIGS:
+                precompile([c for c in valid if space.key(c) not in known])
         search = Search(
             space,
             backend.evaluate,

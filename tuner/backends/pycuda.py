@@ -16,7 +16,9 @@ A failure in any step is a :class:`TrialResult` with a failure status, never an 
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -110,6 +112,8 @@ class PyCudaBackend(Backend):
         self.gpu = find_gpu(self.info.model)
         self._rng = np.random.default_rng(seed)
         self._modules: list[Any] = []  # keep loaded modules alive
+        self._compiling: dict[str, concurrent.futures.Future[CompiledKernel]] = {}
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._setup_buffers()
         self._verifier = self._load_verifier()
 
@@ -182,11 +186,31 @@ class PyCudaBackend(Backend):
                     f"{self.gpu.shared_per_block_optin_bytes} B per block on {self.gpu.name}")
         return None
 
-    def compile(self, config: dict[str, Any]) -> CompiledKernel:
-        """Render and compile ``config`` (raises CompileError)."""
+    def _compile_now(self, config: dict[str, Any]) -> CompiledKernel:
         source = self.spec.render(config, self.shape, self.dtype)
         return compile_kernel(source, self.spec.kernel_name, arch=self.info.arch,
                               cache_dir=self.compile_cache)
+
+    def compile(self, config: dict[str, Any]) -> CompiledKernel:
+        """Render and compile ``config`` (raises CompileError); waits for a compile started
+        ahead by :meth:`precompile` instead of starting a second one."""
+        future = self._compiling.pop(self.space().key(config), None)
+        if future is not None and not future.cancel():
+            return future.result()  # running or done: wait for it
+        return self._compile_now(config)  # not started yet: don't queue behind the others
+
+    def precompile(self, configs: Sequence[dict[str, Any]], max_workers: int | None = None) -> None:
+        """Start compiling ``configs`` in the background (nvcc processes run in parallel, one
+        per core by default) so that measuring never waits on the compiler for them. Results
+        land in the on-disk cache; :meth:`compile` picks them up."""
+        if self._pool is None:
+            workers = max_workers or max(1, (os.cpu_count() or 2) - 1)
+            self._pool = concurrent.futures.ThreadPoolExecutor(workers, "kato-precompile")
+        space = self.space()
+        for config in configs:
+            key = space.key(config)
+            if key not in self._compiling:
+                self._compiling[key] = self._pool.submit(self._compile_now, dict(config))
 
     def evaluate(self, config: dict[str, Any]) -> TrialResult:
         result = TrialResult(config=dict(config), status=TrialStatus.OK)
@@ -293,6 +317,11 @@ class PyCudaBackend(Backend):
         return times
 
     def close(self) -> None:
+        if self._pool is not None:
+            for future in self._compiling.values():
+                future.cancel()
+            self._pool.shutdown(wait=True)
+            self._pool = None
         if self._context is not None:
             self._modules.clear()
             self._context.pop()
