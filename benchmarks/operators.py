@@ -82,13 +82,20 @@ def tune_case(sessions, db_url, operator, shape, dtype, budget):
     model = describe_device(0).model
     wid = default_worker_id()
     with sessions() as s:
-        job = queries.create_job(s, operator=operator, operator_version=spec.version,
-                                 shape=list(shape), dtype=dtype, gpu_model=model,
-                                 budget_configs=budget)
+        job = queries.create_job(
+            s,
+            operator=operator,
+            operator_version=spec.version,
+            shape=list(shape),
+            dtype=dtype,
+            gpu_model=model,
+            budget_configs=budget,
+        )
         queries.claim_next_job(s, gpu_models=[model], worker_id=wid, lease_seconds=600)
         job_id = job.id
-    return JobRunner(sessions, db_url, pycuda_backend_factory(0), worker_id=wid,
-                     lease_seconds=600).run(job_id)
+    return JobRunner(
+        sessions, db_url, pycuda_backend_factory(0), worker_id=wid, lease_seconds=600
+    ).run(job_id)
 
 
 def main() -> None:
@@ -114,14 +121,24 @@ def main() -> None:
         spec = get_operator(operator)
         with sessions() as s:
             best, source = queries.lookup_best_config(
-                s, operator=operator, operator_version=spec.version, shape=shape, dtype=dtype,
-                gpu_model=device.model)
+                s,
+                operator=operator,
+                operator_version=spec.version,
+                shape=shape,
+                dtype=dtype,
+                gpu_model=device.model,
+            )
         if source != "exact" and args.tune:
             tune_case(sessions, args.db, operator, shape, dtype, args.tune)
             with sessions() as s:
                 best, source = queries.lookup_best_config(
-                    s, operator=operator, operator_version=spec.version, shape=shape,
-                    dtype=dtype, gpu_model=device.model)
+                    s,
+                    operator=operator,
+                    operator_version=spec.version,
+                    shape=shape,
+                    dtype=dtype,
+                    gpu_model=device.model,
+                )
         config = best.config if best is not None else spec.default_config(shape, dtype)
         backend = PyCudaBackend(spec, shape, dtype, repeats=30)
         result = backend.evaluate(config)
@@ -130,9 +147,15 @@ def main() -> None:
         nbytes = spec.bytes_moved(shape, dtype)
         kato_ms = result.time_ms
         row = {
-            "operator": operator, "shape": list(shape), "dtype": dtype, "source": source,
-            "config": config, "status": result.status.value, "error": result.error,
-            "kato_ms": kato_ms, "torch_ms": torch_ms,
+            "operator": operator,
+            "shape": list(shape),
+            "dtype": dtype,
+            "source": source,
+            "config": config,
+            "status": result.status.value,
+            "error": result.error,
+            "kato_ms": kato_ms,
+            "torch_ms": torch_ms,
             "speedup": torch_ms / kato_ms if kato_ms else None,
             "kato_gbs": nbytes / kato_ms / 1e6 if kato_ms else None,
             "torch_gbs": nbytes / torch_ms / 1e6,
@@ -140,21 +163,29 @@ def main() -> None:
         row["kato_pct_copy"] = 100 * row["kato_gbs"] / copy_gbs if kato_ms else None
         row["torch_pct_copy"] = 100 * row["torch_gbs"] / copy_gbs
         rows.append(row)
-    report = {"device": device.name, "cuda": device.cuda_version, "copy_gbs": copy_gbs,
-              "rows": rows}
+    report = {
+        "device": device.name,
+        "cuda": device.cuda_version,
+        "copy_gbs": copy_gbs,
+        "rows": rows,
+    }
     Path(args.out).write_text(json.dumps(report, indent=2, default=str))
     print(f"{device.name}  device-to-device copy: {copy_gbs:.0f} GB/s (read + write)")
-    hdr = (f"{'operator':9} {'shape':>12} {'dtype':8} {'src':7} {'Kato ms':>9} {'torch ms':>9} "
-           f"{'speedup':>7} {'Kato GB/s':>9} {'%copy':>6} {'torch GB/s':>10} {'%copy':>6}")
+    hdr = (
+        f"{'operator':9} {'shape':>12} {'dtype':8} {'src':7} {'Kato ms':>9} {'torch ms':>9} "
+        f"{'speedup':>7} {'Kato GB/s':>9} {'%copy':>6} {'torch GB/s':>10} {'%copy':>6}"
+    )
     print(hdr)
     for r in rows:
         shape = "x".join(map(str, r["shape"]))
         if r["kato_ms"] is None:
             print(f"{r['operator']:9} {shape:>12} {r['dtype']:8} FAILED {r['error']}")
             continue
-        print(f"{r['operator']:9} {shape:>12} {r['dtype']:8} {r['source']:7} {r['kato_ms']:9.4f} "
-              f"{r['torch_ms']:9.4f} {r['speedup']:7.2f} {r['kato_gbs']:9.0f} "
-              f"{r['kato_pct_copy']:6.1f} {r['torch_gbs']:10.0f} {r['torch_pct_copy']:6.1f}")
+        print(
+            f"{r['operator']:9} {shape:>12} {r['dtype']:8} {r['source']:7} {r['kato_ms']:9.4f} "
+            f"{r['torch_ms']:9.4f} {r['speedup']:7.2f} {r['kato_gbs']:9.0f} "
+            f"{r['kato_pct_copy']:6.1f} {r['torch_gbs']:10.0f} {r['torch_pct_copy']:6.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -11,8 +11,12 @@ import statistics
 
 from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
 
-FAILED = {TrialStatus.COMPILE_ERROR, TrialStatus.LAUNCH_ERROR, TrialStatus.VERIFY_ERROR,
-          TrialStatus.TIMEOUT}
+FAILED = {
+    TrialStatus.COMPILE_ERROR,
+    TrialStatus.LAUNCH_ERROR,
+    TrialStatus.VERIFY_ERROR,
+    TrialStatus.TIMEOUT,
+}
 
 
 class BackendConformance:

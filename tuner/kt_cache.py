@@ -50,9 +50,7 @@ class KernelTunerCache:
     def ok_entries(self) -> dict[str, dict[str, Any]]:
         """Entries that ran and have a numeric objective."""
         return {
-            k: e
-            for k, e in self.entries.items()
-            if isinstance(e.get(self.objective), int | float)
+            k: e for k, e in self.entries.items() if isinstance(e.get(self.objective), int | float)
         }
 
     def best(self) -> tuple[str, dict[str, Any]]:
@@ -100,8 +98,15 @@ def load_cache(path: str | Path) -> KernelTunerCache:
         raise ValueError(f"{path}: not a Kernel Tuner cache file (missing {', '.join(missing)})")
     keys = list(data["tune_params_keys"])
     tune_params = {name: list(data["tune_params"][name]) for name in keys}
-    known = {"device_name", "kernel_name", "problem_size", "tune_params_keys", "tune_params",
-             "objective", "cache"}
+    known = {
+        "device_name",
+        "kernel_name",
+        "problem_size",
+        "tune_params_keys",
+        "tune_params",
+        "objective",
+        "cache",
+    }
     return KernelTunerCache(
         device_name=str(data.get("device_name", "unknown")),
         kernel_name=str(data.get("kernel_name", "unknown")),

@@ -53,22 +53,32 @@ def replay_search(
     per_seed = []
     started = time.perf_counter()
     for s in range(seed, seed + repeats):
-        search = Search(backend.space(), backend.evaluate, strategy=strategy, seed=s,
-                        seed_configs=seed_configs)
+        search = Search(
+            backend.space(), backend.evaluate, strategy=strategy, seed=s, seed_configs=seed_configs
+        )
         result = search.run(Budget(max_configs=budget))
         best = result.best.time_ms if result.best else None
-        per_seed.append({
-            "seed": s,
-            "best_time_ms": best,
-            "fraction_of_optimum": optimum / best if best else 0.0,
-            "measured": result.measured,
-            "best_config": result.best.config if result.best else None,
-        })
+        per_seed.append(
+            {
+                "seed": s,
+                "best_time_ms": best,
+                "fraction_of_optimum": optimum / best if best else 0.0,
+                "measured": result.measured,
+                "best_config": result.best.config if result.best else None,
+            }
+        )
     fractions = [p["fraction_of_optimum"] for p in per_seed]
     return ReplayReport(
-        file=path, kernel=data.kernel_name, device=data.device_name, strategy=strategy,
-        budget=budget, repeats=repeats, seed=seed, optimum_ms=optimum,
+        file=path,
+        kernel=data.kernel_name,
+        device=data.device_name,
+        strategy=strategy,
+        budget=budget,
+        repeats=repeats,
+        seed=seed,
+        optimum_ms=optimum,
         mean_fraction_of_optimum=statistics.fmean(fractions),
-        min_fraction_of_optimum=min(fractions), per_seed=per_seed,
+        min_fraction_of_optimum=min(fractions),
+        per_seed=per_seed,
         seconds=time.perf_counter() - started,
     )

@@ -32,8 +32,8 @@ from tuner.space import Config, SearchSpace
 
 log = logging.getLogger(__name__)
 
-Strategy = Literal["tpe", "random", "grid"]
-STRATEGIES: tuple[str, ...] = ("tpe", "random", "grid")
+Strategy = Literal["tpe", "hybrid", "random", "grid"]
+STRATEGIES: tuple[str, ...] = ("tpe", "hybrid", "random", "grid")
 
 #: Objective value given to Optuna for failed or invalid configs: worse than any real time.
 #: The samplers rank values, so only "worse than every success" matters, not the magnitude.
@@ -118,7 +118,7 @@ def make_sampler(strategy: str, seed: int, encoding: _Encoding) -> optuna.sample
     Raises:
         ValueError: for an unknown strategy.
     """
-    if strategy == "tpe":
+    if strategy in ("tpe", "hybrid"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10)
@@ -181,6 +181,7 @@ class Search:
         self.should_stop = should_stop
         self._rng = random.Random(seed)
         self._grid: list[Config] | None = None
+        self.local_after = 15
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.study = optuna.create_study(
             storage=storage,
@@ -204,6 +205,35 @@ class Search:
         candidates = [c for c in self.space.valid_configs()
                       if self.space.key(c) not in self.results]
         return self._rng.choice(candidates) if candidates else None
+
+    def _neighbours(self, config: Config) -> list[Config]:
+        """Configs one step away: one ordered parameter moved to an adjacent value, or one
+        categorical parameter changed."""
+        out = []
+        for name, vals in self.encoding.values.items():
+            i = vals.index(config[name])
+            steps = (i - 1, i + 1) if self.encoding.ordered[name] else range(len(vals))
+            for j in steps:
+                if 0 <= j < len(vals) and j != i:
+                    out.append({**config, name: vals[j]})
+        return out
+
+    def _local_proposal(self) -> Config | None:
+        """Hybrid strategy: half of the proposals after the start-up phase explore the
+        neighbourhood of one of the three best configs so far (a greedy local search riding on
+        TPE's global model); the rest come from TPE."""
+        ok = sorted((r for r in self.results.values() if r.time_ms is not None),
+                    key=lambda r: r.time_ms)  # type: ignore[arg-type,return-value]
+        if len(self.results) < self.local_after or self._rng.random() < 0.5:
+            return None
+        for rank, incumbent in enumerate(ok[:3]):
+            if rank and self._rng.random() < 0.5:
+                continue
+            fresh = [c for c in self._neighbours(incumbent.config)
+                     if self.space.is_valid(c) and self.space.key(c) not in self.results]
+            if fresh:
+                return self._rng.choice(fresh)
+        return None
 
     def _next_grid_point(self) -> Config | None:
         if self._grid is None:
@@ -238,7 +268,9 @@ class Search:
                     break
                 self.study.enqueue_trial(self.encoding.encode(fallback))
                 unproductive = 0
-            if self.strategy == "grid":
+            if self.strategy == "hybrid" and (local := self._local_proposal()) is not None:
+                self.study.enqueue_trial(self.encoding.encode(local))
+            elif self.strategy == "grid":
                 point = self._next_grid_point()
                 if point is None:
                     stopped = "exhausted"

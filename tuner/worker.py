@@ -15,7 +15,6 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -115,8 +114,9 @@ class JobRunner:
             job = queries.get_job(session, job_id)
             if job is None:
                 return JobOutcome(job_id, "missing", 0, None, "job not found")
-            known = {t.config_key: trial_result_from_row(t)
-                     for t in queries.job_trials(session, job_id)}
+            known = {
+                t.config_key: trial_result_from_row(t) for t in queries.job_trials(session, job_id)
+            }
             session.expunge(job)
         backend: Backend | None = None
         try:
@@ -126,8 +126,9 @@ class JobRunner:
         except Exception as exc:  # a broken backend or kernel fails the job, not the worker
             log.exception("job %s failed", job_id)
             with self.sessions() as session:
-                queries.finish_job(session, job_id, status="failed",
-                                   error=f"{type(exc).__name__}: {exc}")
+                queries.finish_job(
+                    session, job_id, status="failed", error=f"{type(exc).__name__}: {exc}"
+                )
             outcome = JobOutcome(job_id, "failed", len(known), None, str(exc))
         finally:
             if backend is not None:
@@ -140,9 +141,14 @@ class JobRunner:
 
         def record(result: TrialResult, measured: int) -> None:
             with self.sessions() as session:
-                queries.record_trial(session, job.id, number=measured - 1, config=result.config,
-                                     config_key=space.key(result.config),
-                                     result=result.to_dict())
+                queries.record_trial(
+                    session,
+                    job.id,
+                    number=measured - 1,
+                    config=result.config,
+                    config_key=space.key(result.config),
+                    result=result.to_dict(),
+                )
                 if not queries.renew_lease(session, job.id, self.worker_id, self.lease_seconds):
                     lease_lost.set()
             if self.on_progress is not None:
@@ -165,12 +171,12 @@ class JobRunner:
             on_result=record,
             should_stop=lease_lost.is_set,
         )
-        outcome = search.run(Budget(max_configs=job.budget_configs,
-                                    max_seconds=job.budget_seconds))
+        outcome = search.run(Budget(max_configs=job.budget_configs, max_seconds=job.budget_seconds))
         with self.sessions() as session:
             current = queries.get_job(session, job.id)
-            cancelled = current is not None and (current.cancel_requested
-                                                 or current.status == "cancelled")
+            cancelled = current is not None and (
+                current.cancel_requested or current.status == "cancelled"
+            )
             if outcome.stopped == "cancelled" and not cancelled:
                 # The lease went to another worker: that worker owns the job now.
                 return JobOutcome(job.id, "lost", outcome.measured, None, "lease lost")
@@ -178,11 +184,17 @@ class JobRunner:
             if best is not None and not cancelled:
                 device = backend.device()
                 queries.upsert_best_config(
-                    session, operator=job.operator, operator_version=job.operator_version,
-                    shape=list(job.shape), dtype=job.dtype, gpu_model=device.model,
+                    session,
+                    operator=job.operator,
+                    operator_version=job.operator_version,
+                    shape=list(job.shape),
+                    dtype=job.dtype,
+                    gpu_model=device.model,
                     compute_capability="{}.{}".format(*device.compute_capability),
-                    cuda_version=device.cuda_version, config=best.config,
-                    time_ms=best.time_ms, job_id=job.id,
+                    cuda_version=device.cuda_version,
+                    config=best.config,
+                    time_ms=best.time_ms,
+                    job_id=job.id,
                 )
             if cancelled:
                 status, error = "cancelled", None
@@ -191,8 +203,7 @@ class JobRunner:
             else:
                 status, error = "done", None
             queries.finish_job(session, job.id, status=status, error=error)
-        return JobOutcome(job.id, status, outcome.measured,
-                          best.time_ms if best else None, error)
+        return JobOutcome(job.id, status, outcome.measured, best.time_ms if best else None, error)
 
 
 class Worker:
@@ -214,8 +225,9 @@ class Worker:
         self.worker_id = worker_id or default_worker_id()
         self.lease_seconds = lease_seconds
         self.poll_seconds = poll_seconds
-        self.runner = JobRunner(sessions, db_url, backend_factory, worker_id=self.worker_id,
-                                lease_seconds=lease_seconds)
+        self.runner = JobRunner(
+            sessions, db_url, backend_factory, worker_id=self.worker_id, lease_seconds=lease_seconds
+        )
         self._stop = threading.Event()
 
     def stop(self) -> None:
@@ -224,9 +236,12 @@ class Worker:
     def run_once(self) -> JobOutcome | None:
         """Claim and run one job; None when nothing is queued for our GPU models."""
         with self.sessions() as session:
-            job = queries.claim_next_job(session, gpu_models=self.gpu_models,
-                                         worker_id=self.worker_id,
-                                         lease_seconds=self.lease_seconds)
+            job = queries.claim_next_job(
+                session,
+                gpu_models=self.gpu_models,
+                worker_id=self.worker_id,
+                lease_seconds=self.lease_seconds,
+            )
             job_id = job.id if job is not None else None
         if job_id is None:
             return None
@@ -255,7 +270,8 @@ def pycuda_backend_factory(device_index: int = 0) -> BackendFactory:
     def make(job: Job) -> Backend:
         from tuner.backends.pycuda import PyCudaBackend
 
-        return PyCudaBackend(get_operator(job.operator), job.shape, job.dtype,
-                             device_index=device_index)
+        return PyCudaBackend(
+            get_operator(job.operator), job.shape, job.dtype, device_index=device_index
+        )
 
     return make

@@ -20,8 +20,16 @@ def test_tune_softmax_through_the_rest_api(tmp_path):
         before = client.get("/v1/configs/softmax", params=query).json()
         assert before["source"] == "default"
 
-        r = client.post("/v1/jobs", json={"operator": "softmax", "shape": [4096, 4096],
-                                          "dtype": "float16", "gpu": model, "budget": 12})
+        r = client.post(
+            "/v1/jobs",
+            json={
+                "operator": "softmax",
+                "shape": [4096, 4096],
+                "dtype": "float16",
+                "gpu": model,
+                "budget": 12,
+            },
+        )
         assert r.status_code == 202, r.text
         job_id = r.json()["id"]
 
@@ -41,6 +49,5 @@ def test_tune_softmax_through_the_rest_api(tmp_path):
         assert after["source"] == "exact"
         assert after["time_ms"] == fastest
         assert after["compute_capability"] == "9.0" if model == "H200" else True
-        nearest = client.get("/v1/configs/softmax",
-                             params={**query, "shape": "4096x2048"}).json()
+        nearest = client.get("/v1/configs/softmax", params={**query, "shape": "4096x2048"}).json()
         assert nearest["source"] == "nearest" and nearest["tuned_shape"] == [4096, 4096]

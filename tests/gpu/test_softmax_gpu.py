@@ -23,8 +23,8 @@ def run_on_device(spec, config, shape, dtype, seed=0):
     import pycuda.autoprimaryctx  # noqa: F401 - a context for this process
     import pycuda.driver as cuda
 
-    from tuner.nvcc import compile_kernel
     from tuner.backends.pycuda import describe_device
+    from tuner.nvcc import compile_kernel
 
     arch = describe_device(0).arch
     problem = spec.make_problem(shape, dtype, np.random.default_rng(seed))
@@ -33,8 +33,7 @@ def run_on_device(spec, config, shape, dtype, seed=0):
     fn = module.get_function(spec.kernel_name)
     launch = spec.launch(config, shape, dtype)
     if launch.shared_bytes > 48 * 1024:
-        fn.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                         launch.shared_bytes)
+        fn.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, launch.shared_bytes)
     args, bufs = [], []
     for a in problem.args:
         if isinstance(a, np.ndarray):
@@ -63,8 +62,9 @@ def test_default_config_matches_float64_reference(spec, shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
-@pytest.mark.parametrize("shape", [(3000, 3001), (257, 4096), (64, 130), (3, 24576)],
-                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize(
+    "shape", [(3000, 3001), (257, 4096), (64, 130), (3, 24576)], ids=lambda s: "x".join(map(str, s))
+)
 def test_every_valid_variant_verifies(spec, shape, dtype):
     """The backend's device-side verification passes for every valid config of the space."""
     from tuner.backends.pycuda import PyCudaBackend
@@ -105,8 +105,13 @@ def test_verification_catches_a_wrong_kernel(spec, monkeypatch):
         config = spec.default_config(shape, dtype)
         launch = spec.launch(config, shape, dtype)
         # the broken kernel is 1-D over all elements: give it enough threads
-        monkeypatch.setattr(spec, "launch", lambda c, s, d: type(launch)(
-            grid=((s[0] * s[1] + 255) // 256, 1, 1), block=(256, 1, 1), shared_bytes=0))
+        monkeypatch.setattr(
+            spec,
+            "launch",
+            lambda c, s, d: type(launch)(
+                grid=((s[0] * s[1] + 255) // 256, 1, 1), block=(256, 1, 1), shared_bytes=0
+            ),
+        )
         result = backend.evaluate(config)
         assert result.status is TrialStatus.VERIFY_ERROR
         assert "outside tolerance" in result.error

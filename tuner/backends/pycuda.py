@@ -34,8 +34,14 @@ from tuner.occupancy import occupancy
 from tuner.space import SearchSpace
 
 _VERIFY_SOURCE = Path(__file__).resolve().parent.parent / "verify_kernel.cu"
-_ARG_FORMATS = {np.int32: "i", np.uint32: "I", np.int64: "q", np.uint64: "Q",
-                np.float32: "f", np.float64: "d"}
+_ARG_FORMATS = {
+    np.int32: "i",
+    np.uint32: "I",
+    np.int64: "q",
+    np.uint64: "Q",
+    np.float32: "f",
+    np.float64: "d",
+}
 #: Target duration of one timed batch: long enough that event resolution and launch gaps vanish.
 _BATCH_TARGET_MS = 1.0
 _MAX_BATCH = 200
@@ -155,8 +161,11 @@ class PyCudaBackend(Backend):
         functions = {}
         for ctype in out_types:
             compiled = compile_kernel(
-                _VERIFY_SOURCE.read_text(), "count_mismatches", arch=self.info.arch,
-                options=(f"-DOUT_T={ctype}",), cache_dir=self.compile_cache,
+                _VERIFY_SOURCE.read_text(),
+                "count_mismatches",
+                arch=self.info.arch,
+                options=(f"-DOUT_T={ctype}",),
+                cache_dir=self.compile_cache,
             )
             module = self.cuda.module_from_buffer(compiled.cubin)
             self._modules.append(module)
@@ -180,16 +189,21 @@ class PyCudaBackend(Backend):
             return reason
         launch = self.spec.launch(config, self.shape, self.dtype)
         if launch.threads_per_block > self.gpu.max_threads_per_block:
-            return f"{launch.threads_per_block} threads per block > {self.gpu.max_threads_per_block}"
+            return (
+                f"{launch.threads_per_block} threads per block > {self.gpu.max_threads_per_block}"
+            )
         if launch.shared_bytes > self.gpu.shared_per_block_optin_bytes:
-            return (f"{launch.shared_bytes} B dynamic shared memory > "
-                    f"{self.gpu.shared_per_block_optin_bytes} B per block on {self.gpu.name}")
+            return (
+                f"{launch.shared_bytes} B dynamic shared memory > "
+                f"{self.gpu.shared_per_block_optin_bytes} B per block on {self.gpu.name}"
+            )
         return None
 
     def _compile_now(self, config: dict[str, Any]) -> CompiledKernel:
         source = self.spec.render(config, self.shape, self.dtype)
-        return compile_kernel(source, self.spec.kernel_name, arch=self.info.arch,
-                              cache_dir=self.compile_cache)
+        return compile_kernel(
+            source, self.spec.kernel_name, arch=self.info.arch, cache_dir=self.compile_cache
+        )
 
     def compile(self, config: dict[str, Any]) -> CompiledKernel:
         """Render and compile ``config`` (raises CompileError); waits for a compile started
@@ -232,8 +246,12 @@ class PyCudaBackend(Backend):
         result.shared_dynamic_bytes = launch.shared_bytes
         result.local_bytes = compiled.local_bytes
         if self.gpu is not None:
-            occ = occupancy(self.gpu, launch.threads_per_block, compiled.registers,
-                            compiled.shared_static_bytes + launch.shared_bytes)
+            occ = occupancy(
+                self.gpu,
+                launch.threads_per_block,
+                compiled.registers,
+                compiled.shared_static_bytes + launch.shared_bytes,
+            )
             result.blocks_per_sm, result.occupancy = occ.blocks_per_sm, occ.fraction
         try:
             fn = self._load(compiled, launch)
@@ -281,16 +299,26 @@ class PyCudaBackend(Backend):
             cuda.memset_d8(self._bad, 0, 8)
             cuda.memset_d8(self._max_err, 0, 4)
             grid = (min(4096, max(1, (n + 255) // 256)), 1, 1)
-            self._verifier.prepared_call(grid, (256, 1, 1), args[out_index], ref_buf, np.int64(n),
-                                         np.float32(atol), np.float32(rtol), self._bad,
-                                         self._max_err)
+            self._verifier.prepared_call(
+                grid,
+                (256, 1, 1),
+                args[out_index],
+                ref_buf,
+                np.int64(n),
+                np.float32(atol),
+                np.float32(rtol),
+                self._bad,
+                self._max_err,
+            )
             bad = np.zeros(1, np.uint64)
             max_err = np.zeros(1, np.float32)
             cuda.memcpy_dtoh(bad, self._bad)
             cuda.memcpy_dtoh(max_err, self._max_err)
             if bad[0]:
-                return (f"output {out_index}: {int(bad[0])} of {n} elements outside tolerance "
-                        f"(atol={atol}, rtol={rtol}); max abs error {float(max_err[0]):.3g}")
+                return (
+                    f"output {out_index}: {int(bad[0])} of {n} elements outside tolerance "
+                    f"(atol={atol}, rtol={rtol}); max abs error {float(max_err[0]):.3g}"
+                )
         return None
 
     def time(self, fn, launch: Launch) -> list[float]:
@@ -327,4 +355,3 @@ class PyCudaBackend(Backend):
             self._context.pop()
             self._context.detach()
             self._context = None
-

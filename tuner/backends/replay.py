@@ -73,18 +73,31 @@ class ReplayBackend(Backend):
         self.evaluations += 1
         entry = self.cache.entries.get(self.cache.key(config))
         if entry is None:
-            return TrialResult(config=dict(config), status=TrialStatus.INVALID,
-                               error="combination absent from the recorded space")
+            return TrialResult(
+                config=dict(config),
+                status=TrialStatus.INVALID,
+                error="combination absent from the recorded space",
+            )
         value = entry.get(self.cache.objective)
         compile_ms = entry.get("compile_time")
         compile_s = compile_ms / 1000.0 if isinstance(compile_ms, int | float) else None
         resources = {f: entry[f] for f in _RESOURCE_FIELDS if f in entry}
         if isinstance(value, str) or value is None:
             status = _FAILURES.get(str(value), TrialStatus.LAUNCH_ERROR)
-            return TrialResult(config=dict(config), status=status, compile_time_s=compile_s,
-                               error=entry.get("error", str(value)), **resources)
-        return TrialResult(config=dict(config), status=TrialStatus.OK, times_ms=[float(value)],
-                           compile_time_s=compile_s, **resources)
+            return TrialResult(
+                config=dict(config),
+                status=status,
+                compile_time_s=compile_s,
+                error=entry.get("error", str(value)),
+                **resources,
+            )
+        return TrialResult(
+            config=dict(config),
+            status=TrialStatus.OK,
+            times_ms=[float(value)],
+            compile_time_s=compile_s,
+            **resources,
+        )
 
     def best_time_ms(self) -> float:
         """The lowest objective value in the file (the optimum of the space)."""
