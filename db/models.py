@@ -1,0 +1,204 @@
+"""SQLAlchemy 2.0 models: tuning jobs (the queue), their trials, and the best config per result key.
+
+Table names carry a ``kato_`` prefix because Optuna's RDB storage shares the database and owns
+tables such as ``studies`` and ``trials``; the Alembic version table is ``kato_alembic_version``
+for the same reason (Optuna uses ``alembic_version``).
+
+Datetimes are timezone-aware UTC on the Python side on every backend (:class:`UTCDateTime`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+#: Job states. ``queued`` and ``running`` are live; the other three are terminal.
+JOB_STATUSES = ("queued", "running", "done", "failed", "cancelled")
+TERMINAL_STATUSES = ("done", "failed", "cancelled")
+
+# Deterministic constraint names: Alembic needs them to alter constraints later (batch mode on
+# SQLite recreates tables and must know what each constraint is called).
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp stored as UTC and always returned timezone-aware (UTC).
+
+    SQLite has no timezone support and returns naive values; PostgreSQL stores ``timestamptz``.
+    Naive values written from Python are taken to be UTC already.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON, list[int]: JSON}
+
+
+class Job(Base):
+    """One tuning request: a row in the queue, then the running search's progress and result."""
+
+    __tablename__ = "kato_jobs"
+    __table_args__ = (Index("ix_kato_jobs_claim", "status", "gpu_model", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_job_id)
+    operator: Mapped[str] = mapped_column(String(64))
+    operator_version: Mapped[str] = mapped_column(String(64))
+    shape: Mapped[list[int]]
+    shape_key: Mapped[str] = mapped_column(String(255))
+    dtype: Mapped[str] = mapped_column(String(32))
+    gpu_model: Mapped[str] = mapped_column(String(64))  # canonical catalog name, e.g. "H200"
+    budget_configs: Mapped[int] = mapped_column(Integer)
+    budget_seconds: Mapped[float | None] = mapped_column(Float)
+    strategy: Mapped[str] = mapped_column(String(16), default="tpe")
+    seed: Mapped[int] = mapped_column(Integer, default=0)
+    # Indexed through ix_kato_jobs_claim, whose leading column it is.
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    trials_done: Mapped[int] = mapped_column(Integer, default=0)
+    best_time_ms: Mapped[float | None] = mapped_column(Float)
+    best_config: Mapped[dict[str, Any] | None]
+    error: Mapped[str | None] = mapped_column(Text)
+    worker_id: Mapped[str | None] = mapped_column(String(255))
+    lease_expires_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    trials: Mapped[list[Trial]] = relationship(
+        back_populates="job",
+        order_by="Trial.number",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
+    )
+
+    def __repr__(self) -> str:
+        return (
+            f"Job(id={self.id!r}, operator={self.operator!r}, shape={self.shape_key!r}, "
+            f"dtype={self.dtype!r}, gpu={self.gpu_model!r}, status={self.status!r})"
+        )
+
+
+class Trial(Base):
+    """One evaluated config of a job: everything the backend measured, failures included."""
+
+    __tablename__ = "kato_trials"
+    __table_args__ = (UniqueConstraint("job_id", "config_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("kato_jobs.id", ondelete="CASCADE"), index=True
+    )
+    number: Mapped[int] = mapped_column(Integer)  # order within the job, from 0
+    config: Mapped[dict[str, Any]]
+    config_key: Mapped[str] = mapped_column(String(1024))  # Kernel Tuner key: "256,4"
+    status: Mapped[str] = mapped_column(String(32))  # tuner.backends.base.TrialStatus values
+    time_ms: Mapped[float | None] = mapped_column(Float)  # median of times_ms, OK trials only
+    times_ms: Mapped[list[float]] = mapped_column(JSON, default=list)
+    compile_time_s: Mapped[float | None] = mapped_column(Float)
+    registers: Mapped[int | None] = mapped_column(Integer)
+    shared_static_bytes: Mapped[int | None] = mapped_column(Integer)
+    shared_dynamic_bytes: Mapped[int | None] = mapped_column(Integer)
+    local_bytes: Mapped[int | None] = mapped_column(Integer)
+    blocks_per_sm: Mapped[int | None] = mapped_column(Integer)
+    occupancy: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    job: Mapped[Job] = relationship(back_populates="trials")
+
+    def __repr__(self) -> str:
+        return (
+            f"Trial(job_id={self.job_id!r}, number={self.number}, key={self.config_key!r}, "
+            f"status={self.status!r}, time_ms={self.time_ms})"
+        )
+
+
+class BestConfig(Base):
+    """The fastest known config for one result key (see ``DESIGN.md``: contracts)."""
+
+    __tablename__ = "kato_best_configs"
+    __table_args__ = (
+        UniqueConstraint(
+            "operator",
+            "operator_version",
+            "shape_key",
+            "dtype",
+            "gpu_model",
+            "compute_capability",
+            "cuda_version",
+            name="uq_kato_best_configs_key",
+        ),
+        Index("ix_kato_best_configs_lookup", "operator", "dtype", "gpu_model"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    operator: Mapped[str] = mapped_column(String(64))
+    operator_version: Mapped[str] = mapped_column(String(64))
+    shape: Mapped[list[int]]
+    shape_key: Mapped[str] = mapped_column(String(255))
+    dtype: Mapped[str] = mapped_column(String(32))
+    gpu_model: Mapped[str] = mapped_column(String(64))
+    compute_capability: Mapped[str] = mapped_column(String(16))  # "9.0"
+    cuda_version: Mapped[str] = mapped_column(String(32))  # "13.0"
+    config: Mapped[dict[str, Any]]
+    time_ms: Mapped[float] = mapped_column(Float)
+    job_id: Mapped[str | None] = mapped_column(
+        String(32), ForeignKey("kato_jobs.id", ondelete="SET NULL")
+    )
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    def __repr__(self) -> str:
+        return (
+            f"BestConfig(operator={self.operator!r}, shape={self.shape_key!r}, "
+            f"dtype={self.dtype!r}, gpu={self.gpu_model!r}, time_ms={self.time_ms})"
+        )

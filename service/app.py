@@ -1,0 +1,79 @@
+"""The FastAPI application factory.
+
+``create_app(settings)`` migrates the database (``db.session.init_db``) and keeps, on
+``app.state``: ``settings``, ``engine`` and ``session_factory`` (a ``sessionmaker``); workers and
+the CLI started beside the app reuse ``app.state.session_factory``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fastapi import FastAPI, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy import Engine
+
+from db.session import init_db, session_factory
+from kernels import InvalidInput
+from service import __version__
+from service.routes import configs, gpus, health, jobs, operators
+from service.settings import Settings
+
+DESCRIPTION = """\
+Kato tunes CUDA kernel configurations by measurement and serves the winners.
+
+- **Look up** the config to use: `GET /v1/configs/{operator}?shape=4096x4096&dtype=float16&gpu=H200`
+  (source `exact`, `nearest` or `default`; never touches a GPU).
+- **Tune**: `POST /v1/jobs` queues a job; a worker with a GPU of that model runs the search and
+  stores every trial and the winner.
+"""
+
+
+def _json_safe(value: Any) -> Any:
+    """Make a validation error's echo of the input encodable as strict JSON (no NaN/inf, no
+    exception objects), so that a 422 can never turn into a 500."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if value is None or isinstance(value, str | int | bool):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+async def _invalid_input(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+
+async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = [{k: _json_safe(v) for k, v in e.items() if k != "url"} for e in exc.errors()]
+    return JSONResponse({"detail": errors}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+
+def create_app(settings: Settings | None = None, *, engine: Engine | None = None) -> FastAPI:
+    """Build the app: migrate the database (``settings.db_url``, or ``engine`` if given) to the
+    newest schema, then mount the routers. OpenAPI docs at ``/docs``."""
+    settings = settings or Settings()
+    engine = init_db(engine if engine is not None else settings.db_url)
+
+    app = FastAPI(title="Kato", version=__version__, description=DESCRIPTION, docs_url="/docs")
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.session_factory = session_factory(engine)
+
+    app.add_exception_handler(InvalidInput, _invalid_input)
+    app.add_exception_handler(RequestValidationError, _request_validation)
+
+    app.include_router(health.router)
+    app.include_router(operators.router)
+    app.include_router(gpus.router)
+    app.include_router(configs.router)
+    app.include_router(jobs.router)
+    return app

@@ -1,0 +1,27 @@
+"""The GPU catalog: the models jobs can target."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, status
+
+from kernels import InvalidInput
+from service.schemas import GpuPublic, plain
+from service.validation import gpu_catalog
+
+router = APIRouter(prefix="/v1/gpus", tags=["gpus"])
+
+
+@router.get("")
+def get_gpus() -> list[GpuPublic]:
+    """Every GPU model of the catalog, with the figures the tuner uses."""
+    return [GpuPublic(**plain(gpu.to_dict())) for gpu in gpu_catalog().list_gpus()]
+
+
+@router.get("/{name}", responses={404: {"description": "no such GPU model"}})
+def get_gpu(name: str) -> GpuPublic:
+    """One GPU model, by canonical name or alias ("H200", "NVIDIA H200")."""
+    try:
+        gpu = gpu_catalog().get_gpu(name)
+    except InvalidInput as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
+    return GpuPublic(**plain(gpu.to_dict()))

@@ -1,0 +1,138 @@
+"""Schema migrations: init_db creates the schema, is idempotent, and matches the models."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Engine, inspect, text
+
+from db.models import Base
+from db.session import (
+    VERSION_TABLE,
+    current_revision,
+    default_db_url,
+    head_revision,
+    include_name,
+    init_db,
+)
+
+OUR_TABLES = {"kato_jobs", "kato_trials", "kato_best_configs", VERSION_TABLE}
+
+
+def test_init_db_creates_the_tables_in_wal_mode(tmp_path: Path) -> None:
+    path = tmp_path / "nested" / "dir" / "kato.db"
+    engine = init_db(f"sqlite:///{path}")
+    assert path.exists()
+    assert set(inspect(engine).get_table_names()) >= OUR_TABLES
+    with engine.connect() as connection:
+        assert connection.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert connection.execute(text("PRAGMA foreign_keys")).scalar() == 1
+        assert connection.execute(text("PRAGMA busy_timeout")).scalar() == 30_000
+    assert current_revision(engine) == head_revision() == "0001"
+
+
+def test_init_db_twice_is_a_no_op(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'kato.db'}"
+    first = init_db(url)
+    with first.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO kato_jobs (id, operator, operator_version, shape, shape_key, dtype,"
+                " gpu_model, budget_configs, strategy, seed, status, trials_done, created_at,"
+                " cancel_requested) VALUES ('j1', 'softmax', 'v', '[1, 2]', '1x2', 'float32',"
+                " 'H200', 10, 'tpe', 0, 'queued', 0, '2026-01-01 00:00:00.000000', 0)"
+            )
+        )
+    second = init_db(url)
+    assert current_revision(second) == head_revision()
+    with second.connect() as connection:
+        assert connection.execute(text("SELECT count(*) FROM kato_jobs")).scalar() == 1
+
+
+def test_init_db_works_from_any_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    engine = init_db(f"sqlite:///{tmp_path / 'kato.db'}")
+    assert current_revision(engine) == head_revision()
+
+
+def test_concurrent_init_db_migrates_once(db_url: str) -> None:
+    """A service and workers starting together on an empty database: one migrates, the others
+    wait for it (advisory lock on PostgreSQL, file lock on SQLite), nobody fails."""
+    errors: list[BaseException] = []
+    engines: list[Engine] = []
+    start = threading.Barrier(4)
+
+    def start_process() -> None:
+        try:
+            start.wait()
+            engines.append(init_db(db_url))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start_process) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert [current_revision(e) for e in engines] == [head_revision()] * 4
+    for engine in engines:
+        engine.dispose()
+
+
+def test_in_memory_database() -> None:
+    engine = init_db("sqlite://")
+    assert "kato_jobs" in inspect(engine).get_table_names()
+
+
+def assert_models_match_head(engine: Engine) -> None:
+    with engine.connect() as connection:
+        context = MigrationContext.configure(
+            connection,
+            opts={
+                "compare_type": True,
+                "include_name": include_name,
+                "version_table": VERSION_TABLE,
+            },
+        )
+        assert compare_metadata(context, Base.metadata) == []
+
+
+def test_head_matches_the_models(engine: Engine) -> None:
+    """Autogenerate finds nothing to do: migrations and models agree (SQLite and PostgreSQL)."""
+    assert_models_match_head(engine)
+
+
+def test_coexists_with_optuna_tables(tmp_path: Path) -> None:
+    """Optuna's RDB storage shares the database: its tables are ignored, nothing collides."""
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 'kato.db'}"
+    engine = init_db(url)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(storage=url, study_name="s")
+    study.optimize(lambda trial: trial.suggest_float("x", 0.0, 1.0), n_trials=2)
+    init_db(url)  # still a no-op with Optuna's tables (and its alembic_version) present
+
+    tables = set(inspect(engine).get_table_names())
+    assert {"trials", "studies", "alembic_version"} <= tables
+    assert tables >= OUR_TABLES
+    assert_models_match_head(engine)
+
+
+def test_default_db_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KATO_DB_URL", raising=False)
+    assert default_db_url() == f"sqlite:///{tmp_path}/.local/share/kato/kato.db"
+    assert (tmp_path / ".local" / "share" / "kato").is_dir()
+
+    monkeypatch.setenv("KATO_DB_URL", str(tmp_path / "other" / "x.db"))
+    assert default_db_url() == f"sqlite:///{tmp_path}/other/x.db"
+    assert (tmp_path / "other").is_dir()
+
+    monkeypatch.setenv("KATO_DB_URL", "postgresql+psycopg://u@host/db")
+    assert default_db_url() == "postgresql+psycopg://u@host/db"

@@ -1,0 +1,431 @@
+"""The REST API end to end on a SQLite file, with the real softmax operator and GPU catalog."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
+
+from db import queries
+from kernels import get_operator
+from service.app import create_app
+from service.settings import Settings
+from tuner.backends.base import TrialResult, TrialStatus
+
+SOFTMAX = get_operator("softmax")
+JOB = {"operator": "softmax", "shape": [4096, 4096], "dtype": "float16", "gpu": "H200"}
+
+
+def lookup(client: TestClient, shape: str = "4096,4096", **params: str) -> Any:
+    query = {"shape": shape, "dtype": "float16", "gpu": "H200", **params}
+    return client.get("/v1/configs/softmax", params=query)
+
+
+def store_best(session: Session, shape: list[int], time_ms: float, **overrides: Any) -> None:
+    fields: dict[str, Any] = {
+        "operator": "softmax",
+        "operator_version": SOFTMAX.version,
+        "shape": shape,
+        "dtype": "float16",
+        "gpu_model": "H200",
+        "compute_capability": "9.0",
+        "cuda_version": "13.0",
+        "config": {"BLOCK_SIZE": 512, "VEC": 8, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 1},
+        "time_ms": time_ms,
+        "job_id": None,
+    }
+    fields.update(overrides)
+    queries.upsert_best_config(session, **fields)
+
+
+def detail(response: Any) -> str:
+    """The error message(s) of a 4xx response as one string, for assertions on the text."""
+    assert 400 <= response.status_code < 500, (response.status_code, response.text)
+    body = response.json()["detail"]
+    return body if isinstance(body, str) else json.dumps(body)
+
+
+# --- health, operators, GPUs -----------------------------------------------------------------
+
+
+def test_healthz(client: TestClient) -> None:
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok", "db": "ok"}
+
+
+def test_openapi_and_docs(client: TestClient) -> None:
+    schema = client.get("/openapi.json").json()
+    assert schema["info"]["title"] == "Kato"
+    assert "/v1/jobs/{job_id}/trials" in schema["paths"]
+    assert client.get("/docs").status_code == 200
+
+
+def test_operators(client: TestClient) -> None:
+    listed = client.get("/v1/operators").json()
+    softmax = next(op for op in listed if op["name"] == "softmax")
+    assert softmax["rank"] == 2
+    assert set(softmax["dtypes"]) == {"float32", "float16", "bfloat16"}
+    assert softmax["version"] == SOFTMAX.version
+    assert softmax["params"]["BLOCK_SIZE"] == list(SOFTMAX.params["BLOCK_SIZE"])
+    assert client.get("/v1/operators/softmax").json() == softmax
+
+    response = client.get("/v1/operators/gemm")
+    assert response.status_code == 404
+    assert "unknown operator 'gemm'; known operators: " in detail(response)
+    assert "softmax" in detail(response)
+
+
+def test_gpus(client: TestClient) -> None:
+    listed = client.get("/v1/gpus").json()
+    h200 = next(gpu for gpu in listed if gpu["name"] == "H200")
+    assert h200["compute_capability"] == "9.0"
+    assert h200["memory_bytes"] > 100 * 10**9 and h200["sm_count"] == 132
+    assert client.get("/v1/gpus/NVIDIA H200").json()["name"] == "H200"
+    response = client.get("/v1/gpus/RTX 9999")
+    assert response.status_code == 404 and "unknown GPU model 'RTX 9999'" in detail(response)
+
+
+# --- config lookups --------------------------------------------------------------------------
+
+
+def test_config_default_then_exact_then_nearest(client: TestClient, session: Session) -> None:
+    response = lookup(client)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["source"] == "default"
+    assert body["config"] == SOFTMAX.default_config([4096, 4096], "float16")
+    assert body["tuned_shape"] is None and body["time_ms"] is None
+    assert (body["gpu"], body["compute_capability"], body["operator_version"]) == (
+        "H200",
+        "9.0",
+        SOFTMAX.version,
+    )
+
+    store_best(session, [4096, 4096], 0.05)
+    body = lookup(client, "4096x4096").json()
+    assert body["source"] == "exact"
+    assert body["config"]["BLOCK_SIZE"] == 512 and body["time_ms"] == 0.05
+    assert body["tuned_shape"] == [4096, 4096] and body["cuda_version"] == "13.0"
+
+    body = lookup(client, "8192x2048").json()
+    assert body["source"] == "nearest"
+    assert body["shape"] == [8192, 2048] and body["tuned_shape"] == [4096, 4096]
+
+    # Aliases resolve to the canonical model; other GPU models and dtypes have nothing tuned.
+    assert lookup(client, gpu="NVIDIA H200").json()["source"] == "exact"
+    assert lookup(client, gpu="H100").json()["source"] == "default"
+    assert lookup(client, dtype="bfloat16").json()["source"] == "default"
+
+
+def test_config_ignores_other_kernel_versions(client: TestClient, session: Session) -> None:
+    store_best(session, [4096, 4096], 0.05, operator_version="0ld0ld0ld0ld")
+    assert lookup(client).json()["source"] == "default"
+
+
+def test_nearest_config_invalid_for_the_shape_is_not_served(
+    client: TestClient, session: Session
+) -> None:
+    store_best(session, [4096, 4096], 0.05)  # VEC=8: needs cols divisible by 8
+    body = lookup(client, "4096x4100").json()
+    assert body["source"] == "default"
+    assert SOFTMAX.check(body["config"], [4096, 4100], "float16") is None
+
+
+@pytest.mark.parametrize(
+    ("params", "status", "message"),
+    [
+        ({"shape": "4096"}, 422, "takes a shape of rank 2"),
+        ({"shape": "0x4096"}, 422, "every dimension must be between 1 and 2147483647, got 0"),
+        ({"shape": "-5,4096"}, 422, "got -5"),
+        ({"shape": "4096xabc"}, 422, "shape must be integers separated by 'x' or ','"),
+        ({"shape": ""}, 422, "shape must be integers"),
+        ({"shape": "9" * 5000}, 422, "at most 200 characters"),
+        ({"shape": "1x2x3x4x5x6x7x8x9"}, 422, "at most 8 are supported"),
+        ({"dtype": "float64"}, 422, "does not support dtype 'float64'"),
+        ({"gpu": "RTX 9999"}, 422, "unknown GPU model 'RTX 9999'"),
+        ({"shape": "2147483647x2147483647"}, 422, "of device memory; H200 has"),
+    ],
+)
+def test_config_bad_requests(
+    client: TestClient, params: dict[str, str], status: int, message: str
+) -> None:
+    query = {"shape": "4096,4096", "dtype": "float16", "gpu": "H200", **params}
+    response = client.get("/v1/configs/softmax", params=query)
+    assert response.status_code == status
+    assert message in detail(response)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int32", "x" * 32])
+@pytest.mark.parametrize(
+    "shape", ["1x1", "1x2147483647", "2147483647x1", "3x5", "65536x65536", "1,2,3", "0", "1e3x4"]
+)
+def test_no_config_lookup_makes_a_500(client: TestClient, shape: str, dtype: str) -> None:
+    for gpu in ("H200", "T4", "nvidia h200", "\x00", "x" * 64):
+        query = {"shape": shape, "dtype": dtype, "gpu": gpu}
+        response = client.get("/v1/configs/softmax", params=query)
+        assert response.status_code in (200, 422), (query, response.text)
+
+
+def test_config_unknown_operator_or_missing_params(client: TestClient) -> None:
+    response = client.get("/v1/configs/gemm", params={"shape": "4", "dtype": "x", "gpu": "H200"})
+    assert response.status_code == 404 and "known operators: " in detail(response)
+    response = client.get("/v1/configs/softmax", params={"dtype": "float16", "gpu": "H200"})
+    assert response.status_code == 422 and "Field required" in detail(response)
+
+
+# --- jobs ------------------------------------------------------------------------------------
+
+
+def test_job_submit_get_trials_and_cancel(client: TestClient, session: Session) -> None:
+    response = client.post("/v1/jobs", json={**JOB, "shape": "4096x4096", "gpu": "NVIDIA H200"})
+    assert response.status_code == 202, response.text
+    job = response.json()
+    assert job["status"] == "queued" and job["gpu"] == "H200"
+    assert job["shape"] == [4096, 4096] and job["operator_version"] == SOFTMAX.version
+    assert job["budget"] == 100 and job["strategy"] == "tpe" and job["seed"] == 0
+    assert job["trials_done"] == 0 and job["best_time_ms"] is None and job["note"] is None
+    assert job["created_at"].endswith(("Z", "+00:00"))
+
+    assert client.get(f"/v1/jobs/{job['id']}").json() == job
+    assert client.get(f"/v1/jobs/{job['id']}/trials").json() == []
+    assert [j["id"] for j in client.get("/v1/jobs", params={"status": "queued"}).json()] == [
+        job["id"]
+    ]
+    assert client.get("/v1/jobs", params={"status": "done"}).json() == []
+
+    # A worker claims it and records trials.
+    claimed = queries.claim_next_job(session, gpu_models=["H200"], worker_id="w", lease_seconds=60)
+    assert claimed is not None and claimed.id == job["id"]
+    config = SOFTMAX.default_config([4096, 4096], "float16")
+    result = TrialResult(config=config, status=TrialStatus.OK, times_ms=[0.2, 0.1, 0.3])
+    queries.record_trial(
+        session, job["id"], number=0, config=config, config_key="k0", result=result.to_dict()
+    )
+    failed = TrialResult(config=config, status=TrialStatus.COMPILE_ERROR, error="ptxas error")
+    queries.record_trial(
+        session, job["id"], number=1, config=config, config_key="k1", result=failed.to_dict()
+    )
+
+    running = client.get(f"/v1/jobs/{job['id']}").json()
+    assert running["status"] == "running" and running["started_at"] is not None
+    assert running["trials_done"] == 2
+    assert running["best_time_ms"] == pytest.approx(0.2) and running["best_config"] == config
+    trials = client.get(f"/v1/jobs/{job['id']}/trials").json()
+    assert [t["number"] for t in trials] == [0, 1]
+    assert trials[0]["times_ms"] == [0.2, 0.1, 0.3] and trials[0]["time_ms"] == pytest.approx(0.2)
+    assert trials[1]["status"] == "compile_error" and trials[1]["error"] == "ptxas error"
+
+    cancelled = client.delete(f"/v1/jobs/{job['id']}")
+    assert cancelled.status_code == 200
+    assert cancelled.json()["status"] == "running" and cancelled.json()["cancel_requested"]
+
+
+def test_cancel_a_queued_job(client: TestClient) -> None:
+    job = client.post("/v1/jobs", json=JOB).json()
+    response = client.delete(f"/v1/jobs/{job['id']}")
+    assert response.status_code == 200
+    assert response.json()["status"] == "cancelled" and response.json()["finished_at"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v1/jobs/0123456789abcdef"),
+        ("GET", "/v1/jobs/0123456789abcdef/trials"),
+        ("DELETE", "/v1/jobs/0123456789abcdef"),
+    ],
+)
+def test_unknown_job_is_404(client: TestClient, method: str, path: str) -> None:
+    response = client.request(method, path)
+    assert response.status_code == 404
+    assert detail(response) == "job '0123456789abcdef' not found"
+    for odd in ("%00", "x" * 500, "..%2F..", "DROP TABLE kato_jobs"):
+        response = client.request(method, path.replace("0123456789abcdef", odd))
+        assert response.status_code == 404, (odd, response.text)
+
+
+def test_batch(client: TestClient) -> None:
+    jobs = [
+        JOB,
+        {**JOB, "shape": "8192,1024", "dtype": "bfloat16", "budget": 10, "seed": 3},
+        {**JOB, "gpu": "A100 80GB", "strategy": "random", "budget_seconds": 600},
+    ]
+    response = client.post("/v1/jobs/batch", json={"jobs": jobs})
+    assert response.status_code == 202, response.text
+    created = response.json()
+    assert [j["shape"] for j in created] == [[4096, 4096], [8192, 1024], [4096, 4096]]
+    assert [j["budget"] for j in created] == [100, 10, 100]
+    assert created[2]["gpu"] == "A100 80GB" and created[2]["budget_seconds"] == 600
+    assert len(client.get("/v1/jobs").json()) == 3
+
+
+def test_batch_with_one_bad_job_writes_nothing(client: TestClient) -> None:
+    jobs = [JOB, {**JOB, "dtype": "float64"}, JOB]
+    response = client.post("/v1/jobs/batch", json={"jobs": jobs})
+    assert response.status_code == 422
+    assert detail(response).startswith("jobs[1]: operator 'softmax' does not support dtype")
+
+    response = client.post("/v1/jobs/batch", json={"jobs": [JOB, {**JOB, "shape": [0, 1]}]})
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["body", "jobs", 1, "shape", 0]
+
+    assert client.get("/v1/jobs").json() == []
+
+
+def test_batch_limits(tmp_path: Any) -> None:
+    settings = Settings(db_url=f"sqlite:///{tmp_path / 'small.db'}", max_batch=2)
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        response = client.post("/v1/jobs/batch", json={"jobs": [JOB] * 3})
+        assert response.status_code == 422
+        assert detail(response) == "a batch holds at most 2 jobs, got 3"
+        response = client.post("/v1/jobs/batch", json={"jobs": []})
+        assert response.status_code == 422 and "at least 1 item" in detail(response)
+        assert client.get("/v1/jobs").json() == []
+
+
+# --- bad job requests: always a 4xx with a message, never a 500 -------------------------------
+
+BAD_JOBS: list[tuple[dict[str, Any], str]] = [
+    ({"operator": "gemm"}, "unknown operator 'gemm'; known operators: "),
+    ({"dtype": "float64"}, "does not support dtype 'float64'"),
+    ({"dtype": "int32"}, "does not support dtype 'int32'"),
+    ({"gpu": "RTX 9999"}, "unknown GPU model 'RTX 9999'"),
+    ({"shape": [4096]}, "takes a shape of rank 2"),
+    ({"shape": [4096, 4096, 2]}, "takes a shape of rank 2"),
+    ({"shape": [0, 4096]}, "Input should be greater than or equal to 1"),
+    ({"shape": [-1, 4096]}, "Input should be greater than or equal to 1"),
+    ({"shape": "0x4096"}, "every dimension must be between 1 and 2147483647, got 0"),
+    ({"shape": "4096 by 4096"}, "shape must be integers separated by 'x' or ','"),
+    ({"shape": []}, "should have at least 1 item"),
+    ({"shape": [1] * 9}, "should have at most 8 items"),
+    ({"shape": [1e30, 4096]}, "exceeded maximum size"),
+    ({"shape": [10**40, 4096]}, "Input should be less than or equal to 2147483647"),
+    ({"shape": [2.5, 4096]}, "Input should be a valid integer"),
+    ({"shape": [[1, 2], 3]}, "Input should be a valid integer"),
+    ({"shape": [2**31 - 1, 2**31 - 1]}, "of device memory; H200 has"),
+    (
+        {"shape": [400_000, 200_000], "gpu": "T4"},
+        "shape 400000x200000 in float16 needs 320.0 GB of device memory; T4 has 16.0 GB",
+    ),
+    ({"budget": 0}, "Input should be greater than or equal to 1"),
+    ({"budget": -5}, "Input should be greater than or equal to 1"),
+    ({"budget": 5001}, "budget must be at most 5000 configs, got 5001"),
+    ({"budget": 10**20}, "Input should be less than or equal to 2147483647"),
+    ({"budget_seconds": 0}, "Input should be greater than 0"),
+    ({"budget_seconds": 1e9}, "budget_seconds must be at most 86400, got 1e+09"),
+    ({"strategy": "annealing"}, "Input should be 'tpe', 'random' or 'grid'"),
+    ({"seed": -1}, "Input should be greater than or equal to 0"),
+    ({"gpu": ""}, "String should have at least 1 character"),
+    ({"operator": "x" * 65}, "String should have at most 64 characters"),
+    ({"budjet": 10}, "Extra inputs are not permitted"),
+    ({"operator": None}, "Input should be a valid string"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), BAD_JOBS, ids=[m for _, m in BAD_JOBS])
+def test_bad_job_is_rejected_with_a_message(
+    client: TestClient, change: dict[str, Any], message: str
+) -> None:
+    response = client.post("/v1/jobs", json={**JOB, **change})
+    assert response.status_code == 422
+    assert message in detail(response)
+    assert client.get("/v1/jobs").json() == []
+
+
+@pytest.mark.parametrize("field", ["operator", "shape", "dtype", "gpu"])
+def test_missing_field(client: TestClient, field: str) -> None:
+    body = {k: v for k, v in JOB.items() if k != field}
+    response = client.post("/v1/jobs", json=body)
+    assert response.status_code == 422
+    error = response.json()["detail"][0]
+    assert error["loc"] == ["body", field] and error["msg"] == "Field required"
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ('{"operator": "softmax", ', "JSON decode error"),
+        ("not json", "JSON decode error"),
+        ("[1, 2, 3]", "Input should be a valid dictionary"),
+        ('"softmax"', "Input should be a valid dictionary"),
+        ("", "Field required"),
+        # Python's json module accepts these literals: they must not come back as a 500 when the
+        # error message echoes the input.
+        (
+            '{"operator": "softmax", "shape": [NaN, 1], "dtype": "float16", "gpu": "H200"}',
+            "finite number",
+        ),
+        (
+            '{"operator": "softmax", "shape": [4096, 4096], "dtype": "float16", "gpu": "H200",'
+            ' "budget_seconds": Infinity}',
+            "finite number",
+        ),
+        (
+            '{"operator": "softmax", "shape": [4096, 4096], "dtype": "float16", "gpu": "H200",'
+            ' "budget_seconds": NaN}',
+            "finite number",
+        ),
+    ],
+)
+def test_malformed_body(client: TestClient, raw: str, message: str) -> None:
+    response = client.post("/v1/jobs", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    assert message in detail(response)
+
+
+def test_huge_integer_literal_is_a_client_error(client: TestClient) -> None:
+    # Longer than Python's int-parsing limit (4300 digits): rejected while parsing the body.
+    raw = (
+        '{"operator": "softmax", "shape": ['
+        + "9" * 5000
+        + ', 1], "dtype": "float16", "gpu": "H200"}'
+    )
+    response = client.post("/v1/jobs", content=raw, headers={"content-type": "application/json"})
+    assert 400 <= response.status_code < 500
+
+
+HOSTILE = [None, "", "x" * 10_000, -1, 0, 1.5, 1e308, -1e308, 10**40, True, [], {}, [[]], "NaN"]
+
+
+@pytest.mark.parametrize(
+    "field", ["operator", "shape", "dtype", "gpu", "budget", "budget_seconds", "strategy", "seed"]
+)
+def test_no_value_makes_a_500(client: TestClient, field: str) -> None:
+    for value in HOSTILE:
+        for path, body in (
+            ("/v1/jobs", {**JOB, field: value}),
+            ("/v1/jobs/batch", {"jobs": [{**JOB, field: value}]}),
+        ):
+            response = client.post(path, json=body)
+            assert response.status_code < 500, (field, value, response.text)
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [("status=bogus", "Input should be 'queued'"), ("limit=0", "greater than or equal to 1")],
+)
+def test_bad_job_list_filters(client: TestClient, query: str, message: str) -> None:
+    response = client.get(f"/v1/jobs?{query}")
+    assert response.status_code == 422 and message in detail(response)
+
+
+def test_app_reuses_a_given_engine(app: FastAPI, settings: Settings) -> None:
+    other = create_app(settings, engine=app.state.engine)
+    assert other.state.engine is app.state.engine
+    assert other.state.session_factory.kw["bind"] is app.state.engine
+
+
+def test_settings_from_environment(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KATO_DB_URL", str(tmp_path / "env" / "kato.db"))
+    monkeypatch.setenv("KATO_MAX_BATCH", "7")
+    monkeypatch.setenv("KATO_LEASE_SECONDS", "12.5")
+    settings = Settings()
+    assert settings.db_url == f"sqlite:///{tmp_path}/env/kato.db"
+    assert (settings.max_batch, settings.lease_seconds, settings.port) == (7, 12.5, 8000)
+    with pytest.raises(ValueError, match="exceeds max_budget_configs"):
+        Settings(default_budget_configs=10, max_budget_configs=5)
