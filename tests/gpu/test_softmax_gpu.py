@@ -7,7 +7,6 @@ import pytest
 from backend_conformance import BackendConformance
 
 from kernels import get_operator
-from kernels.spec import DTYPES
 
 AWKWARD = [(1, 1), (1, 4097), (3000, 3001), (65536, 128), (17, 333), (5, 1000003), (1, 32768)]
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
@@ -63,7 +62,7 @@ def test_default_config_matches_float64_reference(spec, shape, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
 @pytest.mark.parametrize(
-    "shape", [(3000, 3001), (257, 4096), (64, 130), (3, 24576)], ids=lambda s: "x".join(map(str, s))
+    "shape", [(3000, 3001), (257, 4096), (64, 130)], ids=lambda s: "x".join(map(str, s))
 )
 def test_every_valid_variant_verifies(spec, shape, dtype):
     """The backend's device-side verification passes for every valid config of the space."""
@@ -71,11 +70,13 @@ def test_every_valid_variant_verifies(spec, shape, dtype):
 
     backend = PyCudaBackend(spec, shape, dtype, repeats=1, warmup=0, seed=1)
     try:
+        valid = backend.space().valid_configs()
+        assert valid
+        backend.precompile(valid)  # all nvcc runs in parallel, then verify one by one
         failures = []
-        for config in backend.space().valid_configs():
-            compiled = backend.compile(config)
+        for config in valid:
             launch = spec.launch(config, shape, dtype)
-            fn = backend._load(compiled, launch)
+            fn = backend.load(backend.compile(config), launch)
             error = backend.verify(fn, launch)
             if error:
                 failures.append((config, error))
@@ -120,21 +121,18 @@ def test_verification_catches_a_wrong_kernel(spec, monkeypatch):
         backend.close()
 
 
+@pytest.fixture(scope="module")
+def backend():
+    from tuner.backends.pycuda import PyCudaBackend
+
+    b = PyCudaBackend(get_operator("softmax"), (4096, 4096), "float16", repeats=10)
+    yield b
+    b.close()
+
+
 class TestPyCudaConformance(BackendConformance):
     sweep = 16
-
-    @pytest.fixture(scope="class")
-    def backend(self):
-        from tuner.backends.pycuda import PyCudaBackend
-
-        b = PyCudaBackend(get_operator("softmax"), (4096, 4096), "float16", repeats=10)
-        yield b
-        b.close()
 
     @pytest.fixture
     def reference_config(self):
         return get_operator("softmax").default_config((4096, 4096), "float16")
-
-
-def test_dtypes_known():
-    assert set(DTYPE_NAMES) <= set(DTYPES)

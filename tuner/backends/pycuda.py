@@ -254,7 +254,7 @@ class PyCudaBackend(Backend):
             )
             result.blocks_per_sm, result.occupancy = occ.blocks_per_sm, occ.fraction
         try:
-            fn = self._load(compiled, launch)
+            fn = self.load(compiled, launch)
             error = self.verify(fn, launch)
         except self.cuda.Error as exc:
             result.status, result.error = TrialStatus.LAUNCH_ERROR, f"{type(exc).__name__}: {exc}"
@@ -270,7 +270,7 @@ class PyCudaBackend(Backend):
 
     # --- steps ------------------------------------------------------------------------------
 
-    def _load(self, compiled: CompiledKernel, launch: Launch):
+    def load(self, compiled: CompiledKernel, launch: Launch):
         module = self.cuda.module_from_buffer(compiled.cubin)
         self._modules.append(module)
         fn = module.get_function(compiled.kernel_name)
