@@ -128,4 +128,5 @@ def save_cache(cache: KernelTunerCache, path: str | Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     with os.fdopen(fd, "wb") as f:
         f.write(payload)
+    os.chmod(tmp, 0o644)  # mkstemp creates 0600; a cache file is for sharing
     os.replace(tmp, path)
