@@ -1,0 +1,199 @@
+"""The worker and job runner on the replay backend, against a real SQLite file: a job's whole
+life, resume after an interruption without re-measuring, cancel, failures, version changes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from conftest import RECORDED
+
+from db import queries
+from db.session import init_db, session_factory
+from kernels import get_operator
+from tuner.backends.base import TrialResult, TrialStatus
+from tuner.backends.replay import ReplayBackend
+from tuner.worker import JobRunner, Worker
+
+RECORDING = RECORDED / "softmax_H200_4096x4096_float16.json.gz"
+SHAPE, DTYPE = [4096, 4096], "float16"
+
+
+class CountingReplay(ReplayBackend):
+    """Replay that counts evaluations and can interrupt the job after ``stop_after`` of them."""
+
+    def __init__(self, stop_after: int | None = None, on_stop=None):
+        super().__init__(RECORDING)
+        self.measured: list[str] = []
+        self.stop_after, self.on_stop = stop_after, on_stop
+
+    def evaluate(self, config) -> TrialResult:
+        self.measured.append(self.cache.key(config))
+        if self.stop_after is not None and len(self.measured) == self.stop_after:
+            self.on_stop()
+        return super().evaluate(config)
+
+
+@pytest.fixture
+def db(tmp_path):
+    url = f"sqlite:///{tmp_path}/kato.db"
+    return url, session_factory(init_db(url))
+
+
+def submit(sessions, budget=30, **kw):
+    spec = get_operator("softmax")
+    with sessions() as s:
+        job = queries.create_job(
+            s,
+            operator="softmax",
+            operator_version=spec.version,
+            shape=SHAPE,
+            dtype=DTYPE,
+            gpu_model="H200",
+            budget_configs=budget,
+            **kw,
+        )
+        return job.id
+
+
+def test_job_lifecycle_stores_trials_and_winner(db):
+    url, sessions = db
+    job_id = submit(sessions, budget=25)
+    backend = CountingReplay()
+    worker = Worker(sessions, url, ["H200"], lambda job: backend, poll_seconds=0.01)
+    assert worker.run_once().status == "done"
+    assert worker.run_once() is None  # nothing left
+    with sessions() as s:
+        job = queries.get_job(s, job_id)
+        trials = queries.job_trials(s, job_id)
+        assert job.status == "done" and job.trials_done == 25 and job.finished_at
+        assert len(trials) == 25 and len({t.config_key for t in trials}) == 25
+        best = min((t for t in trials if t.status == "ok"), key=lambda t: t.time_ms)
+        assert job.best_time_ms == best.time_ms and job.best_config == best.config
+        row, source = queries.lookup_best_config(
+            s,
+            operator="softmax",
+            operator_version=job.operator_version,
+            shape=SHAPE,
+            dtype=DTYPE,
+            gpu_model="H200",
+        )
+        assert source == "exact" and row.config == best.config and row.time_ms == best.time_ms
+        assert row.compute_capability == "9.0" and row.cuda_version == "13.0"
+
+
+def test_job_stopped_half_way_resumes_without_remeasuring(db):
+    url, sessions = db
+    job_id = submit(sessions, budget=30)
+
+    class Crash(Exception):
+        pass
+
+    def crash():
+        raise Crash  # the worker process "dies" mid-measurement of trial 12
+
+    first = CountingReplay(stop_after=12, on_stop=crash)
+    runner = JobRunner(sessions, url, lambda job: first, worker_id="w1", lease_seconds=0.01)
+    with sessions() as s:
+        queries.claim_next_job(s, gpu_models=["H200"], worker_id="w1", lease_seconds=0.01)
+    runner.run(job_id)  # the crash fails this attempt...
+    with sessions() as s:
+        recorded = {t.config_key for t in queries.job_trials(s, job_id)}
+        assert len(recorded) == 11  # the 12th never got recorded
+        # ...and a crashed worker leaves a running job behind: simulate that state.
+        job = queries.get_job(s, job_id)
+        job.status, job.error, job.finished_at = "running", None, None
+        job.worker_id = "w1"
+        job.lease_expires_at = datetime.now(UTC) - timedelta(seconds=1)
+        s.commit()
+
+    second = CountingReplay()
+    worker = Worker(sessions, url, ["H200"], lambda job: second, worker_id="w2")
+    outcome = worker.run_once()  # lease expired: w2 claims it
+    assert outcome is not None and outcome.job_id == job_id and outcome.status == "done"
+    assert not recorded & set(second.measured), "a recorded trial was measured again"
+    assert len(second.measured) == 30 - 11
+    with sessions() as s:
+        trials = queries.job_trials(s, job_id)
+        assert len(trials) == 30 and len({t.config_key for t in trials}) == 30
+
+
+def test_cancel_stops_a_running_job(db):
+    url, sessions = db
+    job_id = submit(sessions, budget=50)
+
+    def cancel():
+        with sessions() as s:
+            queries.request_cancel(s, job_id)
+
+    backend = CountingReplay(stop_after=5, on_stop=cancel)
+    worker = Worker(sessions, url, ["H200"], lambda job: backend)
+    assert worker.run_once().status == "cancelled"
+    assert len(backend.measured) <= 6
+    with sessions() as s:
+        assert queries.get_job(s, job_id).status == "cancelled"
+
+
+def test_jobs_for_other_gpus_are_not_claimed(db):
+    url, sessions = db
+    spec = get_operator("softmax")
+    with sessions() as s:
+        queries.create_job(
+            s,
+            operator="softmax",
+            operator_version=spec.version,
+            shape=SHAPE,
+            dtype=DTYPE,
+            gpu_model="A100 80GB",
+            budget_configs=5,
+        )
+    worker = Worker(sessions, url, ["H200"], lambda job: CountingReplay())
+    assert worker.run_once() is None
+
+
+def test_broken_backend_fails_the_job_not_the_worker(db):
+    url, sessions = db
+    job_id = submit(sessions)
+
+    def broken(job):
+        raise RuntimeError("no CUDA device")
+
+    worker = Worker(sessions, url, ["H200"], broken)
+    outcome = worker.run_once()
+    assert outcome.status == "failed" and "no CUDA device" in outcome.error
+    with sessions() as s:
+        assert queries.get_job(s, job_id).status == "failed"
+
+
+def test_all_configs_failing_is_a_failed_job(db):
+    url, sessions = db
+    job_id = submit(sessions, budget=5)
+
+    class AllFail(CountingReplay):
+        def evaluate(self, config):
+            return TrialResult(config=config, status=TrialStatus.LAUNCH_ERROR, error="fault")
+
+    assert Worker(sessions, url, ["H200"], lambda job: AllFail()).run_once().status == "failed"
+    with sessions() as s:
+        job = queries.get_job(s, job_id)
+        assert job.status == "failed" and "no config ran correctly" in job.error
+        assert job.trials_done == 5
+
+
+def test_a_job_for_a_changed_kernel_fails_with_a_clear_error(db):
+    url, sessions = db
+    with sessions() as s:
+        job = queries.create_job(
+            s,
+            operator="softmax",
+            operator_version="0ld0ld0ld0ld",
+            shape=SHAPE,
+            dtype=DTYPE,
+            gpu_model="H200",
+            budget_configs=5,
+        )
+        job_id = job.id
+    outcome = Worker(sessions, url, ["H200"], lambda job: CountingReplay()).run_once()
+    assert outcome.status == "failed" and "submit the job again" in outcome.error
+    with sessions() as s:
+        assert queries.get_job(s, job_id).status == "failed"
