@@ -40,6 +40,17 @@ def _settings(db: str | None):
     return Settings(db_url=db) if db else Settings()
 
 
+def _gpu_model(device: int) -> str:
+    """The catalog name of CUDA device ``device``; exits with a clear message where none."""
+    from tuner.backends.pycuda import describe_device
+
+    try:
+        return describe_device(device).model
+    except Exception as exc:  # no PyCUDA, no driver, no such device
+        console.print(f"[red]no usable CUDA device {device}: {exc}[/red]")
+        raise typer.Exit(2) from None
+
+
 def _sessions(db_url: str):
     from db.session import init_db, session_factory
 
@@ -97,12 +108,11 @@ def worker(
     max_jobs: Annotated[int | None, typer.Option(help="exit after this many jobs")] = None,
 ) -> None:
     """Claim and run queued tuning jobs for this machine's GPU model until interrupted."""
-    from tuner.backends.pycuda import describe_device
     from tuner.worker import Worker, pycuda_backend_factory
 
     settings = _settings(db)
     _, sessions = _sessions(settings.db_url)
-    model = describe_device(device).model
+    model = _gpu_model(device)
     w = Worker(
         sessions,
         settings.db_url,
@@ -135,7 +145,6 @@ def tune(
     from db import queries
     from kernels import get_operator
     from kernels.spec import InvalidInput
-    from tuner.backends.pycuda import describe_device
     from tuner.worker import JobRunner, default_worker_id, pycuda_backend_factory
 
     settings = _settings(db)
@@ -145,7 +154,7 @@ def tune(
         dims = spec.validate(_parse_shape(shape), dtype)
     except InvalidInput as exc:
         raise typer.BadParameter(str(exc)) from None
-    model = describe_device(device).model
+    model = _gpu_model(device)
     worker_id = default_worker_id()
     with sessions() as session:
         job = queries.create_job(
