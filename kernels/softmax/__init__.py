@@ -1,0 +1,297 @@
+"""Softmax over the last dimension of a (rows, cols) matrix: the spec of ``softmax.cu``.
+
+Parameter space (Kernel Tuner key order):
+
+- ``BLOCK_SIZE``: threads per block.
+- ``VEC``: elements per vector load/store. A vector is at most 16 bytes, and ``cols % VEC == 0``
+  is required (rows must start on a vector boundary); ``VEC=1`` serves every ``cols``.
+- ``STRATEGY``: 0 = one warp per row (``BLOCK_SIZE/32`` rows per block, warp shuffles only);
+  1 = one block per row (warp shuffles, then a shared array across warps).
+- ``CACHE``: 0 = online (max, sum) pass, then a second pass that re-reads x (from L2 if lucky);
+  1 = the row is kept in dynamic shared memory between the passes, stored in the element type
+  (``cols * itemsize`` bytes per row held); 2 = the row is kept in registers, ``ITEMS`` vectors
+  per thread (``ITEMS = ceil(cols / (threads_per_row * VEC))``, at most 16).
+- ``MIN_BLOCKS``: the min-blocks clause of ``__launch_bounds__`` (0 = none).
+
+Accumulation is float32 for every element type. Inputs and outputs are float32, float16 or
+bfloat16 (the CUDA types ``float``, ``__half``, ``__nv_bfloat16``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from kernels.registry import register
+from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
+
+#: Opt-in maximum of dynamic + static shared memory per block (sm_90; sm_80 has 163 KiB and the
+#: tuner checks that per GPU with its catalog).
+MAX_SHARED_PER_BLOCK = 227 * 1024
+#: Resident threads per SM on sm_80/sm_90: MIN_BLOCKS * BLOCK_SIZE beyond it cannot be met.
+MAX_THREADS_PER_SM = 2048
+#: 32-bit registers per SM on every supported GPU.
+REGISTERS_PER_SM = 65536
+#: ptxas's hard limit per thread.
+MAX_REGISTERS_PER_THREAD = 255
+#: CACHE=2 holds at most this many vectors per thread.
+MAX_ITEMS = 16
+#: Registers a CACHE=2 kernel needs besides its cache (pointers, indices, partial max/sum,
+#: unpacked floats). Fit to ptxas reports on sm_80/sm_90: below this, the cache spills.
+REGISTER_OVERHEAD = 28
+#: The kernel takes rows and cols as ``int``; column indices run up to cols + 8192 (one step of
+#: the streaming loop past the end), so cols keeps 64 Ki of headroom below INT32_MAX.
+INT32_MAX = 2**31 - 1
+MAX_COLS = 2**31 - 2**16
+#: CUDA's grid.x limit.
+MAX_GRID_X = 2**31 - 1
+
+_CUDA_FLAGS = {"float32": (0, 0), "float16": (1, 0), "bfloat16": (0, 1)}  # IS_HALF, IS_BF16
+
+
+def threads_per_row(config: Config) -> int:
+    """Threads that share one row: a warp (STRATEGY 0) or the whole block (STRATEGY 1)."""
+    return 32 if config["STRATEGY"] == 0 else config["BLOCK_SIZE"]
+
+
+def rows_per_block(config: Config) -> int:
+    return config["BLOCK_SIZE"] // 32 if config["STRATEGY"] == 0 else 1
+
+
+def items_per_thread(config: Config, cols: int) -> int:
+    """Vectors each thread holds for CACHE=2: ``ceil(cols / (threads_per_row * VEC))``."""
+    return math.ceil(cols / (threads_per_row(config) * config["VEC"]))
+
+
+def register_cap(config: Config) -> int:
+    """Registers per thread ptxas may use under the kernel's ``__launch_bounds__``.
+
+    ``__launch_bounds__(B)`` alone already promises one resident block of B threads, so the cap
+    is ``65536 / (B * max(MIN_BLOCKS, 1))``, rounded down to ptxas's allocation unit of 8 and
+    capped at 255.
+    """
+    per_thread = REGISTERS_PER_SM // (config["BLOCK_SIZE"] * max(config["MIN_BLOCKS"], 1))
+    return min(MAX_REGISTERS_PER_THREAD, per_thread // 8 * 8)
+
+
+def static_shared_bytes(config: Config) -> int:
+    """Static shared memory of the kernel: the block reduction's double-buffered float2 array."""
+    if config["STRATEGY"] == 1 and config["BLOCK_SIZE"] > 32:
+        return 2 * (config["BLOCK_SIZE"] // 32) * 8
+    return 0
+
+
+class SoftmaxSpec(OperatorSpec):
+    """Row-wise, numerically stable softmax with float32 accumulation."""
+
+    name = "softmax"
+    description = "softmax over the last dimension of a (rows, cols) matrix, float32 accumulation"
+    dtypes = ("float32", "float16", "bfloat16")
+    rank = 2
+    shape_names = ("rows", "cols")
+    params = {
+        "BLOCK_SIZE": (32, 64, 128, 256, 512, 1024),
+        "VEC": (1, 2, 4, 8),
+        "STRATEGY": (0, 1),
+        "CACHE": (0, 1, 2),
+        "MIN_BLOCKS": (0, 1, 2, 4),
+    }
+    template = Path(__file__).with_name("softmax.cu")
+    kernel_name = "softmax_kernel"
+
+    # --- validation ---------------------------------------------------------------------------
+
+    def validate(self, shape: Sequence[int], dtype: str) -> tuple[int, ...]:
+        """The base checks, plus: rows and cols must fit the kernel's ``int`` indices."""
+        shape = super().validate(shape, dtype)
+        rows, cols = shape
+        if rows > INT32_MAX or cols > MAX_COLS:
+            raise InvalidInput(
+                f"softmax takes up to 2**31-1 rows and 2**31-2**16 columns, got {rows} x {cols}"
+            )
+        return shape
+
+    def check(self, config: Config, shape: Sequence[int], dtype: str) -> str | None:
+        """Why ``config`` cannot run correctly for ``shape``/``dtype``, or None if it can.
+
+        Rejects: parameters missing, unknown or outside the space; vectors over 16 bytes;
+        ``cols % VEC != 0``; ``MIN_BLOCKS * BLOCK_SIZE`` over 2048 threads per SM; CACHE=1
+        needing more than 227 KiB of shared memory per block; CACHE=2 needing more than 16
+        vectors per thread, or more registers for its cache than the launch bounds leave
+        (``ITEMS * vector bytes / 4 + REGISTER_OVERHEAD > register_cap``: it would spill).
+        """
+        for name, values in self.params.items():
+            if name not in config:
+                return f"missing parameter {name}"
+            if config[name] not in values:
+                return f"{name}={config[name]!r} is not one of {values}"
+        unknown = sorted(set(config) - set(self.params))
+        if unknown:
+            return f"unknown parameter(s) {', '.join(unknown)}"
+        try:
+            rows, cols = self.validate(shape, dtype)
+        except InvalidInput as exc:
+            return str(exc)
+
+        itemsize = DTYPES[dtype][2]
+        block, vec = config["BLOCK_SIZE"], config["VEC"]
+        cache, min_blocks = config["CACHE"], config["MIN_BLOCKS"]
+        vector_bytes = vec * itemsize
+        if vector_bytes > 16:
+            return f"VEC={vec} of {dtype} is a {vector_bytes}-byte vector; at most 16 bytes"
+        if cols % vec != 0:
+            return f"cols={cols} is not a multiple of VEC={vec}: rows would start misaligned"
+        if min_blocks * block > MAX_THREADS_PER_SM:
+            return (
+                f"MIN_BLOCKS={min_blocks} blocks of {block} threads exceed "
+                f"{MAX_THREADS_PER_SM} threads per SM"
+            )
+        if cache == 1:
+            shared = self._dynamic_shared_bytes(config, cols, itemsize)
+            total = shared + static_shared_bytes(config)
+            if total > MAX_SHARED_PER_BLOCK:
+                return (
+                    f"CACHE=1 needs {total} bytes of shared memory per block "
+                    f"({rows_per_block(config)} row(s) of {cols * itemsize} bytes); "
+                    f"at most {MAX_SHARED_PER_BLOCK}"
+                )
+        if cache == 2:
+            items = items_per_thread(config, cols)
+            if items > MAX_ITEMS:
+                return (
+                    f"CACHE=2 needs ITEMS={items} vectors per thread "
+                    f"({threads_per_row(config)} threads per row, VEC={vec}); at most {MAX_ITEMS}"
+                )
+            cache_registers = items * vector_bytes // 4 + (items * vector_bytes % 4 != 0)
+            cap = register_cap(config)
+            if cache_registers + REGISTER_OVERHEAD > cap:
+                return (
+                    f"CACHE=2 keeps {cache_registers} registers of row data per thread, but the "
+                    f"launch bounds allow {cap} registers per thread: it would spill"
+                )
+        return None
+
+    def default_config(self, shape: Sequence[int], dtype: str) -> Config:
+        """A valid config for any valid shape: the widest vector that divides cols, then
+        a warp per row held in registers for short rows (<= 8 vectors per lane), a block per
+        row held in registers for medium rows, shared memory or streaming for long ones.
+
+        Raises:
+            InvalidInput: the shape or dtype is invalid (see :meth:`validate`).
+        """
+        _, cols = self.validate(shape, dtype)
+        itemsize = DTYPES[dtype][2]
+        vec = max(v for v in self.params["VEC"] if v * itemsize <= 16 and cols % v == 0)
+        candidates: list[Config] = [
+            {"BLOCK_SIZE": 256, "VEC": vec, "STRATEGY": 0, "CACHE": 2, "MIN_BLOCKS": 0}
+        ]
+        candidates += [
+            {"BLOCK_SIZE": block, "VEC": vec, "STRATEGY": 1, "CACHE": 2, "MIN_BLOCKS": 0}
+            for block in (256, 512, 1024)
+        ]
+        candidates += [
+            {"BLOCK_SIZE": 1024, "VEC": vec, "STRATEGY": 1, "CACHE": 1, "MIN_BLOCKS": 0},
+            {"BLOCK_SIZE": 1024, "VEC": vec, "STRATEGY": 1, "CACHE": 0, "MIN_BLOCKS": 0},
+        ]
+        for config in candidates:
+            # Register caches beyond 8 vectors per thread cost occupancy; prefer the next one.
+            if config["CACHE"] == 2 and items_per_thread(config, cols) > 8:
+                continue
+            if self.check(config, shape, dtype) is None:
+                return config
+        # Unreachable for a valid shape: streaming with VEC dividing cols has no limit.
+        raise AssertionError(f"no default softmax config for {tuple(shape)} {dtype}")
+
+    # --- rendering and launching --------------------------------------------------------------
+
+    def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
+        """Tunables (in space order), then DTYPE, IS_HALF, IS_BF16 and ITEMS.
+
+        ITEMS is only meaningful for CACHE=2; it is 0 otherwise so that the source of a
+        CACHE=0/1 variant does not depend on the shape (one compile serves every shape).
+        """
+        _, cols = shape
+        is_half, is_bf16 = _CUDA_FLAGS[dtype]
+        macros: dict[str, object] = {name: config[name] for name in self.params}
+        macros["DTYPE"] = DTYPES[dtype][1]
+        macros["IS_HALF"] = is_half
+        macros["IS_BF16"] = is_bf16
+        macros["ITEMS"] = items_per_thread(config, cols) if config["CACHE"] == 2 else 0
+        return macros
+
+    def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
+        """STRATEGY 0: ``ceil(rows / (BLOCK_SIZE/32))`` blocks; STRATEGY 1: ``rows`` blocks
+        (grid.x, capped at 2**31-1: the kernel loops over rows with a grid stride). Dynamic
+        shared memory only for CACHE=1: ``rows_per_block * cols * itemsize``."""
+        rows, cols = shape
+        grid = min(math.ceil(rows / rows_per_block(config)), MAX_GRID_X)
+        shared = self._dynamic_shared_bytes(config, cols, DTYPES[dtype][2])
+        return Launch(grid=(grid, 1, 1), block=(config["BLOCK_SIZE"], 1, 1), shared_bytes=shared)
+
+    @staticmethod
+    def _dynamic_shared_bytes(config: Config, cols: int, itemsize: int) -> int:
+        if config["CACHE"] != 1:
+            return 0
+        return rows_per_block(config) * cols * itemsize
+
+    # --- problems and references --------------------------------------------------------------
+
+    def make_problem(self, shape: Sequence[int], dtype: str, rng: np.random.Generator) -> Problem:
+        """x = 3 * N(0, 1) + a per-row offset; y pre-filled with NaN.
+
+        Offsets: rows 0, 4, 8, ... get +1000 and rows 2, 6, ... get -1000 (exp overflows or
+        underflows to 0/0 there unless the row max is subtracted); the others get U(-10, 10).
+        The reference is the float64 softmax of x *as stored* in ``dtype``.
+        """
+        rows, cols = self.validate(shape, dtype)
+        np_dtype = DTYPES[dtype][0]
+        offsets = rng.uniform(-10.0, 10.0, size=(rows, 1)).astype(np.float32)
+        offsets[0::4] = 1000.0
+        offsets[2::4] = -1000.0
+        x32 = rng.standard_normal((rows, cols), dtype=np.float32)
+        x32 *= 3.0
+        x32 += offsets
+        x = x32.astype(np_dtype, copy=False)  # float32: no copy
+        del x32
+        y = np.full((rows, cols), np.nan, dtype=np_dtype)
+        return Problem(
+            args=[x, y, np.int32(rows), np.int32(cols)],
+            outputs=[1],
+            references=[softmax_reference(x)],
+        )
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        """``(atol, rtol)`` against the float64 reference.
+
+        float32: rtol 1e-4 covers ex2.approx (~2 ulp) and float32 accumulation over rows of up
+        to ~1e6 elements; atol 1e-6 covers outputs flushed to zero below 2**-126.
+        float16 / bfloat16: the output rounding alone is half an ulp, 2**-11 (4.9e-4) resp.
+        2**-9 (2.0e-3) relative; rtol is 4x that. atol 1e-5 covers float16 subnormals
+        (spacing 6e-8), and stays well below 1/cols for rows up to ~1e5 elements, so it does
+        not hide relative errors of typical outputs.
+        """
+        if dtype not in self.dtypes:
+            raise InvalidInput(f"softmax does not support dtype {dtype!r}")
+        return {"float32": (1e-6, 1e-4), "float16": (1e-5, 2e-3), "bfloat16": (1e-5, 8e-3)}[dtype]
+
+    def bytes_moved(self, shape: Sequence[int], dtype: str) -> int:
+        """x read once and y written once: ``2 * rows * cols * itemsize``."""
+        rows, cols = shape
+        return 2 * rows * cols * DTYPES[dtype][2]
+
+
+def softmax_reference(x: np.ndarray) -> np.ndarray:
+    """Float64 softmax over the last axis of ``x`` (any float dtype, incl. ml_dtypes)."""
+    out = x.astype(np.float64)
+    out -= out.max(axis=-1, keepdims=True)
+    np.exp(out, out=out)
+    out /= out.sum(axis=-1, keepdims=True)
+    return out
+
+
+SOFTMAX = register(SoftmaxSpec())
+
+__all__ = ["SOFTMAX", "SoftmaxSpec", "softmax_reference"]

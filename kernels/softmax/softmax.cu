@@ -1,0 +1,436 @@
+// Softmax over the last dimension of a row-major (rows, cols) matrix:
+//     y[r, c] = exp(x[r, c] - max_r) / sum_c' exp(x[r, c'] - max_r)
+// with float32 arithmetic for every element type.
+//
+// Tunable parameters arrive as `#define NAME value` lines before this template (Kernel Tuner's
+// convention; kernels/softmax/__init__.py renders them):
+//   BLOCK_SIZE  threads per block: a multiple of 32, at most 1024.
+//   VEC         elements per vector load/store; VEC * sizeof(DTYPE) <= 16 bytes.
+//   STRATEGY    0: one warp per row, BLOCK_SIZE / 32 rows per block, no block barrier at all.
+//               1: one block per row; warp shuffles, then a small shared array across warps.
+//   CACHE       0: one online pass computes (max, sum) together, a second pass re-reads x.
+//               1: the row is kept in dynamic shared memory, stored as DTYPE (not float32), so
+//                  a block needs cols * sizeof(DTYPE) bytes per row it holds.
+//               2: the row is kept in registers, ITEMS vectors per thread.
+//   MIN_BLOCKS  __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS); 0 = no min-blocks clause.
+// Derived macros (the spec computes them; defaults here let the template compile standalone):
+//   DTYPE       float, __half or __nv_bfloat16.
+//   IS_HALF, IS_BF16   1 to include cuda_fp16.h / cuda_bf16.h (only what the type needs;
+//               with neither defined, both are included).
+//   ITEMS       CACHE == 2 only: ceil(cols / (threads per row * VEC)); 0 (unused) otherwise.
+//
+// Contract (kernels.softmax.SoftmaxSpec.check enforces it): x and y are 16-byte aligned
+// (cudaMalloc gives 256), cols % VEC == 0 so that every row starts on a vector boundary,
+// CACHE == 2 needs cols <= ITEMS * threads_per_row * VEC, CACHE == 1 needs the launch to pass
+// (rows per block) * cols * sizeof(DTYPE) bytes of dynamic shared memory.
+//
+// Numerics: exp is ex2.approx.ftz on (x - max) * log2(e), ~2 ulp; results below 2^-126 flush
+// to zero. The running max starts at a finite sentinel (-1e38) instead of -inf so that merging
+// two empty partial rows never computes (-inf) - (-inf); an x of -inf contributes exactly 0.
+
+#ifndef BLOCK_SIZE
+#error "BLOCK_SIZE must be defined"
+#endif
+#ifndef VEC
+#error "VEC must be defined"
+#endif
+#ifndef STRATEGY
+#error "STRATEGY must be defined"
+#endif
+#ifndef CACHE
+#error "CACHE must be defined"
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 0
+#endif
+#ifndef DTYPE
+#define DTYPE float
+#endif
+#if !defined(IS_HALF) && !defined(IS_BF16)
+// Standalone use (say Kernel Tuner with -DDTYPE=__half): include both headers.
+#define IS_HALF 1
+#define IS_BF16 1
+#endif
+#ifndef IS_HALF
+#define IS_HALF 0
+#endif
+#ifndef IS_BF16
+#define IS_BF16 0
+#endif
+#ifndef ITEMS
+#define ITEMS 1
+#endif
+
+#if IS_HALF
+#include <cuda_fp16.h>
+#endif
+#if IS_BF16
+#include <cuda_bf16.h>
+#endif
+
+namespace kato_softmax {
+
+using T = DTYPE;
+
+[[maybe_unused]] constexpr int kVecBytes = VEC * static_cast<int>(sizeof(T));
+[[maybe_unused]] constexpr int kWarps = BLOCK_SIZE / 32;
+#if STRATEGY == 0
+[[maybe_unused]] constexpr int kThreadsPerRow = 32;
+[[maybe_unused]] constexpr int kRowsPerBlock = kWarps;
+#else
+[[maybe_unused]] constexpr int kThreadsPerRow = BLOCK_SIZE;
+[[maybe_unused]] constexpr int kRowsPerBlock = 1;
+#endif
+// Vectors loaded per thread per step of the streaming passes (CACHE 0/1): 64 bytes in flight
+// per thread at 16-byte vectors, 8 loads otherwise, enough to cover HBM latency at any
+// occupancy without blowing up registers.
+[[maybe_unused]] constexpr int kUnroll = 64 / kVecBytes < 8 ? 64 / kVecBytes : 8;
+[[maybe_unused]] constexpr float kLog2e = 1.4426950408889634f;
+[[maybe_unused]] constexpr float kNegSentinel = -1.0e38f;
+// float32 rows cached in registers keep exp(x - max) in place (see softmax_row, CACHE 2).
+[[maybe_unused]] constexpr bool kFloatElements = sizeof(T) == 4;
+
+static_assert(BLOCK_SIZE % 32 == 0 && BLOCK_SIZE >= 32 && BLOCK_SIZE <= 1024,
+              "BLOCK_SIZE must be a multiple of 32 in [32, 1024]");
+static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC must be 1, 2, 4 or 8");
+static_assert(kVecBytes <= 16, "a vector must be at most 16 bytes");
+static_assert(STRATEGY == 0 || STRATEGY == 1, "STRATEGY must be 0 (warp) or 1 (block)");
+static_assert(CACHE >= 0 && CACHE <= 2, "CACHE must be 0, 1 or 2");
+static_assert(CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in [1, 64]");
+
+// Raw bits of one vector; loads and stores move these so that every width is one instruction.
+template <int Bytes>
+struct RawOf;
+template <>
+struct RawOf<2> { using type = unsigned short; };
+template <>
+struct RawOf<4> { using type = unsigned int; };
+template <>
+struct RawOf<8> { using type = uint2; };
+template <>
+struct RawOf<16> { using type = uint4; };
+using Raw = typename RawOf<kVecBytes>::type;
+
+// 2^v in one MUFU.EX2 (exp2f without -ftz adds denormal handling around it).
+__device__ __forceinline__ float fast_exp2(float v) {
+#ifdef __CUDA_ARCH__
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+#else
+  return exp2f(v);  // host compilers (a CPU emulation of the kernel) get the libm version
+#endif
+}
+
+[[maybe_unused]] __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+// Conversions are chosen by overload on the element type, so a wrong IS_HALF / IS_BF16 can
+// only fail to compile, never convert wrongly. Pairs convert in one instruction on sm_80+
+// (cvt.rn.f16x2.f32 / cvt.rn.bf16x2.f32).
+[[maybe_unused]] __device__ __forceinline__ float to_float(float v) { return v; }
+[[maybe_unused]] __device__ __forceinline__ void from_float(float v, float& out) { out = v; }
+[[maybe_unused]] __device__ __forceinline__ void from_float2(float a, float b, float* out) {
+  out[0] = a;
+  out[1] = b;
+}
+#if IS_HALF
+[[maybe_unused]] __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+[[maybe_unused]] __device__ __forceinline__ void from_float(float v, __half& out) {
+  out = __float2half_rn(v);
+}
+[[maybe_unused]] __device__ __forceinline__ void from_float2(float a, float b, __half* out) {
+  const __half2 h = __floats2half2_rn(a, b);
+  __builtin_memcpy(out, &h, sizeof(h));
+}
+#endif
+#if IS_BF16
+[[maybe_unused]] __device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+[[maybe_unused]] __device__ __forceinline__ void from_float(float v, __nv_bfloat16& out) {
+  out = __float2bfloat16_rn(v);
+}
+[[maybe_unused]] __device__ __forceinline__ void from_float2(float a, float b,
+                                                             __nv_bfloat16* out) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  __builtin_memcpy(out, &h, sizeof(h));
+}
+#endif
+
+__device__ __forceinline__ void unpack(const Raw& r, float (&f)[VEC]) {
+  T t[VEC];
+  __builtin_memcpy(t, &r, sizeof(Raw));
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) f[j] = to_float(t[j]);
+}
+
+__device__ __forceinline__ Raw pack(const float (&f)[VEC]) {
+  T t[VEC];
+  if constexpr (VEC % 2 == 0) {
+#pragma unroll
+    for (int j = 0; j < VEC; j += 2) from_float2(f[j], f[j + 1], &t[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) from_float(f[j], t[j]);
+  }
+  Raw r;
+  __builtin_memcpy(&r, t, sizeof(Raw));
+  return r;
+}
+
+// Merge partial row (om, os) into (m, s), where s is a sum of exp(x - m). Rescales only the
+// side with the smaller max: one exp2 per merge, and branch-free so shuffle partners agree.
+__device__ __forceinline__ void merge(float& m, float& s, float om, float os) {
+  const bool other_larger = om > m;
+  const float hi = other_larger ? om : m;
+  const float lo = other_larger ? m : om;
+  const float s_hi = other_larger ? os : s;
+  const float s_lo = other_larger ? s : os;
+  s = fmaf(s_lo, fast_exp2((lo - hi) * kLog2e), s_hi);
+  m = hi;
+}
+
+// Butterfly all-reduce over groups of `Width` lanes: every lane ends with the merged pair.
+template <int Width>
+__device__ __forceinline__ void warp_allreduce(float& m, float& s) {
+#pragma unroll
+  for (int offset = Width / 2; offset > 0; offset >>= 1) {
+    const float om = __shfl_xor_sync(0xffffffffu, m, offset);
+    const float os = __shfl_xor_sync(0xffffffffu, s, offset);
+    merge(m, s, om, os);
+  }
+}
+
+constexpr int next_pow2(int n) { return n <= 1 ? 1 : 2 * next_pow2((n + 1) / 2); }
+[[maybe_unused]] constexpr int kWarpsPow2 = next_pow2(kWarps);
+
+// All threads of a row group end with the row's (max, sum). For STRATEGY 1 `red` is this
+// row's slot of a double-buffered shared array: the barrier of row i + 1 is only passed once
+// every thread has read row i's slot, so alternating slots need a single barrier per row.
+__device__ __forceinline__ void row_allreduce(float& m, float& s, float2* red) {
+  warp_allreduce<32>(m, s);
+#if STRATEGY == 1 && BLOCK_SIZE > 32
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) red[threadIdx.x >> 5] = make_float2(m, s);
+  __syncthreads();
+  // Every warp reduces the per-warp partials itself (broadcast reads, then shuffles): this
+  // saves the second barrier a "warp 0 reduces, everybody reads" scheme would need. Each
+  // aligned group of kWarpsPow2 lanes holds all partials, so every lane ends with the total.
+  const int slot = lane & (kWarpsPow2 - 1);
+  const float2 p = slot < kWarps ? red[slot] : make_float2(kNegSentinel, 0.0f);
+  m = p.x;
+  s = p.y;
+  warp_allreduce<kWarpsPow2>(m, s);
+#else
+  (void)red;
+#endif
+}
+
+#if CACHE == 2
+// The row lives in registers: thread t holds vectors t, t + P, ..., t + (ITEMS - 1) P of it
+// (P threads per row), so each load instruction of a warp covers 32 consecutive vectors.
+__device__ __forceinline__ void softmax_row(const Raw* __restrict__ xr, Raw* __restrict__ yr,
+                                            int nvec, int t, float2* red, Raw* /*srow*/) {
+  Raw r[ITEMS];
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int idx = t + i * kThreadsPerRow;
+    if (idx < nvec) r[i] = __ldg(xr + idx);
+  }
+  // Per-lane partial maxima and sums keep the dependency chains short.
+  float mj[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) mj[j] = kNegSentinel;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    if (t + i * kThreadsPerRow < nvec) {
+      float f[VEC];
+      unpack(r[i], f);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) mj[j] = fmaxf(mj[j], f[j]);
+    }
+  }
+  float m = mj[0];
+#pragma unroll
+  for (int j = 1; j < VEC; ++j) m = fmaxf(m, mj[j]);
+
+  float sj[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) sj[j] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    if (t + i * kThreadsPerRow < nvec) {
+      float f[VEC];
+      unpack(r[i], f);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        f[j] = fast_exp2((f[j] - m) * kLog2e);
+        sj[j] += f[j];
+      }
+      // float32: keep exp(x - thread max) in place of x, so the output pass needs no second
+      // exp. (Half types recompute instead: storing exps as halves would round twice.)
+      if constexpr (kFloatElements) r[i] = pack(f);
+    }
+  }
+  float s = sj[0];
+#pragma unroll
+  for (int j = 1; j < VEC; ++j) s += sj[j];
+
+  const float thread_max = m;
+  row_allreduce(m, s, red);
+  const float inv_sum = 1.0f / s;
+  const float scale = kFloatElements ? fast_exp2((thread_max - m) * kLog2e) * inv_sum : 0.0f;
+
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int idx = t + i * kThreadsPerRow;
+    if (idx < nvec) {
+      float f[VEC];
+      unpack(r[i], f);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        f[j] = kFloatElements ? f[j] * scale : fast_exp2((f[j] - m) * kLog2e) * inv_sum;
+      }
+      __stcs(yr + idx, pack(f));
+    }
+  }
+}
+
+#else  // CACHE 0 or 1: stream the row, kUnroll vectors per thread per step.
+
+__device__ __forceinline__ void softmax_row(const Raw* __restrict__ xr, Raw* __restrict__ yr,
+                                            int nvec, int t, float2* red,
+                                            Raw* __restrict__ srow) {
+  constexpr int kStep = kThreadsPerRow * kUnroll;
+  // Pass 1: online (max, sum). Each step loads kUnroll vectors, then rescales the running sum
+  // once for the step's max: one extra exp2 per step instead of one per element.
+  float m = kNegSentinel;
+  float s = 0.0f;
+  for (int base = t; base < nvec; base += kStep) {
+    Raw r[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int idx = base + u * kThreadsPerRow;
+      if (idx < nvec) r[u] = __ldg(xr + idx);
+    }
+    float f[kUnroll][VEC];
+    float step_max = m;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int idx = base + u * kThreadsPerRow;
+      if (idx < nvec) {
+#if CACHE == 1
+        srow[idx] = r[u];  // the same thread reads it back in pass 2: no barrier needed
+#endif
+        unpack(r[u], f[u]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) f[u][j] = neg_inf();
+      }
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) step_max = fmaxf(step_max, f[u][j]);
+    }
+    float acc[VEC];
+    acc[0] = s * fast_exp2((m - step_max) * kLog2e);
+#pragma unroll
+    for (int j = 1; j < VEC; ++j) acc[j] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (base + u * kThreadsPerRow < nvec) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[j] += fast_exp2((f[u][j] - step_max) * kLog2e);
+      }
+    }
+    s = acc[0];
+#pragma unroll
+    for (int j = 1; j < VEC; ++j) s += acc[j];
+    m = step_max;
+  }
+
+  row_allreduce(m, s, red);
+  const float inv_sum = 1.0f / s;
+
+  // Pass 2: normalise. CACHE 0 re-reads x (last use: evict-first), CACHE 1 reads shared.
+  for (int base = t; base < nvec; base += kStep) {
+    Raw r[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int idx = base + u * kThreadsPerRow;
+      if (idx < nvec) {
+#if CACHE == 1
+        r[u] = srow[idx];
+#else
+        r[u] = __ldcs(xr + idx);
+#endif
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int idx = base + u * kThreadsPerRow;
+      if (idx < nvec) {
+        float f[VEC];
+        unpack(r[u], f);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) f[j] = fast_exp2((f[j] - m) * kLog2e) * inv_sum;
+        __stcs(yr + idx, pack(f));
+      }
+    }
+  }
+}
+#endif  // CACHE
+
+}  // namespace kato_softmax
+
+#if MIN_BLOCKS > 0
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS)
+#else
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE)
+#endif
+
+// Grid: STRATEGY 0: ceil(rows / (BLOCK_SIZE / 32)) blocks; STRATEGY 1: rows blocks. Both loop
+// over rows with a grid stride, so any smaller grid is also correct. Names from the helper
+// namespace are qualified (no using-directive) so that several renamed copies of this template
+// can share one translation unit, which the compile test uses to build variants in batches.
+extern "C" __global__ void KATO_LAUNCH_BOUNDS softmax_kernel(const DTYPE* __restrict__ x,
+                                                             DTYPE* __restrict__ y, int rows,
+                                                             int cols) {
+  namespace ks = kato_softmax;
+  using Raw = ks::Raw;
+  const int nvec = cols / VEC;
+#if CACHE == 1
+  extern __shared__ __align__(16) unsigned char kato_smem[];
+  Raw* const smem_rows = reinterpret_cast<Raw*>(kato_smem);
+#else
+  Raw* const smem_rows = nullptr;
+#endif
+
+#if STRATEGY == 0
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  Raw* const srow = smem_rows == nullptr ? nullptr : smem_rows + static_cast<size_t>(warp) * nvec;
+  // 64-bit row index: blockIdx.x * rows-per-block + warp can pass INT_MAX on the last block.
+  const long long stride = static_cast<long long>(gridDim.x) * ks::kRowsPerBlock;
+  for (long long row = static_cast<long long>(blockIdx.x) * ks::kRowsPerBlock + warp; row < rows;
+       row += stride) {
+    const size_t offset = static_cast<size_t>(row) * static_cast<size_t>(cols);
+    ks::softmax_row(reinterpret_cast<const Raw*>(x + offset), reinterpret_cast<Raw*>(y + offset),
+                    nvec, lane, nullptr, srow);
+  }
+#else
+#if BLOCK_SIZE > 32
+  __shared__ float2 red[2][ks::kWarps];
+#endif
+  int parity = 0;
+  for (long long row = blockIdx.x; row < rows; row += gridDim.x, parity ^= 1) {
+    const size_t offset = static_cast<size_t>(row) * static_cast<size_t>(cols);
+#if BLOCK_SIZE > 32
+    float2* const slot = red[parity];
+#else
+    float2* const slot = nullptr;
+#endif
+    ks::softmax_row(reinterpret_cast<const Raw*>(x + offset), reinterpret_cast<Raw*>(y + offset),
+                    nvec, threadIdx.x, slot, smem_rows);
+  }
+  (void)parity;
+#endif
+}
