@@ -72,6 +72,21 @@ def torch_equivalent(operator: str, shape, dtype: str):
     raise ValueError(f"no PyTorch equivalent for {operator}")
 
 
+def lookup(sessions, spec, shape, dtype, gpu_model):
+    """The stored winner for a case and where it came from (exact, nearest or default)."""
+    from db import queries
+
+    with sessions() as s:
+        return queries.lookup_best_config(
+            s,
+            operator=spec.name,
+            operator_version=spec.version,
+            shape=shape,
+            dtype=dtype,
+            gpu_model=gpu_model,
+        )
+
+
 def tune_case(sessions, db_url, operator, shape, dtype, budget):
     from db import queries
     from kernels import get_operator
@@ -106,7 +121,6 @@ def main() -> None:
     ap.add_argument("--operator", action="append", help="only these operators")
     args = ap.parse_args()
 
-    from db import queries
     from db.session import init_db, session_factory
     from kernels import get_operator
     from tuner.backends.pycuda import PyCudaBackend, describe_device
@@ -119,26 +133,11 @@ def main() -> None:
         if args.operator and operator not in args.operator:
             continue
         spec = get_operator(operator)
-        with sessions() as s:
-            best, source = queries.lookup_best_config(
-                s,
-                operator=operator,
-                operator_version=spec.version,
-                shape=shape,
-                dtype=dtype,
-                gpu_model=device.model,
-            )
+
+        best, source = lookup(sessions, spec, shape, dtype, device.model)
         if source != "exact" and args.tune:
             tune_case(sessions, args.db, operator, shape, dtype, args.tune)
-            with sessions() as s:
-                best, source = queries.lookup_best_config(
-                    s,
-                    operator=operator,
-                    operator_version=spec.version,
-                    shape=shape,
-                    dtype=dtype,
-                    gpu_model=device.model,
-                )
+            best, source = lookup(sessions, spec, shape, dtype, device.model)
         config = best.config if best is not None else spec.default_config(shape, dtype)
         backend = PyCudaBackend(spec, shape, dtype, repeats=30)
         result = backend.evaluate(config)
