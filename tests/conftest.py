@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-#: Brute-forced Kernel Tuner cache files from other GPUs (the workplace's ../shared/datasets).
-DATASETS = Path(os.environ.get("KATO_DATASETS", REPO.parent / "shared" / "datasets"))
-#: Spaces Kato recorded itself on real GPUs, committed with the code.
-RECORDED = REPO / "tests" / "data" / "recorded"
-
-
-def dataset_files() -> list[Path]:
-    return sorted(DATASETS.glob("**/cachefiles/**/*.json.gz"))
+from paths import DATASETS, dataset_files
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import json
 
 import pytest
 from backend_conformance import BackendConformance
-from conftest import RECORDED, REPO
+from paths import RECORDED, REPO
 
 from kernels import get_operator
 from tuner.backends.replay import ReplayBackend

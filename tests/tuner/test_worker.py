@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from conftest import RECORDED
+from paths import RECORDED
 
 from db import queries
 from db.session import init_db, session_factory
