@@ -202,8 +202,9 @@ class Search:
             self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
 
     def _random_unmeasured(self) -> Config | None:
-        candidates = [c for c in self.space.valid_configs()
-                      if self.space.key(c) not in self.results]
+        candidates = [
+            c for c in self.space.valid_configs() if self.space.key(c) not in self.results
+        ]
         return self._rng.choice(candidates) if candidates else None
 
     def _neighbours(self, config: Config) -> list[Config]:
@@ -222,15 +223,19 @@ class Search:
         """Hybrid strategy: half of the proposals after the start-up phase explore the
         neighbourhood of one of the three best configs so far (a greedy local search riding on
         TPE's global model); the rest come from TPE."""
-        ok = sorted((r for r in self.results.values() if r.time_ms is not None),
-                    key=lambda r: r.time_ms)  # type: ignore[arg-type,return-value]
+        ok = sorted(
+            (r for r in self.results.values() if r.time_ms is not None), key=lambda r: r.time_ms
+        )  # type: ignore[arg-type,return-value]
         if len(self.results) < self.local_after or self._rng.random() < 0.5:
             return None
         for rank, incumbent in enumerate(ok[:3]):
             if rank and self._rng.random() < 0.5:
                 continue
-            fresh = [c for c in self._neighbours(incumbent.config)
-                     if self.space.is_valid(c) and self.space.key(c) not in self.results]
+            fresh = [
+                c
+                for c in self._neighbours(incumbent.config)
+                if self.space.is_valid(c) and self.space.key(c) not in self.results
+            ]
             if fresh:
                 return self._rng.choice(fresh)
         return None
@@ -294,5 +299,6 @@ class Search:
             self.study.tell(trial, objective_value(result))
             if self.on_result is not None:
                 self.on_result(result, len(self.results))
-        return SearchResult(best=best_of(self.results), results=self.results, new=new,
-                            stopped=stopped)
+        return SearchResult(
+            best=best_of(self.results), results=self.results, new=new, stopped=stopped
+        )

@@ -21,14 +21,15 @@ def conv_file(shared_datasets):
     return next(f for f in shared_datasets if "convolution" in str(f))
 
 
-class TestReplayConformance(BackendConformance):
-    @pytest.fixture(scope="class")
-    def backend(self, conv_file):
-        return ReplayBackend(conv_file)
+@pytest.fixture(scope="module")
+def backend(conv_file):
+    return ReplayBackend(conv_file)
 
+
+class TestReplayConformance(BackendConformance):
     @pytest.fixture
     def reference_config(self, backend):
-        key, entry = backend.cache.best()
+        _, entry = backend.cache.best()
         return {p: entry[p] for p in backend.cache.params}
 
 
@@ -36,7 +37,7 @@ def test_replay_answers_from_the_file(conv_file):
     cache = load_cache(conv_file)
     backend = ReplayBackend(cache)
     statuses = {}
-    for key, entry in cache.entries.items():
+    for entry in cache.entries.values():
         config = {p: entry[p] for p in cache.params}
         assert backend.space().is_valid(config)
         r = backend.evaluate(config)
@@ -48,32 +49,44 @@ def test_replay_answers_from_the_file(conv_file):
     assert statuses[TrialStatus.LAUNCH_ERROR] == 155
     assert statuses[TrialStatus.COMPILE_ERROR] == 6
     # A combination absent from the file violated the kernel's restrictions.
-    absent = next(c for c in backend.space().all_configs()
-                  if cache.key(c) not in cache.entries)
+    absent = next(c for c in backend.space().all_configs() if cache.key(c) not in cache.entries)
     assert not backend.space().is_valid(absent)
     assert backend.device().model == "A100 40GB"
 
 
 def test_cache_roundtrip_plain_and_gzip(tmp_path):
     cache = KernelTunerCache(
-        device_name="NVIDIA H200", kernel_name="k", problem_size=[4, 4],
+        device_name="NVIDIA H200",
+        kernel_name="k",
+        problem_size=[4, 4],
         tune_params={"a": [1, 2], "b": ["x", "y"]},
-        entries={"1,x": {"a": 1, "b": "x", "time": 1.5, "times": [1.4, 1.5, 1.6]},
-                 "2,y": {"a": 2, "b": "y", "time": "RuntimeFailedConfig"}},
+        entries={
+            "1,x": {"a": 1, "b": "x", "time": 1.5, "times": [1.4, 1.5, 1.6]},
+            "2,y": {"a": 2, "b": "y", "time": "RuntimeFailedConfig"},
+        },
     )
     for name in ("c.json", "c.json.gz"):
         save_cache(cache, tmp_path / name)
         back = load_cache(tmp_path / name)
         assert back.entries == cache.entries and back.tune_params == cache.tune_params
         assert back.best()[0] == "1,x"
-    assert gzip.open(tmp_path / "c.json.gz").read(1) == b"{"
+    with gzip.open(tmp_path / "c.json.gz") as f:
+        assert f.read(1) == b"{"
 
 
 def test_unfinished_kernel_tuner_file_is_accepted(tmp_path):
     # Kernel Tuner appends entries while tuning and closes the JSON only at the end.
-    text = json.dumps({"device_name": "d", "kernel_name": "k", "problem_size": [1],
-                       "tune_params_keys": ["a"], "tune_params": {"a": [1, 2]},
-                       "objective": "time", "cache": {"1": {"a": 1, "time": 2.0}}})
+    text = json.dumps(
+        {
+            "device_name": "d",
+            "kernel_name": "k",
+            "problem_size": [1],
+            "tune_params_keys": ["a"],
+            "tune_params": {"a": [1, 2]},
+            "objective": "time",
+            "cache": {"1": {"a": 1, "time": 2.0}},
+        }
+    )
     (tmp_path / "open.json").write_text(text[:-2] + ",\n")
     assert load_cache(tmp_path / "open.json").entries["1"]["time"] == 2.0
 
@@ -96,8 +109,9 @@ def test_search_over_every_dataset_beats_a_floor(shared_datasets):
 
 def test_cli_replay_json(shared_datasets):
     path = next(f for f in shared_datasets if "dedispersion" in str(f))
-    out = CliRunner().invoke(app, ["replay", str(path), "--budget", "20", "--repeats", "2",
-                                   "--seed", "7", "--json"])
+    out = CliRunner().invoke(
+        app, ["replay", str(path), "--budget", "20", "--repeats", "2", "--seed", "7", "--json"]
+    )
     assert out.exit_code == 0, out.output
     data = json.loads(out.stdout)
     assert data["budget"] == 20 and data["strategy"] == "tpe"

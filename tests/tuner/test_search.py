@@ -13,8 +13,11 @@ from tuner.space import SearchSpace
 def make_space() -> SearchSpace:
     # 8 x 4 x 3 = 96 combinations; odd block sizes with vec 4 are "invalid".
     return SearchSpace(
-        params={"block": (32, 64, 96, 128, 160, 192, 224, 256), "vec": (1, 2, 4, 8),
-                "mode": ("a", "b", "c")},
+        params={
+            "block": (32, 64, 96, 128, 160, 192, 224, 256),
+            "vec": (1, 2, 4, 8),
+            "mode": ("a", "b", "c"),
+        },
         check=lambda c: "vec 8 needs mode a" if c["vec"] == 8 and c["mode"] != "a" else None,
     )
 
@@ -30,8 +33,12 @@ class Counter:
         self.calls.append(key)
         if config["block"] == 160:
             return TrialResult(config=config, status=TrialStatus.COMPILE_ERROR, error="boom")
-        t = abs(config["block"] - 192) / 32 + abs(config["vec"] - 4) + {"a": 1, "b": 0, "c": 2}[
-            config["mode"]] + 1.0
+        t = (
+            abs(config["block"] - 192) / 32
+            + abs(config["vec"] - 4)
+            + {"a": 1, "b": 0, "c": 2}[config["mode"]]
+            + 1.0
+        )
         return TrialResult(config=config, status=TrialStatus.OK, times_ms=[t, t + 1, t - 0.5])
 
 
@@ -42,7 +49,7 @@ def test_budget_distinct_valid_and_failures_counted(strategy):
     assert result.measured == 30
     assert len(evaluate.calls) == 30
     assert len(set(evaluate.calls)) == 30, "a config was measured twice"
-    for block, vec, mode in evaluate.calls:
+    for _block, vec, mode in evaluate.calls:
         assert not (vec == 8 and mode != "a"), "an invalid config was measured"
     # The winner is the lowest median among OK results (median of [t, t+1, t-0.5] is t).
     ok = [r for r in result.results.values() if r.ok]
@@ -83,14 +90,22 @@ def test_resume_never_remeasures_and_continues_the_study(tmp_path):
     space = make_space()
     first = Counter()
     stop_after = 12
-    r1 = Search(space, first, strategy="tpe", seed=5, storage=storage, study_name="job",
-                should_stop=lambda: len(first.calls) >= stop_after).run(Budget(max_configs=40))
+    r1 = Search(
+        space,
+        first,
+        strategy="tpe",
+        seed=5,
+        storage=storage,
+        study_name="job",
+        should_stop=lambda: len(first.calls) >= stop_after,
+    ).run(Budget(max_configs=40))
     assert r1.stopped == "cancelled" and r1.measured == stop_after
     # Simulate a crash between ask() and tell(): a RUNNING trial left in the study.
     optuna.load_study(study_name="job", storage=storage).ask()
     second = Counter()
-    r2 = Search(space, second, strategy="tpe", seed=5, storage=storage, study_name="job",
-                known=r1.results).run(Budget(max_configs=40))
+    r2 = Search(
+        space, second, strategy="tpe", seed=5, storage=storage, study_name="job", known=r1.results
+    ).run(Budget(max_configs=40))
     assert r2.measured == 40
     assert len(second.calls) == 40 - stop_after
     assert not set(first.calls) & set(second.calls), "a finished trial was measured again"
@@ -100,8 +115,11 @@ def test_resume_never_remeasures_and_continues_the_study(tmp_path):
 
 def test_seed_configs_are_measured_first():
     evaluate = Counter()
-    seeds = [{"block": 192, "vec": 4, "mode": "b"}, {"block": 64, "vec": 8, "mode": "c"},
-             {"block": 32, "vec": 1, "mode": "a"}]
+    seeds = [
+        {"block": 192, "vec": 4, "mode": "b"},
+        {"block": 64, "vec": 8, "mode": "c"},
+        {"block": 32, "vec": 1, "mode": "a"},
+    ]
     Search(make_space(), evaluate, seed=0, seed_configs=seeds).run(Budget(max_configs=5))
     # the invalid seed (vec 8, mode c) is skipped
     assert evaluate.calls[:2] == [(192, 4, "b"), (32, 1, "a")]
