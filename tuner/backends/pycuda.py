@@ -120,6 +120,7 @@ class PyCudaBackend(Backend):
         self._modules: list[Any] = []  # keep loaded modules alive
         self._compiling: dict[str, concurrent.futures.Future[CompiledKernel]] = {}
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._space: SearchSpace | None = None
         self._setup_buffers()
         self._verifier = self._load_verifier()
 
@@ -180,7 +181,9 @@ class PyCudaBackend(Backend):
         return self.info
 
     def space(self) -> SearchSpace:
-        return SearchSpace(self.spec.params, check=self.check)
+        if self._space is None:  # one instance, so its valid-config list is computed once
+            self._space = SearchSpace(self.spec.params, check=self.check)
+        return self._space
 
     def check(self, config: dict[str, Any]) -> str | None:
         """The spec's constraints plus this device's limits (threads, shared memory)."""
