@@ -113,6 +113,8 @@ class Job(Base):
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: The API token that submitted the job (None: submitted without a token, e.g. by the CLI).
+    token_id: Mapped[str | None] = mapped_column(String(32), index=True)
 
     trials: Mapped[list[Trial]] = relationship(
         back_populates="job",
@@ -202,3 +204,52 @@ class BestConfig(Base):
             f"BestConfig(operator={self.operator!r}, shape={self.shape_key!r}, "
             f"dtype={self.dtype!r}, gpu={self.gpu_model!r}, time_ms={self.time_ms})"
         )
+
+
+class Worker(Base):
+    """A worker process seen by the queue: its GPU models and its last heartbeat.
+
+    Workers upsert their row on start and on every heartbeat; ``GET /v1/workers`` lists them, and
+    a queued job whose GPU model no live worker advertises says so. Rows of workers that stopped
+    heartbeating stay (with ``status`` ``stopped`` or a stale ``heartbeat_at``) for diagnosis.
+    """
+
+    __tablename__ = "kato_workers"
+
+    id: Mapped[str] = mapped_column(String(255), primary_key=True)  # host:pid:uuid
+    hostname: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    gpu_models: Mapped[list[str]] = mapped_column(JSON, default=list)  # canonical catalog names
+    devices: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    backend: Mapped[str] = mapped_column(String(32))  # pycuda | replay
+    status: Mapped[str] = mapped_column(String(16), default="idle")  # idle | busy | stopped
+    current_job_id: Mapped[str | None] = mapped_column(String(32))
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+
+    def __repr__(self) -> str:
+        return f"Worker(id={self.id!r}, gpus={self.gpu_models!r}, status={self.status!r})"
+
+
+class ApiToken(Base):
+    """An API token for the write routes. Only the SHA-256 of the secret is stored.
+
+    The secret is shown once, by ``kato token create``; a request presents it as
+    ``Authorization: Bearer <secret>``. Revoked tokens stay (``revoked_at`` set) so that the jobs
+    they submitted keep their owner.
+    """
+
+    __tablename__ = "kato_api_tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_job_id)
+    name: Mapped[str] = mapped_column(String(255))
+    secret_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    #: Most queued + running jobs this token may have at once (None: the service default).
+    max_queued_jobs: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_used_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+
+    def __repr__(self) -> str:
+        revoked = self.revoked_at is not None
+        return f"ApiToken(id={self.id!r}, name={self.name!r}, revoked={revoked})"
