@@ -14,6 +14,7 @@ from kernels.spec import (
     Launch,
     OperatorSpec,
     Problem,
+    Step,
     config_key,
 )
 
@@ -24,6 +25,7 @@ __all__ = [
     "Launch",
     "OperatorSpec",
     "Problem",
+    "Step",
     "config_key",
     "get_operator",
     "list_operators",

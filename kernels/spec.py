@@ -31,6 +31,17 @@ DTYPES: dict[str, tuple[np.dtype, str, int]] = {
     "int32": (np.dtype(np.int32), "int", 4),
 }
 
+#: CUDA C type of every numpy dtype an argument array may have (outputs included: a layernorm's
+#: float32 mean, a ReLU's uint32 bit mask).
+CUDA_TYPES: dict[np.dtype, str] = {
+    np.dtype(np.float32): "float",
+    np.dtype(np.float16): "__half",
+    np.dtype(ml_dtypes.bfloat16): "__nv_bfloat16",
+    np.dtype(np.int32): "int",
+    np.dtype(np.uint32): "unsigned int",
+    np.dtype(np.uint8): "unsigned char",
+}
+
 
 class InvalidInput(ValueError):
     """A request that cannot be served: unknown dtype, shape of the wrong rank, non-positive sizes.
@@ -57,6 +68,21 @@ class Launch:
         return self.block[0] * self.block[1] * self.block[2]
 
 
+@dataclass(frozen=True)
+class Step:
+    """One kernel launch in an operator's call (most operators have one; a two-phase reduction
+    or a forward + backward pair have several, launched in order on one stream).
+
+    ``kernel`` is an ``extern "C"`` entry point of the rendered source (one module holds every
+    kernel of the operator); ``args`` are indices into :attr:`Problem.args`, in the kernel's
+    parameter order (None: all of them, in order).
+    """
+
+    kernel: str
+    launch: Launch
+    args: tuple[int, ...] | None = None
+
+
 @dataclass
 class Problem:
     """One concrete problem instance: kernel arguments, which of them are outputs, references.
@@ -70,6 +96,9 @@ class Problem:
     args: list[np.ndarray | np.generic]
     outputs: list[int]
     references: list[np.ndarray] = field(default_factory=list)
+    #: Per-output ``(atol, rtol)`` overriding :meth:`OperatorSpec.tolerance` (None: the spec's
+    #: tolerance for every output). Integer outputs are always compared exactly.
+    tolerances: list[tuple[float, float]] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -87,7 +116,10 @@ class OperatorSpec(ABC):
         shape_names: one name per dimension (``("rows", "cols")``), for docs and errors.
         params: the tunable parameters, name -> allowed values, in Kernel Tuner key order.
         template: path of the CUDA template rendered by :meth:`render`.
-        kernel_name: the ``extern "C"`` entry point in the template.
+        kernel_name: the main ``extern "C"`` entry point in the template (resources and
+            occupancy are reported for it).
+        kernel_names: every entry point of the template when there are several (the steps of
+            :meth:`steps`); empty means just :attr:`kernel_name`.
     """
 
     name: str
@@ -98,6 +130,7 @@ class OperatorSpec(ABC):
     params: dict[str, tuple[Any, ...]]
     template: Path
     kernel_name: str
+    kernel_names: tuple[str, ...] = ()
 
     # --- identity -----------------------------------------------------------------------------
 
@@ -169,7 +202,16 @@ class OperatorSpec(ABC):
 
     @abstractmethod
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
-        """Grid, block and dynamic shared memory for one call on ``shape``."""
+        """Grid, block and dynamic shared memory of the main kernel (:attr:`kernel_name`) for
+        one call on ``shape``: what occupancy and the device limits are judged on."""
+
+    def steps(self, config: Config, shape: Sequence[int], dtype: str) -> list[Step]:
+        """Every launch of one call, in order. Default: the main kernel alone, on all args.
+
+        Multi-kernel operators override this; backends time the whole sequence as one call and
+        verify the outputs after it. Every step must fit the device (threads, shared memory).
+        """
+        return [Step(self.kernel_name, self.launch(config, shape, dtype))]
 
     @abstractmethod
     def make_problem(self, shape: Sequence[int], dtype: str, rng: np.random.Generator) -> Problem:

@@ -75,9 +75,8 @@ def test_every_valid_variant_verifies(spec, shape, dtype):
         backend.precompile(valid)  # all nvcc runs in parallel, then verify one by one
         failures = []
         for config in valid:
-            launch = spec.launch(config, shape, dtype)
-            fn = backend.load(backend.compile(config), launch)
-            error = backend.verify(fn, launch)
+            calls = backend.load(backend.compile(config), spec.steps(config, shape, dtype))
+            error = backend.verify(calls)
             if error:
                 failures.append((config, error))
         assert not failures, failures[:5]

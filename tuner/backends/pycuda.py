@@ -21,12 +21,13 @@ import math
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kernels.spec import DTYPES, Launch, OperatorSpec
+from kernels.spec import CUDA_TYPES, Launch, OperatorSpec, Step
 from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
 from tuner.gpus import find_gpu, normalize_gpu_name
 from tuner.nvcc import CompiledKernel, CompileError, compile_kernel, cuda_version
@@ -82,6 +83,15 @@ def describe_device(index: int = 0) -> DeviceInfo:
     )
 
 
+@dataclass(frozen=True)
+class _Call:
+    """A prepared kernel function with its launch geometry and argument indices."""
+
+    fn: Any
+    launch: Launch
+    args: tuple[int, ...]
+
+
 class PyCudaBackend(Backend):
     """Measures ``spec`` at ``shape``/``dtype`` on CUDA device ``device_index``.
 
@@ -122,7 +132,7 @@ class PyCudaBackend(Backend):
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._space: SearchSpace | None = None
         self._setup_buffers()
-        self._verifier = self._load_verifier()
+        self._verifiers = self._load_verifier()
 
     # --- setup ------------------------------------------------------------------------------
 
@@ -130,9 +140,9 @@ class PyCudaBackend(Backend):
         cuda = self.cuda
         problem = self.spec.make_problem(self.shape, self.dtype, self._rng)
         self.problem = problem
-        self._arg_format = "".join(
+        self._arg_formats = [
             "P" if isinstance(a, np.ndarray) else _ARG_FORMATS[type(a)] for a in problem.args
-        )
+        ]
         # Enough copies that one timed batch streams more than twice the L2 from memory.
         l2 = self.gpu.l2_bytes if self.gpu else 64 << 20
         copies = max(1, min(8, math.ceil(2 * l2 / max(problem.nbytes, 1))))
@@ -149,31 +159,43 @@ class PyCudaBackend(Backend):
                 else:
                     args.append(a)
             self._arg_sets.append(args)
+        # References on the device: float32 copies of the float64 references for floating-point
+        # outputs, the output's own integer type for integer outputs (compared exactly).
         self._refs = []
         for out_index, ref in zip(problem.outputs, problem.references, strict=True):
-            buf = cuda.mem_alloc(max(ref.size * 4, 4))
-            cuda.memcpy_htod(buf, np.ascontiguousarray(ref, dtype=np.float32))
+            out_dtype = problem.args[out_index].dtype
+            ref_dtype = out_dtype if out_dtype.kind in "iu" else np.dtype(np.float32)
+            host = np.ascontiguousarray(ref, dtype=ref_dtype)
+            buf = cuda.mem_alloc(max(host.nbytes, 4))
+            cuda.memcpy_htod(buf, host)
             self._refs.append((out_index, buf, ref.size))
         self._bad = cuda.mem_alloc(8)
         self._max_err = cuda.mem_alloc(4)
 
-    def _load_verifier(self):
-        out_types = {DTYPES[self.dtype][1]}
-        functions = {}
-        for ctype in out_types:
+    def _load_verifier(self) -> dict[np.dtype, Any]:
+        """One ``count_mismatches`` function per distinct output dtype."""
+        functions: dict[np.dtype, Any] = {}
+        for out_index in self.problem.outputs:
+            out_dtype = self.problem.args[out_index].dtype
+            if out_dtype in functions:
+                continue
+            ctype = CUDA_TYPES[out_dtype]
+            is_int = out_dtype.kind in "iu"
+            options = [f"-DOUT_T={ctype}", f"-DREF_T={ctype if is_int else 'float'}"]
+            options.append(f"-DOUT_IS_INT={int(is_int)}")
             compiled = compile_kernel(
                 _VERIFY_SOURCE.read_text(),
                 "count_mismatches",
                 arch=self.info.arch,
-                options=(f"-DOUT_T={ctype}",),
+                options=tuple(options),  # an argv list: "-DOUT_T=unsigned int" is one argument
                 cache_dir=self.compile_cache,
             )
             module = self.cuda.module_from_buffer(compiled.cubin)
             self._modules.append(module)
             fn = module.get_function("count_mismatches")
             fn.prepare("PPqffPP")
-            functions[ctype] = fn
-        return functions[DTYPES[self.dtype][1]]
+            functions[out_dtype] = fn
+        return functions
 
     # --- Backend API ------------------------------------------------------------------------
 
@@ -190,16 +212,18 @@ class PyCudaBackend(Backend):
         reason = self.spec.check(config, self.shape, self.dtype)
         if reason or self.gpu is None:
             return reason
-        launch = self.spec.launch(config, self.shape, self.dtype)
-        if launch.threads_per_block > self.gpu.max_threads_per_block:
-            return (
-                f"{launch.threads_per_block} threads per block > {self.gpu.max_threads_per_block}"
-            )
-        if launch.shared_bytes > self.gpu.shared_per_block_optin_bytes:
-            return (
-                f"{launch.shared_bytes} B dynamic shared memory > "
-                f"{self.gpu.shared_per_block_optin_bytes} B per block on {self.gpu.name}"
-            )
+        for step in self.spec.steps(config, self.shape, self.dtype):
+            launch = step.launch
+            if launch.threads_per_block > self.gpu.max_threads_per_block:
+                return (
+                    f"{step.kernel}: {launch.threads_per_block} threads per block > "
+                    f"{self.gpu.max_threads_per_block}"
+                )
+            if launch.shared_bytes > self.gpu.shared_per_block_optin_bytes:
+                return (
+                    f"{step.kernel}: {launch.shared_bytes} B dynamic shared memory > "
+                    f"{self.gpu.shared_per_block_optin_bytes} B per block on {self.gpu.name}"
+                )
         return None
 
     def _compile_now(self, config: dict[str, Any]) -> CompiledKernel:
@@ -257,8 +281,8 @@ class PyCudaBackend(Backend):
             )
             result.blocks_per_sm, result.occupancy = occ.blocks_per_sm, occ.fraction
         try:
-            fn = self.load(compiled, launch)
-            error = self.verify(fn, launch)
+            calls = self.load(compiled, self.spec.steps(config, self.shape, self.dtype))
+            error = self.verify(calls)
         except self.cuda.Error as exc:
             result.status, result.error = TrialStatus.LAUNCH_ERROR, f"{type(exc).__name__}: {exc}"
             return result
@@ -266,43 +290,66 @@ class PyCudaBackend(Backend):
             result.status, result.error = TrialStatus.VERIFY_ERROR, error
             return result
         try:
-            result.times_ms = self.time(fn, launch)
+            result.times_ms = self.time(calls)
         except self.cuda.Error as exc:
             result.status, result.error = TrialStatus.LAUNCH_ERROR, f"{type(exc).__name__}: {exc}"
         return result
 
     # --- steps ------------------------------------------------------------------------------
 
-    def load(self, compiled: CompiledKernel, launch: Launch):
+    def load(self, compiled: CompiledKernel, steps: Sequence[Step]) -> list[_Call]:
+        """Load the cubin and prepare one call per step (functions fetched once per kernel)."""
         module = self.cuda.module_from_buffer(compiled.cubin)
         self._modules.append(module)
-        fn = module.get_function(compiled.kernel_name)
-        if launch.shared_bytes > 48 * 1024:
-            fn.set_attribute(
-                self.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, launch.shared_bytes
+        functions: dict[str, Any] = {}
+        calls = []
+        for step in steps:
+            indices = step.args if step.args is not None else tuple(range(len(self.problem.args)))
+            fn = functions.get(step.kernel)
+            if fn is None:
+                fn = functions[step.kernel] = module.get_function(step.kernel)
+            if step.launch.shared_bytes > 48 * 1024:
+                fn.set_attribute(
+                    self.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    step.launch.shared_bytes,
+                )
+            # A prepared function keeps one argument format: a kernel used by two steps with
+            # different argument lists gets a second function object.
+            fmt = "".join(self._arg_formats[i] for i in indices)
+            if getattr(fn, "_kato_format", fmt) != fmt:
+                fn = module.get_function(step.kernel)
+            fn.prepare(fmt)
+            fn._kato_format = fmt
+            calls.append(_Call(fn, step.launch, indices))
+        return calls
+
+    @staticmethod
+    def _launch(calls: Sequence[_Call], args: list[Any]) -> None:
+        for call in calls:
+            launch = call.launch
+            call.fn.prepared_call(
+                launch.grid,
+                launch.block,
+                *[args[i] for i in call.args],
+                shared_size=launch.shared_bytes,
             )
-        fn.prepare(self._arg_format)
-        return fn
 
-    def _launch(self, fn, launch: Launch, args: list[Any]) -> None:
-        fn.prepared_call(launch.grid, launch.block, *args, shared_size=launch.shared_bytes)
-
-    def verify(self, fn, launch: Launch) -> str | None:
-        """Launch once on the reference inputs with poisoned outputs; return an error text if
+    def verify(self, calls: Sequence[_Call]) -> str | None:
+        """Run one call on the reference inputs with poisoned outputs; return an error text if
         any output element is outside tolerance (None if all match)."""
         cuda = self.cuda
         args = self._arg_sets[0]
         for out_index, _, _ in self._refs:
             nbytes = self.problem.args[out_index].nbytes
             cuda.memset_d8(args[out_index], 0xFF, nbytes)
-        self._launch(fn, launch, args)
+        self._launch(calls, args)
         cuda.Context.synchronize()
-        atol, rtol = self.spec.tolerance(self.dtype)
-        for out_index, ref_buf, n in self._refs:
+        tolerances = self.problem.tolerances or [self.spec.tolerance(self.dtype)] * len(self._refs)
+        for (out_index, ref_buf, n), (atol, rtol) in zip(self._refs, tolerances, strict=True):
             cuda.memset_d8(self._bad, 0, 8)
             cuda.memset_d8(self._max_err, 0, 4)
             grid = (min(4096, max(1, (n + 255) // 256)), 1, 1)
-            self._verifier.prepared_call(
+            self._verifiers[self.problem.args[out_index].dtype].prepared_call(
                 grid,
                 (256, 1, 1),
                 args[out_index],
@@ -324,15 +371,15 @@ class PyCudaBackend(Backend):
                 )
         return None
 
-    def time(self, fn, launch: Launch) -> list[float]:
-        """Per-launch milliseconds of each of ``repeats`` batches (after warm-up)."""
+    def time(self, calls: Sequence[_Call]) -> list[float]:
+        """Per-call milliseconds (all steps) of each of ``repeats`` batches (after warm-up)."""
         cuda = self.cuda
         sets = self._arg_sets
         for i in range(self.warmup):
-            self._launch(fn, launch, sets[i % len(sets)])
+            self._launch(calls, sets[i % len(sets)])
         start, end = cuda.Event(), cuda.Event()
         start.record()
-        self._launch(fn, launch, sets[0])
+        self._launch(calls, sets[0])
         end.record()
         end.synchronize()
         single = max(end.time_since(start), 1e-3)
@@ -341,11 +388,21 @@ class PyCudaBackend(Backend):
         for _ in range(self.repeats):
             start.record()
             for i in range(batch):
-                self._launch(fn, launch, sets[i % len(sets)])
+                self._launch(calls, sets[i % len(sets)])
             end.record()
             end.synchronize()
             times.append(end.time_since(start) / batch)
         return times
+
+    def healthy(self) -> bool:
+        """Probe the context: after a sticky fault (illegal address, trap) every CUDA call fails,
+        so a tiny memset + synchronize tells a dead context from a config-specific failure."""
+        try:
+            self.cuda.memset_d8(self._bad, 0, 8)
+            self.cuda.Context.synchronize()
+        except self.cuda.Error:
+            return False
+        return True
 
     def close(self) -> None:
         if self._pool is not None:

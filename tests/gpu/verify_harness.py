@@ -1,0 +1,48 @@
+"""Verify many variants of an operator on the GPU through the pycuda backend (gpu tests only).
+
+The backend's own path is used (compile, load, poison outputs, run every step, compare every
+output element with the float64 reference on the device), so what these tests accept is exactly
+what a tuning job would accept.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from kernels.spec import OperatorSpec
+
+
+def verify_variants(
+    spec: OperatorSpec,
+    shape: Sequence[int],
+    dtype: str,
+    *,
+    max_configs: int | None = None,
+    seed: int = 0,
+) -> tuple[int, list[tuple[dict[str, Any], str]]]:
+    """Verify the valid configs of ``spec`` at ``shape``/``dtype`` (a seeded sample of
+    ``max_configs`` of them, the default config always included). Returns ``(checked,
+    failures)`` with one ``(config, error)`` per failing config."""
+    from tuner.backends.pycuda import PyCudaBackend
+
+    backend = PyCudaBackend(spec, shape, dtype, repeats=1, warmup=0, seed=seed)
+    try:
+        valid = backend.space().valid_configs()
+        assert valid, f"no valid config for {spec.name} {tuple(shape)} {dtype}"
+        if max_configs is not None and len(valid) > max_configs:
+            valid = random.Random(seed).sample(valid, max_configs)
+        default = spec.default_config(shape, dtype)
+        if default not in valid:
+            valid = [default, *valid]
+        backend.precompile(valid)  # nvcc runs in parallel; verification waits per config
+        failures = []
+        for config in valid:
+            calls = backend.load(backend.compile(config), spec.steps(config, shape, dtype))
+            error = backend.verify(calls)
+            if error:
+                failures.append((config, error))
+        return len(valid), failures
+    finally:
+        backend.close()

@@ -1,0 +1,136 @@
+"""Compile every variant of an operator for several archs, fast: batched, deduplicated, parallel.
+
+A standalone nvcc run costs ~0.7 s, mostly start-up and parsing the CUDA headers. The harness
+therefore puts ``batch`` variants into one translation unit: each variant's macros, then the
+template with its ``extern "C"`` kernels renamed (``#define layernorm_fwd layernorm_fwd_7``) and
+its helper namespace renamed (``#define KATO_NS kato_ns_7``), then ``#undef`` of every macro the
+variant and the template define. ptxas reports and allocates registers per entry function, so
+each variant's resources are what a standalone compile gives (softmax's compile test checks that
+on a sample). Variants are deduplicated by rendered source, so parameters that do not change the
+code (shape-independent sources) cost nothing.
+
+Template conventions this relies on (every operator in ``kernels/`` follows them):
+
+- device helpers live in ``namespace KATO_NS { ... }``, with ``#ifndef KATO_NS`` /
+  ``#define KATO_NS kato_<operator>`` / ``#endif`` at the top of the template;
+- every entry point is ``extern "C" __global__`` and listed in ``spec.kernel_names``;
+- no ``#pragma once`` and no file-scope ``static`` objects outside ``KATO_NS``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kernels.spec import Config, OperatorSpec
+from tuner.nvcc import CompileError, KernelResources, compile_many
+from tuner.space import SearchSpace
+
+_DEFINE = re.compile(r"^\s*#\s*define\s+(\w+)", re.MULTILINE)
+
+
+def kernel_names(spec: OperatorSpec) -> tuple[str, ...]:
+    """Every entry point of the operator (``spec.kernel_names`` or just the main kernel)."""
+    return tuple(getattr(spec, "kernel_names", None) or (spec.kernel_name,))
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One config of one operator at one shape and dtype."""
+
+    spec: OperatorSpec
+    config: Config
+    shape: tuple[int, ...]
+    dtype: str
+
+    def source(self) -> str:
+        return self.spec.render(self.config, self.shape, self.dtype)
+
+    def __str__(self) -> str:
+        return f"{self.spec.name} {self.dtype} {self.shape} {self.config}"
+
+
+@dataclass
+class Outcome:
+    """Compile result of one variant on one arch: resources per entry point, or an error."""
+
+    variant: Variant
+    arch: str
+    resources: dict[str, KernelResources] = field(default_factory=dict)
+    error: str | None = None
+
+
+def distinct_variants(
+    spec: OperatorSpec, cases: Iterable[tuple[Sequence[int], str]]
+) -> list[Variant]:
+    """Every valid config of every (shape, dtype) case, one per distinct rendered source."""
+    seen: set[str] = set()
+    found = []
+    for shape, dtype in cases:
+        shape = tuple(shape)
+        space = SearchSpace(spec.params, lambda c, s=shape, d=dtype: spec.check(c, s, d))
+        for config in [*space.valid_configs(), spec.default_config(shape, dtype)]:
+            variant = Variant(spec, dict(config), shape, dtype)
+            digest = hashlib.sha256(variant.source().encode()).hexdigest()
+            if digest not in seen:
+                seen.add(digest)
+                found.append(variant)
+    return found
+
+
+def batch_source(batch: Sequence[Variant]) -> str:
+    """One translation unit holding every variant of ``batch``; variant i's kernels are
+    renamed ``<name>_<i>``."""
+    parts = []
+    for i, variant in enumerate(batch):
+        spec = variant.spec
+        names = kernel_names(spec)
+        source = variant.source()
+        parts += [f"#define {name} {name}_{i}" for name in names]
+        parts += [f"#define KATO_NS kato_ns_{i}", source]
+        macros = set(_DEFINE.findall(source)) | set(names) | {"KATO_NS"}
+        parts += [f"#undef {name}" for name in sorted(macros)]
+    return "\n".join(parts) + "\n"
+
+
+def compile_variants(
+    variants: Sequence[Variant],
+    archs: Sequence[str],
+    cache_dir: Path,
+    *,
+    batch: int = 48,
+    workers: int = 2,
+) -> list[Outcome]:
+    """Compile ``variants`` for every arch in batches; a failing batch is recompiled variant by
+    variant so that the culprits are named. Returns one outcome per (variant, arch)."""
+    jobs: list[tuple[str, list[Variant]]] = []
+    for arch in archs:
+        jobs += [(arch, list(variants[i : i + batch])) for i in range(0, len(variants), batch)]
+    requests = [(batch_source(b), f"{kernel_names(b[0].spec)[0]}_0", arch, ()) for arch, b in jobs]
+    outcomes: list[Outcome] = []
+    results = compile_many(requests, max_workers=workers, cache_dir=cache_dir)
+    for (arch, chunk), result in zip(jobs, results, strict=True):
+        if isinstance(result, CompileError):
+            outcomes += _one_by_one(chunk, arch, cache_dir, workers)
+            continue
+        for i, variant in enumerate(chunk):
+            names = kernel_names(variant.spec)
+            outcomes.append(
+                Outcome(variant, arch, {n: result.resources(f"{n}_{i}") for n in names})
+            )
+    return outcomes
+
+
+def _one_by_one(chunk: list[Variant], arch: str, cache_dir: Path, workers: int) -> list[Outcome]:
+    requests = [(v.source(), kernel_names(v.spec)[0], arch, ()) for v in chunk]
+    found = []
+    for variant, result in zip(chunk, compile_many(requests, workers, cache_dir), strict=True):
+        if isinstance(result, CompileError):
+            found.append(Outcome(variant, arch, error=f"{result}\n{result.log[:1500]}"))
+        else:
+            names = kernel_names(variant.spec)
+            found.append(Outcome(variant, arch, {n: result.resources(n) for n in names}))
+    return found
