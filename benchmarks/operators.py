@@ -21,9 +21,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SOFTMAX_SHAPES = [(4096, 4096), (32768, 4096), (65536, 1024), (8192, 32768)]
-DEFAULT_CASES = [("softmax", s, d) for d in ("float32", "float16") for s in SOFTMAX_SHAPES]
-
 
 def torch_time_ms(fn, repeats: int = 30, batch: int = 10) -> float:
     """Median per-call milliseconds of ``fn`` (CUDA events around batches, after warm-up)."""
@@ -52,24 +49,6 @@ def copy_bandwidth_gbs(nbytes: int = 4 << 30) -> float:
     dst = torch.empty_like(src)
     ms = torch_time_ms(lambda: dst.copy_(src), repeats=20, batch=5)
     return 2 * nbytes / ms / 1e6
-
-
-def torch_equivalent(operator: str, shape, dtype: str):
-    import torch
-
-    tdtype = getattr(torch, dtype)
-    if operator == "softmax":
-        # Several input copies, rotated like Kato's, so neither side times the L2 cache.
-        n = max(1, min(8, (2 * 60 * 2**20) // (2 * shape[0] * shape[1] * tdtype.itemsize) + 1))
-        xs = [torch.randn(*shape, device="cuda", dtype=tdtype) for _ in range(n)]
-        state = {"i": 0}
-
-        def run():
-            state["i"] = (state["i"] + 1) % n
-            return torch.softmax(xs[state["i"]], dim=-1)
-
-        return run
-    raise ValueError(f"no PyTorch equivalent for {operator}")
 
 
 def lookup(sessions, spec, shape, dtype, gpu_model):
@@ -113,37 +92,61 @@ def tune_case(sessions, db_url, operator, shape, dtype, budget):
     ).run(job_id)
 
 
+def cases(operators: list[str] | None) -> list[tuple[str, tuple[int, ...], str]]:
+    """Every benchmark case of the torch_ops modules (of ``operators`` if given)."""
+    from benchmarks.torch_ops import modules
+
+    found = []
+    for name, module in sorted(modules().items()):
+        if operators and name not in operators:
+            continue
+        found += [(name, tuple(shape), dtype) for shape, dtype in module.CASES]
+    return found
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", required=True, help="SQLAlchemy URL of the results database")
-    ap.add_argument("--out", default="operators.json")
+    ap.add_argument("--out", default="operators.json", help="JSON report path")
     ap.add_argument("--tune", type=int, default=0, help="tune missing cases with this budget")
+    ap.add_argument("--tune-only", action="store_true", help="tune missing cases, time nothing")
+    ap.add_argument(
+        "--max-minutes", type=float, default=None, help="stop starting new tuning jobs after this"
+    )
     ap.add_argument("--operator", action="append", help="only these operators")
     args = ap.parse_args()
 
+    import time
+
+    from benchmarks.torch_ops import modules
     from db.session import init_db, session_factory
     from kernels import get_operator
     from tuner.backends.pycuda import PyCudaBackend, describe_device
 
+    started = time.monotonic()
     sessions = session_factory(init_db(args.db))
     device = describe_device(0)
-    copy_gbs = copy_bandwidth_gbs()
+    torch_ops = modules()
+    copy_gbs = None if args.tune_only else copy_bandwidth_gbs()
     rows = []
-    for operator, shape, dtype in DEFAULT_CASES:
-        if args.operator and operator not in args.operator:
-            continue
+    for operator, shape, dtype in cases(args.operator):
         spec = get_operator(operator)
-
         best, source = lookup(sessions, spec, shape, dtype, device.model)
-        if source != "exact" and args.tune:
-            tune_case(sessions, args.db, operator, shape, dtype, args.tune)
+        out_of_time = args.max_minutes and time.monotonic() - started > 60 * args.max_minutes
+        if source != "exact" and args.tune and not out_of_time:
+            t0 = time.monotonic()
+            outcome = tune_case(sessions, args.db, operator, shape, dtype, args.tune)
+            print(f"tuned {operator} {shape} {dtype} in {time.monotonic() - t0:.0f} s: {outcome}")
             best, source = lookup(sessions, spec, shape, dtype, device.model)
+        if args.tune_only:
+            continue
         config = best.config if best is not None else spec.default_config(shape, dtype)
         backend = PyCudaBackend(spec, shape, dtype, repeats=30)
         result = backend.evaluate(config)
         backend.close()
-        torch_ms = torch_time_ms(torch_equivalent(operator, shape, dtype))
+        torch_ms = torch_time_ms(torch_ops[operator].make(shape, dtype))
         nbytes = spec.bytes_moved(shape, dtype)
+        flops = spec.flops(shape, dtype)
         kato_ms = result.time_ms
         row = {
             "operator": operator,
@@ -156,12 +159,19 @@ def main() -> None:
             "kato_ms": kato_ms,
             "torch_ms": torch_ms,
             "speedup": torch_ms / kato_ms if kato_ms else None,
+            "bytes": nbytes,
+            "flops": flops,
             "kato_gbs": nbytes / kato_ms / 1e6 if kato_ms else None,
             "torch_gbs": nbytes / torch_ms / 1e6,
+            "kato_tflops": flops / kato_ms / 1e9 if kato_ms and flops else None,
+            "torch_tflops": flops / torch_ms / 1e9 if flops else None,
         }
         row["kato_pct_copy"] = 100 * row["kato_gbs"] / copy_gbs if kato_ms else None
         row["torch_pct_copy"] = 100 * row["torch_gbs"] / copy_gbs
         rows.append(row)
+        print_row(row, flush=True)
+    if args.tune_only:
+        return
     report = {
         "device": device.name,
         "cuda": device.cuda_version,
@@ -169,22 +179,33 @@ def main() -> None:
         "rows": rows,
     }
     Path(args.out).write_text(json.dumps(report, indent=2, default=str))
-    print(f"{device.name}  device-to-device copy: {copy_gbs:.0f} GB/s (read + write)")
-    hdr = (
-        f"{'operator':9} {'shape':>12} {'dtype':8} {'src':7} {'Kato ms':>9} {'torch ms':>9} "
-        f"{'speedup':>7} {'Kato GB/s':>9} {'%copy':>6} {'torch GB/s':>10} {'%copy':>6}"
-    )
-    print(hdr)
+    print(f"\n{device.name}  device-to-device copy: {copy_gbs:.0f} GB/s (read + write)")
+    print(HEADER)
     for r in rows:
-        shape = "x".join(map(str, r["shape"]))
-        if r["kato_ms"] is None:
-            print(f"{r['operator']:9} {shape:>12} {r['dtype']:8} FAILED {r['error']}")
-            continue
-        print(
-            f"{r['operator']:9} {shape:>12} {r['dtype']:8} {r['source']:7} {r['kato_ms']:9.4f} "
-            f"{r['torch_ms']:9.4f} {r['speedup']:7.2f} {r['kato_gbs']:9.0f} "
-            f"{r['kato_pct_copy']:6.1f} {r['torch_gbs']:10.0f} {r['torch_pct_copy']:6.1f}"
-        )
+        print_row(r)
+
+
+HEADER = (
+    f"{'operator':10} {'shape':>14} {'dtype':8} {'src':7} {'Kato ms':>9} {'torch ms':>9} "
+    f"{'speedup':>7} {'Kato':>13} {'%copy':>6} {'torch':>13} {'%copy':>6}"
+)
+
+
+def print_row(r: dict, flush: bool = False) -> None:
+    shape = "x".join(map(str, r["shape"]))
+    if r["kato_ms"] is None:
+        print(f"{r['operator']:10} {shape:>14} {r['dtype']:8} FAILED {r['error']}", flush=flush)
+        return
+    if r["flops"]:
+        kato, torch = f"{r['kato_tflops']:7.1f} TFLOP/s", f"{r['torch_tflops']:7.1f} TFLOP/s"
+    else:
+        kato, torch = f"{r['kato_gbs']:8.0f} GB/s", f"{r['torch_gbs']:8.0f} GB/s"
+    print(
+        f"{r['operator']:10} {shape:>14} {r['dtype']:8} {r['source']:7} {r['kato_ms']:9.4f} "
+        f"{r['torch_ms']:9.4f} {r['speedup']:7.2f} {kato:>13} {r['kato_pct_copy']:6.1f} "
+        f"{torch:>13} {r['torch_pct_copy']:6.1f}",
+        flush=flush,
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,20 @@
+"""torch.softmax over the last dim."""
+
+from __future__ import annotations
+
+from benchmarks.torch_ops import rotating
+
+_SHAPES = [(4096, 4096), (32768, 4096), (65536, 1024), (8192, 32768), (1048576, 128)]
+CASES = [(s, d) for d in ("float32", "float16") for s in _SHAPES]
+
+
+def make(shape, dtype):
+    import torch
+
+    tdtype = getattr(torch, dtype)
+    nbytes = 2 * shape[0] * shape[1] * tdtype.itemsize
+    return rotating(
+        lambda: torch.randn(*shape, device="cuda", dtype=tdtype),
+        lambda x: torch.softmax(x, dim=-1),
+        nbytes,
+    )
