@@ -1,0 +1,262 @@
+"""KatoClient against a live service on loopback: answers, caches, offline mode, policies."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+
+import httpx
+import pytest
+from conftest import SEEDED
+
+from kato_client import (
+    GpuNotDetected,
+    KatoClient,
+    KatoError,
+    KatoOfflineWarning,
+    KatoUnavailable,
+    bucket_shape,
+    detect_gpu,
+)
+from kernels import get_operator
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TUNED_4K = SEEDED[0][2]  # softmax 4096x4096 float16 on the H200
+
+
+def client_for(url: str, tmp_path, **kwargs) -> KatoClient:
+    kwargs.setdefault("gpu", "H200")
+    return KatoClient(url, cache_dir=tmp_path / "cache", **kwargs)
+
+
+def test_config_answers_exact_nearest_and_default(live_server, tmp_path):
+    spec = get_operator("softmax")
+    with client_for(live_server.url, tmp_path) as kato:
+        assert kato.config("softmax", (4096, 4096), "float16") == TUNED_4K
+        exact = kato.lookup("softmax", (4096, 4096), "float16")
+        assert (exact.source, exact.tuned_shape, exact.time_ms) == ("exact", (4096, 4096), 0.020)
+        near = kato.lookup("softmax", (8192, 4096), "float16", gpu="NVIDIA H200")
+        assert near.source == "nearest" and near.tuned_shape == (4096, 4096)
+        assert near.config == TUNED_4K
+        other_dtype = kato.lookup("softmax", (4096, 4096), "bfloat16")
+        assert other_dtype.source == "default"
+        assert other_dtype.config == spec.default_config([4096, 4096], "bfloat16")
+    with client_for(live_server.url, tmp_path, policy="exact", disk_cache=False) as kato:
+        exact_only = kato.lookup("softmax", (8192, 4096), "float16")
+        assert exact_only.source == "default"
+        assert exact_only.config == spec.default_config([8192, 4096], "float16")
+
+
+def test_a_hit_sends_nothing_and_spellings_share_one_answer(live_server, tmp_path):
+    with client_for(live_server.url, tmp_path) as kato:
+        first = kato.config("softmax", (4096, 4096), "float16")
+        assert kato.http_requests == 1
+        for _ in range(1000):
+            assert kato.config("softmax", (4096, 4096), "float16") is first
+        # Other spellings of the same lookup: normalised once, then served from memory.
+        assert kato.config("softmax", [4096, 4096], "float16") == first
+        assert kato.config("softmax", "4096x4096", "float16", gpu="nvidia h200") == first
+        assert kato.http_requests == 1
+    assert live_server.requests["GET /v1/configs/softmax"] == 1
+
+
+def test_rejected_lookup_raises_with_the_services_detail(live_server, tmp_path):
+    with client_for(live_server.url, tmp_path) as kato:
+        with pytest.raises(KatoError, match="unknown operator") as info:
+            kato.config("no_such_op", (8, 8), "float16")
+        assert info.value.status == 404
+        with pytest.raises(KatoError, match="does not support dtype"):
+            kato.config("softmax", (8, 8), "int32")
+
+
+def test_offline_mode_serves_from_disk_with_the_service_down(live_server, tmp_path):
+    with client_for(live_server.url, tmp_path) as kato:
+        tuned = kato.config("softmax", (65536, 1024), "float16")
+    assert tuned == SEEDED[1][2]
+    live_server.stop()
+    with httpx.Client() as probe, pytest.raises(httpx.ConnectError):
+        probe.get(live_server.url + "/healthz")  # the port is dead now
+    # A new client (a restarted process), entry stale: served at once, revalidation fails.
+    with client_for(live_server.url, tmp_path, ttl=0.0) as kato:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert kato.config("softmax", (65536, 1024), "float16") == tuned
+            assert kato.wait_idle(10)
+            # Never looked up before: the operator's default, from the local spec.
+            fallback = kato.lookup("softmax", (100, 100), "float16")
+        assert fallback.source == "default"
+        assert fallback.config == get_operator("softmax").default_config([100, 100], "float16")
+        offline = [w for w in caught if issubclass(w.category, KatoOfflineWarning)]
+        assert len(offline) == 1, [str(w.message) for w in caught]
+        with pytest.raises(KatoUnavailable, match="nothing cached"):
+            kato.config("no_such_op", (8, 8), "float16")
+
+
+def test_dead_port_without_cache_raises_for_unknown_operators(dead_url, tmp_path):
+    with client_for(dead_url, tmp_path) as kato, pytest.warns(KatoOfflineWarning):
+        assert kato.lookup("softmax", (64, 64), "float32").source == "default"
+    with client_for(dead_url, tmp_path / "other") as kato, pytest.raises(KatoUnavailable):
+        kato.config("no_such_op", (8, 8), "float16")
+
+
+_WORKER = """
+import json, sys
+from kato_client import KatoClient
+url, cache, first = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with KatoClient(url, gpu="H200", cache_dir=cache) as kato:
+    keys = [("softmax", (rows, 4096), "float16") for rows in range(first, first + 20)]
+    kato.prefetch(keys)
+    print(json.dumps({str(k[1][0]): kato.config(*k) for k in keys}))
+"""
+
+
+def test_two_processes_share_the_disk_cache(live_server, tmp_path):
+    cache = tmp_path / "shared-cache"
+    env = {**os.environ, "PYTHONPATH": REPO}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WORKER, live_server.url, str(cache), str(first)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for first in (1, 21)
+    ]
+    answers: dict[str, dict] = {}
+    for proc in procs:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        answers.update(json.loads(out))
+    assert live_server.requests["POST /v1/configs/batch"] == 2
+    live_server.stop()
+    # A third process-like client, service down: all 40 answers come from the shared file.
+    with KatoClient(live_server.url, gpu="H200", cache_dir=cache) as kato:
+        for rows, config in answers.items():
+            assert kato.config("softmax", (int(rows), 4096), "float16") == config
+        assert kato.http_requests == 0
+    assert answers["1"] == TUNED_4K  # nearest tuned shape of 1x4096 is 4096x4096
+
+
+def test_a_stale_entry_is_served_then_revalidated_in_the_background(live_server, tmp_path):
+    faster = {"BLOCK_SIZE": 256, "VEC": 8, "STRATEGY": 1, "CACHE": 2, "MIN_BLOCKS": 0}
+    with client_for(live_server.url, tmp_path, ttl=0.3) as kato:
+        assert kato.config("softmax", (4096, 4096), "float16") == TUNED_4K
+        live_server.set_best((4096, 4096), "float16", faster, 0.015)
+        time.sleep(0.35)
+        started = time.perf_counter()
+        assert kato.config("softmax", (4096, 4096), "float16") == TUNED_4K  # stale, at once
+        assert time.perf_counter() - started < 0.05
+        for _ in range(100):  # one revalidation, however many hits see the stale entry
+            kato.config("softmax", (4096, 4096), "float16")
+        assert kato.wait_idle(10)
+        assert kato.config("softmax", (4096, 4096), "float16") == faster
+        assert kato.lookup("softmax", (4096, 4096), "float16").time_ms == 0.015
+    assert live_server.requests["GET /v1/configs/softmax"] == 2
+    # The disk cache was updated too: a new client sees the new config without asking.
+    with client_for(live_server.url, tmp_path) as kato:
+        assert kato.config("softmax", (4096, 4096), "float16") == faster
+        assert kato.http_requests == 0
+
+
+def test_bucket_policy_rounds_up_and_checks_the_actual_shape(live_server, tmp_path):
+    spec = get_operator("softmax")
+    assert bucket_shape((3000, 4000)) == (4096, 4096)
+    assert bucket_shape((1, 2, 5)) == (1, 2, 8)
+    with client_for(live_server.url, tmp_path, policy="bucket") as kato:
+        assert kato.config("softmax", (3000, 4000), "float16") == TUNED_4K
+        answer = kato.lookup("softmax", (3000, 4000), "float16")
+        assert (answer.shape, answer.source) == ((4096, 4096), "exact")
+        assert kato.config("softmax", (2049, 3912), "float16") == TUNED_4K
+        assert kato.http_requests == 1  # one lookup for the whole bucket
+        # 4001 columns: VEC=8 does not divide them, so the actual shape is asked for.
+        odd = kato.lookup("softmax", (3000, 4001), "float16")
+        assert kato.http_requests == 2
+        assert odd.shape == (3000, 4001) and odd.config != TUNED_4K
+        assert spec.check(odd.config, [3000, 4001], "float16") is None
+
+
+def test_prefetch_sends_one_request_for_many_keys(live_server, tmp_path):
+    keys = [("softmax", (rows, 1024), "float16") for rows in (1, 7, 64, 1000, 65536)]
+    keys += [("softmax", (4096, 4096), "float16", "H200")]
+    keys += [{"operator": "softmax", "shape": [1024, 1024], "dtype": "float32"}]
+    with client_for(live_server.url, tmp_path) as kato:
+        answers = kato.prefetch(keys)
+        assert kato.http_requests == 1
+        assert [a.source for a in answers][-3:] == ["exact", "exact", "exact"]
+        assert answers[-1].config == SEEDED[2][2]
+        for key in keys[:-1]:
+            kato.config(*key)
+        assert kato.prefetch(keys) == answers  # all fresh: nothing asked
+        assert kato.http_requests == 1
+    assert live_server.requests["POST /v1/configs/batch"] == 1
+    assert live_server.requests["GET /v1/configs/softmax"] == 0
+    with client_for(live_server.url, tmp_path, disk_cache=False) as kato:
+        with pytest.raises(KatoError, match="1 lookup"):
+            kato.prefetch(keys + [("nope", (8, 8), "float16")])
+        assert kato.config("softmax", (4096, 4096), "float16") == TUNED_4K
+        assert kato.http_requests == 1  # the valid lookups of the batch were cached
+
+
+def test_submit_sends_the_token_and_wait_polls_until_done(tmp_path, monkeypatch):
+    seen: list[httpx.Request] = []
+    polls = iter(["queued", "running", "done"])
+    job = {"id": "ab12", "operator": "softmax", "dtype": "float16", "gpu": "H200"}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.method == "POST":
+            return httpx.Response(202, json={**job, "status": "queued"})
+        return httpx.Response(200, json={**job, "status": next(polls), "trials_done": 1})
+
+    monkeypatch.setenv("KATO_TOKEN", "s3cret")
+    http = httpx.Client(base_url="http://kato", transport=httpx.MockTransport(handler))
+    with KatoClient("http://kato", gpu="H200", http=http, disk_cache=False) as kato:
+        queued = kato.submit("softmax", (4096, 4096), "float16", budget=50, seed=3)
+        assert queued["status"] == "queued"
+        body = json.loads(seen[0].content)
+        assert body == {"operator": "softmax", "shape": [4096, 4096], "dtype": "float16",
+                        "gpu": "H200", "budget": 50, "seed": 3}  # fmt: skip
+        assert seen[0].headers["Authorization"] == "Bearer s3cret"
+        assert kato.wait("ab12", timeout=5, poll_s=0.01)["status"] == "done"
+        assert len(seen) == 4
+        kato.submit("softmax", (8, 8), "float16", token="other")
+        assert seen[-1].headers["Authorization"] == "Bearer other"
+
+
+def test_submit_errors_are_clear(tmp_path):
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(401, json={"detail": "missing bearer token"})
+
+    http = httpx.Client(base_url="http://kato", transport=httpx.MockTransport(handler))
+    with KatoClient("http://kato", gpu="H200", http=http, disk_cache=False) as kato:
+        with pytest.raises(KatoError, match="missing bearer token.*KATO_TOKEN") as info:
+            kato.submit("softmax", (8, 8), "float16")
+        assert info.value.status == 401
+        with pytest.raises(TimeoutError):
+            KatoClient(
+                "http://kato",
+                gpu="H200",
+                disk_cache=False,
+                http=httpx.Client(
+                    base_url="http://kato",
+                    transport=httpx.MockTransport(
+                        lambda r: httpx.Response(200, json={"status": "running"})
+                    ),
+                ),
+            ).wait("x", timeout=0.05, poll_s=0.01)
+
+
+def test_gpu_detection_order_and_error(monkeypatch, tmp_path):
+    assert detect_gpu((lambda: None, lambda: "NVIDIA H200", lambda: "Tesla T4")) == "H200"
+    assert detect_gpu((lambda: "NVIDIA GeForce RTX 3080",)) == "RTX 3080"
+    with pytest.raises(GpuNotDetected, match="pass gpu='H200'"):
+        detect_gpu((lambda: None,))
+    monkeypatch.setenv("KATO_GPU", "NVIDIA A100-SXM4-80GB")
+    kato = KatoClient("http://127.0.0.1:9", disk_cache=False)
+    assert kato.gpu == detect_gpu() == "A100 80GB"
+    kato.close()
