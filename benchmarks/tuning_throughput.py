@@ -1,0 +1,253 @@
+"""Tuning throughput: Kato vs Kernel Tuner on the same kernel, space, budget and GPU, one run.
+
+The case of issue 4: softmax 32768x4096 float16, budget 100 distinct measured configs.
+
+- Kato: a job in a fresh SQLite database, run by the worker's JobRunner with the pycuda backend
+  (compile-ahead in parallel nvcc processes, verification of every config on the device), from a
+  cold compile cache.
+- Kernel Tuner (its pycuda backend, ``lang="CUDA"``): the same template, rendered with the same
+  macros (``defines`` computed from Kato's spec), the same launch geometry, the same constraint
+  set (``restrictions`` = the spec's check) and the same verification (a ``verify`` function with
+  the spec's tolerances). Its default strategy (brute force, which takes no budget: it runs on a
+  seeded random sample of ``budget`` valid configs) and the strategies named with ``--kt``, each
+  with ``max_fevals=budget``.
+
+Trials per minute = distinct configs measured / wall time of the whole tuning run (compiles
+included). Then every side's winner is re-timed with the same timer (Kato's pycuda backend,
+CUDA events, inputs rotated past the L2) back to back, so "best config found" compares like
+with like.
+
+    python benchmarks/tuning_throughput.py --out throughput.json [--budget 100] [--kt greedy_ils]
+
+Needs a CUDA GPU, PyCUDA and kernel_tuner (``pip install 'kato[bench]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+DEFAULT_KT_STRATEGIES = ("genetic_algorithm", "greedy_ils", "dual_annealing")
+
+
+def run_kato(operator: str, shape: tuple[int, ...], dtype: str, budget: int) -> dict[str, Any]:
+    """One Kato tuning job, cold compile cache, fresh database."""
+    from db import queries
+    from db.session import init_db, session_factory
+    from kernels import get_operator
+    from tuner.backends.pycuda import describe_device
+    from tuner.worker import JobRunner, default_worker_id, pycuda_backend_factory
+
+    spec = get_operator(operator)
+    tmp = Path(tempfile.mkdtemp(prefix="kato-throughput-"))
+    os.environ["KATO_COMPILE_CACHE"] = str(tmp / "cubin")  # cold cache: like Kernel Tuner
+    db_url = f"sqlite:///{tmp / 'kato.db'}"
+    sessions = session_factory(init_db(db_url))
+    model = describe_device(0).model
+    wid = default_worker_id()
+    with sessions() as s:
+        job = queries.create_job(
+            s,
+            operator=operator,
+            operator_version=spec.version,
+            shape=list(shape),
+            dtype=dtype,
+            gpu_model=model,
+            budget_configs=budget,
+        )
+        queries.claim_next_job(s, gpu_models=[model], worker_id=wid, lease_seconds=600)
+        job_id, strategy = job.id, job.strategy
+    start = time.perf_counter()
+    JobRunner(sessions, db_url, pycuda_backend_factory(0), worker_id=wid, lease_seconds=600).run(
+        job_id
+    )
+    wall = time.perf_counter() - start
+    with sessions() as s:
+        trials = queries.job_trials(s, job_id)
+        job = queries.get_job(s, job_id)
+        measured = len(trials)
+        ok = sum(t.status == "ok" for t in trials)
+        best = dict(job.best_config) if job.best_config else None
+        best_ms = job.best_time_ms
+    return {
+        "tuner": f"Kato ({strategy})",
+        "measured": measured,
+        "ok": ok,
+        "wall_s": wall,
+        "trials_per_min": 60 * measured / wall,
+        "best_config": best,
+        "best_ms_during_tuning": best_ms,
+    }
+
+
+def run_kernel_tuner(
+    operator: str,
+    shape: tuple[int, ...],
+    dtype: str,
+    budget: int,
+    strategy: str,
+    seed: int,
+) -> dict[str, Any]:
+    """One Kernel Tuner run on the same template, space, geometry and verification."""
+    import kernel_tuner
+
+    from kernels import get_operator
+    from tuner.space import SearchSpace
+
+    spec = get_operator(operator)
+    problem = spec.make_problem(shape, dtype, np.random.default_rng(seed))
+    atol, rtol = spec.tolerance(dtype)
+    out = problem.outputs[0]
+    reference = problem.references[0]
+
+    def verify(answer, result_host, atol=None) -> bool:
+        got = np.asarray(result_host[out], dtype=np.float64)
+        return bool(np.all(np.abs(got - reference) <= atol_ + rtol * np.abs(reference)))
+
+    atol_ = atol
+    space = SearchSpace(spec.params, lambda c: spec.check(c, shape, dtype))
+    valid = space.valid_configs()
+    allowed: set[tuple] | None = None
+    options: dict[str, Any] = {"max_fevals": budget}
+    if strategy == "brute_force":
+        # Its default strategy takes no budget: give it a seeded sample of `budget` configs.
+        sample = random.Random(seed).sample(valid, min(budget, len(valid)))
+        allowed = {tuple(c[k] for k in spec.params) for c in sample}
+        options = {}
+
+    def restrict(p: dict[str, Any]) -> bool:
+        config = {k: p[k] for k in spec.params}
+        if allowed is not None and tuple(config.values()) not in allowed:
+            return False
+        return spec.check(config, shape, dtype) is None
+
+    def macro(name: str):
+        return lambda p: spec.defines({k: p[k] for k in spec.params}, shape, dtype)[name]
+
+    defines = {name: macro(name) for name in spec.defines(valid[0], shape, dtype)}
+
+    def grid(p: dict[str, Any]) -> tuple[int, int, int]:
+        return spec.launch({k: p[k] for k in spec.params}, shape, dtype).grid
+
+    def smem(p: dict[str, Any]) -> int:
+        return spec.launch({k: p[k] for k in spec.params}, shape, dtype).shared_bytes
+
+    start = time.perf_counter()
+    results, _env = kernel_tuner.tune_kernel(
+        spec.kernel_name,
+        spec.template.read_text(),
+        grid,
+        problem.args,
+        {k: list(v) for k, v in spec.params.items()},
+        grid_div_x=[],
+        grid_div_y=[],
+        grid_div_z=[],
+        block_size_names=["BLOCK_SIZE"],
+        smem_args={"size": smem},
+        restrictions=restrict,
+        defines=defines,
+        # The output's slot must be non-None so that Kernel Tuner copies it back for `verify`.
+        answer=[reference if i == out else None for i in range(len(problem.args))],
+        verify=verify,
+        lang="CUDA",
+        strategy=strategy,
+        strategy_options=options or None,
+        iterations=7,
+        verbose=False,
+        quiet=True,
+    )
+    wall = time.perf_counter() - start
+    ok = [r for r in results if isinstance(r.get("time"), float)]
+    best = min(ok, key=lambda r: r["time"]) if ok else None
+    return {
+        "tuner": f"Kernel Tuner ({strategy})",
+        "measured": len(results),
+        "ok": len(ok),
+        "wall_s": wall,
+        "trials_per_min": 60 * len(results) / wall,
+        "best_config": {k: best[k] for k in spec.params} if best else None,
+        "best_ms_during_tuning": best["time"] if best else None,
+    }
+
+
+def retime(operator: str, shape, dtype: str, rows: list[dict[str, Any]]) -> None:
+    """Re-time every winner with Kato's timer, back to back (same inputs, same process)."""
+    from kernels import get_operator
+    from tuner.backends.pycuda import PyCudaBackend
+
+    spec = get_operator(operator)
+    backend = PyCudaBackend(spec, shape, dtype, repeats=30, seed=1)
+    try:
+        for row in rows:
+            if row["best_config"] is None:
+                row["best_ms"] = None
+                continue
+            result = backend.evaluate(row["best_config"])
+            row["best_ms"] = result.time_ms
+    finally:
+        backend.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--operator", default="softmax")
+    ap.add_argument("--shape", default="32768x4096")
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--budget", type=int, default=100)
+    ap.add_argument("--kt", action="append", help="Kernel Tuner strategies besides brute_force")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="tuning_throughput.json")
+    args = ap.parse_args()
+    shape = tuple(int(s) for s in args.shape.split("x"))
+
+    rows = [run_kato(args.operator, shape, args.dtype, args.budget)]
+    print(rows[-1], flush=True)
+    for strategy in ["brute_force", *(args.kt or DEFAULT_KT_STRATEGIES)]:
+        try:
+            rows.append(
+                run_kernel_tuner(args.operator, shape, args.dtype, args.budget, strategy, args.seed)
+            )
+        except Exception as exc:  # a peer's failure is reported, not fatal
+            rows.append({"tuner": f"Kernel Tuner ({strategy})", "error": repr(exc)})
+        print(rows[-1], flush=True)
+    retime(args.operator, shape, args.dtype, [r for r in rows if "error" not in r])
+
+    kato = rows[0]
+    print(f"\n{args.operator} {args.shape} {args.dtype}, budget {args.budget}")
+    print(
+        f"{'tuner':34} {'measured':>8} {'ok':>4} {'wall s':>7} {'trials/min':>10} "
+        f"{'best ms':>9} {'Kato x':>7}"
+    )
+    for r in rows:
+        if "error" in r:
+            print(f"{r['tuner']:34} ERROR {r['error'][:80]}")
+            continue
+        ratio = kato["trials_per_min"] / r["trials_per_min"]
+        best = f"{r['best_ms']:9.4f}" if r.get("best_ms") else f"{'-':>9}"
+        print(
+            f"{r['tuner']:34} {r['measured']:8d} {r['ok']:4d} {r['wall_s']:7.1f} "
+            f"{r['trials_per_min']:10.1f} {best} {ratio:7.2f}"
+        )
+    report = {
+        "operator": args.operator,
+        "shape": list(shape),
+        "dtype": args.dtype,
+        "budget": args.budget,
+        "rows": rows,
+    }
+    Path(args.out).write_text(json.dumps(report, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
