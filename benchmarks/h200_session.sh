@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # One device call on the H200 (see ../shared/device/README.md): install the staged wheels, then
 # run the steps named as arguments, writing results under $OUT.
-#   steps: occupancy gputests operators (default: all three)
+#   steps: occupancy gputests operators throughput (default: occupancy gputests operators)
+#   env: GPU_TESTS (pytest paths, default tests/gpu), TUNE_BUDGET, OPERATORS ("softmax relu ..."),
+#        TUNE_ONLY=1, MAX_MINUTES, DB (SQLAlchemy URL of the results database to keep),
+#        THROUGHPUT_ARGS
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device-wheels/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
@@ -14,9 +17,15 @@ for step in $steps; do
   case $step in
     occupancy) python3 benchmarks/occupancy_check.py --cache-dir /tmp/kato-cubin \
                  --out "$OUT/occupancy_h200.json" 2>&1 | tail -25 ;;
-    gputests) python3 -m pytest -q -x -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu_tests.log" | tail -30 ;;
-    operators) python3 benchmarks/operators.py --db "sqlite:///$OUT/kato.db" --tune "${TUNE_BUDGET:-100}" \
-                 --out "$OUT/operators.json" 2>&1 | tee "$OUT/operators.log" | tail -30 ;;
+    gputests) python3 -m pytest -q -p no:cacheprovider ${GPU_TESTS:-tests/gpu} 2>&1 \
+                 | tee "$OUT/gpu_tests.log" | tail -40 ;;
+    operators) ops=(); for o in ${OPERATORS:-}; do ops+=(--operator "$o"); done
+               python3 benchmarks/operators.py --db "${DB:-sqlite:///$OUT/kato.db}" \
+                 --tune "${TUNE_BUDGET:-100}" ${TUNE_ONLY:+--tune-only} \
+                 ${MAX_MINUTES:+--max-minutes $MAX_MINUTES} "${ops[@]}" \
+                 --out "$OUT/operators.json" 2>&1 | tee "$OUT/operators.log" | tail -60 ;;
+    throughput) python3 benchmarks/tuning_throughput.py --out "$OUT/tuning_throughput.json" \
+                 ${THROUGHPUT_ARGS:-} 2>&1 | tee "$OUT/throughput.log" | tail -30 ;;
     *) echo "unknown step $step" ;;
   esac
 done
