@@ -53,6 +53,7 @@ def _new_job(
     budget_seconds: float | None = None,
     strategy: str = "tpe",
     seed: int = 0,
+    token_id: str | None = None,
 ) -> Job:
     return Job(
         operator=operator,
@@ -65,6 +66,7 @@ def _new_job(
         budget_seconds=budget_seconds,
         strategy=strategy,
         seed=seed,
+        token_id=token_id,
         status="queued",
         trials_done=0,
         cancel_requested=False,
@@ -83,8 +85,12 @@ def create_job(
     budget_seconds: float | None = None,
     strategy: str = "tpe",
     seed: int = 0,
+    token_id: str | None = None,
 ) -> Job:
-    """Queue a tuning job (status ``queued``) and commit. Inputs must be validated already."""
+    """Queue a tuning job (status ``queued``) and commit. Inputs must be validated already.
+
+    ``token_id``: the API token that submitted it (``None``: the CLI, or auth turned off).
+    """
     job = _new_job(
         operator=operator,
         operator_version=operator_version,
@@ -95,6 +101,7 @@ def create_job(
         budget_seconds=budget_seconds,
         strategy=strategy,
         seed=seed,
+        token_id=token_id,
     )
     session.add(job)
     session.commit()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fastapi import FastAPI, Request, status
+from fastapi import Depends, FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import Engine
@@ -18,6 +18,9 @@ from sqlalchemy import Engine
 from db.session import init_db, session_factory
 from kernels import InvalidInput
 from service import __version__
+from service.auth import AUTH_RESPONSES, require_reader
+from service.limits import BodySizeLimit
+from service.lookup_cache import LookupCache
 from service.routes import configs, gpus, health, jobs, operators
 from service.settings import Settings
 
@@ -28,6 +31,9 @@ Kato tunes CUDA kernel configurations by measurement and serves the winners.
   (source `exact`, `nearest` or `default`; never touches a GPU).
 - **Tune**: `POST /v1/jobs` queues a job; a worker with a GPU of that model runs the search and
   stores every trial and the winner.
+
+Writes (submit, batch, cancel) need an API token (`kato token create NAME`), sent as
+`Authorization: Bearer <secret>`; reads are open unless the service sets `KATO_AUTH_READS`.
 """
 
 
@@ -59,7 +65,12 @@ async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
 
 def create_app(settings: Settings | None = None, *, engine: Engine | None = None) -> FastAPI:
     """Build the app: migrate the database (``settings.db_url``, or ``engine`` if given) to the
-    newest schema, then mount the routers. OpenAPI docs at ``/docs``."""
+    newest schema, then mount the routers. OpenAPI docs at ``/docs``.
+
+    Also on ``app.state``: ``lookup_cache`` (:class:`LookupCache`). Request bodies over
+    ``settings.max_body_bytes`` get a 413; with ``settings.auth_reads`` every route but
+    ``/healthz`` and ``/v1/ping`` needs a token.
+    """
     settings = settings or Settings()
     engine = init_db(engine if engine is not None else settings.db_url)
 
@@ -67,13 +78,27 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.settings = settings
     app.state.engine = engine
     app.state.session_factory = session_factory(engine)
+    app.state.lookup_cache = LookupCache(
+        settings.lookup_cache_seconds, settings.lookup_cache_entries
+    )
 
     app.add_exception_handler(InvalidInput, _invalid_input)
     app.add_exception_handler(RequestValidationError, _request_validation)
 
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+
+    readers: dict[str, Any] = {}
+    if settings.auth_reads:
+        readers = {"dependencies": [Depends(require_reader)], "responses": AUTH_RESPONSES}
     app.include_router(health.router)
-    app.include_router(operators.router)
-    app.include_router(gpus.router)
-    app.include_router(configs.router)
-    app.include_router(jobs.router)
+    app.include_router(operators.router, **readers)
+    app.include_router(gpus.router, **readers)
+    app.include_router(configs.router, **readers)
+    app.include_router(jobs.router, **readers)
     return app
+
+
+def create_app_from_env() -> FastAPI:
+    """``create_app()`` with settings from the ``KATO_*`` environment: the factory that
+    ``kato serve --workers N`` hands to uvicorn (each worker process builds its own app)."""
+    return create_app(Settings())

@@ -59,9 +59,19 @@ def _sessions(db_url: str):
 
 
 def _start_gpu_workers(db_url: str, sessions, lease_seconds: float) -> list[threading.Thread]:
-    """One worker thread per visible CUDA device; none (with a note) on a machine without."""
+    """One worker thread per visible CUDA device; none (with a note) on a machine without.
+    Each measures in a child process (settings: ``isolate``, ``trial_timeout_seconds``)."""
+    from service.settings import Settings
     from tuner.backends.pycuda import describe_device, device_count
-    from tuner.worker import Worker, pycuda_backend_factory
+    from tuner.worker import Worker
+    from tuner.worker import pycuda_backend_factory as _factory
+
+    settings = Settings(db_url=db_url)
+
+    def pycuda_backend_factory(index: int):
+        return _factory(
+            index, isolate=settings.isolate, trial_timeout_s=settings.trial_timeout_seconds
+        )
 
     threads = []
     count = device_count()
@@ -73,7 +83,13 @@ def _start_gpu_workers(db_url: str, sessions, lease_seconds: float) -> list[thre
     for index in range(count):
         model = describe_device(index).model
         worker = Worker(
-            sessions, db_url, [model], pycuda_backend_factory(index), lease_seconds=lease_seconds
+            sessions,
+            db_url,
+            [model],
+            pycuda_backend_factory(index),
+            lease_seconds=lease_seconds,
+            devices=[{"index": index, "model": model}],
+            max_workers_per_job=settings.max_workers_per_job,
         )
         t = threading.Thread(target=worker.run_forever, name=f"kato-worker-{index}", daemon=True)
         t.start()
@@ -82,23 +98,56 @@ def _start_gpu_workers(db_url: str, sessions, lease_seconds: float) -> list[thre
     return threads
 
 
+def _token_hint(settings, sessions) -> None:
+    """On start: say how writes are protected, and how to get a token where none exists."""
+    from db import tokens
+
+    if not settings.auth_required:
+        console.print(
+            "[yellow]KATO_AUTH_REQUIRED=false: anyone who reaches this port may submit and "
+            "cancel jobs[/yellow]"
+        )
+        return
+    with sessions() as session:
+        if tokens.count_tokens(session) == 0:
+            console.print(
+                "writes (POST /v1/jobs, DELETE /v1/jobs/{id}) need an API token and none exists:"
+                " create one with `kato token create NAME`"
+                + (f" --db {settings.db_url}" if settings.db_url else "")
+            )
+
+
 @app.command()
 def serve(
     host: Annotated[str | None, typer.Option(help="bind address")] = None,
     port: Annotated[int | None, typer.Option(help="port")] = None,
     db: DbOption = None,
     workers: Annotated[bool, typer.Option(help="run a tuning worker per visible GPU")] = True,
+    api_workers: Annotated[
+        int, typer.Option(min=1, help="API processes (uvicorn workers) sharing the port")
+    ] = 1,
 ) -> None:
     """Run the REST API (OpenAPI docs at /docs) and a worker for each visible GPU."""
+    import os
+
     import uvicorn
 
     from service.app import create_app
 
     settings = _settings(db)
     api = create_app(settings)
+    _token_hint(settings, api.state.session_factory)
     if workers:
         _start_gpu_workers(settings.db_url, api.state.session_factory, settings.lease_seconds)
-    uvicorn.run(api, host=host or settings.host, port=port or settings.port)
+    host, port = host or settings.host, port or settings.port
+    if api_workers == 1:
+        uvicorn.run(api, host=host, port=port)
+        return
+    # Each uvicorn worker process builds its own app from the environment.
+    os.environ["KATO_DB_URL"] = settings.db_url
+    uvicorn.run(
+        "service.app:create_app_from_env", factory=True, host=host, port=port, workers=api_workers
+    )
 
 
 @app.command()
@@ -106,25 +155,105 @@ def worker(
     db: DbOption = None,
     device: Annotated[int, typer.Option(help="CUDA device index")] = 0,
     max_jobs: Annotated[int | None, typer.Option(help="exit after this many jobs")] = None,
+    backend: Annotated[
+        str, typer.Option(help="pycuda (a GPU), or replay (answers from --replay; no GPU)")
+    ] = "pycuda",
+    replay: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            help="replay backend: a Kernel Tuner cache file, or a directory of files named "
+            "<operator>_<gpu>_<shape>_<dtype>.json[.gz]",
+        ),
+    ] = None,
+    gpu: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="GPU model(s) to claim jobs for (replay: default the recordings' models)"
+        ),
+    ] = None,
+    isolate: Annotated[
+        bool | None,
+        typer.Option(
+            help="measure in a child process (default: KATO_ISOLATE for pycuda, off for replay)"
+        ),
+    ] = None,
+    trial_timeout: Annotated[
+        float | None, typer.Option(help="per-trial limit in seconds (KATO_TRIAL_TIMEOUT_SECONDS)")
+    ] = None,
+    lease_seconds: Annotated[
+        float | None, typer.Option(help="job lease (KATO_LEASE_SECONDS)")
+    ] = None,
+    poll_seconds: Annotated[float, typer.Option(help="idle poll interval")] = 1.0,
+    replay_delay: Annotated[
+        float, typer.Option(help="replay: seconds each trial takes (stands in for measuring)")
+    ] = 0.0,
+    max_workers_per_job: Annotated[
+        int | None, typer.Option(help="most workers sharing a job (KATO_MAX_WORKERS_PER_JOB)")
+    ] = None,
+    worker_id: Annotated[str | None, typer.Option(help="default: host-pid-random")] = None,
 ) -> None:
-    """Claim and run queued tuning jobs for this machine's GPU model until interrupted."""
-    from tuner.worker import Worker, pycuda_backend_factory
+    """Claim and run queued tuning jobs for this machine's GPU model until interrupted.
+
+    Exits only when stopped (Ctrl-C, SIGTERM) or after --max-jobs: failing kernels, faulting
+    measurements and database hiccups are recorded or retried, never fatal.
+    """
+    import signal
+
+    from tuner.worker import (
+        Worker,
+        pycuda_backend_factory,
+        replay_backend_factory,
+        replay_gpu_models,
+    )
 
     settings = _settings(db)
+    timeout = trial_timeout or settings.trial_timeout_seconds
+    lease = lease_seconds or settings.lease_seconds
+    if backend == "replay":
+        if replay is None:
+            raise typer.BadParameter("--backend replay needs --replay FILE_OR_DIR")
+        models = list(gpu or replay_gpu_models(replay))
+        factory = replay_backend_factory(
+            replay, isolate=bool(isolate), trial_timeout_s=timeout, delay_s=replay_delay
+        )
+        where = f"replay {replay}"
+        devices = [{"replay": str(replay)}]
+    elif backend == "pycuda":
+        models = list(gpu or [_gpu_model(device)])
+        isolated = settings.isolate if isolate is None else isolate
+        factory = pycuda_backend_factory(device, isolate=isolated, trial_timeout_s=timeout)
+        where = f"GPU {device}" + (" (isolated)" if isolated else "")
+        devices = [{"index": device, "model": models[0]}]
+    else:
+        raise typer.BadParameter(f"--backend must be pycuda or replay, got {backend!r}")
     _, sessions = _sessions(settings.db_url)
-    model = _gpu_model(device)
     w = Worker(
         sessions,
         settings.db_url,
-        [model],
-        pycuda_backend_factory(device),
-        lease_seconds=settings.lease_seconds,
+        models,
+        factory,
+        worker_id=worker_id,
+        lease_seconds=lease,
+        poll_seconds=poll_seconds,
+        backend_name=backend,
+        devices=devices,
+        max_workers_per_job=max_workers_per_job or settings.max_workers_per_job,
     )
-    console.print(f"worker {w.worker_id}: GPU {device} ({model}), database {settings.db_url}")
+
+    def _terminate(signum, frame):  # SIGTERM (docker stop): finish like Ctrl-C
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
+    console.print(
+        f"worker {w.worker_id}: {where}, GPU model(s) {', '.join(models)}, "
+        f"database {settings.db_url}"
+    )
     try:
         n = w.run_forever(max_jobs=max_jobs)
     except KeyboardInterrupt:
         n = 0
+        w.heartbeat("stopped")
     console.print(f"ran {n} job(s)")
 
 
@@ -284,6 +413,149 @@ def replay(
     data = report.to_dict()
     data["file"] = str(cachefile)
     _emit(data, as_json)
+
+
+token_app = typer.Typer(
+    help="API tokens for the write routes (submit, batch, cancel, import).", no_args_is_help=True
+)
+app.add_typer(token_app, name="token")
+
+
+@token_app.command("create")
+def token_create(
+    name: Annotated[str, typer.Argument(help="who or what the token is for, e.g. ci-fleet")],
+    max_queued: Annotated[
+        int | None,
+        typer.Option(min=1, help="most queued + running jobs (default: KATO_MAX_QUEUED_JOBS)"),
+    ] = None,
+    db: DbOption = None,
+) -> None:
+    """Create a token; print its secret on stdout, once (only its SHA-256 is stored)."""
+    from db import tokens
+
+    _, sessions = _sessions(_settings(db).db_url)
+    with sessions() as session:
+        try:
+            token, secret = tokens.create_token(session, name, max_queued_jobs=max_queued)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        console.print(
+            f"token {token.id} ({token.name!r}) created; its secret is printed once, below. "
+            "Send it as 'Authorization: Bearer <secret>'."
+        )
+    typer.echo(secret)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    token_id: Annotated[str, typer.Argument(help="the token's id (kato token list)")],
+    db: DbOption = None,
+) -> None:
+    """Revoke a token: its requests get 403 from now on; its jobs keep running."""
+    from db import tokens
+
+    _, sessions = _sessions(_settings(db).db_url)
+    with sessions() as session:
+        token = tokens.revoke_token(session, token_id.strip())
+        if token is None:
+            console.print(f"[red]no token with id {token_id!r}[/red]")
+            raise typer.Exit(1)
+        console.print(f"token {token.id} ({token.name!r}) revoked")
+
+
+@token_app.command("list")
+def token_list(
+    db: DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON lines")] = False,
+) -> None:
+    """Every token (never the secrets): id, name, queue limit, created, last used, revoked."""
+    from db import tokens
+
+    _, sessions = _sessions(_settings(db).db_url)
+    with sessions() as session:
+        rows = [
+            {
+                "id": t.id,
+                "name": t.name,
+                "max_queued_jobs": t.max_queued_jobs,
+                "live_jobs": tokens.live_jobs(session, t.id),
+                "created_at": t.created_at.isoformat(timespec="seconds"),
+                "last_used_at": t.last_used_at.isoformat(timespec="seconds")
+                if t.last_used_at
+                else None,
+                "revoked_at": t.revoked_at.isoformat(timespec="seconds") if t.revoked_at else None,
+            }
+            for t in tokens.list_tokens(session)
+        ]
+    if as_json:
+        for row in rows:
+            typer.echo(json.dumps(row))
+        return
+    table = Table(*rows[0].keys()) if rows else Table("no tokens")
+    for row in rows:
+        table.add_row(*("-" if v is None else str(v) for v in row.values()))
+    Console().print(table)
+
+
+@app.command("export")
+def export_results(
+    out: Annotated[
+        Path, typer.Argument(help="a .json file (one problem) or a directory (one file each)")
+    ],
+    fmt: Annotated[
+        str, typer.Option("--format", help="t4 (T4 JSON) or kt (Kernel Tuner cache)")
+    ] = ("t4"),
+    job: Annotated[list[str] | None, typer.Option(help="job id (repeatable)")] = None,
+    operator: Annotated[str | None, typer.Option(help="only this operator")] = None,
+    gpu: Annotated[str | None, typer.Option(help="only this GPU model")] = None,
+    dtype: Annotated[str | None, typer.Option(help="only this dtype")] = None,
+    db: DbOption = None,
+) -> None:
+    """Export best configs and trials (T4 JSON or Kernel Tuner cache files), to import
+    elsewhere (kato import) or to replay in Kernel Tuner's simulation mode."""
+    from db.export import ExportError, collect, export
+
+    _, sessions = _sessions(_settings(db).db_url)
+    try:
+        with sessions() as session:
+            bundles = collect(session, job_ids=job, operator=operator, gpu=gpu, dtype=dtype)
+            paths = export(bundles, out, fmt)
+    except ExportError as exc:
+        console.print(f"[red]export: {exc}[/red]")
+        raise typer.Exit(1) from None
+    for bundle, path in zip(bundles, paths, strict=True):
+        console.print(
+            f"{path}: {bundle.operator} {'x'.join(map(str, bundle.shape))} {bundle.dtype} "
+            f"{bundle.gpu_model}: {len(bundle.jobs)} job(s), {len(bundle.trials)} trial(s), "
+            f"{len(bundle.best)} best config(s)"
+        )
+
+
+@app.command("import")
+def import_results(
+    paths: Annotated[list[Path], typer.Argument(help="T4 or Kernel Tuner files, or directories")],
+    operator: Annotated[str | None, typer.Option(help="for files without Kato metadata")] = None,
+    shape: Annotated[str | None, typer.Option(help="for files without Kato metadata")] = None,
+    dtype: Annotated[str | None, typer.Option(help="for files without Kato metadata")] = None,
+    gpu: Annotated[str | None, typer.Option(help="for files without Kato metadata")] = None,
+    db: DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+) -> None:
+    """Import exported results (idempotent: importing twice adds nothing). Every file is checked
+    before anything is written; an invalid file exits with status 1 and says what is wrong."""
+    from db.importer import InvalidImport, import_paths
+
+    overrides = {"operator": operator, "shape": shape, "dtype": dtype, "gpu": gpu}
+    _, sessions = _sessions(_settings(db).db_url)
+    try:
+        with sessions() as session:
+            report = import_paths(session, paths, overrides)
+    except InvalidImport as exc:
+        console.print(f"[red]import: {exc}[/red]")
+        raise typer.Exit(1) from None
+    for warning in report.warnings:
+        console.print(f"[yellow]{warning}[/yellow]")
+    _emit(report.to_dict(), as_json)
 
 
 def _emit(data: dict[str, Any], as_json: bool) -> None:

@@ -253,3 +253,23 @@ class GpuPublic(BaseModel):
     memory_bytes: int | None = None
     memory_bandwidth_gbs: float | None = None
     l2_bytes: int | None = None
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+class ErrorPublic(BaseModel):
+    """Every 4xx body: ``detail`` says what to fix; for malformed input it lists the field
+    errors (``loc``, ``msg``, ``type``, ...), as FastAPI does."""
+
+    detail: str | list[dict[str, Any]]
+
+
+def error_responses(**descriptions: str) -> dict[int | str, dict[str, Any]]:
+    """``responses=`` entries for a route: ``error_responses(e404="no such job")`` declares a
+    404 whose body is :class:`ErrorPublic`, so the OpenAPI schema documents every status the
+    route answers with (the schemathesis test checks that it does)."""
+    return {
+        int(key.removeprefix("e")): {"model": ErrorPublic, "description": text}
+        for key, text in descriptions.items()
+    }

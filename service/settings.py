@@ -28,6 +28,55 @@ class Settings(BaseSettings):
     default_budget_configs: int = Field(default=100, ge=1, le=2**31 - 1)
     lease_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
 
+    # --- workers (README: "Faults on the GPU", "Several hosts") ---
+    trial_timeout_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="per-trial limit (compile, verify, time) of an isolated measurement; a "
+        "config past it is recorded as a timeout and its process replaced",
+    )
+    isolate: bool = Field(
+        default=True,
+        description="GPU workers measure in a child process that a faulting kernel cannot "
+        "take down (false: in the worker process itself)",
+    )
+    max_workers_per_job: int = Field(
+        default=4,
+        ge=1,
+        description="most workers sharing one job (1: no sharing); idle workers join running "
+        "jobs with enough budget left",
+    )
+
+    # --- security and limits (README: "Security and limits") ---
+    auth_required: bool = Field(
+        default=True,
+        description="write routes (submit, batch, cancel, import) need an API token; "
+        "false: anyone who reaches the port may write (local single-user use only)",
+    )
+    auth_reads: bool = Field(
+        default=False, description="read routes need an API token too (default: reads are open)"
+    )
+    max_body_bytes: int = Field(
+        default=1 << 20, ge=1024, description="largest request body; larger ones get a 413"
+    )
+    max_queued_jobs: int = Field(
+        default=100,
+        ge=1,
+        le=2**31 - 1,
+        description="most queued + running jobs per token (a token's own max_queued_jobs wins)",
+    )
+    queue_retry_after_seconds: int = Field(
+        default=60, ge=1, description="Retry-After sent with a 429 for a full per-token queue"
+    )
+    lookup_cache_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="how long a config lookup is answered from memory (0: no cache)",
+    )
+    lookup_cache_entries: int = Field(default=10_000, ge=1)
+
     @field_validator("db_url")
     @classmethod
     def _db_url(cls, value: str) -> str:

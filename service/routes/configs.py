@@ -1,5 +1,10 @@
 """Lookups: the config to use for an operator, shape, dtype and GPU model. Never touches a GPU.
 
+This is the hot path. The route is ``async``: an answer cached in this process
+(:class:`service.lookup_cache.LookupCache`, ``app.state.lookup_cache``) is served on the event
+loop without a thread hop or a database session; a miss validates the request, runs the query
+in the thread pool with a short-lived session, and caches the encoded answer.
+
 ``POST /v1/configs/batch`` answers many lookups in one request (the client's ``prefetch``); it is
 a read and stays open like ``GET``. ``match=exact`` serves only a config tuned for exactly the
 shape asked for (else the default); ``match=nearest`` (the default) also serves the nearest one.
@@ -9,21 +14,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from db import queries
 from kernels import InvalidInput, OperatorSpec
-from service.deps import SessionDep
 from service.schemas import (
     ConfigPublic,
     Shape,
+    error_responses,
     format_compute_capability,
     parse_shape_text,
     plain,
 )
-from service.validation import operator_or_404, resolve_problem
+from service.validation import Problem, operator_or_404, resolve_problem
 
 router = APIRouter(prefix="/v1/configs", tags=["configs"])
 
@@ -40,51 +46,23 @@ def _applies(spec: OperatorSpec, config: dict[str, Any], shape: list[int], dtype
         return False
 
 
-@router.get(
-    "/{operator}",
-    responses={
-        404: {"description": "no such operator"},
-        422: {"description": "bad shape, dtype or GPU model, or a shape too large for the GPU"},
-    },
-)
-def get_config(
-    operator: str,
-    session: SessionDep,
-    shape: Annotated[
-        str, Query(max_length=200, description='"4096,4096" or "4096x4096"', examples=["4096x4096"])
-    ],
-    dtype: Annotated[str, Query(max_length=32, examples=["float16"])],
-    gpu: Annotated[str, Query(max_length=64, examples=["H200"])],
-    match: Annotated[Match, Query(description="exact: no nearest-shape fallback")] = "nearest",
+def lookup(
+    request: Request, spec: OperatorSpec, problem: Problem, match: Match = "nearest"
 ) -> ConfigPublic:
-    """The best tuned config for this request (``exact``), else the one tuned for the nearest
-    shape on this GPU model (``nearest``; not with ``match=exact``), else the operator's default
-    config (``default``)."""
-    return answer_lookup(session, operator, parse_shape_text(shape), dtype, gpu, match)
-
-
-def answer_lookup(
-    session: Session, operator: str, shape: list[int], dtype: str, gpu: str, match: Match
-) -> ConfigPublic:
-    """The config to serve for one lookup (``exact``, ``nearest`` or ``default``).
-
-    Raises:
-        HTTPException: 404 for an unknown operator.
-        InvalidInput: bad shape, dtype or GPU model, or a shape too large for the GPU.
-    """
-    spec = operator_or_404(operator)
-    problem = resolve_problem(spec, shape, dtype, gpu)
-    row, source = queries.lookup_best_config(
-        session,
-        operator=spec.name,
-        operator_version=spec.version,
-        shape=problem.shape,
-        dtype=problem.dtype,
-        gpu_model=problem.gpu_model,
-        accept=lambda config: _applies(spec, config, problem.shape, problem.dtype),
-    )
-    if row is not None and (match == "nearest" or source == "exact"):
-        return ConfigPublic.from_row(row, source, problem.shape, problem.gpu_model)
+    """The answer for a validated request, from the database (blocking: run it in a thread).
+    With ``match="exact"`` a config tuned for another shape is not served (the default is)."""
+    with request.app.state.session_factory() as session:
+        row, source = queries.lookup_best_config(
+            session,
+            operator=spec.name,
+            operator_version=spec.version,
+            shape=problem.shape,
+            dtype=problem.dtype,
+            gpu_model=problem.gpu_model,
+            accept=lambda config: _applies(spec, config, problem.shape, problem.dtype),
+        )
+        if row is not None and (match == "nearest" or source == "exact"):
+            return ConfigPublic.from_row(row, source, problem.shape, problem.gpu_model)
     return ConfigPublic(
         operator=spec.name,
         operator_version=spec.version,
@@ -97,6 +75,39 @@ def answer_lookup(
             getattr(problem.gpu, "compute_capability", None)
         ),
     )
+
+
+@router.get(
+    "/{operator}",
+    response_model=ConfigPublic,
+    responses=error_responses(
+        e404="no such operator",
+        e422="bad shape, dtype or GPU model, or a shape too large for the GPU",
+    ),
+)
+async def get_config(
+    operator: str,
+    request: Request,
+    shape: Annotated[
+        str, Query(max_length=200, description='"4096,4096" or "4096x4096"', examples=["4096x4096"])
+    ],
+    dtype: Annotated[str, Query(max_length=32, examples=["float16"])],
+    gpu: Annotated[str, Query(max_length=64, examples=["H200"])],
+    match: Annotated[Match, Query(description="exact: no nearest-shape fallback")] = "nearest",
+) -> Response:
+    """The best tuned config for this request (``exact``), else the one tuned for the nearest
+    shape on this GPU model (``nearest``; not with ``match=exact``), else the operator's default
+    config (``default``)."""
+    spec = operator_or_404(operator)
+    cache = request.app.state.lookup_cache
+    key = (spec.name, spec.version, shape, dtype, gpu, match)
+    body = cache.get(key)
+    if body is None:
+        problem = resolve_problem(spec, parse_shape_text(shape), dtype, gpu)
+        answer = await run_in_threadpool(lookup, request, spec, problem, match)
+        body = answer.model_dump_json().encode()
+        cache.put(key, body)
+    return Response(body, media_type="application/json")
 
 
 class LookupRequest(BaseModel):
@@ -132,21 +143,30 @@ class LookupBatchResult(BaseModel):
     results: list[LookupResult]
 
 
-@router.post("/batch", responses={422: {"description": "malformed body or too many lookups"}})
-def lookup_batch(body: LookupBatch, session: SessionDep) -> LookupBatchResult:
-    """Answer up to 1000 lookups in one request (a client's prefetch), in order. A lookup that
-    fails (unknown operator, bad input) gets its own ``status`` and ``detail``; the others are
-    answered."""
+def _answer_batch(request: Request, lookups: list[LookupRequest]) -> list[LookupResult]:
     results = []
-    for item in body.lookups:
+    for item in lookups:
         try:
-            answer = answer_lookup(
-                session, item.operator, list(item.shape), item.dtype, item.gpu, item.match
-            )
+            spec = operator_or_404(item.operator)
+            problem = resolve_problem(spec, list(item.shape), item.dtype, item.gpu)
+            answer = lookup(request, spec, problem, item.match)
         except HTTPException as exc:
             results.append(LookupResult(status=exc.status_code, detail=str(exc.detail)))
         except InvalidInput as exc:
             results.append(LookupResult(status=422, detail=str(exc)))
         else:
             results.append(LookupResult(status=200, result=answer))
+    return results
+
+
+@router.post(
+    "/batch",
+    response_model=LookupBatchResult,
+    responses=error_responses(e422="malformed body or more than 1000 lookups"),
+)
+async def lookup_batch(body: LookupBatch, request: Request) -> LookupBatchResult:
+    """Answer up to 1000 lookups in one request (a client's prefetch), in order. A lookup that
+    fails (unknown operator, bad input) gets its own ``status`` and ``detail``; the others are
+    answered."""
+    results = await run_in_threadpool(_answer_batch, request, body.lookups)
     return LookupBatchResult(results=results)

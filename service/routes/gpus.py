@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, status
 
 from kernels import InvalidInput
-from service.schemas import GpuPublic, plain
+from service.schemas import GpuPublic, error_responses, plain
 from service.validation import gpu_catalog
 
 router = APIRouter(prefix="/v1/gpus", tags=["gpus"])
@@ -17,7 +17,7 @@ def get_gpus() -> list[GpuPublic]:
     return [GpuPublic(**plain(gpu.to_dict())) for gpu in gpu_catalog().list_gpus()]
 
 
-@router.get("/{name}", responses={404: {"description": "no such GPU model"}})
+@router.get("/{name}", responses=error_responses(e404="no such GPU model"))
 def get_gpu(name: str) -> GpuPublic:
     """One GPU model, by canonical name or alias ("H200", "NVIDIA H200")."""
     try:

@@ -12,6 +12,13 @@ from service.deps import SessionDep
 router = APIRouter(tags=["health"])
 
 
+@router.get("/v1/ping")
+async def ping() -> dict[str, str]:
+    """``{"status": "ok"}`` from the event loop: the process answers (no database, no thread).
+    The load benchmark's ceiling."""
+    return {"status": "ok"}
+
+
 @router.get("/healthz")
 def healthz(session: SessionDep) -> JSONResponse:
     """``{"status": "ok", "db": "ok"}``, or 503 with the database error."""

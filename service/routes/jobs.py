@@ -6,17 +6,36 @@ import re
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, status
+from sqlalchemy.orm import Session
 
-from db import queries
+from db import queries, tokens
 from db.models import Job
 from kernels import InvalidInput
+from service.auth import AUTH_RESPONSES, Caller, WriterDep
 from service.deps import SessionDep, SettingsDep
-from service.schemas import JobBatchCreate, JobCreate, JobPublic, JobStatus, TrialPublic
+from service.schemas import (
+    JobBatchCreate,
+    JobCreate,
+    JobPublic,
+    JobStatus,
+    TrialPublic,
+    error_responses,
+)
+from service.settings import Settings
 from service.validation import job_fields
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
-NOT_FOUND = {404: {"description": "no such job"}}
+NOT_FOUND = error_responses(e404="no such job")
+SUBMIT_RESPONSES = {
+    **AUTH_RESPONSES,
+    **error_responses(
+        e413="request body larger than the service's limit (KATO_MAX_BODY_BYTES)",
+        e422="bad job: unknown operator, dtype or GPU, wrong rank, buffers larger than the "
+        "GPU's memory, budget out of range, too many jobs in a batch, malformed JSON",
+        e429="the token already has its most queued + running jobs (see Retry-After)",
+    ),
+}
 #: Job ids are uuid4 hex; anything else is answered without a query (PostgreSQL rejects some
 #: strings, such as ones holding NUL, outright).
 _JOB_ID = re.compile(r"[0-9a-f]{1,32}")
@@ -33,30 +52,57 @@ def _job_or_404(session: SessionDep, job_id: str) -> Job:
     return job
 
 
-@router.post("", status_code=status.HTTP_202_ACCEPTED)
-def submit_job(body: JobCreate, session: SessionDep, settings: SettingsDep) -> JobPublic:
-    """Queue a tuning job; a worker with a GPU of that model picks it up."""
-    job = queries.create_job(session, **job_fields(body, settings))
+def _check_quota(session: Session, caller: Caller, adding: int, settings: Settings) -> None:
+    """429 (with Retry-After) if ``adding`` jobs would take the caller's token past its quota
+    of queued + running jobs. Anonymous callers (auth off) have no per-token quota. Leaves the
+    transaction open (and the token's writers serialised) for the insert that follows."""
+    if caller.token is None:
+        return
+    try:
+        tokens.check_quota(session, caller.token, adding, settings.max_queued_jobs)
+    except tokens.QuotaExceeded as exc:
+        session.rollback()
+        raise HTTPException(
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            str(exc),
+            headers={"Retry-After": str(settings.queue_retry_after_seconds)},
+        ) from None
+
+
+@router.post("", status_code=status.HTTP_202_ACCEPTED, responses=SUBMIT_RESPONSES)
+def submit_job(
+    body: JobCreate, session: SessionDep, settings: SettingsDep, caller: WriterDep
+) -> JobPublic:
+    """Queue a tuning job; a worker with a GPU of that model picks it up. Needs an API token
+    (unless the service runs with ``KATO_AUTH_REQUIRED=false``); the job records it."""
+    fields = job_fields(body, settings)
+    _check_quota(session, caller, 1, settings)
+    job = queries.create_job(session, **fields, token_id=caller.token_id)
     return JobPublic.from_job(job)
 
 
-@router.post("/batch", status_code=status.HTTP_202_ACCEPTED)
+@router.post("/batch", status_code=status.HTTP_202_ACCEPTED, responses=SUBMIT_RESPONSES)
 def submit_jobs(
-    body: JobBatchCreate, session: SessionDep, settings: SettingsDep
+    body: JobBatchCreate, session: SessionDep, settings: SettingsDep, caller: WriterDep
 ) -> list[JobPublic]:
-    """Queue several jobs; one invalid job rejects the whole batch (422 naming its index)."""
+    """Queue several jobs (at most ``KATO_MAX_BATCH``); one invalid job rejects the whole batch
+    (422 naming its index), and so does a batch that does not fit the token's quota (429)."""
     if len(body.jobs) > settings.max_batch:
-        raise InvalidInput(f"a batch holds at most {settings.max_batch} jobs, got {len(body.jobs)}")
+        raise InvalidInput(
+            f"a batch holds at most {settings.max_batch} jobs (KATO_MAX_BATCH), "
+            f"got {len(body.jobs)}"
+        )
     fields = []
     for index, job in enumerate(body.jobs):
         try:
-            fields.append(job_fields(job, settings))
+            fields.append({**job_fields(job, settings), "token_id": caller.token_id})
         except InvalidInput as exc:
             raise InvalidInput(f"jobs[{index}]: {exc}") from None
+    _check_quota(session, caller, len(fields), settings)
     return [JobPublic.from_job(job) for job in queries.create_jobs(session, fields)]
 
 
-@router.get("")
+@router.get("", responses=error_responses(e422="bad status filter or limit"))
 def list_jobs(
     session: SessionDep,
     status_filter: Annotated[JobStatus | None, Query(alias="status")] = None,
@@ -80,10 +126,17 @@ def get_job_trials(job_id: str, session: SessionDep) -> list[TrialPublic]:
     return [TrialPublic.from_trial(t) for t in queries.job_trials(session, job_id)]
 
 
-@router.delete("/{job_id}", responses=NOT_FOUND)
-def cancel_job(job_id: str, session: SessionDep) -> JobPublic:
-    """Cancel: a queued job at once, a running one after its current trial."""
-    job = queries.request_cancel(session, job_id) if _JOB_ID.fullmatch(job_id) else None
-    if job is None:
+@router.delete("/{job_id}", responses={**NOT_FOUND, **AUTH_RESPONSES})
+def cancel_job(job_id: str, session: SessionDep, caller: WriterDep) -> JobPublic:
+    """Cancel: a queued job at once, a running one after its current trial. A token may cancel
+    the jobs it submitted and jobs submitted without a token (403 for another token's job)."""
+    job = _job_or_404(session, job_id)
+    if caller.token is not None and job.token_id not in (None, caller.token.id):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"job {job.id} was submitted with another API token; only that token may cancel it",
+        )
+    cancelled = queries.request_cancel(session, job_id)
+    if cancelled is None:
         raise _not_found(job_id)
-    return JobPublic.from_job(job)
+    return JobPublic.from_job(cancelled)

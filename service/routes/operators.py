@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from kernels import list_operators
-from service.schemas import OperatorPublic, plain
+from service.schemas import OperatorPublic, error_responses, plain
 from service.validation import operator_or_404
 
 router = APIRouter(prefix="/v1/operators", tags=["operators"])
@@ -17,7 +17,7 @@ def get_operators() -> list[OperatorPublic]:
     return [OperatorPublic(**plain(spec.describe())) for spec in list_operators()]
 
 
-@router.get("/{name}", responses={404: {"description": "no such operator"}})
+@router.get("/{name}", responses=error_responses(e404="no such operator"))
 def get_operator(name: str) -> OperatorPublic:
     """One operator (404 lists the known ones)."""
     return OperatorPublic(**plain(operator_or_404(name).describe()))

@@ -1,4 +1,5 @@
-"""API fixtures: the app on a fresh SQLite file, a client that reports 500s as responses."""
+"""API fixtures: the app on a fresh SQLite file, a client that reports 500s as responses and
+sends an API token (writes need one), and a client without a token (``anonymous``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,13 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
+from db import tokens
 from service.app import create_app
 from service.settings import Settings
+
+
+def bearer(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
 
 
 @pytest.fixture
@@ -27,9 +33,23 @@ def app(settings: Settings) -> Iterator[FastAPI]:
 
 
 @pytest.fixture
-def client(app: FastAPI) -> Iterator[TestClient]:
+def token(app: FastAPI) -> str:
+    """The secret of a fresh API token (default queue limit)."""
+    with app.state.session_factory() as session:
+        return tokens.create_token(session, "tests")[1]
+
+
+@pytest.fixture
+def client(app: FastAPI, token: str) -> Iterator[TestClient]:
     # A server error must show up as a 500 response (and fail the test's status check), not as
     # an exception raised through the client.
+    with TestClient(app, raise_server_exceptions=False, headers=bearer(token)) as client:
+        yield client
+
+
+@pytest.fixture
+def anonymous(app: FastAPI) -> Iterator[TestClient]:
+    """A client that sends no token."""
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
 

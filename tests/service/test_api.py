@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from db import queries
+from db import queries, tokens
 from kernels import get_operator
 from service.app import create_app
 from service.settings import Settings
@@ -18,6 +18,10 @@ from tuner.backends.base import TrialResult, TrialStatus
 
 SOFTMAX = get_operator("softmax")
 JOB = {"operator": "softmax", "shape": [4096, 4096], "dtype": "float16", "gpu": "H200"}
+
+
+def bearer(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
 
 
 def lookup(client: TestClient, shape: str = "4096,4096", **params: str) -> Any:
@@ -280,10 +284,13 @@ def test_batch_with_one_bad_job_writes_nothing(client: TestClient) -> None:
 
 def test_batch_limits(tmp_path: Any) -> None:
     settings = Settings(db_url=f"sqlite:///{tmp_path / 'small.db'}", max_batch=2)
-    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+    app = create_app(settings)
+    with app.state.session_factory() as session:
+        secret = tokens.create_token(session, "t")[1]
+    with TestClient(app, raise_server_exceptions=False, headers=bearer(secret)) as client:
         response = client.post("/v1/jobs/batch", json={"jobs": [JOB] * 3})
         assert response.status_code == 422
-        assert detail(response) == "a batch holds at most 2 jobs, got 3"
+        assert detail(response) == "a batch holds at most 2 jobs (KATO_MAX_BATCH), got 3"
         response = client.post("/v1/jobs/batch", json={"jobs": []})
         assert response.status_code == 422 and "at least 1 item" in detail(response)
         assert client.get("/v1/jobs").json() == []

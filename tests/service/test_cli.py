@@ -34,6 +34,12 @@ def no_gpu(monkeypatch):
 def test_serve_without_gpu_answers_and_queues(tmp_path, no_gpu):
     port = free_port()
     env = {**os.environ, "PYTHONPATH": REPO, "CUDA_VISIBLE_DEVICES": ""}
+    created = CliRunner().invoke(
+        app, ["token", "create", "cli-test", "--db", f"sqlite:///{tmp_path}/kato.db"]
+    )
+    assert created.exit_code == 0, created.output
+    secret = created.stdout.strip()
+    assert secret.startswith("kato_") and "\n" not in secret
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -63,9 +69,11 @@ def test_serve_without_gpu_answers_and_queues(tmp_path, no_gpu):
                 assert time.monotonic() < deadline, "kato serve did not come up in 60 s"
                 time.sleep(0.3)
         assert r.status_code == 200 and r.json()["status"] == "ok"
+        body = {"operator": "softmax", "shape": [1024, 1024], "dtype": "float32", "gpu": "H200"}
+        refused = httpx.post(f"{base}/v1/jobs", json=body)
+        assert refused.status_code == 401 and "kato token create" in refused.json()["detail"]
         job = httpx.post(
-            f"{base}/v1/jobs",
-            json={"operator": "softmax", "shape": [1024, 1024], "dtype": "float32", "gpu": "H200"},
+            f"{base}/v1/jobs", json=body, headers={"Authorization": f"Bearer {secret}"}
         ).json()
         time.sleep(1.0)
         assert httpx.get(f"{base}/v1/jobs/{job['id']}").json()["status"] == "queued"

@@ -1,0 +1,176 @@
+"""API tokens: create, verify, revoke, list; and the per-token queue quota.
+
+A token's secret is ``secrets.token_urlsafe(32)`` (256 random bits), shown once by ``kato token
+create``; the database keeps only its SHA-256 (``kato_api_tokens.secret_sha256``, unique), so a
+leaked database does not leak usable secrets. Verifying looks the token up by the hash of the
+presented secret (an indexed equality on a digest, which leaks nothing useful through timing)
+and compares the digests again with :func:`hmac.compare_digest`.
+
+Functions that change state commit, like those of :mod:`db.queries`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from db.models import ApiToken, Job, utcnow
+
+#: Secrets are prefixed so that they are recognisable in logs and secret scanners.
+SECRET_PREFIX = "kato_"
+#: ``last_used_at`` is written at most this often per token (reads would otherwise all write).
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+#: Job statuses that count against a token's queue quota.
+LIVE_STATUSES = ("queued", "running")
+
+
+def hash_secret(secret: str) -> str:
+    """The hex SHA-256 of a token secret, as stored."""
+    return hashlib.sha256(secret.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
+def create_token(
+    session: Session, name: str, *, max_queued_jobs: int | None = None
+) -> tuple[ApiToken, str]:
+    """Create a token and commit; return the row and the secret (shown once, never stored).
+
+    ``max_queued_jobs``: most queued + running jobs the token may have at once (``None``: the
+    service's ``max_queued_jobs`` setting). Raises ``ValueError`` for an empty name or a
+    non-positive limit.
+    """
+    name = name.strip()
+    if not name or len(name) > 255:
+        raise ValueError("a token name must be 1 to 255 characters")
+    if max_queued_jobs is not None and not 1 <= max_queued_jobs <= 2**31 - 1:
+        raise ValueError(f"max_queued_jobs must be at least 1, got {max_queued_jobs}")
+    secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+    token = ApiToken(name=name, secret_sha256=hash_secret(secret), max_queued_jobs=max_queued_jobs)
+    session.add(token)
+    session.commit()
+    return token, secret
+
+
+def find_token(session: Session, secret: str) -> ApiToken | None:
+    """The token whose secret this is (revoked or not), or ``None``. Reads only."""
+    if not secret or len(secret) > 512:
+        return None
+    digest = hash_secret(secret)
+    token = session.scalars(select(ApiToken).where(ApiToken.secret_sha256 == digest)).first()
+    if token is None or not hmac.compare_digest(token.secret_sha256, digest):
+        return None
+    return token
+
+
+@dataclass(frozen=True)
+class Verified:
+    """The outcome of :func:`verify_token`: ``token`` is ``None`` for an unknown secret."""
+
+    token: ApiToken | None
+
+    @property
+    def ok(self) -> bool:
+        return self.token is not None and self.token.revoked_at is None
+
+    @property
+    def revoked(self) -> bool:
+        return self.token is not None and self.token.revoked_at is not None
+
+
+def verify_token(session: Session, secret: str, *, touch: bool = True) -> Verified:
+    """Check a presented secret. For a live token and ``touch``, record ``last_used_at``
+    (at most once per :data:`LAST_USED_RESOLUTION`; commits only then)."""
+    token = find_token(session, secret)
+    if token is not None and token.revoked_at is None and touch:
+        now = utcnow()
+        if token.last_used_at is None or now - token.last_used_at >= LAST_USED_RESOLUTION:
+            mark_used(session, token.id)
+            session.commit()
+    return Verified(token)
+
+
+def mark_used(session: Session, token_id: str) -> None:
+    """Set ``last_used_at`` to now, without committing.
+
+    As the first write of a transaction it also serialises the token's writers: PostgreSQL locks
+    the token's row, SQLite takes the database's write lock. :func:`check_quota` relies on it.
+    """
+    session.execute(
+        update(ApiToken)
+        .where(ApiToken.id == token_id)
+        .values(last_used_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+
+
+def revoke_token(session: Session, token_id: str) -> ApiToken | None:
+    """Revoke a token and commit (already revoked: unchanged); ``None`` if there is no such id.
+
+    The row stays, so that the jobs it submitted keep their owner.
+    """
+    token = session.get(ApiToken, token_id)
+    if token is None:
+        return None
+    if token.revoked_at is None:
+        token.revoked_at = utcnow()
+        session.commit()
+    return token
+
+
+def list_tokens(session: Session) -> list[ApiToken]:
+    """Every token, oldest first (revoked ones included)."""
+    return list(session.scalars(select(ApiToken).order_by(ApiToken.created_at, ApiToken.id)))
+
+
+def count_tokens(session: Session, *, live_only: bool = True) -> int:
+    """How many tokens exist (by default: not revoked)."""
+    stmt = select(func.count()).select_from(ApiToken)
+    if live_only:
+        stmt = stmt.where(ApiToken.revoked_at.is_(None))
+    return int(session.scalar(stmt) or 0)
+
+
+def live_jobs(session: Session, token_id: str) -> int:
+    """Queued + running jobs submitted with this token."""
+    stmt = (
+        select(func.count())
+        .select_from(Job)
+        .where(Job.token_id == token_id, Job.status.in_(LIVE_STATUSES))
+    )
+    return int(session.scalar(stmt) or 0)
+
+
+@dataclass(frozen=True)
+class QuotaExceeded(Exception):
+    """Submitting ``adding`` more jobs would take the token past ``limit`` live jobs."""
+
+    live: int
+    adding: int
+    limit: int
+
+    def __str__(self) -> str:
+        return (
+            f"this token has {self.live} queued or running job(s) and may have at most "
+            f"{self.limit}; submitting {self.adding} more would exceed that: wait for some to "
+            "finish or cancel some"
+        )
+
+
+def check_quota(session: Session, token: ApiToken, adding: int, default_limit: int) -> None:
+    """Raise :class:`QuotaExceeded` if ``adding`` jobs do not fit the token's quota.
+
+    Call it in the transaction that then inserts the jobs: it first writes the token's row
+    (:func:`mark_used`), which serialises concurrent submissions of the same token (PostgreSQL:
+    row lock; SQLite: write lock) until that transaction commits or rolls back, so two requests
+    cannot both take the last free place. On :class:`QuotaExceeded` the caller rolls back.
+    """
+    limit = token.max_queued_jobs or default_limit
+    mark_used(session, token.id)
+    live = live_jobs(session, token.id)
+    if live + adding > limit:
+        raise QuotaExceeded(live=live, adding=adding, limit=limit)

@@ -1,0 +1,68 @@
+"""An in-memory cache of config lookups: the hot read path answers without the database.
+
+Lookups are the service's bulk traffic and their answers change only when a job stores a new
+winner, so each API process keeps the encoded answers of recent lookups for ``ttl`` seconds
+(``KATO_LOOKUP_CACHE_SECONDS``, default 1 s; 0 turns the cache off). Contract:
+
+- only successful (200) answers are cached; errors are recomputed every time;
+- the key holds the operator's version, so a changed kernel never gets an old answer;
+- an answer is at most ``ttl`` seconds older than the database (a new winner is served by every
+  process within ``ttl``); :meth:`LookupCache.clear` drops everything at once;
+- at most ``max_entries`` answers are kept (least recently stored evicted first), so hostile
+  clients asking for endless distinct shapes cost bounded memory.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Hashable
+
+
+class LookupCache:
+    """A thread-safe TTL cache of encoded responses, bounded in size."""
+
+    def __init__(self, ttl: float, max_entries: int = 10_000):
+        self.ttl = ttl
+        self.max_entries = max_entries
+        self._entries: OrderedDict[Hashable, tuple[float, bytes]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.ttl > 0
+
+    def get(self, key: Hashable) -> bytes | None:
+        """The cached answer for ``key``, or ``None`` (absent, expired or the cache is off)."""
+        if not self.enabled:
+            return None
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and entry[0] > time.monotonic():
+                self.hits += 1
+                return entry[1]
+            if entry is not None:
+                del self._entries[key]
+            self.misses += 1
+            return None
+
+    def put(self, key: Hashable, value: bytes) -> None:
+        """Keep ``value`` for ``key`` for ``ttl`` seconds (no-op when the cache is off)."""
+        if not self.enabled:
+            return
+        with self._lock:
+            self._entries[key] = (time.monotonic() + self.ttl, value)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        """Forget every answer (e.g. after storing a winner in this process)."""
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
