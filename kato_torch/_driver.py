@@ -1,0 +1,102 @@
+"""A minimal CUDA driver API binding (ctypes) for launching Kato's kernels on PyTorch's stream.
+
+PyTorch owns the device's primary context; loading our cubins into that same context and
+launching with ``cuLaunchKernel`` on ``torch.cuda.current_stream().cuda_stream`` keeps every
+launch ordered with the caller's PyTorch work, with no extra context, no synchronisation and no
+PyCUDA. Only the handful of entry points Kato needs are bound.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Sequence
+
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+
+
+class CudaDriverError(RuntimeError):
+    """A CUDA driver call failed; the message names the call and the driver's error string."""
+
+
+def _driver() -> ctypes.CDLL:
+    global _lib
+    with _lock:
+        if _lib is None:
+            try:
+                _lib = ctypes.CDLL("libcuda.so.1")
+            except OSError as exc:  # pragma: no cover - depends on the machine
+                raise CudaDriverError(f"cannot load the CUDA driver (libcuda.so.1): {exc}") from exc
+        return _lib
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        text = ctypes.c_char_p()
+        _driver().cuGetErrorString(result, ctypes.byref(text))
+        message = text.value.decode() if text.value else f"error {result}"
+        raise CudaDriverError(f"{what} failed: {message}")
+
+
+def ensure_context(device_index: int) -> None:
+    """Make ``device_index``'s primary context (the one PyTorch uses) current on this thread."""
+    lib = _driver()
+    current = ctypes.c_void_p()
+    _check(lib.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
+    if current.value:
+        return
+    device, context = ctypes.c_int(), ctypes.c_void_p()
+    _check(lib.cuDeviceGet(ctypes.byref(device), device_index), "cuDeviceGet")
+    _check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
+    _check(lib.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+
+
+def load_module(cubin: bytes) -> ctypes.c_void_p:
+    """Load a cubin into the current context. Modules are never unloaded (they are cached)."""
+    module = ctypes.c_void_p()
+    _check(_driver().cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
+    return module
+
+
+def get_function(module: ctypes.c_void_p, name: str, dynamic_shared: int = 0) -> ctypes.c_void_p:
+    """An entry point of ``module``; opts in to ``dynamic_shared`` bytes above 48 KiB."""
+    lib = _driver()
+    func = ctypes.c_void_p()
+    _check(lib.cuModuleGetFunction(ctypes.byref(func), module, name.encode()), name)
+    if dynamic_shared > 48 * 1024:
+        _check(
+            lib.cuFuncSetAttribute(
+                func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_shared
+            ),
+            f"cuFuncSetAttribute({name})",
+        )
+    return func
+
+
+def launch(
+    func: ctypes.c_void_p,
+    grid: Sequence[int],
+    block: Sequence[int],
+    shared_bytes: int,
+    stream: int,
+    args: Sequence[ctypes._SimpleCData],
+) -> None:
+    """``cuLaunchKernel`` with ``args`` (ctypes scalars: c_void_p for pointers, c_int, ...)."""
+    params = (ctypes.c_void_p * len(args))(
+        *[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args]
+    )
+    _check(
+        _driver().cuLaunchKernel(
+            func,
+            grid[0], grid[1], grid[2],
+            block[0], block[1], block[2],
+            shared_bytes,
+            ctypes.c_void_p(stream),
+            params,
+            None,
+        ),
+        "cuLaunchKernel",
+    )  # fmt: skip

@@ -1,0 +1,171 @@
+"""Compiled Kato kernels for PyTorch tensors: config lookup, compile and load once per shape.
+
+A :class:`BoundOperator` is one operator at one (shape, dtype) on one device: the config Kato
+serves for it (through the configured client and its caches, or the operator's default config),
+compiled with nvcc for the device's arch (on-disk cache), loaded into PyTorch's context, and its
+launch steps. :func:`bind` caches them, so a training loop pays the lookup and the compile once
+per shape.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kato_torch import _driver
+from kernels import get_operator
+from kernels.spec import Launch, OperatorSpec
+from tuner.nvcc import compile_kernel
+
+log = logging.getLogger(__name__)
+
+_SCALAR_TYPES: dict[type, type[ctypes._SimpleCData]] = {
+    np.int32: ctypes.c_int,
+    np.uint32: ctypes.c_uint,
+    np.int64: ctypes.c_longlong,
+    np.uint64: ctypes.c_ulonglong,
+    np.float32: ctypes.c_float,
+    np.float64: ctypes.c_double,
+}
+
+_lock = threading.Lock()
+_bound: dict[tuple[Any, ...], BoundOperator] = {}
+_signatures: dict[tuple[str, str], list[type[ctypes._SimpleCData] | None]] = {}
+_settings: dict[str, Any] = {"client": None, "gpu": None}
+
+
+def configure(client: Any = None, gpu: str | None = None) -> None:
+    """Use ``client`` (a :class:`KatoClient`, or anything with ``config(operator, shape, dtype,
+    gpu=...)``) for config lookups, for GPU model ``gpu`` (None: the client's default, i.e. the
+    local device's model). Without a client every operator runs its default config. Clears the
+    cache of bound operators."""
+    with _lock:
+        _settings.update(client=client, gpu=gpu)
+        _bound.clear()
+
+
+@dataclass(frozen=True)
+class _Call:
+    kernel: str
+    func: ctypes.c_void_p
+    launch: Launch
+    args: tuple[int, ...]
+
+
+@dataclass
+class BoundOperator:
+    """An operator compiled for one shape and dtype, ready to launch on torch tensors."""
+
+    spec: OperatorSpec
+    shape: tuple[int, ...]
+    dtype: str
+    config: dict[str, Any]
+    source: str  # where the config came from: the client's answer, or "default"
+    calls: list[_Call]
+    signature: list[type[ctypes._SimpleCData] | None]  # None = a device pointer
+    device_index: int
+
+    def run(self, args: Sequence[Any], steps: Sequence[int] | None = None) -> None:
+        """Launch the steps (all, or those whose indices are in ``steps``) on the current torch
+        stream. ``args`` follow the spec's ``make_problem`` argument order: tensors for arrays
+        (contiguous, on this device), Python numbers for scalars; an array no launched step
+        reads may be None (e.g. the gradients in a forward-only launch)."""
+        import torch
+
+        if len(args) != len(self.signature):
+            raise TypeError(
+                f"{self.spec.name} takes {len(self.signature)} arguments, got {len(args)}"
+            )
+        values: list[ctypes._SimpleCData | None] = []
+        for arg, ctype in zip(args, self.signature, strict=True):
+            if arg is None:
+                values.append(None)
+            elif ctype is None:
+                values.append(ctypes.c_void_p(arg.data_ptr()))
+            else:
+                values.append(ctype(arg))
+        # Autograd runs backward on its own threads: make PyTorch's context current there too.
+        _driver.ensure_context(self.device_index)
+        stream = torch.cuda.current_stream(self.device_index).cuda_stream
+        for index, call in enumerate(self.calls):
+            if steps is not None and index not in steps:
+                continue
+            call_args = [values[i] for i in call.args]
+            if any(v is None for v in call_args):
+                raise TypeError(
+                    f"{self.spec.name}: kernel {call.kernel} needs an argument given None"
+                )
+            launch = call.launch
+            _driver.launch(
+                call.func, launch.grid, launch.block, launch.shared_bytes, stream, call_args
+            )
+
+
+def _signature(spec: OperatorSpec, dtype: str) -> list[type[ctypes._SimpleCData] | None]:
+    """Argument kinds of the operator's kernels, read from a one-element problem instance."""
+    key = (spec.name, dtype)
+    if key not in _signatures:
+        problem = spec.make_problem((1,) * spec.rank, dtype, np.random.default_rng(0))
+        _signatures[key] = [
+            None if isinstance(a, np.ndarray) else _SCALAR_TYPES[type(a)] for a in problem.args
+        ]
+    return _signatures[key]
+
+
+def _lookup(spec: OperatorSpec, shape: tuple[int, ...], dtype: str) -> tuple[dict, str]:
+    """The config to run: the client's answer if it is valid for this shape, else the default."""
+    client, gpu = _settings["client"], _settings["gpu"]
+    if client is not None:
+        try:
+            ask = getattr(client, "lookup", None) or client.config
+            answer = ask(spec.name, shape, dtype, gpu=gpu)
+            config = dict(getattr(answer, "config", answer) or {})
+            source = str(getattr(answer, "source", "client"))
+            reason = spec.check(config, shape, dtype)
+            if reason is None:
+                return config, source
+            log.warning(
+                "served %s config is invalid for %s %s: %s", spec.name, shape, dtype, reason
+            )
+        except Exception as exc:  # the service being down must not stop training
+            log.warning("config lookup for %s %s %s failed: %s", spec.name, shape, dtype, exc)
+    return spec.default_config(shape, dtype), "default"
+
+
+def bind(operator: str, shape: Sequence[int], dtype: str, device_index: int) -> BoundOperator:
+    """The operator compiled for ``shape``/``dtype`` on ``device_index`` (cached)."""
+    import torch
+
+    shape = tuple(int(s) for s in shape)
+    key = (operator, shape, dtype, device_index)
+    bound = _bound.get(key)
+    if bound is not None:
+        return bound
+    with _lock:
+        bound = _bound.get(key)
+        if bound is not None:
+            return bound
+        spec = get_operator(operator)
+        spec.validate(shape, dtype)
+        config, source = _lookup(spec, shape, dtype)
+        major, minor = torch.cuda.get_device_capability(device_index)
+        compiled = compile_kernel(
+            spec.render(config, shape, dtype), spec.kernel_name, arch=f"sm_{major}{minor}"
+        )
+        _driver.ensure_context(device_index)
+        module = _driver.load_module(compiled.cubin)
+        signature = _signature(spec, dtype)
+        calls = []
+        for step in spec.steps(config, shape, dtype):
+            func = _driver.get_function(module, step.kernel, step.launch.shared_bytes)
+            indices = step.args if step.args is not None else tuple(range(len(signature)))
+            calls.append(_Call(step.kernel, func, step.launch, indices))
+        bound = BoundOperator(spec, shape, dtype, config, source, calls, signature, device_index)
+        _bound[key] = bound
+        return bound
