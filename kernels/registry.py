@@ -9,7 +9,15 @@ from kernels.spec import InvalidInput, OperatorSpec
 _OPERATORS: dict[str, OperatorSpec] = {}
 
 #: Sub-packages imported on first use; each calls :func:`register` for its operator(s).
-_BUILTIN_MODULES = ("kernels.softmax",)
+_BUILTIN_MODULES = (
+    "kernels.softmax",
+    "kernels.transpose",
+    "kernels.sort",
+    "kernels.layernorm",
+    "kernels.reduce_sum",
+    "kernels.reduce_sum_all",
+    "kernels.relu",
+)
 
 
 def register(spec: OperatorSpec) -> OperatorSpec:

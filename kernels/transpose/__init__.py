@@ -1,0 +1,218 @@
+"""Transpose of a (rows, cols) matrix into (cols, rows): the spec of ``transpose.cu``.
+
+Parameter space (Kernel Tuner key order):
+
+- ``TILE``: edge of the square tile staged in shared memory (16, 32, 64 elements).
+- ``VEC``: elements per global vector load/store, at most 16 bytes; ``rows % VEC == 0`` and
+  ``cols % VEC == 0`` are required (input rows and output rows must start on a vector
+  boundary); ``VEC=1`` serves every shape. For float16/bfloat16 with ``VEC >= 2`` the kernel
+  transposes 2x2 sub-blocks in registers (``__byte_perm``) so that shared memory holds 32-bit
+  words of two output-adjacent elements and the stores are vectors too.
+- ``RPT``: vectors each thread loads and stores per tile; the block is
+  ``(TILE / VEC) x (TILE / RPT)`` threads, 32 to 1024 of them.
+- ``SMEM``: shared-memory layout: 0 plain ``[TILE][TILE]``, 1 padded by one word per row,
+  2 XOR swizzle (column ``c ^ row``) against bank conflicts without padding.
+- ``MIN_BLOCKS``: the min-blocks clause of ``__launch_bounds__`` (0 = none).
+
+The source does not depend on the shape (sizes are kernel arguments), so one compile per
+(config, dtype) serves every shape. The grid is 1-D over the tiles with a grid stride.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from kernels.registry import register
+from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
+
+MAX_THREADS_PER_BLOCK = 1024
+MAX_THREADS_PER_SM = 2048
+REGISTERS_PER_SM = 65536
+MAX_REGISTERS_PER_THREAD = 255
+#: Registers besides the loaded vectors (indices, pointers, tile counters, loop state); fit to
+#: ptxas reports on sm_80/sm_90 with margin.
+REGISTER_OVERHEAD = 32
+#: rows and cols are ``int`` kernel arguments; tile origins stay below 2**31 - 1 with a tile of
+#: headroom, element offsets are 64-bit.
+MAX_DIM = 2**31 - 1 - 64
+MAX_GRID_X = 2**31 - 1
+#: One block per tile up to this many blocks; beyond, blocks loop over tiles (grid stride).
+MAX_GRID = 1 << 20
+
+_CUDA_FLAGS = {"float32": (0, 0), "float16": (1, 0), "bfloat16": (0, 1)}  # IS_HALF, IS_BF16
+
+
+def threads(config: Config) -> int:
+    return (config["TILE"] // config["VEC"]) * (config["TILE"] // config["RPT"])
+
+
+def pack_pairs(config: Config, dtype: str) -> int:
+    """Elements per shared-memory unit: 2 when 2-byte elements are packed in 2x2 blocks."""
+    return 2 if DTYPES[dtype][2] == 2 and config["VEC"] >= 2 else 1
+
+
+def register_cap(config: Config) -> int:
+    """Registers per thread ptxas may use under the kernel's ``__launch_bounds__``."""
+    per_thread = REGISTERS_PER_SM // (threads(config) * max(config["MIN_BLOCKS"], 1))
+    return min(MAX_REGISTERS_PER_THREAD, per_thread // 8 * 8)
+
+
+def static_shared_bytes(config: Config, dtype: str) -> int:
+    """The shared tile: ``TILE / E`` rows of ``TILE + pad`` units of ``E * itemsize`` bytes."""
+    e = pack_pairs(config, dtype)
+    pad = 1 if config["SMEM"] == 1 else 0
+    return (config["TILE"] // e) * (config["TILE"] + pad) * e * DTYPES[dtype][2]
+
+
+def data_registers(config: Config, dtype: str) -> int:
+    """32-bit registers holding the RPT loaded vectors."""
+    return math.ceil(config["RPT"] * config["VEC"] * DTYPES[dtype][2] / 4)
+
+
+class TransposeSpec(OperatorSpec):
+    """y = x.T for a row-major (rows, cols) matrix, through shared-memory tiles."""
+
+    name = "transpose"
+    description = "transpose of a (rows, cols) matrix into (cols, rows) via shared-memory tiles"
+    dtypes = ("float32", "float16", "bfloat16")
+    rank = 2
+    shape_names = ("rows", "cols")
+    params = {
+        "TILE": (16, 32, 64),
+        "VEC": (1, 2, 4, 8),
+        "RPT": (1, 2, 4, 8),
+        "SMEM": (0, 1, 2),
+        "MIN_BLOCKS": (0, 4),
+    }
+    template = Path(__file__).with_name("transpose.cu")
+    kernel_name = "transpose_kernel"
+    kernel_names = ("transpose_kernel",)
+
+    def validate(self, shape: Sequence[int], dtype: str) -> tuple[int, ...]:
+        """The base checks, plus: rows and cols fit the kernel's ``int`` arguments."""
+        shape = super().validate(shape, dtype)
+        rows, cols = shape
+        if rows > MAX_DIM or cols > MAX_DIM:
+            raise InvalidInput(
+                f"transpose takes rows and cols up to {MAX_DIM} (2**31 - 65), got {rows} x {cols}"
+            )
+        return shape
+
+    def check(self, config: Config, shape: Sequence[int], dtype: str) -> str | None:
+        """Why ``config`` cannot run correctly for ``shape``/``dtype``, or None if it can.
+
+        Rejects: parameters missing, unknown or outside the space; vectors over 16 bytes;
+        ``VEC`` or ``RPT`` not dividing ``TILE``; rows or cols not a multiple of ``VEC``; blocks
+        outside 32..1024 threads; an odd ``RPT`` with packed 2-byte pairs; ``MIN_BLOCKS`` blocks
+        over 2048 threads per SM; loaded vectors that would not fit the registers the launch
+        bounds leave (they would spill).
+        """
+        for name, values in self.params.items():
+            if name not in config:
+                return f"missing parameter {name}"
+            if config[name] not in values:
+                return f"{name}={config[name]!r} is not one of {values}"
+        unknown = sorted(set(config) - set(self.params))
+        if unknown:
+            return f"unknown parameter(s) {', '.join(unknown)}"
+        try:
+            rows, cols = self.validate(shape, dtype)
+        except InvalidInput as exc:
+            return str(exc)
+        tile, vec, rpt = config["TILE"], config["VEC"], config["RPT"]
+        itemsize = DTYPES[dtype][2]
+        if vec * itemsize > 16:
+            return f"VEC={vec} of {dtype} is a {vec * itemsize}-byte vector; at most 16 bytes"
+        if vec > tile or rpt > tile:
+            return f"VEC={vec} and RPT={rpt} must divide TILE={tile}"
+        if rows % vec or cols % vec:
+            return f"rows={rows} and cols={cols} must be multiples of VEC={vec} (alignment)"
+        n_threads = threads(config)
+        if not 32 <= n_threads <= MAX_THREADS_PER_BLOCK:
+            return f"(TILE/VEC) x (TILE/RPT) = {n_threads} threads; must be 32..1024"
+        if rpt % pack_pairs(config, dtype):
+            return f"{dtype} with VEC>=2 packs row pairs: RPT={rpt} must be even"
+        if config["MIN_BLOCKS"] * n_threads > MAX_THREADS_PER_SM:
+            return (
+                f"MIN_BLOCKS={config['MIN_BLOCKS']} blocks of {n_threads} threads exceed "
+                f"{MAX_THREADS_PER_SM} threads per SM"
+            )
+        cap = register_cap(config)
+        if data_registers(config, dtype) + REGISTER_OVERHEAD > cap:
+            return (
+                f"{data_registers(config, dtype)} registers of loaded data per thread, but the "
+                f"launch bounds allow {cap}: it would spill"
+            )
+        return None
+
+    def default_config(self, shape: Sequence[int], dtype: str) -> Config:
+        """32x32 tiles, padded, the widest vector (up to 8 bytes... 16 for fp32 pairs) that
+        divides both sizes, 4 vectors per thread where that leaves a full warp."""
+        rows, cols = self.validate(shape, dtype)
+        itemsize = DTYPES[dtype][2]
+        vecs = [v for v in (4, 2, 1) if v * itemsize <= 16 and rows % v == 0 and cols % v == 0]
+        if itemsize == 2:
+            vecs = [v for v in (8, 4, 2, 1) if rows % v == 0 and cols % v == 0]
+        for vec in vecs:
+            for tile, rpt in ((32, 4), (32, 2), (64, 8), (32, 1), (16, 2), (16, 1)):
+                config = {"TILE": tile, "VEC": vec, "RPT": rpt, "SMEM": 1, "MIN_BLOCKS": 0}
+                if self.check(config, shape, dtype) is None:
+                    return config
+        raise AssertionError(f"no default transpose config for {tuple(shape)} {dtype}")
+
+    def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
+        is_half, is_bf16 = _CUDA_FLAGS[dtype]
+        macros: dict[str, object] = {name: config[name] for name in self.params}
+        macros["DTYPE"] = DTYPES[dtype][1]
+        macros["IS_HALF"] = is_half
+        macros["IS_BF16"] = is_bf16
+        return macros
+
+    def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
+        """Block ``(TILE/VEC, TILE/RPT)``; grid: one block per tile, at most ``MAX_GRID``
+        (the kernel loops over the remaining tiles)."""
+        rows, cols = shape
+        tile = config["TILE"]
+        ntiles = math.ceil(rows / tile) * math.ceil(cols / tile)
+        block = (tile // config["VEC"], tile // config["RPT"], 1)
+        return Launch(grid=(min(ntiles, MAX_GRID), 1, 1), block=block, shared_bytes=0)
+
+    def make_problem(self, shape: Sequence[int], dtype: str, rng: np.random.Generator) -> Problem:
+        """x: distinct-ish nonzero values (N(0, 1) plus the row index scaled, so misplaced
+        elements of neighbouring rows differ); y pre-filled with NaN. The reference is exact."""
+        rows, cols = self.validate(shape, dtype)
+        np_dtype = DTYPES[dtype][0]
+        x32 = rng.standard_normal((rows, cols), dtype=np.float32)
+        x32 += (np.arange(rows, dtype=np.float32) % 97)[:, None] * 0.5
+        x32[x32 == 0] = 1.0
+        x = x32.astype(np_dtype, copy=False)
+        del x32
+        y = np.full((cols, rows), np.nan, dtype=np_dtype)
+        return Problem(
+            args=[x, y, np.int32(rows), np.int32(cols)],
+            outputs=[1],
+            references=[transpose_reference(x)],
+        )
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        """Exact: a transpose only moves bits."""
+        if dtype not in self.dtypes:
+            raise InvalidInput(f"transpose does not support dtype {dtype!r}")
+        return (0.0, 0.0)
+
+    def bytes_moved(self, shape: Sequence[int], dtype: str) -> int:
+        """x read once, y written once."""
+        rows, cols = shape
+        return 2 * rows * cols * DTYPES[dtype][2]
+
+
+def transpose_reference(x: np.ndarray) -> np.ndarray:
+    """Float64 transpose of ``x`` as stored."""
+    return np.ascontiguousarray(x.astype(np.float64).T)
+
+
+SPEC = register(TransposeSpec())

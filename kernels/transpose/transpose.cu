@@ -1,0 +1,210 @@
+// Transpose of a row-major (rows, cols) matrix x into the row-major (cols, rows) matrix y,
+// through a TILE x TILE tile in shared memory. Tunables arrive as macros (see
+// kernels/transpose/__init__.py for the parameter space and its constraints):
+//
+//   TILE        tile edge in elements (16, 32, 64)
+//   VEC         elements per global vector load/store (a vector is at most 16 bytes)
+//   RPT         vectors each thread loads (and stores) per tile: the block is
+//               (TILE / VEC) x (TILE / RPT) threads
+//   SMEM        shared-memory layout: 0 plain, 1 one padding word per tile row, 2 XOR swizzle
+//   MIN_BLOCKS  min-blocks clause of __launch_bounds__ (0 = none)
+//
+// Shared memory holds 32-bit words ("units") for 4-byte elements and, for 2-byte elements with
+// VEC >= 2, packed pairs: the unit at (p, c) is (x[2p][c], x[2p+1][c]), a 2x2 sub-block already
+// transposed in registers with __byte_perm. One unit is then two consecutive elements of the
+// output row c, so both the global loads and the global stores are vectors and every shared
+// memory access is a 32-bit word. 2-byte elements with VEC == 1 (odd shapes) keep single 16-bit
+// units (E == 1).
+//
+// Preconditions (kernels.transpose.TransposeSpec.check enforces them): rows % VEC == 0 and
+// cols % VEC == 0 (every vector is aligned and entirely inside or outside the matrix),
+// RPT % E == 0, x and y 16-byte aligned (cudaMalloc gives 256).
+//
+// Tiles are numbered row-major over the (ceil(rows/TILE), ceil(cols/TILE)) tile grid and the
+// 1-D grid loops over them with a grid stride, so any grid size is correct (no grid.y limit).
+
+#ifndef KATO_NS
+#define KATO_NS kato_transpose
+#endif
+#ifndef TILE
+#error "TILE must be defined"
+#endif
+#ifndef VEC
+#error "VEC must be defined"
+#endif
+#ifndef RPT
+#error "RPT must be defined"
+#endif
+#ifndef SMEM
+#define SMEM 1
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 0
+#endif
+#ifndef DTYPE
+#define DTYPE float
+#endif
+#if !defined(IS_HALF) && !defined(IS_BF16)
+#define IS_HALF 1
+#define IS_BF16 1
+#endif
+#ifndef IS_HALF
+#define IS_HALF 0
+#endif
+#ifndef IS_BF16
+#define IS_BF16 0
+#endif
+
+#if IS_HALF
+#include <cuda_fp16.h>
+#endif
+#if IS_BF16
+#include <cuda_bf16.h>
+#endif
+
+namespace KATO_NS {
+
+using T = DTYPE;
+
+constexpr int kElemBytes = static_cast<int>(sizeof(T));
+// Elements per shared-memory unit: 2 when 2-byte elements are packed in pairs.
+constexpr int kE = (kElemBytes == 2 && VEC >= 2) ? 2 : 1;
+constexpr int kBX = TILE / VEC;                   // threads along a tile row (vectors per row)
+constexpr int kBY = TILE / RPT;                   // thread rows
+constexpr int kThreads = kBX * kBY;
+constexpr int kUnitRows = TILE / kE;              // unit rows of the shared tile
+constexpr int kPad = SMEM == 1 ? 1 : 0;
+constexpr int kVecBytes = VEC * kElemBytes;
+constexpr int kUnitsPerVec = VEC / kE;            // units of one global vector
+
+static_assert(TILE == 16 || TILE == 32 || TILE == 64, "TILE must be 16, 32 or 64");
+static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC must be 1, 2, 4 or 8");
+static_assert(kVecBytes <= 16, "a vector is at most 16 bytes");
+static_assert(RPT >= 1 && TILE % RPT == 0 && TILE % VEC == 0, "RPT and VEC must divide TILE");
+static_assert(RPT % kE == 0, "packed pairs need an even RPT");
+static_assert(kThreads >= 32 && kThreads <= 1024, "32..1024 threads per block");
+static_assert(SMEM >= 0 && SMEM <= 2, "SMEM must be 0, 1 or 2");
+
+// A shared-memory unit: a 32-bit word, or one 16-bit element (E == 1 with 2-byte elements).
+template <int Bytes>
+struct UnitOf;
+template <>
+struct UnitOf<2> { using type = unsigned short; };
+template <>
+struct UnitOf<4> { using type = unsigned int; };
+using Unit = typename UnitOf<kE * kElemBytes>::type;
+
+// Raw bits of one global vector.
+template <int Bytes>
+struct RawOf;
+template <>
+struct RawOf<2> { using type = unsigned short; };
+template <>
+struct RawOf<4> { using type = unsigned int; };
+template <>
+struct RawOf<8> { using type = uint2; };
+template <>
+struct RawOf<16> { using type = uint4; };
+using Raw = typename RawOf<kVecBytes>::type;
+
+// Physical column of unit (p, c) in the shared tile.
+__device__ __forceinline__ int phys(int p, int c) {
+#if SMEM == 2
+  return c ^ (p & (TILE - 1));
+#else
+  (void)p;
+  return c;
+#endif
+}
+
+__device__ __forceinline__ unsigned int perm(unsigned int a, unsigned int b, unsigned int s) {
+  return __byte_perm(a, b, s);
+}
+
+}  // namespace KATO_NS
+
+#if MIN_BLOCKS > 0
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(KATO_NS::kThreads, MIN_BLOCKS)
+#else
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(KATO_NS::kThreads)
+#endif
+
+// Block: (TILE / VEC, TILE / RPT, 1). Grid: (any, 1, 1); the kernel loops over the tiles.
+extern "C" __global__ void KATO_LAUNCH_BOUNDS transpose_kernel(const DTYPE* __restrict__ x,
+                                                               DTYPE* __restrict__ y, int rows,
+                                                               int cols) {
+  namespace kt = KATO_NS;
+  using Unit = kt::Unit;
+  using Raw = kt::Raw;
+  constexpr int E = kt::kE;
+  constexpr int NU = kt::kUnitsPerVec;
+  __shared__ __align__(16) Unit tile[kt::kUnitRows][TILE + kt::kPad];
+
+  const int tx = threadIdx.x;
+  const int ty = threadIdx.y;
+  const long long tiles_c = (cols + TILE - 1) / TILE;
+  const long long tiles_r = (rows + TILE - 1) / TILE;
+  const long long ntiles = tiles_r * tiles_c;
+
+  for (long long t = blockIdx.x; t < ntiles; t += gridDim.x) {
+    const long long r0 = (t / tiles_c) * TILE;  // first input row of the tile
+    const long long c0 = (t % tiles_c) * TILE;  // first input column of the tile
+
+    // Load: thread (tx, ty) reads the vector at columns c0 + tx*VEC of E rows per unit row
+    // p = ty + k * kBY; all loads are issued before any shared-memory store.
+    const long long col = c0 + tx * VEC;
+    Raw v[RPT];
+#pragma unroll
+    for (int k = 0; k < RPT / E; ++k) {
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const long long row = r0 + static_cast<long long>(ty + k * kt::kBY) * E + e;
+        if (row < rows && col < cols) {
+          v[k * E + e] = __ldcs(reinterpret_cast<const Raw*>(x + row * cols + col));
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < RPT / E; ++k) {
+      const int p = ty + k * kt::kBY;
+      Unit u[VEC];
+      if constexpr (E == 1) {
+        __builtin_memcpy(u, &v[k], sizeof(Raw));
+      } else {
+        // Rows 2p (a) and 2p+1 (b): unit j = (a[j], b[j]), element pairs from 32-bit words.
+        unsigned int a[NU], b[NU];
+        __builtin_memcpy(a, &v[2 * k], sizeof(Raw));
+        __builtin_memcpy(b, &v[2 * k + 1], sizeof(Raw));
+#pragma unroll
+        for (int m = 0; m < NU; ++m) {
+          u[2 * m] = kt::perm(a[m], b[m], 0x5410);
+          u[2 * m + 1] = kt::perm(a[m], b[m], 0x7632);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) tile[p][kt::phys(p, tx * VEC + j)] = u[j];
+    }
+    __syncthreads();
+
+    // Store: output row c0 + cl (= input column), output columns r0 + tx*VEC .. + VEC - 1,
+    // which are the units p = tx*NU .. tx*NU + NU - 1 of tile column cl.
+    const long long out_col = r0 + tx * VEC;
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) {
+      const int cl = ty + i * kt::kBY;
+      const long long out_row = c0 + cl;
+      Unit u[NU];
+#pragma unroll
+      for (int m = 0; m < NU; ++m) {
+        const int p = tx * NU + m;
+        u[m] = tile[p][kt::phys(p, cl)];
+      }
+      if (out_row < cols && out_col < rows) {
+        Raw r;
+        __builtin_memcpy(&r, u, sizeof(Raw));
+        __stcs(reinterpret_cast<Raw*>(y + out_row * rows + out_col), r);
+      }
+    }
+    __syncthreads();  // the next tile overwrites the shared tile
+  }
+}

@@ -1,0 +1,276 @@
+"""Run a CUDA template's kernels on the CPU: host C++ (g++, C++20) with a small emulation of the
+CUDA features the transpose and sort templates use.
+
+One std::thread per CUDA thread, blocks one after another; ``std::barrier`` for
+``__syncthreads`` and for warp shuffles (every lane of a warp must call them, as with a full
+mask on the GPU); ``static`` for ``__shared__`` (blocks run one at a time) and one buffer for
+dynamic shared memory, filled with garbage before every block. Every step of
+``spec.steps()`` is launched with its real grid and block, so the kernels' indexing, guards,
+barriers and grid-stride loops run exactly as written; only the memory hierarchy differs.
+
+CI has no GPU: this is how the kernels' logic is checked there.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kernels.spec import CUDA_TYPES, Config, OperatorSpec, Problem
+
+HEADER = r"""
+#include <barrier>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+#include <vector_types.h>
+#include <vector_functions.h>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+thread_local uint3 threadIdx, blockIdx, blockDim, gridDim;
+struct Warp { unsigned long long lanes[32]; std::barrier<> sync{32}; };
+thread_local Warp* this_warp;
+thread_local std::barrier<>* this_block;
+inline void __syncthreads() { this_block->arrive_and_wait(); }
+inline unsigned lane_id() {
+  return (threadIdx.x + threadIdx.y * blockDim.x) & 31;
+}
+template <class V> inline V __shfl_xor_sync(unsigned, V v, int offset) {
+  static_assert(sizeof(V) <= 8);
+  const unsigned lane = lane_id();
+  unsigned long long bits = 0;
+  std::memcpy(&bits, &v, sizeof(V));
+  this_warp->lanes[lane] = bits;
+  this_warp->sync.arrive_and_wait();
+  bits = this_warp->lanes[lane ^ offset];
+  this_warp->sync.arrive_and_wait();
+  V other;
+  std::memcpy(&other, &bits, sizeof(V));
+  return other;
+}
+template <class V> inline V __ldg(const V* p) { return *p; }
+template <class V> inline V __ldcs(const V* p) { return *p; }
+template <class V> inline void __stcs(V* p, V v) { *p = v; }
+inline unsigned __byte_perm(unsigned a, unsigned b, unsigned s) {
+  const unsigned long long bytes = a | (static_cast<unsigned long long>(b) << 32);
+  unsigned r = 0;
+  for (int n = 0; n < 4; ++n) r |= ((bytes >> (8 * ((s >> (4 * n)) & 7))) & 0xffu) << (8 * n);
+  return r;
+}
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+alignas(16) unsigned char emu_smem[232448];
+template <class F> void launch(F kernel, unsigned grid, unsigned bx, unsigned by) {
+  const unsigned block = bx * by;
+  for (unsigned b = 0; b < grid; ++b) {
+    std::memset(emu_smem, 0xcd, sizeof emu_smem);  // stale shared memory must not matter
+    std::barrier<> sync(block);
+    std::vector<Warp> warps((block + 31) / 32);
+    std::vector<std::thread> threads;
+    for (unsigned t = 0; t < block; ++t)
+      threads.emplace_back([&, t] {
+        threadIdx = make_uint3(t % bx, t / bx, 0); blockIdx = make_uint3(b, 0, 0);
+        blockDim = make_uint3(bx, by, 1); gridDim = make_uint3(grid, 1, 1);
+        this_warp = &warps[t / 32]; this_block = &sync;
+        kernel();
+      });
+    for (auto& thread : threads) thread.join();
+  }
+}
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+"""
+
+#: Declarations of dynamic shared memory the templates use, and their emulated replacement.
+_DYNAMIC_SHARED = re.compile(r"extern __shared__ __align__\(16\) (\w[\w ]*?) (\w+)\[\];")
+
+_CTYPES = {np.dtype(np.int32): "int", np.dtype(np.int64): "long long"}
+
+
+@dataclass
+class Case:
+    """One variant at one shape and dtype, run with ``grid_cap`` blocks at most per step."""
+
+    spec: OperatorSpec
+    config: Config
+    shape: tuple[int, ...]
+    dtype: str
+    grid_cap: int | None = None
+
+    def __str__(self) -> str:
+        cap = f" grid<={self.grid_cap}" if self.grid_cap else ""
+        return f"{self.spec.name} {self.dtype} {self.shape} {self.config}{cap}"
+
+
+def cuda_include_dir() -> Path | None:
+    """Where nvcc finds cuda_fp16.h (from ``nvcc -dryrun``'s INCLUDES line)."""
+    if shutil.which("nvcc") is None:
+        return None
+    proc = subprocess.run(
+        ["nvcc", "-dryrun", "-cubin", "-arch=sm_90", "-x", "cu", "-o", "/dev/null", "/dev/null"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    match = re.search(r'INCLUDES="-I([^"]+)"', proc.stdout + proc.stderr)
+    return Path(match.group(1).strip()) if match else None
+
+
+def host_template(spec: OperatorSpec) -> str:
+    source = spec.template.read_text()
+    source = _DYNAMIC_SHARED.sub(r"\1* \2 = reinterpret_cast<\1*>(emu_smem);", source)
+    source = source.replace("__shared__ __align__(16)", "alignas(16) static")
+    return source.replace("__shared__", "static")
+
+
+def _literal(value: np.generic) -> str:
+    ctype = _CTYPES[np.dtype(type(value))]
+    return f"({ctype}){int(value)}LL"
+
+
+def emulation_source(cases: Sequence[Case], problems: Sequence[Problem]) -> str:
+    """One program holding every case; ``prog <case> <dir>`` reads ``<dir>/a<k>.bin`` for every
+    array argument k, runs the case's steps and writes the arrays back."""
+    parts = [HEADER]
+    dispatch = []
+    for i, (case, problem) in enumerate(zip(cases, problems, strict=True)):
+        spec = case.spec
+        names = spec.kernel_names or (spec.kernel_name,)
+        macros = spec.defines(case.config, case.shape, case.dtype)
+        body = host_template(spec)
+        defined = set(re.findall(r"^\s*#\s*define\s+(\w+)", body, re.MULTILINE))
+        parts += [f"#define {n} {n}_{i}" for n in names]
+        parts += [f"#define KATO_NS kato_emu_{i}"]
+        parts += [f"#define {k} {v}" for k, v in macros.items()]
+        parts.append(body)
+        parts += [f"#undef {n}" for n in sorted(set(names) | set(macros) | defined | {"KATO_NS"})]
+        calls = []
+        for step in spec.steps(case.config, case.shape, case.dtype):
+            indices = step.args if step.args is not None else range(len(problem.args))
+            args = []
+            for k in indices:
+                a = problem.args[k]
+                if isinstance(a, np.ndarray):
+                    args.append(f"({CUDA_TYPES[a.dtype]}*)buf[{k}].data()")
+                else:
+                    args.append(_literal(a))
+            grid = step.launch.grid[0]
+            if case.grid_cap:
+                grid = min(grid, case.grid_cap)
+            bx, by, _ = step.launch.block
+            calls.append(
+                f"    launch([&] {{ {step.kernel}_{i}({', '.join(args)}); }}, {grid}, {bx}, {by});"
+            )
+        dispatch.append(f"  case {i}:\n" + "\n".join(calls) + "\n    break;")
+    parts.append(
+        "int main(int argc, char** argv) {\n"
+        "  std::vector<std::vector<unsigned char>> buf(128);\n"
+        "  char path[4096];\n"
+        "  for (int k = 0; k < 128; ++k) {\n"
+        '    std::snprintf(path, sizeof path, "%s/a%d.bin", argv[2], k);\n'
+        '    FILE* f = std::fopen(path, "rb");\n'
+        "    if (!f) continue;\n"
+        "    std::fseek(f, 0, SEEK_END); long n = std::ftell(f); std::fseek(f, 0, SEEK_SET);\n"
+        "    buf[k].resize(n + 16);\n"
+        "    if (std::fread(buf[k].data(), 1, n, f) != (size_t)n) return 2;\n"
+        "    buf[k].resize(n);\n"
+        "    std::fclose(f);\n"
+        "  }\n"
+        "  switch (std::atoi(argv[1])) {\n" + "\n".join(dispatch) + "\n  default: return 3;\n  }\n"
+        "  for (int k = 0; k < 128; ++k) {\n"
+        "    if (buf[k].empty()) continue;\n"
+        '    std::snprintf(path, sizeof path, "%s/a%d.bin", argv[2], k);\n'
+        '    FILE* f = std::fopen(path, "wb");\n'
+        "    std::fwrite(buf[k].data(), 1, buf[k].size(), f); std::fclose(f);\n"
+        "  }\n"
+        "  return 0;\n}\n"
+    )
+    return "\n".join(parts)
+
+
+def run_cases(
+    cases: Sequence[Case], workdir: Path, rng: np.random.Generator, binaries: int = 2
+) -> list[str]:
+    """Build the cases into ``binaries`` programs (in parallel), run each case on fresh
+    problems with poisoned outputs, compare every output with its reference exactly as the
+    GPU verifier does (within the spec's tolerance, equal values always pass). Returns one line
+    per failing case."""
+    include = cuda_include_dir()
+    assert include is not None and (include / "cuda_fp16.h").is_file(), "CUDA headers not found"
+    problems = [c.spec.make_problem(c.shape, c.dtype, rng) for c in cases]
+    groups = [list(range(len(cases)))[k::binaries] for k in range(binaries)]
+    builds = []
+    for k, group in enumerate(groups):
+        src = workdir / f"emu{k}.cpp"
+        src.write_text(emulation_source([cases[i] for i in group], [problems[i] for i in group]))
+        builds.append(
+            subprocess.Popen(
+                ["g++", "-std=c++20", "-O1", "-w", f"-I{include}", src.name, "-o", f"emu{k}"],
+                cwd=workdir,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    for build in builds:
+        _, err = build.communicate(timeout=900)
+        assert build.returncode == 0, err[:4000]
+    failures = []
+    for k, group in enumerate(groups):
+        for local, i in enumerate(group):
+            case, problem = cases[i], problems[i]
+            data = workdir / f"case{i}"
+            data.mkdir()
+            for index, a in enumerate(problem.args):
+                if isinstance(a, np.ndarray):
+                    a.tofile(data / f"a{index}.bin")
+            proc = subprocess.run(
+                [str(workdir / f"emu{k}"), str(local), str(data)],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
+            if proc.returncode != 0:
+                failures.append(f"{case}: exit {proc.returncode} {proc.stderr[:300]}")
+                continue
+            tolerances = problem.tolerances or [case.spec.tolerance(case.dtype)] * len(
+                problem.outputs
+            )
+            for out, ref, (atol, rtol) in zip(
+                problem.outputs, problem.references, tolerances, strict=True
+            ):
+                a = problem.args[out]
+                got = np.fromfile(data / f"a{out}.bin", dtype=a.dtype).reshape(a.shape)
+                error = compare(got, ref, atol, rtol)
+                if error:
+                    failures.append(f"{case}: output {out}: {error}")
+    return failures
+
+
+def compare(got: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> str | None:
+    """The GPU verifier's rule: integers exactly, floats equal or finite within tolerance."""
+    if got.dtype.kind in "iu":
+        bad = got.astype(np.int64) != ref.astype(np.int64)
+    else:
+        y = got.astype(np.float64)
+        r = ref.astype(np.float32).astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            ok = (y == r) | (np.isfinite(y) & (np.abs(y - r) <= atol + rtol * np.abs(r)))
+        bad = ~ok
+    if bad.any():
+        first = np.argwhere(bad)[0]
+        return f"{int(bad.sum())} of {bad.size} wrong, first at {tuple(first)}"
+    return None
