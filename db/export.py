@@ -1,76 +1,422 @@
-"""Export measurements in Kernel Tuner's cache format, so they replay anywhere.
+"""Export Kato's results and trials: Kernel Tuner cache files and T4 JSON.
 
-A job's trials become one cache file: the operator's parameter space as ``tune_params``, one
-entry per measured config with ``time`` (the median, in ms), ``times`` (every timed batch),
-``compile_time`` (ms) and Kato's resource fields; a failed config's ``time`` is Kernel Tuner's
-failure marker. Configs the job did not measure are absent, which a replay reads as invalid.
+The unit of export is a *bundle*: everything stored for one problem (operator, operator version,
+shape, dtype, GPU model): the trials of its jobs and its best configs. One bundle becomes one file:
+
+- **Kernel Tuner cache** (``kt``): the operator's parameter space as ``tune_params``, one entry per
+  measured config with ``time`` (the median, ms), ``times`` (every timed batch), ``compile_time``
+  (ms) and Kato's resource fields; a failed config's ``time`` is Kernel Tuner's failure marker.
+  Configs never measured are absent (Kernel Tuner's simulation mode reads them as invalid when
+  its restrictions say so). A config measured by two jobs keeps the faster entry. A bundle with
+  best configs but no trials gets the best configs as its entries.
+- **T4** (``t4``): the auto-tuning community's results format (schema 1.0.0, as Kernel Tuner's
+  ``get_t4_results`` writes it): ``{"schema_version", "results": [{"timestamp",
+  "configuration", "objectives", "times", "invalidity", "correctness", "measurements"}],
+  "metadata": {"timeunit": "milliseconds", ...}}``, one result per trial (all jobs kept).
+
+Both carry the same Kato block (KT: the top-level ``kato`` field; T4: ``metadata.kato``) so
+another Kato installation can import them (:mod:`db.importer`)::
+
+    {"format": 1, "operator", "operator_version", "shape", "dtype", "gpu_model", "params",
+     "jobs": [{"id", "status", "budget_configs", ...}],
+     "best": [{"compute_capability", "cuda_version", "config", "time_ms", "job_id",
+               "updated_at"}]}
+
+and each trial its job, number and Kato status (KT: ``kato_job``, ``kato_number``,
+``kato_status`` in the entry; T4: a ``kato`` object in the result).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from db import queries
-from kernels import get_operator
+from db.models import BestConfig, Job, Trial
 from tuner.gpus import find_gpu
-from tuner.kt_cache import KernelTunerCache
+from tuner.kt_cache import KernelTunerCache, save_cache
+
+KATO_FORMAT = 1
+T4_SCHEMA_VERSION = "1.0.0"
+FORMATS = ("t4", "kt")
 
 _MARKERS = {"compile_error": "CompilationFailedConfig", "invalid": "InvalidConfig"}
-_RESOURCES = (
-    "registers",
-    "shared_static_bytes",
-    "shared_dynamic_bytes",
-    "local_bytes",
-    "blocks_per_sm",
-    "occupancy",
+#: Kato trial status -> T4 ``invalidity``.
+T4_INVALIDITY = {
+    "ok": "correct",
+    "compile_error": "compile",
+    "launch_error": "runtime",
+    "verify_error": "correctness",
+    "timeout": "timeout",
+    "invalid": "constraints",
+}
+#: Per-trial resource fields, with their T4 unit.
+RESOURCES = {
+    "registers": "",
+    "shared_static_bytes": "B",
+    "shared_dynamic_bytes": "B",
+    "local_bytes": "B",
+    "blocks_per_sm": "",
+    "occupancy": "",
+}
+_JOB_FIELDS = (
+    "id",
+    "status",
+    "budget_configs",
+    "budget_seconds",
+    "strategy",
+    "seed",
+    "trials_done",
+    "best_time_ms",
+    "best_config",
+    "error",
+    "created_at",
+    "started_at",
+    "finished_at",
 )
 
 
+class ExportError(ValueError):
+    """Nothing to export, or the output cannot hold what was selected (the message says)."""
+
+
+@dataclass
+class Bundle:
+    """Everything stored for one problem: jobs (with trials, in job then trial order) and best
+    configs."""
+
+    operator: str
+    operator_version: str
+    shape: list[int]
+    dtype: str
+    gpu_model: str
+    jobs: list[Job] = field(default_factory=list)
+    trials: list[Trial] = field(default_factory=list)
+    best: list[BestConfig] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[str, str, str, str, str]:
+        return (
+            self.operator,
+            self.operator_version,
+            queries.shape_key(self.shape),
+            self.dtype,
+            self.gpu_model,
+        )
+
+    def tune_params(self) -> dict[str, list[Any]]:
+        """The parameter space in Kernel Tuner key order: the operator's, where it is registered
+        and its parameters are the ones measured; else the values seen, in first-seen order."""
+        configs = [t.config for t in self.trials] + [b.config for b in self.best]
+        try:
+            from kernels import get_operator
+
+            spec = get_operator(self.operator)
+            if all(set(c) == set(spec.params) for c in configs):
+                return {k: list(v) for k, v in spec.params.items()}
+        except Exception:  # not registered here
+            pass
+        space: dict[str, list[Any]] = {}
+        for config in configs:
+            for name, value in config.items():
+                values = space.setdefault(name, [])
+                if value not in values:
+                    values.append(value)
+        return space
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _job_meta(job: Job) -> dict[str, Any]:
+    out = {name: getattr(job, name) for name in _JOB_FIELDS}
+    for name in ("created_at", "started_at", "finished_at"):
+        out[name] = _iso(out[name])
+    return out
+
+
+def _best_meta(row: BestConfig) -> dict[str, Any]:
+    return {
+        "compute_capability": row.compute_capability,
+        "cuda_version": row.cuda_version,
+        "config": dict(row.config),
+        "time_ms": row.time_ms,
+        "job_id": row.job_id,
+        "updated_at": _iso(row.updated_at),
+    }
+
+
+def kato_block(bundle: Bundle, params: Sequence[str]) -> dict[str, Any]:
+    """The Kato metadata of a bundle (see the module docstring)."""
+    return {
+        "format": KATO_FORMAT,
+        "operator": bundle.operator,
+        "operator_version": bundle.operator_version,
+        "shape": list(bundle.shape),
+        "dtype": bundle.dtype,
+        "gpu_model": bundle.gpu_model,
+        "params": list(params),
+        "jobs": [_job_meta(job) for job in bundle.jobs],
+        "best": [_best_meta(row) for row in bundle.best],
+    }
+
+
+# --- selecting ---------------------------------------------------------------------------------
+
+
+def collect(
+    session: Session,
+    *,
+    job_ids: Sequence[str] | None = None,
+    operator: str | None = None,
+    gpu: str | None = None,
+    dtype: str | None = None,
+) -> list[Bundle]:
+    """The bundles to export, sorted by problem.
+
+    With ``job_ids``: those jobs' trials, plus the best configs of their problems. Otherwise every
+    job with trials and every best config matching ``operator``/``gpu``/``dtype`` (all when
+    none is given). ``gpu`` is matched by its canonical catalog name.
+
+    Raises:
+        ExportError: a job id that does not exist.
+    """
+    if gpu is not None:
+        found = find_gpu(gpu)
+        gpu = found.name if found else gpu
+    bundles: dict[tuple[str, ...], Bundle] = {}
+
+    def bundle_for(obj: Job | BestConfig) -> Bundle:
+        b = Bundle(obj.operator, obj.operator_version, list(obj.shape), obj.dtype, obj.gpu_model)
+        return bundles.setdefault(b.key, b)
+
+    if job_ids:
+        jobs = []
+        for job_id in job_ids:
+            job = queries.get_job(session, job_id)
+            if job is None:
+                raise ExportError(f"no job {job_id!r}")
+            jobs.append(job)
+    else:
+        stmt = select(Job).where(Job.id.in_(select(Trial.job_id).distinct()))
+        stmt = _filtered(stmt, Job, operator, gpu, dtype).order_by(Job.created_at, Job.id)
+        jobs = list(session.scalars(stmt))
+    for job in jobs:
+        bundle = bundle_for(job)
+        bundle.jobs.append(job)
+        bundle.trials.extend(queries.job_trials(session, job.id))
+
+    stmt = _filtered(select(BestConfig), BestConfig, operator, gpu, dtype)
+    for row in session.scalars(stmt.order_by(BestConfig.id)):
+        if job_ids:
+            b = Bundle(
+                row.operator, row.operator_version, list(row.shape), row.dtype, row.gpu_model
+            )
+            if b.key not in bundles:
+                continue
+        bundle_for(row).best.append(row)
+    return [bundles[k] for k in sorted(bundles)]
+
+
+def _filtered(stmt: Any, model: Any, operator: str | None, gpu: str | None, dtype: str | None):
+    if operator is not None:
+        stmt = stmt.where(model.operator == operator)
+    if gpu is not None:
+        stmt = stmt.where(model.gpu_model == gpu)
+    if dtype is not None:
+        stmt = stmt.where(model.dtype == dtype)
+    return stmt
+
+
+# --- Kernel Tuner cache ----------------------------------------------------------------------
+
+
+def _kt_entry(trial: Trial) -> dict[str, Any]:
+    entry: dict[str, Any] = dict(trial.config)
+    if trial.status == "ok":
+        entry["time"] = trial.time_ms
+        entry["times"] = list(trial.times_ms or [])
+    else:
+        entry["time"] = _MARKERS.get(trial.status, "RuntimeFailedConfig")
+        entry["error"] = trial.error
+    if trial.compile_time_s is not None:
+        entry["compile_time"] = trial.compile_time_s * 1000.0
+    for name in RESOURCES:
+        entry[name] = getattr(trial, name)
+    entry["timestamp"] = _iso(trial.created_at)
+    entry["kato_job"] = trial.job_id
+    entry["kato_number"] = trial.number
+    entry["kato_status"] = trial.status
+    return entry
+
+
+def _faster(new: dict[str, Any], old: dict[str, Any] | None) -> bool:
+    if old is None:
+        return True
+    new_t, old_t = new.get("time"), old.get("time")
+    if not isinstance(new_t, int | float):
+        return False
+    return not isinstance(old_t, int | float) or new_t < old_t
+
+
+def bundle_to_kt(bundle: Bundle) -> KernelTunerCache:
+    """A bundle as a Kernel Tuner cache (see the module docstring)."""
+    tune_params = bundle.tune_params()
+    gpu = find_gpu(bundle.gpu_model)
+    try:
+        from kernels import get_operator
+
+        kernel_name = get_operator(bundle.operator).kernel_name
+    except Exception:
+        kernel_name = bundle.operator
+    latest = max(bundle.best, key=lambda r: r.updated_at, default=None)
+    cache = KernelTunerCache(
+        device_name=gpu.full_name if gpu and gpu.full_name else bundle.gpu_model,
+        kernel_name=kernel_name,
+        problem_size=list(bundle.shape),
+        tune_params=tune_params,
+        extra={
+            "kato_operator": bundle.operator,
+            "kato_operator_version": bundle.operator_version,
+            "dtype": bundle.dtype,
+            "compute_capability": latest.compute_capability if latest else None,
+            "cuda_version": latest.cuda_version if latest else None,
+            "kato": kato_block(bundle, list(tune_params)),
+        },
+    )
+    if bundle.trials:
+        entries = (_kt_entry(t) for t in bundle.trials)
+    else:
+        entries = ({**row.config, "time": row.time_ms, "times": []} for row in bundle.best)
+    for entry in entries:
+        key = cache.key(entry)
+        if _faster(entry, cache.entries.get(key)):
+            cache.entries[key] = entry
+    return cache
+
+
 def job_to_cache(session: Session, job_id: str) -> KernelTunerCache:
-    """The trials of job ``job_id`` as a Kernel Tuner cache.
+    """The trials of job ``job_id`` (and its problem's best configs) as a Kernel Tuner cache.
 
     Raises:
         KeyError: if there is no such job.
     """
-    job = queries.get_job(session, job_id)
-    if job is None:
-        raise KeyError(f"no job {job_id}")
-    spec = get_operator(job.operator)
-    gpu = find_gpu(job.gpu_model)
-    best = queries.lookup_best_config(
-        session,
-        operator=job.operator,
-        operator_version=job.operator_version,
-        shape=job.shape,
-        dtype=job.dtype,
-        gpu_model=job.gpu_model,
-    )[0]
-    cache = KernelTunerCache(
-        device_name=gpu.full_name if gpu else job.gpu_model,
-        kernel_name=spec.kernel_name,
-        problem_size=list(job.shape),
-        tune_params={k: list(v) for k, v in spec.params.items()},
-        extra={
-            "kato_operator": job.operator,
-            "kato_operator_version": job.operator_version,
-            "dtype": job.dtype,
-            "compute_capability": best.compute_capability if best else None,
-            "cuda_version": best.cuda_version if best else None,
+    try:
+        (bundle,) = collect(session, job_ids=[job_id])
+    except ExportError:
+        raise KeyError(f"no job {job_id}") from None
+    return bundle_to_kt(bundle)
+
+
+# --- T4 --------------------------------------------------------------------------------------
+
+
+def _t4_result(trial: Trial) -> dict[str, Any]:
+    times: dict[str, Any] = {"runtimes": list(trial.times_ms or [])}
+    if trial.compile_time_s is not None:
+        times["compilation_time"] = trial.compile_time_s * 1000.0
+    measurements = []
+    if trial.status == "ok" and trial.time_ms is not None:
+        measurements.append({"name": "time", "value": trial.time_ms, "unit": "ms"})
+    for name, unit in RESOURCES.items():
+        value = getattr(trial, name)
+        if value is not None:
+            measurements.append({"name": name, "value": value, "unit": unit})
+    return {
+        "timestamp": _iso(trial.created_at),
+        "configuration": dict(trial.config),
+        "objectives": ["time"],
+        "times": times,
+        "invalidity": T4_INVALIDITY.get(trial.status, "runtime"),
+        "correctness": 0 if trial.status == "verify_error" else 1,
+        "measurements": measurements,
+        "kato": {
+            "job": trial.job_id,
+            "number": trial.number,
+            "status": trial.status,
+            "error": trial.error,
         },
-    )
-    for trial in queries.job_trials(session, job_id):
-        entry: dict[str, Any] = dict(trial.config)
-        if trial.status == "ok":
-            entry["time"] = trial.time_ms
-            entry["times"] = list(trial.times_ms or [])
-        else:
-            entry["time"] = _MARKERS.get(trial.status, "RuntimeFailedConfig")
-            entry["error"] = trial.error
-        if trial.compile_time_s is not None:
-            entry["compile_time"] = trial.compile_time_s * 1000.0
-        for field in _RESOURCES:
-            entry[field] = getattr(trial, field)
-        cache.entries[cache.key(trial.config)] = entry
-    return cache
+    }
+
+
+def bundle_to_t4(bundle: Bundle) -> dict[str, Any]:
+    """A bundle as a T4 results document (see the module docstring)."""
+    params = list(bundle.tune_params())
+    return {
+        "schema_version": T4_SCHEMA_VERSION,
+        "results": [_t4_result(t) for t in bundle.trials],
+        "metadata": {"timeunit": "milliseconds", "kato": kato_block(bundle, params)},
+    }
+
+
+# --- files -----------------------------------------------------------------------------------
+
+
+def bundle_filename(bundle: Bundle, fmt: str) -> str:
+    """``softmax_H200_4096x4096_float16_<version>.t4.json`` (``.kt.json`` for Kernel Tuner)."""
+    gpu = re.sub(r"[^0-9A-Za-z.-]+", "-", bundle.gpu_model).strip("-")
+    name = f"{bundle.operator}_{gpu}_{queries.shape_key(bundle.shape)}_{bundle.dtype}"
+    return f"{name}_{bundle.operator_version}.{fmt}.json"
+
+
+def _write_json(data: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f, separators=(",", ":"), allow_nan=False)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def write_bundle(bundle: Bundle, path: Path, fmt: str) -> None:
+    """Write one bundle to ``path`` (atomically) in ``fmt`` (``t4`` or ``kt``; ``.gz`` names
+    are gzipped for ``kt``)."""
+    if fmt == "kt":
+        save_cache(bundle_to_kt(bundle), path)
+    elif fmt == "t4":
+        _write_json(bundle_to_t4(bundle), path)
+    else:
+        raise ExportError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+
+
+def is_file_target(out: Path) -> bool:
+    """A path naming one file (``.json`` or ``.json.gz``), as opposed to a directory."""
+    return not out.is_dir() and (out.name.endswith(".json") or out.name.endswith(".json.gz"))
+
+
+def export(bundles: Iterable[Bundle], out: str | Path, fmt: str = "t4") -> list[Path]:
+    """Write ``bundles`` to ``out``: a file (``*.json``: exactly one bundle) or a directory (one
+    file per bundle, named by :func:`bundle_filename`). Returns the paths written.
+
+    Raises:
+        ExportError: nothing selected, an unknown format, or several bundles for one file.
+    """
+    if fmt not in FORMATS:
+        raise ExportError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    bundles = list(bundles)
+    out = Path(out)
+    if not bundles:
+        raise ExportError("nothing to export: no job trials or best configs match")
+    if is_file_target(out):
+        if len(bundles) > 1:
+            raise ExportError(
+                f"{len(bundles)} problems match but {out} is one file: give a directory, or "
+                "narrow the selection (--job, --operator, --gpu, --dtype)"
+            )
+        write_bundle(bundles[0], out, fmt)
+        return [out]
+    paths = [out / bundle_filename(b, fmt) for b in bundles]
+    for bundle, path in zip(bundles, paths, strict=True):
+        write_bundle(bundle, path, fmt)
+    return paths

@@ -521,7 +521,7 @@ def export_results(
             bundles = collect(session, job_ids=job, operator=operator, gpu=gpu, dtype=dtype)
             paths = export(bundles, out, fmt)
     except ExportError as exc:
-        console.print(f"[red]export: {exc}[/red]")
+        console.print(f"[red]export: {exc}[/red]", soft_wrap=True)
         raise typer.Exit(1) from None
     for bundle, path in zip(bundles, paths, strict=True):
         console.print(
@@ -551,10 +551,10 @@ def import_results(
         with sessions() as session:
             report = import_paths(session, paths, overrides)
     except InvalidImport as exc:
-        console.print(f"[red]import: {exc}[/red]")
+        console.print(f"[red]import: {exc}[/red]", soft_wrap=True)
         raise typer.Exit(1) from None
     for warning in report.warnings:
-        console.print(f"[yellow]{warning}[/yellow]")
+        console.print(f"[yellow]{warning}[/yellow]", soft_wrap=True)
     _emit(report.to_dict(), as_json)
 
 
