@@ -11,7 +11,7 @@ import warnings
 
 import httpx
 import pytest
-from conftest import SEEDED
+from client_seed import SEEDED
 
 from kato_client import (
     GpuNotDetected,
