@@ -41,30 +41,21 @@
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 0
 #endif
-#ifndef DTYPE
-#define DTYPE float
-#endif
-#if !defined(IS_HALF) && !defined(IS_BF16)
-#define IS_HALF 1
-#define IS_BF16 1
-#endif
-#ifndef IS_HALF
-#define IS_HALF 0
-#endif
-#ifndef IS_BF16
-#define IS_BF16 0
+#ifndef ELEM_BYTES
+#define ELEM_BYTES 4
 #endif
 
-#if IS_HALF
-#include <cuda_fp16.h>
-#endif
-#if IS_BF16
-#include <cuda_bf16.h>
+// Only bits move: elements are handled as unsigned integers of their size, so float16 and
+// bfloat16 share one compiled kernel (and no CUDA half headers are needed).
+#if ELEM_BYTES == 2
+#define KATO_ELEM unsigned short
+#else
+#define KATO_ELEM unsigned int
 #endif
 
 namespace KATO_NS {
 
-using T = DTYPE;
+using T = KATO_ELEM;
 
 constexpr int kElemBytes = static_cast<int>(sizeof(T));
 // Elements per shared-memory unit: 2 when 2-byte elements are packed in pairs.
@@ -130,8 +121,8 @@ __device__ __forceinline__ unsigned int perm(unsigned int a, unsigned int b, uns
 #endif
 
 // Block: (TILE / VEC, TILE / RPT, 1). Grid: (any, 1, 1); the kernel loops over the tiles.
-extern "C" __global__ void KATO_LAUNCH_BOUNDS transpose_kernel(const DTYPE* __restrict__ x,
-                                                               DTYPE* __restrict__ y, int rows,
+extern "C" __global__ void KATO_LAUNCH_BOUNDS transpose_kernel(const KATO_ELEM* __restrict__ x,
+                                                               KATO_ELEM* __restrict__ y, int rows,
                                                                int cols) {
   namespace kt = KATO_NS;
   using Unit = kt::Unit;

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernels.spec import CUDA_TYPES, Config, OperatorSpec, Problem
+from kernels.spec import Config, OperatorSpec, Problem
 
 HEADER = r"""
 #include <barrier>
@@ -73,6 +73,11 @@ inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigne
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 alignas(16) unsigned char emu_smem[232448];
+// A buffer converts to whatever pointer type the kernel's parameter has.
+struct AnyPtr {
+  void* p;
+  template <class T> operator T*() const { return static_cast<T*>(p); }
+};
 template <class F> void launch(F kernel, unsigned grid, unsigned bx, unsigned by) {
   const unsigned block = bx * by;
   for (unsigned b = 0; b < grid; ++b) {
@@ -164,7 +169,7 @@ def emulation_source(cases: Sequence[Case], problems: Sequence[Problem]) -> str:
             for k in indices:
                 a = problem.args[k]
                 if isinstance(a, np.ndarray):
-                    args.append(f"({CUDA_TYPES[a.dtype]}*)buf[{k}].data()")
+                    args.append(f"AnyPtr{{buf[{k}].data()}}")
                 else:
                     args.append(_literal(a))
             grid = step.launch.grid[0]
