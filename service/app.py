@@ -21,7 +21,7 @@ from service import __version__
 from service.auth import AUTH_RESPONSES, require_reader
 from service.limits import BodySizeLimit
 from service.lookup_cache import LookupCache
-from service.routes import configs, gpus, health, jobs, operators
+from service.routes import configs, gpus, health, jobs, operators, workers
 from service.settings import Settings
 
 DESCRIPTION = """\
@@ -95,6 +95,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.include_router(gpus.router, **readers)
     app.include_router(configs.router, **readers)
     app.include_router(jobs.router, **readers)
+    app.include_router(workers.router)
     return app
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from db.models import BestConfig, Job, Trial
+from db.models import BestConfig, Job, Trial, Worker
 from kernels.spec import InvalidInput
 
 MAX_DIM = 2**31 - 1
@@ -253,6 +253,43 @@ class GpuPublic(BaseModel):
     memory_bytes: int | None = None
     memory_bandwidth_gbs: float | None = None
     l2_bytes: int | None = None
+
+
+# --- workers ---------------------------------------------------------------------------------
+
+
+class WorkerPublic(BaseModel):
+    """A worker process as it last reported itself. ``live``: its heartbeat is younger than the
+    service's lease and it did not stop; ``status`` is what it last said (``idle``, ``busy``,
+    ``stopped``)."""
+
+    id: str
+    hostname: str
+    pid: int
+    gpu_models: list[str]
+    devices: list[dict[str, Any]]
+    backend: str
+    status: str
+    live: bool
+    current_job_id: str | None
+    started_at: datetime
+    heartbeat_at: datetime
+
+    @classmethod
+    def from_worker(cls, worker: Worker, live: bool) -> WorkerPublic:
+        return cls(
+            id=worker.id,
+            hostname=worker.hostname,
+            pid=worker.pid,
+            gpu_models=list(worker.gpu_models or []),
+            devices=list(worker.devices or []),
+            backend=worker.backend,
+            status=worker.status,
+            live=live,
+            current_job_id=worker.current_job_id,
+            started_at=worker.started_at,
+            heartbeat_at=worker.heartbeat_at,
+        )
 
 
 # --- errors ----------------------------------------------------------------------------------

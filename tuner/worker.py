@@ -2,11 +2,26 @@
 
 A job's life on a worker: claim (with a lease) -> build a backend for (operator, shape, dtype) ->
 run the search with the job's Optuna study stored in the same database -> record every trial as
-it is measured -> write the winner to ``best_configs`` -> mark the job done. Between trials the
-worker renews its lease and stops if the job was cancelled or the lease was lost.
+it is measured -> write the winner to ``best_configs`` -> mark the job done.
+
+While a job runs, a heartbeat thread renews the lease (every ``min(lease/3, 1 s)``, so a trial
+longer than the lease keeps it) and refreshes the worker's ``kato_workers`` row. When the renewal
+fails (a cancel was requested, or the lease went to another worker) it interrupts the backend:
+an isolated measurement (:mod:`tuner.backends.isolated`) is killed at once, and the search stops
+before its next trial. ``DELETE /v1/jobs/{id}`` therefore stops a running job within about a
+second.
+
+Every config is reserved before it is measured (:func:`db.fleet.reserve_trial`: a placeholder
+row under the unique ``(job_id, config_key)`` constraint that also takes one unit of the budget),
+so nothing is measured twice, also when several workers share one job: an idle worker joins a
+running job with budget left (:func:`db.fleet.join_running_job`) as a *helper*; owner and helpers
+ask the same Optuna study (``kato-job-<id>``), see each other's results and reservations before
+every proposal, and the owner finishes the job once the budget is used and the helpers' last
+measurements are in.
 
 A job interrupted half-way (worker killed, host gone) is claimed again once its lease expires;
-the trials already recorded are loaded as known results and never measured again.
+the trials already recorded are loaded as known results and never measured again, and the
+reservations of dead workers are released.
 """
 
 from __future__ import annotations
@@ -15,18 +30,28 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import optuna
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import queries
+from db import fleet, queries
 from db.models import Job, Trial
 from kernels import get_operator
 from tuner.backends.base import Backend, TrialResult, TrialStatus
-from tuner.search import Budget, Search
+from tuner.backends.isolated import (
+    DEFAULT_TRIAL_TIMEOUT_S,
+    BackendSpec,
+    IsolatedBackend,
+    TrialInterrupted,
+)
+from tuner.search import Budget, Search, SearchResult, best_of
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +84,22 @@ def trial_result_from_row(row: Trial) -> TrialResult:
 
 
 def optuna_storage(db_url: str) -> optuna.storages.RDBStorage:
-    """Optuna's study storage in the job database (its own tables beside Kato's)."""
-    kwargs = {"connect_args": {"timeout": 30}} if db_url.startswith("sqlite") else {}
-    return optuna.storages.RDBStorage(db_url, engine_kwargs=kwargs)
+    """Optuna's study storage in the job database (its own tables beside Kato's).
+
+    SQLite: Optuna's connections get Kato's settings (WAL, ``synchronous=NORMAL``, busy
+    timeout): with the default full sync every ask and tell waits for an fsync, which made a
+    replayed trial cost ~1 s on slow disks.
+    """
+    if not db_url.startswith("sqlite"):
+        return optuna.storages.RDBStorage(db_url)
+    from sqlalchemy import event
+
+    from db.session import _configure_sqlite_connection
+
+    storage = optuna.storages.RDBStorage(db_url, engine_kwargs={"connect_args": {"timeout": 30}})
+    event.listen(storage.engine, "connect", _configure_sqlite_connection)
+    storage.engine.dispose()  # connections opened while Optuna set up its tables: reopen them
+    return storage
 
 
 @dataclass
@@ -89,8 +127,77 @@ def _check_operator_version(job: Job) -> None:
         )
 
 
+class _SharedStudy:
+    """The job's Optuna study as seen by one worker: each asked trial carries the worker's id
+    (user attribute ``kato_worker``), and telling a trial another worker already failed is
+    skipped instead of raising (a restarted owner fails the orphans of dead workers)."""
+
+    def __init__(self, study: optuna.Study, worker_id: str):
+        self._study, self._worker_id = study, worker_id
+
+    def ask(self, *args: Any, **kwargs: Any) -> optuna.Trial:
+        trial = self._study.ask(*args, **kwargs)
+        trial.set_user_attr("kato_worker", self._worker_id)
+        return trial
+
+    def tell(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("skip_if_finished", True)
+        return self._study.tell(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+
+class SharedSearch(Search):
+    """:class:`Search` on a study that several workers may use at once: on start it fails only
+    the RUNNING trials of workers that are not live (``is_live(worker_id)``), not those other
+    workers are measuring now."""
+
+    def __init__(self, *args: Any, worker_id: str, is_live: Callable[[str], bool], **kwargs: Any):
+        self._starting = True
+        super().__init__(*args, **kwargs)
+        self._starting = False
+        self.study = _SharedStudy(self.study, worker_id)  # type: ignore[assignment]
+        running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        for t in running:
+            owner = t.user_attrs.get("kato_worker")
+            if owner is None or not is_live(owner):
+                self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+
+    def _fail_orphaned_trials(self) -> None:
+        if not self._starting:  # pragma: no cover - the base class calls it from __init__ only
+            super()._fail_orphaned_trials()
+
+
+class _BudgetUsed(Exception):
+    """Every unit of the job's budget is reserved (by this worker or others)."""
+
+
+@dataclass
+class _JobState:
+    """What the heartbeat thread and the search share while one job runs."""
+
+    stop: threading.Event = field(default_factory=threading.Event)
+    reason: str | None = None  # cancelled | lost
+    mine: set[str] = field(default_factory=set)  # config keys reserved by this worker, unfilled
+    final: set[str] = field(default_factory=set)  # keys with a recorded result known locally
+    pending: set[str] = field(default_factory=set)  # keys other workers are measuring
+    last_sync: float = 0.0
+    backend: Any = None  # interrupted by the heartbeat on a cancel or a lost lease
+
+
 class JobRunner:
-    """Runs one claimed job to its end. Never raises: failures end as a failed job."""
+    """Runs one claimed job to its end, as its owner or as a helper. Never raises: failures end
+    as a failed job (owner) or a failed outcome (helper).
+
+    Args:
+        lease_seconds: lease length; renewed every ``heartbeat_seconds`` (default
+            ``min(lease/3, 1)``) by a background thread. Also how long a worker's heartbeat
+            may be silent before it counts as dead (its reservations are released).
+        on_heartbeat: called with ``(status, job_id)`` on every heartbeat (the worker refreshes
+            its ``kato_workers`` row); exceptions are logged.
+        sync_seconds: how often the search reads the other workers' results and reservations.
+    """
 
     def __init__(
         self,
@@ -101,6 +208,9 @@ class JobRunner:
         worker_id: str,
         lease_seconds: float = 60.0,
         on_progress: Callable[[TrialResult, int, int], None] | None = None,
+        on_heartbeat: Callable[[str, str | None], None] | None = None,
+        heartbeat_seconds: float | None = None,
+        sync_seconds: float = 0.5,
     ):
         self.sessions = sessions
         self.db_url = db_url
@@ -108,51 +218,185 @@ class JobRunner:
         self.worker_id = worker_id
         self.lease_seconds = lease_seconds
         self.on_progress = on_progress
+        self.on_heartbeat = on_heartbeat
+        self.heartbeat_seconds = heartbeat_seconds or max(0.05, min(lease_seconds / 3, 1.0))
+        self.sync_seconds = sync_seconds
 
-    def run(self, job_id: str) -> JobOutcome:
+    def run(self, job_id: str, *, helper: bool = False) -> JobOutcome:
+        """Run ``job_id``: as its owner (claimed: the lease is ours) or, with ``helper``, as an
+        extra worker on a job another worker owns."""
         with self.sessions() as session:
             job = queries.get_job(session, job_id)
             if job is None:
                 return JobOutcome(job_id, "missing", 0, None, "job not found")
-            known = {
-                t.config_key: trial_result_from_row(t) for t in queries.job_trials(session, job_id)
-            }
             session.expunge(job)
+            if not helper:  # a resumed job: dead workers' measurements will never finish
+                fleet.release_stale_reservations(
+                    session, job_id, stale_seconds=self.lease_seconds, keep=self.worker_id
+                )
+        state = _JobState()
+        beat = threading.Thread(
+            target=self._heartbeat, args=(job_id, helper, state), name="kato-heartbeat", daemon=True
+        )
         backend: Backend | None = None
         try:
             _check_operator_version(job)
             backend = self.backend_factory(job)
-            outcome = self._search(job, backend, known)
+            state.backend = backend
+            beat.start()
+            outcome = self._search(job, backend, state, helper)
         except Exception as exc:  # a broken backend or kernel fails the job, not the worker
             log.exception("job %s failed", job_id)
+            if helper:
+                return JobOutcome(job_id, "failed", 0, None, f"{type(exc).__name__}: {exc}")
             with self.sessions() as session:
                 queries.finish_job(
                     session, job_id, status="failed", error=f"{type(exc).__name__}: {exc}"
                 )
-            outcome = JobOutcome(job_id, "failed", len(known), None, str(exc))
+            outcome = JobOutcome(job_id, "failed", 0, None, str(exc))
         finally:
+            state.stop.set()
+            if beat.is_alive():
+                beat.join(5)
             if backend is not None:
                 backend.close()
         return outcome
 
-    def _search(self, job: Job, backend: Backend, known: dict[str, TrialResult]) -> JobOutcome:
+    # --- heartbeat ------------------------------------------------------------------------
+
+    def _heartbeat(self, job_id: str, helper: bool, state: _JobState) -> None:
+        """Renew the lease (owner) or check the job is still on (helper) until the job ends;
+        on a cancel or a lost lease, stop the search and interrupt the backend."""
+        while not state.stop.wait(self.heartbeat_seconds):
+            try:
+                if self.on_heartbeat is not None:
+                    # Before the lease: a heartbeat never outlives the lease it came with, so
+                    # a worker whose lease expired is never taken for live.
+                    self.on_heartbeat("busy", job_id)
+                with self.sessions() as session:
+                    if not helper and queries.renew_lease(
+                        session, job_id, self.worker_id, self.lease_seconds
+                    ):
+                        continue
+                    job = queries.get_job(session, job_id)
+                    if job is not None and job.status == "running" and not job.cancel_requested:
+                        if helper:
+                            continue
+                        reason = "lost"  # running under another worker's lease
+                    elif job is not None and job.cancel_requested:
+                        reason = "cancelled"
+                    else:
+                        reason = "lost" if job is None or job.status != "cancelled" else "cancelled"
+            except Exception:  # database hiccup: try again on the next beat
+                log.exception("heartbeat of job %s failed", job_id)
+                continue
+            state.reason = reason
+            state.stop.set()
+            interrupt = getattr(state.backend, "interrupt", None)
+            if interrupt is not None:
+                interrupt()
+            return
+
+    # --- the search -----------------------------------------------------------------------
+
+    def _sync(self, job_id: str, search: Search, state: _JobState) -> None:
+        """Bring other workers' results and reservations into the search (they count towards
+        the budget and are never proposed to this worker's backend)."""
+        with self.sessions() as session:
+            rows = fleet.trials_since(session, job_id, state.final | state.mine)
+        seen_pending: set[str] = set()
+        for row in rows:
+            if row.status == fleet.RESERVED:
+                if fleet.reserved_by(row) == self.worker_id:
+                    continue
+                seen_pending.add(row.config_key)
+                if row.config_key not in search.results:
+                    search.results[row.config_key] = TrialResult(
+                        config=dict(row.config), status=TrialStatus.PENDING
+                    )
+            else:
+                search.results[row.config_key] = trial_result_from_row(row)
+                state.final.add(row.config_key)
+        for key in state.pending - seen_pending - state.final:
+            search.results.pop(key, None)  # released (its worker died): measurable again
+        state.pending = seen_pending
+
+    def _await_result(self, job_id: str, key: str, state: _JobState) -> TrialResult | None:
+        """Wait for another worker's measurement of ``key``; ``None`` if it was released."""
+        while not state.stop.is_set():
+            with self.sessions() as session:
+                row = fleet.find_trial(session, job_id, key)
+                if row is None:
+                    return None
+                if row.status != fleet.RESERVED:
+                    state.final.add(key)
+                    return trial_result_from_row(row)
+                fleet.release_stale_reservations(
+                    session, job_id, stale_seconds=self.lease_seconds, keep=self.worker_id
+                )
+            state.stop.wait(0.1)
+        raise TrialInterrupted("the job stopped")
+
+    def _search(self, job: Job, backend: Backend, state: _JobState, helper: bool) -> JobOutcome:
         space = backend.space()
-        lease_lost = threading.Event()
+        with self.sessions() as session:
+            rows = queries.job_trials(session, job.id)
+        known = {t.config_key: trial_result_from_row(t) for t in rows if t.status != fleet.RESERVED}
+        state.final = set(known)
+
+        def evaluate(config: dict[str, Any]) -> TrialResult:
+            key = space.key(config)
+            while True:
+                with self.sessions() as session:
+                    reservation = fleet.reserve_trial(
+                        session, job.id, config=config, config_key=key, worker_id=self.worker_id
+                    )
+                if reservation == "reserved":
+                    break
+                if reservation == "budget":
+                    raise _BudgetUsed
+                if reservation == "stopped":
+                    raise TrialInterrupted("the job is no longer running")
+                result = self._await_result(job.id, key, state)  # taken: another worker's
+                if result is not None:
+                    return result
+            state.mine.add(key)
+            try:
+                return backend.evaluate(config)
+            except BaseException:
+                with self.sessions() as session:
+                    fleet.release_trial(session, job.id, config_key=key, worker_id=self.worker_id)
+                state.mine.discard(key)
+                raise
 
         def record(result: TrialResult, measured: int) -> None:
-            with self.sessions() as session:
-                queries.record_trial(
-                    session,
-                    job.id,
-                    number=measured - 1,
-                    config=result.config,
-                    config_key=space.key(result.config),
-                    result=result.to_dict(),
-                )
-                if not queries.renew_lease(session, job.id, self.worker_id, self.lease_seconds):
-                    lease_lost.set()
+            key = space.key(result.config)
+            if key in state.mine:
+                with self.sessions() as session:
+                    stored = fleet.complete_trial(
+                        session,
+                        job.id,
+                        config_key=key,
+                        worker_id=self.worker_id,
+                        result=result.to_dict(),
+                    )
+                state.mine.discard(key)
+                if not stored:
+                    log.warning("job %s: reservation of %s was released; not stored", job.id, key)
+            state.final.add(key)
             if self.on_progress is not None:
                 self.on_progress(result, measured, job.budget_configs)
+
+        search: Search | None = None
+
+        def should_stop() -> bool:
+            if state.stop.is_set():
+                return True
+            now = time.monotonic()
+            if search is not None and now - state.last_sync >= self.sync_seconds:
+                state.last_sync = now
+                self._sync(job.id, search, state)
+            return False
 
         precompile = getattr(backend, "precompile", None)
         if precompile is not None:
@@ -160,28 +404,71 @@ class JobRunner:
             valid = space.valid_configs()
             if len(valid) <= PRECOMPILE_MAX_CONFIGS:
                 precompile([c for c in valid if space.key(c) not in known])
-        search = Search(
+        # Helpers draw their own proposals (another seed), so that workers sharing a job rarely
+        # propose the same config at once; a collision costs a wait, never a second measurement.
+        seed = job.seed if not helper else job.seed + zlib.crc32(self.worker_id.encode()) % 9973
+        with self.sessions() as session:
+            live = fleet.live_worker_ids(session, self.lease_seconds) | {self.worker_id}
+        search = SharedSearch(
             space,
-            backend.evaluate,
+            evaluate,
             strategy=job.strategy,
-            seed=job.seed,
+            seed=seed,
             storage=optuna_storage(self.db_url),
             study_name=f"kato-job-{job.id}",
             known=known,
             on_result=record,
-            should_stop=lease_lost.is_set,
+            should_stop=should_stop,
+            worker_id=self.worker_id,
+            is_live=live.__contains__,
         )
-        outcome = search.run(Budget(max_configs=job.budget_configs, max_seconds=job.budget_seconds))
-        with self.sessions() as session:
-            current = queries.get_job(session, job.id)
+        budget = Budget(max_configs=job.budget_configs, max_seconds=job.budget_seconds)
+        try:
+            outcome = search.run(budget)
+        except (TrialInterrupted, _BudgetUsed) as exc:
+            stopped = "budget" if isinstance(exc, _BudgetUsed) else "cancelled"
+            outcome = SearchResult(best_of(search.results), search.results, stopped=stopped)
+        if state.reason is not None or outcome.stopped == "cancelled":
+            with self.sessions() as session:
+                current = queries.get_job(session, job.id)
             cancelled = current is not None and (
                 current.cancel_requested or current.status == "cancelled"
             )
-            if outcome.stopped == "cancelled" and not cancelled:
-                # The lease went to another worker: that worker owns the job now.
-                return JobOutcome(job.id, "lost", outcome.measured, None, "lease lost")
-            best = outcome.best
-            if best is not None and not cancelled:
+            if helper or not cancelled:
+                # A helper leaves the job to its owner; an owner whose lease went to another
+                # worker leaves it to that worker.
+                status = "helped" if helper else "lost"
+                return JobOutcome(job.id, status, outcome.measured, None, state.reason)
+            with self.sessions() as session:
+                queries.finish_job(session, job.id, status="cancelled")
+            return JobOutcome(job.id, "cancelled", outcome.measured, None, None)
+        if helper:
+            return JobOutcome(job.id, "helped", len(outcome.new), None, None)
+        return self._finish(job, backend, state)
+
+    def _finish(self, job: Job, backend: Backend, state: _JobState) -> JobOutcome:
+        """Owner: wait for the helpers' last measurements (releasing those of dead workers),
+        then store the job's best (over every worker's trials) and mark the job done."""
+        deadline = time.monotonic() + self.lease_seconds + _helper_grace()
+        while not state.stop.is_set() and time.monotonic() < deadline:
+            with self.sessions() as session:
+                fleet.release_stale_reservations(
+                    session, job.id, stale_seconds=self.lease_seconds, keep=self.worker_id
+                )
+                if not fleet.reservations(session, job.id):
+                    break
+            state.stop.wait(0.1)
+        with self.sessions() as session:
+            current = queries.get_job(session, job.id)
+            if current is None:
+                return JobOutcome(job.id, "missing", 0, None, "job deleted")
+            if current.cancel_requested or current.status != "running":
+                status = "cancelled" if current.cancel_requested else "lost"
+                if status == "cancelled":
+                    queries.finish_job(session, job.id, status="cancelled")
+                return JobOutcome(job.id, status, current.trials_done, None, None)
+            best_time, best_config = current.best_time_ms, current.best_config
+            if best_time is not None and best_config is not None:
                 device = backend.device()
                 queries.upsert_best_config(
                     session,
@@ -192,22 +479,31 @@ class JobRunner:
                     gpu_model=device.model,
                     compute_capability="{}.{}".format(*device.compute_capability),
                     cuda_version=device.cuda_version,
-                    config=best.config,
-                    time_ms=best.time_ms,
+                    config=best_config,
+                    time_ms=best_time,
                     job_id=job.id,
                 )
-            if cancelled:
-                status, error = "cancelled", None
-            elif best is None:
-                status, error = "failed", "no config ran correctly (see the job's trials)"
-            else:
                 status, error = "done", None
+            else:
+                status, error = "failed", "no config ran correctly (see the job's trials)"
+            measured = current.trials_done
             queries.finish_job(session, job.id, status=status, error=error)
-        return JobOutcome(job.id, status, outcome.measured, best.time_ms if best else None, error)
+        return JobOutcome(job.id, status, measured, best_time, error)
+
+
+def _helper_grace() -> float:
+    """How long an owner waits beyond a lease for helpers' last measurements."""
+    return float(os.environ.get("KATO_HELPER_GRACE_SECONDS", DEFAULT_TRIAL_TIMEOUT_S))
 
 
 class Worker:
-    """Claims jobs for ``gpu_models`` and runs them one at a time until stopped."""
+    """Claims jobs for ``gpu_models`` and runs them one at a time until stopped.
+
+    Its ``kato_workers`` row is refreshed on every idle poll and every heartbeat of a running
+    job, and marked ``stopped`` when :meth:`run_forever` returns. With nothing to claim and
+    ``max_workers_per_job`` > 1 it helps with a running job of its GPU model that has at least
+    ``min_configs_per_worker`` configs of budget left per worker.
+    """
 
     def __init__(
         self,
@@ -219,22 +515,52 @@ class Worker:
         worker_id: str | None = None,
         lease_seconds: float = 60.0,
         poll_seconds: float = 1.0,
+        backend_name: str = "pycuda",
+        devices: Sequence[dict[str, Any]] = (),
+        max_workers_per_job: int = 1,
+        min_configs_per_worker: int = 8,
     ):
         self.sessions = sessions
         self.gpu_models = gpu_models
         self.worker_id = worker_id or default_worker_id()
         self.lease_seconds = lease_seconds
         self.poll_seconds = poll_seconds
+        self.backend_name = backend_name
+        self.devices = list(devices)
+        self.max_workers_per_job = max_workers_per_job
+        self.min_configs_per_worker = min_configs_per_worker
         self.runner = JobRunner(
-            sessions, db_url, backend_factory, worker_id=self.worker_id, lease_seconds=lease_seconds
+            sessions,
+            db_url,
+            backend_factory,
+            worker_id=self.worker_id,
+            lease_seconds=lease_seconds,
+            on_heartbeat=self.heartbeat,
         )
         self._stop = threading.Event()
 
     def stop(self) -> None:
         self._stop.set()
 
+    def heartbeat(self, status: str = "idle", job_id: str | None = None) -> None:
+        """Upsert this worker's row: GPU models, devices, status, current job, now."""
+        with self.sessions() as session:
+            fleet.heartbeat_worker(
+                session,
+                worker_id=self.worker_id,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                gpu_models=self.gpu_models,
+                devices=self.devices,
+                backend=self.backend_name,
+                status=status,
+                current_job_id=job_id,
+            )
+
     def run_once(self) -> JobOutcome | None:
-        """Claim and run one job; None when nothing is queued for our GPU models."""
+        """Claim and run one job (or help with one); None when there is nothing to do."""
+        self.heartbeat("idle")
+        helper = False
         with self.sessions() as session:
             job = queries.claim_next_job(
                 session,
@@ -243,35 +569,128 @@ class Worker:
                 lease_seconds=self.lease_seconds,
             )
             job_id = job.id if job is not None else None
+            if job_id is None:
+                job_id = fleet.join_running_job(
+                    session,
+                    gpu_models=self.gpu_models,
+                    worker_id=self.worker_id,
+                    max_workers_per_job=self.max_workers_per_job,
+                    min_configs_per_worker=self.min_configs_per_worker,
+                    stale_seconds=self.lease_seconds,
+                )
+                helper = job_id is not None
         if job_id is None:
             return None
-        log.info("worker %s runs job %s", self.worker_id, job_id)
-        return self.runner.run(job_id)
+        self.heartbeat("busy", job_id)
+        log.info("worker %s %s job %s", self.worker_id, "helps" if helper else "runs", job_id)
+        try:
+            return self.runner.run(job_id, helper=helper)
+        finally:
+            self.heartbeat("idle")
 
     def run_forever(self, *, max_jobs: int | None = None) -> int:
-        """Run jobs until :meth:`stop` (or ``max_jobs`` done); returns the number run."""
+        """Run jobs until :meth:`stop` (or ``max_jobs`` done); returns the number run. Database
+        errors are logged and retried after ``poll_seconds``: the worker never exits on them."""
         done = 0
-        while not self._stop.is_set() and (max_jobs is None or done < max_jobs):
+        try:
+            while not self._stop.is_set() and (max_jobs is None or done < max_jobs):
+                try:
+                    outcome = self.run_once()
+                except Exception:  # database hiccup: log, back off, go on
+                    log.exception("worker %s: claim failed", self.worker_id)
+                    outcome = None
+                if outcome is None:
+                    self._stop.wait(self.poll_seconds)
+                elif outcome.status != "helped":
+                    done += 1
+        finally:
             try:
-                outcome = self.run_once()
-            except Exception:  # database hiccup: log, back off, go on
-                log.exception("worker %s: claim failed", self.worker_id)
-                outcome = None
-            if outcome is None:
-                self._stop.wait(self.poll_seconds)
-            else:
-                done += 1
+                self.heartbeat("stopped")
+            except Exception:
+                log.exception("worker %s: could not mark itself stopped", self.worker_id)
         return done
 
 
-def pycuda_backend_factory(device_index: int = 0) -> BackendFactory:
-    """Backends on CUDA device ``device_index`` for the job's operator, shape and dtype."""
+# --- backend factories -----------------------------------------------------------------------
+
+
+def pycuda_backend_factory(
+    device_index: int = 0,
+    *,
+    isolate: bool = False,
+    trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
+    imports: Sequence[str] = (),
+) -> BackendFactory:
+    """Backends on CUDA device ``device_index`` for the job's operator, shape and dtype; with
+    ``isolate``, measured in a child process (:class:`IsolatedBackend`) that a faulting kernel
+    cannot take down with the worker."""
 
     def make(job: Job) -> Backend:
+        if isolate:
+            spec = BackendSpec(
+                kind="pycuda",
+                operator=job.operator,
+                shape=tuple(job.shape),
+                dtype=job.dtype,
+                device_index=device_index,
+                imports=tuple(imports),
+            )
+            return IsolatedBackend(spec, trial_timeout_s=trial_timeout_s)
         from tuner.backends.pycuda import PyCudaBackend
 
         return PyCudaBackend(
             get_operator(job.operator), job.shape, job.dtype, device_index=device_index
         )
+
+    return make
+
+
+def replay_file_for(path: Path, job: Job) -> Path:
+    """The recording that answers ``job``: ``path`` itself, or in a directory the file named
+    ``<operator>_<gpu>_<shape>_<dtype>.json[.gz]`` (the naming of ``tests/data/recorded``).
+
+    Raises:
+        FileNotFoundError: naming the file looked for.
+    """
+    if path.is_file():
+        return path
+    stem = f"{job.operator}_{job.gpu_model.replace(' ', '-')}_{job.shape_key}_{job.dtype}"
+    for suffix in (".json.gz", ".json"):
+        candidate = path / (stem + suffix)
+        if candidate.exists():
+            return candidate
+    raise FileNotFoundError(f"no recording {stem}.json[.gz] under {path}")
+
+
+def replay_gpu_models(path: Path) -> list[str]:
+    """GPU models (catalog names) of the recordings at ``path`` (a file or a directory)."""
+    from tuner.gpus import normalize_gpu_name
+    from tuner.kt_cache import load_cache
+
+    files = [path] if path.is_file() else sorted(path.glob("*.json*"))
+    return sorted({normalize_gpu_name(load_cache(f).device_name) for f in files})
+
+
+def replay_backend_factory(
+    path: Path,
+    *,
+    isolate: bool = False,
+    trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
+    delay_s: float = 0.0,
+) -> BackendFactory:
+    """Replay backends answering from the recording(s) at ``path`` (see :func:`replay_file_for`);
+    with ``isolate``, through a child process like a GPU worker's; each evaluation takes
+    ``delay_s`` seconds (a stand-in for measuring)."""
+
+    def make(job: Job) -> Backend:
+        file = replay_file_for(path, job)
+        if isolate:
+            spec = BackendSpec(
+                kind="replay", replay_file=str(file), options=(("delay_s", delay_s),)
+            )
+            return IsolatedBackend(spec, trial_timeout_s=trial_timeout_s)
+        from tuner.backends.replay import ReplayBackend
+
+        return ReplayBackend(file, delay_s=delay_s)
 
     return make

@@ -114,9 +114,13 @@ def list_jobs(
 
 
 @router.get("/{job_id}", responses=NOT_FOUND)
-def get_job(job_id: str, session: SessionDep) -> JobPublic:
-    """A job: status, trials done, best time and config so far."""
-    return JobPublic.from_job(_job_or_404(session, job_id))
+def get_job(job_id: str, session: SessionDep, settings: SettingsDep) -> JobPublic:
+    """A job: status, trials done, best time and config so far. A queued job for a GPU model
+    that no live worker advertises says so in ``note``."""
+    from db import fleet
+
+    job = _job_or_404(session, job_id)
+    return JobPublic.from_job(job, note=fleet.waiting_note(session, job, settings.lease_seconds))
 
 
 @router.get("/{job_id}/trials", responses=NOT_FOUND)

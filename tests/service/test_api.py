@@ -196,7 +196,9 @@ def test_job_submit_get_trials_and_cancel(client: TestClient, session: Session) 
     assert job["trials_done"] == 0 and job["best_time_ms"] is None and job["note"] is None
     assert job["created_at"].endswith(("Z", "+00:00"))
 
-    assert client.get(f"/v1/jobs/{job['id']}").json() == job
+    fetched = client.get(f"/v1/jobs/{job['id']}").json()
+    assert fetched["note"].startswith("no live worker advertises GPU model H200")
+    assert {**fetched, "note": None} == job
     assert client.get(f"/v1/jobs/{job['id']}/trials").json() == []
     assert [j["id"] for j in client.get("/v1/jobs", params={"status": "queued"}).json()] == [
         job["id"]

@@ -23,7 +23,11 @@ class TrialStatus(StrEnum):
     COMPILE_ERROR = "compile_error"
     LAUNCH_ERROR = "launch_error"  # includes out-of-resources and faults during a launch
     VERIFY_ERROR = "verify_error"  # ran, but the output did not match the float64 reference
-    TIMEOUT = "timeout"
+    TIMEOUT = "timeout"  # no result within the per-trial time limit (hang, deadlock, slow nvcc)
+    CRASHED = "crashed"  # the process measuring it died (abort, segfault, killed)
+    #: Shared jobs only: being measured by another worker right now. A placeholder the search
+    #: keeps so it neither proposes the config again nor overruns the budget; never stored.
+    PENDING = "pending"
     INVALID = "invalid"  # rejected by the constraints; never measured, never counted
 
 
@@ -94,6 +98,15 @@ class Backend(ABC):
     def evaluate(self, config: Config) -> TrialResult:
         """Measure ``config`` (compile, verify, time) and return the result; never raises for a
         faulty config. ``config`` must be valid according to :meth:`space`."""
+
+    def healthy(self) -> bool:
+        """Whether the backend can still measure after the last result.
+
+        False after a fault that poisoned the device state (a CUDA context with a sticky error:
+        illegal or misaligned address, trap): every later launch would fail too, so an isolating
+        owner (:class:`tuner.backends.isolated.IsolatedBackend`) replaces the process.
+        """
+        return True
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release device resources. Safe to call twice."""

@@ -92,6 +92,43 @@ class _Call:
     args: tuple[int, ...]
 
 
+def check_on_gpu(
+    spec: OperatorSpec, shape: Sequence[int], dtype: str, gpu: Any, config: dict[str, Any]
+) -> str | None:
+    """Why ``config`` cannot run on ``gpu`` (a catalog entry, or None for an unknown model: the
+    spec's constraints only), or None. Needs no GPU: the isolated backend's parent uses it."""
+    reason = spec.check(config, shape, dtype)
+    if reason or gpu is None:
+        return reason
+    for step in spec.steps(config, shape, dtype):
+        launch = step.launch
+        if launch.threads_per_block > gpu.max_threads_per_block:
+            return (
+                f"{step.kernel}: {launch.threads_per_block} threads per block > "
+                f"{gpu.max_threads_per_block}"
+            )
+        if launch.shared_bytes > gpu.shared_per_block_optin_bytes:
+            return (
+                f"{step.kernel}: {launch.shared_bytes} B dynamic shared memory > "
+                f"{gpu.shared_per_block_optin_bytes} B per block on {gpu.name}"
+            )
+    return None
+
+
+def compile_config(
+    spec: OperatorSpec,
+    shape: Sequence[int],
+    dtype: str,
+    config: dict[str, Any],
+    arch: str,
+    compile_cache: Path | None = None,
+) -> CompiledKernel:
+    """Render and compile one config into the on-disk cache (raises CompileError). Needs no
+    GPU: the isolated backend's parent compiles ahead with it while its child measures."""
+    source = spec.render(config, shape, dtype)
+    return compile_kernel(source, spec.kernel_name, arch=arch, cache_dir=compile_cache)
+
+
 class PyCudaBackend(Backend):
     """Measures ``spec`` at ``shape``/``dtype`` on CUDA device ``device_index``.
 
@@ -209,27 +246,11 @@ class PyCudaBackend(Backend):
 
     def check(self, config: dict[str, Any]) -> str | None:
         """The spec's constraints plus this device's limits (threads, shared memory)."""
-        reason = self.spec.check(config, self.shape, self.dtype)
-        if reason or self.gpu is None:
-            return reason
-        for step in self.spec.steps(config, self.shape, self.dtype):
-            launch = step.launch
-            if launch.threads_per_block > self.gpu.max_threads_per_block:
-                return (
-                    f"{step.kernel}: {launch.threads_per_block} threads per block > "
-                    f"{self.gpu.max_threads_per_block}"
-                )
-            if launch.shared_bytes > self.gpu.shared_per_block_optin_bytes:
-                return (
-                    f"{step.kernel}: {launch.shared_bytes} B dynamic shared memory > "
-                    f"{self.gpu.shared_per_block_optin_bytes} B per block on {self.gpu.name}"
-                )
-        return None
+        return check_on_gpu(self.spec, self.shape, self.dtype, self.gpu, config)
 
     def _compile_now(self, config: dict[str, Any]) -> CompiledKernel:
-        source = self.spec.render(config, self.shape, self.dtype)
-        return compile_kernel(
-            source, self.spec.kernel_name, arch=self.info.arch, cache_dir=self.compile_cache
+        return compile_config(
+            self.spec, self.shape, self.dtype, config, self.info.arch, self.compile_cache
         )
 
     def compile(self, config: dict[str, Any]) -> CompiledKernel:

@@ -7,6 +7,7 @@ restrictions and is invalid; an entry whose time is a failure marker is a failed
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,16 @@ class ReplayBackend(Backend):
 
     name = "replay"
 
-    def __init__(self, cache: KernelTunerCache | str | Path, *, compute_capability=(0, 0)):
+    def __init__(
+        self,
+        cache: KernelTunerCache | str | Path,
+        *,
+        compute_capability=(0, 0),
+        delay_s: float = 0.0,
+    ):
+        """``delay_s``: seconds each evaluation sleeps, to stand in for a real measurement's
+        duration (crash, cancel and load tests need jobs that take a while)."""
+        self.delay_s = delay_s
         self.cache = cache if isinstance(cache, KernelTunerCache) else load_cache(cache)
         self._space = SearchSpace(
             params={k: tuple(v) for k, v in self.cache.tune_params.items()},
@@ -71,6 +81,8 @@ class ReplayBackend(Backend):
 
     def evaluate(self, config: dict[str, Any]) -> TrialResult:
         self.evaluations += 1
+        if self.delay_s > 0:
+            time.sleep(self.delay_s)
         entry = self.cache.entries.get(self.cache.key(config))
         if entry is None:
             return TrialResult(

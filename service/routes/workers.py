@@ -1,0 +1,30 @@
+"""Workers: the processes that claim and run tuning jobs, as their heartbeats describe them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from db import fleet
+from service.deps import SessionDep, SettingsDep
+from service.schemas import WorkerPublic
+
+router = APIRouter(prefix="/v1/workers", tags=["workers"])
+
+
+@router.get("")
+def list_workers(
+    session: SessionDep,
+    settings: SettingsDep,
+    live: Annotated[bool | None, Query(description="only live (true) or only dead (false)")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> list[WorkerPublic]:
+    """Workers, most recent heartbeat first: GPU models, backend, status, current job. A worker
+    is live while its heartbeat is younger than the lease (``KATO_LEASE_SECONDS``)."""
+    out = []
+    for worker in fleet.list_workers(session, limit=limit):
+        is_live = fleet.is_live(worker, settings.lease_seconds)
+        if live is None or live == is_live:
+            out.append(WorkerPublic.from_worker(worker, is_live))
+    return out

@@ -1,0 +1,157 @@
+"""The queue with real worker processes, on SQLite and PostgreSQL (see conftest.py): no double
+claims, a worker killed with SIGKILL mid-job loses nothing and measures nothing twice, a cancel
+stops a running job within seconds, idle workers share a large job through its Optuna study."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from collections import Counter
+
+import optuna
+from fleet_helpers import claim_until_empty, job, sessions_for, start_worker, stop, submit, wait_for
+
+from db import fleet, queries
+from db.models import Trial
+
+
+def assert_complete(sessions, job_id: str) -> list[Trial]:
+    """Done, every budget unit a distinct recorded trial, no reservation left behind."""
+    with sessions() as s:
+        found = queries.get_job(s, job_id)
+        trials = queries.job_trials(s, job_id)
+    keys = Counter(t.config_key for t in trials)
+    assert found.status == "done", (found.status, found.error)
+    assert max(keys.values()) == 1, "a config was recorded twice"
+    assert all(t.status != fleet.RESERVED for t in trials), "a reservation was left behind"
+    assert found.trials_done == len(trials) == found.budget_configs
+    ok = [t for t in trials if t.status == "ok"]
+    assert found.best_time_ms == min(t.time_ms for t in ok)
+    return trials
+
+
+def test_processes_claiming_at_once_never_share_a_job(db_url):
+    sessions = sessions_for(db_url)
+    ids = {submit(sessions, 5) for _ in range(24)}
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(3) as pool:
+        claims = pool.starmap(claim_until_empty, [(db_url, f"w{i}") for i in range(3)])
+    flat = [j for c in claims for j in c]
+    assert sorted(flat) == sorted(ids), "a job was claimed twice or not at all"
+
+
+def test_a_worker_killed_mid_job_loses_nothing_and_measures_nothing_twice(db_url, tmp_path):
+    sessions = sessions_for(db_url)
+    job_id = submit(sessions, 20)
+    log = tmp_path / "workers.log"
+    first = start_worker(db_url, log, delay=0.05, lease=2.0)
+    try:
+        wait_for(lambda: job(sessions, job_id).trials_done >= 6, 60, "progress", logs=[log])
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(10)
+        with sessions() as s:
+            before = {
+                t.config_key: (t.id, t.status, t.time_ms)
+                for t in queries.job_trials(s, job_id)
+                if t.status != fleet.RESERVED
+            }
+        assert 5 <= len(before) < 20  # trials_done also counts the trial being measured
+        assert job(sessions, job_id).status == "running"  # orphaned: the lease runs out
+
+        second = start_worker(db_url, log, delay=0.01, lease=2.0)
+        try:
+            wait_for(lambda: job(sessions, job_id).status == "done", 60, "resume", logs=[log])
+            assert second.poll() is None
+        finally:
+            stop([second])
+    finally:
+        stop([first])
+    trials = assert_complete(sessions, job_id)
+    after = {t.config_key: (t.id, t.status, t.time_ms) for t in trials}
+    assert all(after[k] == v for k, v in before.items()), "a recorded trial was re-measured"
+
+
+def test_cancel_stops_a_running_measurement_within_seconds(db_url, tmp_path):
+    sessions = sessions_for(db_url)
+    job_id = submit(sessions, 5)
+    log = tmp_path / "worker.log"
+    # Every trial takes 60 s, in an isolated child: only killing it stops the job quickly.
+    worker = start_worker(
+        db_url, log, delay=60, lease=3.0, extra=("--isolate", "--trial-timeout", "120")
+    )
+    try:
+
+        def measuring() -> bool:
+            with sessions() as s:
+                return bool(fleet.reservations(s, job_id))
+
+        wait_for(measuring, 60, "the first measurement", logs=[log])
+        start = time.monotonic()
+        with sessions() as s:
+            queries.request_cancel(s, job_id)
+        wait_for(lambda: job(sessions, job_id).status == "cancelled", 10, "cancel", logs=[log])
+        assert time.monotonic() - start < 5
+        with sessions() as s:
+            assert not fleet.reservations(s, job_id) and not queries.job_trials(s, job_id)
+        time.sleep(0.5)
+        assert worker.poll() is None, "the worker exited"
+        with sessions() as s:
+            (row,) = fleet.list_workers(s)
+            assert row.status == "idle" and row.current_job_id is None
+    finally:
+        stop([worker])
+    with sessions() as s:
+        assert fleet.list_workers(s)[0].status == "stopped"
+
+
+def test_several_workers_run_the_queue_and_share_a_large_job(db_url, tmp_path):
+    sessions = sessions_for(db_url)
+    big = submit(sessions, 48, strategy="tpe", seed=1)
+    small = [submit(sessions, 6, seed=i) for i in range(3)]
+    log = tmp_path / "workers.log"
+    procs = [
+        start_worker(db_url, log, delay=0.03, extra=("--max-workers-per-job", "3"))
+        for _ in range(3)
+    ]
+    try:
+
+        def all_done() -> bool:
+            return all(job(sessions, j).status == "done" for j in [big, *small])
+
+        wait_for(all_done, 120, "every job done", logs=[log])
+        assert all(p.poll() is None for p in procs)
+        with sessions() as s:
+            workers = fleet.list_workers(s)
+        assert len(workers) == 3 and all(w.gpu_models == ["H200"] for w in workers)
+    finally:
+        stop(procs)
+    for job_id in [big, *small]:
+        assert_complete(sessions, job_id)
+    study = optuna.load_study(study_name=f"kato-job-{big}", storage=db_url)
+    measured_by = Counter(
+        t.user_attrs.get("kato_worker")
+        for t in study.get_trials(deepcopy=False)
+        if t.state == optuna.trial.TrialState.COMPLETE
+    )
+    assert len(measured_by) >= 2, f"the large job was not shared: {measured_by}"
+
+
+def test_a_job_for_a_gpu_no_live_worker_has_says_so(db_url):
+    sessions = sessions_for(db_url)
+    with sessions() as s:
+        found = queries.get_job(s, submit(sessions, 5))
+        note = fleet.waiting_note(s, found, stale_seconds=60)
+        assert note and "no live worker advertises GPU model H200" in note
+        fleet.heartbeat_worker(
+            s,
+            worker_id="w1",
+            hostname="h",
+            pid=1,
+            gpu_models=["H200"],
+            backend="replay",
+            status="idle",
+            current_job_id=None,
+        )
+        assert fleet.waiting_note(s, found, stale_seconds=60) is None

@@ -1,0 +1,59 @@
+"""A replay backend with planted faults, for the fault-isolation tests (importable as
+``fault_backend``; a child process built from a BackendSpec finds it on the inherited sys.path).
+
+``BackendSpec(kind="fault_backend:make", replay_file=..., options=(("faults", {...}),))`` where
+``faults`` maps a config key to what evaluating it does in the measuring process:
+
+- ``abort``: ``os.abort()`` (SIGABRT, like a CUDA driver assertion);
+- ``exit``: ``os._exit(3)`` (the process vanishes without a word);
+- ``hang``: sleeps forever (a deadlocked kernel);
+- ``raise``: raises RuntimeError (a backend bug);
+- ``poison``: returns a launch error and reports the backend unhealthy (a sticky CUDA error).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from tuner.backends.base import Backend, TrialResult, TrialStatus
+from tuner.backends.isolated import BackendSpec
+from tuner.backends.replay import ReplayBackend
+
+
+class FaultyReplay(ReplayBackend):
+    def __init__(self, replay_file: str, faults: dict[str, str]):
+        super().__init__(replay_file)
+        self.faults = faults
+        self._poisoned = False
+
+    def evaluate(self, config: dict[str, Any]) -> TrialResult:
+        if self._poisoned:  # a dead context fails everything after the fault
+            return TrialResult(config=dict(config), status=TrialStatus.LAUNCH_ERROR, error="dead")
+        mode = self.faults.get(self.cache.key(config))
+        if mode == "abort":
+            os.abort()
+        if mode == "exit":
+            os._exit(3)
+        if mode == "hang":
+            while True:
+                time.sleep(3600)
+        if mode == "raise":
+            raise RuntimeError("planted backend bug")
+        if mode == "poison":
+            self._poisoned = True
+            return TrialResult(
+                config=dict(config),
+                status=TrialStatus.LAUNCH_ERROR,
+                error="LaunchError: an illegal memory access was encountered (planted)",
+            )
+        return super().evaluate(config)
+
+    def healthy(self) -> bool:
+        return not self._poisoned
+
+
+def make(spec: BackendSpec) -> Backend:
+    assert spec.replay_file is not None
+    return FaultyReplay(spec.replay_file, dict(spec.option("faults", {})))

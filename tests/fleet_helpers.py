@@ -1,0 +1,117 @@
+"""Helpers for the multi-process queue tests (importable as ``fleet_helpers``): start real
+``kato worker`` processes on the replay backend, submit jobs, wait for states."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from paths import RECORDED, REPO
+
+from db import queries
+from db.models import Job
+from db.session import init_db, session_factory
+from kernels import get_operator
+
+SHAPE, DTYPE = [4096, 4096], "float16"
+
+
+def sessions_for(url: str):
+    return session_factory(init_db(url))
+
+
+def submit(sessions, budget: int, *, strategy: str = "grid", seed: int = 0) -> str:
+    """Queue a softmax job on H200. ``grid`` by default: every proposal is a fresh valid config,
+    so a trial costs one Optuna ask and tell (the RDB storage is the slow part on SQLite)."""
+    with sessions() as s:
+        return queries.create_job(
+            s,
+            operator="softmax",
+            operator_version=get_operator("softmax").version,
+            shape=SHAPE,
+            dtype=DTYPE,
+            gpu_model="H200",
+            budget_configs=budget,
+            strategy=strategy,
+            seed=seed,
+        ).id
+
+
+def start_worker(
+    url: str,
+    log: Path,
+    *,
+    delay: float = 0.0,
+    lease: float = 2.0,
+    extra: tuple[str, ...] = (),
+) -> subprocess.Popen:
+    """``kato worker --backend replay`` in its own process (output to ``log``)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "service.cli",
+        "worker",
+        "--db",
+        url,
+        "--backend",
+        "replay",
+        "--replay",
+        str(RECORDED),
+        "--lease-seconds",
+        str(lease),
+        "--poll-seconds",
+        "0.2",
+        "--replay-delay",
+        str(delay),
+        *extra,
+    ]
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
+    with open(log, "ab") as out:
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str, procs=(), logs=()) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    tails = "\n".join(Path(p).read_text()[-3000:] for p in logs if Path(p).exists())
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{tails}")
+
+
+def job(sessions, job_id: str) -> Job:
+    with sessions() as s:
+        found = queries.get_job(s, job_id)
+        assert found is not None
+        return found
+
+
+def stop(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+
+def claim_until_empty(url: str, worker_id: str) -> list[str]:
+    """Claim jobs (lease 60 s) until none is left; the ids claimed (run in a child process)."""
+    sessions = session_factory(init_db(url))
+    claimed = []
+    while True:
+        with sessions() as s:
+            found = queries.claim_next_job(
+                s, gpu_models=["H200"], worker_id=worker_id, lease_seconds=60
+            )
+            if found is None:
+                return claimed
+            claimed.append(found.id)

@@ -1,0 +1,136 @@
+"""Fault isolation with real child processes: planted faults (abort, silent exit, hang, backend
+bug, dead CUDA context) in a replay backend measured through IsolatedBackend. The job completes,
+the faulty configs are failed trials with their errors, the best valid config wins, and the
+worker (this process) carries on."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fault_backend import FaultyReplay
+from paths import RECORDED
+
+from db import queries
+from db.session import init_db, session_factory
+from kernels import get_operator
+from tuner.backends.base import TrialStatus
+from tuner.backends.isolated import BackendSpec, ChildStartError, IsolatedBackend, TrialInterrupted
+from tuner.backends.replay import ReplayBackend
+from tuner.worker import Worker
+
+RECORDING = RECORDED / "softmax_H200_4096x4096_float16.json.gz"
+MODES = ("abort", "exit", "hang", "raise", "poison")
+EXPECTED = {
+    "abort": (TrialStatus.CRASHED, "SIGABRT"),
+    "exit": (TrialStatus.CRASHED, "exit code 3"),
+    "hang": (TrialStatus.TIMEOUT, "no result within"),
+    "raise": (TrialStatus.CRASHED, "planted backend bug"),
+    "poison": (TrialStatus.LAUNCH_ERROR, "illegal memory access"),
+}
+
+
+@pytest.fixture(scope="module")
+def replay() -> ReplayBackend:
+    return ReplayBackend(RECORDING)
+
+
+def planted(replay: ReplayBackend) -> dict[str, str]:
+    """Faults on the recording's fastest config and four others."""
+    space = replay.space()
+    best_key = replay.cache.best()[0]
+    others = [space.key(c) for c in space.valid_configs() if space.key(c) != best_key]
+    return dict(zip([best_key, *others[10:14]], MODES, strict=True))
+
+
+def faulty_spec(faults: dict[str, str]) -> BackendSpec:
+    return BackendSpec(
+        kind="fault_backend:make", replay_file=str(RECORDING), options=(("faults", faults),)
+    )
+
+
+def test_each_fault_is_a_failed_result_and_the_child_is_replaced(replay):
+    faults = planted(replay)
+    backend = IsolatedBackend(faulty_spec(faults), trial_timeout_s=1.5)
+    try:
+        by_key = {replay.space().key(c): c for c in replay.space().valid_configs()}
+        for key, mode in faults.items():
+            result = backend.evaluate(by_key[key])
+            status, text = EXPECTED[mode]
+            assert result.status is status and text in result.error, (mode, result)
+            ok = next(c for k, c in by_key.items() if k not in faults)
+            after = backend.evaluate(ok)  # the next config runs in a working child
+            assert after.ok and after.time_ms == pytest.approx(replay.evaluate(ok).time_ms)
+        # abort, exit, hang and the dead context replace the child; a raising backend does not
+        assert backend.restarts == 4 and len(set(backend.child_pids)) == 5
+        assert backend.space().valid_configs() == replay.space().valid_configs()
+        assert backend.device() == replay.device()
+    finally:
+        backend.close()
+    assert all(not p for p in [backend._process])
+
+
+def test_interrupt_kills_a_running_measurement_at_once(replay):
+    config = replay.space().valid_configs()[0]
+    backend = IsolatedBackend(faulty_spec({replay.space().key(config): "hang"}))
+    try:
+        import threading
+
+        threading.Timer(0.3, backend.interrupt).start()
+        start = time.monotonic()
+        with pytest.raises(TrialInterrupted):
+            backend.evaluate(config)  # would hang for the default 60 s
+        assert time.monotonic() - start < 3
+        with pytest.raises(TrialInterrupted):
+            backend.evaluate(config)
+    finally:
+        backend.close()
+
+
+def test_a_child_that_cannot_start_is_an_error_not_a_hang(tmp_path):
+    with pytest.raises(ChildStartError, match="could not start"):
+        IsolatedBackend(BackendSpec(kind="replay", replay_file=str(tmp_path / "missing.json")))
+
+
+def test_a_job_with_planted_faults_completes_and_finds_the_best_valid_config(tmp_path, replay):
+    faults = planted(replay)
+    url = f"sqlite:///{tmp_path}/kato.db"
+    sessions = session_factory(init_db(url))
+    space = replay.space()
+    budget = len(space.valid_configs())  # exhaustive: every planted config is measured
+    with sessions() as s:
+        job_id = queries.create_job(
+            s,
+            operator="softmax",
+            operator_version=get_operator("softmax").version,
+            shape=[4096, 4096],
+            dtype="float16",
+            gpu_model="H200",
+            budget_configs=budget,
+            strategy="grid",
+        ).id
+    backends: list[IsolatedBackend] = []
+
+    def factory(job):
+        backends.append(IsolatedBackend(faulty_spec(faults), trial_timeout_s=1.5))
+        return backends[-1]
+
+    worker = Worker(sessions, url, ["H200"], factory, poll_seconds=0.01)
+    outcome = worker.run_once()
+    assert outcome is not None and outcome.status == "done", outcome
+    assert worker.run_once() is None  # the worker carries on: nothing left to do
+
+    with sessions() as s:
+        job = queries.get_job(s, job_id)
+        trials = {t.config_key: t for t in queries.job_trials(s, job_id)}
+    assert job.status == "done" and job.trials_done == budget == len(trials)
+    for key, mode in faults.items():
+        status, text = EXPECTED[mode]
+        assert trials[key].status == status.value and text in trials[key].error, mode
+    healthy = FaultyReplay(str(RECORDING), {})
+    best = min(
+        (healthy.evaluate(c) for c in space.valid_configs() if space.key(c) not in faults),
+        key=lambda r: r.time_ms if r.ok else float("inf"),
+    )
+    assert job.best_config == best.config and job.best_time_ms == best.time_ms
+    assert backends[0].restarts == 4

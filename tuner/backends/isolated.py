@@ -1,0 +1,393 @@
+"""Fault isolation: a backend whose measurements run in a child process the worker owns.
+
+A kernel that faults (illegal or misaligned address, ``__trap()``) leaves its CUDA context with a
+sticky error: every later call in that process fails. A kernel that deadlocks never returns. So
+the worker measures through :class:`IsolatedBackend`, a :class:`Backend` proxy: the parent sends
+each config over a pipe to a child (``multiprocessing`` "spawn" context: no CUDA state is ever
+forked) that builds the real backend from a picklable :class:`BackendSpec` and compiles, verifies
+and times it. The parent then records, for the config, one of:
+
+- the child's result (a config-specific failure such as ``compile_error`` or ``verify_error`` is
+  a normal result; the child stays up unless :meth:`Backend.healthy` says the context is dead,
+  in which case it answers and exits);
+- ``crashed``: the child died while measuring (abort, segfault, ``os._exit``);
+- ``timeout``: no answer within ``trial_timeout_s`` (compile included): the child is killed.
+
+A dead or killed child is replaced before the next config; the search never notices. Compiling
+ahead (:meth:`IsolatedBackend.precompile`) runs nvcc in the parent, which needs no GPU, so the
+child's GPU stays busy measuring while the next configs compile; before sending a config the
+parent waits for its compile, and the child finds the cubin in the on-disk cache.
+
+:meth:`IsolatedBackend.interrupt` (from another thread: a cancelled job) kills a running
+measurement at once; :meth:`IsolatedBackend.evaluate` then raises :class:`TrialInterrupted`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import importlib
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuner.backends.base import Backend, Config, DeviceInfo, TrialResult, TrialStatus
+from tuner.space import SearchSpace
+
+log = logging.getLogger(__name__)
+
+#: Default per-trial limit (compile, verify and time one config), seconds.
+DEFAULT_TRIAL_TIMEOUT_S = 60.0
+#: How long a new child may take to build its backend (CUDA context, buffers, verifier).
+DEFAULT_START_TIMEOUT_S = 300.0
+#: How often the parent checks for an interrupt while a child measures.
+_POLL_S = 0.05
+
+
+class TrialInterrupted(Exception):
+    """The measurement was stopped from outside (:meth:`IsolatedBackend.interrupt`): the job
+    was cancelled or lost. The config was not measured and must not be recorded."""
+
+
+class ChildStartError(RuntimeError):
+    """The child process could not build its backend (no device, bad spec): not a config's
+    fault, so it fails the job rather than a trial."""
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A picklable description of the backend a child builds.
+
+    Args:
+        kind: ``"pycuda"``, ``"replay"``, or ``"module:function"``: a callable taking this spec
+            and returning a :class:`Backend` (tests plant faulty backends this way). For kinds
+            other than ``pycuda`` the parent builds one instance too, for :meth:`Backend.space`
+            and :meth:`Backend.device` only: it must be cheap and need no GPU.
+        operator, shape, dtype, device_index: the task (``pycuda``).
+        replay_file: the Kernel Tuner cache file (``replay``).
+        imports: modules the child imports first (e.g. one registering a test operator).
+        options: extra keyword arguments for the backend, as (name, value) pairs.
+    """
+
+    kind: str
+    operator: str | None = None
+    shape: tuple[int, ...] = ()
+    dtype: str | None = None
+    device_index: int = 0
+    replay_file: str | None = None
+    imports: tuple[str, ...] = ()
+    options: tuple[tuple[str, Any], ...] = field(default=())
+
+    def option(self, name: str, default: Any = None) -> Any:
+        return dict(self.options).get(name, default)
+
+
+def build_backend(spec: BackendSpec) -> Backend:
+    """Build the real backend a spec describes (in the child; for non-GPU kinds also in the
+    parent). Raises whatever the backend raises for problems of its own."""
+    for module in spec.imports:
+        importlib.import_module(module)
+    if spec.kind == "pycuda":
+        from kernels import get_operator
+        from tuner.backends.pycuda import PyCudaBackend
+
+        assert spec.operator and spec.dtype, "a pycuda spec needs operator, shape and dtype"
+        return PyCudaBackend(
+            get_operator(spec.operator),
+            spec.shape,
+            spec.dtype,
+            device_index=spec.device_index,
+            **dict(spec.options),
+        )
+    if spec.kind == "replay":
+        from tuner.backends.replay import ReplayBackend
+
+        assert spec.replay_file, "a replay spec needs replay_file"
+        return ReplayBackend(spec.replay_file, **dict(spec.options))
+    module_name, _, attr = spec.kind.partition(":")
+    if not attr:
+        raise ValueError(f"unknown backend kind {spec.kind!r}: pycuda, replay or module:function")
+    return getattr(importlib.import_module(module_name), attr)(spec)
+
+
+def _child_main(conn: multiprocessing.connection.Connection, spec: BackendSpec) -> None:
+    """The child: build the backend, announce its device, then answer configs until told to
+    close or the pipe closes. Exits (without closing the CUDA context cleanly: it may be dead)
+    after a result whose backend reports itself unhealthy."""
+    try:
+        backend = build_backend(spec)
+        conn.send(("ready", backend.device()))
+    except BaseException as exc:  # report why, then exit: the parent fails the job
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # the parent went away
+            break
+        if message[0] == "close":
+            backend.close()
+            break
+        config = message[1]
+        try:
+            result = backend.evaluate(config)
+        except Exception as exc:  # the contract says never; a backend bug fails the trial only
+            result = TrialResult(
+                config=dict(config),
+                status=TrialStatus.CRASHED,
+                error=f"backend raised {type(exc).__name__}: {exc}\n"
+                + traceback.format_exc(limit=8)[-3000:],
+            )
+        healthy = result.ok or backend.healthy()
+        conn.send(("result", result, healthy))
+        if not healthy:
+            os._exit(0)  # a dead CUDA context: the parent starts a fresh child
+    conn.close()
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class IsolatedBackend(Backend):
+    """Measures in a child process built from ``spec``; see the module docstring.
+
+    Args:
+        spec: what the child builds.
+        trial_timeout_s: longest one config may take in the child (compile, verify, time).
+        start_timeout_s: longest a child may take to start.
+        compile_workers: parallel nvcc processes for :meth:`precompile` (pycuda; default: one
+            per core but one).
+
+    Raises:
+        ChildStartError: the first child could not build its backend.
+
+    Thread-safety: one thread evaluates; :meth:`interrupt` may be called from any thread.
+    """
+
+    def __init__(
+        self,
+        spec: BackendSpec,
+        *,
+        trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
+        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+        compile_workers: int | None = None,
+    ):
+        self.spec = spec
+        self.name = f"isolated-{spec.kind}"
+        self.trial_timeout_s = trial_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.compile_workers = compile_workers
+        self.restarts = 0  # children replaced after a crash, a timeout or a dead context
+        self.child_pids: list[int] = []  # every child started, in order (tests look at them)
+        self._mp = multiprocessing.get_context("spawn")
+        self._process: Any = None
+        self._conn: multiprocessing.connection.Connection | None = None
+        self._interrupted = threading.Event()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._compiling: dict[str, concurrent.futures.Future[Any]] = {}
+        self._info = self._start()
+        self._space = self._build_space()
+
+    # --- the child ------------------------------------------------------------------------
+
+    def _start(self) -> DeviceInfo:
+        parent_conn, child_conn = self._mp.Pipe()
+        process = self._mp.Process(
+            target=_child_main, args=(child_conn, self.spec), name="kato-measure", daemon=True
+        )
+        process.start()
+        child_conn.close()  # so that the child's death closes the pipe (EOF) for us
+        self._process, self._conn = process, parent_conn
+        self.child_pids.append(process.pid)
+        deadline = time.monotonic() + self.start_timeout_s
+        while not parent_conn.poll(_POLL_S):
+            if self._interrupted.is_set():
+                self._kill()
+                raise TrialInterrupted("interrupted while the measuring process started")
+            if time.monotonic() > deadline or not process.is_alive():
+                state = _describe_exit(process.exitcode)
+                self._kill()
+                raise ChildStartError(f"the measuring process did not start ({state})")
+        try:
+            message = parent_conn.recv()
+        except (EOFError, OSError):
+            self._kill()
+            raise ChildStartError("the measuring process died while starting") from None
+        if message[0] != "ready":
+            self._kill()
+            raise ChildStartError(f"the measuring process could not start: {message[1]}")
+        return message[1]
+
+    def _kill(self) -> None:
+        """Kill the child (if any) and forget it; the next evaluation starts a new one."""
+        process, conn = self._process, self._conn
+        self._process = self._conn = None
+        if conn is not None:
+            conn.close()
+        if process is not None:
+            if process.is_alive():
+                process.kill()
+            process.join(10)
+
+    def _retire(self) -> None:
+        """The child exited by itself (dead context) or died: reap it."""
+        self.restarts += 1
+        self._kill()
+
+    # --- Backend API ----------------------------------------------------------------------
+
+    def _build_space(self) -> SearchSpace:
+        if self.spec.kind != "pycuda":
+            shadow = build_backend(self.spec)  # cheap and GPU-free by the spec's contract
+            try:
+                return shadow.space()
+            finally:
+                shadow.close()
+        from functools import partial
+
+        from kernels import get_operator
+        from tuner.backends.pycuda import check_on_gpu
+        from tuner.gpus import find_gpu
+
+        assert self.spec.operator and self.spec.dtype
+        op = get_operator(self.spec.operator)
+        check = partial(
+            check_on_gpu, op, self.spec.shape, self.spec.dtype, find_gpu(self._info.model)
+        )
+        return SearchSpace(op.params, check=lambda config: check(config))
+
+    def device(self) -> DeviceInfo:
+        return self._info
+
+    def space(self) -> SearchSpace:
+        return self._space
+
+    def interrupt(self) -> None:
+        """Stop: kill a running measurement now; later evaluations raise TrialInterrupted."""
+        self._interrupted.set()
+
+    def evaluate(self, config: Config) -> TrialResult:
+        """Measure ``config`` in the child. A crash or a timeout is a failed result (status
+        ``crashed`` / ``timeout``), the child replaced.
+
+        Raises:
+            TrialInterrupted: :meth:`interrupt` was called (before or during the measurement).
+            ChildStartError: a replacement child could not start (the device is gone).
+        """
+        if self._interrupted.is_set():
+            raise TrialInterrupted("the backend was interrupted")
+        self._wait_for_compile(config)
+        if self._process is None:
+            self._start()
+        assert self._conn is not None
+        try:
+            self._conn.send(("evaluate", dict(config)))
+        except (OSError, BrokenPipeError):
+            return self._crashed(config)
+        deadline = time.monotonic() + self.trial_timeout_s
+        while True:
+            if self._interrupted.is_set():
+                self._kill()
+                raise TrialInterrupted("the measurement was interrupted")
+            if self._conn.poll(_POLL_S):
+                try:
+                    _, result, healthy = self._conn.recv()
+                except (EOFError, OSError):
+                    return self._crashed(config)
+                if not healthy:
+                    log.warning("config %s left the CUDA context unusable: new child", config)
+                    self._retire()
+                return result
+            if time.monotonic() > deadline:
+                self.restarts += 1
+                self._kill()
+                return TrialResult(
+                    config=dict(config),
+                    status=TrialStatus.TIMEOUT,
+                    error=(
+                        f"no result within {self.trial_timeout_s:g} s (compile, verify and "
+                        "time); the measuring process was killed and replaced"
+                    ),
+                )
+
+    def _crashed(self, config: Config) -> TrialResult:
+        process = self._process
+        if process is not None:
+            process.join(5)
+        state = _describe_exit(process.exitcode if process is not None else None)
+        self._retire()
+        log.warning("measuring process died (%s) on config %s", state, config)
+        return TrialResult(
+            config=dict(config),
+            status=TrialStatus.CRASHED,
+            error=f"the measuring process died ({state}) while evaluating this config; replaced",
+        )
+
+    # --- compile ahead (pycuda) -----------------------------------------------------------
+
+    def precompile(self, configs: Sequence[Config], max_workers: int | None = None) -> None:
+        """Compile ``configs`` with nvcc in the parent, in parallel, into the on-disk cache the
+        child reads (pycuda only; a no-op for other kinds)."""
+        if self.spec.kind != "pycuda":
+            return
+        from kernels import get_operator
+        from tuner.backends.pycuda import compile_config
+
+        if self._pool is None:
+            workers = max_workers or self.compile_workers or max(1, (os.cpu_count() or 2) - 1)
+            self._pool = concurrent.futures.ThreadPoolExecutor(workers, "kato-precompile")
+        op = get_operator(self.spec.operator or "")
+        cache = self.spec.option("compile_cache")
+        cache = Path(cache) if cache is not None else None
+        for config in configs:
+            key = self._space.key(config)
+            if key not in self._compiling:
+                self._compiling[key] = self._pool.submit(
+                    compile_config,
+                    op,
+                    self.spec.shape,
+                    self.spec.dtype or "",
+                    dict(config),
+                    self._info.arch,
+                    cache,
+                )
+
+    def _wait_for_compile(self, config: Config) -> None:
+        """A compile of ``config`` started ahead: wait for it so the child does not run nvcc a
+        second time; one not started yet is dropped (the child compiles it now)."""
+        future = self._compiling.pop(self._space.key(config), None)
+        if future is not None and not future.cancel():
+            # A compile error is the child's to report, as the trial's result.
+            with contextlib.suppress(Exception):
+                future.result()
+
+    def close(self) -> None:
+        """Stop the child (politely, then by force) and the compile pool. Safe to call twice."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+            self._compiling.clear()
+        if self._conn is not None and self._process is not None:
+            try:
+                self._conn.send(("close",))
+                self._process.join(10)
+            except (OSError, BrokenPipeError):
+                pass
+        self._kill()
