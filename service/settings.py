@@ -48,26 +48,6 @@ class Settings(BaseSettings):
         "jobs with enough budget left",
     )
 
-    # --- workers (README: "Faults on the GPU", "Several hosts") ---
-    trial_timeout_seconds: float = Field(
-        default=60.0,
-        gt=0,
-        allow_inf_nan=False,
-        description="per-trial limit (compile, verify, time) of an isolated measurement; a "
-        "config past it is recorded as a timeout and its process replaced",
-    )
-    isolate: bool = Field(
-        default=True,
-        description="GPU workers measure in a child process that a faulting kernel cannot "
-        "take down (false: in the worker process itself)",
-    )
-    max_workers_per_job: int = Field(
-        default=4,
-        ge=1,
-        description="most workers sharing one job (1: no sharing); idle workers join running "
-        "jobs with enough budget left",
-    )
-
     # --- security and limits (README: "Security and limits") ---
     auth_required: bool = Field(
         default=True,
