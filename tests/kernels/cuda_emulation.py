@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,6 +216,7 @@ def run_cases(
     per failing case."""
     include = cuda_include_dir()
     assert include is not None and (include / "cuda_fp16.h").is_file(), "CUDA headers not found"
+    start = time.perf_counter()
     problems = [c.spec.make_problem(c.shape, c.dtype, rng) for c in cases]
     groups = [list(range(len(cases)))[k::binaries] for k in range(binaries)]
     builds = []
@@ -232,6 +234,7 @@ def run_cases(
     for build in builds:
         _, err = build.communicate(timeout=900)
         assert build.returncode == 0, err[:4000]
+    print(f"\nemulation: {len(cases)} cases built in {time.perf_counter() - start:.0f} s")
     failures = []
     for k, group in enumerate(groups):
         for local, i in enumerate(group):
@@ -241,6 +244,7 @@ def run_cases(
             for index, a in enumerate(problem.args):
                 if isinstance(a, np.ndarray):
                     a.tofile(data / f"a{index}.bin")
+            t0 = time.perf_counter()
             proc = subprocess.run(
                 [str(workdir / f"emu{k}"), str(local), str(data)],
                 capture_output=True,
@@ -248,6 +252,8 @@ def run_cases(
                 timeout=600,
                 check=False,
             )
+            if time.perf_counter() - t0 > 2:
+                print(f"  slow case ({time.perf_counter() - t0:.1f} s): {case}")
             if proc.returncode != 0:
                 failures.append(f"{case}: exit {proc.returncode} {proc.stderr[:300]}")
                 continue
