@@ -186,7 +186,9 @@ class KatoClient:
 
     # --- the hot path -------------------------------------------------------------------------
 
-    def config(self, operator: str, shape: Sequence[int], dtype: Any, gpu: str | None = None):
+    def config(
+        self, operator: str, shape: Sequence[int], dtype: Any, gpu: str | None = None
+    ) -> dict[str, Any]:
         """The config to launch ``operator`` with on ``shape``/``dtype`` (a dict of parameter
         values; shared with the cache: do not modify it).
 
