@@ -22,6 +22,7 @@ from service.auth import AUTH_RESPONSES, require_reader
 from service.limits import BodySizeLimit
 from service.lookup_cache import LookupCache
 from service.routes import configs, gpus, health, jobs, operators, workers
+from service.schemas import ErrorPublic
 from service.settings import Settings
 
 DESCRIPTION = """\
@@ -63,6 +64,42 @@ async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": errors}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
 
 
+def _document_body_errors(app: FastAPI) -> None:
+    """Every operation that takes a body can also answer 400 (a body FastAPI cannot decode, such
+    as invalid UTF-8) and 413 (larger than ``max_body_bytes``, from :class:`BodySizeLimit`):
+    declare both in the OpenAPI schema, for routes added later too."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = build()
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.setdefault(
+            "ErrorPublic", ErrorPublic.model_json_schema(ref_template=REF_TEMPLATE)
+        )
+        error = {"content": {"application/json": {"schema": {"$ref": ERROR_REF}}}}
+        for item in schema.get("paths", {}).values():
+            for operation in item.values():
+                if isinstance(operation, dict) and "requestBody" in operation:
+                    responses = operation.setdefault("responses", {})
+                    responses.setdefault(
+                        "400", {"description": "the body could not be decoded", **error}
+                    )
+                    responses.setdefault(
+                        "413",
+                        {"description": "body larger than KATO_MAX_BODY_BYTES", **error},
+                    )
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+REF_TEMPLATE = "#/components/schemas/{model}"
+ERROR_REF = REF_TEMPLATE.format(model="ErrorPublic")
+
+
 def create_app(settings: Settings | None = None, *, engine: Engine | None = None) -> FastAPI:
     """Build the app: migrate the database (``settings.db_url``, or ``engine`` if given) to the
     newest schema, then mount the routers. OpenAPI docs at ``/docs``.
@@ -86,6 +123,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.add_exception_handler(RequestValidationError, _request_validation)
 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    _document_body_errors(app)
 
     readers: dict[str, Any] = {}
     if settings.auth_reads:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
@@ -86,7 +86,7 @@ def lookup(
     ),
 )
 async def get_config(
-    operator: str,
+    operator: Annotated[str, Path(max_length=64, examples=["softmax"])],
     request: Request,
     shape: Annotated[
         str, Query(max_length=200, description='"4096,4096" or "4096x4096"', examples=["4096x4096"])
