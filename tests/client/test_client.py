@@ -260,3 +260,24 @@ def test_gpu_detection_order_and_error(monkeypatch, tmp_path):
     kato = KatoClient("http://127.0.0.1:9", disk_cache=False)
     assert kato.gpu == detect_gpu() == "A100 80GB"
     kato.close()
+
+
+def test_threads_share_one_client(live_server, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    keys = [("softmax", (rows, 1024), "float16") for rows in range(1, 41)]
+    with client_for(live_server.url, tmp_path, ttl=0.05) as kato:
+        expected = {k: kato.lookup(*k).config for k in keys}
+
+        def hammer(offset: int) -> bool:
+            for i in range(400):
+                key = keys[(i + offset) % len(keys)]
+                if kato.config(*key) != expected[key]:
+                    return False
+            return True
+
+        with ThreadPoolExecutor(8) as pool:
+            assert all(pool.map(hammer, range(8)))
+        assert kato.wait_idle(10)
+    # Stale entries were revalidated in the background, one request per key at a time at most.
+    assert live_server.requests["GET /v1/configs/softmax"] >= len(keys)
