@@ -17,6 +17,7 @@ _BUILTIN_MODULES = (
     "kernels.reduce_sum",
     "kernels.reduce_sum_all",
     "kernels.relu",
+    "kernels.matmul",
 )
 
 

@@ -1,0 +1,459 @@
+"""Matrix multiplication ``C = A @ B`` (row-major A (M, K), B (K, N), C (M, N)): the spec of
+``matmul.cu``. Shape ``(M, N, K)``.
+
+Two code paths share one parameter space; :meth:`MatmulSpec.check` pins the parameters a path
+does not use, so that no two valid configs render the same source.
+
+float32, CUDA cores (FFMA, never TF32):
+
+- ``BM``, ``BN``, ``BK``: block tile; BK in {8, 16}.
+- ``WM``, ``WN``: warp tile. A warp's 32 lanes are laid out ``LM x LN`` with ``LM = WM / TM``
+  and ``LN = 32 / LM``; ``WN`` must equal ``LN * TN``.
+- ``TM``, ``TN``: per-thread register tile (4 or 8 each), read from shared memory as float4s.
+- ``VEC``: 4 = float4 global loads and stores (``K % 4 == 0`` and ``N % 4 == 0``), 1 = scalar
+  (any shape; only with BK=8, STAGES=2, PAD=4, MIN_BLOCKS=0: the fallback, not a tuning axis).
+- ``STAGES``: 1 = single shared buffer; 2 = double buffering, the next tile prefetched into
+  registers while the current one is multiplied.
+- ``PAD``: 0 or 4 floats of padding per row of the transposed A tile (bank conflicts of the
+  transposing stores).
+
+float16 / bfloat16, tensor cores (``mma.sync.m16n8k16``, float32 accumulators, C rounded to the
+input type like torch):
+
+- ``BM``, ``BN`` in {64, 128, 256}, ``BK`` in {32, 64}; ``WM``, ``WN`` in {32, 64}.
+- ``STAGES``: 2-4 shared-memory stages filled by ``cp.async``.
+- ``VEC``: 8 = 16-byte ``cp.async`` (``K % 8 == 0`` and ``N % 8 == 0``); 1 = scalar synchronous
+  loads (any shape; only with STAGES 2: more stages cannot overlap synchronous loads).
+- ``TM``, ``TN``, ``PAD`` are unused and pinned to 4, 4, 0.
+
+Both: ``MIN_BLOCKS`` is the min-blocks clause of ``__launch_bounds__`` (0 = none); threads per
+block are ``32 * (BM / WM) * (BN / WN)``. The grid has one block per output tile, visited in groups
+of 8 tile-rows for L2 reuse (see :meth:`MatmulSpec.launch`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from kernels.registry import register
+from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
+
+#: Opt-in maximum of dynamic + static shared memory per block (sm_90; sm_80 has 163 KiB and the
+#: tuner checks that per GPU with its catalog).
+MAX_SHARED_PER_BLOCK = 227 * 1024
+#: Resident threads per SM on sm_80/sm_90.
+MAX_THREADS_PER_SM = 2048
+#: 32-bit registers per SM.
+REGISTERS_PER_SM = 65536
+#: ptxas's hard limit per thread.
+MAX_REGISTERS_PER_THREAD = 255
+#: M, N and K are ``int`` kernel arguments; tile origins and k offsets run up to a dimension +
+#: 256: keep 64 Ki of headroom below INT32_MAX.
+MAX_DIM = 2**31 - 2**16
+#: Rows of tiles visited together (``kGroupM`` in the template): grid.y counts groups of GROUP_M
+#: tile-rows, grid.x the tiles of a group.
+GROUP_M = 8
+#: CUDA's grid.y limit, and the smallest BM of the space: M is at most 65535 * 8 * 64.
+MAX_GRID_Y = 65535
+MIN_TILE_M = 64
+MAX_M = MAX_GRID_Y * GROUP_M * MIN_TILE_M
+#: Registers besides the accumulators, fragments and prefetch buffers (indices, pointers, loop
+#: state). Fit to ptxas reports for sm_80/sm_90: with less headroom than this, a tile spills.
+FP32_REGISTER_OVERHEAD = 40
+TC_REGISTER_OVERHEAD = 48
+
+#: float32 layouts kept in the space, (BM, BN, WM, WN, TM, TN): the classic 128 x 128 tile with
+#: 8 x 8 per thread and warps of 32 x 64 or 64 x 32, its 128- and 512-thread relatives, and
+#: smaller tiles for problems with fewer tiles than SMs.
+FP32_TILES = (
+    (128, 128, 32, 64, 8, 8),
+    (128, 128, 64, 32, 8, 8),
+    (128, 256, 32, 64, 8, 8),
+    (256, 128, 64, 32, 8, 8),
+    (128, 64, 32, 64, 8, 8),
+    (64, 128, 32, 64, 8, 8),
+    (128, 128, 32, 32, 8, 4),
+    (64, 64, 16, 32, 4, 4),
+)
+#: Tensor-core layouts kept, (BM, BN, WM, WN): 4 warps of 64 x 64, 8 warps of 64 x 64 on
+#: 256-wide tiles, 8 warps of 64 x 32 / 32 x 64 on 128 x 128, and 4 warps of 32 x 32 on
+#: 64 x 64 for small problems.
+TC_TILES = (
+    (128, 128, 64, 64),
+    (128, 256, 64, 64),
+    (256, 128, 64, 64),
+    (128, 128, 64, 32),
+    (128, 128, 32, 64),
+    (64, 128, 32, 64),
+    (128, 64, 64, 32),
+    (64, 256, 64, 64),
+    (256, 64, 64, 64),
+    (64, 64, 32, 32),
+)
+
+_TC_TILE_SET = frozenset(TC_TILES)
+_FP32_TILE_SET = frozenset(FP32_TILES)
+_FP32_KEYS = ("BM", "BN", "WM", "WN", "TM", "TN")
+
+_CUDA_FLAGS = {"float32": (0, 0), "float16": (1, 0), "bfloat16": (0, 1)}  # IS_HALF, IS_BF16
+_TC_PINNED = {"TM": 4, "TN": 4, "PAD": 0}
+
+
+def is_tensor_core(dtype: str) -> bool:
+    return dtype in ("float16", "bfloat16")
+
+
+def threads_per_block(config: Config) -> int:
+    return 32 * (config["BM"] // config["WM"]) * (config["BN"] // config["WN"])
+
+
+def register_cap(config: Config) -> int:
+    """Registers per thread ptxas may use under ``__launch_bounds__(threads, MIN_BLOCKS)``:
+    ``65536 / (threads * max(MIN_BLOCKS, 1))`` rounded down to 8, at most 255."""
+    per_thread = REGISTERS_PER_SM // (threads_per_block(config) * max(config["MIN_BLOCKS"], 1))
+    return min(MAX_REGISTERS_PER_THREAD, per_thread // 8 * 8)
+
+
+def registers_needed(config: Config, dtype: str) -> int:
+    """The register model check() compares with :func:`register_cap` (no spills below it).
+
+    Fit to ptxas reports (sm_80 and sm_90), which fill whatever the cap allows by hoisting
+    addresses and fragments, so the model is about where spilling starts, not the count:
+
+    - float32: TM*TN accumulators + TM + TN fragment values + the register prefetch of
+      STAGES 2 (the thread's share of one A and one B tile: VEC registers per float4 load,
+      3 per scalar load, which also keeps its address) + 40.
+    - tensor cores: 4 floats per mma tile ((WM/16) * (WN/8) tiles) + the A and B fragments
+      of every 16-wide k step of a BK tile (the loop is unrolled and its ldmatrix hoisted:
+      (4 * WM/16 + 2 * WN/8) * BK/16) + 48. A 64 x 64 warp tile fits with BK 32, not 64.
+    """
+    if is_tensor_core(dtype):
+        mi, ni = config["WM"] // 16, config["WN"] // 8
+        return mi * ni * 4 + (mi * 4 + ni * 2) * (config["BK"] // 16) + TC_REGISTER_OVERHEAD
+    tm, tn = config["TM"], config["TN"]
+    prefetch = 0
+    if config["STAGES"] == 2:
+        threads = threads_per_block(config)
+        vec = config["VEC"]
+        loads = math.ceil(config["BM"] * config["BK"] // vec / threads)
+        loads += math.ceil(config["BK"] * config["BN"] // vec / threads)
+        prefetch = loads * (vec if vec > 1 else 3)
+    return tm * tn + tm + tn + prefetch + FP32_REGISTER_OVERHEAD
+
+
+def shared_bytes(config: Config, dtype: str) -> int:
+    """Dynamic shared memory per block (the kernel has no static shared memory)."""
+    bm, bn, bk, stages = config["BM"], config["BN"], config["BK"], config["STAGES"]
+    if is_tensor_core(dtype):
+        return stages * (bm * bk + bk * bn) * 2
+    return stages * (bk * (bm + config["PAD"]) + bk * bn) * 4
+
+
+def static_shared_bytes(config: Config) -> int:
+    """Static shared memory: none (every buffer is dynamic)."""
+    return 0
+
+
+class MatmulSpec(OperatorSpec):
+    """C = A @ B with float32 accumulation; float32 on CUDA cores, fp16/bf16 on tensor cores."""
+
+    name = "matmul"
+    description = (
+        "C = A @ B, row-major (M, K) x (K, N), float32 accumulation; float32 on CUDA cores "
+        "(no TF32), float16/bfloat16 on tensor cores (mma.sync)"
+    )
+    dtypes = ("float32", "float16", "bfloat16")
+    rank = 3
+    shape_names = ("M", "N", "K")
+    params = {
+        "BM": (64, 128, 256),
+        "BN": (64, 128, 256),
+        "BK": (8, 16, 32, 64),
+        "WM": (16, 32, 64),
+        "WN": (16, 32, 64),
+        "TM": (4, 8),
+        "TN": (4, 8),
+        "VEC": (1, 4, 8),
+        "STAGES": (1, 2, 3, 4),
+        "PAD": (0, 4),
+        "MIN_BLOCKS": (0, 2),
+    }
+    template = Path(__file__).with_name("matmul.cu")
+    kernel_name = "matmul_kernel"
+
+    # --- validation ---------------------------------------------------------------------------
+
+    def validate(self, shape: Sequence[int], dtype: str) -> tuple[int, ...]:
+        """The base checks, plus: M, N and K must fit the kernel's ``int`` arguments, and M the
+        grid (``ceil(M / BM / 8) <= 65535`` for every BM: ``M <= 33553920``)."""
+        shape = super().validate(shape, dtype)
+        if shape[0] > MAX_M:
+            raise InvalidInput(
+                f"matmul takes M up to {MAX_M} (65535 groups of 8 tiles of 64 rows); got "
+                f"M={shape[0]}: split the rows into several calls"
+            )
+        big = [f"{n}={s}" for n, s in zip(self.shape_names, shape, strict=True) if s > MAX_DIM]
+        if big:
+            raise InvalidInput(
+                f"matmul takes M, N and K up to 2**31-2**16 ({MAX_DIM}); got {', '.join(big)}"
+            )
+        return shape
+
+    def check(self, config: Config, shape: Sequence[int], dtype: str) -> str | None:
+        """Why ``config`` cannot run correctly for ``shape``/``dtype``, or None if it can.
+
+        Rejects: parameters missing, unknown or outside the space; a vector width that does
+        not divide K and N (misaligned rows); threads per block outside 64..512 or
+        ``MIN_BLOCKS * threads`` over 2048; warp tiles that do not divide the block tile;
+        shared memory over 227 KiB; register tiles the launch bounds cannot hold
+        (:func:`registers_needed` > :func:`register_cap`: they would spill); and, per path,
+        the parameter values that path does not implement (see the module docstring).
+        """
+        for name, values in self.params.items():
+            if name not in config:
+                return f"missing parameter {name}"
+            if config[name] not in values:
+                return f"{name}={config[name]!r} is not one of {values}"
+        if len(config) != len(self.params):
+            unknown = sorted(set(config) - set(self.params))
+            return f"unknown parameter(s) {', '.join(unknown)}"
+        # The layout whitelists first: they reject most of the space, cheaply.
+        tc = is_tensor_core(dtype)
+        if tc and (config["BM"], config["BN"], config["WM"], config["WN"]) not in _TC_TILE_SET:
+            return (
+                f"tile {config['BM']}x{config['BN']}, warp {config['WM']}x{config['WN']} "
+                "is not in TC_TILES"
+            )
+        if not tc and tuple(config[p] for p in _FP32_KEYS) not in _FP32_TILE_SET:
+            return "tile {}x{}, warp {}x{}, thread {}x{} is not in FP32_TILES".format(
+                *(config[p] for p in _FP32_KEYS)
+            )
+        try:
+            _, n, k = _validated(self, tuple(shape), dtype)
+        except InvalidInput as exc:
+            return str(exc)
+
+        bm, bn, wm, wn = config["BM"], config["BN"], config["WM"], config["WN"]
+        vec, min_blocks = config["VEC"], config["MIN_BLOCKS"]
+        if bm % wm or bn % wn:
+            return f"warp tile {wm}x{wn} does not divide the block tile {bm}x{bn}"
+        threads = threads_per_block(config)
+        if not 64 <= threads <= 512:
+            return f"{threads} threads per block; the space keeps 64..512"
+        if min_blocks and register_cap(config) == register_cap({**config, "MIN_BLOCKS": 0}):
+            return f"MIN_BLOCKS={min_blocks} does not lower the register cap at {threads} threads"
+        if min_blocks * threads > MAX_THREADS_PER_SM:
+            return (
+                f"MIN_BLOCKS={min_blocks} blocks of {threads} threads exceed "
+                f"{MAX_THREADS_PER_SM} threads per SM"
+            )
+        if k % vec or n % vec:
+            return f"VEC={vec} must divide K={k} and N={n} (rows would start misaligned)"
+        reason = (self._check_tc if tc else self._check_fp32)(config)
+        if reason:
+            return reason
+        smem = shared_bytes(config, dtype)
+        if smem > MAX_SHARED_PER_BLOCK:
+            return f"{smem} bytes of shared memory per block; at most {MAX_SHARED_PER_BLOCK}"
+        need, cap = registers_needed(config, dtype), register_cap(config)
+        if need > cap:
+            return (
+                f"the tile needs ~{need} registers per thread but the launch bounds allow {cap}: "
+                "it would spill"
+            )
+        return None
+
+    @staticmethod
+    def _check_fp32(config: Config) -> str | None:
+        bm, bn, bk = config["BM"], config["BN"], config["BK"]
+        wm, wn, tm, tn = config["WM"], config["WN"], config["TM"], config["TN"]
+        if bk not in (8, 16):
+            return f"float32 takes BK 8 or 16, got {bk}"
+        if config["VEC"] not in (1, 4):
+            return f"float32 takes VEC 1 or 4, got {config['VEC']}"
+        if config["STAGES"] not in (1, 2):
+            return f"float32 takes STAGES 1 or 2 (register prefetch), got {config['STAGES']}"
+        if wm % tm or 32 % (wm // tm) or wn != (32 // (wm // tm)) * tn:
+            return f"WN must be TN * 32 / (WM / TM) for WM={wm}, TM={tm}, TN={tn}; got {wn}"
+        if (bm, bn, wm, wn, tm, tn) not in FP32_TILES:
+            return f"tile {bm}x{bn}, warp {wm}x{wn}, thread {tm}x{tn} is not in FP32_TILES"
+        if config["VEC"] == 1 and (bk, config["STAGES"], config["PAD"], config["MIN_BLOCKS"]) != (
+            8,
+            2,
+            4,
+            0,
+        ):
+            return (
+                "VEC=1 (the fallback for K or N not multiples of 4) keeps BK=8, STAGES=2, PAD=4 "
+                "only (its scalar prefetch of a BK=16 tile spills)"
+            )
+        return None
+
+    @staticmethod
+    def _check_tc(config: Config) -> str | None:
+        for name, value in _TC_PINNED.items():
+            if config[name] != value:
+                return f"{name} is unused on tensor cores and pinned to {value}"
+        bm, bn, bk, wm, wn = (config[p] for p in ("BM", "BN", "BK", "WM", "WN"))
+        if (bm, bn, wm, wn) not in TC_TILES:
+            return f"tile {bm}x{bn}, warp {wm}x{wn} is not in TC_TILES"
+        if bk not in (32, 64):
+            return f"tensor cores take BK 32 or 64, got {bk}"
+        if config["VEC"] not in (1, 8):
+            return f"tensor cores take VEC 1 or 8 (16-byte cp.async), got {config['VEC']}"
+        if config["STAGES"] < 2:
+            return "tensor cores take STAGES 2, 3 or 4"
+        if config["VEC"] == 1 and config["STAGES"] != 2:
+            return "VEC=1 loads are synchronous: STAGES beyond 2 cannot overlap them"
+        return None
+
+    def default_config(self, shape: Sequence[int], dtype: str) -> Config:
+        """A valid config for any valid shape: the widest vector dividing K and N; the
+        128 x 128 tile (8 x 8 per thread in float32, 64 x 64 per warp on tensor cores) when it
+        gives at least one tile per SM of an H200 (132), else 64 x 64 tiles.
+
+        Raises:
+            InvalidInput: the shape or dtype is invalid (see :meth:`validate`).
+        """
+        m, n, k = self.validate(shape, dtype)
+        big = math.ceil(m / 128) * math.ceil(n / 128) >= 132
+        if is_tensor_core(dtype):
+            vec = 8 if k % 8 == 0 and n % 8 == 0 else 1
+            stages = 3 if vec == 8 else 2
+            if big:
+                tile = {"BM": 128, "BN": 128, "BK": 32, "WM": 64, "WN": 64}
+            else:
+                tile = {"BM": 64, "BN": 64, "BK": 32, "WM": 32, "WN": 32}
+            config = {**tile, **_TC_PINNED, "VEC": vec, "STAGES": stages, "MIN_BLOCKS": 0}
+        else:
+            vec = 4 if k % 4 == 0 and n % 4 == 0 else 1
+            if big:
+                tile = {"BM": 128, "BN": 128, "BK": 8, "WM": 32, "WN": 64, "TM": 8, "TN": 8}
+            else:
+                bk = 16 if vec == 4 else 8
+                tile = {"BM": 64, "BN": 64, "BK": bk, "WM": 16, "WN": 32, "TM": 4, "TN": 4}
+            config = {**tile, "VEC": vec, "STAGES": 2, "PAD": 4, "MIN_BLOCKS": 0}
+        reason = self.check(config, shape, dtype)
+        if reason:  # unreachable for a valid shape
+            raise AssertionError(f"default matmul config invalid for {tuple(shape)}: {reason}")
+        return config
+
+    # --- rendering and launching --------------------------------------------------------------
+
+    def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
+        """Tunables (in space order), then DTYPE, IS_HALF and IS_BF16. Nothing depends on the
+        shape: one compile serves every (M, N, K)."""
+        is_half, is_bf16 = _CUDA_FLAGS[dtype]
+        macros: dict[str, object] = {name: config[name] for name in self.params}
+        macros["DTYPE"] = DTYPES[dtype][1]
+        macros["IS_HALF"] = is_half
+        macros["IS_BF16"] = is_bf16
+        return macros
+
+    def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
+        """One block per output tile: grid.y = ``ceil(tiles_m / 8)`` groups of 8 tile-rows,
+        grid.x = ``min(tiles_m, 8) * tiles_n`` (blocks past the last, smaller group return at
+        once); ``32 * (BM/WM) * (BN/WN)`` threads; the stages' shared memory as dynamic
+        memory."""
+        m, n, _ = shape
+        tiles_m, tiles_n = math.ceil(m / config["BM"]), math.ceil(n / config["BN"])
+        return Launch(
+            grid=(min(tiles_m, GROUP_M) * tiles_n, math.ceil(tiles_m / GROUP_M), 1),
+            block=(threads_per_block(config), 1, 1),
+            shared_bytes=shared_bytes(config, dtype),
+        )
+
+    # --- problems and references --------------------------------------------------------------
+
+    def make_problem(self, shape: Sequence[int], dtype: str, rng: np.random.Generator) -> Problem:
+        """A, B ~ U(-1, 1) rounded to ``dtype`` (zeros redrawn as 0.5: never zero); C pre-filled
+        with NaN. The reference is the float64 product of the inputs *as stored*. The
+        tolerance scales with K (see :meth:`tolerance_for`)."""
+        m, n, k = self.validate(shape, dtype)
+        np_dtype = DTYPES[dtype][0]
+        a = _uniform_nonzero(rng, (m, k), np_dtype)
+        b = _uniform_nonzero(rng, (k, n), np_dtype)
+        c = np.full((m, n), np.nan, dtype=np_dtype)
+        return Problem(
+            args=[a, b, c, np.int32(m), np.int32(n), np.int32(k)],
+            outputs=[2],
+            references=[matmul_reference(a, b)],
+            tolerances=[self.tolerance_for(k, dtype)],
+        )
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        """``(atol, rtol)`` for K = 1; :meth:`make_problem` attaches :meth:`tolerance_for` K."""
+        return self.tolerance_for(1, dtype)
+
+    def tolerance_for(self, k: int, dtype: str) -> tuple[float, float]:
+        """``(atol, rtol)`` for a K-term dot product of U(-1, 1) inputs with float32 sums.
+
+        An output is a sum of K products of magnitude <= 1; its typical size is sqrt(K/9), and
+        float32 accumulation in any order (sequential per thread, in k-tiles of any size) errs
+        by about eps32 * sqrt(K) * sqrt(K/9) typically and a few times that at the tails of
+        millions of outputs. atol = 4e-7 * sqrt(K) * (sqrt(K) + 3) is ~7 * eps32 * K: for
+        K = 4096 it is 1.7e-3 against outputs of typical size 21 (8e-5 relative), far below
+        what any indexing error produces. rtol covers the rounding of C to the output type:
+        2**-11 (float16) and 2**-8 (bfloat16) at most, doubled; 1e-5 for float32.
+        """
+        if dtype not in self.dtypes:
+            raise InvalidInput(f"matmul does not support dtype {dtype!r}")
+        root = math.sqrt(max(int(k), 1))
+        atol = 4e-7 * root * (root + 3.0)
+        rtol = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 8e-3}[dtype]
+        return atol, rtol
+
+    def bytes_moved(self, shape: Sequence[int], dtype: str) -> int:
+        """A and B read once, C written once: ``(M*K + K*N + M*N) * itemsize``."""
+        m, n, k = shape
+        return (m * k + k * n + m * n) * DTYPES[dtype][2]
+
+    def buffer_bytes(self, shape: Sequence[int], dtype: str) -> int:
+        """A, B and C on the device (the backend also keeps a float32 copy of the reference:
+        ``4 * M * N`` more). 8192^3 float32: 768 MiB + 256 MiB."""
+        m, n, _ = shape
+        return self.bytes_moved(shape, dtype) + 4 * m * n
+
+    def flops(self, shape: Sequence[int], dtype: str) -> int:
+        """``2 * M * N * K`` (one multiply and one add per term)."""
+        m, n, k = shape
+        return 2 * m * n * k
+
+
+@functools.lru_cache(maxsize=64)
+def _validated(spec: MatmulSpec, shape: tuple[int, ...], dtype: str) -> tuple[int, ...]:
+    """``spec.validate`` memoised: check() runs for every config of the space."""
+    return spec.validate(shape, dtype)
+
+
+def _uniform_nonzero(rng: np.random.Generator, shape: tuple[int, int], dtype: np.dtype):
+    x = rng.uniform(-1.0, 1.0, size=shape).astype(np.float32)
+    out = x.astype(dtype, copy=False)
+    zeros = out == 0
+    if zeros.any():
+        out[zeros] = 0.5
+    return out
+
+
+def matmul_reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Float64 ``a @ b`` of the inputs as stored (any float dtype, incl. ml_dtypes)."""
+    return a.astype(np.float64) @ b.astype(np.float64)
+
+
+MATMUL = register(MatmulSpec())
+
+__all__ = [
+    "MATMUL",
+    "MatmulSpec",
+    "matmul_reference",
+    "register_cap",
+    "registers_needed",
+    "shared_bytes",
+    "static_shared_bytes",
+    "threads_per_block",
+]
