@@ -14,6 +14,7 @@ _BUILTIN_MODULES = (
     "kernels.transpose",
     "kernels.sort",
     "kernels.layernorm",
+    "kernels.batchnorm_stats",
     "kernels.reduce_sum",
     "kernels.reduce_sum_all",
     "kernels.relu",

@@ -1,0 +1,384 @@
+// BatchNorm training-mode statistics of an NCHW-contiguous tensor x (N, C, H, W), per channel c:
+//     mean_c = sum_{n,h,w} x / (N*H*W),   var_c = sum (x - mean_c)^2 / (N*H*W)   (biased)
+//     invstd_c = 1 / sqrt(var_c + eps)                    (torch.batch_norm_stats' second output)
+// float32 outputs and float32 arithmetic for every element type.
+//
+// Algorithm: the N*HW elements of a channel are split into SPLIT contiguous ranges (in the
+// channel's own order: n-major, then h*w), one block each (grid = C * SPLIT, block b handles
+// channel b / SPLIT, range b % SPLIT). Every thread keeps a Welford partial (count, mean, M2),
+// updated chunk by chunk (UNROLL vectors loaded at once, then each vector's mean and M2 computed
+// exactly from registers and merged with Chan et al.'s formula); partials are merged across lanes (shuffles) and
+// warps (shared memory). Everything runs on x - K with the channel's first element as pivot K
+// (shifted data: channels like 1e4 + N(0, 1) keep full float32 accuracy).
+// Then, with SPLIT == 1 the block writes the outputs itself; otherwise it writes its partial
+// (count, mean, M2) to workspace[(c * SPLIT + part) * 3 + {0, 1, 2}] and
+//   - two-phase (STRATEGY 0): batchnorm_stats_partial, then batchnorm_stats_finalize (a warp per
+//     channel merges the SPLIT partials; SPLIT reaches it through counters[C], which the first
+//     block of the partial kernel writes on every call);
+//   - single pass (STRATEGY 1): batchnorm_stats_fused: after writing its partial, thread 0 of
+//     each block fences and takes a ticket with atomicInc(&counters[c], SPLIT - 1); the block
+//     that draws SPLIT - 1 is the last of its channel: its first warp merges the partials (L2
+//     loads) and writes the outputs. atomicInc wraps the counter back to 0 on that last ticket,
+//     so the counters are 0 again after every call (they must be 0 before the first one).
+// Every kernel takes the same arguments:
+//     (x, mean, var, invstd, workspace, counters, N, C, HW, eps)
+// workspace: C * 256 * 3 floats (SPLIT <= 256); counters: C + 1 unsigned ints.
+//
+// Tunable parameters (`#define NAME value` before this template; kernels/batchnorm_stats):
+//   BLOCK_SIZE  threads per block of the partial/fused kernels: a multiple of 32, <= 1024.
+//   VEC         elements per vector load over H*W; HW % VEC == 0 (every (n, c) plane starts on
+//               a vector boundary), VEC * sizeof(DTYPE) <= 16 bytes.
+//   UNROLL      vectors each thread loads per step (in flight together).
+//   MIN_BLOCKS  __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS); 0 = no min-blocks clause.
+// STRATEGY and SPLIT are not macros: STRATEGY picks the kernels (steps), SPLIT the grid.
+// Derived: DTYPE (float, __half, __nv_bfloat16), IS_HALF, IS_BF16.
+// Contract (kernels.batchnorm_stats.BatchNormStatsSpec.check): x 16-byte aligned, HW % VEC == 0,
+// grid exactly C * SPLIT blocks (C * SPLIT <= 2^31 - 1), N, C, HW <= 2^30.
+
+#ifndef KATO_NS
+#define KATO_NS kato_batchnorm_stats
+#endif
+#ifndef BLOCK_SIZE
+#error "BLOCK_SIZE must be defined"
+#endif
+#ifndef VEC
+#error "VEC must be defined"
+#endif
+#ifndef UNROLL
+#define UNROLL 4
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 0
+#endif
+#ifndef DTYPE
+#define DTYPE float
+#endif
+#if !defined(IS_HALF) && !defined(IS_BF16)
+#define IS_HALF 1
+#define IS_BF16 1
+#endif
+#ifndef IS_HALF
+#define IS_HALF 0
+#endif
+#ifndef IS_BF16
+#define IS_BF16 0
+#endif
+
+#if IS_HALF
+#include <cuda_fp16.h>
+#endif
+#if IS_BF16
+#include <cuda_bf16.h>
+#endif
+
+namespace KATO_NS {
+
+using T = DTYPE;
+
+[[maybe_unused]] constexpr int kVecBytes = VEC * static_cast<int>(sizeof(T));
+[[maybe_unused]] constexpr int kWarps = BLOCK_SIZE / 32;
+//: Threads per block of the finalize kernel (a warp per channel).
+constexpr int kFinalizeThreads = 256;
+
+static_assert(BLOCK_SIZE % 32 == 0 && BLOCK_SIZE >= 32 && BLOCK_SIZE <= 1024,
+              "BLOCK_SIZE must be a multiple of 32 in [32, 1024]");
+static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC must be 1, 2, 4 or 8");
+static_assert(kVecBytes <= 16, "a vector must be at most 16 bytes");
+static_assert(UNROLL >= 1 && UNROLL <= 8, "UNROLL must be in [1, 8]");
+
+template <int Bytes>
+struct RawOf;
+template <>
+struct RawOf<2> { using type = unsigned short; };
+template <>
+struct RawOf<4> { using type = unsigned int; };
+template <>
+struct RawOf<8> { using type = uint2; };
+template <>
+struct RawOf<16> { using type = uint4; };
+using Raw = typename RawOf<kVecBytes>::type;
+
+[[maybe_unused]] __device__ __forceinline__ float to_float(float v) { return v; }
+#if IS_HALF
+[[maybe_unused]] __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+#endif
+#if IS_BF16
+[[maybe_unused]] __device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+#endif
+
+__device__ __forceinline__ void unpack(const Raw& r, float (&f)[VEC]) {
+  T t[VEC];
+  __builtin_memcpy(t, &r, sizeof(Raw));
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) f[j] = to_float(t[j]);
+}
+
+// A Welford partial of some elements of x - K: count (float, exact to 2^24), mean, M2.
+struct Stats {
+  float n;
+  float mean;
+  float m2;
+};
+
+__device__ __forceinline__ Stats empty_stats() {
+  Stats s;
+  s.n = 0.0f;
+  s.mean = 0.0f;
+  s.m2 = 0.0f;
+  return s;
+}
+
+// Chan et al.: a merged with b; an empty side is the identity (never divides by zero).
+__device__ __forceinline__ Stats merge(const Stats& a, const Stats& b) {
+  const float n = a.n + b.n;
+  const float f = __fdividef(b.n, fmaxf(n, 1.0f));  // nb / n
+  const float delta = b.mean - a.mean;
+  Stats r;
+  r.n = n;
+  r.mean = fmaf(delta, f, a.mean);
+  r.m2 = fmaf(delta * delta, a.n * f, a.m2 + b.m2);  // + delta^2 * na * nb / n
+  return r;
+}
+
+// Butterfly all-reduce over the 32 lanes (all must call it). The lower lane of each pair is the
+// left operand, so partners compute bitwise identical merges: every lane ends with the same.
+__device__ __forceinline__ Stats warp_allreduce(Stats s) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    Stats o;
+    o.n = __shfl_xor_sync(0xffffffffu, s.n, offset);
+    o.mean = __shfl_xor_sync(0xffffffffu, s.mean, offset);
+    o.m2 = __shfl_xor_sync(0xffffffffu, s.m2, offset);
+    const bool lower = (lane & offset) == 0;
+    s = lower ? merge(s, o) : merge(o, s);
+  }
+  return s;
+}
+
+// Statistics of one vector of values (all valid), exactly: the mean, then M2 about it.
+__device__ __forceinline__ Stats vector_stats(const float (&v)[VEC]) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) sum += v[k];
+  Stats s;
+  s.n = static_cast<float>(VEC);
+  s.mean = sum * (1.0f / VEC);
+  float m2 = 0.0f;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    const float d = v[k] - s.mean;
+    m2 = fmaf(d, d, m2);
+  }
+  s.m2 = m2;
+  return s;
+}
+
+// The block's partial over part `part` of `split` of channel c (every thread gets it; one
+// barrier). Thread t handles vectors start + t, start + t + BLOCK_SIZE, ... of the channel,
+// vector v being element VEC * (v % hwv) of plane (v / hwv, c).
+__device__ __forceinline__ Stats block_partial(const T* __restrict__ x, int C, int hwv, int N,
+                                               int c, int part, int split, float pivot,
+                                               Stats* red) {
+  const Raw* __restrict__ xv = reinterpret_cast<const Raw*>(x);
+  const long long total = static_cast<long long>(N) * hwv;  // vectors in the channel
+  // Balanced split without overflow: the first (total % split) parts get one vector more.
+  const long long per = total / split;
+  const long long extra = total % split;
+  const long long start = part * per + (part < extra ? part : extra);
+  const long long end = start + per + (part < extra ? 1 : 0);
+  long long v = start + threadIdx.x;
+  // (n, j) of vector v, then advanced by BLOCK_SIZE = q * hwv + r without dividing again.
+  int n = static_cast<int>(v / hwv);
+  int j = static_cast<int>(v - static_cast<long long>(n) * hwv);
+  const int q = BLOCK_SIZE / hwv;
+  const int r = BLOCK_SIZE - q * hwv;
+
+  Stats s = empty_stats();
+  while (v < end) {
+    Raw buf[UNROLL];
+    bool in[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      in[u] = v + static_cast<long long>(u) * BLOCK_SIZE < end;
+      if (in[u]) {
+        buf[u] = __ldcs(xv + ((static_cast<long long>(n) * C + c) * hwv + j));
+      }
+      j += r;
+      n += q;
+      if (j >= hwv) {
+        j -= hwv;
+        ++n;
+      }
+    }
+    // One Chan merge per vector (its VEC values' mean and M2 exactly, from registers): only the
+    // raw vectors in flight and one vector of floats are live at a time.
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      if (in[u]) {
+        float e[VEC];
+        unpack(buf[u], e);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) e[k] -= pivot;
+        s = merge(s, vector_stats(e));
+      }
+    }
+    v += static_cast<long long>(UNROLL) * BLOCK_SIZE;
+  }
+
+  s = warp_allreduce(s);
+#if BLOCK_SIZE > 32
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) red[threadIdx.x >> 5] = s;
+  __syncthreads();
+  // Every warp merges the per-warp partials in the same order (lanes >= kWarps are empty).
+  s = lane < kWarps ? red[lane] : empty_stats();
+  s = warp_allreduce(s);
+#else
+  (void)red;
+#endif
+  return s;
+}
+
+// One warp merges the `split` partials of channel c (lane l takes l, l + 32, ...; then the
+// butterfly) and lane 0 writes the outputs. All 32 lanes must call it. `coherent` loads go
+// through L2 (ld.global.cg): partials written by other blocks of the same kernel.
+template <bool Coherent>
+__device__ __forceinline__ void merge_partials(const float* __restrict__ ws, int c, int split,
+                                               float pivot, float count, float eps,
+                                               float* __restrict__ mean_out,
+                                               float* __restrict__ var_out,
+                                               float* __restrict__ invstd_out) {
+  const int lane = threadIdx.x & 31;
+  Stats s = empty_stats();
+  for (int p = lane; p < split; p += 32) {
+    const float* w = ws + (static_cast<size_t>(c) * split + p) * 3;
+    Stats o;
+    if constexpr (Coherent) {
+      o.n = __ldcg(w);
+      o.mean = __ldcg(w + 1);
+      o.m2 = __ldcg(w + 2);
+    } else {
+      o.n = w[0];
+      o.mean = w[1];
+      o.m2 = w[2];
+    }
+    s = merge(s, o);
+  }
+  s = warp_allreduce(s);
+  if (lane == 0) {
+    const float var = fmaxf(s.m2 / count, 0.0f);
+    mean_out[c] = pivot + s.mean;
+    var_out[c] = var;
+    invstd_out[c] = rsqrtf(var + eps);
+  }
+}
+
+__device__ __forceinline__ void write_final(const Stats& s, int c, float pivot, float count,
+                                            float eps, float* __restrict__ mean_out,
+                                            float* __restrict__ var_out,
+                                            float* __restrict__ invstd_out) {
+  const float var = fmaxf(s.m2 / count, 0.0f);
+  mean_out[c] = pivot + s.mean;
+  var_out[c] = var;
+  invstd_out[c] = rsqrtf(var + eps);
+}
+
+// Elements per channel as a float (exact up to 2^24, correctly rounded beyond).
+__device__ __forceinline__ float channel_count(int N, int HW) {
+  return static_cast<float>(static_cast<double>(N) * static_cast<double>(HW));
+}
+
+__device__ __forceinline__ float channel_pivot(const T* __restrict__ x, int c, int HW) {
+  return to_float(x[static_cast<size_t>(c) * static_cast<size_t>(HW)]);
+}
+
+}  // namespace KATO_NS
+
+#if MIN_BLOCKS > 0
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS)
+#else
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE)
+#endif
+
+// Two-phase, phase 1 (and the whole call when SPLIT == 1). Grid: exactly C * SPLIT blocks.
+extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_stats_partial(
+    const DTYPE* __restrict__ x, float* __restrict__ mean_out, float* __restrict__ var_out,
+    float* __restrict__ invstd_out, float* __restrict__ workspace, unsigned int* counters, int N,
+    int C, int HW, float eps) {
+  namespace kb = KATO_NS;
+  __shared__ kb::Stats red[kb::kWarps];
+  const int split = static_cast<int>(gridDim.x / static_cast<unsigned>(C));
+  const int c = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
+  const int part = static_cast<int>(blockIdx.x - static_cast<unsigned>(c) * split);
+  const float pivot = kb::channel_pivot(x, c, HW);
+  const kb::Stats s = kb::block_partial(x, C, HW / VEC, N, c, part, split, pivot, red);
+  if (threadIdx.x != 0) return;
+  if (split == 1) {
+    kb::write_final(s, c, pivot, kb::channel_count(N, HW), eps, mean_out, var_out, invstd_out);
+    return;
+  }
+  float* w = workspace + (static_cast<size_t>(c) * split + part) * 3;
+  w[0] = s.n;
+  w[1] = s.mean;
+  w[2] = s.m2;
+  if (blockIdx.x == 0) counters[C] = static_cast<unsigned int>(split);  // for the finalize step
+}
+
+// Two-phase, phase 2: a warp per channel merges its SPLIT partials (SPLIT from counters[C]).
+// Grid: ceil(C / 8) blocks of 256 threads (any grid works: grid-stride over channels).
+extern "C" __global__ void __launch_bounds__(256) batchnorm_stats_finalize(
+    const DTYPE* __restrict__ x, float* __restrict__ mean_out, float* __restrict__ var_out,
+    float* __restrict__ invstd_out, float* __restrict__ workspace, unsigned int* counters, int N,
+    int C, int HW, float eps) {
+  namespace kb = KATO_NS;
+  constexpr int kWarpsPerBlock = kb::kFinalizeThreads / 32;
+  const int split = static_cast<int>(counters[C]);
+  const float count = kb::channel_count(N, HW);
+  const int warp = threadIdx.x >> 5;
+  // The loop bound depends on the warp only: all 32 lanes iterate together (full-mask shuffles).
+  for (long long c = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + warp; c < C;
+       c += static_cast<long long>(gridDim.x) * kWarpsPerBlock) {
+    const int ch = static_cast<int>(c);
+    kb::merge_partials<false>(workspace, ch, split, kb::channel_pivot(x, ch, HW), count, eps,
+                              mean_out, var_out, invstd_out);
+  }
+}
+
+// Single pass: partials, then the last block of each channel merges them (see the top).
+// Grid: exactly C * SPLIT blocks.
+extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_stats_fused(
+    const DTYPE* __restrict__ x, float* __restrict__ mean_out, float* __restrict__ var_out,
+    float* __restrict__ invstd_out, float* __restrict__ workspace, unsigned int* counters, int N,
+    int C, int HW, float eps) {
+  namespace kb = KATO_NS;
+  __shared__ kb::Stats red[kb::kWarps];
+  __shared__ bool is_last;
+  const int split = static_cast<int>(gridDim.x / static_cast<unsigned>(C));
+  const int c = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
+  const int part = static_cast<int>(blockIdx.x - static_cast<unsigned>(c) * split);
+  const float pivot = kb::channel_pivot(x, c, HW);
+  const kb::Stats s = kb::block_partial(x, C, HW / VEC, N, c, part, split, pivot, red);
+  const float count = kb::channel_count(N, HW);
+  if (split == 1) {  // uniform per launch
+    if (threadIdx.x == 0) kb::write_final(s, c, pivot, count, eps, mean_out, var_out, invstd_out);
+    return;
+  }
+  if (threadIdx.x == 0) {
+    float* w = workspace + (static_cast<size_t>(c) * split + part) * 3;
+    __stcg(w, s.n);
+    __stcg(w + 1, s.mean);
+    __stcg(w + 2, s.m2);
+    __threadfence();  // the partial is visible device-wide before the ticket is taken
+    const unsigned int ticket = atomicInc(counters + c, static_cast<unsigned int>(split - 1));
+    is_last = ticket == static_cast<unsigned int>(split - 1);
+  }
+  __syncthreads();  // not divergent: every thread of the block reaches it
+  if (is_last && threadIdx.x < 32) {
+    __threadfence();
+    kb::merge_partials<true>(workspace, c, split, pivot, count, eps, mean_out, var_out,
+                             invstd_out);
+  }
+}

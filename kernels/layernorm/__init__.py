@@ -1,0 +1,383 @@
+"""LayerNorm forward over the last dimension of a (rows, cols) matrix: the spec of ``layernorm.cu``.
+
+``y = (x - mean) * rstd * weight + bias`` per row, with ``mean`` and the biased variance computed
+in one pass (Welford partials per thread, Chan merges across lanes and warps, all on ``x - K``
+with the row's first element as pivot K), ``rstd = 1 / sqrt(var + eps)``. Outputs: y (element
+type), mean and rstd per row (float32, what a backward pass needs).
+
+Kernel arguments (:attr:`Problem.args` order): ``x, weight, bias, y, mean, rstd, rows, cols, eps``
+(``rows``/``cols`` int32, ``eps`` float32).
+
+Parameter space (Kernel Tuner key order):
+
+- ``BLOCK_SIZE``: threads per block.
+- ``VEC``: elements per vector load/store, at most 16 bytes; ``cols % VEC == 0`` (rows start on a
+  vector boundary). ``VEC=1`` serves every ``cols``.
+- ``ROW_THREADS``: threads sharing one row: 8, 16 or 32 lanes of a warp (several rows per warp
+  for short rows, shuffles only), or 0 = the whole block (one row per block at a time).
+- ``CACHE``: 0 = the output pass re-reads x; 1 = the row is kept in dynamic shared memory
+  (``rows_per_block * cols * itemsize`` bytes); 2 = the row is kept in registers, ``ITEMS``
+  vectors per thread (at most 16). With CACHE=2 weight and bias also stay in registers across
+  the rows a thread processes when the launch bounds leave room for them (derived ``WB_REGS``).
+- ``MIN_BLOCKS``: the min-blocks clause of ``__launch_bounds__`` (0 = none). Only the register cap
+  it implies reaches the source (:func:`launch_bounds`): equivalent variants share one compile.
+- ``GROUP_ROWS``: rows each row group processes (grid = ``ceil(rows / rows_per_block /
+  GROUP_ROWS)``, grid-stride loop): more rows per group amortise the weight/bias loads. Launch
+  geometry only; it does not change the source.
+
+Accumulation is float32 for every element type (float32, float16, bfloat16).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from kernels.registry import register
+from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
+
+MAX_SHARED_PER_BLOCK = 227 * 1024
+MAX_THREADS_PER_SM = 2048
+REGISTERS_PER_SM = 65536
+MAX_REGISTERS_PER_THREAD = 255
+#: CACHE=2 holds at most this many vectors per thread.
+MAX_ITEMS = 16
+#: Registers a CACHE=2 kernel needs besides its caches (pointers, indices, statistics, unpacked
+#: floats). Fit to ptxas reports on sm_80/sm_90 (tests/kernels/test_layernorm_compile.py): below
+#: this, the row cache spills.
+REGISTER_OVERHEAD = 40
+#: The same for CACHE=2 with weight and bias in registers too (see :func:`wb_regs`).
+WB_REGISTER_OVERHEAD = 48
+INT32_MAX = 2**31 - 1
+#: Column indices run up to cols + one unrolled step (<= 8 * 1024 vectors) past the end.
+MAX_COLS = 2**31 - 2**16
+MAX_GRID_X = 2**31 - 1
+EPS = 1e-5
+
+_CUDA_FLAGS = {"float32": (0, 0), "float16": (1, 0), "bfloat16": (0, 1)}  # IS_HALF, IS_BF16
+
+
+def threads_per_row(config: Config) -> int:
+    """Threads that share one row: ROW_THREADS lanes, or the whole block (ROW_THREADS=0)."""
+    return config["ROW_THREADS"] or config["BLOCK_SIZE"]
+
+
+def rows_per_block(config: Config) -> int:
+    return config["BLOCK_SIZE"] // threads_per_row(config)
+
+
+def items_per_thread(config: Config, cols: int) -> int:
+    """Vectors each thread holds for CACHE=2: ``ceil(cols / (threads_per_row * VEC))``."""
+    return math.ceil(cols / (threads_per_row(config) * config["VEC"]))
+
+
+def register_cap(config: Config) -> int:
+    """Registers per thread ptxas may use under ``__launch_bounds__``: ``65536 / (BLOCK_SIZE *
+    max(MIN_BLOCKS, 1))`` rounded down to 8, at most 255."""
+    per_thread = REGISTERS_PER_SM // (config["BLOCK_SIZE"] * max(config["MIN_BLOCKS"], 1))
+    return min(MAX_REGISTERS_PER_THREAD, per_thread // 8 * 8)
+
+
+def effective_min_blocks(config: Config) -> int:
+    """MIN_BLOCKS as rendered: 0 where the clause would not lower the register cap (ptxas's
+    only use of it), so equivalent configs render the same source."""
+    if config["MIN_BLOCKS"] and register_cap(config) < register_cap({**config, "MIN_BLOCKS": 0}):
+        return config["MIN_BLOCKS"]
+    return 0
+
+
+#: Warp mode: the canonical __launch_bounds__ (threads, min blocks) of each register cap.
+_CANONICAL_BOUNDS = {255: (256, 0), 128: (512, 0), 64: (1024, 0), 32: (1024, 2)}
+
+
+def launch_bounds(config: Config) -> tuple[int, int]:
+    """``(LB_THREADS, LB_MIN_BLOCKS)`` as rendered. Block mode: BLOCK_SIZE and
+    :func:`effective_min_blocks`. Warp mode (the kernel takes rows per block from blockDim):
+    the canonical bounds of the config's register cap, at least BLOCK_SIZE threads, so that
+    configs with the same cap share one source (a 128- and a 256-thread block compile once)."""
+    if config["ROW_THREADS"] == 0:
+        return config["BLOCK_SIZE"], effective_min_blocks(config)
+    threads, min_blocks = _CANONICAL_BOUNDS[register_cap(config)]
+    assert threads >= config["BLOCK_SIZE"]
+    return threads, min_blocks
+
+
+def cache_registers(config: Config, cols: int, itemsize: int) -> int:
+    """32-bit registers of row data one thread holds with CACHE=2."""
+    nbytes = items_per_thread(config, cols) * config["VEC"] * itemsize
+    return nbytes // 4 + (nbytes % 4 != 0)
+
+
+def wb_regs(config: Config, cols: int, itemsize: int) -> int:
+    """1 if CACHE=2 keeps weight and bias in registers too. ptxas keeps the row unpacked to
+    float32 between the statistics and the output pass (one register per element) and weight
+    and bias packed, so this needs ``ITEMS * VEC + 2 * row registers + WB_REGISTER_OVERHEAD``
+    registers within the cap (fit to ptxas reports: tighter margins spill)."""
+    if config["CACHE"] != 2:
+        return 0
+    floats = items_per_thread(config, cols) * config["VEC"]
+    need = floats + 2 * cache_registers(config, cols, itemsize) + WB_REGISTER_OVERHEAD
+    return int(need <= register_cap(config))
+
+
+def static_shared_bytes(config: Config) -> int:
+    """Static shared memory: block mode's double-buffered (n, mean, M2) per warp."""
+    if config["ROW_THREADS"] == 0 and config["BLOCK_SIZE"] > 32:
+        return 2 * (config["BLOCK_SIZE"] // 32) * 12
+    return 0
+
+
+class LayerNormSpec(OperatorSpec):
+    """Row-wise LayerNorm forward with weight and bias; one-pass Welford statistics."""
+
+    name = "layernorm"
+    description = (
+        "layernorm forward over the last dimension of a (rows, cols) matrix with weight and "
+        "bias; outputs y, per-row mean and rstd (float32); one-pass Welford, float32 accumulation"
+    )
+    dtypes = ("float32", "float16", "bfloat16")
+    rank = 2
+    shape_names = ("rows", "cols")
+    params = {
+        "BLOCK_SIZE": (128, 256, 512, 1024),
+        "VEC": (1, 2, 4, 8),
+        "ROW_THREADS": (8, 16, 32, 0),
+        "CACHE": (0, 1, 2),
+        "MIN_BLOCKS": (0, 2),
+        "GROUP_ROWS": (1, 4, 16),
+    }
+    template = Path(__file__).with_name("layernorm.cu")
+    kernel_name = "layernorm_fwd"
+
+    # --- validation ---------------------------------------------------------------------------
+
+    def validate(self, shape: Sequence[int], dtype: str) -> tuple[int, ...]:
+        """The base checks, plus: rows and cols must fit the kernel's ``int`` arguments."""
+        shape = super().validate(shape, dtype)
+        rows, cols = shape
+        if rows > INT32_MAX or cols > MAX_COLS:
+            raise InvalidInput(
+                f"layernorm takes up to 2**31-1 rows and 2**31-2**16 columns, got {rows} x {cols}"
+            )
+        return shape
+
+    def check(self, config: Config, shape: Sequence[int], dtype: str) -> str | None:
+        """Why ``config`` cannot run correctly for ``shape``/``dtype``, or None if it can.
+
+        Rejects: parameters missing, unknown or outside the space; vectors over 16 bytes;
+        ``cols % VEC != 0``; ``MIN_BLOCKS * BLOCK_SIZE`` over 2048 threads per SM; CACHE=1
+        needing more than 227 KiB of shared memory per block; CACHE=2 needing more than 16
+        vectors per thread or more registers for the row than the launch bounds leave
+        (``row registers + REGISTER_OVERHEAD > register_cap``: it would spill).
+        """
+        for name, values in self.params.items():
+            if name not in config:
+                return f"missing parameter {name}"
+            if config[name] not in values:
+                return f"{name}={config[name]!r} is not one of {values}"
+        unknown = sorted(set(config) - set(self.params))
+        if unknown:
+            return f"unknown parameter(s) {', '.join(unknown)}"
+        try:
+            rows, cols = self.validate(shape, dtype)
+        except InvalidInput as exc:
+            return str(exc)
+
+        itemsize = DTYPES[dtype][2]
+        block, vec = config["BLOCK_SIZE"], config["VEC"]
+        cache, min_blocks = config["CACHE"], config["MIN_BLOCKS"]
+        vector_bytes = vec * itemsize
+        if vector_bytes > 16:
+            return f"VEC={vec} of {dtype} is a {vector_bytes}-byte vector; at most 16 bytes"
+        if cols % vec != 0:
+            return f"cols={cols} is not a multiple of VEC={vec}: rows would start misaligned"
+        if min_blocks * block > MAX_THREADS_PER_SM:
+            return (
+                f"MIN_BLOCKS={min_blocks} blocks of {block} threads exceed "
+                f"{MAX_THREADS_PER_SM} threads per SM"
+            )
+        if cache == 1:
+            total = self._dynamic_shared_bytes(config, cols, itemsize) + static_shared_bytes(config)
+            if total > MAX_SHARED_PER_BLOCK:
+                return (
+                    f"CACHE=1 needs {total} bytes of shared memory per block "
+                    f"({rows_per_block(config)} row(s) of {cols * itemsize} bytes); "
+                    f"at most {MAX_SHARED_PER_BLOCK}"
+                )
+        if cache == 2:
+            items = items_per_thread(config, cols)
+            if items > MAX_ITEMS:
+                return (
+                    f"CACHE=2 needs ITEMS={items} vectors per thread "
+                    f"({threads_per_row(config)} threads per row, VEC={vec}); at most {MAX_ITEMS}"
+                )
+            regs = cache_registers(config, cols, itemsize)
+            cap = register_cap(config)
+            if regs + REGISTER_OVERHEAD > cap:
+                return (
+                    f"CACHE=2 keeps {regs} registers of row data per thread, but the "
+                    f"launch bounds allow {cap} registers per thread: it would spill"
+                )
+        return None
+
+    def default_config(self, shape: Sequence[int], dtype: str) -> Config:
+        """A valid config for any valid shape: the widest vector dividing cols; short rows in
+        registers shared by the fewest lanes that keep <= 2 vectors per lane (several rows per
+        warp), then a warp per row in registers (<= 8 vectors per lane), a block per row in
+        registers (<= 8 per thread), in shared memory, and streaming for the longest rows.
+        Many short rows: each group handles 4 rows so that weight/bias registers are reused.
+        """
+        rows, cols = self.validate(shape, dtype)
+        itemsize = DTYPES[dtype][2]
+        vec = max(v for v in self.params["VEC"] if v * itemsize <= 16 and cols % v == 0)
+
+        def make(block: int, row_threads: int, cache: int, limit: int) -> Config | None:
+            config = {
+                "BLOCK_SIZE": block,
+                "VEC": vec,
+                "ROW_THREADS": row_threads,
+                "CACHE": cache,
+                "MIN_BLOCKS": 0,
+                "GROUP_ROWS": 1,
+            }
+            if cache == 2 and items_per_thread(config, cols) > limit:
+                return None
+            if self.check(config, shape, dtype) is not None:
+                return None
+            # Enough blocks for ~8 waves of 132 SMs x 8 blocks even at 4 rows per group.
+            if math.ceil(rows / rows_per_block(config)) >= 4 * 132 * 8 * 8:
+                config["GROUP_ROWS"] = 4
+            return config
+
+        candidates = [(256, lanes, 2, 2) for lanes in (8, 16, 32)]
+        candidates += [(256, 32, 2, 8)]
+        candidates += [(block, 0, 2, 8) for block in (256, 512, 1024)]
+        candidates += [(1024, 0, 1, 0), (1024, 0, 0, 0)]
+        for block, lanes, cache, limit in candidates:
+            config = make(block, lanes, cache, limit)
+            if config is not None:
+                return config
+        raise AssertionError(f"no default layernorm config for {tuple(shape)} {dtype}")
+
+    # --- rendering and launching --------------------------------------------------------------
+
+    def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
+        """BLOCK_SIZE (block mode only), VEC, ROW_THREADS, CACHE, the launch bounds
+        (:func:`launch_bounds`), DTYPE, IS_HALF, IS_BF16, ITEMS and WB_REGS.
+
+        GROUP_ROWS only changes the grid and is not rendered; ITEMS and WB_REGS are 0 unless
+        CACHE=2, so a CACHE=0/1 source does not depend on the shape (one compile serves every
+        shape).
+        """
+        _, cols = shape
+        itemsize = DTYPES[dtype][2]
+        is_half, is_bf16 = _CUDA_FLAGS[dtype]
+        macros: dict[str, object] = {}
+        if config["ROW_THREADS"] == 0:
+            macros["BLOCK_SIZE"] = config["BLOCK_SIZE"]
+        macros.update({name: config[name] for name in ("VEC", "ROW_THREADS", "CACHE")})
+        macros["LB_THREADS"], macros["LB_MIN_BLOCKS"] = launch_bounds(config)
+        macros["DTYPE"] = DTYPES[dtype][1]
+        macros["IS_HALF"] = is_half
+        macros["IS_BF16"] = is_bf16
+        macros["ITEMS"] = items_per_thread(config, cols) if config["CACHE"] == 2 else 0
+        macros["WB_REGS"] = wb_regs(config, cols, itemsize)
+        return macros
+
+    def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
+        """``ceil(rows / (rows_per_block * GROUP_ROWS))`` blocks (grid-stride over rows), dynamic
+        shared memory only for CACHE=1: ``rows_per_block * cols * itemsize``."""
+        rows, cols = shape
+        grid = min(math.ceil(rows / (rows_per_block(config) * config["GROUP_ROWS"])), MAX_GRID_X)
+        shared = self._dynamic_shared_bytes(config, cols, DTYPES[dtype][2])
+        return Launch(grid=(grid, 1, 1), block=(config["BLOCK_SIZE"], 1, 1), shared_bytes=shared)
+
+    @staticmethod
+    def _dynamic_shared_bytes(config: Config, cols: int, itemsize: int) -> int:
+        if config["CACHE"] != 1:
+            return 0
+        return rows_per_block(config) * cols * itemsize
+
+    # --- problems and references --------------------------------------------------------------
+
+    def make_problem(self, shape: Sequence[int], dtype: str, rng: np.random.Generator) -> Problem:
+        """x = scale * N(0, 1) + a per-row offset; weight ~ +-U(0.5, 1.5), bias ~ U(-1, 1).
+
+        Rows 0, 4, 8, ... get a large offset with a small spread (float32: 1e4 + N(0, 1), where
+        the naive E[x^2] - E[x]^2 in float32 loses the variance entirely; float16/bfloat16:
+        1e3 + 8 N(0, 1), still far beyond their spacing at 1e3); the others get U(-5, 5) +
+        U(0.1, 4) * N(0, 1). eps = 1e-5. y, mean and rstd are pre-filled with NaN. References are
+        float64, from the inputs *as stored* in ``dtype``.
+        """
+        rows, cols = self.validate(shape, dtype)
+        np_dtype = DTYPES[dtype][0]
+        offsets = rng.uniform(-5.0, 5.0, size=(rows, 1)).astype(np.float32)
+        scales = rng.uniform(0.1, 4.0, size=(rows, 1)).astype(np.float32)
+        big = 1e4 if dtype == "float32" else 1e3
+        offsets[0::4] = big
+        scales[0::4] = 1.0 if dtype == "float32" else 8.0
+        x32 = rng.standard_normal((rows, cols), dtype=np.float32)
+        x32 *= scales
+        x32 += offsets
+        x = x32.astype(np_dtype, copy=False)
+        del x32
+        sign = np.where(rng.random(cols) < 0.5, -1.0, 1.0)
+        weight = (sign * rng.uniform(0.5, 1.5, size=cols)).astype(np.float32).astype(np_dtype)
+        bias = rng.uniform(-1.0, 1.0, size=cols).astype(np.float32).astype(np_dtype)
+        y = np.full((rows, cols), np.nan, dtype=np_dtype)
+        mean = np.full(rows, np.nan, dtype=np.float32)
+        rstd = np.full(rows, np.nan, dtype=np.float32)
+        ref_y, ref_mean, ref_rstd = layernorm_reference(x, weight, bias, EPS)
+        atol, rtol = self.tolerance(dtype)
+        return Problem(
+            args=[x, weight, bias, y, mean, rstd, np.int32(rows), np.int32(cols), np.float32(EPS)],
+            outputs=[3, 4, 5],
+            references=[ref_y, ref_mean, ref_rstd],
+            tolerances=[(atol, rtol), STATS_TOLERANCE, STATS_TOLERANCE],
+        )
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        """``(atol, rtol)`` of y against the float64 reference (mean and rstd: STATS_TOLERANCE).
+
+        float32: a few ulp of |x - mean| * rstd * |w| + |b| (values up to ~10): rtol 1e-5 and
+        atol 2e-5 for outputs near zero after cancellation of the two terms. The pivot keeps
+        (x - mean) exact even for rows at 1e4.
+        float16 / bfloat16: the output rounding alone is half an ulp, 2**-11 resp. 2**-9
+        relative; rtol is 4x that, atol covers results near zero (a few ulp of |b| ~ 1).
+        """
+        if dtype not in self.dtypes:
+            raise InvalidInput(f"layernorm does not support dtype {dtype!r}")
+        return {"float32": (2e-5, 1e-5), "float16": (1e-3, 2e-3), "bfloat16": (8e-3, 8e-3)}[dtype]
+
+    def bytes_moved(self, shape: Sequence[int], dtype: str) -> int:
+        """x read and y written once, weight and bias read once, mean and rstd written once."""
+        rows, cols = shape
+        itemsize = DTYPES[dtype][2]
+        return 2 * rows * cols * itemsize + 2 * cols * itemsize + 2 * rows * 4
+
+
+#: ``(atol, rtol)`` of the float32 mean and rstd outputs, for every element type: a float32
+#: mean/variance over up to ~1e6 elements in Welford/Chan order is good to a few 1e-7 relative;
+#: atol covers means near zero (rows of mean ~0 with values of magnitude ~10).
+STATS_TOLERANCE = (1e-5, 1e-5)
+
+
+def layernorm_reference(
+    x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Float64 (y, mean, rstd) of a row-wise layernorm with biased variance (torch.layer_norm)."""
+    x64 = x.astype(np.float64)
+    mean = x64.mean(axis=-1)
+    centred = x64 - mean[:, None]
+    var = np.mean(centred * centred, axis=-1)
+    rstd = 1.0 / np.sqrt(var + eps)
+    centred *= rstd[:, None]
+    centred *= weight.astype(np.float64)
+    centred += bias.astype(np.float64)
+    return centred, mean, rstd
+
+
+register(LayerNormSpec())

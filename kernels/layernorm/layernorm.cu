@@ -1,0 +1,503 @@
+// LayerNorm forward over the last dimension of a row-major (rows, cols) matrix:
+//     mean_r = sum_c x[r, c] / cols,   var_r = sum_c (x[r, c] - mean_r)^2 / cols  (biased)
+//     rstd_r = 1 / sqrt(var_r + eps),  y[r, c] = (x[r, c] - mean_r) * rstd_r * w[c] + b[c]
+// with float32 arithmetic for every element type; mean and rstd are float32 outputs (what a
+// backward pass needs), y has the element type.
+//
+// Statistics are computed in ONE pass over x with Welford/Chan: every thread keeps a partial
+// (count, mean, M2) of the elements it has seen (CACHE 2: all of its cached elements at once,
+// mean then M2 exactly from registers; streaming: vector by vector, each vector's mean and M2
+// exact, merged with Chan et al.'s formula), and the
+// partials are merged across lanes with warp shuffles and across warps through shared memory.
+// All of it runs on x - K, where the pivot K is the row's first element (the "shifted data"
+// algorithm): for rows like 1e4 + N(0, 1) the partial means are small numbers with small
+// rounding errors, so y = ((x - K) - mean_s) * rstd keeps full float32 accuracy, and the mean
+// output K + mean_s is rounded once.
+//
+// Tunable parameters arrive as `#define NAME value` lines before this template
+// (kernels/layernorm/__init__.py renders them):
+//   BLOCK_SIZE   threads per block: a multiple of 32, at most 1024 (ROW_THREADS 0 only; warp
+//                mode takes the block size from the launch).
+//   VEC          elements per vector load/store; VEC * sizeof(DTYPE) <= 16 bytes.
+//   ROW_THREADS  threads sharing one row: 8, 16 or 32 lanes of a warp (32 / ROW_THREADS rows per
+//                warp, shuffles only, no block barrier), or 0: the whole block (one row per
+//                block at a time; shuffles, then a small shared array across warps).
+//   CACHE        0: the statistics pass streams x, the output pass re-reads it (L1/L2 hits if
+//                lucky). 1: the row is kept in dynamic shared memory as DTYPE between the passes.
+//                2: the row is kept in registers, ITEMS vectors per thread.
+//   MIN_BLOCKS   __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS); 0 = no min-blocks clause.
+//   LB_THREADS, LB_MIN_BLOCKS  the launch bounds actually used (default BLOCK_SIZE, MIN_BLOCKS);
+//                the spec renders these two instead of BLOCK_SIZE/MIN_BLOCKS in warp mode.
+// Derived macros (the spec computes them; defaults let the template compile standalone):
+//   DTYPE        float, __half or __nv_bfloat16; IS_HALF, IS_BF16 select the headers.
+//   ITEMS        CACHE == 2 only: ceil(cols / (threads per row * VEC)); 0 otherwise.
+//   WB_REGS      CACHE == 2 only: 1 = weight and bias vectors are loaded into registers once
+//                and reused for every row the thread's group processes (the grid-stride loop
+//                over rows); 0 = re-read per row (L1 hits).
+//
+// Contract (kernels.layernorm.LayerNormSpec.check enforces it): all pointers 16-byte aligned
+// (cudaMalloc gives 256), cols % VEC == 0 (every row starts on a vector boundary), CACHE == 2
+// needs cols <= ITEMS * threads_per_row * VEC, CACHE == 1 needs the launch to pass
+// rows_per_block * cols * sizeof(DTYPE) bytes of dynamic shared memory, rows < 2^31,
+// cols <= 2^31 - 2^16 (column indices run one unrolled step past cols).
+
+#ifndef KATO_NS
+#define KATO_NS kato_layernorm
+#endif
+#ifndef VEC
+#error "VEC must be defined"
+#endif
+#ifndef ROW_THREADS
+#error "ROW_THREADS must be defined"
+#endif
+#ifndef CACHE
+#error "CACHE must be defined"
+#endif
+#if ROW_THREADS == 0 && !defined(BLOCK_SIZE)
+#error "BLOCK_SIZE must be defined for ROW_THREADS 0"
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 0
+#endif
+// __launch_bounds__(LB_THREADS, LB_MIN_BLOCKS). Warp mode does not depend on the block size
+// otherwise (rows per block = blockDim.x / ROW_THREADS at run time), so the spec renders the
+// canonical bounds of the config's register cap there and configs of equal cap share a compile.
+#ifndef LB_THREADS
+#define LB_THREADS BLOCK_SIZE
+#endif
+#ifndef LB_MIN_BLOCKS
+#define LB_MIN_BLOCKS MIN_BLOCKS
+#endif
+#ifndef DTYPE
+#define DTYPE float
+#endif
+#if !defined(IS_HALF) && !defined(IS_BF16)
+#define IS_HALF 1
+#define IS_BF16 1
+#endif
+#ifndef IS_HALF
+#define IS_HALF 0
+#endif
+#ifndef IS_BF16
+#define IS_BF16 0
+#endif
+#ifndef ITEMS
+#define ITEMS 1
+#endif
+#ifndef WB_REGS
+#define WB_REGS 0
+#endif
+
+#if IS_HALF
+#include <cuda_fp16.h>
+#endif
+#if IS_BF16
+#include <cuda_bf16.h>
+#endif
+
+namespace KATO_NS {
+
+using T = DTYPE;
+
+[[maybe_unused]] constexpr int kVecBytes = VEC * static_cast<int>(sizeof(T));
+#if ROW_THREADS == 0
+[[maybe_unused]] constexpr int kWarps = BLOCK_SIZE / 32;
+[[maybe_unused]] constexpr int kThreadsPerRow = BLOCK_SIZE;
+static_assert(BLOCK_SIZE % 32 == 0 && BLOCK_SIZE >= 32 && BLOCK_SIZE <= 1024,
+              "BLOCK_SIZE must be a multiple of 32 in [32, 1024]");
+#else
+[[maybe_unused]] constexpr int kWarps = 1;  // unused: no cross-warp reduction
+[[maybe_unused]] constexpr int kThreadsPerRow = ROW_THREADS;
+#endif
+// Lanes of a warp that share one row (the shuffle width).
+[[maybe_unused]] constexpr int kLanes = kThreadsPerRow < 32 ? kThreadsPerRow : 32;
+[[maybe_unused]] constexpr int kRowsPerWarp = 32 / kLanes;
+// Vectors loaded per thread per step of the streaming passes (CACHE 0/1): 64 bytes in flight.
+[[maybe_unused]] constexpr int kUnroll = 64 / kVecBytes < 8 ? 64 / kVecBytes : 8;
+
+static_assert(LB_THREADS % 32 == 0 && LB_THREADS >= 32 && LB_THREADS <= 1024,
+              "LB_THREADS must be a multiple of 32 in [32, 1024]");
+static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC must be 1, 2, 4 or 8");
+static_assert(kVecBytes <= 16, "a vector must be at most 16 bytes");
+static_assert(ROW_THREADS == 0 || ROW_THREADS == 8 || ROW_THREADS == 16 || ROW_THREADS == 32,
+              "ROW_THREADS must be 0 (block), 8, 16 or 32");
+static_assert(CACHE >= 0 && CACHE <= 2, "CACHE must be 0, 1 or 2");
+static_assert(CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in [1, 64]");
+
+template <int Bytes>
+struct RawOf;
+template <>
+struct RawOf<2> { using type = unsigned short; };
+template <>
+struct RawOf<4> { using type = unsigned int; };
+template <>
+struct RawOf<8> { using type = uint2; };
+template <>
+struct RawOf<16> { using type = uint4; };
+using Raw = typename RawOf<kVecBytes>::type;
+
+[[maybe_unused]] __device__ __forceinline__ float to_float(float v) { return v; }
+[[maybe_unused]] __device__ __forceinline__ void from_float(float v, float& out) { out = v; }
+[[maybe_unused]] __device__ __forceinline__ void from_float2(float a, float b, float* out) {
+  out[0] = a;
+  out[1] = b;
+}
+#if IS_HALF
+[[maybe_unused]] __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+[[maybe_unused]] __device__ __forceinline__ void from_float(float v, __half& out) {
+  out = __float2half_rn(v);
+}
+[[maybe_unused]] __device__ __forceinline__ void from_float2(float a, float b, __half* out) {
+  const __half2 h = __floats2half2_rn(a, b);
+  __builtin_memcpy(out, &h, sizeof(h));
+}
+#endif
+#if IS_BF16
+[[maybe_unused]] __device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+[[maybe_unused]] __device__ __forceinline__ void from_float(float v, __nv_bfloat16& out) {
+  out = __float2bfloat16_rn(v);
+}
+[[maybe_unused]] __device__ __forceinline__ void from_float2(float a, float b,
+                                                             __nv_bfloat16* out) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  __builtin_memcpy(out, &h, sizeof(h));
+}
+#endif
+
+__device__ __forceinline__ void unpack(const Raw& r, float (&f)[VEC]) {
+  T t[VEC];
+  __builtin_memcpy(t, &r, sizeof(Raw));
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) f[j] = to_float(t[j]);
+}
+
+__device__ __forceinline__ Raw pack(const float (&f)[VEC]) {
+  T t[VEC];
+  if constexpr (VEC % 2 == 0) {
+#pragma unroll
+    for (int j = 0; j < VEC; j += 2) from_float2(f[j], f[j + 1], &t[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) from_float(f[j], t[j]);
+  }
+  Raw r;
+  __builtin_memcpy(&r, t, sizeof(Raw));
+  return r;
+}
+
+// A Welford partial: count, mean and M2 (sum of squared deviations from the mean) of some
+// elements of x - K. Counts are floats (exact up to 2^24 elements per partial).
+struct Stats {
+  float n;
+  float mean;
+  float m2;
+};
+
+// Chan et al.: merge partial b into a. A count of 0 on either side is the identity (an empty
+// partial never divides by zero: nb / max(n, 1) is 0 when both are empty).
+__device__ __forceinline__ Stats merge(const Stats& a, const Stats& b) {
+  const float n = a.n + b.n;
+  const float f = __fdividef(b.n, fmaxf(n, 1.0f));  // nb / n
+  const float delta = b.mean - a.mean;
+  Stats r;
+  r.n = n;
+  r.mean = fmaf(delta, f, a.mean);
+  r.m2 = fmaf(delta * delta, a.n * f, a.m2 + b.m2);  // + delta^2 * na * nb / n
+  return r;
+}
+
+// Butterfly all-reduce over aligned groups of `Width` lanes. The lower lane of each pair is
+// always the left operand, so both partners compute the bitwise identical merge and every
+// lane of a group ends with the same statistics. All 32 lanes must call it (full mask).
+template <int Width>
+__device__ __forceinline__ Stats warp_allreduce(Stats s) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int offset = Width / 2; offset > 0; offset >>= 1) {
+    Stats o;
+    o.n = __shfl_xor_sync(0xffffffffu, s.n, offset);
+    o.mean = __shfl_xor_sync(0xffffffffu, s.mean, offset);
+    o.m2 = __shfl_xor_sync(0xffffffffu, s.m2, offset);
+    const bool lower = (lane & offset) == 0;
+    s = lower ? merge(s, o) : merge(o, s);
+  }
+  return s;
+}
+
+constexpr int next_pow2(int n) { return n <= 1 ? 1 : 2 * next_pow2((n + 1) / 2); }
+[[maybe_unused]] constexpr int kWarpsPow2 = next_pow2(kWarps);
+
+// All threads of a row group end with the row's statistics. For ROW_THREADS == 0, `red` is this
+// row's slot of a double-buffered shared array (see the kernel): one barrier per row.
+__device__ __forceinline__ Stats row_allreduce(Stats s, Stats* red) {
+  s = warp_allreduce<kLanes>(s);
+#if ROW_THREADS == 0 && BLOCK_SIZE > 32
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) red[threadIdx.x >> 5] = s;
+  __syncthreads();
+  // Every warp merges the per-warp partials itself (broadcast reads, then shuffles): the same
+  // data in the same order, so every warp gets the same result, and no second barrier.
+  const int slot = lane & (kWarpsPow2 - 1);
+  Stats p;
+  if (slot < kWarps) {
+    p = red[slot];
+  } else {
+    p.n = 0.0f;
+    p.mean = 0.0f;
+    p.m2 = 0.0f;
+  }
+  s = warp_allreduce<kWarpsPow2>(p);
+#else
+  (void)red;
+#endif
+  return s;
+}
+
+// Statistics of one vector of values (all valid), exactly: the mean, then M2 about it.
+__device__ __forceinline__ Stats vector_stats(const float (&v)[VEC]) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) sum += v[k];
+  Stats s;
+  s.n = static_cast<float>(VEC);
+  s.mean = sum * (1.0f / VEC);
+  float m2 = 0.0f;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    const float d = v[k] - s.mean;
+    m2 = fmaf(d, d, m2);
+  }
+  s.m2 = m2;
+  return s;
+}
+
+// What a row group needs to normalise: (x - K - mean_s) * (rstd * w) + b.
+struct RowNorm {
+  float pivot;   // K
+  float mean_s;  // mean of x - K
+  float rstd;
+};
+
+__device__ __forceinline__ RowNorm finish(const Stats& s, float pivot, int cols, float eps) {
+  RowNorm r;
+  r.pivot = pivot;
+  r.mean_s = s.mean;
+  const float var = fmaxf(s.m2 / static_cast<float>(cols), 0.0f);
+  r.rstd = rsqrtf(var + eps);
+  return r;
+}
+
+__device__ __forceinline__ Raw normalise(const Raw& xv, const Raw& wv, const Raw& bv,
+                                         const RowNorm& rn) {
+  float f[VEC], w[VEC], b[VEC];
+  unpack(xv, f);
+  unpack(wv, w);
+  unpack(bv, b);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) f[j] = fmaf((f[j] - rn.pivot) - rn.mean_s, rn.rstd * w[j], b[j]);
+  return pack(f);
+}
+
+}  // namespace KATO_NS
+
+#if LB_MIN_BLOCKS > 0
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(LB_THREADS, LB_MIN_BLOCKS)
+#else
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(LB_THREADS)
+#endif
+
+// Grid: ceil(rows / rows_per_block / GROUP_ROWS) blocks (the spec's launch); any grid is
+// correct: every row group loops over rows with a grid stride. In warp mode the loop is uniform
+// per warp (rows past the end are processed as empty rows and not stored), so the full-mask
+// shuffles always have all 32 lanes; in block mode it is uniform per block (barriers).
+extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_fwd(
+    const DTYPE* __restrict__ x, const DTYPE* __restrict__ weight, const DTYPE* __restrict__ bias,
+    DTYPE* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out, int rows,
+    int cols, float eps) {
+  namespace kn = KATO_NS;
+  using Raw = kn::Raw;
+  constexpr int P = kn::kThreadsPerRow;
+  const int nvec = cols / VEC;
+  const Raw* __restrict__ wv = reinterpret_cast<const Raw*>(weight);
+  const Raw* __restrict__ bv = reinterpret_cast<const Raw*>(bias);
+
+#if ROW_THREADS == 0
+  const int t = threadIdx.x;
+  const int group = 0;
+  const long long first = blockIdx.x;
+  const long long stride = gridDim.x;
+#if BLOCK_SIZE > 32
+  __shared__ kn::Stats red[2][kn::kWarps];
+#endif
+#else
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int t = lane & (kn::kLanes - 1);
+  const int group = lane / kn::kLanes;  // row group within the warp
+  // Rows per block from the launch (blockDim.x <= LB_THREADS, a multiple of 32).
+  const int rows_per_block = static_cast<int>(blockDim.x) / kn::kLanes;
+  // 64-bit: blockIdx.x * rows_per_block can pass INT_MAX on the last blocks.
+  const long long first =
+      static_cast<long long>(blockIdx.x) * rows_per_block + warp * kn::kRowsPerWarp;
+  const long long stride = static_cast<long long>(gridDim.x) * rows_per_block;
+#endif
+
+#if CACHE == 1
+  extern __shared__ __align__(16) unsigned char kato_smem[];
+  // Row group g of the block owns row slot g: (threadIdx.x / P) * nvec vectors in.
+  Raw* const srow = reinterpret_cast<Raw*>(kato_smem) + static_cast<size_t>(threadIdx.x / P) * nvec;
+#endif
+
+#if CACHE == 2 && WB_REGS
+  // The columns a thread touches are the same in every row: weight and bias stay in registers.
+  Raw wr[ITEMS], br[ITEMS];
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int idx = t + i * P;
+    if (idx < nvec) {
+      wr[i] = __ldg(wv + idx);
+      br[i] = __ldg(bv + idx);
+    }
+  }
+#endif
+
+  int parity = 0;
+  for (long long base = first; base < rows; base += stride, parity ^= 1) {
+    const long long row = base + group;
+    const bool valid = row < rows;
+    // An empty row past the end: no loads, no stores, but it joins the shuffles.
+    const int n_here = valid ? nvec : 0;
+    const size_t offset = valid ? static_cast<size_t>(row) * static_cast<size_t>(cols) : 0;
+    const Raw* __restrict__ xr = reinterpret_cast<const Raw*>(x + offset);
+    Raw* __restrict__ yr = reinterpret_cast<Raw*>(y + offset);
+#if ROW_THREADS == 0 && BLOCK_SIZE > 32
+    kn::Stats* const slot = red[parity];
+#else
+    kn::Stats* const slot = nullptr;
+#endif
+    // Pivot K: the row's first element (a broadcast load every thread of the group makes).
+    float pivot = 0.0f;
+    if (valid) {
+      float f0[VEC];
+      kn::unpack(__ldg(xr), f0);
+      pivot = f0[0];
+    }
+
+#if CACHE == 2
+    Raw r[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int idx = t + i * P;
+      if (idx < n_here) r[i] = __ldcs(xr + idx);
+    }
+    // The thread's partial over all its cached elements, exactly: the mean of x - K, then M2
+    // about it (two passes over registers; unpacking again is cheaper than holding floats).
+    float sum = 0.0f;
+    int count = 0;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      if (t + i * P < n_here) {
+        float f[VEC];
+        kn::unpack(r[i], f);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) sum += f[j] - pivot;
+        count += VEC;
+      }
+    }
+    kn::Stats s;
+    s.n = static_cast<float>(count);
+    s.mean = __fdividef(sum, fmaxf(s.n, 1.0f));
+    float m2 = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      if (t + i * P < n_here) {
+        float f[VEC];
+        kn::unpack(r[i], f);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float d = (f[j] - pivot) - s.mean;
+          m2 = fmaf(d, d, m2);
+        }
+      }
+    }
+    s.m2 = m2;
+    s = kn::row_allreduce(s, slot);
+    const kn::RowNorm rn = kn::finish(s, pivot, cols, eps);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int idx = t + i * P;
+      if (idx < n_here) {
+#if WB_REGS
+        const Raw wi = wr[i];
+        const Raw bi = br[i];
+#else
+        const Raw wi = __ldg(wv + idx);
+        const Raw bi = __ldg(bv + idx);
+#endif
+        __stcs(yr + idx, kn::normalise(r[i], wi, bi, rn));
+      }
+    }
+#else   // CACHE 0 or 1: stream the row, kUnroll vectors per thread per step.
+    constexpr int U = kn::kUnroll;
+    constexpr int kStep = P * U;
+    kn::Stats s;
+    s.n = 0.0f;
+    s.mean = 0.0f;
+    s.m2 = 0.0f;
+    for (int b0 = t; b0 < n_here; b0 += kStep) {
+      Raw r[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int idx = b0 + u * P;
+        if (idx < n_here) r[u] = __ldg(xr + idx);
+      }
+      // One Chan merge per vector (its mean and M2 exactly from registers): only the raw
+      // vectors in flight and one vector of floats are live at a time.
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int idx = b0 + u * P;
+        if (idx < n_here) {
+#if CACHE == 1
+          srow[idx] = r[u];  // the same thread reads it back in the output pass: no barrier
+#endif
+          float f[VEC];
+          kn::unpack(r[u], f);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) f[j] -= pivot;
+          s = kn::merge(s, kn::vector_stats(f));
+        }
+      }
+    }
+    s = kn::row_allreduce(s, slot);
+    const kn::RowNorm rn = kn::finish(s, pivot, cols, eps);
+    for (int b0 = t; b0 < n_here; b0 += kStep) {
+      Raw r[U], wi[U], bi[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int idx = b0 + u * P;
+        if (idx < n_here) {
+#if CACHE == 1
+          r[u] = srow[idx];
+#else
+          r[u] = __ldcs(xr + idx);  // last use of x: evict first
+#endif
+          wi[u] = __ldg(wv + idx);
+          bi[u] = __ldg(bv + idx);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int idx = b0 + u * P;
+        if (idx < n_here) __stcs(yr + idx, kn::normalise(r[u], wi[u], bi[u], rn));
+      }
+    }
+#endif  // CACHE
+    if (valid && t == 0) {
+      mean_out[row] = rn.pivot + rn.mean_s;
+      rstd_out[row] = rn.rstd;
+    }
+  }
+  (void)parity;
+}

@@ -1,0 +1,98 @@
+"""The batchnorm_stats kernels' logic on the CPU: the real template compiled as host C++ against
+tests/kernels/cuda_emulation.py (blocks one after another, a std::thread per CUDA thread), every
+step of spec.steps() launched with its real grid: two-phase and single-pass (last-block merge,
+counter reset) with several SPLITs, vector widths, unrolls and block sizes, on awkward shapes;
+verified with the spec's tolerance exactly as the GPU backend verifies. Blocks that get no
+vectors (SPLIT larger than the work) are included."""
+
+from __future__ import annotations
+
+import shutil
+
+import cuda_emulation
+import numpy as np
+import pytest
+from cuda_emulation import Case, cuda_include_dir, run_cases
+from test_layernorm_emulation import EXTRA, _literal
+
+from kernels import get_operator
+
+SPEC = get_operator("batchnorm_stats")
+
+#: (shape, dtype, BLOCK_SIZE, VEC, UNROLL, STRATEGY, SPLIT)
+CASES = [
+    ((2, 3, 5, 7), "float32", 128, 1, 1, 0, 1),
+    ((2, 3, 5, 7), "float16", 128, 1, 4, 1, 4),
+    ((2, 3, 5, 7), "bfloat16", 256, 1, 2, 0, 8),
+    ((3, 5, 4, 8), "float32", 128, 4, 2, 1, 2),
+    ((3, 5, 4, 8), "float16", 128, 8, 1, 0, 2),
+    ((3, 5, 4, 8), "bfloat16", 128, 2, 4, 1, 16),
+    ((1, 2, 1, 1), "float32", 128, 1, 4, 1, 32),  # 1 element per channel, 31 empty blocks
+    ((1, 2, 1, 1), "float16", 128, 1, 1, 0, 64),
+    ((4, 2, 16, 16), "float32", 128, 4, 4, 0, 4),  # several steps per thread
+    ((4, 2, 16, 16), "float16", 128, 8, 2, 1, 1),
+    ((4, 2, 16, 16), "bfloat16", 512, 4, 1, 1, 8),
+    ((9, 3, 3, 3), "float32", 128, 1, 2, 1, 2),  # q = 128 // 27, r = 128 % 27
+    ((9, 1, 3, 3), "bfloat16", 128, 1, 4, 0, 128),
+    ((2, 1, 1, 1000), "float16", 1024, 8, 4, 1, 2),  # the only 1024-thread case
+    ((5, 1, 2, 2), "float32", 128, 2, 1, 0, 256),
+]
+
+
+def emulated_cases() -> list[Case]:
+    cases = []
+    for shape, dtype, block, vec, unroll, strategy, split in CASES:
+        config = {
+            "BLOCK_SIZE": block,
+            "VEC": vec,
+            "UNROLL": unroll,
+            "STRATEGY": strategy,
+            "SPLIT": split,
+            "MIN_BLOCKS": 0,
+        }
+        assert SPEC.check(config, shape, dtype) is None, (shape, dtype, config)
+        cases.append(Case(SPEC, config, shape, dtype))
+    return cases
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
+def test_kernel_logic_on_the_cpu(tmp_path, monkeypatch) -> None:
+    include = cuda_include_dir()
+    if include is None or not (include / "cuda_fp16.h").is_file():
+        pytest.skip("CUDA headers not found next to nvcc")
+    monkeypatch.setattr(cuda_emulation, "HEADER", cuda_emulation.HEADER + EXTRA)
+    monkeypatch.setattr(cuda_emulation, "_literal", _literal)
+    cases = emulated_cases()
+    failures = run_cases(cases, tmp_path, np.random.default_rng(7))
+    assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
+def test_single_pass_leaves_the_counters_at_zero(tmp_path, monkeypatch) -> None:
+    """Run the fused kernel twice on the same buffers: the second call must be right too (the
+    last block reset its channel's counter); the emulation writes the buffers back, so the
+    counters after the run are checked directly."""
+    include = cuda_include_dir()
+    if include is None or not (include / "cuda_fp16.h").is_file():
+        pytest.skip("CUDA headers not found next to nvcc")
+    monkeypatch.setattr(cuda_emulation, "HEADER", cuda_emulation.HEADER + EXTRA)
+    monkeypatch.setattr(cuda_emulation, "_literal", _literal)
+    config = {
+        "BLOCK_SIZE": 128,
+        "VEC": 1,
+        "UNROLL": 2,
+        "STRATEGY": 1,
+        "SPLIT": 4,
+        "MIN_BLOCKS": 0,
+    }
+    shape = (2, 3, 5, 7)
+    twice = type(SPEC).steps
+
+    def steps(self, c, s, d):
+        return twice(self, c, s, d) * 2  # the same call twice in a row
+
+    monkeypatch.setattr(type(SPEC), "steps", steps)
+    failures = run_cases([Case(SPEC, config, shape, "float32")], tmp_path, np.random.default_rng(1))
+    assert not failures, failures
+    counters = np.fromfile(tmp_path / "case0" / "a5.bin", dtype=np.uint32)
+    assert counters.size == 4 and not counters.any()

@@ -1,0 +1,122 @@
+"""Every distinct layernorm variant compiles for sm_80 and sm_90 with sane ptxas resources.
+
+"Every variant": every config ``check`` accepts at one representative shape per dtype
+(4096 x 4096), one per distinct rendered source (CACHE=0/1 sources do not depend on the shape,
+CACHE=2 ones only through ITEMS/WB_REGS, GROUP_ROWS never reaches the source, and warp-mode
+sources depend on BLOCK_SIZE/MIN_BLOCKS only through the register cap), plus the defaults of
+awkward shapes (short rows in registers with several rows per warp, odd widths, huge rows).
+Batched through tests/kernels/compile_harness.py. ``KATO_COMPILE_TEST_ARCHS=sm_90`` halves it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from compile_harness import Outcome, Variant, compile_variants, distinct_variants
+
+from kernels import get_operator
+from kernels.layernorm import register_cap, static_shared_bytes
+from tuner.nvcc import nvcc_available
+
+pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
+
+SPEC = get_operator("layernorm")
+SHAPE = (4096, 4096)
+AWKWARD = (
+    (1, 1),
+    (3000, 3001),
+    (7, 1000003),
+    (1048576, 128),
+    (65536, 128),
+    (65536, 1024),
+    (8192, 32768),
+    (64, 200),
+)
+ARCHS = tuple(os.environ.get("KATO_COMPILE_TEST_ARCHS", "sm_80,sm_90").split(","))
+MAX_SOURCES_PER_DTYPE = 160
+
+
+def all_variants() -> list[Variant]:
+    variants = distinct_variants(SPEC, [(SHAPE, d) for d in SPEC.dtypes])
+    seen = {v.source() for v in variants}
+    for dtype in SPEC.dtypes:
+        for shape in AWKWARD:
+            v = Variant(SPEC, SPEC.default_config(shape, dtype), shape, dtype)
+            if v.source() not in seen:
+                seen.add(v.source())
+                variants.append(v)
+    return variants
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> list[Outcome]:
+    variants = all_variants()
+    start = time.perf_counter()
+    found = compile_variants(variants, ARCHS, tmp_path_factory.mktemp("cubins"), batch=48)
+    print(
+        f"\nlayernorm: {len(variants)} variants x {len(ARCHS)} archs in "
+        f"{time.perf_counter() - start:.0f} s"
+    )
+    return found
+
+
+def test_distinct_sources_per_dtype_are_bounded() -> None:
+    for dtype in SPEC.dtypes:
+        n = len(distinct_variants(SPEC, [(SHAPE, dtype)]))
+        assert 50 < n <= MAX_SOURCES_PER_DTYPE, (dtype, n)
+
+
+def test_every_variant_compiles(outcomes: list[Outcome]) -> None:
+    bad = [f"{o.arch} {o.variant}: {o.error}" for o in outcomes if o.error is not None]
+    assert not bad, f"{len(bad)} failed:\n" + "\n".join(bad[:5])
+
+
+def test_registers_respect_the_launch_bounds(outcomes: list[Outcome]) -> None:
+    bad = []
+    for o in outcomes:
+        if o.error is None:
+            regs = o.resources[SPEC.kernel_name].registers
+            if not 1 <= regs <= register_cap(o.variant.config):
+                bad.append(f"{o.arch} {o.variant}: {regs} > {register_cap(o.variant.config)}")
+    assert not bad, "\n".join(bad[:10])
+
+
+def test_register_cache_never_spills(outcomes: list[Outcome]) -> None:
+    """check() rejects CACHE=2 configs whose row cannot stay in registers and WB_REGS is only
+    set where weight and bias fit too; the rest must not spill."""
+    bad = [
+        f"{o.arch} {o.variant}: {r.spill_bytes} spill bytes, {r.registers} registers"
+        for o in outcomes
+        if o.error is None
+        and o.variant.config["CACHE"] == 2
+        and (r := o.resources[SPEC.kernel_name]).spill_bytes
+    ]
+    assert not bad, "\n".join(bad[:10])
+
+
+def test_static_shared_memory_matches_the_spec(outcomes: list[Outcome]) -> None:
+    bad = [
+        f"{o.arch} {o.variant}: {r.shared_static_bytes} vs {static_shared_bytes(o.variant.config)}"
+        for o in outcomes
+        if o.error is None
+        and (r := o.resources[SPEC.kernel_name]).shared_static_bytes
+        != static_shared_bytes(o.variant.config)
+    ]
+    assert not bad, "\n".join(bad[:10])
+
+
+def test_streaming_spills_are_reported(outcomes: list[Outcome]) -> None:
+    """Streaming variants may spill under a tight MIN_BLOCKS cap (the tuner measures them);
+    without a min-blocks clause they must not."""
+    bad = [
+        f"{o.arch} {o.variant}: {r.spill_bytes} spill bytes"
+        for o in outcomes
+        if o.error is None
+        and o.variant.config["CACHE"] != 2
+        and o.variant.config["MIN_BLOCKS"] == 0
+        and o.variant.config["BLOCK_SIZE"] <= 512
+        and (r := o.resources[SPEC.kernel_name]).spill_bytes
+    ]
+    assert not bad, "\n".join(bad[:10])
