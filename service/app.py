@@ -7,23 +7,31 @@ the CLI started beside the app reuse ``app.state.session_factory``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import math
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.concurrency import run_in_threadpool
 
 from db.session import init_db, session_factory
 from kernels import InvalidInput
 from service import __version__
 from service.auth import AUTH_RESPONSES, require_reader
 from service.limits import BodySizeLimit
-from service.lookup_cache import LookupCache
+from service.lookup_cache import LookupCache, best_configs_version
 from service.routes import configs, gpus, health, jobs, operators, workers
 from service.schemas import ErrorPublic
 from service.settings import Settings
+
+log = logging.getLogger(__name__)
 
 DESCRIPTION = """\
 Kato tunes CUDA kernel configurations by measurement and serves the winners.
@@ -62,6 +70,40 @@ async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = [{k: _json_safe(v) for k, v in e.items() if k != "url"} for e in exc.errors()]
     return JSONResponse({"detail": errors}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+
+async def _watch_best_configs(app: FastAPI) -> None:
+    """Drop the lookup cache whenever a winner is stored (polls a fingerprint of the table)."""
+    cache: LookupCache = app.state.lookup_cache
+    interval = app.state.settings.lookup_cache_check_seconds
+
+    def fingerprint() -> object:
+        with app.state.session_factory() as session:
+            return best_configs_version(session)
+
+    while True:
+        try:
+            cache.set_version(await run_in_threadpool(fingerprint))
+        except SQLAlchemyError:
+            cache.clear()  # cannot tell: serve from the database until it answers again
+            log.warning("lookup cache: could not read the best-config fingerprint", exc_info=True)
+        await asyncio.sleep(interval)
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Start the lookup cache's watcher (when the cache is on); stop it at shutdown."""
+    task = None
+    if app.state.lookup_cache.enabled:
+        app.state.lookup_cache.set_version(None)
+        task = asyncio.create_task(_watch_best_configs(app))
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 def _document_body_errors(app: FastAPI) -> None:
@@ -111,7 +153,13 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     settings = settings or Settings()
     engine = init_db(engine if engine is not None else settings.db_url)
 
-    app = FastAPI(title="Kato", version=__version__, description=DESCRIPTION, docs_url="/docs")
+    app = FastAPI(
+        title="Kato",
+        version=__version__,
+        description=DESCRIPTION,
+        docs_url="/docs",
+        lifespan=_lifespan,
+    )
     app.state.settings = settings
     app.state.engine = engine
     app.state.session_factory = session_factory(engine)

@@ -6,8 +6,10 @@ winner, so each API process keeps the encoded answers of recent lookups for ``tt
 
 - only successful (200) answers are cached; errors are recomputed every time;
 - the key holds the operator's version, so a changed kernel never gets an old answer;
-- an answer is at most ``ttl`` seconds older than the database (a new winner is served by every
-  process within ``ttl``); :meth:`LookupCache.clear` drops everything at once;
+- the app polls a fingerprint of the best-config table every ``check_seconds``
+  (``KATO_LOOKUP_CACHE_CHECK_SECONDS``, default 0.5 s) and drops every answer when it changed
+  (:meth:`LookupCache.set_version`), so a new winner is served by every API process within
+  about ``check_seconds``; ``ttl`` (default 30 s) bounds an answer's age should polling stall;
 - at most ``max_entries`` answers are kept (least recently stored evicted first), so hostile
   clients asking for endless distinct shapes cost bounded memory.
 """
@@ -18,6 +20,23 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Hashable
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from db.models import BestConfig
+
+
+def best_configs_version(session: Session) -> tuple[int, str | None, int | None]:
+    """A cheap fingerprint of ``kato_best_configs``: (rows, newest ``updated_at``, largest id).
+
+    It changes whenever a winner is stored (a new row, or a faster config replacing one), so
+    the cache is dropped exactly when its answers may have changed.
+    """
+    count, newest, largest = session.execute(
+        select(func.count(), func.max(BestConfig.updated_at), func.max(BestConfig.id))
+    ).one()
+    return int(count), None if newest is None else str(newest), largest
 
 
 class LookupCache:
@@ -30,6 +49,7 @@ class LookupCache:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        self.version: object = None
 
     @property
     def enabled(self) -> bool:
@@ -58,6 +78,16 @@ class LookupCache:
             self._entries.move_to_end(key)
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
+
+    def set_version(self, version: object) -> bool:
+        """Record the database's fingerprint; drop every answer if it changed. Returns whether
+        it changed."""
+        with self._lock:
+            if version == self.version:
+                return False
+            self.version = version
+            self._entries.clear()
+            return True
 
     def clear(self) -> None:
         """Forget every answer (e.g. after storing a winner in this process)."""

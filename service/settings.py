@@ -70,10 +70,17 @@ class Settings(BaseSettings):
         default=60, ge=1, description="Retry-After sent with a 429 for a full per-token queue"
     )
     lookup_cache_seconds: float = Field(
-        default=1.0,
+        default=30.0,
         ge=0,
         allow_inf_nan=False,
-        description="how long a config lookup is answered from memory (0: no cache)",
+        description="longest a config lookup is answered from memory (0: no cache)",
+    )
+    lookup_cache_check_seconds: float = Field(
+        default=0.5,
+        gt=0,
+        allow_inf_nan=False,
+        description="how often each API process checks whether a new winner was stored "
+        "(then it drops its cached lookups)",
     )
     lookup_cache_entries: int = Field(default=10_000, ge=1)
 

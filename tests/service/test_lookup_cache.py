@@ -1,0 +1,85 @@
+"""The in-memory lookup cache: answers from memory, dropped when a winner is stored."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from db import queries
+from kernels import get_operator
+from service.app import create_app
+from service.lookup_cache import LookupCache
+from service.settings import Settings
+
+PARAMS = {"shape": "4096x4096", "dtype": "float16", "gpu": "H200"}
+
+
+def store(app, time_ms: float, block: int) -> None:
+    spec = get_operator("softmax")
+    config = {**spec.default_config([4096, 4096], "float16"), "BLOCK_SIZE": block}
+    with app.state.session_factory() as session:
+        queries.upsert_best_config(
+            session,
+            operator="softmax",
+            operator_version=spec.version,
+            shape=[4096, 4096],
+            dtype="float16",
+            gpu_model="H200",
+            compute_capability="9.0",
+            cuda_version="13.0",
+            config=config,
+            time_ms=time_ms,
+            job_id=None,
+        )
+
+
+def wait_for(client: TestClient, source: str, block: int | None = None) -> dict:
+    deadline = time.monotonic() + 10
+    while True:
+        body = client.get("/v1/configs/softmax", params=PARAMS).json()
+        if body["source"] == source and (block is None or body["config"]["BLOCK_SIZE"] == block):
+            return body
+        assert time.monotonic() < deadline, body
+        time.sleep(0.05)
+
+
+def test_a_new_winner_replaces_the_cached_answer(tmp_path: Path) -> None:
+    settings = Settings(db_url=f"sqlite:///{tmp_path}/k.db", lookup_cache_check_seconds=0.1)
+    app = create_app(settings)
+    with TestClient(app) as client:
+        assert wait_for(client, "default")
+        cache = app.state.lookup_cache
+        hits = cache.hits
+        client.get("/v1/configs/softmax", params=PARAMS)
+        assert cache.hits == hits + 1 and len(cache) >= 1
+        store(app, 0.05, 256)
+        assert wait_for(client, "exact", 256)["time_ms"] == 0.05
+        store(app, 0.04, 512)  # a faster one replaces it
+        assert wait_for(client, "exact", 512)["time_ms"] == 0.04
+        # Errors are not cached.
+        bad = {**PARAMS, "gpu": "RTX 9999"}
+        assert client.get("/v1/configs/softmax", params=bad).status_code == 422
+        assert client.get("/v1/configs/softmax", params=bad).status_code == 422
+    app.state.engine.dispose()
+
+
+def test_cache_off(tmp_path: Path) -> None:
+    app = create_app(Settings(db_url=f"sqlite:///{tmp_path}/k.db", lookup_cache_seconds=0))
+    with TestClient(app) as client:
+        assert client.get("/v1/configs/softmax", params=PARAMS).json()["source"] == "default"
+        store(app, 0.05, 256)
+        assert client.get("/v1/configs/softmax", params=PARAMS).json()["source"] == "exact"
+        assert len(app.state.lookup_cache) == 0
+    app.state.engine.dispose()
+
+
+def test_cache_is_bounded_and_expires() -> None:
+    cache = LookupCache(ttl=0.05, max_entries=3)
+    for k in range(5):
+        cache.put(k, b"x")
+    assert len(cache) == 3 and cache.get(0) is None and cache.get(4) == b"x"
+    time.sleep(0.06)
+    assert cache.get(4) is None
+    assert cache.set_version(1) and not cache.set_version(1)
