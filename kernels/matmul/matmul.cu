@@ -382,43 +382,67 @@ __device__ __forceinline__ int swizzle(int r, int c) {
   }
 }
 
+// KATO_EMULATION: the CPU emulation of tests/kernels/test_matmul_compile.py supplies host
+// versions of the PTX below (kato_emu_*); nvcc never defines it.
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
+#ifdef KATO_EMULATION
+  return kato_emu_smem_offset(p);
+#else
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
+#endif
 }
 
 // 16-byte global -> shared copy; src_bytes == 0 zero-fills (src is then not read).
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
+#ifdef KATO_EMULATION
+  kato_emu_cp_async16(dst, src, src_bytes);
+#else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes)
                : "memory");
+#endif
 }
 
 __device__ __forceinline__ void cp_async_commit() {
+#ifndef KATO_EMULATION
   asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
 }
 
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
+#ifndef KATO_EMULATION
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
 }
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
+#ifdef KATO_EMULATION
+  kato_emu_ldmatrix_x4(r, addr, false);
+#else
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr)
                : "memory");
+#endif
 }
 
 __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
+#ifdef KATO_EMULATION
+  kato_emu_ldmatrix_x4(r, addr, true);
+#else
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr)
                : "memory");
+#endif
 }
 
 __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0,
                                          unsigned b1) {
-#if IS_BF16
+#ifdef KATO_EMULATION
+  kato_emu_mma16816<T>(c, a, b0, b1);
+#elif IS_BF16
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
       "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])

@@ -11,14 +11,24 @@ shared memory (every buffer is dynamic, as ``shared_bytes`` models it).
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from compile_harness import Outcome, compile_variants, distinct_variants
 
 from kernels import get_operator
-from kernels.matmul import register_cap, registers_needed, static_shared_bytes, threads_per_block
+from kernels.matmul import (
+    FP32_TILES,
+    register_cap,
+    registers_needed,
+    static_shared_bytes,
+    threads_per_block,
+)
 from tuner.nvcc import nvcc_available
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
@@ -120,3 +130,294 @@ def test_standalone_compile_matches_the_batch(outcomes: list[Outcome], tmp_path:
         alone = result.resources(SPEC.kernel_name)
         batched = o.resources[SPEC.kernel_name]
         assert (alone.registers, alone.spill_bytes) == (batched.registers, batched.spill_bytes)
+
+
+# --- the kernels' logic on the CPU -------------------------------------------------------------
+#
+# The template compiled by g++ as C++ with one std::thread per CUDA thread: __syncthreads is a
+# block barrier, and the warp-collective PTX (ldmatrix, mma.sync) is emulated per its PTX ISA
+# fragment layouts through per-warp exchange arrays (KATO_EMULATION routes the template's PTX
+# helpers to the kato_emu_* functions below; cp.async becomes a synchronous copy). Every
+# output element is compared with the float64 reference, with the spec's tolerance, after C was
+# poisoned with 0xFF bytes (NaN). This runs exactly the index arithmetic, guards, swizzles and
+# barrier placement the GPU runs; what it cannot check is the hardware's own semantics.
+
+EMULATION_HEADER = r"""
+#include <barrier>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+#include <vector_types.h>
+#include <vector_functions.h>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+#define __restrict__ __restrict
+#define KATO_EMULATION 1
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+thread_local uint3 threadIdx, blockIdx, blockDim, gridDim;
+struct Warp {
+  unsigned addr[32];
+  unsigned a[32][4];
+  unsigned b[32][2];
+  std::barrier<> sync{32};
+};
+thread_local Warp* this_warp;
+thread_local std::barrier<>* this_block;
+inline void __syncthreads() { this_block->arrive_and_wait(); }
+inline int min(int a, int b) { return a < b ? a : b; }
+template <class V> inline V __ldg(const V* p) { return *p; }
+alignas(16) unsigned char kato_smem[232448];
+inline unsigned kato_emu_smem_offset(const void* p) {
+  return (unsigned)((const unsigned char*)p - kato_smem);
+}
+inline void kato_emu_cp_async16(unsigned dst, const void* src, int bytes) {
+  if (bytes == 16) std::memcpy(kato_smem + dst, src, 16);
+  else std::memset(kato_smem + dst, 0, 16);
+}
+inline unsigned short kato_emu_u16(unsigned addr, int i) {
+  unsigned short v;
+  std::memcpy(&v, kato_smem + addr + 2 * i, 2);
+  return v;
+}
+// ldmatrix.x4: lane l gives the row address of row l % 8 of matrix l / 8. Without .trans lane l
+// gets, of each matrix, row l / 4, elements 2 (l % 4) and +1; with .trans, column l / 4, rows
+// 2 (l % 4) and +1. The first element is the low half of the register.
+inline void kato_emu_ldmatrix_x4(unsigned (&r)[4], unsigned addr, bool trans) {
+  const int lane = threadIdx.x & 31;
+  Warp& w = *this_warp;
+  w.addr[lane] = addr;
+  w.sync.arrive_and_wait();
+  for (int q = 0; q < 4; ++q) {
+    unsigned short e[2];
+    for (int h = 0; h < 2; ++h) {
+      if (!trans) e[h] = kato_emu_u16(w.addr[8 * q + lane / 4], 2 * (lane % 4) + h);
+      else e[h] = kato_emu_u16(w.addr[8 * q + 2 * (lane % 4) + h], lane / 4);
+    }
+    r[q] = (unsigned)e[0] | ((unsigned)e[1] << 16);
+  }
+  w.sync.arrive_and_wait();
+}
+template <class T> inline float kato_emu_float(unsigned short bits) {
+  T v;
+  std::memcpy(&v, &bits, 2);
+  return (float)v;
+}
+// mma.m16n8k16 (row.col): A fragment a0:(g, 2t..) a1:(g+8, 2t..) a2:(g, 2t+8..) a3:(g+8, 2t+8..);
+// B fragment b0:(k 2t.., n g) b1:(k 2t+8.., n g); C c0,c1:(g, 2t..) c2,c3:(g+8, 2t..).
+template <class T> inline void kato_emu_mma16816(float (&c)[4], const unsigned (&a)[4],
+                                                 unsigned b0, unsigned b1) {
+  const int lane = threadIdx.x & 31;
+  Warp& w = *this_warp;
+  for (int i = 0; i < 4; ++i) w.a[lane][i] = a[i];
+  w.b[lane][0] = b0;
+  w.b[lane][1] = b1;
+  w.sync.arrive_and_wait();
+  auto A = [&](int row, int k) {
+    const int reg = (row >= 8) + 2 * (k >= 8);
+    const unsigned v = w.a[(row % 8) * 4 + (k % 8) / 2][reg];
+    return kato_emu_float<T>((unsigned short)(k % 2 ? v >> 16 : v & 0xffff));
+  };
+  auto B = [&](int k, int n) {
+    const unsigned v = w.b[n * 4 + (k % 8) / 2][k >= 8];
+    return kato_emu_float<T>((unsigned short)(k % 2 ? v >> 16 : v & 0xffff));
+  };
+  const int g = lane / 4, t = lane % 4;
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
+    float sum = 0.f;
+    for (int k = 0; k < 16; ++k) sum += A(row, k) * B(k, col);
+    c[e] += sum;
+  }
+  w.sync.arrive_and_wait();
+}
+template <class F> void launch(F kernel, unsigned gx, unsigned gy, unsigned block) {
+  for (unsigned by = 0; by < gy; ++by)
+    for (unsigned bx = 0; bx < gx; ++bx) {
+      std::memset(kato_smem, 0xcd, sizeof kato_smem);  // stale shared memory must not matter
+      std::barrier<> sync(block);
+      std::vector<Warp> warps(block / 32);
+      std::vector<std::thread> threads;
+      for (unsigned t = 0; t < block; ++t)
+        threads.emplace_back([&, t] {
+          threadIdx = make_uint3(t, 0, 0); blockIdx = make_uint3(bx, by, 0);
+          blockDim = make_uint3(block, 1, 1); gridDim = make_uint3(gx, gy, 1);
+          this_warp = &warps[t / 32]; this_block = &sync;
+          kernel();
+        });
+      for (auto& thread : threads) thread.join();
+    }
+}
+"""
+_DYNAMIC_SHARED = "extern __shared__ __align__(16) unsigned char kato_smem[];"
+
+
+def _cuda_include_dir() -> Path | None:
+    """Where nvcc finds cuda_fp16.h (from ``nvcc -dryrun``'s INCLUDES line)."""
+    proc = subprocess.run(
+        ["nvcc", "-dryrun", "-cubin", "-arch=sm_90", "-x", "cu", "-o", "/dev/null", "/dev/null"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    match = re.search(r'INCLUDES="-I([^"]+)"', proc.stdout + proc.stderr)
+    return Path(match.group(1).strip()) if match else None
+
+
+def _fp32(bm, bn, wm, wn, tm, tn, bk, vec, stages=2, pad=4):
+    return {
+        "BM": bm,
+        "BN": bn,
+        "BK": bk,
+        "WM": wm,
+        "WN": wn,
+        "TM": tm,
+        "TN": tn,
+        "VEC": vec,
+        "STAGES": stages,
+        "PAD": pad,
+        "MIN_BLOCKS": 0,
+    }
+
+
+def _tc(bm, bn, wm, wn, bk, vec, stages):
+    return {
+        "BM": bm,
+        "BN": bn,
+        "BK": bk,
+        "WM": wm,
+        "WN": wn,
+        "TM": 4,
+        "TN": 4,
+        "VEC": vec,
+        "STAGES": stages,
+        "PAD": 0,
+        "MIN_BLOCKS": 0,
+    }
+
+
+#: (config, shape, dtype): every float32 tile layout, both vector widths and both STAGES; every
+#: tensor-core stage count, both BK, both vector widths, all warp shapes; shapes with tails in
+#: M, N and K (and K shorter than the pipeline depth), a 2-group grid, M = 1.
+EMULATED = [
+    (_fp32(64, 64, 16, 32, 4, 4, 8, 1), (70, 75, 37), "float32"),
+    (_fp32(64, 64, 16, 32, 4, 4, 16, 4, 1, 0), (136, 68, 36), "float32"),
+    (_fp32(128, 128, 32, 64, 8, 8, 8, 4), (130, 132, 20), "float32"),
+    (_fp32(128, 128, 64, 32, 8, 8, 16, 4, 1, 4), (129, 60, 52), "float32"),
+    (_fp32(128, 64, 32, 64, 8, 8, 8, 1), (1, 70, 9), "float32"),
+    (_fp32(64, 128, 32, 64, 8, 8, 16, 4), (600, 132, 40), "float32"),
+    (_fp32(128, 128, 32, 32, 8, 4, 8, 1), (131, 129, 3), "float32"),
+    (_fp32(128, 256, 32, 64, 8, 8, 8, 4, 2, 0), (100, 260, 24), "float32"),
+    (_fp32(256, 128, 64, 32, 8, 8, 16, 4, 1, 4), (260, 100, 36), "float32"),
+    (_tc(128, 128, 64, 64, 32, 8, 3), (136, 136, 104), "float16"),
+    (_tc(128, 128, 64, 64, 32, 1, 2), (131, 129, 70), "bfloat16"),
+    (_tc(64, 64, 32, 32, 64, 8, 4), (1, 72, 200), "bfloat16"),
+    (_tc(64, 64, 32, 32, 32, 1, 2), (600, 65, 33), "float16"),
+    (_tc(128, 128, 32, 64, 64, 8, 2), (130, 136, 16), "float16"),
+    (_tc(128, 64, 64, 32, 64, 8, 3), (129, 64, 136), "bfloat16"),
+    (_tc(64, 128, 32, 64, 32, 8, 4), (70, 200, 264), "float16"),
+    (_tc(256, 128, 64, 64, 32, 8, 4), (257, 136, 40), "bfloat16"),
+]
+
+
+def emulation_source(cases) -> str:
+    template = SPEC.template.read_text()
+    assert _DYNAMIC_SHARED in template  # the emulation provides kato_smem itself
+    host_template = template.replace(_DYNAMIC_SHARED, "")
+    parts = [EMULATION_HEADER]
+    dispatch = []
+    for i, (config, shape, dtype) in enumerate(cases):
+        macros = SPEC.defines(config, shape, dtype)
+        parts += [
+            f"#define {SPEC.kernel_name} {SPEC.kernel_name}_{i}",
+            f"#define KATO_NS kato_ns_{i}",
+            *(f"#define {name} {value}" for name, value in macros.items()),
+            host_template,
+            *(f"#undef {name}" for name in [SPEC.kernel_name, "KATO_NS", *macros]),
+            "#undef KATO_THREADS",
+            "#undef KATO_LAUNCH_BOUNDS",
+        ]
+        ctype = macros["DTYPE"]
+        launch = SPEC.launch(config, shape, dtype)
+        m, n, k = shape
+        dispatch.append(
+            f"case {i}: launch([&] {{ {SPEC.kernel_name}_{i}(({ctype}*)a.data(), "
+            f"({ctype}*)b.data(), ({ctype}*)c.data(), {m}, {n}, {k}); }}, {launch.grid[0]}, "
+            f"{launch.grid[1]}, {launch.block[0]}); break;"
+        )
+    parts.append(
+        "static std::vector<unsigned char> slurp(const char* path) {\n"
+        '  FILE* f = std::fopen(path, "rb");\n'
+        "  std::fseek(f, 0, SEEK_END); long n = std::ftell(f); std::fseek(f, 0, SEEK_SET);\n"
+        "  std::vector<unsigned char> v(n);\n"
+        "  if (std::fread(v.data(), 1, n, f) != (size_t)n) std::exit(2);\n"
+        "  std::fclose(f);\n  return v;\n}\n"
+        "int main(int argc, char** argv) {\n"
+        "  std::vector<unsigned char> a = slurp(argv[2]), b = slurp(argv[3]);\n"
+        "  std::vector<unsigned char> c(std::atol(argv[5]), 0xff);\n"
+        "  switch (std::atoi(argv[1])) {\n" + "\n".join(dispatch) + "\n  default: return 3;\n  }\n"
+        '  FILE* f = std::fopen(argv[4], "wb"); std::fwrite(c.data(), 1, c.size(), f);\n'
+        "  std::fclose(f);\n  return 0;\n}\n"
+    )
+    return "\n".join(parts)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
+def test_kernel_logic_on_the_cpu(tmp_path: Path) -> None:
+    include = _cuda_include_dir()
+    if include is None or not (include / "cuda_fp16.h").is_file():
+        pytest.skip("CUDA headers not found next to nvcc")
+    for config, shape, dtype in EMULATED:
+        assert SPEC.check(config, shape, dtype) is None, (config, shape, dtype)
+    fp32 = [c for c, _, d in EMULATED if d == "float32"]
+    assert {(c["BM"], c["BN"], c["WM"], c["WN"], c["TM"], c["TN"]) for c in fp32} == set(FP32_TILES)
+    halves = [EMULATED[0::2], EMULATED[1::2]]
+    builds = []
+    for k, half in enumerate(halves):
+        (tmp_path / f"emu{k}.cpp").write_text(emulation_source(half))
+        builds.append(
+            subprocess.Popen(
+                ["g++", "-std=c++20", "-O1", "-w", f"-I{include}", f"emu{k}.cpp", "-o", f"emu{k}"],
+                cwd=tmp_path,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    for build in builds:
+        _, err = build.communicate(timeout=900)
+        if build.returncode != 0 and "barrier" in err:
+            pytest.skip("g++ lacks C++20 <barrier>")
+        assert build.returncode == 0, err[:3000]
+
+    rng = np.random.default_rng(7)
+    failures = []
+    for k, half in enumerate(halves):
+        for i, (config, shape, dtype) in enumerate(half):
+            problem = SPEC.make_problem(shape, dtype, rng)
+            a, b, c = problem.args[:3]
+            a.tofile(tmp_path / "a.bin")
+            b.tofile(tmp_path / "b.bin")
+            subprocess.run(
+                [str(tmp_path / f"emu{k}"), str(i), "a.bin", "b.bin", "c.bin", str(c.nbytes)],
+                cwd=tmp_path,
+                check=True,
+                timeout=300,
+            )
+            got = np.fromfile(tmp_path / "c.bin", dtype=c.dtype).reshape(c.shape)
+            got = got.astype(np.float64)
+            atol, rtol = problem.tolerances[0]
+            ref = problem.references[0]
+            ok = np.isfinite(got) & (np.abs(got - ref) <= atol + rtol * np.abs(ref))
+            if not ok.all():
+                bad = np.argwhere(~ok)
+                failures.append(
+                    f"{dtype} {shape} {config}: {len(bad)} bad, first at {bad[0].tolist()}: "
+                    f"{got[tuple(bad[0])]} vs {ref[tuple(bad[0])]}"
+                )
+    assert not failures, "\n".join(failures)
