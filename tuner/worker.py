@@ -52,6 +52,7 @@ from tuner.backends.isolated import (
     TrialInterrupted,
 )
 from tuner.search import Budget, Search, SearchResult, best_of
+from tuner.warm_start import warm_start_configs
 
 log = logging.getLogger(__name__)
 
@@ -90,15 +91,26 @@ def optuna_storage(db_url: str) -> optuna.storages.RDBStorage:
     timeout): with the default full sync every ask and tell waits for an fsync, which made a
     replayed trial cost ~1 s on slow disks.
     """
-    if not db_url.startswith("sqlite"):
-        return optuna.storages.RDBStorage(db_url)
     from sqlalchemy import event
+    from sqlalchemy.exc import IntegrityError, OperationalError
 
     from db.session import _configure_sqlite_connection
 
-    storage = optuna.storages.RDBStorage(db_url, engine_kwargs={"connect_args": {"timeout": 30}})
-    event.listen(storage.engine, "connect", _configure_sqlite_connection)
-    storage.engine.dispose()  # connections opened while Optuna set up its tables: reopen them
+    sqlite = db_url.startswith("sqlite")
+    kwargs = {"connect_args": {"timeout": 30}} if sqlite else {}
+    for attempt in range(5):
+        try:
+            storage = optuna.storages.RDBStorage(db_url, engine_kwargs=kwargs)
+            break
+        except (IntegrityError, OperationalError):
+            # Two workers creating Optuna's tables in a fresh database at once: one loses the
+            # race on Optuna's version row; the tables exist now, so the next try succeeds.
+            if attempt == 4:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    if sqlite:
+        event.listen(storage.engine, "connect", _configure_sqlite_connection)
+        storage.engine.dispose()  # connections opened while Optuna set up: reopen with pragmas
     return storage
 
 
@@ -417,6 +429,7 @@ class JobRunner:
             storage=optuna_storage(self.db_url),
             study_name=f"kato-job-{job.id}",
             known=known,
+            seed_configs=warm_start_configs(self.sessions, job, space.is_valid),
             on_result=record,
             should_stop=should_stop,
             worker_id=self.worker_id,
