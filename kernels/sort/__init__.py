@@ -14,11 +14,15 @@ Shared parameters (Kernel Tuner key order):
 - ``WARP_SHFL``: 1 = merge strides in ``[ITEMS, 32*ITEMS)`` are warp shuffles
   (``__shfl_xor_sync``) in registers, 0 = every stride >= ITEMS goes through shared memory.
   Strides below ITEMS are always compare-exchanges between a thread's registers.
-- ``MIN_BLOCKS``: the min-blocks clause of ``__launch_bounds__`` (0 = none).
+- ``SMEM_FUSE``: merge strides per ``__syncthreads`` in shared memory: 1 (pairs of keys) or 2
+  (each thread exchanges groups of 4 keys over two strides, half the barriers).
+
+The kernels use 32-44 registers, far below what any block size leaves, so the min-blocks clause
+of ``__launch_bounds__`` is not tuned (the template takes MIN_BLOCKS, default 0).
 
 ``sort`` (rows): a row of ``cols`` keys is padded virtually to ``N = next_pow2(cols)`` keys with
 the maximum key, so ``N <= C`` is required, and a block sorts ``C / N`` rows at a time. Rows are
-limited to ``MAX_ROW`` = 16384 keys (the largest C whose keys stay in registers).
+limited to ``MAX_ROW`` = 8192 keys (the largest C whose keys stay in registers).
 
 ``sort_1d`` adds ``FUSE``: merge strides done per global pass (1, 2 or 3). n keys are sorted
 as: blocks of C keys sorted in shared memory (``sort_1d_block``); then for every merge size
@@ -44,10 +48,11 @@ MAX_THREADS_PER_SM = 2048
 REGISTERS_PER_SM = 65536
 MAX_REGISTERS_PER_THREAD = 255
 #: Registers besides the ITEMS keys (indices, loop state, shuffle temporaries); fit to ptxas
-#: reports on sm_80/sm_90 (ITEMS=8: 32, ITEMS=16: 44 registers).
+#: reports on sm_80/sm_90 (ITEMS=8: 32-42 registers).
 REGISTER_OVERHEAD = 28
-#: The longest row ``sort`` takes: the largest block buffer of the space (1024 x 16).
-MAX_ROW = 16384
+#: The longest row ``sort`` takes: the largest block buffer of the space (1024 threads x 8 keys).
+#: (16 keys per thread made ptxas spill on some block sizes although far below the register cap.)
+MAX_ROW = 8192
 INT32_MAX = 2**31 - 1
 #: Threads per block of the global passes of ``sort_1d``.
 GLOBAL_BLOCK = 256
@@ -71,7 +76,7 @@ def shared_bytes(config: Config) -> int:
 
 
 def register_cap(config: Config) -> int:
-    per_thread = REGISTERS_PER_SM // (config["BLOCK"] * max(config["MIN_BLOCKS"], 1))
+    per_thread = REGISTERS_PER_SM // (config["BLOCK"] * max(config.get("MIN_BLOCKS", 0), 1))
     return min(MAX_REGISTERS_PER_THREAD, per_thread // 8 * 8)
 
 
@@ -88,7 +93,7 @@ def _check_common(spec: OperatorSpec, config: Config) -> str | None:
     unknown = sorted(set(config) - set(spec.params))
     if unknown:
         return f"unknown parameter(s) {', '.join(unknown)}"
-    block, min_blocks = config["BLOCK"], config["MIN_BLOCKS"]
+    block, min_blocks = config["BLOCK"], config.get("MIN_BLOCKS", 0)
     if min_blocks * block > MAX_THREADS_PER_SM:
         return f"MIN_BLOCKS={min_blocks} blocks of {block} threads exceed 2048 threads per SM"
     cap = register_cap(config)
@@ -105,7 +110,7 @@ def _check_common(spec: OperatorSpec, config: Config) -> str | None:
 
 def _defines(spec: OperatorSpec, config: Config, dtype: str, sort_1d: bool) -> dict[str, object]:
     macros: dict[str, object] = {
-        name: config[name] for name in ("BLOCK", "ITEMS", "WARP_SHFL", "MIN_BLOCKS")
+        name: config[name] for name in ("BLOCK", "ITEMS", "WARP_SHFL", "SMEM_FUSE")
     }
     macros["KEY_FLOAT"] = int(dtype == "float32")
     macros["SORT_1D"] = int(sort_1d)
@@ -145,9 +150,9 @@ class SortSpec(OperatorSpec):
     shape_names = ("rows", "cols")
     params = {
         "BLOCK": (64, 128, 256, 512, 1024),
-        "ITEMS": (1, 2, 4, 8, 16),
+        "ITEMS": (1, 2, 4, 8),
         "WARP_SHFL": (0, 1),
-        "MIN_BLOCKS": (0, 2),
+        "SMEM_FUSE": (1, 2),
     }
     template = Path(__file__).with_name("sort.cu")
     kernel_name = "sort_rows_kernel"
@@ -186,12 +191,10 @@ class SortSpec(OperatorSpec):
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
         """8 keys per thread with warp shuffles; 128 threads for rows up to 1024 keys (several
-        rows per block), else just enough threads for one row (16 keys per thread beyond 8192)."""
+        rows per block), else just enough threads for one row."""
         _, cols = self.validate(shape, dtype)
-        n = next_pow2(cols)
-        items = 8 if n <= 8192 else 16
-        block = min(1024, max(128, n // items))
-        config = {"BLOCK": block, "ITEMS": items, "WARP_SHFL": 1, "MIN_BLOCKS": 0}
+        block = min(1024, max(128, next_pow2(cols) // 8))
+        config = {"BLOCK": block, "ITEMS": 8, "WARP_SHFL": 1, "SMEM_FUSE": 2}
         assert self.check(config, shape, dtype) is None, self.check(config, shape, dtype)
         return config
 
@@ -237,10 +240,10 @@ class Sort1dSpec(OperatorSpec):
     shape_names = ("n",)
     params = {
         "BLOCK": (128, 256, 512, 1024),
-        "ITEMS": (4, 8, 16),
+        "ITEMS": (2, 4, 8),
         "WARP_SHFL": (0, 1),
+        "SMEM_FUSE": (1, 2),
         "FUSE": (1, 2, 3),
-        "MIN_BLOCKS": (0, 2),
     }
     template = Path(__file__).with_name("sort.cu")
     kernel_name = "sort_1d_block"
@@ -271,7 +274,7 @@ class Sort1dSpec(OperatorSpec):
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
         """8192-key blocks (1024 threads x 8 keys), warp shuffles, 3 strides per global pass."""
         self.validate(shape, dtype)
-        return {"BLOCK": 1024, "ITEMS": 8, "WARP_SHFL": 1, "FUSE": 3, "MIN_BLOCKS": 0}
+        return {"BLOCK": 1024, "ITEMS": 8, "WARP_SHFL": 1, "SMEM_FUSE": 2, "FUSE": 3}
 
     def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
         """FUSE only changes the launch sequence, not the source."""

@@ -7,6 +7,8 @@
 //   ITEMS       keys per thread; a block holds C = BLOCK * ITEMS keys (a power of two)
 //   WARP_SHFL   1: merge strides in [ITEMS, 32 * ITEMS) are exchanged with __shfl_xor_sync in
 //               registers; 0: every stride >= ITEMS goes through shared memory
+//   SMEM_FUSE   1: one merge stride per barrier in shared memory; 2: two strides per barrier
+//               (each thread exchanges groups of 4 keys)
 //   MIN_BLOCKS  min-blocks clause of __launch_bounds__ (0 = none)
 //   KEY_FLOAT   1: float keys, 0: int keys
 //   SORT_1D     0: the row-sort entry point; 1: the entry points of the 1-D sort
@@ -39,6 +41,9 @@
 #ifndef WARP_SHFL
 #define WARP_SHFL 1
 #endif
+#ifndef SMEM_FUSE
+#define SMEM_FUSE 1
+#endif
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 0
 #endif
@@ -66,6 +71,8 @@ constexpr int kThr = WARP_SHFL ? 32 * ITEMS : ITEMS;
 constexpr int kSmemWords = kC + kC / 32;
 // Compare-exchanges per thread of one shared-memory stage (C / 2 pairs).
 constexpr int kPairIters = ITEMS >= 2 ? ITEMS / 2 : 1;
+// Groups of 4 keys per thread of one fused shared-memory stage (C / 4 groups).
+constexpr int kQuadIters = ITEMS >= 4 ? ITEMS / 4 : 1;
 constexpr unsigned int kMaxKey = 0xffffffffu;
 
 static_assert(BLOCK >= 32 && BLOCK <= 1024 && (BLOCK & (BLOCK - 1)) == 0,
@@ -73,6 +80,7 @@ static_assert(BLOCK >= 32 && BLOCK <= 1024 && (BLOCK & (BLOCK - 1)) == 0,
 static_assert(ITEMS >= 1 && ITEMS <= 64 && (ITEMS & (ITEMS - 1)) == 0,
               "ITEMS must be a power of two");
 static_assert(WARP_SHFL == 0 || WARP_SHFL == 1, "WARP_SHFL must be 0 or 1");
+static_assert(SMEM_FUSE == 1 || SMEM_FUSE == 2, "SMEM_FUSE must be 1 or 2");
 
 __device__ __forceinline__ unsigned int to_ord(unsigned int bits) {
 #if KEY_FLOAT
@@ -98,6 +106,31 @@ __device__ __forceinline__ void cas(unsigned int& lo, unsigned int& hi) {
   lo = a;
 }
 
+// Two strides 2^hi and 2^(hi-1) of a merge on the 4 keys of group p, in shared memory. The
+// group is the keys the two strides exchange among themselves: lower base i (bits hi-1 and hi
+// clear) plus 0 and 2^(hi-1), and either i + 2^hi plus the same (half-cleaner) or, for the
+// mirror step of merge 2^(hi+1), the mirrors of the lower two in increasing order.
+__device__ __forceinline__ void quad_step(unsigned int* s, int p, int hi, bool mirror) {
+  const int lo = hi - 1;
+  const int i = ((p >> lo) << (hi + 1)) | (p & ((1 << lo) - 1));
+  const int up = mirror ? (i ^ ((1 << (hi + 1)) - 1)) - (1 << lo) : i + (1 << hi);
+  const int i0 = spad(i), i1 = spad(i + (1 << lo)), i2 = spad(up), i3 = spad(up + (1 << lo));
+  unsigned int g0 = s[i0], g1 = s[i1], g2 = s[i2], g3 = s[i3];
+  if (mirror) {
+    cas(g0, g3);
+    cas(g1, g2);
+  } else {
+    cas(g0, g2);
+    cas(g1, g3);
+  }
+  cas(g0, g1);
+  cas(g2, g3);
+  s[i0] = g0;
+  s[i1] = g1;
+  s[i2] = g2;
+  s[i3] = g3;
+}
+
 // One bitonic merge of size k (a power of two >= 2) on the block's buffer: strides k/2 (the
 // mirror comparison if `flip`, else a half-cleaner) down to 1. `s` is the block's shared buffer;
 // on entry and exit the keys are in v (blocked layout). Every thread of the block must call it
@@ -110,9 +143,24 @@ __device__ __forceinline__ void merge(unsigned int (&v)[ITEMS], unsigned int* s,
 #pragma unroll
     for (int q = 0; q < ITEMS; ++q) s[spad(t * ITEMS + q)] = v[q];
     __syncthreads();
-    for (; j >= kThr; j >>= 1) {
+    while (j >= kThr) {
       const bool mirror = flip && 2 * j == k;
+#if SMEM_FUSE == 2
+      if ((j >> 1) >= kThr) {  // two strides per barrier
+        const int hi = __ffs(j) - 1;
 #pragma unroll
+        for (int u = 0; u < kQuadIters; ++u) {
+          const int p = t + u * BLOCK;  // group index in [0, C / 4)
+          if (ITEMS >= 4 || p < kC / 4) quad_step(s, p, hi, mirror);
+        }
+        __syncthreads();
+        j >>= 2;
+        continue;
+      }
+#endif
+      // Partly unrolled: all pairs of a stage are independent, but fully unrolled loads of
+      // ITEMS keys next to the ITEMS register keys made ptxas spill (512 x 16).
+#pragma unroll 4
       for (int u = 0; u < kPairIters; ++u) {
         const int p = t + u * BLOCK;  // pair index in [0, C / 2)
         if (ITEMS >= 2 || p < kC / 2) {
@@ -127,6 +175,7 @@ __device__ __forceinline__ void merge(unsigned int (&v)[ITEMS], unsigned int* s,
         }
       }
       __syncthreads();
+      j >>= 1;
     }
 #pragma unroll
     for (int q = 0; q < ITEMS; ++q) v[q] = s[spad(t * ITEMS + q)];

@@ -70,6 +70,7 @@ inline unsigned __byte_perm(unsigned a, unsigned b, unsigned s) {
   for (int n = 0; n < 4; ++n) r |= ((bytes >> (8 * ((s >> (4 * n)) & 7))) & 0xffu) << (8 * n);
   return r;
 }
+inline int __ffs(int x) { return __builtin_ffs(x); }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }

@@ -82,11 +82,16 @@ def emulated_cases() -> list[Case]:
     row_shapes += [(2, 2048)]
     for dtype in ("float32", "int32"):
         n = 0
-        for items in (1, 2, 4, 8, 16):
+        for items in (1, 2, 4, 8):
             for shfl in (0, 1):
                 for shape in row_shapes[n % 3 :: 3] + [row_shapes[(n * 5) % len(row_shapes)]]:
                     block = 64 if items >= 8 else 128
-                    config = {"BLOCK": block, "ITEMS": items, "WARP_SHFL": shfl, "MIN_BLOCKS": 0}
+                    config = {
+                        "BLOCK": block,
+                        "ITEMS": items,
+                        "WARP_SHFL": shfl,
+                        "SMEM_FUSE": 1 + (len(cases) % 2),
+                    }
                     if SORT.check(config, shape, dtype) is None:
                         cases.append(Case(SORT, config, shape, dtype, 2 if n % 2 else None))
                 n += 1
@@ -107,20 +112,12 @@ def emulated_cases() -> list[Case]:
                 "ITEMS": items,
                 "WARP_SHFL": shfl,
                 "FUSE": fuse,
-                "MIN_BLOCKS": 0,
+                "SMEM_FUSE": 1 + (n_keys % 2),
             }
             cases.append(
                 Case(SORT_1D, config, (n_keys,), dtype, grid_cap=3 if n_keys % 2 else None)
             )
     return cases
-
-
-@pytest.fixture(autouse=True)
-def _allow_small_1d_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The emulation runs sort_1d with 128-thread blocks of 2 or 4 keys (C = 256, 512) so that
-    small n already need several global merges; widen the space for that."""
-    params = {**SORT_1D.params, "ITEMS": (2, *SORT_1D.params["ITEMS"])}
-    monkeypatch.setattr(SORT_1D, "params", params)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
@@ -129,7 +126,9 @@ def test_kernel_logic_on_the_cpu(tmp_path: Path) -> None:
         pytest.skip("CUDA headers not found next to nvcc")
     cases = emulated_cases()
     covered = {(c.spec.name, c.dtype, c.config["ITEMS"], c.config["WARP_SHFL"]) for c in cases}
-    assert len([k for k in covered if k[0] == "sort"]) == 2 * 5 * 2
+    assert len([k for k in covered if k[0] == "sort"]) == 2 * 4 * 2
+    fused = {(c.spec.name, c.config["SMEM_FUSE"]) for c in cases}
+    assert len(fused) == 4
     for case in cases:
         assert case.spec.check(case.config, case.shape, case.dtype) is None, case
     failures = run_cases(cases, tmp_path, np.random.default_rng(11), binaries=2)
