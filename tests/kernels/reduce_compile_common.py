@@ -1,0 +1,85 @@
+"""Shared body of the compile tests of reduce_sum, reduce_sum_all and relu (one module each).
+
+Every distinct rendered source of the operator's space (the sources do not depend on the shape,
+so one representative shape per dtype reaches every variant) plus the defaults of awkward
+shapes, compiled for sm_80 and sm_90 (``KATO_COMPILE_TEST_ARCHS`` overrides) in batches through
+``tests/kernels/compile_harness.py``. Checks: everything compiles; at most ~150 distinct sources
+per dtype; registers within the ``__launch_bounds__`` cap; no spills and no stack frame at all
+(none of these kernels keeps anything in local memory); static shared memory as modelled.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+
+from compile_harness import Outcome, Variant, compile_variants, distinct_variants, kernel_names
+
+from kernels.spec import Config, OperatorSpec
+
+ARCHS = tuple(os.environ.get("KATO_COMPILE_TEST_ARCHS", "sm_80,sm_90").split(","))
+MAX_SOURCES_PER_DTYPE = 150
+
+
+def register_cap(block: int) -> int:
+    """Registers per thread ptxas may use under ``__launch_bounds__(block)``."""
+    return min(255, 65536 // block // 8 * 8)
+
+
+def compile_all(
+    spec: OperatorSpec,
+    shape: Sequence[int],
+    awkward: Sequence[Sequence[int]],
+    cache_dir,
+) -> tuple[list[Variant], list[Outcome]]:
+    cases = [(tuple(shape), d) for d in spec.dtypes]
+    variants = distinct_variants(spec, cases)
+    seen = {v.source() for v in variants}
+    for dtype in spec.dtypes:
+        for s in awkward:
+            variant = Variant(spec, spec.default_config(s, dtype), tuple(s), dtype)
+            if variant.source() not in seen:  # defaults are usually in the space already
+                seen.add(variant.source())
+                variants.append(variant)
+    start = time.perf_counter()
+    outcomes = compile_variants(variants, ARCHS, cache_dir, batch=48, workers=2)
+    print(
+        f"\n{spec.name}: {len(variants)} variants x {len(ARCHS)} archs in "
+        f"{time.perf_counter() - start:.0f} s"
+    )
+    return variants, outcomes
+
+
+def source_counts(spec: OperatorSpec, shape: Sequence[int]) -> dict[str, int]:
+    return {d: len(distinct_variants(spec, [(tuple(shape), d)])) for d in spec.dtypes}
+
+
+def failures(outcomes: list[Outcome]) -> list[str]:
+    return [f"{o.arch} {o.variant}: {o.error}" for o in outcomes if o.error is not None]
+
+
+def resource_problems(
+    outcomes: list[Outcome], static_shared: Callable[[str, Config], int]
+) -> list[str]:
+    """Registers over the cap, spills or stack frames, static shared memory not as modelled."""
+    bad = []
+    for o in outcomes:
+        block = o.variant.config["BLOCK_SIZE"]
+        for name in kernel_names(o.variant.spec):
+            r = o.resources.get(name)
+            if r is None:
+                continue
+            if not 1 <= r.registers <= register_cap(block):
+                bad.append(f"{o.arch} {o.variant} {name}: {r.registers} registers")
+            if r.spill_bytes or r.local_bytes:
+                bad.append(
+                    f"{o.arch} {o.variant} {name}: {r.spill_bytes} spill, {r.local_bytes} local"
+                )
+            want = static_shared(name, o.variant.config)
+            if r.shared_static_bytes != want:
+                bad.append(
+                    f"{o.arch} {o.variant} {name}: {r.shared_static_bytes} B static shared, "
+                    f"modelled {want}"
+                )
+    return bad

@@ -1,0 +1,148 @@
+"""reduce_sum, reduce_sum_all and relu run on the CPU: the real templates, every step of
+``spec.steps()`` with its grid and block, through tests/kernels/cuda_emulation.py (one std::thread
+per CUDA thread, barriers for __syncthreads and warp collectives).
+
+This module adds what these kernels use on top of that harness's emulation: ``__ballot_sync``,
+``__syncthreads_or``, ``atomicAdd`` (float and unsigned), ``__threadfence`` and ``__ldcg``.
+Grids are capped at a few blocks, so grid-stride loops, the grid-level finishes (two-phase,
+atomic, last block done), tails (n % VEC, n % 32), idle lanes in partial warps and rows past
+the end all run. The relu mask is compared exactly with ``pack_mask`` for MASK=1.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import cuda_emulation
+import numpy as np
+import pytest
+from cuda_emulation import Case, cuda_include_dir, run_cases
+
+from kernels import DTYPES, get_operator
+from kernels.relu import ReluSpec, pack_mask
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("g++") is None or cuda_include_dir() is None, reason="needs g++ and CUDA headers"
+)
+
+EXTRA = r"""
+#include <atomic>
+#include <mutex>
+inline unsigned __ballot_sync(unsigned, int pred) {
+  const unsigned lane = lane_id();
+  this_warp->lanes[lane] = pred ? 1ull : 0ull;
+  this_warp->sync.arrive_and_wait();
+  unsigned r = 0;
+  for (int l = 0; l < 32; ++l) r |= (this_warp->lanes[l] ? 1u : 0u) << l;
+  this_warp->sync.arrive_and_wait();
+  return r;
+}
+inline std::atomic<int> emu_or_flag{0};
+inline int __syncthreads_or(int p) {
+  __syncthreads();
+  if (p) emu_or_flag.store(1);
+  __syncthreads();
+  const int r = emu_or_flag.load();
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0) emu_or_flag.store(0);
+  return r;
+}
+inline std::mutex emu_atomic_mutex;
+inline float atomicAdd(float* p, float v) {
+  std::lock_guard<std::mutex> lock(emu_atomic_mutex);
+  const float old = *p; *p = old + v; return old;
+}
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+  std::lock_guard<std::mutex> lock(emu_atomic_mutex);
+  const unsigned old = *p; *p = old + v; return old;
+}
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+template <class V> inline V __ldcg(const V* p) { return *p; }
+"""
+
+
+class ReluWithMask(ReluSpec):
+    """relu whose problems also check the mask words (for MASK=1 cases only)."""
+
+    def make_problem(self, shape, dtype, rng):
+        p = super().make_problem(shape, dtype, rng)
+        p.outputs.append(3)
+        p.references.append(pack_mask(p.args[0].astype(np.float64) > 0))
+        return p
+
+
+def _vecs(dtype):
+    return [v for v in (1, 2, 4, 8) if v * DTYPES[dtype][2] <= 16]
+
+
+def reduce_sum_all_cases() -> list[Case]:
+    spec = get_operator("reduce_sum_all")
+    cases, k = [], 0
+    for dtype in spec.dtypes:
+        for n in (1, 7, 33, 1000, 65537):
+            for finish in (0, 1, 2):
+                vecs = [v for v in spec.params["VEC"] if v * DTYPES[dtype][2] <= 16]
+                config = {
+                    "BLOCK_SIZE": spec.params["BLOCK_SIZE"][k % 4],
+                    "VEC": vecs[k % len(vecs)],
+                    "UNROLL": spec.params["UNROLL"][k % 3],
+                    "BLOCKS_PER_SM": 1,
+                    "FINISH": finish,
+                }
+                cases.append(Case(spec, config, (n,), dtype, grid_cap=1 + k % 3))
+                k += 1
+    return cases
+
+
+def reduce_sum_cases() -> list[Case]:
+    spec = get_operator("reduce_sum")
+    cases, k = [], 0
+    for dtype in spec.dtypes:
+        for shape in ((1, 1), (3, 7), (37, 8), (5, 40), (9, 136), (2, 4104)):
+            for row_threads in (8, 32, 0):
+                vecs = [v for v in _vecs(dtype) if shape[1] % v == 0]
+                config = {
+                    "BLOCK_SIZE": spec.params["BLOCK_SIZE"][k % 4] if row_threads else 128 << k % 3,
+                    "ROW_THREADS": row_threads,
+                    "VEC": vecs[k % len(vecs)],
+                    "UNROLL": spec.params["UNROLL"][k % 3],
+                }
+                cases.append(Case(spec, config, shape, dtype, grid_cap=1 + k % 2))
+                k += 1
+    return cases
+
+
+def relu_cases() -> list[Case]:
+    spec = ReluWithMask()
+    plain = get_operator("relu")
+    cases, k = [], 0
+    for dtype in spec.dtypes:
+        for n in (1, 33, 100, 1000, 4099):
+            for mask in (0, 1):
+                for vec in _vecs(dtype):
+                    config = {
+                        "MASK": mask,
+                        "BLOCK_SIZE": spec.params["BLOCK_SIZE"][k % 2],
+                        "VEC": vec,
+                        "UNROLL": spec.params["UNROLL"][k % 4],
+                        "BLOCKS_PER_SM": 2,
+                    }
+                    cases.append(
+                        Case(spec if mask else plain, config, (n,), dtype, grid_cap=1 + k % 2)
+                    )
+                    k += 1
+    return cases
+
+
+@pytest.fixture
+def extra_header(monkeypatch):
+    monkeypatch.setattr(cuda_emulation, "HEADER", cuda_emulation.HEADER + EXTRA)
+
+
+@pytest.mark.parametrize(
+    "make_cases", [reduce_sum_all_cases, reduce_sum_cases, relu_cases], ids=lambda f: f.__name__
+)
+def test_kernels_on_the_cpu(make_cases, extra_header, tmp_path) -> None:
+    cases = make_cases()
+    failures = run_cases(cases, tmp_path, np.random.default_rng(7))
+    assert not failures, "\n".join(failures[:10])

@@ -1,0 +1,52 @@
+"""Every distinct reduce_sum variant compiles for sm_80 and sm_90 with sane resources.
+
+The source does not depend on the shape, so one shape per dtype (cols divisible by every VEC)
+reaches every variant; defaults of awkward sizes are compiled too. See reduce_compile_common.
+"""
+
+from __future__ import annotations
+
+import pytest
+from reduce_compile_common import (
+    MAX_SOURCES_PER_DTYPE,
+    compile_all,
+    failures,
+    resource_problems,
+    source_counts,
+)
+
+from kernels import get_operator
+from kernels.reduce_sum import static_shared_bytes
+from tuner.nvcc import nvcc_available
+
+pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
+
+SPEC = get_operator("reduce_sum")
+SHAPE = (4096, 4096)
+AWKWARD = ((1, 1), (3, 7), (3000, 3001), (1048576, 128), (8192, 32768), (2, 1000003))
+
+
+def static_shared(kernel: str, config) -> int:
+    return static_shared_bytes(config)
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    return compile_all(SPEC, SHAPE, AWKWARD, tmp_path_factory.mktemp("cubins"))
+
+
+def test_distinct_sources_per_dtype_are_bounded() -> None:
+    counts = source_counts(SPEC, SHAPE)
+    assert all(10 < c <= MAX_SOURCES_PER_DTYPE for c in counts.values()), counts
+
+
+def test_every_variant_compiles(compiled) -> None:
+    _, outcomes = compiled
+    bad = failures(outcomes)
+    assert not bad, f"{len(bad)} failed:\n" + "\n".join(bad[:5])
+
+
+def test_resources(compiled) -> None:
+    _, outcomes = compiled
+    bad = resource_problems(outcomes, static_shared)
+    assert not bad, "\n".join(bad[:10])

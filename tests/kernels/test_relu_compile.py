@@ -1,0 +1,51 @@
+"""Every distinct relu variant compiles for sm_80 and sm_90 with sane resources.
+
+The source does not depend on n (BLOCKS_PER_SM is launch geometry only), so one shape per dtype
+reaches every variant; defaults of awkward sizes are compiled too. See reduce_compile_common.
+"""
+
+from __future__ import annotations
+
+import pytest
+from reduce_compile_common import (
+    MAX_SOURCES_PER_DTYPE,
+    compile_all,
+    failures,
+    resource_problems,
+    source_counts,
+)
+
+from kernels import get_operator
+from tuner.nvcc import nvcc_available
+
+pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
+
+SPEC = get_operator("relu")
+SHAPE = (1 << 20,)
+AWKWARD = ((1,), (33,), (1000003,), (1 << 28,))
+
+
+def static_shared(kernel: str, config) -> int:
+    return 0  # no shared memory: warp shuffles and ballots only
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    return compile_all(SPEC, SHAPE, AWKWARD, tmp_path_factory.mktemp("cubins"))
+
+
+def test_distinct_sources_per_dtype_are_bounded() -> None:
+    counts = source_counts(SPEC, SHAPE)
+    assert all(10 < c <= MAX_SOURCES_PER_DTYPE for c in counts.values()), counts
+
+
+def test_every_variant_compiles(compiled) -> None:
+    _, outcomes = compiled
+    bad = failures(outcomes)
+    assert not bad, f"{len(bad)} failed:\n" + "\n".join(bad[:5])
+
+
+def test_resources(compiled) -> None:
+    _, outcomes = compiled
+    bad = resource_problems(outcomes, static_shared)
+    assert not bad, "\n".join(bad[:10])
