@@ -12,7 +12,8 @@ What it does, in one run:
 4. for each endpoint in turn (``GET /v1/ping``, which touches nothing: the ceiling; then
    ``GET /v1/configs/softmax`` over the seeded shapes and unseeded ones, answered ``exact`` or
    ``nearest``), ``--clients`` closed-loop clients (keep-alive HTTP/1.1 connections, spread over
-   ``--client-procs`` processes) send requests back to back for ``--seconds``;
+   ``--client-procs`` processes) send requests back to back for ``--seconds``, after
+   ``--warmup`` unmeasured seconds (connections open, lookup caches filled);
 5. prints requests/s, p50/p99/max latency and errors per endpoint, the lookup/ceiling ratio and
    the trials written meanwhile; ``--out`` writes the same as JSON.
 
@@ -268,6 +269,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", help="SQLAlchemy URL (default: a temp SQLite file)")
     ap.add_argument("--seconds", type=float, default=10.0, help="per endpoint")
+    ap.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds first")
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--client-procs", type=int, default=2, help="load generator processes")
     ap.add_argument("--api-workers", type=int, default=2, help="kato serve --api-workers")
@@ -308,8 +310,14 @@ def main() -> None:
             )  # fmt: skip
             time.sleep(2.0)  # the writer is writing when the clients start
         t0 = time.monotonic()
-        ping = load(port, ["/v1/ping"], args.clients, args.client_procs, args.seconds)
-        lookups = load(port, paths, args.clients, args.client_procs, args.seconds)
+        results = {}
+        for name, endpoint_paths in (("ping", ["/v1/ping"]), ("lookups", paths)):
+            if args.warmup > 0:  # connections made, caches filled: steady state is measured
+                load(port, endpoint_paths, args.clients, args.client_procs, args.warmup)
+            results[name] = load(
+                port, endpoint_paths, args.clients, args.client_procs, args.seconds
+            )
+        ping, lookups = results["ping"], results["lookups"]
         elapsed = time.monotonic() - t0
         trials = trials_written(db_url) - trials_before
     finally:
@@ -338,6 +346,7 @@ def main() -> None:
             "client_procs": args.client_procs,
             "api_workers": args.api_workers,
             "seconds_per_endpoint": args.seconds,
+            "warmup_seconds_per_endpoint": args.warmup,
             "seeded_configs": len(keys),
             "distinct_lookup_paths": len(paths),
             "trial_delay_s": args.trial_delay,

@@ -26,7 +26,7 @@ from kernels import InvalidInput
 from service import __version__
 from service.auth import AUTH_RESPONSES, require_reader
 from service.limits import BodySizeLimit
-from service.lookup_cache import LookupCache, best_configs_version
+from service.lookup_cache import LookupCache, LookupFastPath, best_configs_version
 from service.routes import configs, gpus, health, jobs, operators, workers
 from service.schemas import ErrorPublic
 from service.settings import Settings
@@ -171,6 +171,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.add_exception_handler(RequestValidationError, _request_validation)
 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    if not settings.auth_reads:
+        app.add_middleware(LookupFastPath, cache=app.state.lookup_cache)
     _document_body_errors(app)
 
     readers: dict[str, Any] = {}

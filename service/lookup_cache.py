@@ -5,7 +5,8 @@ winner, so each API process keeps the encoded answers of recent lookups for ``tt
 (``KATO_LOOKUP_CACHE_SECONDS``, default 1 s; 0 turns the cache off). Contract:
 
 - only successful (200) answers are cached; errors are recomputed every time;
-- the key holds the operator's version, so a changed kernel never gets an old answer;
+- the key is the request's path and query string as sent; :class:`LookupFastPath` answers a
+  cached one before routing (reads open only), the route answers and fills the rest;
 - the app polls a fingerprint of the best-config table every ``check_seconds``
   (``KATO_LOOKUP_CACHE_CHECK_SECONDS``, default 0.5 s) and drops every answer when it changed
   (:meth:`LookupCache.set_version`), so a new winner is served by every API process within
@@ -20,6 +21,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Hashable
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -96,3 +98,45 @@ class LookupCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def raw_key(path: str, query_string: bytes) -> tuple[str, str, bytes]:
+    """The cache key of a lookup: its path and query string as sent (one code version per
+    process, so the operator's version need not be part of it)."""
+    return ("GET", path, query_string)
+
+
+class LookupFastPath:
+    """ASGI middleware: a ``GET /v1/configs/...`` whose answer is cached is answered here,
+    before routing, parameter parsing and dependencies; everything else passes through.
+
+    Only mounted while reads are open (``auth_reads`` off): a cached answer skips every check.
+    """
+
+    PREFIX = "/v1/configs/"
+
+    def __init__(self, app: Any, cache: LookupCache):
+        self.app = app
+        self.cache = cache
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] == "GET"
+            and scope["path"].startswith(self.PREFIX)
+        ):
+            body = self.cache.get(raw_key(scope["path"], scope.get("query_string", b"")))
+            if body is not None:
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 200,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)

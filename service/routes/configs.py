@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 from db import queries
 from kernels import InvalidInput, OperatorSpec
+from service.lookup_cache import raw_key
 from service.schemas import (
     ConfigPublic,
     Shape,
@@ -100,7 +101,7 @@ async def get_config(
     config (``default``)."""
     spec = operator_or_404(operator)
     cache = request.app.state.lookup_cache
-    key = (spec.name, spec.version, shape, dtype, gpu, match)
+    key = raw_key(request.url.path, request.scope.get("query_string", b""))
     body = cache.get(key)
     if body is None:
         problem = resolve_problem(spec, parse_shape_text(shape), dtype, gpu)
