@@ -10,9 +10,12 @@ faulty_copy(const float* __restrict__ x, float* __restrict__ y, int n) {
 #if MODE == 1
     if (i == 0) y[(size_t)1 << 40] = 1.0f;  // 4 TiB past y
 #elif MODE == 2
+    // The condition reads global memory through a volatile pointer on every iteration (x[0] is
+    // never NaN, so it always holds): the compiler may not assume the loop ends and remove it,
+    // as it did with a volatile local.
     if (i == 0) {
-        volatile int spin = 1;
-        while (spin) {
+        const volatile float* spin = x;
+        while (spin[0] == spin[0]) {
         }
     }
 #elif MODE == 3

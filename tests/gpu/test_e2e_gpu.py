@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
+from db import tokens
 from service.app import create_app
 from service.settings import Settings
 
@@ -16,6 +17,9 @@ def test_tune_softmax_through_the_rest_api(tmp_path):
     db_url = f"sqlite:///{tmp_path}/kato.db"
     app = create_app(Settings(db_url=db_url))
     with TestClient(app) as client:
+        with app.state.session_factory() as session:
+            secret = tokens.create_token(session, "e2e")[1]
+        client.headers["Authorization"] = f"Bearer {secret}"
         query = {"shape": "4096x4096", "dtype": "float16", "gpu": model}
         before = client.get("/v1/configs/softmax", params=query).json()
         assert before["source"] == "default"
