@@ -183,7 +183,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.include_router(gpus.router, **readers)
     app.include_router(configs.router, **readers)
     app.include_router(jobs.router, **readers)
-    app.include_router(workers.router)
+    app.include_router(workers.router, **readers)
     return app
 
 

@@ -124,7 +124,13 @@ def test_reads_can_be_closed(make_client: Any) -> None:
     app, client = make_client(auth_reads=True)
     _, secret = make_token(app)
     params = {"shape": "4096x4096", "dtype": "float16", "gpu": "H200"}
-    for path in ("/v1/jobs", "/v1/operators", "/v1/gpus/H200", "/v1/configs/softmax"):
+    for path in (
+        "/v1/jobs",
+        "/v1/operators",
+        "/v1/gpus/H200",
+        "/v1/configs/softmax",
+        "/v1/workers",
+    ):
         response = client.get(path, params=params)
         assert response.status_code == 401 and "for reads too" in response.json()["detail"]
         assert response.headers["www-authenticate"] == "Bearer"
