@@ -78,7 +78,7 @@ def static_shared_bytes(config: Config, kernel: str = "batchnorm_stats_partial")
     if kernel == "batchnorm_stats_finalize":
         return 0
     base = 12 * (config["BLOCK_SIZE"] // 32)
-    return base + 4 if kernel == "batchnorm_stats_fused" else base
+    return base + 1 if kernel == "batchnorm_stats_fused" else base  # + the bool flag
 
 
 class BatchNormStatsSpec(OperatorSpec):
@@ -291,11 +291,19 @@ class BatchNormStatsSpec(OperatorSpec):
 
 
 def batchnorm_stats_reference(x: np.ndarray, eps: float) -> tuple[np.ndarray, ...]:
-    """Float64 per-channel (mean, biased var, invstd) of an NCHW array."""
-    x64 = x.astype(np.float64)
-    mean = x64.mean(axis=(0, 2, 3))
-    centred = x64 - mean[None, :, None, None]
-    var = np.mean(centred * centred, axis=(0, 2, 3))
+    """Float64 per-channel (mean, biased var, invstd) of an NCHW array, a few channels at a
+    time (a float64 copy of a whole benchmark-size tensor would need gigabytes)."""
+    n, c, h, w = x.shape
+    mean = np.empty(c)
+    var = np.empty(c)
+    step = max(1, (1 << 24) // max(n * h * w, 1))
+    for c0 in range(0, c, step):
+        chunk = x[:, c0 : c0 + step].astype(np.float64)
+        m = chunk.mean(axis=(0, 2, 3))
+        chunk -= m[None, :, None, None]
+        chunk *= chunk
+        mean[c0 : c0 + step] = m
+        var[c0 : c0 + step] = chunk.mean(axis=(0, 2, 3))
     return mean, var, 1.0 / np.sqrt(var + eps)
 
 

@@ -1,0 +1,61 @@
+"""LayerNorm on a real GPU: every dtype on awkward shapes (default config), a seeded sample of
+valid variants per case verified through the backend (y, mean and rstd, each against its float64
+reference with its own tolerance), and the row loop's grid stride with a capped grid."""
+
+from __future__ import annotations
+
+import pytest
+from verify_harness import verify_variants
+
+import kernels.layernorm as layernorm_module
+from kernels import get_operator
+
+DTYPE_NAMES = ["float32", "float16", "bfloat16"]
+#: One element, one column (variance 0: rstd = 1/sqrt(eps), y = bias), a single long odd row,
+#: primes, the issue's short-row case (128 columns, several rows per warp) with a big grid,
+#: 1024 columns, rows longer than any register cache, 32768-wide rows.
+AWKWARD = [
+    (1, 1),
+    (1000, 1),
+    (1, 4097),
+    (3000, 3001),
+    (17, 333),
+    (262144, 128),
+    (16384, 1024),
+    (7, 1000003),
+    (64, 32768),
+]
+#: Sampled variants: VEC 2 only, odd widths, everything up to VEC 8, a register-cache edge
+#: (4104 = 8 * 513 columns), short rows.
+VARIANT_SHAPES = [(64, 130), (37, 1000), (9, 4104), (301, 128)]
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return get_operator("layernorm")
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("shape", AWKWARD, ids=lambda s: "x".join(map(str, s)))
+def test_default_config_verifies(spec, shape, dtype):
+    default = spec.default_config(shape, dtype)
+    checked, failures = verify_variants(spec, shape, dtype, max_configs=0)
+    assert checked == 1 and not failures, (default, failures)
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("shape", VARIANT_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_sampled_variants_verify(spec, shape, dtype):
+    """A seeded sample of 64 valid configs per case (the space has hundreds per shape; every
+    (ROW_THREADS, CACHE) pair that is valid appears in a sample of this size)."""
+    checked, failures = verify_variants(spec, shape, dtype, max_configs=64, seed=3)
+    assert checked >= 64
+    assert not failures, failures[:5]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_grid_stride_over_rows(spec, dtype, monkeypatch):
+    """A grid of 7 blocks for 2000 rows: every row group loops (weight/bias registers reused)."""
+    monkeypatch.setattr(layernorm_module, "MAX_GRID_X", 7)
+    checked, failures = verify_variants(spec, (2000, 96), dtype, max_configs=48, seed=4)
+    assert checked >= 48 and not failures, failures[:5]
