@@ -32,8 +32,8 @@ BLOCK_KERNELS = ("sort_rows_kernel", "sort_1d_block", "sort_1d_merge")
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> list[Outcome]:
+    # One row of one key admits every row-kernel config (the sources ignore the shape).
     variants = distinct_variants(SORT, [((1, 1), d) for d in SORT.dtypes])
-    variants += distinct_variants(SORT, [((4096, 4096), d) for d in SORT.dtypes])
     variants += distinct_variants(SORT_1D, [((2**24,), d) for d in SORT_1D.dtypes])
     start = time.perf_counter()
     found = compile_variants(variants, ARCHS, tmp_path_factory.mktemp("cubins"), batch=24)
@@ -45,7 +45,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> list[Outcome]:
 
 
 def test_every_variant_compiles(outcomes: list[Outcome]) -> None:
-    assert len(outcomes) >= 2 * (80 + 40) * len(ARCHS)
+    assert len(outcomes) == 2 * (80 + 48) * len(ARCHS)
     failed = [f"{o.arch} {o.variant}: {o.error}" for o in outcomes if o.error]
     assert not failed, f"{len(failed)} failed:\n" + "\n".join(failed[:5])
 
