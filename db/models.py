@@ -99,7 +99,7 @@ class Job(Base):
     gpu_model: Mapped[str] = mapped_column(String(64))  # canonical catalog name, e.g. "H200"
     budget_configs: Mapped[int] = mapped_column(Integer)
     budget_seconds: Mapped[float | None] = mapped_column(Float)
-    strategy: Mapped[str] = mapped_column(String(16), default="tpe")
+    strategy: Mapped[str] = mapped_column(String(16), default="forest")
     seed: Mapped[int] = mapped_column(Integer, default=0)
     # Indexed through ix_kato_jobs_claim, whose leading column it is.
     status: Mapped[str] = mapped_column(String(16), default="queued")

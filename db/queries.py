@@ -51,7 +51,7 @@ def _new_job(
     gpu_model: str,
     budget_configs: int,
     budget_seconds: float | None = None,
-    strategy: str = "tpe",
+    strategy: str = "forest",
     seed: int = 0,
     token_id: str | None = None,
 ) -> Job:
@@ -83,7 +83,7 @@ def create_job(
     gpu_model: str,
     budget_configs: int,
     budget_seconds: float | None = None,
-    strategy: str = "tpe",
+    strategy: str = "forest",
     seed: int = 0,
     token_id: str | None = None,
 ) -> Job:

@@ -264,7 +264,9 @@ def tune(
     dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16")] = "float32",
     budget: Annotated[int, typer.Option(help="distinct configs to measure")] = 100,
     budget_seconds: Annotated[float | None, typer.Option(help="wall-clock limit")] = None,
-    strategy: Annotated[str, typer.Option(help="tpe, random or grid")] = "tpe",
+    strategy: Annotated[
+        str, typer.Option(help="forest (default), tpe, hybrid, random or grid")
+    ] = "forest",
     seed: Annotated[int, typer.Option()] = 0,
     device: Annotated[int, typer.Option(help="CUDA device index")] = 0,
     db: DbOption = None,
@@ -394,24 +396,43 @@ def replay(
     budget: Annotated[int, typer.Option(min=1, help="distinct configs measured per search")] = 100,
     repeats: Annotated[int, typer.Option(min=1, help="searches, one seed each")] = 10,
     seed: Annotated[int, typer.Option(help="first seed")] = 0,
-    strategy: Annotated[str, typer.Option(help="tpe, random or grid")] = "tpe",
+    strategy: Annotated[
+        str | None, typer.Option(help="forest (default), tpe, hybrid, random or grid")
+    ] = None,
+    warm_start: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="another recorded space of the same kernel (e.g. another GPU): its best "
+            "configs are measured first, as a job's warm start from the database",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Search a recorded space on the replay backend; report the mean fraction of optimum."""
     from tuner.replay_eval import replay_search
-    from tuner.search import STRATEGIES
+    from tuner.search import DEFAULT_STRATEGY, STRATEGIES
 
+    strategy = strategy or DEFAULT_STRATEGY
     if strategy not in STRATEGIES:
         raise typer.BadParameter(f"strategy must be one of {', '.join(STRATEGIES)}")
     try:
         report = replay_search(
-            cachefile, budget=budget, repeats=repeats, seed=seed, strategy=strategy
+            cachefile,
+            budget=budget,
+            repeats=repeats,
+            seed=seed,
+            strategy=strategy,
+            warm_start=warm_start,
         )
     except ValueError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
     data = report.to_dict()
     data["file"] = str(cachefile)
+    if not as_json:
+        data["seed_configs"] = len(report.seed_configs)
     _emit(data, as_json)
 
 

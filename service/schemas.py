@@ -22,7 +22,8 @@ MAX_INT32 = 2**31 - 1
 _SHAPE_SEPARATOR = re.compile(r"\s*[x,X]\s*")
 _INTEGER = re.compile(r"[+-]?\d{1,19}")
 
-Strategy = Literal["tpe", "random", "grid"]
+#: tuner.search.STRATEGIES (a test holds them equal); the first, "forest", is the default.
+Strategy = Literal["forest", "tpe", "hybrid", "random", "grid"]
 JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
 
 
@@ -94,7 +95,7 @@ class JobCreate(BaseModel):
     budget_seconds: float | None = Field(
         default=None, gt=0, allow_inf_nan=False, description="wall-clock limit of the search"
     )
-    strategy: Strategy = "tpe"
+    strategy: Strategy = "forest"
     seed: int = Field(default=0, ge=0, le=MAX_INT32)
 
 

@@ -14,7 +14,8 @@ from typing import Any
 
 from tuner.backends.replay import ReplayBackend
 from tuner.kt_cache import KernelTunerCache, load_cache
-from tuner.search import Budget, Search
+from tuner.search import DEFAULT_STRATEGY, Budget, Search
+from tuner.warm_start import cache_source, rank_seed_configs, seed_limit
 
 
 @dataclass
@@ -31,6 +32,8 @@ class ReplayReport:
     min_fraction_of_optimum: float
     per_seed: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    warm_start: str | None = None
+    seed_configs: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -42,19 +45,28 @@ def replay_search(
     budget: int,
     repeats: int = 10,
     seed: int = 0,
-    strategy: str = "tpe",
+    strategy: str = DEFAULT_STRATEGY,
     seed_configs: list[dict[str, Any]] | None = None,
+    warm_start: KernelTunerCache | str | Path | None = None,
 ) -> ReplayReport:
-    """Run ``repeats`` searches (seeds ``seed .. seed+repeats-1``) over a recorded space."""
+    """Run ``repeats`` searches (seeds ``seed .. seed+repeats-1``) over a recorded space.
+
+    ``warm_start``: another recorded space of the same kernel (e.g. another GPU); its
+    measurements are ranked as a job's warm start from the database ranks them
+    (:func:`warm_start_seeds`) and measured first, after any ``seed_configs``.
+    """
     path = str(cache) if not isinstance(cache, KernelTunerCache) else "<memory>"
     data = cache if isinstance(cache, KernelTunerCache) else load_cache(cache)
     backend = ReplayBackend(data)
     optimum = backend.best_time_ms()
+    seeds = list(seed_configs or [])
+    if warm_start is not None:
+        seeds += warm_start_seeds(backend, warm_start, budget)
     per_seed = []
     started = time.perf_counter()
     for s in range(seed, seed + repeats):
         search = Search(
-            backend.space(), backend.evaluate, strategy=strategy, seed=s, seed_configs=seed_configs
+            backend.space(), backend.evaluate, strategy=strategy, seed=s, seed_configs=seeds
         )
         result = search.run(Budget(max_configs=budget))
         best = result.best.time_ms if result.best else None
@@ -81,4 +93,18 @@ def replay_search(
         min_fraction_of_optimum=min(fractions),
         per_seed=per_seed,
         seconds=time.perf_counter() - started,
+        warm_start=None if warm_start is None else str(warm_start),
+        seed_configs=seeds,
+    )
+
+
+def warm_start_seeds(
+    backend: ReplayBackend, source: KernelTunerCache | str | Path, budget: int
+) -> list[dict[str, Any]]:
+    """The configs a job over ``backend``'s space would measure first if the database held
+    ``source``'s measurements (another GPU, same shape): ranked by
+    :func:`tuner.warm_start.rank_seed_configs`, at most :func:`tuner.warm_start.seed_limit`."""
+    other = source if isinstance(source, KernelTunerCache) else load_cache(source)
+    return rank_seed_configs(
+        [cache_source(other)], limit=seed_limit(budget), accept=backend.space().is_valid
     )

@@ -29,11 +29,15 @@ import optuna
 
 from tuner.backends.base import TrialResult
 from tuner.space import Config, SearchSpace
+from tuner.surrogate import ForestProposer
 
 log = logging.getLogger(__name__)
 
-Strategy = Literal["tpe", "hybrid", "random", "grid"]
-STRATEGIES: tuple[str, ...] = ("tpe", "hybrid", "random", "grid")
+Strategy = Literal["forest", "tpe", "hybrid", "random", "grid"]
+#: Every selectable strategy; the first is the default.
+STRATEGIES: tuple[str, ...] = ("forest", "tpe", "hybrid", "random", "grid")
+#: The strategy a job gets when none is named (worker, CLI, API).
+DEFAULT_STRATEGY = "forest"
 
 #: Objective value given to Optuna for failed or invalid configs: worse than any real time.
 #: The samplers rank values, so only "worse than every success" matters, not the magnitude.
@@ -122,7 +126,8 @@ def make_sampler(strategy: str, seed: int, encoding: _Encoding) -> optuna.sample
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10)
-    if strategy == "random":
+    if strategy in ("random", "forest"):
+        # "forest" proposes every config itself (enqueued); the sampler only carries them.
         return optuna.samplers.RandomSampler(seed=seed)
     if strategy == "grid":
         # The grid's order comes from Search (every valid config, shuffled by the seed, enqueued
@@ -148,7 +153,9 @@ class Search:
     Args:
         space: parameters and validity.
         evaluate: measures one valid config; must not raise for a faulty config.
-        strategy: "tpe" (default), "random" or "grid".
+        strategy: one of STRATEGIES; "forest" (the default) is a bagged-tree surrogate with
+            expected improvement over the valid configs (tuner.surrogate), "tpe" Optuna's TPE,
+            "hybrid" TPE plus local search, "random", "grid" (every valid config, shuffled).
         seed: makes the proposals reproducible.
         storage: Optuna storage (URL or object); None keeps the study in memory.
         study_name: required with a persistent storage to resume a job.
@@ -163,7 +170,7 @@ class Search:
         space: SearchSpace,
         evaluate: Callable[[Config], TrialResult],
         *,
-        strategy: str = "tpe",
+        strategy: str = DEFAULT_STRATEGY,
         seed: int = 0,
         storage: str | optuna.storages.BaseStorage | None = None,
         study_name: str | None = None,
@@ -181,6 +188,8 @@ class Search:
         self.should_stop = should_stop
         self._rng = random.Random(seed)
         self._grid: list[Config] | None = None
+        self._forest: ForestProposer | None = None
+        self._seed = seed
         self.local_after = 15
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.study = optuna.create_study(
@@ -191,9 +200,15 @@ class Search:
             load_if_exists=study_name is not None,
         )
         self._fail_orphaned_trials()
-        for config in seed_configs or []:
-            if space.is_valid(config) and space.key(config) not in self.results:
-                self.study.enqueue_trial(self.encoding.encode(config), skip_if_exists=True)
+        self._seed_queue = [c for c in seed_configs or [] if space.is_valid(c)]
+
+    def _next_seed_config(self) -> Config | None:
+        """The next warm-start config not measured yet (None when all are)."""
+        while self._seed_queue:
+            config = self._seed_queue.pop(0)
+            if self.space.key(config) not in self.results:
+                return config
+        return None
 
     def _fail_orphaned_trials(self) -> None:
         """Trials asked but never told (the process died mid-measurement) are marked failed;
@@ -273,7 +288,17 @@ class Search:
                     break
                 self.study.enqueue_trial(self.encoding.encode(fallback))
                 unproductive = 0
-            if self.strategy == "hybrid" and (local := self._local_proposal()) is not None:
+            if (seeded := self._next_seed_config()) is not None:
+                self.study.enqueue_trial(self.encoding.encode(seeded))
+            elif self.strategy == "forest":
+                if self._forest is None:
+                    self._forest = ForestProposer(self.space, self._seed)
+                point = self._forest.propose(self.results)
+                if point is None:
+                    stopped = "exhausted"
+                    break
+                self.study.enqueue_trial(self.encoding.encode(point))
+            elif self.strategy == "hybrid" and (local := self._local_proposal()) is not None:
                 self.study.enqueue_trial(self.encoding.encode(local))
             elif self.strategy == "grid":
                 point = self._next_grid_point()

@@ -114,11 +114,28 @@ def test_cli_replay_json(shared_datasets):
     )
     assert out.exit_code == 0, out.output
     data = json.loads(out.stdout)
-    assert data["budget"] == 20 and data["strategy"] == "tpe"
+    assert data["budget"] == 20 and data["strategy"] == "forest"  # the default
+    assert data["warm_start"] is None and data["seed_configs"] == []
     assert [p["seed"] for p in data["per_seed"]] == [7, 8]
     assert 0.9 < data["mean_fraction_of_optimum"] <= 1.0
     mean = sum(p["fraction_of_optimum"] for p in data["per_seed"]) / 2
     assert data["mean_fraction_of_optimum"] == pytest.approx(mean)
+
+
+def test_cli_replay_warm_start_and_named_strategy(shared_datasets):
+    conv = sorted(str(f) for f in shared_datasets if "convolution" in str(f))
+    if len(conv) < 2:
+        pytest.skip("needs both convolution files")
+    a100, a4000 = conv
+    args = ["replay", a4000, "--budget", "30", "--repeats", "1", "--json", "--warm-start", a100]
+    out = CliRunner().invoke(app, args + ["--strategy", "random"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    assert data["strategy"] == "random" and data["warm_start"] == a100
+    # a tenth of the budget, the A100's fastest configs first
+    cache = load_cache(a100)
+    ranked = sorted(cache.ok_entries().values(), key=lambda e: e["time"])[:3]
+    assert data["seed_configs"] == [{p: e[p] for p in cache.params} for e in ranked]
 
 
 def test_cli_replay_bad_strategy(shared_datasets):

@@ -6,7 +6,7 @@ import optuna
 import pytest
 
 from tuner.backends.base import TrialResult, TrialStatus
-from tuner.search import Budget, Search
+from tuner.search import DEFAULT_STRATEGY, STRATEGIES, Budget, Search
 from tuner.space import SearchSpace
 
 
@@ -42,7 +42,7 @@ class Counter:
         return TrialResult(config=config, status=TrialStatus.OK, times_ms=[t, t + 1, t - 0.5])
 
 
-@pytest.mark.parametrize("strategy", ["tpe", "random", "grid"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_budget_distinct_valid_and_failures_counted(strategy):
     space, evaluate = make_space(), Counter()
     result = Search(space, evaluate, strategy=strategy, seed=3).run(Budget(max_configs=30))
@@ -65,26 +65,40 @@ def test_failed_configs_are_recorded_and_search_goes_on():
     assert result.best is not None and result.best.ok
 
 
-def test_exhausting_a_small_space_stops_with_every_valid_config_measured_once():
+@pytest.mark.parametrize("strategy", ["tpe", "forest"])
+def test_exhausting_a_small_space_stops_with_every_valid_config_measured_once(strategy):
     space, evaluate = make_space(), Counter()
     valid = len(space.valid_configs())
     assert valid == 96 - 16
-    result = Search(space, evaluate, strategy="tpe", seed=1).run(Budget(max_configs=1000))
+    result = Search(space, evaluate, strategy=strategy, seed=1).run(Budget(max_configs=1000))
     assert result.stopped == "exhausted"
     assert len(evaluate.calls) == valid == len(set(evaluate.calls))
     assert result.best.config == {"block": 192, "vec": 4, "mode": "b"}
 
 
-def test_same_seed_same_proposals():
+@pytest.mark.parametrize("strategy", ["tpe", "forest"])
+def test_same_seed_same_proposals(strategy):
     runs = []
     for _ in range(2):
         evaluate = Counter()
-        Search(make_space(), evaluate, strategy="tpe", seed=42).run(Budget(max_configs=20))
+        Search(make_space(), evaluate, strategy=strategy, seed=42).run(Budget(max_configs=20))
         runs.append(evaluate.calls)
     assert runs[0] == runs[1]
 
 
-def test_resume_never_remeasures_and_continues_the_study(tmp_path):
+def test_default_strategy_is_forest_and_first_everywhere():
+    from typing import get_args
+
+    from service.schemas import JobCreate, Strategy
+
+    assert DEFAULT_STRATEGY == STRATEGIES[0] == "forest"
+    assert Search(make_space(), Counter()).strategy == "forest"
+    assert get_args(Strategy) == STRATEGIES
+    assert JobCreate.model_fields["strategy"].default == DEFAULT_STRATEGY
+
+
+@pytest.mark.parametrize("strategy", ["tpe", "forest"])
+def test_resume_never_remeasures_and_continues_the_study(tmp_path, strategy):
     """A job stopped half-way resumes from its stored study and known results."""
     storage = f"sqlite:///{tmp_path}/optuna.db"
     space = make_space()
@@ -93,7 +107,7 @@ def test_resume_never_remeasures_and_continues_the_study(tmp_path):
     r1 = Search(
         space,
         first,
-        strategy="tpe",
+        strategy=strategy,
         seed=5,
         storage=storage,
         study_name="job",
@@ -104,23 +118,34 @@ def test_resume_never_remeasures_and_continues_the_study(tmp_path):
     optuna.load_study(study_name="job", storage=storage).ask()
     second = Counter()
     r2 = Search(
-        space, second, strategy="tpe", seed=5, storage=storage, study_name="job", known=r1.results
+        space,
+        second,
+        strategy=strategy,
+        seed=5,
+        storage=storage,
+        study_name="job",
+        known=r1.results,
     ).run(Budget(max_configs=40))
     assert r2.measured == 40
     assert len(second.calls) == 40 - stop_after
     assert not set(first.calls) & set(second.calls), "a finished trial was measured again"
     study = optuna.load_study(study_name="job", storage=storage)
     assert not study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+    # Every measured config is a finished trial of the stored study (the sampler's history).
+    done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert len(done) >= 40
 
 
-def test_seed_configs_are_measured_first():
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_seed_configs_are_measured_first(strategy):
     evaluate = Counter()
     seeds = [
         {"block": 192, "vec": 4, "mode": "b"},
         {"block": 64, "vec": 8, "mode": "c"},
         {"block": 32, "vec": 1, "mode": "a"},
     ]
-    Search(make_space(), evaluate, seed=0, seed_configs=seeds).run(Budget(max_configs=5))
+    search = Search(make_space(), evaluate, strategy=strategy, seed=0, seed_configs=seeds)
+    search.run(Budget(max_configs=5))
     # the invalid seed (vec 8, mode c) is skipped
     assert evaluate.calls[:2] == [(192, 4, "b"), (32, 1, "a")]
 
@@ -138,3 +163,33 @@ def test_bad_budget_and_strategy():
         Budget(max_configs=0)
     with pytest.raises(ValueError, match="unknown strategy"):
         Search(make_space(), Counter(), strategy="annealing")
+
+
+def test_forest_never_depends_on_the_budget():
+    """The first N measurements of a run at budget 2N are the run at budget N (what lets
+    benchmarks/search_quality.py score every budget from one run)."""
+    short, long = Counter(), Counter()
+    Search(make_space(), short, seed=7).run(Budget(max_configs=25))
+    Search(make_space(), long, seed=7).run(Budget(max_configs=50))
+    assert long.calls[:25] == short.calls
+
+
+def test_forest_skips_configs_other_workers_are_measuring():
+    """A PENDING result (another worker's reservation) is never proposed and not learnt from."""
+    space = make_space()
+    pending = {"block": 192, "vec": 4, "mode": "b"}  # the optimum
+    search = Search(space, Counter(), seed=0)
+    search.results[space.key(pending)] = TrialResult(config=pending, status=TrialStatus.PENDING)
+    evaluate = search.evaluate
+    search.run(Budget(max_configs=60))
+    assert (192, 4, "b") not in evaluate.calls
+
+
+def test_forest_finds_the_optimum_of_a_smooth_space_quickly():
+    """A separable bowl over 80 valid configs: the model finds the optimum within 30."""
+    hits = 0
+    for seed in range(5):
+        evaluate = Counter()
+        result = Search(make_space(), evaluate, seed=seed).run(Budget(max_configs=30))
+        hits += result.best.config == {"block": 192, "vec": 4, "mode": "b"}
+    assert hits >= 4

@@ -1,0 +1,239 @@
+"""A learned surrogate that proposes the next config: bagged regression trees, valid configs.
+
+The model (the default strategy's engine, see ``tuner.search``):
+
+- Every valid config is enumerated once and encoded as a feature row: an ordered numeric
+  parameter by ``log2`` of its value (by its value where some value is not positive), any other
+  parameter by the index of its value. Trees split on these, so only the order matters.
+- The target is ``log(time)``: kernel times span orders of magnitude and what matters is the
+  ratio to the best. A failed config (compile, launch, verify, timeout) gets the worst log-time
+  seen so far, so the model steers away from its region without one failure dominating the fit.
+- The model is a bag of regression trees (bootstrap resamples, random feature subsets): the mean
+  over trees predicts, the spread between trees says how unsure the prediction is.
+- Acquisition: expected improvement over the best log-time, on the unmeasured valid configs (a
+  random subset plus every one-step neighbour of the best few configs when the space is large).
+  Proposals are made in small batches (one fit per batch) to keep the overhead per proposal low;
+  the first configs are a space-filling random design.
+
+Only valid configs are ever proposed and a measured config is never proposed again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tuner.backends.base import TrialStatus
+from tuner.space import Config, SearchSpace
+
+#: Configs drawn as a space-filling random design before the model is fitted.
+N_INITIAL = 10
+#: Trees in the bag.
+N_TREES = 24
+#: Above this many unmeasured valid configs, acquisition is evaluated on a random subset of this
+#: size plus the neighbours of the best configs.
+POOL_MAX = 3000
+#: Best configs whose one-step neighbours are always scored.
+N_INCUMBENTS = 5
+#: Fraction of the features each tree split may consider.
+MAX_FEATURES = 0.8
+#: The acquisition of each model-based proposal, in turn: "ei" (expected improvement), "ts"
+#: (Thompson: the minimum of one tree's prediction) or "random" (space-filling).
+ACQUISITION: tuple[str, ...] = ("ei",)
+DERIVED = True
+POW2 = True
+
+
+def _is_log(values: Sequence[Any]) -> bool:
+    return all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in values)
+
+
+def _feature_maps(params: Mapping[str, Sequence[Any]]) -> dict[str, dict[Any, float]]:
+    """For each parameter with more than one value: value -> feature."""
+    maps: dict[str, dict[Any, float]] = {}
+    for name, values in params.items():
+        vals = list(dict.fromkeys(values))
+        if len(vals) < 2:
+            continue
+        numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in vals)
+        if numeric and all(v > 0 for v in vals):
+            maps[name] = {v: math.log2(v) for v in vals}
+        elif numeric:
+            maps[name] = {v: float(v) for v in vals}
+        else:
+            maps[name] = {v: float(i) for i, v in enumerate(vals)}
+    return maps
+
+
+class ForestProposer:
+    """Proposes unmeasured valid configs of ``space`` from the results measured so far.
+
+    Args:
+        space: the search space (its valid configs are enumerated once, here).
+        seed: makes the proposals reproducible for the same history.
+        batch: proposals made from one model fit (1 = refit before every proposal).
+    """
+
+    def __init__(self, space: SearchSpace, seed: int = 0, *, batch: int = 2):
+        self.space = space
+        self.configs: list[Config] = space.valid_configs()
+        self.index: dict[str, int] = {space.key(c): i for i, c in enumerate(self.configs)}
+        maps = _feature_maps(space.params)
+        self.names = list(maps)
+        self._logscale = [_is_log(space.params[name]) for name in self.names]
+        n = len(self.configs)
+        X = np.zeros((n, max(1, len(self.names))), dtype=np.float32)
+        for j, name in enumerate(self.names):
+            m = maps[name]
+            X[:, j] = [m[c[name]] for c in self.configs]
+        # Kernel Tuner's convention names the thread-block dimensions block_size_x/y/z: their
+        # product (threads per block) drives occupancy, and trees cannot add features themselves.
+        blocks = [j for j, name in enumerate(self.names) if name.startswith("block_size")]
+        extra = []
+        if DERIVED and len(blocks) >= 2 and all(self._logscale[j] for j in blocks):
+            extra.append(X[:, blocks].sum(axis=1))
+        if POW2:
+            # Powers of two (and multiples of the warp size) often behave differently from
+            # their neighbours on a GPU: a flag per integer parameter with other values too.
+            for j, name in enumerate(self.names):
+                vals = [v for v in maps[name] if isinstance(v, int) and not isinstance(v, bool)]
+                flags = {v: float(v > 0 and v & (v - 1) == 0) for v in vals}
+                if len(vals) == len(maps[name]) and 0 < sum(flags.values()) < len(vals) and max(vals) > 2:
+                    extra.append(np.array([flags[c[name]] for c in self.configs], dtype=np.float32))
+        if extra:
+            X = np.column_stack([X, *extra]).astype(np.float32)
+        self.X = X
+        span = X.max(axis=0) - X.min(axis=0) if n else np.ones(X.shape[1])
+        self._scale = np.where(span > 0, span, 1.0).astype(np.float32)
+        self.rng = np.random.default_rng(seed)
+        self.batch = max(1, batch)
+        self._queue: list[int] = []
+        self._turn = 0
+
+    # -- model -------------------------------------------------------------------------------
+
+    def _training_set(
+        self, results: Mapping[str, Any]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Indices of measured configs, their log-times (failures imputed), the measured mask."""
+        measured = np.zeros(len(self.configs), dtype=bool)
+        idx: list[int] = []
+        ys: list[float | None] = []
+        for key, result in results.items():
+            i = self.index.get(key)
+            if i is None:
+                continue
+            measured[i] = True
+            if getattr(result, "status", None) == TrialStatus.PENDING:
+                continue  # another worker is measuring it: not proposed, not learnt from
+            t = getattr(result, "time_ms", None)
+            idx.append(i)
+            ys.append(math.log(t) if t is not None and t > 0 and math.isfinite(t) else None)
+        ok = [y for y in ys if y is not None]
+        worst = max(ok) if ok else 0.0
+        y = np.array([worst if v is None else v for v in ys], dtype=np.float64)
+        return np.array(idx, dtype=np.int64), y, measured
+
+    def _fit_predict(
+        self, train: np.ndarray, y: np.ndarray, pool: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Mean and spread over the trees of the predicted log-time of ``pool``."""
+        from sklearn.tree import DecisionTreeRegressor
+
+        Xt, Xp = self.X[train], self.X[pool]
+        n = len(train)
+        preds = np.empty((N_TREES, len(pool)))
+        for t in range(N_TREES):
+            boot = self.rng.integers(0, n, n)
+            tree = DecisionTreeRegressor(
+                max_features=MAX_FEATURES,
+                min_samples_leaf=1,
+                random_state=int(self.rng.integers(2**31)),
+            )
+            tree.fit(Xt[boot], y[boot])
+            preds[t] = tree.predict(Xp)
+        return preds.mean(axis=0), preds.std(axis=0), preds
+
+    # -- candidates --------------------------------------------------------------------------
+
+    def neighbours(self, i: int) -> np.ndarray:
+        """Valid configs that differ from config ``i`` in exactly one parameter."""
+        base = self.X[:, : len(self.names)]
+        return np.flatnonzero((base != base[i]).sum(axis=1) == 1)
+
+    def _pool(self, measured: np.ndarray, train: np.ndarray, y: np.ndarray) -> np.ndarray:
+        free = np.flatnonzero(~measured)
+        if len(free) <= POOL_MAX:
+            return free
+        sample = self.rng.choice(free, POOL_MAX, replace=False)
+        near = [self.neighbours(int(i)) for i in train[np.argsort(y)[:N_INCUMBENTS]]]
+        near_free = np.concatenate(near)
+        near_free = near_free[~measured[near_free]]
+        return np.unique(np.concatenate([sample, near_free]))
+
+    def _space_filling(self, measured: np.ndarray, count: int) -> list[int]:
+        """``count`` unmeasured configs, each the farthest (scaled L1) from those chosen so far
+        among a few random candidates."""
+        free = np.flatnonzero(~measured)
+        chosen = list(np.flatnonzero(measured))
+        out: list[int] = []
+        for _ in range(min(count, len(free))):
+            cand = self.rng.choice(free, min(len(free), 16), replace=False)
+            cand = np.array([c for c in cand if c not in out] or [cand[0]])
+            if chosen:
+                d = np.abs(
+                    self.X[cand][:, None, :] / self._scale
+                    - self.X[chosen][None, :, :] / self._scale
+                ).sum(axis=2)
+                pick = int(cand[int(d.min(axis=1).argmax())])
+            else:
+                pick = int(cand[0])
+            out.append(pick)
+            chosen.append(pick)
+        return out
+
+    # -- proposing ---------------------------------------------------------------------------
+
+    def propose(self, results: Mapping[str, Any]) -> Config | None:
+        """The next config to measure given ``results`` (config key -> result with ``time_ms``,
+        None for a failure); None when every valid config has been measured."""
+        train, y, measured = self._training_set(results)
+        while self._queue:
+            i = self._queue.pop(0)
+            if not measured[i]:
+                return self.configs[i]
+        if measured.all():
+            return None
+        ok = int(np.sum([getattr(r, "time_ms", None) is not None for r in results.values()]))
+        if ok < N_INITIAL or len(train) < N_INITIAL:
+            return self.configs[self._space_filling(measured, 1)[0]]
+        acq = ACQUISITION[self._turn % len(ACQUISITION)]
+        self._turn += 1
+        if acq == "random":
+            return self.configs[self._space_filling(measured, 1)[0]]
+        pool = self._pool(measured, train, y)
+        mu, sd, preds = self._fit_predict(train, y, pool)
+        if acq == "ts":
+            score = -preds[int(self.rng.integers(len(preds)))]
+        else:
+            best = float(y.min())
+            sd = np.maximum(sd, 1e-9)
+            z = (best - mu) / sd
+            score = sd * (z * _norm_cdf(z) + _norm_pdf(z))
+        order = np.argsort(-score, kind="stable")[: self.batch]
+        picks = [int(pool[k]) for k in order]
+        self._queue = picks[1:]
+        return self.configs[picks[0]]
+
+
+def _norm_pdf(z: np.ndarray) -> np.ndarray:
+    return np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+
+
+def _norm_cdf(z: np.ndarray) -> np.ndarray:
+    from scipy.special import ndtr
+
+    return ndtr(z)
