@@ -1,5 +1,5 @@
 """Every valid transpose variant compiles for sm_80 and sm_90 with the resources the spec
-models; and the kernel, run on the CPU, transposes awkward shapes exactly.
+models (the kernel's logic runs on the CPU in test_transpose_emulation.py).
 
 The source does not depend on the shape, so the valid configs of one shape per dtype whose
 sizes are multiples of every vector width (8192 x 8192) are every variant there is; odd shapes
@@ -9,14 +9,10 @@ only admit a subset (VEC=1). ~150 variants per dtype and arch, batched by the co
 from __future__ import annotations
 
 import os
-import shutil
 import time
-from pathlib import Path
 
-import numpy as np
 import pytest
 from compile_harness import Outcome, compile_variants, distinct_variants
-from cuda_emulation import Case, cuda_include_dir, run_cases
 
 from kernels import get_operator
 from kernels.transpose import register_cap, static_shared_bytes, threads
@@ -68,45 +64,3 @@ def test_resources_match_the_model(outcomes: list[Outcome]) -> None:
                 f"spec {static_shared_bytes(config, dtype)}"
             )
     assert not bad, "\n".join(bad[:10])
-
-
-# --- the kernel on the CPU ----------------------------------------------------------------------
-
-
-def emulated_cases() -> list[Case]:
-    """Every dtype x tile x layout, the widest vectors the shape allows, tails on both sides,
-    1 x N and N x 1, and capped grids (the tile loop's grid stride)."""
-    cases = []
-    shapes = {"float32": [(40, 72), (1, 36), (33, 1)], "float16": [(48, 24), (8, 120), (17, 3)]}
-    shapes["bfloat16"] = [(24, 104), (1, 7), (70, 2)]
-    configs = [
-        (32, 4, 4, 1),
-        (32, 8, 4, 2),
-        (16, 2, 2, 0),
-        (64, 4, 8, 2),
-        (64, 2, 8, 1),
-        (32, 1, 8, 2),
-        (16, 1, 1, 1),
-        (64, 8, 2, 0),
-        (32, 2, 1, 1),
-    ]
-    for dtype, dtype_shapes in shapes.items():
-        for n, (tile, vec, rpt, smem) in enumerate(configs):
-            config = {"TILE": tile, "VEC": vec, "RPT": rpt, "SMEM": smem, "MIN_BLOCKS": 0}
-            for shape in dtype_shapes:
-                if SPEC.check(config, shape, dtype) is None:
-                    cases.append(Case(SPEC, config, shape, dtype, grid_cap=3 if n % 2 else None))
-                    break
-        for shape in dtype_shapes:
-            cases.append(Case(SPEC, SPEC.default_config(shape, dtype), shape, dtype))
-    return cases
-
-
-@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
-def test_kernel_logic_on_the_cpu(tmp_path: Path) -> None:
-    if cuda_include_dir() is None:
-        pytest.skip("CUDA headers not found next to nvcc")
-    cases = emulated_cases()
-    assert len({(c.dtype, c.config["SMEM"], c.config["TILE"]) for c in cases}) >= 18
-    failures = run_cases(cases, tmp_path, np.random.default_rng(7))
-    assert not failures, "\n".join(failures)
