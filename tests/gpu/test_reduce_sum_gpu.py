@@ -38,17 +38,10 @@ def test_valid_variants_verify(spec, shape, dtype):
     assert not failures, failures[:5]
 
 
-@pytest.mark.parametrize(
-    "config",
-    [
-        {"BLOCK_SIZE": 1024, "ROW_THREADS": 0, "VEC": 4, "UNROLL": 8},
-        {"BLOCK_SIZE": 256, "ROW_THREADS": 32, "VEC": 4, "UNROLL": 8},
-    ],
-    ids=lambda c: f"rows{c['ROW_THREADS']}",
-)
-def test_accuracy_on_2_pow_26_positive_values(spec, config):
-    """4 rows of 2**24 U(0.5, 1.5): error far below a serial float32 sum's, and every row equal
-    to the numpy model of the kernel's tree bit for bit."""
+def test_accuracy_on_2_pow_26_positive_values(spec):
+    """4 rows of 2**24 U(0.5, 1.5), a block per row: error far below a serial float32 sum's,
+    and every row equal to the numpy model of the kernel's tree bit for bit."""
+    config = {"BLOCK_SIZE": 1024, "ROW_THREADS": 0, "VEC": 4, "UNROLL": 8}
     x = np.random.default_rng(26).uniform(0.5, 1.5, size=(4, 2**24)).astype(np.float32)
     exact = x.astype(np.float64).sum(axis=1)
     naive = np.abs(np.cumsum(x, axis=1, dtype=np.float32)[:, -1] - exact)
@@ -56,8 +49,23 @@ def test_accuracy_on_2_pow_26_positive_values(spec, config):
     out = StepRunner(spec, config, x.shape, "float32").run(args)[1]
     error = np.abs(out.astype(np.float64) - exact)
     assert (error <= naive / 100).all(), (error, naive)
-    if config["ROW_THREADS"] == 0:  # the model loops in numpy: keep it to the fast config
-        np.testing.assert_array_equal(out, row_sum_model(x, config))
+    np.testing.assert_array_equal(out, row_sum_model(x, config))
+
+
+@pytest.mark.parametrize(
+    ("shape", "config"),
+    [
+        ((4096, 16384), {"BLOCK_SIZE": 256, "ROW_THREADS": 32, "VEC": 4, "UNROLL": 8}),
+        ((65536, 1024), {"BLOCK_SIZE": 128, "ROW_THREADS": 8, "VEC": 4, "UNROLL": 8}),
+    ],
+    ids=["warp", "8-lane groups"],
+)
+def test_row_groups_match_the_model_exactly(spec, shape, config):
+    """2**26 elements in rows shared by a warp or by 8 lanes: bit for bit the numpy model."""
+    x = np.random.default_rng(7).uniform(0.5, 1.5, size=shape).astype(np.float32)
+    args = [x, np.full(shape[0], np.nan, dtype=np.float32), np.int32(shape[0]), np.int32(shape[1])]
+    out = StepRunner(spec, config, shape, "float32").run(args)[1]
+    np.testing.assert_array_equal(out, row_sum_model(x, config))
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
