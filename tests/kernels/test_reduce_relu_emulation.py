@@ -146,3 +146,93 @@ def test_kernels_on_the_cpu(make_cases, extra_header, tmp_path) -> None:
     cases = make_cases()
     failures = run_cases(cases, tmp_path, np.random.default_rng(7))
     assert not failures, "\n".join(failures[:10])
+
+
+# --- the numpy models are the kernels' exact arithmetic ----------------------------------------
+
+
+def _run_emulated(cases, problems, workdir):
+    """Build one program for ``cases`` and return every case's arrays after its steps."""
+    import subprocess
+
+    include = cuda_include_dir()
+    (workdir / "emu.cpp").write_text(cuda_emulation.emulation_source(cases, problems))
+    subprocess.run(
+        ["g++", "-std=c++20", "-O1", "-w", f"-I{include}", "emu.cpp", "-o", "emu"],
+        cwd=workdir,
+        check=True,
+        timeout=900,
+    )
+    results = []
+    for i, problem in enumerate(problems):
+        data = workdir / f"exact{i}"
+        data.mkdir()
+        for k, a in enumerate(problem.args):
+            if isinstance(a, np.ndarray):
+                a.tofile(data / f"a{k}.bin")
+        subprocess.run([str(workdir / "emu"), str(i), str(data)], check=True, timeout=600)
+        results.append(
+            [
+                np.fromfile(data / f"a{k}.bin", dtype=a.dtype).reshape(a.shape)
+                if isinstance(a, np.ndarray)
+                else a
+                for k, a in enumerate(problem.args)
+            ]
+        )
+    return results
+
+
+def test_summation_models_match_the_kernels_bit_for_bit(extra_header, tmp_path) -> None:
+    """The emulated kernels (the templates' own float32 arithmetic, no FMA to contract) equal
+    ``summation_model`` / ``row_sum_model`` exactly: the GPU tests' exact comparisons rest on it."""
+    from kernels.reduce_sum import row_sum_model
+    from kernels.reduce_sum_all import summation_model
+
+    rsa, rs = get_operator("reduce_sum_all"), get_operator("reduce_sum")
+    rng = np.random.default_rng(11)
+    cases = [
+        Case(
+            rsa,
+            {"BLOCK_SIZE": 128, "VEC": 4, "UNROLL": 2, "BLOCKS_PER_SM": 1, "FINISH": 0},
+            (20011,),
+            "float32",
+            grid_cap=3,
+        ),
+        Case(
+            rsa,
+            {"BLOCK_SIZE": 256, "VEC": 8, "UNROLL": 4, "BLOCKS_PER_SM": 1, "FINISH": 2},
+            (70001,),
+            "bfloat16",
+            grid_cap=2,
+        ),
+        Case(
+            rs,
+            {"BLOCK_SIZE": 128, "ROW_THREADS": 0, "VEC": 2, "UNROLL": 8},
+            (3, 5002),
+            "float16",
+            grid_cap=2,
+        ),
+        Case(
+            rs,
+            {"BLOCK_SIZE": 128, "ROW_THREADS": 8, "VEC": 4, "UNROLL": 2},
+            (37, 1000),
+            "float32",
+            grid_cap=1,
+        ),
+        Case(
+            rs,
+            {"BLOCK_SIZE": 256, "ROW_THREADS": 32, "VEC": 1, "UNROLL": 4},
+            (9, 3001),
+            "bfloat16",
+            grid_cap=1,
+        ),
+    ]
+    problems = [c.spec.make_problem(c.shape, c.dtype, rng) for c in cases]
+    results = _run_emulated(cases, problems, tmp_path)
+    for case, problem, got in zip(cases, problems, results, strict=True):
+        x = problem.args[0]
+        if case.spec is rsa:
+            grid = min(rsa.grid(case.config, case.shape), case.grid_cap)
+            assert got[1][0] == summation_model(x, case.config, grid), case
+        else:
+            np.testing.assert_array_equal(got[1], row_sum_model(x, case.config), err_msg=str(case))
