@@ -247,8 +247,8 @@ class LayerNormSpec(OperatorSpec):
                 return None
             if self.check(config, shape, dtype) is not None:
                 return None
-            # Enough blocks for ~8 waves of 132 SMs x 8 blocks even at 4 rows per group.
-            if math.ceil(rows / rows_per_block(config)) >= 4 * 132 * 8 * 8:
+            # 4 rows per group where that still leaves >= 4 waves of 132 SMs x 8 blocks.
+            if math.ceil(rows / rows_per_block(config)) >= 4 * (4 * 132 * 8):
                 config["GROUP_ROWS"] = 4
             return config
 

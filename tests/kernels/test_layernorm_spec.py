@@ -169,6 +169,8 @@ def test_default_config_choices() -> None:
     assert SPEC.defines(short, (1048576, 128), "float32")["WB_REGS"] == 1
     half_short = SPEC.default_config((65536, 128), "float16")
     assert (half_short["VEC"], half_short["ROW_THREADS"], half_short["CACHE"]) == (8, 8, 2)
+    assert SPEC.default_config((1048576, 128), "float16")["GROUP_ROWS"] == 4
+    assert half_short["GROUP_ROWS"] == 1  # 2048 blocks: too few to group
     assert SPEC.default_config((65536, 1024), "float32")["ROW_THREADS"] == 32
     medium = SPEC.default_config((32768, 4096), "float16")
     assert (medium["ROW_THREADS"], medium["CACHE"]) == (0, 2)
