@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One device call on the H200 (see ../shared/device/README.md): install the staged wheels, then
 # run the steps named as arguments, writing results under $OUT.
-#   steps: occupancy gputests operators throughput (default: occupancy gputests operators)
+#   steps: occupancy gputests operators throughput mlp (default: occupancy gputests operators)
 #   env: GPU_TESTS (pytest paths, default tests/gpu), TUNE_BUDGET, OPERATORS ("softmax relu ..."),
-#        TUNE_ONLY=1, MAX_MINUTES, DB (SQLAlchemy URL of the results database to keep),
+#        TUNE_ONLY=1, MAX_MINUTES, DB (SQLAlchemy URL of the results database; data/h200 is
+#        imported into it first, and the operators step exports it to $OUT/h200),
 #        THROUGHPUT_ARGS
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device-wheels/*.whl \
@@ -12,6 +13,10 @@ export PYTHONUNBUFFERED=1 KATO_COMPILE_CACHE=/tmp/kato-cubin
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/gpu.txt"
 steps=${*:-occupancy gputests operators}
+DB=${DB:-sqlite:///$OUT/kato.db}
+kato() { python3 -c 'from service.cli import main; main()' "$@"; }
+# Every device call starts bare: load the committed tuning results (data/h200, kato export).
+kato import data/h200 --db "$DB" | tail -1
 for step in $steps; do
   echo "=== $step $(date +%T)"
   case $step in
@@ -20,10 +25,14 @@ for step in $steps; do
     gputests) python3 -m pytest -q -p no:cacheprovider ${GPU_TESTS:-tests/gpu} 2>&1 \
                  | tee "$OUT/gpu_tests.log" | tail -40 ;;
     operators) ops=(); for o in ${OPERATORS:-}; do ops+=(--operator "$o"); done
-               python3 benchmarks/operators.py --db "${DB:-sqlite:///$OUT/kato.db}" \
-                 --tune "${TUNE_BUDGET:-100}" ${TUNE_ONLY:+--tune-only} \
+               python3 benchmarks/operators.py --db "$DB" \
+                 --tune "${TUNE_BUDGET:-0}" ${TUNE_ONLY:+--tune-only} \
                  ${MAX_MINUTES:+--max-minutes $MAX_MINUTES} "${ops[@]}" \
-                 --out "$OUT/operators.json" 2>&1 | tee "$OUT/operators.log" | tail -60 ;;
+                 --out "$OUT/operators.json" 2>&1 | tee "$OUT/operators.log" | tail -60
+               # Whatever was tuned comes back as files to commit under data/h200.
+               kato export "$OUT/h200" --db "$DB" | tail -2 ;;
+    mlp) python3 benchmarks/torch_mlp.py --db "$DB" --out "$OUT/torch_mlp.json" 2>&1 \
+                 | tee "$OUT/torch_mlp.log" | tail -10 ;;
     throughput) python3 benchmarks/tuning_throughput.py --out "$OUT/tuning_throughput.json" \
                  ${THROUGHPUT_ARGS:-} 2>&1 | tee "$OUT/throughput.log" | tail -30 ;;
     *) echo "unknown step $step" ;;
