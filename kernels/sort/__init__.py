@@ -112,7 +112,6 @@ def _defines(spec: OperatorSpec, config: Config, dtype: str, sort_1d: bool) -> d
     macros: dict[str, object] = {
         name: config[name] for name in ("BLOCK", "ITEMS", "WARP_SHFL", "SMEM_FUSE")
     }
-    macros["KEY_FLOAT"] = int(dtype == "float32")
     macros["SORT_1D"] = int(sort_1d)
     return macros
 
@@ -214,7 +213,7 @@ class SortSpec(OperatorSpec):
         x = make_keys(rows * cols, dtype, rng).reshape(rows, cols)
         y = _poisoned((rows, cols), dtype)
         return Problem(
-            args=[x, y, np.int32(rows), np.int32(cols)],
+            args=[x, y, np.int32(rows), np.int32(cols), np.int32(dtype == "float32")],
             outputs=[1],
             references=[sort_reference(x)],
         )
@@ -291,17 +290,19 @@ class Sort1dSpec(OperatorSpec):
         strides (k/2 .. C), then the shared-memory merge of strides C/2 .. 1.
 
         Arguments are indices into the problem's args ``[x, y, n, 0, 1, 2, ..., 63]`` (int32
-        scalars 0..63 at index 3 + value): ``sort_1d_block(x, y, n, log2seg)``,
-        ``sort_1d_global<F>(y, n, hi, flip)``, ``sort_1d_merge(y, n)``.
+        scalars 0..63 at index 3 + value): ``sort_1d_block(x, y, n, log2seg, key_float)``,
+        ``sort_1d_global<F>(y, n, hi, flip, key_float)``, ``sort_1d_merge(y, n, key_float)``
+        (key_float 1 for float32 keys, 0 for int32: both key types share one compiled kernel).
         """
         (n,) = shape
         c = capacity(config)
         log_c = c.bit_length() - 1
         log_p = next_pow2(n).bit_length() - 1
         block_launch = self.launch(config, shape, dtype)
+        key = 3 + int(dtype == "float32")  # the int32 scalar 1 (float keys) or 0 (int keys)
         if n <= c:
-            return [Step("sort_1d_block", block_launch, (0, 1, 2, 3 + log_p))]
-        steps = [Step("sort_1d_block", block_launch, (0, 1, 2, 3 + log_c))]
+            return [Step("sort_1d_block", block_launch, (0, 1, 2, 3 + log_p, key))]
+        steps = [Step("sort_1d_block", block_launch, (0, 1, 2, 3 + log_c, key))]
         fuse = config["FUSE"]
         for log_k in range(log_c + 1, log_p + 1):
             hi = log_k - 1  # the merge's first stride is 2^hi = k/2
@@ -311,10 +312,10 @@ class Sort1dSpec(OperatorSpec):
                 groups = math.ceil(n / 2 ** (hi + 1)) * 2 ** (hi + 1 - f)
                 grid = min(math.ceil(groups / GLOBAL_BLOCK), MAX_GRID)
                 launch = Launch((grid, 1, 1), (GLOBAL_BLOCK, 1, 1), 0)
-                steps.append(Step(f"sort_1d_global{f}", launch, (1, 2, 3 + hi, 3 + flip)))
+                steps.append(Step(f"sort_1d_global{f}", launch, (1, 2, 3 + hi, 3 + flip, key)))
                 hi -= f
                 flip = 0
-            steps.append(Step("sort_1d_merge", block_launch, (1, 2)))
+            steps.append(Step("sort_1d_merge", block_launch, (1, 2, key)))
         return steps
 
     def make_problem(self, shape: Sequence[int], dtype: str, rng: np.random.Generator) -> Problem:

@@ -10,7 +10,6 @@
 //   SMEM_FUSE   1: one merge stride per barrier in shared memory; 2: two strides per barrier
 //               (each thread exchanges groups of 4 keys)
 //   MIN_BLOCKS  min-blocks clause of __launch_bounds__ (0 = none)
-//   KEY_FLOAT   1: float keys, 0: int keys
 //   SORT_1D     0: the row-sort entry point; 1: the entry points of the 1-D sort
 //
 // Keys are mapped to unsigned integers whose order is the key order (floats: flip all bits of
@@ -47,18 +46,10 @@
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 0
 #endif
-#ifndef KEY_FLOAT
-#define KEY_FLOAT 1
-#endif
 #ifndef SORT_1D
 #define SORT_1D 0
 #endif
 
-#if KEY_FLOAT
-#define KATO_KEY float
-#else
-#define KATO_KEY int
-#endif
 
 namespace KATO_NS {
 
@@ -82,20 +73,18 @@ static_assert(ITEMS >= 1 && ITEMS <= 64 && (ITEMS & (ITEMS - 1)) == 0,
 static_assert(WARP_SHFL == 0 || WARP_SHFL == 1, "WARP_SHFL must be 0 or 1");
 static_assert(SMEM_FUSE == 1 || SMEM_FUSE == 2, "SMEM_FUSE must be 1 or 2");
 
-__device__ __forceinline__ unsigned int to_ord(unsigned int bits) {
-#if KEY_FLOAT
-  return bits ^ (static_cast<unsigned int>(static_cast<int>(bits) >> 31) | 0x80000000u);
-#else
-  return bits ^ 0x80000000u;
-#endif
+// The key type is a kernel argument (key_float: 1 float, 0 int), applied as a mask, so one
+// compiled kernel serves both (the keys are only ever handled as 32-bit patterns).
+__device__ __forceinline__ unsigned int float_mask(int key_float) {
+  return key_float ? 0xffffffffu : 0u;
 }
 
-__device__ __forceinline__ unsigned int from_ord(unsigned int ord) {
-#if KEY_FLOAT
-  return ord ^ (((ord >> 31) - 1u) | 0x80000000u);
-#else
-  return ord ^ 0x80000000u;
-#endif
+__device__ __forceinline__ unsigned int to_ord(unsigned int bits, unsigned int fmask) {
+  return bits ^ ((static_cast<unsigned int>(static_cast<int>(bits) >> 31) & fmask) | 0x80000000u);
+}
+
+__device__ __forceinline__ unsigned int from_ord(unsigned int ord, unsigned int fmask) {
+  return ord ^ ((((ord >> 31) - 1u) & fmask) | 0x80000000u);
 }
 
 __device__ __forceinline__ int spad(int i) { return i + (i >> 5); }
@@ -237,7 +226,8 @@ __device__ __forceinline__ void merge(unsigned int (&v)[ITEMS], unsigned int* s,
 // C / 2^log2n segments per iteration of its grid-stride loop. x and y may alias (the block
 // reads all of its keys before it writes any).
 __device__ __forceinline__ void sort_segments(const unsigned int* x, unsigned int* y,
-                                              long long n, int seg, int log2n, bool full) {
+                                              long long n, int seg, int log2n, bool full,
+                                              unsigned int fmask) {
   extern __shared__ __align__(16) unsigned int kato_smem[];
   unsigned int* const s = kato_smem;
   const int t = threadIdx.x;
@@ -255,7 +245,7 @@ __device__ __forceinline__ void sort_segments(const unsigned int* x, unsigned in
       const int c = i & (nseg_pad - 1);
       const long long idx = r * seg + c;
       unsigned int key = kMaxKey;
-      if (c < seg && idx < n) key = to_ord(x[idx]);
+      if (c < seg && idx < n) key = to_ord(x[idx], fmask);
       s[spad(i)] = key;
     }
     __syncthreads();
@@ -279,7 +269,7 @@ __device__ __forceinline__ void sort_segments(const unsigned int* x, unsigned in
       const long long r = first + (i >> log2n);
       const int c = i & (nseg_pad - 1);
       const long long idx = r * seg + c;
-      if (c < seg && idx < n) y[idx] = from_ord(s[spad(i)]);
+      if (c < seg && idx < n) y[idx] = from_ord(s[spad(i)], fmask);
     }
     __syncthreads();  // the next group overwrites the buffer
   }
@@ -290,7 +280,8 @@ __device__ __forceinline__ void sort_segments(const unsigned int* x, unsigned in
 // merge. Each thread loads the 2^F keys of a group that these strides only exchange among
 // themselves, runs the F steps in registers and writes them back.
 template <int F>
-__device__ __forceinline__ void global_pass(unsigned int* y, long long n, int hi, int flip) {
+__device__ __forceinline__ void global_pass(unsigned int* y, long long n, int hi, int flip,
+                                            unsigned int fmask) {
   constexpr int G = 1 << F;
   constexpr int H = G / 2;
   const int lo = hi - F + 1;
@@ -315,7 +306,7 @@ __device__ __forceinline__ void global_pass(unsigned int* y, long long n, int hi
     }
     unsigned int g[G];
 #pragma unroll
-    for (int a = 0; a < G; ++a) g[a] = idx[a] < n ? to_ord(y[idx[a]]) : kMaxKey;
+    for (int a = 0; a < G; ++a) g[a] = idx[a] < n ? to_ord(y[idx[a]], fmask) : kMaxKey;
     if (flip) {
 #pragma unroll
       for (int a = 0; a < H; ++a) cas(g[a], g[G - 1 - a]);
@@ -334,7 +325,7 @@ __device__ __forceinline__ void global_pass(unsigned int* y, long long n, int hi
     }
 #pragma unroll
     for (int a = 0; a < G; ++a) {
-      if (idx[a] < n) y[idx[a]] = from_ord(g[a]);
+      if (idx[a] < n) y[idx[a]] = from_ord(g[a], fmask);
     }
   }
 }
@@ -349,41 +340,46 @@ __device__ __forceinline__ void global_pass(unsigned int* y, long long n, int hi
 
 #if !SORT_1D
 // Rows: block (BLOCK), dynamic shared memory (C + C/32) * 4 bytes, grid (any): a block sorts
-// C / next_pow2(cols) rows per iteration. Needs next_pow2(cols) <= C.
-extern "C" __global__ void KATO_LAUNCH_BOUNDS sort_rows_kernel(const KATO_KEY* __restrict__ x,
-                                                               KATO_KEY* __restrict__ y,
-                                                               int rows, int cols) {
+// C / next_pow2(cols) rows per iteration. Needs next_pow2(cols) <= C. Keys are float32
+// (key_float 1) or int32 (0) bit patterns.
+extern "C" __global__ void KATO_LAUNCH_BOUNDS sort_rows_kernel(const unsigned int* __restrict__ x,
+                                                               unsigned int* __restrict__ y,
+                                                               int rows, int cols,
+                                                               int key_float) {
   const int log2n = cols <= 1 ? 0 : 32 - __clz(cols - 1);
-  KATO_NS::sort_segments(reinterpret_cast<const unsigned int*>(x),
-                         reinterpret_cast<unsigned int*>(y),
-                         static_cast<long long>(rows) * cols, cols, log2n, true);
+  KATO_NS::sort_segments(x, y, static_cast<long long>(rows) * cols, cols, log2n, true,
+                         KATO_NS::float_mask(key_float));
 }
 #else
 // 1-D, step 1: sort segments of 2^log2seg <= C keys (log2seg = log2 C when n > C).
-extern "C" __global__ void KATO_LAUNCH_BOUNDS sort_1d_block(const KATO_KEY* __restrict__ x,
-                                                            KATO_KEY* __restrict__ y, long long n,
-                                                            int log2seg) {
-  KATO_NS::sort_segments(reinterpret_cast<const unsigned int*>(x),
-                         reinterpret_cast<unsigned int*>(y), n, 1 << log2seg, log2seg, true);
+extern "C" __global__ void KATO_LAUNCH_BOUNDS sort_1d_block(const unsigned int* __restrict__ x,
+                                                            unsigned int* __restrict__ y,
+                                                            long long n, int log2seg,
+                                                            int key_float) {
+  KATO_NS::sort_segments(x, y, n, 1 << log2seg, log2seg, true, KATO_NS::float_mask(key_float));
 }
 
 // 1-D, after the global passes of a merge: strides C/2 .. 1 in every C-key chunk, in place.
-extern "C" __global__ void KATO_LAUNCH_BOUNDS sort_1d_merge(KATO_KEY* y, long long n) {
-  unsigned int* const u = reinterpret_cast<unsigned int*>(y);
-  KATO_NS::sort_segments(u, u, n, KATO_NS::kC, KATO_NS::kLogC, false);
+extern "C" __global__ void KATO_LAUNCH_BOUNDS sort_1d_merge(unsigned int* y, long long n,
+                                                            int key_float) {
+  KATO_NS::sort_segments(y, y, n, KATO_NS::kC, KATO_NS::kLogC, false,
+                         KATO_NS::float_mask(key_float));
 }
 
 // 1-D global passes of 1, 2 or 3 strides; block 256 threads, grid (any).
-extern "C" __global__ void __launch_bounds__(256) sort_1d_global1(KATO_KEY* y, long long n,
-                                                                  int hi, int flip) {
-  KATO_NS::global_pass<1>(reinterpret_cast<unsigned int*>(y), n, hi, flip);
+extern "C" __global__ void __launch_bounds__(256) sort_1d_global1(unsigned int* y, long long n,
+                                                                  int hi, int flip,
+                                                                  int key_float) {
+  KATO_NS::global_pass<1>(y, n, hi, flip, KATO_NS::float_mask(key_float));
 }
-extern "C" __global__ void __launch_bounds__(256) sort_1d_global2(KATO_KEY* y, long long n,
-                                                                  int hi, int flip) {
-  KATO_NS::global_pass<2>(reinterpret_cast<unsigned int*>(y), n, hi, flip);
+extern "C" __global__ void __launch_bounds__(256) sort_1d_global2(unsigned int* y, long long n,
+                                                                  int hi, int flip,
+                                                                  int key_float) {
+  KATO_NS::global_pass<2>(y, n, hi, flip, KATO_NS::float_mask(key_float));
 }
-extern "C" __global__ void __launch_bounds__(256) sort_1d_global3(KATO_KEY* y, long long n,
-                                                                  int hi, int flip) {
-  KATO_NS::global_pass<3>(reinterpret_cast<unsigned int*>(y), n, hi, flip);
+extern "C" __global__ void __launch_bounds__(256) sort_1d_global3(unsigned int* y, long long n,
+                                                                  int hi, int flip,
+                                                                  int key_float) {
+  KATO_NS::global_pass<3>(y, n, hi, flip, KATO_NS::float_mask(key_float));
 }
 #endif

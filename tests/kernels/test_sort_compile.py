@@ -41,7 +41,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> list[Outcome]:
 
 
 def test_every_variant_compiles(outcomes: list[Outcome]) -> None:
-    assert len(outcomes) == 2 * (80 + 48) * len(ARCHS)
+    assert len(outcomes) == (80 + 48) * len(ARCHS)  # float and int keys share sources
     failed = [f"{o.arch} {o.variant}: {o.error}" for o in outcomes if o.error]
     assert not failed, f"{len(failed)} failed:\n" + "\n".join(failed[:5])
 

@@ -117,6 +117,9 @@ def test_space_sizes() -> None:
         assert len(flat.valid_configs()) >= 100
         sources = {SORT_1D.render(c, (2**24,), dtype) for c in flat.valid_configs()}
         assert len(sources) <= len(flat.valid_configs()) // 3  # FUSE does not change the source
+    # Key types share sources (the key type is a kernel argument).
+    config = rows_cfg()
+    assert SORT.render(config, (4, 4), "float32") == SORT.render(config, (4, 4), "int32")
 
 
 @pytest.mark.parametrize("dtype", KEYS)
@@ -151,6 +154,9 @@ def test_problem_and_reference(spec, shape, dtype) -> None:
     np.testing.assert_array_equal(ref, np.sort(x.astype(ref.dtype), axis=-1))
     assert (ref[..., 1:] >= ref[..., :-1]).all()
     assert spec.tolerance(dtype) == (0.0, 0.0)
+    if spec is SORT:
+        assert problem.args[2:] == [9, 70, int(dtype == "float32")]
+        assert all(isinstance(a, np.int32) for a in problem.args[2:])
     if spec is SORT_1D:
         assert isinstance(problem.args[2], np.int64) and problem.args[2] == shape[0]
         assert all(
@@ -310,7 +316,8 @@ def test_1d_launch_sequence_counts() -> None:
         flips = [s for s in passes if s.args[3] == 4]  # index of the int32 scalar 1
         assert len(flips) == 11
     assert len(SORT_1D.steps(cfg_1d(), (8192,), "int32")) == 1
-    assert SORT_1D.steps(cfg_1d(), (5,), "int32")[0].args == (0, 1, 2, 3 + 3)
+    assert SORT_1D.steps(cfg_1d(), (5,), "int32")[0].args == (0, 1, 2, 3 + 3, 3 + 0)
+    assert all(s.args[-1] == 3 + 1 for s in SORT_1D.steps(cfg_1d(), (10**5,), "float32"))
 
 
 @pytest.mark.parametrize("cols", (1, 2, 3, 31, 64, 100))
