@@ -148,8 +148,9 @@ class TransposeSpec(OperatorSpec):
         return None
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
-        """32x32 tiles, padded, the widest vector (up to 8 bytes... 16 for fp32 pairs) that
-        divides both sizes, 4 vectors per thread where that leaves a full warp."""
+        """Padded 32x32 tiles, the widest vector (up to 16 bytes) that divides both sizes, 4
+        vectors per thread where that leaves at least a warp per block (else fewer, or 64x64
+        tiles)."""
         rows, cols = self.validate(shape, dtype)
         itemsize = DTYPES[dtype][2]
         vecs = [v for v in (4, 2, 1) if v * itemsize <= 16 and rows % v == 0 and cols % v == 0]
