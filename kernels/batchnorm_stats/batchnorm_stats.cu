@@ -153,7 +153,15 @@ __device__ __forceinline__ Stats warp_allreduce(Stats s) {
     o.mean = __shfl_xor_sync(0xffffffffu, s.mean, offset);
     o.m2 = __shfl_xor_sync(0xffffffffu, s.m2, offset);
     const bool lower = (lane & offset) == 0;
-    s = lower ? merge(s, o) : merge(o, s);
+    // Operands ordered by lane first, then one merge (not two merges and a select).
+    Stats left, right;
+    left.n = lower ? s.n : o.n;
+    left.mean = lower ? s.mean : o.mean;
+    left.m2 = lower ? s.m2 : o.m2;
+    right.n = lower ? o.n : s.n;
+    right.mean = lower ? o.mean : s.mean;
+    right.m2 = lower ? o.m2 : s.m2;
+    s = merge(left, right);
   }
   return s;
 }
