@@ -95,10 +95,10 @@ class BatchNormStatsSpec(OperatorSpec):
     params = {
         "BLOCK_SIZE": (128, 256, 512, 1024),
         "VEC": (1, 2, 4, 8),
-        "UNROLL": (1, 2, 4),
+        "UNROLL": (2, 4),
         "STRATEGY": (0, 1),
         "SPLIT": (1, 2, 4, 8, 16, 32, 64, 128, 256),
-        "MIN_BLOCKS": (0, 2, 4),
+        "MIN_BLOCKS": (0, 2),
     }
     template = Path(__file__).with_name("batchnorm_stats.cu")
     kernel_name = "batchnorm_stats_partial"
