@@ -192,7 +192,7 @@ def test_job_submit_get_trials_and_cancel(client: TestClient, session: Session) 
     job = response.json()
     assert job["status"] == "queued" and job["gpu"] == "H200"
     assert job["shape"] == [4096, 4096] and job["operator_version"] == SOFTMAX.version
-    assert job["budget"] == 100 and job["strategy"] == "tpe" and job["seed"] == 0
+    assert job["budget"] == 100 and job["strategy"] == "forest" and job["seed"] == 0
     assert job["trials_done"] == 0 and job["best_time_ms"] is None and job["note"] is None
     assert job["created_at"].endswith(("Z", "+00:00"))
 
@@ -329,7 +329,7 @@ BAD_JOBS: list[tuple[dict[str, Any], str]] = [
     ({"budget": 10**20}, "Input should be less than or equal to 2147483647"),
     ({"budget_seconds": 0}, "Input should be greater than 0"),
     ({"budget_seconds": 1e9}, "budget_seconds must be at most 86400, got 1e+09"),
-    ({"strategy": "annealing"}, "Input should be 'tpe', 'random' or 'grid'"),
+    ({"strategy": "annealing"}, "Input should be 'forest', 'tpe', 'hybrid', 'random' or 'grid'"),
     ({"seed": -1}, "Input should be greater than or equal to 0"),
     ({"gpu": ""}, "String should have at least 1 character"),
     ({"operator": "x" * 65}, "String should have at most 64 characters"),
