@@ -2,7 +2,7 @@
 # One device call on the H200 (see ../shared/device/README.md): install the staged wheels, then
 # run the steps named as arguments, writing results under $OUT.
 #   steps: occupancy gputests operators throughput mlp (default: occupancy gputests operators)
-#   env: GPU_TESTS (pytest paths, default tests/gpu), TUNE_BUDGET, OPERATORS ("softmax relu ..."),
+#   env: GPU_TESTS (pytest paths, default tests/gpu), TUNE_BUDGET, CASES ("relu layernorm:1048576x128 ..."),
 #        TUNE_ONLY=1, MAX_MINUTES, DB (SQLAlchemy URL of the results database; data/h200 is
 #        imported into it first, and the operators step exports it to $OUT/h200),
 #        THROUGHPUT_ARGS
@@ -24,7 +24,7 @@ for step in $steps; do
                  --out "$OUT/occupancy_h200.json" 2>&1 | tail -25 ;;
     gputests) python3 -m pytest -q -p no:cacheprovider ${GPU_TESTS:-tests/gpu} 2>&1 \
                  | tee "$OUT/gpu_tests.log" | tail -40 ;;
-    operators) ops=(); for o in ${OPERATORS:-}; do ops+=(--operator "$o"); done
+    operators) ops=(); for o in ${CASES:-}; do ops+=(--case "$o"); done
                python3 benchmarks/operators.py --db "$DB" \
                  --tune "${TUNE_BUDGET:-0}" ${TUNE_ONLY:+--tune-only} \
                  ${MAX_MINUTES:+--max-minutes $MAX_MINUTES} "${ops[@]}" \

@@ -92,18 +92,30 @@ def tune_case(sessions, db_url, operator, shape, dtype, budget):
     ).run(job_id)
 
 
-def cases(operators: list[str] | None) -> list[tuple[str, tuple[int, ...], str]]:
-    """Every benchmark case of the torch_ops modules (of ``operators`` if given, in that
-    order)."""
+def cases(selectors: list[str] | None) -> list[tuple[str, tuple[int, ...], str]]:
+    """The benchmark cases of the torch_ops modules, all (by operator name) or those matching
+    ``selectors`` in the order given (tuning spends device time in that order). A selector is
+    ``operator``, ``operator:shape`` or ``operator:shape:dtype`` (shape as ``32768x4096``)."""
     from benchmarks.torch_ops import modules
 
     available = modules()
-    found = []
-    # In the order given (tuning spends device time in that order), else by name.
-    for name in operators or sorted(available):
+    every = [
+        (name, tuple(shape), dtype)
+        for name in sorted(available)
+        for shape, dtype in available[name].CASES
+    ]
+    if not selectors:
+        return every
+    found: list[tuple[str, tuple[int, ...], str]] = []
+    for selector in selectors:
+        name, _, rest = selector.partition(":")
+        shape, _, dtype = rest.partition(":")
         if name not in available:
             raise SystemExit(f"no benchmark cases for operator {name!r}")
-        found += [(name, tuple(shape), dtype) for shape, dtype in available[name].CASES]
+        for case in every:
+            matches = case[0] == name and (not shape or "x".join(map(str, case[1])) == shape)
+            if matches and (not dtype or case[2] == dtype) and case not in found:
+                found.append(case)
     return found
 
 
@@ -116,7 +128,11 @@ def main() -> None:
     ap.add_argument(
         "--max-minutes", type=float, default=None, help="stop starting new tuning jobs after this"
     )
-    ap.add_argument("--operator", action="append", help="only these operators")
+    ap.add_argument(
+        "--case",
+        action="append",
+        help="only these cases, in this order: operator[:shape[:dtype]] (repeatable)",
+    )
     args = ap.parse_args()
 
     import time
@@ -132,7 +148,7 @@ def main() -> None:
     torch_ops = modules()
     copy_gbs = None if args.tune_only else copy_bandwidth_gbs()
     rows = []
-    for operator, shape, dtype in cases(args.operator):
+    for operator, shape, dtype in cases(args.case):
         spec = get_operator(operator)
         best, source = lookup(sessions, spec, shape, dtype, device.model)
         out_of_time = args.max_minutes and time.monotonic() - started > 60 * args.max_minutes
