@@ -4,7 +4,10 @@ The model (the default strategy's engine, see ``tuner.search``):
 
 - Every valid config is enumerated once and encoded as a feature row: an ordered numeric
   parameter by ``log2`` of its value (by its value where some value is not positive), any other
-  parameter by the index of its value. Trees split on these, so only the order matters.
+  parameter by the index of its value. Trees split on these, so only the order matters. Two
+  GPU-generic derived features are added: threads per block (the sum of the ``log2`` of the
+  ``block_size_*`` parameters, Kernel Tuner's naming) and, per integer parameter, whether the
+  value is a power of two.
 - The target is ``log(time)``: kernel times span orders of magnitude and what matters is the
   ratio to the best. A failed config (compile, launch, verify, timeout) gets the worst log-time
   seen so far, so the model steers away from its region without one failure dominating the fit.
@@ -43,6 +46,7 @@ MAX_FEATURES = 0.8
 #: The acquisition of each model-based proposal, in turn: "ei" (expected improvement), "ts"
 #: (Thompson: the minimum of one tree's prediction) or "random" (space-filling).
 ACQUISITION: tuple[str, ...] = ("ei",)
+#: Add the threads-per-block feature (block_size_* parameters) and the power-of-two flags.
 DERIVED = True
 POW2 = True
 
@@ -98,11 +102,13 @@ class ForestProposer:
         if POW2:
             # Powers of two (and multiples of the warp size) often behave differently from
             # their neighbours on a GPU: a flag per integer parameter with other values too.
-            for j, name in enumerate(self.names):
+            for name in self.names:
                 vals = [v for v in maps[name] if isinstance(v, int) and not isinstance(v, bool)]
                 flags = {v: float(v > 0 and v & (v - 1) == 0) for v in vals}
-                if len(vals) == len(maps[name]) and 0 < sum(flags.values()) < len(vals) and max(vals) > 2:
-                    extra.append(np.array([flags[c[name]] for c in self.configs], dtype=np.float32))
+                mixed = 0 < sum(flags.values()) < len(vals)
+                if len(vals) == len(maps[name]) and mixed and max(vals) > 2:
+                    column = [flags[c[name]] for c in self.configs]
+                    extra.append(np.array(column, dtype=np.float32))
         if extra:
             X = np.column_stack([X, *extra]).astype(np.float32)
         self.X = X
