@@ -201,6 +201,7 @@ class Search:
         )
         self._fail_orphaned_trials()
         self._seed_queue = [c for c in seed_configs or [] if space.is_valid(c)]
+        self._seeded = len({space.key(c) for c in self._seed_queue})
 
     def _next_seed_config(self) -> Config | None:
         """The next warm-start config not measured yet (None when all are)."""
@@ -292,7 +293,7 @@ class Search:
                 self.study.enqueue_trial(self.encoding.encode(seeded))
             elif self.strategy == "forest":
                 if self._forest is None:
-                    self._forest = ForestProposer(self.space, self._seed)
+                    self._forest = ForestProposer(self.space, self._seed, seeded=self._seeded)
                 point = self._forest.propose(self.results)
                 if point is None:
                     stopped = "exhausted"

@@ -79,9 +79,12 @@ class ForestProposer:
         space: the search space (its valid configs are enumerated once, here).
         seed: makes the proposals reproducible for the same history.
         batch: proposals made from one model fit (1 = refit before every proposal).
+        seeded: configs measured on purpose before this proposer (warm start); the space-filling
+            design still gets its own :data:`N_INITIAL` configs, so that seeds from a source
+            whose best region is a poor one here do not confine the model to that region.
     """
 
-    def __init__(self, space: SearchSpace, seed: int = 0, *, batch: int = 2):
+    def __init__(self, space: SearchSpace, seed: int = 0, *, batch: int = 2, seeded: int = 0):
         self.space = space
         self.configs: list[Config] = space.valid_configs()
         self.index: dict[str, int] = {space.key(c): i for i, c in enumerate(self.configs)}
@@ -116,6 +119,7 @@ class ForestProposer:
         self._scale = np.where(span > 0, span, 1.0).astype(np.float32)
         self.rng = np.random.default_rng(seed)
         self.batch = max(1, batch)
+        self.seeded = max(0, seeded)
         self._queue: list[int] = []
         self._turn = 0
 
@@ -214,7 +218,7 @@ class ForestProposer:
         if measured.all():
             return None
         ok = int(np.sum([getattr(r, "time_ms", None) is not None for r in results.values()]))
-        if ok < N_INITIAL or len(train) < N_INITIAL:
+        if ok < N_INITIAL + self.seeded or len(train) < N_INITIAL + self.seeded:
             return self.configs[self._space_filling(measured, 1)[0]]
         acq = ACQUISITION[self._turn % len(ACQUISITION)]
         self._turn += 1
