@@ -97,14 +97,25 @@ def test_not_a_cache_file_is_a_clear_error(tmp_path):
         load_cache(tmp_path / "x.json")
 
 
-def test_search_over_every_dataset_beats_a_floor(shared_datasets):
-    """The default strategy at budget 100 on each brute-forced space (3 seeds): a floor well
-    above what a broken search reaches (a search that never learns lands near random's 0.7 on
-    the convolution spaces); benchmarks/search_quality.py reports the real figures."""
-    for path in shared_datasets:
-        report = replay_search(path, budget=100, repeats=3, seed=0)
-        assert report.mean_fraction_of_optimum >= 0.75, (path, report.per_seed)
-        assert all(p["measured"] == 100 for p in report.per_seed)
+#: The default strategy at budget 100, seeds 0-2, per space (data/benchmarks/search_quality.json
+#: has 10 seeds): convolution A100 0.870 (one seed stops in a 0.68 basin), A4000 0.935,
+#: dedispersion 0.997, gemm 0.956. Random search reaches about 0.70 / 0.84 / 0.99 / 0.85.
+FLOORS = {"convolution_milo/A100": 0.85, "convolution_milo/A4000": 0.9, "gemm": 0.93}
+
+
+@pytest.mark.parametrize(
+    "name", ["convolution_milo/A100", "convolution_milo/A4000", "dedisp", "gemm"]
+)
+def test_default_search_reaches_the_optimum_on_the_recorded_spaces(shared_datasets, name):
+    """Budget 100, 3 seeds, the default strategy: the mean fraction of optimum is at least the
+    space's floor (0.95 where none is named), every run measures exactly 100 configs."""
+    path = next((f for f in shared_datasets if name in str(f)), None)
+    if path is None:
+        pytest.skip(f"{name} not in the datasets")
+    report = replay_search(path, budget=100, repeats=3, seed=0)
+    assert report.strategy == "forest"
+    assert report.mean_fraction_of_optimum >= FLOORS.get(name, 0.95), report.per_seed
+    assert all(p["measured"] == 100 for p in report.per_seed)
 
 
 def test_cli_replay_json(shared_datasets):
