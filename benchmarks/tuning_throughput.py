@@ -119,18 +119,24 @@ def run_kernel_tuner(
     space = SearchSpace(spec.params, lambda c: spec.check(c, shape, dtype))
     valid = space.valid_configs()
     allowed: set[tuple] | None = None
-    options: dict[str, Any] = {"max_fevals": budget}
+    # A time limit too, so that a stuck strategy cannot eat the device call.
+    options: dict[str, Any] = {"max_fevals": budget, "time_limit": 240}
     if strategy == "brute_force":
         # Its default strategy takes no budget: give it a seeded sample of `budget` configs.
-        sample = random.Random(seed).sample(valid, min(budget, len(valid)))
+        launchable = [c for c in valid if spec.launch(c, shape, dtype).shared_bytes <= 48 * 1024]
+        sample = random.Random(seed).sample(launchable, min(budget, len(launchable)))
         allowed = {tuple(c[k] for k in spec.params) for c in sample}
-        options = {}
+        options = {}  # brute force takes neither max_fevals nor time_limit
 
     def restrict(p: dict[str, Any]) -> bool:
         config = {k: p[k] for k in spec.params}
         if allowed is not None and tuple(config.values()) not in allowed:
             return False
-        return spec.check(config, shape, dtype) is None
+        if spec.check(config, shape, dtype) is not None:
+            return False
+        # Kernel Tuner's pycuda backend does not opt in to more than 48 KiB of dynamic shared
+        # memory, and aborts the whole run on the launch error: keep such configs out.
+        return spec.launch(config, shape, dtype).shared_bytes <= 48 * 1024
 
     def macro(name: str):
         return lambda p: spec.defines({k: p[k] for k in spec.params}, shape, dtype)[name]
