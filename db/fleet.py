@@ -16,7 +16,7 @@ measurement was interrupted, or its worker died) deletes it and gives the unit b
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -109,7 +109,14 @@ def live_gpu_models(session: Session, stale_seconds: float) -> set[str]:
 
 def waiting_note(session: Session, job: Job, stale_seconds: float) -> str | None:
     """Why a queued job waits, when no live worker advertises its GPU model (else ``None``)."""
-    if job.status != "queued" or job.gpu_model in live_gpu_models(session, stale_seconds):
+    if job.status != "queued":
+        return None
+    return note_for(job, live_gpu_models(session, stale_seconds))
+
+
+def note_for(job: Job, live_models: Collection[str]) -> str | None:
+    """:func:`waiting_note` with the live GPU models already known (one query for many jobs)."""
+    if job.status != "queued" or job.gpu_model in live_models:
         return None
     return (
         f"no live worker advertises GPU model {job.gpu_model}; the job stays queued until one "

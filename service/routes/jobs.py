@@ -52,6 +52,15 @@ def _job_or_404(session: SessionDep, job_id: str) -> Job:
     return job
 
 
+def _public(session: Session, jobs: list[Job], settings: Settings) -> list[JobPublic]:
+    """Jobs as the API shows them; queued ones for a GPU model no live worker advertises say
+    so in ``note`` (the live models are read once for all of them)."""
+    from db import fleet
+
+    live = fleet.live_gpu_models(session, settings.lease_seconds)
+    return [JobPublic.from_job(job, note=fleet.note_for(job, live)) for job in jobs]
+
+
 def _check_quota(session: Session, caller: Caller, adding: int, settings: Settings) -> None:
     """429 (with Retry-After) if ``adding`` jobs would take the caller's token past its quota
     of queued + running jobs. Anonymous callers (auth off) have no per-token quota. Leaves the
@@ -78,7 +87,7 @@ def submit_job(
     fields = job_fields(body, settings)
     _check_quota(session, caller, 1, settings)
     job = queries.create_job(session, **fields, token_id=caller.token_id)
-    return JobPublic.from_job(job)
+    return _public(session, [job], settings)[0]
 
 
 @router.post("/batch", status_code=status.HTTP_202_ACCEPTED, responses=SUBMIT_RESPONSES)
@@ -99,18 +108,18 @@ def submit_jobs(
         except InvalidInput as exc:
             raise InvalidInput(f"jobs[{index}]: {exc}") from None
     _check_quota(session, caller, len(fields), settings)
-    return [JobPublic.from_job(job) for job in queries.create_jobs(session, fields)]
+    return _public(session, queries.create_jobs(session, fields), settings)
 
 
 @router.get("", responses=error_responses(e422="bad status filter or limit"))
 def list_jobs(
     session: SessionDep,
+    settings: SettingsDep,
     status_filter: Annotated[JobStatus | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[JobPublic]:
     """Jobs, newest first, optionally only those in one status."""
-    jobs = queries.list_jobs(session, status=status_filter, limit=limit)
-    return [JobPublic.from_job(job) for job in jobs]
+    return _public(session, queries.list_jobs(session, status=status_filter, limit=limit), settings)
 
 
 @router.get("/{job_id}", responses=NOT_FOUND)
