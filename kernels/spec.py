@@ -170,6 +170,19 @@ class OperatorSpec(ABC):
             raise InvalidInput(f"every dimension must be at least 1, got {', '.join(bad)}")
         return shape
 
+    def check_params(self, config: Config) -> str | None:
+        """Why ``config`` is not a point of :attr:`params` (a parameter missing, unknown, or with a
+        value outside its list), or None. Every :meth:`check` starts with it."""
+        for name, values in self.params.items():
+            if name not in config:
+                return f"missing parameter {name}"
+            if config[name] not in values:
+                return f"{name}={config[name]!r} is not one of {values}"
+        if len(config) != len(self.params):  # every parameter is present: the rest are extra
+            unknown = sorted(set(config) - set(self.params))
+            return f"unknown parameter(s) {', '.join(unknown)}"
+        return None
+
     @abstractmethod
     def check(self, config: Config, shape: Sequence[int], dtype: str) -> str | None:
         """Return ``None`` if ``config`` is valid for this shape and dtype, else the reason.

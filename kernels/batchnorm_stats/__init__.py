@@ -129,14 +129,9 @@ class BatchNormStatsSpec(OperatorSpec):
         ``C * SPLIT`` over 2**31 - 1 blocks; a step's registers (:func:`step_registers`) plus
         REGISTER_OVERHEAD over the launch bounds' cap (it would spill).
         """
-        for name, values in self.params.items():
-            if name not in config:
-                return f"missing parameter {name}"
-            if config[name] not in values:
-                return f"{name}={config[name]!r} is not one of {values}"
-        unknown = sorted(set(config) - set(self.params))
-        if unknown:
-            return f"unknown parameter(s) {', '.join(unknown)}"
+        reason = self.check_params(config)
+        if reason:
+            return reason
         try:
             _, c, h, w = self.validate(shape, dtype)
         except InvalidInput as exc:

@@ -214,14 +214,9 @@ class MatmulSpec(OperatorSpec):
         (:func:`registers_needed` > :func:`register_cap`: they would spill); and, per path,
         the parameter values that path does not implement (see the module docstring).
         """
-        for name, values in self.params.items():
-            if name not in config:
-                return f"missing parameter {name}"
-            if config[name] not in values:
-                return f"{name}={config[name]!r} is not one of {values}"
-        if len(config) != len(self.params):
-            unknown = sorted(set(config) - set(self.params))
-            return f"unknown parameter(s) {', '.join(unknown)}"
+        reason = self.check_params(config)
+        if reason:
+            return reason
         # The layout whitelists first: they reject most of the space, cheaply.
         tc = is_tensor_core(dtype)
         if tc and (config["BM"], config["BN"], config["WM"], config["WN"]) not in _TC_TILE_SET:

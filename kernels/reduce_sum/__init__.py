@@ -86,14 +86,9 @@ class ReduceSumSpec(OperatorSpec):
     def check(self, config: Config, shape: Sequence[int], dtype: str) -> str | None:
         """Rejects: parameters missing, unknown or outside the space; vectors over 16 bytes;
         ``cols % VEC != 0``. (Threads, shared memory and registers fit for every config.)"""
-        for name, values in self.params.items():
-            if name not in config:
-                return f"missing parameter {name}"
-            if config[name] not in values:
-                return f"{name}={config[name]!r} is not one of {values}"
-        unknown = sorted(set(config) - set(self.params))
-        if unknown:
-            return f"unknown parameter(s) {', '.join(unknown)}"
+        reason = self.check_params(config)
+        if reason:
+            return reason
         try:
             _, cols = self.validate(shape, dtype)
         except InvalidInput as exc:

@@ -89,14 +89,9 @@ class ReduceSumAllSpec(OperatorSpec):
         grid-stride, block sizes and registers fit: ptxas reports <= 64 registers, under the cap
         of 64 that ``__launch_bounds__(1024)`` sets).
         """
-        for name, values in self.params.items():
-            if name not in config:
-                return f"missing parameter {name}"
-            if config[name] not in values:
-                return f"{name}={config[name]!r} is not one of {values}"
-        unknown = sorted(set(config) - set(self.params))
-        if unknown:
-            return f"unknown parameter(s) {', '.join(unknown)}"
+        reason = self.check_params(config)
+        if reason:
+            return reason
         try:
             self.validate(shape, dtype)
         except InvalidInput as exc:

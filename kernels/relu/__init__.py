@@ -90,14 +90,9 @@ class ReluSpec(OperatorSpec):
         vectors in flight that need more registers than the launch bounds leave (``UNROLL *
         vector bytes / 4 + REGISTER_OVERHEAD > 65536 / BLOCK_SIZE``: it would spill; only
         1024 threads with 128 bytes in flight). Any n works with any VEC."""
-        for name, values in self.params.items():
-            if name not in config:
-                return f"missing parameter {name}"
-            if config[name] not in values:
-                return f"{name}={config[name]!r} is not one of {values}"
-        unknown = sorted(set(config) - set(self.params))
-        if unknown:
-            return f"unknown parameter(s) {', '.join(unknown)}"
+        reason = self.check_params(config)
+        if reason:
+            return reason
         try:
             self.validate(shape, dtype)
         except InvalidInput as exc:

@@ -123,14 +123,9 @@ class SoftmaxSpec(OperatorSpec):
         vectors per thread, or more registers for its cache than the launch bounds leave
         (``ITEMS * vector bytes / 4 + REGISTER_OVERHEAD > register_cap``: it would spill).
         """
-        for name, values in self.params.items():
-            if name not in config:
-                return f"missing parameter {name}"
-            if config[name] not in values:
-                return f"{name}={config[name]!r} is not one of {values}"
-        unknown = sorted(set(config) - set(self.params))
-        if unknown:
-            return f"unknown parameter(s) {', '.join(unknown)}"
+        reason = self.check_params(config)
+        if reason:
+            return reason
         try:
             rows, cols = self.validate(shape, dtype)
         except InvalidInput as exc:

@@ -85,14 +85,9 @@ def next_pow2(n: int) -> int:
 
 
 def _check_common(spec: OperatorSpec, config: Config) -> str | None:
-    for name, values in spec.params.items():
-        if name not in config:
-            return f"missing parameter {name}"
-        if config[name] not in values:
-            return f"{name}={config[name]!r} is not one of {values}"
-    unknown = sorted(set(config) - set(spec.params))
-    if unknown:
-        return f"unknown parameter(s) {', '.join(unknown)}"
+    reason = spec.check_params(config)
+    if reason:
+        return reason
     block, min_blocks = config["BLOCK"], config.get("MIN_BLOCKS", 0)
     if min_blocks * block > MAX_THREADS_PER_SM:
         return f"MIN_BLOCKS={min_blocks} blocks of {block} threads exceed 2048 threads per SM"
