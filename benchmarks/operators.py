@@ -63,6 +63,8 @@ def lookup(sessions, spec, shape, dtype, gpu_model):
             shape=shape,
             dtype=dtype,
             gpu_model=gpu_model,
+            # As the service does: a nearest shape's winner must be valid for this shape.
+            accept=lambda config: spec.check(config, shape, dtype) is None,
         )
 
 

@@ -149,6 +149,7 @@ def run_kernel_tuner(
     def smem(p: dict[str, Any]) -> int:
         return spec.launch({k: p[k] for k in spec.params}, shape, dtype).shared_bytes
 
+    _explain_launch_errors()
     start = time.perf_counter()
     results, _env = kernel_tuner.tune_kernel(
         spec.kernel_name,
@@ -188,6 +189,41 @@ def run_kernel_tuner(
     }
 
 
+def _explain_launch_errors() -> None:
+    """Make a launch error inside Kernel Tuner name the config's geometry (it aborts the run
+    with the bare driver message otherwise)."""
+    from kernel_tuner.backends.pycuda import PyCudaFunctions
+
+    original = PyCudaFunctions.run_kernel
+    if getattr(original, "_kato_wrapped", False):
+        return
+
+    def run_kernel(self, func, gpu_args, threads, grid, stream=None):
+        try:
+            return original(self, func, gpu_args, threads, grid, stream)
+        except Exception as exc:
+            types = [type(a).__name__ for a in gpu_args]
+            raise RuntimeError(
+                f"{exc!r} launching {getattr(func, 'function_name', func)} with block={threads} "
+                f"grid={grid} shared={self.smem_size} args={types}"
+            ) from exc
+
+    run_kernel._kato_wrapped = True
+    PyCudaFunctions.run_kernel = run_kernel
+
+
+def _in_child(fn, *args) -> dict[str, Any]:
+    """Run one tuner in a fresh process: no CUDA context or module state is shared between
+    the tuners, and one's crash cannot take the others down."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    # Not a multiprocessing.Pool: its workers are daemons, and Kato's worker starts its own
+    # measuring child process.
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
 def retime(operator: str, shape, dtype: str, rows: list[dict[str, Any]]) -> None:
     """Re-time every winner with Kato's timer, back to back (same inputs, same process)."""
     from kernels import get_operator
@@ -214,16 +250,27 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=100)
     ap.add_argument("--kt", action="append", help="Kernel Tuner strategies besides brute_force")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kt-only", action="store_true", help="skip Kato (diagnosing Kernel Tuner)")
     ap.add_argument("--out", default="tuning_throughput.json")
     args = ap.parse_args()
     shape = tuple(int(s) for s in args.shape.split("x"))
 
-    rows = [run_kato(args.operator, shape, args.dtype, args.budget)]
-    print(rows[-1], flush=True)
+    rows = []
+    if not args.kt_only:
+        rows.append(_in_child(run_kato, args.operator, shape, args.dtype, args.budget))
+        print(rows[-1], flush=True)
     for strategy in ["brute_force", *(args.kt or DEFAULT_KT_STRATEGIES)]:
         try:
             rows.append(
-                run_kernel_tuner(args.operator, shape, args.dtype, args.budget, strategy, args.seed)
+                _in_child(
+                    run_kernel_tuner,
+                    args.operator,
+                    shape,
+                    args.dtype,
+                    args.budget,
+                    strategy,
+                    args.seed,
+                )
             )
         except Exception as exc:  # a peer's failure is reported, not fatal
             rows.append({"tuner": f"Kernel Tuner ({strategy})", "error": repr(exc)})
@@ -231,6 +278,9 @@ def main() -> None:
         Path(args.out).write_text(json.dumps({"partial": True, "rows": rows}, default=str))
     retime(args.operator, shape, args.dtype, [r for r in rows if "error" not in r])
 
+    if args.kt_only:
+        print(json.dumps(rows, indent=1, default=str))
+        return
     kato = rows[0]
     print(f"\n{args.operator} {args.shape} {args.dtype}, budget {args.budget}")
     print(
