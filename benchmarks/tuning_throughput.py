@@ -286,6 +286,8 @@ def main() -> None:
                     args.budget,
                     strategy,
                     args.seed,
+                    args.kt_time_limit,
+                    args.kt_sample,
                 )
             )
         except Exception as exc:  # a peer's failure is reported, not fatal
