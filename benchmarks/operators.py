@@ -54,6 +54,7 @@ def copy_bandwidth_gbs(nbytes: int = 4 << 30) -> float:
 def lookup(sessions, spec, shape, dtype, gpu_model):
     """The stored winner for a case and where it came from (exact, nearest or default)."""
     from db import queries
+    from service.settings import Settings
 
     with sessions() as s:
         return queries.lookup_best_config(
@@ -65,6 +66,7 @@ def lookup(sessions, spec, shape, dtype, gpu_model):
             gpu_model=gpu_model,
             # As the service does: a nearest shape's winner must be valid for this shape.
             accept=lambda config: spec.check(config, shape, dtype) is None,
+            max_distance=Settings().nearest_max_distance,
         )
 
 

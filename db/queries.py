@@ -461,6 +461,7 @@ def lookup_best_config(
     dtype: str,
     gpu_model: str,
     accept: Callable[[dict[str, Any]], bool] | None = None,
+    max_distance: float | None = None,
 ) -> tuple[BestConfig | None, str]:
     """The best stored config for a request, and where it comes from.
 
@@ -469,7 +470,9 @@ def lookup_best_config(
     row of the same operator, version, dtype, GPU model and rank whose shape is closest (least
     sum over dimensions of ``|log2 a - log2 b|``; ties go to the fastest); else
     ``(None, "default")``. ``accept`` (optional) rejects configs that are not valid for the
-    requested shape, e.g. ``lambda c: spec.check(c, shape, dtype) is None``.
+    requested shape, e.g. ``lambda c: spec.check(c, shape, dtype) is None``. ``max_distance``
+    (optional) is the farthest a nearest shape may be (the same log2 distance; 0 serves exact
+    shapes only): a winner tuned for a very different shape can be slower than the default.
     """
     shape = [int(s) for s in shape]
     rows = session.scalars(
@@ -488,6 +491,8 @@ def lookup_best_config(
         if row.shape_key == key:
             return row, "exact"
     same_rank = [r for r in usable if len(r.shape) == len(shape) and all(s >= 1 for s in r.shape)]
+    if max_distance is not None:
+        same_rank = [r for r in same_rank if _log2_distance(r.shape, shape) <= max_distance]
     if not same_rank:
         return None, "default"
     nearest = min(same_rank, key=lambda r: (_log2_distance(r.shape, shape), r.time_ms))

@@ -83,6 +83,16 @@ class Settings(BaseSettings):
         "(then it drops its cached lookups)",
     )
     lookup_cache_entries: int = Field(default=10_000, ge=1)
+    nearest_max_distance: float = Field(
+        default=4.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="farthest tuned shape a lookup serves for an untuned one: the sum over "
+        "dimensions of |log2(tuned / asked)| (4: e.g. one dimension 16x off, or two 4x; 0: exact "
+        "shapes only). Beyond it the operator's default config is served: on the H200 a softmax "
+        "winner tuned for 65536x1024 ran 2.5x slower on 1048576x128 (distance 7) than that "
+        "shape's own winner.",
+    )
 
     @field_validator("db_url")
     @classmethod

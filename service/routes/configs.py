@@ -61,6 +61,7 @@ def lookup(
             dtype=problem.dtype,
             gpu_model=problem.gpu_model,
             accept=lambda config: _applies(spec, config, problem.shape, problem.dtype),
+            max_distance=request.app.state.settings.nearest_max_distance,
         )
         if row is not None and (match == "nearest" or source == "exact"):
             return ConfigPublic.from_row(row, source, problem.shape, problem.gpu_model)

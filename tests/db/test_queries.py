@@ -428,3 +428,15 @@ def test_lookup_skips_configs_rejected_by_accept(session: Session) -> None:
     assert queries.lookup_best_config(
         session, **KEY, shape=[4096, 4096], accept=lambda c: False
     ) == (None, "default")
+
+
+def test_lookup_nearest_within_max_distance_only(session: Session) -> None:
+    upsert(session, [1024, 1024], 1.0)  # distance to 4096x2048: 2 + 1 = 3
+    far = upsert(session, [65536, 128], 0.5)  # distance 4 + 4 = 8
+    assert lookup(session, [4096, 2048], max_distance=3.0)[1] == "nearest"
+    assert lookup(session, [4096, 2048], max_distance=2.5) == (None, "default")
+    assert lookup(session, [4096, 2048], max_distance=0) == (None, "default")
+    row, source = lookup(session, [65536, 256], max_distance=1.0)  # distance 0 + 1
+    assert source == "nearest" and row is not None and row.id == far.id
+    exact, source = lookup(session, [1024, 1024], max_distance=0)
+    assert source == "exact" and exact is not None and exact.time_ms == 1.0

@@ -126,6 +126,15 @@ def test_config_default_then_exact_then_nearest(client: TestClient, session: Ses
     assert lookup(client, dtype="bfloat16").json()["source"] == "default"
 
 
+def test_nearest_config_too_far_away_is_not_served(client: TestClient, session: Session) -> None:
+    store_best(session, [4096, 4096], 0.05)
+    body = lookup(client, "65536x1024").json()  # distance 4 + 2 = 6 > the default 4
+    assert body["source"] == "default" and body["tuned_shape"] is None
+    assert body["config"] == SOFTMAX.default_config([65536, 1024], "float16")
+    body = lookup(client, "16384x2048").json()  # distance 2 + 1 = 3
+    assert body["source"] == "nearest" and body["tuned_shape"] == [4096, 4096]
+
+
 def test_config_ignores_other_kernel_versions(client: TestClient, session: Session) -> None:
     store_best(session, [4096, 4096], 0.05, operator_version="0ld0ld0ld0ld")
     assert lookup(client).json()["source"] == "default"
