@@ -33,12 +33,19 @@ from pathlib import Path
 import numpy as np
 
 from kernels.registry import register
-from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem, Step
+from kernels.spec import (
+    DTYPES,
+    MAX_GRID_X,
+    MAX_THREADS_PER_SM,
+    Config,
+    InvalidInput,
+    Launch,
+    OperatorSpec,
+    Problem,
+    Step,
+    launch_bounds_register_cap,
+)
 
-MAX_THREADS_PER_SM = 2048
-REGISTERS_PER_SM = 65536
-MAX_REGISTERS_PER_THREAD = 255
-MAX_GRID_X = 2**31 - 1
 #: N, C and H*W are ``int`` kernel arguments; (n, j) indices run a little past N and H*W.
 MAX_DIM = 2**30
 #: The largest SPLIT of the space: the workspace holds C * MAX_SPLIT partials.
@@ -56,8 +63,7 @@ _CUDA_FLAGS = {"float32": (0, 0), "float16": (1, 0), "bfloat16": (0, 1)}  # IS_H
 
 def register_cap(config: Config) -> int:
     """Registers per thread ptxas may use under ``__launch_bounds__`` (multiple of 8, <= 255)."""
-    per_thread = REGISTERS_PER_SM // (config["BLOCK_SIZE"] * max(config["MIN_BLOCKS"], 1))
-    return min(MAX_REGISTERS_PER_THREAD, per_thread // 8 * 8)
+    return launch_bounds_register_cap(config["BLOCK_SIZE"], config["MIN_BLOCKS"])
 
 
 def effective_min_blocks(config: Config) -> int:

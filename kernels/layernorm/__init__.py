@@ -37,12 +37,20 @@ from pathlib import Path
 import numpy as np
 
 from kernels.registry import register
-from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
+from kernels.spec import (
+    DTYPES,
+    INT32_MAX,
+    MAX_GRID_X,
+    MAX_SHARED_PER_BLOCK,
+    MAX_THREADS_PER_SM,
+    Config,
+    InvalidInput,
+    Launch,
+    OperatorSpec,
+    Problem,
+    launch_bounds_register_cap,
+)
 
-MAX_SHARED_PER_BLOCK = 227 * 1024
-MAX_THREADS_PER_SM = 2048
-REGISTERS_PER_SM = 65536
-MAX_REGISTERS_PER_THREAD = 255
 #: CACHE=2 holds at most this many vectors per thread.
 MAX_ITEMS = 16
 #: Registers a CACHE=2 kernel needs besides its caches (pointers, indices, statistics, unpacked
@@ -51,10 +59,8 @@ MAX_ITEMS = 16
 REGISTER_OVERHEAD = 40
 #: The same for CACHE=2 with weight and bias in registers too (see :func:`wb_regs`).
 WB_REGISTER_OVERHEAD = 48
-INT32_MAX = 2**31 - 1
 #: Column indices run up to cols + one unrolled step (<= 8 * 1024 vectors) past the end.
 MAX_COLS = 2**31 - 2**16
-MAX_GRID_X = 2**31 - 1
 EPS = 1e-5
 
 _CUDA_FLAGS = {"float32": (0, 0), "float16": (1, 0), "bfloat16": (0, 1)}  # IS_HALF, IS_BF16
@@ -77,8 +83,7 @@ def items_per_thread(config: Config, cols: int) -> int:
 def register_cap(config: Config) -> int:
     """Registers per thread ptxas may use under ``__launch_bounds__``: ``65536 / (BLOCK_SIZE *
     max(MIN_BLOCKS, 1))`` rounded down to 8, at most 255."""
-    per_thread = REGISTERS_PER_SM // (config["BLOCK_SIZE"] * max(config["MIN_BLOCKS"], 1))
-    return min(MAX_REGISTERS_PER_THREAD, per_thread // 8 * 8)
+    return launch_bounds_register_cap(config["BLOCK_SIZE"], config["MIN_BLOCKS"])
 
 
 def effective_min_blocks(config: Config) -> int:

@@ -41,25 +41,26 @@ from pathlib import Path
 import numpy as np
 
 from kernels.registry import register
-from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
+from kernels.spec import (
+    DTYPES,
+    MAX_GRID_Y,
+    MAX_SHARED_PER_BLOCK,
+    MAX_THREADS_PER_SM,
+    Config,
+    InvalidInput,
+    Launch,
+    OperatorSpec,
+    Problem,
+    launch_bounds_register_cap,
+)
 
-#: Opt-in maximum of dynamic + static shared memory per block (sm_90; sm_80 has 163 KiB and the
-#: tuner checks that per GPU with its catalog).
-MAX_SHARED_PER_BLOCK = 227 * 1024
-#: Resident threads per SM on sm_80/sm_90.
-MAX_THREADS_PER_SM = 2048
-#: 32-bit registers per SM.
-REGISTERS_PER_SM = 65536
-#: ptxas's hard limit per thread.
-MAX_REGISTERS_PER_THREAD = 255
 #: M, N and K are ``int`` kernel arguments; tile origins and k offsets run up to a dimension +
 #: 256: keep 64 Ki of headroom below INT32_MAX.
 MAX_DIM = 2**31 - 2**16
 #: Rows of tiles visited together (``kGroupM`` in the template): grid.y counts groups of GROUP_M
 #: tile-rows, grid.x the tiles of a group.
 GROUP_M = 8
-#: CUDA's grid.y limit, and the smallest BM of the space: M is at most 65535 * 8 * 64.
-MAX_GRID_Y = 65535
+#: The smallest BM of the space: with grid.y <= MAX_GRID_Y, M is at most 65535 * 8 * 64.
 MIN_TILE_M = 64
 MAX_M = MAX_GRID_Y * GROUP_M * MIN_TILE_M
 #: Registers besides the accumulators, fragments and prefetch buffers (indices, pointers, loop
@@ -115,8 +116,7 @@ def threads_per_block(config: Config) -> int:
 def register_cap(config: Config) -> int:
     """Registers per thread ptxas may use under ``__launch_bounds__(threads, MIN_BLOCKS)``:
     ``65536 / (threads * max(MIN_BLOCKS, 1))`` rounded down to 8, at most 255."""
-    per_thread = REGISTERS_PER_SM // (threads_per_block(config) * max(config["MIN_BLOCKS"], 1))
-    return min(MAX_REGISTERS_PER_THREAD, per_thread // 8 * 8)
+    return launch_bounds_register_cap(threads_per_block(config), config["MIN_BLOCKS"])
 
 
 def registers_needed(config: Config, dtype: str) -> int:

@@ -31,12 +31,19 @@ import numpy as np
 
 from kernels.reduce_sum_all import EPS32, ERROR_ROUNDINGS, butterfly, step_sum
 from kernels.registry import register
-from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
+from kernels.spec import (
+    DTYPES,
+    INT32_MAX,
+    MAX_GRID_X,
+    Config,
+    InvalidInput,
+    Launch,
+    OperatorSpec,
+    Problem,
+)
 
-INT32_MAX = 2**31 - 1
 #: Column indices run up to cols/VEC + ROW_THREADS * UNROLL (one step past the end) in int.
 MAX_COLS = 2**31 - 2**16
-MAX_GRID_X = 2**31 - 1
 
 _CUDA_FLAGS = {"float32": (0, 0), "float16": (1, 0), "bfloat16": (0, 1)}  # IS_HALF, IS_BF16
 

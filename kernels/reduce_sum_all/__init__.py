@@ -37,12 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from kernels.registry import register
-from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem, Step
+from kernels.spec import DTYPES, NUM_SMS, Config, InvalidInput, Launch, OperatorSpec, Problem, Step
 
-#: SMs of the largest supported GPU (H200); BLOCKS_PER_SM scales it into a grid.
-NUM_SMS = 132
-#: Resident threads per SM on sm_80/sm_90.
-MAX_THREADS_PER_SM = 2048
 #: The kernel indexes with long long; keep n well inside it (slot + grid-stride step).
 MAX_N = 2**62
 #: float32 unit roundoff.

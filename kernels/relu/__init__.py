@@ -31,14 +31,20 @@ from pathlib import Path
 import numpy as np
 
 from kernels.registry import register
-from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem, Step
+from kernels.spec import (
+    DTYPES,
+    MAX_GRID_X,
+    NUM_SMS,
+    REGISTERS_PER_SM,
+    Config,
+    InvalidInput,
+    Launch,
+    OperatorSpec,
+    Problem,
+    Step,
+)
 
-#: SMs of the largest supported GPU (H200); BLOCKS_PER_SM scales it into a grid.
-NUM_SMS = 132
-MAX_GRID_X = 2**31 - 1
 MAX_N = 2**62
-#: 32-bit registers per SM; ``__launch_bounds__(B)`` caps a thread at ``65536 / B`` of them.
-REGISTERS_PER_SM = 65536
 #: Registers a thread needs besides the UNROLL vectors it keeps in flight (64-bit slot indices
 #: per vector, bits, pointers). Fit to ptxas on sm_80/sm_90: at 1024 threads (cap 64) 128 bytes
 #: in flight per thread (32 registers) spill, 64 bytes do not.

@@ -26,17 +26,20 @@ from pathlib import Path
 import numpy as np
 
 from kernels.registry import register
-from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
+from kernels.spec import (
+    DTYPES,
+    INT32_MAX,
+    MAX_GRID_X,
+    MAX_SHARED_PER_BLOCK,
+    MAX_THREADS_PER_SM,
+    Config,
+    InvalidInput,
+    Launch,
+    OperatorSpec,
+    Problem,
+    launch_bounds_register_cap,
+)
 
-#: Opt-in maximum of dynamic + static shared memory per block (sm_90; sm_80 has 163 KiB and the
-#: tuner checks that per GPU with its catalog).
-MAX_SHARED_PER_BLOCK = 227 * 1024
-#: Resident threads per SM on sm_80/sm_90: MIN_BLOCKS * BLOCK_SIZE beyond it cannot be met.
-MAX_THREADS_PER_SM = 2048
-#: 32-bit registers per SM on every supported GPU.
-REGISTERS_PER_SM = 65536
-#: ptxas's hard limit per thread.
-MAX_REGISTERS_PER_THREAD = 255
 #: CACHE=2 holds at most this many vectors per thread.
 MAX_ITEMS = 16
 #: Registers a CACHE=2 kernel needs besides its cache (pointers, indices, partial max/sum,
@@ -44,10 +47,7 @@ MAX_ITEMS = 16
 REGISTER_OVERHEAD = 28
 #: The kernel takes rows and cols as ``int``; column indices run up to cols + 8192 (one step of
 #: the streaming loop past the end), so cols keeps 64 Ki of headroom below INT32_MAX.
-INT32_MAX = 2**31 - 1
 MAX_COLS = 2**31 - 2**16
-#: CUDA's grid.x limit.
-MAX_GRID_X = 2**31 - 1
 
 _CUDA_FLAGS = {"float32": (0, 0), "float16": (1, 0), "bfloat16": (0, 1)}  # IS_HALF, IS_BF16
 
@@ -73,8 +73,7 @@ def register_cap(config: Config) -> int:
     is ``65536 / (B * max(MIN_BLOCKS, 1))``, rounded down to ptxas's allocation unit of 8 and
     capped at 255.
     """
-    per_thread = REGISTERS_PER_SM // (config["BLOCK_SIZE"] * max(config["MIN_BLOCKS"], 1))
-    return min(MAX_REGISTERS_PER_THREAD, per_thread // 8 * 8)
+    return launch_bounds_register_cap(config["BLOCK_SIZE"], config["MIN_BLOCKS"])
 
 
 def static_shared_bytes(config: Config) -> int:

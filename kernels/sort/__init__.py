@@ -41,19 +41,25 @@ from pathlib import Path
 import numpy as np
 
 from kernels.registry import register
-from kernels.spec import Config, InvalidInput, Launch, OperatorSpec, Problem, Step
+from kernels.spec import (
+    INT32_MAX,
+    MAX_SHARED_PER_BLOCK,
+    MAX_THREADS_PER_SM,
+    Config,
+    InvalidInput,
+    Launch,
+    OperatorSpec,
+    Problem,
+    Step,
+    launch_bounds_register_cap,
+)
 
-MAX_SHARED_PER_BLOCK = 227 * 1024
-MAX_THREADS_PER_SM = 2048
-REGISTERS_PER_SM = 65536
-MAX_REGISTERS_PER_THREAD = 255
 #: Registers besides the ITEMS keys (indices, loop state, shuffle temporaries); fit to ptxas
 #: reports on sm_80/sm_90 (ITEMS=8: 32-42 registers).
 REGISTER_OVERHEAD = 28
 #: The longest row ``sort`` takes: the largest block buffer of the space (1024 threads x 8 keys).
 #: (16 keys per thread made ptxas spill on some block sizes although far below the register cap.)
 MAX_ROW = 8192
-INT32_MAX = 2**31 - 1
 #: Threads per block of the global passes of ``sort_1d``.
 GLOBAL_BLOCK = 256
 #: One block per work item up to this many blocks, grid-stride loops beyond.
@@ -76,8 +82,7 @@ def shared_bytes(config: Config) -> int:
 
 
 def register_cap(config: Config) -> int:
-    per_thread = REGISTERS_PER_SM // (config["BLOCK"] * max(config.get("MIN_BLOCKS", 0), 1))
-    return min(MAX_REGISTERS_PER_THREAD, per_thread // 8 * 8)
+    return launch_bounds_register_cap(config["BLOCK"], config.get("MIN_BLOCKS", 0))
 
 
 def next_pow2(n: int) -> int:

@@ -27,19 +27,24 @@ from pathlib import Path
 import numpy as np
 
 from kernels.registry import register
-from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
+from kernels.spec import (
+    DTYPES,
+    MAX_THREADS_PER_SM,
+    Config,
+    InvalidInput,
+    Launch,
+    OperatorSpec,
+    Problem,
+    launch_bounds_register_cap,
+)
 
 MAX_THREADS_PER_BLOCK = 1024
-MAX_THREADS_PER_SM = 2048
-REGISTERS_PER_SM = 65536
-MAX_REGISTERS_PER_THREAD = 255
 #: Registers besides the loaded vectors (indices, pointers, tile counters, loop state); fit to
 #: ptxas reports on sm_80/sm_90 with margin.
 REGISTER_OVERHEAD = 32
 #: rows and cols are ``int`` kernel arguments; tile origins stay below 2**31 - 1 with a tile of
 #: headroom, element offsets are 64-bit.
 MAX_DIM = 2**31 - 1 - 64
-MAX_GRID_X = 2**31 - 1
 #: One block per tile up to this many blocks; beyond, blocks loop over tiles (grid stride).
 MAX_GRID = 1 << 20
 
@@ -55,8 +60,7 @@ def pack_pairs(config: Config, dtype: str) -> int:
 
 def register_cap(config: Config) -> int:
     """Registers per thread ptxas may use under the kernel's ``__launch_bounds__``."""
-    per_thread = REGISTERS_PER_SM // (threads(config) * max(config["MIN_BLOCKS"], 1))
-    return min(MAX_REGISTERS_PER_THREAD, per_thread // 8 * 8)
+    return launch_bounds_register_cap(threads(config), config["MIN_BLOCKS"])
 
 
 def static_shared_bytes(config: Config, dtype: str) -> int:
