@@ -5,19 +5,25 @@ The case of issue 4: softmax 32768x4096 float16, budget 100 distinct measured co
 - Kato: a job in a fresh SQLite database, run by the worker's JobRunner with the pycuda backend
   (compile-ahead in parallel nvcc processes, verification of every config on the device), from a
   cold compile cache.
-- Kernel Tuner (its pycuda backend, ``lang="CUDA"``): the same template, rendered with the same
-  macros (``defines`` computed from Kato's spec), the same launch geometry, the same constraint
-  set (``restrictions`` = the spec's check) and the same verification (a ``verify`` function with
-  the spec's tolerances). Its default strategy (brute force, which takes no budget: it runs on a
-  seeded random sample of ``budget`` valid configs) and the strategies named with ``--kt``, each
-  with ``max_fevals=budget``.
+- Kernel Tuner (its pycuda backend, ``lang="PYCUDA"``): the same template, rendered with the
+  same macros (``defines`` computed from Kato's spec), the same launch geometry, the same
+  constraint set (``restrictions`` = the spec's check, minus configs over 48 KiB of dynamic shared
+  memory, which its backend cannot launch) and the same tolerance test (a ``verify`` function,
+  on the host in float32). Its default strategy (brute force, which takes no budget: it runs on
+  a seeded random sample of ``--kt-sample`` or ``budget`` valid configs) and the strategies named
+  with ``--kt``, each with ``max_fevals=budget`` and ``--kt-time-limit`` seconds.
+- Every tuner runs in its own fresh process: in one process Kernel Tuner's launches failed with
+  "invalid argument" after Kato's run had used the device.
 
 Trials per minute = distinct configs measured / wall time of the whole tuning run (compiles
 included). Then every side's winner is re-timed with the same timer (Kato's pycuda backend,
 CUDA events, inputs rotated past the L2) back to back, so "best config found" compares like
 with like.
 
-    python benchmarks/tuning_throughput.py --out throughput.json [--budget 100] [--kt greedy_ils]
+    python benchmarks/tuning_throughput.py --out throughput.json [--budget 100] \
+        [--kt simulated_annealing] [--kt-time-limit 240] [--kt-sample N] [--kt-only]
+
+Results on the H200: docs/results_h200.md.
 
 Needs a CUDA GPU, PyCUDA and kernel_tuner (``pip install 'kato[bench]'``).
 """
