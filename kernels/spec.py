@@ -43,37 +43,6 @@ CUDA_TYPES: dict[np.dtype, str] = {
 }
 
 
-# --- limits every supported GPU (sm_80, sm_90) shares: the specs' constraint sets use them ----
-
-#: Opt-in maximum of dynamic + static shared memory per block (sm_90; sm_80 has 163 KiB and the
-#: tuner checks that per GPU with its catalog, ``tuner.gpus``).
-MAX_SHARED_PER_BLOCK = 227 * 1024
-#: Resident threads per SM: MIN_BLOCKS blocks of B threads beyond it cannot be met.
-MAX_THREADS_PER_SM = 2048
-#: 32-bit registers per SM.
-REGISTERS_PER_SM = 65536
-#: ptxas's hard limit per thread.
-MAX_REGISTERS_PER_THREAD = 255
-#: CUDA's grid limits.
-MAX_GRID_X = 2**31 - 1
-MAX_GRID_Y = 65535
-#: Kernels take sizes as ``int``.
-INT32_MAX = 2**31 - 1
-#: SMs of the largest supported GPU (H200): grid-stride kernels scale their grid from it.
-NUM_SMS = 132
-
-
-def launch_bounds_register_cap(threads: int, min_blocks: int) -> int:
-    """Registers per thread ptxas may use under ``__launch_bounds__(threads, min_blocks)``.
-
-    ``__launch_bounds__(B)`` alone already promises one resident block of B threads, so the cap
-    is ``65536 / (B * max(min_blocks, 1))``, rounded down to ptxas's allocation unit of 8 and
-    at most 255.
-    """
-    per_thread = REGISTERS_PER_SM // (threads * max(min_blocks, 1))
-    return min(MAX_REGISTERS_PER_THREAD, per_thread // 8 * 8)
-
-
 class InvalidInput(ValueError):
     """A request that cannot be served: unknown dtype, shape of the wrong rank, non-positive sizes.
 

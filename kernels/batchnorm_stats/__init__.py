@@ -32,19 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kernels import limits
 from kernels.registry import register
-from kernels.spec import (
-    DTYPES,
-    MAX_GRID_X,
-    MAX_THREADS_PER_SM,
-    Config,
-    InvalidInput,
-    Launch,
-    OperatorSpec,
-    Problem,
-    Step,
-    launch_bounds_register_cap,
-)
+from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem, Step
 
 #: N, C and H*W are ``int`` kernel arguments; (n, j) indices run a little past N and H*W.
 MAX_DIM = 2**30
@@ -63,7 +53,7 @@ _CUDA_FLAGS = {"float32": (0, 0), "float16": (1, 0), "bfloat16": (0, 1)}  # IS_H
 
 def register_cap(config: Config) -> int:
     """Registers per thread ptxas may use under ``__launch_bounds__`` (multiple of 8, <= 255)."""
-    return launch_bounds_register_cap(config["BLOCK_SIZE"], config["MIN_BLOCKS"])
+    return limits.launch_bounds_register_cap(config["BLOCK_SIZE"], config["MIN_BLOCKS"])
 
 
 def effective_min_blocks(config: Config) -> int:
@@ -149,12 +139,12 @@ class BatchNormStatsSpec(OperatorSpec):
             return f"VEC={vec} of {dtype} is a {vector_bytes}-byte vector; at most 16 bytes"
         if (h * w) % vec != 0:
             return f"H*W={h * w} is not a multiple of VEC={vec}: planes would start misaligned"
-        if min_blocks * block > MAX_THREADS_PER_SM:
+        if min_blocks * block > limits.MAX_THREADS_PER_SM:
             return (
                 f"MIN_BLOCKS={min_blocks} blocks of {block} threads exceed "
-                f"{MAX_THREADS_PER_SM} threads per SM"
+                f"{limits.MAX_THREADS_PER_SM} threads per SM"
             )
-        if c * config["SPLIT"] > MAX_GRID_X:
+        if c * config["SPLIT"] > limits.MAX_GRID_X:
             return f"C * SPLIT = {c * config['SPLIT']} blocks exceed the grid limit 2**31-1"
         regs = step_registers(config, itemsize)
         cap = register_cap(config)
@@ -224,7 +214,8 @@ class BatchNormStatsSpec(OperatorSpec):
         c = shape[1]
         warps = FINALIZE_THREADS // 32
         finalize = Launch(
-            grid=(min(math.ceil(c / warps), MAX_GRID_X), 1, 1), block=(FINALIZE_THREADS, 1, 1)
+            grid=(min(math.ceil(c / warps), limits.MAX_GRID_X), 1, 1),
+            block=(FINALIZE_THREADS, 1, 1),
         )
         return [Step("batchnorm_stats_partial", main), Step("batchnorm_stats_finalize", finalize)]
 

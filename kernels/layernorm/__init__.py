@@ -36,20 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kernels import limits
 from kernels.registry import register
-from kernels.spec import (
-    DTYPES,
-    INT32_MAX,
-    MAX_GRID_X,
-    MAX_SHARED_PER_BLOCK,
-    MAX_THREADS_PER_SM,
-    Config,
-    InvalidInput,
-    Launch,
-    OperatorSpec,
-    Problem,
-    launch_bounds_register_cap,
-)
+from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
 
 #: CACHE=2 holds at most this many vectors per thread.
 MAX_ITEMS = 16
@@ -83,7 +72,7 @@ def items_per_thread(config: Config, cols: int) -> int:
 def register_cap(config: Config) -> int:
     """Registers per thread ptxas may use under ``__launch_bounds__``: ``65536 / (BLOCK_SIZE *
     max(MIN_BLOCKS, 1))`` rounded down to 8, at most 255."""
-    return launch_bounds_register_cap(config["BLOCK_SIZE"], config["MIN_BLOCKS"])
+    return limits.launch_bounds_register_cap(config["BLOCK_SIZE"], config["MIN_BLOCKS"])
 
 
 def effective_min_blocks(config: Config) -> int:
@@ -163,7 +152,7 @@ class LayerNormSpec(OperatorSpec):
         """The base checks, plus: rows and cols must fit the kernel's ``int`` arguments."""
         shape = super().validate(shape, dtype)
         rows, cols = shape
-        if rows > INT32_MAX or cols > MAX_COLS:
+        if rows > limits.INT32_MAX or cols > MAX_COLS:
             raise InvalidInput(
                 f"layernorm takes up to 2**31-1 rows and 2**31-2**16 columns, got {rows} x {cols}"
             )
@@ -194,18 +183,18 @@ class LayerNormSpec(OperatorSpec):
             return f"VEC={vec} of {dtype} is a {vector_bytes}-byte vector; at most 16 bytes"
         if cols % vec != 0:
             return f"cols={cols} is not a multiple of VEC={vec}: rows would start misaligned"
-        if min_blocks * block > MAX_THREADS_PER_SM:
+        if min_blocks * block > limits.MAX_THREADS_PER_SM:
             return (
                 f"MIN_BLOCKS={min_blocks} blocks of {block} threads exceed "
-                f"{MAX_THREADS_PER_SM} threads per SM"
+                f"{limits.MAX_THREADS_PER_SM} threads per SM"
             )
         if cache == 1:
             total = self._dynamic_shared_bytes(config, cols, itemsize) + static_shared_bytes(config)
-            if total > MAX_SHARED_PER_BLOCK:
+            if total > limits.MAX_SHARED_PER_BLOCK:
                 return (
                     f"CACHE=1 needs {total} bytes of shared memory per block "
                     f"({rows_per_block(config)} row(s) of {cols * itemsize} bytes); "
-                    f"at most {MAX_SHARED_PER_BLOCK}"
+                    f"at most {limits.MAX_SHARED_PER_BLOCK}"
                 )
         if cache == 2:
             items = items_per_thread(config, cols)
@@ -291,7 +280,9 @@ class LayerNormSpec(OperatorSpec):
         """``ceil(rows / (rows_per_block * GROUP_ROWS))`` blocks (grid-stride over rows), dynamic
         shared memory only for CACHE=1: ``rows_per_block * cols * itemsize``."""
         rows, cols = shape
-        grid = min(math.ceil(rows / (rows_per_block(config) * config["GROUP_ROWS"])), MAX_GRID_X)
+        grid = min(
+            math.ceil(rows / (rows_per_block(config) * config["GROUP_ROWS"])), limits.MAX_GRID_X
+        )
         shared = self._dynamic_shared_bytes(config, cols, DTYPES[dtype][2])
         return Launch(grid=(grid, 1, 1), block=(config["BLOCK_SIZE"], 1, 1), shared_bytes=shared)
 

@@ -40,19 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kernels import limits
 from kernels.registry import register
-from kernels.spec import (
-    DTYPES,
-    MAX_GRID_Y,
-    MAX_SHARED_PER_BLOCK,
-    MAX_THREADS_PER_SM,
-    Config,
-    InvalidInput,
-    Launch,
-    OperatorSpec,
-    Problem,
-    launch_bounds_register_cap,
-)
+from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
 
 #: M, N and K are ``int`` kernel arguments; tile origins and k offsets run up to a dimension +
 #: 256: keep 64 Ki of headroom below INT32_MAX.
@@ -62,7 +52,7 @@ MAX_DIM = 2**31 - 2**16
 GROUP_M = 8
 #: The smallest BM of the space: with grid.y <= MAX_GRID_Y, M is at most 65535 * 8 * 64.
 MIN_TILE_M = 64
-MAX_M = MAX_GRID_Y * GROUP_M * MIN_TILE_M
+MAX_M = limits.MAX_GRID_Y * GROUP_M * MIN_TILE_M
 #: Registers besides the accumulators, fragments and prefetch buffers (indices, pointers, loop
 #: state). Fit to ptxas reports for sm_80/sm_90: with less headroom than this, a tile spills.
 FP32_REGISTER_OVERHEAD = 40
@@ -116,7 +106,7 @@ def threads_per_block(config: Config) -> int:
 def register_cap(config: Config) -> int:
     """Registers per thread ptxas may use under ``__launch_bounds__(threads, MIN_BLOCKS)``:
     ``65536 / (threads * max(MIN_BLOCKS, 1))`` rounded down to 8, at most 255."""
-    return launch_bounds_register_cap(threads_per_block(config), config["MIN_BLOCKS"])
+    return limits.launch_bounds_register_cap(threads_per_block(config), config["MIN_BLOCKS"])
 
 
 def registers_needed(config: Config, dtype: str) -> int:
@@ -242,10 +232,10 @@ class MatmulSpec(OperatorSpec):
             return f"{threads} threads per block; the space keeps 64..512"
         if min_blocks and register_cap(config) == register_cap({**config, "MIN_BLOCKS": 0}):
             return f"MIN_BLOCKS={min_blocks} does not lower the register cap at {threads} threads"
-        if min_blocks * threads > MAX_THREADS_PER_SM:
+        if min_blocks * threads > limits.MAX_THREADS_PER_SM:
             return (
                 f"MIN_BLOCKS={min_blocks} blocks of {threads} threads exceed "
-                f"{MAX_THREADS_PER_SM} threads per SM"
+                f"{limits.MAX_THREADS_PER_SM} threads per SM"
             )
         if k % vec or n % vec:
             return f"VEC={vec} must divide K={k} and N={n} (rows would start misaligned)"
@@ -253,8 +243,8 @@ class MatmulSpec(OperatorSpec):
         if reason:
             return reason
         smem = shared_bytes(config, dtype)
-        if smem > MAX_SHARED_PER_BLOCK:
-            return f"{smem} bytes of shared memory per block; at most {MAX_SHARED_PER_BLOCK}"
+        if smem > limits.MAX_SHARED_PER_BLOCK:
+            return f"{smem} bytes of shared memory per block; at most {limits.MAX_SHARED_PER_BLOCK}"
         need, cap = registers_needed(config, dtype), register_cap(config)
         if need > cap:
             return (

@@ -29,18 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
+from kernels import limits
 from kernels.reduce_sum_all import EPS32, ERROR_ROUNDINGS, butterfly, step_sum
 from kernels.registry import register
-from kernels.spec import (
-    DTYPES,
-    INT32_MAX,
-    MAX_GRID_X,
-    Config,
-    InvalidInput,
-    Launch,
-    OperatorSpec,
-    Problem,
-)
+from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
 
 #: Column indices run up to cols/VEC + ROW_THREADS * UNROLL (one step past the end) in int.
 MAX_COLS = 2**31 - 2**16
@@ -84,7 +76,7 @@ class ReduceSumSpec(OperatorSpec):
         """The base checks, plus: rows and cols must fit the kernel's ``int`` arguments."""
         shape = super().validate(shape, dtype)
         rows, cols = shape
-        if rows > INT32_MAX or cols > MAX_COLS:
+        if rows > limits.INT32_MAX or cols > MAX_COLS:
             raise InvalidInput(
                 f"reduce_sum takes up to 2**31-1 rows and 2**31-2**16 columns, got {rows} x {cols}"
             )
@@ -133,7 +125,7 @@ class ReduceSumSpec(OperatorSpec):
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
         """``ceil(rows / rows_per_block)`` blocks (grid.x, capped at 2**31-1)."""
         rows, _ = shape
-        grid = min(math.ceil(rows / rows_per_block(config)), MAX_GRID_X)
+        grid = min(math.ceil(rows / rows_per_block(config)), limits.MAX_GRID_X)
         return Launch(grid=(grid, 1, 1), block=(config["BLOCK_SIZE"], 1, 1))
 
     def make_problem(self, shape: Sequence[int], dtype: str, rng: np.random.Generator) -> Problem:

@@ -36,8 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kernels import limits
 from kernels.registry import register
-from kernels.spec import DTYPES, NUM_SMS, Config, InvalidInput, Launch, OperatorSpec, Problem, Step
+from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem, Step
 
 #: The kernel indexes with long long; keep n well inside it (slot + grid-stride step).
 MAX_N = 2**62
@@ -70,7 +71,7 @@ class ReduceSumAllSpec(OperatorSpec):
     kernel_names = ("reduce_sum_all_kernel", "reduce_sum_all_finish", "reduce_sum_all_init")
 
     #: Size of the partials workspace: the largest grid of the space.
-    MAX_GRID = max(params["BLOCKS_PER_SM"]) * NUM_SMS
+    MAX_GRID = max(params["BLOCKS_PER_SM"]) * limits.NUM_SMS
 
     def validate(self, shape: Sequence[int], dtype: str) -> tuple[int, ...]:
         shape = super().validate(shape, dtype)
@@ -124,7 +125,7 @@ class ReduceSumAllSpec(OperatorSpec):
         (n,) = shape
         slots = math.ceil(n / config["VEC"])
         needed = math.ceil(slots / (config["BLOCK_SIZE"] * config["UNROLL"]))
-        return max(1, min(config["BLOCKS_PER_SM"] * NUM_SMS, needed))
+        return max(1, min(config["BLOCKS_PER_SM"] * limits.NUM_SMS, needed))
 
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
         return Launch(grid=(self.grid(config, shape), 1, 1), block=(config["BLOCK_SIZE"], 1, 1))

@@ -30,19 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kernels import limits
 from kernels.registry import register
-from kernels.spec import (
-    DTYPES,
-    MAX_GRID_X,
-    NUM_SMS,
-    REGISTERS_PER_SM,
-    Config,
-    InvalidInput,
-    Launch,
-    OperatorSpec,
-    Problem,
-    Step,
-)
+from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem, Step
 
 MAX_N = 2**62
 #: Registers a thread needs besides the UNROLL vectors it keeps in flight (64-bit slot indices
@@ -107,7 +97,7 @@ class ReluSpec(OperatorSpec):
         if vector_bytes > 16:
             return f"VEC={config['VEC']} of {dtype} is a {vector_bytes}-byte vector; at most 16"
         data_registers = config["UNROLL"] * max(vector_bytes // 4, 1)
-        cap = min(255, REGISTERS_PER_SM // config["BLOCK_SIZE"] // 8 * 8)
+        cap = min(255, limits.REGISTERS_PER_SM // config["BLOCK_SIZE"] // 8 * 8)
         if data_registers + REGISTER_OVERHEAD > cap:
             return (
                 f"UNROLL={config['UNROLL']} vectors of {vector_bytes} bytes in flight take "
@@ -138,10 +128,12 @@ class ReluSpec(OperatorSpec):
     def grid(self, config: Config, shape: Sequence[int]) -> int:
         (n,) = shape
         slots = math.ceil(n / config["VEC"])
-        needed = min(math.ceil(slots / (config["BLOCK_SIZE"] * config["UNROLL"])), MAX_GRID_X)
+        needed = min(
+            math.ceil(slots / (config["BLOCK_SIZE"] * config["UNROLL"])), limits.MAX_GRID_X
+        )
         if config["BLOCKS_PER_SM"] == 0:
             return max(1, needed)
-        return max(1, min(config["BLOCKS_PER_SM"] * NUM_SMS, needed))
+        return max(1, min(config["BLOCKS_PER_SM"] * limits.NUM_SMS, needed))
 
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
         return Launch(grid=(self.grid(config, shape), 1, 1), block=(config["BLOCK_SIZE"], 1, 1))

@@ -25,20 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kernels import limits
 from kernels.registry import register
-from kernels.spec import (
-    DTYPES,
-    INT32_MAX,
-    MAX_GRID_X,
-    MAX_SHARED_PER_BLOCK,
-    MAX_THREADS_PER_SM,
-    Config,
-    InvalidInput,
-    Launch,
-    OperatorSpec,
-    Problem,
-    launch_bounds_register_cap,
-)
+from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
 
 #: CACHE=2 holds at most this many vectors per thread.
 MAX_ITEMS = 16
@@ -73,7 +62,7 @@ def register_cap(config: Config) -> int:
     is ``65536 / (B * max(MIN_BLOCKS, 1))``, rounded down to ptxas's allocation unit of 8 and
     capped at 255.
     """
-    return launch_bounds_register_cap(config["BLOCK_SIZE"], config["MIN_BLOCKS"])
+    return limits.launch_bounds_register_cap(config["BLOCK_SIZE"], config["MIN_BLOCKS"])
 
 
 def static_shared_bytes(config: Config) -> int:
@@ -107,7 +96,7 @@ class SoftmaxSpec(OperatorSpec):
         """The base checks, plus: rows and cols must fit the kernel's ``int`` indices."""
         shape = super().validate(shape, dtype)
         rows, cols = shape
-        if rows > INT32_MAX or cols > MAX_COLS:
+        if rows > limits.INT32_MAX or cols > MAX_COLS:
             raise InvalidInput(
                 f"softmax takes up to 2**31-1 rows and 2**31-2**16 columns, got {rows} x {cols}"
             )
@@ -138,19 +127,19 @@ class SoftmaxSpec(OperatorSpec):
             return f"VEC={vec} of {dtype} is a {vector_bytes}-byte vector; at most 16 bytes"
         if cols % vec != 0:
             return f"cols={cols} is not a multiple of VEC={vec}: rows would start misaligned"
-        if min_blocks * block > MAX_THREADS_PER_SM:
+        if min_blocks * block > limits.MAX_THREADS_PER_SM:
             return (
                 f"MIN_BLOCKS={min_blocks} blocks of {block} threads exceed "
-                f"{MAX_THREADS_PER_SM} threads per SM"
+                f"{limits.MAX_THREADS_PER_SM} threads per SM"
             )
         if cache == 1:
             shared = self._dynamic_shared_bytes(config, cols, itemsize)
             total = shared + static_shared_bytes(config)
-            if total > MAX_SHARED_PER_BLOCK:
+            if total > limits.MAX_SHARED_PER_BLOCK:
                 return (
                     f"CACHE=1 needs {total} bytes of shared memory per block "
                     f"({rows_per_block(config)} row(s) of {cols * itemsize} bytes); "
-                    f"at most {MAX_SHARED_PER_BLOCK}"
+                    f"at most {limits.MAX_SHARED_PER_BLOCK}"
                 )
         if cache == 2:
             items = items_per_thread(config, cols)
@@ -221,7 +210,7 @@ class SoftmaxSpec(OperatorSpec):
         (grid.x, capped at 2**31-1: the kernel loops over rows with a grid stride). Dynamic
         shared memory only for CACHE=1: ``rows_per_block * cols * itemsize``."""
         rows, cols = shape
-        grid = min(math.ceil(rows / rows_per_block(config)), MAX_GRID_X)
+        grid = min(math.ceil(rows / rows_per_block(config)), limits.MAX_GRID_X)
         shared = self._dynamic_shared_bytes(config, cols, DTYPES[dtype][2])
         return Launch(grid=(grid, 1, 1), block=(config["BLOCK_SIZE"], 1, 1), shared_bytes=shared)
 

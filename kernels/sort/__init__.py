@@ -40,19 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kernels import limits
 from kernels.registry import register
-from kernels.spec import (
-    INT32_MAX,
-    MAX_SHARED_PER_BLOCK,
-    MAX_THREADS_PER_SM,
-    Config,
-    InvalidInput,
-    Launch,
-    OperatorSpec,
-    Problem,
-    Step,
-    launch_bounds_register_cap,
-)
+from kernels.spec import Config, InvalidInput, Launch, OperatorSpec, Problem, Step
 
 #: Registers besides the ITEMS keys (indices, loop state, shuffle temporaries); fit to ptxas
 #: reports on sm_80/sm_90 (ITEMS=8: 32-42 registers).
@@ -82,7 +72,7 @@ def shared_bytes(config: Config) -> int:
 
 
 def register_cap(config: Config) -> int:
-    return launch_bounds_register_cap(config["BLOCK"], config.get("MIN_BLOCKS", 0))
+    return limits.launch_bounds_register_cap(config["BLOCK"], config.get("MIN_BLOCKS", 0))
 
 
 def next_pow2(n: int) -> int:
@@ -94,7 +84,7 @@ def _check_common(spec: OperatorSpec, config: Config) -> str | None:
     if reason:
         return reason
     block, min_blocks = config["BLOCK"], config.get("MIN_BLOCKS", 0)
-    if min_blocks * block > MAX_THREADS_PER_SM:
+    if min_blocks * block > limits.MAX_THREADS_PER_SM:
         return f"MIN_BLOCKS={min_blocks} blocks of {block} threads exceed 2048 threads per SM"
     cap = register_cap(config)
     if config["ITEMS"] + REGISTER_OVERHEAD > cap:
@@ -103,7 +93,7 @@ def _check_common(spec: OperatorSpec, config: Config) -> str | None:
             f"{config['ITEMS'] + REGISTER_OVERHEAD} registers; the launch bounds allow {cap}: "
             "it would spill"
         )
-    if shared_bytes(config) > MAX_SHARED_PER_BLOCK:
+    if shared_bytes(config) > limits.MAX_SHARED_PER_BLOCK:
         return f"{shared_bytes(config)} bytes of shared memory per block; at most 227 KiB"
     return None
 
@@ -166,8 +156,8 @@ class SortSpec(OperatorSpec):
                 f"sort sorts rows of at most {MAX_ROW} keys in shared memory, got cols={cols}; "
                 "sort longer arrays one at a time with sort_1d"
             )
-        if rows > INT32_MAX:
-            raise InvalidInput(f"sort takes at most {INT32_MAX} rows, got {rows}")
+        if rows > limits.INT32_MAX:
+            raise InvalidInput(f"sort takes at most {limits.INT32_MAX} rows, got {rows}")
         return shape
 
     def check(self, config: Config, shape: Sequence[int], dtype: str) -> str | None:

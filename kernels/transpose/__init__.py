@@ -26,17 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kernels import limits
 from kernels.registry import register
-from kernels.spec import (
-    DTYPES,
-    MAX_THREADS_PER_SM,
-    Config,
-    InvalidInput,
-    Launch,
-    OperatorSpec,
-    Problem,
-    launch_bounds_register_cap,
-)
+from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
 
 MAX_THREADS_PER_BLOCK = 1024
 #: Registers besides the loaded vectors (indices, pointers, tile counters, loop state); fit to
@@ -60,7 +52,7 @@ def pack_pairs(config: Config, dtype: str) -> int:
 
 def register_cap(config: Config) -> int:
     """Registers per thread ptxas may use under the kernel's ``__launch_bounds__``."""
-    return launch_bounds_register_cap(threads(config), config["MIN_BLOCKS"])
+    return limits.launch_bounds_register_cap(threads(config), config["MIN_BLOCKS"])
 
 
 def static_shared_bytes(config: Config, dtype: str) -> int:
@@ -133,10 +125,10 @@ class TransposeSpec(OperatorSpec):
             return f"(TILE/VEC) x (TILE/RPT) = {n_threads} threads; must be 32..1024"
         if rpt % pack_pairs(config, dtype):
             return f"{dtype} with VEC>=2 packs row pairs: RPT={rpt} must be even"
-        if config["MIN_BLOCKS"] * n_threads > MAX_THREADS_PER_SM:
+        if config["MIN_BLOCKS"] * n_threads > limits.MAX_THREADS_PER_SM:
             return (
                 f"MIN_BLOCKS={config['MIN_BLOCKS']} blocks of {n_threads} threads exceed "
-                f"{MAX_THREADS_PER_SM} threads per SM"
+                f"{limits.MAX_THREADS_PER_SM} threads per SM"
             )
         cap = register_cap(config)
         if data_registers(config, dtype) + REGISTER_OVERHEAD > cap:

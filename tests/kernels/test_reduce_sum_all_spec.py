@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from kernels import DTYPES, InvalidInput, get_operator, list_operators
+from kernels.limits import NUM_SMS
 from kernels.reduce_sum_all import (
     EPS32,
-    NUM_SMS,
     ReduceSumAllSpec,
     block_sum_model,
     butterfly,

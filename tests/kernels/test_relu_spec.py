@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from kernels import DTYPES, InvalidInput, get_operator, list_operators
-from kernels.relu import NUM_SMS, ReluSpec, mask_words, pack_mask
+from kernels.limits import NUM_SMS
+from kernels.relu import ReluSpec, mask_words, pack_mask
 from tuner.space import SearchSpace
 
 SPEC = get_operator("relu")
