@@ -13,12 +13,34 @@ The model (the default strategy's engine, see ``tuner.search``):
   seen so far, so the model steers away from its region without one failure dominating the fit.
 - The model is a bag of regression trees (bootstrap resamples, random feature subsets): the mean
   over trees predicts, the spread between trees says how unsure the prediction is.
-- Acquisition: expected improvement over the best log-time, on the unmeasured valid configs (a
-  random subset plus every one-step neighbour of the best few configs when the space is large).
-  Proposals are made in small batches (one fit per batch) to keep the overhead per proposal low;
-  the first configs are a space-filling random design.
 
-Only valid configs are ever proposed and a measured config is never proposed again.
+The method: the first configs are a space-filling random design (:data:`N_INITIAL`, after any
+warm-start seeds). After that the proposals take turns through a fixed portfolio of moves
+(:data:`MOVES`), so that neither a global model nor a local search alone decides the job:
+
+- ``ei`` (global): expected improvement over the best log-time, on the unmeasured valid configs
+  (a random subset plus every one-step neighbour of the best few when the space is large).
+- ``local`` (model-guided local step): among the unmeasured valid configs within Hamming
+  distance :data:`LOCAL_RADIUS` (parameters that differ) of the :data:`N_LOCAL` best configs,
+  the one with the best predicted mean. It refines a basin the global model has found; kernel
+  landscapes are rugged close to the optimum, where expected improvement alone spreads out.
+- ``walk`` (random local step): a random unmeasured valid config within Hamming distance
+  :data:`LOCAL_RADIUS` of the best config, without the model. It measures configs the model
+  would not pick, which is how a search corrects a wrong belief of the model near the best.
+
+A neighbourhood with no unmeasured valid config left is widened one parameter at a time (at the
+widest it is the whole space). The model is refitted before every model-based proposal.
+
+Contract (``tests/tuner/test_search.py`` and ``tests/tuner/test_surrogate.py`` hold it):
+
+- only valid configs (enumerated from the space) are proposed, and a config with a result in
+  ``results`` (measured, failed, or PENDING: another worker is measuring it) is never proposed;
+  PENDING results are not learnt from; failures are imputed as above;
+- reproducible: the same seed and the same sequence of results give the same proposals (a
+  resumed job's new proposer starts its turns afresh from the known results);
+- warm-start configs measured before the proposer (``seeded``) do not shorten its own
+  space-filling design;
+- None is returned only when every valid config has a result.
 """
 
 from __future__ import annotations
@@ -43,9 +65,12 @@ POOL_MAX = 3000
 N_INCUMBENTS = 5
 #: Fraction of the features each tree split may consider.
 MAX_FEATURES = 0.8
-#: The acquisition of each model-based proposal, in turn: "ei" (expected improvement), "ts"
-#: (Thompson: the minimum of one tree's prediction) or "random" (space-filling).
-ACQUISITION: tuple[str, ...] = ("ei",)
+#: The moves after the space-filling design, taken in turn (see the module docstring); also
+#: "ts" (Thompson: the minimum of one tree's prediction) and "random" (space-filling).
+MOVES: tuple[str, ...] = ("ei", "local", "ei", "walk")
+#: Hamming radius of the local neighbourhoods, and how many of the best configs ``local`` uses.
+LOCAL_RADIUS = 2
+N_LOCAL = 3
 #: Add the threads-per-block feature (block_size_* parameters) and the power-of-two flags.
 DERIVED = True
 POW2 = True
@@ -78,13 +103,14 @@ class ForestProposer:
     Args:
         space: the search space (its valid configs are enumerated once, here).
         seed: makes the proposals reproducible for the same history.
-        batch: proposals made from one model fit (1 = refit before every proposal).
+        batch: ``ei`` proposals made from one model fit (1, the default: refit before every
+            proposal; more queues the next best ones, cheaper but less informed).
         seeded: configs measured on purpose before this proposer (warm start); the space-filling
             design still gets its own :data:`N_INITIAL` configs, so that seeds from a source
             whose best region is a poor one here do not confine the model to that region.
     """
 
-    def __init__(self, space: SearchSpace, seed: int = 0, *, batch: int = 2, seeded: int = 0):
+    def __init__(self, space: SearchSpace, seed: int = 0, *, batch: int = 1, seeded: int = 0):
         self.space = space
         self.configs: list[Config] = space.valid_configs()
         self.index: dict[str, int] = {space.key(c): i for i, c in enumerate(self.configs)}
@@ -207,6 +233,20 @@ class ForestProposer:
 
     # -- proposing ---------------------------------------------------------------------------
 
+    def local_candidates(self, measured: np.ndarray, centres: Sequence[int]) -> np.ndarray:
+        """Unmeasured valid configs within Hamming distance :data:`LOCAL_RADIUS` (parameters
+        that differ) of any of ``centres``; the radius grows until there is one (at the widest,
+        every unmeasured valid config)."""
+        base = self.X[:, : len(self.names)]
+        dist = np.full(len(self.configs), len(self.names) + 1)
+        for c in centres:
+            dist = np.minimum(dist, (base != base[c]).sum(axis=1))
+        for radius in range(LOCAL_RADIUS, len(self.names) + 1):
+            near = np.flatnonzero((dist <= radius) & ~measured)
+            if len(near):
+                return near
+        return np.flatnonzero(~measured)
+
     def propose(self, results: Mapping[str, Any]) -> Config | None:
         """The next config to measure given ``results`` (config key -> result with ``time_ms``,
         None for a failure); None when every valid config has been measured."""
@@ -220,13 +260,24 @@ class ForestProposer:
         ok = int(np.sum([getattr(r, "time_ms", None) is not None for r in results.values()]))
         if ok < N_INITIAL + self.seeded or len(train) < N_INITIAL + self.seeded:
             return self.configs[self._space_filling(measured, 1)[0]]
-        acq = ACQUISITION[self._turn % len(ACQUISITION)]
+        move = MOVES[self._turn % len(MOVES)]
         self._turn += 1
-        if acq == "random":
-            return self.configs[self._space_filling(measured, 1)[0]]
+        return self.configs[self._propose(move, train, y, measured)]
+
+    def _propose(self, move: str, train: np.ndarray, y: np.ndarray, measured: np.ndarray) -> int:
+        """The index of the config ``move`` proposes (unmeasured and valid)."""
+        if move == "random":
+            return self._space_filling(measured, 1)[0]
+        ranked = train[np.argsort(y, kind="stable")]
+        if move == "walk":
+            return int(self.rng.choice(self.local_candidates(measured, [int(ranked[0])])))
+        if move == "local":
+            pool = self.local_candidates(measured, [int(i) for i in ranked[:N_LOCAL]])
+            mu, _, _ = self._fit_predict(train, y, pool)
+            return int(pool[int(np.argmin(mu))])
         pool = self._pool(measured, train, y)
         mu, sd, preds = self._fit_predict(train, y, pool)
-        if acq == "ts":
+        if move == "ts":
             score = -preds[int(self.rng.integers(len(preds)))]
         else:
             best = float(y.min())
@@ -236,7 +287,7 @@ class ForestProposer:
         order = np.argsort(-score, kind="stable")[: self.batch]
         picks = [int(pool[k]) for k in order]
         self._queue = picks[1:]
-        return self.configs[picks[0]]
+        return picks[0]
 
 
 def _norm_pdf(z: np.ndarray) -> np.ndarray:

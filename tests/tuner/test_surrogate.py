@@ -1,0 +1,134 @@
+"""The default strategy's proposer (tuner.surrogate): each move's contract, and the method."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+import tuner.surrogate as surrogate
+from tuner.backends.base import TrialResult, TrialStatus
+from tuner.search import Budget, Search
+from tuner.space import SearchSpace
+from tuner.surrogate import ForestProposer
+
+MOVES = ("ei", "local", "walk", "ts", "random")
+
+
+def constrained_space() -> SearchSpace:
+    """4 x 4 x 3 x 2 = 96 combinations, 12 of them invalid."""
+    return SearchSpace(
+        params={"a": (1, 2, 4, 8), "b": (16, 32, 48, 64), "c": ("x", "y", "z"), "d": (0, 1)},
+        check=lambda c: "a 8 needs d 0" if c["a"] * (c["d"] + 1) > 8 else None,
+    )
+
+
+def timing(config) -> TrialResult:
+    if config["b"] == 48 and config["c"] == "z":
+        return TrialResult(config=config, status=TrialStatus.COMPILE_ERROR, error="boom")
+    t = 1.0 + abs(config["a"] - 4) + abs(config["b"] - 32) / 16 + (config["c"] != "y")
+    return TrialResult(config=config, status=TrialStatus.OK, times_ms=[t + config["d"]])
+
+
+@pytest.mark.parametrize("move", MOVES)
+def test_every_move_proposes_only_valid_unmeasured_configs_until_exhausted(monkeypatch, move):
+    """Each move alone, with failures and another worker's PENDING reservations in the history:
+    every valid config is proposed exactly once, the reserved ones never, then None."""
+    monkeypatch.setattr(surrogate, "MOVES", (move,))
+    space = constrained_space()
+    valid = {space.key(c) for c in space.valid_configs()}
+    assert len(valid) == 84
+    proposer = ForestProposer(space, seed=1)
+    reserved = [c for c in space.valid_configs() if c["a"] == 4 and c["c"] == "y"]
+    results = {space.key(c): TrialResult(config=c, status=TrialStatus.PENDING) for c in reserved}
+    proposed = []
+    while (config := proposer.propose(results)) is not None:
+        key = space.key(config)
+        assert space.is_valid(config), config
+        assert key not in results, f"{move} proposed a config that has a result: {config}"
+        proposed.append(key)
+        results[key] = timing(config)
+    assert len(proposed) == len(set(proposed)) == len(valid) - len(reserved)
+    assert set(proposed) | {space.key(c) for c in reserved} == valid
+
+
+def test_local_candidates_are_near_the_centres_and_widen_when_exhausted():
+    space = constrained_space()
+    proposer = ForestProposer(space, seed=0)
+    configs = proposer.configs
+    centre = configs.index({"a": 4, "b": 32, "c": "y", "d": 0})
+
+    def distance(i: int) -> int:
+        return sum(configs[i][p] != configs[centre][p] for p in space.params)
+
+    measured = np.zeros(len(configs), dtype=bool)
+    measured[centre] = True
+    near = proposer.local_candidates(measured, [centre])
+    within = [i for i in range(len(configs)) if 0 < distance(i) <= surrogate.LOCAL_RADIUS]
+    assert sorted(near.tolist()) == within
+    # Everything within the radius measured: the neighbourhood widens, still unmeasured only.
+    measured[within] = True
+    wider = proposer.local_candidates(measured, [centre])
+    assert len(wider) and not measured[wider].any()
+    assert min(distance(int(i)) for i in wider) == surrogate.LOCAL_RADIUS + 1
+    measured[:] = True
+    assert len(proposer.local_candidates(measured, [centre])) == 0
+
+
+def run(seed: int, budget: int, evaluate) -> list[str]:
+    space = constrained_space()
+    proposer = ForestProposer(space, seed=seed)
+    results: dict = {}
+    order = []
+    while len(results) < budget:
+        config = proposer.propose(results)
+        results[space.key(config)] = evaluate(config)
+        order.append(space.key(config))
+    return order
+
+
+def test_same_seed_and_history_same_proposals_other_seed_other_proposals():
+    assert run(5, 40, timing) == run(5, 40, timing)
+    assert run(5, 40, timing) != run(6, 40, timing)
+
+
+def rugged_space() -> tuple[SearchSpace, dict, object]:
+    """A kernel-like landscape: a smooth bowl over ``tile`` and ``mode`` that picks the basin,
+    and inside it a rugged, patternless surface over the two block sizes with one needle (the
+    optimum), 6% faster than the basin's next best. 16 x 8 x 4 x 3 = 1536 configs, some invalid,
+    some failing."""
+    params = {
+        "bx": tuple(range(16, 272, 16)),
+        "by": (1, 2, 3, 4, 6, 8, 12, 16),
+        "tile": (1, 2, 3, 4),
+        "mode": ("a", "b", "c"),
+    }
+    rng = random.Random(1234)
+    rugged = {(bx, by): rng.uniform(0.06, 0.6) for bx in params["bx"] for by in params["by"]}
+    needle = (80, 6)
+    rugged[needle] = 0.0
+    space = SearchSpace(
+        params=params, check=lambda c: "too big" if c["bx"] * c["by"] > 1024 else None
+    )
+
+    def evaluate(config):
+        if config["tile"] == 4 and config["mode"] == "c":
+            return TrialResult(config=config, status=TrialStatus.LAUNCH_ERROR, error="boom")
+        t = 1.0 + 0.4 * abs(config["tile"] - 3) + {"a": 0.5, "b": 0.0, "c": 0.8}[config["mode"]]
+        t *= 1.0 + rugged[(config["bx"], config["by"])]
+        return TrialResult(config=config, status=TrialStatus.OK, times_ms=[t])
+
+    optimum = {"bx": needle[0], "by": needle[1], "tile": 3, "mode": "b"}
+    return space, optimum, evaluate
+
+
+def test_the_default_finds_a_needle_in_a_rugged_basin_within_the_budget():
+    """Over 5 seeds at budget 100 (of 1536), the optimum is found in at least 4."""
+    space, optimum, evaluate = rugged_space()
+    hits = 0
+    for seed in range(5):
+        result = Search(space, evaluate, seed=seed).run(Budget(max_configs=100))
+        assert result.measured == 100
+        hits += result.best.config == optimum
+    assert hits >= 4
