@@ -30,6 +30,13 @@ log = logging.getLogger(__name__)
 #: Distance added for a source on another GPU model (a shape twice as large in one dimension
 #: counts 1.0): the same GPU at a nearby shape is usually the better guide.
 OTHER_GPU_DISTANCE = 1.0
+#: A job seeds from other GPU models' results only up to this budget (configs; never for a
+#: time-only budget). Measured with ``benchmarks/search_quality.py --warm-start`` on the two
+#: convolution files, each seeded from the other GPU: the seeds help at budget 10 (A100 0.58 ->
+#: 0.68) and hurt from 25 on (A100 at 100: 0.93 -> 0.79, A4000: 0.94 -> 0.86, 20 seeds), with
+#: the old and the new default strategy alike: another GPU's winners pull a search that can
+#: afford its own design into their basin. Same-GPU sources (other shapes) seed every job.
+OTHER_GPU_MAX_BUDGET = 20
 #: Seeds never exceed this many, whatever the budget.
 MAX_SEEDS = 10
 #: Configs read per source (its fastest).
@@ -44,6 +51,7 @@ class Source:
     name: str
     distance: float
     trials: list[tuple[Config, float]] = field(default_factory=list)
+    other_gpu: bool = False
 
 
 def seed_limit(budget_configs: int | None) -> int:
@@ -161,6 +169,7 @@ def database_sources(
             distance=shape_distance(src_shape, shape)
             + (OTHER_GPU_DISTANCE if model != gpu_model else 0.0),
             trials=[(c, t) for c, t in bucket.values()],
+            other_gpu=model != gpu_model,
         )
         for (model, src_shape), bucket in by_source.items()
     ]
@@ -170,7 +179,8 @@ def warm_start_configs(
     sessions: sessionmaker[Session], job: Any, accept: Callable[[Config], bool] | None = None
 ) -> list[Config]:
     """The configs ``job`` (a :class:`db.models.Job`) measures first, best first; [] when the
-    database knows nothing usable or cannot be read (logged, never raised)."""
+    database knows nothing usable or cannot be read (logged, never raised). Other GPU models'
+    results seed only jobs of at most :data:`OTHER_GPU_MAX_BUDGET` configs."""
     try:
         with sessions() as session:
             sources = database_sources(
@@ -182,7 +192,10 @@ def warm_start_configs(
                 gpu_model=job.gpu_model,
                 exclude_job_id=job.id,
             )
-        return rank_seed_configs(sources, limit=seed_limit(job.budget_configs), accept=accept)
+        budget = job.budget_configs
+        if budget is None or budget > OTHER_GPU_MAX_BUDGET:
+            sources = [src for src in sources if not src.other_gpu]
+        return rank_seed_configs(sources, limit=seed_limit(budget), accept=accept)
     except Exception:  # a warm start is a bonus: never fail the job over it
         log.exception("warm start for job %s failed; searching without it", job.id)
         return []
@@ -196,4 +209,4 @@ def cache_source(cache: Any, name: str | None = None, distance: float = OTHER_GP
         ({p: entry[p] for p in params}, float(entry[cache.objective]))
         for entry in cache.ok_entries().values()
     ]
-    return Source(name=name or cache.device_name, distance=distance, trials=trials)
+    return Source(name=name or cache.device_name, distance=distance, trials=trials, other_gpu=True)

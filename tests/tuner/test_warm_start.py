@@ -15,11 +15,13 @@ from tuner.replay_eval import replay_search, warm_start_seeds
 from tuner.search import Budget, Search
 from tuner.warm_start import (
     MAX_SEEDS,
+    OTHER_GPU_MAX_BUDGET,
     Source,
     database_sources,
     rank_seed_configs,
     seed_limit,
     shape_distance,
+    warm_start_configs,
 )
 from tuner.worker import Worker
 
@@ -89,13 +91,20 @@ def test_a_job_measures_the_best_configs_of_another_gpu_first(db):
     assert [src.name for src in sources] == ["A100 4096x4096"]
     assert sources[0].distance == pytest.approx(1.0)
 
-    job2 = submit(sessions, budget=50)
+    # Another GPU's winners seed small jobs only (OTHER_GPU_MAX_BUDGET): 2 seeds at budget 20.
+    job2 = submit(sessions, budget=20)
     backend = CountingReplay()
     outcome = Worker(sessions, url, ["H200"], lambda job: backend, poll_seconds=0.01).run_once()
     assert outcome.job_id == job2 and outcome.status == "done"
     space = backend.space()
-    assert backend.measured[:5] == [space.key(cfg) for cfg in expected]
-    assert len(set(backend.measured)) == len(backend.measured) == 50
+    assert backend.measured[:2] == [space.key(cfg) for cfg in expected[:2]]
+    assert len(set(backend.measured)) == len(backend.measured) == 20
+
+    with sessions() as s:
+        big = queries.get_job(s, submit(sessions, budget=21))
+        small = queries.get_job(s, submit(sessions, budget=OTHER_GPU_MAX_BUDGET))
+    assert warm_start_configs(sessions, big) == []
+    assert warm_start_configs(sessions, small) == expected[:2]
 
 
 def test_no_sources_no_seeds(db):
