@@ -308,8 +308,14 @@ class Search:
                     stopped = "exhausted"
                     break
                 self.study.enqueue_trial(self.encoding.encode(point))
-            trial = self.study.ask()
-            config = self.encoding.suggest(trial)
+            try:
+                trial = self.study.ask()
+                config = self.encoding.suggest(trial)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # Another worker sharing the study closed this trial between the ask and the
+                # suggest (it took it for an orphan): ask again; nothing was measured.
+                unproductive += 1
+                continue
             key = self.space.key(config)
             if not self.space.is_valid(config):
                 self.study.tell(trial, FAILED_VALUE)

@@ -27,6 +27,7 @@ reservations of dead workers are released.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -35,6 +36,7 @@ import uuid
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -163,17 +165,33 @@ class _SharedStudy:
 class SharedSearch(Search):
     """:class:`Search` on a study that several workers may use at once: on start it fails only
     the RUNNING trials of workers that are not live (``is_live(worker_id)``), not those other
-    workers are measuring now."""
+    workers are measuring now. A RUNNING trial with no worker yet is one another worker has just
+    asked for (its owner is written right after the ask): it is failed only once it is older
+    than ``orphan_grace_seconds``."""
 
-    def __init__(self, *args: Any, worker_id: str, is_live: Callable[[str], bool], **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        worker_id: str,
+        is_live: Callable[[str], bool],
+        orphan_grace_seconds: float = 60.0,
+        **kwargs: Any,
+    ):
         self._starting = True
         super().__init__(*args, **kwargs)
         self._starting = False
         self.study = _SharedStudy(self.study, worker_id)  # type: ignore[assignment]
         running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        now = datetime.now()  # Optuna stamps trials with naive local time
         for t in running:
             owner = t.user_attrs.get("kato_worker")
-            if owner is None or not is_live(owner):
+            if owner is None:
+                started = t.datetime_start
+                age = (now - started).total_seconds() if started is not None else math.inf
+                orphaned = age > orphan_grace_seconds
+            else:
+                orphaned = not is_live(owner)
+            if orphaned:
                 self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
 
     def _fail_orphaned_trials(self) -> None:
@@ -434,6 +452,7 @@ class JobRunner:
             should_stop=should_stop,
             worker_id=self.worker_id,
             is_live=live.__contains__,
+            orphan_grace_seconds=self.lease_seconds,
         )
         budget = Budget(max_configs=job.budget_configs, max_seconds=job.budget_seconds)
         try:

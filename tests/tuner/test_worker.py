@@ -197,3 +197,36 @@ def test_a_job_for_a_changed_kernel_fails_with_a_clear_error(db):
     assert outcome.status == "failed" and "submit the job again" in outcome.error
     with sessions() as s:
         assert queries.get_job(s, job_id).status == "failed"
+
+
+def test_shared_search_leaves_a_just_asked_trial_to_its_worker():
+    """A RUNNING trial without a worker yet was just asked for by a live worker (the owner is
+    written right after the ask): a worker joining the study must not fail it, unless it is
+    older than the grace period (then its worker died between the two steps)."""
+    import optuna
+
+    from tuner.space import SearchSpace
+    from tuner.worker import SharedSearch
+
+    storage = optuna.storages.InMemoryStorage()
+    space = SearchSpace({"A": (1, 2, 3), "B": (1, 2)}, lambda c: None)
+
+    def join(grace: float) -> SharedSearch:
+        return SharedSearch(
+            space,
+            lambda c: None,
+            storage=storage,
+            study_name="shared",
+            worker_id="joining",
+            is_live=lambda worker: False,
+            orphan_grace_seconds=grace,
+        )
+
+    owner = join(60.0)
+    trial = owner.study._study.ask()  # RUNNING, no kato_worker attribute yet
+    join(60.0)
+    state = owner.study._study.get_trials(deepcopy=False)[trial.number].state
+    assert state == optuna.trial.TrialState.RUNNING
+    join(0.0)
+    state = owner.study._study.get_trials(deepcopy=False)[trial.number].state
+    assert state == optuna.trial.TrialState.FAIL
