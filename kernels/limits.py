@@ -20,6 +20,8 @@ MAX_GRID_X = 2**31 - 1
 MAX_GRID_Y = 65535
 #: Kernels take sizes as ``int``.
 INT32_MAX = 2**31 - 1
+#: The widest vector a thread loads or stores in one instruction (``float4``, ``int4``).
+MAX_VECTOR_BYTES = 16
 #: SMs of the largest supported GPU (H200): grid-stride kernels scale their grid from it.
 NUM_SMS = 132
 
@@ -33,3 +35,25 @@ def launch_bounds_register_cap(threads: int, min_blocks: int) -> int:
     """
     per_thread = REGISTERS_PER_SM // (threads * max(min_blocks, 1))
     return min(MAX_REGISTERS_PER_THREAD, per_thread // 8 * 8)
+
+
+def vector_width_error(vec: int, vector_bytes: int, dtype: str) -> str | None:
+    """Why ``VEC`` elements of ``dtype`` (``vector_bytes`` in all) cannot be one vector access,
+    or None."""
+    if vector_bytes > MAX_VECTOR_BYTES:
+        return (
+            f"VEC={vec} of {dtype} is a {vector_bytes}-byte vector; "
+            f"at most {MAX_VECTOR_BYTES} bytes"
+        )
+    return None
+
+
+def resident_threads_error(min_blocks: int, threads: int) -> str | None:
+    """Why ``MIN_BLOCKS`` resident blocks of ``threads`` threads cannot be promised (more than
+    an SM holds), or None."""
+    if min_blocks * threads > MAX_THREADS_PER_SM:
+        return (
+            f"MIN_BLOCKS={min_blocks} blocks of {threads} threads exceed "
+            f"{MAX_THREADS_PER_SM} threads per SM"
+        )
+    return None

@@ -135,15 +135,12 @@ class BatchNormStatsSpec(OperatorSpec):
         itemsize = DTYPES[dtype][2]
         block, vec, min_blocks = config["BLOCK_SIZE"], config["VEC"], config["MIN_BLOCKS"]
         vector_bytes = vec * itemsize
-        if vector_bytes > 16:
-            return f"VEC={vec} of {dtype} is a {vector_bytes}-byte vector; at most 16 bytes"
+        if reason := limits.vector_width_error(vec, vector_bytes, dtype):
+            return reason
         if (h * w) % vec != 0:
             return f"H*W={h * w} is not a multiple of VEC={vec}: planes would start misaligned"
-        if min_blocks * block > limits.MAX_THREADS_PER_SM:
-            return (
-                f"MIN_BLOCKS={min_blocks} blocks of {block} threads exceed "
-                f"{limits.MAX_THREADS_PER_SM} threads per SM"
-            )
+        if reason := limits.resident_threads_error(min_blocks, block):
+            return reason
         if c * config["SPLIT"] > limits.MAX_GRID_X:
             return f"C * SPLIT = {c * config['SPLIT']} blocks exceed the grid limit 2**31-1"
         regs = step_registers(config, itemsize)

@@ -179,15 +179,12 @@ class LayerNormSpec(OperatorSpec):
         block, vec = config["BLOCK_SIZE"], config["VEC"]
         cache, min_blocks = config["CACHE"], config["MIN_BLOCKS"]
         vector_bytes = vec * itemsize
-        if vector_bytes > 16:
-            return f"VEC={vec} of {dtype} is a {vector_bytes}-byte vector; at most 16 bytes"
+        if reason := limits.vector_width_error(vec, vector_bytes, dtype):
+            return reason
         if cols % vec != 0:
             return f"cols={cols} is not a multiple of VEC={vec}: rows would start misaligned"
-        if min_blocks * block > limits.MAX_THREADS_PER_SM:
-            return (
-                f"MIN_BLOCKS={min_blocks} blocks of {block} threads exceed "
-                f"{limits.MAX_THREADS_PER_SM} threads per SM"
-            )
+        if reason := limits.resident_threads_error(min_blocks, block):
+            return reason
         if cache == 1:
             total = self._dynamic_shared_bytes(config, cols, itemsize) + static_shared_bytes(config)
             if total > limits.MAX_SHARED_PER_BLOCK:

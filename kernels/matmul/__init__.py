@@ -232,11 +232,8 @@ class MatmulSpec(OperatorSpec):
             return f"{threads} threads per block; the space keeps 64..512"
         if min_blocks and register_cap(config) == register_cap({**config, "MIN_BLOCKS": 0}):
             return f"MIN_BLOCKS={min_blocks} does not lower the register cap at {threads} threads"
-        if min_blocks * threads > limits.MAX_THREADS_PER_SM:
-            return (
-                f"MIN_BLOCKS={min_blocks} blocks of {threads} threads exceed "
-                f"{limits.MAX_THREADS_PER_SM} threads per SM"
-            )
+        if reason := limits.resident_threads_error(min_blocks, threads):
+            return reason
         if k % vec or n % vec:
             return f"VEC={vec} must divide K={k} and N={n} (rows would start misaligned)"
         reason = (self._check_tc if tc else self._check_fp32)(config)

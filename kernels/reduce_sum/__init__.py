@@ -94,8 +94,8 @@ class ReduceSumSpec(OperatorSpec):
             return str(exc)
         vec = config["VEC"]
         vector_bytes = vec * DTYPES[dtype][2]
-        if vector_bytes > 16:
-            return f"VEC={vec} of {dtype} is a {vector_bytes}-byte vector; at most 16 bytes"
+        if reason := limits.vector_width_error(vec, vector_bytes, dtype):
+            return reason
         if cols % vec != 0:
             return f"cols={cols} is not a multiple of VEC={vec}: rows would start misaligned"
         return None

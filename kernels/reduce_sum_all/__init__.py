@@ -94,8 +94,8 @@ class ReduceSumAllSpec(OperatorSpec):
         except InvalidInput as exc:
             return str(exc)
         vector_bytes = config["VEC"] * DTYPES[dtype][2]
-        if vector_bytes > 16:
-            return f"VEC={config['VEC']} of {dtype} is a {vector_bytes}-byte vector; at most 16"
+        if reason := limits.vector_width_error(config["VEC"], vector_bytes, dtype):
+            return reason
         return None
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:

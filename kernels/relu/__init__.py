@@ -94,10 +94,10 @@ class ReluSpec(OperatorSpec):
         except InvalidInput as exc:
             return str(exc)
         vector_bytes = config["VEC"] * DTYPES[dtype][2]
-        if vector_bytes > 16:
-            return f"VEC={config['VEC']} of {dtype} is a {vector_bytes}-byte vector; at most 16"
+        if reason := limits.vector_width_error(config["VEC"], vector_bytes, dtype):
+            return reason
         data_registers = config["UNROLL"] * max(vector_bytes // 4, 1)
-        cap = min(255, limits.REGISTERS_PER_SM // config["BLOCK_SIZE"] // 8 * 8)
+        cap = limits.launch_bounds_register_cap(config["BLOCK_SIZE"], 0)
         if data_registers + REGISTER_OVERHEAD > cap:
             return (
                 f"UNROLL={config['UNROLL']} vectors of {vector_bytes} bytes in flight take "

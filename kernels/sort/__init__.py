@@ -84,8 +84,8 @@ def _check_common(spec: OperatorSpec, config: Config) -> str | None:
     if reason:
         return reason
     block, min_blocks = config["BLOCK"], config.get("MIN_BLOCKS", 0)
-    if min_blocks * block > limits.MAX_THREADS_PER_SM:
-        return f"MIN_BLOCKS={min_blocks} blocks of {block} threads exceed 2048 threads per SM"
+    if reason := limits.resident_threads_error(min_blocks, block):
+        return reason
     cap = register_cap(config)
     if config["ITEMS"] + REGISTER_OVERHEAD > cap:
         return (

@@ -114,8 +114,8 @@ class TransposeSpec(OperatorSpec):
             return str(exc)
         tile, vec, rpt = config["TILE"], config["VEC"], config["RPT"]
         itemsize = DTYPES[dtype][2]
-        if vec * itemsize > 16:
-            return f"VEC={vec} of {dtype} is a {vec * itemsize}-byte vector; at most 16 bytes"
+        if reason := limits.vector_width_error(vec, vec * itemsize, dtype):
+            return reason
         if vec > tile or rpt > tile:
             return f"VEC={vec} and RPT={rpt} must divide TILE={tile}"
         if rows % vec or cols % vec:
@@ -125,11 +125,8 @@ class TransposeSpec(OperatorSpec):
             return f"(TILE/VEC) x (TILE/RPT) = {n_threads} threads; must be 32..1024"
         if rpt % pack_pairs(config, dtype):
             return f"{dtype} with VEC>=2 packs row pairs: RPT={rpt} must be even"
-        if config["MIN_BLOCKS"] * n_threads > limits.MAX_THREADS_PER_SM:
-            return (
-                f"MIN_BLOCKS={config['MIN_BLOCKS']} blocks of {n_threads} threads exceed "
-                f"{limits.MAX_THREADS_PER_SM} threads per SM"
-            )
+        if reason := limits.resident_threads_error(config["MIN_BLOCKS"], n_threads):
+            return reason
         cap = register_cap(config)
         if data_registers(config, dtype) + REGISTER_OVERHEAD > cap:
             return (
