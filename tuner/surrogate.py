@@ -195,10 +195,14 @@ class ForestProposer:
 
     # -- candidates --------------------------------------------------------------------------
 
+    def hamming(self, i: int) -> np.ndarray:
+        """For every valid config, how many parameters differ from config ``i``."""
+        base = self.X[:, : len(self.names)]
+        return (base != base[i]).sum(axis=1)
+
     def neighbours(self, i: int) -> np.ndarray:
         """Valid configs that differ from config ``i`` in exactly one parameter."""
-        base = self.X[:, : len(self.names)]
-        return np.flatnonzero((base != base[i]).sum(axis=1) == 1)
+        return np.flatnonzero(self.hamming(i) == 1)
 
     def _pool(self, measured: np.ndarray, train: np.ndarray, y: np.ndarray) -> np.ndarray:
         free = np.flatnonzero(~measured)
@@ -237,10 +241,9 @@ class ForestProposer:
         """Unmeasured valid configs within Hamming distance :data:`LOCAL_RADIUS` (parameters
         that differ) of any of ``centres``; the radius grows until there is one (at the widest,
         every unmeasured valid config)."""
-        base = self.X[:, : len(self.names)]
         dist = np.full(len(self.configs), len(self.names) + 1)
         for c in centres:
-            dist = np.minimum(dist, (base != base[c]).sum(axis=1))
+            dist = np.minimum(dist, self.hamming(c))
         for radius in range(LOCAL_RADIUS, len(self.names) + 1):
             near = np.flatnonzero((dist <= radius) & ~measured)
             if len(near):
