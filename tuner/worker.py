@@ -455,11 +455,17 @@ class JobRunner:
             orphan_grace_seconds=self.lease_seconds,
         )
         budget = Budget(max_configs=job.budget_configs, max_seconds=job.budget_seconds)
-        try:
-            outcome = search.run(budget)
-        except (TrialInterrupted, _BudgetUsed) as exc:
-            stopped = "budget" if isinstance(exc, _BudgetUsed) else "cancelled"
-            outcome = SearchResult(best_of(search.results), search.results, stopped=stopped)
+        while True:
+            try:
+                outcome = search.run(budget)
+            except (TrialInterrupted, _BudgetUsed) as exc:
+                stopped = "budget" if isinstance(exc, _BudgetUsed) else "cancelled"
+                outcome = SearchResult(best_of(search.results), search.results, stopped=stopped)
+            if helper or state.reason is not None or outcome.stopped == "cancelled":
+                break
+            # The owner settles every reservation first, whatever stopped the search.
+            if not self._budget_given_back(job, search, state) or outcome.stopped != "budget":
+                break
         if state.reason is not None or outcome.stopped == "cancelled":
             with self.sessions() as session:
                 current = queries.get_job(session, job.id)
@@ -478,9 +484,10 @@ class JobRunner:
             return JobOutcome(job.id, "helped", len(outcome.new), None, None)
         return self._finish(job, backend, state)
 
-    def _finish(self, job: Job, backend: Backend, state: _JobState) -> JobOutcome:
-        """Owner: wait for the helpers' last measurements (releasing those of dead workers),
-        then store the job's best (over every worker's trials) and mark the job done."""
+    def _budget_given_back(self, job: Job, search: Search, state: _JobState) -> bool:
+        """Owner, search stopped: wait for the other workers' last measurements, releasing the
+        reservations of dead workers. True when a release gave budget back (a worker died
+        mid-trial): the search goes on, so the job ends with its whole budget measured."""
         deadline = time.monotonic() + self.lease_seconds + _helper_grace()
         while not state.stop.is_set() and time.monotonic() < deadline:
             with self.sessions() as session:
@@ -490,6 +497,18 @@ class JobRunner:
                 if not fleet.reservations(session, job.id):
                     break
             state.stop.wait(0.1)
+        with self.sessions() as session:
+            current = queries.get_job(session, job.id)
+        if current is None or current.status != "running" or current.cancel_requested:
+            return False
+        if current.trials_done >= current.budget_configs:
+            return False
+        self._sync(job.id, search, state)  # forget the released keys: measurable again
+        return len(search.results) < current.budget_configs
+
+    def _finish(self, job: Job, backend: Backend, state: _JobState) -> JobOutcome:
+        """Owner, every reservation settled (:meth:`_budget_given_back`): store the job's best
+        (over every worker's trials) and mark the job done."""
         with self.sessions() as session:
             current = queries.get_job(session, job.id)
             if current is None:
