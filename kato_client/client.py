@@ -334,30 +334,34 @@ class KatoClient:
             self._executor.submit(self._revalidate, slot)
 
     def _revalidate(self, slot: _Slot) -> None:
+        # The lookup stays pending until the slot holds the new answer: wait_idle() returning
+        # means the revalidation is visible to the next hit.
         try:
             now = _now()
-            answer = self._get(slot.rkey)
-        except KatoUnavailable as exc:
-            self._warn_offline(exc)
-            return
-        except Exception as exc:  # a 4xx now (operator removed, ...): keep serving the old one
-            log.warning("kato client: revalidating %s failed: %s", slot.rkey, exc)
-            return
+            try:
+                answer = self._get(slot.rkey)
+            except KatoUnavailable as exc:
+                self._warn_offline(exc)
+                return
+            except Exception as exc:  # a 4xx now (operator removed, ...): keep serving the old one
+                log.warning("kato client: revalidating %s failed: %s", slot.rkey, exc)
+                return
+            self._store(slot.rkey, answer, now)
+            old = slot.config
+            slot.update(Lookup.from_answer(answer, now), now + self.ttl)
+            if self.policy == "bucket" and slot.config != old:
+                # Shapes served from a bucket must be checked against the new config again.
+                for alias in slot.aliases:
+                    if self._memo.get(alias) is slot:
+                        self._memo.pop(alias, None)
+                slot.aliases.clear()
         finally:
             with self._lock:
                 self._pending.discard(slot.rkey)
-        self._store(slot.rkey, answer, now)
-        old = slot.config
-        slot.update(Lookup.from_answer(answer, now), now + self.ttl)
-        if self.policy == "bucket" and slot.config != old:
-            # Shapes served from a bucket must be checked against the new config again.
-            for alias in slot.aliases:
-                if self._memo.get(alias) is slot:
-                    self._memo.pop(alias, None)
-            slot.aliases.clear()
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
-        """Wait until no revalidation is pending; ``False`` on timeout (tests, benchmarks)."""
+        """Wait until no revalidation is pending (each one's answer is then served); ``False``
+        on timeout (tests, benchmarks)."""
         deadline = time.monotonic() + timeout
         while self._pending:
             if time.monotonic() > deadline:

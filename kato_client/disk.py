@@ -3,16 +3,20 @@
 One SQLite file (``lookups.sqlite3`` in the cache directory) in WAL mode with a busy timeout, so
 threads and processes (one per rank) read and write it at once. A row is one lookup's answer
 for one server: ``(server, key) -> (answer JSON, fetched_at)``. A write never replaces a newer
-answer. Any SQLite error (a read-only or full disk, a broken file) is logged once and the cache
-then behaves as empty: the disk cache is an optimisation, never a reason for a lookup to fail.
+answer. A lock held by another process is waited for (the busy timeout; opening a new file, where
+SQLite does not wait, is retried); past that one access is skipped. Any other SQLite error (a
+read-only or full disk, a broken file) is logged once and the cache then behaves as empty: the
+disk cache is an optimisation, never a reason for a lookup to fail.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import random
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +24,13 @@ log = logging.getLogger("kato_client")
 
 FILENAME = "lookups.sqlite3"
 BUSY_TIMEOUT_MS = 10_000
+
+
+def _is_busy(exc: Exception) -> bool:
+    """A lock held by another connection: transient, unlike a broken or read-only file."""
+    text = str(exc).lower()
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS lookups (
@@ -65,25 +76,47 @@ class DiskCache:
     def _connect(self) -> sqlite3.Connection | None:
         if self._conn is not None or self._broken:
             return self._conn
+        # Several processes opening a new file at once race to switch it to WAL; SQLite answers
+        # the losers SQLITE_BUSY at once, without waiting on the busy handler. That is not a
+        # broken cache: back off and try again until the busy timeout.
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        delay = 0.005
+        while True:
+            try:
+                self._conn = self._open()
+                return self._conn
+            except (sqlite3.Error, OSError) as exc:
+                if not _is_busy(exc) or time.monotonic() + delay > deadline:
+                    self._fail(exc)
+                    return None
+            time.sleep(delay * (1 + random.random()))
+            delay = min(delay * 2, 0.25)
+
+    def _open(self) -> sqlite3.Connection:
+        """A configured connection, the table created; raises on any SQLite or OS error."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            self.path,
+            timeout=BUSY_TIMEOUT_MS / 1000,
+            isolation_level=None,  # autocommit: every statement is its own transaction
+            check_same_thread=False,
+        )
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(
-                self.path,
-                timeout=BUSY_TIMEOUT_MS / 1000,
-                isolation_level=None,  # autocommit: every statement is its own transaction
-                check_same_thread=False,
-            )
             conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute(_SCHEMA)
-        except (sqlite3.Error, OSError) as exc:
-            self._fail(exc)
-            return None
-        self._conn = conn
+        except sqlite3.Error:
+            conn.close()
+            raise
         return conn
 
     def _fail(self, exc: Exception) -> None:
+        """Give the disk cache up for this instance, unless ``exc`` is only a busy lock (then
+        this one read or write is skipped)."""
+        if _is_busy(exc) and self._conn is not None:
+            log.info("kato client: disk cache %s busy, skipping one access: %s", self.path, exc)
+            return
         if not self._broken:
             log.warning(
                 "kato client: disk cache %s unusable, continuing without it: %s", self.path, exc

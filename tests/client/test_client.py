@@ -165,6 +165,34 @@ def test_a_stale_entry_is_served_then_revalidated_in_the_background(live_server,
         assert kato.http_requests == 0
 
 
+def test_wait_idle_returns_only_once_the_new_answer_is_served(tmp_path, monkeypatch):
+    """Seen in CI: wait_idle() returned while the revalidation thread was still storing the
+    answer on disk, and the next hit got the old config. A slow disk write makes it certain."""
+    answers = iter([dict(TUNED_4K), {**TUNED_4K, "BLOCK_SIZE": 1024}])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200,
+            json={"operator": "softmax", "shape": [4096, 4096], "dtype": "float16",
+                  "gpu": "H200", "config": next(answers), "source": "exact",
+                  "tuned_shape": [4096, 4096], "time_ms": 0.02},
+        )  # fmt: skip
+
+    http = httpx.Client(base_url="http://kato", transport=httpx.MockTransport(handler))
+    with client_for("http://kato", tmp_path, ttl=0.0, http=http) as kato:
+        assert kato.config("softmax", (4096, 4096), "float16") == TUNED_4K
+        disk_put = kato._disk.put
+
+        def slow_put(*args, **kwargs):
+            time.sleep(0.2)
+            disk_put(*args, **kwargs)
+
+        monkeypatch.setattr(kato._disk, "put", slow_put)
+        kato.config("softmax", (4096, 4096), "float16")  # stale: queues the revalidation
+        assert kato.wait_idle(10)
+        assert kato.config("softmax", (4096, 4096), "float16")["BLOCK_SIZE"] == 1024
+
+
 def test_bucket_policy_rounds_up_and_checks_the_actual_shape(live_server, tmp_path):
     spec = get_operator("softmax")
     assert bucket_shape((3000, 4000)) == (4096, 4096)
