@@ -18,6 +18,7 @@ from db.session import (
     head_revision,
     include_name,
     init_db,
+    make_engine,
 )
 
 OUR_TABLES = {
@@ -89,6 +90,42 @@ def test_concurrent_init_db_migrates_once(db_url: str) -> None:
     assert [current_revision(e) for e in engines] == [head_revision()] * 4
     for engine in engines:
         engine.dispose()
+
+
+def test_connections_opening_a_new_sqlite_file_at_once_all_succeed(tmp_path: Path) -> None:
+    """The first connections to a new file race to switch it to WAL, and SQLite answers the
+    losers "database is locked" at once, without the busy timeout: make_engine retries."""
+    for attempt in range(60):  # the race is in the first milliseconds of a file: run it often
+        url = f"sqlite:///{tmp_path / f'k{attempt}.db'}"
+        engines = [make_engine(url) for _ in range(4)]
+        barrier = threading.Barrier(len(engines))
+        errors: list[BaseException] = []
+
+        def write(
+            engine: Engine, n: int, barrier: threading.Barrier, errors: list[BaseException]
+        ) -> None:
+            barrier.wait()
+            try:
+                with engine.begin() as connection:
+                    connection.execute(text("CREATE TABLE IF NOT EXISTS t (n INTEGER)"))
+                    connection.execute(text("INSERT INTO t VALUES (:n)"), {"n": n})
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=write, args=(e, n, barrier, errors))
+            for n, e in enumerate(engines)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not errors, f"attempt {attempt}: {errors}"
+        with engines[0].connect() as connection:
+            assert connection.execute(text("SELECT count(*) FROM t")).scalar() == len(engines)
+            assert connection.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        for engine in engines:
+            engine.dispose()
 
 
 def test_in_memory_database() -> None:
