@@ -10,9 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import random
 import sqlite3
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from db.models import Base
+from kato_client.disk import switch_to_wal
 
 #: Alembic scripts shipped inside the package (found from any working directory).
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
@@ -82,32 +81,11 @@ def _configure_sqlite_connection(dbapi_connection: sqlite3.Connection, _record: 
     cursor = dbapi_connection.cursor()
     try:
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        _switch_to_wal(cursor)
+        switch_to_wal(cursor, SQLITE_BUSY_TIMEOUT_MS / 1000)
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")  # safe with WAL, far fewer fsyncs
     finally:
         cursor.close()
-
-
-def _switch_to_wal(cursor: sqlite3.Cursor) -> None:
-    """``PRAGMA journal_mode=WAL``, retried while another connection holds the lock.
-
-    Processes opening a new file at once (a service and its workers started together) race
-    for the switch, and SQLite answers the losers "database is locked" at once, without
-    waiting on the busy timeout; retry with backoff until that timeout instead.
-    """
-    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
-    delay = 0.005
-    while True:
-        try:
-            cursor.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            text = str(exc).lower()
-            if ("locked" not in text and "busy" not in text) or time.monotonic() > deadline:
-                raise
-        time.sleep(delay * (1 + random.random()))
-        delay = min(delay * 2, 0.25)
 
 
 def make_engine(url: str) -> Engine:

@@ -32,6 +32,27 @@ def _is_busy(exc: Exception) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
 
 
+def switch_to_wal(conn: sqlite3.Connection | sqlite3.Cursor, timeout_s: float) -> None:
+    """``PRAGMA journal_mode=WAL`` on ``conn``, retried while another connection holds the lock.
+
+    Connections opening a new file at once (processes of one job, a service and its workers)
+    race for the switch, and SQLite answers the losers "database is locked" at once, without
+    waiting on the busy timeout: retry with backoff until ``timeout_s`` instead. Shared with the
+    service's engine (``db.session``): this package depends on nothing else of Kato's.
+    """
+    deadline = time.monotonic() + timeout_s
+    delay = 0.005
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if not _is_busy(exc) or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay * (1 + random.random()))
+        delay = min(delay * 2, 0.25)
+
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS lookups (
     server TEXT NOT NULL,
@@ -76,39 +97,27 @@ class DiskCache:
     def _connect(self) -> sqlite3.Connection | None:
         if self._conn is not None or self._broken:
             return self._conn
-        # Several processes opening a new file at once race to switch it to WAL; SQLite answers
-        # the losers SQLITE_BUSY at once, without waiting on the busy handler. That is not a
-        # broken cache: back off and try again until the busy timeout.
-        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
-        delay = 0.005
-        while True:
-            try:
-                self._conn = self._open()
-                return self._conn
-            except (sqlite3.Error, OSError) as exc:
-                if not _is_busy(exc) or time.monotonic() + delay > deadline:
-                    self._fail(exc)
-                    return None
-            time.sleep(delay * (1 + random.random()))
-            delay = min(delay * 2, 0.25)
-
-    def _open(self) -> sqlite3.Connection:
-        """A configured connection, the table created; raises on any SQLite or OS error."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(
-            self.path,
-            timeout=BUSY_TIMEOUT_MS / 1000,
-            isolation_level=None,  # autocommit: every statement is its own transaction
-            check_same_thread=False,
-        )
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(
+                self.path,
+                timeout=BUSY_TIMEOUT_MS / 1000,
+                isolation_level=None,  # autocommit: every statement is its own transaction
+                check_same_thread=False,
+            )
+        except (sqlite3.Error, OSError) as exc:
+            self._fail(exc)
+            return None
         try:
             conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA journal_mode=WAL")
+            switch_to_wal(conn, BUSY_TIMEOUT_MS / 1000)
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute(_SCHEMA)
-        except sqlite3.Error:
+        except sqlite3.Error as exc:
             conn.close()
-            raise
+            self._fail(exc)
+            return None
+        self._conn = conn
         return conn
 
     def _fail(self, exc: Exception) -> None:
