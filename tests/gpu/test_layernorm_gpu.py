@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 from verify_harness import verify_variants
 
-import kernels.layernorm as layernorm_module
-from kernels import get_operator
+from kernels import get_operator, limits
 
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
 #: One element, one column (variance 0: rstd = 1/sqrt(eps), y = bias), a single long odd row,
@@ -56,6 +55,6 @@ def test_sampled_variants_verify(spec, shape, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_grid_stride_over_rows(spec, dtype, monkeypatch):
     """A grid of 7 blocks for 2000 rows: every row group loops (weight/bias registers reused)."""
-    monkeypatch.setattr(layernorm_module, "MAX_GRID_X", 7)
+    monkeypatch.setattr(limits, "MAX_GRID_X", 7)
     checked, failures = verify_variants(spec, (2000, 96), dtype, max_configs=48, seed=4)
     assert checked >= 48 and not failures, failures[:5]
