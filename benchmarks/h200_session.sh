@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One device call on the H200 (see ../shared/device/README.md): install the staged wheels, then
 # run the steps named as arguments, writing results under $OUT.
-#   steps: occupancy gputests operators throughput mlp (default: occupancy gputests operators)
+#   steps: occupancy gputests operators throughput mlp spaces (default: occupancy gputests operators)
 #   env: GPU_TESTS (pytest paths, default tests/gpu), TUNE_BUDGET, CASES ("relu layernorm:1048576x128 ..."),
 #        TUNE_ONLY=1, MAX_MINUTES, DB (SQLAlchemy URL of the results database; data/h200 is
 #        imported into it first, and the operators step exports it to $OUT/h200),
-#        THROUGHPUT_ARGS
+#        THROUGHPUT_ARGS, SPACES ("op:shape:dtype ..." to brute-force, each cut after SPACE_TIMEOUT s)
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device-wheels/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
@@ -35,6 +35,15 @@ for step in $steps; do
                  | tee "$OUT/torch_mlp.log" | tail -10 ;;
     throughput) python3 benchmarks/tuning_throughput.py --out "$OUT/tuning_throughput.json" \
                  ${THROUGHPUT_ARGS:-} 2>&1 | tee "$OUT/throughput.log" | tail -30 ;;
+    spaces) # Brute-force whole spaces (grid strategy, every valid config) and export them in
+            # Kernel Tuner's cache format: recorded spaces for the replay backend's tests.
+            for case in ${SPACES:-softmax:32768x4096:float16}; do
+              IFS=: read -r op shape dt <<< "$case"
+              timeout "${SPACE_TIMEOUT:-300}" python3 -c 'from service.cli import main; main()' \
+                tune "$op" --shape "$shape" --dtype "$dt" --budget 5000 --strategy grid \
+                --db "sqlite:///$OUT/spaces.db" --json 2>&1 | tail -4
+            done
+            kato export "$OUT/spaces" --format kt --db "sqlite:///$OUT/spaces.db" | tail -4 ;;
     *) echo "unknown step $step" ;;
   esac
 done

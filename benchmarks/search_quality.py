@@ -1,9 +1,10 @@
 """Search quality on brute-forced spaces: Kato vs Kernel Tuner, same files, same budgets.
 
-For every Kernel Tuner cache file under ../shared/datasets (``tests/paths.py``) and any given on
-the command line, each method searches the recorded space at each budget (distinct measured
-configs, failures included) with several seeds; the score is the mean fraction of optimum (best
-time in the file / best time found; 1.0 = found the optimum).
+For every Kernel Tuner cache file under ../shared/datasets and data/spaces (the spaces Kato
+brute-forced on the H200; ``tests/paths.py``) and any given on the command line, each method
+searches the recorded space at each budget (distinct measured configs, failures included) with
+several seeds; the score is the mean fraction of optimum (best time in the file / best time
+found; 1.0 = found the optimum).
 
 - Kato: its strategies on the replay backend (``tuner.search.Search``). Kato's strategies never
   look at the budget, so the first N measurements of a run at the largest budget *are* the run at
@@ -48,7 +49,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from paths import dataset_files  # noqa: E402
+from paths import dataset_files, space_files  # noqa: E402
 
 from tuner.backends.replay import ReplayBackend  # noqa: E402
 from tuner.kt_cache import KernelTunerCache, load_cache  # noqa: E402
@@ -332,7 +333,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     ap.add_argument("--warm-start", action="store_true", help="also measure the warm start")
     ap.add_argument("--warm-budgets", default=",".join(map(str, WARM_BUDGETS)))
-    ap.add_argument("--no-datasets", action="store_true", help="only the files given")
+    ap.add_argument(
+        "--no-datasets",
+        action="store_true",
+        help="only the files given (not the datasets nor data/spaces)",
+    )
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     args = ap.parse_args(argv)
@@ -341,7 +346,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     warm_budgets = tuple(int(b) for b in args.warm_budgets.split(",") if b)
     kato = [s for s in args.kato.split(",") if s]
     kt = [s for s in args.strategies.split(",") if s]
-    paths = [] if args.no_datasets else [str(p) for p in dataset_files()]
+    paths = [] if args.no_datasets else [str(p) for p in [*dataset_files(), *space_files()]]
     paths += [str(Path(f).resolve()) for f in args.files]
     if not paths:
         ap.error("no cache files: none under the datasets folder and none given")

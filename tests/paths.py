@@ -10,7 +10,13 @@ REPO = Path(__file__).resolve().parents[1]
 DATASETS = Path(os.environ.get("KATO_DATASETS", REPO.parent / "shared" / "datasets"))
 #: Spaces Kato recorded itself on real GPUs, committed with the code.
 RECORDED = REPO / "tests" / "data" / "recorded"
+#: Whole spaces Kato brute-forced on the H200 (``h200_session.sh spaces``), Kernel Tuner format.
+SPACES = REPO / "data" / "spaces"
 
 
 def dataset_files() -> list[Path]:
     return sorted(DATASETS.glob("**/cachefiles/**/*.json.gz"))
+
+
+def space_files() -> list[Path]:
+    return sorted(SPACES.glob("**/*.json.gz"))
