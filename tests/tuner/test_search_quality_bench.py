@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from paths import RECORDED
 
 pytest.importorskip("kernel_tuner", reason="kernel-tuner (pip install kernel-tuner==1.5.0) runs")
 
 from benchmarks import search_quality  # noqa: E402
-
-RECORDED = Path(__file__).resolve().parents[1] / "data" / "recorded"
 
 
 def test_a_kernel_tuner_run_does_not_depend_on_the_runs_before_it():
