@@ -13,7 +13,7 @@ from tuner.search import Budget, Search
 from tuner.space import SearchSpace
 from tuner.surrogate import ForestProposer
 
-MOVES = ("ei", "local", "walk", "ts", "random")
+MOVES = ("ei", "local", "walk", "flip", "ts", "random")
 
 
 def constrained_space() -> SearchSpace:
@@ -74,6 +74,42 @@ def test_local_candidates_are_near_the_centres_and_widen_when_exhausted():
     assert min(distance(int(i)) for i in wider) == surrogate.LOCAL_RADIUS + 1
     measured[:] = True
     assert len(proposer.local_candidates(measured, [centre])) == 0
+
+
+def switch_space() -> SearchSpace:
+    """Two switches (``s``, ``t``), one three-valued parameter that is not a switch (``c``)."""
+    return SearchSpace(
+        params={"a": (1, 2, 4), "c": ("x", "y", "z"), "s": (0, 1), "t": ("on", "off")},
+        check=lambda c: "a 4 needs s 0" if c["a"] == 4 and c["s"] == 1 else None,
+    )
+
+
+def test_flip_changes_only_switches_fewest_first_then_the_next_centre():
+    space = switch_space()
+    proposer = ForestProposer(space, seed=0)
+    configs = proposer.configs
+    assert [proposer.names[j] for j in proposer._flags] == ["s", "t"]
+    best = configs.index({"a": 2, "c": "y", "s": 0, "t": "on"})
+    second = configs.index({"a": 4, "c": "x", "s": 0, "t": "off"})
+    measured = np.zeros(len(configs), dtype=bool)
+    measured[[best, second]] = True
+    picks = []
+    while (pick := proposer.flip_candidate(measured, [best, second])) is not None:
+        picks.append(configs[pick])
+        measured[pick] = True
+    # The best config's two single flips (either order), its double flip, then the second
+    # best's one valid flip ("a 4" with s=1 is invalid); never a change of "a" or "c".
+    assert {tuple(sorted(c.items())) for c in picks[:2]} == {
+        tuple(sorted({"a": 2, "c": "y", "s": 1, "t": "on"}.items())),
+        tuple(sorted({"a": 2, "c": "y", "s": 0, "t": "off"}.items())),
+    }
+    assert picks[2:] == [
+        {"a": 2, "c": "y", "s": 1, "t": "off"},
+        {"a": 4, "c": "x", "s": 0, "t": "on"},
+    ]
+    # A space without two-valued parameters has nothing to flip.
+    plain = ForestProposer(SearchSpace(params={"a": (1, 2, 4)}), seed=0)
+    assert plain.flip_candidate(np.zeros(3, dtype=bool), [0]) is None
 
 
 def run(seed: int, budget: int, evaluate) -> list[str]:
