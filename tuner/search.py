@@ -155,7 +155,8 @@ class Search:
         evaluate: measures one valid config; must not raise for a faulty config.
         strategy: one of STRATEGIES; "forest" (the default) is a bagged-tree surrogate over
             the valid configs whose proposals alternate expected improvement with model-guided
-            and random local steps around the best configs (tuner.surrogate), "tpe" Optuna's TPE,
+            and random local steps around the best configs and with flips of the best configs'
+            two-valued switches (tuner.surrogate), "tpe" Optuna's TPE,
             "hybrid" TPE plus local search, "random", "grid" (every valid config, shuffled).
         seed: makes the proposals reproducible.
         storage: Optuna storage (URL or object); None keeps the study in memory.
