@@ -74,6 +74,31 @@ def test_cache_roundtrip_plain_and_gzip(tmp_path):
         assert f.read(1) == b"{"
 
 
+def test_valid_configs_come_from_the_entries_not_the_product():
+    # 10**8 combinations of tune_params, 4 recorded (one with a value outside tune_params,
+    # which is not part of the space): the space is read from the entries, in product order,
+    # without checking a single combination.
+    tune_params = {f"p{i}": list(range(10)) for i in range(8)}
+    keys = ["9,0,0,0,0,0,0,1", "0,0,0,0,0,0,0,2", "0,0,0,0,0,0,3,0", "0,0,0,0,0,0,0,11"]
+    entries = {k: {"time": 1.0, **dict(zip(tune_params, map(int, k.split(","))))} for k in keys}
+    cache = KernelTunerCache("d", "k", [1], tune_params, entries)
+    space = ReplayBackend(cache).space()
+
+    def no_check(config):
+        raise AssertionError("the product was walked")
+
+    space.check = no_check
+    got = [space.key(c) for c in space.valid_configs()]
+    assert got == ["0,0,0,0,0,0,0,2", "0,0,0,0,0,0,3,0", "9,0,0,0,0,0,0,1"]
+    assert all(isinstance(v, int) for c in space.valid_configs() for v in c.values())
+
+
+def test_valid_configs_from_the_entries_equal_the_checked_product(conv_file):
+    space = ReplayBackend(conv_file).space()
+    checked = [c for c in space.all_configs() if space.check(c) is None]
+    assert space.valid_configs() == checked and len(checked) == 4362
+
+
 def test_unfinished_kernel_tuner_file_is_accepted(tmp_path):
     # Kernel Tuner appends entries while tuning and closes the JSON only at the end.
     text = json.dumps(

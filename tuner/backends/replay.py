@@ -55,6 +55,7 @@ class ReplayBackend(Backend):
         self._space = SearchSpace(
             params={k: tuple(v) for k, v in self.cache.tune_params.items()},
             check=self._check,
+            enumerate_valid=self._recorded_configs,
         )
         self._compute_capability = tuple(compute_capability)
         self.evaluations = 0  # how many times evaluate() was called (tests use it)
@@ -63,6 +64,27 @@ class ReplayBackend(Backend):
         if self.cache.key(config) in self.cache.entries:
             return None
         return "combination absent from the recorded space (violates the kernel's restrictions)"
+
+    def _recorded_configs(self) -> list[dict[str, Any]]:
+        """The file's configs (its valid space), in the product order of ``tune_params``.
+
+        Read from the entries rather than by checking every combination of ``tune_params``: a
+        recorded space is often a small part of a large product. An entry whose key names a
+        value outside ``tune_params`` is not part of the space (as ``check`` sees it too).
+        """
+        params = self.cache.tune_params
+        lookup = [{str(v): (i, v) for i, v in enumerate(values)} for values in params.values()]
+        found = []
+        for key in self.cache.entries:
+            parts = key.split(",")
+            if len(parts) != len(lookup):
+                continue
+            picked = [table.get(part) for table, part in zip(lookup, parts, strict=True)]
+            if all(p is not None for p in picked):
+                found.append(picked)
+        found.sort(key=lambda picked: [i for i, _ in picked])
+        names = list(params)
+        return [dict(zip(names, [v for _, v in picked], strict=True)) for picked in found]
 
     def device(self) -> DeviceInfo:
         from tuner.gpus import normalize_gpu_name
