@@ -80,7 +80,10 @@ def test_valid_configs_come_from_the_entries_not_the_product():
     # without checking a single combination.
     tune_params = {f"p{i}": list(range(10)) for i in range(8)}
     keys = ["9,0,0,0,0,0,0,1", "0,0,0,0,0,0,0,2", "0,0,0,0,0,0,3,0", "0,0,0,0,0,0,0,11"]
-    entries = {k: {"time": 1.0, **dict(zip(tune_params, map(int, k.split(","))))} for k in keys}
+    entries = {
+        k: {"time": 1.0, **dict(zip(tune_params, map(int, k.split(",")), strict=True))}
+        for k in keys
+    }
     cache = KernelTunerCache("d", "k", [1], tune_params, entries)
     space = ReplayBackend(cache).space()
 
