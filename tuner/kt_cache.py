@@ -28,6 +28,13 @@ from typing import Any
 FAILURE_MARKERS = ("CompilationFailedConfig", "RuntimeFailedConfig", "InvalidConfig")
 
 
+def higher_is_better(objective: str) -> bool:
+    """Whether Kernel Tuner would maximise ``objective``: a rate (``GFLOP/s``, ``GB/s``, any
+    name ending in ``/s``) or a FLOP count per second named without the slash (``gflops``)."""
+    name = objective.strip().lower()
+    return name.endswith("/s") or "flops" in name
+
+
 @dataclass
 class KernelTunerCache:
     """One cache file in memory. ``entries`` maps a key to its recorded entry."""
@@ -47,14 +54,34 @@ class KernelTunerCache:
     def key(self, config: Mapping[str, Any]) -> str:
         return ",".join(str(config[name]) for name in self.tune_params)
 
+    @property
+    def time_field(self) -> str:
+        """The entry field that is minimised: the file's objective, or ``time`` when the
+        objective is a rate to maximise (a file tuned for GFLOP/s still records every config's
+        time, and for one problem size the fastest config has the highest rate). A file's own
+        ``objective_higher_is_better`` field overrides the guess from the name.
+
+        Raises:
+            ValueError: the objective is to be maximised and the entries have no ``time``.
+        """
+        flag = self.extra.get("objective_higher_is_better")
+        maximise = bool(flag) if flag is not None else higher_is_better(self.objective)
+        if not maximise:
+            return self.objective
+        if any("time" in e for e in self.entries.values()):
+            return "time"
+        raise ValueError(
+            f"the cache's objective {self.objective!r} is to be maximised and its entries have "
+            "no 'time' to minimise instead; record the time too (Kernel Tuner always does)"
+        )
+
     def ok_entries(self) -> dict[str, dict[str, Any]]:
-        """Entries that ran and have a numeric objective."""
-        return {
-            k: e for k, e in self.entries.items() if isinstance(e.get(self.objective), int | float)
-        }
+        """Entries that ran and have a numeric :attr:`time_field`."""
+        field_name = self.time_field
+        return {k: e for k, e in self.entries.items() if isinstance(e.get(field_name), int | float)}
 
     def best(self) -> tuple[str, dict[str, Any]]:
-        """The key and entry with the lowest objective.
+        """The key and entry with the lowest :attr:`time_field` (the fastest config).
 
         Raises:
             ValueError: if no entry has a numeric objective.
@@ -62,7 +89,8 @@ class KernelTunerCache:
         ok = self.ok_entries()
         if not ok:
             raise ValueError(f"no successful measurement in cache of {self.kernel_name!r}")
-        key = min(ok, key=lambda k: ok[k][self.objective])
+        field_name = self.time_field
+        key = min(ok, key=lambda k: ok[k][field_name])
         return key, ok[key]
 
     def to_json(self) -> dict[str, Any]:

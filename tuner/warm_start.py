@@ -206,7 +206,7 @@ def cache_source(cache: Any, name: str | None = None, distance: float = OTHER_GP
     entry, as the database would hold another GPU's measurements of the same space."""
     params = cache.params
     trials = [
-        ({p: entry[p] for p in params}, float(entry[cache.objective]))
+        ({p: entry[p] for p in params}, float(entry[cache.time_field]))
         for entry in cache.ok_entries().values()
     ]
     return Source(name=name or cache.device_name, distance=distance, trials=trials, other_gpu=True)

@@ -102,6 +102,37 @@ def test_valid_configs_from_the_entries_equal_the_checked_product(conv_file):
     assert space.valid_configs() == checked and len(checked) == 4362
 
 
+def _rate_cache(objective: str, **extra) -> KernelTunerCache:
+    entries = {
+        "1": {"a": 1, "time": 2.0, "GFLOP/s": 500.0},
+        "2": {"a": 2, "time": 1.0, "GFLOP/s": 1000.0},
+        "4": {"a": 4, "time": 4.0, "GFLOP/s": 250.0},
+    }
+    return KernelTunerCache("d", "k", [1], {"a": [1, 2, 4]}, entries, objective, extra)
+
+
+@pytest.mark.parametrize("objective", ["GFLOP/s", "GB/s", "gflops"])
+def test_a_file_tuned_for_a_rate_replays_its_times(objective):
+    # Minimising GFLOP/s would find the slowest config: the replay minimises the time instead.
+    backend = ReplayBackend(_rate_cache(objective))
+    assert backend.best_time_ms() == 1.0
+    assert backend.evaluate({"a": 4}).time_ms == 4.0
+    result = replay_search(backend.cache, budget=3, repeats=1)
+    assert result.optimum_ms == 1.0 and result.per_seed[0]["best_config"] == {"a": 2}
+
+
+def test_the_files_own_higher_is_better_flag_wins():
+    assert _rate_cache("score", objective_higher_is_better=True).time_field == "time"
+    assert _rate_cache("GFLOP/s", objective_higher_is_better=False).time_field == "GFLOP/s"
+    assert _rate_cache("time").time_field == "time"
+
+
+def test_a_rate_without_times_is_a_clear_error():
+    cache = KernelTunerCache("d", "k", [1], {"a": [1]}, {"1": {"a": 1, "GB/s": 9.0}}, "GB/s")
+    with pytest.raises(ValueError, match="maximised.*no 'time'"):
+        ReplayBackend(cache)
+
+
 def test_unfinished_kernel_tuner_file_is_accepted(tmp_path):
     # Kernel Tuner appends entries while tuning and closes the JSON only at the end.
     text = json.dumps(

@@ -36,7 +36,12 @@ class ReplayBackend(Backend):
     """Replays ``cache`` (a :class:`KernelTunerCache` or a path to one).
 
     ``time_ms`` of a replayed trial is the file's objective value (Kernel Tuner stores the mean of
-    its repeats as ``time``), so that "best found / best in file" compares like with like.
+    its repeats as ``time``), so that "best found / best in file" compares like with like; for a
+    file tuned for a rate to maximise (``"objective": "GFLOP/s"``) it is the entry's ``time``
+    (:attr:`KernelTunerCache.time_field`), so the search still minimises a time.
+
+    Raises:
+        ValueError: the file's objective is a rate and its entries have no ``time``.
     """
 
     name = "replay"
@@ -57,6 +62,7 @@ class ReplayBackend(Backend):
             check=self._check,
             enumerate_valid=self._recorded_configs,
         )
+        self._time_field = self.cache.time_field  # raises early for a file it cannot replay
         self._compute_capability = tuple(compute_capability)
         self.evaluations = 0  # how many times evaluate() was called (tests use it)
 
@@ -112,7 +118,7 @@ class ReplayBackend(Backend):
                 status=TrialStatus.INVALID,
                 error="combination absent from the recorded space",
             )
-        value = entry.get(self.cache.objective)
+        value = entry.get(self._time_field)
         compile_ms = entry.get("compile_time")
         compile_s = compile_ms / 1000.0 if isinstance(compile_ms, int | float) else None
         resources = {f: entry[f] for f in _RESOURCE_FIELDS if f in entry}
@@ -134,5 +140,6 @@ class ReplayBackend(Backend):
         )
 
     def best_time_ms(self) -> float:
-        """The lowest objective value in the file (the optimum of the space)."""
-        return float(self.cache.best()[1][self.cache.objective])
+        """The lowest time in the file (the optimum of the space; see
+        :attr:`KernelTunerCache.time_field`)."""
+        return float(self.cache.best()[1][self._time_field])
