@@ -167,10 +167,13 @@ def _kt_setup(path: str) -> str:
         def cached_space(tune_params, restrictions, max_threads, **kwargs):
             key = id(restrictions)
             if key not in space_memo:
-                space_memo[key] = (
-                    restrictions,
-                    space_cls(tune_params, restrictions, max_threads, **kwargs),
-                )
+                recorded = _FROM_FILE.get(key)
+                if recorded is None:
+                    space = space_cls(tune_params, restrictions, max_threads, **kwargs)
+                else:  # a large product: the file's configs, without checking the product
+                    names = kwargs.get("block_size_names", ["block_size_x", "block_size_y"])
+                    space = space_cls(None, None, None, block_size_names=names, from_cache=recorded)
+                space_memo[key] = (restrictions, space)
             return _fresh_neighbours(space_memo[key][1])
 
         ktu.read_cache, kti.Searchspace, ktu._kato_memo = cached_read, cached_space, True
@@ -189,17 +192,65 @@ def _kt_setup(path: str) -> str:
         return ",".join(str(p[n]) for n in names) in keys
 
     _RESTRICT[path] = in_file
+    backend = ReplayBackend(cache)
+    if len(backend.space()) > KT_PRODUCT_MAX:
+        configs = backend.space().valid_configs()
+        entries = {cache.key(c): dict(c) for c in configs}
+        _FROM_FILE[id(in_file)] = {"tune_params": cache.tune_params, "cache": entries}
     return plain
 
 
 _RESTRICT: dict[str, Any] = {}
+#: Above this many combinations of ``tune_params``, Kernel Tuner's space is built from the
+#: file's configs (its ``Searchspace(from_cache=...)``) instead of by checking the restriction
+#: on every combination: the same configs, without the check (a recorded space of 20 thousand
+#: configs over a product of 12 million did not finish building in 15 minutes). Below it the
+#: restriction path is kept: its order of the configs decides which ones a seeded strategy
+#: draws, and the committed results were produced that way.
+KT_PRODUCT_MAX = 2**20
+_FROM_FILE: dict[int, dict[str, Any]] = {}
+
+
+#: Wall-clock seconds one Kernel Tuner run may take (``--kt-run-seconds``). Some strategies
+#: never finish on a sparse space: greedy_ils restarts its hill climb from random points whose
+#: neighbours are mostly outside the space, which costs no evaluation, so ``max_fevals`` is never
+#: reached (on 20 thousand configs of a 12-million product it ran 13 minutes and grew to 15 GB).
+#: Kernel Tuner's own ``time_limit`` cannot bound this: in simulation mode it counts the
+#: recorded compile and benchmark times, not the wall clock.
+KT_RUN_SECONDS = 120.0
+_DEADLINE: list[float] = []  # [monotonic deadline] of the run in progress, if any
+_STOPPED: list[bool] = [False]  # whether the run in progress hit the deadline
+
+
+def _install_deadline() -> None:
+    """Make Kernel Tuner's budget check (called before every evaluation, valid or not) also
+    stop the run at :data:`_DEADLINE`, through its own StopCriterionReached, so the strategy
+    returns what it measured."""
+    import kernel_tuner.util as ktu
+
+    if getattr(ktu.TuningBudget, "_kato_deadline", False):
+        return
+    check = ktu.TuningBudget.raise_exception_if_done
+
+    def check_with_deadline(self):
+        if _DEADLINE and time.monotonic() > _DEADLINE[0]:
+            _STOPPED[0] = True
+            raise ktu.StopCriterionReached("the benchmark's wall-clock limit per run")
+        check(self)
+
+    ktu.TuningBudget.raise_exception_if_done = check_with_deadline
+    ktu.TuningBudget._kato_deadline = True
 
 
 def _kt_once(path: str, strategy: str, seed: int, max_fevals: int) -> list[str]:
-    """One Kernel Tuner run in simulation mode; the config keys it evaluated, in order."""
+    """One Kernel Tuner run in simulation mode; the config keys it evaluated, in order (cut at
+    :data:`KT_RUN_SECONDS` of wall clock; :data:`_STOPPED` says whether it was)."""
     import kernel_tuner
     import numpy as np
 
+    _install_deadline()
+    _DEADLINE[:] = [time.monotonic() + KT_RUN_SECONDS]
+    _STOPPED[0] = False
     plain = _kt_setup(path)
     cache = _cache(path)
     random.seed(seed)
@@ -221,6 +272,7 @@ def _kt_once(path: str, strategy: str, seed: int, max_fevals: int) -> list[str]:
             verbose=False,
             lang="CUDA",
         )
+    _DEADLINE.clear()
     return [cache.key(r) for r in results]
 
 
@@ -232,6 +284,7 @@ def kt_run(path: str, strategy: str, seed: int, budget: int) -> dict[str, Any]:
     (dual_annealing, basinhopping, ...). Such a run is repeated with ``max_fevals`` doubled (up
     to 16x) until it measures ``budget`` distinct configs or stops measuring more, so every
     method is scored on the same number of distinct measured configs where it can reach it.
+    A run cut by :data:`KT_RUN_SECONDS` is scored on what it measured (``timed_out``).
     """
     cache = _cache(path)
     optimum = float(cache.best()[1][cache.time_field])
@@ -239,6 +292,8 @@ def kt_run(path: str, strategy: str, seed: int, budget: int) -> dict[str, Any]:
     while True:
         keys = list(dict.fromkeys(_kt_once(path, strategy, seed, max_fevals)))
         if len(keys) >= budget or len(keys) <= distinct or max_fevals >= 16 * budget:
+            break
+        if _STOPPED[0]:
             break
         distinct, max_fevals = len(keys), max_fevals * 2
     times = []
@@ -249,6 +304,7 @@ def kt_run(path: str, strategy: str, seed: int, budget: int) -> dict[str, Any]:
         "fraction": fraction(optimum, times),
         "distinct": min(budget, len(keys)),
         "max_fevals": max_fevals,
+        "timed_out": _STOPPED[0],
     }
 
 
@@ -270,6 +326,7 @@ def task(kind: str, path: str, method: str, seed: int, budgets: tuple[int, ...])
         out["fractions"] = {b: r["fraction"] for b, r in runs.items()}
         out["distinct"] = {b: r["distinct"] for b, r in runs.items()}
         out["max_fevals"] = {b: r["max_fevals"] for b, r in runs.items()}
+        out["timed_out"] = {b: r["timed_out"] for b, r in runs.items()}
     elif kind == "warm":
         source = _cache(method)
         space = ReplayBackend(cache).space()
@@ -302,6 +359,14 @@ def siblings(paths: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+def _cell(result: dict[str, Any], budget: int) -> str:
+    """A table cell: the mean, marked ``*`` where a run measured fewer configs than the budget
+    and ``+`` where a Kernel Tuner run was cut at the wall-clock limit."""
+    short = any(d < budget for d in result["distinct_measured"])
+    cut = any(result.get("kt_timed_out", []))
+    return f"{result['mean']:.3f}" + ("*" if short else "") + ("+" if cut else "")
+
+
 def _table(title: str, header: list[str], rows: list[list[str]]) -> None:
     try:
         from rich.console import Console
@@ -321,6 +386,7 @@ def _table(title: str, header: list[str], rows: list[list[str]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    global KT_RUN_SECONDS
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="*", help="more Kernel Tuner cache files (.json or .json.gz)")
     ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
@@ -340,7 +406,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
+    ap.add_argument(
+        "--kt-run-seconds",
+        type=float,
+        default=KT_RUN_SECONDS,
+        help="wall-clock limit of one Kernel Tuner run (scored on what it measured by then)",
+    )
     args = ap.parse_args(argv)
+    KT_RUN_SECONDS = args.kt_run_seconds  # forked pool workers inherit it
 
     budgets = tuple(int(b) for b in args.budgets.split(",") if b)
     warm_budgets = tuple(int(b) for b in args.warm_budgets.split(",") if b)
@@ -415,7 +488,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "per_seed": [round(r["fractions"][b], 4) for r in runs],
                         "distinct_measured": [r["distinct"][b] for r in runs],
                         **(
-                            {"kt_max_fevals": [r["max_fevals"][b] for r in runs]}
+                            {
+                                "kt_max_fevals": [r["max_fevals"][b] for r in runs],
+                                "kt_timed_out": [r["timed_out"][b] for r in runs],
+                            }
                             if kind == "kt"
                             else {}
                         ),
@@ -446,9 +522,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, entry in report["files"].items():
         rows = []
         for label, per_budget in entry["methods"].items():
-            rows.append([label] + [f"{per_budget[str(b)]['mean']:.3f}" for b in budgets])
+            rows.append([label] + [_cell(per_budget[str(b)], b) for b in budgets])
         _table(
-            f"{name} ({entry['device']}, {entry['configs']} configs): mean fraction of optimum",
+            f"{name} ({entry['device']}, {entry['configs']} configs): mean fraction of optimum"
+            " (* some runs measured fewer configs than the budget, + some were cut at the"
+            " wall-clock limit per run; see distinct_measured, kt_timed_out in the JSON)",
             ["method"] + [f"budget {b}" for b in budgets],
             rows,
         )

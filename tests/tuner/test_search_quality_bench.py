@@ -24,3 +24,46 @@ def test_a_kernel_tuner_run_does_not_depend_on_the_runs_before_it():
     again = search_quality._kt_once(path, strategy, 7, 60)
     assert len(set(first)) >= 20
     assert again == first
+
+
+def _sparse_file(tmp_path, n_params: int = 8) -> str:
+    """A recorded space of 60 configs over a product of 10**n_params: a line through the
+    product (p0 = p1 = ... = v for v in 0..9) and its six one-parameter neighbours per point."""
+    from tuner.kt_cache import KernelTunerCache, save_cache
+
+    names = [f"p{i}" for i in range(n_params)]
+    entries = {}
+    for v in range(10):
+        for j in range(-1, 5):
+            config = dict.fromkeys(names, v)
+            if j >= 0:
+                config[names[j]] = (v + 1) % 10
+            key = ",".join(str(config[n]) for n in names)
+            entries[key] = {**config, "time": 1.0 + abs(v - 6) + 0.1 * (j + 1)}
+    cache = KernelTunerCache("d", "sparse", [1], {n: list(range(10)) for n in names}, entries)
+    path = tmp_path / "sparse.json.gz"
+    save_cache(cache, path)
+    return str(path)
+
+
+def test_a_large_product_is_built_from_the_file_not_by_the_restriction(tmp_path):
+    # 10**8 combinations: checking the restriction on each would take hours; the space comes
+    # from the file's 60 configs and a run measures only those.
+    path = _sparse_file(tmp_path)
+    result = search_quality.kt_run(path, "random_sample", 0, 30)
+    assert result["distinct"] == 30 and not result["timed_out"]
+    keys = search_quality._kt_once(path, "random_sample", 0, 30)
+    entries = search_quality._cache(path).entries
+    assert len(set(keys)) == 30 and all(k in entries for k in keys)
+
+
+def test_a_kernel_tuner_run_is_cut_at_the_wall_clock_limit(tmp_path, monkeypatch):
+    # greedy_ils hill-climbs through neighbours that are mostly outside a sparse space (free,
+    # never counted), so it may never reach max_fevals: the run is cut and scored as it stands.
+    monkeypatch.setattr(search_quality, "KT_RUN_SECONDS", 3.0)
+    path = _sparse_file(tmp_path)
+    result = search_quality.kt_run(path, "greedy_ils", 0, 60)
+    assert result["timed_out"] and result["distinct"] < 60
+    assert 0.0 < result["fraction"] <= 1.0
+    # The limit is per run: the next run is not cut by the last one's deadline.
+    assert not search_quality.kt_run(path, "random_sample", 0, 20)["timed_out"]
