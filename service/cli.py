@@ -390,7 +390,9 @@ def replay(
     cachefile: Annotated[
         Path,
         typer.Argument(
-            exists=True, dir_okay=False, help="Kernel Tuner cache file (.json or .json.gz)"
+            exists=True,
+            dir_okay=False,
+            help="Kernel Tuner cache or T4 results file (.json or .json.gz)",
         ),
     ],
     budget: Annotated[int, typer.Option(min=1, help="distinct configs measured per search")] = 100,

@@ -106,8 +106,76 @@ class KernelTunerCache:
         }
 
 
+#: T4 ``invalidity`` -> Kernel Tuner's failure marker; "correct" is a measurement, and
+#: "constraints" (the config violates the space's restrictions) is absent from the space.
+_T4_MARKERS = {"compile": "CompilationFailedConfig"}
+_T4_TIME_UNITS = {"milliseconds": 1.0, "ms": 1.0, "seconds": 1e3, "s": 1e3, "microseconds": 1e-3}
+
+
+def from_t4(data: Mapping[str, Any], name: str = "<t4>") -> KernelTunerCache:
+    """A T4 results document (schema 1.0.0: ``{"schema_version", "results": [{"configuration",
+    "invalidity", "measurements", "times", ...}], "metadata"}``, what Kernel Tuner's
+    ``get_t4_results`` and ``kato export --format t4`` write) as a cache.
+
+    ``tune_params`` are the values seen per parameter (sorted where all are numbers); a
+    config's time is its ``time`` measurement (milliseconds, converted from the metadata's
+    ``timeunit``), or the mean of its runtimes; a compile failure becomes Kernel Tuner's marker,
+    any other failure a runtime failure; configs outside the restrictions are left out.
+
+    Raises:
+        ValueError: no result has a configuration.
+    """
+    meta = data.get("metadata") or {}
+    unit = str(meta.get("timeunit", "milliseconds")).lower()
+    scale = _T4_TIME_UNITS.get(unit, 1.0)
+    results = [r for r in data.get("results", []) if isinstance(r.get("configuration"), dict)]
+    if not results:
+        raise ValueError(f"{name}: a T4 file without any result with a configuration")
+    names = list(results[0]["configuration"])
+    seen: dict[str, dict[Any, None]] = {n: {} for n in names}
+    entries: dict[str, dict[str, Any]] = {}
+    for r in results:
+        config = r["configuration"]
+        if list(config) != names or r.get("invalidity") == "constraints":
+            continue
+        for n in names:
+            seen[n][config[n]] = None
+        entry: dict[str, Any] = dict(config)
+        if r.get("invalidity", "correct") == "correct":
+            entry["time"] = _t4_time(r, scale)
+            if entry["time"] is None:
+                entry["time"] = "RuntimeFailedConfig"
+        else:
+            entry["time"] = _T4_MARKERS.get(str(r.get("invalidity")), "RuntimeFailedConfig")
+        entries[",".join(str(config[n]) for n in names)] = entry
+    tune_params = {}
+    for n, values in seen.items():
+        vals = list(values)
+        numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in vals)
+        tune_params[n] = sorted(vals) if numeric else vals
+    kato = meta.get("kato") if isinstance(meta.get("kato"), dict) else {}
+    return KernelTunerCache(
+        device_name=str(meta.get("device_name", kato.get("gpu_model", "unknown"))),
+        kernel_name=str(meta.get("kernel_name", kato.get("operator", name))),
+        problem_size=meta.get("problem_size"),
+        tune_params=tune_params,
+        entries=entries,
+    )
+
+
+def _t4_time(result: Mapping[str, Any], scale: float) -> float | None:
+    for m in result.get("measurements") or []:
+        if m.get("name") == "time" and isinstance(m.get("value"), int | float):
+            unit = str(m.get("unit", "")).lower()
+            return float(m["value"]) * _T4_TIME_UNITS.get(unit, scale)
+    runtimes = (result.get("times") or {}).get("runtimes") or []
+    ok = [float(t) for t in runtimes if isinstance(t, int | float)]
+    return sum(ok) / len(ok) * scale if ok else None
+
+
 def load_cache(path: str | Path) -> KernelTunerCache:
-    """Load a Kernel Tuner cache file; ``.gz`` files are decompressed.
+    """Load a Kernel Tuner cache file (or a T4 results file, :func:`from_t4`); ``.gz`` files
+    are decompressed.
 
     Raises:
         ValueError: if the file is not a Kernel Tuner cache (the message says what is missing).
@@ -121,6 +189,8 @@ def load_cache(path: str | Path) -> KernelTunerCache:
         data = json.loads(text)
     except json.JSONDecodeError:
         data = json.loads(text.rstrip().rstrip(",") + "}}")
+    if isinstance(data, dict) and "results" in data and "cache" not in data:
+        return from_t4(data, name=path.name)
     missing = [k for k in ("tune_params_keys", "tune_params", "cache") if k not in data]
     if missing:
         raise ValueError(f"{path}: not a Kernel Tuner cache file (missing {', '.join(missing)})")

@@ -212,3 +212,69 @@ def test_cli_replay_bad_strategy(shared_datasets):
     out = CliRunner().invoke(app, ["replay", str(shared_datasets[0]), "--strategy", "nope"])
     assert out.exit_code != 0
     assert "strategy must be one of" in out.output
+
+
+def _as_t4(cache: KernelTunerCache, unit: str = "milliseconds") -> dict:
+    """``cache`` as a T4 results document (one result per entry), times in ``unit``."""
+    per_ms = {"milliseconds": 1.0, "seconds": 1e-3}[unit]
+    results = []
+    for entry in cache.entries.values():
+        config = {p: entry[p] for p in cache.params}
+        t = entry["time"]
+        if isinstance(t, str):
+            bad = "compile" if t == "CompilationFailedConfig" else "runtime"
+            results.append({"configuration": config, "invalidity": bad, "measurements": []})
+        else:
+            value = {"name": "time", "value": t * per_ms, "unit": ""}
+            results.append(
+                {"configuration": config, "invalidity": "correct", "measurements": [value]}
+            )
+    return {"schema_version": "1.0.0", "results": results, "metadata": {"timeunit": unit}}
+
+
+def test_a_t4_file_replays_like_the_kernel_tuner_file(tmp_path):
+    from paths import space_files
+
+    kt_path = next(p for p in space_files() if "softmax" in p.name)
+    cache = load_cache(kt_path)
+    for unit in ("milliseconds", "seconds"):
+        (tmp_path / f"{unit}.t4.json").write_text(json.dumps(_as_t4(cache, unit)))
+    in_s = load_cache(tmp_path / "seconds.t4.json")
+    assert in_s.best()[0] == cache.best()[0]
+    assert in_s.best()[1]["time"] == pytest.approx(cache.best()[1]["time"])  # back in ms
+    t4 = load_cache(tmp_path / "milliseconds.t4.json")
+    assert t4.tune_params == cache.tune_params
+    a = replay_search(cache, budget=40, repeats=2)
+    b = replay_search(t4, budget=40, repeats=2)
+    assert [s["best_config"] for s in a.per_seed] == [s["best_config"] for s in b.per_seed]
+    assert b.mean_fraction_of_optimum == pytest.approx(a.mean_fraction_of_optimum)
+
+
+def test_t4_failures_constraints_and_runtimes():
+    doc = {
+        "schema_version": "1.0.0",
+        "results": [
+            {
+                "configuration": {"a": 2, "s": "x"},
+                "invalidity": "correct",
+                "times": {"runtimes": [1.0, 3.0]},
+            },
+            {"configuration": {"a": 1, "s": "y"}, "invalidity": "compile"},
+            {"configuration": {"a": 4, "s": "x"}, "invalidity": "runtime"},
+            {"configuration": {"a": 8, "s": "y"}, "invalidity": "constraints"},
+        ],
+        "metadata": {"timeunit": "milliseconds", "kato": {"gpu_model": "H200", "operator": "k"}},
+    }
+    from tuner.kt_cache import from_t4
+
+    cache = from_t4(doc)
+    assert cache.tune_params == {"a": [1, 2, 4], "s": ["x", "y"]}
+    assert cache.entries["2,x"]["time"] == 2.0  # mean of the runtimes
+    assert cache.entries["1,y"]["time"] == "CompilationFailedConfig"
+    assert cache.entries["4,x"]["time"] == "RuntimeFailedConfig"
+    assert "8,y" not in cache.entries and cache.device_name == "H200"
+    backend = ReplayBackend(cache)
+    assert backend.evaluate({"a": 1, "s": "y"}).status == TrialStatus.COMPILE_ERROR
+    assert not backend.space().is_valid({"a": 2, "s": "y"})
+    with pytest.raises(ValueError, match="without any result"):
+        from_t4({"schema_version": "1.0.0", "results": []})
