@@ -74,11 +74,31 @@ def run_kato(operator: str, shape: tuple[int, ...], dtype: str, budget: int) -> 
         )
         queries.claim_next_job(s, gpu_models=[model], worker_id=wid, lease_seconds=600)
         job_id, strategy = job.id, job.strategy
+    made: list[Any] = []
+    factory = pycuda_backend_factory(0)
+    evaluating = {"s": 0.0, "first": None}
+
+    def make(job):  # the job's backend, with its evaluations timed
+        backend = factory(job)
+        made.append(backend)
+        evaluate = backend.evaluate
+
+        def timed(config):
+            t0 = time.perf_counter()
+            if evaluating["first"] is None:
+                evaluating["first"] = t0
+            try:
+                return evaluate(config)
+            finally:
+                evaluating["s"] += time.perf_counter() - t0
+
+        backend.evaluate = timed
+        return backend
+
     start = time.perf_counter()
-    JobRunner(sessions, db_url, pycuda_backend_factory(0), worker_id=wid, lease_seconds=600).run(
-        job_id
-    )
+    JobRunner(sessions, db_url, make, worker_id=wid, lease_seconds=600).run(job_id)
     wall = time.perf_counter() - start
+    stats = made[0].compile_stats if made else None
     with sessions() as s:
         trials = queries.job_trials(s, job_id)
         job = queries.get_job(s, job_id)
@@ -94,6 +114,14 @@ def run_kato(operator: str, shape: tuple[int, ...], dtype: str, budget: int) -> 
         "trials_per_min": 60 * measured / wall,
         "best_config": best,
         "best_ms_during_tuning": best_ms,
+        # Where the wall time went: before the first measurement (device buffers, inputs and
+        # float64 reference, verifier), inside evaluate (compile waits included), the rest
+        # (proposals, database); compile_wait_s is the time the GPU sat idle on nvcc.
+        "setup_s": (evaluating["first"] or start) - start,
+        "evaluate_s": evaluating["s"],
+        "compile_wait_s": stats.wait_s if stats else None,
+        "compiled_ahead": stats.ahead if stats else None,
+        "compiled_inline": stats.inline if stats else None,
     }
 
 
@@ -273,15 +301,20 @@ def main() -> None:
         help="configs of the brute-force sample (default: the budget); it takes no time limit",
     )
     ap.add_argument("--kt-only", action="store_true", help="skip Kato (diagnosing Kernel Tuner)")
+    ap.add_argument(
+        "--kato-runs", type=int, default=1, help="Kato jobs in a row (the spread between runs)"
+    )
+    ap.add_argument("--no-kt", action="store_true", help="Kato only (diagnosing Kato)")
     ap.add_argument("--out", default="tuning_throughput.json")
     args = ap.parse_args()
     shape = tuple(int(s) for s in args.shape.split("x"))
 
     rows = []
-    if not args.kt_only:
+    for _ in range(0 if args.kt_only else args.kato_runs):
         rows.append(_in_child(run_kato, args.operator, shape, args.dtype, args.budget))
         print(rows[-1], flush=True)
-    for strategy in ["brute_force", *(args.kt or DEFAULT_KT_STRATEGIES)]:
+    strategies = [] if args.no_kt else ["brute_force", *(args.kt or DEFAULT_KT_STRATEGIES)]
+    for strategy in strategies:
         try:
             rows.append(
                 _in_child(
@@ -321,6 +354,14 @@ def main() -> None:
             f"{r['tuner']:34} {r['measured']:8d} {r['ok']:4d} {r['wall_s']:7.1f} "
             f"{r['trials_per_min']:10.1f} {best} {ratio:7.2f}"
         )
+    for r in rows:
+        if r.get("compile_wait_s") is not None:
+            print(
+                f"{r['tuner']}: wall {r['wall_s']:.1f} s = setup {r['setup_s']:.1f} + measuring"
+                f" {r['evaluate_s']:.1f} (of which waiting on nvcc {r['compile_wait_s']:.2f};"
+                f" compiled ahead {r['compiled_ahead']}, inline {r['compiled_inline']}) + search"
+                f" and database {r['wall_s'] - r['setup_s'] - r['evaluate_s']:.1f}"
+            )
     report = {
         "operator": args.operator,
         "shape": list(shape),

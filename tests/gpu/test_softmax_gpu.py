@@ -80,6 +80,9 @@ def test_every_valid_variant_verifies(spec, shape, dtype):
             if error:
                 failures.append((config, error))
         assert not failures, failures[:5]
+        # Every config was asked for after precompile started it: none compiled inline.
+        stats = backend.compile_stats
+        assert (stats.ahead, stats.inline) == (len(valid), 0) and stats.wait_s >= 0
     finally:
         backend.close()
 

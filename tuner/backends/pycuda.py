@@ -129,6 +129,20 @@ def compile_config(
     return compile_kernel(source, spec.kernel_name, arch=arch, cache_dir=compile_cache)
 
 
+@dataclass
+class CompileStats:
+    """Where a backend's compiles came from and how long measuring waited for them.
+
+    ``ahead``: configs whose compile :meth:`PyCudaBackend.precompile` had started (done or
+    running when asked for); ``inline``: compiled on demand; ``wait_s``: seconds
+    :meth:`PyCudaBackend.compile` blocked, the time the GPU sat idle on the compiler.
+    """
+
+    ahead: int = 0
+    inline: int = 0
+    wait_s: float = 0.0
+
+
 class PyCudaBackend(Backend):
     """Measures ``spec`` at ``shape``/``dtype`` on CUDA device ``device_index``.
 
@@ -168,6 +182,7 @@ class PyCudaBackend(Backend):
         self._compiling: dict[str, concurrent.futures.Future[CompiledKernel]] = {}
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._space: SearchSpace | None = None
+        self.compile_stats = CompileStats()
         self._setup_buffers()
         self._verifiers = self._load_verifier()
 
@@ -257,9 +272,15 @@ class PyCudaBackend(Backend):
         """Render and compile ``config`` (raises CompileError); waits for a compile started
         ahead by :meth:`precompile` instead of starting a second one."""
         future = self._compiling.pop(self.space().key(config), None)
-        if future is not None and not future.cancel():
-            return future.result()  # running or done: wait for it
-        return self._compile_now(config)  # not started yet: don't queue behind the others
+        started = time.perf_counter()
+        try:
+            if future is not None and not future.cancel():
+                self.compile_stats.ahead += 1
+                return future.result()  # running or done: wait for it
+            self.compile_stats.inline += 1
+            return self._compile_now(config)  # not started yet: don't queue behind the others
+        finally:
+            self.compile_stats.wait_s += time.perf_counter() - started
 
     def precompile(self, configs: Sequence[dict[str, Any]], max_workers: int | None = None) -> None:
         """Start compiling ``configs`` in the background (nvcc processes run in parallel, one
