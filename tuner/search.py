@@ -164,6 +164,9 @@ class Search:
         known: results measured earlier for this job (key -> result); never re-measured.
         seed_configs: configs to measure first (warm start), in order; invalid ones skipped.
         on_result: called after each new measurement with (result, measured_so_far).
+        on_upcoming: called with the configs the search expects to propose next, likeliest
+            first, after each proposal that has them (the default strategy names them; a
+            backend compiles them ahead: ``PyCudaBackend.hint``). Never changes the search.
         should_stop: polled before each measurement; True ends the search ("cancelled").
     """
 
@@ -180,6 +183,7 @@ class Search:
         seed_configs: list[Config] | None = None,
         on_result: Callable[[TrialResult, int], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
+        on_upcoming: Callable[[list[Config]], None] | None = None,
     ):
         self.space = space
         self.evaluate = evaluate
@@ -188,6 +192,7 @@ class Search:
         self.results: dict[str, TrialResult] = dict(known or {})
         self.on_result = on_result
         self.should_stop = should_stop
+        self.on_upcoming = on_upcoming
         self._rng = random.Random(seed)
         self._grid: list[Config] | None = None
         self._forest: ForestProposer | None = None
@@ -300,6 +305,8 @@ class Search:
                 if point is None:
                     stopped = "exhausted"
                     break
+                if self.on_upcoming is not None and self._forest.upcoming:
+                    self.on_upcoming([self._forest.configs[i] for i in self._forest.upcoming])
                 self.study.enqueue_trial(self.encoding.encode(point))
             elif self.strategy == "hybrid" and (local := self._local_proposal()) is not None:
                 self.study.enqueue_trial(self.encoding.encode(local))

@@ -86,6 +86,9 @@ MOVES: tuple[str, ...] = ("ei", "local", "ei", "walk", "ei", "local", "ei", "fli
 #: Hamming radius of the local neighbourhoods, and how many of the best configs ``local`` uses.
 LOCAL_RADIUS = 2
 N_LOCAL = 3
+#: Configs named as likely next proposals after each proposal (:attr:`ForestProposer.upcoming`),
+#: for the backend to compile ahead of the rest: about one per compile process of a GPU host.
+N_UPCOMING = 16
 #: Add the threads-per-block feature (block_size_* parameters) and the power-of-two flags.
 DERIVED = True
 POW2 = True
@@ -164,6 +167,10 @@ class ForestProposer:
         self.seeded = max(0, seeded)
         self._queue: list[int] = []
         self._turn = 0
+        #: Indices of the configs this proposer expects to propose next, likeliest first (set by
+        #: :meth:`propose`; empty after a move that does not use the model). A hint for
+        #: compiling ahead; computing it never changes the proposals.
+        self.upcoming: list[int] = []
 
     # -- model -------------------------------------------------------------------------------
 
@@ -286,18 +293,43 @@ class ForestProposer:
         """The next config to measure given ``results`` (config key -> result with ``time_ms``,
         None for a failure); None when every valid config has been measured."""
         train, y, measured = self._training_set(results)
+        self.upcoming = []
         while self._queue:
             i = self._queue.pop(0)
             if not measured[i]:
+                self.upcoming = [j for j in self._queue if not measured[j]][:N_UPCOMING]
                 return self.configs[i]
         if measured.all():
             return None
         ok = int(np.sum([getattr(r, "time_ms", None) is not None for r in results.values()]))
         if ok < N_INITIAL + self.seeded or len(train) < N_INITIAL + self.seeded:
-            return self.configs[self._space_filling(measured, 1)[0]]
+            pick = self._space_filling(measured, 1)[0]
+            left = N_INITIAL + self.seeded - ok - 1
+            self.upcoming = self._design_ahead(measured, pick, min(left, N_UPCOMING))
+            return self.configs[pick]
         move = MOVES[self._turn % len(MOVES)]
         self._turn += 1
         return self.configs[self._propose(move, train, y, measured)]
+
+    def _design_ahead(self, measured: np.ndarray, pick: int, count: int) -> list[int]:
+        """The next ``count`` configs of the space-filling design, as :meth:`propose` will draw
+        them once ``pick`` is measured (on a copy of the random state: nothing is consumed)."""
+        if count <= 0:
+            return []
+        state = self.rng.bit_generator.state
+        ahead = measured.copy()
+        ahead[pick] = True
+        out: list[int] = []
+        try:
+            for _ in range(count):
+                if ahead.all():
+                    break
+                nxt = self._space_filling(ahead, 1)[0]
+                out.append(nxt)
+                ahead[nxt] = True
+        finally:
+            self.rng.bit_generator.state = state
+        return out
 
     def _propose(self, move: str, train: np.ndarray, y: np.ndarray, measured: np.ndarray) -> int:
         """The index of the config ``move`` proposes (unmeasured and valid)."""
@@ -314,7 +346,9 @@ class ForestProposer:
         if move == "local":
             pool = self.local_candidates(measured, [int(i) for i in ranked[:N_LOCAL]])
             mu, _, _ = self._fit_predict(train, y, pool)
-            return int(pool[int(np.argmin(mu))])
+            order = np.argsort(mu, kind="stable")
+            self.upcoming = [int(pool[k]) for k in order[1 : 1 + N_UPCOMING]]
+            return int(pool[int(order[0])])
         pool = self._pool(measured, train, y)
         mu, sd, preds = self._fit_predict(train, y, pool)
         if move == "ts":
@@ -324,9 +358,17 @@ class ForestProposer:
             sd = np.maximum(sd, 1e-9)
             z = (best - mu) / sd
             score = sd * (z * _norm_cdf(z) + _norm_pdf(z))
-        order = np.argsort(-score, kind="stable")[: self.batch]
-        picks = [int(pool[k]) for k in order]
+        ranking = np.argsort(-score, kind="stable")
+        picks = [int(pool[k]) for k in ranking[: self.batch]]
         self._queue = picks[1:]
+        # Likely next: the next best by this score (the next ``ei``), interleaved with the best
+        # predicted near the best configs (the next ``local``), from this fit.
+        near = set(self.local_candidates(measured, [int(i) for i in ranked[:N_LOCAL]]).tolist())
+        by_score = [int(pool[k]) for k in ranking[len(picks) : len(picks) + N_UPCOMING]]
+        by_mean = [int(pool[k]) for k in np.argsort(mu, kind="stable") if int(pool[k]) in near]
+        merged = [i for pair in zip(by_score, by_mean, strict=False) for i in pair]
+        merged += by_score[len(merged) // 2 :]
+        self.upcoming = [i for i in dict.fromkeys(merged) if i not in picks][:N_UPCOMING]
         return picks[0]
 
 

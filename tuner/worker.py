@@ -450,6 +450,7 @@ class JobRunner:
             seed_configs=warm_start_configs(self.sessions, job, space.is_valid),
             on_result=record,
             should_stop=should_stop,
+            on_upcoming=getattr(backend, "hint", None),  # compile the likely next ones first
             worker_id=self.worker_id,
             is_live=live.__contains__,
             orphan_grace_seconds=self.lease_seconds,

@@ -168,3 +168,41 @@ def test_the_default_finds_a_needle_in_a_rugged_basin_within_the_budget():
         assert result.measured == 100
         hits += result.best.config == optimum
     assert hits >= 4
+
+
+def test_upcoming_names_the_next_design_configs_exactly_and_never_changes_proposals():
+    space = constrained_space()
+    plain, hinted = ForestProposer(space, seed=4), ForestProposer(space, seed=4)
+    results: dict = {}
+    predicted: list[int] = []
+    design_hits = model_hits = model_turns = 0
+    for step in range(40):
+        config = plain.propose(results)
+        assert hinted.propose(results) == config  # reading upcoming changes nothing
+        i = hinted.index[space.key(config)]
+        if step < surrogate.N_INITIAL:
+            if predicted:
+                assert i == predicted[0]  # the design is known ahead, exactly
+                design_hits += 1
+        else:
+            model_turns += 1
+            model_hits += i in predicted
+        predicted = list(hinted.upcoming)
+        taken = {hinted.index[k] for k in results} | {i}
+        assert not taken & set(predicted)  # never a measured config, nor the one just proposed
+        assert all(space.is_valid(hinted.configs[j]) for j in predicted)
+        assert len(predicted) <= surrogate.N_UPCOMING
+        results[space.key(config)] = timing(config)
+    assert design_hits == surrogate.N_INITIAL - 1
+    assert model_hits >= model_turns // 4  # the model's next picks are often among them
+
+
+def test_search_passes_upcoming_configs_on_and_measures_the_same():
+    space = constrained_space()
+    seen: list[list] = []
+    runs = []
+    for on_upcoming in (None, seen.append):
+        search = Search(space, timing, seed=2, on_upcoming=on_upcoming)
+        runs.append(list(search.run(Budget(max_configs=30)).results))
+    assert runs[0] == runs[1]
+    assert len(seen) >= 20 and all(space.is_valid(c) for batch in seen for c in batch)

@@ -24,8 +24,6 @@ measurement at once; :meth:`IsolatedBackend.evaluate` then raises :class:`TrialI
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import importlib
 import logging
 import multiprocessing
@@ -41,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.backends.base import Backend, Config, DeviceInfo, TrialResult, TrialStatus
+from tuner.compile_queue import CompileQueue, CompileStats
 from tuner.space import SearchSpace
 
 log = logging.getLogger(__name__)
@@ -200,8 +199,7 @@ class IsolatedBackend(Backend):
         self._process: Any = None
         self._conn: multiprocessing.connection.Connection | None = None
         self._interrupted = threading.Event()
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._compiling: dict[str, concurrent.futures.Future[Any]] = {}
+        self._queue: CompileQueue[Any] | None = None
         self._info = self._start()
         self._space = self._build_space()
 
@@ -343,47 +341,55 @@ class IsolatedBackend(Backend):
     # --- compile ahead (pycuda) -----------------------------------------------------------
 
     def precompile(self, configs: Sequence[Config], max_workers: int | None = None) -> None:
-        """Compile ``configs`` with nvcc in the parent, in parallel, into the on-disk cache the
-        child reads (pycuda only; a no-op for other kinds)."""
-        if self.spec.kind != "pycuda":
-            return
-        from kernels import get_operator
-        from tuner.backends.pycuda import compile_config
+        """Queue ``configs`` for compiling with nvcc in the parent, in parallel, into the on-disk
+        cache the child reads (pycuda only; a no-op for other kinds)."""
+        queue = self._compile_queue(max_workers)
+        if queue is not None:
+            queue.add(configs)
 
-        if self._pool is None:
+    def hint(self, configs: Sequence[Config]) -> None:
+        """Compile ``configs`` next, before the rest of the queue (the search expects them)."""
+        queue = self._compile_queue()
+        if queue is not None:
+            queue.hint(configs)
+
+    @property
+    def compile_stats(self) -> CompileStats:
+        """Compiles taken ahead / inline, and seconds spent waiting on them."""
+        return self._queue.stats if self._queue is not None else CompileStats()
+
+    def _compile_queue(self, max_workers: int | None = None) -> CompileQueue[Any] | None:
+        if self.spec.kind != "pycuda":
+            return None
+        if self._queue is None:
+            from kernels import get_operator
+            from tuner.backends.pycuda import compile_config
+
+            op = get_operator(self.spec.operator or "")
+            cache = self.spec.option("compile_cache")
+            cache = Path(cache) if cache is not None else None
+            arch, shape, dtype = self._info.arch, self.spec.shape, self.spec.dtype or ""
+
+            def compile_one(config: Config) -> Any:
+                return compile_config(op, shape, dtype, config, arch, cache)
+
             workers = max_workers or self.compile_workers or max(1, (os.cpu_count() or 2) - 1)
-            self._pool = concurrent.futures.ThreadPoolExecutor(workers, "kato-precompile")
-        op = get_operator(self.spec.operator or "")
-        cache = self.spec.option("compile_cache")
-        cache = Path(cache) if cache is not None else None
-        for config in configs:
-            key = self._space.key(config)
-            if key not in self._compiling:
-                self._compiling[key] = self._pool.submit(
-                    compile_config,
-                    op,
-                    self.spec.shape,
-                    self.spec.dtype or "",
-                    dict(config),
-                    self._info.arch,
-                    cache,
-                )
+            self._queue = CompileQueue(compile_one, self._space.key, workers)
+        return self._queue
 
     def _wait_for_compile(self, config: Config) -> None:
         """A compile of ``config`` started ahead: wait for it so the child does not run nvcc a
-        second time; one not started yet is dropped (the child compiles it now)."""
-        future = self._compiling.pop(self._space.key(config), None)
-        if future is not None and not future.cancel():
-            # A compile error is the child's to report, as the trial's result.
-            with contextlib.suppress(Exception):
-                future.result()
+        second time (a compile error is the child's to report, as the trial's result); one not
+        started yet is dropped from the queue (the child compiles it now, under the trial's
+        timeout)."""
+        queue = self._compile_queue()
+        if queue is not None:
+            queue.wait(config)
 
     def close(self) -> None:
         """Stop the child (politely, then by force) and the compile pool. Safe to call twice."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-            self._compiling.clear()
+        if self._queue is not None:
+            self._queue.close()
         if self._conn is not None and self._process is not None:
             try:
                 self._conn.send(("close",))

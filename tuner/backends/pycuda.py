@@ -16,7 +16,6 @@ A failure in any step is a :class:`TrialResult` with a failure status, never an 
 
 from __future__ import annotations
 
-import concurrent.futures
 import math
 import os
 import time
@@ -29,6 +28,7 @@ import numpy as np
 
 from kernels.spec import CUDA_TYPES, Launch, OperatorSpec, Step
 from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
+from tuner.compile_queue import CompileQueue, CompileStats
 from tuner.gpus import find_gpu, normalize_gpu_name
 from tuner.nvcc import CompiledKernel, CompileError, compile_kernel, cuda_version
 from tuner.occupancy import occupancy
@@ -129,20 +129,6 @@ def compile_config(
     return compile_kernel(source, spec.kernel_name, arch=arch, cache_dir=compile_cache)
 
 
-@dataclass
-class CompileStats:
-    """Where a backend's compiles came from and how long measuring waited for them.
-
-    ``ahead``: configs whose compile :meth:`PyCudaBackend.precompile` had started (done or
-    running when asked for); ``inline``: compiled on demand; ``wait_s``: seconds
-    :meth:`PyCudaBackend.compile` blocked, the time the GPU sat idle on the compiler.
-    """
-
-    ahead: int = 0
-    inline: int = 0
-    wait_s: float = 0.0
-
-
 class PyCudaBackend(Backend):
     """Measures ``spec`` at ``shape``/``dtype`` on CUDA device ``device_index``.
 
@@ -179,10 +165,8 @@ class PyCudaBackend(Backend):
         self.gpu = find_gpu(self.info.model)
         self._rng = np.random.default_rng(seed)
         self._modules: list[Any] = []  # keep loaded modules alive
-        self._compiling: dict[str, concurrent.futures.Future[CompiledKernel]] = {}
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._space: SearchSpace | None = None
-        self.compile_stats = CompileStats()
+        self._queue: CompileQueue[CompiledKernel] | None = None
         self._setup_buffers()
         self._verifiers = self._load_verifier()
 
@@ -268,32 +252,33 @@ class PyCudaBackend(Backend):
             self.spec, self.shape, self.dtype, config, self.info.arch, self.compile_cache
         )
 
+    @property
+    def compile_stats(self) -> CompileStats:
+        """Compiles taken ahead / inline, and seconds measuring waited on them."""
+        return self._queue.stats if self._queue is not None else CompileStats()
+
+    def _compile_queue(self, max_workers: int | None = None) -> CompileQueue[CompiledKernel]:
+        if self._queue is None:
+            workers = max_workers or max(1, (os.cpu_count() or 2) - 1)
+            self._queue = CompileQueue(self._compile_now, self.space().key, workers)
+        return self._queue
+
     def compile(self, config: dict[str, Any]) -> CompiledKernel:
         """Render and compile ``config`` (raises CompileError); waits for a compile started
-        ahead by :meth:`precompile` instead of starting a second one."""
-        future = self._compiling.pop(self.space().key(config), None)
-        started = time.perf_counter()
-        try:
-            if future is not None and not future.cancel():
-                self.compile_stats.ahead += 1
-                return future.result()  # running or done: wait for it
-            self.compile_stats.inline += 1
-            return self._compile_now(config)  # not started yet: don't queue behind the others
-        finally:
-            self.compile_stats.wait_s += time.perf_counter() - started
+        ahead by :meth:`precompile` or :meth:`hint` instead of starting a second one, and
+        compiles now one that has not started (it does not queue behind the others)."""
+        return self._compile_queue().take(config)
 
     def precompile(self, configs: Sequence[dict[str, Any]], max_workers: int | None = None) -> None:
-        """Start compiling ``configs`` in the background (nvcc processes run in parallel, one
-        per core by default) so that measuring never waits on the compiler for them. Results
-        land in the on-disk cache; :meth:`compile` picks them up."""
-        if self._pool is None:
-            workers = max_workers or max(1, (os.cpu_count() or 2) - 1)
-            self._pool = concurrent.futures.ThreadPoolExecutor(workers, "kato-precompile")
-        space = self.space()
-        for config in configs:
-            key = space.key(config)
-            if key not in self._compiling:
-                self._compiling[key] = self._pool.submit(self._compile_now, dict(config))
+        """Queue ``configs`` for compiling in the background (nvcc processes run in parallel,
+        one per core less one by default), in order, behind any hinted ones. Results land in the
+        on-disk cache too; :meth:`compile` picks them up."""
+        self._compile_queue(max_workers).add(configs)
+
+    def hint(self, configs: Sequence[dict[str, Any]]) -> None:
+        """Compile ``configs`` next, before the rest of the queue: the search expects to ask
+        for them soon (``Search(on_upcoming=...)``)."""
+        self._compile_queue().hint(configs)
 
     def evaluate(self, config: dict[str, Any]) -> TrialResult:
         result = TrialResult(config=dict(config), status=TrialStatus.OK)
@@ -447,11 +432,8 @@ class PyCudaBackend(Backend):
         return True
 
     def close(self) -> None:
-        if self._pool is not None:
-            for future in self._compiling.values():
-                future.cancel()
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        if self._queue is not None:
+            self._queue.close()  # its stats stay readable
         if self._context is not None:
             self._modules.clear()
             self._context.pop()
