@@ -47,7 +47,9 @@ Contract (``tests/tuner/test_search.py`` and ``tests/tuner/test_surrogate.py`` h
   resumed job's new proposer starts its turns afresh from the known results);
 - warm-start configs measured before the proposer (``seeded``) do not shorten its own
   space-filling design;
-- None is returned only when every valid config has a result.
+- None is returned only when every valid config has a result;
+- :attr:`ForestProposer.upcoming` names likely next proposals (for compiling ahead) without
+  consuming the random state: the proposals are the same whether or not it is read.
 """
 
 from __future__ import annotations
