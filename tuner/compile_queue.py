@@ -21,6 +21,7 @@ Contract (tests/tuner/test_compile_queue.py):
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -52,16 +53,19 @@ class CompileQueue(Generic[T]):
     Args:
         compile_fn: compiles one config (may raise; the error is re-raised by :meth:`take`).
         key: a config's identity (configs with the same key are compiled once).
-        workers: background compiles at most at once (nvcc processes: one per core less one,
-            so that an inline compile and the measuring thread still get a core).
+        workers: background compiles at most at once (None: one nvcc process per core less
+            one, so that an inline compile and the measuring thread still get a core).
     """
 
     def __init__(
-        self, compile_fn: Callable[[Config], T], key: Callable[[Config], str], workers: int
+        self,
+        compile_fn: Callable[[Config], T],
+        key: Callable[[Config], str],
+        workers: int | None = None,
     ):
         self._compile = compile_fn
         self._key = key
-        self._workers = max(1, workers)
+        self._workers = max(1, workers or (os.cpu_count() or 2) - 1)
         # Re-entrant: a future that is already done runs its done-callback (which takes the
         # lock) inside add_done_callback, while _fill holds it.
         self._lock = threading.RLock()
@@ -96,19 +100,10 @@ class CompileQueue(Generic[T]):
     def take(self, config: Config) -> T:
         """The compiled ``config``: waits for its compile if started, else compiles it now in
         this thread (and drops it from the queue)."""
-        k = self._key(config)
         started = time.perf_counter()
         try:
-            with self._lock:
-                future = self._started.pop(k, None)
-                if future is None:
-                    self._queued.pop(k, None)
-                    self.stats.inline += 1
-                else:
-                    self.stats.ahead += 1
-            if future is not None:
-                return future.result()
-            return self._compile(dict(config))
+            future = self._claim(config)
+            return future.result() if future is not None else self._compile(dict(config))
         finally:
             self.stats.wait_s += time.perf_counter() - started
 
@@ -116,20 +111,14 @@ class CompileQueue(Generic[T]):
         """Wait for ``config``'s compile if it has started (True; its error is swallowed: the
         caller compiles or reports it itself) and drop it from the queue if it has not (False):
         for a caller that compiles elsewhere (the isolated backend's child)."""
-        k = self._key(config)
         started = time.perf_counter()
-        with self._lock:
-            future = self._started.pop(k, None)
-            if future is None:
-                self._queued.pop(k, None)
-                self.stats.inline += 1
-                return False
-            self.stats.ahead += 1
         try:
-            future.exception()
+            future = self._claim(config)
+            if future is not None:
+                future.exception()
+            return future is not None
         finally:
             self.stats.wait_s += time.perf_counter() - started
-        return True
 
     def pending(self) -> int:
         """Configs queued and not started."""
@@ -145,7 +134,21 @@ class CompileQueue(Generic[T]):
         if pool is not None:
             pool.shutdown(wait=True)
 
-    # -- internals (called with the lock held) ----------------------------------------------
+    # -- internals ---------------------------------------------------------------------------
+
+    def _claim(self, config: Config) -> concurrent.futures.Future[T] | None:
+        """Take ``config`` out of the queue: its started compile, or None (dropped if queued)."""
+        k = self._key(config)
+        with self._lock:
+            future = self._started.pop(k, None)
+            if future is None:
+                self._queued.pop(k, None)
+                self.stats.inline += 1
+            else:
+                self.stats.ahead += 1
+            return future
+
+    # (called with the lock held)
 
     def _fill(self) -> None:
         while not self._closed and self._queued and self._running < self._workers:

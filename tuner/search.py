@@ -300,7 +300,12 @@ class Search:
                 self.study.enqueue_trial(self.encoding.encode(seeded))
             elif self.strategy == "forest":
                 if self._forest is None:
-                    self._forest = ForestProposer(self.space, self._seed, seeded=self._seeded)
+                    self._forest = ForestProposer(
+                        self.space,
+                        self._seed,
+                        seeded=self._seeded,
+                        hints=self.on_upcoming is not None,
+                    )
                 point = self._forest.propose(self.results)
                 if point is None:
                     stopped = "exhausted"

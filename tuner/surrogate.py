@@ -48,8 +48,8 @@ Contract (``tests/tuner/test_search.py`` and ``tests/tuner/test_surrogate.py`` h
 - warm-start configs measured before the proposer (``seeded``) do not shorten its own
   space-filling design;
 - None is returned only when every valid config has a result;
-- :attr:`ForestProposer.upcoming` names likely next proposals (for compiling ahead) without
-  consuming the random state: the proposals are the same whether or not it is read.
+- :attr:`ForestProposer.upcoming` (with ``hints``) names likely next proposals, for compiling
+  ahead, without consuming the random state: the proposals are the same with or without it.
 """
 
 from __future__ import annotations
@@ -128,9 +128,19 @@ class ForestProposer:
         seeded: configs measured on purpose before this proposer (warm start); the space-filling
             design still gets its own :data:`N_INITIAL` configs, so that seeds from a source
             whose best region is a poor one here do not confine the model to that region.
+        hints: fill :attr:`upcoming` after each proposal (a little work per proposal, for a
+            caller that compiles ahead; off, it stays empty).
     """
 
-    def __init__(self, space: SearchSpace, seed: int = 0, *, batch: int = 1, seeded: int = 0):
+    def __init__(
+        self,
+        space: SearchSpace,
+        seed: int = 0,
+        *,
+        batch: int = 1,
+        seeded: int = 0,
+        hints: bool = False,
+    ):
         self.space = space
         self.configs: list[Config] = space.valid_configs()
         self.index: dict[str, int] = {space.key(c): i for i, c in enumerate(self.configs)}
@@ -173,6 +183,7 @@ class ForestProposer:
         #: :meth:`propose`; empty after a move that does not use the model). A hint for
         #: compiling ahead; computing it never changes the proposals.
         self.upcoming: list[int] = []
+        self.hints = hints
 
     # -- model -------------------------------------------------------------------------------
 
@@ -299,15 +310,17 @@ class ForestProposer:
         while self._queue:
             i = self._queue.pop(0)
             if not measured[i]:
-                self.upcoming = [j for j in self._queue if not measured[j]][:N_UPCOMING]
+                if self.hints:
+                    self.upcoming = [j for j in self._queue if not measured[j]][:N_UPCOMING]
                 return self.configs[i]
         if measured.all():
             return None
         ok = int(np.sum([getattr(r, "time_ms", None) is not None for r in results.values()]))
         if ok < N_INITIAL + self.seeded or len(train) < N_INITIAL + self.seeded:
             pick = self._space_filling(measured, 1)[0]
-            left = N_INITIAL + self.seeded - ok - 1
-            self.upcoming = self._design_ahead(measured, pick, min(left, N_UPCOMING))
+            if self.hints:
+                left = N_INITIAL + self.seeded - ok - 1
+                self.upcoming = self._design_ahead(measured, pick, min(left, N_UPCOMING))
             return self.configs[pick]
         move = MOVES[self._turn % len(MOVES)]
         self._turn += 1
@@ -349,7 +362,8 @@ class ForestProposer:
             pool = self.local_candidates(measured, [int(i) for i in ranked[:N_LOCAL]])
             mu, _, _ = self._fit_predict(train, y, pool)
             order = np.argsort(mu, kind="stable")
-            self.upcoming = [int(pool[k]) for k in order[1 : 1 + N_UPCOMING]]
+            if self.hints:
+                self.upcoming = [int(pool[k]) for k in order[1 : 1 + N_UPCOMING]]
             return int(pool[int(order[0])])
         pool = self._pool(measured, train, y)
         mu, sd, preds = self._fit_predict(train, y, pool)
@@ -363,15 +377,31 @@ class ForestProposer:
         ranking = np.argsort(-score, kind="stable")
         picks = [int(pool[k]) for k in ranking[: self.batch]]
         self._queue = picks[1:]
-        # Likely next: the next best by this score (the next ``ei``), interleaved with the best
-        # predicted near the best configs (the next ``local``), from this fit.
-        near = set(self.local_candidates(measured, [int(i) for i in ranked[:N_LOCAL]]).tolist())
-        by_score = [int(pool[k]) for k in ranking[len(picks) : len(picks) + N_UPCOMING]]
-        by_mean = [int(pool[k]) for k in np.argsort(mu, kind="stable") if int(pool[k]) in near]
-        merged = [i for pair in zip(by_score, by_mean, strict=False) for i in pair]
-        merged += by_score[len(merged) // 2 :]
-        self.upcoming = [i for i in dict.fromkeys(merged) if i not in picks][:N_UPCOMING]
+        if self.hints:
+            self.upcoming = self._likely_next(pool, ranking, mu, measured, ranked, picks)
         return picks[0]
+
+    def _likely_next(
+        self,
+        pool: np.ndarray,
+        ranking: np.ndarray,
+        mu: np.ndarray,
+        measured: np.ndarray,
+        ranked: np.ndarray,
+        picks: list[int],
+    ) -> list[int]:
+        """After an ``ei`` proposal, from the same fit: the next best by its score (the next
+        ``ei``) alternating with the best predicted near the best configs (the next ``local``)."""
+        near = self.local_candidates(measured, [int(i) for i in ranked[:N_LOCAL]])
+        by_mean = np.argsort(mu, kind="stable")
+        by_mean = by_mean[np.isin(pool[by_mean], near)][:N_UPCOMING]
+        by_score = ranking[len(picks) : len(picks) + N_UPCOMING]
+        alternated = np.empty(len(by_score) + len(by_mean), dtype=np.int64)
+        k = min(len(by_score), len(by_mean))
+        alternated[: 2 * k : 2], alternated[1 : 2 * k : 2] = by_score[:k], by_mean[:k]
+        alternated[2 * k :] = by_score[k:] if len(by_score) > k else by_mean[k:]
+        out = [int(i) for i in dict.fromkeys(pool[alternated].tolist()) if i not in picks]
+        return out[:N_UPCOMING]
 
 
 def _norm_pdf(z: np.ndarray) -> np.ndarray:

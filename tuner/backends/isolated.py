@@ -373,7 +373,7 @@ class IsolatedBackend(Backend):
             def compile_one(config: Config) -> Any:
                 return compile_config(op, shape, dtype, config, arch, cache)
 
-            workers = max_workers or self.compile_workers or max(1, (os.cpu_count() or 2) - 1)
+            workers = max_workers or self.compile_workers
             self._queue = CompileQueue(compile_one, self._space.key, workers)
         return self._queue
 

@@ -17,7 +17,6 @@ A failure in any step is a :class:`TrialResult` with a failure status, never an 
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -259,8 +258,7 @@ class PyCudaBackend(Backend):
 
     def _compile_queue(self, max_workers: int | None = None) -> CompileQueue[CompiledKernel]:
         if self._queue is None:
-            workers = max_workers or max(1, (os.cpu_count() or 2) - 1)
-            self._queue = CompileQueue(self._compile_now, self.space().key, workers)
+            self._queue = CompileQueue(self._compile_now, self.space().key, max_workers)
         return self._queue
 
     def compile(self, config: dict[str, Any]) -> CompiledKernel:
