@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from fastapi.testclient import TestClient
 
 from db import tokens
@@ -49,7 +51,13 @@ def test_tune_softmax_through_the_rest_api(tmp_path):
         assert ok and all(t["registers"] > 0 and t["time_ms"] > 0 for t in ok)
         fastest = min(t["time_ms"] for t in ok)
 
+        # The lookup cache serves a new winner within about its check interval (0.5 s): the
+        # "default" answer above may be served until then (a short job finishes first).
+        deadline = time.monotonic() + 10
         after = client.get("/v1/configs/softmax", params=query).json()
+        while after["source"] == "default" and time.monotonic() < deadline:
+            time.sleep(0.1)
+            after = client.get("/v1/configs/softmax", params=query).json()
         assert after["source"] == "exact"
         assert after["time_ms"] == fastest
         assert after["compute_capability"] == "9.0" if model == "H200" else True
