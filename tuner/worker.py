@@ -94,7 +94,7 @@ def optuna_storage(db_url: str) -> optuna.storages.RDBStorage:
     replayed trial cost ~1 s on slow disks.
     """
     from sqlalchemy import event
-    from sqlalchemy.exc import IntegrityError, OperationalError
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
     from db.session import _configure_sqlite_connection
 
@@ -104,9 +104,11 @@ def optuna_storage(db_url: str) -> optuna.storages.RDBStorage:
         try:
             storage = optuna.storages.RDBStorage(db_url, engine_kwargs=kwargs)
             break
-        except (IntegrityError, OperationalError):
+        except (IntegrityError, OperationalError, ProgrammingError):
             # Two workers creating Optuna's tables in a fresh database at once: one loses the
-            # race on Optuna's version row; the tables exist now, so the next try succeeds.
+            # race on Optuna's version row (IntegrityError), or on PostgreSQL on a table itself
+            # ("relation studies already exists", ProgrammingError); the tables exist now, so
+            # the next try succeeds.
             if attempt == 4:
                 raise
             time.sleep(0.2 * (attempt + 1))

@@ -230,3 +230,28 @@ def test_shared_search_leaves_a_just_asked_trial_to_its_worker():
     join(0.0)
     state = owner.study._study.get_trials(deepcopy=False)[trial.number].state
     assert state == optuna.trial.TrialState.FAIL
+
+
+@pytest.mark.parametrize("error", ["integrity", "duplicate_table"])
+def test_optuna_storage_retries_when_another_worker_made_the_tables(monkeypatch, tmp_path, error):
+    # Workers starting at once on a fresh database race to create Optuna's tables; the loser
+    # sees the version row (IntegrityError) or, on PostgreSQL, a table (ProgrammingError:
+    # DuplicateTable) created under it. It must try again, not die (a fleet test lost a worker).
+    import optuna
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    from tuner import worker as worker_module
+
+    real = optuna.storages.RDBStorage
+    calls = []
+
+    def racing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            exc = IntegrityError if error == "integrity" else ProgrammingError
+            raise exc("CREATE TABLE studies", {}, Exception('relation "studies" already exists'))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
+    storage = worker_module.optuna_storage(f"sqlite:///{tmp_path}/jobs.db")
+    assert len(calls) == 2 and storage.get_all_studies() == []
