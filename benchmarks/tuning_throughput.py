@@ -46,9 +46,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 DEFAULT_KT_STRATEGIES = ("genetic_algorithm", "greedy_ils", "dual_annealing")
 
+from tuner.worker import DEFAULT_LOOKAHEAD  # noqa: E402 - after the path insert
 
-def run_kato(operator: str, shape: tuple[int, ...], dtype: str, budget: int) -> dict[str, Any]:
-    """One Kato tuning job, cold compile cache, fresh database."""
+
+def run_kato(
+    operator: str, shape: tuple[int, ...], dtype: str, budget: int, lookahead: int
+) -> dict[str, Any]:
+    """One Kato tuning job, cold compile cache, fresh database; ``lookahead``: configs the
+    search may ask for ahead while the GPU would wait on nvcc (the worker's setting)."""
     from db import queries
     from db.session import init_db, session_factory
     from kernels import get_operator
@@ -96,7 +101,9 @@ def run_kato(operator: str, shape: tuple[int, ...], dtype: str, budget: int) -> 
         return backend
 
     start = time.perf_counter()
-    JobRunner(sessions, db_url, make, worker_id=wid, lease_seconds=600).run(job_id)
+    JobRunner(sessions, db_url, make, worker_id=wid, lease_seconds=600, lookahead=lookahead).run(
+        job_id
+    )
     wall = time.perf_counter() - start
     stats = made[0].compile_stats if made else None
     with sessions() as s:
@@ -107,7 +114,8 @@ def run_kato(operator: str, shape: tuple[int, ...], dtype: str, budget: int) -> 
         best = dict(job.best_config) if job.best_config else None
         best_ms = job.best_time_ms
     return {
-        "tuner": f"Kato ({strategy})",
+        "tuner": f"Kato ({strategy}, lookahead {lookahead})",
+        "lookahead": lookahead,
         "measured": measured,
         "ok": ok,
         "wall_s": wall,
@@ -305,14 +313,23 @@ def main() -> None:
         "--kato-runs", type=int, default=1, help="Kato jobs in a row (the spread between runs)"
     )
     ap.add_argument("--no-kt", action="store_true", help="Kato only (diagnosing Kato)")
+    ap.add_argument(
+        "--lookahead",
+        default=str(DEFAULT_LOOKAHEAD),
+        help="Kato's lookahead; a comma list runs Kato's jobs for each (1: ask, measure, ask)",
+    )
     ap.add_argument("--out", default="tuning_throughput.json")
     args = ap.parse_args()
     shape = tuple(int(s) for s in args.shape.split("x"))
 
     rows = []
+    lookaheads = [int(n) for n in args.lookahead.split(",")]
     for _ in range(0 if args.kt_only else args.kato_runs):
-        rows.append(_in_child(run_kato, args.operator, shape, args.dtype, args.budget))
-        print(rows[-1], flush=True)
+        for lookahead in lookaheads:
+            rows.append(
+                _in_child(run_kato, args.operator, shape, args.dtype, args.budget, lookahead)
+            )
+            print(rows[-1], flush=True)
     strategies = [] if args.no_kt else ["brute_force", *(args.kt or DEFAULT_KT_STRATEGIES)]
     for strategy in strategies:
         try:
@@ -338,7 +355,7 @@ def main() -> None:
     if args.kt_only:
         print(json.dumps(rows, indent=1, default=str))
         return
-    kato = rows[0]
+    kato = next((r for r in rows if r.get("lookahead") == DEFAULT_LOOKAHEAD), rows[0])
     print(f"\n{args.operator} {args.shape} {args.dtype}, budget {args.budget}")
     print(
         f"{'tuner':34} {'measured':>8} {'ok':>4} {'wall s':>7} {'trials/min':>10} "

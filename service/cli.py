@@ -90,6 +90,7 @@ def _start_gpu_workers(db_url: str, sessions, lease_seconds: float) -> list[thre
             lease_seconds=lease_seconds,
             devices=[{"index": index, "model": model}],
             max_workers_per_job=settings.max_workers_per_job,
+            lookahead=settings.lookahead,
         )
         t = threading.Thread(target=worker.run_forever, name=f"kato-worker-{index}", daemon=True)
         t.start()
@@ -239,6 +240,7 @@ def worker(
         backend_name=backend,
         devices=devices,
         max_workers_per_job=max_workers_per_job or settings.max_workers_per_job,
+        lookahead=settings.lookahead,
     )
 
     def _terminate(signum, frame):  # SIGTERM (docker stop): finish like Ctrl-C
@@ -331,6 +333,7 @@ def tune(
             worker_id=worker_id,
             lease_seconds=settings.lease_seconds,
             on_progress=on_progress,
+            lookahead=settings.lookahead,
         )
         outcome = runner.run(job_id)
     with sessions() as session:

@@ -41,6 +41,13 @@ class Settings(BaseSettings):
         description="GPU workers measure in a child process that a faulting kernel cannot "
         "take down (false: in the worker process itself)",
     )
+    lookahead: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="configs a job's search may ask for ahead while the GPU would wait on nvcc "
+        "for the one asked before (measured as their compiles finish; 1: ask, measure, ask)",
+    )
     max_workers_per_job: int = Field(
         default=4,
         ge=1,

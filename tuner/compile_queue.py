@@ -120,6 +120,13 @@ class CompileQueue(Generic[T]):
         finally:
             self.stats.wait_s += time.perf_counter() - started
 
+    def is_done(self, config: Config) -> bool:
+        """Whether ``config``'s background compile has finished (successfully or not): taking
+        it now would not wait on the compiler."""
+        with self._lock:
+            future = self._started.get(self._key(config))
+            return future is not None and future.done()
+
     def pending(self) -> int:
         """Configs queued and not started."""
         with self._lock:

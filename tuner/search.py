@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import optuna
 
-from tuner.backends.base import TrialResult
+from tuner.backends.base import TrialResult, TrialStatus
 from tuner.space import Config, SearchSpace
 from tuner.surrogate import ForestProposer
 
@@ -168,6 +168,13 @@ class Search:
             first, after each proposal that has them (the default strategy names them; a
             backend compiles them ahead: ``PyCudaBackend.hint``). Never changes the search.
         should_stop: polled before each measurement; True ends the search ("cancelled").
+        ahead: most configs asked for and not measured yet (1: ask, measure, ask, ...). Above
+            1, when no config asked for is ``ready`` (its compile is still running), the search
+            asks for another one, with those in flight as pending, instead of waiting, and
+            measures the first that is ready: the GPU waits on the compiler only when all of
+            them compile. Each extra proposal is made without the results still in flight.
+        ready: whether measuring a config now would not wait (its compile is done; a backend's
+            ``is_compiled``). None: always (no proposal is ever made ahead).
     """
 
     def __init__(
@@ -184,6 +191,8 @@ class Search:
         on_result: Callable[[TrialResult, int], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
         on_upcoming: Callable[[list[Config]], None] | None = None,
+        ahead: int = 1,
+        ready: Callable[[Config], bool] | None = None,
     ):
         self.space = space
         self.evaluate = evaluate
@@ -198,6 +207,12 @@ class Search:
         self._forest: ForestProposer | None = None
         self._seed = seed
         self.local_after = 15
+        if ahead < 1:
+            raise ValueError("ahead must be at least 1")
+        self.ahead = ahead
+        self.ready = ready
+        #: Configs asked for and not measured yet: (Optuna trial, config, key), oldest first.
+        self._inflight: list[tuple[optuna.Trial, Config, str]] = []
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.study = optuna.create_study(
             storage=storage,
@@ -274,6 +289,72 @@ class Search:
                 return point
         return None
 
+    def _proposal_view(self) -> Mapping[str, TrialResult]:
+        """The results as a proposer sees them: configs in flight count as pending."""
+        if not self._inflight:
+            return self.results
+        view = dict(self.results)
+        for _, config, key in self._inflight:
+            view[key] = TrialResult(config=dict(config), status=TrialStatus.PENDING)
+        return view
+
+    def _enqueue_next(self) -> str | None:
+        """Enqueue the strategy's next config in the study (strategies that propose their own
+        configs); the reason to stop ("exhausted") when there is none left."""
+        if (seeded := self._next_seed_config()) is not None:
+            self.study.enqueue_trial(self.encoding.encode(seeded))
+        elif self.strategy == "forest":
+            if self._forest is None:
+                self._forest = ForestProposer(
+                    self.space,
+                    self._seed,
+                    seeded=self._seeded,
+                    hints=self.on_upcoming is not None,
+                )
+            point = self._forest.propose(self._proposal_view())
+            if point is None:
+                return "exhausted"
+            upcoming = [self._forest.configs[i] for i in self._forest.upcoming]
+            if self.ahead > 1:
+                upcoming.insert(0, point)  # it may wait in flight: compile it first
+            if self.on_upcoming is not None and upcoming:
+                self.on_upcoming(upcoming)
+            self.study.enqueue_trial(self.encoding.encode(point))
+        elif self.strategy == "hybrid" and (local := self._local_proposal()) is not None:
+            self.study.enqueue_trial(self.encoding.encode(local))
+        elif self.strategy == "grid":
+            point = self._next_grid_point()
+            if point is None:
+                return "exhausted"
+            self.study.enqueue_trial(self.encoding.encode(point))
+        return None
+
+    def _wants_another(self, budget: Budget) -> bool:
+        """Ask for another config before measuring? Always with none in flight; with some, only
+        while none of them is ready, up to ``ahead`` and the config budget."""
+        if not self._inflight:
+            return True
+        if len(self._inflight) >= self.ahead or self.ready is None:
+            return False
+        if budget.max_configs is not None and (
+            len(self.results) + len(self._inflight) >= budget.max_configs
+        ):
+            return False
+        return not any(self.ready(config) for _, config, _ in self._inflight)
+
+    def _next_to_measure(self) -> tuple[optuna.Trial, Config, str]:
+        """The first config in flight that is ready (else the oldest), out of the list."""
+        pick = 0
+        if self.ready is not None and len(self._inflight) > 1:
+            pick = next((i for i, (_, c, _) in enumerate(self._inflight) if self.ready(c)), 0)
+        return self._inflight.pop(pick)
+
+    def _abandon_inflight(self) -> None:
+        """The search stops with configs asked for and not measured: close their trials."""
+        for trial, _, _ in self._inflight:
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        self._inflight.clear()
+
     def run(self, budget: Budget) -> SearchResult:
         start = time.monotonic()
         new: list[TrialResult] = []
@@ -289,62 +370,63 @@ class Search:
             if self.should_stop is not None and self.should_stop():
                 stopped = "cancelled"
                 break
-            if unproductive >= MAX_UNPRODUCTIVE_PROPOSALS:
-                fallback = self._random_unmeasured()
-                if fallback is None:
-                    stopped = "exhausted"
-                    break
-                self.study.enqueue_trial(self.encoding.encode(fallback))
+            if self._wants_another(budget):
+                if unproductive >= MAX_UNPRODUCTIVE_PROPOSALS:
+                    fallback = self._random_unmeasured()
+                    if fallback is None and not self._inflight:
+                        stopped = "exhausted"
+                        break
+                    if fallback is not None:
+                        self.study.enqueue_trial(self.encoding.encode(fallback))
+                    unproductive = 0
+                if (reason := self._enqueue_next()) is not None:
+                    if not self._inflight:
+                        stopped = reason
+                        break
+                    self.ahead = 1  # nothing left to ask for: measure what is in flight
+                    continue
+                try:
+                    trial = self.study.ask()
+                    config = self.encoding.suggest(trial)
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    # Another worker sharing the study closed this trial between the ask and
+                    # the suggest (it took it for an orphan): ask again; nothing was measured.
+                    unproductive += 1
+                    continue
+                key = self.space.key(config)
+                if not self.space.is_valid(config):
+                    self.study.tell(trial, FAILED_VALUE)
+                    unproductive += 1
+                    continue
+                if key in self.results:
+                    self.study.tell(trial, objective_value(self.results[key]))
+                    unproductive += 1
+                    continue
+                if any(key == k for _, _, k in self._inflight):
+                    self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    unproductive += 1
+                    continue
                 unproductive = 0
-            if (seeded := self._next_seed_config()) is not None:
-                self.study.enqueue_trial(self.encoding.encode(seeded))
-            elif self.strategy == "forest":
-                if self._forest is None:
-                    self._forest = ForestProposer(
-                        self.space,
-                        self._seed,
-                        seeded=self._seeded,
-                        hints=self.on_upcoming is not None,
-                    )
-                point = self._forest.propose(self.results)
-                if point is None:
-                    stopped = "exhausted"
-                    break
-                if self.on_upcoming is not None and self._forest.upcoming:
-                    self.on_upcoming([self._forest.configs[i] for i in self._forest.upcoming])
-                self.study.enqueue_trial(self.encoding.encode(point))
-            elif self.strategy == "hybrid" and (local := self._local_proposal()) is not None:
-                self.study.enqueue_trial(self.encoding.encode(local))
-            elif self.strategy == "grid":
-                point = self._next_grid_point()
-                if point is None:
-                    stopped = "exhausted"
-                    break
-                self.study.enqueue_trial(self.encoding.encode(point))
+                self._inflight.append((trial, config, key))
+                if self._wants_another(budget):
+                    continue
+            trial, config, key = self._next_to_measure()
+            known = self.results.get(key)
+            if known is not None and known.status != TrialStatus.PENDING:
+                self.study.tell(trial, objective_value(known))  # another worker measured it
+                continue
             try:
-                trial = self.study.ask()
-                config = self.encoding.suggest(trial)
-            except optuna.exceptions.UpdateFinishedTrialError:
-                # Another worker sharing the study closed this trial between the ask and the
-                # suggest (it took it for an orphan): ask again; nothing was measured.
-                unproductive += 1
-                continue
-            key = self.space.key(config)
-            if not self.space.is_valid(config):
-                self.study.tell(trial, FAILED_VALUE)
-                unproductive += 1
-                continue
-            if key in self.results:
-                self.study.tell(trial, objective_value(self.results[key]))
-                unproductive += 1
-                continue
-            unproductive = 0
-            result = self.evaluate(config)
+                result = self.evaluate(config)
+            except BaseException:
+                self._inflight.insert(0, (trial, config, key))
+                self._abandon_inflight()
+                raise
             self.results[key] = result
             new.append(result)
             self.study.tell(trial, objective_value(result))
             if self.on_result is not None:
                 self.on_result(result, len(self.results))
+        self._abandon_inflight()
         return SearchResult(
             best=best_of(self.results), results=self.results, new=new, stopped=stopped
         )

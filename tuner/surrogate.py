@@ -184,6 +184,10 @@ class ForestProposer:
         #: compiling ahead; computing it never changes the proposals.
         self.upcoming: list[int] = []
         self.hints = hints
+        # The latest fit's rankings (hints only): unmeasured configs by expected improvement,
+        # and near the best configs by predicted mean.
+        self._by_score: np.ndarray = np.empty(0, dtype=np.int64)
+        self._by_mean: np.ndarray = np.empty(0, dtype=np.int64)
 
     # -- model -------------------------------------------------------------------------------
 
@@ -324,7 +328,10 @@ class ForestProposer:
             return self.configs[pick]
         move = MOVES[self._turn % len(MOVES)]
         self._turn += 1
-        return self.configs[self._propose(move, train, y, measured)]
+        pick = self._propose(move, train, y, measured)
+        if self.hints:
+            self.upcoming = self._likely_next(pick, train, y, measured)
+        return self.configs[pick]
 
     def _design_ahead(self, measured: np.ndarray, pick: int, count: int) -> list[int]:
         """The next ``count`` configs of the space-filling design, as :meth:`propose` will draw
@@ -363,7 +370,7 @@ class ForestProposer:
             mu, _, _ = self._fit_predict(train, y, pool)
             order = np.argsort(mu, kind="stable")
             if self.hints:
-                self.upcoming = [int(pool[k]) for k in order[1 : 1 + N_UPCOMING]]
+                self._by_mean = pool[order[: 2 * N_UPCOMING]]
             return int(pool[int(order[0])])
         pool = self._pool(measured, train, y)
         mu, sd, preds = self._fit_predict(train, y, pool)
@@ -378,29 +385,56 @@ class ForestProposer:
         picks = [int(pool[k]) for k in ranking[: self.batch]]
         self._queue = picks[1:]
         if self.hints:
-            self.upcoming = self._likely_next(pool, ranking, mu, measured, ranked, picks)
+            self._by_score = pool[ranking[: 2 * N_UPCOMING]]
+            near = self.local_candidates(measured, [int(i) for i in ranked[:N_LOCAL]])
+            by_mean = pool[np.argsort(mu, kind="stable")]
+            self._by_mean = by_mean[np.isin(by_mean, near)][: 2 * N_UPCOMING]
         return picks[0]
 
     def _likely_next(
-        self,
-        pool: np.ndarray,
-        ranking: np.ndarray,
-        mu: np.ndarray,
-        measured: np.ndarray,
-        ranked: np.ndarray,
-        picks: list[int],
+        self, pick: int, train: np.ndarray, y: np.ndarray, measured: np.ndarray
     ) -> list[int]:
-        """After an ``ei`` proposal, from the same fit: the next best by its score (the next
-        ``ei``) alternating with the best predicted near the best configs (the next ``local``)."""
-        near = self.local_candidates(measured, [int(i) for i in ranked[:N_LOCAL]])
-        by_mean = np.argsort(mu, kind="stable")
-        by_mean = by_mean[np.isin(pool[by_mean], near)][:N_UPCOMING]
-        by_score = ranking[len(picks) : len(picks) + N_UPCOMING]
-        alternated = np.empty(len(by_score) + len(by_mean), dtype=np.int64)
-        k = min(len(by_score), len(by_mean))
-        alternated[: 2 * k : 2], alternated[1 : 2 * k : 2] = by_score[:k], by_mean[:k]
-        alternated[2 * k :] = by_score[k:] if len(by_score) > k else by_mean[k:]
-        out = [int(i) for i in dict.fromkeys(pool[alternated].tolist()) if i not in picks]
+        """Configs the next proposals are likely to be, once ``pick`` is measured, likeliest
+        first (nothing is consumed: the random state is restored).
+
+        The next move is known (the turns are fixed). A ``walk`` or ``flip`` is a random draw
+        that depends only on the random state and the best configs, so it is predicted exactly
+        for the two likely outcomes of ``pick``: it does not change the best configs, or it
+        becomes the best. A model move is predicted from the latest fit: the best by expected
+        improvement (``ei``) and by predicted mean near the best (``local``), the next move's
+        kind first, alternating with the other (a model move follows every other turn).
+        """
+        ahead = measured.copy()
+        ahead[pick] = True
+        nxt = MOVES[self._turn % len(MOVES)]
+        exact: list[int] = []
+        if nxt in ("walk", "flip"):
+            ranked = [int(i) for i in train[np.argsort(y, kind="stable")]]
+            scenarios = [ranked[:N_LOCAL], [pick, *ranked[: N_LOCAL - 1]]]
+            state = self.rng.bit_generator.state
+            try:
+                for centres in scenarios:
+                    self.rng.bit_generator.state = state
+                    p = self.flip_candidate(ahead, centres) if nxt == "flip" else None
+                    if p is None:
+                        p = int(self.rng.choice(self.local_candidates(ahead, centres[:1])))
+                    exact.append(p)
+            finally:
+                self.rng.bit_generator.state = state
+        first, second = (
+            (self._by_mean, self._by_score)
+            if nxt == "local"
+            else (
+                self._by_score,
+                self._by_mean,
+            )
+        )
+        merged: list[int] = list(exact)
+        for a, b in zip(first, second, strict=False):
+            merged += [int(a), int(b)]
+        longer = first if len(first) > len(second) else second
+        merged += [int(i) for i in longer[min(len(first), len(second)) :]]
+        out = [i for i in dict.fromkeys(merged) if not ahead[i]]
         return out[:N_UPCOMING]
 
 

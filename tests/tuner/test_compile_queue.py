@@ -111,3 +111,23 @@ def test_close_drops_what_has_not_started():
     fake.gate.set()
     queue.close()
     assert fake.started == [0] and queue.pending() == 0
+
+
+def test_is_done_only_once_the_background_compile_has_finished():
+    compiler = FakeCompiler(gate=True)
+    queue = CompileQueue(compiler, key, workers=1)
+    try:
+        queue.add(configs(1, 2))
+        assert not queue.is_done({"n": 1})  # running, held by the gate
+        assert not queue.is_done({"n": 2})  # queued, not started
+        assert not queue.is_done({"n": 3})  # unknown
+        compiler.gate.set()
+        assert queue.take({"n": 1}) == "cubin-1"
+        deadline = time.monotonic() + 5
+        while not queue.is_done({"n": 2}) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert queue.is_done({"n": 2})
+        assert queue.take({"n": 2}) == "cubin-2"
+        assert not queue.is_done({"n": 2})  # taken: out of the queue
+    finally:
+        queue.close()

@@ -193,3 +193,103 @@ def test_forest_finds_the_optimum_of_a_smooth_space_quickly():
         result = Search(make_space(), evaluate, seed=seed).run(Budget(max_configs=30))
         hits += result.best.config == {"block": 192, "vec": 4, "mode": "b"}
     assert hits >= 4
+
+
+class Compiles:
+    """Stands in for a backend's compile queue: a config is ready once ``delay`` other
+    readiness checks have passed since it was first asked about (its compile "runs" meanwhile);
+    ``evaluate`` records the order configs are measured in."""
+
+    def __init__(self, space: SearchSpace, delay: int):
+        self.space, self.delay = space, delay
+        self.clock = 0
+        self.started: dict[str, int] = {}
+        self.measured: list[str] = []
+        self.inner = Counter()
+        self.most_in_flight = 0
+
+    def ready(self, config) -> bool:
+        self.clock += 1
+        key = self.space.key(config)
+        self.started.setdefault(key, self.clock)
+        in_flight = len(set(self.started) - set(self.measured))
+        self.most_in_flight = max(self.most_in_flight, in_flight)
+        return self.clock - self.started[key] >= self.delay
+
+    def evaluate(self, config) -> TrialResult:
+        self.measured.append(self.space.key(config))
+        return self.inner(config)
+
+
+@pytest.mark.parametrize("strategy", ["forest", "tpe", "random"])
+def test_asking_ahead_measures_the_budget_once_each_and_leaves_no_trial_running(strategy):
+    space = make_space()
+    compiles = Compiles(space, delay=12)
+    search = Search(
+        space, compiles.evaluate, strategy=strategy, seed=5, ahead=4, ready=compiles.ready
+    )
+    result = search.run(Budget(max_configs=40))
+    assert result.measured == 40
+    assert len(compiles.measured) == 40 == len(set(compiles.measured))
+    assert all(space.is_valid(c) for c in (r.config for r in result.results.values()))
+    assert compiles.most_in_flight == 4  # asked ahead while nothing was ready, never beyond 4
+    running = search.study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+    assert running == []
+    complete = search.study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert len(complete) >= 40
+
+
+def test_a_ready_config_is_measured_before_an_older_one_still_compiling():
+    space = make_space()
+    slow: set[str] = set()
+    order: list[str] = []
+
+    def ready(config) -> bool:
+        key = space.key(config)
+        if not order and not slow:
+            slow.add(key)  # the first config asked for compiles "forever"
+        return key not in slow or len(order) >= 5
+
+    def evaluate(config):
+        order.append(space.key(config))
+        return Counter()(config)
+
+    Search(space, evaluate, seed=1, ahead=3, ready=ready).run(Budget(max_configs=12))
+    (first,) = slow
+    assert first in order and order.index(first) >= 5  # measured once it was ready
+    assert order[0] != first
+
+
+def test_ahead_1_or_no_readiness_gives_the_sequential_search():
+    space = make_space()
+    runs = []
+    for kwargs in ({}, {"ahead": 4}, {"ahead": 1, "ready": lambda c: False}):
+        evaluate = Counter()
+        Search(space, evaluate, seed=7, **kwargs).run(Budget(max_configs=30))
+        runs.append(evaluate.calls)
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_a_stop_with_configs_in_flight_fails_their_trials_and_measures_none_of_them():
+    space = make_space()
+    evaluate = Counter()
+    stops = iter([False] * 6 + [True] * 100)
+    search = Search(
+        space,
+        evaluate,
+        seed=2,
+        ahead=4,
+        ready=lambda c: False,  # nothing ever compiles: the search asks 4 ahead
+        should_stop=lambda: next(stops),
+    )
+    result = search.run(Budget(max_configs=30))
+    assert result.stopped == "cancelled"
+    assert len(evaluate.calls) == result.measured
+    assert search.study.get_trials(states=(optuna.trial.TrialState.RUNNING,)) == []
+    failed = search.study.get_trials(states=(optuna.trial.TrialState.FAIL,))
+    assert len(failed) >= 1
+
+
+def test_ahead_must_be_positive():
+    with pytest.raises(ValueError, match="ahead"):
+        Search(make_space(), Counter(), ahead=0)

@@ -175,8 +175,9 @@ def test_upcoming_names_the_next_design_configs_exactly_and_never_changes_propos
     plain, hinted = ForestProposer(space, seed=4), ForestProposer(space, seed=4, hints=True)
     results: dict = {}
     predicted: list[int] = []
-    design_hits = model_hits = model_turns = 0
+    design_hits = model_hits = model_turns = random_moves = 0
     for step in range(40):
+        turn = hinted._turn
         config = plain.propose(results)
         assert hinted.propose(results) == config  # computing upcoming changes nothing
         assert plain.upcoming == []  # only computed when asked for
@@ -185,6 +186,11 @@ def test_upcoming_names_the_next_design_configs_exactly_and_never_changes_propos
             if predicted:
                 assert i == predicted[0]  # the design is known ahead, exactly
                 design_hits += 1
+        elif surrogate.MOVES[turn % len(surrogate.MOVES)] in ("walk", "flip"):
+            # A random move is predicted exactly: the best configs either stay or the config
+            # proposed before becomes the best (the two first hints).
+            assert i in predicted[:2]
+            random_moves += 1
         else:
             model_turns += 1
             model_hits += i in predicted
@@ -195,6 +201,7 @@ def test_upcoming_names_the_next_design_configs_exactly_and_never_changes_propos
         assert len(predicted) <= surrogate.N_UPCOMING
         results[space.key(config)] = timing(config)
     assert design_hits == surrogate.N_INITIAL - 1
+    assert random_moves >= 4
     assert model_hits >= model_turns // 4  # the model's next picks are often among them
 
 

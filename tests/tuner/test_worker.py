@@ -255,3 +255,42 @@ def test_optuna_storage_retries_when_another_worker_made_the_tables(monkeypatch,
     monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
     storage = worker_module.optuna_storage(f"sqlite:///{tmp_path}/jobs.db")
     assert len(calls) == 2 and storage.get_all_studies() == []
+
+
+class CompilingReplay(CountingReplay):
+    """Replay whose configs "compile" for a while: one is ready after ``delay`` readiness checks
+    since it was first asked about (``is_compiled``, as the pycuda backends answer it)."""
+
+    def __init__(self, delay: int):
+        super().__init__()
+        self.delay, self.checks = delay, 0
+        self.first_check: dict[str, int] = {}
+        self.most_in_flight = 0
+
+    def is_compiled(self, config) -> bool:
+        self.checks += 1
+        key = self.cache.key(config)
+        self.first_check.setdefault(key, self.checks)
+        waiting = set(self.first_check) - set(self.measured)
+        self.most_in_flight = max(self.most_in_flight, len(waiting))
+        return self.checks - self.first_check[key] >= self.delay
+
+
+@pytest.mark.parametrize("lookahead", [1, 4])
+def test_a_job_asks_ahead_while_configs_compile_and_measures_its_budget_once_each(db, lookahead):
+    url, sessions = db
+    job_id = submit(sessions, budget=30)
+    backend = CompilingReplay(delay=12)
+    worker = Worker(
+        sessions, url, ["H200"], lambda job: backend, poll_seconds=0.01, lookahead=lookahead
+    )
+    assert worker.run_once().status == "done"
+    assert len(backend.measured) == 30 == len(set(backend.measured))
+    # 1: the search asks, measures, asks (readiness is never asked); 4: up to 4 in flight.
+    assert backend.most_in_flight == (0 if lookahead == 1 else 4)
+    with sessions() as s:
+        job = queries.get_job(s, job_id)
+        trials = queries.job_trials(s, job_id)
+        assert job.status == "done" and job.trials_done == 30
+        assert len({t.config_key for t in trials}) == 30
+        assert all(t.status != "reserved" for t in trials)

@@ -353,6 +353,13 @@ class IsolatedBackend(Backend):
         if queue is not None:
             queue.hint(configs)
 
+    def is_compiled(self, config: Config) -> bool:
+        """Whether measuring ``config`` now would not wait on nvcc (pycuda: its compile ahead is
+        done; other kinds compile nothing: always)."""
+        if self.spec.kind != "pycuda":
+            return True
+        return self._queue is not None and self._queue.is_done(config)
+
     @property
     def compile_stats(self) -> CompileStats:
         """Compiles taken ahead / inline, and seconds spent waiting on them."""

@@ -278,6 +278,11 @@ class PyCudaBackend(Backend):
         for them soon (``Search(on_upcoming=...)``)."""
         self._compile_queue().hint(configs)
 
+    def is_compiled(self, config: dict[str, Any]) -> bool:
+        """Whether measuring ``config`` now would not wait on nvcc (its compile ahead is done);
+        a search asks for other configs meanwhile (``Search(ready=...)``)."""
+        return self._queue is not None and self._queue.is_done(config)
+
     def evaluate(self, config: dict[str, Any]) -> TrialResult:
         result = TrialResult(config=dict(config), status=TrialStatus.OK)
         reason = self.check(config)
