@@ -57,3 +57,24 @@ class FaultyReplay(ReplayBackend):
 def make(spec: BackendSpec) -> Backend:
     assert spec.replay_file is not None
     return FaultyReplay(spec.replay_file, dict(spec.option("faults", {})))
+
+
+class SlowToPrepare(ReplayBackend):
+    """A replay backend whose ``prepare`` (inputs and buffers, after the device is announced)
+    takes ``prepare_s`` seconds, or raises when ``prepare_error`` is set."""
+
+    def __init__(self, replay_file: str, prepare_s: float, prepare_error: str | None):
+        super().__init__(replay_file)
+        self.prepare_s, self.prepare_error = prepare_s, prepare_error
+
+    def prepare(self) -> None:
+        time.sleep(self.prepare_s)
+        if self.prepare_error:
+            raise MemoryError(self.prepare_error)
+
+
+def make_slow(spec: BackendSpec) -> Backend:
+    assert spec.replay_file is not None
+    return SlowToPrepare(
+        spec.replay_file, spec.option("prepare_s", 0.0), spec.option("prepare_error")
+    )

@@ -711,7 +711,11 @@ def pycuda_backend_factory(
         from tuner.backends.pycuda import PyCudaBackend
 
         return PyCudaBackend(
-            get_operator(job.operator), job.shape, job.dtype, device_index=device_index
+            get_operator(job.operator),
+            job.shape,
+            job.dtype,
+            device_index=device_index,
+            defer_setup=True,  # made at the first measurement, while the first configs compile
         )
 
     return make

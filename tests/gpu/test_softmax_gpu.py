@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from backend_conformance import BackendConformance
@@ -138,3 +140,26 @@ class TestPyCudaConformance(BackendConformance):
     @pytest.fixture
     def reference_config(self):
         return get_operator("softmax").default_config((4096, 4096), "float16")
+
+
+def test_a_deferred_setup_is_made_at_the_first_measurement_while_configs_compile():
+    from tuner.backends.pycuda import PyCudaBackend
+
+    spec, shape, dtype = get_operator("softmax"), (1024, 1024), "float16"
+    backend = PyCudaBackend(spec, shape, dtype, repeats=2, seed=3, defer_setup=True)
+    try:
+        assert not backend._prepared and backend.healthy()
+        space = backend.space()
+        configs = space.valid_configs()[:4]
+        backend.precompile(configs)  # compiles run before any input exists
+        deadline = time.monotonic() + 120
+        while not backend.is_compiled(configs[0]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert backend.is_compiled(configs[0])
+        assert not backend.is_compiled(space.valid_configs()[-1])  # never queued
+        result = backend.evaluate(configs[0])
+        assert backend._prepared and result.ok and result.time_ms > 0
+        assert backend.compile_stats.ahead >= 1
+        assert backend.healthy()
+    finally:
+        backend.close()

@@ -134,3 +134,35 @@ def test_a_job_with_planted_faults_completes_and_finds_the_best_valid_config(tmp
     )
     assert job.best_config == best.config and job.best_time_ms == best.time_ms
     assert backends[0].restarts == 4
+
+
+def slow_spec(**options) -> BackendSpec:
+    return BackendSpec(
+        kind="fault_backend:make_slow",
+        replay_file=str(RECORDING),
+        options=tuple(options.items()),
+    )
+
+
+def test_the_child_prepares_after_announcing_its_device_outside_the_trial_limit(replay):
+    started = time.monotonic()
+    backend = IsolatedBackend(slow_spec(prepare_s=2.0), trial_timeout_s=1.0)
+    try:
+        assert time.monotonic() - started < 1.8  # the device is known before the inputs
+        assert backend.device() == replay.device()
+        config = replay.space().valid_configs()[0]
+        result = backend.evaluate(config)  # waits for the preparation, not a trial timeout
+        assert result.ok and result.time_ms == pytest.approx(replay.evaluate(config).time_ms)
+        assert time.monotonic() - started >= 2.0
+        assert backend.restarts == 0
+    finally:
+        backend.close()
+
+
+def test_a_child_that_cannot_prepare_fails_the_evaluation_with_its_reason(replay):
+    backend = IsolatedBackend(slow_spec(prepare_error="out of device memory for the inputs"))
+    try:
+        with pytest.raises(ChildStartError, match="out of device memory for the inputs"):
+            backend.evaluate(replay.space().valid_configs()[0])
+    finally:
+        backend.close()

@@ -100,12 +100,13 @@ def build_backend(spec: BackendSpec) -> Backend:
         from tuner.backends.pycuda import PyCudaBackend
 
         assert spec.operator and spec.dtype, "a pycuda spec needs operator, shape and dtype"
+        options = {"defer_setup": True, **dict(spec.options)}  # the child prepares it
         return PyCudaBackend(
             get_operator(spec.operator),
             spec.shape,
             spec.dtype,
             device_index=spec.device_index,
-            **dict(spec.options),
+            **options,
         )
     if spec.kind == "replay":
         from tuner.backends.replay import ReplayBackend
@@ -119,12 +120,17 @@ def build_backend(spec: BackendSpec) -> Backend:
 
 
 def _child_main(conn: multiprocessing.connection.Connection, spec: BackendSpec) -> None:
-    """The child: build the backend, announce its device, then answer configs until told to
-    close or the pipe closes. Exits (without closing the CUDA context cleanly: it may be dead)
-    after a result whose backend reports itself unhealthy."""
+    """The child: build the backend, announce its device, make its inputs (``prepare``, while
+    the parent starts compiling), say so, then answer configs until told to close or the pipe
+    closes. Exits (without closing the CUDA context cleanly: it may be dead) after a result
+    whose backend reports itself unhealthy."""
     try:
         backend = build_backend(spec)
         conn.send(("ready", backend.device()))
+        prepare = getattr(backend, "prepare", None)
+        if prepare is not None:
+            prepare()
+        conn.send(("prepared",))
     except BaseException as exc:  # report why, then exit: the parent fails the job
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
@@ -199,6 +205,7 @@ class IsolatedBackend(Backend):
         self._process: Any = None
         self._conn: multiprocessing.connection.Connection | None = None
         self._interrupted = threading.Event()
+        self._prepared = False  # the current child has made its inputs ("prepared" received)
         self._queue: CompileQueue[Any] | None = None
         self._info = self._start()
         self._space = self._build_space()
@@ -213,6 +220,7 @@ class IsolatedBackend(Backend):
         process.start()
         child_conn.close()  # so that the child's death closes the pipe (EOF) for us
         self._process, self._conn = process, parent_conn
+        self._prepared = False
         self.child_pids.append(process.pid)
         deadline = time.monotonic() + self.start_timeout_s
         while not parent_conn.poll(_POLL_S):
@@ -294,6 +302,7 @@ class IsolatedBackend(Backend):
         self._wait_for_compile(config)
         if self._process is None:
             self._start()
+        self._await_prepared()
         assert self._conn is not None
         try:
             self._conn.send(("evaluate", dict(config)))
@@ -324,6 +333,36 @@ class IsolatedBackend(Backend):
                         "time); the measuring process was killed and replaced"
                     ),
                 )
+
+    def _await_prepared(self) -> None:
+        """Wait (up to ``start_timeout_s``, not a trial's limit) until the child has made its
+        inputs and buffers, which it does after announcing its device.
+
+        Raises:
+            TrialInterrupted: :meth:`interrupt` was called meanwhile.
+            ChildStartError: the child failed to prepare, died, or took too long.
+        """
+        if self._prepared:
+            return
+        assert self._conn is not None and self._process is not None
+        deadline = time.monotonic() + self.start_timeout_s
+        while not self._conn.poll(_POLL_S):
+            if self._interrupted.is_set():
+                self._kill()
+                raise TrialInterrupted("interrupted while the measuring process prepared")
+            if time.monotonic() > deadline or not self._process.is_alive():
+                state = _describe_exit(self._process.exitcode)
+                self._kill()
+                raise ChildStartError(f"the measuring process did not prepare ({state})")
+        try:
+            message = self._conn.recv()
+        except (EOFError, OSError):
+            self._kill()
+            raise ChildStartError("the measuring process died while preparing") from None
+        if message[0] != "prepared":
+            self._kill()
+            raise ChildStartError(f"the measuring process could not prepare: {message[1]}")
+        self._prepared = True
 
     def _crashed(self, config: Config) -> TrialResult:
         process = self._process

@@ -151,7 +151,12 @@ class PyCudaBackend(Backend):
         warmup: int = 3,
         seed: int | None = None,
         compile_cache: Path | None = None,
+        defer_setup: bool = False,
     ):
+        """``defer_setup``: leave the problem's inputs, float64 references and device buffers
+        (seconds for a large shape) to :meth:`prepare`, which the first :meth:`evaluate` calls;
+        a worker builds the backend, starts compiling the job's configs, then measures, so the
+        setup runs while nvcc does. Else they are made here."""
         self.cuda = cuda = _import_pycuda()
         cuda.init()
         self.spec, self.shape, self.dtype = spec, tuple(shape), dtype
@@ -166,8 +171,17 @@ class PyCudaBackend(Backend):
         self._modules: list[Any] = []  # keep loaded modules alive
         self._space: SearchSpace | None = None
         self._queue: CompileQueue[CompiledKernel] | None = None
+        self._prepared = False
+        if not defer_setup:
+            self.prepare()
+
+    def prepare(self) -> None:
+        """Make the inputs, references, device buffers and verifier (once; idempotent)."""
+        if self._prepared:
+            return
         self._setup_buffers()
         self._verifiers = self._load_verifier()
+        self._prepared = True
 
     # --- setup ------------------------------------------------------------------------------
 
@@ -284,6 +298,7 @@ class PyCudaBackend(Backend):
         return self._queue is not None and self._queue.is_done(config)
 
     def evaluate(self, config: dict[str, Any]) -> TrialResult:
+        self.prepare()
         result = TrialResult(config=dict(config), status=TrialStatus.OK)
         reason = self.check(config)
         if reason:
@@ -427,6 +442,8 @@ class PyCudaBackend(Backend):
     def healthy(self) -> bool:
         """Probe the context: after a sticky fault (illegal address, trap) every CUDA call fails,
         so a tiny memset + synchronize tells a dead context from a config-specific failure."""
+        if not self._prepared:
+            return True  # nothing has run on the device yet
         try:
             self.cuda.memset_d8(self._bad, 0, 8)
             self.cuda.Context.synchronize()
