@@ -50,10 +50,16 @@ from tuner.worker import DEFAULT_LOOKAHEAD  # noqa: E402 - after the path insert
 
 
 def run_kato(
-    operator: str, shape: tuple[int, ...], dtype: str, budget: int, lookahead: int
+    operator: str,
+    shape: tuple[int, ...],
+    dtype: str,
+    budget: int,
+    lookahead: int,
+    isolate: bool = False,
 ) -> dict[str, Any]:
     """One Kato tuning job, cold compile cache, fresh database; ``lookahead``: configs the
-    search may ask for ahead while the GPU would wait on nvcc (the worker's setting)."""
+    search may ask for ahead while the GPU would wait on nvcc (the worker's setting);
+    ``isolate``: measured in a child process, as the service's workers do by default."""
     from db import queries
     from db.session import init_db, session_factory
     from kernels import get_operator
@@ -80,7 +86,7 @@ def run_kato(
         queries.claim_next_job(s, gpu_models=[model], worker_id=wid, lease_seconds=600)
         job_id, strategy = job.id, job.strategy
     made: list[Any] = []
-    factory = pycuda_backend_factory(0)
+    factory = pycuda_backend_factory(0, isolate=isolate)
     evaluating = {"s": 0.0, "first": None, "prepare_s": 0.0}
 
     def make(job):  # the job's backend, with its evaluations timed
@@ -98,7 +104,9 @@ def run_kato(
                 evaluating["s"] += time.perf_counter() - t0
 
         backend.evaluate = timed
-        prepare = backend.prepare
+        prepare = getattr(backend, "prepare", None)  # in-process only (the child's is unseen)
+        if prepare is None:
+            return backend
 
         def timed_prepare():  # inputs and buffers, made inside the first evaluate
             t0 = time.perf_counter()
@@ -124,7 +132,7 @@ def run_kato(
         best = dict(job.best_config) if job.best_config else None
         best_ms = job.best_time_ms
     return {
-        "tuner": f"Kato ({strategy}, lookahead {lookahead})",
+        "tuner": f"Kato ({strategy}, lookahead {lookahead}{', isolated' if isolate else ''})",
         "lookahead": lookahead,
         "measured": measured,
         "ok": ok,
@@ -326,6 +334,11 @@ def main() -> None:
     )
     ap.add_argument("--no-kt", action="store_true", help="Kato only (diagnosing Kato)")
     ap.add_argument(
+        "--isolate",
+        action="store_true",
+        help="Kato measures in a child process (the service's default; off: in-process)",
+    )
+    ap.add_argument(
         "--lookahead",
         default=str(DEFAULT_LOOKAHEAD),
         help="Kato's lookahead; a comma list runs Kato's jobs for each (1: ask, measure, ask)",
@@ -339,7 +352,15 @@ def main() -> None:
     for _ in range(0 if args.kt_only else args.kato_runs):
         for lookahead in lookaheads:
             rows.append(
-                _in_child(run_kato, args.operator, shape, args.dtype, args.budget, lookahead)
+                _in_child(
+                    run_kato,
+                    args.operator,
+                    shape,
+                    args.dtype,
+                    args.budget,
+                    lookahead,
+                    args.isolate,
+                )
             )
             print(rows[-1], flush=True)
     strategies = [] if args.no_kt else ["brute_force", *(args.kt or DEFAULT_KT_STRATEGIES)]
