@@ -127,6 +127,23 @@ class CompileQueue(Generic[T]):
             future = self._started.get(self._key(config))
             return future is not None and future.done()
 
+    def wait_any(self, configs: Iterable[Config], timeout: float | None = None) -> bool:
+        """Block until the background compile of one of ``configs`` has finished (or
+        ``timeout`` seconds): True when one has; False at once when none of them has started.
+        The time blocked counts as waiting on the compiler (:attr:`stats`)."""
+        with self._lock:
+            futures = [f for c in configs if (f := self._started.get(self._key(c))) is not None]
+        if not futures:
+            return False
+        started = time.perf_counter()
+        try:
+            done, _ = concurrent.futures.wait(
+                futures, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED
+            )
+        finally:
+            self.stats.wait_s += time.perf_counter() - started
+        return bool(done)
+
     def pending(self) -> int:
         """Configs queued and not started."""
         with self._lock:

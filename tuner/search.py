@@ -175,6 +175,9 @@ class Search:
             them compile. Each extra proposal is made without the results still in flight.
         ready: whether measuring a config now would not wait (its compile is done; a backend's
             ``is_compiled``). None: always (no proposal is ever made ahead).
+        wait_ready: blocks until one of the configs given is ``ready`` (a backend's
+            ``wait_compiled``); with ``ahead`` configs in flight and none ready, the search
+            waits with it and measures the first ready, rather than the oldest.
     """
 
     def __init__(
@@ -193,6 +196,7 @@ class Search:
         on_upcoming: Callable[[list[Config]], None] | None = None,
         ahead: int = 1,
         ready: Callable[[Config], bool] | None = None,
+        wait_ready: Callable[[list[Config]], None] | None = None,
     ):
         self.space = space
         self.evaluate = evaluate
@@ -211,6 +215,7 @@ class Search:
             raise ValueError("ahead must be at least 1")
         self.ahead = ahead
         self.ready = ready
+        self.wait_ready = wait_ready
         #: Configs asked for and not measured yet: (Optuna trial, config, key), oldest first.
         self._inflight: list[tuple[optuna.Trial, Config, str]] = []
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -343,11 +348,16 @@ class Search:
         return not any(self.ready(config) for _, config, _ in self._inflight)
 
     def _next_to_measure(self) -> tuple[optuna.Trial, Config, str]:
-        """The first config in flight that is ready (else the oldest), out of the list."""
-        pick = 0
-        if self.ready is not None and len(self._inflight) > 1:
-            pick = next((i for i, (_, c, _) in enumerate(self._inflight) if self.ready(c)), 0)
-        return self._inflight.pop(pick)
+        """The first config in flight that is ready (else, after ``wait_ready``, the first
+        ready then, else the oldest), out of the list."""
+        if self.ready is None or len(self._inflight) < 2:
+            return self._inflight.pop(0)
+        ready = self.ready
+        first = next((i for i, (_, c, _) in enumerate(self._inflight) if ready(c)), None)
+        if first is None and self.wait_ready is not None:
+            self.wait_ready([c for _, c, _ in self._inflight])
+            first = next((i for i, (_, c, _) in enumerate(self._inflight) if ready(c)), None)
+        return self._inflight.pop(first or 0)
 
     def _abandon_inflight(self) -> None:
         """The search stops with configs asked for and not measured: close their trials."""

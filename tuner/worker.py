@@ -469,6 +469,7 @@ class JobRunner:
             on_upcoming=getattr(backend, "hint", None),  # compile the likely next ones first
             ahead=self.lookahead,
             ready=getattr(backend, "is_compiled", None),
+            wait_ready=getattr(backend, "wait_compiled", None),
             worker_id=self.worker_id,
             is_live=live.__contains__,
             orphan_grace_seconds=self.lease_seconds,

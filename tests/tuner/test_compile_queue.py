@@ -131,3 +131,20 @@ def test_is_done_only_once_the_background_compile_has_finished():
         assert not queue.is_done({"n": 2})  # taken: out of the queue
     finally:
         queue.close()
+
+
+def test_wait_any_returns_when_one_compile_finishes_and_not_for_unstarted_ones():
+    compiler = FakeCompiler(gate=True)
+    queue = CompileQueue(compiler, key, workers=1)
+    try:
+        queue.add(configs(1, 2))  # 1 runs (held by the gate), 2 waits for the worker
+        assert queue.wait_any(configs(2, 3)) is False  # neither has started: no wait
+        assert queue.wait_any(configs(1, 2), timeout=0.1) is False  # 1 still held
+        threading.Timer(0.2, compiler.gate.set).start()
+        started = time.monotonic()
+        assert queue.wait_any(configs(2, 1), timeout=10) is True
+        assert time.monotonic() - started >= 0.15
+        assert queue.is_done({"n": 1})
+        assert queue.stats.wait_s >= 0.25  # both waits counted
+    finally:
+        queue.close()

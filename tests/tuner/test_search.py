@@ -293,3 +293,34 @@ def test_a_stop_with_configs_in_flight_fails_their_trials_and_measures_none_of_t
 def test_ahead_must_be_positive():
     with pytest.raises(ValueError, match="ahead"):
         Search(make_space(), Counter(), ahead=0)
+
+
+def test_with_nothing_ready_the_search_waits_for_the_first_ready_not_the_oldest():
+    space = make_space()
+    done: set[str] = set()
+    waits: list[list[str]] = []
+    measured: list[str] = []
+
+    def wait_ready(configs):
+        keys = [space.key(c) for c in configs]
+        waits.append((len(measured), keys))
+        done.add(keys[-1])  # the newest one finishes first
+
+    def evaluate(config):
+        measured.append(space.key(config))
+        done.add(space.key(config))
+        return Counter()(config)
+
+    Search(
+        space,
+        evaluate,
+        seed=4,
+        ahead=3,
+        ready=lambda c: space.key(c) in done,
+        wait_ready=wait_ready,
+    ).run(Budget(max_configs=20))
+    assert len(measured) == 20 == len(set(measured))
+    assert len(waits) >= 10 and all(len(keys) >= 2 for _, keys in waits)
+    assert max(len(keys) for _, keys in waits) == 3
+    for at, keys in waits:  # after each wait, the config that finished is measured next
+        assert measured[at] == keys[-1] != keys[0]  # not the oldest

@@ -399,6 +399,12 @@ class IsolatedBackend(Backend):
             return True
         return self._queue is not None and self._queue.is_done(config)
 
+    def wait_compiled(self, configs: Sequence[Config]) -> None:
+        """Block until one of ``configs`` has finished compiling ahead (at once if none of them
+        has started): the search then measures that one (``Search(wait_ready=...)``)."""
+        if self._queue is not None:
+            self._queue.wait_any(configs)
+
     @property
     def compile_stats(self) -> CompileStats:
         """Compiles taken ahead / inline, and seconds spent waiting on them."""

@@ -297,6 +297,12 @@ class PyCudaBackend(Backend):
         a search asks for other configs meanwhile (``Search(ready=...)``)."""
         return self._queue is not None and self._queue.is_done(config)
 
+    def wait_compiled(self, configs: Sequence[dict[str, Any]]) -> None:
+        """Block until one of ``configs`` has finished compiling ahead (at once if none of them
+        has started): the search then measures that one (``Search(wait_ready=...)``)."""
+        if self._queue is not None:
+            self._queue.wait_any(configs)
+
     def evaluate(self, config: dict[str, Any]) -> TrialResult:
         self.prepare()
         result = TrialResult(config=dict(config), status=TrialStatus.OK)
