@@ -229,8 +229,10 @@ class ForestProposer:
                 min_samples_leaf=1,
                 random_state=int(self.rng.integers(2**31)),
             )
-            tree.fit(Xt[boot], y[boot])
-            preds[t] = tree.predict(Xp)
+            # The rows are float32 and C-contiguous already: skip sklearn's input checks (a
+            # third of a fit's time on ~100 rows; the same trees and predictions).
+            tree.fit(Xt[boot], y[boot], check_input=False)
+            preds[t] = tree.predict(Xp, check_input=False)
         return preds.mean(axis=0), preds.std(axis=0), preds
 
     # -- candidates --------------------------------------------------------------------------
