@@ -443,8 +443,12 @@ def test_settings_from_environment(tmp_path: Any, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("KATO_DB_URL", str(tmp_path / "env" / "kato.db"))
     monkeypatch.setenv("KATO_MAX_BATCH", "7")
     monkeypatch.setenv("KATO_LEASE_SECONDS", "12.5")
+    monkeypatch.setenv("KATO_LOOKAHEAD", "2")
     settings = Settings()
     assert settings.db_url == f"sqlite:///{tmp_path}/env/kato.db"
     assert (settings.max_batch, settings.lease_seconds, settings.port) == (7, 12.5, 8000)
+    assert settings.lookahead == 2
+    with pytest.raises(ValueError, match="lookahead"):
+        Settings(lookahead=0)
     with pytest.raises(ValueError, match="exceeds max_budget_configs"):
         Settings(default_budget_configs=10, max_budget_configs=5)
