@@ -218,6 +218,7 @@ class Search:
         self.wait_ready = wait_ready
         #: Configs asked for and not measured yet: (Optuna trial, config, key), oldest first.
         self._inflight: list[tuple[optuna.Trial, Config, str]] = []
+        self._drained = False
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.study = optuna.create_study(
             storage=storage,
@@ -339,7 +340,7 @@ class Search:
         while none of them is ready, up to ``ahead`` and the config budget."""
         if not self._inflight:
             return True
-        if len(self._inflight) >= self.ahead or self.ready is None:
+        if self._drained or len(self._inflight) >= self.ahead or self.ready is None:
             return False
         if budget.max_configs is not None and (
             len(self.results) + len(self._inflight) >= budget.max_configs
@@ -367,6 +368,7 @@ class Search:
 
     def run(self, budget: Budget) -> SearchResult:
         start = time.monotonic()
+        self._drained = False  # the strategy had nothing left to propose in this run
         new: list[TrialResult] = []
         unproductive = 0
         stopped = "budget"
@@ -393,7 +395,7 @@ class Search:
                     if not self._inflight:
                         stopped = reason
                         break
-                    self.ahead = 1  # nothing left to ask for: measure what is in flight
+                    self._drained = True  # nothing left to ask for: measure what is in flight
                     continue
                 try:
                     trial = self.study.ask()

@@ -324,3 +324,20 @@ def test_with_nothing_ready_the_search_waits_for_the_first_ready_not_the_oldest(
     assert max(len(keys) for _, keys in waits) == 3
     for at, keys in waits:  # after each wait, the config that finished is measured next
         assert measured[at] == keys[-1] != keys[0]  # not the oldest
+
+
+@pytest.mark.parametrize("strategy", ["forest", "grid"])
+def test_a_small_space_asked_ahead_is_measured_whole_then_exhausted(strategy):
+    space = SearchSpace(params={"block": (32, 64, 128), "vec": (1, 2)})
+    measured: list[str] = []
+
+    def evaluate(config):
+        measured.append(space.key(config))
+        t = config["block"] / 32 + config["vec"]
+        return TrialResult(config=config, status=TrialStatus.OK, times_ms=[t])
+
+    search = Search(space, evaluate, strategy=strategy, seed=1, ahead=4, ready=lambda c: False)
+    result = search.run(Budget(max_configs=50))
+    assert result.stopped == "exhausted"
+    assert sorted(measured) == sorted(space.key(c) for c in space.valid_configs())
+    assert search.study.get_trials(states=(optuna.trial.TrialState.RUNNING,)) == []
