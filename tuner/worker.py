@@ -63,11 +63,12 @@ PRECOMPILE_MAX_CONFIGS = 2000
 
 #: Configs a job's search may have asked for and not measured yet while the GPU would otherwise
 #: wait on nvcc (``Search(ahead=...)``). On the H200 (softmax 32768x4096 float16, budget 100) the
-#: GPU waited 7-10 s of a 20-27 s job with 1; a simulation of the compile queue on that recorded
-#: space (compile times from the file, 15 compile processes) gives 8.5 s -> 1.9 s of waiting with
-#: 4. Each proposal made ahead misses the results in flight: over 40 seeds of the same
-#: simulation at budget 100, convolution A100 0.896 -> 0.910, A4000 0.979 -> 0.956, gemm
-#: 0.977 -> 0.974 of optimum (compile times of those files: 2.7 s, 2.7 s, 0.08 s).
+#: GPU waited 4.9-5.5 s per job with 1 and 0.65-0.93 s with 4 (docs/results_h200.md). Each
+#: proposal made ahead misses the results in flight: in a simulation of the compile queue on the
+#: recorded spaces (their compile times, 15 compile processes, 80 seeds, budget 100) the
+#: fraction of optimum went 0.896 -> 0.886 (convolution A100) and 0.974 -> 0.961 (A4000), while
+#: a job's simulated wall time on A4000 (2.7 s compiles) went 80 s -> 49 s. 1 keeps the
+#: replayed search's quality per measurement, at the cost of the GPU's idle time.
 DEFAULT_LOOKAHEAD = 4
 
 #: Builds the backend that measures one job: (job) -> Backend.
