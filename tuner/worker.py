@@ -64,11 +64,11 @@ PRECOMPILE_MAX_CONFIGS = 2000
 #: Configs a job's search may have asked for and not measured yet while the GPU would otherwise
 #: wait on nvcc (``Search(ahead=...)``). On the H200 (softmax 32768x4096 float16, budget 100) the
 #: GPU waited 4.9-5.5 s per job with 1 and 0.65-0.93 s with 4 (docs/results_h200.md). Each
-#: proposal made ahead misses the results in flight: in a simulation of the compile queue on the
-#: recorded spaces (their compile times, 15 compile processes, 80 seeds, budget 100) the
-#: fraction of optimum went 0.896 -> 0.886 (convolution A100) and 0.974 -> 0.961 (A4000), while
-#: a job's simulated wall time on A4000 (2.7 s compiles) went 80 s -> 49 s. 1 keeps the
-#: replayed search's quality per measurement, at the cost of the GPU's idle time.
+#: proposal made ahead misses the results in flight: ``benchmarks/lookahead_sim.py`` (the
+#: recorded spaces on a simulated clock, 40 seeds, budget 100) gives fraction of optimum / wall
+#: seconds for 1 -> 4 of 0.896 / 66 -> 0.900 / 51 (convolution A100, 2.7 s compiles), 0.979 / 74
+#: -> 0.965 / 61 (A4000), 0.977 / 18 -> 0.977 / 15 (gemm). 1 keeps the replayed search's quality
+#: per measurement, at the cost of the GPU's idle time.
 DEFAULT_LOOKAHEAD = 4
 
 #: Builds the backend that measures one job: (job) -> Backend.
