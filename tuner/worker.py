@@ -154,9 +154,9 @@ def _check_operator_version(job: Job) -> None:
 
 
 class _SharedStudy:
-    """The job's Optuna study as seen by one worker: each asked trial carries the worker's id
-    (user attribute ``kato_worker``), and telling a trial another worker already failed is
-    skipped instead of raising (a restarted owner fails the orphans of dead workers)."""
+    """The job's Optuna study as seen by one worker: each asked or added trial carries the
+    worker's id (user attribute ``kato_worker``), and telling a trial another worker already
+    failed is skipped instead of raising (a restarted owner fails the orphans of dead workers)."""
 
     def __init__(self, study: optuna.Study, worker_id: str):
         self._study, self._worker_id = study, worker_id
@@ -169,6 +169,11 @@ class _SharedStudy:
     def tell(self, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("skip_if_finished", True)
         return self._study.tell(*args, **kwargs)
+
+    def add_trial(self, trial: optuna.trial.FrozenTrial) -> None:
+        """A finished trial this worker measured (self-proposing strategies), with its id."""
+        trial.set_user_attr("kato_worker", self._worker_id)
+        self._study.add_trial(trial)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._study, name)
