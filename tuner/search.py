@@ -347,6 +347,45 @@ class Search:
         elif self.strategy == "hybrid" and (local := self._local_proposal()) is not None:
             self.study.enqueue_trial(self.encoding.encode(local))
 
+    def _ask(self, fallback: Config | None) -> tuple[optuna.Trial | None, Config | None]:
+        """The next config to consider (``fallback`` if given) and its Optuna trial: None for a
+        self-proposing strategy, whose configs get a trial once measured. Config None: the
+        strategy has none left.
+
+        Raises:
+            optuna.exceptions.UpdateFinishedTrialError: another worker closed the asked trial.
+        """
+        if self._self_proposing:
+            return None, fallback or self._own_proposal()
+        if fallback is not None:
+            self.study.enqueue_trial(self.encoding.encode(fallback))
+        self._enqueue_next()
+        trial = self.study.ask()
+        return trial, self.encoding.suggest(trial)
+
+    def _rejected(self, trial: optuna.Trial | None, config: Config, key: str) -> bool:
+        """Whether ``config`` brings nothing new (invalid, measured, or in flight); its trial is
+        then closed: told the failed or known value, or failed."""
+        if not self.space.is_valid(config):
+            self._close(trial, FAILED_VALUE)
+        elif key in self.results:
+            self._close(trial, objective_value(self.results[key]))
+        elif any(key == k for _, _, k in self._inflight):
+            self._close(trial)
+        else:
+            return False
+        return True
+
+    def _close(self, trial: optuna.Trial | None, value: float | None = None) -> None:
+        """Finish an asked trial whose config is not measured by it: told ``value``, or failed
+        without one (no-op without a trial: self-proposed configs have none)."""
+        if trial is None:
+            return
+        if value is None:
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        else:
+            self.study.tell(trial, value)
+
     def _record(self, config: Config, value: float) -> None:
         """A measured config of a self-proposing strategy, as a finished trial of the study
         (one storage write; the study keeps every job's history whatever its strategy)."""
@@ -377,17 +416,20 @@ class Search:
         if self.ready is None or len(self._inflight) < 2:
             return self._inflight.pop(0)
         ready = self.ready
-        first = next((i for i, (_, c, _) in enumerate(self._inflight) if ready(c)), None)
+
+        def first_ready() -> int | None:
+            return next((i for i, (_, c, _) in enumerate(self._inflight) if ready(c)), None)
+
+        first = first_ready()
         if first is None and self.wait_ready is not None:
             self.wait_ready([c for _, c, _ in self._inflight])
-            first = next((i for i, (_, c, _) in enumerate(self._inflight) if ready(c)), None)
+            first = first_ready()
         return self._inflight.pop(first or 0)
 
     def _abandon_inflight(self) -> None:
         """The search stops with configs asked for and not measured: close their trials."""
         for trial, _, _ in self._inflight:
-            if trial is not None:  # a self-proposed config has no trial until measured
-                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            self._close(trial)
         self._inflight.clear()
 
     def run(self, budget: Budget) -> SearchResult:
@@ -413,42 +455,22 @@ class Search:
                     if fallback is None and not self._inflight:
                         stopped = "exhausted"
                         break
-                    if fallback is not None and not self._self_proposing:
-                        self.study.enqueue_trial(self.encoding.encode(fallback))
                     unproductive = 0
-                trial: optuna.Trial | None = None
-                if self._self_proposing:
-                    config = fallback or self._own_proposal()
-                    if config is None:
-                        if not self._inflight:
-                            stopped = "exhausted"
-                            break
-                        self._drained = True  # nothing left to ask for: measure the rest
-                        continue
-                else:
-                    self._enqueue_next()
-                    try:
-                        trial = self.study.ask()
-                        config = self.encoding.suggest(trial)
-                    except optuna.exceptions.UpdateFinishedTrialError:
-                        # Another worker sharing the study closed this trial between the ask
-                        # and the suggest (it took it for an orphan): ask again.
-                        unproductive += 1
-                        continue
+                try:
+                    trial, config = self._ask(fallback)
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    # Another worker sharing the study closed this trial between the ask and
+                    # the suggest (it took it for an orphan): ask again; nothing was measured.
+                    unproductive += 1
+                    continue
+                if config is None:
+                    if not self._inflight:
+                        stopped = "exhausted"
+                        break
+                    self._drained = True  # nothing left to ask for: measure the rest
+                    continue
                 key = self.space.key(config)
-                if not self.space.is_valid(config):
-                    if trial is not None:
-                        self.study.tell(trial, FAILED_VALUE)
-                    unproductive += 1
-                    continue
-                if key in self.results:
-                    if trial is not None:
-                        self.study.tell(trial, objective_value(self.results[key]))
-                    unproductive += 1
-                    continue
-                if any(key == k for _, _, k in self._inflight):
-                    if trial is not None:
-                        self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                if self._rejected(trial, config, key):
                     unproductive += 1
                     continue
                 unproductive = 0
@@ -458,8 +480,7 @@ class Search:
             trial, config, key = self._next_to_measure()
             known = self.results.get(key)
             if known is not None and known.status != TrialStatus.PENDING:
-                if trial is not None:  # another worker measured it meanwhile
-                    self.study.tell(trial, objective_value(known))
+                self._close(trial, objective_value(known))  # another worker measured it
                 continue
             try:
                 result = self.evaluate(config)

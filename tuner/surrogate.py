@@ -54,8 +54,10 @@ Contract (``tests/tuner/test_search.py`` and ``tests/tuner/test_surrogate.py`` h
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -340,20 +342,26 @@ class ForestProposer:
         them once ``pick`` is measured (on a copy of the random state: nothing is consumed)."""
         if count <= 0:
             return []
-        state = self.rng.bit_generator.state
         ahead = measured.copy()
         ahead[pick] = True
         out: list[int] = []
-        try:
+        with self._rng_restored():
             for _ in range(count):
                 if ahead.all():
                     break
                 nxt = self._space_filling(ahead, 1)[0]
                 out.append(nxt)
                 ahead[nxt] = True
+        return out
+
+    @contextlib.contextmanager
+    def _rng_restored(self) -> Iterator[None]:
+        """Draws made inside leave the random state as it was (hints consume nothing)."""
+        state = self.rng.bit_generator.state
+        try:
+            yield
         finally:
             self.rng.bit_generator.state = state
-        return out
 
     def _propose(self, move: str, train: np.ndarray, y: np.ndarray, measured: np.ndarray) -> int:
         """The index of the config ``move`` proposes (unmeasured and valid)."""
@@ -412,30 +420,18 @@ class ForestProposer:
         exact: list[int] = []
         if nxt in ("walk", "flip"):
             ranked = [int(i) for i in train[np.argsort(y, kind="stable")]]
-            scenarios = [ranked[:N_LOCAL], [pick, *ranked[: N_LOCAL - 1]]]
-            state = self.rng.bit_generator.state
-            try:
-                for centres in scenarios:
-                    self.rng.bit_generator.state = state
+            for centres in (ranked[:N_LOCAL], [pick, *ranked[: N_LOCAL - 1]]):
+                with self._rng_restored():  # the same draw the next proposal will make
                     p = self.flip_candidate(ahead, centres) if nxt == "flip" else None
                     if p is None:
                         p = int(self.rng.choice(self.local_candidates(ahead, centres[:1])))
-                    exact.append(p)
-            finally:
-                self.rng.bit_generator.state = state
-        first, second = (
-            (self._by_mean, self._by_score)
-            if nxt == "local"
-            else (
-                self._by_score,
-                self._by_mean,
-            )
-        )
-        merged: list[int] = list(exact)
-        for a, b in zip(first, second, strict=False):
-            merged += [int(a), int(b)]
-        longer = first if len(first) > len(second) else second
-        merged += [int(i) for i in longer[min(len(first), len(second)) :]]
+                exact.append(p)
+        first, second = self._by_score, self._by_mean
+        if nxt == "local":
+            first, second = second, first
+        merged = exact + [
+            int(i) for pair in itertools.zip_longest(first, second) for i in pair if i is not None
+        ]
         out = [i for i in dict.fromkeys(merged) if not ahead[i]]
         return out[:N_UPCOMING]
 

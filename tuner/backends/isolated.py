@@ -222,24 +222,38 @@ class IsolatedBackend(Backend):
         self._process, self._conn = process, parent_conn
         self._prepared = False
         self.child_pids.append(process.pid)
+        return self._expect("ready", ("start", "started", "starting"))[1]
+
+    def _expect(self, kind: str, verb: tuple[str, str, str]) -> tuple[Any, ...]:
+        """The child's next message, which must be ``kind`` (its set-up steps: "ready", then
+        "prepared"), waited for up to ``start_timeout_s``; ``verb`` (infinitive, past,
+        gerund) names the step in errors.
+
+        Raises:
+            TrialInterrupted: :meth:`interrupt` was called meanwhile (the child is killed).
+            ChildStartError: the child reported an error, died, or took too long (killed).
+        """
+        do, done, doing = verb
+        conn, process = self._conn, self._process
+        assert conn is not None and process is not None
         deadline = time.monotonic() + self.start_timeout_s
-        while not parent_conn.poll(_POLL_S):
+        while not conn.poll(_POLL_S):
             if self._interrupted.is_set():
                 self._kill()
-                raise TrialInterrupted("interrupted while the measuring process started")
+                raise TrialInterrupted(f"interrupted while the measuring process {done}")
             if time.monotonic() > deadline or not process.is_alive():
                 state = _describe_exit(process.exitcode)
                 self._kill()
-                raise ChildStartError(f"the measuring process did not start ({state})")
+                raise ChildStartError(f"the measuring process did not {do} ({state})")
         try:
-            message = parent_conn.recv()
+            message = conn.recv()
         except (EOFError, OSError):
             self._kill()
-            raise ChildStartError("the measuring process died while starting") from None
-        if message[0] != "ready":
+            raise ChildStartError(f"the measuring process died while {doing}") from None
+        if message[0] != kind:
             self._kill()
-            raise ChildStartError(f"the measuring process could not start: {message[1]}")
-        return message[1]
+            raise ChildStartError(f"the measuring process could not {do}: {message[1]}")
+        return message
 
     def _kill(self) -> None:
         """Kill the child (if any) and forget it; the next evaluation starts a new one."""
@@ -342,26 +356,8 @@ class IsolatedBackend(Backend):
             TrialInterrupted: :meth:`interrupt` was called meanwhile.
             ChildStartError: the child failed to prepare, died, or took too long.
         """
-        if self._prepared:
-            return
-        assert self._conn is not None and self._process is not None
-        deadline = time.monotonic() + self.start_timeout_s
-        while not self._conn.poll(_POLL_S):
-            if self._interrupted.is_set():
-                self._kill()
-                raise TrialInterrupted("interrupted while the measuring process prepared")
-            if time.monotonic() > deadline or not self._process.is_alive():
-                state = _describe_exit(self._process.exitcode)
-                self._kill()
-                raise ChildStartError(f"the measuring process did not prepare ({state})")
-        try:
-            message = self._conn.recv()
-        except (EOFError, OSError):
-            self._kill()
-            raise ChildStartError("the measuring process died while preparing") from None
-        if message[0] != "prepared":
-            self._kill()
-            raise ChildStartError(f"the measuring process could not prepare: {message[1]}")
+        if not self._prepared:
+            self._expect("prepared", ("prepare", "prepared", "preparing"))
         self._prepared = True
 
     def _crashed(self, config: Config) -> TrialResult:
