@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,3 +15,21 @@ def shared_datasets() -> list[Path]:
     if not files:
         pytest.skip(f"no Kernel Tuner cache files under {DATASETS} (set KATO_DATASETS)")
     return files
+
+
+@pytest.fixture(scope="session")
+def cubin_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the kernel compile checks keep their binaries, across test runs.
+
+    ``tuner.nvcc`` keys an entry by the source, options, arch and the exact ``nvcc --version``
+    text, writes it atomically and checks its checksum on load: a hit is the binary and the
+    resource usage nvcc would produce now, so only changed variants are compiled again (a cold
+    run compiles every variant: most of the suite's time on 2 cores). ``KATO_TEST_CUBIN_CACHE``
+    names the directory (default ``~/.cache/kato/test-cubins``); ``off`` uses a fresh one.
+    """
+    env = os.environ.get("KATO_TEST_CUBIN_CACHE", "")
+    if env == "off":
+        return tmp_path_factory.mktemp("cubins")
+    path = Path(env).expanduser() if env else Path.home() / ".cache" / "kato" / "test-cubins"
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 from compile_harness import Outcome, Variant, compile_variants, distinct_variants
@@ -39,10 +40,10 @@ def all_variants() -> list[Variant]:
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory: pytest.TempPathFactory) -> list[Outcome]:
+def outcomes(cubin_cache: Path) -> list[Outcome]:
     variants = all_variants()
     start = time.perf_counter()
-    found = compile_variants(variants, ARCHS, tmp_path_factory.mktemp("cubins"), batch=48)
+    found = compile_variants(variants, ARCHS, cubin_cache, batch=48)
     print(
         f"\nbatchnorm_stats: {len(variants)} variants x {len(ARCHS)} archs in "
         f"{time.perf_counter() - start:.0f} s"

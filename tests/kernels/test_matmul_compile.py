@@ -52,14 +52,12 @@ def cases() -> list[tuple[tuple[int, ...], str]]:
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory: pytest.TempPathFactory) -> list[Outcome]:
+def outcomes(cubin_cache: Path) -> list[Outcome]:
     variants = distinct_variants(SPEC, cases())
     # Tensor-core variants first (the slowest to build), so that the workers finish together.
     variants.sort(key=lambda v: v.dtype == "float32")
     start = time.perf_counter()
-    found = compile_variants(
-        variants, ARCHS, tmp_path_factory.mktemp("cubin-cache"), batch=BATCH, workers=WORKERS
-    )
+    found = compile_variants(variants, ARCHS, cubin_cache, batch=BATCH, workers=WORKERS)
     print(
         f"\ncompiled {len(variants)} variants x {len(ARCHS)} archs in "
         f"{time.perf_counter() - start:.0f} s"

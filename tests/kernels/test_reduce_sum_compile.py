@@ -31,8 +31,8 @@ def static_shared(kernel: str, config) -> int:
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
-    return compile_all(SPEC, SHAPE, AWKWARD, tmp_path_factory.mktemp("cubins"))
+def compiled(cubin_cache):
+    return compile_all(SPEC, SHAPE, AWKWARD, cubin_cache)
 
 
 def test_distinct_sources_per_dtype_are_bounded() -> None:

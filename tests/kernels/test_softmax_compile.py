@@ -134,9 +134,9 @@ def _compile_one_by_one(batch: list[Variant], arch: str, cache: Path) -> list[Ou
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory: pytest.TempPathFactory) -> list[Outcome]:
-    """Compile every variant (plus the awkward defaults) for both archs, cold cache."""
-    cache = tmp_path_factory.mktemp("cubin-cache")
+def outcomes(cubin_cache: Path) -> list[Outcome]:
+    """Compile every variant (plus the awkward defaults) for both archs."""
+    cache = cubin_cache
     batches: list[tuple[str, list[Variant]]] = []
     for dtype in SPEC.dtypes:
         todo = sorted(variants(dtype), key=_cost, reverse=True) + awkward_defaults(dtype)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 from compile_harness import Outcome, compile_variants, distinct_variants
@@ -27,12 +28,12 @@ BLOCK_KERNELS = ("sort_rows_kernel", "sort_1d_block", "sort_1d_merge")
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory: pytest.TempPathFactory) -> list[Outcome]:
+def outcomes(cubin_cache: Path) -> list[Outcome]:
     # One row of one key admits every row-kernel config (the sources ignore the shape).
     variants = distinct_variants(SORT, [((1, 1), d) for d in SORT.dtypes])
     variants += distinct_variants(SORT_1D, [((2**24,), d) for d in SORT_1D.dtypes])
     start = time.perf_counter()
-    found = compile_variants(variants, ARCHS, tmp_path_factory.mktemp("cubins"), batch=24)
+    found = compile_variants(variants, ARCHS, cubin_cache, batch=24)
     print(
         f"\n{len(variants)} sort variants x {len(ARCHS)} archs in "
         f"{time.perf_counter() - start:.0f} s"

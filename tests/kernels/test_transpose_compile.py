@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 from compile_harness import Outcome, compile_variants, distinct_variants
@@ -26,10 +27,10 @@ CASES = [((8192, 8192), d) for d in SPEC.dtypes] + [((37, 5), d) for d in SPEC.d
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory: pytest.TempPathFactory) -> list[Outcome]:
+def outcomes(cubin_cache: Path) -> list[Outcome]:
     variants = distinct_variants(SPEC, CASES)
     start = time.perf_counter()
-    found = compile_variants(variants, ARCHS, tmp_path_factory.mktemp("cubins"), batch=40)
+    found = compile_variants(variants, ARCHS, cubin_cache, batch=40)
     print(
         f"\n{len(variants)} transpose variants x {len(ARCHS)} archs in "
         f"{time.perf_counter() - start:.0f} s"
