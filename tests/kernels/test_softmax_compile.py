@@ -136,7 +136,6 @@ def _compile_one_by_one(batch: list[Variant], arch: str, cache: Path) -> list[Ou
 @pytest.fixture(scope="module")
 def outcomes(cubin_cache: Path) -> list[Outcome]:
     """Compile every variant (plus the awkward defaults) for both archs."""
-    cache = cubin_cache
     batches: list[tuple[str, list[Variant]]] = []
     for dtype in SPEC.dtypes:
         todo = sorted(variants(dtype), key=_cost, reverse=True) + awkward_defaults(dtype)
@@ -146,7 +145,7 @@ def outcomes(cubin_cache: Path) -> list[Outcome]:
     batches.sort(key=lambda job: sum(map(_cost, job[1])), reverse=True)
 
     start = time.perf_counter()
-    found = _compile_batches(batches, cache)
+    found = _compile_batches(batches, cubin_cache)
     elapsed = time.perf_counter() - start
 
     spilling = [o for o in found if o.resources is not None and o.resources.spill_bytes]
