@@ -1,0 +1,51 @@
+"""benchmarks/search_ablation.py: its fast runs are the default search's runs; overrides apply."""
+
+from __future__ import annotations
+
+import pytest
+from paths import RECORDED
+
+from benchmarks import search_ablation
+from tuner import surrogate
+from tuner.replay_eval import replay_search
+
+SPACE = str(RECORDED / "softmax_H200_4096x4096_float16.json.gz")
+
+
+def test_a_trace_reaches_what_the_default_search_reaches_for_the_same_seed():
+    """Driving the proposer directly must not change a run: the ablation bench is only worth
+    having if its figures are the ones ``kato replay`` and search_quality.py report."""
+    report = replay_search(SPACE, budget=40, repeats=3, seed=5)
+    for run in report.per_seed:
+        curve = search_ablation.trace(SPACE, run["seed"], 40)
+        assert len(curve) == run["measured"]
+        assert search_ablation.at(curve, 40) == pytest.approx(run["fraction_of_optimum"])
+    assert all(b >= a for a, b in zip(curve, curve[1:], strict=False))
+
+
+def test_summaries_count_runs_left_in_a_poor_basin():
+    curves = [[0.5, 0.6, 0.9, 1.0], [0.5, 0.5, 0.6, 0.6], [0.8, 0.8, 0.8, 0.8]]
+    s = search_ablation.summarise(curves, [2, 4], stuck=0.7)
+    assert s["mean"] == {"2": pytest.approx(0.6333333), "4": pytest.approx(0.8)}
+    assert s["stuck_budget"] == 4 and s["stuck_runs"] == 1
+    assert s["first_above_stuck_quartiles"] == [1, 3, None]
+
+
+def test_overrides_set_constants_and_run_a_patch_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(surrogate, "N_INITIAL", surrogate.N_INITIAL)
+    monkeypatch.setattr(surrogate, "N_TREES", surrogate.N_TREES)
+    patch = tmp_path / "patch.py"
+    patch.write_text("surrogate.N_TREES = surrogate.N_TREES + 1\n")
+    trees = surrogate.N_TREES
+    sets = search_ablation.parse_sets(["N_INITIAL=7", "MOVES=('ei', 'walk')"])
+    assert sets == {"N_INITIAL": 7, "MOVES": ("ei", "walk")}
+    monkeypatch.setattr(surrogate, "MOVES", surrogate.MOVES)
+    search_ablation.apply_overrides(sets, str(patch))
+    assert surrogate.N_INITIAL == 7 and surrogate.MOVES == ("ei", "walk")
+    assert trees + 1 == surrogate.N_TREES
+
+
+@pytest.mark.parametrize("item", ["NOPE=1", "N_INITIAL", "n_initial=3", "N_INITIAL=abs(3)"])
+def test_a_bad_override_is_refused_with_what_to_fix(item):
+    with pytest.raises(ValueError, match="--set"):
+        search_ablation.parse_sets([item])
