@@ -44,6 +44,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from paths import dataset_files, space_files  # noqa: E402
 
+from benchmarks.search_quality import short_name  # noqa: E402
 from tuner import surrogate  # noqa: E402
 from tuner.backends.replay import ReplayBackend  # noqa: E402
 from tuner.kt_cache import load_cache  # noqa: E402
@@ -51,11 +52,6 @@ from tuner.kt_cache import load_cache  # noqa: E402
 BUDGETS = (25, 50, 100, 200)
 
 _BACKENDS: dict[str, ReplayBackend] = {}
-
-
-def short_name(path: str | Path) -> str:
-    p = Path(path)
-    return f"{p.parent.name}/{p.name.removesuffix('.gz').removesuffix('.json')}"
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import os
 import random
@@ -79,7 +80,13 @@ KT_STRATEGIES = (
 
 _CACHES: dict[str, KernelTunerCache] = {}
 _PLAIN: dict[str, str] = {}
-_TMP = tempfile.mkdtemp(prefix="kato-sq-")
+
+
+@functools.cache
+def _tmp_dir() -> str:
+    """A scratch directory for plain copies of the cache files, made on first use (importing
+    this module, as benchmarks/search_ablation.py does, makes none)."""
+    return tempfile.mkdtemp(prefix="kato-sq-")
 
 
 def _cache(path: str) -> KernelTunerCache:
@@ -178,8 +185,10 @@ def _kt_setup(path: str) -> str:
 
         ktu.read_cache, kti.Searchspace, ktu._kato_memo = cached_read, cached_space, True
     cache = _cache(path)
-    # Pool workers are forked with the same _TMP: the pid keeps their copies apart.
-    plain = os.path.join(_TMP, f"{os.getpid()}-{len(_PLAIN)}-{Path(path).name.removesuffix('.gz')}")
+    # Pool workers forked after a first use share the directory: the pid keeps copies apart.
+    plain = os.path.join(
+        _tmp_dir(), f"{os.getpid()}-{len(_PLAIN)}-{Path(path).name.removesuffix('.gz')}"
+    )
     if not plain.endswith(".json"):
         plain += ".json"
     with open(plain, "w") as f:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from paths import RECORDED
 
@@ -20,7 +22,7 @@ def test_a_trace_reaches_what_the_default_search_reaches_for_the_same_seed():
         curve = search_ablation.trace(SPACE, run["seed"], 40)
         assert len(curve) == run["measured"]
         assert search_ablation.at(curve, 40) == pytest.approx(run["fraction_of_optimum"])
-    assert all(b >= a for a, b in zip(curve, curve[1:], strict=False))
+        assert all(b >= a for a, b in itertools.pairwise(curve))
 
 
 def test_summaries_count_runs_left_in_a_poor_basin():
@@ -31,7 +33,7 @@ def test_summaries_count_runs_left_in_a_poor_basin():
     assert s["first_above_stuck_quartiles"] == [1, 3, None]
 
 
-def test_overrides_set_constants_and_run_a_patch_once(tmp_path, monkeypatch):
+def test_overrides_set_constants_and_run_a_patch(tmp_path, monkeypatch):
     monkeypatch.setattr(surrogate, "N_INITIAL", surrogate.N_INITIAL)
     monkeypatch.setattr(surrogate, "N_TREES", surrogate.N_TREES)
     patch = tmp_path / "patch.py"
