@@ -20,7 +20,7 @@ IDS = [p.name.split("_H200")[0] + "_" + p.name.split("_")[-3] for p in FILES]
 
 
 def test_spaces_present():
-    assert len(FILES) == 6, [p.name for p in FILES]
+    assert len(FILES) == 11, [p.name for p in FILES]
 
 
 @pytest.mark.parametrize("path", FILES, ids=IDS)
