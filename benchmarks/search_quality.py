@@ -52,6 +52,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from paths import dataset_files, space_files  # noqa: E402
 
+from benchmarks.verdicts import print_table, report_verdicts  # noqa: E402
 from tuner.backends.replay import ReplayBackend  # noqa: E402
 from tuner.kt_cache import KernelTunerCache, load_cache  # noqa: E402
 from tuner.search import DEFAULT_STRATEGY, Budget, Search  # noqa: E402
@@ -527,6 +528,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             },
         }
     report["seconds"] = round(time.time() - started, 1)
+    if kt and DEFAULT_STRATEGY in kato and args.seeds >= 2:
+        report["verdicts"] = report_verdicts(report)
 
     for name, entry in report["files"].items():
         rows = []
@@ -558,6 +561,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ["target <- source", "budget", "seeds", "without", "with"],
             rows,
         )
+    if "verdicts" in report:
+        print_table(report["verdicts"])
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from paths import RECORDED
 
@@ -67,3 +69,25 @@ def test_a_kernel_tuner_run_is_cut_at_the_wall_clock_limit(tmp_path, monkeypatch
     assert 0.0 < result["fraction"] <= 1.0
     # The limit is per run: the next run is not cut by the last one's deadline.
     assert not search_quality.kt_run(path, "random_sample", 0, 20)["timed_out"]
+
+
+def test_a_run_reports_its_verdicts_with_the_tables(tmp_path, capsys):
+    """The whole benchmark on a small file: per-seed fractions for both sides, and the verdict
+    of Kato's default against each Kernel Tuner strategy from them (benchmarks/verdicts.py)."""
+    path = _sparse_file(tmp_path)
+    out = tmp_path / "report.json"
+    argv = [path, "--no-datasets", "--seeds", "3", "--budgets", "10,20", "--workers", "1"]
+    argv += ["--kato", "forest", "--strategies", "random_sample,mls", "--out", str(out)]
+    report = search_quality.main(argv)
+    assert json.loads(out.read_text())["verdicts"] == report["verdicts"]
+    (name,) = report["files"]
+    methods = report["files"][name]["methods"]
+    for budget in ("10", "20"):
+        got = report["verdicts"][name][budget]
+        kato = methods["kato:forest"][budget]["per_seed"]
+        assert got["kato_mean"] == pytest.approx(sum(kato) / 3, abs=1e-4)
+        assert set(got["per_strategy"]) == {"random_sample", "mls"}
+        assert got["against_every"] in ("above", "level", "below")
+        low, high = got["against_best"]["ci"]
+        assert low <= got["against_best"]["difference"] <= high
+    assert "Kato default vs every Kernel Tuner strategy" in capsys.readouterr().out
