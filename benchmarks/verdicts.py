@@ -13,7 +13,9 @@ module turns the report's per-seed fractions into a verdict per space and budget
 
 Against "the best Kernel Tuner strategy" the verdict is taken against every strategy: ``above``
 only if above every one, ``below`` if below any one, else ``level``; the strategy with the
-highest mean is named.
+highest mean is named. Each interval is at 95% on its own, so over eleven strategies ``below``
+errs towards finding Kato below (any one of eleven) and ``above`` towards not finding it above
+(every one of eleven): the verdicts lean against Kato, not for it.
 
 Usage (from a report written by ``search_quality.py --out``)::
 
