@@ -11,8 +11,9 @@ Overrides apply to ``tuner.surrogate`` in every worker, once:
 
 - ``--set NAME=VALUE``: a module constant (``N_INITIAL``, ``MOVES``, ``MAX_FEATURES``, ...),
   VALUE a Python literal;
-- ``--patch FILE``: Python run with ``surrogate`` (the module) in its namespace, for a change of
-  code (replace a method, add a move).
+- ``--patch FILE`` (repeatable, applied in order): Python run with ``surrogate`` (the module)
+  in its namespace, for a change of code (replace a method, add a move); the patches measured
+  so far are in ``benchmarks/ablations``.
 
 Per space it prints the mean fraction of optimum at each budget, how many runs are below
 ``--stuck`` at the middle budget (runs that never left a poor basin) and the quartiles of the
@@ -75,13 +76,13 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def apply_overrides(sets: dict[str, Any], patch: str | None) -> None:
-    """Set the constants, then run the patch file (a worker's initializer: once per process,
-    so a patch that wraps a method wraps it once)."""
+def apply_overrides(sets: dict[str, Any], patch: str | list[str] | None) -> None:
+    """Set the constants, then run the patch files in order (a worker's initializer: once per
+    process, so a patch that wraps a method wraps it once)."""
     for name, value in sets.items():
         setattr(surrogate, name, value)
-    if patch:
-        code = compile(Path(patch).read_text(), patch, "exec")
+    for path in [patch] if isinstance(patch, str) else patch or []:
+        code = compile(Path(path).read_text(), path, "exec")
         exec(code, {"surrogate": surrogate, "__name__": "kato_ablation_patch"})  # noqa: S102
 
 
@@ -149,7 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="0:20", help="FIRST:END (END excluded)")
     ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME=VALUE")
-    ap.add_argument("--patch", help="Python file run with `surrogate` in its namespace")
+    ap.add_argument(
+        "--patch",
+        action="append",
+        default=[],
+        help="Python file run with `surrogate` in its namespace (repeatable, in order)",
+    )
     ap.add_argument("--stuck", type=float, default=0.7, help="fraction counted as 'stuck'")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", help="write the summaries and every curve as JSON here")
@@ -158,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         sets = parse_sets(args.sets)
     except ValueError as exc:
         ap.error(str(exc))
-    if args.patch and not Path(args.patch).is_file():
-        ap.error(f"--patch {args.patch}: no such file")
+    for path in args.patch:
+        if not Path(path).is_file():
+            ap.error(f"--patch {path}: no such file")
     first, _, end = args.seeds.partition(":")
     seeds = range(int(first), int(end) if end else int(first) + 1)
     budgets = sorted(int(b) for b in args.budgets.split(","))

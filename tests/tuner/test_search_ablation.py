@@ -51,3 +51,38 @@ def test_overrides_set_constants_and_run_a_patch(tmp_path, monkeypatch):
 def test_a_bad_override_is_refused_with_what_to_fix(item):
     with pytest.raises(ValueError, match="--set"):
         search_ablation.parse_sets([item])
+
+
+ABLATIONS = search_ablation.REPO / "benchmarks" / "ablations"
+MOVES = ("ei", "local", "ei", "{}", "ei", "local", "ei", "flip")
+
+
+@pytest.mark.parametrize(
+    ("patches", "move", "env", "changes"),
+    [
+        (["subspace.py"], "sub", {}, True),
+        (["coverage.py"], "cover", {}, True),
+        (["cuda_design.py"], None, {}, False),  # the space has no block_size_* parameters
+        (["leaf3.py"], None, {}, True),
+        (["leaf3.py", "poll.py"], "poll", {}, True),
+        (["oob_leaf.py"], None, {}, True),
+        (["certified_restart.py"], "poll", {}, True),
+        (["transfer.py"], None, {"SRC": SPACE, "SRC_MODE": "full"}, True),
+    ],
+)
+def test_the_recorded_ablation_patches_still_apply(patches, move, env, changes, monkeypatch):
+    """The patches in benchmarks/ablations are how docs/ARCHITECTURE.md's figures are
+    reproduced: each must still apply to the proposer and give a valid run."""
+    for name in ("__init__", "_propose", "_fit_predict", "_space_filling"):
+        monkeypatch.setattr(surrogate.ForestProposer, name, getattr(surrogate.ForestProposer, name))
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    if move:  # the same turns without the patch: an unknown move is an ``ei`` turn there
+        monkeypatch.setattr(surrogate, "MOVES", tuple(m.format(move) for m in MOVES))
+    unpatched = [search_ablation.trace(SPACE, seed, 40) for seed in (1, 2)]
+    search_ablation.apply_overrides({}, [str(ABLATIONS / p) for p in patches])
+    runs = [search_ablation.trace(SPACE, seed, 40) for seed in (1, 2)]
+    for curve in runs:
+        assert len(curve) == 40 and 0.0 < curve[-1] <= 1.0
+        assert all(b >= a for a, b in itertools.pairwise(curve))
+    assert (runs != unpatched) == changes
