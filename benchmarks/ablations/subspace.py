@@ -22,6 +22,7 @@ import numpy as np
 MODE = os.environ.get("SUB_MODE", "ei")
 KEEP = float(os.environ.get("SUB_KEEP", "0.5"))
 MINDIST = int(os.environ.get("SUB_MINDIST", "2"))
+CENTRES = int(os.environ.get("SUB_CENTRES", "1"))  # the centre: a random one of the best N
 _propose = surrogate.ForestProposer._propose
 
 
@@ -37,7 +38,8 @@ def expected_improvement(self, train, y, pool):
 def propose(self, move, train, y, measured):
     if move != "sub":
         return _propose(self, move, train, y, measured)
-    centre = int(train[np.argsort(y, kind="stable")][0])
+    ranked = train[np.argsort(y, kind="stable")]
+    centre = int(ranked[int(self.rng.integers(min(CENTRES, len(ranked))))])
     base = self.X[:, : len(self.names)]
     n_params = len(self.names)
     far_enough = self.hamming(centre) >= MINDIST
