@@ -89,7 +89,7 @@ def test_a_report_without_kernel_tuner_strategies_is_refused():
 
 
 def test_the_committed_table_at_budget_100():
-    """What the README and the closing note claim from Table 1 (20 seeds): Kato's default is
+    """What the README and the closing note claim from Table 1 (40 seeds): Kato's default is
     below no Kernel Tuner strategy at budget 100 on any of the fifteen spaces, and clearly
     above every one on convolution A4000 and gemm."""
     report = json.loads(COMMITTED.read_text())
