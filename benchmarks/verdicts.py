@@ -95,13 +95,14 @@ def space_verdicts(
     }
     if not against:
         raise ValueError("the report has no Kernel Tuner strategy to compare with")
-    best = max(against, key=lambda s: statistics.fmean(methods[f"kt:{s}"][budget]["per_seed"]))
+    means = {s: statistics.fmean(methods[f"kt:{s}"][budget]["per_seed"]) for s in against}
+    best = max(means, key=means.__getitem__)
     verdicts = {c.verdict for c in against.values()}
     overall = "below" if "below" in verdicts else "above" if verdicts == {"above"} else "level"
     return {
         "kato_mean": statistics.fmean(ours),
         "best_strategy": best,
-        "best_mean": statistics.fmean(methods[f"kt:{best}"][budget]["per_seed"]),
+        "best_mean": means[best],
         "against_best": against[best].as_dict(),
         "against_every": overall,
         "below": sorted(s for s, c in against.items() if c.verdict == "below"),

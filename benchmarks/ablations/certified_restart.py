@@ -19,29 +19,13 @@ import os
 
 import numpy as np
 
+from benchmarks.ablations._common import adjacent, expected_improvement
+
 FAR_EI = os.environ.get("FAR_EI", "1") == "1"
 FAR_WALK = os.environ.get("FAR_WALK", "1") == "1"
 FAR_DIST = int(os.environ.get("FAR_DIST", "3"))
 FAR_K = int(os.environ.get("FAR_K", "6"))
 _propose = surrogate.ForestProposer._propose
-
-
-def adjacent(self, centre):
-    """Valid configs one parameter from ``centre``, at the next valid value up or down."""
-    base = self.X[:, : len(self.names)]
-    one_away = self.hamming(centre) == 1
-    out = []
-    for j in range(base.shape[1]):
-        m = np.flatnonzero(one_away & (base[:, j] != base[centre, j]))
-        if not len(m):
-            continue
-        v = base[m, j]
-        up, down = v[v > base[centre, j]], v[v < base[centre, j]]
-        if len(up):
-            out.extend(m[v == up.min()])
-        if len(down):
-            out.extend(m[v == down.max()])
-    return np.array(out, dtype=np.int64)
 
 
 def far_expected_improvement(self, train, y, measured, ranked):
@@ -55,11 +39,7 @@ def far_expected_improvement(self, train, y, measured, ranked):
         return None
     if len(pool) > surrogate.POOL_MAX:
         pool = self.rng.choice(pool, surrogate.POOL_MAX, replace=False)
-    mu, sd, _ = self._fit_predict(train, y, pool)
-    sd = np.maximum(sd, 1e-9)
-    z = (float(y.min()) - mu) / sd
-    score = sd * (z * surrogate._norm_cdf(z) + surrogate._norm_pdf(z))
-    return int(pool[int(np.argmax(score))])
+    return expected_improvement(self, train, y, pool)
 
 
 def propose(self, move, train, y, measured):

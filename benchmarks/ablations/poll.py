@@ -20,27 +20,10 @@ import os
 
 import numpy as np
 
+from benchmarks.ablations._common import adjacent
+
 TIE = os.environ.get("POLL_TIE", "mean")
 _propose = surrogate.ForestProposer._propose
-
-
-def adjacent(self, centre):
-    """Valid configs that differ from ``centre`` in one parameter, set to the next valid value
-    above or below the centre's."""
-    base = self.X[:, : len(self.names)]
-    one_away = self.hamming(centre) == 1
-    out = []
-    for j in range(base.shape[1]):
-        m = np.flatnonzero(one_away & (base[:, j] != base[centre, j]))
-        if not len(m):
-            continue
-        v = base[m, j]
-        up, down = v[v > base[centre, j]], v[v < base[centre, j]]
-        if len(up):
-            out.extend(m[v == up.min()])
-        if len(down):
-            out.extend(m[v == down.max()])
-    return np.array(out, dtype=np.int64)
 
 
 def propose(self, move, train, y, measured):

@@ -19,20 +19,13 @@ import os
 
 import numpy as np
 
+from benchmarks.ablations._common import expected_improvement
+
 MODE = os.environ.get("SUB_MODE", "ei")
 KEEP = float(os.environ.get("SUB_KEEP", "0.5"))
 MINDIST = int(os.environ.get("SUB_MINDIST", "2"))
 CENTRES = int(os.environ.get("SUB_CENTRES", "1"))  # the centre: a random one of the best N
 _propose = surrogate.ForestProposer._propose
-
-
-def expected_improvement(self, train, y, pool):
-    """The pool's config with the best expected improvement over the best log-time."""
-    mu, sd, _ = self._fit_predict(train, y, pool)
-    sd = np.maximum(sd, 1e-9)
-    z = (float(y.min()) - mu) / sd
-    score = sd * (z * surrogate._norm_cdf(z) + surrogate._norm_pdf(z))
-    return int(pool[int(np.argmax(score))])
 
 
 def propose(self, move, train, y, measured):
