@@ -96,3 +96,38 @@ def test_single_pass_leaves_the_counters_at_zero(tmp_path, monkeypatch) -> None:
     assert not failures, failures
     counters = np.fromfile(tmp_path / "case0" / "a5.bin", dtype=np.uint32)
     assert counters.size == 4 and not counters.any()
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_long_thread_streams_keep_the_variance(tmp_path, monkeypatch, dtype) -> None:
+    """One channel of the (256, 64, 112, 112) layout (3.2M elements, the generator's offset
+    channel: 1e3 + 8 N(0, 1) stored as float16) with 128 threads and SPLIT 1: each thread merges
+    3136 vectors of 8. Adding each vector's M2 to the running M2 alone rounded with a bias on
+    these quantized inputs (1.06e-5 of the variance, outside the spec's rtol of 1e-5: 8 variants
+    failed verification on the H200); adding the small terms first keeps it near 2.5e-7. The
+    bound here is 2e-6, well inside the tolerance, so a regression shows before it fails."""
+    include = cuda_include_dir()
+    if include is None or not (include / "cuda_fp16.h").is_file():
+        pytest.skip("CUDA headers not found next to nvcc")
+    monkeypatch.setattr(cuda_emulation, "HEADER", cuda_emulation.HEADER + EXTRA)
+    monkeypatch.setattr(cuda_emulation, "_literal", _literal)
+    config = {
+        "BLOCK_SIZE": 128,
+        "VEC": 8,
+        "UNROLL": 2,
+        "STRATEGY": 1,
+        "SPLIT": 1,
+        "MIN_BLOCKS": 0,
+    }
+    shape = (256, 1, 112, 112)
+    failures = run_cases([Case(SPEC, config, shape, dtype)], tmp_path, np.random.default_rng(3))
+    assert not failures, failures
+    x = np.fromfile(tmp_path / "case0" / "a0.bin", dtype=np.uint16)
+    if dtype == "float16":
+        values = x.view(np.float16).astype(np.float64)
+    else:  # bfloat16: the upper half of a float32
+        values = (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    var = np.fromfile(tmp_path / "case0" / "a2.bin", dtype=np.float32)
+    assert values.size == 256 * 112 * 112 and var.size == 1
+    assert abs(var[0] / values.var() - 1.0) < 2e-6, (var[0], values.var())
