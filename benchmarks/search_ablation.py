@@ -43,7 +43,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from paths import dataset_files, space_files  # noqa: E402
+from paths import dataset_files, table_space_files  # noqa: E402
 
 from benchmarks.search_quality import short_name  # noqa: E402
 from tuner import surrogate  # noqa: E402
@@ -133,7 +133,7 @@ def summarise(curves: list[list[float]], budgets: list[int], stuck: float) -> di
 
 
 def select(spec: str) -> list[str]:
-    files = [str(p) for p in [*dataset_files(), *space_files()]]
+    files = [str(p) for p in [*dataset_files(), *table_space_files()]]
     if spec == "all":
         return files
     wanted = [s.strip() for s in spec.split(",") if s.strip()]

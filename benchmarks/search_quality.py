@@ -1,7 +1,8 @@
 """Search quality on brute-forced spaces: Kato vs Kernel Tuner, same files, same budgets.
 
-For every Kernel Tuner cache file under ../shared/datasets and data/spaces (the spaces Kato
-brute-forced on the H200; ``tests/paths.py``) and any given on the command line, each method
+For every Kernel Tuner cache file under ../shared/datasets and data/spaces/h200 (the spaces Kato
+brute-forced on the H200; ``tests/paths.py``; the later ones in data/spaces/h200-holdout are
+given on the command line) and any given on the command line, each method
 searches the recorded space at each budget (distinct measured configs, failures included) with
 several seeds; the score is the mean fraction of optimum (best time in the file / best time
 found; 1.0 = found the optimum).
@@ -50,7 +51,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from paths import dataset_files, space_files  # noqa: E402
+from paths import dataset_files, table_space_files  # noqa: E402
 
 from benchmarks.verdicts import print_table, report_verdicts  # noqa: E402
 from tuner.backends.replay import ReplayBackend  # noqa: E402
@@ -387,7 +388,8 @@ def _table(title: str, header: list[str], rows: list[list[str]]) -> None:
             table.add_column(h, justify="right" if h != header[0] else "left")
         for row in rows:
             table.add_row(*row)
-        Console().print(table)
+        # Piped output (a log, tee) is not cut at 80 columns.
+        Console(width=None if sys.stdout.isatty() else 200).print(table)
     except ImportError:  # plain text
         print(title)
         print(" | ".join(header))
@@ -429,7 +431,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     warm_budgets = tuple(int(b) for b in args.warm_budgets.split(",") if b)
     kato = [s for s in args.kato.split(",") if s]
     kt = [s for s in args.strategies.split(",") if s]
-    paths = [] if args.no_datasets else [str(p) for p in [*dataset_files(), *space_files()]]
+    paths = [] if args.no_datasets else [str(p) for p in [*dataset_files(), *table_space_files()]]
     paths += [str(Path(f).resolve()) for f in args.files]
     if not paths:
         ap.error("no cache files: none under the datasets folder and none given")

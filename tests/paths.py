@@ -10,8 +10,13 @@ REPO = Path(__file__).resolve().parents[1]
 DATASETS = Path(os.environ.get("KATO_DATASETS", REPO.parent / "shared" / "datasets"))
 #: Spaces Kato recorded itself on real GPUs, committed with the code.
 RECORDED = REPO / "tests" / "data" / "recorded"
-#: Whole spaces Kato brute-forced on the H200 (``h200_session.sh spaces``), Kernel Tuner format.
+#: Whole spaces Kato brute-forced on the H200 (``h200_session.sh spaces``), Kernel Tuner format:
+#: ``h200`` the eleven of the search-quality table (``benchmarks/search_quality.py``'s default),
+#: ``h200-holdout`` eighteen more recorded after the default search was settled (other kernels:
+#: matmul, transpose, reduce_sum; other shapes and dtypes of the first eleven's operators).
 SPACES = REPO / "data" / "spaces"
+TABLE_SPACES = SPACES / "h200"
+HOLDOUT_SPACES = SPACES / "h200-holdout"
 
 
 def dataset_files() -> list[Path]:
@@ -19,4 +24,14 @@ def dataset_files() -> list[Path]:
 
 
 def space_files() -> list[Path]:
+    """Every recorded space (both folders)."""
     return sorted(SPACES.glob("**/*.json.gz"))
+
+
+def table_space_files() -> list[Path]:
+    """The recorded spaces of the search-quality table."""
+    return sorted(TABLE_SPACES.glob("*.json.gz"))
+
+
+def holdout_space_files() -> list[Path]:
+    return sorted(HOLDOUT_SPACES.glob("*.json.gz"))

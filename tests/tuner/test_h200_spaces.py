@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 
 import pytest
-from paths import space_files
+from paths import holdout_space_files, space_files, table_space_files
 
 from kernels import get_operator
 from tuner.backends.replay import ReplayBackend
@@ -20,7 +20,9 @@ IDS = [p.name.split("_H200")[0] + "_" + p.name.split("_")[-3] for p in FILES]
 
 
 def test_spaces_present():
-    assert len(FILES) == 11, [p.name for p in FILES]
+    assert len(table_space_files()) == 11, [p.name for p in table_space_files()]
+    assert len(holdout_space_files()) == 18, [p.name for p in holdout_space_files()]
+    assert len(FILES) == 29
 
 
 @pytest.mark.parametrize("path", FILES, ids=IDS)
@@ -38,14 +40,21 @@ def test_space_is_the_operators_whole_valid_space(path):
     assert ReplayBackend(cache).device().model == "H200"
 
 
-#: Budget 50 (5-11% of these spaces), seeds 0-2. One test for all the spaces: under xdist a
-#: shared fixture would be computed once per worker.
+#: Budget 50 (5-11% of the table's spaces, 5-83% of the holdout's), seeds 0-2. One test per
+#: folder: under xdist a shared fixture would be computed once per worker.
 BUDGET, REPEATS = 50, 3
 
 
-def test_default_search_finds_the_best_of_every_space_better_than_random():
+@pytest.mark.parametrize(
+    ("files", "margin"),
+    # Budget 50 is up to 83% of the holdout's matmul, transpose and reduce_sum spaces (60-159
+    # configs): random search gets close there, so the margin over it is smaller.
+    [(table_space_files(), 0.02), (holdout_space_files(), 0.01)],
+    ids=["table", "holdout"],
+)
+def test_default_search_finds_the_best_of_every_space_better_than_random(files, margin):
     forest, rand = {}, {}
-    for path in FILES:
+    for path in files:
         report = replay_search(path, budget=BUDGET, repeats=REPEATS, seed=0)
         assert report.strategy == "forest"
         assert all(p["measured"] == BUDGET for p in report.per_seed)
@@ -55,4 +64,4 @@ def test_default_search_finds_the_best_of_every_space_better_than_random():
         ).mean_fraction_of_optimum
     assert min(forest.values()) >= 0.93, forest
     mean_forest, mean_random = statistics.fmean(forest.values()), statistics.fmean(rand.values())
-    assert mean_forest >= 0.97 and mean_forest > mean_random + 0.02, (forest, rand)
+    assert mean_forest >= 0.97 and mean_forest > mean_random + margin, (forest, rand)
