@@ -89,13 +89,15 @@ def test_a_report_without_kernel_tuner_strategies_is_refused():
 
 
 def test_the_committed_table_at_budget_100():
-    """What the README and the closing note claim from Table 1 (40 seeds): Kato's default is
-    below no Kernel Tuner strategy at budget 100 on any of the fifteen spaces, and clearly
-    above every one on convolution A4000 and gemm."""
+    """What the README and the closing note claim from Table 1 (40 seeds): at budget 100 Kato's
+    default is below a Kernel Tuner strategy on one of the fifteen spaces only (batchnorm_stats
+    32x256x56x56 float16, recorded again for the kernel's new version: 0.986 against
+    bayes_opt's 0.999), and clearly above every one on convolution A4000 and gemm."""
     report = json.loads(COMMITTED.read_text())
     got = report_verdicts(report, ["100"])
     assert len(got) == 15
-    assert all(v["100"]["against_every"] != "below" for v in got.values())
+    below = {name: v["100"]["below"] for name, v in got.items() if v["100"]["below"]}
+    assert below == {"h200/batchnorm_stats_H200_32x256x56x56_float16_4aed0b874a5a": ["bayes_opt"]}
     for name in ("convolution_milo/A4000", "gemm_kerneltuner/RTX_3090"):
         assert got[name]["100"]["against_every"] == "above"
 
