@@ -57,7 +57,12 @@ from benchmarks.verdicts import print_table, report_verdicts  # noqa: E402
 from tuner.backends.replay import ReplayBackend  # noqa: E402
 from tuner.kt_cache import KernelTunerCache, load_cache  # noqa: E402
 from tuner.search import DEFAULT_STRATEGY, Budget, Search  # noqa: E402
-from tuner.warm_start import cache_source, rank_seed_configs, seed_limit  # noqa: E402
+from tuner.warm_start import (  # noqa: E402
+    SEEDS_PER_SOURCE,
+    cache_source,
+    rank_seed_configs,
+    seed_limit,
+)
 
 BUDGETS = (25, 50, 100, 200)
 WARM_BUDGETS = (10, 25, 50)
@@ -344,7 +349,10 @@ def task(kind: str, path: str, method: str, seed: int, budgets: tuple[int, ...])
         out["fractions"], out["seeds"] = {}, {}
         for b in budgets:
             seeds = rank_seed_configs(
-                [cache_source(source)], limit=seed_limit(b), accept=space.is_valid
+                [cache_source(source)],
+                limit=seed_limit(b),
+                accept=space.is_valid,
+                per_source=SEEDS_PER_SOURCE,
             )
             times = kato_trace(path, DEFAULT_STRATEGY, seed, b, seeds)
             out["fractions"][b] = fraction(optimum, times)
@@ -457,9 +465,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     started = time.time()
     done: list[dict[str, Any]] = []
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        futures = [pool.submit(task, *j) for j in jobs]
+        futures = {pool.submit(task, *j): j for j in jobs}
         for n, fut in enumerate(as_completed(futures), 1):
-            done.append(fut.result())
+            try:
+                done.append(fut.result())
+            except Exception as exc:  # stop now, not after every other job has run
+                for other in futures:
+                    other.cancel()
+                kind, path, method, seed, _ = futures[fut]
+                raise SystemExit(
+                    f"{kind} {method} on {short_name(path)}, seed {seed}, failed: {exc!r}"
+                    " (leave the strategy out with --strategies)"
+                ) from exc
             if n % 50 == 0 or n == len(futures):
                 print(f"{n}/{len(futures)} runs, {time.time() - started:.0f} s", file=sys.stderr)
 

@@ -49,7 +49,13 @@ from benchmarks.search_quality import _cache, _table, fraction, short_name  # no
 from benchmarks.verdicts import compare  # noqa: E402
 from tuner.backends.replay import ReplayBackend  # noqa: E402
 from tuner.search import DEFAULT_STRATEGY, Budget, Search  # noqa: E402
-from tuner.warm_start import Source, rank_seed_configs, seed_limit, shape_distance  # noqa: E402
+from tuner.warm_start import (  # noqa: E402
+    SEEDS_PER_SOURCE,
+    Source,
+    rank_seed_configs,
+    seed_limit,
+    shape_distance,
+)
 
 BUDGETS = (10, 25, 50, 100)
 #: Configs of the earlier job each sibling source stands for (``--source job``).
@@ -127,6 +133,7 @@ def task(
     budgets: tuple[int, ...],
     mode: str,
     source_budget: int,
+    per_source: int = SEEDS_PER_SOURCE,
 ) -> dict[str, Any]:
     """Cold and warm fractions of one target and seed at every budget."""
     optimum = float(_cache(target).best()[1][_cache(target).time_field])
@@ -135,7 +142,9 @@ def task(
     sources = sources_for(target, siblings, seed, mode, source_budget)
     warm, n_seeds, seed_fraction = {}, {}, {}
     for b in budgets:
-        seeds = rank_seed_configs(sources, limit=seed_limit(b), accept=space.is_valid)
+        seeds = rank_seed_configs(
+            sources, limit=seed_limit(b), accept=space.is_valid, per_source=per_source
+        )
         times = [t for _, t in run(target, seed, b, seeds)]
         warm[b] = fraction(optimum, times)
         n_seeds[b] = len(seeds)
@@ -158,6 +167,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seeds", type=int, default=10, help="seeds per target and budget")
     ap.add_argument("--source", choices=("job", "file"), default="job")
     ap.add_argument("--source-budget", type=int, default=SOURCE_BUDGET)
+    ap.add_argument(
+        "--per-source",
+        type=int,
+        default=SEEDS_PER_SOURCE,
+        help="seeds taken from each sibling at most (default: what a job takes)",
+    )
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     args = ap.parse_args(argv)
@@ -172,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     started = time.time()
     jobs = [
-        (t, sibs, s, budgets, args.source, args.source_budget)
+        (t, sibs, s, budgets, args.source, args.source_budget, args.per_source)
         for t, sibs in groups.items()
         for s in range(args.seeds)
     ]
@@ -186,6 +201,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "strategy": DEFAULT_STRATEGY,
         "source": args.source,
         "source_budget": args.source_budget if args.source == "job" else None,
+        "per_source": args.per_source,
         "budgets": list(budgets),
         "seeds": args.seeds,
         "metric": "mean over seeds of (best time in file / best time found)",
@@ -231,7 +247,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report["seconds"] = round(time.time() - started, 1)
     _table(
         f"warm start from other shapes on the same GPU ({DEFAULT_STRATEGY}, {args.seeds} seeds,"
-        f" source: {args.source})",
+        f" source: {args.source}, at most {args.per_source} per sibling)",
         [
             "target",
             "budget",

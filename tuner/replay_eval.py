@@ -15,7 +15,7 @@ from typing import Any
 from tuner.backends.replay import ReplayBackend
 from tuner.kt_cache import KernelTunerCache, load_cache
 from tuner.search import DEFAULT_STRATEGY, Budget, Search
-from tuner.warm_start import cache_source, rank_seed_configs, seed_limit
+from tuner.warm_start import SEEDS_PER_SOURCE, cache_source, rank_seed_configs, seed_limit
 
 
 @dataclass
@@ -106,5 +106,8 @@ def warm_start_seeds(
     :func:`tuner.warm_start.rank_seed_configs`, at most :func:`tuner.warm_start.seed_limit`."""
     other = source if isinstance(source, KernelTunerCache) else load_cache(source)
     return rank_seed_configs(
-        [cache_source(other)], limit=seed_limit(budget), accept=backend.space().is_valid
+        [cache_source(other)],
+        limit=seed_limit(budget),
+        accept=backend.space().is_valid,
+        per_source=SEEDS_PER_SOURCE,
     )

@@ -4,9 +4,9 @@ A *source* is what was measured for the same operator, operator version and dtyp
 model and/or another shape: a set of (config, time) pairs. Sources are ranked by distance to the
 job (sum over dimensions of ``|log2 a - log2 b|`` between the shapes, plus
 :data:`OTHER_GPU_DISTANCE` for another GPU model), each source's configs by time. The seeds are
-taken rank by rank across the sources, nearest source first (every source's best, then every
-source's second best, ...), without duplicates and without configs invalid here, capped at
-:func:`seed_limit` of the job's budget. ``kato replay --warm-start`` ranks a recorded file's
+each source's fastest config valid here (:data:`SEEDS_PER_SOURCE`), nearest source first, without
+duplicates, capped at :func:`seed_limit` of the job's budget. (:func:`rank_seed_configs` can take
+more per source, rank by rank across the sources: that hurt more than it helped.) ``kato replay --warm-start`` ranks a recorded file's
 measurements with the same code (:func:`rank_seed_configs`).
 
 Reading the database is read-only and never fails a job: any error gives no seeds.
@@ -41,6 +41,13 @@ OTHER_GPU_MAX_BUDGET = 20
 MAX_SEEDS = 10
 #: Configs read per source (its fastest).
 PER_SOURCE = 10
+#: Seeds taken from one source at most: its fastest valid config. Measured on the 26 recorded
+#: H200 spaces with a sibling shape (``benchmarks/warm_start_shapes.py``, 40 seeds, each source a
+#: sibling's own 100-config run): the gain is the first seed's (where the sibling's best is
+#: near-optimal here, 0.85-0.94 -> 0.999-1.000 at budget 10); the next ones only add harm where
+#: it is not (10 per source: below the cold search on 6 / 2 / 3 of 26 spaces at budgets
+#: 25 / 50 / 100; 1 per source: 2 / 1 / 0, the gains unchanged).
+SEEDS_PER_SOURCE = 1
 
 
 @dataclass
@@ -195,7 +202,9 @@ def warm_start_configs(
         budget = job.budget_configs
         if budget is None or budget > OTHER_GPU_MAX_BUDGET:
             sources = [src for src in sources if not src.other_gpu]
-        return rank_seed_configs(sources, limit=seed_limit(budget), accept=accept)
+        return rank_seed_configs(
+            sources, limit=seed_limit(budget), accept=accept, per_source=SEEDS_PER_SOURCE
+        )
     except Exception:  # a warm start is a bonus: never fail the job over it
         log.exception("warm start for job %s failed; searching without it", job.id)
         return []

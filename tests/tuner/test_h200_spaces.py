@@ -16,7 +16,7 @@ from tuner.replay_eval import replay_search
 from tuner.space import SearchSpace
 
 FILES = space_files()
-IDS = [p.name.split("_H200")[0] + "_" + p.name.split("_")[-3] for p in FILES]
+IDS = [f"{p.parent.name}/{p.name.rsplit('_', 1)[0]}" for p in FILES]
 
 
 def test_spaces_present():

@@ -202,9 +202,9 @@ def test_cli_replay_warm_start_and_named_strategy(shared_datasets):
     assert out.exit_code == 0, out.output
     data = json.loads(out.stdout)
     assert data["strategy"] == "random" and data["warm_start"] == a100
-    # a tenth of the budget, the A100's fastest configs first
+    # the A100's fastest config (one seed per source; a tenth of the budget would allow 3)
     cache = load_cache(a100)
-    ranked = sorted(cache.ok_entries().values(), key=lambda e: e["time"])[:3]
+    ranked = sorted(cache.ok_entries().values(), key=lambda e: e["time"])[:1]
     assert data["seed_configs"] == [{p: e[p] for p in cache.params} for e in ranked]
 
 

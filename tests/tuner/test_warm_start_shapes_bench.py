@@ -24,11 +24,12 @@ def test_siblings_share_operator_version_dtype_and_gpu():
 
 def test_seeds_from_a_brute_forced_sibling_start_at_its_best(tmp_path):
     """Both float32 matmul shapes have the same fastest config: seeded from the other shape's
-    whole file, the first measured config is the optimum, at every budget."""
+    whole file, the first measured config is the optimum, at every budget (with up to 10 seeds
+    per sibling, the policy before one: a tenth of the budget)."""
     out = tmp_path / "w.json"
     report = warm_start_shapes.main(
         [*MATMUL_F32, "--no-recorded", "--source", "file", "--seeds", "2", "--budgets", "10,25"]
-        + ["--workers", "1", "--out", str(out)]
+        + ["--per-source", "10", "--workers", "1", "--out", str(out)]
     )
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert set(report["targets"]) == {"h200-holdout/" + p.split("/")[-1][:-8] for p in MATMUL_F32}
@@ -38,7 +39,7 @@ def test_seeds_from_a_brute_forced_sibling_start_at_its_best(tmp_path):
         assert entry["10"]["warm_mean"] == 1.0 and entry["25"]["warm_mean"] == 1.0
         assert entry["10"]["warm_per_seed"] == [1.0, 1.0]
         assert 0.0 < entry["10"]["cold_mean"] <= 1.0
-    assert sum(report["summary"]["10"].values()) == 2
+    assert sum(report["summary"]["10"].values()) == 2 and report["per_source"] == 10
 
 
 def test_job_sources_are_the_siblings_own_runs():
