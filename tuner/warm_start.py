@@ -6,8 +6,8 @@ job (sum over dimensions of ``|log2 a - log2 b|`` between the shapes, plus
 :data:`OTHER_GPU_DISTANCE` for another GPU model), each source's configs by time. The seeds are
 each source's fastest config valid here (:data:`SEEDS_PER_SOURCE`), nearest source first, without
 duplicates, capped at :func:`seed_limit` of the job's budget. (:func:`rank_seed_configs` can take
-more per source, rank by rank across the sources: that hurt more than it helped.) ``kato replay --warm-start`` ranks a recorded file's
-measurements with the same code (:func:`rank_seed_configs`).
+more per source, rank by rank across the sources: that hurt more than it helped.)
+``kato replay --warm-start`` ranks a recorded file's measurements with the same code.
 
 Reading the database is read-only and never fails a job: any error gives no seeds.
 """
