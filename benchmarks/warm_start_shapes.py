@@ -52,6 +52,7 @@ from tuner.search import DEFAULT_STRATEGY, Budget, Search  # noqa: E402
 from tuner.warm_start import (  # noqa: E402
     SEEDS_PER_SOURCE,
     Source,
+    cache_source,
     rank_seed_configs,
     seed_limit,
     shape_distance,
@@ -65,10 +66,10 @@ SOURCE_BUDGET = 100
 def space_key(path: str) -> tuple[str, str, str, str] | None:
     """(operator, operator version, dtype, GPU) of a Kato-recorded file; None for other files
     (Kernel Tuner's own cache files do not say their dtype or operator version)."""
-    extra = _cache(path).extra or {}
+    cache = _cache(path)
+    extra = cache.extra or {}
     if not {"kato_operator", "kato_operator_version", "dtype"} <= extra.keys():
         return None
-    cache = _cache(path)
     return (
         extra["kato_operator"],
         extra["kato_operator_version"],
@@ -103,26 +104,22 @@ def run(path: str, seed: int, budget: int, seeds: list[dict] | None = None) -> l
     return [(r.config, r.time_ms) for r in search.results.values()]
 
 
-def sources_for(target: str, siblings: list[str], seed: int, mode: str, budget: int) -> list:
+def sources_for(
+    target: str, siblings: list[str], seed: int, mode: str, budget: int
+) -> list[Source]:
     """The database's view of the siblings for a job on ``target`` (see the module doc)."""
     shape = list(_cache(target).problem_size)
     out = []
     for sib in siblings:
         cache = _cache(sib)
+        distance = shape_distance(list(cache.problem_size), shape)
         if mode == "file":
-            trials = [
-                ({p: e[p] for p in cache.params}, float(e[cache.time_field]))
-                for e in cache.ok_entries().values()
-            ]
+            source = cache_source(cache, name=short_name(sib), distance=distance)
+            source.other_gpu = False  # a sibling shape on the same GPU
         else:
             trials = [(c, t) for c, t in run(sib, seed, budget) if t is not None]
-        out.append(
-            Source(
-                name=short_name(sib),
-                distance=shape_distance(list(cache.problem_size), shape),
-                trials=trials,
-            )
-        )
+            source = Source(name=short_name(sib), distance=distance, trials=trials)
+        out.append(source)
     return out
 
 
