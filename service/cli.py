@@ -409,8 +409,8 @@ def replay(
         typer.Option(
             exists=True,
             dir_okay=False,
-            help="another recorded space of the same kernel (e.g. another GPU): its best "
-            "configs are measured first, as a job's warm start from the database",
+            help="another recorded space of the same kernel (e.g. another GPU): its fastest "
+            "config is measured first, as a job's warm start from the database",
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
