@@ -110,16 +110,23 @@ def short_name(path: str | Path) -> str:
 # -- Kato --------------------------------------------------------------------------------------
 
 
-def kato_trace(
+def kato_run(
     path: str, strategy: str, seed: int, budget: int, seeds: list[dict] | None = None
-) -> list[float | None]:
-    """Times (None = failed) of one Kato search, in measurement order."""
+) -> list[tuple[dict, float | None]]:
+    """(config, time or None = failed) of one Kato search, in measurement order."""
     backend = ReplayBackend(_cache(path))
     search = Search(
         backend.space(), backend.evaluate, strategy=strategy, seed=seed, seed_configs=seeds
     )
     search.run(Budget(max_configs=budget))
-    return [r.time_ms for r in search.results.values()]
+    return [(r.config, r.time_ms) for r in search.results.values()]
+
+
+def kato_trace(
+    path: str, strategy: str, seed: int, budget: int, seeds: list[dict] | None = None
+) -> list[float | None]:
+    """Times (None = failed) of one Kato search, in measurement order."""
+    return [t for _, t in kato_run(path, strategy, seed, budget, seeds)]
 
 
 def fraction(optimum: float, times: list[float | None]) -> float:

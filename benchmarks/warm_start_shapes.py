@@ -45,10 +45,10 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from paths import space_files  # noqa: E402
 
-from benchmarks.search_quality import _cache, _table, fraction, short_name  # noqa: E402
+from benchmarks.search_quality import _cache, _table, fraction, kato_run, short_name  # noqa: E402
 from benchmarks.verdicts import compare  # noqa: E402
 from tuner.backends.replay import ReplayBackend  # noqa: E402
-from tuner.search import DEFAULT_STRATEGY, Budget, Search  # noqa: E402
+from tuner.search import DEFAULT_STRATEGY  # noqa: E402
 from tuner.warm_start import (  # noqa: E402
     SEEDS_PER_SOURCE,
     Source,
@@ -96,12 +96,7 @@ def sibling_groups(paths: list[str]) -> dict[str, list[str]]:
 
 def run(path: str, seed: int, budget: int, seeds: list[dict] | None = None) -> list[tuple]:
     """One default-strategy search on the replay backend: (config, time or None) in order."""
-    backend = ReplayBackend(_cache(path))
-    search = Search(
-        backend.space(), backend.evaluate, strategy=DEFAULT_STRATEGY, seed=seed, seed_configs=seeds
-    )
-    search.run(Budget(max_configs=budget))
-    return [(r.config, r.time_ms) for r in search.results.values()]
+    return kato_run(path, DEFAULT_STRATEGY, seed, budget, seeds)
 
 
 def sources_for(

@@ -39,7 +39,8 @@ OTHER_GPU_DISTANCE = 1.0
 OTHER_GPU_MAX_BUDGET = 20
 #: Seeds never exceed this many, whatever the budget.
 MAX_SEEDS = 10
-#: Configs read per source (its fastest).
+#: Configs read per source (its fastest): more than are seeded, so that one valid at the job's
+#: shape is among them where the source's fastest is not.
 PER_SOURCE = 10
 #: Seeds taken from one source at most: its fastest valid config. Measured on the 26 recorded
 #: H200 spaces with a sibling shape (``benchmarks/warm_start_shapes.py``, 40 seeds, each source a

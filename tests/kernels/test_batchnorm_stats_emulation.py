@@ -55,28 +55,29 @@ def emulated_cases() -> list[Case]:
     return cases
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
-def test_kernel_logic_on_the_cpu(tmp_path, monkeypatch) -> None:
+@pytest.fixture
+def emulation(monkeypatch):
+    """The host-C++ emulation set up for these kernels (the layernorm test's extra header and
+    literals); skips where nvcc's CUDA headers are missing."""
     include = cuda_include_dir()
     if include is None or not (include / "cuda_fp16.h").is_file():
         pytest.skip("CUDA headers not found next to nvcc")
     monkeypatch.setattr(cuda_emulation, "HEADER", cuda_emulation.HEADER + EXTRA)
     monkeypatch.setattr(cuda_emulation, "_literal", _literal)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
+def test_kernel_logic_on_the_cpu(tmp_path, emulation) -> None:
     cases = emulated_cases()
     failures = run_cases(cases, tmp_path, np.random.default_rng(7))
     assert not failures, "\n".join(failures[:20])
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
-def test_single_pass_leaves_the_counters_at_zero(tmp_path, monkeypatch) -> None:
+def test_single_pass_leaves_the_counters_at_zero(tmp_path, emulation, monkeypatch) -> None:
     """Run the fused kernel twice on the same buffers: the second call must be right too (the
     last block reset its channel's counter); the emulation writes the buffers back, so the
     counters after the run are checked directly."""
-    include = cuda_include_dir()
-    if include is None or not (include / "cuda_fp16.h").is_file():
-        pytest.skip("CUDA headers not found next to nvcc")
-    monkeypatch.setattr(cuda_emulation, "HEADER", cuda_emulation.HEADER + EXTRA)
-    monkeypatch.setattr(cuda_emulation, "_literal", _literal)
     config = {
         "BLOCK_SIZE": 128,
         "VEC": 1,
@@ -100,18 +101,13 @@ def test_single_pass_leaves_the_counters_at_zero(tmp_path, monkeypatch) -> None:
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_long_thread_streams_keep_the_variance(tmp_path, monkeypatch, dtype) -> None:
+def test_long_thread_streams_keep_the_variance(tmp_path, emulation, dtype) -> None:
     """One channel of the (256, 64, 112, 112) layout (3.2M elements, the generator's offset
     channel: 1e3 + 8 N(0, 1) stored as float16) with 128 threads and SPLIT 1: each thread merges
     3136 vectors of 8. Adding each vector's M2 to the running M2 alone rounded with a bias on
     these quantized inputs (1.06e-5 of the variance, outside the spec's rtol of 1e-5: 8 variants
     failed verification on the H200); adding the small terms first keeps it near 2.5e-7. The
     bound here is 2e-6, well inside the tolerance, so a regression shows before it fails."""
-    include = cuda_include_dir()
-    if include is None or not (include / "cuda_fp16.h").is_file():
-        pytest.skip("CUDA headers not found next to nvcc")
-    monkeypatch.setattr(cuda_emulation, "HEADER", cuda_emulation.HEADER + EXTRA)
-    monkeypatch.setattr(cuda_emulation, "_literal", _literal)
     config = {
         "BLOCK_SIZE": 128,
         "VEC": 8,
