@@ -7,7 +7,8 @@
 // Statistics are computed in ONE pass over x with Welford/Chan: every thread keeps a partial
 // (count, mean, M2) of the elements it has seen (CACHE 2: all of its cached elements at once,
 // mean then M2 exactly from registers; streaming: vector by vector, each vector's mean and M2
-// exact, merged with Chan et al.'s formula), and the
+// exact, merged with Chan et al.'s formula into a partial per unrolled step, which is merged
+// into the thread's running partial), and the
 // partials are merged across lanes with warp shuffles and across warps through shared memory.
 // All of it runs on x - K, where the pivot K is the row's first element (the "shifted data"
 // algorithm): for rows like 1e4 + N(0, 1) the partial means are small numbers with small
@@ -204,7 +205,9 @@ __device__ __forceinline__ Stats merge(const Stats& a, const Stats& b) {
   Stats r;
   r.n = n;
   r.mean = fmaf(delta, f, a.mean);
-  r.m2 = fmaf(delta * delta, a.n * f, a.m2 + b.m2);  // + delta^2 * na * nb / n
+  // + delta^2 * na * nb / n, the small terms first (as in batchnorm_stats.cu): adding b's M2 to
+  // a large running M2 alone rounds once more, with a bias where the inputs are quantized.
+  r.m2 = a.m2 + fmaf(delta * delta, a.n * f, b.m2);
   return r;
 }
 
@@ -461,8 +464,17 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_fwd(
         const int idx = b0 + u * P;
         if (idx < n_here) r[u] = __ldg(xr + idx);
       }
-      // One Chan merge per vector (its mean and M2 exactly from registers): only the raw
-      // vectors in flight and one vector of floats are live at a time.
+      // One Chan merge per vector (its mean and M2 exactly from registers) into the step's
+      // partial, then one merge of that into the thread's running partial: only the raw vectors
+      // in flight and one vector of floats are live at a time. Merging every vector straight
+      // into the running partial made a long row's variance drift: with 2^20 columns and 8
+      // threads per row (131072 merges each) the float32 rounding of the running mean and M2
+      // added up to 1.4e-5 of rstd, past its tolerance; merged per step it stays near 4e-7
+      // (tests/kernels/test_layernorm_emulation.py).
+      kn::Stats st;
+      st.n = 0.0f;
+      st.mean = 0.0f;
+      st.m2 = 0.0f;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int idx = b0 + u * P;
@@ -474,9 +486,10 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_fwd(
           kn::unpack(r[u], f);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) f[j] -= pivot;
-          s = kn::merge(s, kn::vector_stats(f));
+          st = kn::merge(st, kn::vector_stats(f));
         }
       }
+      s = kn::merge(s, st);
     }
     s = kn::row_allreduce(s, slot);
     const kn::RowNorm rn = kn::finish(s, pivot, cols, eps);

@@ -143,9 +143,49 @@ def host_template(spec: OperatorSpec) -> str:
     return source.replace("__shared__", "static")
 
 
-def _literal(value: np.generic) -> str:
+def _integer_literal(value: np.generic) -> str:
     ctype = _CTYPES[np.dtype(type(value))]
     return f"({ctype}){int(value)}LL"
+
+
+#: How a scalar kernel argument is written into the program (a test may widen it).
+_literal = _integer_literal
+
+
+#: Device functions the layernorm and batchnorm_stats templates use beyond :data:`HEADER`.
+NORM_EXTRA = r"""
+#include <cmath>
+inline float __fdividef(float a, float b) { return a / b; }
+inline float rsqrtf(float v) { return 1.0f / std::sqrt(v); }
+template <class V> inline V __ldcg(const V* p) { return *p; }
+template <class V> inline void __stcg(V* p, V v) { *p = v; }
+inline void __threadfence() {}
+inline unsigned atomicInc(unsigned* p, unsigned val) {
+  const unsigned old = *p;
+  *p = old >= val ? 0u : old + 1u;
+  return old;
+}
+"""
+
+
+def float_literal(value: np.generic) -> str:
+    """Integer scalar arguments as usual, float ones (``eps``) as float literals."""
+    if isinstance(value, np.floating):
+        return f"{float(value)!r}f"
+    return _integer_literal(value)
+
+
+def stored_values(path: Path, dtype: str) -> np.ndarray:
+    """An array a case wrote (``<case dir>/a<k>.bin``) read back as float64 from its storage
+    type: float32, float16, or bfloat16 (the upper half of a float32)."""
+    if dtype == "float32":
+        return np.fromfile(path, dtype=np.float32).astype(np.float64)
+    raw = np.fromfile(path, dtype=np.uint16)
+    if dtype == "float16":
+        return raw.view(np.float16).astype(np.float64)
+    if dtype == "bfloat16":
+        return (raw.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    raise ValueError(f"no float storage type {dtype!r}")
 
 
 def emulation_source(cases: Sequence[Case], problems: Sequence[Problem]) -> str:

@@ -7,13 +7,9 @@ vectors (SPLIT larger than the work) are included."""
 
 from __future__ import annotations
 
-import shutil
-
-import cuda_emulation
 import numpy as np
 import pytest
-from cuda_emulation import Case, cuda_include_dir, run_cases
-from test_layernorm_emulation import EXTRA, _literal
+from cuda_emulation import Case, run_cases, stored_values
 
 from kernels import get_operator
 
@@ -55,26 +51,13 @@ def emulated_cases() -> list[Case]:
     return cases
 
 
-@pytest.fixture
-def emulation(monkeypatch):
-    """The host-C++ emulation set up for these kernels (the layernorm test's extra header and
-    literals); skips where nvcc's CUDA headers are missing."""
-    include = cuda_include_dir()
-    if include is None or not (include / "cuda_fp16.h").is_file():
-        pytest.skip("CUDA headers not found next to nvcc")
-    monkeypatch.setattr(cuda_emulation, "HEADER", cuda_emulation.HEADER + EXTRA)
-    monkeypatch.setattr(cuda_emulation, "_literal", _literal)
-
-
-@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
-def test_kernel_logic_on_the_cpu(tmp_path, emulation) -> None:
+def test_kernel_logic_on_the_cpu(tmp_path, norm_emulation) -> None:
     cases = emulated_cases()
     failures = run_cases(cases, tmp_path, np.random.default_rng(7))
     assert not failures, "\n".join(failures[:20])
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
-def test_single_pass_leaves_the_counters_at_zero(tmp_path, emulation, monkeypatch) -> None:
+def test_single_pass_leaves_the_counters_at_zero(tmp_path, norm_emulation, monkeypatch) -> None:
     """Run the fused kernel twice on the same buffers: the second call must be right too (the
     last block reset its channel's counter); the emulation writes the buffers back, so the
     counters after the run are checked directly."""
@@ -99,9 +82,8 @@ def test_single_pass_leaves_the_counters_at_zero(tmp_path, emulation, monkeypatc
     assert counters.size == 4 and not counters.any()
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_long_thread_streams_keep_the_variance(tmp_path, emulation, dtype) -> None:
+def test_long_thread_streams_keep_the_variance(tmp_path, norm_emulation, dtype) -> None:
     """One channel of the (256, 64, 112, 112) layout (3.2M elements, the generator's offset
     channel: 1e3 + 8 N(0, 1) stored as float16) with 128 threads and SPLIT 1: each thread merges
     3136 vectors of 8. Adding each vector's M2 to the running M2 alone rounded with a bias on
@@ -119,11 +101,7 @@ def test_long_thread_streams_keep_the_variance(tmp_path, emulation, dtype) -> No
     shape = (256, 1, 112, 112)
     failures = run_cases([Case(SPEC, config, shape, dtype)], tmp_path, np.random.default_rng(3))
     assert not failures, failures
-    x = np.fromfile(tmp_path / "case0" / "a0.bin", dtype=np.uint16)
-    if dtype == "float16":
-        values = x.view(np.float16).astype(np.float64)
-    else:  # bfloat16: the upper half of a float32
-        values = (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    values = stored_values(tmp_path / "case0" / "a0.bin", dtype)
     var = np.fromfile(tmp_path / "case0" / "a2.bin", dtype=np.float32)
     assert values.size == 256 * 112 * 112 and var.size == 1
     assert abs(var[0] / values.var() - 1.0) < 2e-6, (var[0], values.var())

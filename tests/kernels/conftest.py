@@ -1,0 +1,22 @@
+"""Fixtures of the kernel tests."""
+
+from __future__ import annotations
+
+import shutil
+
+import cuda_emulation
+import pytest
+
+
+@pytest.fixture
+def norm_emulation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host-C++ emulation (``cuda_emulation``) set up for the layernorm and batchnorm_stats
+    templates: their extra device functions, float scalar arguments. Skips where g++ or nvcc's
+    CUDA headers are missing."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not on PATH")
+    include = cuda_emulation.cuda_include_dir()
+    if include is None or not (include / "cuda_fp16.h").is_file():
+        pytest.skip("CUDA headers not found next to nvcc")
+    monkeypatch.setattr(cuda_emulation, "HEADER", cuda_emulation.HEADER + cuda_emulation.NORM_EXTRA)
+    monkeypatch.setattr(cuda_emulation, "_literal", cuda_emulation.float_literal)
