@@ -13,10 +13,13 @@ RECORDED = REPO / "tests" / "data" / "recorded"
 #: Whole spaces Kato brute-forced on the H200 (``h200_session.sh spaces``), Kernel Tuner format:
 #: ``h200`` the eleven of the search-quality table (``benchmarks/search_quality.py``'s default),
 #: ``h200-holdout`` eighteen more recorded after the default search was settled (other kernels:
-#: matmul, transpose, reduce_sum; other shapes and dtypes of the first eleven's operators).
+#: matmul, transpose, reduce_sum; other shapes and dtypes of the first eleven's operators),
+#: ``h200-misses`` the spaces of cases where a real tuning job on the H200 missed the best
+#: config (recorded to find out why; the search was changed with them in view).
 SPACES = REPO / "data" / "spaces"
 TABLE_SPACES = SPACES / "h200"
 HOLDOUT_SPACES = SPACES / "h200-holdout"
+MISSED_SPACES = SPACES / "h200-misses"
 
 
 def dataset_files() -> list[Path]:
@@ -24,7 +27,7 @@ def dataset_files() -> list[Path]:
 
 
 def space_files() -> list[Path]:
-    """Every recorded space (both folders)."""
+    """Every recorded space (all three folders)."""
     return sorted(SPACES.glob("**/*.json.gz"))
 
 
@@ -35,3 +38,7 @@ def table_space_files() -> list[Path]:
 
 def holdout_space_files() -> list[Path]:
     return sorted(HOLDOUT_SPACES.glob("*.json.gz"))
+
+
+def missed_space_files() -> list[Path]:
+    return sorted(MISSED_SPACES.glob("*.json.gz"))

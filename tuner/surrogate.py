@@ -15,8 +15,9 @@ The model (the default strategy's engine, see ``tuner.search``):
   over trees predicts, the spread between trees says how unsure the prediction is.
 
 The method: the first configs are a space-filling random design (:data:`N_INITIAL`, after any
-warm-start seeds). After that the proposals take turns through a fixed portfolio of moves
-(:data:`MOVES`), so that neither a global model nor a local search alone decides the job:
+warm-start seeds) that measures each rare parameter value once (:data:`RARE_SHARE`). After
+that the proposals take turns through a fixed portfolio of moves (:data:`MOVES`), so that
+neither a global model nor a local search alone decides the job:
 
 - ``ei`` (global): expected improvement over the best log-time, on the unmeasured valid configs
   (a random subset plus every one-step neighbour of the best few when the space is large).
@@ -72,6 +73,17 @@ from tuner.space import Config, SearchSpace
 #: optimum rose 0.894 -> 0.896 at budget 25 and 0.944 -> 0.949 at 50; at budget 100 (40 seeds)
 #: convolution A100 0.915 -> 0.930, A4000 0.935 -> 0.939, gemm 0.982 -> 0.982.
 N_INITIAL = 15
+#: A parameter value held by fewer valid configs than this fraction of a uniform share (valid
+#: configs / the parameter's values) is rare: the design measures one config with it, rarest
+#: first, for at most half the design (:meth:`ForestProposer.rare_values`). Constraints leave
+#: some code paths only a handful of valid configs (layernorm 8192x32768 float32: CACHE=2, the
+#: register cache, in 3 of 363, and the fastest); a random design misses them, and the trees
+#: then read such a value from its ordinal neighbour (CACHE=1, 4x slower there). Measured
+#: (40 seeds, budget 10 / 25 / 50 / 100): that space 0.818 / 0.902 / 0.940 / 0.979 -> 0.985 /
+#: 0.997 / 1.000 / 1.000, its float16 twin (CACHE=2 in 21 of 501) 0.834 -> 0.894 at 10, matmul
+#: float32 (BM/BN 8 in 6 of 86) 0.916-0.920 -> 0.958-0.961 at 10; the other recorded spaces have
+#: no rare value (convolution, gemm, softmax, ...) or the same figures (dedispersion).
+RARE_SHARE = 0.25
 #: Trees in the bag.
 N_TREES = 24
 #: Above this many unmeasured valid configs, acquisition is evaluated on a random subset of this
@@ -181,6 +193,7 @@ class ForestProposer:
         self.seeded = max(0, seeded)
         self._queue: list[int] = []
         self._turn = 0
+        self._rare: list[tuple[int, float]] | None = None
         #: Indices of the configs this proposer expects to propose next, likeliest first (set by
         #: :meth:`propose`; empty after a move that does not use the model). A hint for
         #: compiling ahead; computing it never changes the proposals.
@@ -267,17 +280,49 @@ class ForestProposer:
         for _ in range(min(count, len(free))):
             cand = self.rng.choice(free, min(len(free), 16), replace=False)
             cand = np.array([c for c in cand if c not in out] or [cand[0]])
-            if chosen:
-                d = np.abs(
-                    self.X[cand][:, None, :] / self._scale
-                    - self.X[chosen][None, :, :] / self._scale
-                ).sum(axis=2)
-                pick = int(cand[int(d.min(axis=1).argmax())])
-            else:
-                pick = int(cand[0])
+            pick = self._farthest(cand, np.array(chosen, dtype=np.int64))
             out.append(pick)
             chosen.append(pick)
         return out
+
+    def rare_values(self) -> list[tuple[int, float]]:
+        """The rare parameter values (see :data:`RARE_SHARE`) as (feature column, value), rarest
+        first, at most half the design's size; the same for every call (no random state)."""
+        if self._rare is None:
+            base = self.X[:, : len(self.names)]
+            rare: list[tuple[int, int, float]] = []
+            for j in range(base.shape[1]):
+                values, counts = np.unique(base[:, j], return_counts=True)
+                limit = RARE_SHARE * len(base) / len(values)
+                held = zip(values, counts, strict=True)
+                rare += [(int(c), j, float(v)) for v, c in held if c < limit]
+            self._rare = [(j, v) for _, j, v in sorted(rare)][: N_INITIAL // 2]
+        return self._rare
+
+    def _design_pick(self, measured: np.ndarray) -> int:
+        """The next config of the space-filling design: for the first rare value no measured
+        config holds, the farthest of a few random configs holding it; with every rare value
+        measured, :meth:`_space_filling`'s pick."""
+        base = self.X[:, : len(self.names)]
+        for j, v in self.rare_values():
+            holders = base[:, j] == v
+            if (holders & measured).any():
+                continue
+            free = np.flatnonzero(holders & ~measured)
+            if len(free):
+                cand = self.rng.choice(free, min(len(free), 16), replace=False)
+                return self._farthest(cand, np.flatnonzero(measured))
+        return self._space_filling(measured, 1)[0]
+
+    def _farthest(self, cand: np.ndarray, chosen: np.ndarray) -> int:
+        """The candidate farthest (scaled L1) from the configs ``chosen`` (the first candidate
+        if none is)."""
+        if not len(chosen):
+            return int(cand[0])
+        d = np.abs(
+            self.X[cand][:, None, :] / self._scale - self.X[chosen][None, :, :] / self._scale
+        ).sum(axis=2)
+        return int(cand[int(d.min(axis=1).argmax())])
 
     # -- proposing ---------------------------------------------------------------------------
 
@@ -325,7 +370,7 @@ class ForestProposer:
             return None
         ok = int(np.sum([getattr(r, "time_ms", None) is not None for r in results.values()]))
         if ok < N_INITIAL + self.seeded or len(train) < N_INITIAL + self.seeded:
-            pick = self._space_filling(measured, 1)[0]
+            pick = self._design_pick(measured)
             if self.hints:
                 left = N_INITIAL + self.seeded - ok - 1
                 self.upcoming = self._design_ahead(measured, pick, min(left, N_UPCOMING))
@@ -349,7 +394,7 @@ class ForestProposer:
             for _ in range(count):
                 if ahead.all():
                     break
-                nxt = self._space_filling(ahead, 1)[0]
+                nxt = self._design_pick(ahead)
                 out.append(nxt)
                 ahead[nxt] = True
         return out

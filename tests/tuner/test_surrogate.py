@@ -205,6 +205,62 @@ def test_upcoming_names_the_next_design_configs_exactly_and_never_changes_propos
     assert model_hits >= model_turns // 4  # the model's next picks are often among them
 
 
+def rare_space() -> SearchSpace:
+    """3 x 16 x 4 = 192 combinations; ``mode`` 2 is valid only with ``x`` 16 and ``y`` 4 or 8:
+    2 of the 130 valid configs (a code path that constraints leave a handful of configs)."""
+    return SearchSpace(
+        params={"mode": (0, 1, 2), "x": tuple(range(1, 17)), "y": (1, 2, 4, 8)},
+        check=lambda c: (
+            "mode 2 needs x 16, y >= 4"
+            if c["mode"] == 2 and (c["x"], c["y"]) not in ((16, 4), (16, 8))
+            else None
+        ),
+    )
+
+
+def rare_timing(config) -> TrialResult:
+    t = 1.0 + abs(config["x"] - 8) / 8 + config["y"] / 8 + (0.1 if config["mode"] == 2 else 1.0)
+    return TrialResult(config=config, status=TrialStatus.OK, times_ms=[t])
+
+
+def test_rare_values_are_the_values_few_valid_configs_hold():
+    rare = ForestProposer(rare_space(), seed=0)
+    assert len(rare.configs) == 130
+    assert rare.rare_values() == [(rare.names.index("mode"), 2.0)]
+    assert ForestProposer(constrained_space(), seed=0).rare_values() == []
+
+
+def test_the_design_measures_every_rare_value():
+    """A random design of 15 of 130 configs holds one of the 2 ``mode`` 2 configs about one time
+    in five; this one always does, for every seed."""
+    space = rare_space()
+    for seed in range(20):
+        proposer = ForestProposer(space, seed=seed)
+        results: dict = {}
+        for _ in range(surrogate.N_INITIAL):
+            config = proposer.propose(results)
+            results[space.key(config)] = rare_timing(config)
+        assert any(r.config["mode"] == 2 for r in results.values()), seed
+
+
+def test_upcoming_predicts_a_design_with_rare_values_exactly():
+    space = rare_space()
+    plain, hinted = ForestProposer(space, seed=3), ForestProposer(space, seed=3, hints=True)
+    results: dict = {}
+    predicted: list[int] = []
+    hits = 0
+    for _ in range(surrogate.N_INITIAL):
+        config = plain.propose(results)
+        assert hinted.propose(results) == config
+        i = hinted.index[space.key(config)]
+        if predicted:
+            assert i == predicted[0]
+            hits += 1
+        predicted = list(hinted.upcoming)
+        results[space.key(config)] = rare_timing(config)
+    assert hits == surrogate.N_INITIAL - 1
+
+
 def test_search_passes_upcoming_configs_on_and_measures_the_same():
     space = constrained_space()
     seen: list[list] = []
