@@ -68,6 +68,10 @@ MOVES = ("ei", "local", "ei", "{}", "ei", "local", "ei", "flip")
         (["oob_leaf.py"], None, {}, True),
         (["certified_restart.py"], "poll", {}, True),
         (["transfer.py"], None, {"SRC": SPACE, "SRC_MODE": "full"}, True),
+        (["bore.py"], "bore", {}, True),
+        (["additive.py"], "add", {}, True),
+        (["additive.py"], "add", {"TWOF": "1"}, True),
+        (["onehot.py"], None, {}, True),
     ],
 )
 def test_the_recorded_ablation_patches_still_apply(patches, move, env, changes, monkeypatch):
