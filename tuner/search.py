@@ -243,7 +243,8 @@ class Search:
         )
         self._fail_orphaned_trials()
         self._seed_queue = [c for c in seed_configs or [] if space.is_valid(c)]
-        self._seeded = len({space.key(c) for c in self._seed_queue})
+        self._seed_keys = frozenset(space.key(c) for c in self._seed_queue)
+        self._seeded = len(self._seed_keys)
 
     def _next_seed_config(self) -> Config | None:
         """The next warm-start config not measured yet (None when all are)."""
@@ -327,7 +328,11 @@ class Search:
             return self._next_grid_point()
         if self._forest is None:
             self._forest = ForestProposer(
-                self.space, self._seed, seeded=self._seeded, hints=self.on_upcoming is not None
+                self.space,
+                self._seed,
+                seeded=self._seeded,
+                seed_keys=self._seed_keys,
+                hints=self.on_upcoming is not None,
             )
         point = self._forest.propose(self._proposal_view())
         if point is None:

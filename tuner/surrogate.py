@@ -46,8 +46,8 @@ Contract (``tests/tuner/test_search.py`` and ``tests/tuner/test_surrogate.py`` h
   PENDING results are not learnt from; failures are imputed as above;
 - reproducible: the same seed and the same sequence of results give the same proposals (a
   resumed job's new proposer starts its turns afresh from the known results);
-- warm-start configs measured before the proposer (``seeded``) do not shorten its own
-  space-filling design;
+- warm-start configs measured before the proposer (``seeded``, ``seed_keys``) do not shorten
+  its own space-filling design, nor stand in for its config with a rare value;
 - None is returned only when every valid config has a result;
 - :attr:`ForestProposer.upcoming` (with ``hints``) names likely next proposals, for compiling
   ahead, without consuming the random state: the proposals are the same with or without it.
@@ -58,7 +58,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -143,6 +143,9 @@ class ForestProposer:
         seeded: configs measured on purpose before this proposer (warm start); the space-filling
             design still gets its own :data:`N_INITIAL` configs, so that seeds from a source
             whose best region is a poor one here do not confine the model to that region.
+        seed_keys: the keys of those configs: a rare value only a seed holds is still given a
+            design config of its own (a seed is another shape's best, not a sample of the
+            value: a rare code path measured once, at a poor point, would look poor).
         hints: fill :attr:`upcoming` after each proposal (a little work per proposal, for a
             caller that compiles ahead; off, it stays empty).
     """
@@ -154,6 +157,7 @@ class ForestProposer:
         *,
         batch: int = 1,
         seeded: int = 0,
+        seed_keys: Collection[str] = (),
         hints: bool = False,
     ):
         self.space = space
@@ -195,6 +199,8 @@ class ForestProposer:
         self._queue: list[int] = []
         self._turn = 0
         self._rare: list[tuple[int, float]] | None = None
+        self._seeds = np.zeros(len(self.configs), dtype=bool)
+        self._seeds[[self.index[k] for k in seed_keys if k in self.index]] = True
         #: Indices of the configs this proposer expects to propose next, likeliest first (set by
         #: :meth:`propose`; empty after a move that does not use the model). A hint for
         #: compiling ahead; computing it never changes the proposals.
@@ -302,12 +308,12 @@ class ForestProposer:
 
     def _design_pick(self, measured: np.ndarray) -> int:
         """The next config of the space-filling design: for the first rare value no measured
-        config holds, the farthest of a few random configs holding it; with every rare value
-        measured, :meth:`_space_filling`'s pick."""
+        config but a warm-start seed holds, the farthest of a few random configs holding it;
+        with every rare value measured, :meth:`_space_filling`'s pick."""
         base = self.X[:, : len(self.names)]
         for j, v in self.rare_values():
             holders = base[:, j] == v
-            if (holders & measured).any():
+            if (holders & measured & ~self._seeds).any():
                 continue
             free = np.flatnonzero(holders & ~measured)
             if len(free):

@@ -243,6 +243,20 @@ def test_the_design_measures_every_rare_value():
         assert any(r.config["mode"] == 2 for r in results.values()), seed
 
 
+def test_a_seed_with_a_rare_value_does_not_stand_in_for_the_designs_own():
+    """Both ``mode`` 2 configs: one a warm-start seed, measured before the proposer; the design
+    still measures the other (a seed is another shape's best, not a sample of the value)."""
+    space = rare_space()
+    seed = {"mode": 2, "x": 16, "y": 8}
+    for s in range(5):
+        proposer = ForestProposer(space, seed=s, seeded=1, seed_keys=[space.key(seed)])
+        results = {space.key(seed): rare_timing(seed)}
+        for _ in range(surrogate.N_INITIAL):
+            config = proposer.propose(results)
+            results[space.key(config)] = rare_timing(config)
+        assert space.key({"mode": 2, "x": 16, "y": 4}) in results, s
+
+
 def test_upcoming_predicts_a_design_with_rare_values_exactly():
     space = rare_space()
     plain, hinted = ForestProposer(space, seed=3), ForestProposer(space, seed=3, hints=True)
