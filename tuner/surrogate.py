@@ -317,8 +317,10 @@ class ForestProposer:
                 continue
             free = np.flatnonzero(holders & ~measured)
             if len(free):
+                # Far from the design's other configs, not from the seeds: farthest from another
+                # shape's best is a poor config of the rare value more often than a random one.
                 cand = self.rng.choice(free, min(len(free), 16), replace=False)
-                return self._farthest(cand, np.flatnonzero(measured))
+                return self._farthest(cand, np.flatnonzero(measured & ~self._seeds))
         return self._space_filling(measured, 1)[0]
 
     def _farthest(self, cand: np.ndarray, chosen: np.ndarray) -> int:
