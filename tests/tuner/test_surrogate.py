@@ -257,6 +257,18 @@ def test_a_seed_with_a_rare_value_does_not_stand_in_for_the_designs_own():
         assert space.key({"mode": 2, "x": 16, "y": 4}) in results, s
 
 
+def test_seeds_do_not_steer_the_designs_pick_of_a_rare_value():
+    """The rare value's design config is chosen far from the design's other configs, not from
+    the seeds: with a seed measured first (not a holder), the pick is the cold run's."""
+    space = rare_space()
+    seed = {"mode": 0, "x": 8, "y": 2}
+    for s in range(10):
+        cold = ForestProposer(space, seed=s).propose({})
+        warm = ForestProposer(space, seed=s, seeded=1, seed_keys=[space.key(seed)])
+        assert warm.propose({space.key(seed): rare_timing(seed)}) == cold, s
+        assert cold["mode"] == 2
+
+
 def test_upcoming_predicts_a_design_with_rare_values_exactly():
     space = rare_space()
     plain, hinted = ForestProposer(space, seed=3), ForestProposer(space, seed=3, hints=True)
