@@ -244,7 +244,6 @@ class Search:
         self._fail_orphaned_trials()
         self._seed_queue = [c for c in seed_configs or [] if space.is_valid(c)]
         self._seed_keys = frozenset(space.key(c) for c in self._seed_queue)
-        self._seeded = len(self._seed_keys)
 
     def _next_seed_config(self) -> Config | None:
         """The next warm-start config not measured yet (None when all are)."""
@@ -330,7 +329,6 @@ class Search:
             self._forest = ForestProposer(
                 self.space,
                 self._seed,
-                seeded=self._seeded,
                 seed_keys=self._seed_keys,
                 hints=self.on_upcoming is not None,
             )

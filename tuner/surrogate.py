@@ -46,7 +46,7 @@ Contract (``tests/tuner/test_search.py`` and ``tests/tuner/test_surrogate.py`` h
   PENDING results are not learnt from; failures are imputed as above;
 - reproducible: the same seed and the same sequence of results give the same proposals (a
   resumed job's new proposer starts its turns afresh from the known results);
-- warm-start configs measured before the proposer (``seeded``, ``seed_keys``) do not shorten
+- warm-start configs measured before the proposer (``seed_keys``) do not shorten
   its own space-filling design, nor stand in for its config with a rare value;
 - None is returned only when every valid config has a result;
 - :attr:`ForestProposer.upcoming` (with ``hints``) names likely next proposals, for compiling
@@ -140,12 +140,13 @@ class ForestProposer:
         seed: makes the proposals reproducible for the same history.
         batch: ``ei`` proposals made from one model fit (1, the default: refit before every
             proposal; more queues the next best ones, cheaper but less informed).
-        seeded: configs measured on purpose before this proposer (warm start); the space-filling
-            design still gets its own :data:`N_INITIAL` configs, so that seeds from a source
-            whose best region is a poor one here do not confine the model to that region.
-        seed_keys: the keys of those configs: a rare value only a seed holds is still given a
-            design config of its own (a seed is another shape's best, not a sample of the
-            value: a rare code path measured once, at a poor point, would look poor).
+        seed_keys: the keys of the configs measured on purpose before this proposer (warm
+            start). The space-filling design still gets its own :data:`N_INITIAL` configs, so
+            that seeds from a source whose best region is a poor one here do not confine the
+            model to that region; and a rare value only a seed holds still gets a design config
+            of its own (a seed is another shape's best, not a sample of the value).
+        seeded: how many such configs there are, when their keys are not given (default:
+            ``len(seed_keys)``).
         hints: fill :attr:`upcoming` after each proposal (a little work per proposal, for a
             caller that compiles ahead; off, it stays empty).
     """
@@ -156,8 +157,8 @@ class ForestProposer:
         seed: int = 0,
         *,
         batch: int = 1,
-        seeded: int = 0,
         seed_keys: Collection[str] = (),
+        seeded: int | None = None,
         hints: bool = False,
     ):
         self.space = space
@@ -195,7 +196,7 @@ class ForestProposer:
         self._scale = np.where(span > 0, span, 1.0).astype(np.float32)
         self.rng = np.random.default_rng(seed)
         self.batch = max(1, batch)
-        self.seeded = max(0, seeded)
+        self.seeded = max(0, len(seed_keys) if seeded is None else seeded)
         self._queue: list[int] = []
         self._turn = 0
         self._rare: list[tuple[int, float]] | None = None

@@ -39,10 +39,28 @@ def verify_variants(
         backend.precompile(valid)  # nvcc runs in parallel; verification waits per config
         failures = []
         for config in valid:
-            calls = backend.load(backend.compile(config), spec.steps(config, shape, dtype))
-            error = backend.verify(calls)
+            error = _verify(backend, spec, shape, dtype, config)
             if error:
                 failures.append((config, error))
         return len(valid), failures
     finally:
         backend.close()
+
+
+def verify_config(
+    spec: OperatorSpec, shape: Sequence[int], dtype: str, config: dict[str, Any], seed: int = 7
+) -> str | None:
+    """Verify one valid config (asserted valid) on fresh inputs: the error, None if it passes."""
+    from tuner.backends.pycuda import PyCudaBackend
+
+    assert spec.check(config, shape, dtype) is None, config
+    backend = PyCudaBackend(spec, shape, dtype, repeats=1, warmup=0, seed=seed)
+    try:
+        return _verify(backend, spec, shape, dtype, config)
+    finally:
+        backend.close()
+
+
+def _verify(backend, spec: OperatorSpec, shape, dtype: str, config: dict[str, Any]) -> str | None:
+    calls = backend.load(backend.compile(config), spec.steps(config, shape, dtype))
+    return backend.verify(calls)

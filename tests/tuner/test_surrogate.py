@@ -249,7 +249,7 @@ def test_a_seed_with_a_rare_value_does_not_stand_in_for_the_designs_own():
     space = rare_space()
     seed = {"mode": 2, "x": 16, "y": 8}
     for s in range(5):
-        proposer = ForestProposer(space, seed=s, seeded=1, seed_keys=[space.key(seed)])
+        proposer = ForestProposer(space, seed=s, seed_keys=[space.key(seed)])
         results = {space.key(seed): rare_timing(seed)}
         for _ in range(surrogate.N_INITIAL):
             config = proposer.propose(results)
@@ -264,7 +264,7 @@ def test_seeds_do_not_steer_the_designs_pick_of_a_rare_value():
     seed = {"mode": 0, "x": 8, "y": 2}
     for s in range(10):
         cold = ForestProposer(space, seed=s).propose({})
-        warm = ForestProposer(space, seed=s, seeded=1, seed_keys=[space.key(seed)])
+        warm = ForestProposer(space, seed=s, seed_keys=[space.key(seed)])
         assert warm.propose({space.key(seed): rare_timing(seed)}) == cold, s
         assert cold["mode"] == 2
 
