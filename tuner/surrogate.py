@@ -35,6 +35,12 @@ neither a global model nor a local search alone decides the job:
   block and tile shapes, and a few early draws of a path with poor shapes teach the model that
   the switch is bad, a belief no other move tests. The best shapes of one path are the best
   guess for another.
+- ``gp`` (global, another model): expected improvement from a Gaussian process on the same
+  features and log-times (:meth:`ForestProposer.gp_predict`), over the same candidates as
+  ``ei``. A tree never predicts below the best measured log-time (a leaf is a mean of measured
+  values) and reads an unmeasured value from its ordinal neighbour; a GP with one length scale
+  per feature follows a smooth trend past the measured configs, which is how runs on the
+  smooth spaces of block sizes and vector widths leave a good basin for a better one.
 
 A neighbourhood with no unmeasured valid config left is widened one parameter at a time (at the
 widest it is the whole space). The model is refitted before every model-based proposal.
@@ -58,6 +64,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import warnings
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -99,13 +106,21 @@ MAX_FEATURES = 0.8
 #: ``flip`` every 8th turn: 80 fresh seeds (40-119; 0-39 had chosen the rest) at budget 100,
 #: convolution A4000 0.937 -> 0.974, A100 0.889 -> 0.896, 30 seeds on the eight other recorded
 #: spaces 0.997 -> 0.996 (``flip`` every 4th turn, instead of ``walk``: A4000 0.980, A100 0.872).
-MOVES: tuple[str, ...] = ("ei", "local", "ei", "walk", "ei", "local", "ei", "flip")
+#: ``gp`` for the second of the four ``ei`` turns (``benchmarks/search_ablation.py``, budget 100,
+#: 40 seeds, 200 on convolution): batchnorm_stats 32x256x56x56 float16 0.986 -> 1.000, gemm
+#: 0.973 -> 0.986, convolution A100 0.899 -> 0.912, A4000 0.973 -> 0.975, the other eleven within
+#: 0.002; for two of the four: A100 0.918, A4000 0.973, the rest the same (twice the fitting).
+MOVES: tuple[str, ...] = ("ei", "local", "gp", "walk", "ei", "local", "ei", "flip")
 #: Hamming radius of the local neighbourhoods, and how many of the best configs ``local`` uses.
 LOCAL_RADIUS = 2
 N_LOCAL = 3
 #: Configs named as likely next proposals after each proposal (:attr:`ForestProposer.upcoming`),
 #: for the backend to compile ahead of the rest: about one per compile process of a GPU host.
 N_UPCOMING = 16
+#: The ``gp`` move's training set: every result up to this many, else the best half of this many
+#: and a random draw of the rest (a GP fit costs the cube of its points: 0.1-0.3 s at 128 on
+#: one core, with the kernel's length scales fitted each time).
+GP_MAX = 128
 #: Add the threads-per-block feature (block_size_* parameters) and the power-of-two flags.
 DERIVED = True
 POW2 = True
@@ -257,6 +272,39 @@ class ForestProposer:
             tree.fit(Xt[boot], y[boot], check_input=False)
             preds[t] = tree.predict(Xp, check_input=False)
         return preds.mean(axis=0), preds.std(axis=0), preds
+
+    def gp_predict(
+        self, train: np.ndarray, y: np.ndarray, pool: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and standard deviation of the predicted log-time of ``pool`` from a Gaussian
+        process fitted to (at most :data:`GP_MAX` of) the measured configs.
+
+        The kernel: a constant times a Matern 5/2 with one length scale per feature (features
+        scaled to [0, 1], so the bounds mean the same in every space), plus white noise for
+        the timing noise and for configs that differ only in what the features do not see.
+        The hyperparameters are fitted by maximum likelihood from one fixed start, so the same
+        data give the same prediction."""
+        from sklearn.exceptions import ConvergenceWarning
+        from sklearn.gaussian_process import GaussianProcessRegressor
+        from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
+
+        if len(train) > GP_MAX:
+            order = np.argsort(y, kind="stable")
+            keep = GP_MAX // 2
+            rest = self.rng.choice(order[keep:], GP_MAX - keep, replace=False)
+            chosen = np.concatenate([order[:keep], rest])
+            train, y = train[chosen], y[chosen]
+        Xs = (self.X - self.X.min(axis=0)) / self._scale
+        kernel = ConstantKernel(1.0, (1e-3, 1e3)) * Matern(
+            length_scale=np.full(Xs.shape[1], 0.5), length_scale_bounds=(1e-2, 1e2), nu=2.5
+        ) + WhiteKernel(1e-3, (1e-6, 1e-1))
+        gp = GaussianProcessRegressor(kernel, normalize_y=True)
+        with warnings.catch_warnings():
+            # A length scale at its bound is a feature the data say does not matter: expected.
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            gp.fit(Xs[train], y)
+        mu, sd = gp.predict(Xs[pool], return_std=True)
+        return mu, sd
 
     # -- candidates --------------------------------------------------------------------------
 
@@ -438,14 +486,17 @@ class ForestProposer:
                 self._by_mean = pool[order[: 2 * N_UPCOMING]]
             return int(pool[int(order[0])])
         pool = self._pool(measured, train, y)
+        if move == "gp":
+            mu, sd = self.gp_predict(train, y, pool)
+            score = _expected_improvement(float(y.min()), mu, sd)
+            if self.hints:
+                self._by_score = pool[np.argsort(-score, kind="stable")[: 2 * N_UPCOMING]]
+            return int(pool[int(np.argmax(score))])
         mu, sd, preds = self._fit_predict(train, y, pool)
         if move == "ts":
             score = -preds[int(self.rng.integers(len(preds)))]
         else:
-            best = float(y.min())
-            sd = np.maximum(sd, 1e-9)
-            z = (best - mu) / sd
-            score = sd * (z * _norm_cdf(z) + _norm_pdf(z))
+            score = _expected_improvement(float(y.min()), mu, sd)
         ranking = np.argsort(-score, kind="stable")
         picks = [int(pool[k]) for k in ranking[: self.batch]]
         self._queue = picks[1:]
@@ -489,6 +540,13 @@ class ForestProposer:
         ]
         out = [i for i in dict.fromkeys(merged) if not ahead[i]]
         return out[:N_UPCOMING]
+
+
+def _expected_improvement(best: float, mu: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    """Expected improvement below ``best`` of Gaussian predictions (mean ``mu``, spread ``sd``)."""
+    sd = np.maximum(sd, 1e-9)
+    z = (best - mu) / sd
+    return sd * (z * _norm_cdf(z) + _norm_pdf(z))
 
 
 def _norm_pdf(z: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ from tuner.search import Budget, Search
 from tuner.space import SearchSpace
 from tuner.surrogate import ForestProposer
 
-MOVES = ("ei", "local", "walk", "flip", "ts", "random")
+MOVES = ("ei", "local", "gp", "walk", "flip", "ts", "random")
 
 
 def constrained_space() -> SearchSpace:
@@ -168,6 +168,39 @@ def test_the_default_finds_a_needle_in_a_rugged_basin_within_the_budget():
         assert result.measured == 100
         hits += result.best.config == optimum
     assert hits >= 4
+
+
+def test_the_gp_follows_a_trend_past_the_measured_configs_where_the_trees_cannot():
+    """Time falls smoothly with two block-size-like parameters and only the slow half of the
+    space is measured: the GP predicts the unmeasured fastest config below the best measured
+    log-time and its expected improvement picks a config beyond the measured ones; a tree's
+    leaf is a mean of measured times, so the forest predicts nothing below the best."""
+    space = SearchSpace(params={"a": (1, 2, 4, 8, 16, 32, 64, 128), "b": (1, 2, 4, 8, 16)})
+    proposer = ForestProposer(space, seed=0)
+
+    def log_time(c) -> float:
+        return -0.4 * np.log2(c["a"]) - 0.3 * np.log2(c["b"])
+
+    slow = [i for i, c in enumerate(proposer.configs) if c["a"] <= 8 and c["b"] <= 4]
+    train = np.array(slow)
+    y = np.array([log_time(proposer.configs[i]) for i in slow])
+    fastest = proposer.index[space.key({"a": 128, "b": 16})]
+    pool = np.array([fastest])
+    mu, sd = proposer.gp_predict(train, y, pool)
+    assert mu[0] < y.min() - 1.0, (mu, y.min())
+    assert 0 < sd[0] < 2.0
+    forest_mu, _, _ = proposer._fit_predict(train, y, pool)
+    assert forest_mu[0] >= y.min() - 1e-9
+
+    results = {
+        space.key(c): TrialResult(config=c, status=TrialStatus.OK, times_ms=[np.exp(log_time(c))])
+        for c in (proposer.configs[i] for i in slow)
+    }
+    measured = np.zeros(len(proposer.configs), dtype=bool)
+    measured[slow] = True
+    pick = proposer.configs[proposer._propose("gp", train, y, measured)]
+    assert pick["a"] > 8 and pick["b"] > 4, pick
+    assert space.key(pick) not in results
 
 
 def test_upcoming_names_the_next_design_configs_exactly_and_never_changes_proposals():
