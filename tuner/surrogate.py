@@ -287,6 +287,7 @@ class ForestProposer:
         from sklearn.exceptions import ConvergenceWarning
         from sklearn.gaussian_process import GaussianProcessRegressor
         from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
+        from threadpoolctl import threadpool_limits
 
         if len(train) > GP_MAX:
             order = np.argsort(y, kind="stable")
@@ -299,11 +300,14 @@ class ForestProposer:
             length_scale=np.full(Xs.shape[1], 0.5), length_scale_bounds=(1e-2, 1e2), nu=2.5
         ) + WhiteKernel(1e-3, (1e-6, 1e-1))
         gp = GaussianProcessRegressor(kernel, normalize_y=True)
-        with warnings.catch_warnings():
+        # One BLAS thread: the matrices are at most GP_MAX square, where threads cost more
+        # than they give, and a GPU host's cores are busy compiling ahead (a fit took 2-6 s
+        # with two contended OpenBLAS threads, 0.3 s with one; the same numbers).
+        with threadpool_limits(1), warnings.catch_warnings():
             # A length scale at its bound is a feature the data say does not matter: expected.
             warnings.simplefilter("ignore", ConvergenceWarning)
             gp.fit(Xs[train], y)
-        mu, sd = gp.predict(Xs[pool], return_std=True)
+            mu, sd = gp.predict(Xs[pool], return_std=True)
         return mu, sd
 
     # -- candidates --------------------------------------------------------------------------
