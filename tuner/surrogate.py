@@ -106,10 +106,10 @@ MAX_FEATURES = 0.8
 #: ``flip`` every 8th turn: 80 fresh seeds (40-119; 0-39 had chosen the rest) at budget 100,
 #: convolution A4000 0.937 -> 0.974, A100 0.889 -> 0.896, 30 seeds on the eight other recorded
 #: spaces 0.997 -> 0.996 (``flip`` every 4th turn, instead of ``walk``: A4000 0.980, A100 0.872).
-#: ``gp`` for the second of the four ``ei`` turns (``benchmarks/search_ablation.py``, budget 100,
-#: 40 seeds, 200 on convolution): batchnorm_stats 32x256x56x56 float16 0.986 -> 1.000, gemm
-#: 0.973 -> 0.986, convolution A100 0.899 -> 0.912, A4000 0.973 -> 0.975, the other eleven within
-#: 0.002; for two of the four: A100 0.918, A4000 0.973, the rest the same (twice the fitting).
+#: ``gp`` for the second of the four ``ei`` turns (``benchmarks/search_quality.py``, 40 seeds, at
+#: budget 100): batchnorm_stats 32x256x56x56 float16 0.986 -> 1.000, gemm 0.973 -> 0.983, mean
+#: over the 15 recorded spaces 0.9865 -> 0.9903 (200 seeds of convolution A100 / A4000: 0.899 /
+#: 0.973 -> 0.894 / 0.974); for two of the four turns no further gain at twice the fitting.
 MOVES: tuple[str, ...] = ("ei", "local", "gp", "walk", "ei", "local", "ei", "flip")
 #: Hamming radius of the local neighbourhoods, and how many of the best configs ``local`` uses.
 LOCAL_RADIUS = 2
