@@ -90,16 +90,18 @@ def test_a_report_without_kernel_tuner_strategies_is_refused():
 
 def test_the_committed_table_at_budget_100():
     """What the README and the closing note claim from Table 1 (40 seeds): at budget 100 Kato's
-    default is below a Kernel Tuner strategy on one of the fifteen spaces only (batchnorm_stats
-    32x256x56x56 float16, recorded again for the kernel's new version: 0.986 against
-    bayes_opt's 0.999), and clearly above every one on convolution A4000 and gemm."""
+    default is below no Kernel Tuner strategy on the fifteen spaces (batchnorm_stats
+    32x256x56x56 float16 was, 0.986 against bayes_opt's 0.999, before the search's ``gp``
+    move), above every one on ten of them, convolution A4000 and gemm among them."""
     report = json.loads(COMMITTED.read_text())
     got = report_verdicts(report, ["100"])
     assert len(got) == 15
     below = {name: v["100"]["below"] for name, v in got.items() if v["100"]["below"]}
-    assert below == {"h200/batchnorm_stats_H200_32x256x56x56_float16_4aed0b874a5a": ["bayes_opt"]}
+    assert below == {}
+    above = [name for name, v in got.items() if v["100"]["against_every"] == "above"]
+    assert len(above) == 10
     for name in ("convolution_milo/A4000", "gemm_kerneltuner/RTX_3090"):
-        assert got[name]["100"]["against_every"] == "above"
+        assert name in above
 
 
 def test_cli_writes_the_verdicts_and_refuses_a_bad_report(tmp_path, capsys):
