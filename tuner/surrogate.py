@@ -160,8 +160,6 @@ class ForestProposer:
             that seeds from a source whose best region is a poor one here do not confine the
             model to that region; and a rare value only a seed holds still gets a design config
             of its own (a seed is another shape's best, not a sample of the value).
-        seeded: how many such configs there are, when their keys are not given (default:
-            ``len(seed_keys)``).
         hints: fill :attr:`upcoming` after each proposal (a little work per proposal, for a
             caller that compiles ahead; off, it stays empty).
     """
@@ -173,7 +171,6 @@ class ForestProposer:
         *,
         batch: int = 1,
         seed_keys: Collection[str] = (),
-        seeded: int | None = None,
         hints: bool = False,
     ):
         self.space = space
@@ -209,9 +206,12 @@ class ForestProposer:
         self.X = X
         span = X.max(axis=0) - X.min(axis=0) if n else np.ones(X.shape[1])
         self._scale = np.where(span > 0, span, 1.0).astype(np.float32)
+        # The features scaled to [0, 1] (the GP's inputs: its length-scale bounds then mean the
+        # same in every space).
+        self._unit = (X - X.min(axis=0)) / self._scale if n else X
         self.rng = np.random.default_rng(seed)
         self.batch = max(1, batch)
-        self.seeded = max(0, len(seed_keys) if seeded is None else seeded)
+        self.seeded = len(seed_keys)
         self._queue: list[int] = []
         self._turn = 0
         self._rare: list[tuple[int, float]] | None = None
@@ -295,7 +295,7 @@ class ForestProposer:
             rest = self.rng.choice(order[keep:], GP_MAX - keep, replace=False)
             chosen = np.concatenate([order[:keep], rest])
             train, y = train[chosen], y[chosen]
-        Xs = (self.X - self.X.min(axis=0)) / self._scale
+        Xs = self._unit
         kernel = ConstantKernel(1.0, (1e-3, 1e3)) * Matern(
             length_scale=np.full(Xs.shape[1], 0.5), length_scale_bounds=(1e-2, 1e2), nu=2.5
         ) + WhiteKernel(1e-3, (1e-6, 1e-1))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tuner.surrogate import ForestProposer, _norm_cdf, _norm_pdf
+from tuner.surrogate import ForestProposer, _expected_improvement
 
 
 def adjacent(proposer: ForestProposer, centre: int) -> np.ndarray:
@@ -31,7 +31,5 @@ def expected_improvement(
     """The config of ``pool`` with the best expected improvement over the best log-time (the
     same score as the default ``ei`` move, on a pool the caller chose)."""
     mu, sd, _ = proposer._fit_predict(train, y, pool)
-    sd = np.maximum(sd, 1e-9)
-    z = (float(y.min()) - mu) / sd
-    score = sd * (z * _norm_cdf(z) + _norm_pdf(z))
+    score = _expected_improvement(float(y.min()), mu, sd)
     return int(pool[int(np.argmax(score))])
