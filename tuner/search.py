@@ -32,6 +32,7 @@ import optuna
 from tuner.backends.base import TrialResult, TrialStatus
 from tuner.space import Config, SearchSpace
 from tuner.surrogate import ForestProposer
+from tuner.write_behind import WriteBehind
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +192,11 @@ class Search:
         wait_ready: blocks until one of the configs given is ``ready`` (a backend's
             ``wait_compiled``); with ``ahead`` configs in flight and none ready, the search
             waits with it and measures the first ready, rather than the oldest.
+        write_behind: ``on_result`` and the study's record of a self-proposing strategy's
+            result run on a background thread, in order, while the next config is measured
+            (:mod:`tuner.write_behind`); :meth:`run` returns once they are done. Only for a
+            backend that measures out of this process; ``on_result`` must then be callable from
+            another thread and must not touch the search.
     """
 
     def __init__(
@@ -210,6 +216,7 @@ class Search:
         ahead: int = 1,
         ready: Callable[[Config], bool] | None = None,
         wait_ready: Callable[[list[Config]], None] | None = None,
+        write_behind: bool = False,
     ):
         self.space = space
         self.evaluate = evaluate
@@ -229,6 +236,7 @@ class Search:
         self.ahead = ahead
         self.ready = ready
         self.wait_ready = wait_ready
+        self._writes = WriteBehind(write_behind)
         #: Configs asked for and not measured yet: (Optuna trial, config, key), oldest first.
         self._inflight: list[tuple[optuna.Trial | None, Config, str]] = []
         self._self_proposing = strategy in SELF_PROPOSING
@@ -436,6 +444,17 @@ class Search:
         self._inflight.clear()
 
     def run(self, budget: Budget) -> SearchResult:
+        """Measure until ``budget`` is used, the strategy has nothing left, or ``should_stop``;
+        every result is recorded (``on_result``, the study) when it returns or raises."""
+        try:
+            outcome = self._run(budget)
+        except BaseException:
+            self._writes.close()  # logs a failed write: the exception in flight is the one raised
+            raise
+        self._writes.close(raise_errors=True)
+        return outcome
+
+    def _run(self, budget: Budget) -> SearchResult:
         start = time.monotonic()
         self._drained = False  # the strategy had nothing left to propose in this run
         new: list[TrialResult] = []
@@ -485,6 +504,7 @@ class Search:
             if known is not None and known.status != TrialStatus.PENDING:
                 self._close(trial, objective_value(known))  # another worker measured it
                 continue
+            self._writes.release()  # the last result's records, while this one measures
             try:
                 result = self.evaluate(config)
             except BaseException:
@@ -494,11 +514,11 @@ class Search:
             self.results[key] = result
             new.append(result)
             if trial is not None:
-                self.study.tell(trial, objective_value(result))
+                self.study.tell(trial, objective_value(result))  # the sampler reads it next
             else:
-                self._record(config, objective_value(result))
+                self._writes.submit(self._record, config, objective_value(result))
             if self.on_result is not None:
-                self.on_result(result, len(self.results))
+                self._writes.submit(self.on_result, result, len(self.results))
         self._abandon_inflight()
         return SearchResult(
             best=best_of(self.results), results=self.results, new=new, stopped=stopped

@@ -546,6 +546,16 @@ class ForestProposer:
         return out[:N_UPCOMING]
 
 
+def import_models() -> None:
+    """Import the libraries the proposer fits its models with (scikit-learn, SciPy: about 2 s
+    the first time in a process), so that a worker pays for them when it starts, not inside
+    its first job's search."""
+    import scipy.special  # noqa: F401
+    import sklearn.gaussian_process  # noqa: F401
+    import sklearn.tree  # noqa: F401
+    import threadpoolctl  # noqa: F401
+
+
 def _expected_improvement(best: float, mu: np.ndarray, sd: np.ndarray) -> np.ndarray:
     """Expected improvement below ``best`` of Gaussian predictions (mean ``mu``, spread ``sd``)."""
     sd = np.maximum(sd, 1e-9)

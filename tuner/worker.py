@@ -54,6 +54,7 @@ from tuner.backends.isolated import (
     TrialInterrupted,
 )
 from tuner.search import Budget, Search, SearchResult, best_of
+from tuner.surrogate import import_models
 from tuner.warm_start import warm_start_configs
 
 log = logging.getLogger(__name__)
@@ -273,6 +274,7 @@ class JobRunner:
         self.heartbeat_seconds = heartbeat_seconds or max(0.05, min(lease_seconds / 3, 1.0))
         self.sync_seconds = sync_seconds
         self.lookahead = lookahead
+        import_models()  # now, not in the first job's search
 
     def run(self, job_id: str, *, helper: bool = False) -> JobOutcome:
         """Run ``job_id``: as its owner (claimed: the lease is ours) or, with ``helper``, as an
@@ -422,7 +424,10 @@ class JobRunner:
                 raise
 
         def record(result: TrialResult, measured: int) -> None:
+            # On the search's write-behind thread where the backend measures out of process:
+            # only set operations (atomic under the GIL) on the state the main thread reads.
             key = space.key(result.config)
+            state.final.add(key)  # before leaving ``mine``: _sync skips a key in either
             if key in state.mine:
                 with self.sessions() as session:
                     stored = fleet.complete_trial(
@@ -435,7 +440,6 @@ class JobRunner:
                 state.mine.discard(key)
                 if not stored:
                     log.warning("job %s: reservation of %s was released; not stored", job.id, key)
-            state.final.add(key)
             if self.on_progress is not None:
                 self.on_progress(result, measured, job.budget_configs)
 
@@ -476,6 +480,7 @@ class JobRunner:
             ahead=self.lookahead,
             ready=getattr(backend, "is_compiled", None),
             wait_ready=getattr(backend, "wait_compiled", None),
+            write_behind=backend.measures_out_of_process,
             worker_id=self.worker_id,
             is_live=live.__contains__,
             orphan_grace_seconds=self.lease_seconds,

@@ -85,6 +85,11 @@ class Backend(ABC):
     """
 
     name: str
+    #: Whether this process's other threads cannot disturb a measurement: True for a backend
+    #: that times in a child process, or does not time at all (replay). False for one that
+    #: times in this process, where a busy thread's share of the GIL would pause the launch
+    #: loop between two CUDA events (the search then writes its records inline).
+    measures_out_of_process: bool = False
 
     @abstractmethod
     def device(self) -> DeviceInfo:

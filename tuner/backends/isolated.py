@@ -186,6 +186,8 @@ class IsolatedBackend(Backend):
     Thread-safety: one thread evaluates; :meth:`interrupt` may be called from any thread.
     """
 
+    measures_out_of_process = True  # the child times: this process's threads cannot pause it
+
     def __init__(
         self,
         spec: BackendSpec,
