@@ -106,6 +106,23 @@ def test_missing_nvcc_is_reported_as_such(tmp_path: Path) -> None:
         compile_kernel(TINY, "scale", cache_dir=tmp_path, nvcc=missing)
 
 
+def test_nvcc_runs_niced_so_compiles_ahead_leave_the_cores_to_the_search(tmp_path: Path) -> None:
+    # A stand-in nvcc that answers --version and, when compiling, records its niceness.
+    seen = tmp_path / "niceness"
+    fake = tmp_path / "nvcc"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "--version" ]; then echo "fake nvcc, release 13.0"; exit 0; fi\n'
+        f"nice > {seen}\n"
+        "echo 'error: stand-in' >&2; exit 2\n"
+    )
+    fake.chmod(0o755)
+    with pytest.raises(CompileError, match="exit 2"):
+        compile_kernel(TINY, "scale", cache_dir=tmp_path, nvcc=str(fake), use_cache=False)
+    expected = min(19, os.nice(0) + nvcc_module.COMPILE_NICENESS)
+    assert int(seen.read_text()) == expected
+
+
 def test_bad_arch_is_a_compile_error(tmp_path: Path) -> None:
     with pytest.raises(CompileError, match="arch must look like"):
         compile_kernel(TINY, "scale", arch="compute_90", cache_dir=tmp_path)
