@@ -59,14 +59,14 @@ class WriteBehind:
         Raises:
             Exception: the first failure of an earlier write not raised yet.
         """
-        self._raise_finished()
-        if not self._held:
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="kato-write-behind")
-        for write, args in self._held:
-            self._pending.append(self._pool.submit(write, *args))
-        self._held.clear()
+        earlier = len(self._pending)
+        if self._held:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="kato-write-behind")
+            for write, args in self._held:
+                self._pending.append(self._pool.submit(write, *args))
+            self._held.clear()
+        self._raise_finished(earlier)  # after queueing: a failure never drops the writes held
 
     def flush(self, *, raise_errors: bool = True) -> None:
         """Wait for every submitted write. The first failure is raised after all have finished
@@ -98,9 +98,12 @@ class WriteBehind:
                 self._pool.shutdown(wait=True)
                 self._pool = None
 
-    def _raise_finished(self) -> None:
-        """Raise the failure of the oldest finished writes, if one failed."""
-        while self._pending and self._pending[0].done():
+    def _raise_finished(self, limit: int) -> None:
+        """Raise the failure of the oldest finished writes (of the first ``limit``: those
+        released before), if one failed."""
+        for _ in range(limit):
+            if not self._pending or not self._pending[0].done():
+                return
             error = self._pending.popleft().exception()
             if error is not None:
                 raise error

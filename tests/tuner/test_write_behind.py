@@ -66,6 +66,23 @@ def test_a_failed_write_is_raised_by_the_next_release_and_the_later_writes_still
     writes.close(raise_errors=True)
 
 
+def test_writes_held_behind_a_failure_still_run():
+    writes = WriteBehind(True)
+    done: list[int] = []
+
+    def fail() -> None:
+        raise OSError("disk full")
+
+    writes.submit(fail)
+    writes.release()
+    writes._pending[0].exception()  # the failure is finished before the next release
+    writes.submit(done.append, 1)
+    with pytest.raises(OSError, match="disk full"):
+        writes.flush()
+    assert done == [1]
+    writes.close(raise_errors=True)
+
+
 def test_close_without_raising_logs_the_failure(caplog):
     writes = WriteBehind(True)
     writes.submit(lambda: 1 / 0)
