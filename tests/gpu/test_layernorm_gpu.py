@@ -77,3 +77,24 @@ def test_long_rows_verify(spec, dtype, vec):
         "GROUP_ROWS": 1,
     }
     assert verify_config(spec, shape, dtype, config) is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("row_threads", [32, 0])  # a warp per row, the whole block
+def test_rows_past_2_to_the_24_columns_verify(spec, dtype, row_threads):
+    """Welford counts are floats, exact up to 2^24 elements per partial: a row of 2^24 + 4104
+    columns makes the last merges' counts inexact (rounded to even), which moves each merge
+    weight by at most 2^-24 relative: the result must still pass the float64 reference."""
+    shape = (2, 2**24 + 4104)
+    config = {
+        "BLOCK_SIZE": 1024,
+        "VEC": 4,
+        "ROW_THREADS": row_threads,
+        "CACHE": 0,
+        "MIN_BLOCKS": 0,
+        "GROUP_ROWS": 1,
+    }
+    assert spec.check(config, shape, dtype) is None
+    assert verify_config(spec, shape, dtype, config) is None
+    default = spec.default_config(shape, dtype)
+    assert verify_config(spec, shape, dtype, default) is None, default
