@@ -92,14 +92,15 @@ def test_the_committed_table_at_budget_100():
     """What the README and the closing note claim from Table 1 (40 seeds): at budget 100 Kato's
     default is below no Kernel Tuner strategy on the fifteen spaces (batchnorm_stats
     32x256x56x56 float16 was, 0.986 against bayes_opt's 0.999, before the search's ``gp``
-    move), above every one on ten of them, convolution A4000 and gemm among them."""
+    move), above every one on twelve of them (ten before Kernel Tuner's bayes_opt was fixed by
+    the seed), convolution A4000 and gemm among them."""
     report = json.loads(COMMITTED.read_text())
     got = report_verdicts(report, ["100"])
     assert len(got) == 15
     below = {name: v["100"]["below"] for name, v in got.items() if v["100"]["below"]}
     assert below == {}
     above = [name for name, v in got.items() if v["100"]["against_every"] == "above"]
-    assert len(above) == 10
+    assert len(above) == 12
     for name in ("convolution_milo/A4000", "gemm_kerneltuner/RTX_3090"):
         assert name in above
 
