@@ -480,7 +480,7 @@ class JobRunner:
             ahead=self.lookahead,
             ready=getattr(backend, "is_compiled", None),
             wait_ready=getattr(backend, "wait_compiled", None),
-            write_behind=backend.measures_out_of_process,
+            write_behind=getattr(backend, "measures_out_of_process", False),
             worker_id=self.worker_id,
             is_live=live.__contains__,
             orphan_grace_seconds=self.lease_seconds,
