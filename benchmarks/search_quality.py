@@ -268,8 +268,10 @@ def _install_deadline() -> None:
 
 def _seed_bayes_opt(seed: int) -> None:
     """Kernel Tuner's ``bayes_opt`` draws its Latin hypercube design from a generator of its
-    own (``LatinHypercube(d)``, fresh entropy each run), so the seeds above did not fix it and
-    its column moved by ~0.01 between calls: give that generator the run's seed."""
+    own (``LatinHypercube(d)``, fresh entropy each run), so the seeds above did not fix it:
+    give that generator the run's seed. The rest of a run is still not fixed: its default
+    method (multi-ultrafast) refits its GP or not by comparing the wall-clock times of its
+    predictions and evaluations, so a busy machine can change which configs follow."""
     from kernel_tuner.strategies import bayes_opt
     from scipy.stats.qmc import LatinHypercube
 

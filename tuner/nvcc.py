@@ -375,7 +375,12 @@ def compile_kernel(
         src = Path(tmp) / "kernel.cu"
         out = Path(tmp) / "kernel.cubin"
         src.write_text(source)
-        cmd = [nvcc, "-cubin", f"-arch={arch}", *BASE_OPTIONS, *options, "-o", str(out), str(src)]
+        # An absolute path: under ``nice`` a missing nvcc would be nice's exit 127, a compile
+        # error of the config, instead of NvccNotFoundError, a fault of the machine.
+        exe = shutil.which(nvcc)
+        if exe is None:
+            raise NvccNotFoundError(f"cannot run {nvcc!r}: not found")
+        cmd = [exe, "-cubin", f"-arch={arch}", *BASE_OPTIONS, *options, "-o", str(out), str(src)]
         cmd = [*_nice_prefix(), *cmd]
         start = time.perf_counter()
         try:

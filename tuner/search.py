@@ -448,8 +448,16 @@ class Search:
         every result is recorded (``on_result``, the study) when it returns or raises."""
         try:
             outcome = self._run(budget)
+        except Exception as stop:
+            # A stop (budget used, job cancelled) or a failure: a failed write outranks it, so
+            # that a job never ends as if a result it lost had been stored.
+            try:
+                self._writes.close(raise_errors=True)
+            except Exception as write_error:
+                raise write_error from stop
+            raise
         except BaseException:
-            self._writes.close()  # logs a failed write: the exception in flight is the one raised
+            self._writes.close()  # interrupted: failed writes are logged, the interrupt raised
             raise
         self._writes.close(raise_errors=True)
         return outcome
@@ -499,12 +507,17 @@ class Search:
                 self._inflight.append((trial, config, key))
                 if self._wants_another(budget):
                     continue
+            try:
+                # The last result's records, while the next one compiles and measures.
+                self._writes.release()
+            except BaseException:
+                self._abandon_inflight()
+                raise
             trial, config, key = self._next_to_measure()
             known = self.results.get(key)
             if known is not None and known.status != TrialStatus.PENDING:
                 self._close(trial, objective_value(known))  # another worker measured it
                 continue
-            self._writes.release()  # the last result's records, while this one measures
             try:
                 result = self.evaluate(config)
             except BaseException:

@@ -59,8 +59,9 @@ def test_a_worker_killed_mid_job_loses_nothing_and_measures_nothing_twice(db_url
             }
         # trials_done also counts the trial being measured, and the replay backend measures
         # "out of process": the last result's row is written while the next config measures
-        # (tuner/write_behind.py), so a kill loses it too, and the resume measures it again.
-        assert 3 <= len(before) < 20
+        # (tuner/write_behind.py, at most one result behind), so a kill loses it too, and the
+        # resume measures it again.
+        assert 4 <= len(before) < 20
         assert job(sessions, job_id).status == "running"  # orphaned: the lease runs out
 
         second = start_worker(db_url, log, delay=0.01, lease=2.0)

@@ -123,6 +123,19 @@ def test_nvcc_runs_niced_so_compiles_ahead_leave_the_cores_to_the_search(tmp_pat
     assert int(seen.read_text()) == expected
 
 
+def test_nvcc_gone_after_its_version_was_read_is_still_reported_as_missing(
+    tmp_path: Path,
+) -> None:
+    # Its --version is cached (part of every cache key): the compile itself must notice.
+    fake = tmp_path / "nvcc"
+    fake.write_text('#!/bin/sh\necho "fake nvcc, release 13.0"\n')
+    fake.chmod(0o755)
+    assert cuda_version(str(fake)) == "13.0"
+    fake.unlink()
+    with pytest.raises(NvccNotFoundError):
+        compile_kernel(TINY, "scale", cache_dir=tmp_path, nvcc=str(fake), use_cache=False)
+
+
 def test_bad_arch_is_a_compile_error(tmp_path: Path) -> None:
     with pytest.raises(CompileError, match="arch must look like"):
         compile_kernel(TINY, "scale", arch="compute_90", cache_dir=tmp_path)

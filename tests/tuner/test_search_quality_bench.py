@@ -28,17 +28,20 @@ def test_a_kernel_tuner_run_does_not_depend_on_the_runs_before_it():
     assert again == first
 
 
-def test_bayes_opt_is_fixed_by_the_seed():
-    """Kernel Tuner's ``bayes_opt`` draws its Latin hypercube design from a generator of its
-    own; unseeded, its column moved by ~0.01 between calls. The benchmark seeds it: the same
-    seed gives the same run, first in a process or not, and another seed another run."""
+def test_bayes_opt_design_is_fixed_by_the_seed():
+    """Kernel Tuner's ``bayes_opt`` draws its Latin hypercube design (its first 20 configs)
+    from a generator of its own; unseeded, that design changed between calls. The benchmark
+    seeds it: the same seed gives the same design, first in a process or not, and another seed
+    another one. What follows the design is not fixed: its default method (multi-ultrafast)
+    refits its GP or not by comparing wall-clock times of its predictions and evaluations, so
+    a busy machine can change the later configs (two runs here diverged at config 25)."""
     path = str(RECORDED / "softmax_H200_65536x1024_float16.json.gz")
     first = search_quality._kt_once(path, "bayes_opt", 3, 30)
     other = search_quality._kt_once(path, "bayes_opt", 4, 30)
     again = search_quality._kt_once(path, "bayes_opt", 3, 30)
     assert len(set(first)) >= 25
-    assert again == first
-    assert other != first
+    assert again[:20] == first[:20]
+    assert other[:20] != first[:20]
 
 
 def _sparse_file(tmp_path, n_params: int = 8) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import optuna
 import pytest
@@ -60,9 +61,8 @@ def test_a_failed_write_is_raised_by_the_next_release_and_the_later_writes_still
     assert done == [1, 2]
     writes.submit(fail)
     writes.release()
-    writes._pending[0].exception()  # wait for it
     with pytest.raises(OSError, match="disk full"):
-        writes.release()  # the next release reports it
+        writes.release()  # the next release waits for it and reports it
     writes.close(raise_errors=True)
 
 
@@ -75,7 +75,6 @@ def test_writes_held_behind_a_failure_still_run():
 
     writes.submit(fail)
     writes.release()
-    writes._pending[0].exception()  # the failure is finished before the next release
     writes.submit(done.append, 1)
     with pytest.raises(OSError, match="disk full"):
         writes.flush()
@@ -141,6 +140,66 @@ def test_a_failing_result_callback_fails_the_search_after_the_other_records():
     search = Search(make_space(), Counter(), seed=1, on_result=on_result, write_behind=True)
     with pytest.raises(RuntimeError, match="database gone"):
         search.run(Budget(max_configs=20))
-    # Raised by the first release after the failed write finished (or by the final flush):
-    # every result measured until then still got its callback, in order.
+    # Raised by the release after the failed write's (one measurement later): every result
+    # measured until then still got its callback, in order.
+    assert len(search.results) == 4
     assert calls == list(range(1, len(search.results) + 1))
+
+
+def test_writes_slower_than_the_measurements_hold_the_search_back_not_pile_up():
+    """At most one batch outstanding: when a config starts measuring, every result but the
+    last one has been recorded (a kill loses at most that one)."""
+    recorded: list[int] = []
+    lag: list[int] = []
+    counter = Counter()
+
+    def evaluate(config):
+        lag.append(len(counter.calls) - len(recorded))  # measured, not yet recorded
+        return counter(config)
+
+    def on_result(result, measured: int) -> None:
+        time.sleep(0.02)  # a slow database; measuring takes no time
+        recorded.append(measured)
+
+    Search(make_space(), evaluate, seed=2, on_result=on_result, write_behind=True).run(
+        Budget(max_configs=20)
+    )
+    assert recorded == list(range(1, 21))
+    assert max(lag) <= 1
+
+
+class _Stop(Exception):
+    """A stop signal raised from inside a measurement (the worker's budget-used, cancel)."""
+
+
+def test_a_failed_write_outranks_a_stop_raised_by_the_measurement():
+    """A job must not end as stopped (and then be finished) with a result it failed to store."""
+    counter = Counter()
+
+    def evaluate(config):
+        if len(counter.calls) == 3:
+            raise _Stop
+        return counter(config)
+
+    def on_result(result, measured: int) -> None:
+        if measured == 3:
+            raise RuntimeError("database gone")
+
+    search = Search(make_space(), evaluate, seed=1, on_result=on_result, write_behind=True)
+    with pytest.raises(RuntimeError, match="database gone") as raised:
+        search.run(Budget(max_configs=20))
+    assert isinstance(raised.value.__cause__, _Stop)
+
+
+def test_a_failed_write_leaves_no_optuna_trial_running():
+    def on_result(result, measured: int) -> None:
+        if measured == 2:
+            raise RuntimeError("database gone")
+
+    search = Search(
+        make_space(), Counter(), strategy="tpe", seed=1, on_result=on_result, write_behind=True
+    )
+    with pytest.raises(RuntimeError, match="database gone"):
+        search.run(Budget(max_configs=20))
+    running = search.study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+    assert running == []
