@@ -493,14 +493,12 @@ class ForestProposer:
         if move == "gp":
             mu, sd = self.gp_predict(train, y, pool)
             score = _expected_improvement(float(y.min()), mu, sd)
-            if self.hints:
-                self._by_score = pool[np.argsort(-score, kind="stable")[: 2 * N_UPCOMING]]
-            return int(pool[int(np.argmax(score))])
-        mu, sd, preds = self._fit_predict(train, y, pool)
-        if move == "ts":
-            score = -preds[int(self.rng.integers(len(preds)))]
         else:
-            score = _expected_improvement(float(y.min()), mu, sd)
+            mu, sd, preds = self._fit_predict(train, y, pool)
+            if move == "ts":
+                score = -preds[int(self.rng.integers(len(preds)))]
+            else:
+                score = _expected_improvement(float(y.min()), mu, sd)
         ranking = np.argsort(-score, kind="stable")
         picks = [int(pool[k]) for k in ranking[: self.batch]]
         self._queue = picks[1:]

@@ -15,6 +15,11 @@ from tuner.search import Budget, Search
 from tuner.write_behind import WriteBehind
 
 
+def _disk_full() -> None:
+    """A write that fails."""
+    raise OSError("disk full")
+
+
 def test_writes_wait_for_release_then_run_in_order_on_another_thread():
     writes = WriteBehind(True)
     done: list[tuple[int, str]] = []
@@ -44,22 +49,18 @@ def test_disabled_writes_run_at_once_in_the_callers_thread():
 def test_a_failed_write_is_raised_by_the_next_release_and_the_later_writes_still_run():
     writes = WriteBehind(True)
     done: list[int] = []
-
-    def fail() -> None:
-        raise OSError("disk full")
-
-    writes.submit(fail)
+    writes.submit(_disk_full)
     writes.submit(done.append, 1)
     writes.release()
     writes.flush(raise_errors=False)  # logged; both ran
     assert done == [1]
-    writes.submit(fail)
+    writes.submit(_disk_full)
     writes.submit(done.append, 2)
     writes.release()
     with pytest.raises(OSError, match="disk full"):
         writes.flush()
     assert done == [1, 2]
-    writes.submit(fail)
+    writes.submit(_disk_full)
     writes.release()
     with pytest.raises(OSError, match="disk full"):
         writes.release()  # the next release waits for it and reports it
@@ -69,11 +70,7 @@ def test_a_failed_write_is_raised_by_the_next_release_and_the_later_writes_still
 def test_writes_held_behind_a_failure_still_run():
     writes = WriteBehind(True)
     done: list[int] = []
-
-    def fail() -> None:
-        raise OSError("disk full")
-
-    writes.submit(fail)
+    writes.submit(_disk_full)
     writes.release()
     writes.submit(done.append, 1)
     with pytest.raises(OSError, match="disk full"):
