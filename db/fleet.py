@@ -12,6 +12,12 @@ condition ``trials_done < budget_configs``). The unique ``(job_id, config_key)``
 the reservation exclusive: two workers never measure the same config, and the budget of distinct
 configs is never overrun. Completing fills the placeholder in (no second count); releasing (the
 measurement was interrupted, or its worker died) deletes it and gives the unit back.
+
+Lock order: every transaction that writes both takes the job's row first, then trial rows. A
+reservation must (its count decides whether it may insert); completing and releasing lock the
+job row before touching their trial. In the other order PostgreSQL deadlocked: one worker
+completing a trial waited for the job row that another held while inserting that same config,
+which waited for the first worker's trial update.
 """
 
 from __future__ import annotations
@@ -250,6 +256,7 @@ def complete_trial(
     (:meth:`TrialResult.to_dict`) and keep the job's best; commit. ``False`` if the reservation
     is gone (released as stale meanwhile): nothing is stored then."""
     time_ms = result.get("time_ms")
+    _lock_job(session, job_id)
     filled = session.execute(
         update(Trial)
         .where(
@@ -291,7 +298,14 @@ def release_trial(session: Session, job_id: str, *, config_key: str, worker_id: 
     return _release(session, job_id, [(config_key, _RESERVED_BY + worker_id)]) == 1
 
 
+def _lock_job(session: Session, job_id: str) -> None:
+    """Take the job's row lock (PostgreSQL; SQLite's one writer needs none) before a trial's:
+    the lock order of the module docstring."""
+    session.execute(select(Job.id).where(Job.id == job_id).with_for_update())
+
+
 def _release(session: Session, job_id: str, keys: Sequence[tuple[str, str]]) -> int:
+    _lock_job(session, job_id)
     released = 0
     for config_key, marker in keys:
         gone = session.execute(

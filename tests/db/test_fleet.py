@@ -159,3 +159,60 @@ def test_a_job_for_a_gpu_no_live_worker_has_says_so(db_url):
             current_job_id=None,
         )
         assert fleet.waiting_note(s, found, stale_seconds=60) is None
+
+
+def test_completing_a_trial_while_another_worker_reserves_that_config_does_not_deadlock(db_url):
+    """Reserving takes the job's row, then inserts the trial; completing used to update the
+    trial, then the job's best. When another worker reserved the config being completed (its
+    proposer had not seen the reservation yet), PostgreSQL found a deadlock and failed one of
+    them: completing now takes the job's row first, as reserving does."""
+    import threading
+
+    from sqlalchemy import update
+    from sqlalchemy.exc import IntegrityError
+
+    from db.models import Job
+
+    sessions = sessions_for(db_url)
+    job_id = submit(sessions, 10)
+    with sessions() as s:
+        queries.claim_next_job(s, gpu_models=["H200"], worker_id="a", lease_seconds=60)
+        config = {"BLOCK_SIZE": 256}
+        assert fleet.reserve_trial(s, job_id, config=config, config_key="k", worker_id="a") == (
+            "reserved"
+        )
+    done: list[object] = []
+    other = sessions()
+    try:
+        # Worker b's reservation, first half: the job's row, held.
+        other.execute(update(Job).where(Job.id == job_id).values(trials_done=Job.trials_done + 1))
+
+        def complete() -> None:
+            result = {"status": "ok", "time_ms": 1.5, "times_ms": [1.5], "config": config}
+            try:
+                with sessions() as s:
+                    done.append(
+                        fleet.complete_trial(
+                            s, job_id, config_key="k", worker_id="a", result=result
+                        )
+                    )
+            except Exception as exc:  # a deadlock victim
+                done.append(exc)
+
+        worker_a = threading.Thread(target=complete)
+        worker_a.start()
+        time.sleep(0.5)  # worker a waits for the job's row (before the fix: holding the trial)
+        # Second half: the same config. Before the fix it waited for worker a's trial update
+        # while worker a waited for this row; now the row is a committed reservation: taken.
+        other.add(Trial(job_id=job_id, number=1, config=config, config_key="k", status="ok"))
+        try:
+            other.flush()
+            raise AssertionError("a second row for the same config was inserted")
+        except IntegrityError:
+            other.rollback()
+    finally:
+        other.close()
+    worker_a.join(30)
+    assert done == [True]
+    with sessions() as s:
+        assert queries.get_job(s, job_id).best_time_ms == 1.5
