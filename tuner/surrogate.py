@@ -76,7 +76,7 @@ from tuner.space import Config, SearchSpace
 #: Configs drawn as a space-filling random design before the model is fitted. 15 rather than 10:
 #: with kernel spaces of 5-7 tuned parameters, 10 points let a few unlucky draws decide which
 #: region the model believes in. A small measured gain, not a cure (runs can still stay in a
-#: poor basin; docs/ARCHITECTURE.md): over 9 recorded spaces, 20 seeds, the mean fraction of
+#: poor basin; docs/search.md): over 9 recorded spaces, 20 seeds, the mean fraction of
 #: optimum rose 0.894 -> 0.896 at budget 25 and 0.944 -> 0.949 at 50; at budget 100 (40 seeds)
 #: convolution A100 0.915 -> 0.930, A4000 0.935 -> 0.939, gemm 0.982 -> 0.982.
 N_INITIAL = 15

@@ -13,7 +13,7 @@ Measured (seeds 0-199, conv A100 / A4000 at budget 100; default 0.899 / 0.973)::
 main effects for the second ``ei`` 0.892 / 0.966, for the ``walk`` 0.884 / 0.968; two factors
 (``TWOF=1``) for the ``walk`` 0.901 / 0.964 (80 of 200 A100 runs below 0.7 at budget 50, the
 default about the same). Not kept: the stuck runs mostly never measure the optimum's cell (see
-docs/ARCHITECTURE.md), so there is nothing for the additive model to carry.
+docs/search.md), so there is nothing for the additive model to carry.
 """
 # ruff: noqa: F821  (``surrogate`` is injected by benchmarks/search_ablation.py)
 

@@ -75,7 +75,7 @@ MOVES = ("ei", "local", "ei", "{}", "ei", "local", "ei", "flip")
     ],
 )
 def test_the_recorded_ablation_patches_still_apply(patches, move, env, changes, monkeypatch):
-    """The patches in benchmarks/ablations are how docs/ARCHITECTURE.md's figures are
+    """The patches in benchmarks/ablations are how docs/search.md's figures are
     reproduced: each must still apply to the proposer and give a valid run."""
     for name in ("__init__", "_propose", "_fit_predict", "_space_filling"):
         monkeypatch.setattr(surrogate.ForestProposer, name, getattr(surrogate.ForestProposer, name))
