@@ -29,16 +29,32 @@ from sqlalchemy.orm import Session
 from db.models import BestConfig
 
 
-def best_configs_version(session: Session) -> tuple[int, str | None, int | None]:
-    """A cheap fingerprint of ``kato_best_configs``: (rows, newest ``updated_at``, largest id).
+def best_configs_version(
+    session: Session,
+) -> tuple[int, str | None, int | None, float | None]:
+    """A cheap fingerprint of ``kato_best_configs``: (rows, newest ``updated_at``, largest id,
+    sum of ``time_ms``).
 
-    It changes whenever a winner is stored (a new row, or a faster config replacing one), so
-    the cache is dropped exactly when its answers may have changed.
+    It changes whenever a winner is stored, so the cache is dropped exactly when its answers
+    may have changed: a new row changes the count, and a faster config replacing one
+    (:func:`db.queries.upsert_best_config` replaces only with a strictly faster time) lowers the
+    sum. The newest ``updated_at`` alone would miss a replacement whenever another row is dated
+    later (an imported file's dates, a worker host whose clock runs behind).
     """
-    count, newest, largest = session.execute(
-        select(func.count(), func.max(BestConfig.updated_at), func.max(BestConfig.id))
+    count, newest, largest, total = session.execute(
+        select(
+            func.count(),
+            func.max(BestConfig.updated_at),
+            func.max(BestConfig.id),
+            func.sum(BestConfig.time_ms),
+        )
     ).one()
-    return int(count), None if newest is None else str(newest), largest
+    return (
+        int(count),
+        None if newest is None else str(newest),
+        largest,
+        None if total is None else float(total),
+    )
 
 
 class LookupCache:
@@ -52,6 +68,8 @@ class LookupCache:
         self.hits = 0
         self.misses = 0
         self.version: object = None
+        #: Bumped whenever answers are dropped; see :meth:`put`.
+        self.generation = 0
 
     @property
     def enabled(self) -> bool:
@@ -71,11 +89,18 @@ class LookupCache:
             self.misses += 1
             return None
 
-    def put(self, key: Hashable, value: bytes) -> None:
-        """Keep ``value`` for ``key`` for ``ttl`` seconds (no-op when the cache is off)."""
+    def put(self, key: Hashable, value: bytes, generation: int | None = None) -> None:
+        """Keep ``value`` for ``key`` for ``ttl`` seconds (no-op when the cache is off).
+
+        ``generation``: :attr:`generation` as read before the database was asked. If answers
+        were dropped since (a new winner was seen while the lookup ran), ``value`` may be the
+        old answer and is not kept: stored after the drop, it would be served for ``ttl``.
+        """
         if not self.enabled:
             return
         with self._lock:
+            if generation is not None and generation != self.generation:
+                return
             self._entries[key] = (time.monotonic() + self.ttl, value)
             self._entries.move_to_end(key)
             while len(self._entries) > self.max_entries:
@@ -89,12 +114,14 @@ class LookupCache:
                 return False
             self.version = version
             self._entries.clear()
+            self.generation += 1
             return True
 
     def clear(self) -> None:
         """Forget every answer (e.g. after storing a winner in this process)."""
         with self._lock:
             self._entries.clear()
+            self.generation += 1
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -106,9 +106,10 @@ async def get_config(
     body = cache.get(key)
     if body is None:
         problem = resolve_problem(spec, parse_shape_text(shape), dtype, gpu)
+        generation = cache.generation  # read before the database: see LookupCache.put
         answer = await run_in_threadpool(lookup, request, spec, problem, match)
         body = answer.model_dump_json().encode()
-        cache.put(key, body)
+        cache.put(key, body, generation)
     return Response(body, media_type="application/json")
 
 
