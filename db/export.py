@@ -42,6 +42,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from db import queries
+from db.fleet import RESERVED
 from db.models import BestConfig, Job, Trial
 from tuner.gpus import find_gpu
 from tuner.kt_cache import KernelTunerCache, save_cache
@@ -58,6 +59,7 @@ T4_INVALIDITY = {
     "launch_error": "runtime",
     "verify_error": "correctness",
     "timeout": "timeout",
+    "crashed": "runtime",  # the measuring process died: a runtime failure to T4
     "invalid": "constraints",
 }
 #: Per-trial resource fields, with their T4 unit.
@@ -215,7 +217,8 @@ def collect(
     for job in jobs:
         bundle = bundle_for(job)
         bundle.jobs.append(job)
-        bundle.trials.extend(queries.job_trials(session, job.id))
+        # A reservation (a config being measured right now, db.fleet) is not a result.
+        bundle.trials.extend(t for t in queries.job_trials(session, job.id) if t.status != RESERVED)
 
     stmt = _filtered(select(BestConfig), BestConfig, operator, gpu, dtype)
     for row in session.scalars(stmt.order_by(BestConfig.id)):

@@ -35,7 +35,11 @@ from db.models import BestConfig, Job, Trial, utcnow
 from db.queries import UNCOUNTED_TRIAL_STATUSES, shape_key
 
 TRIAL_STATUSES = tuple(T4_INVALIDITY)
-_INVALIDITY_STATUS = {v: k for k, v in T4_INVALIDITY.items()}
+#: T4 ``invalidity`` -> Kato status, the first listed where several map to one ("runtime" is
+#: ``launch_error``; a ``crashed`` trial keeps its status in the file's ``kato`` object).
+_INVALIDITY_STATUS: dict[str, str] = {}
+for _status, _invalidity in T4_INVALIDITY.items():
+    _INVALIDITY_STATUS.setdefault(_invalidity, _status)
 _KT_MARKERS = {
     "CompilationFailedConfig": "compile_error",
     "RuntimeFailedConfig": "launch_error",

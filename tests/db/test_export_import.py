@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
-from db import queries
+from db import fleet, queries
 from db.export import bundle_to_t4, collect, export, job_to_cache
 from db.importer import InvalidImport, import_paths, read_file
 from db.models import BestConfig, Job, Trial
@@ -27,6 +27,9 @@ FAILURES = [  # configs recorded as failed in job A, on top of the recorded meas
     ({"BLOCK_SIZE": 1024, "VEC": 8, "STRATEGY": 1, "CACHE": 1, "MIN_BLOCKS": 4}, "compile_error"),
     ({"BLOCK_SIZE": 32, "VEC": 1, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 4}, "verify_error"),
     ({"BLOCK_SIZE": 64, "VEC": 1, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 4}, "invalid"),
+    ({"BLOCK_SIZE": 128, "VEC": 1, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 4}, "crashed"),
+    ({"BLOCK_SIZE": 256, "VEC": 1, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 4}, "launch_error"),
+    ({"BLOCK_SIZE": 512, "VEC": 1, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 4}, "timeout"),
 ]
 KEYS = [
     (shape, dtype)
@@ -126,17 +129,17 @@ def test_export_import_gives_identical_lookups_and_is_idempotent(source, tmp_pat
     with target() as session:
         report = import_paths(session, [tmp_path / "out"])
     assert (report.jobs_added, report.best_added, report.warnings) == (2, 4, [])
-    assert _counts(target) == _counts(source) == (2, 203, 4)
+    assert _counts(target) == _counts(source) == (2, 206, 4)
     assert _lookups(target) == _lookups(source)
     assert _trials(target) == _trials(source)
     assert {s for s, _ in _lookups(target)} == {"exact", "nearest", "default"}
     with target() as session:
         again = import_paths(session, [tmp_path / "out"])
         job = session.scalars(select(Job).where(Job.shape_key == "4096x4096")).one()
-        assert (job.status, job.trials_done, job.seed, job.budget_configs) == ("done", 102, 7, 120)
+        assert (job.status, job.trials_done, job.seed, job.budget_configs) == ("done", 105, 7, 120)
     assert (again.jobs_added, again.trials_added, again.best_added) == (0, 0, 0)
-    assert (again.trials_present, again.best_kept) == (203, 4)
-    assert _counts(target) == (2, 203, 4)
+    assert (again.trials_present, again.best_kept) == (206, 4)
+    assert _counts(target) == (2, 206, 4)
 
 
 def test_t4_export_follows_the_t4_schema(source):
@@ -152,7 +155,13 @@ def test_t4_export_follows_the_t4_schema(source):
     assert doc["schema_version"] == version
     ok = [r for r in doc["results"] if r["invalidity"] == "correct"]
     failed = {r["invalidity"] for r in doc["results"]} - {"correct"}
-    assert len(ok) == 100 and failed == {"compile", "correctness", "constraints"}
+    assert len(ok) == 100 and failed == {
+        "compile",
+        "correctness",
+        "constraints",
+        "runtime",
+        "timeout",
+    }
     assert {"name": "time", "value": ok[0]["measurements"][0]["value"], "unit": "ms"} in ok[0][
         "measurements"
     ]
@@ -188,7 +197,7 @@ def test_kernel_tuner_simulation_replays_an_exported_cache(source, tmp_path):
         quiet=True,
     )
     ok = [r for r in results if "__error__" not in r]
-    assert len(results) == 103 and len(ok) == 100
+    assert len(results) == 106 and len(ok) == 100
     best = min(ok, key=lambda r: r["time"])
     assert {k: best[k] for k in cache.tune_params} == best_config
     assert best["time"] == best_time
@@ -275,12 +284,12 @@ def test_cli_export_and_import(source, tmp_path):
                                src_url])  # fmt: skip
     assert done.exit_code == 0, done.output
     with gzip.open(out, "rt") as f:
-        assert len(json.load(f)["cache"]) == 103
+        assert len(json.load(f)["cache"]) == 106
 
     first = runner.invoke(cli, ["import", str(out), "--db", dst_url, "--json"])
     assert first.exit_code == 0, first.output
     report = json.loads(first.stdout.strip().splitlines()[-1])
-    assert (report["jobs_added"], report["trials_added"], report["best_added"]) == (1, 103, 1)
+    assert (report["jobs_added"], report["trials_added"], report["best_added"]) == (1, 106, 1)
     again = runner.invoke(cli, ["import", str(out), "--db", dst_url, "--json"])
     assert json.loads(again.stdout.strip().splitlines()[-1])["trials_added"] == 0
 
@@ -292,3 +301,29 @@ def test_cli_export_and_import(source, tmp_path):
     empty = runner.invoke(cli, ["export", str(tmp_path / "x"), "--operator", "nope", "--db",
                                 src_url])  # fmt: skip
     assert empty.exit_code == 1 and "nothing to export" in empty.output
+
+
+@pytest.mark.parametrize("fmt", ["t4", "kt"])
+def test_a_config_being_measured_is_not_exported(tmp_path, fmt):
+    """A running shared job's reservation rows (db.fleet) are not results: exporting that job
+    writes its measured trials only, and the file imports."""
+    factory = _db(tmp_path / "source.db")
+    measured = {"BLOCK_SIZE": 128, "VEC": 1, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 4}
+    reserved = {**measured, "BLOCK_SIZE": 256}
+    key = lambda c: ",".join(str(c[p]) for p in SPEC.params)  # noqa: E731
+    with factory() as session:
+        job = queries.create_job(session, operator="softmax", operator_version=SPEC.version,
+                                 shape=[4096, 4096], dtype="float16", gpu_model="H200",
+                                 budget_configs=10)  # fmt: skip
+        queries.claim_next_job(session, gpu_models=["H200"], worker_id="w1", lease_seconds=60)
+        result = {"status": "ok", "time_ms": 1.0, "times_ms": [1.0]}
+        queries.record_trial(session, job.id, number=0, config=measured,
+                             config_key=key(measured), result=result)  # fmt: skip
+        assert fleet.reserve_trial(session, job.id, config=reserved, config_key=key(reserved),
+                                   worker_id="w2") == "reserved"  # fmt: skip
+        paths = export(collect(session), tmp_path / "out", fmt)
+    target = _db(tmp_path / "target.db")
+    with target() as session:
+        report = import_paths(session, paths)
+        assert report.trials_added == 1
+        assert [t.config for t in session.scalars(select(Trial))] == [measured]
