@@ -52,6 +52,9 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 #: Most lookups per ``POST /v1/configs/batch`` (the service's limit).
 BATCH_LIMIT = 1000
 TERMINAL_JOB_STATUSES = ("done", "failed", "cancelled")
+#: After :meth:`KatoClient.invalidate`, seconds during which that group's lookups bypass the
+#: service's cache (its watcher checks every 0.5 s by default; 60 covers a slow database).
+FRESH_SECONDS = 60.0
 
 _now = time.time
 
@@ -181,6 +184,14 @@ class KatoClient:
         self._pending: set[RequestKey] = set()
         self._executor: ThreadPoolExecutor | None = None
         self._warned_offline = False
+        #: (operator, dtype, gpu) -> monotonic time until which lookups of that group ask the
+        #: service for the database's answer (``Cache-Control: no-cache``): set by
+        #: :meth:`invalidate`, because the service's own cache may still hold the old answer
+        #: for up to its check interval after a job stored a winner.
+        self._fresh_until: dict[tuple[str, str, str], float] = {}
+        #: Bumped by :meth:`invalidate`: a revalidation that started before it does not store
+        #: its (possibly old) answer.
+        self._epoch = 0
         #: HTTP requests sent so far (lookups, batches, jobs).
         self.http_requests = 0
 
@@ -338,6 +349,7 @@ class KatoClient:
         # means the revalidation is visible to the next hit.
         try:
             now = _now()
+            epoch = self._epoch
             try:
                 answer = self._get(slot.rkey)
             except KatoUnavailable as exc:
@@ -346,6 +358,8 @@ class KatoClient:
             except Exception as exc:  # a 4xx now (operator removed, ...): keep serving the old one
                 log.warning("kato client: revalidating %s failed: %s", slot.rkey, exc)
                 return
+            if epoch != self._epoch:
+                return  # invalidated meanwhile: the answer may predate the new winner
             self._store(slot.rkey, answer, now)
             old = slot.config
             slot.update(Lookup.from_answer(answer, now), now + self.ttl)
@@ -405,10 +419,12 @@ class KatoClient:
 
     def _get(self, rkey: RequestKey) -> dict[str, Any]:
         operator, shape, dtype, gpu, match = rkey
+        fresh = self._fresh_until.get((operator, dtype, gpu), 0.0) > time.monotonic()
         return self._request(
             "GET",
             f"/v1/configs/{operator}",
             params={"shape": "x".join(map(str, shape)), "dtype": dtype, "gpu": gpu, "match": match},
+            headers={"Cache-Control": "no-cache"} if fresh else None,
         )
 
     # --- prefetch -----------------------------------------------------------------------------
@@ -565,8 +581,15 @@ class KatoClient:
             time.sleep(poll_s)
 
     def invalidate(self, operator: str, dtype: Any, gpu: str | None = None) -> None:
-        """Forget every cached answer for ``operator``, ``dtype`` and ``gpu`` (memory and disk)."""
+        """Forget every cached answer for ``operator``, ``dtype`` and ``gpu`` (memory and disk).
+
+        For the next :data:`FRESH_SECONDS` the lookups of that group ask the service past its
+        own cache (which drops a replaced answer only on its next check), and a revalidation
+        already on its way is not stored.
+        """
         dtype_text, gpu_name = dtype_name(dtype), self._gpu_name(gpu)
+        self._epoch += 1
+        self._fresh_until[(operator, dtype_text, gpu_name)] = time.monotonic() + FRESH_SECONDS
         for rkey in [
             k for k in self._slots if (k[0], k[2], k[3]) == (operator, dtype_text, gpu_name)
         ]:

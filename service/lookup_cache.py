@@ -6,7 +6,8 @@ winner, so each API process keeps the encoded answers of recent lookups for ``tt
 
 - only successful (200) answers are cached; errors are recomputed every time;
 - the key is the request's path and query string as sent; :class:`LookupFastPath` answers a
-  cached one before routing (reads open only), the route answers and fills the rest;
+  cached one before routing (reads open only), the route answers and fills the rest; a request
+  with ``Cache-Control: no-cache`` is answered from the database (:func:`wants_fresh`);
 - the app polls a fingerprint of the best-config table every ``check_seconds``
   (``KATO_LOOKUP_CACHE_CHECK_SECONDS``, default 0.5 s) and drops every answer when it changed
   (:meth:`LookupCache.set_version`), so a new winner is served by every API process within
@@ -133,6 +134,17 @@ def raw_key(path: str, query_string: bytes) -> tuple[str, str, bytes]:
     return ("GET", path, query_string)
 
 
+def wants_fresh(headers: Any) -> bool:
+    """Whether a request's raw ASGI headers carry ``Cache-Control: no-cache`` (or
+    ``no-store``): the client asks for the database's answer, not a cached one (the Python
+    client does after a job it waited for stored a winner, before the cache watcher has seen
+    it). The fresh answer is still cached for the next request."""
+    for name, value in headers:
+        if name.lower() == b"cache-control" and (b"no-cache" in value or b"no-store" in value):
+            return True
+    return False
+
+
 class LookupFastPath:
     """ASGI middleware: a ``GET /v1/configs/...`` whose answer is cached is answered here,
     before routing, parameter parsing and dependencies; everything else passes through.
@@ -151,6 +163,7 @@ class LookupFastPath:
             scope["type"] == "http"
             and scope["method"] == "GET"
             and scope["path"].startswith(self.PREFIX)
+            and not wants_fresh(scope.get("headers", ()))
         ):
             body = self.cache.get(raw_key(scope["path"], scope.get("query_string", b"")))
             if body is not None:

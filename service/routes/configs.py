@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 from db import queries
 from kernels import InvalidInput, OperatorSpec
-from service.lookup_cache import raw_key
+from service.lookup_cache import raw_key, wants_fresh
 from service.schemas import (
     ConfigPublic,
     Shape,
@@ -103,7 +103,7 @@ async def get_config(
     spec = operator_or_404(operator)
     cache = request.app.state.lookup_cache
     key = raw_key(request.url.path, request.scope.get("query_string", b""))
-    body = cache.get(key)
+    body = None if wants_fresh(request.scope.get("headers", ())) else cache.get(key)
     if body is None:
         problem = resolve_problem(spec, parse_shape_text(shape), dtype, gpu)
         generation = cache.generation  # read before the database: see LookupCache.put

@@ -6,12 +6,14 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import warnings
 
 import httpx
 import pytest
 from client_seed import SEEDED
+from conftest import seed_best
 
 from kato_client import (
     GpuNotDetected,
@@ -311,3 +313,54 @@ def test_threads_share_one_client(live_server, tmp_path):
         assert kato.wait_idle(10)
     # Stale entries were revalidated in the background, one request per key at a time at most.
     assert live_server.requests["GET /v1/configs/softmax"] >= len(keys)
+
+
+def test_after_invalidate_the_next_lookup_skips_the_services_cache(live_server, tmp_path):
+    """A job's winner is in the database before the job reads ``done``, but the service's own
+    answer cache drops the old answer only on its watcher's next check: the lookups that
+    follow ``wait()`` (which calls ``invalidate``) must not be answered from it, or the client
+    would keep the old config for its whole ``ttl``."""
+    faster = {"BLOCK_SIZE": 256, "VEC": 8, "STRATEGY": 1, "CACHE": 2, "MIN_BLOCKS": 0}
+    with client_for(live_server.url, tmp_path) as kato:
+        assert kato.config("softmax", (4096, 4096), "float16") == TUNED_4K
+        # Stored the way a worker stores it; this server's watcher never runs (no lifespan),
+        # so its cache still holds the old answer.
+        seed_best(live_server.app, [((4096, 4096), "float16", faster, 0.015)])
+        kato.invalidate("softmax", "float16")
+        assert kato.config("softmax", (4096, 4096), "float16") == faster
+    with client_for(live_server.url, tmp_path) as kato:  # the disk cache has it too
+        assert kato.config("softmax", (4096, 4096), "float16") == faster
+        assert kato.http_requests == 0
+
+
+def test_a_revalidation_overtaken_by_invalidate_is_not_stored(tmp_path):
+    """A background revalidation that asked before ``invalidate`` may carry the old answer:
+    it must not be written back to the caches after them."""
+    old, new = dict(TUNED_4K), {**TUNED_4K, "BLOCK_SIZE": 1024}
+    asked, release = threading.Event(), threading.Event()
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        if len(calls) == 2:  # the revalidation: held until invalidate() has run
+            asked.set()
+            release.wait(10)
+        config = new if len(calls) == 3 else old
+        return httpx.Response(
+            200,
+            json={"operator": "softmax", "shape": [4096, 4096], "dtype": "float16",
+                  "gpu": "H200", "config": config, "source": "exact",
+                  "tuned_shape": [4096, 4096], "time_ms": 0.02},
+        )  # fmt: skip
+
+    http = httpx.Client(base_url="http://kato", transport=httpx.MockTransport(handler))
+    with client_for("http://kato", tmp_path, ttl=0.0, http=http) as kato:
+        assert kato.config("softmax", (4096, 4096), "float16") == old
+        kato.config("softmax", (4096, 4096), "float16")  # stale: queues the revalidation
+        assert asked.wait(10)
+        kato.invalidate("softmax", "float16")
+        release.set()
+        assert kato.wait_idle(10)
+        assert kato.config("softmax", (4096, 4096), "float16") == new
+        assert len(calls) == 3
+        assert calls[2].headers.get("Cache-Control") == "no-cache"
