@@ -62,10 +62,13 @@ class LiveServer:
         self.thread.join(10)
         assert not self.thread.is_alive(), "uvicorn did not stop"
 
-    def set_best(self, shape, dtype, config, time_ms) -> None:
+    def set_best(self, shape, dtype, config, time_ms, drop_cache: bool = True) -> None:
+        """Store a winner; ``drop_cache=False`` leaves the service's answer cache as it is, as
+        between a worker's write and the API's watcher noticing it (this server has no
+        lifespan, so its watcher never runs)."""
         seed_best(self.app, [(shape, dtype, config, time_ms)])
         cache = getattr(self.app.state, "lookup_cache", None)
-        if cache is not None:  # the service's own short-lived answer cache
+        if cache is not None and drop_cache:  # the service's own short-lived answer cache
             cache.clear()
 
 

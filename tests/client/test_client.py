@@ -13,7 +13,6 @@ import warnings
 import httpx
 import pytest
 from client_seed import SEEDED
-from conftest import seed_best
 
 from kato_client import (
     GpuNotDetected,
@@ -323,9 +322,8 @@ def test_after_invalidate_the_next_lookup_skips_the_services_cache(live_server, 
     faster = {"BLOCK_SIZE": 256, "VEC": 8, "STRATEGY": 1, "CACHE": 2, "MIN_BLOCKS": 0}
     with client_for(live_server.url, tmp_path) as kato:
         assert kato.config("softmax", (4096, 4096), "float16") == TUNED_4K
-        # Stored the way a worker stores it; this server's watcher never runs (no lifespan),
-        # so its cache still holds the old answer.
-        seed_best(live_server.app, [((4096, 4096), "float16", faster, 0.015)])
+        # The service's cache still holds the old answer (its watcher has not run).
+        live_server.set_best((4096, 4096), "float16", faster, 0.015, drop_cache=False)
         kato.invalidate("softmax", "float16")
         assert kato.config("softmax", (4096, 4096), "float16") == faster
     with client_for(live_server.url, tmp_path) as kato:  # the disk cache has it too
