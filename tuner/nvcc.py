@@ -380,6 +380,7 @@ def compile_kernel(
         exe = shutil.which(nvcc)
         if exe is None:
             raise NvccNotFoundError(f"cannot run {nvcc!r}: not found")
+        exe = os.path.abspath(exe)  # which() keeps a relative path; nvcc runs in ``tmp``
         cmd = [exe, "-cubin", f"-arch={arch}", *BASE_OPTIONS, *options, "-o", str(out), str(src)]
         cmd = [*_nice_prefix(), *cmd]
         start = time.perf_counter()

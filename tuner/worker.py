@@ -301,12 +301,17 @@ class JobRunner:
             outcome = self._search(job, backend, state, helper)
         except Exception as exc:  # a broken backend or kernel fails the job, not the worker
             log.exception("job %s failed", job_id)
+            error = f"{type(exc).__name__}: {exc}"
+            self._release_mine(job_id, state)
             if helper:
-                return JobOutcome(job_id, "failed", 0, None, f"{type(exc).__name__}: {exc}")
+                return JobOutcome(job_id, "failed", 0, None, error)
             with self.sessions() as session:
-                queries.finish_job(
-                    session, job_id, status="failed", error=f"{type(exc).__name__}: {exc}"
-                )
+                current = queries.get_job(session, job_id)
+                if current is not None and not self._still_owned(current):
+                    # The lease went to another worker (say, a write failed in a network
+                    # partition longer than the lease): the job is that worker's now.
+                    return JobOutcome(job_id, "lost", 0, None, error)
+                queries.finish_job(session, job_id, status="failed", error=error)
             outcome = JobOutcome(job_id, "failed", 0, None, str(exc))
         finally:
             state.stop.set()
@@ -315,6 +320,22 @@ class JobRunner:
             if backend is not None:
                 backend.close()
         return outcome
+
+    def _still_owned(self, job: Job) -> bool:
+        """False when ``job`` runs under another worker's lease (this one lost it)."""
+        return not (job.status == "running" and job.worker_id not in (None, self.worker_id))
+
+    def _release_mine(self, job_id: str, state: _JobState) -> None:
+        """Best effort, on a failed run: give back the configs this worker reserved and will
+        not measure now. Left reserved, they would hold the owner's end of the job (it waits
+        for them) while this worker, alive, keeps them from looking stale."""
+        for key in list(state.mine):
+            try:
+                with self.sessions() as session:
+                    fleet.release_trial(session, job_id, config_key=key, worker_id=self.worker_id)
+                state.mine.discard(key)
+            except Exception:
+                log.exception("job %s: releasing the reservation of %s failed", job_id, key)
 
     # --- heartbeat ------------------------------------------------------------------------
 
@@ -371,8 +392,10 @@ class JobRunner:
             else:
                 search.results[row.config_key] = trial_result_from_row(row)
                 state.final.add(row.config_key)
-        for key in state.pending - seen_pending - state.final:
-            search.results.pop(key, None)  # released (its worker died): measurable again
+        # Released (its worker died): measurable again. Not a key this worker reserved since
+        # (``mine``): its result may be in the search while its row waits on the write-behind.
+        for key in state.pending - seen_pending - state.final - state.mine:
+            search.results.pop(key, None)
         state.pending = seen_pending
 
     def _await_result(self, job_id: str, key: str, state: _JobState) -> TrialResult | None:
@@ -544,7 +567,11 @@ class JobRunner:
             current = queries.get_job(session, job.id)
             if current is None:
                 return JobOutcome(job.id, "missing", 0, None, "job deleted")
-            if current.cancel_requested or current.status != "running":
+            if (
+                current.cancel_requested
+                or current.status != "running"
+                or not self._still_owned(current)
+            ):
                 status = "cancelled" if current.cancel_requested else "lost"
                 if status == "cancelled":
                     queries.finish_job(session, job.id, status="cancelled")

@@ -136,6 +136,24 @@ def test_nvcc_gone_after_its_version_was_read_is_still_reported_as_missing(
         compile_kernel(TINY, "scale", cache_dir=tmp_path, nvcc=str(fake), use_cache=False)
 
 
+def test_a_relative_nvcc_path_runs_from_the_compile_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # nvcc runs in a temporary directory: a path relative to the caller's must be made absolute
+    # there, or every config would be a compile error (nice's exit 127).
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "nvcc"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "--version" ]; then echo "fake nvcc, release 13.0"; exit 0; fi\n'
+        "echo 'error: stand-in ran' >&2; exit 2\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CompileError, match="stand-in ran"):
+        compile_kernel(TINY, "scale", cache_dir=tmp_path, nvcc="bin/nvcc", use_cache=False)
+
+
 def test_bad_arch_is_a_compile_error(tmp_path: Path) -> None:
     with pytest.raises(CompileError, match="arch must look like"):
         compile_kernel(TINY, "scale", arch="compute_90", cache_dir=tmp_path)

@@ -3,17 +3,19 @@ life, resume after an interruption without re-measuring, cancel, failures, versi
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 from paths import RECORDED
 
-from db import queries
+from db import fleet, queries
 from db.session import init_db, session_factory
 from kernels import get_operator
 from tuner.backends.base import TrialResult, TrialStatus
 from tuner.backends.replay import ReplayBackend
-from tuner.worker import JobRunner, Worker
+from tuner.worker import JobRunner, Worker, _JobState
 
 RECORDING = RECORDED / "softmax_H200_4096x4096_float16.json.gz"
 SHAPE, DTYPE = [4096, 4096], "float16"
@@ -294,3 +296,88 @@ def test_a_job_asks_ahead_while_configs_compile_and_measures_its_budget_once_eac
         assert job.status == "done" and job.trials_done == 30
         assert len({t.config_key for t in trials}) == 30
         assert all(t.status != "reserved" for t in trials)
+
+
+def test_a_helper_whose_write_fails_gives_back_its_reservations(db, monkeypatch):
+    """A helper failing mid-job (here: a trial row write raises) must release the configs it
+    reserved: it stays alive (its reservations never look stale), so the owner would wait its
+    whole grace period for them and end the job short of its budget."""
+    url, sessions = db
+    job_id = submit(sessions, budget=40)
+    with sessions() as s:
+        claimed = queries.claim_next_job(s, gpu_models=["H200"], worker_id="A", lease_seconds=600)
+        assert claimed.id == job_id
+    owner = Worker(sessions, url, ["H200"], lambda j: ReplayBackend(RECORDING), worker_id="A")
+    owner.heartbeat("busy", job_id)  # a live owner, so B may join its job
+    complete, calls = fleet.complete_trial, []
+
+    def flaky(session, job_id, **kw):
+        calls.append(kw["config_key"])
+        if len(calls) == 3:
+            raise RuntimeError("database hiccup")
+        return complete(session, job_id, **kw)
+
+    monkeypatch.setattr(fleet, "complete_trial", flaky)
+    helper = Worker(sessions, url, ["H200"], lambda j: ReplayBackend(RECORDING), worker_id="B",
+                    max_workers_per_job=2, min_configs_per_worker=1,
+                    lease_seconds=5)  # fmt: skip
+    outcome = helper.run_once()
+    assert (outcome.status, outcome.error) == ("failed", "RuntimeError: database hiccup")
+    with sessions() as s:
+        assert fleet.reservations(s, job_id) == []
+        trials = queries.job_trials(s, job_id)  # the measured configs whose rows were stored
+        assert len(trials) >= 2 and all(t.status != fleet.RESERVED for t in trials)
+        assert queries.get_job(s, job_id).trials_done == len(trials)  # the budget given back
+
+
+def test_sync_keeps_a_result_of_this_worker_whose_row_is_still_being_written(monkeypatch):
+    """Another worker reserved K, died and K was released; this worker then reserved and
+    measured K, and its row waits on the write-behind. The next sync must not take K's result
+    out of the search (it was 'released' from another worker's reservation): the budget
+    would be undercounted and K proposed again."""
+
+    class Row:
+        def __init__(self, key, status, by=None):
+            self.config_key, self.status, self.config, self.by = key, status, {"x": 1}, by
+
+    rows: list[Row] = []
+
+    def trials_since(session, job_id, known):
+        return [r for r in rows if r.config_key not in known]
+
+    monkeypatch.setattr(fleet, "trials_since", trials_since)
+    monkeypatch.setattr(fleet, "reserved_by", lambda row: row.by)
+    runner = SimpleNamespace(sessions=lambda: contextlib.nullcontext(None), worker_id="me")
+    search = SimpleNamespace(results={})
+    state = _JobState()
+    rows[:] = [Row("K", fleet.RESERVED, "w2")]  # another worker measures K
+    JobRunner._sync(runner, "job", search, state)
+    assert search.results["K"].status == TrialStatus.PENDING and state.pending == {"K"}
+    rows[:] = [Row("K", fleet.RESERVED, "me")]  # released, then reserved and measured here
+    state.mine.add("K")
+    search.results["K"] = TrialResult(config={"x": 1}, status=TrialStatus.OK, times_ms=[1.0])
+    JobRunner._sync(runner, "job", search, state)
+    assert search.results["K"].status == TrialStatus.OK
+
+
+def test_an_owner_that_lost_its_lease_does_not_fail_the_new_owners_job(db):
+    """A run that fails after its lease went to another worker leaves the job to that
+    worker, instead of marking the other worker's running job failed."""
+    url, sessions = db
+    job_id = submit(sessions, budget=30)
+    with sessions() as s:
+        queries.claim_next_job(s, gpu_models=["H200"], worker_id="w1", lease_seconds=600)
+
+    def taken_over():
+        with sessions() as s:
+            job = queries.get_job(s, job_id)
+            job.worker_id = "w2"  # the lease expired and w2 claimed the job
+            s.commit()
+        raise RuntimeError("database hiccup")
+
+    backend = CountingReplay(stop_after=5, on_stop=taken_over)
+    runner = JobRunner(sessions, url, lambda job: backend, worker_id="w1", lease_seconds=600)
+    assert runner.run(job_id).status == "lost"
+    with sessions() as s:
+        job = queries.get_job(s, job_id)
+        assert (job.status, job.worker_id, job.error) == ("running", "w2", None)
