@@ -440,3 +440,23 @@ def test_lookup_nearest_within_max_distance_only(session: Session) -> None:
     assert source == "nearest" and row is not None and row.id == far.id
     exact, source = lookup(session, [1024, 1024], max_distance=0)
     assert source == "exact" and exact is not None and exact.time_ms == 1.0
+
+
+def test_lookup_checks_configs_nearest_first_and_stops_at_the_first_accepted(
+    session: Session,
+) -> None:
+    """``accept`` (a spec check, the costly part of a lookup) runs on candidates in order of
+    distance until one passes, not on every stored shape of the operator."""
+    for rows in range(1, 41):
+        upsert(session, [rows * 1000, 1024], 1.0, config={"rows": rows * 1000})
+    checked: list[int] = []
+
+    def accept(config: dict[str, Any]) -> bool:
+        checked.append(config["rows"])
+        return config["rows"] != 4000  # the nearest is rejected: the next nearest serves
+
+    row, source = queries.lookup_best_config(
+        session, **KEY, shape=[4000, 1024], accept=accept, max_distance=4
+    )
+    assert source == "nearest" and row is not None and row.shape == [5000, 1024]
+    assert checked == [4000, 5000]
