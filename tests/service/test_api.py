@@ -8,11 +8,13 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from db import queries, tokens
 from kernels import get_operator
 from service.app import create_app
+from service.deps import get_session
 from service.settings import Settings
 from tuner.backends.base import TrialResult, TrialStatus
 
@@ -452,3 +454,20 @@ def test_settings_from_environment(tmp_path: Any, monkeypatch: pytest.MonkeyPatc
         Settings(lookahead=0)
     with pytest.raises(ValueError, match="exceeds max_budget_configs"):
         Settings(default_budget_configs=10, max_budget_configs=5)
+
+
+def test_healthz_with_the_database_down_names_no_host_or_user(app: FastAPI) -> None:
+    """An anonymous caller learns that the database is unreachable, not where it is or who
+    connects to it (the driver's message says both)."""
+
+    class DownSession:
+        def execute(self, *args: Any, **kwargs: Any) -> None:
+            cause = ConnectionError('connection to "db.internal:5432" as "secret_user" failed')
+            raise OperationalError("SELECT 1", {}, cause)
+
+    app.dependency_overrides[get_session] = lambda: DownSession()
+    with TestClient(app, raise_server_exceptions=False) as anonymous_client:
+        response = anonymous_client.get("/healthz")
+    assert response.status_code == 503
+    assert response.json() == {"status": "error", "db": "unreachable (ConnectionError)"}
+    assert "secret_user" not in response.text and "db.internal" not in response.text
