@@ -6,10 +6,11 @@ import json
 import logging
 import threading
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -27,6 +28,41 @@ DbOption = Annotated[
 ]
 
 
+def _fail(message: str, code: int = 1) -> NoReturn:
+    """End the command on a user's mistake: ``message`` (what is wrong, what to fix) on stderr
+    in red, on one line, and exit status ``code`` (1; 2 for a bad argument), no traceback."""
+    console.print(f"[red]{escape(message)}[/red]", soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _reason(exc: BaseException) -> str:
+    """``exc`` as one line: a database error as its driver's message, without SQLAlchemy's
+    "Background on this error" link; a missing key named as such."""
+    if isinstance(exc, KeyError):
+        return f"missing {exc}"
+    text = str(getattr(exc, "orig", None) or exc)
+    lines = [line for line in text.splitlines() if not line.startswith("(Background on")]
+    return " ".join(" ".join(lines).split()) or type(exc).__name__
+
+
+def _shown_url(url: str) -> str:
+    """A database URL fit to print (its password masked)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return url
+
+
+def _db_fail(url: str, reason: str) -> NoReturn:
+    _fail(
+        f"cannot open the database {_shown_url(url)}: {reason}; check --db or KATO_DB_URL "
+        "(a file path, sqlite:///path/to/kato.db or postgresql+psycopg://user@host/dbname)"
+    )
+
+
 def _parse_shape(text: str) -> list[int]:
     try:
         return [int(p) for p in text.replace("x", ",").replace("X", ",").split(",") if p.strip()]
@@ -35,9 +71,28 @@ def _parse_shape(text: str) -> list[int]:
 
 
 def _settings(db: str | None):
+    """The settings, from --db and ``KATO_*``; a value that cannot be used ends the command."""
+    import os
+
+    from pydantic import ValidationError
+    from sqlalchemy.exc import SQLAlchemyError
+
     from service.settings import Settings
 
-    return Settings(db_url=db) if db else Settings()
+    url = db or os.environ.get("KATO_DB_URL", "")
+    try:
+        return Settings(db_url=db) if db else Settings()
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = ".".join(str(part) for part in error["loc"])
+            message = error["msg"].removeprefix("Value error, ")
+            if field == "db_url":
+                _db_fail(url, message)
+            problems.append(f"KATO_{field.upper()}: {message}" if field else message)
+        _fail(f"invalid settings: {'; '.join(problems)}")
+    except (OSError, SQLAlchemyError) as exc:  # an unparsable URL; a SQLite folder not made
+        _db_fail(url, _reason(exc))
 
 
 def _gpu_model(device: int) -> str:
@@ -47,15 +102,76 @@ def _gpu_model(device: int) -> str:
     try:
         return describe_device(device).model
     except Exception as exc:  # no PyCUDA, no driver, no such device
-        console.print(f"[red]no usable CUDA device {device}: {exc}[/red]")
-        raise typer.Exit(2) from None
+        _fail(f"no usable CUDA device {device}: {exc}", 2)
+
+
+def _engine(db_url: str):
+    """Open and migrate the database, before a command does anything with it; a URL that
+    cannot be opened (unknown kind, no driver, no such database, not a database file, server
+    down) ends the command with what went wrong."""
+    from alembic.util import CommandError
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from db.session import init_db, make_engine
+
+    try:
+        engine = make_engine(db_url)
+    except SQLAlchemyError as exc:  # NoSuchModuleError, ArgumentError: not a URL SQLAlchemy knows
+        _db_fail(db_url, _reason(exc))
+    except ImportError as exc:  # the dialect's driver is not installed
+        _db_fail(db_url, f"its driver is not installed ({exc})")
+    try:
+        return init_db(engine)
+    except (SQLAlchemyError, OSError, CommandError) as exc:
+        _db_fail(db_url, _reason(exc))
 
 
 def _sessions(db_url: str):
-    from db.session import init_db, session_factory
+    from db.session import session_factory
 
-    engine = init_db(db_url)
+    engine = _engine(db_url)
     return engine, session_factory(engine)
+
+
+#: What reading a malformed recording raises (unreadable, not gzip, not JSON, wrong shape).
+_BAD_RECORDING = (OSError, ValueError, TypeError, KeyError)
+
+
+def _check_recording(path: Path, what: str, code: int = 2):
+    """``path`` loaded as a Kernel Tuner cache (or T4 results) file, or the command ends
+    saying it is not one."""
+    from tuner.kt_cache import load_cache
+
+    try:
+        return load_cache(path)
+    except _BAD_RECORDING as exc:
+        reason = _reason(exc).removeprefix(f"{path}: ")
+        if not reason.startswith("not a Kernel Tuner cache"):
+            reason = f"not a Kernel Tuner cache file ({reason})"
+        _fail(
+            f"{what} {path}: {reason}; give a Kernel Tuner cache or T4 results file "
+            "(.json or .json.gz), e.g. from `kato export --format kt`",
+            code,
+        )
+
+
+def _replay_models(path: Path) -> list[str]:
+    """GPU models of the recordings at ``path`` (a file or a directory), each file checked
+    before a worker starts on them."""
+    from kernels.spec import InvalidInput
+    from tuner.gpus import normalize_gpu_name
+
+    files = [path] if path.is_file() else sorted(path.glob("*.json*"))
+    if not files:
+        _fail(f"--replay {path}: no recordings (*.json, *.json.gz) in this directory", 2)
+    models = set()
+    for file in files:
+        cache = _check_recording(file, "--replay")
+        try:
+            models.add(normalize_gpu_name(cache.device_name))
+        except InvalidInput as exc:
+            _fail(f"--replay {file}: {exc}; pass --gpu MODEL", 2)
+    return sorted(models)
 
 
 def _start_gpu_workers(db_url: str, sessions, lease_seconds: float) -> list[threading.Thread]:
@@ -121,7 +237,7 @@ def _token_hint(settings, sessions) -> None:
 @app.command()
 def serve(
     host: Annotated[str | None, typer.Option(help="bind address")] = None,
-    port: Annotated[int | None, typer.Option(help="port")] = None,
+    port: Annotated[int | None, typer.Option(min=1, max=65535, help="port")] = None,
     db: DbOption = None,
     workers: Annotated[bool, typer.Option(help="run a tuning worker per visible GPU")] = True,
     api_workers: Annotated[
@@ -136,7 +252,7 @@ def serve(
     from service.app import create_app
 
     settings = _settings(db)
-    api = create_app(settings)
+    api = create_app(settings, engine=_engine(settings.db_url))
     _token_hint(settings, api.state.session_factory)
     if workers:
         _start_gpu_workers(settings.db_url, api.state.session_factory, settings.lease_seconds)
@@ -201,12 +317,7 @@ def worker(
     """
     import signal
 
-    from tuner.worker import (
-        Worker,
-        pycuda_backend_factory,
-        replay_backend_factory,
-        replay_gpu_models,
-    )
+    from tuner.worker import Worker, pycuda_backend_factory, replay_backend_factory
 
     settings = _settings(db)
     timeout = trial_timeout or settings.trial_timeout_seconds
@@ -214,7 +325,8 @@ def worker(
     if backend == "replay":
         if replay is None:
             raise typer.BadParameter("--backend replay needs --replay FILE_OR_DIR")
-        models = list(gpu or replay_gpu_models(replay))
+        recorded = _replay_models(replay)  # every file checked, --gpu or not
+        models = list(gpu or recorded)
         factory = replay_backend_factory(
             replay, isolate=bool(isolate), trial_timeout_s=timeout, delay_s=replay_delay
         )
@@ -264,7 +376,7 @@ def tune(
     operator: Annotated[str, typer.Argument(help="operator name, e.g. softmax")],
     shape: Annotated[str, typer.Option(help="e.g. 4096x4096")],
     dtype: Annotated[str, typer.Option(help="float32, float16 or bfloat16")] = "float32",
-    budget: Annotated[int, typer.Option(help="distinct configs to measure")] = 100,
+    budget: Annotated[int, typer.Option(min=1, help="distinct configs to measure")] = 100,
     budget_seconds: Annotated[float | None, typer.Option(help="wall-clock limit")] = None,
     strategy: Annotated[
         str, typer.Option(help="forest (default), tpe, hybrid, random or grid")
@@ -278,6 +390,7 @@ def tune(
     from db import queries
     from kernels import get_operator
     from kernels.spec import InvalidInput
+    from tuner.search import STRATEGIES
     from tuner.worker import JobRunner, default_worker_id, pycuda_backend_factory
 
     settings = _settings(db)
@@ -287,6 +400,10 @@ def tune(
         dims = spec.validate(_parse_shape(shape), dtype)
     except InvalidInput as exc:
         raise typer.BadParameter(str(exc)) from None
+    if strategy not in STRATEGIES:
+        raise typer.BadParameter(f"strategy must be one of {', '.join(STRATEGIES)}")
+    if budget_seconds is not None and not budget_seconds > 0:
+        raise typer.BadParameter("--budget-seconds must be more than 0")
     model = _gpu_model(device)
     worker_id = default_worker_id()
     with sessions() as session:
@@ -307,8 +424,7 @@ def tune(
         )
         job_id = job.id
     if claimed is None or claimed.id != job_id:
-        console.print("[red]could not claim the job (another worker took it)[/red]")
-        raise typer.Exit(1)
+        _fail("could not claim the job (another worker took it)")
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -364,28 +480,50 @@ def lookup(
     if url:
         import httpx
 
-        r = httpx.get(
-            f"{url.rstrip('/')}/v1/configs/{operator}",
-            params={"shape": shape, "dtype": dtype, "gpu": gpu},
-            timeout=30,
-        )
-        if r.status_code != 200:
-            console.print(f"[red]{r.status_code}: {r.json().get('detail', r.text)}[/red]")
-            raise typer.Exit(1)
-        _emit(r.json(), True)
+        try:
+            r = httpx.get(
+                f"{url.rstrip('/')}/v1/configs/{operator}",
+                params={"shape": shape, "dtype": dtype, "gpu": gpu},
+                timeout=30,
+            )
+        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+            _fail(f"--url {url}: not a service URL ({_reason(exc)}); e.g. http://127.0.0.1:8000")
+        except httpx.HTTPError as exc:  # refused, unresolvable, timed out
+            _fail(
+                f"cannot reach the Kato service at {url}: {_reason(exc)}; is `kato serve` "
+                "running there? Check --url (e.g. http://127.0.0.1:8000)"
+            )
+        _emit(_answer(r, url), True)
         return
     from fastapi.testclient import TestClient
 
     from service.app import create_app
 
-    with TestClient(create_app(_settings(db))) as client:
+    settings = _settings(db)
+    with TestClient(create_app(settings, engine=_engine(settings.db_url))) as client:
         r = client.get(
             f"/v1/configs/{operator}", params={"shape": shape, "dtype": dtype, "gpu": gpu}
         )
     if r.status_code != 200:
-        console.print(f"[red]{r.status_code}: {r.json().get('detail', r.text)}[/red]")
-        raise typer.Exit(1)
+        _fail(f"{r.status_code}: {r.json().get('detail', r.text)}")
     _emit(r.json(), True)
+
+
+def _answer(r, url: str) -> dict[str, Any]:
+    """The JSON object of the service at ``url``'s 200 answer; else the command ends with the
+    service's detail, or (an answer that is not the service's JSON) a word on the URL."""
+    try:
+        data = r.json()
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        _fail(
+            f"{url} did not answer as a Kato service (HTTP {r.status_code}, "
+            f"{r.headers.get('content-type', 'no content type')}): check --url"
+        )
+    if r.status_code != 200:
+        _fail(f"{r.status_code}: {data.get('detail', r.text)}")
+    return data
 
 
 @app.command()
@@ -422,6 +560,9 @@ def replay(
     strategy = strategy or DEFAULT_STRATEGY
     if strategy not in STRATEGIES:
         raise typer.BadParameter(f"strategy must be one of {', '.join(STRATEGIES)}")
+    _check_recording(cachefile, "cachefile")
+    if warm_start is not None:
+        _check_recording(warm_start, "--warm-start")
     try:
         report = replay_search(
             cachefile,
@@ -432,8 +573,7 @@ def replay(
             warm_start=warm_start,
         )
     except ValueError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from None
+        _fail(str(exc), 2)
     data = report.to_dict()
     data["file"] = str(cachefile)
     if not as_json:
@@ -484,8 +624,7 @@ def token_revoke(
     with sessions() as session:
         token = tokens.revoke_token(session, token_id.strip())
         if token is None:
-            console.print(f"[red]no token with id {token_id!r}[/red]")
-            raise typer.Exit(1)
+            _fail(f"no token with id {token_id!r}")
         console.print(f"token {token.id} ({token.name!r}) revoked")
 
 
@@ -547,8 +686,15 @@ def export_results(
             bundles = collect(session, job_ids=job, operator=operator, gpu=gpu, dtype=dtype)
             paths = export(bundles, out, fmt)
     except ExportError as exc:
-        console.print(f"[red]export: {exc}[/red]", soft_wrap=True)
-        raise typer.Exit(1) from None
+        _fail(f"export: {exc}")
+    except (FileExistsError, NotADirectoryError):  # a file where a folder must be
+        blocker = next((p for p in (out, *out.parents) if p.exists()), out)
+        _fail(
+            f"export: cannot write {out}: {blocker} is a file, not a directory; pass a "
+            "directory, or a file name ending in .json for one problem"
+        )
+    except OSError as exc:  # permissions, a full disk
+        _fail(f"export: cannot write {exc.filename or out}: {exc.strerror or exc}")
     for bundle, path in zip(bundles, paths, strict=True):
         console.print(
             f"{path}: {bundle.operator} {'x'.join(map(str, bundle.shape))} {bundle.dtype} "
@@ -577,8 +723,7 @@ def import_results(
         with sessions() as session:
             report = import_paths(session, paths, overrides)
     except InvalidImport as exc:
-        console.print(f"[red]import: {exc}[/red]", soft_wrap=True)
-        raise typer.Exit(1) from None
+        _fail(f"import: {exc}")
     for warning in report.warnings:
         console.print(f"[yellow]{warning}[/yellow]", soft_wrap=True)
     _emit(report.to_dict(), as_json)
