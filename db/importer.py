@@ -10,9 +10,19 @@ Contract:
 - **Kato's own exports** carry everything in their Kato block (:mod:`db.export`).
 - **Foreign files** (Kernel Tuner's caches and T4 output, or Kato's older caches with only
   ``kato_operator``/``dtype`` fields) need what they lack from ``overrides`` (``operator``,
-  ``shape``, ``dtype``, ``gpu``): their trials become one ``done`` job whose id is derived from
-  the content (so a second import finds it), and the fastest measurement becomes a best config.
-- **Errors**: :class:`InvalidImport` names the file and what is wrong; nothing is written.
+  ``shape``, ``dtype``, ``gpu``; for these files an override also replaces what their own
+  fields say, e.g. ``operator_version``): their trials become one ``done`` job whose id is
+  derived from the content (so a second import finds it), and the fastest measurement becomes
+  a best config.
+- **Overrides and Kato metadata**: in a file with a Kato block an override only fills a field
+  the block lacks; one that disagrees with the block is an :class:`InvalidImport`.
+- **Validation**: every field that is stored is checked for its type and range first: integers
+  are ints (not bools) that fit a 32-bit column, floats are finite, strings fit their column,
+  dates parse and lie between 2000 and tomorrow, job ids are 32 lowercase hex digits (as Kato
+  makes them), so an imported file cannot make the API fail later.
+- **Errors**: :class:`InvalidImport` names the file and what is wrong; nothing is written. Any
+  other exception raised while reading a file becomes one too (naming the file, the original
+  chained).
 """
 
 from __future__ import annotations
@@ -21,9 +31,10 @@ import gzip
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +42,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from db.export import RESOURCES, T4_INVALIDITY
-from db.models import BestConfig, Job, Trial, utcnow
+from db.models import JOB_STATUSES, BestConfig, Job, Trial, utcnow
 from db.queries import UNCOUNTED_TRIAL_STATUSES, shape_key
 
 TRIAL_STATUSES = tuple(T4_INVALIDITY)
@@ -47,6 +58,16 @@ _KT_MARKERS = {
     "ErrorConfig": "launch_error",
 }
 _JOB_STATUSES = ("done", "failed", "cancelled")
+#: Bounds of what is stored: the Integer columns are 32-bit on PostgreSQL.
+MAX_INT32 = 2**31 - 1
+MAX_RANK = 8
+#: Kato's job ids (db.models.new_job_id: uuid4 hex; imported foreign jobs: a sha256 prefix).
+_JOB_ID = re.compile(r"[0-9a-f]{32}")
+_EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+#: String columns' lengths (db.models).
+_PROBLEM_LENGTHS = {"operator": 64, "operator_version": 64, "dtype": 32, "gpu_model": 64}
+_PROBLEM_FIELDS = ("operator", "operator_version", "shape", "dtype", "gpu_model")
+_MAX_CONFIG_KEY = 1024
 
 
 class InvalidImport(ValueError):
@@ -118,68 +139,207 @@ def _load_json(path: Path) -> Any:
         raise _fail(path, f"not JSON: {exc}") from None
 
 
+def _show(value: Any) -> str:
+    """``repr(value)``, cut to a length a message can hold."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
 def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
-def _time(path: Path, where: str, value: Any) -> float:
-    if not _number(value) or value <= 0:
-        raise _fail(path, f"{where}: time must be a positive number, got {value!r}")
-    return float(value)
+def _int(path: Path, where: str, value: Any, low: int = 0, high: int = MAX_INT32) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _fail(path, f"{where} must be an integer from {low} to {high}, got {_show(value)}")
+    return value
 
 
-def _parse_datetime(value: Any) -> datetime | None:
-    if not isinstance(value, str):
+def _float(
+    path: Path,
+    where: str,
+    value: Any,
+    *,
+    scale: float = 1.0,
+    positive: bool = False,
+    high: float = math.inf,
+) -> float:
+    """A finite number >= 0 (> 0 with ``positive``, <= ``high``), times ``scale``."""
+    low_ok = _number(value) and (value > 0 if positive else value >= 0) and value <= high
+    scaled = float(value) * scale if low_ok else math.nan
+    if not math.isfinite(scaled):
+        kind = "positive" if positive else "non-negative"
+        bound = f" (at most {high})" if high != math.inf else ""
+        raise _fail(path, f"{where} must be a finite {kind} number{bound}, got {_show(value)}")
+    return scaled
+
+
+def _optional_float(path: Path, where: str, value: Any, **kwargs: Any) -> float | None:
+    return None if value is None else _float(path, where, value, **kwargs)
+
+
+def _time(path: Path, where: str, value: Any, scale: float = 1.0) -> float:
+    if not _number(value) or value <= 0 or not math.isfinite(float(value) * scale):
+        raise _fail(path, f"{where}: time must be a positive number, got {_show(value)}")
+    return float(value) * scale
+
+
+def _string(path: Path, where: str, value: Any, max_length: int | None = None) -> str | None:
+    """``None``, or a string of at most ``max_length`` characters."""
+    if value is None:
         return None
+    if not isinstance(value, str):
+        raise _fail(path, f"{where} must be a string, got {_show(value)}")
+    if max_length is not None and len(value) > max_length:
+        raise _fail(path, f"{where} is longer than {max_length} characters: {_show(value)}")
+    return value
+
+
+def _job_id(path: Path, where: str, value: Any) -> str:
+    if not isinstance(value, str) or not _JOB_ID.fullmatch(value):
+        raise _fail(path, f"{where} must be a Kato job id (32 lowercase hex digits), got "
+                    f"{_show(value)}")  # fmt: skip
+    return value
+
+
+def _datetime(path: Path, where: str, value: Any) -> datetime | None:
+    """``None``, or an ISO 8601 date and time from 2000 to tomorrow (UTC where no zone)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _fail(path, f"{where} must be an ISO 8601 date, got {_show(value)}")
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        raise _fail(path, f"{where} must be an ISO 8601 date, got {_show(value)}") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    try:
+        parsed = parsed.astimezone(UTC)
+        in_range = _EARLIEST <= parsed <= utcnow() + timedelta(days=1)
+    except OverflowError:  # beyond year 9999 in UTC
+        in_range = False
+    if not in_range:
+        raise _fail(path, f"{where} must lie between 2000 and tomorrow, got {_show(value)}")
+    return parsed
 
 
-def _problem(path: Path, meta: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """operator, operator_version, shape, dtype, gpu_model: from ``meta``, else ``overrides``."""
-    merged = dict(meta)
-    for name, value in overrides.items():
-        if value is not None:
-            merged["gpu_model" if name == "gpu" else name] = value
-    missing = [k for k in ("operator", "shape", "dtype", "gpu_model") if not merged.get(k)]
+def _resources(path: Path, where: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The per-trial resource fields: counts are ints, ``occupancy`` a fraction."""
+    out: dict[str, Any] = {}
+    for name in RESOURCES:
+        value = values.get(name)
+        if value is None:
+            out[name] = None
+        elif name == "occupancy":
+            out[name] = _float(path, f"{where}: {name}", value, high=1.0)
+        else:
+            out[name] = _int(path, f"{where}: {name}", value)
+    return out
+
+
+def _params(path: Path, where: str, value: Any) -> list[str]:
+    if (
+        not isinstance(value, list)
+        or not all(isinstance(p, str) and p for p in value)
+        or len(set(value)) != len(value)
+    ):
+        raise _fail(path, f"{where} must be a list of distinct parameter names")
+    return value
+
+
+def _shape(path: Path, where: str, value: Any) -> list[int]:
+    shape = value
+    if isinstance(value, str):
+        parts = re.split(r"\s*[x,X]\s*", value.strip()) if value.strip() else []
+        if not parts or not all(re.fullmatch(r"[+-]?\d{1,19}", p) for p in parts):
+            raise _fail(path, f"{where} must look like 4096x4096, got {_show(value)}")
+        shape = [int(p) for p in parts]
+    if (
+        not isinstance(shape, list)
+        or not 1 <= len(shape) <= MAX_RANK
+        or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape)
+        or not all(1 <= d <= MAX_INT32 for d in shape)
+    ):
+        raise _fail(
+            path,
+            f"{where} must be a list of 1 to {MAX_RANK} integers from 1 to {MAX_INT32}, "
+            f"got {_show(value)}",
+        )
+    return shape
+
+
+def _problem_value(path: Path, where: str, name: str, value: Any) -> Any:
+    """One field of the problem, checked and normalised (a GPU model by the catalog)."""
+    if name == "shape":
+        return _shape(path, where, value)
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(path, f"{where} must be a non-empty string, got {_show(value)}")
+    if name == "gpu_model":
+        from tuner.gpus import normalize_gpu_name
+
+        try:
+            value = normalize_gpu_name(value)
+        except ValueError as exc:
+            raise _fail(path, f"{where}: {exc}") from None
+    limit = _PROBLEM_LENGTHS[name]
+    if len(value) > limit:
+        raise _fail(path, f"{where} is longer than {limit} characters: {_show(value)}")
+    return value
+
+
+def _problem(
+    path: Path,
+    meta: Mapping[str, Any],
+    overrides: Mapping[str, Any],
+    *,
+    labels: Mapping[str, str],
+    kato_export: bool,
+) -> dict[str, Any]:
+    """operator, operator_version, shape, dtype, gpu_model: from ``meta``, and ``overrides``.
+
+    In a file with a Kato block (``kato_export``) an override fills only a field the block
+    lacks, and one that disagrees with it is an error; in a foreign file an override replaces
+    what the file's own fields say. ``labels`` names each field in the file, for messages.
+    """
+    given = {("gpu_model" if k == "gpu" else k): v for k, v in overrides.items() if v is not None}
+    merged: dict[str, Any] = {}
+    conflicts = []
+    for name in _PROBLEM_FIELDS:
+        flag = "--gpu" if name == "gpu_model" else f"--{name.replace('_', '-')}"
+        own, override = meta.get(name), given.get(name)
+        if own is not None and own != "" and own != []:
+            own = _problem_value(path, labels[name], name, own)
+        else:
+            own = None
+        if override is not None:
+            override = _problem_value(path, flag, name, override)
+        if override is None or own is None or not kato_export:
+            merged[name] = override if override is not None else own
+        elif override != own:
+            conflicts.append(f"{flag} {_show(override)} conflicts with the file's {labels[name]} "
+                             f"{_show(own)}")  # fmt: skip
+        else:
+            merged[name] = own
+    if conflicts:
+        raise _fail(path, f"{'; '.join(conflicts)} (overrides are for files without Kato metadata)")
+    missing = [k for k in ("operator", "shape", "dtype", "gpu_model") if merged[k] is None]
     if missing:
         names = ", ".join(f"--{'gpu' if m == 'gpu_model' else m}" for m in missing)
         raise _fail(path, f"no Kato metadata for {', '.join(missing)}: pass {names}")
-    shape = merged["shape"]
-    if isinstance(shape, str):
-        try:
-            shape = [int(p) for p in shape.replace("x", ",").split(",") if p.strip()]
-        except ValueError:
-            raise _fail(path, f"shape must look like 4096x4096, got {shape!r}") from None
-    if (
-        not isinstance(shape, list)
-        or not shape
-        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape)
-    ):
-        raise _fail(path, f"shape must be a list of positive integers, got {shape!r}")
-    for name in ("operator", "dtype", "gpu_model"):
-        if not isinstance(merged[name], str):
-            raise _fail(path, f"{name} must be a string, got {merged[name]!r}")
-    from tuner.gpus import normalize_gpu_name
-
-    version = merged.get("operator_version")
-    if not version:
+    if merged["operator_version"] is None:
         try:
             from kernels import get_operator
 
-            version = get_operator(merged["operator"]).version
+            merged["operator_version"] = get_operator(merged["operator"]).version
         except Exception:
             raise _fail(path, f"unknown operator {merged['operator']!r} and no version") from None
-    return {
-        "operator": merged["operator"],
-        "operator_version": str(version),
-        "shape": shape,
-        "dtype": merged["dtype"],
-        "gpu_model": normalize_gpu_name(merged["gpu_model"]),
-    }
+    return merged
 
 
 def _config(path: Path, where: str, value: Any, params: Sequence[str]) -> dict[str, Any]:
@@ -187,24 +347,72 @@ def _config(path: Path, where: str, value: Any, params: Sequence[str]) -> dict[s
         raise _fail(path, f"{where}: configuration must be an object, got {type(value).__name__}")
     if set(value) != set(params):
         raise _fail(
-            path, f"{where}: configuration has {sorted(value)}, expected the parameters {params}"
+            path,
+            f"{where}: configuration has {_show(sorted(value))}, expected the parameters "
+            f"{_show(list(params))}",
         )
     for name, v in value.items():
         if not isinstance(v, int | float | str) or isinstance(v, bool):
             raise _fail(path, f"{where}: parameter {name} has a {type(v).__name__} value")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise _fail(path, f"{where}: parameter {name} is {v!r}, not a finite number")
+        if isinstance(v, int) and not -(2**63) <= v < 2**63:
+            raise _fail(path, f"{where}: parameter {name} is out of the 64-bit range")
+    if len(",".join(str(value[p]) for p in params)) > _MAX_CONFIG_KEY:
+        raise _fail(path, f"{where}: configuration is longer than {_MAX_CONFIG_KEY} characters")
     return {name: value[name] for name in params}
 
 
-def _jobs(path: Path, meta: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _job(path: Path, where: str, job: Any, params: Sequence[str]) -> dict[str, Any]:
+    """One entry of ``kato.jobs``, every field checked (absent ones are ``None``)."""
+    if not isinstance(job, dict):
+        raise _fail(path, f"{where} must be an object")
+    if "id" not in job:
+        raise _fail(path, f"{where} needs an id")
+    status = job.get("status")
+    if status is not None and (not isinstance(status, str) or status not in JOB_STATUSES):
+        raise _fail(path, f"{where}.status must be one of {', '.join(JOB_STATUSES)}, got "
+                    f"{_show(status)}")  # fmt: skip
+    best_config = job.get("best_config")
+    if best_config is not None:
+        best_config = _config(path, f"{where}.best_config", best_config, params)
+    trials_done = job.get("trials_done")
+    if trials_done is not None:
+        _int(path, f"{where}.trials_done", trials_done)  # recounted from the trials
+    budget = job.get("budget_configs")
+    if budget is not None:
+        budget = _int(path, f"{where}.budget_configs", budget, low=1)
+    return {
+        "id": _job_id(path, f"{where}.id", job.get("id")),
+        "status": status,
+        "budget_configs": budget,
+        "budget_seconds": _optional_float(
+            path, f"{where}.budget_seconds", job.get("budget_seconds"), positive=True
+        ),
+        "strategy": _string(path, f"{where}.strategy", job.get("strategy"), 16),
+        "seed": None if job.get("seed") is None else _int(path, f"{where}.seed", job["seed"]),
+        "best_time_ms": _optional_float(
+            path, f"{where}.best_time_ms", job.get("best_time_ms"), positive=True
+        ),
+        "best_config": best_config,
+        "error": _string(path, f"{where}.error", job.get("error")),
+        "created_at": _datetime(path, f"{where}.created_at", job.get("created_at")),
+        "started_at": _datetime(path, f"{where}.started_at", job.get("started_at")),
+        "finished_at": _datetime(path, f"{where}.finished_at", job.get("finished_at")),
+    }
+
+
+def _jobs(path: Path, meta: Mapping[str, Any], params: Sequence[str]) -> list[dict[str, Any]]:
     jobs = meta.get("jobs", [])
     if not isinstance(jobs, list):
         raise _fail(path, "kato.jobs must be a list")
-    for i, job in enumerate(jobs):
-        if not isinstance(job, dict) or not isinstance(job.get("id"), str) or not job["id"]:
-            raise _fail(path, f"kato.jobs[{i}] needs an id")
-        if len(job["id"]) > 32:
-            raise _fail(path, f"kato.jobs[{i}]: id longer than 32 characters")
-    return jobs
+    out = [_job(path, f"kato.jobs[{i}]", job, params) for i, job in enumerate(jobs)]
+    seen: set[str] = set()
+    for i, job in enumerate(out):
+        if job["id"] in seen:
+            raise _fail(path, f"kato.jobs[{i}]: job {job['id']} is listed twice")
+        seen.add(job["id"])
+    return out
 
 
 def _best(path: Path, meta: Mapping[str, Any], params: Sequence[str]) -> list[dict[str, Any]]:
@@ -216,14 +424,19 @@ def _best(path: Path, meta: Mapping[str, Any], params: Sequence[str]) -> list[di
         where = f"kato.best[{i}]"
         if not isinstance(row, dict):
             raise _fail(path, f"{where} must be an object")
+        job_id = row.get("job_id")
         out.append(
             {
                 "config": _config(path, where, row.get("config"), params),
                 "time_ms": _time(path, where, row.get("time_ms")),
-                "compute_capability": str(row.get("compute_capability") or "unknown"),
-                "cuda_version": str(row.get("cuda_version") or "unknown"),
-                "job_id": row.get("job_id") if isinstance(row.get("job_id"), str) else None,
-                "updated_at": _parse_datetime(row.get("updated_at")),
+                "compute_capability": _string(
+                    path, f"{where}.compute_capability", row.get("compute_capability"), 16
+                )
+                or "unknown",
+                "cuda_version": _string(path, f"{where}.cuda_version", row.get("cuda_version"), 32)
+                or "unknown",
+                "job_id": None if job_id is None else _job_id(path, f"{where}.job_id", job_id),
+                "updated_at": _datetime(path, f"{where}.updated_at", row.get("updated_at")),
             }
         )
     return out
@@ -260,15 +473,16 @@ def _finish_foreign(bundle: ParsedBundle, path: Path, meta: Mapping[str, Any]) -
         from tuner.gpus import find_gpu
 
         gpu = find_gpu(bundle.gpu_model)
-        cc = meta.get("compute_capability") or (
+        cc = _string(path, "compute_capability", meta.get("compute_capability"), 16) or (
             ".".join(map(str, gpu.compute_capability)) if gpu else "unknown"
         )
+        cuda = _string(path, "cuda_version", meta.get("cuda_version"), 32)
         bundle.best = [
             {
                 "config": fastest.config,
                 "time_ms": fastest.time_ms,
-                "compute_capability": str(cc),
-                "cuda_version": str(meta.get("cuda_version") or "unknown"),
+                "compute_capability": cc,
+                "cuda_version": cuda or "unknown",
                 "job_id": job_id,
                 "updated_at": None,
             }
@@ -286,16 +500,17 @@ def _parse_t4(path: Path, data: dict[str, Any], overrides: Mapping[str, Any]) ->
     if not isinstance(meta, dict):
         raise _fail(path, "T4: metadata.kato must be an object")
     unit = str(metadata.get("timeunit", "milliseconds")).lower()
-    scale = {"milliseconds": 1.0, "ms": 1.0, "seconds": 1e3, "s": 1e3, "microseconds": 1e-3}
-    if unit not in scale:
-        raise _fail(path, f"T4: unsupported metadata.timeunit {unit!r}")
-    problem = _problem(path, meta, overrides)
+    scales = {"milliseconds": 1.0, "ms": 1.0, "seconds": 1e3, "s": 1e3, "microseconds": 1e-3}
+    if unit not in scales:
+        raise _fail(path, f"T4: unsupported metadata.timeunit {_show(unit)}")
+    scale = scales[unit]
+    labels = {name: f"metadata.kato.{name}" for name in _PROBLEM_FIELDS}
+    problem = _problem(path, meta, overrides, labels=labels, kato_export=bool(meta))
     params = meta.get("params")
     if not params and results and isinstance(results[0], dict):
-        params = list(results[0].get("configuration") or {})
-    if not isinstance(params, list) or not all(isinstance(p, str) for p in params):
-        raise _fail(path, "kato.params must be a list of parameter names")
-    bundle = ParsedBundle(path, params=params, **problem)
+        first = results[0].get("configuration")
+        params = list(first) if isinstance(first, dict) else params
+    bundle = ParsedBundle(path, params=_params(path, "kato.params", params), **problem)
     for i, result in enumerate(results):
         where = f"results[{i}]"
         if not isinstance(result, dict):
@@ -304,37 +519,57 @@ def _parse_t4(path: Path, data: dict[str, Any], overrides: Mapping[str, Any]) ->
             if required not in result:
                 raise _fail(path, f"{where}: missing {required!r} (required by the T4 schema)")
         invalidity = result["invalidity"]
-        if invalidity not in _INVALIDITY_STATUS:
-            raise _fail(path, f"{where}: invalidity {invalidity!r} is not a T4 value")
-        kato = result.get("kato") if isinstance(result.get("kato"), dict) else {}
+        if not isinstance(invalidity, str) or invalidity not in _INVALIDITY_STATUS:
+            raise _fail(path, f"{where}: invalidity {_show(invalidity)} is not a T4 value")
+        kato = result.get("kato")
+        if kato is None:
+            kato = {}
+        elif not isinstance(kato, dict):
+            raise _fail(path, f"{where}.kato must be an object")
         status = kato.get("status", _INVALIDITY_STATUS[invalidity])
-        if status not in TRIAL_STATUSES:
-            raise _fail(path, f"{where}: unknown status {status!r}")
-        times = result["times"] if isinstance(result["times"], dict) else {}
-        measurements = {
-            m.get("name"): m.get("value")
-            for m in result.get("measurements") or []
-            if isinstance(m, dict)
-        }
+        if not isinstance(status, str) or status not in TRIAL_STATUSES:
+            raise _fail(path, f"{where}: unknown status {_show(status)}")
+        times = result["times"]
+        if not isinstance(times, dict):
+            raise _fail(path, f"{where}.times must be an object")
+        listed = result.get("measurements")
+        listed = [] if listed is None else listed
+        if not isinstance(listed, list):
+            raise _fail(path, f"{where}.measurements must be a list")
+        measurements: dict[str, Any] = {}
+        for j, m in enumerate(listed):
+            if not isinstance(m, dict) or not isinstance(m.get("name"), str):
+                raise _fail(path, f"{where}.measurements[{j}] must be an object with a name")
+            measurements[m["name"]] = m.get("value")
         time_ms = None
         if status == "ok":
-            time_ms = _time(path, where, measurements.get("time")) * scale[unit]
+            time_ms = _time(path, where, measurements.get("time"), scale)
         runtimes = times.get("runtimes") or []
-        if not isinstance(runtimes, list) or not all(_number(t) for t in runtimes):
+        if not isinstance(runtimes, list):
             raise _fail(path, f"{where}: times.runtimes must be a list of numbers")
-        compile_ms = times.get("compilation_time", times.get("compilation"))
+        runtimes_ms = [
+            _float(path, f"{where}: times.runtimes[{j}]", t, scale=scale)
+            for j, t in enumerate(runtimes)
+        ]
+        compile_ms = _optional_float(
+            path,
+            f"{where}: times.compilation_time",
+            times.get("compilation_time", times.get("compilation")),
+            scale=scale,
+        )
+        job = kato.get("job")
         bundle.trials.append(
             ParsedTrial(
-                job_id=str(kato.get("job") or ""),
-                number=int(kato.get("number", i)),
+                job_id=_string(path, f"{where}.kato.job", job) or "",
+                number=_int(path, f"{where}.kato.number", kato.get("number", i)),
                 config=_config(path, where, result["configuration"], params),
                 status=status,
                 time_ms=time_ms,
-                times_ms=[float(t) * scale[unit] for t in runtimes],
-                compile_time_s=compile_ms * scale[unit] / 1000 if _number(compile_ms) else None,
-                resources={k: measurements.get(k) for k in RESOURCES},
-                error=kato.get("error"),
-                created_at=_parse_datetime(result.get("timestamp")),
+                times_ms=runtimes_ms,
+                compile_time_s=compile_ms / 1000 if compile_ms is not None else None,
+                resources=_resources(path, f"{where}.measurements", measurements),
+                error=_string(path, f"{where}.kato.error", kato.get("error")),
+                created_at=_datetime(path, f"{where}.timestamp", result.get("timestamp")),
             )
         )
     _complete(bundle, path, meta)
@@ -345,8 +580,20 @@ def _parse_kt(path: Path, data: dict[str, Any], overrides: Mapping[str, Any]) ->
     keys, space, entries = data["tune_params_keys"], data["tune_params"], data["cache"]
     if not isinstance(keys, list) or not isinstance(space, dict) or not isinstance(entries, dict):
         raise _fail(path, "Kernel Tuner cache: malformed tune_params_keys, tune_params or cache")
-    meta = data.get("kato") if isinstance(data.get("kato"), dict) else {}
+    keys = _params(path, "tune_params_keys", keys)
+    if data.get("kato") is not None and not isinstance(data["kato"], dict):
+        raise _fail(path, "kato must be an object")
+    meta = data.get("kato") or {}
+    labels = {name: f"kato.{name}" for name in _PROBLEM_FIELDS}
+    kato_export = bool(meta)
     if not meta:  # a Kernel Tuner cache, or an older Kato one: what its extra fields say
+        labels = {
+            "operator": "kato_operator",
+            "operator_version": "kato_operator_version",
+            "dtype": "dtype",
+            "shape": "problem_size",
+            "gpu_model": "device_name",
+        }
         meta = {
             "operator": data.get("kato_operator"),
             "operator_version": data.get("kato_operator_version"),
@@ -356,11 +603,10 @@ def _parse_kt(path: Path, data: dict[str, Any], overrides: Mapping[str, Any]) ->
             "compute_capability": data.get("compute_capability"),
             "cuda_version": data.get("cuda_version"),
         }
-    problem = _problem(path, meta, overrides)
+    problem = _problem(path, meta, overrides, labels=labels, kato_export=kato_export)
     bundle = ParsedBundle(path, params=list(keys), **problem)
-    kato_export = isinstance(data.get("kato"), dict)
     for i, (key, entry) in enumerate(entries.items()):
-        where = f"cache[{key!r}]"
+        where = f"cache[{_show(key)}]"
         if not isinstance(entry, dict):
             raise _fail(path, f"{where} must be an object")
         if kato_export and "kato_job" not in entry:
@@ -368,28 +614,29 @@ def _parse_kt(path: Path, data: dict[str, Any], overrides: Mapping[str, Any]) ->
         value = entry.get("time")
         if isinstance(value, str):
             if value not in _KT_MARKERS:
-                raise _fail(path, f"{where}: unknown failure marker {value!r}")
+                raise _fail(path, f"{where}: unknown failure marker {_show(value)}")
             status = entry.get("kato_status", _KT_MARKERS[value])
         else:
             status = "ok"
-        if status not in TRIAL_STATUSES:
-            raise _fail(path, f"{where}: unknown status {status!r}")
+        if not isinstance(status, str) or status not in TRIAL_STATUSES:
+            raise _fail(path, f"{where}: unknown status {_show(status)}")
         times = entry.get("times") or []
-        if not isinstance(times, list) or not all(_number(t) for t in times):
+        if not isinstance(times, list):
             raise _fail(path, f"{where}: times must be a list of numbers")
-        compile_ms = entry.get("compile_time")
+        times_ms = [_float(path, f"{where}: times[{j}]", t) for j, t in enumerate(times)]
+        compile_ms = _optional_float(path, f"{where}: compile_time", entry.get("compile_time"))
         bundle.trials.append(
             ParsedTrial(
-                job_id=str(entry.get("kato_job") or ""),
-                number=int(entry.get("kato_number", i)),
+                job_id=_string(path, f"{where}: kato_job", entry.get("kato_job")) or "",
+                number=_int(path, f"{where}: kato_number", entry.get("kato_number", i)),
                 config=_config(path, where, {p: entry.get(p) for p in keys}, keys),
                 status=status,
                 time_ms=_time(path, where, value) if status == "ok" else None,
-                times_ms=[float(t) for t in times],
-                compile_time_s=compile_ms / 1000 if _number(compile_ms) else None,
-                resources={k: entry.get(k) for k in RESOURCES},
-                error=entry.get("error") if isinstance(entry.get("error"), str) else None,
-                created_at=_parse_datetime(entry.get("timestamp")),
+                times_ms=times_ms,
+                compile_time_s=compile_ms / 1000 if compile_ms is not None else None,
+                resources=_resources(path, where, entry),
+                error=_string(path, f"{where}: error", entry.get("error")),
+                created_at=_datetime(path, f"{where}: timestamp", entry.get("timestamp")),
             )
         )
     _complete(bundle, path, meta)
@@ -398,7 +645,7 @@ def _parse_kt(path: Path, data: dict[str, Any], overrides: Mapping[str, Any]) ->
 
 def _complete(bundle: ParsedBundle, path: Path, meta: Mapping[str, Any]) -> None:
     if meta.get("jobs") is not None or meta.get("format"):
-        bundle.jobs = _jobs(path, meta)
+        bundle.jobs = _jobs(path, meta, bundle.params)
         bundle.best = _best(path, meta, bundle.params)
         known = {job["id"] for job in bundle.jobs}
         stray = {t.job_id for t in bundle.trials} - known
@@ -415,10 +662,18 @@ def read_file(path: str | Path, overrides: Mapping[str, Any] | None = None) -> P
         InvalidImport: unreadable, not JSON, neither format, or invalid content.
     """
     path = Path(path)
+    try:
+        return _read(path, overrides or {})
+    except InvalidImport:
+        raise
+    except Exception as exc:  # a case no check above foresaw: still this file's fault
+        raise _fail(path, f"cannot import: {type(exc).__name__}: {exc}") from exc
+
+
+def _read(path: Path, overrides: Mapping[str, Any]) -> ParsedBundle:
     data = _load_json(path)
     if not isinstance(data, dict):
         raise _fail(path, "expected a JSON object")
-    overrides = overrides or {}
     if "results" in data and "schema_version" in data:
         return _parse_t4(path, data, overrides)
     if all(k in data for k in ("tune_params_keys", "tune_params", "cache")):
@@ -458,7 +713,7 @@ def _new_job(bundle: ParsedBundle, meta: Mapping[str, Any], trials: list[ParsedT
     error = meta.get("error")
     if meta.get("status") not in _JOB_STATUSES and meta.get("status"):
         error = f"imported while {meta.get('status')}"
-    created = _parse_datetime(meta.get("created_at")) or utcnow()
+    created = meta.get("created_at") or utcnow()
     return Job(
         id=meta["id"],
         operator=bundle.operator,
@@ -469,16 +724,16 @@ def _new_job(bundle: ParsedBundle, meta: Mapping[str, Any], trials: list[ParsedT
         gpu_model=bundle.gpu_model,
         budget_configs=int(meta.get("budget_configs") or max(len(trials), 1)),
         budget_seconds=meta.get("budget_seconds"),
-        strategy=str(meta.get("strategy") or "imported")[:16],
-        seed=int(meta.get("seed") or 0),
+        strategy=meta.get("strategy") or "imported",
+        seed=meta.get("seed") or 0,
         status=status,
         trials_done=sum(t.status not in UNCOUNTED_TRIAL_STATUSES for t in trials),
         best_time_ms=meta.get("best_time_ms"),
         best_config=meta.get("best_config"),
         error=error,
         created_at=created,
-        started_at=_parse_datetime(meta.get("started_at")),
-        finished_at=_parse_datetime(meta.get("finished_at")) or created,
+        started_at=meta.get("started_at"),
+        finished_at=meta.get("finished_at") or created,
         cancel_requested=False,
     )
 
@@ -492,7 +747,15 @@ def _write_bundle(session: Session, bundle: ParsedBundle, report: ImportReport) 
     for t in bundle.trials:
         by_job.setdefault(t.job_id, []).append(t)
     for meta in bundle.jobs:
-        if session.get(Job, meta["id"]) is not None:
+        present = session.get(Job, meta["id"])
+        if present is not None:
+            problem = (bundle.operator, bundle.operator_version, shape_key(bundle.shape),
+                       bundle.dtype, bundle.gpu_model)  # fmt: skip
+            stored = (present.operator, present.operator_version, present.shape_key,
+                      present.dtype, present.gpu_model)  # fmt: skip
+            if stored != problem:
+                raise _fail(bundle.path, f"job {meta['id']} is stored for another problem "
+                            f"({'|'.join(stored)}), not {'|'.join(problem)}")  # fmt: skip
             report.jobs_present += 1
         else:
             session.add(_new_job(bundle, meta, by_job.get(meta["id"], [])))

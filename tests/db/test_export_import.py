@@ -327,3 +327,201 @@ def test_a_config_being_measured_is_not_exported(tmp_path, fmt):
         report = import_paths(session, paths)
         assert report.trials_added == 1
         assert [t.config for t in session.scalars(select(Trial))] == [measured]
+
+
+# --- corrupt fields of a real export, and the CLI's overrides ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_export(tmp_path_factory) -> dict[str, Path]:
+    """One done job (3 trials with registers) and its best config, exported as T4 and KT."""
+    tmp = tmp_path_factory.mktemp("small")
+    factory = _db(tmp / "source.db")
+    configs = [dict(SPEC.default_config([4096, 4096], "float16"), BLOCK_SIZE=b)
+               for b in (128, 256, 512)]  # fmt: skip
+    with factory() as session:
+        job = queries.create_job(session, operator="softmax", operator_version=SPEC.version,
+                                 shape=[4096, 4096], dtype="float16", gpu_model="H200",
+                                 budget_configs=10)  # fmt: skip
+        queries.claim_next_job(session, gpu_models=["H200"], worker_id="w", lease_seconds=60)
+        for number, config in enumerate(configs):
+            result = {"status": "ok", "time_ms": 1.0 + number, "times_ms": [1.0 + number],
+                      "registers": 32}  # fmt: skip
+            queries.record_trial(session, job.id, number=number, config=config,
+                                 config_key=",".join(str(config[p]) for p in SPEC.params),
+                                 result=result)  # fmt: skip
+        queries.finish_job(session, job.id, status="done")
+        queries.upsert_best_config(session, operator="softmax", operator_version=SPEC.version,
+                                   shape=[4096, 4096], dtype="float16", gpu_model="H200",
+                                   compute_capability="9.0", cuda_version="13.0",
+                                   config=configs[0], time_ms=1.0, job_id=job.id)  # fmt: skip
+        bundles = collect(session)
+    return {fmt: export(bundles, tmp / f"good.{fmt}.json", fmt)[0] for fmt in ("t4", "kt")}
+
+
+def _kato(doc: dict) -> dict:
+    return doc["metadata"]["kato"] if "metadata" in doc else doc["kato"]
+
+
+def _first_trial(doc: dict) -> dict:
+    return doc["results"][0] if "results" in doc else next(iter(doc["cache"].values()))
+
+
+def _set(*keys, value):
+    """A mutation setting ``value`` at ``keys`` under the Kato block ("kato") or the first
+    trial ("trial")."""
+
+    def mutate(doc: dict) -> None:
+        obj = _kato(doc) if keys[0] == "kato" else _first_trial(doc)
+        for key in keys[1:-1]:
+            obj = obj[key]
+        obj[keys[-1]] = value
+
+    return mutate
+
+
+def _t4_measurement(name: str, value):
+    return lambda doc: doc["results"][0]["measurements"].append({"name": name, "value": value})
+
+
+def _rename_job(new_id: str):
+    """A mutation giving the job ``new_id`` everywhere the file names it."""
+
+    def mutate(doc: dict) -> None:
+        old_id = _kato(doc)["jobs"][0]["id"]
+        text = json.dumps(doc).replace(json.dumps(old_id), json.dumps(new_id))
+        doc.update(json.loads(text))
+
+    return mutate
+
+
+_JOB = ("kato", "jobs", 0)
+CORRUPT = [  # (formats, mutation, message): each was stored or crashed before
+    ("t4", _set("trial", "invalidity", value=[]), r"invalidity \[\] is not a T4 value"),
+    ("t4", _set("trial", "kato", "number", value=None), r"kato\.number must be an integer"),
+    ("t4", _set("trial", "kato", "number", value="abc"), r"kato\.number must be an integer"),
+    ("t4", _set("trial", "kato", "number", value=10**20), r"kato\.number must be an integer"),
+    ("t4", _set("trial", "kato", "error", value={"a": 1}), r"kato\.error must be a string"),
+    ("t4", _set("trial", "kato", "job", value=5), r"kato\.job must be a string"),
+    ("t4", _set("trial", "measurements", 1, "value", value="many"), "registers must be an int"),
+    ("t4", _set("trial", "measurements", 1, "value", value=1.5), "registers must be an integer"),
+    ("t4", _t4_measurement("occupancy", 2), r"occupancy must be .* \(at most 1.0\)"),
+    ("t4", _set("trial", "measurements", value={"a": 1}), r"measurements must be a list"),
+    ("t4", _set("trial", "times", value=[1]), r"times must be an object"),
+    ("t4", _set("trial", "times", "compilation_time", value="x"), "compilation_time must be"),
+    ("t4", _set("trial", "timestamp", value="yesterday"), r"timestamp must be an ISO 8601 date"),
+    ("t4", _set("trial", "configuration", "VEC", value=float("nan")), "VEC is nan, not a finite"),
+    ("kt", _set("trial", "kato_number", value="abc"), r"kato_number must be an integer"),
+    ("kt", _set("trial", "registers", value="many"), r"registers must be an integer"),
+    ("kt", _set("trial", "error", value={"a": 1}), r"error must be a string"),
+    ("kt", _set("trial", "compile_time", value="slow"), r"compile_time must be a finite"),
+    ("kt", _set("trial", "timestamp", value="9999-12-31T23:59:59-05:00"), "must lie between"),
+    ("both", _set(*_JOB, "best_config", value=[1, 2]), r"best_config: configuration must be an"),
+    ("both", _set(*_JOB, "budget_configs", value="lots"), r"budget_configs must be an integer"),
+    ("both", _set(*_JOB, "budget_configs", value=-5), r"budget_configs must be an integer"),
+    ("both", _set(*_JOB, "budget_seconds", value="x"), r"budget_seconds must be a finite"),
+    ("both", _set(*_JOB, "seed", value=[1]), r"jobs\[0\]\.seed must be an integer"),
+    ("both", _set(*_JOB, "best_time_ms", value="fast"), r"best_time_ms must be a finite"),
+    ("both", _set(*_JOB, "error", value=5), r"jobs\[0\]\.error must be a string"),
+    ("both", _set(*_JOB, "status", value=["done"]), r"jobs\[0\]\.status must be one of"),
+    ("both", _set(*_JOB, "strategy", value="z" * 100), r"strategy is longer than 16 characters"),
+    ("both", _rename_job("../../x"), r"jobs\[0\]\.id must be a Kato job id \(32 lowercase hex"),
+    ("both", _rename_job("A" * 32), r"jobs\[0\]\.id must be a Kato job id \(32 lowercase hex"),
+    ("both", _set(*_JOB, "created_at", value="9999-12-31T23:59:59-05:00"), "must lie between"),
+    ("both", _set(*_JOB, "finished_at", value="1999-01-01T00:00:00"), "must lie between 2000"),
+    ("both", lambda doc: _kato(doc)["jobs"].append(dict(_kato(doc)["jobs"][0])), "listed twice"),
+    ("both", _set("kato", "shape", value=[2**40, 4096]), r"shape must be a list of 1 to 8"),
+    ("both", _set("kato", "gpu_model", value="G" * 500), r"gpu_model is longer than 64"),
+    ("both", _set("kato", "dtype", value="x" * 500), r"dtype is longer than 32"),
+    ("both", _set("kato", "operator_version", value={"a": 1}), "operator_version must be a non"),
+    ("both", _set("kato", "best", 0, "config", "VEC", value=float("inf")), "VEC is inf, not a"),
+    ("both", _set("kato", "best", 0, "compute_capability", value="9" * 300), "longer than 16"),
+    ("both", _set("kato", "best", 0, "job_id", value="zz"), r"job_id must be a Kato job id"),
+    ("both", _set("kato", "best", 0, "updated_at", value=20240101), r"updated_at must be an ISO"),
+]
+
+
+@pytest.mark.parametrize(
+    "fmt, mutate, message",
+    [
+        pytest.param(fmt, mutate, message, id=f"{fmt}-{i}")
+        for i, (formats, mutate, message) in enumerate(CORRUPT)
+        for fmt in (("t4", "kt") if formats == "both" else (formats,))
+    ],
+)
+def test_corrupt_fields_of_an_export_are_rejected(small_export, tmp_path, fmt, mutate, message):
+    """A corrupt field of a Kato export is an InvalidImport naming the file and the field: it
+    neither crashes the import nor is stored (where the API then failed with HTTP 500)."""
+    doc = json.loads(small_export[fmt].read_text())
+    read_file(_write(tmp_path / "good.json", doc))  # the export itself imports
+    mutate(doc)
+    path = _write(tmp_path / "bad.json", doc)
+    target = _db(tmp_path / "target.db")
+    with target() as session, pytest.raises(InvalidImport, match=message) as raised:
+        import_paths(session, [path])
+    assert str(raised.value).startswith(f"{path}: ")
+    assert _counts(target) == (0, 0, 0)
+
+
+def test_an_unforeseen_error_reading_a_file_is_an_invalid_import(tmp_path):
+    """Any other exception while reading one file becomes an InvalidImport naming the file,
+    the original chained (JSON nested too deep for the decoder raises RecursionError)."""
+    path = _write(tmp_path / "deep.json", "[" * 100_000)
+    with pytest.raises(InvalidImport, match="cannot import: RecursionError") as raised:
+        read_file(path)
+    assert str(raised.value).startswith(f"{path}: ")
+    assert isinstance(raised.value.__cause__, RecursionError)
+
+
+@pytest.mark.parametrize("fmt", ["t4", "kt"])
+def test_overrides_do_not_replace_a_kato_exports_own_metadata(small_export, tmp_path, fmt):
+    """--gpu/--shape/--dtype/--operator are for files without Kato metadata: on a Kato export
+    one that disagrees is an error (it relabelled an H200 4096x4096 winner as A100 1x1), one
+    that agrees or fills a missing field is used; a foreign file's fields are still replaced."""
+    good = small_export[fmt]
+    target = _db(tmp_path / "target.db")
+    with target() as session:
+        with pytest.raises(InvalidImport, match="--gpu 'A100' conflicts with the file's"):
+            import_paths(session, [good], {"gpu": "A100", "shape": "1x1"})
+        with pytest.raises(InvalidImport, match=r"--shape \[1, 1\] conflicts with the file's"):
+            import_paths(session, [good], {"shape": "1x1"})
+    assert _counts(target) == (0, 0, 0)
+
+    runner = CliRunner()
+    db_url = f"sqlite:///{tmp_path / 'target.db'}"
+    failed = runner.invoke(cli, ["import", str(good), "--gpu", "A100", "--shape", "1x1", "--db",
+                                 db_url])  # fmt: skip
+    assert failed.exit_code == 1 and "conflicts with the file's" in failed.output
+    assert _counts(target) == (0, 0, 0)
+    agreeing = {"gpu": "NVIDIA H200", "shape": "4096x4096", "dtype": "float16"}
+    done = runner.invoke(cli, ["import", str(good), "--gpu", "NVIDIA H200", "--shape",
+                               "4096x4096", "--dtype", "float16", "--db", db_url])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    with target() as session:
+        assert import_paths(session, [good], agreeing).trials_present == 3
+        row = session.scalars(select(BestConfig)).one()
+        assert (row.gpu_model, row.shape, row.dtype) == ("H200", [4096, 4096], "float16")
+
+    doc = json.loads(good.read_text())
+    del _kato(doc)["dtype"]  # a field the Kato block lacks: the override fills it
+    lacking = _write(tmp_path / "lacking.json", doc)
+    assert read_file(lacking, {"dtype": "float32"}).dtype == "float32"
+
+    recorded = RECORDED / "softmax_H200_65536x1024_float16.json.gz"  # no Kato block
+    foreign = read_file(recorded, {"operator_version": "other"})
+    assert (foreign.operator_version, foreign.gpu_model) == ("other", "H200")
+
+
+def test_a_job_id_stored_for_another_problem_is_rejected(small_export, tmp_path):
+    """A file whose job id is already stored for another problem would add its trials to that
+    job: the import stops there and writes nothing."""
+    target = _db(tmp_path / "target.db")
+    doc = json.loads(small_export["t4"].read_text())
+    _kato(doc)["shape"] = [8192, 4096]
+    other = _write(tmp_path / "other.json", doc)
+    with target() as session:
+        import_paths(session, [small_export["t4"]])
+        before = _counts(target)
+        with pytest.raises(InvalidImport, match="is stored for another problem"):
+            import_paths(session, [other])
+    assert _counts(target) == before == (1, 3, 1)
