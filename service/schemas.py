@@ -8,6 +8,7 @@ the settings (largest budget, largest batch) are checked by the routes.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -38,13 +39,23 @@ def parse_shape_text(text: str) -> list[int]:
         raise InvalidInput(
             f"shape must be integers separated by 'x' or ',' (e.g. 4096x4096), got {text[:100]!r}"
         )
-    if len(parts) > MAX_RANK:
-        raise InvalidInput(f"shape has {len(parts)} dimensions; at most {MAX_RANK} are supported")
-    dims = [int(p) for p in parts]
+    return check_dims([int(p) for p in parts])
+
+
+def check_dims(dims: Sequence[int]) -> list[int]:
+    """``dims`` as a list, checked: 1 to :data:`MAX_RANK` dimensions, each 1 .. 2**31-1.
+
+    Raises:
+        InvalidInput: (a ``ValueError``) naming what is wrong.
+    """
+    if not dims:
+        raise InvalidInput("shape must have at least one dimension")
+    if len(dims) > MAX_RANK:
+        raise InvalidInput(f"shape has {len(dims)} dimensions; at most {MAX_RANK} are supported")
     bad = [d for d in dims if not 1 <= d <= MAX_DIM]
     if bad:
         raise InvalidInput(f"every dimension must be between 1 and {MAX_DIM}, got {bad[0]}")
-    return dims
+    return list(dims)
 
 
 def _shape_from_text(value: Any) -> Any:

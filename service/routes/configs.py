@@ -24,7 +24,7 @@ from kernels import InvalidInput, OperatorSpec
 from service.lookup_cache import raw_key, wants_fresh
 from service.schemas import (
     ConfigPublic,
-    Shape,
+    check_dims,
     error_responses,
     format_compute_capability,
     parse_shape_text,
@@ -119,7 +119,13 @@ class LookupRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     operator: str = Field(min_length=1, max_length=64, examples=["softmax"])
-    shape: Shape
+    # Checked per lookup (check_dims), not by the body's schema: a shape out of range is that
+    # lookup's 422 in the answer, and the batch's other lookups are still answered.
+    shape: list[int] | str = Field(
+        max_length=200,
+        description='dimensions, as a list or a string "4096x4096" / "4096,4096"',
+        examples=[[4096, 4096]],
+    )
     dtype: str = Field(min_length=1, max_length=32, examples=["float16"])
     gpu: str = Field(min_length=1, max_length=64, examples=["H200"])
     match: Match = "nearest"
@@ -151,7 +157,12 @@ def _answer_batch(request: Request, lookups: list[LookupRequest]) -> list[Lookup
     for item in lookups:
         try:
             spec = operator_or_404(item.operator)
-            problem = resolve_problem(spec, list(item.shape), item.dtype, item.gpu)
+            dims = (
+                parse_shape_text(item.shape)
+                if isinstance(item.shape, str)
+                else check_dims(item.shape)
+            )
+            problem = resolve_problem(spec, dims, item.dtype, item.gpu)
             answer = lookup(request, spec, problem, item.match)
         except HTTPException as exc:
             results.append(LookupResult(status=exc.status_code, detail=str(exc.detail)))

@@ -227,8 +227,8 @@ def test_prefetch_sends_one_request_for_many_keys(live_server, tmp_path):
     assert live_server.requests["POST /v1/configs/batch"] == 1
     assert live_server.requests["GET /v1/configs/softmax"] == 0
     with client_for(live_server.url, tmp_path, disk_cache=False) as kato:
-        with pytest.raises(KatoError, match="1 lookup"):
-            kato.prefetch(keys + [("nope", (8, 8), "float16")])
+        with pytest.raises(KatoError, match="2 lookup"):  # one shape out of range among them
+            kato.prefetch(keys + [("nope", (8, 8), "float16"), ("softmax", (2**31, 4), "float16")])
         assert kato.config("softmax", (4096, 4096), "float16") == TUNED_4K
         assert kato.http_requests == 1  # the valid lookups of the batch were cached
 

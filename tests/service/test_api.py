@@ -471,3 +471,31 @@ def test_healthz_with_the_database_down_names_no_host_or_user(app: FastAPI) -> N
     assert response.status_code == 503
     assert response.json() == {"status": "error", "db": "unreachable (ConnectionError)"}
     assert "secret_user" not in response.text and "db.internal" not in response.text
+
+
+def test_lookup_batch_answers_each_lookup_on_its_own(client: TestClient) -> None:
+    """One bad lookup (a shape out of range included) is that lookup's 4xx in the answer;
+    the batch's other lookups are answered, as GET would answer them."""
+    good = {"operator": "softmax", "shape": [4096, 4096], "dtype": "float16", "gpu": "H200"}
+    lookups = [
+        good,
+        {**good, "operator": "gemm"},
+        {**good, "dtype": "float64"},
+        {**good, "shape": [2**31, 4]},
+        {**good, "shape": "1024x1024"},
+        {**good, "shape": [1] * 9},
+        {**good, "shape": []},
+    ]
+    response = client.post("/v1/configs/batch", json={"lookups": lookups})
+    assert response.status_code == 200, response.text
+    results = response.json()["results"]
+    assert [r["status"] for r in results] == [200, 404, 422, 422, 200, 422, 422]
+    assert results[0]["result"]["source"] == "default"
+    assert (
+        results[3]["detail"] == "every dimension must be between 1 and 2147483647, got 2147483648"
+    )
+    assert results[4]["result"]["shape"] == [1024, 1024]
+    assert results[5]["detail"] == "shape has 9 dimensions; at most 8 are supported"
+    assert results[6]["detail"] == "shape must have at least one dimension"
+    too_many = client.post("/v1/configs/batch", json={"lookups": [good] * 1001})
+    assert too_many.status_code == 422
