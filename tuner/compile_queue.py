@@ -30,6 +30,24 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+
+#: Seconds between looks at a ``stop`` event while waiting on a compile.
+_STOP_POLL_S = 0.05
+
+
+def _settled(future: concurrent.futures.Future[Any], stop: threading.Event | None) -> bool:
+    """Wait on ``future`` (at most one slice when ``stop`` is given): True once it is done
+    (its error is not raised) or ``stop`` is set."""
+    if stop is None:
+        future.exception()
+        return True
+    try:
+        future.exception(timeout=_STOP_POLL_S)
+    except concurrent.futures.TimeoutError:
+        return stop.is_set()
+    return True
+
+
 Config = dict[str, Any]
 
 
@@ -107,15 +125,17 @@ class CompileQueue(Generic[T]):
         finally:
             self.stats.wait_s += time.perf_counter() - started
 
-    def wait(self, config: Config) -> bool:
+    def wait(self, config: Config, stop: threading.Event | None = None) -> bool:
         """Wait for ``config``'s compile if it has started (True; its error is swallowed: the
         caller compiles or reports it itself) and drop it from the queue if it has not (False):
-        for a caller that compiles elsewhere (the isolated backend's child)."""
+        for a caller that compiles elsewhere (the isolated backend's child). With ``stop``, the
+        wait also ends when it is set (a cancel need not wait for a slow nvcc)."""
         started = time.perf_counter()
         try:
             future = self._claim(config)
             if future is not None:
-                future.exception()
+                while not _settled(future, stop):
+                    pass
             return future is not None
         finally:
             self.stats.wait_s += time.perf_counter() - started
@@ -127,22 +147,40 @@ class CompileQueue(Generic[T]):
             future = self._started.get(self._key(config))
             return future is not None and future.done()
 
-    def wait_any(self, configs: Iterable[Config], timeout: float | None = None) -> bool:
+    def wait_any(
+        self,
+        configs: Iterable[Config],
+        timeout: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> bool:
         """Block until the background compile of one of ``configs`` has finished (or
-        ``timeout`` seconds): True when one has; False at once when none of them has started.
-        The time blocked counts as waiting on the compiler (:attr:`stats`)."""
+        ``timeout`` seconds, or ``stop`` is set): True when one has; False at once when none
+        of them has started. The time blocked counts as waiting on the compiler
+        (:attr:`stats`)."""
         with self._lock:
             futures = [f for c in configs if (f := self._started.get(self._key(c))) is not None]
         if not futures:
             return False
         started = time.perf_counter()
+        deadline = None if timeout is None else started + timeout
         try:
-            done, _ = concurrent.futures.wait(
-                futures, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED
-            )
+            while True:
+                # In slices when ``stop`` is given, so that a cancel ends the wait within one.
+                step = _STOP_POLL_S if stop is not None else None
+                if deadline is not None:
+                    left = max(0.0, deadline - time.perf_counter())
+                    step = left if step is None else min(step, left)
+                done, _ = concurrent.futures.wait(
+                    futures, timeout=step, return_when=concurrent.futures.FIRST_COMPLETED
+                )
+                if done:
+                    return True
+                if stop is not None and stop.is_set():
+                    return False
+                if deadline is not None and time.perf_counter() >= deadline:
+                    return False
         finally:
             self.stats.wait_s += time.perf_counter() - started
-        return bool(done)
 
     def pending(self) -> int:
         """Configs queued and not started."""

@@ -148,3 +148,24 @@ def test_wait_any_returns_when_one_compile_finishes_and_not_for_unstarted_ones()
         assert queue.stats.wait_s >= 0.25  # both waits counted
     finally:
         queue.close()
+
+
+def test_a_stop_event_ends_waits_on_a_running_compile():
+    """A cancel (the isolated backend's interrupt event) must not wait for a slow nvcc."""
+    compiler = FakeCompiler(gate=True)
+    queue = CompileQueue(compiler, key, workers=1)
+    stop = threading.Event()
+    try:
+        queue.add(configs(1))
+        deadline = time.monotonic() + 5
+        while not compiler.started and time.monotonic() < deadline:
+            time.sleep(0.01)  # 1 is compiling (held by the gate)
+        threading.Timer(0.2, stop.set).start()
+        started = time.monotonic()
+        assert queue.wait_any(configs(1), stop=stop) is False
+        assert queue.wait(configs(1)[0], stop=stop) is True  # started: waited on, until stop
+        assert 0.15 <= time.monotonic() - started < 2
+        assert not queue.is_done({"n": 1})
+    finally:
+        compiler.gate.set()
+        queue.close()

@@ -316,6 +316,8 @@ class IsolatedBackend(Backend):
         if self._interrupted.is_set():
             raise TrialInterrupted("the backend was interrupted")
         self._wait_for_compile(config)
+        if self._interrupted.is_set():  # a cancel during the wait: nvcc may still be running
+            raise TrialInterrupted("the backend was interrupted")
         if self._process is None:
             self._start()
         self._await_prepared()
@@ -401,7 +403,7 @@ class IsolatedBackend(Backend):
         """Block until one of ``configs`` has finished compiling ahead (at once if none of them
         has started): the search then measures that one (``Search(wait_ready=...)``)."""
         if self._queue is not None:
-            self._queue.wait_any(configs)
+            self._queue.wait_any(configs, stop=self._interrupted)
 
     @property
     def compile_stats(self) -> CompileStats:
@@ -434,7 +436,7 @@ class IsolatedBackend(Backend):
         timeout)."""
         queue = self._compile_queue()
         if queue is not None:
-            queue.wait(config)
+            queue.wait(config, stop=self._interrupted)
 
     def close(self) -> None:
         """Stop the child (politely, then by force) and the compile pool. Safe to call twice."""
