@@ -104,7 +104,11 @@ class JobCreate(BaseModel):
         description="configs to measure (default and maximum: the service's settings)",
     )
     budget_seconds: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False, description="wall-clock limit of the search"
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="wall-clock limit of the job, from its first start (shared by every worker "
+        "on it; a resumed job gets what is left)",
     )
     strategy: Strategy = "forest"
     seed: int = Field(default=0, ge=0, le=MAX_INT32)

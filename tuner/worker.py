@@ -44,7 +44,7 @@ import optuna
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import fleet, queries
-from db.models import Job, Trial
+from db.models import Job, Trial, utcnow
 from kernels import get_operator
 from tuner.backends.base import Backend, TrialResult, TrialStatus
 from tuner.backends.isolated import (
@@ -508,8 +508,8 @@ class JobRunner:
             is_live=live.__contains__,
             orphan_grace_seconds=self.lease_seconds,
         )
-        budget = Budget(max_configs=job.budget_configs, max_seconds=job.budget_seconds)
         while True:
+            budget = Budget(max_configs=job.budget_configs, max_seconds=_seconds_left(job))
             try:
                 outcome = search.run(budget)
             except (TrialInterrupted, _BudgetUsed) as exc:
@@ -598,6 +598,19 @@ class JobRunner:
             measured = current.trials_done
             queries.finish_job(session, job.id, status=status, error=error)
         return JobOutcome(job.id, status, measured, best_time, error)
+
+
+def _seconds_left(job: Job) -> float | None:
+    """What is left of the job's ``budget_seconds``, counted from its first start
+    (``started_at``): a helper that joins late, a resumed job and the owner's run after a
+    helper's budget unit came back all share the job's one clock, instead of each starting
+    a full budget of its own (the job then ran past it, waiting on the helpers). At least a
+    millisecond: the search then stops at its first check, with ``stopped == "time"``."""
+    if job.budget_seconds is None:
+        return None
+    started = job.started_at or utcnow()
+    elapsed = (utcnow() - started).total_seconds()
+    return max(job.budget_seconds - elapsed, 1e-3)
 
 
 def _helper_grace() -> float:

@@ -4,6 +4,7 @@ life, resume after an interruption without re-measuring, cancel, failures, versi
 from __future__ import annotations
 
 import contextlib
+import time
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
@@ -381,3 +382,29 @@ def test_an_owner_that_lost_its_lease_does_not_fail_the_new_owners_job(db):
     with sessions() as s:
         job = queries.get_job(s, job_id)
         assert (job.status, job.worker_id, job.error) == ("running", "w2", None)
+
+
+def test_budget_seconds_count_from_the_jobs_first_start(db):
+    """A job's time budget is one clock for every run on it: a resumed job (or a helper that
+    joins late) gets what is left of it, not a fresh budget of its own."""
+    url, sessions = db
+    job_id = submit(sessions, budget=30, budget_seconds=60)
+    with sessions() as s:
+        queries.claim_next_job(s, gpu_models=["H200"], worker_id="w1", lease_seconds=600)
+        job = queries.get_job(s, job_id)
+        job.started_at = datetime.now(UTC) - timedelta(seconds=57)  # 3 s left
+        s.commit()
+
+    class SlowReplay(CountingReplay):
+        def evaluate(self, config) -> TrialResult:
+            time.sleep(0.2)  # 30 configs would take 6 s
+            return super().evaluate(config)
+
+    backend = SlowReplay()
+    runner = JobRunner(sessions, url, lambda job: backend, worker_id="w1", lease_seconds=600)
+    outcome = runner.run(job_id)
+    assert outcome.status == "done" and 0 < len(backend.measured) < 30
+    with sessions() as s:
+        job = queries.get_job(s, job_id)
+        finished = (job.finished_at - job.started_at).total_seconds()
+        assert job.status == "done" and finished < 63
