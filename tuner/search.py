@@ -443,6 +443,17 @@ class Search:
             self._close(trial)
         self._inflight.clear()
 
+    def _abandon_inflight_quietly(self) -> None:
+        """On an exception from anywhere in the loop (a sync, an ask, a tell): close the trials
+        asked and not measured, so none stays RUNNING in the study while this worker lives
+        (a resume fails only a dead worker's); a failure to close them is logged, not raised
+        over the exception that ended the run."""
+        try:
+            self._abandon_inflight()
+        except Exception:
+            log.exception("closing the trials in flight failed")
+            self._inflight.clear()
+
     def run(self, budget: Budget) -> SearchResult:
         """Measure until ``budget`` is used, the strategy has nothing left, or ``should_stop``;
         every result is recorded (``on_result``, the study) when it returns or raises."""
@@ -451,12 +462,14 @@ class Search:
         except Exception as stop:
             # A stop (budget used, job cancelled) or a failure: a failed write outranks it, so
             # that a job never ends as if a result it lost had been stored.
+            self._abandon_inflight_quietly()
             try:
                 self._writes.close(raise_errors=True)
             except Exception as write_error:
                 raise write_error from stop
             raise
         except BaseException:
+            self._abandon_inflight_quietly()
             self._writes.close()  # interrupted: failed writes are logged, the interrupt raised
             raise
         self._writes.close(raise_errors=True)

@@ -350,3 +350,23 @@ def test_a_small_space_asked_ahead_is_measured_whole_then_exhausted(strategy):
     assert result.stopped == "exhausted"
     assert sorted(measured) == sorted(space.key(c) for c in space.valid_configs())
     assert search.study.get_trials(states=(optuna.trial.TrialState.RUNNING,)) == []
+
+
+def test_an_error_in_the_loop_leaves_no_trial_of_the_configs_in_flight_open():
+    """A failure outside a measurement (here: the sync of a shared job, run by should_stop)
+    must close the trials asked ahead, not leave them RUNNING while the worker lives."""
+    space = make_space()
+    calls = iter(range(100))
+
+    def should_stop() -> bool:
+        if next(calls) == 6:
+            raise RuntimeError("database hiccup")
+        return False
+
+    search = Search(space, Counter(), strategy="tpe", seed=2, ahead=4, ready=lambda c: False,
+                    should_stop=should_stop)  # fmt: skip
+    with pytest.raises(RuntimeError, match="hiccup"):
+        search.run(Budget(max_configs=30))
+    states = [t.state for t in search.study.get_trials()]
+    assert optuna.trial.TrialState.RUNNING not in states
+    assert optuna.trial.TrialState.FAIL in states  # the configs asked ahead, never measured
