@@ -19,15 +19,15 @@ from service.settings import Settings
 PARAMS = {"shape": "4096x4096", "dtype": "float16", "gpu": "H200"}
 
 
-def store(app, time_ms: float, block: int) -> None:
+def store(app, time_ms: float, block: int, shape: tuple[int, int] = (4096, 4096)) -> None:
     spec = get_operator("softmax")
-    config = {**spec.default_config([4096, 4096], "float16"), "BLOCK_SIZE": block}
+    config = {**spec.default_config(list(shape), "float16"), "BLOCK_SIZE": block}
     with app.state.session_factory() as session:
         queries.upsert_best_config(
             session,
             operator="softmax",
             operator_version=spec.version,
-            shape=[4096, 4096],
+            shape=list(shape),
             dtype="float16",
             gpu_model="H200",
             compute_capability="9.0",
@@ -115,23 +115,10 @@ def test_a_replaced_winner_is_seen_when_another_row_is_dated_later(tmp_path: Pat
     to another row (an imported file's dates, a worker host whose clock runs behind)."""
     settings = Settings(db_url=f"sqlite:///{tmp_path}/k.db", lookup_cache_check_seconds=0.1)
     app = create_app(settings)
-    spec = get_operator("softmax")
     with TestClient(app) as client:
         store(app, 0.05, 256)
+        store(app, 0.01, 256, shape=(8192, 1024))
         with app.state.session_factory() as session:
-            queries.upsert_best_config(
-                session,
-                operator="softmax",
-                operator_version=spec.version,
-                shape=[8192, 1024],
-                dtype="float16",
-                gpu_model="H200",
-                compute_capability="9.0",
-                cuda_version="13.0",
-                config=spec.default_config([8192, 1024], "float16"),
-                time_ms=0.01,
-                job_id=None,
-            )
             row = session.scalars(
                 select(BestConfig).where(BestConfig.shape_key == "8192x1024")
             ).one()
