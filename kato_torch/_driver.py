@@ -12,6 +12,9 @@ import ctypes
 import threading
 from collections.abc import Sequence
 
+from kernels.limits import needs_shared_opt_in
+
+CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 _lock = threading.Lock()
@@ -62,11 +65,17 @@ def load_module(cubin: bytes) -> ctypes.c_void_p:
 
 
 def get_function(module: ctypes.c_void_p, name: str, dynamic_shared: int = 0) -> ctypes.c_void_p:
-    """An entry point of ``module``; opts in to ``dynamic_shared`` bytes above 48 KiB."""
+    """An entry point of ``module``; opts in to ``dynamic_shared`` bytes when they and the
+    function's static shared memory exceed 48 KiB together."""
     lib = _driver()
     func = ctypes.c_void_p()
     _check(lib.cuModuleGetFunction(ctypes.byref(func), module, name.encode()), name)
-    if dynamic_shared > 48 * 1024:
+    static = ctypes.c_int()
+    _check(
+        lib.cuFuncGetAttribute(ctypes.byref(static), CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, func),
+        f"cuFuncGetAttribute({name})",
+    )
+    if needs_shared_opt_in(static.value, dynamic_shared):
         _check(
             lib.cuFuncSetAttribute(
                 func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_shared

@@ -9,6 +9,8 @@ from __future__ import annotations
 #: Opt-in maximum of dynamic + static shared memory per block (sm_90; sm_80 has 163 KiB and the
 #: tuner checks that per GPU with its catalog, ``tuner.gpus``).
 MAX_SHARED_PER_BLOCK = 227 * 1024
+#: Shared memory per block (static + dynamic) a kernel gets without opting in.
+SHARED_WITHOUT_OPT_IN = 48 * 1024
 #: Resident threads per SM: MIN_BLOCKS blocks of B threads beyond it cannot be met.
 MAX_THREADS_PER_SM = 2048
 #: 32-bit registers per SM.
@@ -57,3 +59,11 @@ def resident_threads_error(min_blocks: int, threads: int) -> str | None:
             f"{MAX_THREADS_PER_SM} threads per SM"
         )
     return None
+
+
+def needs_shared_opt_in(static_bytes: int, dynamic_bytes: int) -> bool:
+    """Whether a launch must opt in (``MAX_DYNAMIC_SHARED_SIZE_BYTES``) to its dynamic shared
+    memory. The driver allows static + dynamic up to 48 KiB per block without it, so this is
+    judged on the sum: 48 KiB of dynamic plus a kernel's static reduction array fails to launch
+    without the opt-in, though neither part alone exceeds 48 KiB."""
+    return dynamic_bytes > 0 and static_bytes + dynamic_bytes > SHARED_WITHOUT_OPT_IN

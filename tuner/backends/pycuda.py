@@ -5,11 +5,14 @@ The only module that imports pycuda (lazily, at construction). Per config:
 1. render the source and compile it with nvcc for the device's arch (``tuner.nvcc``, with an
    on-disk cache); read registers, static shared and local memory from ptxas;
 2. load the cubin into the device's primary context (shared with PyTorch);
-3. verify: poison the output buffers (all bits set = NaN), launch once on fresh random inputs,
-   compare every element with the float64 reference on the device (tolerance per dtype);
-4. time: warm up, then ``repeats`` CUDA-event-timed batches of launches, rotating over enough
-   copies of the inputs that a repeat does not time the L2 cache; report the per-launch time of
-   each batch (the trial's time is their median).
+3. verify: every buffer restored to the problem as made (scratch and counters included), the
+   outputs poisoned with a value the reference does not hold (NaN for floats), the call run
+   twice on fresh random inputs, every element compared with the float64 reference on the
+   device after each run (tolerance per dtype);
+4. time: warm up, then ``repeats`` CUDA-event-timed batches of launches, each queued behind a
+   spin kernel so the events time the GPU, not Python's launch rate, rotating over enough
+   copies of the inputs that a batch streams twice the L2 from memory; report the per-launch
+   time of each batch (the trial's time is their median).
 
 A failure in any step is a :class:`TrialResult` with a failure status, never an exception.
 """
@@ -25,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from kernels.limits import needs_shared_opt_in
 from kernels.spec import CUDA_TYPES, Launch, OperatorSpec, Step
 from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
 from tuner.compile_queue import CompileQueue, CompileStats
@@ -34,6 +38,7 @@ from tuner.occupancy import occupancy
 from tuner.space import SearchSpace
 
 _VERIFY_SOURCE = Path(__file__).resolve().parent.parent / "verify_kernel.cu"
+_SPIN_SOURCE = Path(__file__).resolve().parent.parent / "spin_kernel.cu"
 _ARG_FORMATS = {
     np.int32: "i",
     np.uint32: "I",
@@ -45,6 +50,15 @@ _ARG_FORMATS = {
 #: Target duration of one timed batch: long enough that event resolution and launch gaps vanish.
 _BATCH_TARGET_MS = 1.0
 _MAX_BATCH = 200
+#: Input copies rotated while timing: a batch of up to ``_MAX_BATCH`` launches never reuses one.
+_MAX_COPIES = _MAX_BATCH
+#: The spin before a timed batch lasts this many times the host's measured time to queue it
+#: (plus ``_SPIN_MARGIN_MS``), so the batch is queued before its start event fires.
+_SPIN_FACTOR = 2.0
+_SPIN_MARGIN_MS = 0.05
+#: A batch whose start event fired before the host had queued it is timed again (with a spin
+#: twice as long) up to this many times; the last try is kept.
+_SPIN_RETRIES = 3
 
 
 def _import_pycuda():
@@ -80,6 +94,30 @@ def describe_device(index: int = 0) -> DeviceInfo:
         sm_count=dev.get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT),
         memory_bytes=dev.total_memory(),
     )
+
+
+def poison_word(dtype: np.dtype, reference: np.ndarray) -> int:
+    """The bit pattern (one element of ``dtype``, as an unsigned int) that an output is filled
+    with before a verification run: an element the kernel leaves unwritten must fail.
+
+    Floating-point outputs get all bits set, a NaN, which fails every comparison. An integer
+    output is compared exactly, so all bits set (-1) would pass wherever the reference holds -1
+    (a sort of signed keys): it gets the first of a few patterns that ``reference`` does not
+    hold (all bits set if it holds every one, which only a uint8 output of 256+ elements can)."""
+    dtype = np.dtype(dtype)
+    bits = 8 * dtype.itemsize
+    ones = (1 << bits) - 1
+    if dtype.kind not in "iu":
+        return ones
+    unsigned = np.dtype(f"u{dtype.itemsize}")
+    present = np.unique(np.ascontiguousarray(reference, dtype=dtype).view(unsigned))
+    fill = int.from_bytes(b"\x5a" * dtype.itemsize, "little")
+    candidates = [ones, ones >> 1, 1 << (bits - 1), fill, *range(256)]
+    for word in candidates:
+        index = np.searchsorted(present, word)
+        if index == present.size or present[index] != word:
+            return word
+    return ones
 
 
 @dataclass(frozen=True)
@@ -176,11 +214,13 @@ class PyCudaBackend(Backend):
             self.prepare()
 
     def prepare(self) -> None:
-        """Make the inputs, references, device buffers and verifier (once; idempotent)."""
+        """Make the inputs, references, device buffers, verifier and spin kernel (once;
+        idempotent)."""
         if self._prepared:
             return
         self._setup_buffers()
         self._verifiers = self._load_verifier()
+        self._spin = self._load_helper(_SPIN_SOURCE, "spin_ns", (), "Q")
         self._prepared = True
 
     # --- setup ------------------------------------------------------------------------------
@@ -192,13 +232,19 @@ class PyCudaBackend(Backend):
         self._arg_formats = [
             "P" if isinstance(a, np.ndarray) else _ARG_FORMATS[type(a)] for a in problem.args
         ]
-        # Enough copies that one timed batch streams more than twice the L2 from memory.
+        # Enough copies that one timed batch streams more than twice the L2 from memory, counted
+        # in the bytes a call touches (not scratch it leaves alone), within half the free memory.
         l2 = self.gpu.l2_bytes if self.gpu else 64 << 20
-        copies = max(1, min(8, math.ceil(2 * l2 / max(problem.nbytes, 1))))
+        touched = max(self.spec.bytes_moved(self.shape, self.dtype), 1)
+        copies = max(1, min(_MAX_COPIES, math.ceil(2 * l2 / touched)))
         free, _ = cuda.mem_get_info()
-        copies = max(1, min(copies, int(0.5 * free // max(problem.nbytes, 1))))
+        fit = int(0.5 * free // max(problem.nbytes, 1))
+        # One more set where it fits: the pristine buffers every verification starts from (a
+        # device copy takes microseconds; from the host, tens of ms per config).
+        keep_pristine = fit >= 2
+        copies = max(1, min(copies, fit - int(keep_pristine)))
         self._arg_sets: list[list[Any]] = []
-        for _ in range(copies):
+        for _ in range(copies + int(keep_pristine)):
             args = []
             for a in problem.args:
                 if isinstance(a, np.ndarray):
@@ -208,9 +254,12 @@ class PyCudaBackend(Backend):
                 else:
                     args.append(a)
             self._arg_sets.append(args)
+        self._pristine = self._arg_sets.pop() if keep_pristine else None
+        self._next_set = 0  # the copy the next timed launch reads: rotation runs across repeats
         # References on the device: float32 copies of the float64 references for floating-point
         # outputs, the output's own integer type for integer outputs (compared exactly).
         self._refs = []
+        self._poisons = []
         for out_index, ref in zip(problem.outputs, problem.references, strict=True):
             out_dtype = problem.args[out_index].dtype
             ref_dtype = out_dtype if out_dtype.kind in "iu" else np.dtype(np.float32)
@@ -218,6 +267,7 @@ class PyCudaBackend(Backend):
             buf = cuda.mem_alloc(max(host.nbytes, 4))
             cuda.memcpy_htod(buf, host)
             self._refs.append((out_index, buf, ref.size))
+            self._poisons.append(poison_word(out_dtype, host))
         self._bad = cuda.mem_alloc(8)
         self._max_err = cuda.mem_alloc(4)
 
@@ -232,19 +282,25 @@ class PyCudaBackend(Backend):
             is_int = out_dtype.kind in "iu"
             options = [f"-DOUT_T={ctype}", f"-DREF_T={ctype if is_int else 'float'}"]
             options.append(f"-DOUT_IS_INT={int(is_int)}")
-            compiled = compile_kernel(
-                _VERIFY_SOURCE.read_text(),
-                "count_mismatches",
-                arch=self.info.arch,
-                options=tuple(options),  # an argv list: "-DOUT_T=unsigned int" is one argument
-                cache_dir=self.compile_cache,
+            functions[out_dtype] = self._load_helper(
+                _VERIFY_SOURCE, "count_mismatches", tuple(options), "PPqffPP"
             )
-            module = self.cuda.module_from_buffer(compiled.cubin)
-            self._modules.append(module)
-            fn = module.get_function("count_mismatches")
-            fn.prepare("PPqffPP")
-            functions[out_dtype] = fn
         return functions
+
+    def _load_helper(
+        self, source: Path, name: str, options: tuple[str, ...], arg_format: str
+    ) -> Any:
+        """Compile (through the nvcc cache), load and prepare one of the backend's own kernels.
+        ``options`` is an argv list: "-DOUT_T=unsigned int" is one argument."""
+        compiled = compile_kernel(
+            source.read_text(), name, arch=self.info.arch, options=options,
+            cache_dir=self.compile_cache,
+        )  # fmt: skip
+        module = self.cuda.module_from_buffer(compiled.cubin)
+        self._modules.append(module)
+        fn = module.get_function(name)
+        fn.prepare(arg_format)
+        return fn
 
     # --- Backend API ------------------------------------------------------------------------
 
@@ -319,6 +375,16 @@ class PyCudaBackend(Backend):
             return result
         launch = self.spec.launch(config, self.shape, self.dtype)
         result.compile_time_s = compiled.compile_time_s
+        shared = compiled.shared_static_bytes + launch.shared_bytes
+        if self.gpu is not None and shared > self.gpu.shared_per_block_optin_bytes:
+            # Only now known: the static part is what ptxas reported for this config.
+            result.status = TrialStatus.INVALID
+            result.error = (
+                f"{self.spec.kernel_name}: {compiled.shared_static_bytes} B static + "
+                f"{launch.shared_bytes} B dynamic shared memory > "
+                f"{self.gpu.shared_per_block_optin_bytes} B per block on {self.gpu.name}"
+            )
+            return result
         result.registers = compiled.registers
         result.shared_static_bytes = compiled.shared_static_bytes
         result.shared_dynamic_bytes = launch.shared_bytes
@@ -359,10 +425,11 @@ class PyCudaBackend(Backend):
             fn = functions.get(step.kernel)
             if fn is None:
                 fn = functions[step.kernel] = module.get_function(step.kernel)
-            if step.launch.shared_bytes > 48 * 1024:
+            dynamic = step.launch.shared_bytes
+            static = fn.get_attribute(self.cuda.function_attribute.SHARED_SIZE_BYTES)
+            if needs_shared_opt_in(static, dynamic):
                 fn.set_attribute(
-                    self.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    step.launch.shared_bytes,
+                    self.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic
                 )
             # A prepared function keeps one argument format: a kernel used by two steps with
             # different argument lists gets a second function object.
@@ -386,15 +453,46 @@ class PyCudaBackend(Backend):
             )
 
     def verify(self, calls: Sequence[_Call]) -> str | None:
-        """Run one call on the reference inputs with poisoned outputs; return an error text if
-        any output element is outside tolerance (None if all match)."""
+        """Run the call on the reference inputs and return an error text if any output element is
+        outside tolerance (None if all match).
+
+        Every buffer starts as :meth:`OperatorSpec.make_problem` made it (inputs, NaN-filled
+        scratch, zeroed counters: a previous config's run leaves nothing behind) and the outputs
+        are poisoned with a value the reference does not hold. The call then runs twice, the
+        outputs poisoned again before the second run and compared after each: the first catches
+        an element left unwritten, the second a kernel that does not leave its scratch (a
+        counter, a mask) ready for the next call, as every timed launch after it relies on."""
         cuda = self.cuda
         args = self._arg_sets[0]
-        for out_index, _, _ in self._refs:
-            nbytes = self.problem.args[out_index].nbytes
-            cuda.memset_d8(args[out_index], 0xFF, nbytes)
-        self._launch(calls, args)
-        cuda.Context.synchronize()
+        for index, arg in enumerate(self.problem.args):
+            if not isinstance(arg, np.ndarray) or not arg.nbytes:
+                continue
+            if self._pristine is not None:
+                cuda.memcpy_dtod(args[index], self._pristine[index], arg.nbytes)
+            else:
+                cuda.memcpy_htod(args[index], np.ascontiguousarray(arg))
+        for run in ("first", "second"):
+            self._poison_outputs(args)
+            self._launch(calls, args)
+            cuda.Context.synchronize()
+            error = self._compare(args)
+            if error:
+                return error if run == "first" else f"{error} (on a second call)"
+        return None
+
+    def _poison_outputs(self, args: list[Any]) -> None:
+        for (out_index, _, _), word in zip(self._refs, self._poisons, strict=True):
+            out = self.problem.args[out_index]
+            if out.itemsize == 4:
+                self.cuda.memset_d32(args[out_index], word, out.size)
+            elif out.itemsize == 2:
+                self.cuda.memset_d16(args[out_index], word, out.size)
+            else:
+                self.cuda.memset_d8(args[out_index], word, out.nbytes)
+
+    def _compare(self, args: list[Any]) -> str | None:
+        """Compare every output of ``args`` with its reference on the device."""
+        cuda = self.cuda
         tolerances = self.problem.tolerances or [self.spec.tolerance(self.dtype)] * len(self._refs)
         for (out_index, ref_buf, n), (atol, rtol) in zip(self._refs, tolerances, strict=True):
             cuda.memset_d8(self._bad, 0, 8)
@@ -423,27 +521,47 @@ class PyCudaBackend(Backend):
         return None
 
     def time(self, calls: Sequence[_Call]) -> list[float]:
-        """Per-call milliseconds (all steps) of each of ``repeats`` batches (after warm-up)."""
+        """Per-call milliseconds (all steps) of each of ``repeats`` batches (after warm-up).
+
+        A batch is ``ceil(1 ms / one call)`` calls (at most ``_MAX_BATCH``) between two events,
+        rotating over the input copies. Each batch is queued behind a spin kernel that holds the
+        GPU for twice the host's time to queue the batch, so the events time the GPU running the
+        calls back to back, not Python launching them (a 3 us kernel reads ~9 us otherwise)."""
         cuda = self.cuda
-        sets = self._arg_sets
-        for i in range(self.warmup):
-            self._launch(calls, sets[i % len(sets)])
+        for _ in range(self.warmup):
+            self._launch(calls, self._next_args())
         start, end = cuda.Event(), cuda.Event()
+        t0 = time.perf_counter()
         start.record()
-        self._launch(calls, sets[0])
+        self._launch(calls, self._next_args())
         end.record()
+        host_ms = (time.perf_counter() - t0) * 1e3
         end.synchronize()
         single = max(end.time_since(start), 1e-3)
         batch = max(1, min(_MAX_BATCH, math.ceil(_BATCH_TARGET_MS / single)))
+        spin_ms = _SPIN_FACTOR * batch * host_ms + _SPIN_MARGIN_MS
         times = []
         for _ in range(self.repeats):
-            start.record()
-            for i in range(batch):
-                self._launch(calls, sets[i % len(sets)])
-            end.record()
-            end.synchronize()
+            for _ in range(_SPIN_RETRIES):
+                self._spin.prepared_call((1, 1, 1), (1, 1, 1), np.uint64(spin_ms * 1e6))
+                start.record()
+                t0 = time.perf_counter()
+                for _ in range(batch):
+                    self._launch(calls, self._next_args())
+                queued_ms = (time.perf_counter() - t0) * 1e3
+                end.record()
+                overtaken = start.query()  # the GPU began the batch before it was all queued
+                end.synchronize()
+                if not overtaken:
+                    break
+                spin_ms = max(2 * spin_ms, _SPIN_FACTOR * queued_ms)
             times.append(end.time_since(start) / batch)
         return times
+
+    def _next_args(self) -> list[Any]:
+        args = self._arg_sets[self._next_set % len(self._arg_sets)]
+        self._next_set += 1
+        return args
 
     def healthy(self) -> bool:
         """Probe the context: after a sticky fault (illegal address, trap) every CUDA call fails,
