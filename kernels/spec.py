@@ -8,8 +8,11 @@ geometry, inputs and float64 reference from it. Backends do the rest.
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import inspect
 import json
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +44,38 @@ CUDA_TYPES: dict[np.dtype, str] = {
     np.dtype(np.uint32): "unsigned int",
     np.dtype(np.uint8): "unsigned char",
 }
+
+
+def code_fingerprint(source: str) -> bytes:
+    """Python source as its syntax tree without docstrings: what the code does, not how it is
+    commented or laid out (a comment, a docstring or a reformat gives the same bytes)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return _serialize(tree).encode()
+
+
+def _serialize(node: Any) -> str:
+    """A syntax tree as text, stable across Python versions: fields that are None or empty are
+    left out, so a field a newer Python adds (3.12's ``type_params=[]``) changes nothing."""
+    if isinstance(node, ast.AST):
+        fields = []
+        for name, value in ast.iter_fields(node):
+            if value is None or (isinstance(value, list) and not value):
+                continue
+            fields.append(f"{name}={_serialize(value)}")
+        return f"{type(node).__name__}({','.join(fields)})"
+    if isinstance(node, list):
+        return f"[{','.join(_serialize(item) for item in node)}]"
+    return repr(node)
 
 
 class InvalidInput(ValueError):
@@ -136,14 +171,26 @@ class OperatorSpec(ABC):
 
     @cached_property
     def version(self) -> str:
-        """Hash of the template source and the parameter space (12 hex digits).
+        """Hash of the template source, the parameter space and the Python code that renders,
+        launches and verifies it (12 hex digits).
 
-        Part of every stored result's key: change the kernel or its space and old results stop
-        matching instead of serving a stale winner.
+        Part of every stored result's key: change the kernel, its space, or the spec's defines,
+        launch geometry, checks, inputs or tolerances, and old results stop matching instead of
+        serving a stale winner. The code is hashed as syntax (:func:`code_fingerprint`) of the
+        spec's own module(s) and of :mod:`kernels.limits`, so comments, docstrings and
+        formatting do not count.
         """
         h = hashlib.sha256()
         h.update(self.template.read_bytes())
         h.update(json.dumps(self.params, sort_keys=True, default=str).encode())
+        modules = {
+            sys.modules[cls.__module__]
+            for cls in type(self).__mro__
+            if issubclass(cls, OperatorSpec) and cls is not OperatorSpec
+        }
+        modules.add(sys.modules["kernels.limits"])
+        for module in sorted(modules, key=lambda m: m.__name__):
+            h.update(code_fingerprint(Path(inspect.getfile(module)).read_text()))
         return h.hexdigest()[:12]
 
     # --- validation ---------------------------------------------------------------------------

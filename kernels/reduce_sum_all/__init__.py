@@ -47,6 +47,8 @@ EPS32 = 2.0**-24
 #: Tolerance: this many roundings of sum |x| (the model's worst case is ~30; FINISH 1's atomic
 #: chain of up to MAX_GRID partials adds a random walk of ~sqrt(MAX_GRID) more).
 ERROR_ROUNDINGS = 256
+#: Sentinels at each end of x and at random positions (:meth:`ReduceSumAllSpec.make_problem`).
+SENTINELS = 32
 
 _CUDA_FLAGS = {"float32": (0, 0), "float16": (1, 0), "bfloat16": (0, 1)}  # IS_HALF, IS_BF16
 
@@ -149,11 +151,21 @@ class ReduceSumAllSpec(OperatorSpec):
         """x ~ U(0.5, 1.5) with a random quarter negated (positive-biased: a serial float32
         sum drifts far; the negated quarter adds cancellation); never zero. out pre-filled
         with NaN, partials with NaN, counter 0. Tolerance: ``ERROR_ROUNDINGS`` roundings of
-        ``sum |x|`` (absolute)."""
+        ``sum |x|`` (absolute).
+
+        That tolerance grows with n (~1000 at 2**26), more than a few elements are worth, so
+        sentinels make a skipped element visible where kernels skip them: the first and last
+        ``SENTINELS`` elements (a missed vector head or remainder) and as many at random
+        positions are :func:`sentinel_magnitude` (signs alternating), at least 8 tolerances."""
         (n,) = self.validate(shape, dtype)
         np_dtype = DTYPES[dtype][0]
         x32 = rng.uniform(0.5, 1.5, size=n).astype(np.float32)
         x32[rng.random(n) < 0.25] *= -1.0
+        edges = np.unique(np.r_[np.arange(min(n, SENTINELS)), np.arange(max(n - SENTINELS, 0), n)])
+        inside = rng.integers(0, n, size=SENTINELS)
+        where = np.unique(np.r_[edges, inside])
+        signs = np.where(np.arange(where.size) % 2 == 0, 1.0, -1.0).astype(np.float32)
+        x32[where] = signs * np.float32(sentinel_magnitude(n, dtype))
         x = x32.astype(np_dtype, copy=False)
         del x32
         x64 = x.astype(np.float64)
@@ -186,6 +198,18 @@ class ReduceSumAllSpec(OperatorSpec):
 
     def buffer_bytes(self, shape: Sequence[int], dtype: str) -> int:
         return self.bytes_moved(shape, dtype) + 4 * (self.MAX_GRID + 3)
+
+
+def sentinel_magnitude(n: int, dtype: str) -> float:
+    """The power of two a sentinel of :meth:`ReduceSumAllSpec.make_problem` has: at least 8
+    times the tolerance of n elements of mean magnitude 1 plus the 3 * SENTINELS sentinels
+    themselves (so that losing one fails verification), at least 64, and at most 2**15 for
+    float16 (its largest power of two; from about n = 2**28 on, float16 sentinels are worth
+    less than 8 tolerances)."""
+    per_unit = 8 * ERROR_ROUNDINGS * EPS32  # 8 tolerances per unit of sum |x|
+    magnitude = per_unit * 1.5 * n / (1 - per_unit * 3 * SENTINELS)
+    exponent = max(6, math.ceil(math.log2(max(magnitude, 1.0))))
+    return float(2 ** min(exponent, 15 if dtype == "float16" else 60))
 
 
 def sum_tolerance(abs_sum: float) -> float:

@@ -15,6 +15,7 @@ from kernels.reduce_sum_all import (
     ReduceSumAllSpec,
     block_sum_model,
     butterfly,
+    sentinel_magnitude,
     step_sum,
     sum_tolerance,
     summation_model,
@@ -153,6 +154,22 @@ def test_make_problem(dtype) -> None:
     assert rtol == 0.0
     again = SPEC.make_problem((n,), dtype, np.random.default_rng(2))
     assert not np.array_equal(again.args[0], x)
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("n", [1, 33, 10007, 2**20 + 3])
+def test_a_sum_that_skips_the_head_or_the_tail_fails(n, dtype) -> None:
+    """Without sentinels the tolerance (~1000 at 2**26) hid a dropped remainder of up to
+    hundreds of elements; now dropping the first or the last element (a vector head or tail
+    missed) is off by more than the tolerance, however large n is."""
+    p = SPEC.make_problem((n,), dtype, np.random.default_rng(4))
+    x = p.args[0].astype(np.float64)
+    ((atol, _),) = p.tolerances
+    exact = float(p.references[0][0])
+    assert abs(x.sum() - exact) <= atol  # the full sum passes
+    for skipped in (x[1:], x[:-1]):
+        assert abs(skipped.sum() - exact) > 4 * atol
+    assert sentinel_magnitude(2**26, dtype) >= 8 * sum_tolerance(1.5 * 2**26)
 
 
 def test_bytes_moved() -> None:

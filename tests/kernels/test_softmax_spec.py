@@ -363,7 +363,7 @@ def test_reference_handles_uniform_and_extreme_rows() -> None:
 
 def test_tolerances_are_ordered_by_precision() -> None:
     tolerances = {dtype: SPEC.tolerance(dtype) for dtype in DTYPE_NAMES}
-    assert tolerances["float32"] == (1e-6, 1e-4)
+    assert tolerances["float32"] == (2.0**-125, 1e-4)
     (a32, r32), (a16, r16), (ab, rb) = (tolerances[d] for d in DTYPE_NAMES)
     assert r32 < r16 < rb
     # The relative tolerance covers at least twice the half-ulp output rounding of each type.
@@ -382,6 +382,24 @@ def test_rounded_reference_is_within_tolerance(dtype) -> None:
     np.testing.assert_allclose(ideal, ref, atol=atol, rtol=rtol)
     # ... and a kernel that forgot to normalise does not.
     assert not np.allclose(ref * 1.01, ref, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+def test_tolerance_does_not_pass_zeros_for_small_outputs(dtype) -> None:
+    """A kernel that writes 0 for every output below 1/cols fails: atol is far below the small
+    outputs a long row holds (with the old atol of 1e-6, most of a 4096-wide row passed as 0)."""
+    problem = SPEC.make_problem((64, 4096), dtype, np.random.default_rng(3))
+    ref = problem.references[0]
+    atol, rtol = SPEC.tolerance(dtype)
+    small = (ref < 1.0 / 4096) & (ref > 0)
+    assert small.mean() > 0.5  # most of each row
+    zeroed = np.where(small, 0.0, ref)
+    within = np.isclose(zeroed, ref, atol=atol, rtol=rtol)
+    # Every small output above twice the type's own underflow error is caught.
+    underflow = {"float32": 2.0**-126, "float16": 2.0**-24, "bfloat16": 2.0**-126}[dtype]
+    caught = small & (ref > 2 * underflow)
+    assert caught.sum() > 0.5 * small.sum()
+    assert not within[caught].any()
 
 
 def test_bytes_moved_and_buffer_bytes() -> None:

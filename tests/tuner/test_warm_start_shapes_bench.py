@@ -10,10 +10,10 @@ from paths import HOLDOUT_SPACES
 from benchmarks import warm_start_shapes
 
 MATMUL_F32 = [
-    str(HOLDOUT_SPACES / "matmul_H200_4096x4096x4096_float32_73be5823ecce.json.gz"),
-    str(HOLDOUT_SPACES / "matmul_H200_2048x2048x8192_float32_73be5823ecce.json.gz"),
+    str(HOLDOUT_SPACES / "matmul_H200_4096x4096x4096_float32_d85e0f6f9d8e.json.gz"),
+    str(HOLDOUT_SPACES / "matmul_H200_2048x2048x8192_float32_d85e0f6f9d8e.json.gz"),
 ]
-MATMUL_F16 = str(HOLDOUT_SPACES / "matmul_H200_4096x4096x4096_float16_73be5823ecce.json.gz")
+MATMUL_F16 = str(HOLDOUT_SPACES / "matmul_H200_4096x4096x4096_float16_d85e0f6f9d8e.json.gz")
 
 
 def test_siblings_share_operator_version_dtype_and_gpu():

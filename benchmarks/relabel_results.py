@@ -1,0 +1,182 @@
+"""Carry committed results over to a new operator version when what was measured is unchanged.
+
+Two kinds of files are covered: winners (``kato export`` files, ``*.t4.json``: data/h200) and
+recorded spaces (Kernel Tuner caches written by ``kato export --format kt``, ``*.json[.gz]``:
+data/spaces/*, tests/data/recorded).
+
+A result's version is its operator's version when it was measured. The version changes with the
+template, the space, or the spec's Python code (``OperatorSpec.version``), and a result of an old
+version is never served or replayed as current. Many changes do not touch what was measured (a
+new check elsewhere in the space, a tighter tolerance, new verification inputs, a change in how
+the version is computed): this script takes the ``kernels`` package of the commit the files were
+measured with (``--base``, by default HEAD: run it before committing the
+change) and compares, for every config the file holds (a
+winner file's best configs, a space's every entry), the rendered CUDA source, every launch
+(kernel, grid, block, dynamic shared memory, arguments) and the validity check with the current
+code. Only a file whose configs all render, launch and check the same is rewritten with the
+current version (and renamed where its name holds the version); the rest are listed to measure
+again. Whether committed winners pass the current verification is the GPU suite's test
+(tests/gpu/test_committed_winners_gpu.py). Run it from the repository's root; ``--dry-run`` only
+reports.
+
+    python3 benchmarks/relabel_results.py data/h200 data/spaces tests/data/recorded [--dry-run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Run under the old (or the current) ``kernels`` package. Reads ``{name: {operator, shape,
+#: dtype, configs}}`` and prints, per name, the operator's version and per config a digest of
+#: its rendered source, its launches and its check.
+_DESCRIBE = r"""
+import hashlib, json, os, sys
+from dataclasses import asdict
+import kernels
+from kernels import get_operator
+# An editable install's finder would answer for a module the archived package lacks.
+assert kernels.__file__.startswith(os.getcwd()), kernels.__file__
+out = {}
+for name, item in json.load(sys.stdin).items():
+    spec = get_operator(item["operator"])
+    shape, dtype = item["shape"], item["dtype"]
+    described = []
+    for config in item["configs"]:
+        check = spec.check(config, shape, dtype)
+        if check is None:
+            source = hashlib.sha256(spec.render(config, shape, dtype).encode()).hexdigest()
+            steps = [asdict(s) for s in spec.steps(config, shape, dtype)]
+        else:
+            source, steps = None, None
+        described.append({"source": source, "steps": steps, "check": check})
+    out[name] = {"version": spec.version, "configs": described}
+json.dump(out, sys.stdout, default=str)
+"""
+
+
+class ResultFile:
+    """One committed file: where its version is stored and which configs it holds."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.gzipped = path.suffix == ".gz"
+        opener = gzip.open if self.gzipped else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            self.data: dict[str, Any] = json.load(f)
+        self.is_winners = path.name.endswith(".t4.json")
+
+    @property
+    def version(self) -> str:
+        if self.is_winners:
+            return self.data["metadata"]["kato"]["operator_version"]
+        return self.data["kato_operator_version"]
+
+    def item(self) -> dict[str, Any]:
+        """What :data:`_DESCRIBE` needs: the operator, shape, dtype and every config held."""
+        if self.is_winners:
+            meta = self.data["metadata"]["kato"]
+            configs = [b["config"] for b in meta["best"]]
+            return {**{k: meta[k] for k in ("operator", "shape", "dtype")}, "configs": configs}
+        keys = self.data["tune_params_keys"]
+        configs = [{k: e[k] for k in keys} for e in self.data["cache"].values()]
+        return {
+            "operator": self.data["kato_operator"],
+            "shape": self.data["problem_size"],
+            "dtype": self.data["dtype"],
+            "configs": configs,
+        }
+
+    def relabel(self, version: str, dry_run: bool) -> Path:
+        """Write the file with ``version`` (renamed where its name holds the old one)."""
+        old = self.version
+        if self.is_winners:
+            self.data["metadata"]["kato"]["operator_version"] = version
+        else:
+            self.data["kato_operator_version"] = version
+            if isinstance(self.data.get("kato"), dict) and "operator_version" in self.data["kato"]:
+                self.data["kato"]["operator_version"] = version
+        target = self.path.with_name(self.path.name.replace(old, version))
+        if dry_run:
+            return target
+        # As ``kato export`` writes it: compact JSON; gzip without a timestamp.
+        payload = json.dumps(self.data, separators=(",", ":"), allow_nan=False).encode()
+        target.write_bytes(gzip.compress(payload, mtime=0) if self.gzipped else payload)
+        if target != self.path:
+            self.path.unlink()
+        return target
+
+
+def _describe(kernels_root: Path, items: dict[str, dict]) -> dict[str, dict]:
+    result = subprocess.run(
+        [sys.executable, "-c", _DESCRIBE],
+        input=json.dumps(items),
+        capture_output=True,
+        text=True,
+        cwd=kernels_root,
+        env={"PYTHONPATH": str(kernels_root), "PATH": "/usr/bin:/bin"},
+    )
+    if result.returncode != 0:
+        raise SystemExit(f"describing under {kernels_root} failed:\n{result.stderr}")
+    return json.loads(result.stdout)
+
+
+def _files(paths: list[Path]) -> list[Path]:
+    found = []
+    for path in paths:
+        if path.is_dir():
+            found += sorted(p for p in path.rglob("*") if p.name.endswith((".json", ".json.gz")))
+        else:
+            found.append(path)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", type=Path, nargs="+", help="files or directories")
+    parser.add_argument(
+        "--base", default="HEAD", help="the commit whose code the files were measured with"
+    )
+    parser.add_argument("--dry-run", action="store_true")
+    args = parser.parse_args(argv)
+    files = {str(p): ResultFile(p) for p in _files(args.paths)}
+    items = {name: f.item() for name, f in files.items()}
+    now = _describe(ROOT, items)
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(
+            ["git", "archive", args.base, "kernels"], cwd=ROOT, capture_output=True, check=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        then = _describe(Path(tmp), items)
+    relabelled, current, retune = 0, 0, []
+    for name, result in files.items():
+        old, new = then[name], now[name]
+        if result.version == new["version"]:
+            current += 1
+            continue
+        if result.version != old["version"]:
+            retune.append((name, f"measured at {result.version}, not {args.base}'s version"))
+            continue
+        if old["configs"] != new["configs"]:
+            changed = sum(a != b for a, b in zip(old["configs"], new["configs"], strict=True))
+            retune.append((name, f"{changed} configs render, launch or check differently"))
+            continue
+        target = result.relabel(new["version"], args.dry_run)
+        print(f"{name} -> {target.name}")
+        relabelled += 1
+    for name, reason in retune:
+        print(f"MEASURE AGAIN {name}: {reason}")
+    print(f"{relabelled} relabelled, {current} current, {len(retune)} to measure again")
+    return 1 if retune else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
