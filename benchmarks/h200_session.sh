@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # One device call on the H200 (see ../shared/device/README.md): install the staged wheels, then
 # run the steps named as arguments, writing results under $OUT.
-#   steps: occupancy gputests operators throughput mlp spaces (default: occupancy gputests operators)
-#   env: GPU_TESTS (pytest paths, default tests/gpu), TUNE_BUDGET, CASES ("relu layernorm:1048576x128 ..."),
+#   steps: occupancy gputests winners operators throughput mlp spaces
+#          (default: occupancy gputests operators)
+#   The whole GPU suite does not fit one device call (600 s) on a fresh machine: `gputests` runs
+#   tests/gpu except the committed winners' check (~460 s), `winners` runs that (~230 s, most of
+#   it making the float64 references of 2^28-element problems), each in a call of its own.
+#   env: GPU_TESTS (pytest paths, default tests/gpu minus the winners), TUNE_BUDGET, CASES ("relu layernorm:1048576x128 ..."),
 #        TUNE_ONLY=1, MAX_MINUTES, DB (SQLAlchemy URL of the results database; data/h200 is
 #        imported into it first, and the operators step exports it to $OUT/h200),
 #        THROUGHPUT_ARGS, SPACES ("op:shape:dtype ..." to brute-force, each cut after SPACE_TIMEOUT s)
@@ -22,8 +26,11 @@ for step in $steps; do
   case $step in
     occupancy) python3 benchmarks/occupancy_check.py --cache-dir /tmp/kato-cubin \
                  --out "$OUT/occupancy_h200.json" 2>&1 | tail -25 ;;
-    gputests) python3 -m pytest -q -p no:cacheprovider ${GPU_TESTS:-tests/gpu} 2>&1 \
+    gputests) python3 -m pytest -q -p no:cacheprovider --durations=15 \
+                 ${GPU_TESTS:-tests/gpu --ignore=tests/gpu/test_committed_winners_gpu.py} 2>&1 \
                  | tee "$OUT/gpu_tests.log" | tail -40 ;;
+    winners) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_committed_winners_gpu.py \
+                 2>&1 | tee "$OUT/gpu_winners.log" | tail -20 ;;
     operators) ops=(); for o in ${CASES:-}; do ops+=(--case "$o"); done
                python3 benchmarks/operators.py --db "$DB" \
                  --tune "${TUNE_BUDGET:-0}" ${TUNE_ONLY:+--tune-only} \
