@@ -253,8 +253,27 @@ def complete_trial(
     session: Session, job_id: str, *, config_key: str, worker_id: str, result: Mapping[str, Any]
 ) -> bool:
     """Fill in this worker's reservation with its measured ``result``
-    (:meth:`TrialResult.to_dict`) and keep the job's best; commit. ``False`` if the reservation
-    is gone (released as stale meanwhile): nothing is stored then."""
+    (:meth:`TrialResult.to_dict`) and keep the job's best; commit.
+
+    A reservation released meanwhile (this worker looked dead to another, its heartbeat late
+    during a long measurement) is taken again first, so that the measurement is stored rather
+    than made twice: ``False`` only if that fails too (another worker has reserved or recorded
+    the config since, the budget is used up or the job stopped), and nothing is stored then."""
+    if _fill_reservation(session, job_id, config_key, worker_id, result):
+        return True
+    config = result.get("config")
+    if config is None:
+        return False
+    again = reserve_trial(
+        session, job_id, config=config, config_key=config_key, worker_id=worker_id
+    )
+    return again == "reserved" and _fill_reservation(session, job_id, config_key, worker_id, result)
+
+
+def _fill_reservation(
+    session: Session, job_id: str, config_key: str, worker_id: str, result: Mapping[str, Any]
+) -> bool:
+    """Fill in this worker's reservation of ``config_key`` (``False``: there is none); commit."""
     time_ms = result.get("time_ms")
     _lock_job(session, job_id)
     filled = session.execute(

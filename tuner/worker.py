@@ -462,7 +462,11 @@ class JobRunner:
                     )
                 state.mine.discard(key)
                 if not stored:
-                    log.warning("job %s: reservation of %s was released; not stored", job.id, key)
+                    log.warning(
+                        "job %s: reservation of %s was released and taken since; not stored",
+                        job.id,
+                        key,
+                    )
             if self.on_progress is not None:
                 self.on_progress(result, measured, job.budget_configs)
 

@@ -216,3 +216,50 @@ def test_completing_a_trial_while_another_worker_reserves_that_config_does_not_d
     assert done == [True]
     with sessions() as s:
         assert queries.get_job(s, job_id).best_time_ms == 1.5
+
+
+def _released_reservation(sessions, job_id: str) -> dict:
+    """Worker a reserves a config, then is taken for dead (it has no heartbeat) and its
+    reservation released, as a long measurement past the lease would have it."""
+    config = {"BLOCK_SIZE": 256}
+    with sessions() as s:
+        queries.claim_next_job(s, gpu_models=["H200"], worker_id="a", lease_seconds=60)
+        assert fleet.reserve_trial(s, job_id, config=config, config_key="k", worker_id="a") == (
+            "reserved"
+        )
+        assert fleet.release_stale_reservations(s, job_id, stale_seconds=60) == 1
+        assert queries.get_job(s, job_id).trials_done == 0
+    return {"status": "ok", "time_ms": 2.5, "times_ms": [2.5], "config": config}
+
+
+def test_a_measurement_whose_reservation_was_released_is_stored_when_the_config_is_free(db_url):
+    """Before, complete_trial stored nothing once the reservation was gone, though the search
+    had counted the result: the config was measured again by another worker."""
+    sessions = sessions_for(db_url)
+    job_id = submit(sessions, 10)
+    result = _released_reservation(sessions, job_id)
+    with sessions() as s:
+        assert fleet.complete_trial(s, job_id, config_key="k", worker_id="a", result=result)
+    with sessions() as s:
+        (trial,) = queries.job_trials(s, job_id)
+        found = queries.get_job(s, job_id)
+    assert (trial.config_key, trial.status, trial.time_ms) == ("k", "ok", 2.5)
+    assert fleet.reserved_by(trial) is None
+    assert (found.trials_done, found.best_time_ms) == (1, 2.5)
+
+
+def test_a_released_measurement_is_not_stored_over_another_workers_reservation(db_url):
+    sessions = sessions_for(db_url)
+    job_id = submit(sessions, 10)
+    result = _released_reservation(sessions, job_id)
+    with sessions() as s:
+        taken = fleet.reserve_trial(
+            s, job_id, config=result["config"], config_key="k", worker_id="b"
+        )
+        assert taken == "reserved"
+        assert not fleet.complete_trial(s, job_id, config_key="k", worker_id="a", result=result)
+    with sessions() as s:
+        (trial,) = queries.job_trials(s, job_id)
+        found = queries.get_job(s, job_id)
+    assert fleet.reserved_by(trial) == "b"  # b's measurement is the one to be stored
+    assert (found.trials_done, found.best_time_ms) == (1, None)
