@@ -261,11 +261,8 @@ def complete_trial(
     the config since, the budget is used up or the job stopped), and nothing is stored then."""
     if _fill_reservation(session, job_id, config_key, worker_id, result):
         return True
-    config = result.get("config")
-    if config is None:
-        return False
     again = reserve_trial(
-        session, job_id, config=config, config_key=config_key, worker_id=worker_id
+        session, job_id, config=result["config"], config_key=config_key, worker_id=worker_id
     )
     return again == "reserved" and _fill_reservation(session, job_id, config_key, worker_id, result)
 

@@ -481,14 +481,14 @@ class PyCudaBackend(Backend):
         return None
 
     def _poison_outputs(self, args: list[Any]) -> None:
+        memsets = {4: self.cuda.memset_d32, 2: self.cuda.memset_d16, 1: self.cuda.memset_d8}
         for (out_index, _, _), word in zip(self._refs, self._poisons, strict=True):
             out = self.problem.args[out_index]
-            if out.itemsize == 4:
-                self.cuda.memset_d32(args[out_index], word, out.size)
-            elif out.itemsize == 2:
-                self.cuda.memset_d16(args[out_index], word, out.size)
-            else:
-                self.cuda.memset_d8(args[out_index], word, out.nbytes)
+            if out.itemsize in memsets:
+                memsets[out.itemsize](args[out_index], word, out.size)
+            else:  # 8-byte elements: no memset of that width
+                fill = np.full(out.size, word, dtype=f"u{out.itemsize}")
+                self.cuda.memcpy_htod(args[out_index], fill)
 
     def _compare(self, args: list[Any]) -> str | None:
         """Compare every output of ``args`` with its reference on the device."""
