@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -727,6 +728,142 @@ def import_results(
     for warning in report.warnings:
         console.print(f"[yellow]{warning}[/yellow]", soft_wrap=True)
     _emit(report.to_dict(), as_json)
+
+
+@app.command()
+def retune(
+    db: DbOption = None,
+    budget: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="distinct configs per job (default 50: half a cold job's, as each job first "
+            "measures the key's old winner; see db/upgrade.py)",
+        ),
+    ] = 50,  # db.upgrade.DEFAULT_RETUNE_BUDGET (not imported here: the CLI starts fast)
+    operator: Annotated[
+        list[str] | None, typer.Option(help="only this operator (repeatable)")
+    ] = None,
+    gpu: Annotated[str | None, typer.Option(help="only this GPU model, e.g. H200")] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="list what would be queued; queue nothing")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print one JSON line per key instead of the table")
+    ] = False,
+) -> None:
+    """After an upgrade: queue a tuning job at the current version for every result key whose
+    best configs are all from other versions of its operator (until then it is served the
+    default config).
+
+    Keys of operators no longer registered, keys the operator can no longer tune, and keys
+    with a queued or running job at the current version are listed and skipped; running it
+    again queues nothing new. Each job first measures the key's old winner (warm start).
+    """
+    from db.upgrade import SKIP_UNREGISTERED, StaleKey, find_stale_keys, queue_retune
+    from kernels import InvalidInput, list_operators
+    from tuner.gpus import normalize_gpu_name
+
+    settings = _settings(db)
+    if budget > settings.max_budget_configs:
+        _fail(
+            f"--budget {budget} is more than KATO_MAX_BUDGET_CONFIGS "
+            f"({settings.max_budget_configs}); pass a smaller --budget",
+            2,
+        )
+    specs = {spec.name: spec for spec in list_operators()}
+    unknown = sorted(set(operator or ()) - specs.keys())
+    if unknown:
+        _fail(
+            f"unknown operator(s) {', '.join(map(repr, unknown))}: --operator takes a registered "
+            f"operator ({', '.join(specs)})",
+            2,
+        )
+    model = None
+    if gpu is not None:
+        try:
+            model = normalize_gpu_name(gpu)
+        except InvalidInput as exc:
+            _fail(f"--gpu: {exc}; e.g. --gpu H200", 2)
+
+    def check(name: str, shape: Sequence[int], dtype: str) -> str | None:
+        try:
+            specs[name].validate(list(shape), dtype)
+        except InvalidInput as exc:
+            return str(exc)
+        return None
+
+    _, sessions = _sessions(settings.db_url)
+    with sessions() as session:
+        keys = find_stale_keys(
+            session,
+            {name: spec.version for name, spec in specs.items()},
+            operators=operator,
+            gpu_model=model,
+            check=check,
+        )
+        job_ids = [] if dry_run else queue_retune(session, keys, budget_configs=budget)
+    todo = [k for k in keys if k.skip is None]
+    queued = {} if dry_run else dict(zip(todo, job_ids, strict=True))
+
+    def status(key: StaleKey) -> str:
+        if key.skip is not None:
+            return f"skipped: {key.skip}"
+        return "to queue" if dry_run else f"queued {queued[key]}"
+
+    if as_json:
+        for key in keys:
+            row = {
+                "operator": key.operator,
+                "shape": list(key.shape),
+                "dtype": key.dtype,
+                "gpu": key.gpu_model,
+                "old_versions": list(key.old_versions),
+                "old_best_time_ms": key.old_best_time_ms,
+                "version": key.current_version,
+                "job": queued.get(key),
+                "skip": key.skip,
+            }
+            typer.echo(json.dumps(row))
+    elif keys:
+        table = Table("operator", "shape", "dtype", "GPU", "old version(s)", "old best (ms)", "")
+        for key in keys:
+            table.add_row(
+                *(
+                    escape(str(v))
+                    for v in (
+                        key.operator,
+                        key.shape_key,
+                        key.dtype,
+                        key.gpu_model,
+                        ", ".join(key.old_versions),
+                        f"{key.old_best_time_ms:.4f}",
+                        status(key),
+                    )
+                )
+            )
+        Console().print(table)
+    for name in sorted({k.operator for k in keys if k.skip == SKIP_UNREGISTERED}):
+        n = sum(k.operator == name for k in keys)
+        console.print(
+            f"[yellow]operator {escape(repr(name))} is no longer registered: its {n} key(s) "
+            "stay stored, are not served, and cannot be tuned again[/yellow]",
+            soft_wrap=True,
+        )
+    if not keys:
+        console.print(
+            "nothing to retune: every stored best config"
+            + (" matching the filters" if operator or model else "")
+            + " has one at its operator's current version"
+        )
+        return
+    verb = "would queue" if dry_run else "queued"
+    console.print(
+        f"{len(keys)} key(s) tuned only at other versions: {verb} {len(todo)} job(s) of "
+        f"{budget} configs at the current version, skipped {len(keys) - len(todo)}"
+        + (" (dry run: nothing queued)" if dry_run else ""),
+        soft_wrap=True,
+    )
 
 
 def _emit(data: dict[str, Any], as_json: bool) -> None:

@@ -1,12 +1,18 @@
 """Warm start: a new job first measures the best configs already known for its operator elsewhere.
 
-A *source* is what was measured for the same operator, operator version and dtype on another GPU
-model and/or another shape: a set of (config, time) pairs. Sources are ranked by distance to the
-job (sum over dimensions of ``|log2 a - log2 b|`` between the shapes, plus
-:data:`OTHER_GPU_DISTANCE` for another GPU model), each source's configs by time. The seeds are
-each source's fastest config valid here (:data:`SEEDS_PER_SOURCE`), nearest source first, without
-duplicates, capped at :func:`seed_limit` of the job's budget. (:func:`rank_seed_configs` can take
-more per source, rank by rank across the sources: that hurt more than it helped.)
+A *source* is what was measured for the same operator and dtype on one (GPU model, shape): a set
+of (config, time) pairs, read from one operator version (:func:`database_sources`): the job's
+own version where it measured anything there, else the most recent other version (results of
+older kernel code, e.g. from before an upgrade of Kato). The job's own (GPU model, shape) is a
+source only at other versions: its winner there is the best guess for the new code.
+Sources are ranked by distance to the job (sum over dimensions of ``|log2 a - log2 b|`` between
+the shapes, plus :data:`OTHER_GPU_DISTANCE` for another GPU model, plus
+:data:`OTHER_VERSION_DISTANCE` for another operator version), each source's configs by time.
+The seeds are each source's fastest config valid here (:data:`SEEDS_PER_SOURCE`), nearest
+source first, without duplicates, capped at :func:`seed_limit` of the job's budget.
+(:func:`rank_seed_configs` can take more per source, rank by rank across the sources: that hurt
+more than it helped.) Seeds are measured and verified like every other config, under the job's
+own version: an older version's config is a guess, never a result.
 ``kato replay --warm-start`` ranks a recorded file's measurements with the same code.
 
 Reading the database is read-only and never fails a job: any error gives no seeds.
@@ -20,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from tuner.space import Config
@@ -30,6 +36,17 @@ log = logging.getLogger(__name__)
 #: Distance added for a source on another GPU model (a shape twice as large in one dimension
 #: counts 1.0): the same GPU at a nearby shape is usually the better guide.
 OTHER_GPU_DISTANCE = 1.0
+#: Distance added for a source measured at another version of the operator (older kernel code).
+#: A judgement, not a measurement (no recorded space in the repository exists at two versions
+#: of its operator): most version changes do not touch the kernel's speed at all (a tolerance, a
+#: check, a spec refactor: the version hashes the spec's code too), so the job's own (GPU, shape)
+#: at an older version is nearly the job itself and must come before every power-of-two sibling
+#: shape (1.0) and another GPU (:data:`OTHER_GPU_DISTANCE`, 1.0). It stays above 0 so that, at
+#: equal shape distance, what the current code measured comes first; only a current-version
+#: shape within 2**0.1 = 7% in one dimension (practically the same problem, and measured on the
+#: code that runs now) ranks before the own key's old winner. A source at another GPU *and*
+#: version adds both.
+OTHER_VERSION_DISTANCE = 0.1
 #: A job seeds from other GPU models' results only up to this budget (configs; never for a
 #: time-only budget). Measured with ``benchmarks/search_quality.py --warm-start`` on the two
 #: convolution files, each seeded from the other GPU: the seeds help at budget 10 (A100 0.58 ->
@@ -60,6 +77,8 @@ class Source:
     distance: float
     trials: list[tuple[Config, float]] = field(default_factory=list)
     other_gpu: bool = False
+    #: Measured at another operator version than the job's (see :data:`OTHER_VERSION_DISTANCE`).
+    other_version: bool = False
 
 
 def seed_limit(budget_configs: int | None) -> int:
@@ -89,8 +108,18 @@ def rank_seed_configs(
     accept: Callable[[Config], bool] | None = None,
 ) -> list[Config]:
     """Seed configs from ``sources``: rank by rank (each source's fastest first), nearer sources
-    first within a rank, duplicates and rejected configs (``accept`` False) skipped, at most
-    ``limit``."""
+    first within a rank, duplicates and rejected configs (``accept`` False, or raising) skipped,
+    at most ``limit``."""
+
+    def accepted(config: Config) -> bool:
+        # A config of older kernel code may lack a parameter or carry one the spec no longer
+        # knows: a check that raises on it rejects that config, not the whole warm start.
+        try:
+            return accept is None or bool(accept(config))
+        except Exception:
+            log.debug("warm start: rejecting %r (its check raised)", config, exc_info=True)
+            return False
+
     ordered = sorted(sources, key=lambda s: (s.distance, s.name))
     ranked: list[list[Config]] = []
     for source in ordered:
@@ -102,7 +131,7 @@ def rank_seed_configs(
             if k not in best or t < best[k][0]:
                 best[k] = (t, dict(config))
         configs = [c for _, c in sorted(best.values(), key=lambda tc: tc[0])]
-        ranked.append([c for c in configs if accept is None or accept(c)][:per_source])
+        ranked.append([c for c in configs if accepted(c)][:per_source])
     out: list[Config] = []
     seen: set[tuple] = set()
     for rank in range(per_source):
@@ -113,6 +142,24 @@ def rank_seed_configs(
                 if len(out) >= limit:
                     return out
     return out
+
+
+#: A source's identity in the database: (GPU model, shape).
+_SourceKey = tuple[str, tuple[int, ...]]
+
+
+def _fastest_per_config(
+    measured: Sequence[tuple[Config, float | None]],
+) -> list[tuple[Config, float]]:
+    """Each distinct config of ``measured`` once, with its fastest finite time."""
+    fastest: dict[tuple, tuple[Config, float]] = {}
+    for config, t in measured:
+        if t is None or not math.isfinite(t):
+            continue
+        k = _key(config)
+        if k not in fastest or t < fastest[k][1]:
+            fastest[k] = (dict(config), float(t))
+    return list(fastest.values())
 
 
 def database_sources(
@@ -126,61 +173,105 @@ def database_sources(
     exclude_job_id: str | None = None,
     per_source: int = PER_SOURCE,
 ) -> list[Source]:
-    """Sources for a job from the database (read-only): the OK trials of other jobs of the same
-    operator, version and dtype on another GPU model or shape of the same rank, plus the stored
-    best configs of those keys; the fastest ``per_source`` configs of each (GPU model, shape)."""
+    """Sources for a job from the database (read-only): per (GPU model, shape of the same rank)
+    of the same operator and dtype, the OK trials of its jobs and its stored best configs, the
+    fastest ``per_source`` configs of each.
+
+    Each (GPU model, shape) is read at one version: ``operator_version`` where anything OK was
+    measured there at that version, else the other version that measured there most recently
+    (newest OK trial or best config; older kernel code, e.g. from before an upgrade), marked
+    :attr:`Source.other_version` and :data:`OTHER_VERSION_DISTANCE` farther. One version per
+    source, so that a key re-tuned at the new version stops seeding its stale winner, and so
+    that a stale time never competes with a current one. The job's own (GPU model, shape) is a
+    source only at other versions (at its own, it is the job itself); ``exclude_job_id``'s
+    trials are never read.
+    """
     from db.models import BestConfig, Job, Trial
 
     shape = [int(s) for s in shape]
     own = (gpu_model, tuple(shape))
-    by_source: dict[tuple[str, tuple[int, ...]], dict[tuple, tuple[Config, float]]] = {}
 
-    def add(model: str, src_shape: Sequence[int], config: Config, t: float | None) -> None:
+    def usable(model: str, src_shape: Sequence[int], version: str) -> _SourceKey | None:
         src = (model, tuple(int(s) for s in src_shape))
-        if src == own or t is None or not math.isfinite(t) or len(src[1]) != len(shape):
-            return
-        bucket = by_source.setdefault(src, {})
-        k = _key(config)
-        if k not in bucket or t < bucket[k][1]:
-            bucket[k] = (dict(config), float(t))
+        if len(src[1]) != len(shape) or (src == own and version == operator_version):
+            return None
+        return src
 
-    jobs = session.execute(
-        select(Job.id, Job.gpu_model, Job.shape).where(
-            Job.operator == operator,
-            Job.operator_version == operator_version,
-            Job.dtype == dtype,
-        )
-    ).all()
-    for job_id, model, src_shape in jobs:
-        if job_id == exclude_job_id or (model, tuple(src_shape)) == own:
-            continue
-        rows = session.execute(
-            select(Trial.config, Trial.time_ms)
-            .where(Trial.job_id == job_id, Trial.time_ms.is_not(None))
-            .order_by(Trial.time_ms)
-            .limit(per_source)
+    # When each (source, version) last measured something OK, to pick one version per source.
+    # A job counts only with an OK trial: a job queued for the new version (``kato retune``)
+    # or one whose every config failed must not hide the older version's results.
+    last_ok = dict(
+        session.execute(
+            select(Trial.job_id, func.max(Trial.created_at))
+            .join(Job, Job.id == Trial.job_id)
+            .where(Job.operator == operator, Job.dtype == dtype, Trial.time_ms.is_not(None))
+            .group_by(Trial.job_id)
         ).all()
-        for config, t in rows:
-            add(model, src_shape, config, t)
-    best_rows = session.execute(
-        select(BestConfig.gpu_model, BestConfig.shape, BestConfig.config, BestConfig.time_ms).where(
-            BestConfig.operator == operator,
-            BestConfig.operator_version == operator_version,
-            BestConfig.dtype == dtype,
+    )
+    jobs: dict[tuple[_SourceKey, str], list[str]] = {}
+    seen: dict[_SourceKey, dict[str, Any]] = {}  # source -> version -> newest OK timestamp
+
+    def saw(src: _SourceKey, version: str, when: Any) -> None:
+        versions = seen.setdefault(src, {})
+        if versions.get(version) is None or (when is not None and versions[version] < when):
+            versions[version] = when
+
+    for job_id, model, src_shape, version in session.execute(
+        select(Job.id, Job.gpu_model, Job.shape, Job.operator_version).where(
+            Job.operator == operator, Job.dtype == dtype
         )
-    ).all()
-    for model, src_shape, config, t in best_rows:
-        add(model, src_shape, config, t)
-    return [
-        Source(
-            name=f"{model} {'x'.join(map(str, src_shape))}",
-            distance=shape_distance(src_shape, shape)
-            + (OTHER_GPU_DISTANCE if model != gpu_model else 0.0),
-            trials=[(c, t) for c, t in bucket.values()],
-            other_gpu=model != gpu_model,
+    ).all():
+        src = usable(model, src_shape, version)
+        if src is None or job_id == exclude_job_id or job_id not in last_ok:
+            continue
+        jobs.setdefault((src, version), []).append(job_id)
+        saw(src, version, last_ok[job_id])
+    best: dict[tuple[_SourceKey, str], list[tuple[Config, float]]] = {}
+    for model, src_shape, version, config, t, updated in session.execute(
+        select(
+            BestConfig.gpu_model,
+            BestConfig.shape,
+            BestConfig.operator_version,
+            BestConfig.config,
+            BestConfig.time_ms,
+            BestConfig.updated_at,
+        ).where(BestConfig.operator == operator, BestConfig.dtype == dtype)
+    ).all():
+        src = usable(model, src_shape, version)
+        if src is None or t is None or not math.isfinite(t):
+            continue
+        best.setdefault((src, version), []).append((config, t))
+        saw(src, version, updated)
+
+    sources = []
+    for src, versions in seen.items():
+        if operator_version in versions:
+            version = operator_version
+        else:  # the newest other version; ties (no timestamps) by name, to be deterministic
+            version = max(versions, key=lambda v: (versions[v] is not None, versions[v], v))
+        measured = list(best.get((src, version), []))
+        for job_id in jobs.get((src, version), []):
+            measured += session.execute(
+                select(Trial.config, Trial.time_ms)
+                .where(Trial.job_id == job_id, Trial.time_ms.is_not(None))
+                .order_by(Trial.time_ms)
+                .limit(per_source)
+            ).all()
+        model, src_shape = src
+        other_version = version != operator_version
+        sources.append(
+            Source(
+                name=f"{model} {'x'.join(map(str, src_shape))}"
+                + (f" @{version}" if other_version else ""),
+                distance=shape_distance(src_shape, shape)
+                + (OTHER_GPU_DISTANCE if model != gpu_model else 0.0)
+                + (OTHER_VERSION_DISTANCE if other_version else 0.0),
+                trials=_fastest_per_config(measured),
+                other_gpu=model != gpu_model,
+                other_version=other_version,
+            )
         )
-        for (model, src_shape), bucket in by_source.items()
-    ]
+    return sources
 
 
 def warm_start_configs(

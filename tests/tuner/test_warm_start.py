@@ -3,8 +3,11 @@ runner measuring the seeds first, and the replay path (``kato replay --warm-star
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from types import SimpleNamespace
+
 import pytest
-from test_worker import SHAPE, CountingReplay, submit
+from test_worker import DTYPE, SHAPE, CountingReplay, submit
 
 from db import queries
 from db.session import init_db, session_factory
@@ -15,7 +18,9 @@ from tuner.replay_eval import replay_search, warm_start_seeds
 from tuner.search import Budget, Search
 from tuner.warm_start import (
     MAX_SEEDS,
+    OTHER_GPU_DISTANCE,
     OTHER_GPU_MAX_BUDGET,
+    OTHER_VERSION_DISTANCE,
     SEEDS_PER_SOURCE,
     Source,
     database_sources,
@@ -153,3 +158,206 @@ def test_replay_warm_start_guarantees_the_siblings_best_at_budget_10(conv_pair):
     assert len(warm.seed_configs) == 1
     seeded = a4000.entries[a4000.key(warm.seed_configs[0])]["time"]
     assert warm.min_fraction_of_optimum >= a4000.best()[1]["time"] / seeded >= 0.6
+
+
+# --- results of older versions of the operator (after an upgrade of Kato) --------------------
+
+OLD, OLDER = "0ld0ld0ld0ld", "01de501de501"
+
+
+def cfg(key: str) -> dict:
+    """A softmax config from its Kernel Tuner key ("128,8,1,2,4")."""
+    names = ("BLOCK_SIZE", "VEC", "STRATEGY", "CACHE", "MIN_BLOCKS")
+    return dict(zip(names, map(int, key.split(",")), strict=True))
+
+
+def store_best(sessions, config, *, version, shape=SHAPE, gpu="H200", dtype="float16", t=0.03):
+    with sessions() as s:
+        return queries.upsert_best_config(
+            s,
+            operator="softmax",
+            operator_version=version,
+            shape=shape,
+            dtype=dtype,
+            gpu_model=gpu,
+            compute_capability="9.0",
+            cuda_version="13.0",
+            config=config,
+            time_ms=t,
+            job_id=None,
+        ).id
+
+
+def old_job_with_trials(sessions, trials, *, version, shape=SHAPE):
+    """A finished job at ``version`` that measured ``trials`` ((config, time_ms) pairs)."""
+    with sessions() as s:
+        job = queries.create_job(
+            s,
+            operator="softmax",
+            operator_version=version,
+            shape=shape,
+            dtype=DTYPE,
+            gpu_model="H200",
+            budget_configs=len(trials),
+        )
+        for n, (config, t) in enumerate(trials):
+            queries.record_trial(
+                s,
+                job.id,
+                number=n,
+                config=config,
+                config_key=",".join(map(str, config.values())),
+                result={"status": "ok", "time_ms": t, "times_ms": [t]},
+            )
+        queries.finish_job(s, job.id, status="done")
+        return job.id
+
+
+def test_after_a_version_change_a_job_seeds_from_its_own_keys_old_winner_first(db):
+    """Every key of the operator holds results of older kernel code only, as after an upgrade;
+    a sibling shape is re-tuned at the new version. The job's own key at the newest old version
+    seeds first (before the current-version sibling one doubling away), then the current
+    sibling (not its stale old winner), then an old-only sibling; the oldest version of the
+    own key, and a queued new-version job with nothing measured, change nothing."""
+    url, sessions = db
+    spec = get_operator("softmax")
+    own_old, own_older = cfg("32,2,0,0,0"), cfg("128,8,1,2,4")
+    sibling_now, sibling_stale, sibling_old = (
+        cfg("32,8,1,1,2"),
+        cfg("256,8,1,2,0"),
+        cfg("512,4,1,2,0"),
+    )
+    from db.models import BestConfig
+
+    older = store_best(sessions, own_older, version=OLDER, t=0.020)  # faster, but older code
+    store_best(sessions, own_old, version=OLD, t=0.025)
+    with sessions() as s:  # OLDER measured last year
+        s.get(BestConfig, older).updated_at = datetime(2025, 1, 1, tzinfo=UTC)
+        s.commit()
+    store_best(sessions, sibling_now, version=spec.version, shape=[8192, 4096])
+    store_best(sessions, sibling_stale, version=OLD, shape=[8192, 4096], t=0.001)
+    old_job_with_trials(sessions, [(sibling_old, 0.02)], version=OLD, shape=[2048, 4096])
+    with sessions() as s:  # what `kato retune` leaves: queued at the new version, no trials
+        queued = queries.create_job(
+            s,
+            operator="softmax",
+            operator_version=spec.version,
+            shape=[2048, 4096],
+            dtype=DTYPE,
+            gpu_model="H200",
+            budget_configs=50,
+        )
+        sources = database_sources(
+            s,
+            operator="softmax",
+            operator_version=spec.version,
+            dtype=DTYPE,
+            shape=SHAPE,
+            gpu_model="H200",
+        )
+    ranked = sorted(sources, key=lambda src: src.distance)
+    assert [(src.name, src.other_version) for src in ranked] == [
+        (f"H200 4096x4096 @{OLD}", True),
+        ("H200 8192x4096", False),
+        (f"H200 2048x4096 @{OLD}", True),
+    ]
+    assert [src.distance for src in ranked] == pytest.approx(
+        [OTHER_VERSION_DISTANCE, 1.0, 1.0 + OTHER_VERSION_DISTANCE]
+    )
+    assert min(1.0, OTHER_GPU_DISTANCE) > OTHER_VERSION_DISTANCE  # before a doubling, a GPU
+    assert ranked[0].trials == [(own_old, 0.025)] and ranked[1].trials == [(sibling_now, 0.03)]
+
+    with sessions() as s:  # out of the worker's way (still nothing measured)
+        queries.request_cancel(s, queued.id)
+    job = submit(sessions, budget=30)  # a tenth: 3 seeds
+    backend = CountingReplay()
+    with sessions() as s:
+        seeds = warm_start_configs(sessions, queries.get_job(s, job), backend.space().is_valid)
+    assert seeds == [own_old, sibling_now, sibling_old]
+    outcome = Worker(sessions, url, ["H200"], lambda j: backend, poll_seconds=0.01).run_once()
+    assert outcome.job_id == job and outcome.status == "done"
+    # Measured first, under the new version, like any seed.
+    assert backend.measured[:3] == [backend.space().key(c) for c in seeds]
+    with sessions() as s:
+        first = queries.job_trials(s, job)[0]
+        assert first.config == own_old and first.job.operator_version == spec.version
+
+
+def test_an_old_config_that_no_longer_validates_is_skipped(db):
+    """An old winner with a parameter the spec no longer has (renamed) is not seeded: its
+    source's fastest config valid now is; the replay space's check raises on it (KeyError),
+    which rejects that config only, not the whole warm start."""
+    url, sessions = db
+    renamed = {"THREADS": 128, "VEC": 8, "STRATEGY": 1, "CACHE": 2, "MIN_BLOCKS": 4}
+    valid = cfg("32,8,1,1,2")
+    store_best(sessions, renamed, version=OLD, t=0.01)
+    old_job_with_trials(sessions, [(renamed, 0.01), (valid, 0.02)], version=OLD)
+    job = submit(sessions, budget=10)  # one seed
+    backend = CountingReplay()
+    with pytest.raises(KeyError):
+        backend.space().is_valid(renamed)
+    with sessions() as s:
+        found = queries.get_job(s, job)
+        assert warm_start_configs(sessions, found, backend.space().is_valid) == [valid]
+        spec = get_operator("softmax")
+        # The spec's own check rejects it with a reason instead of raising: skipped the same.
+        spec_check = lambda c: spec.check(c, SHAPE, DTYPE) is None  # noqa: E731
+        assert warm_start_configs(sessions, found, spec_check) == [valid]
+    outcome = Worker(sessions, url, ["H200"], lambda j: backend, poll_seconds=0.01).run_once()
+    assert outcome.status == "done"
+    assert backend.measured[0] == backend.space().key(valid)
+
+
+def test_nothing_changes_without_an_old_version(db):
+    """With results of the current version only, the sources are what they always were (no
+    version mark, no extra distance); older results of another dtype or operator are never
+    read."""
+    _, sessions = db
+    spec = get_operator("softmax")
+    sibling = cfg("32,8,1,1,2")
+    store_best(sessions, sibling, version=spec.version, shape=[2048, 4096])
+    store_best(sessions, cfg("128,8,1,2,4"), version=OLD, dtype="float32")
+    with sessions() as s:
+        other = queries.create_job(
+            s,
+            operator="layernorm",
+            operator_version=OLD,
+            shape=SHAPE,
+            dtype=DTYPE,
+            gpu_model="H200",
+            budget_configs=1,
+        )
+        queries.record_trial(
+            s,
+            other.id,
+            number=0,
+            config=cfg("32,2,0,0,0"),
+            config_key="32,2,0,0,0",
+            result={"status": "ok", "time_ms": 0.001},
+        )
+        sources = database_sources(
+            s,
+            operator="softmax",
+            operator_version=spec.version,
+            dtype=DTYPE,
+            shape=SHAPE,
+            gpu_model="H200",
+        )
+    assert [(src.name, src.distance, src.other_version) for src in sources] == [
+        ("H200 2048x4096", 1.0, False)
+    ]
+    job = submit(sessions, budget=30)
+    with sessions() as s:
+        assert warm_start_configs(sessions, queries.get_job(s, job)) == [sibling]
+
+
+def test_a_broken_database_gives_no_seeds_never_a_failed_job():
+    job = SimpleNamespace(
+        id="x", operator="softmax", operator_version="v", dtype=DTYPE, shape=SHAPE,
+        gpu_model="H200", budget_configs=10,
+    )  # fmt: skip
+
+    def broken():
+        raise RuntimeError("database gone")
+
+    assert warm_start_configs(broken, job) == []
