@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from db.models import BestConfig, Job, Trial, Worker
+from db.queries import StoredConfig
 from kernels.spec import InvalidInput
 
 MAX_DIM = 2**31 - 1
@@ -220,16 +221,19 @@ class ConfigPublic(BaseModel):
     cuda_version: str | None = None
 
     @classmethod
-    def from_row(cls, row: BestConfig, source: str, shape: list[int], gpu: str) -> ConfigPublic:
+    def from_row(
+        cls, row: BestConfig | StoredConfig, source: str, shape: list[int], gpu: str
+    ) -> ConfigPublic:
+        """The answer serving ``row`` (a stored row, or its loaded copy) for ``shape``."""
         return cls(
             operator=row.operator,
             operator_version=row.operator_version,
             shape=shape,
             dtype=row.dtype,
             gpu=gpu,
-            config=row.config,
+            config=dict(row.config),
             source=source,  # type: ignore[arg-type]
-            tuned_shape=row.shape,
+            tuned_shape=list(row.shape),
             time_ms=row.time_ms,
             compute_capability=row.compute_capability,
             cuda_version=row.cuda_version,

@@ -6,17 +6,21 @@ loop without a thread hop or a database session; a miss validates the request, r
 in the thread pool with a short-lived session, and caches the encoded answer.
 
 ``POST /v1/configs/batch`` answers many lookups in one request (the client's ``prefetch``); it is
-a read and stays open like ``GET``. ``match=exact`` serves only a config tuned for exactly the
-shape asked for (else the default); ``match=nearest`` (the default) also serves the nearest one.
+a read and stays open like ``GET``, and answers every lookup as ``GET`` would, from one session
+that reads each (operator, version, dtype, GPU model) group once per batch
+(:class:`_BatchLookups`). ``match=exact`` serves only a config tuned for exactly the shape asked
+for (else the default); ``match=nearest`` (the default) also serves the nearest one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from db import queries
@@ -47,6 +51,22 @@ def _applies(spec: OperatorSpec, config: dict[str, Any], shape: list[int], dtype
         return False
 
 
+def _default_answer(spec: OperatorSpec, problem: Problem) -> ConfigPublic:
+    """The answer when nothing stored is served: the operator's default config."""
+    return ConfigPublic(
+        operator=spec.name,
+        operator_version=spec.version,
+        shape=problem.shape,
+        dtype=problem.dtype,
+        gpu=problem.gpu_model,
+        config=plain(spec.default_config(problem.shape, problem.dtype)),
+        source="default",
+        compute_capability=format_compute_capability(
+            getattr(problem.gpu, "compute_capability", None)
+        ),
+    )
+
+
 def lookup(
     request: Request, spec: OperatorSpec, problem: Problem, match: Match = "nearest"
 ) -> ConfigPublic:
@@ -65,18 +85,51 @@ def lookup(
         )
         if row is not None and (match == "nearest" or source == "exact"):
             return ConfigPublic.from_row(row, source, problem.shape, problem.gpu_model)
-    return ConfigPublic(
-        operator=spec.name,
-        operator_version=spec.version,
-        shape=problem.shape,
-        dtype=problem.dtype,
-        gpu=problem.gpu_model,
-        config=plain(spec.default_config(problem.shape, problem.dtype)),
-        source="default",
-        compute_capability=format_compute_capability(
-            getattr(problem.gpu, "compute_capability", None)
-        ),
-    )
+    return _default_answer(spec, problem)
+
+
+class _BatchLookups:
+    """Answers the lookups of one batch from one session, reading each group at most once.
+
+    The answer for a problem is :func:`lookup`'s: the same selection
+    (:func:`db.queries.pick_best_config` is :func:`db.queries.lookup_best_config`'s), over a
+    group read once per batch (:func:`db.queries.load_config_group`) instead of once or more
+    per lookup. The spec check stays lazy: it runs on one lookup's candidates in order until
+    one passes. The session must stay open while :meth:`answer` is called; the groups read
+    are a snapshot for the batch (a winner stored meanwhile is served from the next request).
+    """
+
+    def __init__(self, session: Session, max_distance: float | None) -> None:
+        self._session = session
+        self._max_distance = max_distance
+        self._groups: dict[queries.GroupKey, queries.ConfigGroup] = {}
+
+    def _group(self, spec: OperatorSpec, problem: Problem) -> queries.ConfigGroup:
+        key = (spec.name, spec.version, problem.dtype, problem.gpu_model)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = queries.load_config_group(
+                self._session,
+                operator=spec.name,
+                operator_version=spec.version,
+                dtype=problem.dtype,
+                gpu_model=problem.gpu_model,
+            )
+        return group
+
+    def answer(self, spec: OperatorSpec, problem: Problem, match: Match) -> ConfigPublic:
+        """What ``GET /v1/configs/{operator}`` answers for this problem and ``match``."""
+        row, source = queries.pick_best_config(
+            self._group(spec, problem),
+            problem.shape,
+            accept=lambda config: _applies(spec, config, problem.shape, problem.dtype),
+            max_distance=self._max_distance,
+            # lookup() drops a nearest row under match=exact: do not look for one.
+            nearest=match == "nearest",
+        )
+        if row is not None:
+            return ConfigPublic.from_row(row, source, problem.shape, problem.gpu_model)
+        return _default_answer(spec, problem)
 
 
 @router.get(
@@ -152,24 +205,48 @@ class LookupBatchResult(BaseModel):
     results: list[LookupResult]
 
 
+def _item_key(item: LookupRequest) -> Hashable:
+    """What one lookup's answer depends on: every field of the item, as sent."""
+    shape = item.shape if isinstance(item.shape, str) else tuple(item.shape)
+    return (item.operator, shape, item.dtype, item.gpu, item.match)
+
+
+def _answer_item(batch: _BatchLookups, item: LookupRequest) -> LookupResult:
+    """One lookup's result: its answer, or the status and detail ``GET`` would have given."""
+    try:
+        spec = operator_or_404(item.operator)
+        dims = (
+            parse_shape_text(item.shape) if isinstance(item.shape, str) else check_dims(item.shape)
+        )
+        problem = resolve_problem(spec, dims, item.dtype, item.gpu)
+        answer = batch.answer(spec, problem, item.match)
+    except HTTPException as exc:
+        return LookupResult(status=exc.status_code, detail=str(exc.detail))
+    except InvalidInput as exc:
+        return LookupResult(status=422, detail=str(exc))
+    return LookupResult(status=200, result=answer)
+
+
 def _answer_batch(request: Request, lookups: list[LookupRequest]) -> list[LookupResult]:
-    results = []
-    for item in lookups:
-        try:
-            spec = operator_or_404(item.operator)
-            dims = (
-                parse_shape_text(item.shape)
-                if isinstance(item.shape, str)
-                else check_dims(item.shape)
-            )
-            problem = resolve_problem(spec, dims, item.dtype, item.gpu)
-            answer = lookup(request, spec, problem, item.match)
-        except HTTPException as exc:
-            results.append(LookupResult(status=exc.status_code, detail=str(exc.detail)))
-        except InvalidInput as exc:
-            results.append(LookupResult(status=422, detail=str(exc)))
-        else:
-            results.append(LookupResult(status=200, result=answer))
+    """The results of a batch, in order (blocking: run it in a thread).
+
+    One session for the whole batch, one query per distinct (operator, dtype, GPU model)
+    group at most, and a lookup repeated within the batch is answered once: its result object
+    is reused (results are read-only from here on), errors included, as they too depend on the
+    item alone.
+    """
+    settings = request.app.state.settings
+    results: list[LookupResult] = []
+    # A session opens no connection until its first query: a batch of bad lookups costs none.
+    with request.app.state.session_factory() as session:
+        batch = _BatchLookups(session, settings.nearest_max_distance)
+        answered: dict[Hashable, LookupResult] = {}
+        for item in lookups:
+            key = _item_key(item)
+            result = answered.get(key)
+            if result is None:
+                result = answered[key] = _answer_item(batch, item)
+            results.append(result)
     return results
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -460,3 +461,107 @@ def test_lookup_checks_configs_nearest_first_and_stops_at_the_first_accepted(
     )
     assert source == "nearest" and row is not None and row.shape == [5000, 1024]
     assert checked == [4000, 5000]
+
+
+def group_of(session: Session, **overrides: Any) -> queries.ConfigGroup:
+    return queries.load_config_group(session, **{**KEY, **overrides})
+
+
+def test_pick_best_config_selects_as_lookup_best_config(session: Session) -> None:
+    """The batch's selection over a loaded group agrees with the per-lookup query, row for row:
+    exact rows by newest update then highest id (here Python's order against the database's
+    ORDER BY), nearest by distance, time, id (power-of-two shapes: many exact ties), ``accept``
+    and ``max_distance`` honoured, other groups and ranks left out."""
+    rng = random.Random(3)
+    start = datetime(2025, 1, 1, tzinfo=UTC)
+    for rows in (64, 256, 1024, 4096):
+        for cols in (32, 128, 512):
+            for cc in ("9.0", "9.0a", "10.0")[: rng.randint(1, 3)]:
+                row = upsert(
+                    session,
+                    [rows, cols],
+                    rng.choice([1.0, 2.0]),
+                    compute_capability=cc,
+                    config={"VEC": rng.choice([1, 2, 4, 8, 16]), "cc": cc},
+                )
+                # Few distinct times, not in id order: ties, and newest != highest id.
+                row.updated_at = start + timedelta(hours=rng.randint(0, 3))
+                session.commit()
+    upsert(session, [4096], 0.1)  # another rank
+    upsert(session, [512, 64], 0.1, dtype="float32")  # another group
+    upsert(session, [512, 64], 0.1, operator_version="old")
+
+    group = group_of(session)
+    assert len(group.rows) == len(session.scalars(select(BestConfig)).all()) - 2
+    for _ in range(150):
+        shape = [
+            2 ** rng.randint(4, 14),
+            rng.choice([2 ** rng.randint(3, 11), rng.randint(1, 999)]),
+        ]
+        cols = shape[1]
+        accept = rng.choice([None, lambda c, cols=cols: cols % c["VEC"] == 0])
+        max_distance = rng.choice([None, 0.0, 1.0, 2.5, 4.0])
+        want, want_source = queries.lookup_best_config(
+            session, **KEY, shape=shape, accept=accept, max_distance=max_distance
+        )
+        got, got_source = queries.pick_best_config(
+            group, shape, accept=accept, max_distance=max_distance
+        )
+        assert got_source == want_source, (shape, max_distance)
+        assert (got and got.id) == (want and want.id), (shape, max_distance)
+
+
+def test_pick_best_config_checks_each_distinct_config_once_in_order(session: Session) -> None:
+    """``accept`` runs on candidates nearest first and stops at the first that passes; a config
+    already rejected for this lookup (another shape's row with an equal config) is not checked
+    again."""
+    for rows in range(1, 41):
+        upsert(session, [rows * 1000, 1024], 1.0, config={"VEC": 8 if rows % 2 else rows})
+    group = group_of(session)
+    checked: list[dict[str, Any]] = []
+
+    def accept(config: dict[str, Any]) -> bool:
+        checked.append(dict(config))
+        return config["VEC"] == 10
+
+    row, source = queries.pick_best_config(group, [4000, 1024], accept=accept, max_distance=4)
+    # Nearest first: 4000 (VEC 4), 3000 and 5000 (VEC 8: checked once), 6000, 2000, 7000, ...
+    assert source == "nearest" and row is not None and row.shape == (10000, 1024)
+    assert checked == [{"VEC": v} for v in (4, 8, 6, 2, 10)]
+
+
+def test_pick_best_config_exact_only(session: Session) -> None:
+    """``nearest=False`` (``match=exact``): an exact row or nothing, never the nearest."""
+    upsert(session, [1024, 1024], 1.0)
+    group = group_of(session)
+    assert queries.pick_best_config(group, [1024, 2048], nearest=False) == (None, "default")
+    assert queries.pick_best_config(group, [1024, 2048])[1] == "nearest"
+    row, source = queries.pick_best_config(group, [1024, 1024], nearest=False)
+    assert source == "exact" and row is not None and row.shape == (1024, 1024)
+
+
+def test_load_config_group_gives_read_only_values(session: Session) -> None:
+    """Rows are plain values, valid after the session is gone; the config a caller sees (and
+    the copy ``accept`` gets) cannot change what the next lookup of the group sees."""
+    job = make_job(session)
+    stored = upsert(session, [1024, 1024], 1.0, config={"VEC": 4}, job_id=job.id)
+    group = group_of(session)
+    session.close()
+    (row,) = group.rows
+    assert (row.id, row.shape, row.shape_key, row.time_ms) == (
+        stored.id,
+        (1024, 1024),
+        "1024x1024",
+        1.0,
+    )
+    assert (row.compute_capability, row.cuda_version, row.job_id) == ("9.0", "13.0", job.id)
+    assert row.updated_at == stored.updated_at and row.updated_at.tzinfo is not None
+    with pytest.raises(TypeError):
+        row.config["VEC"] = 8  # type: ignore[index]
+
+    def meddling(config: dict[str, Any]) -> bool:
+        config["VEC"] = 8
+        return True
+
+    assert queries.pick_best_config(group, [1024, 1024], accept=meddling)[0] is row
+    assert row.config == {"VEC": 4}
