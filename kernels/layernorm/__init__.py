@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from kernels import limits
+from kernels.parallel import fill_rows
 from kernels.registry import register
 from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
 
@@ -307,18 +308,28 @@ class LayerNormSpec(OperatorSpec):
         big = 1e4 if dtype == "float32" else 1e3
         offsets[0::4] = big
         scales[0::4] = 1.0 if dtype == "float32" else 8.0
-        x32 = rng.standard_normal((rows, cols), dtype=np.float32)
-        x32 *= scales
-        x32 += offsets
-        x = x32.astype(np_dtype, copy=False)
-        del x32
         sign = np.where(rng.random(cols) < 0.5, -1.0, 1.0)
         weight = (sign * rng.uniform(0.5, 1.5, size=cols)).astype(np.float32).astype(np_dtype)
         bias = rng.uniform(-1.0, 1.0, size=cols).astype(np.float32).astype(np_dtype)
-        y = np.full((rows, cols), np.nan, dtype=np_dtype)
+        x = np.empty((rows, cols), dtype=np_dtype)
+        y = np.empty((rows, cols), dtype=np_dtype)
         mean = np.full(rows, np.nan, dtype=np.float32)
         rstd = np.full(rows, np.nan, dtype=np.float32)
-        ref_y, ref_mean, ref_rstd = layernorm_reference(x, weight, bias, EPS)
+        ref_y = np.empty((rows, cols), dtype=np.float64)
+        ref_mean = np.empty(rows, dtype=np.float64)
+        ref_rstd = np.empty(rows, dtype=np.float64)
+
+        def fill(chunk: slice, gen: np.random.Generator) -> None:  # rows of x, y, the references
+            x32 = gen.standard_normal((chunk.stop - chunk.start, cols), dtype=np.float32)
+            x32 *= scales[chunk]
+            x32 += offsets[chunk]
+            x[chunk] = x32
+            y[chunk] = np.nan
+            ref_y[chunk], ref_mean[chunk], ref_rstd[chunk] = layernorm_reference(
+                x[chunk], weight, bias, EPS
+            )
+
+        fill_rows(rng, rows, cols, fill)
         atol, rtol = self.tolerance(dtype)
         return Problem(
             args=[x, weight, bias, y, mean, rstd, np.int32(rows), np.int32(cols), np.float32(EPS)],

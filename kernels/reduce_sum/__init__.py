@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from kernels import limits
+from kernels.parallel import fill_rows
 from kernels.reduce_sum_all import EPS32, ERROR_ROUNDINGS, butterfly, step_sum
 from kernels.registry import register
 from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
@@ -135,17 +136,25 @@ class ReduceSumSpec(OperatorSpec):
         of the largest row's ``sum |x|``."""
         rows, cols = self.validate(shape, dtype)
         np_dtype = DTYPES[dtype][0]
-        x32 = rng.uniform(0.5, 1.5, size=(rows, cols)).astype(np.float32)
-        x32[rng.random((rows, cols)) < 0.25] *= -1.0
-        normal = rng.standard_normal((len(range(3, rows, 4)), cols), dtype=np.float32)
-        x32[3::4] = normal
-        x = x32.astype(np_dtype, copy=False)
-        x[x == 0] = 1.0  # N(0, 1) never gives 0 in practice; make sure
-        del x32
-        x64 = x.astype(np.float64)
-        reference = x64.sum(axis=1)
-        abs_sum = float(np.abs(x64).sum(axis=1).max())
-        del x64
+        x = np.empty((rows, cols), dtype=np_dtype)
+        reference = np.empty(rows, dtype=np.float64)
+        abs_sums = np.empty(rows, dtype=np.float64)
+
+        def fill(chunk: slice, gen: np.random.Generator) -> None:  # rows of x, the sums
+            n = chunk.stop - chunk.start
+            x32 = gen.uniform(0.5, 1.5, size=(n, cols)).astype(np.float32)
+            np.negative(x32, out=x32, where=gen.random((n, cols), dtype=np.float32) < 0.25)
+            # Rows 3 (mod 4) of the whole problem: the chunk's first row is row chunk.start.
+            normal = range((3 - chunk.start) % 4, n, 4)
+            x32[normal.start :: 4] = gen.standard_normal((len(normal), cols), dtype=np.float32)
+            x64 = x32.astype(np_dtype).astype(np.float64)  # the values as stored
+            x64[x64 == 0] = 1.0  # N(0, 1) never gives 0 in practice; make sure
+            x[chunk] = x64
+            reference[chunk] = x64.sum(axis=1)
+            abs_sums[chunk] = np.abs(x64, out=x64).sum(axis=1)
+
+        fill_rows(rng, rows, cols, fill)
+        abs_sum = float(abs_sums.max())
         return Problem(
             args=[x, np.full(rows, np.nan, dtype=np.float32), np.int32(rows), np.int32(cols)],
             outputs=[1],

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from kernels import limits
+from kernels.parallel import fill_rows
 from kernels.registry import register
 from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem, Step
 
@@ -154,21 +155,30 @@ class ReluSpec(OperatorSpec):
         dx = dy * (x > 0) in float64 (exact in every dtype)."""
         (n,) = self.validate(shape, dtype)
         np_dtype = DTYPES[dtype][0]
-        # At 2^28 elements every full pass costs a second or more: the references are built in
-        # place from the float64 copies (np.where's temporaries made this 30 s on 2 cores), and
-        # zeros are found in float64, not in float16 or bfloat16 (emulated, 3-10x slower).
-        x, y_ref = _nonzero_normal(rng, n, np_dtype)
-        dy, dx_ref = _nonzero_normal(rng, n, np_dtype)
-        nonpositive = y_ref < 0  # no exact zeros: x > 0 or x < 0
-        np.maximum(y_ref, 0.0, out=y_ref)
-        dx_ref[nonpositive] = 0.0
+        x = np.empty(n, dtype=np_dtype)
+        dy = np.empty(n, dtype=np_dtype)
+        y_ref = np.empty(n, dtype=np.float64)
+        dx_ref = np.empty(n, dtype=np.float64)
+        y = np.empty(n, dtype=np_dtype)
+        dx = np.empty(n, dtype=np_dtype)
+
+        def fill(chunk: slice, gen: np.random.Generator) -> None:
+            y[chunk] = np.nan
+            dx[chunk] = np.nan
+            _nonzero_normal(gen, x[chunk], y_ref[chunk])
+            _nonzero_normal(gen, dy[chunk], dx_ref[chunk])
+            nonpositive = y_ref[chunk] < 0  # no exact zeros: x > 0 or x < 0
+            np.maximum(y_ref[chunk], 0.0, out=y_ref[chunk])
+            dx_ref[chunk][nonpositive] = 0.0
+
+        fill_rows(rng, n, 1, fill)
         return Problem(
             args=[
                 x,
                 dy,
-                np.full(n, np.nan, dtype=np_dtype),
+                y,
                 np.full(mask_words(n), 0xFFFFFFFF, dtype=np.uint32),
-                np.full(n, np.nan, dtype=np_dtype),
+                dx,
                 np.int64(n),
             ],
             outputs=[2, 4],
@@ -198,14 +208,12 @@ RELU = register(ReluSpec())
 __all__ = ["RELU", "ReluSpec", "mask_words", "pack_mask"]
 
 
-def _nonzero_normal(
-    rng: np.random.Generator, n: int, np_dtype: np.dtype
-) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` draws of N(0, 1) rounded to ``np_dtype`` with every exact zero replaced by 1, and
-    their exact float64 copy."""
-    x = rng.standard_normal(n, dtype=np.float32).astype(np_dtype, copy=False)
-    x64 = x.astype(np.float64)
-    zero = np.flatnonzero(x64 == 0)
-    x[zero] = 1.0
-    x64[zero] = 1.0
-    return x, x64
+def _nonzero_normal(rng: np.random.Generator, out: np.ndarray, out64: np.ndarray) -> None:
+    """Fill ``out`` with N(0, 1) rounded to its dtype, every exact zero replaced by 1, and
+    ``out64`` with the same values in float64 (exact). Zeros are found in float64: float16 and
+    bfloat16 comparisons are emulated, several times slower."""
+    out[...] = rng.standard_normal(out.shape, dtype=np.float32)
+    out64[...] = out
+    zero = np.flatnonzero(out64 == 0)
+    out[zero] = 1.0
+    out64[zero] = 1.0

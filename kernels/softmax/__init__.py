@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from kernels import limits
+from kernels.parallel import fill_rows
 from kernels.registry import register
 from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
 
@@ -231,16 +232,23 @@ class SoftmaxSpec(OperatorSpec):
         offsets = rng.uniform(-10.0, 10.0, size=(rows, 1)).astype(np.float32)
         offsets[0::4] = 1000.0
         offsets[2::4] = -1000.0
-        x32 = rng.standard_normal((rows, cols), dtype=np.float32)
-        x32 *= 3.0
-        x32 += offsets
-        x = x32.astype(np_dtype, copy=False)  # float32: no copy
-        del x32
-        y = np.full((rows, cols), np.nan, dtype=np_dtype)
+        x = np.empty((rows, cols), dtype=np_dtype)
+        y = np.empty((rows, cols), dtype=np_dtype)
+        reference = np.empty((rows, cols), dtype=np.float64)
+
+        def fill(chunk: slice, gen: np.random.Generator) -> None:  # rows of x, y, the reference
+            x32 = gen.standard_normal((chunk.stop - chunk.start, cols), dtype=np.float32)
+            x32 *= 3.0
+            x32 += offsets[chunk]
+            x[chunk] = x32
+            y[chunk] = np.nan
+            reference[chunk] = softmax_reference(x[chunk])
+
+        fill_rows(rng, rows, cols, fill)
         return Problem(
             args=[x, y, np.int32(rows), np.int32(cols)],
             outputs=[1],
-            references=[softmax_reference(x)],
+            references=[reference],
         )
 
     def tolerance(self, dtype: str) -> tuple[float, float]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SPACE = ROOT / "data/spaces/h200/softmax_H200_32768x4096_float16_0d3779716e12.json.gz"
+SPACE = ROOT / "data/spaces/h200/softmax_H200_32768x4096_float16_deb989d2dfc9.json.gz"
 
 
 @pytest.fixture(scope="module")

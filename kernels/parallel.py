@@ -1,0 +1,74 @@
+"""Building large problems on every core of the host.
+
+A tuning job starts by making its problem (random inputs and float64 references,
+:meth:`kernels.spec.OperatorSpec.make_problem`), and at 2^28 elements that took 13-17 s on the
+H200's host and 15-45 s on 2 cores, one NumPy pass after another on one core while the GPU
+waited. :func:`fill_rows` splits the rows of a problem into fixed chunks, gives each chunk a
+random generator of its own (spawned from the job's) and fills the chunks in a thread pool:
+NumPy releases the GIL in its generators, casts and ufuncs, so the chunks run in parallel, and
+each chunk's temporaries stay small.
+
+The result depends only on the caller's generator and the problem's size, never on the number
+of threads or on which thread ran a chunk: the chunk boundaries are fixed by the size, and each
+chunk reads only its own generator.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+#: Elements per chunk (rows are never split): large enough that the per-chunk overhead (a
+#: generator, a task) is negligible, small enough that a chunk's float64 temporaries (32 MiB)
+#: stay in the caches' neighbourhood and that 2^28 elements make 64 chunks to balance.
+CHUNK_ELEMENTS = 1 << 22
+#: Threads at most: beyond this the passes are bound by memory bandwidth.
+MAX_THREADS = 16
+
+
+def threads() -> int:
+    """The threads :func:`fill_rows` uses: the CPUs this process may run on, at most
+    :data:`MAX_THREADS`."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(MAX_THREADS, cpus))
+
+
+def row_chunks(rows: int, row_elements: int) -> list[slice]:
+    """The fixed chunks of ``rows`` rows of ``row_elements`` elements each: whole rows, about
+    :data:`CHUNK_ELEMENTS` elements per chunk, in order, covering every row once."""
+    per = max(1, CHUNK_ELEMENTS // max(1, row_elements))
+    return [slice(lo, min(rows, lo + per)) for lo in range(0, rows, per)]
+
+
+def fill_rows(
+    rng: np.random.Generator,
+    rows: int,
+    row_elements: int,
+    fill: Callable[[slice, np.random.Generator], None],
+) -> None:
+    """Call ``fill(chunk, generator)`` for every chunk of :func:`row_chunks`, in a thread pool;
+    each chunk gets its own generator, spawned from ``rng`` in chunk order (``rng``'s own
+    stream is not drawn from).
+
+    ``fill`` must write only its chunk's rows of the arrays it fills and draw only from the
+    generator it is given. An exception in any chunk is raised here (after the others ran).
+    """
+    chunks = row_chunks(rows, row_elements)
+    generators = rng.spawn(len(chunks))
+    workers = min(threads(), len(chunks))
+    if workers <= 1:
+        for chunk, generator in zip(chunks, generators, strict=True):
+            fill(chunk, generator)
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="kato-problem") as pool:
+        for future in [
+            pool.submit(fill, chunk, generator)
+            for chunk, generator in zip(chunks, generators, strict=True)
+        ]:
+            future.result()
