@@ -18,7 +18,7 @@ from operator import sub
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from sqlalchemy import and_, func, literal, or_, select, update
+from sqlalchemy import and_, exists, func, literal, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -294,6 +294,33 @@ def finish_job(
     job.lease_expires_at = None
     session.commit()
     return job
+
+
+def adopt_operator_version(
+    session: Session, job_id: str, *, old_version: str, new_version: str
+) -> bool:
+    """Move a job that has measured nothing (no trial rows, reservations included) from
+    ``old_version`` of its operator to ``new_version``, and commit. Returns whether it moved;
+    a job with trials, or no longer at ``old_version``, is left as it is.
+
+    A job queued before an upgrade that changed its operator asked for a config of (operator,
+    shape, dtype, GPU), not of one version of the code: with nothing of the old kernel stored
+    under it, it is tuned for the kernel that runs now. One conditional ``UPDATE``: of two
+    workers racing, one moves it.
+    """
+    adopted = session.execute(
+        update(Job)
+        .where(
+            Job.id == job_id,
+            Job.operator_version == old_version,
+            ~exists().where(Trial.job_id == job_id),
+        )
+        .values(operator_version=new_version)
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    _refresh_if_loaded(session, job_id)
+    return adopted.rowcount == 1
 
 
 # --- trials ----------------------------------------------------------------------------------

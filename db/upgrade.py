@@ -41,7 +41,7 @@ LIVE_STATUSES = ("queued", "running")
 
 #: Why a stale key is not queued (:attr:`StaleKey.skip`).
 SKIP_UNREGISTERED = "operator no longer registered"
-SKIP_LIVE_JOB = "a job is queued or running at the current version"
+SKIP_LIVE_JOB = "a job is queued, or running at the current version"
 SKIP_INVALID = "no longer valid"
 
 
@@ -93,7 +93,8 @@ def find_stale_keys(
 
     ``current_versions`` maps each registered operator to its version; a key of an operator
     absent from it is returned with :data:`SKIP_UNREGISTERED` (reported, never queued). A key
-    with a queued or running job at the current version gets :data:`SKIP_LIVE_JOB`, one that
+    with a queued job (of any version: its worker moves it to the current one) or a job running
+    at the current version gets :data:`SKIP_LIVE_JOB`, one that
     ``check`` rejects :data:`SKIP_INVALID`. ``operators`` / ``gpu_model`` (exact stored names)
     keep only those keys. Compute capability and CUDA version are not part of the key here: a
     job tunes on whatever GPU of the model claims it, as every job does.
@@ -126,11 +127,19 @@ def find_stale_keys(
         old[key][version] = (max(newest, updated), min(fastest, time_ms))
 
     live_stmt = select(
-        Job.id, Job.operator, Job.shape_key, Job.dtype, Job.gpu_model, Job.operator_version
+        Job.id,
+        Job.operator,
+        Job.shape_key,
+        Job.dtype,
+        Job.gpu_model,
+        Job.operator_version,
+        Job.status,
     ).where(Job.status.in_(LIVE_STATUSES))
     live: dict[_Key, str] = {}
-    for job_id, op, skey, dtype, model, version in session.execute(live_stmt):
-        if version == current_versions.get(op):
+    for job_id, op, skey, dtype, model, version, status in session.execute(live_stmt):
+        # A queued job of any version counts: the worker that claims it moves it to the
+        # current version (it has measured nothing; tuner.worker._check_operator_version).
+        if version == current_versions.get(op) or status == "queued":
             live.setdefault((op, skey, dtype, model), job_id)
 
     stale = []

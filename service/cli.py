@@ -757,7 +757,7 @@ def retune(
     default config).
 
     Keys of operators no longer registered, keys the operator can no longer tune, and keys
-    with a queued or running job at the current version are listed and skipped; running it
+    with a queued job or one running at the current version are listed and skipped; running it
     again queues nothing new. Each job first measures the key's old winner (warm start).
     """
     from db.upgrade import SKIP_UNREGISTERED, StaleKey, find_stale_keys, queue_retune

@@ -138,20 +138,42 @@ class JobOutcome:
     error: str | None = None
 
 
-def _check_operator_version(job: Job) -> None:
-    """Refuse to tune a job whose operator changed since it was submitted: its results would be
-    stored under a version that no longer describes the kernel."""
+def _check_operator_version(job: Job, sessions: sessionmaker[Session]) -> None:
+    """Make sure ``job`` (a detached copy) is tuned for its operator's current code.
+
+    A job submitted before its operator changed (an upgrade of Kato) that has measured nothing
+    is moved to the current version (:func:`db.queries.adopt_operator_version`, also on the
+    copy): its results then describe the kernel that runs. One with trials of the old version is
+    refused: its results would be stored under a version that no longer describes the kernel.
+
+    Raises:
+        RuntimeError: the job has trials of an older version of its operator.
+    """
     from kernels.spec import InvalidInput
 
     try:
         spec = get_operator(job.operator)
     except InvalidInput:
         return  # not a registered operator (e.g. a replayed Kernel Tuner space)
-    if spec.version != job.operator_version:
+    if spec.version == job.operator_version:
+        return
+    old = job.operator_version
+    with sessions() as session:
+        queries.adopt_operator_version(session, job.id, old_version=old, new_version=spec.version)
+        current = queries.get_job(session, job.id)
+        # Moved by this call or by another worker's (the owner and a helper racing).
+        moved = current is not None and current.operator_version == spec.version
+    if not moved:
         raise RuntimeError(
-            f"operator {job.operator!r} changed since the job was submitted (version "
-            f"{job.operator_version}, now {spec.version}); submit the job again"
+            f"operator {job.operator!r} changed since the job was submitted (version {old}, "
+            f"now {spec.version}) and the job has measured configs of the old version; "
+            "submit the job again"
         )
+    log.info(
+        "job %s: operator %s changed since it was submitted; tuning version %s (was %s)",
+        job.id, job.operator, spec.version, old,
+    )  # fmt: skip
+    job.operator_version = spec.version
 
 
 class _SharedStudy:
@@ -294,7 +316,7 @@ class JobRunner:
         )
         backend: Backend | None = None
         try:
-            _check_operator_version(job)
+            _check_operator_version(job, self.sessions)
             backend = self.backend_factory(job)
             state.backend = backend
             beat.start()

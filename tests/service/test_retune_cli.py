@@ -106,7 +106,7 @@ def test_dry_run_lists_what_would_be_queued_and_queues_nothing(upgraded):
         for r in rows
     )
     assert "skipped: operator no longer registered" in out.stdout
-    assert f"skipped: a job is queued or running at the current version: {live}" in out.stdout
+    assert f"skipped: a job is queued, or running at the current version: {live}" in out.stdout
     assert "skipped: no longer valid" in out.stdout
     assert "operator 'retired_op' is no longer registered" in out.output
     summary = "7 key(s) tuned only at other versions: would queue 4 job(s) of 50 configs"

@@ -10,8 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 from paths import RECORDED
+from sqlalchemy import update as sa_update
 
 from db import fleet, queries
+from db.models import Job
 from db.session import init_db, session_factory
 from kernels import get_operator
 from tuner.backends.base import TrialResult, TrialStatus
@@ -183,10 +185,9 @@ def test_all_configs_failing_is_a_failed_job(db):
         assert job.trials_done == 5
 
 
-def test_a_job_for_a_changed_kernel_fails_with_a_clear_error(db):
-    url, sessions = db
+def _old_version_job(sessions) -> str:
     with sessions() as s:
-        job = queries.create_job(
+        return queries.create_job(
             s,
             operator="softmax",
             operator_version="0ld0ld0ld0ld",
@@ -194,12 +195,67 @@ def test_a_job_for_a_changed_kernel_fails_with_a_clear_error(db):
             dtype=DTYPE,
             gpu_model="H200",
             budget_configs=5,
+        ).id
+
+
+def test_a_job_queued_before_its_kernel_changed_is_tuned_at_the_current_version(db):
+    """It has measured nothing: the worker moves it to the current version and tunes it, and its
+    winner is stored (and served) under the current version."""
+    url, sessions = db
+    job_id = _old_version_job(sessions)
+    version = get_operator("softmax").version
+    outcome = Worker(sessions, url, ["H200"], lambda job: CountingReplay()).run_once()
+    assert outcome.status == "done", outcome.error
+    with sessions() as s:
+        job = queries.get_job(s, job_id)
+        assert (job.status, job.operator_version, job.trials_done) == ("done", version, 5)
+        row, source = queries.lookup_best_config(
+            s, operator="softmax", operator_version=version, shape=SHAPE, dtype=DTYPE,
+            gpu_model="H200",
+        )  # fmt: skip
+        assert source == "exact" and row.time_ms == job.best_time_ms
+
+
+def test_a_job_with_trials_of_a_changed_kernel_fails_with_a_clear_error(db):
+    """Its trials were measured on the old code: it is not moved, and fails saying what to do."""
+    url, sessions = db
+    job_id = _old_version_job(sessions)
+    config = get_operator("softmax").default_config(SHAPE, DTYPE)
+    with sessions() as s:
+        queries.record_trial(
+            s, job_id, number=0, config=config, config_key="old-trial",
+            result={"status": "ok", "time_ms": 1.0, "config": config},
+        )  # fmt: skip
+        # Its worker died (the lease expired): the job is claimable, to be resumed.
+        expired = datetime.now(UTC) - timedelta(minutes=5)
+        s.execute(
+            sa_update(Job)
+            .where(Job.id == job_id)
+            .values(status="running", worker_id="dead", lease_expires_at=expired)
         )
-        job_id = job.id
+        s.commit()
     outcome = Worker(sessions, url, ["H200"], lambda job: CountingReplay()).run_once()
     assert outcome.status == "failed" and "submit the job again" in outcome.error
+    assert "measured configs of the old version" in outcome.error
     with sessions() as s:
-        assert queries.get_job(s, job_id).status == "failed"
+        job = queries.get_job(s, job_id)
+        assert (job.status, job.operator_version) == ("failed", "0ld0ld0ld0ld")
+
+
+def test_adopting_a_version_needs_a_job_without_trials(db):
+    _url, sessions = db
+    fresh, measured = _old_version_job(sessions), _old_version_job(sessions)
+    with sessions() as s:
+        queries.record_trial(
+            s, measured, number=0, config={}, config_key="k",
+            result={"status": "failed", "time_ms": None, "config": {}},
+        )  # fmt: skip
+        args = {"old_version": "0ld0ld0ld0ld", "new_version": "n3w"}
+        assert queries.adopt_operator_version(s, fresh, **args) is True
+        assert queries.adopt_operator_version(s, fresh, **args) is False  # not at old any more
+        assert queries.adopt_operator_version(s, measured, **args) is False
+        assert queries.get_job(s, fresh).operator_version == "n3w"
+        assert queries.get_job(s, measured).operator_version == "0ld0ld0ld0ld"
 
 
 def test_shared_search_leaves_a_just_asked_trial_to_its_worker():
