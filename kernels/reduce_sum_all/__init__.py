@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from kernels import limits
+from kernels.parallel import fill_rows, row_chunks
 from kernels.registry import register
 from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem, Step
 
@@ -159,19 +160,28 @@ class ReduceSumAllSpec(OperatorSpec):
         positions are :func:`sentinel_magnitude` (signs alternating), at least 8 tolerances."""
         (n,) = self.validate(shape, dtype)
         np_dtype = DTYPES[dtype][0]
-        x32 = rng.uniform(0.5, 1.5, size=n).astype(np.float32)
-        x32[rng.random(n) < 0.25] *= -1.0
         edges = np.unique(np.r_[np.arange(min(n, SENTINELS)), np.arange(max(n - SENTINELS, 0), n)])
         inside = rng.integers(0, n, size=SENTINELS)
-        where = np.unique(np.r_[edges, inside])
+        where = np.unique(np.r_[edges, inside])  # sorted
         signs = np.where(np.arange(where.size) % 2 == 0, 1.0, -1.0).astype(np.float32)
-        x32[where] = signs * np.float32(sentinel_magnitude(n, dtype))
-        x = x32.astype(np_dtype, copy=False)
-        del x32
-        x64 = x.astype(np.float64)
-        reference = np.array([x64.sum()])
-        abs_sum = float(np.abs(x64).sum())
-        del x64
+        sentinels = signs * np.float32(sentinel_magnitude(n, dtype))
+        x = np.empty(n, dtype=np_dtype)
+        chunks = row_chunks(n, 1)
+        sums = np.empty((len(chunks), 2), dtype=np.float64)  # per chunk: sum x, sum |x|
+        index = {chunk.start: i for i, chunk in enumerate(chunks)}
+
+        def fill(chunk: slice, gen: np.random.Generator) -> None:
+            x32 = gen.uniform(0.5, 1.5, size=chunk.stop - chunk.start).astype(np.float32)
+            np.negative(x32, out=x32, where=gen.random(x32.size, dtype=np.float32) < 0.25)
+            lo, hi = np.searchsorted(where, [chunk.start, chunk.stop])
+            x32[where[lo:hi] - chunk.start] = sentinels[lo:hi]
+            x[chunk] = x32
+            x64 = x[chunk].astype(np.float64)  # the values as stored
+            sums[index[chunk.start]] = x64.sum(), np.abs(x64, out=x64).sum()
+
+        fill_rows(rng, n, 1, fill)
+        reference = np.array([sums[:, 0].sum()])
+        abs_sum = float(sums[:, 1].sum())
         return Problem(
             args=[
                 x,

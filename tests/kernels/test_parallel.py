@@ -33,6 +33,7 @@ def test_row_chunks_cover_every_row_once_in_whole_rows() -> None:
         ("softmax", [37, 64], "float32"),
         ("layernorm", [37, 64], "bfloat16"),
         ("reduce_sum", [37, 64], "float16"),
+        ("reduce_sum_all", [1000], "bfloat16"),
     ],
 )
 def test_problems_do_not_depend_on_the_thread_count(
@@ -80,3 +81,18 @@ def test_a_chunk_error_is_raised() -> None:
 
     with pytest.raises(ValueError, match="chunk at"):
         parallel.fill_rows(np.random.default_rng(0), 3 << 22, 1, fill)
+
+
+def test_reduce_sum_all_sentinels_and_sums_across_chunks(small_chunks: None) -> None:
+    """The sentinels (both ends and random positions) land in whichever chunk holds them, and
+    the reference is the float64 sum of x as stored."""
+    from kernels.reduce_sum_all import SENTINELS, sentinel_magnitude
+
+    n = 1000
+    problem = get_operator("reduce_sum_all").make_problem([n], "float32", np.random.default_rng(5))
+    x = problem.args[0].astype(np.float64)
+    big = np.flatnonzero(np.abs(x) == np.float32(sentinel_magnitude(n, "float32")))
+    assert set(range(SENTINELS)) | set(range(n - SENTINELS, n)) <= set(big)
+    assert len(big) > 2 * SENTINELS  # and some inside
+    assert np.array_equal(np.sign(x[big]), np.where(np.arange(big.size) % 2 == 0, 1.0, -1.0))
+    assert problem.references[0][0] == pytest.approx(x.sum(), rel=1e-12)
