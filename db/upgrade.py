@@ -16,6 +16,7 @@ database and are testable without the CLI.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -43,6 +44,7 @@ LIVE_STATUSES = ("queued", "running")
 SKIP_UNREGISTERED = "operator no longer registered"
 SKIP_LIVE_JOB = "a job is queued, or running at the current version"
 SKIP_INVALID = "no longer valid"
+SKIP_FAILED = "its last job at the current version failed (retry with --retry-failed)"
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ def find_stale_keys(
     operators: Collection[str] | None = None,
     gpu_model: str | None = None,
     check: KeyCheck | None = None,
+    retry_failed: bool = False,
 ) -> list[StaleKey]:
     """Every result key (operator, shape, dtype, GPU model) with a stored best config, none of
     them at the operator's current version, sorted by operator, dtype, GPU model and shape.
@@ -96,8 +99,11 @@ def find_stale_keys(
     with a queued job (of any version: its worker moves it to the current one) or a job running
     at the current version gets :data:`SKIP_LIVE_JOB`, one that
     ``check`` rejects :data:`SKIP_INVALID`. ``operators`` / ``gpu_model`` (exact stored names)
-    keep only those keys. Compute capability and CUDA version are not part of the key here: a
-    job tunes on whatever GPU of the model claims it, as every job does.
+    keep only those keys. A key whose latest job at the current version failed gets
+    :data:`SKIP_FAILED` unless ``retry_failed`` (queueing it on every run would fail it again
+    for the same reason, e.g. a shape its GPU cannot hold). Compute capability and CUDA
+    version are not part of the key here: a job tunes on whatever GPU of the model claims it,
+    as every job does.
     """
     stmt = select(
         BestConfig.operator,
@@ -142,6 +148,26 @@ def find_stale_keys(
         if version == current_versions.get(op) or status == "queued":
             live.setdefault((op, skey, dtype, model), job_id)
 
+    # The latest finished job of each key at the current version, and how it ended.
+    ended: dict[_Key, tuple[float, str, str]] = {}  # key -> (finished at, status, job id)
+    ended_stmt = select(
+        Job.id,
+        Job.operator,
+        Job.shape_key,
+        Job.dtype,
+        Job.gpu_model,
+        Job.operator_version,
+        Job.status,
+        Job.finished_at,
+    ).where(Job.status.in_(("done", "failed", "cancelled")))
+    for job_id, op, skey, dtype, model, version, status, finished in session.execute(ended_stmt):
+        key = (op, skey, dtype, model)
+        when = finished.timestamp() if finished is not None else -math.inf
+        if version == current_versions.get(op) and (
+            key not in ended or (when, job_id) > ended[key][::2]
+        ):
+            ended[key] = (when, status, job_id)
+
     stale = []
     for key in sorted(old.keys() - current, key=lambda k: (k[0], k[2], k[3], shapes[k])):
         op, _skey, dtype, model = key
@@ -153,6 +179,8 @@ def find_stale_keys(
             skip = f"{SKIP_LIVE_JOB}: {live[key]}"
         elif check is not None and (reason := check(op, shapes[key], dtype)) is not None:
             skip = f"{SKIP_INVALID}: {reason}"
+        elif not retry_failed and key in ended and ended[key][1] == "failed":
+            skip = f"{SKIP_FAILED}: {ended[key][2]}"
         stale.append(
             StaleKey(
                 operator=op,

@@ -748,6 +748,12 @@ def retune(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="list what would be queued; queue nothing")
     ] = False,
+    retry_failed: Annotated[
+        bool,
+        typer.Option(
+            "--retry-failed", help="queue keys whose last job at the current version failed, too"
+        ),
+    ] = False,
     as_json: Annotated[
         bool, typer.Option("--json", help="print one JSON line per key instead of the table")
     ] = False,
@@ -801,6 +807,7 @@ def retune(
             operators=operator,
             gpu_model=model,
             check=check,
+            retry_failed=retry_failed,
         )
         job_ids = [] if dry_run else queue_retune(session, keys, budget_configs=budget)
     todo = [k for k in keys if k.skip is None]

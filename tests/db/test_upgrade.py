@@ -14,6 +14,7 @@ from db import queries
 from db.models import BestConfig, Job
 from db.upgrade import (
     DEFAULT_RETUNE_BUDGET,
+    SKIP_FAILED,
     SKIP_INVALID,
     SKIP_LIVE_JOB,
     SKIP_UNREGISTERED,
@@ -138,6 +139,34 @@ def test_skip_rules(session: Session):
     assert [k.operator for k in find_stale_keys(session, CURRENT, operators=["softmax"])] == [
         "softmax"
     ] * 5
+
+
+def test_a_key_whose_last_current_job_failed_is_skipped_unless_retried(session: Session):
+    """Queueing it again would fail it again for the same reason; a later success, or a
+    failure at an old version, does not count."""
+    for shape in [(1024, 1024), (2048, 2048), (4096, 4096)]:
+        best(session, version="old", shape=shape)
+    at = {"s": datetime(2026, 1, 1, tzinfo=UTC), "later": datetime(2026, 2, 1, tzinfo=UTC)}
+
+    def ended(status: str, shape: list[int], when: str, **fields: Any) -> str:
+        job_id = job(session, status, shape=shape, **fields)
+        row = session.get(Job, job_id)
+        row.finished_at = at[when]
+        session.commit()
+        return job_id
+
+    failed = ended("failed", [1024, 1024], "s")
+    ended("failed", [2048, 2048], "s")
+    ended("done", [2048, 2048], "later")  # the last one succeeded (found no winner): again
+    ended("failed", [4096, 4096], "s", operator_version="old")  # the old code's failure
+    stale = find_stale_keys(session, CURRENT)
+    assert keys_of(stale) == [
+        ("softmax", "1024x1024", "float16", "H200", f"{SKIP_FAILED}: {failed}"),
+        ("softmax", "2048x2048", "float16", "H200", None),
+        ("softmax", "4096x4096", "float16", "H200", None),
+    ]
+    retried = find_stale_keys(session, CURRENT, retry_failed=True)
+    assert [k.skip for k in retried] == [None, None, None]
 
 
 def test_queue_retune_queues_one_job_per_key_at_the_current_version(session: Session):

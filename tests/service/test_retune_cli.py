@@ -213,3 +213,27 @@ def test_the_queued_job_measures_the_old_winner_first_then_the_key_is_current(up
 def test_mistakes_are_one_line_errors(tmp_path, args, code, phrases):
     argv = ["retune", "--db", f"sqlite:///{tmp_path}/kato.db", *args]
     _assert_clear_error(CliRunner().invoke(app, argv), code, phrases)
+
+
+def rows_by_key(text: str) -> dict[tuple, dict]:
+    """``--json`` output (one object per line) by (first dimension, GPU, dtype)."""
+    rows = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    return {(r["shape"][0], r["gpu"], r["dtype"]): r for r in rows}
+
+
+def test_a_key_whose_job_failed_waits_for_retry_failed(upgraded):
+    url, sessions, _live = upgraded
+    version = get_operator("softmax").version
+    with sessions() as s:
+        failed = queries.create_job(
+            s, operator="softmax", operator_version=version, shape=[4096, 4096],
+            dtype="float16", gpu_model="H200", budget_configs=50,
+        ).id  # fmt: skip
+        queries.finish_job(s, failed, status="failed", error="CUDA out of memory")
+    out = retune(url, "--dry-run", "--json")
+    assert out.exit_code == 0, out.output
+    rows = rows_by_key(out.stdout)
+    assert rows[(4096, "H200", "float16")]["skip"].endswith(f"--retry-failed): {failed}")
+    out = retune(url, "--dry-run", "--json", "--retry-failed")
+    rows = rows_by_key(out.stdout)
+    assert rows[(4096, "H200", "float16")]["skip"] is None
