@@ -78,6 +78,26 @@ def _serialize(node: Any) -> str:
     return repr(node)
 
 
+#: Modules of the package every spec uses, left out of :attr:`OperatorSpec.version`: a change
+#: there would otherwise change every operator's version at once.
+_PLUMBING = frozenset({"kernels", "kernels.spec", "kernels.registry"})
+
+
+def _kernel_helpers(module: Any) -> set[Any]:
+    """The other modules of the ``kernels`` package whose functions or classes (or which, as
+    modules) ``module`` imported, as module objects."""
+    out = set()
+    for value in vars(module).values():
+        name = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__", None)
+        if not isinstance(name, str) or not (inspect.ismodule(value) or callable(value)):
+            continue
+        if name.startswith("kernels.") and name not in _PLUMBING and name != module.__name__:
+            helper = sys.modules.get(name)
+            if helper is not None:
+                out.add(helper)
+    return out
+
+
 class InvalidInput(ValueError):
     """A request that cannot be served: unknown dtype, shape of the wrong rank, non-positive sizes.
 
@@ -177,8 +197,10 @@ class OperatorSpec(ABC):
         Part of every stored result's key: change the kernel, its space, or the spec's defines,
         launch geometry, checks, inputs or tolerances, and old results stop matching instead of
         serving a stale winner. The code is hashed as syntax (:func:`code_fingerprint`) of the
-        spec's own module(s) and of :mod:`kernels.limits`, so comments, docstrings and
-        formatting do not count.
+        spec's own module(s), of :mod:`kernels.limits` and of every other module of the
+        ``kernels`` package they take functions or classes from (:mod:`kernels.parallel`, which
+        fills the inputs; another operator's helpers), so comments, docstrings and formatting do
+        not count. The shared plumbing (``kernels.spec``, ``kernels.registry``) is not hashed.
         """
         h = hashlib.sha256()
         h.update(self.template.read_bytes())
@@ -189,6 +211,7 @@ class OperatorSpec(ABC):
             if issubclass(cls, OperatorSpec) and cls is not OperatorSpec
         }
         modules.add(sys.modules["kernels.limits"])
+        modules |= {helper for module in list(modules) for helper in _kernel_helpers(module)}
         for module in sorted(modules, key=lambda m: m.__name__):
             h.update(code_fingerprint(Path(inspect.getfile(module)).read_text()))
         return h.hexdigest()[:12]

@@ -96,3 +96,20 @@ def test_reduce_sum_all_sentinels_and_sums_across_chunks(small_chunks: None) -> 
     assert len(big) > 2 * SENTINELS  # and some inside
     assert np.array_equal(np.sign(x[big]), np.where(np.arange(big.size) % 2 == 0, 1.0, -1.0))
     assert problem.references[0][0] == pytest.approx(x.sum(), rel=1e-12)
+
+
+def test_the_operators_that_fill_in_chunks_version_this_module() -> None:
+    """Changing how problems are filled changes their inputs: it must change the versions of the
+    operators that use it (and reduce_sum's covers the reduce_sum_all helpers it imports)."""
+    import sys
+
+    from kernels.spec import _kernel_helpers
+
+    def helpers(name: str) -> set[str]:
+        module = sys.modules[type(get_operator(name)).__module__]
+        return {m.__name__ for m in _kernel_helpers(module)}
+
+    for name in ("relu", "softmax", "layernorm", "reduce_sum", "reduce_sum_all"):
+        assert "kernels.parallel" in helpers(name), name
+    assert "kernels.reduce_sum_all" in helpers("reduce_sum")
+    assert helpers("matmul") == {"kernels.limits"}
