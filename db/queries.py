@@ -296,23 +296,36 @@ def finish_job(
     return job
 
 
+def first_seen(session: Session, operator: str, operator_version: str) -> datetime | None:
+    """When the first job of this operator version was submitted (``None``: never): how a
+    worker tells an older version of an operator from a newer one (versions are hashes)."""
+    return session.scalar(
+        select(func.min(Job.created_at)).where(
+            Job.operator == operator, Job.operator_version == operator_version
+        )
+    )
+
+
 def adopt_operator_version(
-    session: Session, job_id: str, *, old_version: str, new_version: str
+    session: Session, job_id: str, *, worker_id: str, old_version: str, new_version: str
 ) -> bool:
-    """Move a job that has measured nothing (no trial rows, reservations included) from
-    ``old_version`` of its operator to ``new_version``, and commit. Returns whether it moved;
-    a job with trials, or no longer at ``old_version``, is left as it is.
+    """Move a job that ``worker_id`` owns (``running`` under its lease) and that has measured
+    nothing (no trial rows, reservations included) from ``old_version`` of its operator to
+    ``new_version``, and commit. Returns whether it moved; otherwise nothing is written.
 
     A job queued before an upgrade that changed its operator asked for a config of (operator,
     shape, dtype, GPU), not of one version of the code: with nothing of the old kernel stored
-    under it, it is tuned for the kernel that runs now. One conditional ``UPDATE``: of two
-    workers racing, one moves it.
+    under it, it is tuned for the kernel that runs now. Only its owner moves it, right after
+    claiming it: a helper never does (the owner's copy would keep the old version). Whether
+    ``new_version`` is the newer one is the caller's to judge (:func:`first_seen`).
     """
     adopted = session.execute(
         update(Job)
         .where(
             Job.id == job_id,
             Job.operator_version == old_version,
+            Job.status == "running",
+            Job.worker_id == worker_id,
             ~exists().where(Trial.job_id == job_id),
         )
         .values(operator_version=new_version)

@@ -21,10 +21,10 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
-from db.models import BestConfig, Job
+from db.models import BestConfig, Job, Trial, utcnow
 from db.queries import create_jobs, shape_key
 
 #: Configs a re-tuning job measures by default: half the default cold budget
@@ -96,8 +96,9 @@ def find_stale_keys(
 
     ``current_versions`` maps each registered operator to its version; a key of an operator
     absent from it is returned with :data:`SKIP_UNREGISTERED` (reported, never queued). A key
-    with a queued job (of any version: its worker moves it to the current one) or a job running
-    at the current version gets :data:`SKIP_LIVE_JOB`, one that
+    with a job at the current version that is queued or running, or one of another version
+    that has measured nothing and is queued or abandoned (its worker moves it to the current
+    version), gets :data:`SKIP_LIVE_JOB`, one that
     ``check`` rejects :data:`SKIP_INVALID`. ``operators`` / ``gpu_model`` (exact stored names)
     keep only those keys. A key whose latest job at the current version failed gets
     :data:`SKIP_FAILED` unless ``retry_failed`` (queueing it on every run would fail it again
@@ -132,6 +133,8 @@ def find_stale_keys(
         newest, fastest = old.setdefault(key, {}).get(version, (updated, time_ms))
         old[key][version] = (max(newest, updated), min(fastest, time_ms))
 
+    now = utcnow()
+    measured = exists().where(Trial.job_id == Job.id)
     live_stmt = select(
         Job.id,
         Job.operator,
@@ -140,12 +143,17 @@ def find_stale_keys(
         Job.gpu_model,
         Job.operator_version,
         Job.status,
+        Job.lease_expires_at,
+        measured,
     ).where(Job.status.in_(LIVE_STATUSES))
     live: dict[_Key, str] = {}
-    for job_id, op, skey, dtype, model, version, status in session.execute(live_stmt):
-        # A queued job of any version counts: the worker that claims it moves it to the
-        # current version (it has measured nothing; tuner.worker._check_operator_version).
-        if version == current_versions.get(op) or status == "queued":
+    for row in session.execute(live_stmt):
+        job_id, op, skey, dtype, model, version, status, lease, has_trials = row
+        # A job of another version counts when the worker that claims it next will move it to
+        # the current version (tuner.worker._check_operator_version): it has measured nothing
+        # and is queued, or its worker died (the lease expired) and it will be resumed.
+        claimable = status == "queued" or (lease is not None and lease < now)
+        if version == current_versions.get(op) or (claimable and not has_trials):
             live.setdefault((op, skey, dtype, model), job_id)
 
     # The latest finished job of each key at the current version, and how it ended.

@@ -216,11 +216,20 @@ def database_sources(
         if versions.get(version) is None or (when is not None and versions[version] < when):
             versions[version] = when
 
+    # Whether the job's own key was measured at its own version (another job re-tuned it):
+    # then its older versions are no source, as for every other (GPU, shape).
+    own_current = False
+
+    def is_own_current(model: str, src_shape: Sequence[int], version: str) -> bool:
+        return (model, tuple(int(s) for s in src_shape)) == own and version == operator_version
+
     for job_id, model, src_shape, version in session.execute(
         select(Job.id, Job.gpu_model, Job.shape, Job.operator_version).where(
             Job.operator == operator, Job.dtype == dtype
         )
     ).all():
+        if job_id != exclude_job_id and job_id in last_ok:
+            own_current = own_current or is_own_current(model, src_shape, version)
         src = usable(model, src_shape, version)
         if src is None or job_id == exclude_job_id or job_id not in last_ok:
             continue
@@ -237,6 +246,8 @@ def database_sources(
             BestConfig.updated_at,
         ).where(BestConfig.operator == operator, BestConfig.dtype == dtype)
     ).all():
+        if t is not None and math.isfinite(t):
+            own_current = own_current or is_own_current(model, src_shape, version)
         src = usable(model, src_shape, version)
         if src is None or t is None or not math.isfinite(t):
             continue
@@ -245,6 +256,8 @@ def database_sources(
 
     sources = []
     for src, versions in seen.items():
+        if src == own and own_current:
+            continue  # re-tuned at this version: its stale winner is no guide any more
         if operator_version in versions:
             version = operator_version
         else:  # the newest other version; ties (no timestamps) by name, to be deterministic

@@ -138,16 +138,20 @@ class JobOutcome:
     error: str | None = None
 
 
-def _check_operator_version(job: Job, sessions: sessionmaker[Session]) -> None:
+def _check_operator_version(
+    job: Job, sessions: sessionmaker[Session], worker_id: str, *, helper: bool
+) -> None:
     """Make sure ``job`` (a detached copy) is tuned for its operator's current code.
 
-    A job submitted before its operator changed (an upgrade of Kato) that has measured nothing
-    is moved to the current version (:func:`db.queries.adopt_operator_version`, also on the
-    copy): its results then describe the kernel that runs. One with trials of the old version is
-    refused: its results would be stored under a version that no longer describes the kernel.
+    A job submitted for an older version of its operator (before an upgrade of Kato) that has
+    measured nothing is moved to the current version by its owner
+    (:func:`db.queries.adopt_operator_version`, and on the copy): its results then describe the
+    kernel that runs. Older means first submitted earlier (:func:`db.queries.first_seen`): a
+    worker of older code than the job's (a fleet half-way through an upgrade) must not move a
+    newer job back to its own version.
 
     Raises:
-        RuntimeError: the job has trials of an older version of its operator.
+        RuntimeError: the job is at another version and cannot be moved, saying why.
     """
     from kernels.spec import InvalidInput
 
@@ -157,23 +161,35 @@ def _check_operator_version(job: Job, sessions: sessionmaker[Session]) -> None:
         return  # not a registered operator (e.g. a replayed Kernel Tuner space)
     if spec.version == job.operator_version:
         return
-    old = job.operator_version
+    old, new = job.operator_version, spec.version
+    changed = f"operator {job.operator!r} is at version {new} here, the job at {old}"
+    if helper:
+        raise RuntimeError(f"{changed}: left to its owner")
     with sessions() as session:
-        queries.adopt_operator_version(session, job.id, old_version=old, new_version=spec.version)
+        seen_old = queries.first_seen(session, job.operator, old)
+        seen_new = queries.first_seen(session, job.operator, new)
+        if seen_new is not None and seen_old is not None and seen_new <= seen_old:
+            raise RuntimeError(
+                f"{changed}, a newer version (submitted by newer Kato code): upgrade this "
+                "worker, then submit the job again"
+            )
+        moved = queries.adopt_operator_version(
+            session, job.id, worker_id=worker_id, old_version=old, new_version=new
+        )
         current = queries.get_job(session, job.id)
-        # Moved by this call or by another worker's (the owner and a helper racing).
-        moved = current is not None and current.operator_version == spec.version
     if not moved:
+        if current is None:
+            raise RuntimeError(f"{changed}, and the job is gone")
+        if current.worker_id != worker_id:
+            raise RuntimeError(f"{changed}, and the job went to another worker")
         raise RuntimeError(
-            f"operator {job.operator!r} changed since the job was submitted (version {old}, "
-            f"now {spec.version}) and the job has measured configs of the old version; "
-            "submit the job again"
+            f"{changed}, and the job has measured configs of the old version; submit the job again"
         )
     log.info(
         "job %s: operator %s changed since it was submitted; tuning version %s (was %s)",
-        job.id, job.operator, spec.version, old,
+        job.id, job.operator, new, old,
     )  # fmt: skip
-    job.operator_version = spec.version
+    job.operator_version = new
 
 
 class _SharedStudy:
@@ -316,7 +332,7 @@ class JobRunner:
         )
         backend: Backend | None = None
         try:
-            _check_operator_version(job, self.sessions)
+            _check_operator_version(job, self.sessions, self.worker_id, helper=helper)
             backend = self.backend_factory(job)
             state.backend = backend
             beat.start()

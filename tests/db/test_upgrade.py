@@ -121,6 +121,13 @@ def test_skip_rules(session: Session):
     adopted = job(session, "queued", shape=[8192, 8192], operator_version="old")
     # Running at the old version (a worker of the old code): it stores nothing current.
     job(session, "running", shape=[4096, 4096], operator_version="old")
+    # Running at the old version but its worker died, with nothing measured: the next worker
+    # resumes it and moves it to the current version.
+    abandoned = job(session, "running", shape=[2048, 4096], operator_version="old")
+    row = session.get(Job, abandoned)
+    row.lease_expires_at = datetime(2026, 1, 1, tzinfo=UTC)
+    session.commit()
+    best(session, version="old", shape=(2048, 4096))
 
     def check(operator: str, shape, dtype: str) -> str | None:
         return "too small" if list(shape) == [64, 64] else None
@@ -131,6 +138,7 @@ def test_skip_rules(session: Session):
         ("softmax", "64x64", "float16", "H200", f"{SKIP_INVALID}: too small"),
         ("softmax", "1024x1024", "float16", "H200", f"{SKIP_LIVE_JOB}: {live}"),
         ("softmax", "2048x2048", "float16", "H200", f"{SKIP_LIVE_JOB}: {running}"),
+        ("softmax", "2048x4096", "float16", "H200", f"{SKIP_LIVE_JOB}: {abandoned}"),
         ("softmax", "4096x4096", "float16", "H200", None),
         ("softmax", "8192x8192", "float16", "H200", f"{SKIP_LIVE_JOB}: {adopted}"),
     ]
@@ -138,7 +146,7 @@ def test_skip_rules(session: Session):
     # Filtered out, an unregistered operator is not even listed.
     assert [k.operator for k in find_stale_keys(session, CURRENT, operators=["softmax"])] == [
         "softmax"
-    ] * 5
+    ] * 6
 
 
 def test_a_key_whose_last_current_job_failed_is_skipped_unless_retried(session: Session):

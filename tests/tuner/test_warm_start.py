@@ -283,6 +283,28 @@ def test_after_a_version_change_a_job_seeds_from_its_own_keys_old_winner_first(d
         assert first.config == own_old and first.job.operator_version == spec.version
 
 
+def test_a_key_re_tuned_at_the_current_version_stops_seeding_its_old_winner(db):
+    """Once another job measured the job's own key at the current version (its best stored,
+    or a finished job's OK trials), that key's older versions are no source."""
+    _url, sessions = db
+    spec = get_operator("softmax")
+    store_best(sessions, cfg("32,2,0,0,0"), version=OLD, t=0.025)
+
+    def own_sources() -> list[str]:
+        with sessions() as s:
+            sources = database_sources(
+                s, operator="softmax", operator_version=spec.version, dtype=DTYPE, shape=SHAPE,
+                gpu_model="H200",
+            )  # fmt: skip
+        return [src.name for src in sources]
+
+    assert own_sources() == [f"H200 4096x4096 @{OLD}"]
+    old_job_with_trials(sessions, [(cfg("128,8,1,2,4"), 0.02)], version=spec.version)
+    assert own_sources() == []
+    store_best(sessions, cfg("128,8,1,2,4"), version=spec.version, t=0.02)
+    assert own_sources() == []
+
+
 def test_an_old_config_that_no_longer_validates_is_skipped(db):
     """An old winner with a parameter the spec no longer has (renamed) is not seeded: its
     source's fastest config valid now is; the replay space's check raises on it (KeyError),

@@ -242,20 +242,63 @@ def test_a_job_with_trials_of_a_changed_kernel_fails_with_a_clear_error(db):
         assert (job.status, job.operator_version) == ("failed", "0ld0ld0ld0ld")
 
 
-def test_adopting_a_version_needs_a_job_without_trials(db):
+def _claim(sessions, worker_id: str = "w1"):
+    with sessions() as s:
+        return queries.claim_next_job(s, gpu_models=["H200"], worker_id=worker_id, lease_seconds=60)
+
+
+def test_adopting_a_version_needs_the_owner_and_a_job_without_trials(db):
     _url, sessions = db
-    fresh, measured = _old_version_job(sessions), _old_version_job(sessions)
+    fresh = _old_version_job(sessions)
+    assert _claim(sessions).id == fresh
+    measured = _old_version_job(sessions)
+    assert _claim(sessions).id == measured
+    queued = _old_version_job(sessions)  # not claimed: nobody owns it
     with sessions() as s:
         queries.record_trial(
             s, measured, number=0, config={}, config_key="k",
             result={"status": "failed", "time_ms": None, "config": {}},
         )  # fmt: skip
-        args = {"old_version": "0ld0ld0ld0ld", "new_version": "n3w"}
+        args = {"worker_id": "w1", "old_version": "0ld0ld0ld0ld", "new_version": "n3w"}
+        assert queries.adopt_operator_version(s, fresh, **(args | {"worker_id": "w2"})) is False
+        assert queries.adopt_operator_version(s, queued, **args) is False
+        assert queries.adopt_operator_version(s, measured, **args) is False
         assert queries.adopt_operator_version(s, fresh, **args) is True
         assert queries.adopt_operator_version(s, fresh, **args) is False  # not at old any more
-        assert queries.adopt_operator_version(s, measured, **args) is False
-        assert queries.get_job(s, fresh).operator_version == "n3w"
-        assert queries.get_job(s, measured).operator_version == "0ld0ld0ld0ld"
+        versions = [queries.get_job(s, j).operator_version for j in (fresh, measured, queued)]
+        assert versions == ["n3w", "0ld0ld0ld0ld", "0ld0ld0ld0ld"]
+
+
+def test_a_worker_of_older_code_does_not_move_a_newer_job_back(db):
+    """Half-way through an upgrade: the job was submitted at a version first seen after this
+    worker's own (newer code submitted it). It fails saying to upgrade the worker, unmoved."""
+    url, sessions = db
+    submit(sessions)  # a job at this code's version, submitted first
+    with sessions() as s:
+        newer = queries.create_job(
+            s, operator="softmax", operator_version="n3w3rc0d3", shape=SHAPE, dtype=DTYPE,
+            gpu_model="H200", budget_configs=5,
+        ).id  # fmt: skip
+        for job in s.query(Job).filter(Job.id != newer):
+            job.status = "done"
+        s.commit()
+    outcome = Worker(sessions, url, ["H200"], lambda job: CountingReplay()).run_once()
+    assert outcome.job_id == newer and outcome.status == "failed"
+    assert "newer version" in outcome.error and "upgrade this worker" in outcome.error
+    with sessions() as s:
+        assert queries.get_job(s, newer).operator_version == "n3w3rc0d3"
+
+
+def test_a_helper_never_moves_a_job(db):
+    url, sessions = db
+    job_id = _old_version_job(sessions)
+    assert _claim(sessions, "owner").id == job_id
+    runner = JobRunner(sessions, url, lambda job: CountingReplay(), worker_id="h", lease_seconds=60)
+    outcome = runner.run(job_id, helper=True)
+    assert outcome.status == "failed" and "left to its owner" in outcome.error
+    with sessions() as s:
+        job = queries.get_job(s, job_id)
+        assert (job.operator_version, job.worker_id) == ("0ld0ld0ld0ld", "owner")
 
 
 def test_shared_search_leaves_a_just_asked_trial_to_its_worker():
