@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import event, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from db import queries
@@ -349,8 +349,9 @@ def test_batch_answers_every_lookup_as_get_does(app: FastAPI, client: TestClient
 def test_batch_reads_each_group_once_and_answers_repeats_once(
     app: FastAPI, client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One query per distinct group for the whole batch, and one selection per distinct item
-    (a repeated item, or one in error, is not worked out again)."""
+    """A group with more than LOAD_AFTER distinct lookups is read once for the whole batch (its
+    first LOAD_AFTER answered as GET answers them), a group with fewer is never read whole, and
+    a repeated item, or one in error, is not worked out again."""
     with app.state.session_factory() as session:
         seed_rows(session)
     item = {"operator": "softmax", "shape": [3000, 777], "dtype": "float16", "gpu": "H200"}
@@ -361,28 +362,28 @@ def test_batch_reads_each_group_once_and_answers_repeats_once(
         + [{**item, "operator": "layernorm"}, {**item, "gpu": "H100"}]
         + [{**item, "dtype": "float64"}] * 50
     )
-    picks: list[Any] = []
-    real_pick = queries.pick_best_config
+    calls: dict[str, list[Any]] = {"pick": [], "load": [], "lookup": []}
 
-    def counting_pick(*args: Any, **kwargs: Any) -> Any:
-        picks.append(args[1])
-        return real_pick(*args, **kwargs)
+    def counting(name: str, real: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls[name].append(kwargs.get("dtype") or kwargs.get("shape"))
+            return real(*args, **kwargs)
 
-    monkeypatch.setattr(configs.queries, "pick_best_config", counting_pick)
-    statements: list[str] = []
+        return wrapper
 
-    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        statements.append(statement)
-
-    event.listen(app.state.engine, "before_cursor_execute", record)
-    try:
-        response = client.post("/v1/configs/batch", json={"lookups": items})
-    finally:
-        event.remove(app.state.engine, "before_cursor_execute", record)
+    for name, attr in [
+        ("pick", "pick_best_config"),
+        ("load", "load_config_group"),
+        ("lookup", "lookup_best_config"),
+    ]:
+        monkeypatch.setattr(configs.queries, attr, counting(name, getattr(queries, attr)))
+    response = client.post("/v1/configs/batch", json={"lookups": items})
     assert response.status_code == 200, response.text
     results = response.json()["results"]
     assert [r["status"] for r in results] == [200] * 407 + [422] * 50
     assert len({str(r["result"]) for r in results[:300]}) == 1
-    best_config_reads = [s for s in statements if "FROM kato_best_configs" in s]
-    assert len(best_config_reads) == 4, best_config_reads  # softmax f16 and f32 H200, ...
-    assert len(picks) == 1 + 100 + 1 + 2
+    first = configs._BatchLookups.LOAD_AFTER
+    assert calls["load"] == ["float16"]  # softmax float16 H200: 101 distinct lookups
+    # Before it is loaded: its first lookups, and the groups of one lookup each.
+    assert len(calls["lookup"]) == first + 3
+    assert len(calls["pick"]) == 101 - first
