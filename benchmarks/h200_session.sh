@@ -4,8 +4,8 @@
 #   steps: occupancy gputests winners operators throughput mlp spaces
 #          (default: occupancy gputests operators)
 #   The whole GPU suite does not fit one device call (600 s) on a fresh machine: `gputests` runs
-#   tests/gpu except the committed winners' check (~460 s), `winners` runs that (~230 s before
-#   problems were built on every core, kernels/parallel.py), each in a call of its own.
+#   tests/gpu except the committed winners' check (~460 s), `winners` runs that (~120 s; 230 s
+#   before problems were built on every core, kernels/parallel.py), each in a call of its own.
 #   env: GPU_TESTS (pytest paths, default tests/gpu minus the winners), TUNE_BUDGET, CASES ("relu layernorm:1048576x128 ..."),
 #        TUNE_ONLY=1, MAX_MINUTES, DB (SQLAlchemy URL of the results database; data/h200 is
 #        imported into it first, and the operators step exports it to $OUT/h200),
