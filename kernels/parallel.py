@@ -27,6 +27,9 @@ import numpy as np
 CHUNK_ELEMENTS = 1 << 22
 #: Threads at most: beyond this the passes are bound by memory bandwidth.
 MAX_THREADS = 16
+#: Temporaries all threads together may hold (:func:`run_chunks`' ``chunk_bytes``): a chunk
+#: that cannot be split (one channel of a huge batchnorm) must not be held 16 times at once.
+MAX_TEMPORARY_BYTES = 2 << 30
 
 
 def threads() -> int:
@@ -61,14 +64,20 @@ def fill_rows(
     """
     chunks = row_chunks(rows, row_elements)
     generators = rng.spawn(len(chunks))
-    workers = min(threads(), len(chunks))
+    run_chunks(lambda i: fill(chunks[i], generators[i]), len(chunks))
+
+
+def run_chunks(work: Callable[[int], None], count: int, *, chunk_bytes: int = 0) -> None:
+    """Call ``work(i)`` for ``i`` in ``range(count)`` in a thread pool of :func:`threads`
+    threads (in this thread when one suffices), fewer where ``chunk_bytes`` (the temporaries
+    one call holds) times the threads would pass :data:`MAX_TEMPORARY_BYTES`. Each call must
+    touch only its own part of the arrays it writes. An exception in any call is raised here
+    (after the others ran)."""
+    workers = min(threads(), count, max(1, MAX_TEMPORARY_BYTES // max(1, chunk_bytes)))
     if workers <= 1:
-        for chunk, generator in zip(chunks, generators, strict=True):
-            fill(chunk, generator)
+        for i in range(count):
+            work(i)
         return
     with ThreadPoolExecutor(workers, thread_name_prefix="kato-problem") as pool:
-        for future in [
-            pool.submit(fill, chunk, generator)
-            for chunk, generator in zip(chunks, generators, strict=True)
-        ]:
+        for future in [pool.submit(work, i) for i in range(count)]:
             future.result()

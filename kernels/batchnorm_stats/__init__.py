@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kernels import limits
+from kernels import limits, parallel
+from kernels.parallel import fill_rows, run_chunks
 from kernels.registry import register
 from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem, Step
 
@@ -232,11 +233,15 @@ class BatchNormStatsSpec(OperatorSpec):
         scales = rng.uniform(0.1, 4.0, size=(1, c, 1, 1)).astype(np.float32)
         offsets[:, 0::4] = 1e4 if dtype == "float32" else 1e3
         scales[:, 0::4] = 1.0 if dtype == "float32" else 8.0
-        x32 = rng.standard_normal((n, c, h, w), dtype=np.float32)
-        x32 *= scales
-        x32 += offsets
-        x = x32.astype(np_dtype, copy=False)
-        del x32
+        x = np.empty((n, c, h, w), dtype=np_dtype)
+
+        def fill(chunk: slice, gen: np.random.Generator) -> None:  # images of x
+            x32 = gen.standard_normal((chunk.stop - chunk.start, c, h, w), dtype=np.float32)
+            x32 *= scales
+            x32 += offsets
+            x[chunk] = x32
+
+        fill_rows(rng, n, c * h * w, fill)
         mean = np.full(c, np.nan, dtype=np.float32)
         var = np.full(c, np.nan, dtype=np.float32)
         invstd = np.full(c, np.nan, dtype=np.float32)
@@ -281,18 +286,23 @@ class BatchNormStatsSpec(OperatorSpec):
 
 def batchnorm_stats_reference(x: np.ndarray, eps: float) -> tuple[np.ndarray, ...]:
     """Float64 per-channel (mean, biased var, invstd) of an NCHW array, a few channels at a
-    time (a float64 copy of a whole benchmark-size tensor would need gigabytes)."""
+    time (a float64 copy of a whole benchmark-size tensor would need gigabytes), the groups of
+    channels on several threads (:func:`kernels.parallel.run_chunks`)."""
     n, c, h, w = x.shape
     mean = np.empty(c)
     var = np.empty(c)
-    step = max(1, (1 << 24) // max(n * h * w, 1))
-    for c0 in range(0, c, step):
+    step = max(1, parallel.CHUNK_ELEMENTS // max(n * h * w, 1))
+
+    def channels(i: int) -> None:  # channels [c0, c0 + step), on one of the threads
+        c0 = i * step
         chunk = x[:, c0 : c0 + step].astype(np.float64)
         m = chunk.mean(axis=(0, 2, 3))
         chunk -= m[None, :, None, None]
         chunk *= chunk
         mean[c0 : c0 + step] = m
         var[c0 : c0 + step] = chunk.mean(axis=(0, 2, 3))
+
+    run_chunks(channels, -(-c // step), chunk_bytes=8 * step * n * h * w)
     return mean, var, 1.0 / np.sqrt(var + eps)
 
 

@@ -113,3 +113,39 @@ def test_the_operators_that_fill_in_chunks_version_this_module() -> None:
         assert "kernels.parallel" in helpers(name), name
     assert "kernels.reduce_sum_all" in helpers("reduce_sum")
     assert helpers("matmul") == {"kernels.limits"}
+
+
+def test_batchnorm_problems_and_references_do_not_depend_on_the_thread_count(
+    small_chunks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = get_operator("batchnorm_stats")
+    made = []
+    for threads in (1, 3):
+        monkeypatch.setattr(parallel, "threads", lambda threads=threads: threads)
+        made.append(spec.make_problem([5, 6, 3, 4], "float16", np.random.default_rng(2)))
+    one, three = (m.args[:1] + m.references for m in made)
+    for a, b in zip(one, three, strict=True):
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    x = made[0].args[0].astype(np.float64)
+    np.testing.assert_allclose(made[0].references[0], x.mean(axis=(0, 2, 3)), rtol=1e-12)
+    np.testing.assert_allclose(made[0].references[1], x.var(axis=(0, 2, 3)), rtol=1e-9)
+
+
+def test_run_chunks_holds_temporaries_within_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls of 1 GiB of temporaries each run two at a time under a 2 GiB cap."""
+    import threading
+    import time
+
+    monkeypatch.setattr(parallel, "threads", lambda: 8)
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def work(i: int) -> None:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+
+    parallel.run_chunks(work, 8, chunk_bytes=1 << 30)
+    assert peak[0] == 2
