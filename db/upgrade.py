@@ -24,7 +24,7 @@ from datetime import datetime
 from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
-from db.models import BestConfig, Job, Trial, utcnow
+from db.models import TERMINAL_STATUSES, BestConfig, Job, Trial, utcnow
 from db.queries import create_jobs, shape_key
 
 #: Configs a re-tuning job measures by default: half the default cold budget
@@ -133,9 +133,12 @@ def find_stale_keys(
         newest, fastest = old.setdefault(key, {}).get(version, (updated, time_ms))
         old[key][version] = (max(newest, updated), min(fastest, time_ms))
 
+    # One pass over the jobs: which keys are being tuned (``live``), and how each key's latest
+    # finished job at the current version ended (``ended``: key -> (finished at, status, id)).
     now = utcnow()
-    measured = exists().where(Trial.job_id == Job.id)
-    live_stmt = select(
+    live: dict[_Key, str] = {}
+    ended: dict[_Key, tuple[float, str, str]] = {}
+    jobs_stmt = select(
         Job.id,
         Job.operator,
         Job.shape_key,
@@ -144,37 +147,24 @@ def find_stale_keys(
         Job.operator_version,
         Job.status,
         Job.lease_expires_at,
-        measured,
-    ).where(Job.status.in_(LIVE_STATUSES))
-    live: dict[_Key, str] = {}
-    for row in session.execute(live_stmt):
-        job_id, op, skey, dtype, model, version, status, lease, has_trials = row
-        # A job of another version counts when the worker that claims it next will move it to
-        # the current version (tuner.worker._check_operator_version): it has measured nothing
-        # and is queued, or its worker died (the lease expired) and it will be resumed.
-        claimable = status == "queued" or (lease is not None and lease < now)
-        if version == current_versions.get(op) or (claimable and not has_trials):
-            live.setdefault((op, skey, dtype, model), job_id)
-
-    # The latest finished job of each key at the current version, and how it ended.
-    ended: dict[_Key, tuple[float, str, str]] = {}  # key -> (finished at, status, job id)
-    ended_stmt = select(
-        Job.id,
-        Job.operator,
-        Job.shape_key,
-        Job.dtype,
-        Job.gpu_model,
-        Job.operator_version,
-        Job.status,
         Job.finished_at,
-    ).where(Job.status.in_(("done", "failed", "cancelled")))
-    for job_id, op, skey, dtype, model, version, status, finished in session.execute(ended_stmt):
+        exists().where(Trial.job_id == Job.id),
+    ).where(Job.status.in_(LIVE_STATUSES + TERMINAL_STATUSES))
+    for row in session.execute(jobs_stmt):
+        job_id, op, skey, dtype, model, version, status, lease, finished, has_trials = row
         key = (op, skey, dtype, model)
-        when = finished.timestamp() if finished is not None else -math.inf
-        if version == current_versions.get(op) and (
-            key not in ended or (when, job_id) > ended[key][::2]
-        ):
-            ended[key] = (when, status, job_id)
+        at_current = version == current_versions.get(op)
+        if status in LIVE_STATUSES:
+            # A job of another version counts when the worker that claims it next will move
+            # it to the current version (tuner.worker._check_operator_version): it has
+            # measured nothing and is queued, or its worker died (the lease expired).
+            claimable = status == "queued" or (lease is not None and lease < now)
+            if at_current or (claimable and not has_trials):
+                live.setdefault(key, job_id)
+        elif at_current:
+            when = finished.timestamp() if finished is not None else -math.inf
+            if key not in ended or (when, job_id) > ended[key][::2]:
+                ended[key] = (when, status, job_id)
 
     stale = []
     for key in sorted(old.keys() - current, key=lambda k: (k[0], k[2], k[3], shapes[k])):
