@@ -134,7 +134,10 @@ class Trial(Base):
     """One evaluated config of a job: everything the backend measured, failures included."""
 
     __tablename__ = "kato_trials"
-    __table_args__ = (UniqueConstraint("job_id", "config_key"),)
+    __table_args__ = (
+        UniqueConstraint("job_id", "config_key"),
+        UniqueConstraint("job_id", "number"),  # numbers 0, 1, 2, ... without repeats
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(
