@@ -7,7 +7,6 @@ app turns it into a 422 (routes turn an unknown operator in a path into a 404).
 from __future__ import annotations
 
 import importlib
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -15,7 +14,7 @@ from typing import Any
 
 from fastapi import HTTPException, status
 
-from kernels import DTYPES, InvalidInput, OperatorSpec, get_operator
+from kernels import InvalidInput, OperatorSpec, get_operator
 from service.schemas import JobCreate
 from service.settings import Settings
 
@@ -38,14 +37,16 @@ def _gb(n: int) -> str:
 
 
 def check_fits(spec: OperatorSpec, shape: Sequence[int], dtype: str, gpu: Any) -> None:
-    """Reject a problem whose buffers cannot fit the GPU model's memory."""
-    # At least the input itself must fit, whatever the spec says (guards against a spec whose
-    # arithmetic overflows on absurd shapes).
-    needed = math.prod(shape) * DTYPES[dtype][2] if dtype in DTYPES else 0
-    try:
-        needed = max(needed, int(spec.buffer_bytes(shape, dtype)))
-    except (ArithmeticError, ValueError):
-        needed = max(needed, 2**63)
+    """Reject a problem whose buffers cannot fit the GPU model's memory.
+
+    The bytes are the spec's :meth:`~kernels.spec.OperatorSpec.buffer_bytes` of the validated
+    shape, the one owner of what an operator allocates: a product of the dimensions is no size
+    (matmul's M x N x K is its work, its buffers are M*K + K*N + M*N elements).
+    """
+    needed = spec.buffer_bytes(shape, dtype)
+    if isinstance(needed, bool) or not isinstance(needed, int) or needed < 0:
+        # A spec bug (a float, a numpy integer that may have wrapped): never a user's error.
+        raise TypeError(f"{spec.name}.buffer_bytes returned {needed!r}, not a byte count")
     memory = getattr(gpu, "memory_bytes", None)
     if memory and needed > memory:
         raise InvalidInput(
