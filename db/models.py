@@ -27,6 +27,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -143,7 +144,7 @@ class Trial(Base):
     job_id: Mapped[str] = mapped_column(
         String(32), ForeignKey("kato_jobs.id", ondelete="CASCADE"), index=True
     )
-    number: Mapped[int] = mapped_column(Integer)  # order within the job, from 0
+    number: Mapped[int] = mapped_column(Integer)  # 0, 1, 2, ... per job (db.fleet: numbers)
     config: Mapped[dict[str, Any]]
     config_key: Mapped[str] = mapped_column(String(1024))  # Kernel Tuner key: "256,4"
     status: Mapped[str] = mapped_column(String(32))  # tuner.backends.base.TrialStatus values
@@ -249,6 +250,8 @@ class ApiToken(Base):
     secret_sha256: Mapped[str] = mapped_column(String(64), unique=True)
     #: Most queued + running jobs this token may have at once (None: the service default).
     max_queued_jobs: Mapped[int | None] = mapped_column(Integer)
+    #: May cancel any job, not only its own (``kato token create NAME --admin``).
+    admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_used_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]

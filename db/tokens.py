@@ -36,13 +36,13 @@ def hash_secret(secret: str) -> str:
 
 
 def create_token(
-    session: Session, name: str, *, max_queued_jobs: int | None = None
+    session: Session, name: str, *, max_queued_jobs: int | None = None, admin: bool = False
 ) -> tuple[ApiToken, str]:
     """Create a token and commit; return the row and the secret (shown once, never stored).
 
     ``max_queued_jobs``: most queued + running jobs the token may have at once (``None``: the
-    service's ``max_queued_jobs`` setting). Raises ``ValueError`` for an empty name or a
-    non-positive limit.
+    service's ``max_queued_jobs`` setting). ``admin``: the token may cancel any job, not only
+    its own and tokenless ones. Raises ``ValueError`` for an empty name or a non-positive limit.
     """
     name = name.strip()
     if not name or len(name) > 255:
@@ -50,7 +50,12 @@ def create_token(
     if max_queued_jobs is not None and not 1 <= max_queued_jobs <= 2**31 - 1:
         raise ValueError(f"max_queued_jobs must be at least 1, got {max_queued_jobs}")
     secret = SECRET_PREFIX + secrets.token_urlsafe(32)
-    token = ApiToken(name=name, secret_sha256=hash_secret(secret), max_queued_jobs=max_queued_jobs)
+    token = ApiToken(
+        name=name,
+        secret_sha256=hash_secret(secret),
+        max_queued_jobs=max_queued_jobs,
+        admin=admin,
+    )
     session.add(token)
     session.commit()
     return token, secret
@@ -106,6 +111,65 @@ def mark_used(session: Session, token_id: str) -> None:
         .values(last_used_at=utcnow())
         .execution_options(synchronize_session=False)
     )
+
+
+class UnknownTokenId(LookupError):
+    """No token has this id, nor an id starting with it."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class AmbiguousTokenId(LookupError):
+    """Several tokens' ids start with this prefix (``candidates``, sorted)."""
+
+    def __init__(self, prefix: str, candidates: tuple[str, ...]) -> None:
+        super().__init__(prefix, candidates)
+        self.prefix, self.candidates = prefix, candidates
+
+    def __str__(self) -> str:
+        return (
+            f"token id prefix {self.prefix!r} is ambiguous: it starts "
+            f"{', '.join(self.candidates)}; give more of the id"
+        )
+
+
+#: Shortest prefix :func:`find_by_id` takes for a whole id (as git asks of a commit's).
+MIN_ID_PREFIX = 4
+#: Ids are uuid4 hex: anything else matches no token (and never reaches a LIKE pattern).
+_HEX = frozenset("0123456789abcdef")
+
+
+def find_by_id(session: Session, given: str) -> ApiToken:
+    """The token with id ``given``, or whose id is the only one starting with it. Reads only.
+
+    ``given`` is taken case-insensitively, without surrounding blanks or a trailing ellipsis
+    (``…`` or ``...``, as a table cut the id), so an id copied from a listing works.
+
+    Raises:
+        UnknownTokenId: no such id or prefix, or a prefix shorter than :data:`MIN_ID_PREFIX`.
+        AmbiguousTokenId: the prefix starts several ids.
+    """
+    text = given.strip().removesuffix("…").removesuffix("...").strip().lower()
+    exact = session.get(ApiToken, text) if 0 < len(text) <= 32 and "\x00" not in text else None
+    if exact is not None:
+        return exact
+    if not text or len(text) > 32 or not set(text) <= _HEX:
+        raise UnknownTokenId(f"no token with id {given!r}")
+    if len(text) < MIN_ID_PREFIX:
+        raise UnknownTokenId(
+            f"no token with id {given!r}; a prefix must be at least {MIN_ID_PREFIX} characters"
+        )
+    found = list(
+        session.scalars(
+            select(ApiToken).where(ApiToken.id.startswith(text)).order_by(ApiToken.id).limit(11)
+        )
+    )
+    if not found:
+        raise UnknownTokenId(f"no token with id {given!r}")
+    if len(found) > 1:
+        raise AmbiguousTokenId(text, tuple(t.id for t in found))
+    return found[0]
 
 
 def revoke_token(session: Session, token_id: str) -> ApiToken | None:

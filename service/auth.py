@@ -6,6 +6,9 @@ A request presents ``Authorization: Bearer <secret>`` (secrets come from ``kato 
   without a token gets 401, an unknown token 401, a revoked token 403. With ``auth_required``
   off, requests without a token are let through as anonymous (``Caller.token is None``); a
   token that is presented is still checked, so its jobs are recorded and its quota applies.
+- Cancelling: a token cancels the jobs it submitted and jobs submitted without a token; an
+  admin token (``kato token create NAME --admin``) cancels any job, so that the jobs of a
+  revoked token can still be stopped (:meth:`Caller.may_cancel`).
 - Read routes are open unless ``auth_reads`` is set; then ``create_app`` mounts them with
   :func:`require_reader`, which applies the same rules as for writes.
 
@@ -47,6 +50,16 @@ class Caller:
     @property
     def token_id(self) -> str | None:
         return self.token.id if self.token is not None else None
+
+    @property
+    def admin(self) -> bool:
+        return self.token is not None and self.token.admin
+
+    def may_cancel(self, job_token_id: str | None) -> bool:
+        """Whether this caller may cancel a job submitted with ``job_token_id`` (``None``:
+        without a token). Anonymous callers (auth off) may cancel any job, as anyone who
+        reaches the port may write."""
+        return self.token is None or self.admin or job_token_id in (None, self.token.id)
 
 
 def _unauthorized(message: str, error: str | None = None) -> HTTPException:

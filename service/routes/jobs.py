@@ -142,12 +142,14 @@ def get_job_trials(job_id: str, session: SessionDep) -> list[TrialPublic]:
 @router.delete("/{job_id}", responses={**NOT_FOUND, **AUTH_RESPONSES})
 def cancel_job(job_id: str, session: SessionDep, caller: WriterDep) -> JobPublic:
     """Cancel: a queued job at once, a running one after its current trial. A token may cancel
-    the jobs it submitted and jobs submitted without a token (403 for another token's job)."""
+    the jobs it submitted and jobs submitted without a token (403 for another token's job); an
+    admin token may cancel any job."""
     job = _job_or_404(session, job_id)
-    if caller.token is not None and job.token_id not in (None, caller.token.id):
+    if not caller.may_cancel(job.token_id):
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
-            f"job {job.id} was submitted with another API token; only that token may cancel it",
+            f"job {job.id} was submitted with another API token; only that token or an admin "
+            "token (`kato token create NAME --admin`) may cancel it",
         )
     cancelled = queries.request_cancel(session, job_id)
     if cancelled is None:
