@@ -13,6 +13,11 @@ the reservation exclusive: two workers never measure the same config, and the bu
 configs is never overrun. Completing fills the placeholder in (no second count); releasing (the
 measurement was interrupted, or its worker died) deletes it and gives the unit back.
 
+Trial numbers: a reservation takes the lowest number none of the job's rows holds, so a
+released reservation's number goes to the next one; a job's numbers are 0, 1, 2, ... without
+gaps, and the unique ``(job_id, number)`` constraint refuses a repeat. A number, once given, is
+never changed (it orders the trials, not the time they were measured: ``created_at`` does).
+
 Lock order: every transaction that writes both takes the job's row first, then trial rows. A
 reservation must (its count decides whether it may insert); completing and releasing lock the
 job row before touching their trial. In the other order PostgreSQL deadlocked: one worker
@@ -26,9 +31,9 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Literal
 
-from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy import delete, exists, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from db.models import Job, Trial, Worker, utcnow
 
@@ -37,6 +42,9 @@ RESERVED = "running"
 _RESERVED_BY = "being measured by worker "
 
 Reservation = Literal["reserved", "taken", "budget", "stopped"]
+
+#: Tries to give a reservation a number that a writer outside the job's lock did not take.
+_NUMBER_ATTEMPTS = 5
 
 
 # --- presence --------------------------------------------------------------------------------
@@ -201,45 +209,80 @@ def reserve_trial(
     ``taken`` (recorded already, or being measured by another worker: read it with
     :func:`find_trial`), ``budget`` (the job's budget of distinct configs is used up) or
     ``stopped`` (the job is no longer running, or a cancel was requested).
+
+    The placeholder gets the job's :func:`lowest_free_number`, under the job's row lock: the
+    numbers of a job's rows stay 0, 1, 2, ... without repeats (the database's unique
+    ``(job_id, number)`` refuses one) and without gaps (a released reservation's number goes to
+    the next reservation).
     """
-    counted = session.execute(
-        update(Job)
-        .where(
-            Job.id == job_id,
-            Job.status == "running",
-            Job.cancel_requested.is_(False),
-            Job.trials_done < Job.budget_configs,
+    for _ in range(_NUMBER_ATTEMPTS):
+        counted = session.execute(
+            update(Job)
+            .where(
+                Job.id == job_id,
+                Job.status == "running",
+                Job.cancel_requested.is_(False),
+                Job.trials_done < Job.budget_configs,
+            )
+            .values(trials_done=Job.trials_done + 1)
+            .execution_options(synchronize_session=False)
         )
-        .values(trials_done=Job.trials_done + 1)
-        .execution_options(synchronize_session=False)
-    )
-    if counted.rowcount == 0:
-        session.rollback()
-        if find_trial(session, job_id, config_key) is not None:
-            return "taken"
-        job = session.get(Job, job_id, populate_existing=True)
-        session.rollback()
-        if job is None or job.status != "running" or job.cancel_requested:
-            return "stopped"
-        return "budget"
-    number = session.scalar(select(Job.trials_done).where(Job.id == job_id)) - 1
-    session.add(
-        Trial(
-            job_id=job_id,
-            number=number,
-            config=dict(config),
-            config_key=config_key,
-            status=RESERVED,
-            times_ms=[],
-            error=_RESERVED_BY + worker_id,
+        if counted.rowcount == 0:
+            session.rollback()
+            if find_trial(session, job_id, config_key) is not None:
+                return "taken"
+            job = session.get(Job, job_id, populate_existing=True)
+            session.rollback()
+            if job is None or job.status != "running" or job.cancel_requested:
+                return "stopped"
+            return "budget"
+        session.add(
+            Trial(
+                job_id=job_id,
+                number=lowest_free_number(session, job_id),
+                config=dict(config),
+                config_key=config_key,
+                status=RESERVED,
+                times_ms=[],
+                error=_RESERVED_BY + worker_id,
+            )
+        )
+        try:
+            session.commit()
+        except IntegrityError:  # the count is rolled back with the row
+            session.rollback()
+            if find_trial(session, job_id, config_key) is not None:
+                return "taken"  # recorded or reserved by another worker
+            # Not the config but its number: a writer outside the job's row lock
+            # (queries.record_trial) stored that number meanwhile. Take the next free one.
+            continue
+        return "reserved"
+    raise RuntimeError(f"job {job_id}: no free trial number after {_NUMBER_ATTEMPTS} attempts")
+
+
+def lowest_free_number(session: Session, job_id: str) -> int:
+    """The lowest trial number that none of the job's rows (recorded or reserved) holds: one
+    past the highest while the numbers are dense, else the first gap a released reservation
+    left. Call it under the job's row lock, so that two writers never pick the same number."""
+    count, highest = session.execute(
+        select(func.count(Trial.number), func.coalesce(func.max(Trial.number), -1)).where(
+            Trial.job_id == job_id
+        )
+    ).one()
+    if count == highest + 1:
+        return int(count)  # dense: the common case, answered from the (job_id, number) index
+    taken = aliased(Trial)
+    held = select(Trial.number).where(Trial.job_id == job_id)
+    if session.scalar(held.where(Trial.number == 0)) is None:
+        return 0
+    return int(
+        session.scalar(
+            select(func.min(Trial.number + 1)).where(
+                Trial.job_id == job_id,
+                ~exists().where(taken.job_id == job_id, taken.number == Trial.number + 1),
+            )
         )
     )
-    try:
-        session.commit()
-    except IntegrityError:  # recorded or reserved by another worker: the count is rolled back
-        session.rollback()
-        return "taken"
-    return "reserved"
 
 
 def reserved_by(trial: Trial) -> str | None:

@@ -27,6 +27,7 @@ def assert_complete(sessions, job_id: str) -> list[Trial]:
     assert max(keys.values()) == 1, "a config was recorded twice"
     assert all(t.status != fleet.RESERVED for t in trials), "a reservation was left behind"
     assert found.trials_done == len(trials) == found.budget_configs
+    assert sorted(t.number for t in trials) == list(range(len(trials))), "numbers repeat or skip"
     ok = [t for t in trials if t.status == "ok"]
     assert found.best_time_ms == min(t.time_ms for t in ok)
     return trials
@@ -263,3 +264,86 @@ def test_a_released_measurement_is_not_stored_over_another_workers_reservation(d
         found = queries.get_job(s, job_id)
     assert fleet.reserved_by(trial) == "b"  # b's measurement is the one to be stored
     assert (found.trials_done, found.best_time_ms) == (1, None)
+
+
+def _numbers(sessions, job_id: str) -> list[int]:
+    with sessions() as s:
+        return sorted(t.number for t in queries.job_trials(s, job_id))
+
+
+def _alive(session, worker_id: str) -> None:
+    fleet.heartbeat_worker(
+        session, worker_id=worker_id, hostname="h", pid=1, gpu_models=["H200"],
+        backend="replay", status="busy", current_job_id=None,
+    )  # fmt: skip
+
+
+def test_trial_numbers_stay_unique_after_a_worker_dies_holding_reservations(db_url):
+    """Worker b dies holding two reservations in the middle of the job's numbers; their release
+    gave their numbers back while numbers were counted from trials_done: the next reservations
+    took numbers already held (two numbers twice, two missing). Numbers are 0..n-1, each once."""
+    sessions = sessions_for(db_url)
+    job_id = submit(sessions, 10)
+    with sessions() as s:
+        queries.claim_next_job(s, gpu_models=["H200"], worker_id="a", lease_seconds=60)
+        _alive(s, "a")  # b never beats: it counts as dead
+        for key, by in [("c0", "a"), ("c1", "a"), ("c2", "b"), ("c3", "b"), ("c4", "a")]:
+            got = fleet.reserve_trial(s, job_id, config={"k": key}, config_key=key, worker_id=by)
+            assert got == "reserved"
+        assert fleet.release_stale_reservations(s, job_id, stale_seconds=60) == 2
+        for key in ["c5", "c6", "c7"]:
+            got = fleet.reserve_trial(s, job_id, config={"k": key}, config_key=key, worker_id="a")
+            assert got == "reserved", key
+        for key in ["c0", "c1", "c4", "c5", "c6", "c7"]:
+            result = {"status": "ok", "time_ms": 1.0, "times_ms": [1.0], "config": {"k": key}}
+            assert fleet.complete_trial(s, job_id, config_key=key, worker_id="a", result=result)
+        assert queries.get_job(s, job_id).trials_done == 6
+    assert _numbers(sessions, job_id) == list(range(6))
+
+
+def test_concurrent_reservations_number_trials_once_each(db_url):
+    """Threads reserving configs of one job at once, while a dead worker's reservations are
+    released between them: every reservation gets its own number, and the numbers have no
+    gaps (on PostgreSQL the job's row lock orders them; the database refuses a repeat)."""
+    import threading
+
+    sessions = sessions_for(db_url)
+    job_id = submit(sessions, 200)
+    with sessions() as s:
+        queries.claim_next_job(s, gpu_models=["H200"], worker_id="w0", lease_seconds=60)
+        for i in range(4):
+            _alive(s, f"w{i}")
+        for i in range(6):  # a dead worker's reservations, numbers 0..5
+            key = f"dead{i}"
+            got = fleet.reserve_trial(s, job_id, config={}, config_key=key, worker_id="dead")
+            assert got == "reserved"
+    start = threading.Barrier(5)
+    outcomes: list[object] = []
+
+    def reserve(worker: str) -> None:
+        start.wait()
+        try:
+            with sessions() as s:
+                for n in range(15):
+                    key = f"{worker}-{n}"
+                    outcomes.append(
+                        fleet.reserve_trial(s, job_id, config={}, config_key=key, worker_id=worker)
+                    )
+        except Exception as exc:
+            outcomes.append(exc)
+
+    def release() -> None:
+        start.wait()
+        with sessions() as s:
+            outcomes.append(fleet.release_stale_reservations(s, job_id, stale_seconds=60))
+
+    threads = [threading.Thread(target=reserve, args=(f"w{i}",)) for i in range(4)]
+    threads.append(threading.Thread(target=release))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert outcomes.count("reserved") == 60 and 6 in outcomes, outcomes
+    assert _numbers(sessions, job_id) == list(range(60))
+    with sessions() as s:
+        assert queries.get_job(s, job_id).trials_done == 60

@@ -180,3 +180,53 @@ def test_default_db_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 
     monkeypatch.setenv("KATO_DB_URL", "postgresql+psycopg://u@host/db")
     assert default_db_url() == "postgresql+psycopg://u@host/db"
+
+
+def _upgrade(engine: Engine, revision: str) -> None:
+    from alembic import command
+
+    from db.session import alembic_config
+
+    with engine.begin() as connection:
+        config = alembic_config()
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+
+
+def test_0003_renumbers_repeated_trial_numbers_then_refuses_them(db_url: str) -> None:
+    """A database written before 0003 holds jobs whose trial numbers repeat (a worker died in a
+    shared job): the migration renumbers each such job densely in (number, id) order, leaves
+    the other jobs alone, and from then on the database refuses a repeated number."""
+    from sqlalchemy.exc import IntegrityError
+
+    engine = make_engine(db_url)
+    _upgrade(engine, "0002")
+    job = (
+        "INSERT INTO kato_jobs (id, operator, operator_version, shape, shape_key, dtype,"
+        " gpu_model, budget_configs, strategy, seed, status, trials_done, created_at,"
+        " cancel_requested) VALUES (:id, 'softmax', 'v', '[1, 2]', '1x2', 'float32', 'H200',"
+        " 10, 'tpe', 0, 'done', 6, '2026-01-01 00:00:00+00:00', false)"
+    )
+    trial = (
+        "INSERT INTO kato_trials (id, job_id, number, config, config_key, status, times_ms,"
+        " created_at) VALUES (:id, :job, :number, '{}', :key, 'ok', '[]',"
+        " '2026-01-01 00:00:00+00:00')"
+    )
+    # (row id, job, number): "dup" holds 3 and 4 twice, 2 and 5 missing; "gap" has no repeat.
+    rows = [(1, "dup", 0), (2, "dup", 1), (3, "dup", 3), (4, "dup", 4), (5, "dup", 3),
+            (6, "dup", 4), (7, "gap", 0), (8, "gap", 2)]  # fmt: skip
+    with engine.begin() as connection:
+        for job_id in ("dup", "gap"):
+            connection.execute(text(job), {"id": job_id})
+        for row_id, job_id, number in rows:
+            connection.execute(
+                text(trial), {"id": row_id, "job": job_id, "number": number, "key": f"k{row_id}"}
+            )
+    init_db(engine)
+    assert current_revision(engine) == head_revision()
+    with engine.connect() as connection:
+        numbers = dict(connection.execute(text("SELECT id, number FROM kato_trials")).all())
+    assert numbers == {1: 0, 2: 1, 3: 2, 5: 3, 4: 4, 6: 5, 7: 0, 8: 2}
+    with pytest.raises(IntegrityError), engine.begin() as connection:
+        connection.execute(text(trial), {"id": 9, "job": "gap", "number": 2, "key": "k9"})
+    engine.dispose()
