@@ -34,7 +34,7 @@ from tuner.surrogate import ForestProposer  # noqa: E402
 from tuner.worker import PRECOMPILE_MAX_CONFIGS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-DATASETS = ROOT.parent / "shared" / "datasets" / "benchmark_hub" / "cachefiles"
+DATASETS = ROOT / "data" / "datasets" / "benchmark_hub" / "cachefiles"
 DEFAULT_FILES = [
     DATASETS / "convolution_milo" / "A100.json.gz",
     DATASETS / "convolution_milo" / "A4000.json.gz",

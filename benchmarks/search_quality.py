@@ -1,6 +1,6 @@
 """Search quality on brute-forced spaces: Kato vs Kernel Tuner, same files, same budgets.
 
-For every Kernel Tuner cache file under ../shared/datasets and data/spaces/h200 (the spaces Kato
+For every Kernel Tuner cache file under data/datasets and data/spaces/h200 (the spaces Kato
 brute-forced on the H200; ``tests/paths.py``; the later ones in data/spaces/h200-holdout are
 given on the command line) and any given on the command line, each method
 searches the recorded space at each budget (distinct measured configs, failures included) with

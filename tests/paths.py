@@ -6,8 +6,10 @@ import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-#: Brute-forced Kernel Tuner cache files from other GPUs (the workplace's ../shared/datasets).
-DATASETS = Path(os.environ.get("KATO_DATASETS", REPO.parent / "shared" / "datasets"))
+#: Brute-forced Kernel Tuner cache files from other GPUs (the FAIR Benchmark Hub's, MIT licence),
+#: committed under data/datasets so that a plain clone runs every replay test; KATO_DATASETS
+#: points at another folder of the same layout.
+DATASETS = Path(os.environ.get("KATO_DATASETS", REPO / "data" / "datasets"))
 #: Spaces Kato recorded itself on real GPUs, committed with the code.
 RECORDED = REPO / "tests" / "data" / "recorded"
 #: Whole spaces Kato brute-forced on the H200 (``h200_session.sh spaces``), Kernel Tuner format:

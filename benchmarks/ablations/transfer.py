@@ -6,7 +6,7 @@ what the database holds after one job there. Configs the source lacks get the me
 
 Measured (seeds 0-39, conv A4000 from A100; default 0.801 / 0.900 / 0.967 at 25 / 50 / 100)::
 
-    SRC=../shared/datasets/benchmark_hub/cachefiles/convolution_milo/A100.json.gz \\
+    SRC=data/datasets/benchmark_hub/cachefiles/convolution_milo/A100.json.gz \\
     python3 benchmarks/search_ablation.py --spaces convolution_milo/A4000 --seeds 0:40 \\
         --budgets 25,50,100 --patch benchmarks/ablations/transfer.py
 

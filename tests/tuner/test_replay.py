@@ -1,4 +1,4 @@
-"""The replay backend and the search over real brute-forced spaces (../shared/datasets)."""
+"""The replay backend and the search over real brute-forced spaces (data/datasets)."""
 
 from __future__ import annotations
 
