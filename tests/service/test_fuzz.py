@@ -9,6 +9,7 @@ derandomized) so the run is short and repeatable.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,10 +37,21 @@ CHECKS = [
 ]
 
 
+#: The fuzzed app, on a SQLite file of its own. Built at import because schemathesis reads the
+#: schema when it parametrizes the test; its lazy-fixture alternative
+#: (``schemathesis.pytest.from_fixture``) breaks on pytest 9.2 ("'Function' object has no
+#: attribute '_nodeid'"), and a fresh install resolves that pytest.
+_DB_DIR = tempfile.TemporaryDirectory(prefix="kato-fuzz-")
+FUZZED_APP = create_app(
+    Settings(db_url=f"sqlite:///{Path(_DB_DIR.name) / 'kato.db'}", max_queued_jobs=50)
+)
+schema = schemathesis.openapi.from_asgi("/openapi.json", FUZZED_APP)
+
+
 @pytest.fixture(scope="module")
-def fuzzed_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FastAPI]:
-    db = Path(tmp_path_factory.mktemp("fuzz")) / "kato.db"
-    app = create_app(Settings(db_url=f"sqlite:///{db}", max_queued_jobs=50))
+def fuzzed_app() -> Iterator[FastAPI]:
+    """The fuzzed app with a token and a stored config, so reads find rows and writes pass auth."""
+    app = FUZZED_APP
     with app.state.session_factory() as session:
         app.state.fuzz_secret = tokens.create_token(session, "fuzz")[1]
         queries.upsert_best_config(
@@ -57,14 +69,7 @@ def fuzzed_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FastAPI]:
         )
     yield app
     app.state.engine.dispose()
-
-
-@pytest.fixture(scope="module")
-def api_schema(fuzzed_app: FastAPI) -> schemathesis.BaseSchema:
-    return schemathesis.openapi.from_asgi("/openapi.json", fuzzed_app)
-
-
-schema = schemathesis.pytest.from_fixture("api_schema")
+    _DB_DIR.cleanup()
 
 
 @schema.parametrize()
