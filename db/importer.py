@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 import json
 import math
 import re
@@ -742,6 +743,19 @@ def _config_key(bundle: ParsedBundle, config: Mapping[str, Any]) -> str:
     return ",".join(str(config[p]) for p in bundle.params)
 
 
+def _free_numbers(wanted: Sequence[int], held: set[int]) -> list[int]:
+    """Numbers for new trials of a job whose stored trials hold ``held``: each keeps the number
+    its file gives it unless a stored trial or an earlier one of the file has it; a repeat (an
+    export written before numbers were unique per job) takes the lowest number still free."""
+    taken = set(held)
+    out: list[int | None] = []
+    for number in wanted:
+        out.append(None if number in taken else number)
+        taken.add(number)
+    free = (n for n in itertools.count() if n not in taken)
+    return [number if number is not None else next(free) for number in out]
+
+
 def _write_bundle(session: Session, bundle: ParsedBundle, report: ImportReport) -> None:
     by_job: dict[str, list[ParsedTrial]] = {}
     for t in bundle.trials:
@@ -763,16 +777,21 @@ def _write_bundle(session: Session, bundle: ParsedBundle, report: ImportReport) 
     session.flush()
     for job_id, trials in by_job.items():
         stored = set(session.scalars(select(Trial.config_key).where(Trial.job_id == job_id)))
+        new = []
         for t in trials:
             key = _config_key(bundle, t.config)
             if key in stored:
                 report.trials_present += 1
                 continue
             stored.add(key)
+            new.append((t, key))
+        held = set(session.scalars(select(Trial.number).where(Trial.job_id == job_id)))
+        numbers = _free_numbers([t.number for t, _ in new], held)
+        for (t, key), number in zip(new, numbers, strict=True):
             session.add(
                 Trial(
                     job_id=job_id,
-                    number=t.number,
+                    number=number,
                     config=t.config,
                     config_key=key,
                     status=t.status,
