@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import json
-import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 app = typer.Typer(
@@ -156,23 +163,28 @@ def _check_recording(path: Path, what: str, code: int = 2):
         )
 
 
-def _replay_models(path: Path) -> list[str]:
-    """GPU models of the recordings at ``path`` (a file or a directory), each file checked
-    before a worker starts on them."""
+def _replay_backends(path: Path, gpu: list[str] | None, **options):
+    """The replay factory for the recordings at ``path`` (a file or a directory), each file
+    checked, and the problem it is for read, before a worker starts on them; ``gpu``: keep only
+    the recordings of these GPU models."""
     from kernels.spec import InvalidInput
-    from tuner.gpus import normalize_gpu_name
+    from tuner.backends.replay import recorded_problem
+    from tuner.worker import Recording, ReplayBackends, recording_files
 
-    files = [path] if path.is_file() else sorted(path.glob("*.json*"))
+    files = recording_files(path)
     if not files:
         _fail(f"--replay {path}: no recordings (*.json, *.json.gz) in this directory", 2)
-    models = set()
+    recordings = []
     for file in files:
         cache = _check_recording(file, "--replay")
         try:
-            models.add(normalize_gpu_name(cache.device_name))
-        except InvalidInput as exc:
-            _fail(f"--replay {file}: {exc}; pass --gpu MODEL", 2)
-    return sorted(models)
+            recordings.append(Recording(file, recorded_problem(cache, file)))
+        except (ValueError, InvalidInput) as exc:
+            _fail(f"--replay {_reason(exc)}", 2)
+    try:
+        return ReplayBackends(recordings, gpu_models=gpu, **options)
+    except (ValueError, InvalidInput) as exc:
+        _fail(f"--replay {path}: {_reason(exc)}", 2)
 
 
 def _start_gpu_workers(db_url: str, sessions, lease_seconds: float) -> list[threading.Thread]:
@@ -235,6 +247,53 @@ def _token_hint(settings, sessions) -> None:
             )
 
 
+def _version_lines(verbose: bool) -> list[str]:
+    """``kato VERSION`` (the installed package's); with ``verbose`` also every registered
+    operator's version, one ``NAME VERSION`` a line (what its stored results are keyed by)."""
+    from service import __version__
+
+    lines = [f"kato {__version__}"]
+    if verbose:
+        from kernels import list_operators
+
+        lines += [f"{spec.name} {spec.version}" for spec in list_operators()]
+    return lines
+
+
+@app.callback(invoke_without_command=True)
+def _main(
+    ctx: typer.Context,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            help="also the libraries' log lines (database migrations, HTTP requests); with "
+            "--version, the operators' versions",
+        ),
+    ] = False,
+    version: Annotated[
+        bool, typer.Option("--version", help="print Kato's version and exit")
+    ] = False,
+) -> None:
+    """Kato: GPU kernel autotuning service. Log lines go to stderr at KATO_LOG_LEVEL (INFO)."""
+    import os
+
+    from service import logs
+
+    try:
+        level = logs.parse_level(os.environ.get("KATO_LOG_LEVEL"))
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    logs.configure(level, verbose=verbose)
+    if version:
+        typer.echo("\n".join(_version_lines(verbose)))
+        raise typer.Exit()
+    if ctx.invoked_subcommand is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
+
+
 @app.command()
 def serve(
     host: Annotated[str | None, typer.Option(help="bind address")] = None,
@@ -280,8 +339,9 @@ def worker(
         Path | None,
         typer.Option(
             exists=True,
-            help="replay backend: a Kernel Tuner cache file, or a directory of files named "
-            "<operator>_<gpu>_<shape>_<dtype>.json[.gz]",
+            help="replay backend: a Kernel Tuner cache or T4 file, or a directory of them; "
+            "each answers only jobs of the problem it was recorded for (its Kato metadata, "
+            "else its name <operator>_<gpu>_<shape>_<dtype>[_<version>].json[.gz])",
         ),
     ] = None,
     gpu: Annotated[
@@ -318,7 +378,7 @@ def worker(
     """
     import signal
 
-    from tuner.worker import Worker, pycuda_backend_factory, replay_backend_factory
+    from tuner.worker import Worker, pycuda_backend_factory
 
     settings = _settings(db)
     timeout = trial_timeout or settings.trial_timeout_seconds
@@ -326,12 +386,11 @@ def worker(
     if backend == "replay":
         if replay is None:
             raise typer.BadParameter("--backend replay needs --replay FILE_OR_DIR")
-        recorded = _replay_models(replay)  # every file checked, --gpu or not
-        models = list(gpu or recorded)
-        factory = replay_backend_factory(
-            replay, isolate=bool(isolate), trial_timeout_s=timeout, delay_s=replay_delay
+        factory = _replay_backends(
+            replay, gpu, isolate=bool(isolate), trial_timeout_s=timeout, delay_s=replay_delay
         )
-        where = f"replay {replay}"
+        models = factory.gpu_models
+        where = f"replay {replay} ({len(factory.recordings)} recorded problem(s))"
         devices = [{"replay": str(replay)}]
     elif backend == "pycuda":
         models = list(gpu or [_gpu_model(device)])
@@ -496,15 +555,26 @@ def lookup(
             )
         _emit(_answer(r, url), True)
         return
-    from fastapi.testclient import TestClient
+    import asyncio
+
+    import httpx
 
     from service.app import create_app
 
     settings = _settings(db)
-    with TestClient(create_app(settings, engine=_engine(settings.db_url))) as client:
-        r = client.get(
-            f"/v1/configs/{operator}", params={"shape": shape, "dtype": dtype, "gpu": gpu}
-        )
+    api = create_app(settings, engine=_engine(settings.db_url))
+
+    async def ask() -> httpx.Response:
+        # The app answers in this process, through its routes as a served request would be
+        # (httpx's ASGI transport: no socket, and not Starlette's TestClient, a test tool).
+        transport = httpx.ASGITransport(app=api)
+        async with httpx.AsyncClient(transport=transport, base_url="http://kato") as client:
+            return await client.get(
+                f"/v1/configs/{operator}", params={"shape": shape, "dtype": dtype, "gpu": gpu}
+            )
+
+    r = asyncio.run(ask())
+    api.state.engine.dispose()
     if r.status_code != 200:
         _fail(f"{r.status_code}: {r.json().get('detail', r.text)}")
     _emit(r.json(), True)
@@ -565,14 +635,17 @@ def replay(
     if warm_start is not None:
         _check_recording(warm_start, "--warm-start")
     try:
-        report = replay_search(
-            cachefile,
-            budget=budget,
-            repeats=repeats,
-            seed=seed,
-            strategy=strategy,
-            warm_start=warm_start,
-        )
+        with _progress(disable=as_json) as progress:
+            task = progress.add_task(f"replay {cachefile.name}", total=repeats * budget)
+            report = replay_search(
+                cachefile,
+                budget=budget,
+                repeats=repeats,
+                seed=seed,
+                strategy=strategy,
+                warm_start=warm_start,
+                on_progress=lambda done, total: progress.update(task, completed=done),
+            )
     except ValueError as exc:
         _fail(str(exc), 2)
     data = report.to_dict()
@@ -595,6 +668,12 @@ def token_create(
         int | None,
         typer.Option(min=1, help="most queued + running jobs (default: KATO_MAX_QUEUED_JOBS)"),
     ] = None,
+    admin: Annotated[
+        bool,
+        typer.Option(
+            "--admin", help="may cancel any job (a revoked token's too), not only its own"
+        ),
+    ] = False,
     db: DbOption = None,
 ) -> None:
     """Create a token; print its secret on stdout, once (only its SHA-256 is stored)."""
@@ -603,30 +682,38 @@ def token_create(
     _, sessions = _sessions(_settings(db).db_url)
     with sessions() as session:
         try:
-            token, secret = tokens.create_token(session, name, max_queued_jobs=max_queued)
+            token, secret = tokens.create_token(
+                session, name, max_queued_jobs=max_queued, admin=admin
+            )
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         console.print(
-            f"token {token.id} ({token.name!r}) created; its secret is printed once, below. "
-            "Send it as 'Authorization: Bearer <secret>'."
+            f"{'admin ' if admin else ''}token {token.id} ({token.name!r}) created; its secret "
+            "is printed once, below. Send it as 'Authorization: Bearer <secret>'.",
+            soft_wrap=True,
         )
     typer.echo(secret)
 
 
 @token_app.command("revoke")
 def token_revoke(
-    token_id: Annotated[str, typer.Argument(help="the token's id (kato token list)")],
+    token_id: Annotated[
+        str, typer.Argument(help="the token's id, or a unique prefix of it (kato token list)")
+    ],
     db: DbOption = None,
 ) -> None:
-    """Revoke a token: its requests get 403 from now on; its jobs keep running."""
+    """Revoke a token: its requests get 403 from now on; its jobs keep running (an admin token
+    or `kato cancel` stops them)."""
     from db import tokens
 
     _, sessions = _sessions(_settings(db).db_url)
     with sessions() as session:
-        token = tokens.revoke_token(session, token_id.strip())
-        if token is None:
-            _fail(f"no token with id {token_id!r}")
-        console.print(f"token {token.id} ({token.name!r}) revoked")
+        try:
+            token = tokens.revoke_token(session, tokens.find_by_id(session, token_id).id)
+        except (tokens.UnknownTokenId, tokens.AmbiguousTokenId) as exc:
+            _fail(f"{exc}; `kato token list` shows the ids", 2)
+        assert token is not None  # found just now, and tokens are never deleted
+        console.print(f"token {token.id} ({token.name!r}) revoked", soft_wrap=True)
 
 
 @token_app.command("list")
@@ -634,7 +721,8 @@ def token_list(
     db: DbOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON lines")] = False,
 ) -> None:
-    """Every token (never the secrets): id, name, queue limit, created, last used, revoked."""
+    """Every token (never the secrets): id, name, admin, queue limit, live jobs, created, last
+    used, revoked (times in UTC)."""
     from db import tokens
 
     _, sessions = _sessions(_settings(db).db_url)
@@ -643,6 +731,7 @@ def token_list(
             {
                 "id": t.id,
                 "name": t.name,
+                "admin": t.admin,
                 "max_queued_jobs": t.max_queued_jobs,
                 "live_jobs": tokens.live_jobs(session, t.id),
                 "created_at": t.created_at.isoformat(timespec="seconds"),
@@ -657,10 +746,98 @@ def token_list(
         for row in rows:
             typer.echo(json.dumps(row))
         return
-    table = Table(*rows[0].keys()) if rows else Table("no tokens")
+    if not rows:
+        console.print("no tokens: create one with `kato token create NAME`")
+        return
+    headers = {
+        "max_queued_jobs": "queue limit",
+        "live_jobs": "live jobs",
+        "created_at": "created",
+        "last_used_at": "last used",
+        "revoked_at": "revoked",
+    }
+
+    def cell(value: Any) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        return str(value).replace("T", " ").removesuffix("+00:00")  # ISO times, in UTC
+
+    _print_records([{headers.get(k, k): cell(v) for k, v in r.items()} for r in rows])
+
+
+def _print_records(rows: list[dict[str, str]]) -> None:
+    """``rows`` on stdout, as a table where it fits the terminal at its natural width, else one
+    block per row (its first field, then the others indented): never a cell cut short, so an id
+    printed can be copied whole."""
+    from rich.measure import Measurement
+
+    out = Console()
+    table = Table(*(escape(k) for k in rows[0]), box=box.SIMPLE_HEAD, pad_edge=False)
     for row in rows:
-        table.add_row(*("-" if v is None else str(v) for v in row.values()))
-    Console().print(table)
+        table.add_row(*(escape(v) for v in row.values()))
+    natural = Measurement.get(out, out.options.update_width(10_000), table).maximum
+    if natural <= out.width:
+        out.print(table)
+        return
+    for row in rows:
+        first, *rest = row.items()
+        typer.echo(first[1])
+        for key, value in rest:
+            typer.echo(f"  {key}: {value}")
+
+
+@app.command()
+def cancel(
+    job_id: Annotated[str, typer.Argument(help="the job's id (as POST /v1/jobs answered it)")],
+    db: DbOption = None,
+) -> None:
+    """Cancel a job in the database, whoever submitted it (the operator's way to stop the jobs
+    of a revoked token): a queued job at once, a running one after its current trial. A
+    finished job is left as it is."""
+    import re
+
+    from db import queries
+
+    _, sessions = _sessions(_settings(db).db_url)
+    given = job_id.strip().lower()
+    with sessions() as session:
+        # Ids are uuid4 hex: anything else is no job (and never reaches the database).
+        job = queries.get_job(session, given) if re.fullmatch(r"[0-9a-f]{1,32}", given) else None
+        if job is None:
+            _fail(
+                f"no job with id {job_id[:64]!r}: give a job's whole id, e.g. from GET /v1/jobs",
+                2,
+            )
+        if job.status not in ("queued", "running"):
+            console.print(f"job {job.id} is already {job.status}: nothing to do", soft_wrap=True)
+            return
+        done = queries.request_cancel(session, job.id)
+    if done is not None and done.status == "cancelled":
+        console.print(f"job {job.id} cancelled", soft_wrap=True)
+    elif done is not None and done.status == "running" and _lease_ran_out(done):
+        console.print(
+            f"job {job.id}: cancel requested; its worker {done.worker_id} has not renewed its "
+            "lease (it may be gone): the job is marked cancelled when a worker next looks for "
+            "work",
+            soft_wrap=True,
+        )
+    elif done is not None and done.status == "running":
+        console.print(
+            f"job {job.id}: cancel requested; its worker {done.worker_id} stops it after the "
+            "current trial (within about a second)",
+            soft_wrap=True,
+        )
+    else:  # it finished between the two reads
+        status = done.status if done is not None else "gone"
+        console.print(f"job {job.id} is already {status}: nothing to do", soft_wrap=True)
+
+
+def _lease_ran_out(job) -> bool:
+    from db.models import utcnow
+
+    return job.lease_expires_at is not None and job.lease_expires_at < utcnow()
 
 
 @app.command("export")
@@ -873,6 +1050,20 @@ def retune(
     )
 
 
+def _progress(*, disable: bool = False) -> Progress:
+    """A progress bar on stderr (description, bar, done/total, elapsed, time left) where stderr
+    is a terminal; nothing otherwise (a pipe, a log file) or with ``disable`` (``--json``)."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=disable or not console.is_terminal,
+    )
+
+
 def _emit(data: dict[str, Any], as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(data, default=str))
@@ -886,10 +1077,7 @@ def _emit(data: dict[str, Any], as_json: bool) -> None:
 
 
 def main() -> None:  # pragma: no cover
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    app()
+    app()  # logging is set up by the callback (service.logs), for every way of calling it
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,12 +49,17 @@ def replay_search(
     strategy: str = DEFAULT_STRATEGY,
     seed_configs: list[dict[str, Any]] | None = None,
     warm_start: KernelTunerCache | str | Path | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> ReplayReport:
     """Run ``repeats`` searches (seeds ``seed .. seed+repeats-1``) over a recorded space.
 
     ``warm_start``: another recorded space of the same kernel (e.g. another GPU); its
     measurements are ranked as a job's warm start from the database ranks them
     (:func:`warm_start_seeds`) and measured first, after any ``seed_configs``.
+
+    ``on_progress``: called with ``(done, repeats * budget)`` after every measured config, in
+    the calling thread; a search that ends short of its budget (a space smaller than it) counts
+    the rest as done when it ends, so ``done`` ends at the total.
     """
     path = str(cache) if not isinstance(cache, KernelTunerCache) else "<memory>"
     data = cache if isinstance(cache, KernelTunerCache) else load_cache(cache)
@@ -64,11 +70,25 @@ def replay_search(
         seeds += warm_start_seeds(backend, warm_start, budget)
     per_seed = []
     started = time.perf_counter()
-    for s in range(seed, seed + repeats):
+    total = repeats * budget
+    for index, s in enumerate(range(seed, seed + repeats)):
+        before = index * budget
+
+        def measured(_result: Any, count: int, before: int = before) -> None:
+            if on_progress is not None:
+                on_progress(before + min(count, budget), total)
+
         search = Search(
-            backend.space(), backend.evaluate, strategy=strategy, seed=s, seed_configs=seeds
+            backend.space(),
+            backend.evaluate,
+            strategy=strategy,
+            seed=s,
+            seed_configs=seeds,
+            on_result=measured,
         )
         result = search.run(Budget(max_configs=budget))
+        if on_progress is not None and result.measured < budget:
+            on_progress(before + budget, total)
         best = result.best.time_ms if result.best else None
         per_seed.append(
             {

@@ -26,6 +26,7 @@ reservations of dead workers are released.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import fleet, queries
@@ -53,6 +55,7 @@ from tuner.backends.isolated import (
     IsolatedBackend,
     TrialInterrupted,
 )
+from tuner.backends.replay import RecordedProblem, recorded_problem
 from tuner.search import Budget, Search, SearchResult, best_of
 from tuner.surrogate import import_models
 from tuner.warm_start import warm_start_configs
@@ -190,6 +193,27 @@ def _check_operator_version(
         job.id, job.operator, new, old,
     )  # fmt: skip
     job.operator_version = new
+
+
+def _log_trial(session: Session, job: Job, key: str, result: TrialResult, measured: int) -> None:
+    """One INFO line for a trial this worker measured and stored: job, trial number, how many
+    of the budget are measured, status, time (or the error's first line), the job's best so far
+    (every worker's), config."""
+    row = session.execute(
+        select(Trial.number, Job.best_time_ms)
+        .join(Job, Job.id == Trial.job_id)
+        .where(Trial.job_id == job.id, Trial.config_key == key)
+    ).first()
+    number, best = (row.number, row.best_time_ms) if row is not None else ("?", None)
+    if result.time_ms is not None:
+        outcome = f"{result.time_ms:.4f} ms"
+    else:
+        outcome = ((result.error or "").strip().splitlines() or ["-"])[0][:120]
+    log.info(
+        "job %s trial %s (%d/%d): %s %s, best %s; config %s",
+        job.id, number, measured, job.budget_configs, result.status.value, outcome,
+        f"{best:.4f} ms" if best is not None else "-", json.dumps(result.config, sort_keys=True),
+    )  # fmt: skip
 
 
 class _SharedStudy:
@@ -332,7 +356,8 @@ class JobRunner:
         )
         backend: Backend | None = None
         try:
-            _check_operator_version(job, self.sessions, self.worker_id, helper=helper)
+            if getattr(self.backend_factory, "runs_current_code", True):
+                _check_operator_version(job, self.sessions, self.worker_id, helper=helper)
             backend = self.backend_factory(job)
             state.backend = backend
             beat.start()
@@ -498,6 +523,8 @@ class JobRunner:
                         worker_id=self.worker_id,
                         result=result.to_dict(),
                     )
+                    if stored and log.isEnabledFor(logging.INFO):
+                        _log_trial(session, job, key, result, measured)
                 state.mine.discard(key)
                 if not stored:
                     log.warning(
@@ -663,6 +690,10 @@ def _helper_grace() -> float:
 class Worker:
     """Claims jobs for ``gpu_models`` and runs them one at a time until stopped.
 
+    It claims (and helps with) only jobs in ``scope`` (:class:`db.queries.JobScope`; default:
+    the backend factory's ``scope`` attribute, read at every claim, else every job of
+    ``gpu_models``): the others stay queued for workers that can answer them.
+
     Its ``kato_workers`` row is refreshed on every idle poll and every heartbeat of a running
     job, and marked ``stopped`` when :meth:`run_forever` returns. With nothing to claim and
     ``max_workers_per_job`` > 1 it helps with a running job of its GPU model that has at least
@@ -684,9 +715,12 @@ class Worker:
         max_workers_per_job: int = 1,
         min_configs_per_worker: int = 8,
         lookahead: int = DEFAULT_LOOKAHEAD,
+        scope: queries.JobScope | None = None,
     ):
         self.sessions = sessions
         self.gpu_models = gpu_models
+        self.backend_factory = backend_factory
+        self._scope = scope
         self.worker_id = worker_id or default_worker_id()
         self.lease_seconds = lease_seconds
         self.poll_seconds = poll_seconds
@@ -708,6 +742,12 @@ class Worker:
     def stop(self) -> None:
         self._stop.set()
 
+    def scope(self) -> queries.JobScope | None:
+        """The jobs this worker claims (see the class docstring)."""
+        if self._scope is not None:
+            return self._scope
+        return getattr(self.backend_factory, "scope", None)
+
     def heartbeat(self, status: str = "idle", job_id: str | None = None) -> None:
         """Upsert this worker's row: GPU models, devices, status, current job, now."""
         with self.sessions() as session:
@@ -727,12 +767,14 @@ class Worker:
         """Claim and run one job (or help with one); None when there is nothing to do."""
         self.heartbeat("idle")
         helper = False
+        scope = self.scope()
         with self.sessions() as session:
             job = queries.claim_next_job(
                 session,
                 gpu_models=self.gpu_models,
                 worker_id=self.worker_id,
                 lease_seconds=self.lease_seconds,
+                scope=scope,
             )
             job_id = job.id if job is not None else None
             if job_id is None:
@@ -743,6 +785,7 @@ class Worker:
                     max_workers_per_job=self.max_workers_per_job,
                     min_configs_per_worker=self.min_configs_per_worker,
                     stale_seconds=self.lease_seconds,
+                    scope=scope,
                 )
                 helper = job_id is not None
         if job_id is None:
@@ -750,9 +793,16 @@ class Worker:
         self.heartbeat("busy", job_id)
         log.info("worker %s %s job %s", self.worker_id, "helps" if helper else "runs", job_id)
         try:
-            return self.runner.run(job_id, helper=helper)
+            outcome = self.runner.run(job_id, helper=helper)
         finally:
             self.heartbeat("idle")
+        best = f"{outcome.best_time_ms:.4f} ms" if outcome.best_time_ms is not None else "-"
+        log.info(
+            "job %s %s: %d config(s) measured, best %s%s",
+            job_id, outcome.status, outcome.measured, best,
+            f" ({outcome.error})" if outcome.error else "",
+        )  # fmt: skip
+        return outcome
 
     def run_forever(self, *, max_jobs: int | None = None) -> int:
         """Run jobs until :meth:`stop` (or ``max_jobs`` done); returns the number run. Database
@@ -778,6 +828,63 @@ class Worker:
 
 
 # --- backend factories -----------------------------------------------------------------------
+#
+# A factory is a BackendFactory (``factory(job) -> Backend``) that also says which jobs it can
+# answer (``scope``, a db.queries.JobScope: the worker claims only those) and whether its
+# backends run this code's kernels (``runs_current_code``: only then is a job queued at an older
+# operator version moved to the current one; a recording answers the version it measured).
+
+
+class PyCudaBackends:
+    """Backends on CUDA device ``device_index`` for the job's operator, shape and dtype; with
+    ``isolate``, measured in a child process (:class:`IsolatedBackend`) that a faulting kernel
+    cannot take down with the worker. Answers every operator registered in this process (and by
+    ``imports``, which the child imports too) on the worker's GPU models."""
+
+    runs_current_code = True
+
+    def __init__(
+        self,
+        device_index: int = 0,
+        *,
+        isolate: bool = False,
+        trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
+        imports: Sequence[str] = (),
+    ):
+        self.device_index, self.isolate = device_index, isolate
+        self.trial_timeout_s, self.imports = trial_timeout_s, tuple(imports)
+
+    @property
+    def scope(self) -> queries.JobScope:
+        """Every registered operator, read at each claim (a module may register one later)."""
+        import importlib
+
+        from kernels import list_operators
+
+        for module in self.imports:
+            importlib.import_module(module)
+        return queries.JobScope(operators=frozenset(spec.name for spec in list_operators()))
+
+    def __call__(self, job: Job) -> Backend:
+        if self.isolate:
+            spec = BackendSpec(
+                kind="pycuda",
+                operator=job.operator,
+                shape=tuple(job.shape),
+                dtype=job.dtype,
+                device_index=self.device_index,
+                imports=self.imports,
+            )
+            return IsolatedBackend(spec, trial_timeout_s=self.trial_timeout_s)
+        from tuner.backends.pycuda import PyCudaBackend
+
+        return PyCudaBackend(
+            get_operator(job.operator),
+            job.shape,
+            job.dtype,
+            device_index=self.device_index,
+            defer_setup=True,  # made at the first measurement, while the first configs compile
+        )
 
 
 def pycuda_backend_factory(
@@ -786,81 +893,154 @@ def pycuda_backend_factory(
     isolate: bool = False,
     trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
     imports: Sequence[str] = (),
-) -> BackendFactory:
-    """Backends on CUDA device ``device_index`` for the job's operator, shape and dtype; with
-    ``isolate``, measured in a child process (:class:`IsolatedBackend`) that a faulting kernel
-    cannot take down with the worker."""
-
-    def make(job: Job) -> Backend:
-        if isolate:
-            spec = BackendSpec(
-                kind="pycuda",
-                operator=job.operator,
-                shape=tuple(job.shape),
-                dtype=job.dtype,
-                device_index=device_index,
-                imports=tuple(imports),
-            )
-            return IsolatedBackend(spec, trial_timeout_s=trial_timeout_s)
-        from tuner.backends.pycuda import PyCudaBackend
-
-        return PyCudaBackend(
-            get_operator(job.operator),
-            job.shape,
-            job.dtype,
-            device_index=device_index,
-            defer_setup=True,  # made at the first measurement, while the first configs compile
-        )
-
-    return make
+) -> PyCudaBackends:
+    """:class:`PyCudaBackends` (a :data:`BackendFactory` with its scope)."""
+    return PyCudaBackends(
+        device_index, isolate=isolate, trial_timeout_s=trial_timeout_s, imports=imports
+    )
 
 
-def replay_file_for(path: Path, job: Job) -> Path:
-    """The recording that answers ``job``: ``path`` itself, or in a directory the file named
-    ``<operator>_<gpu>_<shape>_<dtype>.json[.gz]`` (the naming of ``tests/data/recorded``).
+@dataclass(frozen=True)
+class Recording:
+    """A recorded space and the problem it was measured for (:func:`recorded_problem`)."""
+
+    path: Path
+    problem: RecordedProblem
+
+    @property
+    def key(self) -> tuple[str, str | None, str, str, str]:
+        p = self.problem
+        return (p.operator, p.operator_version, p.shape_key, p.dtype, p.gpu_model)
+
+
+def recording_files(path: Path) -> list[Path]:
+    """``path`` itself, or the ``*.json`` and ``*.json.gz`` files in the directory ``path``
+    (not below it), sorted by name."""
+    if path.is_file():
+        return [path]
+    names = (".json", ".json.gz")
+    return sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(names))
+
+
+def find_recordings(path: Path) -> list[Recording]:
+    """The recordings at ``path`` (:func:`recording_files`), each with its problem.
 
     Raises:
-        FileNotFoundError: naming the file looked for.
+        ValueError: a file is not a recording or does not say what it is for, or there is none.
+        OSError: a file cannot be read.
     """
-    if path.is_file():
-        return path
-    stem = f"{job.operator}_{job.gpu_model.replace(' ', '-')}_{job.shape_key}_{job.dtype}"
-    for suffix in (".json.gz", ".json"):
-        candidate = path / (stem + suffix)
-        if candidate.exists():
-            return candidate
-    raise FileNotFoundError(f"no recording {stem}.json[.gz] under {path}")
-
-
-def replay_gpu_models(path: Path) -> list[str]:
-    """GPU models (catalog names) of the recordings at ``path`` (a file or a directory)."""
-    from tuner.gpus import normalize_gpu_name
     from tuner.kt_cache import load_cache
 
-    files = [path] if path.is_file() else sorted(path.glob("*.json*"))
-    return sorted({normalize_gpu_name(load_cache(f).device_name) for f in files})
+    files = recording_files(path)
+    if not files:
+        raise ValueError(f"{path}: no recordings (*.json, *.json.gz) in this directory")
+    return [Recording(f, recorded_problem(load_cache(f), f)) for f in files]
+
+
+class ReplayBackends:
+    """Replay backends answering from ``recordings``, each only the job of its own problem:
+    operator, shape, dtype and GPU model equal, and the operator version where the recording
+    names one. A recording of an older operator version answers only jobs still at that version
+    (such a job is never moved to the current version: its times are of the old kernel). With
+    ``isolate``, through a child process like a GPU worker's; each evaluation takes ``delay_s``
+    seconds (a stand-in for measuring).
+
+    ``gpu_models``: keep only the recordings of these models (default: all).
+
+    Raises:
+        ValueError: two recordings for one problem, or none left for ``gpu_models``.
+    """
+
+    runs_current_code = False
+
+    def __init__(
+        self,
+        recordings: Sequence[Recording],
+        *,
+        gpu_models: Sequence[str] | None = None,
+        isolate: bool = False,
+        trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
+        delay_s: float = 0.0,
+    ):
+        from tuner.gpus import normalize_gpu_name
+
+        self.isolate, self.trial_timeout_s, self.delay_s = isolate, trial_timeout_s, delay_s
+        kept = list(recordings)
+        if gpu_models:
+            wanted = {normalize_gpu_name(m) for m in gpu_models}
+            kept = [r for r in kept if r.problem.gpu_model in wanted]
+            if not kept:
+                have = sorted({r.problem.gpu_model for r in recordings}) or ["none"]
+                raise ValueError(
+                    f"no recording is for GPU model {', '.join(sorted(wanted))} (the "
+                    f"recordings are for {', '.join(have)}): a recording answers only jobs "
+                    "for the GPU it was measured on"
+                )
+        self.recordings: dict[tuple[str, str | None, str, str, str], Recording] = {}
+        for rec in kept:
+            other = self.recordings.setdefault(rec.key, rec)
+            if other is not rec:
+                raise ValueError(
+                    f"{other.path} and {rec.path} are both recordings of {rec.problem}: "
+                    "keep one of them"
+                )
+
+    @property
+    def gpu_models(self) -> list[str]:
+        return sorted({r.problem.gpu_model for r in self.recordings.values()})
+
+    @property
+    def scope(self) -> queries.JobScope:
+        problems = frozenset(
+            queries.Problem(
+                operator=r.problem.operator,
+                shape_key=r.problem.shape_key,
+                dtype=r.problem.dtype,
+                gpu_model=r.problem.gpu_model,
+                operator_version=r.problem.operator_version,
+            )
+            for r in self.recordings.values()
+        )
+        return queries.JobScope(problems=problems)
+
+    def recording_for(self, job: Job) -> Recording | None:
+        """The recording of ``job``'s problem at its version, else one that names no version."""
+        problem = (job.shape_key, job.dtype, job.gpu_model)
+        return self.recordings.get(
+            (job.operator, job.operator_version, *problem)
+        ) or self.recordings.get((job.operator, None, *problem))
+
+    def __call__(self, job: Job) -> Backend:
+        rec = self.recording_for(job)
+        if rec is None:
+            raise LookupError(
+                f"no recording answers this job ({job.operator} version {job.operator_version} "
+                f"{job.shape_key} {job.dtype} on {job.gpu_model}); this worker's are for: "
+                + "; ".join(str(r.problem) for r in self.recordings.values())
+            )
+        if self.isolate:
+            options = (("delay_s", self.delay_s), ("gpu_model", rec.problem.gpu_model))
+            spec = BackendSpec(kind="replay", replay_file=str(rec.path), options=options)
+            return IsolatedBackend(spec, trial_timeout_s=self.trial_timeout_s)
+        from tuner.backends.replay import ReplayBackend
+
+        return ReplayBackend(rec.path, delay_s=self.delay_s, gpu_model=rec.problem.gpu_model)
 
 
 def replay_backend_factory(
     path: Path,
     *,
+    gpu_models: Sequence[str] | None = None,
     isolate: bool = False,
     trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
     delay_s: float = 0.0,
-) -> BackendFactory:
-    """Replay backends answering from the recording(s) at ``path`` (see :func:`replay_file_for`);
-    with ``isolate``, through a child process like a GPU worker's; each evaluation takes
-    ``delay_s`` seconds (a stand-in for measuring)."""
-
-    def make(job: Job) -> Backend:
-        file = replay_file_for(path, job)
-        if isolate:
-            spec = BackendSpec(
-                kind="replay", replay_file=str(file), options=(("delay_s", delay_s),)
-            )
-            return IsolatedBackend(spec, trial_timeout_s=trial_timeout_s)
-        from tuner.backends.replay import ReplayBackend
-
-        return ReplayBackend(file, delay_s=delay_s)
-
-    return make
+) -> ReplayBackends:
+    """:class:`ReplayBackends` for the recordings at ``path`` (a file, or a directory of them:
+    :func:`find_recordings`, whatever their names)."""
+    return ReplayBackends(
+        find_recordings(Path(path)),
+        gpu_models=gpu_models,
+        isolate=isolate,
+        trial_timeout_s=trial_timeout_s,
+        delay_s=delay_s,
+    )

@@ -289,6 +289,6 @@ def test_token_cli(tmp_path: Path) -> None:
     assert runner.invoke(cli, ["token", "list", "--db", db]).exit_code == 0
     revoked = runner.invoke(cli, ["token", "revoke", row["id"], "--db", db])
     assert revoked.exit_code == 0 and "revoked" in revoked.output
-    assert runner.invoke(cli, ["token", "revoke", "nope", "--db", db]).exit_code == 1
+    assert runner.invoke(cli, ["token", "revoke", "nope", "--db", db]).exit_code == 2
     bad = runner.invoke(cli, ["token", "create", "x", "--max-queued", "0", "--db", db])
     assert bad.exit_code == 2

@@ -1,0 +1,341 @@
+"""What a person at the terminal meets: only what a command is for on its streams (no library
+log lines, no deprecation warnings), progress for long work, token ids that can be copied
+from the list into revoke, ``kato cancel`` and ``kato --version``."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import update
+from typer.testing import CliRunner
+
+from db import queries, tokens
+from db.models import ApiToken
+from db.session import init_db, session_factory
+from kernels import get_operator, list_operators
+from service.cli import app
+
+REPO = Path(__file__).resolve().parents[2]
+RECORDING = REPO / "tests" / "data" / "recorded" / "softmax_H200_4096x4096_float16.json.gz"
+TOKEN_ID = re.compile(r"\b[0-9a-f]{32}\b")
+
+
+def _kato(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess:
+    """``kato ARGS`` as a user runs it: its own process, its own logging set-up."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("KATO_", "PYTHONWARN"))}
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        env={**clean, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        **kw,
+    )
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'kato.db'}"
+
+
+@pytest.fixture
+def sessions(db: str):
+    engine = init_db(db)
+    yield session_factory(engine)
+    engine.dispose()
+
+
+# --- logging: one set-up in the CLI, the libraries quiet unless asked ------------------------
+
+
+def test_lookup_on_a_fresh_database_prints_only_its_answer(tmp_path: Path, db: str) -> None:
+    """A fresh SQLite file is migrated (alembic), answered in process (the app): neither the
+    migration's INFO lines, an httpx request line nor a deprecation warning reach the user."""
+    proc = _kato("lookup", "softmax", "--shape", "64x64", "--db", db, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["source"] == "default"
+
+
+def test_verbose_shows_the_libraries_lines(tmp_path: Path, db: str) -> None:
+    proc = _kato("-v", "lookup", "softmax", "--shape", "64x64", "--db", db, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "alembic.runtime.migration" in proc.stderr and "Running upgrade" in proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1])["source"] == "default"
+
+
+def test_a_bad_log_level_is_a_clear_error(monkeypatch, db: str) -> None:
+    monkeypatch.setenv("KATO_LOG_LEVEL", "loud")
+    result = CliRunner().invoke(app, ["token", "list", "--db", db])
+    assert result.exit_code == 2, result.output
+    assert "KATO_LOG_LEVEL" in result.output and "WARNING" in result.output
+
+
+# --- kato --version ----------------------------------------------------------------------------
+
+
+def test_version() -> None:
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == f"kato {importlib.metadata.version('kato')}"
+
+
+def test_version_verbose_lists_the_operator_versions() -> None:
+    result = CliRunner().invoke(app, ["--verbose", "--version"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"kato {importlib.metadata.version('kato')}"
+    for spec in list_operators():
+        assert f"{spec.name} {spec.version}" in lines
+
+
+# --- tokens: the ids listed are the ids revoke takes ------------------------------------------
+
+
+@pytest.mark.parametrize("columns", ["200", "80", "50"])
+def test_token_list_shows_whole_ids_that_revoke_accepts(monkeypatch, db: str, columns) -> None:
+    monkeypatch.setenv("COLUMNS", columns)
+    runner = CliRunner()
+    for name in ("ci-fleet-with-a-rather-long-name", "ops"):
+        assert runner.invoke(app, ["token", "create", name, "--db", db]).exit_code == 0
+    listed = runner.invoke(app, ["token", "list", "--db", db])
+    assert listed.exit_code == 0, listed.output
+    ids = TOKEN_ID.findall(listed.stdout)
+    assert len(ids) == 2, listed.stdout
+    revoked = runner.invoke(app, ["token", "revoke", ids[0], "--db", db])
+    assert revoked.exit_code == 0, revoked.output
+    assert f"token {ids[0]}" in revoked.output and "revoked" in revoked.output
+    rows = _listed(db)
+    assert {r["id"]: r["revoked_at"] is not None for r in rows} == {ids[0]: True, ids[1]: False}
+
+
+def _listed(db: str) -> list[dict]:
+    """``kato token list --json``'s rows."""
+    result = CliRunner().invoke(app, ["token", "list", "--json", "--db", db])
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def _set_id(sessions, name: str, token_id: str) -> None:
+    with sessions() as session:
+        token, _ = tokens.create_token(session, name)
+        session.execute(update(ApiToken).where(ApiToken.id == token.id).values(id=token_id))
+        session.commit()
+
+
+def test_revoke_takes_a_unique_prefix(sessions, db: str) -> None:
+    _set_id(sessions, "a", "abcd1111" + "0" * 24)
+    _set_id(sessions, "b", "abcd2222" + "0" * 24)
+    runner = CliRunner()
+    ambiguous = runner.invoke(app, ["token", "revoke", "abcd", "--db", db])
+    assert ambiguous.exit_code == 2, ambiguous.output
+    assert "ambiguous" in ambiguous.output
+    assert "abcd1111" + "0" * 24 in ambiguous.output and "abcd2222" + "0" * 24 in ambiguous.output
+    one = runner.invoke(app, ["token", "revoke", "ABCD2", "--db", db])
+    assert one.exit_code == 0, one.output
+    assert f"token abcd2222{'0' * 24} ('b') revoked" in one.output
+    # What the old table showed (cut with an ellipsis) is a prefix too.
+    cut = runner.invoke(app, ["token", "revoke", "abcd1111…", "--db", db])
+    assert cut.exit_code == 0, cut.output
+    with sessions() as session:
+        assert all(t.revoked_at is not None for t in tokens.list_tokens(session))
+
+
+@pytest.mark.parametrize(
+    "given, phrase",
+    [
+        ("ffff0000", "no token with id 'ffff0000'"),
+        ("abc", "at least 4"),
+        ("not-hex!", "no token with id 'not-hex!'"),
+        ("", "no token with id ''"),
+    ],
+)
+def test_revoke_an_unknown_id_says_so(sessions, db: str, given: str, phrase: str) -> None:
+    _set_id(sessions, "a", "abcd1111" + "0" * 24)
+    result = CliRunner().invoke(app, ["token", "revoke", given, "--db", db])
+    assert result.exit_code == 2, result.output
+    assert phrase in result.output and "kato token list" in result.output
+    with sessions() as session:
+        assert tokens.list_tokens(session)[0].revoked_at is None
+
+
+def test_token_create_admin(db: str) -> None:
+    runner = CliRunner()
+    created = runner.invoke(app, ["token", "create", "ops", "--admin", "--db", db])
+    assert created.exit_code == 0, created.output
+    assert "admin" in created.output
+    assert runner.invoke(app, ["token", "create", "ci", "--db", db]).exit_code == 0
+    rows = _listed(db)
+    assert {r["name"]: r["admin"] for r in rows} == {"ops": True, "ci": False}
+    table = runner.invoke(app, ["token", "list", "--db", db]).stdout
+    assert "admin" in table
+
+
+# --- kato cancel -------------------------------------------------------------------------------
+
+
+def _job(sessions, token_id: str | None = None):
+    spec = get_operator("softmax")
+    with sessions() as session:
+        return queries.create_job(
+            session,
+            operator="softmax",
+            operator_version=spec.version,
+            shape=[4096, 4096],
+            dtype="float16",
+            gpu_model="H200",
+            budget_configs=5,
+            token_id=token_id,
+        )
+
+
+def test_cancel_a_queued_job_of_a_revoked_token(sessions, db: str) -> None:
+    with sessions() as session:
+        token, _ = tokens.create_token(session, "gone")
+    job = _job(sessions, token.id)
+    with sessions() as session:
+        tokens.revoke_token(session, token.id)
+    result = CliRunner().invoke(app, ["cancel", job.id, "--db", db])
+    assert result.exit_code == 0, result.output
+    assert f"job {job.id} cancelled" in result.output
+    with sessions() as session:
+        assert queries.get_job(session, job.id).status == "cancelled"
+
+
+def test_cancel_a_running_job_asks_its_worker_to_stop(sessions, db: str) -> None:
+    job = _job(sessions)
+    with sessions() as session:
+        claimed = queries.claim_next_job(
+            session, gpu_models=["H200"], worker_id="w1", lease_seconds=60
+        )
+        assert claimed.id == job.id
+    result = CliRunner().invoke(app, ["cancel", job.id, "--db", db])
+    assert result.exit_code == 0, result.output
+    assert "cancel requested" in result.output and "w1" in result.output
+    with sessions() as session:
+        stored = queries.get_job(session, job.id)
+        assert stored.status == "running" and stored.cancel_requested
+
+
+def test_cancel_a_job_whose_worker_died_says_so(sessions, db: str) -> None:
+    job = _job(sessions)
+    with sessions() as session:
+        queries.claim_next_job(session, gpu_models=["H200"], worker_id="w1", lease_seconds=0.01)
+    time.sleep(0.05)
+    result = CliRunner().invoke(app, ["cancel", job.id, "--db", db])
+    assert result.exit_code == 0, result.output
+    assert "has not renewed its lease" in result.output
+    with sessions() as session:  # the next worker looking for work marks it cancelled
+        assert (
+            queries.claim_next_job(session, gpu_models=["A100"], worker_id="w2", lease_seconds=60)
+            is None
+        )
+        assert queries.get_job(session, job.id).status == "cancelled"
+
+
+def test_cancel_a_finished_job_is_a_no_op(sessions, db: str) -> None:
+    job = _job(sessions)
+    runner = CliRunner()
+    assert runner.invoke(app, ["cancel", job.id, "--db", db]).exit_code == 0
+    again = runner.invoke(app, ["cancel", job.id, "--db", db])
+    assert again.exit_code == 0, again.output
+    assert "already cancelled" in again.output and "nothing to do" in again.output
+
+
+@pytest.mark.parametrize("job_id", ["0" * 32, "nope", "x" * 200])
+def test_cancel_an_unknown_job_exits_2(sessions, db: str, job_id: str) -> None:
+    result = CliRunner().invoke(app, ["cancel", job_id, "--db", db])
+    assert result.exit_code == 2, result.output
+    assert "no job with id" in result.output and "Traceback" not in result.output
+
+
+# --- progress ----------------------------------------------------------------------------------
+
+
+def test_replay_search_reports_progress() -> None:
+    from tuner.replay_eval import replay_search
+
+    seen: list[tuple[int, int]] = []
+    report = replay_search(
+        RECORDING, budget=4, repeats=2, seed=0, on_progress=lambda d, t: seen.append((d, t))
+    )
+    assert report.repeats == 2
+    assert all(total == 8 for _, total in seen)
+    done = [d for d, _ in seen]
+    assert done == sorted(done) and done[-1] == 8 and len(done) >= 8
+
+
+def test_replay_json_output_stays_clean() -> None:
+    result = CliRunner().invoke(
+        app, ["replay", str(RECORDING), "--budget", "3", "--repeats", "2", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    assert json.loads(result.stdout)["repeats"] == 2
+
+
+def _on_a_terminal(*args: str, tmp_path: Path) -> str:
+    """What ``kato ARGS`` writes to stderr when stderr is a terminal (a pseudo-terminal)."""
+    master, slave = os.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", *args],
+            env={**os.environ, "PYTHONPATH": str(REPO), "TERM": "xterm", "COLUMNS": "120"},
+            stdout=subprocess.DEVNULL,
+            stderr=slave,
+            cwd=tmp_path,
+        )
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        assert proc.wait(timeout=180) == 0
+    finally:
+        os.close(master)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_replay_shows_a_progress_bar_on_a_terminal(tmp_path: Path) -> None:
+    shown = _on_a_terminal(
+        "replay", str(RECORDING), "--budget", "3", "--repeats", "2", tmp_path=tmp_path
+    )
+    assert "replay" in shown and "6/6" in shown, shown
+
+
+def test_worker_logs_one_line_per_trial(sessions, db: str, caplog) -> None:
+    job = _job(sessions)
+    caplog.set_level(logging.INFO, logger="tuner.worker")
+    result = CliRunner().invoke(
+        app,
+        ["worker", "--backend", "replay", "--replay", str(RECORDING), "--max-jobs", "1"]
+        + ["--db", db],
+    )
+    assert result.exit_code == 0, result.output
+    lines = [r.getMessage() for r in caplog.records if r.name == "tuner.worker"]
+    trials = [line for line in lines if " trial " in line]
+    assert len(trials) == 5, lines
+    assert lines[-1].startswith(f"job {job.id} done: 5 config(s) measured, best ")
+    with sessions() as session:
+        stored = queries.job_trials(session, job.id)
+    for line, trial in zip(trials, stored, strict=True):
+        assert line.startswith(f"job {job.id} trial {trial.number} (")
+        assert f"/5): {trial.status} " in line
+        if trial.time_ms is not None:
+            assert f"{trial.time_ms:.4f} ms, best " in line
+        assert json.dumps(trial.config, sort_keys=True) in line
