@@ -492,7 +492,7 @@ def tune(
         TextColumn("best {task.fields[best]}"),
         TimeElapsedColumn(),
         console=console,
-        disable=as_json,
+        disable=as_json or not console.is_terminal,
     ) as progress:
         task = progress.add_task(f"{operator} {shape} {dtype}", total=budget, best="-")
         best: list[float] = []
