@@ -25,7 +25,8 @@ from rich.table import Table
 app = typer.Typer(
     help="Kato: GPU kernel autotuning service.", no_args_is_help=True, add_completion=False
 )
-console = Console(stderr=True)
+#: Messages on stderr, one line each (the terminal wraps them; a copied command stays whole).
+console = Console(stderr=True, soft_wrap=True)
 
 DbOption = Annotated[
     str | None,
