@@ -36,6 +36,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
 
 from db.models import Job, Trial, Worker, utcnow
+from db.queries import JobScope, in_scope
 
 #: Status of a placeholder row: the config is being measured by the worker its ``error`` names.
 RESERVED = "running"
@@ -149,10 +150,12 @@ def join_running_job(
     max_workers_per_job: int,
     min_configs_per_worker: int,
     stale_seconds: float,
+    scope: JobScope | None = None,
 ) -> str | None:
     """A running job this worker may help with, or ``None``.
 
-    Eligible: running under a live lease for one of ``gpu_models``, no cancel requested, fewer
+    Eligible: running under a live lease for one of ``gpu_models`` and in ``scope`` (what this
+    worker's backends can answer, :class:`db.queries.JobScope`), no cancel requested, fewer
     than ``max_workers_per_job`` live workers on it (owner included, counted from the workers'
     ``current_job_id``), and at least ``min_configs_per_worker`` unreserved configs of budget
     per worker once this one joins. Oldest job first. Nothing is written: the caller announces
@@ -180,6 +183,7 @@ def join_running_job(
         .where(
             Job.status == "running",
             Job.gpu_model.in_(list(gpu_models)),
+            in_scope(scope),
             Job.lease_expires_at >= now,
             Job.cancel_requested.is_(False),
             or_(Job.worker_id.is_(None), Job.worker_id != worker_id),

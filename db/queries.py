@@ -18,7 +18,7 @@ from operator import sub
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from sqlalchemy import and_, exists, func, literal, or_, select, update
+from sqlalchemy import and_, exists, false, func, literal, or_, select, true, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -167,14 +167,68 @@ def request_cancel(session: Session, job_id: str) -> Job | None:
     return get_job(session, job_id)
 
 
-def _claimable(gpu_models: Sequence[str], now: Any) -> Any:
-    """Queued, or running under a lease that has run out (its worker died)."""
+@dataclass(frozen=True)
+class Problem:
+    """One problem a worker can answer: jobs of this operator, shape, dtype and GPU model, and
+    of this operator version unless it is ``None`` (any version)."""
+
+    operator: str
+    shape_key: str
+    dtype: str
+    gpu_model: str
+    operator_version: str | None = None
+
+
+@dataclass(frozen=True)
+class JobScope:
+    """Which jobs a worker's backends can run, for claiming: jobs of ``operators`` (``None``:
+    any), and, unless ``problems`` is ``None``, only those one of ``problems`` matches (an
+    empty set: none). A job outside every live worker's scope stays queued."""
+
+    operators: frozenset[str] | None = None
+    problems: frozenset[Problem] | None = None
+
+
+def in_scope(scope: JobScope | None) -> Any:
+    """The SQL condition: the job is in ``scope`` (``None``: every job)."""
+    if scope is None:
+        return true()
+    clauses = []
+    if scope.operators is not None:
+        clauses.append(Job.operator.in_(sorted(scope.operators)))
+    if scope.problems is not None:
+        # Row-value IN lists, not one OR per problem: SQLite limits an expression's depth to
+        # 1000, and a directory of recordings may hold more.
+        pinned = sorted(
+            (p.operator, p.operator_version, p.shape_key, p.dtype, p.gpu_model)
+            for p in scope.problems
+            if p.operator_version is not None
+        )
+        unpinned = sorted(
+            (p.operator, p.shape_key, p.dtype, p.gpu_model)
+            for p in scope.problems
+            if p.operator_version is None
+        )
+        matches = []
+        if pinned:
+            columns = (Job.operator, Job.operator_version, Job.shape_key, Job.dtype, Job.gpu_model)
+            matches.append(tuple_(*columns).in_(pinned))
+        if unpinned:
+            columns = (Job.operator, Job.shape_key, Job.dtype, Job.gpu_model)
+            matches.append(tuple_(*columns).in_(unpinned))
+        clauses.append(or_(*matches) if matches else false())
+    return and_(true(), *clauses)
+
+
+def _claimable(gpu_models: Sequence[str], now: Any, scope: JobScope | None = None) -> Any:
+    """Queued, or running under a lease that has run out (its worker died); in ``scope``."""
     return and_(
         Job.gpu_model.in_(list(gpu_models)),
         or_(
             Job.status == "queued",
             and_(Job.status == "running", Job.lease_expires_at < now),
         ),
+        in_scope(scope),
     )
 
 
@@ -194,9 +248,17 @@ def _cancel_abandoned(session: Session, now: Any) -> None:
 
 
 def claim_next_job(
-    session: Session, *, gpu_models: Sequence[str], worker_id: str, lease_seconds: float
+    session: Session,
+    *,
+    gpu_models: Sequence[str],
+    worker_id: str,
+    lease_seconds: float,
+    scope: JobScope | None = None,
 ) -> Job | None:
     """Take the oldest claimable job for one of ``gpu_models`` and commit; ``None`` if none.
+
+    ``scope``: only jobs the worker can answer (:class:`JobScope`); the others stay queued for
+    workers that can.
 
     Claimable: ``queued``, or ``running`` with an expired lease (a crashed worker; the job is
     resumed, its recorded trials kept). The job becomes ``running`` under ``worker_id`` with a
@@ -213,7 +275,7 @@ def claim_next_job(
     if session.get_bind().dialect.name == "postgresql":
         job = session.scalars(
             select(Job)
-            .where(_claimable(gpu_models, now))
+            .where(_claimable(gpu_models, now, scope))
             .order_by(Job.created_at, Job.id)
             .limit(1)
             .with_for_update(skip_locked=True)
@@ -232,7 +294,7 @@ def claim_next_job(
     while True:
         candidates = session.scalars(
             select(Job.id)
-            .where(_claimable(gpu_models, now))
+            .where(_claimable(gpu_models, now, scope))
             .order_by(Job.created_at, Job.id)
             .limit(_CLAIM_CANDIDATES)
         ).all()
@@ -242,7 +304,7 @@ def claim_next_job(
         for job_id in candidates:
             won = session.execute(
                 update(Job)
-                .where(Job.id == job_id, _claimable(gpu_models, now))
+                .where(Job.id == job_id, _claimable(gpu_models, now, scope))
                 .values(
                     status="running",
                     worker_id=worker_id,

@@ -177,6 +177,7 @@ def load_cache(path: str | Path) -> KernelTunerCache:
     """Load a Kernel Tuner cache file (or a T4 results file, :func:`from_t4`); ``.gz`` files
     are decompressed.
 
+        extra={"kato": dict(kato)} if kato else {},  # what problem it is for (a replay checks)
     Raises:
         ValueError: if the file is not a Kernel Tuner cache (the message says what is missing).
     """

@@ -1,5 +1,9 @@
 """The worker: claims queued tuning jobs for the GPU model it owns and runs them.
 
+It claims only jobs its backends can answer (the factory's ``scope``, :class:`db.queries.JobScope`:
+a GPU worker's every registered operator, a replay worker's the problems of its recordings);
+the others stay queued for workers that can.
+
 A job's life on a worker: claim (with a lease) -> build a backend for (operator, shape, dtype) ->
 run the search with the job's Optuna study stored in the same database -> record every trial as
 it is measured -> write the winner to ``best_configs`` -> mark the job done.

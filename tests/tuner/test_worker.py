@@ -507,3 +507,141 @@ def test_budget_seconds_count_from_the_jobs_first_start(db):
         job = queries.get_job(s, job_id)
         finished = (job.finished_at - job.started_at).total_seconds()
         assert job.status == "done" and finished < 63
+
+
+# --- a replay worker answers only the problems of its recordings ----------------------------
+
+
+def _job_for(sessions, shape, dtype, *, version=None, budget=5, operator="softmax"):
+    with sessions() as s:
+        return queries.create_job(
+            s, operator=operator, operator_version=version or get_operator(operator).version,
+            shape=shape, dtype=dtype, gpu_model="H200", budget_configs=budget, strategy="grid",
+        ).id  # fmt: skip
+
+
+def _status(sessions, job_id):
+    with sessions() as s:
+        job = queries.get_job(s, job_id)
+        return job.status, job.operator_version, job.trials_done
+
+
+def _replay_worker(url, sessions, path, **kw):
+    from tuner.worker import replay_backend_factory
+
+    factory = replay_backend_factory(path)
+    return Worker(sessions, url, factory.gpu_models, factory, poll_seconds=0.01, **kw)
+
+
+def test_a_replay_worker_leaves_jobs_of_other_problems_queued_and_answers_its_own(db):
+    """Its recording is softmax 4096x4096 float16: a job for another shape, another dtype or
+    another operator is left queued (before, the worker answered the oldest one from its
+    file and stored those times as that job's tuned result)."""
+    url, sessions = db
+    other_shape = _job_for(sessions, [2048, 2048], "float32")
+    other_dtype = _job_for(sessions, SHAPE, "float32")
+    other_operator = _job_for(sessions, SHAPE, DTYPE, operator="layernorm")
+    own = _job_for(sessions, SHAPE, DTYPE)
+    worker = _replay_worker(url, sessions, RECORDING)
+    outcome = worker.run_once()
+    assert (outcome.job_id, outcome.status) == (own, "done")
+    assert worker.run_once() is None
+    version = get_operator("softmax").version
+    assert _status(sessions, own) == ("done", version, 5)
+    for job_id in (other_shape, other_dtype):
+        assert _status(sessions, job_id) == ("queued", version, 0)
+    assert _status(sessions, other_operator)[0] == "queued"
+    with sessions() as s:
+        found = queries.lookup_best_config(
+            s, operator="softmax", operator_version=version, shape=[2048, 2048],
+            dtype="float32", gpu_model="H200",
+        )  # fmt: skip
+    assert found[1] != "exact"
+
+
+def test_a_replay_worker_does_not_help_with_a_running_job_of_another_problem(db):
+    url, sessions = db
+    job_id = _job_for(sessions, [2048, 2048], "float32", budget=100)
+    with sessions() as s:
+        owner = queries.claim_next_job(
+            s, gpu_models=["H200"], worker_id="gpu-owner", lease_seconds=600
+        )
+        assert owner.id == job_id
+    Worker(sessions, url, ["H200"], lambda job: None, worker_id="gpu-owner").heartbeat("busy")
+    helper = _replay_worker(
+        url, sessions, RECORDING, max_workers_per_job=4, min_configs_per_worker=1
+    )
+    assert helper.run_once() is None
+    with sessions() as s:
+        assert fleet.reservations(s, job_id) == [] and queries.job_trials(s, job_id) == []
+
+
+def _relabelled(tmp_path, version):
+    """The recording as a file of another operator version (as an older Kato wrote it)."""
+    from tuner.kt_cache import load_cache, save_cache
+
+    cache = load_cache(RECORDING)
+    cache.extra["kato_operator_version"] = version
+    path = tmp_path / f"softmax_H200_4096x4096_float16_{version}.json.gz"
+    save_cache(cache, path)
+    return path
+
+
+def test_a_recording_of_an_older_version_answers_only_jobs_of_that_version(db, tmp_path):
+    """Its times are of the old kernel: it answers a job still at that version, which keeps its
+    version (a GPU worker would move it to the current one; its result is stored, and never
+    served, under the old version), and leaves a job at the current version queued."""
+    url, sessions = db
+    old = "0ld0ld0ld0ld"
+    current_job = _job_for(sessions, SHAPE, DTYPE)
+    old_job = _job_for(sessions, SHAPE, DTYPE, version=old)
+    worker = _replay_worker(url, sessions, _relabelled(tmp_path, old))
+    outcome = worker.run_once()
+    assert (outcome.job_id, outcome.status) == (old_job, "done")
+    assert worker.run_once() is None
+    assert _status(sessions, old_job) == ("done", old, 5)
+    assert _status(sessions, current_job)[0] == "queued"
+    with sessions() as s:
+        current = get_operator("softmax").version
+        for version, source in ((old, "exact"), (current, "default")):
+            _row, found = queries.lookup_best_config(
+                s, operator="softmax", operator_version=version, shape=SHAPE, dtype=DTYPE,
+                gpu_model="H200",
+            )  # fmt: skip
+            assert found == source, version
+
+
+def test_a_recording_without_kato_metadata_is_for_what_its_name_says(db, tmp_path):
+    """A Kernel Tuner cache of its own (no kato_* fields): the name says its problem."""
+    from tuner.kt_cache import load_cache, save_cache
+
+    cache = load_cache(RECORDING)
+    for name in ("kato_operator", "kato_operator_version", "dtype"):
+        cache.extra.pop(name)
+    save_cache(cache, tmp_path / "softmax_H200_4096x4096_float16.json")
+    url, sessions = db
+    other = _job_for(sessions, SHAPE, "float32")
+    own = _job_for(sessions, SHAPE, DTYPE)
+    worker = _replay_worker(url, sessions, tmp_path / "softmax_H200_4096x4096_float16.json")
+    assert worker.run_once().job_id == own and worker.run_once() is None
+    assert _status(sessions, other)[0] == "queued"
+
+
+def test_a_gpu_worker_claims_only_registered_operators(db):
+    """A job of an operator this code does not have (submitted by newer code, or one removed)
+    stays queued for a worker that has it, instead of failing here."""
+    from tuner.worker import pycuda_backend_factory
+
+    _url, sessions = db
+    unknown = _job_for(sessions, SHAPE, DTYPE, operator="no_such_operator", version="v")
+    known = _job_for(sessions, SHAPE, DTYPE)
+    scope = pycuda_backend_factory(0).scope
+    claims = []
+    with sessions() as s:
+        for _ in range(2):
+            job = queries.claim_next_job(
+                s, gpu_models=["H200"], worker_id="w", lease_seconds=60, scope=scope
+            )
+            claims.append(job and job.id)
+    assert claims == [known, None]
+    assert _status(sessions, unknown)[0] == "queued"

@@ -3,17 +3,106 @@
 It makes the whole tuning path run without a GPU (CI, search-quality benchmarks): the search
 space is the file's ``tune_params``; a combination absent from the file violated the kernel's
 restrictions and is invalid; an entry whose time is a failure marker is a failed trial.
+:func:`recorded_problem` says which problem a recording was measured for: the only jobs it may
+answer (``tuner.worker.ReplayBackends``).
 """
 
 from __future__ import annotations
 
+import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
 from tuner.kt_cache import KernelTunerCache, load_cache
 from tuner.space import SearchSpace
+
+#: ``<operator>_<gpu>_<shape>_<dtype>[_<version>].json[.gz]`` (``tests/data/recorded``, and
+#: ``kato export``'s names with a ``.t4``/``.kt`` tag): what a file without Kato's metadata is for.
+_RECORDING_NAME = re.compile(
+    r"^(?P<operator>[a-z0-9_]+?)_(?P<gpu>[^_]+)_(?P<shape>[0-9]+(?:x[0-9]+)*)_(?P<dtype>[a-z0-9]+)"
+    r"(?:_(?P<version>[0-9a-f]{12}))?(?:\.(?:t4|kt))?\.json(?:\.gz)?$"
+)
+
+
+@dataclass(frozen=True)
+class RecordedProblem:
+    """The tuning problem a recording was measured for: it answers a job of this operator,
+    shape, dtype and GPU model only, and of this operator version where it names one
+    (``None``: a file that does not say)."""
+
+    operator: str
+    shape: tuple[int, ...]
+    dtype: str
+    gpu_model: str
+    operator_version: str | None = None
+
+    @property
+    def shape_key(self) -> str:
+        return "x".join(str(d) for d in self.shape)
+
+    def __str__(self) -> str:
+        version = f" version {self.operator_version}" if self.operator_version else ""
+        return f"{self.operator}{version} {self.shape_key} {self.dtype} on {self.gpu_model}"
+
+
+def _text(value: Any) -> str | None:
+    return value.strip() if isinstance(value, str) and value.strip() else None
+
+
+def _dims(value: Any) -> tuple[int, ...] | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list | tuple) or not value:
+        return None
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in value):
+        return None
+    return tuple(value)
+
+
+def recorded_problem(cache: KernelTunerCache, path: str | Path | None = None) -> RecordedProblem:
+    """What ``cache`` (read from ``path``) was measured for.
+
+    From Kato's metadata where the file carries it (the ``kato`` object of an export, else the
+    top-level ``kato_operator``, ``kato_operator_version``, ``dtype``, ``problem_size``; the GPU
+    from ``kato.gpu_model`` or ``device_name``); a file without Kato's metadata (a Kernel Tuner
+    cache) is for what its name says, ``<operator>_<gpu>_<shape>_<dtype>[_<version>].json[.gz]``.
+
+    Raises:
+        ValueError: the file says neither, naming what is missing.
+    """
+    from tuner.gpus import normalize_gpu_name
+
+    extra = cache.extra
+    kato = extra.get("kato") if isinstance(extra.get("kato"), dict) else {}
+    operator = _text(kato.get("operator")) or _text(extra.get("kato_operator"))
+    version = _text(kato.get("operator_version")) or _text(extra.get("kato_operator_version"))
+    dtype = _text(kato.get("dtype")) or _text(extra.get("dtype"))
+    shape = _dims(kato.get("shape"))
+    if shape is None and operator is not None:  # Kato writes problem_size as the shape
+        shape = _dims(cache.problem_size)
+    gpu = _text(kato.get("gpu_model"))
+    if gpu is None and _text(cache.device_name) not in (None, "unknown"):
+        gpu = normalize_gpu_name(cache.device_name)
+    named = _RECORDING_NAME.match(Path(path).name) if path is not None else None
+    if operator is None and named is not None:  # a file without Kato's metadata: its name
+        operator, version = named["operator"], named["version"]
+        shape = shape or tuple(int(d) for d in named["shape"].split("x"))
+        dtype = dtype or named["dtype"]
+        gpu = gpu or normalize_gpu_name(named["gpu"].replace("-", " "))  # as export names it
+    found = {"operator": operator, "shape": shape, "dtype": dtype, "GPU": gpu}
+    missing = [name for name, value in found.items() if value is None]
+    if missing:
+        raise ValueError(
+            f"{path or cache.kernel_name}: the recording does not say which problem it is for "
+            f"(no {', '.join(missing)} in its metadata, and its name is not "
+            "<operator>_<gpu>_<shape>_<dtype>[_<version>].json[.gz]); give a file written by "
+            "`kato export`, or name it so"
+        )
+    return RecordedProblem(operator, shape, dtype, gpu, version)  # type: ignore[arg-type]
+
 
 _FAILURES = {
     "CompilationFailedConfig": TrialStatus.COMPILE_ERROR,
@@ -53,10 +142,13 @@ class ReplayBackend(Backend):
         *,
         compute_capability=(0, 0),
         delay_s: float = 0.0,
+        gpu_model: str | None = None,
     ):
         """``delay_s``: seconds each evaluation sleeps, to stand in for a real measurement's
-        duration (crash, cancel and load tests need jobs that take a while)."""
+        duration (crash, cancel and load tests need jobs that take a while). ``gpu_model``: the
+        model :meth:`device` reports (default: the file's device name, normalised)."""
         self.delay_s = delay_s
+        self._gpu_model = gpu_model
         self.cache = cache if isinstance(cache, KernelTunerCache) else load_cache(cache)
         self._space = SearchSpace(
             params={k: tuple(v) for k, v in self.cache.tune_params.items()},
@@ -100,7 +192,7 @@ class ReplayBackend(Backend):
         cc_tuple = tuple(int(x) for x in str(cc).split(".")) if cc else self._compute_capability
         return DeviceInfo(
             name=self.cache.device_name,
-            model=normalize_gpu_name(self.cache.device_name),
+            model=self._gpu_model or normalize_gpu_name(self.cache.device_name),
             compute_capability=cc_tuple,  # type: ignore[arg-type]
             cuda_version=str(self.cache.extra.get("cuda_version", "replay")),
         )

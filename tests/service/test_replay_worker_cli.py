@@ -1,0 +1,82 @@
+"""``kato worker --backend replay``: a directory of recordings, whatever their names (the
+versioned names ``kato export`` writes, as committed under data/spaces/h200), answers the jobs
+of its problems and leaves every other job queued; files that say no problem, or two files of
+one problem, stop the worker before it starts, with exit 2 and a message."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from paths import RECORDED, TABLE_SPACES
+from typer.testing import CliRunner
+
+from db import queries
+from db.session import init_db, session_factory
+from kernels import get_operator
+from service.cli import app
+from tuner.kt_cache import load_cache, save_cache
+
+
+def _submit(sessions, operator, shape, dtype, budget=5) -> str:
+    with sessions() as s:
+        return queries.create_job(
+            s, operator=operator, operator_version=get_operator(operator).version, shape=shape,
+            dtype=dtype, gpu_model="H200", budget_configs=budget, strategy="grid",
+        ).id  # fmt: skip
+
+
+def _worker(replay, db, *extra):
+    args = ["worker", "--backend", "replay", "--replay", str(replay), "--db", db,
+            "--poll-seconds", "0.05", *extra]  # fmt: skip
+    return CliRunner().invoke(app, args)
+
+
+def test_a_directory_of_versioned_recordings_answers_its_problems_only(tmp_path):
+    db = f"sqlite:///{tmp_path / 'kato.db'}"
+    sessions = session_factory(init_db(db))
+    elsewhere = _submit(sessions, "softmax", [2048, 2048], "float32")  # no recording: queued
+    own = _submit(sessions, "softmax", [8192, 1024], "float32")  # ..._1b5b54cc169a.json.gz
+    result = _worker(TABLE_SPACES, db, "--max-jobs", "1")
+    assert result.exit_code == 0, result.output
+    with sessions() as s:
+        done, waiting = queries.get_job(s, own), queries.get_job(s, elsewhere)
+        assert (waiting.status, waiting.trials_done, waiting.error) == ("queued", 0, None)
+        assert (done.status, done.trials_done) == ("done", 5)
+    assert "11 recorded problem(s)" in result.output
+
+
+def _copy(src, dst):
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("setup", "phrases"),
+    [
+        ("anonymous", ["conv.json", "does not say which problem", "<operator>_<gpu>_<shape>"]),
+        ("twice", ["are both recordings of softmax", "keep one of them"]),
+        ("other-gpu", ["no recording is for GPU model A100 80GB", "recordings are for H200"]),
+    ],
+)
+def test_recordings_that_cannot_answer_stop_the_worker_with_a_message(tmp_path, setup, phrases):
+    recording = RECORDED / "softmax_H200_4096x4096_float16.json.gz"
+    folder = tmp_path / "recordings"
+    extra: list[str] = ["--max-jobs", "0"]
+    if setup == "anonymous":  # a Kernel Tuner cache of its own, under a name that says nothing
+        cache = load_cache(recording)
+        for name in ("kato_operator", "kato_operator_version", "dtype"):
+            cache.extra.pop(name)
+        save_cache(cache, folder / "conv.json")
+    elif setup == "twice":
+        _copy(recording, folder / recording.name)
+        _copy(recording, folder / "softmax_H200_4096x4096_float16_1b5b54cc169a.json.gz")
+    else:
+        _copy(recording, folder / recording.name)
+        extra += ["--gpu", "A100 80GB"]
+    result = _worker(folder, f"sqlite:///{tmp_path / 'kato.db'}", *extra)
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    for phrase in phrases:
+        assert phrase in text, text
