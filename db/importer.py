@@ -33,7 +33,7 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -857,12 +857,21 @@ def _upsert_best(
         report.best_kept += 1
 
 
-def import_bundles(session: Session, bundles: Sequence[ParsedBundle]) -> ImportReport:
-    """Write parsed bundles in one transaction and commit (rolled back on any error)."""
+def import_bundles(
+    session: Session,
+    bundles: Sequence[ParsedBundle],
+    *,
+    on_progress: Callable[[str, int, int], None] | None = None,
+) -> ImportReport:
+    """Write parsed bundles in one transaction and commit (rolled back on any error).
+
+    ``on_progress``: called with ``("write", bundles written, len(bundles))`` after each one."""
     report = ImportReport(files=len(bundles))
     try:
-        for bundle in bundles:
+        for done, bundle in enumerate(bundles, 1):
             _write_bundle(session, bundle, report)
+            if on_progress is not None:
+                on_progress("write", done, len(bundles))
         session.commit()
     except Exception:
         session.rollback()
@@ -900,14 +909,24 @@ def import_paths(
     session: Session,
     paths: Sequence[str | Path],
     overrides: Mapping[str, Any] | None = None,
+    *,
+    on_progress: Callable[[str, int, int], None] | None = None,
 ) -> ImportReport:
     """Validate every file under ``paths`` first, then import them all (one transaction).
+
+    ``on_progress``: called with ``("check", files checked, files)`` after each file is read
+    and checked, then as :func:`import_bundles` calls it (the CLI draws a progress bar).
 
     Raises:
         InvalidImport: any file is invalid (nothing is written).
     """
-    bundles = [read_file(p, overrides) for p in expand(paths)]
-    return import_bundles(session, bundles)
+    files = expand(paths)
+    bundles = []
+    for done, path in enumerate(files, 1):
+        bundles.append(read_file(path, overrides))
+        if on_progress is not None:
+            on_progress("check", done, len(files))
+    return import_bundles(session, bundles, on_progress=on_progress)
 
 
 __all__ = [

@@ -899,8 +899,14 @@ def import_results(
     overrides = {"operator": operator, "shape": shape, "dtype": dtype, "gpu": gpu}
     _, sessions = _sessions(_settings(db).db_url)
     try:
-        with sessions() as session:
-            report = import_paths(session, paths, overrides)
+        with sessions() as session, _progress(disable=as_json) as progress:
+            task = progress.add_task("import", total=None)
+
+            def advance(stage: str, done: int, total: int) -> None:
+                what = "checking" if stage == "check" else "writing"
+                progress.update(task, description=f"import: {what}", completed=done, total=total)
+
+            report = import_paths(session, paths, overrides, on_progress=advance)
     except InvalidImport as exc:
         _fail(f"import: {exc}")
     for warning in report.warnings:

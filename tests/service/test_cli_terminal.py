@@ -318,6 +318,31 @@ def test_replay_shows_a_progress_bar_on_a_terminal(tmp_path: Path) -> None:
     assert "replay" in shown and "6/6" in shown, shown
 
 
+RECORDINGS = [RECORDING, RECORDING.with_name("softmax_H200_4096x4096_float32.json.gz")]
+
+
+def test_import_reports_progress(sessions) -> None:
+    from db.importer import import_paths
+
+    seen: list[tuple[str, int, int]] = []
+    with sessions() as session:
+        report = import_paths(session, RECORDINGS, on_progress=lambda *a: seen.append(a))
+    assert report.files == 2
+    assert seen == [("check", 1, 2), ("check", 2, 2), ("write", 1, 2), ("write", 2, 2)]
+
+
+def test_import_shows_a_progress_bar_on_a_terminal(tmp_path: Path, db: str) -> None:
+    shown = _on_a_terminal("import", *map(str, RECORDINGS), "--db", db, tmp_path=tmp_path)
+    assert "import: writing" in shown and "2/2" in shown, shown
+
+
+def test_import_json_output_stays_clean(db: str) -> None:
+    result = CliRunner().invoke(app, ["import", *map(str, RECORDINGS), "--json", "--db", db])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    assert json.loads(result.stdout)["files"] == 2
+
+
 def test_worker_logs_one_line_per_trial(sessions, db: str, caplog) -> None:
     job = _job(sessions)
     caplog.set_level(logging.INFO, logger="tuner.worker")
