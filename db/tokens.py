@@ -42,11 +42,18 @@ def create_token(
 
     ``max_queued_jobs``: most queued + running jobs the token may have at once (``None``: the
     service's ``max_queued_jobs`` setting). ``admin``: the token may cancel any job, not only
-    its own and tokenless ones. Raises ``ValueError`` for an empty name or a non-positive limit.
+    its own and tokenless ones. Raises ``ValueError`` for an empty name, one that is not
+    printable text (``str.isprintable``) or a non-positive limit.
     """
     name = name.strip()
     if not name or len(name) > 255:
         raise ValueError("a token name must be 1 to 255 characters")
+    if not name.isprintable():
+        # Names are printed (kato token list, API errors): no escape sequences, no NUL.
+        raise ValueError(
+            f"a token name must be printable text, without control or invisible characters; "
+            f"got {name[:100]!r}"
+        )
     if max_queued_jobs is not None and not 1 <= max_queued_jobs <= 2**31 - 1:
         raise ValueError(f"max_queued_jobs must be at least 1, got {max_queued_jobs}")
     secret = SECRET_PREFIX + secrets.token_urlsafe(32)

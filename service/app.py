@@ -17,9 +17,13 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRouter
+from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.routing import Match, Mount
 
 from db.session import init_db, session_factory
 from kernels import InvalidInput
@@ -30,6 +34,7 @@ from service.lookup_cache import LookupCache, LookupFastPath, best_configs_versi
 from service.routes import configs, gpus, health, jobs, operators, workers
 from service.schemas import ErrorPublic
 from service.settings import Settings
+from service.strict import StrictJSONRoute, StrictURL, escape_surrogates
 
 log = logging.getLogger(__name__)
 
@@ -48,28 +53,66 @@ Writes (submit, batch, cancel) need an API token (`kato token create NAME`), sen
 
 def _json_safe(value: Any) -> Any:
     """Make a validation error's echo of the input encodable as strict JSON (no NaN/inf, no
-    exception objects), so that a 422 can never turn into a 500."""
+    exception objects, no lone surrogates), so that a 422 can never turn into a 500."""
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
-    if value is None or isinstance(value, str | int | bool):
+    if isinstance(value, str):
+        return escape_surrogates(value)
+    if value is None or isinstance(value, int | bool):
         return value
     if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {escape_surrogates(str(k)): _json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_json_safe(v) for v in value]
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
-    return str(value)
+    return escape_surrogates(str(value))
 
 
 async def _invalid_input(request: Request, exc: Exception) -> JSONResponse:
-    return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+    return JSONResponse(
+        {"detail": escape_surrogates(str(exc))}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT
+    )
 
 
 async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = [{k: _json_safe(v) for k, v in e.items() if k != "url"} for e in exc.errors()]
     return JSONResponse({"detail": errors}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+
+#: Methods a 405's ``Allow`` may list (RFC 9110's, and PATCH).
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(app: FastAPI, scope: dict[str, Any]) -> list[str] | None:
+    """Every method some route of ``app`` takes at this request's path, or ``None`` where a
+    mount (the docs' static files) owns the path and answers for itself.
+
+    Starlette's router answers a 405 with the methods of the first route whose path matched;
+    a path served by several routes (``GET`` and ``POST /v1/jobs``) takes all of theirs.
+    """
+    allowed = []
+    for method in _METHODS:
+        probe = {**scope, "method": method}
+        for route in app.router.routes:
+            match = route.matches(probe)[0]
+            if match == Match.FULL and isinstance(route, Mount):
+                return None
+            if match == Match.FULL:
+                allowed.append(method)
+                break
+    return allowed
+
+
+async def _method_not_allowed(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    headers = dict(exc.headers or {})
+    allowed = allowed_methods(request.app, dict(request.scope))
+    if allowed:
+        headers["Allow"] = ", ".join(allowed)
+    detail = f"{request.method} is not allowed here; this path takes {headers.get('Allow')}"
+    return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=headers)
 
 
 async def _watch_best_configs(app: FastAPI) -> None:
@@ -106,10 +149,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 await task
 
 
-def _document_body_errors(app: FastAPI) -> None:
-    """Every operation that takes a body can also answer 400 (a body FastAPI cannot decode, such
-    as invalid UTF-8) and 413 (larger than ``max_body_bytes``, from :class:`BodySizeLimit`):
-    declare both in the OpenAPI schema, for routes added later too."""
+def _document_input_errors(app: FastAPI) -> None:
+    """Every operation that takes a body can also answer 400 (a body FastAPI cannot decode) and
+    413 (larger than ``max_body_bytes``, from :class:`BodySizeLimit`), and every operation 422
+    (a path or query string that is not UTF-8, from :class:`service.strict.StrictURL`): declare
+    them in the OpenAPI schema, for routes added later too."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -123,7 +167,12 @@ def _document_body_errors(app: FastAPI) -> None:
         error = {"content": {"application/json": {"schema": {"$ref": ERROR_REF}}}}
         for item in schema.get("paths", {}).values():
             for operation in item.values():
-                if isinstance(operation, dict) and "requestBody" in operation:
+                if not isinstance(operation, dict):
+                    continue
+                operation.setdefault("responses", {}).setdefault(
+                    "422", {"description": "the path or a query parameter is not UTF-8", **error}
+                )
+                if "requestBody" in operation:
                     responses = operation.setdefault("responses", {})
                     responses.setdefault(
                         "400", {"description": "the body could not be decoded", **error}
@@ -153,11 +202,16 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     settings = settings or Settings()
     engine = init_db(engine if engine is not None else settings.db_url)
 
-    app = FastAPI(
+    # FastAPIOffline: /docs and /redoc load Swagger UI and ReDoc from files the package ships,
+    # not from a CDN (blank pages offline); validatorUrl null: no schema sent out for a badge.
+    app = FastAPIOffline(
         title="Kato",
         version=__version__,
         description=DESCRIPTION,
         docs_url="/docs",
+        redoc_url="/redoc",
+        static_url="/docs/static",
+        swagger_ui_parameters={"validatorUrl": None},
         lifespan=_lifespan,
     )
     app.state.settings = settings
@@ -169,22 +223,30 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
 
     app.add_exception_handler(InvalidInput, _invalid_input)
     app.add_exception_handler(RequestValidationError, _request_validation)
+    app.add_exception_handler(status.HTTP_405_METHOD_NOT_ALLOWED, _method_not_allowed)
 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    # Inside the lookup fast path: only answers to valid URLs are ever cached.
+    app.add_middleware(StrictURL)
     if not settings.auth_reads:
         app.add_middleware(LookupFastPath, cache=app.state.lookup_cache)
-    _document_body_errors(app)
+    _document_input_errors(app)
 
     readers: dict[str, Any] = {}
     if settings.auth_reads:
         readers = {"dependencies": [Depends(require_reader)], "responses": AUTH_RESPONSES}
-    app.include_router(health.router)
-    app.include_router(operators.router, **readers)
-    app.include_router(gpus.router, **readers)
-    app.include_router(configs.router, **readers)
-    app.include_router(jobs.router, **readers)
-    app.include_router(workers.router, **readers)
+    app.include_router(_strict(health.router))
+    for module in (operators, gpus, configs, jobs, workers):
+        app.include_router(_strict(module.router), **readers)
     return app
+
+
+def _strict(router: APIRouter) -> APIRouter:
+    """``router``, checked to decode its JSON bodies strictly (:class:`StrictJSONRoute`)."""
+    loose = [r.path for r in router.routes if not isinstance(r, StrictJSONRoute)]
+    if router.route_class is not StrictJSONRoute or loose:
+        raise TypeError(f"router {router.prefix!r}: use route_class=StrictJSONRoute ({loose})")
+    return router
 
 
 def create_app_from_env() -> FastAPI:

@@ -3,6 +3,12 @@
 Ranges are checked here so that no input reaches the database or a spec out of range: shape
 entries are 1 .. 2**31-1, integers fit a 32-bit column, floats are finite. Limits that depend on
 the settings (largest budget, largest batch) are checked by the routes.
+
+Types are strict, as the importer's are: request bodies are validated in pydantic's strict mode
+(:class:`StrictBody`: an integer is a JSON integer, not ``true``, ``4096.0`` or ``"4096"``);
+where text is parsed into numbers (shape strings, integer query parameters) only ASCII digits
+count; names (operator, dtype, GPU) are printable text (:data:`Name`). Text that is not valid
+Unicode never gets this far (:mod:`service.strict`).
 """
 
 from __future__ import annotations
@@ -12,7 +18,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from annotated_types import Interval
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from db.models import BestConfig, Job, Trial, Worker
 from db.queries import StoredConfig
@@ -21,8 +28,16 @@ from kernels.spec import InvalidInput
 MAX_DIM = 2**31 - 1
 MAX_RANK = 8
 MAX_INT32 = 2**31 - 1
-_SHAPE_SEPARATOR = re.compile(r"\s*[x,X]\s*")
-_INTEGER = re.compile(r"[+-]?\d{1,19}")
+# ASCII only: str patterns' \d and \s also match other scripts' digits and spaces, which int()
+# then reads ("\u0664\u0660\u0669\u0666" is 4096).
+_SHAPE_SEPARATOR = re.compile(r" *[x,X] *")
+_INTEGER = re.compile(r"[+-]?[0-9]{1,19}")
+#: The shortest ``budget_seconds``: the worker checks the clock between trials, and one trial
+#: (compile, verify, time) takes about a second, so a shorter budget could not be honoured.
+MIN_BUDGET_SECONDS = 1.0
+#: The OpenAPI description of :data:`Name`'s check (control characters are the part a JSON
+#: Schema pattern can say; the check refuses every character ``str.isprintable`` does).
+NAME_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]+$"
 
 #: tuner.search.STRATEGIES (a test holds them equal); the first, "forest", is the default.
 Strategy = Literal["forest", "tpe", "hybrid", "random", "grid"]
@@ -35,7 +50,7 @@ def parse_shape_text(text: str) -> list[int]:
     Raises:
         InvalidInput: (a ``ValueError``) naming what is wrong.
     """
-    parts = _SHAPE_SEPARATOR.split(text.strip()) if text.strip() else []
+    parts = _SHAPE_SEPARATOR.split(text.strip(" ")) if text.strip(" ") else []
     if not parts or not all(_INTEGER.fullmatch(p) for p in parts):
         raise InvalidInput(
             f"shape must be integers separated by 'x' or ',' (e.g. 4096x4096), got {text[:100]!r}"
@@ -63,6 +78,63 @@ def _shape_from_text(value: Any) -> Any:
     return parse_shape_text(value) if isinstance(value, str) else value
 
 
+def printable(value: str) -> str:
+    """``value`` if every character of it is printable (``str.isprintable``: no control,
+    format, surrogate, private-use or unassigned character, no separator but the ASCII space).
+
+    Raises:
+        ValueError: naming the first character that is not.
+    """
+    if not value.isprintable():
+        bad = next(c for c in value if not c.isprintable())
+        raise ValueError(
+            f"must be printable text, without control or invisible characters; "
+            f"got U+{ord(bad):04X} in {value[:100]!r}"
+        )
+    return value
+
+
+def ascii_integer(value: Any) -> Any:
+    """A query parameter's text as an ``int`` when it is ASCII digits (an optional sign); any
+    other text is refused (pydantic alone also reads ``" 10"``, ``"1_0"`` and ``"10.0"``)."""
+    if isinstance(value, str):
+        if not _INTEGER.fullmatch(value):
+            raise ValueError(f"must be an integer in ASCII digits, got {value[:40]!r}")
+        return int(value)
+    return value
+
+
+def query_flag(value: Any) -> Any:
+    """A query parameter's text as a ``bool``: ``true`` or ``false`` (any case), nothing else
+    (pydantic alone also reads ``yes``, ``on``, ``1``, ``t``...)."""
+    if isinstance(value, str):
+        if value.lower() not in ("true", "false"):
+            raise ValueError(f"must be true or false, got {value[:40]!r}")
+        return value.lower() == "true"
+    return value
+
+
+#: An operator, dtype or GPU model name: printable text (``"H200\u0000"`` is not H200).
+Name = Annotated[str, AfterValidator(printable)]
+#: The ``limit`` query parameter of a listing: 1 .. 1000, in ASCII digits (the range before
+#: the text check, so that the OpenAPI schema shows it as the integer's minimum and maximum).
+ListLimit = Annotated[int, Interval(ge=1, le=1000), BeforeValidator(ascii_integer)]
+#: A boolean query parameter: ``true`` or ``false``.
+QueryFlag = Annotated[bool, BeforeValidator(query_flag)]
+
+
+def name_field(max_length: int, example: str, **kwargs: Any) -> Any:
+    """``Field`` of a :data:`Name` in a body: 1 .. ``max_length`` characters, documented with
+    :data:`NAME_PATTERN`."""
+    return Field(
+        min_length=1,
+        max_length=max_length,
+        examples=[example],
+        json_schema_extra={"pattern": NAME_PATTERN},
+        **kwargs,
+    )
+
+
 def plain(value: Any) -> Any:
     """numpy scalars (as a spec may return them) -> Python scalars, so they serialise."""
     if isinstance(value, dict):
@@ -86,18 +158,23 @@ Shape = Annotated[
 ]
 
 
+class StrictBody(BaseModel):
+    """A request body: no unknown fields, strict types (``true`` is not 1, ``"5"`` not 5, an
+    integer field takes no float; a float field takes an integer)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
 # --- jobs ------------------------------------------------------------------------------------
 
 
-class JobCreate(BaseModel):
+class JobCreate(StrictBody):
     """A tuning request: measure up to ``budget`` configs of an operator on a GPU model."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    operator: str = Field(min_length=1, max_length=64, examples=["softmax"])
+    operator: Name = name_field(64, "softmax")
     shape: Shape
-    dtype: str = Field(min_length=1, max_length=32, examples=["float16"])
-    gpu: str = Field(min_length=1, max_length=64, examples=["H200"])
+    dtype: Name = name_field(32, "float16")
+    gpu: Name = name_field(64, "H200")
     budget: int | None = Field(
         default=None,
         ge=1,
@@ -106,19 +183,18 @@ class JobCreate(BaseModel):
     )
     budget_seconds: float | None = Field(
         default=None,
-        gt=0,
+        ge=MIN_BUDGET_SECONDS,
         allow_inf_nan=False,
-        description="wall-clock limit of the job, from its first start (shared by every worker "
-        "on it; a resumed job gets what is left)",
+        description="wall-clock limit of the job in seconds, at least 1, from its first start "
+        "(shared by every worker on it; a resumed job gets what is left; the clock is checked "
+        "between trials)",
     )
     strategy: Strategy = "forest"
     seed: int = Field(default=0, ge=0, le=MAX_INT32)
 
 
-class JobBatchCreate(BaseModel):
+class JobBatchCreate(StrictBody):
     """Several tuning requests, validated all or none (at most the service's ``max_batch``)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     jobs: list[JobCreate] = Field(min_length=1)
 

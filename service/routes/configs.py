@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -27,18 +27,25 @@ from db import queries
 from kernels import InvalidInput, OperatorSpec
 from service.lookup_cache import raw_key, wants_fresh
 from service.schemas import (
+    NAME_PATTERN,
     ConfigPublic,
+    Name,
+    StrictBody,
     check_dims,
     error_responses,
     format_compute_capability,
+    name_field,
     parse_shape_text,
     plain,
 )
+from service.strict import StrictJSONRoute
 from service.validation import Problem, operator_or_404, resolve_problem
 
-router = APIRouter(prefix="/v1/configs", tags=["configs"])
+router = APIRouter(prefix="/v1/configs", tags=["configs"], route_class=StrictJSONRoute)
 
 Match = Literal["exact", "nearest"]
+#: How a name parameter's check shows in the OpenAPI schema.
+_NAME = {"pattern": NAME_PATTERN}
 #: Most lookups in one ``POST /v1/configs/batch``.
 MAX_BATCH_LOOKUPS = 1000
 
@@ -171,8 +178,8 @@ async def get_config(
     shape: Annotated[
         str, Query(max_length=200, description='"4096,4096" or "4096x4096"', examples=["4096x4096"])
     ],
-    dtype: Annotated[str, Query(max_length=32, examples=["float16"])],
-    gpu: Annotated[str, Query(max_length=64, examples=["H200"])],
+    dtype: Annotated[Name, Query(max_length=32, examples=["float16"], json_schema_extra=_NAME)],
+    gpu: Annotated[Name, Query(max_length=64, examples=["H200"], json_schema_extra=_NAME)],
     match: Annotated[Match, Query(description="exact: no nearest-shape fallback")] = "nearest",
 ) -> Response:
     """The best tuned config for this request (``exact``), else the one tuned for the nearest
@@ -191,12 +198,10 @@ async def get_config(
     return Response(body, media_type="application/json")
 
 
-class LookupRequest(BaseModel):
+class LookupRequest(StrictBody):
     """One lookup of a batch: the query parameters of ``GET /v1/configs/{operator}``."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    operator: str = Field(min_length=1, max_length=64, examples=["softmax"])
+    operator: Name = name_field(64, "softmax")
     # Checked per lookup (check_dims), not by the body's schema: a shape out of range is that
     # lookup's 422 in the answer, and the batch's other lookups are still answered.
     shape: list[int] | str = Field(
@@ -204,15 +209,13 @@ class LookupRequest(BaseModel):
         description='dimensions, as a list or a string "4096x4096" / "4096,4096"',
         examples=[[4096, 4096]],
     )
-    dtype: str = Field(min_length=1, max_length=32, examples=["float16"])
-    gpu: str = Field(min_length=1, max_length=64, examples=["H200"])
+    dtype: Name = name_field(32, "float16")
+    gpu: Name = name_field(64, "H200")
     match: Match = "nearest"
 
 
-class LookupBatch(BaseModel):
+class LookupBatch(StrictBody):
     """Several lookups, answered in order (at most 1000)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     lookups: list[LookupRequest] = Field(min_length=1, max_length=MAX_BATCH_LOOKUPS)
 

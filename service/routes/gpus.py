@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, status
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, status
 
 from kernels import InvalidInput
-from service.schemas import GpuPublic, error_responses, plain
+from service.schemas import NAME_PATTERN, GpuPublic, Name, error_responses, plain
+from service.strict import StrictJSONRoute
 from service.validation import gpu_catalog
 
-router = APIRouter(prefix="/v1/gpus", tags=["gpus"])
+router = APIRouter(prefix="/v1/gpus", tags=["gpus"], route_class=StrictJSONRoute)
 
 
 @router.get("")
@@ -18,7 +21,9 @@ def get_gpus() -> list[GpuPublic]:
 
 
 @router.get("/{name}", responses=error_responses(e404="no such GPU model"))
-def get_gpu(name: str) -> GpuPublic:
+def get_gpu(
+    name: Annotated[Name, Path(max_length=64, json_schema_extra={"pattern": NAME_PATTERN})],
+) -> GpuPublic:
     """One GPU model, by canonical name or alias ("H200", "NVIDIA H200")."""
     try:
         gpu = gpu_catalog().get_gpu(name)

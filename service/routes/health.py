@@ -10,9 +10,10 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from service.deps import SessionDep
+from service.strict import StrictJSONRoute
 
 log = logging.getLogger(__name__)
-router = APIRouter(tags=["health"])
+router = APIRouter(tags=["health"], route_class=StrictJSONRoute)
 
 
 @router.get("/v1/ping")

@@ -18,13 +18,15 @@ from service.schemas import (
     JobCreate,
     JobPublic,
     JobStatus,
+    ListLimit,
     TrialPublic,
     error_responses,
 )
 from service.settings import Settings
+from service.strict import StrictJSONRoute
 from service.validation import job_fields
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=StrictJSONRoute)
 
 NOT_FOUND = error_responses(e404="no such job")
 SUBMIT_RESPONSES = {
@@ -116,7 +118,7 @@ def list_jobs(
     session: SessionDep,
     settings: SettingsDep,
     status_filter: Annotated[JobStatus | None, Query(alias="status")] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    limit: Annotated[ListLimit, Query()] = 100,
 ) -> list[JobPublic]:
     """Jobs, newest first, optionally only those in one status."""
     return _public(session, queries.list_jobs(session, status=status_filter, limit=limit), settings)

@@ -6,9 +6,10 @@ from fastapi import APIRouter
 
 from kernels import list_operators
 from service.schemas import OperatorPublic, error_responses, plain
+from service.strict import StrictJSONRoute
 from service.validation import operator_or_404
 
-router = APIRouter(prefix="/v1/operators", tags=["operators"])
+router = APIRouter(prefix="/v1/operators", tags=["operators"], route_class=StrictJSONRoute)
 
 
 @router.get("")

@@ -8,17 +8,20 @@ from fastapi import APIRouter, Query
 
 from db import fleet
 from service.deps import SessionDep, SettingsDep
-from service.schemas import WorkerPublic
+from service.schemas import ListLimit, QueryFlag, WorkerPublic
+from service.strict import StrictJSONRoute
 
-router = APIRouter(prefix="/v1/workers", tags=["workers"])
+router = APIRouter(prefix="/v1/workers", tags=["workers"], route_class=StrictJSONRoute)
 
 
 @router.get("")
 def list_workers(
     session: SessionDep,
     settings: SettingsDep,
-    live: Annotated[bool | None, Query(description="only live (true) or only dead (false)")] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+    live: Annotated[
+        QueryFlag | None, Query(description="only live (true) or only dead (false)")
+    ] = None,
+    limit: Annotated[ListLimit, Query()] = 200,
 ) -> list[WorkerPublic]:
     """Workers, most recent heartbeat first: GPU models, backend, status, current job. A worker
     is live while its heartbeat is younger than the lease (``KATO_LEASE_SECONDS``)."""
