@@ -119,7 +119,7 @@ class StrictURL:
         if scope["type"] == "http":
             found = url_errors(scope)
             if found:
-                body = json.dumps({"detail": found}).encode()
+                body = json.dumps({"detail": found}, separators=(",", ":")).encode()
                 await send(
                     {
                         "type": "http.response.start",
