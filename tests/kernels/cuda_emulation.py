@@ -13,6 +13,9 @@ CI has no GPU: this is how the kernels' logic is checked there.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -134,6 +137,65 @@ def cuda_include_dir() -> Path | None:
     )
     match = re.search(r'INCLUDES="-I([^"]+)"', proc.stdout + proc.stderr)
     return Path(match.group(1).strip()) if match else None
+
+
+#: g++'s flags for every emulation program.
+GXX_FLAGS = ("-std=c++20", "-O1", "-w")
+
+
+def binary_cache_dir() -> Path | None:
+    """Where built emulation programs are kept across runs: beside the compile checks' cubins
+    (``KATO_TEST_CUBIN_CACHE``, default ``~/.cache/kato/test-cubins``), ``None`` when it is
+    ``off``. The g++ builds were most of a warm run's time (about 9 CPU-minutes)."""
+    env = os.environ.get("KATO_TEST_CUBIN_CACHE", "")
+    if env == "off":
+        return None
+    base = Path(env).expanduser() if env else Path.home() / ".cache" / "kato" / "test-cubins"
+    return base / "emulation"
+
+
+@functools.cache
+def _gxx_version() -> str:
+    return subprocess.run(["g++", "--version"], capture_output=True, text=True).stdout
+
+
+class HostBuild:
+    """``g++`` building ``workdir/source`` into ``workdir/binary``, or the same program taken
+    from :func:`binary_cache_dir` (keyed by the source, flags, include directory and the exact
+    ``g++ --version``, so any change builds again). Started at once; :meth:`wait` returns
+    ``(returncode, stderr)``."""
+
+    def __init__(self, workdir: Path, source: str, binary: str, include: Path) -> None:
+        self.target = workdir / binary
+        text = (workdir / source).read_bytes()
+        key = hashlib.sha256(
+            b"\0".join(
+                [text, " ".join(GXX_FLAGS).encode(), str(include).encode(), _gxx_version().encode()]
+            )
+        ).hexdigest()
+        cache = binary_cache_dir()
+        self.cached = cache / key if cache is not None else None
+        self.proc: subprocess.Popen[str] | None = None
+        if self.cached is not None and self.cached.is_file():
+            shutil.copy2(self.cached, self.target)
+            return
+        self.proc = subprocess.Popen(
+            ["g++", *GXX_FLAGS, f"-I{include}", source, "-o", binary],
+            cwd=workdir,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def wait(self, timeout: float = 900) -> tuple[int, str]:
+        if self.proc is None:
+            return 0, ""
+        _, err = self.proc.communicate(timeout=timeout)
+        if self.proc.returncode == 0 and self.cached is not None:
+            self.cached.parent.mkdir(parents=True, exist_ok=True)
+            partial = self.cached.with_name(f"{self.cached.name}.{os.getpid()}.tmp")
+            shutil.copy2(self.target, partial)
+            os.replace(partial, self.cached)  # atomic: a concurrent run sees all or nothing
+        return self.proc.returncode, err
 
 
 def host_template(spec: OperatorSpec) -> str:
@@ -264,17 +326,10 @@ def run_cases(
     for k, group in enumerate(groups):
         src = workdir / f"emu{k}.cpp"
         src.write_text(emulation_source([cases[i] for i in group], [problems[i] for i in group]))
-        builds.append(
-            subprocess.Popen(
-                ["g++", "-std=c++20", "-O1", "-w", f"-I{include}", src.name, "-o", f"emu{k}"],
-                cwd=workdir,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
+        builds.append(HostBuild(workdir, src.name, f"emu{k}", include))
     for build in builds:
-        _, err = build.communicate(timeout=900)
-        assert build.returncode == 0, err[:4000]
+        returncode, err = build.wait(timeout=900)
+        assert returncode == 0, err[:4000]
     print(f"\nemulation: {len(cases)} cases built in {time.perf_counter() - start:.0f} s")
     failures = []
     for k, group in enumerate(groups):

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from compile_harness import Outcome, compile_variants, distinct_variants
+from cuda_emulation import HostBuild
 
 from kernels import get_operator
 from kernels.matmul import (
@@ -384,19 +385,12 @@ def test_kernel_logic_on_the_cpu(tmp_path: Path) -> None:
     builds = []
     for k, half in enumerate(halves):
         (tmp_path / f"emu{k}.cpp").write_text(emulation_source(half))
-        builds.append(
-            subprocess.Popen(
-                ["g++", "-std=c++20", "-O1", "-w", f"-I{include}", f"emu{k}.cpp", "-o", f"emu{k}"],
-                cwd=tmp_path,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
+        builds.append(HostBuild(tmp_path, f"emu{k}.cpp", f"emu{k}", include))
     for build in builds:
-        _, err = build.communicate(timeout=900)
-        if build.returncode != 0 and "barrier" in err:
+        returncode, err = build.wait(timeout=900)
+        if returncode != 0 and "barrier" in err:
             pytest.skip("g++ lacks C++20 <barrier>")
-        assert build.returncode == 0, err[:3000]
+        assert returncode == 0, err[:3000]
 
     rng = np.random.default_rng(7)
     failures = []

@@ -157,12 +157,8 @@ def _run_emulated(cases, problems, workdir):
 
     include = cuda_include_dir()
     (workdir / "emu.cpp").write_text(cuda_emulation.emulation_source(cases, problems))
-    subprocess.run(
-        ["g++", "-std=c++20", "-O1", "-w", f"-I{include}", "emu.cpp", "-o", "emu"],
-        cwd=workdir,
-        check=True,
-        timeout=900,
-    )
+    returncode, err = cuda_emulation.HostBuild(workdir, "emu.cpp", "emu", include).wait(900)
+    assert returncode == 0, err[:3000]
     results = []
     for i, problem in enumerate(problems):
         data = workdir / f"exact{i}"

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cuda_emulation import HostBuild
 
 from kernels import DTYPES, Config, get_operator
 from kernels.softmax import register_cap, static_shared_bytes
@@ -392,19 +393,12 @@ def test_kernel_logic_on_the_cpu(tmp_path: Path) -> None:
     builds = []
     for k, half in enumerate(halves):
         (tmp_path / f"emu{k}.cpp").write_text(emulation_source(half))
-        builds.append(
-            subprocess.Popen(
-                ["g++", "-std=c++20", "-O1", "-w", f"-I{include}", f"emu{k}.cpp", "-o", f"emu{k}"],
-                cwd=tmp_path,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
+        builds.append(HostBuild(tmp_path, f"emu{k}.cpp", f"emu{k}", include))
     for build in builds:
-        _, err = build.communicate(timeout=600)
-        if build.returncode != 0 and "barrier" in err:
+        returncode, err = build.wait(timeout=600)
+        if returncode != 0 and "barrier" in err:
             pytest.skip("g++ lacks C++20 <barrier>")
-        assert build.returncode == 0, err[:3000]
+        assert returncode == 0, err[:3000]
 
     rng = np.random.default_rng(2024)
     failures = []
