@@ -6,9 +6,15 @@ shape, dtype, GPU model): the trials of its jobs and its best configs. One bundl
 - **Kernel Tuner cache** (``kt``): the operator's parameter space as ``tune_params``, one entry per
   measured config with ``time`` (the median, ms), ``times`` (every timed batch), ``compile_time``
   (ms) and Kato's resource fields; a failed config's ``time`` is Kernel Tuner's failure marker.
-  Configs never measured are absent (Kernel Tuner's simulation mode reads them as invalid when
-  its restrictions say so). A config measured by two jobs keeps the faster entry. A bundle with
-  best configs but no trials gets the best configs as its entries.
+  A config measured by several jobs is one entry, the fastest, with the others' trials in its
+  ``kato_other_trials`` (so an import gets every trial back). A best config no trial of the file
+  measured is an entry of its own. Every other combination of ``tune_params`` is an entry too,
+  ``"time": "InvalidConfig"`` with ``kato_unmeasured`` saying why (``invalid``: the operator's
+  constraints reject it for this shape; ``not measured``), so Kernel Tuner's simulation mode
+  replays the file as it is, without a restrictions function, and skips them (Kato's readers
+  leave them out: :func:`tuner.kt_cache.load_cache`, :mod:`db.importer`). Kernel Tuner reads
+  plain JSON only and appends ``.json`` to a name without it: the files of a directory export
+  end in ``.kt.json``; a ``.gz`` name is gzipped, for Kato alone.
 - **T4** (``t4``): the auto-tuning community's results format (schema 1.0.0, as Kernel Tuner's
   ``get_t4_results`` writes it): ``{"schema_version", "results": [{"timestamp",
   "configuration", "objectives", "times", "invalidity", "correctness", "measurements"}],
@@ -28,7 +34,11 @@ and each trial its job, number and Kato status (KT: ``kato_job``, ``kato_number`
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import itertools
 import json
+import math
 import os
 import re
 import tempfile
@@ -43,34 +53,18 @@ from sqlalchemy.orm import Session
 
 from db import queries
 from db.fleet import RESERVED
+from db.formats import KATO_FORMAT, RESOURCES, T4_INVALIDITY
 from db.models import BestConfig, Job, Trial
 from tuner.gpus import find_gpu
-from tuner.kt_cache import KernelTunerCache, save_cache
+from tuner.kt_cache import OTHER_TRIALS, KernelTunerCache, save_cache, unmeasured_entry
 
-KATO_FORMAT = 1
 T4_SCHEMA_VERSION = "1.0.0"
 FORMATS = ("t4", "kt")
+#: The most stand-in entries a Kernel Tuner export writes (matmul's space has 62,208 configs);
+#: a larger product (only an operator not registered here, by the values seen) gets none.
+MAX_STAND_INS = 250_000
 
 _MARKERS = {"compile_error": "CompilationFailedConfig", "invalid": "InvalidConfig"}
-#: Kato trial status -> T4 ``invalidity``.
-T4_INVALIDITY = {
-    "ok": "correct",
-    "compile_error": "compile",
-    "launch_error": "runtime",
-    "verify_error": "correctness",
-    "timeout": "timeout",
-    "crashed": "runtime",  # the measuring process died: a runtime failure to T4
-    "invalid": "constraints",
-}
-#: Per-trial resource fields, with their T4 unit.
-RESOURCES = {
-    "registers": "",
-    "shared_static_bytes": "B",
-    "shared_dynamic_bytes": "B",
-    "local_bytes": "B",
-    "blocks_per_sm": "",
-    "occupancy": "",
-}
 _JOB_FIELDS = (
     "id",
     "status",
@@ -118,23 +112,30 @@ class Bundle:
 
     def tune_params(self) -> dict[str, list[Any]]:
         """The parameter space in Kernel Tuner key order: the operator's, where it is registered
-        and its parameters are the ones measured; else the values seen, in first-seen order."""
+        and its parameters are the ones measured (with any other value seen appended: a config
+        of another version); else the values seen, in first-seen order."""
         configs = [t.config for t in self.trials] + [b.config for b in self.best]
-        try:
-            from kernels import get_operator
-
-            spec = get_operator(self.operator)
-            if all(set(c) == set(spec.params) for c in configs):
-                return {k: list(v) for k, v in spec.params.items()}
-        except Exception:  # not registered here
-            pass
         space: dict[str, list[Any]] = {}
+        spec = _registered(self.operator)
+        if spec is not None and all(set(c) == set(spec.params) for c in configs):
+            space = {k: list(v) for k, v in spec.params.items()}
         for config in configs:
             for name, value in config.items():
                 values = space.setdefault(name, [])
                 if value not in values:
                     values.append(value)
         return space
+
+
+def _registered(operator: str) -> Any:
+    """The operator's spec, or None where it is not registered here."""
+    from kernels import get_operator
+    from kernels.spec import InvalidInput
+
+    try:
+        return get_operator(operator)
+    except InvalidInput:
+        return None
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -264,25 +265,53 @@ def _kt_entry(trial: Trial) -> dict[str, Any]:
     return entry
 
 
-def _faster(new: dict[str, Any], old: dict[str, Any] | None) -> bool:
-    if old is None:
-        return True
+def _faster(new: dict[str, Any], old: dict[str, Any]) -> bool:
     new_t, old_t = new.get("time"), old.get("time")
     if not isinstance(new_t, int | float):
         return False
     return not isinstance(old_t, int | float) or new_t < old_t
 
 
+def _measured_entry(entries: list[dict[str, Any]], params: Sequence[str]) -> dict[str, Any]:
+    """One config's entries (one per job) as one: the fastest, the others in its
+    :data:`OTHER_TRIALS` (without the parameters, which are the entry's)."""
+    best = entries[0]
+    for entry in entries[1:]:
+        best = entry if _faster(entry, best) else best
+    others = [{k: v for k, v in e.items() if k not in params} for e in entries if e is not best]
+    return {**best, OTHER_TRIALS: others} if others else best
+
+
+def _stand_ins(bundle: Bundle, cache: KernelTunerCache) -> None:
+    """An :func:`unmeasured_entry` for every combination of ``tune_params`` the cache lacks,
+    saying whether the operator's constraints reject it for the bundle's shape."""
+    if math.prod(len(v) for v in cache.tune_params.values()) > MAX_STAND_INS:
+        return
+    spec = _registered(bundle.operator)
+    if spec is None or spec.version != bundle.operator_version:
+        spec = None  # another version's constraints are not known here
+    names = list(cache.tune_params)
+    for values in itertools.product(*cache.tune_params.values()):
+        config = dict(zip(names, values, strict=True))
+        key = cache.key(config)
+        if key in cache.entries:
+            continue
+        reason = "not measured"
+        if spec is not None:
+            try:
+                rejected = spec.check(config, bundle.shape, bundle.dtype) is not None
+            except Exception:  # a value this code's check does not take
+                rejected = False
+            reason = "invalid" if rejected else reason
+        cache.entries[key] = unmeasured_entry(config, reason)
+
+
 def bundle_to_kt(bundle: Bundle) -> KernelTunerCache:
     """A bundle as a Kernel Tuner cache (see the module docstring)."""
     tune_params = bundle.tune_params()
     gpu = find_gpu(bundle.gpu_model)
-    try:
-        from kernels import get_operator
-
-        kernel_name = get_operator(bundle.operator).kernel_name
-    except Exception:
-        kernel_name = bundle.operator
+    spec = _registered(bundle.operator)
+    kernel_name = spec.kernel_name if spec is not None else bundle.operator
     latest = max(bundle.best, key=lambda r: r.updated_at, default=None)
     cache = KernelTunerCache(
         device_name=gpu.full_name if gpu and gpu.full_name else bundle.gpu_model,
@@ -298,14 +327,15 @@ def bundle_to_kt(bundle: Bundle) -> KernelTunerCache:
             "kato": kato_block(bundle, list(tune_params)),
         },
     )
-    if bundle.trials:
-        entries = (_kt_entry(t) for t in bundle.trials)
-    else:
-        entries = ({**row.config, "time": row.time_ms, "times": []} for row in bundle.best)
-    for entry in entries:
-        key = cache.key(entry)
-        if _faster(entry, cache.entries.get(key)):
-            cache.entries[key] = entry
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for trial in bundle.trials:
+        by_key.setdefault(cache.key(trial.config), []).append(_kt_entry(trial))
+    for key, entries in by_key.items():
+        cache.entries[key] = _measured_entry(entries, list(tune_params))
+    for row in sorted(bundle.best, key=lambda r: r.time_ms):  # no trial of the file has them
+        cache.entries.setdefault(cache.key(row.config), {**row.config, "time": row.time_ms,
+                                                         "times": []})  # fmt: skip
+    _stand_ins(bundle, cache)
     return cache
 
 
@@ -366,25 +396,44 @@ def bundle_to_t4(bundle: Bundle) -> dict[str, Any]:
 # --- files -----------------------------------------------------------------------------------
 
 
+def _name_part(text: str) -> str:
+    """``text`` as part of a file name: letters, digits and ``._+-`` only, no leading dot."""
+    return re.sub(r"[^0-9A-Za-z._+-]+", "-", text).strip(".-") or "-"
+
+
 def bundle_filename(bundle: Bundle, fmt: str) -> str:
-    """``softmax_H200_4096x4096_float16_<version>.t4.json`` (``.kt.json`` for Kernel Tuner)."""
-    gpu = re.sub(r"[^0-9A-Za-z.-]+", "-", bundle.gpu_model).strip("-")
-    name = f"{bundle.operator}_{gpu}_{queries.shape_key(bundle.shape)}_{bundle.dtype}"
-    return f"{name}_{bundle.operator_version}.{fmt}.json"
+    """``softmax_H200_4096x4096_float16_<version>.t4.json`` (``.kt.json`` for Kernel Tuner).
+
+    Built from the bundle's fields made safe for a file name (a GPU model's spaces become
+    ``-``); where that changed a field other than the GPU model (a name no registered operator
+    has, stored by an older Kato), 8 hex digits of the fields are appended, so two bundles never
+    share a name. Never a path: no separator, no leading dot.
+    """
+    raw = [bundle.operator, bundle.gpu_model, queries.shape_key(bundle.shape), bundle.dtype,
+           bundle.operator_version]  # fmt: skip
+    parts = [_name_part(p) for p in raw]
+    name = "_".join(parts)
+    if any(a != b for i, (a, b) in enumerate(zip(raw, parts, strict=True)) if i != 1):
+        name += "_" + hashlib.sha256(json.dumps(raw).encode()).hexdigest()[:8]
+    return f"{name}.{fmt}.json"
 
 
 def _write_json(data: dict[str, Any], path: Path) -> None:
+    """Write ``data`` atomically (temp file + rename); gzip when the name ends in ``.gz``."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    payload = json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
+    if path.name.endswith(".gz"):
+        payload = gzip.compress(payload, mtime=0)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, separators=(",", ":"), allow_nan=False)
+    with os.fdopen(fd, "wb") as f:
+        f.write(payload)
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 
 def write_bundle(bundle: Bundle, path: Path, fmt: str) -> None:
     """Write one bundle to ``path`` (atomically) in ``fmt`` (``t4`` or ``kt``; ``.gz`` names
-    are gzipped for ``kt``)."""
+    are gzipped)."""
     if fmt == "kt":
         save_cache(bundle_to_kt(bundle), path)
     elif fmt == "t4":
@@ -420,6 +469,18 @@ def export(bundles: Iterable[Bundle], out: str | Path, fmt: str = "t4") -> list[
         write_bundle(bundles[0], out, fmt)
         return [out]
     paths = [out / bundle_filename(b, fmt) for b in bundles]
+    root = out.resolve()
+    for path in paths:  # the names are safe by construction; a path outside is a bug here
+        if path.resolve().parent != root:
+            raise ExportError(f"refusing to write {path}: not a file directly in {out}")
+    if len(set(paths)) != len(paths):
+        raise ExportError(f"two problems would share a file name in {out}")
     for bundle, path in zip(bundles, paths, strict=True):
         write_bundle(bundle, path, fmt)
     return paths
+
+
+def kernel_tuner_reads(path: Path, fmt: str) -> bool:
+    """Whether Kernel Tuner's simulation mode can open ``path`` as written in ``fmt`` (a
+    Kernel Tuner cache in plain JSON, named ``.json``)."""
+    return fmt == "kt" and path.name.endswith(".json")

@@ -1,7 +1,7 @@
 """Import results exported by ``kato export`` (or written by Kernel Tuner) into a database.
 
 Reads T4 JSON and Kernel Tuner cache files (plain or ``.gz``; format detected from the content),
-validates every file before anything is written, then writes all of them in one transaction.
+checks every file before anything is written, then writes all of them in one transaction.
 
 Contract:
 
@@ -15,11 +15,21 @@ Contract:
   derived from the content (so a second import finds it), and the fastest measurement becomes
   a best config.
 - **Overrides and Kato metadata**: in a file with a Kato block an override only fills a field
-  the block lacks; one that disagrees with the block is an :class:`InvalidImport`.
-- **Validation**: every field that is stored is checked for its type and range first: integers
-  are ints (not bools) that fit a 32-bit column, floats are finite, strings fit their column,
-  dates parse and lie between 2000 and tomorrow, job ids are 32 lowercase hex digits (as Kato
-  makes them), so an imported file cannot make the API fail later.
+  the block lacks; one that disagrees with the block is an :class:`InvalidImport`, and so is a
+  top-level field of a Kernel Tuner file that disagrees with its Kato block.
+- **Types** (:mod:`db.formats`, pydantic, strict): every stored field is checked for its type
+  and range, so an imported file cannot make the API fail later.
+- **The operator**: a file is imported only for an operator registered here
+  (:func:`kernels.get_operator`), with a shape of its rank and one of its dtypes
+  (``spec.validate``) and exactly its parameters. At the operator's current version every
+  config must be a point of its space (``spec.check_params``), and every measured one, every
+  best config and every job's best config must pass its constraints for the file's shape and
+  dtype (``spec.check``). Results of another version are checked for the parameter names only
+  (this code cannot know that version's space); they are stored with a warning, never served.
+- **Consistency**: a best config naming a job of the file, and every job's own best, is one
+  of that job's measured trials in the file, at its time; a best config of no job (or of a job
+  not in the file) is kept as it is. A compute capability is ``major.minor`` (or ``unknown``)
+  and, for a GPU the catalog lists, that GPU's.
 - **Errors**: :class:`InvalidImport` names the file and what is wrong; nothing is written. Any
   other exception raised while reading a file becomes one too (naming the file, the original
   chained).
@@ -35,16 +45,39 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, TypeAdapter
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from db.export import RESOURCES, T4_INVALIDITY
-from db.models import JOB_STATUSES, BestConfig, Job, Trial, utcnow
+from db.formats import (
+    KT_MARKERS,
+    RESOURCES,
+    T4_INVALIDITY,
+    TIME_UNITS,
+    Config,
+    Dtype,
+    KatoBlock,
+    KTDocument,
+    KTEntry,
+    Name,
+    Positive,
+    Resources,
+    Shape,
+    T4Document,
+    T4Kato,
+    T4Metadata,
+    T4Result,
+    ValidationError,
+    Version,
+    describe,
+    show,
+)
+from db.models import BestConfig, Job, Trial, utcnow
 from db.queries import UNCOUNTED_TRIAL_STATUSES, shape_key
+from tuner.kt_cache import OTHER_TRIALS, UNMEASURED
 
 TRIAL_STATUSES = tuple(T4_INVALIDITY)
 #: T4 ``invalidity`` -> Kato status, the first listed where several map to one ("runtime" is
@@ -52,23 +85,18 @@ TRIAL_STATUSES = tuple(T4_INVALIDITY)
 _INVALIDITY_STATUS: dict[str, str] = {}
 for _status, _invalidity in T4_INVALIDITY.items():
     _INVALIDITY_STATUS.setdefault(_invalidity, _status)
-_KT_MARKERS = {
-    "CompilationFailedConfig": "compile_error",
-    "RuntimeFailedConfig": "launch_error",
-    "InvalidConfig": "invalid",
-    "ErrorConfig": "launch_error",
-}
 _JOB_STATUSES = ("done", "failed", "cancelled")
-#: Bounds of what is stored: the Integer columns are 32-bit on PostgreSQL.
-MAX_INT32 = 2**31 - 1
-MAX_RANK = 8
-#: Kato's job ids (db.models.new_job_id: uuid4 hex; imported foreign jobs: a sha256 prefix).
-_JOB_ID = re.compile(r"[0-9a-f]{32}")
-_EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
-#: String columns' lengths (db.models).
-_PROBLEM_LENGTHS = {"operator": 64, "operator_version": 64, "dtype": 32, "gpu_model": 64}
 _PROBLEM_FIELDS = ("operator", "operator_version", "shape", "dtype", "gpu_model")
-_MAX_CONFIG_KEY = 1024
+_FLAGS = {
+    "operator": "--operator",
+    "operator_version": "--operator-version",
+    "shape": "--shape",
+    "dtype": "--dtype",
+    "gpu_model": "--gpu",
+}
+#: TypeAdapters by the id of their (module-level, never freed) annotated type.
+_ADAPTERS: dict[int, TypeAdapter] = {}
+_RAW_TRIALS = list[dict[str, Any]]
 
 
 class InvalidImport(ValueError):
@@ -86,12 +114,19 @@ class ParsedTrial:
     compile_time_s: float | None
     resources: dict[str, Any]
     error: str | None
-    created_at: datetime | None
+    created_at: Any
+    where: str = ""  # the record in the file, for messages
 
 
 @dataclass
 class ParsedBundle:
-    """One file's problem, jobs, trials and best configs, validated."""
+    """One file's problem, jobs, trials and best configs, checked.
+
+    ``jobs`` and ``best`` are dicts of :class:`db.formats.JobRecord` /
+    :class:`db.formats.BestRecord` fields, plus ``where`` (the record in the file).
+    ``echoes``: top-level fields of a Kernel Tuner file that repeat its Kato block, as
+    ``(label, value, problem field)``: they must agree with it.
+    """
 
     path: Path
     operator: str
@@ -103,6 +138,7 @@ class ParsedBundle:
     jobs: list[dict[str, Any]] = field(default_factory=list)
     trials: list[ParsedTrial] = field(default_factory=list)
     best: list[dict[str, Any]] = field(default_factory=list)
+    echoes: list[tuple[str, Any, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -128,322 +164,336 @@ def _fail(path: Path, message: str) -> InvalidImport:
     return InvalidImport(f"{path}: {message}")
 
 
+def _parse(path: Path, kind: Any, data: Any, prefix: str = "") -> Any:
+    """``data`` validated as ``kind`` (a pydantic model or an annotated type); a validation
+    error becomes an :class:`InvalidImport` naming the fields (under ``prefix``)."""
+    try:
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            return kind.model_validate(data)
+        adapter = _ADAPTERS.get(id(kind))
+        if adapter is None:
+            adapter = _ADAPTERS[id(kind)] = TypeAdapter(kind)
+        return adapter.validate_python(data)
+    except ValidationError as exc:
+        raise _fail(path, describe(exc, prefix)) from None
+
+
 def _load_json(path: Path) -> Any:
     try:
         raw = path.read_bytes()
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
-        return json.loads(raw)
     except (OSError, EOFError, gzip.BadGzipFile) as exc:
         raise _fail(path, f"cannot read: {exc}") from None
+    try:
+        data = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
         raise _fail(path, f"not JSON: {exc}") from None
-
-
-def _show(value: Any) -> str:
-    """``repr(value)``, cut to a length a message can hold."""
-    text = repr(value)
-    return text if len(text) <= 80 else f"{text[:77]}..."
-
-
-def _number(value: Any) -> bool:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int too large for a float
-        return False
-
-
-def _int(path: Path, where: str, value: Any, low: int = 0, high: int = MAX_INT32) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise _fail(path, f"{where} must be an integer from {low} to {high}, got {_show(value)}")
-    return value
-
-
-def _float(
-    path: Path,
-    where: str,
-    value: Any,
-    *,
-    scale: float = 1.0,
-    positive: bool = False,
-    high: float = math.inf,
-) -> float:
-    """A finite number >= 0 (> 0 with ``positive``, <= ``high``), times ``scale``."""
-    low_ok = _number(value) and (value > 0 if positive else value >= 0) and value <= high
-    scaled = float(value) * scale if low_ok else math.nan
-    if not math.isfinite(scaled):
-        kind = "positive" if positive else "non-negative"
-        bound = f" (at most {high})" if high != math.inf else ""
-        raise _fail(path, f"{where} must be a finite {kind} number{bound}, got {_show(value)}")
-    return scaled
-
-
-def _optional_float(path: Path, where: str, value: Any, **kwargs: Any) -> float | None:
-    return None if value is None else _float(path, where, value, **kwargs)
-
-
-def _time(path: Path, where: str, value: Any, scale: float = 1.0) -> float:
-    if not _number(value) or value <= 0 or not math.isfinite(float(value) * scale):
-        raise _fail(path, f"{where}: time must be a positive number, got {_show(value)}")
-    return float(value) * scale
-
-
-def _string(path: Path, where: str, value: Any, max_length: int | None = None) -> str | None:
-    """``None``, or a string of at most ``max_length`` characters."""
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise _fail(path, f"{where} must be a string, got {_show(value)}")
-    if max_length is not None and len(value) > max_length:
-        raise _fail(path, f"{where} is longer than {max_length} characters: {_show(value)}")
-    return value
-
-
-def _job_id(path: Path, where: str, value: Any) -> str:
-    if not isinstance(value, str) or not _JOB_ID.fullmatch(value):
-        raise _fail(path, f"{where} must be a Kato job id (32 lowercase hex digits), got "
-                    f"{_show(value)}")  # fmt: skip
-    return value
-
-
-def _datetime(path: Path, where: str, value: Any) -> datetime | None:
-    """``None``, or an ISO 8601 date and time from 2000 to tomorrow (UTC where no zone)."""
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise _fail(path, f"{where} must be an ISO 8601 date, got {_show(value)}")
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise _fail(path, f"{where} must be an ISO 8601 date, got {_show(value)}") from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    try:
-        parsed = parsed.astimezone(UTC)
-        in_range = _EARLIEST <= parsed <= utcnow() + timedelta(days=1)
-    except OverflowError:  # beyond year 9999 in UTC
-        in_range = False
-    if not in_range:
-        raise _fail(path, f"{where} must lie between 2000 and tomorrow, got {_show(value)}")
-    return parsed
-
-
-def _resources(path: Path, where: str, values: Mapping[str, Any]) -> dict[str, Any]:
-    """The per-trial resource fields: counts are ints, ``occupancy`` a fraction."""
-    out: dict[str, Any] = {}
-    for name in RESOURCES:
-        value = values.get(name)
-        if value is None:
-            out[name] = None
-        elif name == "occupancy":
-            out[name] = _float(path, f"{where}: {name}", value, high=1.0)
-        else:
-            out[name] = _int(path, f"{where}: {name}", value)
-    return out
-
-
-def _params(path: Path, where: str, value: Any) -> list[str]:
-    if (
-        not isinstance(value, list)
-        or not all(isinstance(p, str) and p for p in value)
-        or len(set(value)) != len(value)
-    ):
-        raise _fail(path, f"{where} must be a list of distinct parameter names")
-    return value
-
-
-def _shape(path: Path, where: str, value: Any) -> list[int]:
-    shape = value
-    if isinstance(value, str):
-        parts = re.split(r"\s*[x,X]\s*", value.strip()) if value.strip() else []
-        if not parts or not all(re.fullmatch(r"[+-]?\d{1,19}", p) for p in parts):
-            raise _fail(path, f"{where} must look like 4096x4096, got {_show(value)}")
-        shape = [int(p) for p in parts]
-    if (
-        not isinstance(shape, list)
-        or not 1 <= len(shape) <= MAX_RANK
-        or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape)
-        or not all(1 <= d <= MAX_INT32 for d in shape)
-    ):
-        raise _fail(
-            path,
-            f"{where} must be a list of 1 to {MAX_RANK} integers from 1 to {MAX_INT32}, "
-            f"got {_show(value)}",
-        )
-    return shape
-
-
-def _problem_value(path: Path, where: str, name: str, value: Any) -> Any:
-    """One field of the problem, checked and normalised (a GPU model by the catalog)."""
-    if name == "shape":
-        return _shape(path, where, value)
-    if not isinstance(value, str) or not value.strip():
-        raise _fail(path, f"{where} must be a non-empty string, got {_show(value)}")
-    if name == "gpu_model":
-        from tuner.gpus import normalize_gpu_name
-
+    # A lone surrogate escape (\ud800) decodes to a string no database can store.
+    if re.search(rb"\\u[dD][89a-fA-F]", raw):
         try:
-            value = normalize_gpu_name(value)
-        except ValueError as exc:
-            raise _fail(path, f"{where}: {exc}") from None
-    limit = _PROBLEM_LENGTHS[name]
-    if len(value) > limit:
-        raise _fail(path, f"{where} is longer than {limit} characters: {_show(value)}")
-    return value
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise _fail(path, "a string holds a lone surrogate escape (not text)") from None
+    return data
+
+
+def _gpu(path: Path, where: str, value: Any) -> str:
+    """A GPU model as the catalog names it (a name it does not list is kept, cleaned)."""
+    from kernels.spec import InvalidInput
+    from tuner.gpus import normalize_gpu_name
+
+    name = _parse(path, Name, value, where)
+    try:
+        name = normalize_gpu_name(name)
+    except InvalidInput as exc:
+        raise _fail(path, f"{where}: {exc}") from None
+    return _parse(path, Name, name, where)
+
+
+def _shape_text(path: Path, where: str, value: str) -> list[int]:
+    """A shape given as text (``4096x4096``, ``4096,4096``), as on the command line."""
+    parts = re.split(r"\s*[x,X]\s*", value.strip()) if value.strip() else []
+    if not parts or not all(re.fullmatch(r"[0-9]{1,10}", p) for p in parts):
+        raise _fail(path, f"{where} must look like 4096x4096, got {show(value)}")
+    return _parse(path, Shape, [int(p) for p in parts], where)
+
+
+def _value(path: Path, where: str, name: str, value: Any) -> Any:
+    """One problem field, checked and normalised (a GPU model by the catalog)."""
+    if name == "shape":
+        if isinstance(value, str) and where.startswith("--"):
+            return _shape_text(path, where, value)
+        return _parse(path, Shape, value, where)
+    if name == "gpu_model":
+        return _gpu(path, where, value)
+    kind = {"operator": Name, "operator_version": Version, "dtype": Dtype}[name]
+    return _parse(path, kind, value, where)
+
+
+def _spec(path: Path, operator: str) -> Any:
+    from kernels import get_operator
+    from kernels.spec import InvalidInput
+
+    try:
+        return get_operator(operator)
+    except InvalidInput as exc:
+        raise _fail(path, f"{exc}; Kato imports results only of the operators it has") from None
 
 
 def _problem(
     path: Path,
-    meta: Mapping[str, Any],
+    own: Mapping[str, Any],
     overrides: Mapping[str, Any],
     *,
     labels: Mapping[str, str],
     kato_export: bool,
 ) -> dict[str, Any]:
-    """operator, operator_version, shape, dtype, gpu_model: from ``meta``, and ``overrides``.
+    """operator, operator_version, shape, dtype, gpu_model: from ``own`` (the file's fields),
+    and ``overrides``.
 
     In a file with a Kato block (``kato_export``) an override fills only a field the block
     lacks, and one that disagrees with it is an error; in a foreign file an override replaces
     what the file's own fields say. ``labels`` names each field in the file, for messages.
+    The operator must be registered here; its version is the current one where none is given.
     """
     given = {("gpu_model" if k == "gpu" else k): v for k, v in overrides.items() if v is not None}
     merged: dict[str, Any] = {}
     conflicts = []
     for name in _PROBLEM_FIELDS:
-        flag = "--gpu" if name == "gpu_model" else f"--{name.replace('_', '-')}"
-        own, override = meta.get(name), given.get(name)
-        if own is not None and own != "" and own != []:
-            own = _problem_value(path, labels[name], name, own)
+        flag = _FLAGS[name]
+        override = _value(path, flag, name, given[name]) if name in given else None
+        mine = own.get(name)
+        if mine is not None and (kato_export or override is None):
+            mine = _value(path, labels[name], name, mine)
         else:
-            own = None
-        if override is not None:
-            override = _problem_value(path, flag, name, override)
-        if override is None or own is None or not kato_export:
-            merged[name] = override if override is not None else own
-        elif override != own:
-            conflicts.append(f"{flag} {_show(override)} conflicts with the file's {labels[name]} "
-                             f"{_show(own)}")  # fmt: skip
+            mine = None
+        if override is None or mine is None:
+            merged[name] = override if override is not None else mine
+        elif override != mine:
+            conflicts.append(f"{flag} {show(override)} conflicts with the file's {labels[name]} "
+                             f"{show(mine)}")  # fmt: skip
         else:
-            merged[name] = own
+            merged[name] = mine
     if conflicts:
         raise _fail(path, f"{'; '.join(conflicts)} (overrides are for files without Kato metadata)")
     missing = [k for k in ("operator", "shape", "dtype", "gpu_model") if merged[k] is None]
     if missing:
-        names = ", ".join(f"--{'gpu' if m == 'gpu_model' else m}" for m in missing)
+        names = ", ".join(_FLAGS[m] for m in missing)
         raise _fail(path, f"no Kato metadata for {', '.join(missing)}: pass {names}")
+    spec = _spec(path, merged["operator"])
     if merged["operator_version"] is None:
-        try:
-            from kernels import get_operator
-
-            merged["operator_version"] = get_operator(merged["operator"]).version
-        except Exception:
-            raise _fail(path, f"unknown operator {merged['operator']!r} and no version") from None
+        merged["operator_version"] = spec.version
     return merged
 
 
-def _config(path: Path, where: str, value: Any, params: Sequence[str]) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise _fail(path, f"{where}: configuration must be an object, got {type(value).__name__}")
-    if set(value) != set(params):
-        raise _fail(
-            path,
-            f"{where}: configuration has {_show(sorted(value))}, expected the parameters "
-            f"{_show(list(params))}",
+def _params(path: Path, where: str, params: Sequence[str] | None) -> list[str]:
+    if not params:
+        raise _fail(path, f"{where}: no parameter names (an empty file?)")
+    if len(set(params)) != len(params):
+        raise _fail(path, f"{where} must be distinct parameter names, got {show(list(params))}")
+    return list(params)
+
+
+def _names(config: Mapping[str, Any], params: Sequence[str]) -> str | None:
+    """Why ``config`` does not have exactly the parameters ``params``, or None."""
+    missing = [p for p in params if p not in config]
+    if missing:
+        return f"missing parameter(s) {', '.join(missing)}"
+    unknown = sorted(set(config) - set(params))
+    return f"unknown parameter(s) {', '.join(unknown)}" if unknown else None
+
+
+def _milliseconds(path: Path, where: str, value: float, scale: float) -> float:
+    scaled = value * scale
+    if not math.isfinite(scaled):
+        raise _fail(path, f"{where}: {value!r} is out of range in milliseconds")
+    return scaled
+
+
+def _parse_t4(path: Path, data: dict[str, Any], overrides: Mapping[str, Any]) -> ParsedBundle:
+    doc = _parse(path, T4Document, data)
+    metadata = doc.metadata or T4Metadata()
+    block = metadata.kato
+    scale = TIME_UNITS[metadata.timeunit]
+    labels = {name: f"metadata.kato.{name}" for name in _PROBLEM_FIELDS}
+    own = block.model_dump(include=set(_PROBLEM_FIELDS)) if block else {}
+    kato_export = block is not None and bool(block.model_fields_set)
+    problem = _problem(path, own, overrides, labels=labels, kato_export=kato_export)
+    params = block.params if block and block.params else None
+    first = doc.results[0].get("configuration") if doc.results else None
+    if not params and isinstance(first, dict):
+        params = list(first)
+    bundle = ParsedBundle(path, params=_params(path, "metadata.kato.params", params), **problem)
+    for i, raw in enumerate(doc.results):
+        where = f"results[{i}]"
+        result = _parse(path, T4Result, raw, where)
+        kato = result.kato or T4Kato()
+        status = kato.status or _INVALIDITY_STATUS[result.invalidity]
+        if T4_INVALIDITY[status] != result.invalidity:
+            raise _fail(path, f"{where}: kato.status {status!r} is not the T4 invalidity "
+                        f"{result.invalidity!r}")  # fmt: skip
+        measurements: dict[str, Any] = {m.name: m.value for m in result.measurements or []}
+        time_ms = None
+        if status == "ok":
+            measured = _parse(
+                path, Positive, measurements.get("time"), f"{where}.measurements.time"
+            )
+            time_ms = _milliseconds(path, f"{where}.measurements.time", measured, scale)
+        compile_ms = result.times.compilation_time
+        if compile_ms is None:
+            compile_ms = result.times.compilation
+        resources = _parse(
+            path, Resources, {k: measurements.get(k) for k in RESOURCES}, f"{where}.measurements"
         )
-    for name, v in value.items():
-        if not isinstance(v, int | float | str) or isinstance(v, bool):
-            raise _fail(path, f"{where}: parameter {name} has a {type(v).__name__} value")
-        if isinstance(v, float) and not math.isfinite(v):
-            raise _fail(path, f"{where}: parameter {name} is {v!r}, not a finite number")
-        if isinstance(v, int) and not -(2**63) <= v < 2**63:
-            raise _fail(path, f"{where}: parameter {name} is out of the 64-bit range")
-    if len(",".join(str(value[p]) for p in params)) > _MAX_CONFIG_KEY:
-        raise _fail(path, f"{where}: configuration is longer than {_MAX_CONFIG_KEY} characters")
-    return {name: value[name] for name in params}
+        bundle.trials.append(
+            ParsedTrial(
+                job_id=kato.job or "",
+                number=kato.number if kato.number is not None else i,
+                config=dict(result.configuration),
+                status=status,
+                time_ms=time_ms,
+                times_ms=[
+                    _milliseconds(path, f"{where}.times.runtimes", t, scale)
+                    for t in result.times.runtimes or []
+                ],
+                compile_time_s=None
+                if compile_ms is None
+                else _milliseconds(path, f"{where}.times", compile_ms, scale) / 1000,
+                resources=resources.model_dump(),
+                error=kato.error,
+                created_at=result.timestamp,
+                where=where,
+            )
+        )
+    _complete(bundle, path, block, "metadata.kato", None, None)
+    return bundle
 
 
-def _job(path: Path, where: str, job: Any, params: Sequence[str]) -> dict[str, Any]:
-    """One entry of ``kato.jobs``, every field checked (absent ones are ``None``)."""
-    if not isinstance(job, dict):
-        raise _fail(path, f"{where} must be an object")
-    if "id" not in job:
-        raise _fail(path, f"{where} needs an id")
-    status = job.get("status")
-    if status is not None and (not isinstance(status, str) or status not in JOB_STATUSES):
-        raise _fail(path, f"{where}.status must be one of {', '.join(JOB_STATUSES)}, got "
-                    f"{_show(status)}")  # fmt: skip
-    best_config = job.get("best_config")
-    if best_config is not None:
-        best_config = _config(path, f"{where}.best_config", best_config, params)
-    trials_done = job.get("trials_done")
-    if trials_done is not None:
-        _int(path, f"{where}.trials_done", trials_done)  # recounted from the trials
-    budget = job.get("budget_configs")
-    if budget is not None:
-        budget = _int(path, f"{where}.budget_configs", budget, low=1)
-    return {
-        "id": _job_id(path, f"{where}.id", job.get("id")),
-        "status": status,
-        "budget_configs": budget,
-        "budget_seconds": _optional_float(
-            path, f"{where}.budget_seconds", job.get("budget_seconds"), positive=True
-        ),
-        "strategy": _string(path, f"{where}.strategy", job.get("strategy"), 16),
-        "seed": None if job.get("seed") is None else _int(path, f"{where}.seed", job["seed"]),
-        "best_time_ms": _optional_float(
-            path, f"{where}.best_time_ms", job.get("best_time_ms"), positive=True
-        ),
-        "best_config": best_config,
-        "error": _string(path, f"{where}.error", job.get("error")),
-        "created_at": _datetime(path, f"{where}.created_at", job.get("created_at")),
-        "started_at": _datetime(path, f"{where}.started_at", job.get("started_at")),
-        "finished_at": _datetime(path, f"{where}.finished_at", job.get("finished_at")),
-    }
+def _kt_trial(
+    path: Path, where: str, raw: Mapping[str, Any], config: dict[str, Any], index: int
+) -> ParsedTrial:
+    """One trial of a Kernel Tuner cache: an entry, or one of an entry's other trials."""
+    entry = _parse(path, KTEntry, raw, where)
+    if isinstance(entry.time, str):
+        status = entry.kato_status or KT_MARKERS[entry.time]
+        if status == "ok":
+            raise _fail(path, f"{where}: kato_status 'ok' but time is {entry.time!r}")
+    else:
+        status = entry.kato_status or "ok"
+        if status != "ok":
+            raise _fail(path, f"{where}: kato_status {status!r} but time is a measurement")
+    resources = {name: getattr(entry, name) for name in RESOURCES}
+    return ParsedTrial(
+        job_id=entry.kato_job or "",
+        number=entry.kato_number if entry.kato_number is not None else index,
+        config=config,
+        status=status,
+        time_ms=entry.time if status == "ok" else None,  # type: ignore[arg-type]
+        times_ms=list(entry.times or []),
+        compile_time_s=entry.compile_time / 1000 if entry.compile_time is not None else None,
+        resources=resources,
+        error=entry.error,
+        created_at=entry.timestamp,
+        where=where,
+    )
 
 
-def _jobs(path: Path, meta: Mapping[str, Any], params: Sequence[str]) -> list[dict[str, Any]]:
-    jobs = meta.get("jobs", [])
-    if not isinstance(jobs, list):
-        raise _fail(path, "kato.jobs must be a list")
-    out = [_job(path, f"kato.jobs[{i}]", job, params) for i, job in enumerate(jobs)]
-    seen: set[str] = set()
-    for i, job in enumerate(out):
-        if job["id"] in seen:
-            raise _fail(path, f"kato.jobs[{i}]: job {job['id']} is listed twice")
-        seen.add(job["id"])
-    return out
+def _parse_kt(path: Path, data: dict[str, Any], overrides: Mapping[str, Any]) -> ParsedBundle:
+    doc = _parse(path, KTDocument, data)
+    keys = _params(path, "tune_params_keys", doc.tune_params_keys)
+    block = doc.kato
+    kato_export = block is not None and bool(block.model_fields_set)
+    if kato_export:
+        labels = {name: f"kato.{name}" for name in _PROBLEM_FIELDS}
+        own = block.model_dump(include=set(_PROBLEM_FIELDS))
+    else:  # a Kernel Tuner cache, or an older Kato one: what its extra fields say
+        labels = {
+            "operator": "kato_operator",
+            "operator_version": "kato_operator_version",
+            "dtype": "dtype",
+            "shape": "problem_size",
+            "gpu_model": "device_name",
+        }
+        own = {
+            "operator": doc.kato_operator,
+            "operator_version": doc.kato_operator_version,
+            "dtype": doc.dtype,
+            "shape": doc.problem_size,
+            "gpu_model": doc.device_name,
+        }
+    problem = _problem(path, own, overrides, labels=labels, kato_export=kato_export)
+    bundle = ParsedBundle(path, params=keys, **problem)
+    if kato_export:
+        bundle.echoes = [
+            ("kato_operator", doc.kato_operator, "operator"),
+            ("kato_operator_version", doc.kato_operator_version, "operator_version"),
+            ("dtype", doc.dtype, "dtype"),
+            ("problem_size", doc.problem_size, "shape"),
+            ("device_name", doc.device_name, "gpu_model"),
+            ("compute_capability", doc.compute_capability, "compute_capability"),
+            ("cuda_version", doc.cuda_version, "cuda_version"),
+        ]
+    index = 0
+    for key, raw in doc.cache.items():
+        where = f"cache[{show(key)}]"
+        if UNMEASURED in raw:
+            continue  # a stand-in Kato wrote for a config it did not measure
+        if kato_export and "kato_job" not in raw:
+            continue  # a best config written as an entry; the best list has it
+        missing = [p for p in keys if p not in raw]
+        if missing:
+            raise _fail(path, f"{where}: missing parameter(s) {', '.join(missing)}")
+        config = _parse(path, Config, {p: raw[p] for p in keys}, where)
+        if key != ",".join(str(config[p]) for p in keys):
+            raise _fail(path, f"{where}: the key is not the entry's parameters "
+                        f"{show(config)} in tune_params_keys order")  # fmt: skip
+        bundle.trials.append(_kt_trial(path, where, raw, config, index))
+        index += 1
+        others = _parse(path, _RAW_TRIALS, raw.get(OTHER_TRIALS) or [], where)
+        for j, other in enumerate(others):
+            bundle.trials.append(
+                _kt_trial(path, f"{where}.{OTHER_TRIALS}[{j}]", other, config, index)
+            )
+            index += 1
+    _complete(bundle, path, block, "kato", doc.compute_capability, doc.cuda_version)
+    return bundle
 
 
-def _best(path: Path, meta: Mapping[str, Any], params: Sequence[str]) -> list[dict[str, Any]]:
-    best = meta.get("best", [])
-    if not isinstance(best, list):
-        raise _fail(path, "kato.best must be a list")
-    out = []
-    for i, row in enumerate(best):
-        where = f"kato.best[{i}]"
-        if not isinstance(row, dict):
-            raise _fail(path, f"{where} must be an object")
-        job_id = row.get("job_id")
-        out.append(
+def _complete(
+    bundle: ParsedBundle,
+    path: Path,
+    block: KatoBlock | None,
+    prefix: str,
+    compute_capability: str | None,
+    cuda_version: str | None,
+) -> None:
+    """The jobs and best configs: a Kato export's own, or a foreign file's made up."""
+    if block is not None and (block.jobs is not None or block.format is not None):
+        bundle.jobs = []
+        seen: set[str] = set()
+        for i, job in enumerate(block.jobs or []):
+            if job.id in seen:
+                raise _fail(path, f"{prefix}.jobs[{i}]: job {job.id} is listed twice")
+            seen.add(job.id)
+            bundle.jobs.append({**job.model_dump(), "where": f"{prefix}.jobs[{i}]"})
+        bundle.best = [
             {
-                "config": _config(path, where, row.get("config"), params),
-                "time_ms": _time(path, where, row.get("time_ms")),
-                "compute_capability": _string(
-                    path, f"{where}.compute_capability", row.get("compute_capability"), 16
-                )
-                or "unknown",
-                "cuda_version": _string(path, f"{where}.cuda_version", row.get("cuda_version"), 32)
-                or "unknown",
-                "job_id": None if job_id is None else _job_id(path, f"{where}.job_id", job_id),
-                "updated_at": _datetime(path, f"{where}.updated_at", row.get("updated_at")),
+                **best.model_dump(),
+                "compute_capability": best.compute_capability or "unknown",
+                "cuda_version": best.cuda_version or "unknown",
+                "where": f"{prefix}.best[{i}]",
             }
-        )
-    return out
+            for i, best in enumerate(block.best)
+        ]
+        stray = {t.job_id for t in bundle.trials} - seen
+        if stray:
+            raise _fail(path, f"trials of jobs not listed in {prefix}.jobs: {sorted(stray)[:3]}")
+    else:
+        _finish_foreign(bundle, compute_capability, cuda_version)
 
 
-def _synthetic_job(bundle: ParsedBundle, path: Path) -> str:
+def _synthetic_job(bundle: ParsedBundle) -> str:
     """A job id derived from the problem and the trials, so that a re-import finds it."""
     digest = hashlib.sha256()
     digest.update(json.dumps([bundle.operator, bundle.operator_version, bundle.shape,
@@ -453,9 +503,11 @@ def _synthetic_job(bundle: ParsedBundle, path: Path) -> str:
     return digest.hexdigest()[:32]
 
 
-def _finish_foreign(bundle: ParsedBundle, path: Path, meta: Mapping[str, Any]) -> None:
+def _finish_foreign(
+    bundle: ParsedBundle, compute_capability: str | None, cuda_version: str | None
+) -> None:
     """Give a foreign file's trials a job and its fastest measurement a best config."""
-    job_id = _synthetic_job(bundle, path)
+    job_id = _synthetic_job(bundle)
     for t in bundle.trials:
         t.job_id = job_id
     ok = [t for t in bundle.trials if t.status == "ok" and t.time_ms is not None]
@@ -468,196 +520,143 @@ def _finish_foreign(bundle: ParsedBundle, path: Path, meta: Mapping[str, Any]) -
             "strategy": "imported",
             "best_time_ms": fastest.time_ms if fastest else None,
             "best_config": fastest.config if fastest else None,
+            "where": "the file",
         }
     ]
-    if fastest is not None and not bundle.best:
+    if fastest is not None:
         from tuner.gpus import find_gpu
 
         gpu = find_gpu(bundle.gpu_model)
-        cc = _string(path, "compute_capability", meta.get("compute_capability"), 16) or (
+        cc = compute_capability or (
             ".".join(map(str, gpu.compute_capability)) if gpu else "unknown"
         )
-        cuda = _string(path, "cuda_version", meta.get("cuda_version"), 32)
         bundle.best = [
             {
                 "config": fastest.config,
                 "time_ms": fastest.time_ms,
                 "compute_capability": cc,
-                "cuda_version": cuda or "unknown",
+                "cuda_version": cuda_version or "unknown",
                 "job_id": job_id,
                 "updated_at": None,
+                "where": "compute_capability" if compute_capability else "the file",
             }
         ]
 
 
-def _parse_t4(path: Path, data: dict[str, Any], overrides: Mapping[str, Any]) -> ParsedBundle:
-    results = data.get("results")
-    if not isinstance(results, list):
-        raise _fail(path, "T4: 'results' must be a list")
-    metadata = data.get("metadata") or {}
-    if not isinstance(metadata, dict):
-        raise _fail(path, "T4: 'metadata' must be an object")
-    meta = metadata.get("kato") or {}
-    if not isinstance(meta, dict):
-        raise _fail(path, "T4: metadata.kato must be an object")
-    unit = str(metadata.get("timeunit", "milliseconds")).lower()
-    scales = {"milliseconds": 1.0, "ms": 1.0, "seconds": 1e3, "s": 1e3, "microseconds": 1e-3}
-    if unit not in scales:
-        raise _fail(path, f"T4: unsupported metadata.timeunit {_show(unit)}")
-    scale = scales[unit]
-    labels = {name: f"metadata.kato.{name}" for name in _PROBLEM_FIELDS}
-    problem = _problem(path, meta, overrides, labels=labels, kato_export=bool(meta))
-    params = meta.get("params")
-    if not params and results and isinstance(results[0], dict):
-        first = results[0].get("configuration")
-        params = list(first) if isinstance(first, dict) else params
-    bundle = ParsedBundle(path, params=_params(path, "kato.params", params), **problem)
-    for i, result in enumerate(results):
-        where = f"results[{i}]"
-        if not isinstance(result, dict):
-            raise _fail(path, f"{where} must be an object")
-        for required in ("configuration", "times", "invalidity", "correctness"):
-            if required not in result:
-                raise _fail(path, f"{where}: missing {required!r} (required by the T4 schema)")
-        invalidity = result["invalidity"]
-        if not isinstance(invalidity, str) or invalidity not in _INVALIDITY_STATUS:
-            raise _fail(path, f"{where}: invalidity {_show(invalidity)} is not a T4 value")
-        kato = result.get("kato")
-        if kato is None:
-            kato = {}
-        elif not isinstance(kato, dict):
-            raise _fail(path, f"{where}.kato must be an object")
-        status = kato.get("status", _INVALIDITY_STATUS[invalidity])
-        if not isinstance(status, str) or status not in TRIAL_STATUSES:
-            raise _fail(path, f"{where}: unknown status {_show(status)}")
-        times = result["times"]
-        if not isinstance(times, dict):
-            raise _fail(path, f"{where}.times must be an object")
-        listed = result.get("measurements")
-        listed = [] if listed is None else listed
-        if not isinstance(listed, list):
-            raise _fail(path, f"{where}.measurements must be a list")
-        measurements: dict[str, Any] = {}
-        for j, m in enumerate(listed):
-            if not isinstance(m, dict) or not isinstance(m.get("name"), str):
-                raise _fail(path, f"{where}.measurements[{j}] must be an object with a name")
-            measurements[m["name"]] = m.get("value")
-        time_ms = None
-        if status == "ok":
-            time_ms = _time(path, where, measurements.get("time"), scale)
-        runtimes = times.get("runtimes") or []
-        if not isinstance(runtimes, list):
-            raise _fail(path, f"{where}: times.runtimes must be a list of numbers")
-        runtimes_ms = [
-            _float(path, f"{where}: times.runtimes[{j}]", t, scale=scale)
-            for j, t in enumerate(runtimes)
-        ]
-        compile_ms = _optional_float(
-            path,
-            f"{where}: times.compilation_time",
-            times.get("compilation_time", times.get("compilation")),
-            scale=scale,
-        )
-        job = kato.get("job")
-        bundle.trials.append(
-            ParsedTrial(
-                job_id=_string(path, f"{where}.kato.job", job) or "",
-                number=_int(path, f"{where}.kato.number", kato.get("number", i)),
-                config=_config(path, where, result["configuration"], params),
-                status=status,
-                time_ms=time_ms,
-                times_ms=runtimes_ms,
-                compile_time_s=compile_ms / 1000 if compile_ms is not None else None,
-                resources=_resources(path, f"{where}.measurements", measurements),
-                error=_string(path, f"{where}.kato.error", kato.get("error")),
-                created_at=_datetime(path, f"{where}.timestamp", result.get("timestamp")),
-            )
-        )
-    _complete(bundle, path, meta)
-    return bundle
+# --- checking against the operator and the file's own measurements ----------------------------
 
 
-def _parse_kt(path: Path, data: dict[str, Any], overrides: Mapping[str, Any]) -> ParsedBundle:
-    keys, space, entries = data["tune_params_keys"], data["tune_params"], data["cache"]
-    if not isinstance(keys, list) or not isinstance(space, dict) or not isinstance(entries, dict):
-        raise _fail(path, "Kernel Tuner cache: malformed tune_params_keys, tune_params or cache")
-    keys = _params(path, "tune_params_keys", keys)
-    if data.get("kato") is not None and not isinstance(data["kato"], dict):
-        raise _fail(path, "kato must be an object")
-    meta = data.get("kato") or {}
-    labels = {name: f"kato.{name}" for name in _PROBLEM_FIELDS}
-    kato_export = bool(meta)
-    if not meta:  # a Kernel Tuner cache, or an older Kato one: what its extra fields say
-        labels = {
-            "operator": "kato_operator",
-            "operator_version": "kato_operator_version",
-            "dtype": "dtype",
-            "shape": "problem_size",
-            "gpu_model": "device_name",
-        }
-        meta = {
-            "operator": data.get("kato_operator"),
-            "operator_version": data.get("kato_operator_version"),
-            "dtype": data.get("dtype"),
-            "shape": data.get("problem_size"),
-            "gpu_model": data.get("device_name"),
-            "compute_capability": data.get("compute_capability"),
-            "cuda_version": data.get("cuda_version"),
-        }
-    problem = _problem(path, meta, overrides, labels=labels, kato_export=kato_export)
-    bundle = ParsedBundle(path, params=list(keys), **problem)
-    for i, (key, entry) in enumerate(entries.items()):
-        where = f"cache[{_show(key)}]"
-        if not isinstance(entry, dict):
-            raise _fail(path, f"{where} must be an object")
-        if kato_export and "kato_job" not in entry:
-            continue  # a best config written as an entry; the best list has it
-        value = entry.get("time")
-        if isinstance(value, str):
-            if value not in _KT_MARKERS:
-                raise _fail(path, f"{where}: unknown failure marker {_show(value)}")
-            status = entry.get("kato_status", _KT_MARKERS[value])
-        else:
-            status = "ok"
-        if not isinstance(status, str) or status not in TRIAL_STATUSES:
-            raise _fail(path, f"{where}: unknown status {_show(status)}")
-        times = entry.get("times") or []
-        if not isinstance(times, list):
-            raise _fail(path, f"{where}: times must be a list of numbers")
-        times_ms = [_float(path, f"{where}: times[{j}]", t) for j, t in enumerate(times)]
-        compile_ms = _optional_float(path, f"{where}: compile_time", entry.get("compile_time"))
-        bundle.trials.append(
-            ParsedTrial(
-                job_id=_string(path, f"{where}: kato_job", entry.get("kato_job")) or "",
-                number=_int(path, f"{where}: kato_number", entry.get("kato_number", i)),
-                config=_config(path, where, {p: entry.get(p) for p in keys}, keys),
-                status=status,
-                time_ms=_time(path, where, value) if status == "ok" else None,
-                times_ms=times_ms,
-                compile_time_s=compile_ms / 1000 if compile_ms is not None else None,
-                resources=_resources(path, where, entry),
-                error=_string(path, f"{where}: error", entry.get("error")),
-                created_at=_datetime(path, f"{where}: timestamp", entry.get("timestamp")),
-            )
-        )
-    _complete(bundle, path, meta)
-    return bundle
+def _check_operator(bundle: ParsedBundle) -> None:
+    """The file's problem and every config it holds, against the registered operator (see the
+    module docstring); puts ``bundle.params`` in the operator's order."""
+    from kernels.spec import InvalidInput
+
+    path, spec = bundle.path, _spec(bundle.path, bundle.operator)
+    try:
+        spec.validate(bundle.shape, bundle.dtype)
+    except InvalidInput as exc:
+        raise _fail(path, str(exc)) from None
+    if set(bundle.params) != set(spec.params):
+        raise _fail(path, f"parameters {show(bundle.params)} are not {spec.name}'s "
+                    f"({', '.join(spec.params)}): the file is not a {spec.name} space")  # fmt: skip
+    bundle.params = list(spec.params)
+    current = bundle.operator_version == spec.version
+    problem = f"{spec.name} {'x'.join(map(str, bundle.shape))} {bundle.dtype}"
+
+    def reason(config: Mapping[str, Any], measured: bool) -> str | None:
+        why = _names(config, spec.params)
+        if why is None and current:
+            why = spec.check_params(config)
+            if why is not None:
+                return f"{why}: not a point of {spec.name}'s space"
+            if measured:
+                why = spec.check(config, bundle.shape, bundle.dtype)
+                return f"the config is not valid for {problem}: {why}" if why else None
+        return why
+
+    for t in bundle.trials:
+        why = reason(t.config, t.status == "ok")
+        if why is not None:
+            what = "measured as ok, but " if t.status == "ok" and "not valid" in why else ""
+            raise _fail(path, f"{t.where}: {what}{why}")
+    for record, name in [(j, "best_config") for j in bundle.jobs] + [
+        (b, "config") for b in bundle.best
+    ]:
+        config = record.get(name)
+        why = None if config is None else reason(config, True)
+        if why is not None:
+            raise _fail(path, f"{record['where']}.{name}: {why}")
 
 
-def _complete(bundle: ParsedBundle, path: Path, meta: Mapping[str, Any]) -> None:
-    if meta.get("jobs") is not None or meta.get("format"):
-        bundle.jobs = _jobs(path, meta, bundle.params)
-        bundle.best = _best(path, meta, bundle.params)
-        known = {job["id"] for job in bundle.jobs}
-        stray = {t.job_id for t in bundle.trials} - known
-        if stray:
-            raise _fail(path, f"trials of jobs not listed in kato.jobs: {sorted(stray)[:3]}")
-    else:
-        _finish_foreign(bundle, path, meta)
+def _compute_capability(path: Path, where: str, value: str, gpu_model: str) -> None:
+    from tuner.gpus import find_gpu
+
+    gpu = find_gpu(gpu_model)
+    if gpu is None or value == "unknown":
+        return
+    own = ".".join(map(str, gpu.compute_capability))
+    if value != own:
+        raise _fail(path, f"{where}: the compute capability of the {gpu.name} is {own}, "
+                    f"not {value!r}")  # fmt: skip
+
+
+def _check_records(bundle: ParsedBundle) -> None:
+    """The file against itself (see the module docstring): one trial per job and config; each
+    job's best, and each best config naming a job of the file, one of its measurements; the
+    compute capabilities; top-level fields that repeat the Kato block."""
+    path = bundle.path
+    measured: dict[tuple[str, str], ParsedTrial] = {}
+    seen: dict[tuple[str, str], str] = {}
+    for t in bundle.trials:
+        key = (t.job_id, ",".join(str(t.config[p]) for p in bundle.params))
+        if key in seen:
+            raise _fail(path, f"{t.where}: job {t.job_id} has this config already ({seen[key]})")
+        seen[key] = t.where
+        if t.status == "ok":
+            measured[key] = t
+
+    def backed(job_id: str, config: Mapping[str, Any], time_ms: float) -> bool:
+        t = measured.get((job_id, ",".join(str(config[p]) for p in bundle.params)))
+        return t is not None and math.isclose(t.time_ms or 0.0, time_ms, rel_tol=1e-9)
+
+    jobs = {job["id"] for job in bundle.jobs}
+    for job in bundle.jobs:
+        config, time_ms = job.get("best_config"), job.get("best_time_ms")
+        if (config, time_ms) != (None, None) and (
+            config is None or time_ms is None or not backed(job["id"], config, time_ms)
+        ):
+            raise _fail(path, f"{job['where']}: its best_config {show(config)} at "
+                        f"{show(time_ms)} ms is not among the job's measured trials in the "
+                        "file")  # fmt: skip
+    for best in bundle.best:
+        if best["job_id"] in jobs and not backed(best["job_id"], best["config"], best["time_ms"]):
+            raise _fail(path, f"{best['where']}: config {show(best['config'])} at "
+                        f"{best['time_ms']!r} ms is not among the file's measured trials of "
+                        f"job {best['job_id']}")  # fmt: skip
+        _compute_capability(path, best["where"], best["compute_capability"], bundle.gpu_model)
+    problem = {name: getattr(bundle, name) for name in _PROBLEM_FIELDS}
+    for label, value, name in bundle.echoes:
+        if value is None:
+            continue
+        if name in problem:
+            try:
+                theirs = _value(path, label, name, value)
+            except InvalidImport:
+                theirs = value  # not even a value of the field: it disagrees
+            if theirs != problem[name]:
+                raise _fail(path, f"{label} {show(value)} disagrees with kato.{name} "
+                            f"{show(problem[name])}")  # fmt: skip
+            continue
+        if name == "compute_capability":
+            _compute_capability(path, label, value, bundle.gpu_model)
+        known = sorted({b[name] for b in bundle.best})
+        if known and value not in known:
+            raise _fail(path, f"{label} {show(value)} disagrees with the Kato block's best "
+                        f"configs ({', '.join(known)})")  # fmt: skip
 
 
 def read_file(path: str | Path, overrides: Mapping[str, Any] | None = None) -> ParsedBundle:
-    """Parse and validate one file (T4 or Kernel Tuner cache, detected from its content).
+    """Parse and check one file (T4 or Kernel Tuner cache, detected from its content).
 
     Raises:
         InvalidImport: unreadable, not JSON, neither format, or invalid content.
@@ -676,14 +675,18 @@ def _read(path: Path, overrides: Mapping[str, Any]) -> ParsedBundle:
     if not isinstance(data, dict):
         raise _fail(path, "expected a JSON object")
     if "results" in data and "schema_version" in data:
-        return _parse_t4(path, data, overrides)
-    if all(k in data for k in ("tune_params_keys", "tune_params", "cache")):
-        return _parse_kt(path, data, overrides)
-    raise _fail(
-        path,
-        "neither T4 (schema_version, results) nor a Kernel Tuner cache "
-        "(tune_params_keys, tune_params, cache)",
-    )
+        bundle = _parse_t4(path, data, overrides)
+    elif all(k in data for k in ("tune_params_keys", "tune_params", "cache")):
+        bundle = _parse_kt(path, data, overrides)
+    else:
+        raise _fail(
+            path,
+            "neither T4 (schema_version, results) nor a Kernel Tuner cache "
+            "(tune_params_keys, tune_params, cache)",
+        )
+    _check_operator(bundle)
+    _check_records(bundle)
+    return bundle
 
 
 def expand(paths: Sequence[str | Path]) -> list[Path]:

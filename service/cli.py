@@ -857,7 +857,7 @@ def export_results(
 ) -> None:
     """Export best configs and trials (T4 JSON or Kernel Tuner cache files), to import
     elsewhere (kato import) or to replay in Kernel Tuner's simulation mode."""
-    from db.export import ExportError, collect, export
+    from db.export import ExportError, collect, export, kernel_tuner_reads
 
     _, sessions = _sessions(_settings(db).db_url)
     try:
@@ -880,6 +880,12 @@ def export_results(
             f"{bundle.gpu_model}: {len(bundle.jobs)} job(s), {len(bundle.trials)} trial(s), "
             f"{len(bundle.best)} best config(s)"
         )
+    if fmt == "kt" and not all(kernel_tuner_reads(path, fmt) for path in paths):
+        console.print(
+            "[yellow]Kernel Tuner reads only plain .json cache files: name the file .json to "
+            "replay it there (a .gz cache is for kato replay and kato import)[/yellow]",
+            soft_wrap=True,
+        )
 
 
 @app.command("import")
@@ -893,7 +899,8 @@ def import_results(
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Import exported results (idempotent: importing twice adds nothing). Every file is checked
-    before anything is written; an invalid file exits with status 1 and says what is wrong."""
+    before anything is written (types, the operator's space, rank and dtypes, the file's own
+    measurements); an invalid file exits with status 2 and says what is wrong."""
     from db.importer import InvalidImport, import_paths
 
     overrides = {"operator": operator, "shape": shape, "dtype": dtype, "gpu": gpu}
@@ -908,7 +915,7 @@ def import_results(
 
             report = import_paths(session, paths, overrides, on_progress=advance)
     except InvalidImport as exc:
-        _fail(f"import: {exc}")
+        _fail(f"import: {exc}", 2)
     for warning in report.warnings:
         console.print(f"[yellow]{warning}[/yellow]", soft_wrap=True)
     _emit(report.to_dict(), as_json)

@@ -11,6 +11,12 @@ The format (what ``../shared/datasets`` holds and Kernel Tuner's simulation mode
 A key is the comma-joined parameter values in ``tune_params_keys`` order. A combination of
 ``tune_params`` that is absent from ``cache`` violates the kernel's restrictions; an entry whose
 ``time`` is a string failed on the GPU.
+
+``kato export --format kt`` writes every combination of ``tune_params``, so that Kernel Tuner's
+simulation mode replays the file without a restrictions function: a config Kato did not measure
+is an entry with ``"time": "InvalidConfig"`` (what Kernel Tuner skips) and an
+:data:`UNMEASURED` field saying why. :func:`load_cache` leaves those out, so to Kato they are
+absent as before: not part of the recorded space.
 """
 
 from __future__ import annotations
@@ -26,6 +32,17 @@ from typing import Any
 
 #: Kernel Tuner's failure markers, as stored in an entry's "time".
 FAILURE_MARKERS = ("CompilationFailedConfig", "RuntimeFailedConfig", "InvalidConfig")
+#: The field of a stand-in entry for a config Kato did not measure (its value says why:
+#: ``"invalid"``, the operator's constraints reject it for the shape; ``"not measured"``).
+UNMEASURED = "kato_unmeasured"
+#: The field of an entry that lists the other trials of its config (other jobs' measurements;
+#: the entry itself is the fastest), so that a Kato export keeps every trial.
+OTHER_TRIALS = "kato_other_trials"
+
+
+def unmeasured_entry(config: Mapping[str, Any], reason: str) -> dict[str, Any]:
+    """A stand-in for a config that was not measured: Kernel Tuner reads it as invalid."""
+    return {**config, "time": "InvalidConfig", UNMEASURED: reason}
 
 
 def higher_is_better(objective: str) -> bool:
@@ -211,7 +228,9 @@ def load_cache(path: str | Path) -> KernelTunerCache:
         kernel_name=str(data.get("kernel_name", "unknown")),
         problem_size=data.get("problem_size"),
         tune_params=tune_params,
-        entries=dict(data["cache"]),
+        entries={
+            k: e for k, e in data["cache"].items() if not (isinstance(e, dict) and UNMEASURED in e)
+        },
         objective=str(data.get("objective", "time")),
         extra={k: v for k, v in data.items() if k not in known},
     )

@@ -168,39 +168,79 @@ def test_t4_export_follows_the_t4_schema(source):
     assert doc["metadata"]["kato"]["gpu_model"] == "H200"
 
 
-def test_kernel_tuner_simulation_replays_an_exported_cache(source, tmp_path):
+def _kernel_tuner_replay(path: Path, strategy: str = "brute_force") -> list[dict]:
+    """Kernel Tuner's simulation mode on ``path`` as a Kernel Tuner user runs it: the file's
+    own kernel name, problem size and parameters, and no restrictions."""
     kernel_tuner = pytest.importorskip(
         "kernel_tuner", reason="kernel-tuner (pip install kernel-tuner==1.5.0) replays the file"
     )
+    cache = json.loads(path.read_text())
+    results, _ = kernel_tuner.tune_kernel(
+        cache["kernel_name"],
+        "__global__ void k() {}",  # never compiled in simulation mode
+        cache["problem_size"],
+        [],
+        cache["tune_params"],
+        cache=str(path),
+        simulation_mode=True,
+        strategy=strategy,
+        quiet=True,
+    )
+    return results
+
+
+def test_kernel_tuner_simulation_replays_an_exported_job_as_it_is(source, tmp_path):
+    """A job exported as a Kernel Tuner cache replays in Kernel Tuner's simulation mode without
+    a restrictions function: every config of the space is in the file, the ones Kato did not
+    measure marked as Kernel Tuner marks invalid configs, so it skips them."""
     with source() as session:
         job = session.scalars(select(Job).where(Job.shape_key == "4096x4096")).one()
         cache = job_to_cache(session, job.id)
         best_config, best_time = job.best_config, job.best_time_ms
     path = tmp_path / "softmax.json"
     path.write_text(json.dumps(cache.to_json()))
-    measured = set(cache.entries)
-    names = list(cache.tune_params)
-
-    def was_measured(params: dict) -> bool:  # the configs Kato's search measured
-        return ",".join(str(params[k]) for k in names) in measured
-
-    results, _ = kernel_tuner.tune_kernel(
-        cache.kernel_name,
-        "__global__ void softmax_kernel() {}",  # never compiled in simulation mode
-        cache.problem_size,
-        [],
-        cache.tune_params,
-        restrictions=was_measured,
-        cache=str(path),
-        simulation_mode=True,
-        strategy="brute_force",
-        quiet=True,
-    )
+    assert len(cache.entries) == SPEC.space_size() == 576
+    results = _kernel_tuner_replay(path)
     ok = [r for r in results if "__error__" not in r]
-    assert len(results) == 106 and len(ok) == 100
+    assert len(results) == 576 and len(ok) == 100
     best = min(ok, key=lambda r: r["time"])
     assert {k: best[k] for k in cache.tune_params} == best_config
     assert best["time"] == best_time
+
+
+@pytest.mark.parametrize(
+    "space",
+    ["transpose_H200_8192x8192_float32_*.json.gz", "layernorm_H200_1048576x128_float32_*.json.gz"],
+)
+def test_kernel_tuner_finds_the_exported_best_of_other_operators(tmp_path, space):
+    """A recorded whole space, imported and exported again by the CLI into a directory: the
+    file there has a name Kernel Tuner opens (.json) and its simulation mode, given nothing but
+    the file, finds the exported best config at its time. Importing the export again adds
+    nothing (the unmeasured configs are not trials)."""
+    (recorded,) = (Path(__file__).resolve().parents[2] / "data" / "spaces").glob(f"*/{space}")
+    db = f"sqlite:///{tmp_path / 'kato.db'}"
+    runner = CliRunner()
+    assert runner.invoke(cli, ["import", str(recorded), "--db", db]).exit_code == 0
+    done = runner.invoke(cli, ["export", str(tmp_path / "out"), "--format", "kt", "--db", db])
+    assert done.exit_code == 0, done.output
+    (path,) = (tmp_path / "out").iterdir()
+    assert path.name.endswith(".kt.json")
+    exported = json.loads(path.read_text())
+    (best,) = exported["kato"]["best"]
+    spec = get_operator(exported["kato"]["operator"])
+    assert len(exported["cache"]) == spec.space_size()
+    results = _kernel_tuner_replay(path)
+    ok = [r for r in results if "__error__" not in r]
+    assert len(ok) == len(load_cache(recorded).ok_entries())
+    fastest = min(ok, key=lambda r: r["time"])
+    assert ({k: fastest[k] for k in spec.params}, fastest["time"]) == (
+        best["config"],
+        best["time_ms"],
+    )
+    again = runner.invoke(cli, ["import", str(path), "--db", db, "--json"])
+    report = json.loads(again.stdout.strip().splitlines()[-1])
+    assert (report["trials_added"], report["best_added"], report["jobs_added"]) == (0, 0, 0)
+    assert load_cache(path).entries.keys() == load_cache(recorded).entries.keys()
 
 
 def test_a_recorded_kernel_tuner_cache_imports_without_kato_metadata(tmp_path):
@@ -248,7 +288,7 @@ def _write(path: Path, data) -> Path:
                 },
                 "results": [{"configuration": {"A": 1}}],
             },
-            "missing 'times'",
+            r"results\[0\]\.times: Field required",
         ),  # fmt: skip
         (
             {
@@ -283,8 +323,10 @@ def test_cli_export_and_import(source, tmp_path):
     done = runner.invoke(cli, ["export", str(out), "--format", "kt", "--job", job_id, "--db",
                                src_url])  # fmt: skip
     assert done.exit_code == 0, done.output
+    assert "Kernel Tuner reads only plain .json" in done.output  # a gzipped cache is for Kato
     with gzip.open(out, "rt") as f:
-        assert len(json.load(f)["cache"]) == 106
+        entries = json.load(f)["cache"].values()
+    assert (len(entries), sum("kato_job" in e for e in entries)) == (576, 106)
 
     first = runner.invoke(cli, ["import", str(out), "--db", dst_url, "--json"])
     assert first.exit_code == 0, first.output
@@ -295,9 +337,9 @@ def test_cli_export_and_import(source, tmp_path):
 
     bad = _write(tmp_path / "bad.json", {"results": 3, "schema_version": "1.0.0"})
     failed = runner.invoke(cli, ["import", str(out), str(bad), "--db", dst_url])
-    assert failed.exit_code == 1 and "'results' must be a list" in failed.output
+    assert failed.exit_code == 2 and "results: Input should be a valid list" in failed.output
     missing = runner.invoke(cli, ["import", str(tmp_path / "nope"), "--db", dst_url])
-    assert missing.exit_code == 1 and "no such file" in missing.output
+    assert missing.exit_code == 2 and "no such file" in missing.output
     empty = runner.invoke(cli, ["export", str(tmp_path / "x"), "--operator", "nope", "--db",
                                 src_url])  # fmt: skip
     assert empty.exit_code == 1 and "nothing to export" in empty.output
@@ -397,47 +439,135 @@ def _rename_job(new_id: str):
 
 _JOB = ("kato", "jobs", 0)
 CORRUPT = [  # (formats, mutation, message): each was stored or crashed before
-    ("t4", _set("trial", "invalidity", value=[]), r"invalidity \[\] is not a T4 value"),
-    ("t4", _set("trial", "kato", "number", value=None), r"kato\.number must be an integer"),
-    ("t4", _set("trial", "kato", "number", value="abc"), r"kato\.number must be an integer"),
-    ("t4", _set("trial", "kato", "number", value=10**20), r"kato\.number must be an integer"),
-    ("t4", _set("trial", "kato", "error", value={"a": 1}), r"kato\.error must be a string"),
-    ("t4", _set("trial", "kato", "job", value=5), r"kato\.job must be a string"),
-    ("t4", _set("trial", "measurements", 1, "value", value="many"), "registers must be an int"),
-    ("t4", _set("trial", "measurements", 1, "value", value=1.5), "registers must be an integer"),
-    ("t4", _t4_measurement("occupancy", 2), r"occupancy must be .* \(at most 1.0\)"),
-    ("t4", _set("trial", "measurements", value={"a": 1}), r"measurements must be a list"),
-    ("t4", _set("trial", "times", value=[1]), r"times must be an object"),
-    ("t4", _set("trial", "times", "compilation_time", value="x"), "compilation_time must be"),
-    ("t4", _set("trial", "timestamp", value="yesterday"), r"timestamp must be an ISO 8601 date"),
-    ("t4", _set("trial", "configuration", "VEC", value=float("nan")), "VEC is nan, not a finite"),
-    ("kt", _set("trial", "kato_number", value="abc"), r"kato_number must be an integer"),
-    ("kt", _set("trial", "registers", value="many"), r"registers must be an integer"),
-    ("kt", _set("trial", "error", value={"a": 1}), r"error must be a string"),
-    ("kt", _set("trial", "compile_time", value="slow"), r"compile_time must be a finite"),
+    (
+        "t4",
+        _set("trial", "invalidity", value=[]),
+        r"invalidity: Input should be 'correct', 'compile'",
+    ),
+    (
+        "t4",
+        _set("trial", "kato", "number", value=True),
+        r"kato\.number: Input should be a valid int",
+    ),
+    (
+        "t4",
+        _set("trial", "kato", "number", value="abc"),
+        r"kato\.number: Input should be a valid int",
+    ),
+    (
+        "t4",
+        _set("trial", "kato", "number", value=10**20),
+        r"kato\.number: .* less than or equal to 2147483647",
+    ),
+    (
+        "t4",
+        _set("trial", "kato", "error", value={"a": 1}),
+        r"kato\.error: Input should be a valid string",
+    ),
+    ("t4", _set("trial", "kato", "job", value=5), r"kato\.job: must be a Kato job id"),
+    (
+        "t4",
+        _set("trial", "measurements", 1, "value", value="many"),
+        "registers: Input should be a valid int",
+    ),
+    (
+        "t4",
+        _set("trial", "measurements", 1, "value", value=1.5),
+        "registers: Input should be a valid int",
+    ),
+    ("t4", _t4_measurement("occupancy", 2), r"occupancy: Input should be less than or equal to 1"),
+    (
+        "t4",
+        _set("trial", "measurements", value={"a": 1}),
+        r"measurements: Input should be a valid list",
+    ),
+    ("t4", _set("trial", "times", value=[1]), r"times: Input should be a valid dictionary"),
+    (
+        "t4",
+        _set("trial", "times", "compilation_time", value="x"),
+        "compilation_time: Input should be a valid number",
+    ),
+    ("t4", _set("trial", "timestamp", value="yesterday"), r"timestamp: must be an ISO 8601 date"),
+    ("t4", _set("trial", "configuration", "VEC", value=float("nan")), "VEC: is nan, not a finite"),
+    ("kt", _set("trial", "kato_number", value="abc"), r"kato_number: Input should be a valid int"),
+    ("kt", _set("trial", "registers", value="many"), r"registers: Input should be a valid int"),
+    ("kt", _set("trial", "error", value={"a": 1}), r"error: Input should be a valid string"),
+    (
+        "kt",
+        _set("trial", "compile_time", value="slow"),
+        r"compile_time: Input should be a valid number",
+    ),
     ("kt", _set("trial", "timestamp", value="9999-12-31T23:59:59-05:00"), "must lie between"),
-    ("both", _set(*_JOB, "best_config", value=[1, 2]), r"best_config: configuration must be an"),
-    ("both", _set(*_JOB, "budget_configs", value="lots"), r"budget_configs must be an integer"),
-    ("both", _set(*_JOB, "budget_configs", value=-5), r"budget_configs must be an integer"),
-    ("both", _set(*_JOB, "budget_seconds", value="x"), r"budget_seconds must be a finite"),
-    ("both", _set(*_JOB, "seed", value=[1]), r"jobs\[0\]\.seed must be an integer"),
-    ("both", _set(*_JOB, "best_time_ms", value="fast"), r"best_time_ms must be a finite"),
-    ("both", _set(*_JOB, "error", value=5), r"jobs\[0\]\.error must be a string"),
-    ("both", _set(*_JOB, "status", value=["done"]), r"jobs\[0\]\.status must be one of"),
-    ("both", _set(*_JOB, "strategy", value="z" * 100), r"strategy is longer than 16 characters"),
-    ("both", _rename_job("../../x"), r"jobs\[0\]\.id must be a Kato job id \(32 lowercase hex"),
-    ("both", _rename_job("A" * 32), r"jobs\[0\]\.id must be a Kato job id \(32 lowercase hex"),
+    (
+        "both",
+        _set(*_JOB, "best_config", value=[1, 2]),
+        r"best_config: Input should be a valid dict",
+    ),
+    (
+        "both",
+        _set(*_JOB, "budget_configs", value="lots"),
+        r"budget_configs: Input should be a valid int",
+    ),
+    (
+        "both",
+        _set(*_JOB, "budget_configs", value=-5),
+        r"budget_configs: .* greater than or equal to 1",
+    ),
+    (
+        "both",
+        _set(*_JOB, "budget_seconds", value="x"),
+        r"budget_seconds: Input should be a valid number",
+    ),
+    ("both", _set(*_JOB, "seed", value=[1]), r"jobs\[0\]\.seed: Input should be a valid int"),
+    (
+        "both",
+        _set(*_JOB, "best_time_ms", value="fast"),
+        r"best_time_ms: Input should be a valid number",
+    ),
+    ("both", _set(*_JOB, "error", value=5), r"jobs\[0\]\.error: Input should be a valid string"),
+    ("both", _set(*_JOB, "status", value=["done"]), r"jobs\[0\]\.status: Input should be 'queued'"),
+    (
+        "both",
+        _set(*_JOB, "strategy", value="z" * 100),
+        r"strategy: String should have at most 16 characters",
+    ),
+    ("both", _rename_job("../../x"), r"jobs\[0\]\.id: must be a Kato job id \(32 lowercase hex"),
+    ("both", _rename_job("A" * 32), r"jobs\[0\]\.id: must be a Kato job id \(32 lowercase hex"),
     ("both", _set(*_JOB, "created_at", value="9999-12-31T23:59:59-05:00"), "must lie between"),
     ("both", _set(*_JOB, "finished_at", value="1999-01-01T00:00:00"), "must lie between 2000"),
     ("both", lambda doc: _kato(doc)["jobs"].append(dict(_kato(doc)["jobs"][0])), "listed twice"),
-    ("both", _set("kato", "shape", value=[2**40, 4096]), r"shape must be a list of 1 to 8"),
-    ("both", _set("kato", "gpu_model", value="G" * 500), r"gpu_model is longer than 64"),
-    ("both", _set("kato", "dtype", value="x" * 500), r"dtype is longer than 32"),
-    ("both", _set("kato", "operator_version", value={"a": 1}), "operator_version must be a non"),
-    ("both", _set("kato", "best", 0, "config", "VEC", value=float("inf")), "VEC is inf, not a"),
-    ("both", _set("kato", "best", 0, "compute_capability", value="9" * 300), "longer than 16"),
-    ("both", _set("kato", "best", 0, "job_id", value="zz"), r"job_id must be a Kato job id"),
-    ("both", _set("kato", "best", 0, "updated_at", value=20240101), r"updated_at must be an ISO"),
+    (
+        "both",
+        _set("kato", "shape", value=[2**40, 4096]),
+        r"shape\[0\]: .* less than or equal to 2147483647",
+    ),
+    (
+        "both",
+        _set("kato", "gpu_model", value="G" * 500),
+        r"gpu_model: String should have at most 64",
+    ),
+    ("both", _set("kato", "dtype", value="x" * 500), r"dtype: String should have at most 32"),
+    (
+        "both",
+        _set("kato", "operator_version", value={"a": 1}),
+        "operator_version: Input should be a valid string",
+    ),
+    (
+        "both",
+        _set("kato", "best", 0, "config", "VEC", value=float("inf")),
+        "VEC: is inf, not a finite",
+    ),
+    (
+        "both",
+        _set("kato", "best", 0, "compute_capability", value="9" * 300),
+        "compute_capability: String should have at most 16",
+    ),
+    ("both", _set("kato", "best", 0, "job_id", value="zz"), r"job_id: must be a Kato job id"),
+    (
+        "both",
+        _set("kato", "best", 0, "updated_at", value=20240101),
+        r"updated_at: must be an ISO 8601",
+    ),
 ]
 
 
@@ -491,7 +621,7 @@ def test_overrides_do_not_replace_a_kato_exports_own_metadata(small_export, tmp_
     db_url = f"sqlite:///{tmp_path / 'target.db'}"
     failed = runner.invoke(cli, ["import", str(good), "--gpu", "A100", "--shape", "1x1", "--db",
                                  db_url])  # fmt: skip
-    assert failed.exit_code == 1 and "conflicts with the file's" in failed.output
+    assert failed.exit_code == 2 and "conflicts with the file's" in failed.output
     assert _counts(target) == (0, 0, 0)
     agreeing = {"gpu": "NVIDIA H200", "shape": "4096x4096", "dtype": "float16"}
     done = runner.invoke(cli, ["import", str(good), "--gpu", "NVIDIA H200", "--shape",
@@ -504,8 +634,11 @@ def test_overrides_do_not_replace_a_kato_exports_own_metadata(small_export, tmp_
 
     doc = json.loads(good.read_text())
     del _kato(doc)["dtype"]  # a field the Kato block lacks: the override fills it
+    doc.pop("dtype", None)  # (a Kernel Tuner file's top-level copy of it too)
     lacking = _write(tmp_path / "lacking.json", doc)
-    assert read_file(lacking, {"dtype": "float32"}).dtype == "float32"
+    assert read_file(lacking, {"dtype": "bfloat16"}).dtype == "bfloat16"
+    with pytest.raises(InvalidImport, match="VEC=8 of float32 is a 32-byte vector"):
+        read_file(lacking, {"dtype": "float32"})  # the configs measured do not fit float32
 
     recorded = RECORDED / "softmax_H200_65536x1024_float16.json.gz"  # no Kato block
     foreign = read_file(recorded, {"operator_version": "other"})
