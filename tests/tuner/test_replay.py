@@ -54,6 +54,17 @@ def test_replay_answers_from_the_file(conv_file):
     assert backend.device().model == "A100 40GB"
 
 
+def test_a_file_without_compute_capability_reports_the_catalogs(conv_file):
+    """Results are stored under the device's compute capability and an import checks it
+    against the catalog: a recording that names none must not report 0.0 for a listed GPU."""
+    cache = load_cache(conv_file)
+    assert "compute_capability" not in cache.extra
+    assert ReplayBackend(cache).device().compute_capability == (8, 0)  # A100
+    assert ReplayBackend(cache, compute_capability=(9, 0)).device().compute_capability == (9, 0)
+    cache.device_name = "Some Unlisted Accelerator"
+    assert ReplayBackend(cache).device().compute_capability == (0, 0)
+
+
 def test_cache_roundtrip_plain_and_gzip(tmp_path):
     cache = KernelTunerCache(
         device_name="NVIDIA H200",

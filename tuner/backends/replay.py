@@ -140,13 +140,16 @@ class ReplayBackend(Backend):
         self,
         cache: KernelTunerCache | str | Path,
         *,
-        compute_capability=(0, 0),
+        compute_capability: tuple[int, int] | None = None,
         delay_s: float = 0.0,
         gpu_model: str | None = None,
     ):
         """``delay_s``: seconds each evaluation sleeps, to stand in for a real measurement's
         duration (crash, cancel and load tests need jobs that take a while). ``gpu_model``: the
-        model :meth:`device` reports (default: the file's device name, normalised)."""
+        model :meth:`device` reports (default: the file's device name, normalised).
+        ``compute_capability``: reported when the file names none (default: the catalog's for
+        the model, else ``(0, 0)``): results are stored under it, and an import checks it
+        against the catalog."""
         self.delay_s = delay_s
         self._gpu_model = gpu_model
         self.cache = cache if isinstance(cache, KernelTunerCache) else load_cache(cache)
@@ -156,7 +159,7 @@ class ReplayBackend(Backend):
             enumerate_valid=self._recorded_configs,
         )
         self._time_field = self.cache.time_field  # raises early for a file it cannot replay
-        self._compute_capability = tuple(compute_capability)
+        self._compute_capability = compute_capability
         self.evaluations = 0  # how many times evaluate() was called (tests use it)
 
     def _check(self, config: dict[str, Any]) -> str | None:
@@ -186,13 +189,20 @@ class ReplayBackend(Backend):
         return [dict(zip(names, [v for _, v in picked], strict=True)) for picked in found]
 
     def device(self) -> DeviceInfo:
-        from tuner.gpus import normalize_gpu_name
+        from tuner.gpus import find_gpu, normalize_gpu_name
 
+        model = self._gpu_model or normalize_gpu_name(self.cache.device_name)
         cc = self.cache.extra.get("compute_capability")
-        cc_tuple = tuple(int(x) for x in str(cc).split(".")) if cc else self._compute_capability
+        if cc:
+            cc_tuple = tuple(int(x) for x in str(cc).split("."))
+        elif self._compute_capability is not None:
+            cc_tuple = tuple(self._compute_capability)
+        else:
+            listed = find_gpu(model)
+            cc_tuple = tuple(listed.compute_capability) if listed is not None else (0, 0)
         return DeviceInfo(
             name=self.cache.device_name,
-            model=self._gpu_model or normalize_gpu_name(self.cache.device_name),
+            model=model,
             compute_capability=cc_tuple,  # type: ignore[arg-type]
             cuda_version=str(self.cache.extra.get("cuda_version", "replay")),
         )
