@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -34,7 +33,7 @@ from service.lookup_cache import LookupCache, LookupFastPath, best_configs_versi
 from service.routes import configs, gpus, health, jobs, operators, workers
 from service.schemas import ErrorPublic
 from service.settings import Settings
-from service.strict import StrictJSONRoute, StrictURL, escape_surrogates
+from service.strict import StrictJSONRoute, StrictURL, cap_errors, echo, escape_surrogates
 
 log = logging.getLogger(__name__)
 
@@ -51,24 +50,6 @@ Writes (submit, batch, cancel) need an API token (`kato token create NAME`), sen
 """
 
 
-def _json_safe(value: Any) -> Any:
-    """Make a validation error's echo of the input encodable as strict JSON (no NaN/inf, no
-    exception objects, no lone surrogates), so that a 422 can never turn into a 500."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, str):
-        return escape_surrogates(value)
-    if value is None or isinstance(value, int | bool):
-        return value
-    if isinstance(value, dict):
-        return {escape_surrogates(str(k)): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return escape_surrogates(str(value))
-
-
 async def _invalid_input(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(
         {"detail": escape_surrogates(str(exc))}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT
@@ -76,9 +57,18 @@ async def _invalid_input(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's 422, bounded: the first few field errors (:func:`service.strict.cap_errors`),
+    each echoing at most a short prefix of its input (:func:`service.strict.echo`)."""
     assert isinstance(exc, RequestValidationError)
-    errors = [{k: _json_safe(v) for k, v in e.items() if k != "url"} for e in exc.errors()]
-    return JSONResponse({"detail": errors}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+    detail = [
+        {
+            k: [echo(part) for part in v] if k == "loc" else echo(v)
+            for k, v in e.items()
+            if k != "url"
+        }
+        for e in cap_errors(list(exc.errors()))
+    ]
+    return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
 
 
 #: Methods a 405's ``Allow`` may list (RFC 9110's, and PATCH).

@@ -196,7 +196,8 @@ class JobCreate(StrictBody):
 class JobBatchCreate(StrictBody):
     """Several tuning requests, validated all or none (at most the service's ``max_batch``)."""
 
-    jobs: list[JobCreate] = Field(min_length=1)
+    # fail_fast: the first bad job's errors, not those of every job of a long batch.
+    jobs: list[JobCreate] = Field(min_length=1, fail_fast=True)
 
 
 class JobPublic(BaseModel):

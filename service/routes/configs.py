@@ -217,7 +217,8 @@ class LookupRequest(StrictBody):
 class LookupBatch(StrictBody):
     """Several lookups, answered in order (at most 1000)."""
 
-    lookups: list[LookupRequest] = Field(min_length=1, max_length=MAX_BATCH_LOOKUPS)
+    # fail_fast: the first bad lookup's errors, not those of every lookup of the batch.
+    lookups: list[LookupRequest] = Field(min_length=1, max_length=MAX_BATCH_LOOKUPS, fail_fast=True)
 
 
 class LookupResult(BaseModel):
