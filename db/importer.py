@@ -880,6 +880,10 @@ def import_bundles(
         session.rollback()
         raise
     report.warnings = _version_warnings(bundles)
+    # Optuna's view of the imported jobs (optuna-dashboard), once their rows are committed.
+    from db.studies import record_job_studies
+
+    report.warnings += record_job_studies(session, [j["id"] for b in bundles for j in b.jobs])
     return report
 
 

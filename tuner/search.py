@@ -13,7 +13,8 @@ Contract (what the tests hold the loop to):
 The Optuna study can live in any Optuna storage (the service uses the job database), so a job
 that stops half-way resumes with the sampler's history intact. Strategies that propose every
 config themselves (``forest``, ``grid``) are not asked through Optuna: each config they measure
-is added to the study as a finished trial.
+is added to the study as a finished trial. The study's trials hold the configs' real values;
+the samplers see parameter indices (:mod:`tuner.study`).
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ import time
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import optuna
 
 from tuner.backends.base import TrialResult, TrialStatus
 from tuner.space import Config, SearchSpace
+from tuner.study import FAILED_VALUE, IndexSampler, StudyParams
 from tuner.surrogate import ForestProposer
 from tuner.write_behind import WriteBehind
 
@@ -42,9 +44,6 @@ STRATEGIES: tuple[str, ...] = ("forest", "tpe", "hybrid", "random", "grid")
 #: The strategy a job gets when none is named (worker, CLI, API).
 DEFAULT_STRATEGY = "forest"
 
-#: Objective value given to Optuna for failed or invalid configs: worse than any real time.
-#: The samplers rank values, so only "worse than every success" matters, not the magnitude.
-FAILED_VALUE = 1e30
 #: Strategies that propose every config themselves: their configs are not asked from Optuna
 #: (an enqueue, an ask, a suggestion per parameter and a tell: about 26 ms per trial in SQLite);
 #: each measured one is added to the study as a finished trial (about 7 ms).
@@ -87,51 +86,9 @@ class SearchResult:
         return len(self.results)
 
 
-class _Encoding:
-    """Maps configs to Optuna parameters and back.
-
-    Numeric parameters are suggested as an integer index into their sorted values, so the TPE
-    density model sees their order (block size 128 is between 64 and 256); other parameters are
-    categorical. Parameters with a single value are fixed and not suggested at all.
-    """
-
-    def __init__(self, params: Mapping[str, tuple[Any, ...]]):
-        self.values: dict[str, list[Any]] = {}
-        self.ordered: dict[str, bool] = {}
-        self.fixed: dict[str, Any] = {}
-        for name, values in params.items():
-            vals = list(dict.fromkeys(values))
-            if len(vals) == 1:
-                self.fixed[name] = vals[0]
-                continue
-            numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in vals)
-            self.values[name] = sorted(vals) if numeric else vals
-            self.ordered[name] = numeric
-        self.order = list(params)
-        #: Optuna's distribution of each suggested parameter (as :meth:`suggest` asks for it).
-        self.distributions: dict[str, optuna.distributions.BaseDistribution] = {
-            name: optuna.distributions.IntDistribution(0, len(vals) - 1)
-            if self.ordered[name]
-            else optuna.distributions.CategoricalDistribution(list(range(len(vals))))
-            for name, vals in self.values.items()
-        }
-
-    def suggest(self, trial: optuna.Trial) -> Config:
-        chosen: dict[str, Any] = dict(self.fixed)
-        for name, vals in self.values.items():
-            if self.ordered[name]:
-                chosen[name] = vals[trial.suggest_int(name, 0, len(vals) - 1)]
-            else:
-                idx = trial.suggest_categorical(name, list(range(len(vals))))
-                chosen[name] = vals[idx]
-        return {name: chosen[name] for name in self.order}
-
-    def encode(self, config: Mapping[str, Any]) -> dict[str, int]:
-        return {name: vals.index(config[name]) for name, vals in self.values.items()}
-
-
-def make_sampler(strategy: str, seed: int, encoding: _Encoding) -> optuna.samplers.BaseSampler:
-    """The Optuna sampler for a strategy name.
+def make_sampler(strategy: str, seed: int) -> optuna.samplers.BaseSampler:
+    """The Optuna sampler for a strategy name (it samples parameter indices: a study holds real
+    values through :class:`tuner.study.IndexSampler`).
 
     Raises:
         ValueError: for an unknown strategy.
@@ -221,7 +178,7 @@ class Search:
         self.space = space
         self.evaluate = evaluate
         self.strategy = strategy
-        self.encoding = _Encoding(space.params)
+        self.encoding = StudyParams(space.params)
         self.results: dict[str, TrialResult] = dict(known or {})
         self.on_result = on_result
         self.should_stop = should_stop
@@ -242,13 +199,17 @@ class Search:
         self._self_proposing = strategy in SELF_PROPOSING
         self._drained = False
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        sampler = make_sampler(strategy, seed)
         self.study = optuna.create_study(
             storage=storage,
             study_name=study_name,
-            sampler=make_sampler(strategy, seed, self.encoding),
+            sampler=IndexSampler(sampler, self.encoding),
             direction="minimize",
             load_if_exists=study_name is not None,
         )
+        stored = self.encoding.stored_in(self.study)
+        if stored.indices:  # a job begun by an older Kato: resumed on the indices it stored
+            self.encoding, self.study.sampler = stored, sampler
         self._fail_orphaned_trials()
         self._seed_queue = [c for c in seed_configs or [] if space.is_valid(c)]
         self._seed_keys = frozenset(space.key(c) for c in self._seed_queue)
@@ -354,9 +315,9 @@ class Search:
         """Sampler strategies: enqueue the config the next ``ask`` returns, if not the
         sampler's own (a warm-start seed, a hybrid local step)."""
         if (seeded := self._next_seed_config()) is not None:
-            self.study.enqueue_trial(self.encoding.encode(seeded))
+            self.study.enqueue_trial(self.encoding.params(seeded))
         elif self.strategy == "hybrid" and (local := self._local_proposal()) is not None:
-            self.study.enqueue_trial(self.encoding.encode(local))
+            self.study.enqueue_trial(self.encoding.params(local))
 
     def _ask(self, fallback: Config | None) -> tuple[optuna.Trial | None, Config | None]:
         """The next config to consider (``fallback`` if given) and its Optuna trial: None for a
@@ -369,7 +330,7 @@ class Search:
         if self._self_proposing:
             return None, fallback or self._own_proposal()
         if fallback is not None:
-            self.study.enqueue_trial(self.encoding.encode(fallback))
+            self.study.enqueue_trial(self.encoding.params(fallback))
         self._enqueue_next()
         trial = self.study.ask()
         return trial, self.encoding.suggest(trial)
@@ -402,7 +363,7 @@ class Search:
         (one storage write; the study keeps every job's history whatever its strategy)."""
         self.study.add_trial(
             optuna.trial.create_trial(
-                params=self.encoding.encode(config),
+                params=self.encoding.params(config),
                 distributions=self.encoding.distributions,
                 value=value,
             )

@@ -61,6 +61,7 @@ from tuner.backends.isolated import (
 )
 from tuner.backends.replay import RecordedProblem, recorded_problem
 from tuner.search import Budget, Search, SearchResult, best_of
+from tuner.study import describe_study, job_attrs, job_study_name, optuna_storage
 from tuner.surrogate import import_models
 from tuner.warm_start import warm_start_configs
 
@@ -102,38 +103,6 @@ def trial_result_from_row(row: Trial) -> TrialResult:
         occupancy=row.occupancy,
         error=row.error,
     )
-
-
-def optuna_storage(db_url: str) -> optuna.storages.RDBStorage:
-    """Optuna's study storage in the job database (its own tables beside Kato's).
-
-    SQLite: Optuna's connections get Kato's settings (WAL, ``synchronous=NORMAL``, busy
-    timeout): with the default full sync every ask and tell waits for an fsync, which made a
-    replayed trial cost ~1 s on slow disks.
-    """
-    from sqlalchemy import event
-    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
-
-    from db.session import _configure_sqlite_connection
-
-    sqlite = db_url.startswith("sqlite")
-    kwargs = {"connect_args": {"timeout": 30}} if sqlite else {}
-    for attempt in range(5):
-        try:
-            storage = optuna.storages.RDBStorage(db_url, engine_kwargs=kwargs)
-            break
-        except (IntegrityError, OperationalError, ProgrammingError):
-            # Two workers creating Optuna's tables in a fresh database at once: one loses the
-            # race on Optuna's version row (IntegrityError), or on PostgreSQL on a table itself
-            # ("relation studies already exists", ProgrammingError); the tables exist now, so
-            # the next try succeeds.
-            if attempt == 4:
-                raise
-            time.sleep(0.2 * (attempt + 1))
-    if sqlite:
-        event.listen(storage.engine, "connect", _configure_sqlite_connection)
-        storage.engine.dispose()  # connections opened while Optuna set up: reopen with pragmas
-    return storage
 
 
 @dataclass
@@ -567,7 +536,7 @@ class JobRunner:
             strategy=job.strategy,
             seed=seed,
             storage=optuna_storage(self.db_url),
-            study_name=f"kato-job-{job.id}",
+            study_name=job_study_name(job.id),
             known=known,
             seed_configs=warm_start_configs(self.sessions, job, space.is_valid),
             on_result=record,
@@ -581,6 +550,7 @@ class JobRunner:
             is_live=live.__contains__,
             orphan_grace_seconds=self.lease_seconds,
         )
+        describe_study(search.study, job_attrs(job))  # what optuna-dashboard shows of the job
         while True:
             budget = Budget(max_configs=job.budget_configs, max_seconds=_seconds_left(job))
             try:
