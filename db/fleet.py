@@ -209,9 +209,10 @@ def reserve_trial(
 ) -> Reservation:
     """Reserve ``config`` of a running job for ``worker_id`` to measure; commit.
 
-    Returns ``reserved`` (measure it, then :func:`complete_trial` or :func:`release_trial`),
-    ``taken`` (recorded already, or being measured by another worker: read it with
-    :func:`find_trial`), ``budget`` (the job's budget of distinct configs is used up) or
+    Returns ``reserved`` (measure it, then :func:`complete_trial` or :func:`release_trial`;
+    also when ``worker_id`` holds the reservation already, so that a call whose commit landed
+    may be made again), ``taken`` (recorded already, or being measured by another worker: read
+    it with :func:`find_trial`), ``budget`` (the job's budget of distinct configs is used up) or
     ``stopped`` (the job is no longer running, or a cancel was requested).
 
     The placeholder gets the job's :func:`lowest_free_number`, under the job's row lock: the
@@ -233,8 +234,8 @@ def reserve_trial(
         )
         if counted.rowcount == 0:
             session.rollback()
-            if find_trial(session, job_id, config_key) is not None:
-                return "taken"
+            if (row := find_trial(session, job_id, config_key)) is not None:
+                return "reserved" if reserved_by(row) == worker_id else "taken"
             job = session.get(Job, job_id, populate_existing=True)
             session.rollback()
             if job is None or job.status != "running" or job.cancel_requested:
@@ -255,8 +256,10 @@ def reserve_trial(
             session.commit()
         except IntegrityError:  # the count is rolled back with the row
             session.rollback()
-            if find_trial(session, job_id, config_key) is not None:
-                return "taken"  # recorded or reserved by another worker
+            if (row := find_trial(session, job_id, config_key)) is not None:
+                # Ours already: a retry of a reservation whose commit landed but whose answer
+                # was lost (the connection dropped). Else recorded or reserved by another worker.
+                return "reserved" if reserved_by(row) == worker_id else "taken"
             # Not the config but its number: a writer outside the job's row lock
             # (queries.record_trial) stored that number meanwhile. Take the next free one.
             continue
@@ -305,13 +308,31 @@ def complete_trial(
     A reservation released meanwhile (this worker looked dead to another, its heartbeat late
     during a long measurement) is taken again first, so that the measurement is stored rather
     than made twice: ``False`` only if that fails too (another worker has reserved or recorded
-    the config since, the budget is used up or the job stopped), and nothing is stored then."""
+    the config since, the budget is used up or the job stopped), and nothing is stored then.
+
+    Safe to call again after a failure: a completion whose commit landed (its answer lost with
+    the connection) is found stored and answers ``True``, with nothing written twice."""
     if _fill_reservation(session, job_id, config_key, worker_id, result):
+        return True
+    if _holds(find_trial(session, job_id, config_key), result):
+        session.rollback()
         return True
     again = reserve_trial(
         session, job_id, config=result["config"], config_key=config_key, worker_id=worker_id
     )
     return again == "reserved" and _fill_reservation(session, job_id, config_key, worker_id, result)
+
+
+def _holds(row: Trial | None, result: Mapping[str, Any]) -> bool:
+    """Whether a recorded (not reserved) ``row`` holds ``result``: same status, times, error."""
+    return (
+        row is not None
+        and row.status != RESERVED
+        and row.status == str(result["status"])
+        and list(row.times_ms or []) == list(result.get("times_ms") or [])
+        and row.time_ms == result.get("time_ms")
+        and (row.error or None) == (result.get("error") or None)
+    )
 
 
 def _fill_reservation(

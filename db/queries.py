@@ -254,11 +254,18 @@ def claim_next_job(
     worker_id: str,
     lease_seconds: float,
     scope: JobScope | None = None,
+    resume_own: bool = False,
 ) -> Job | None:
     """Take the oldest claimable job for one of ``gpu_models`` and commit; ``None`` if none.
 
     ``scope``: only jobs the worker can answer (:class:`JobScope`); the others stay queued for
     workers that can.
+
+    ``resume_own`` (a worker that runs one job at a time): a job already running under
+    ``worker_id`` comes first, its lease renewed. It is one this worker claimed and is not
+    running: a claim whose commit landed while its answer was lost with the connection, or a
+    job it left during a database outage. A retried claim thus takes it again instead of a
+    second job, and it is resumed without waiting for its lease to run out.
 
     Claimable: ``queued``, or ``running`` with an expired lease (a crashed worker; the job is
     resumed, its recorded trials kept). The job becomes ``running`` under ``worker_id`` with a
@@ -271,6 +278,8 @@ def claim_next_job(
     now = utcnow()
     lease = now + timedelta(seconds=lease_seconds)
     _cancel_abandoned(session, now)
+    if resume_own and (own := _renew_own(session, gpu_models, worker_id, lease, scope)):
+        return own
 
     if session.get_bind().dialect.name == "postgresql":
         job = session.scalars(
@@ -317,6 +326,54 @@ def claim_next_job(
             if won.rowcount == 1:
                 return get_job(session, job_id)
         # Every candidate went to another worker between our read and our write: look again.
+
+
+def _renew_own(
+    session: Session,
+    gpu_models: Sequence[str],
+    worker_id: str,
+    lease: datetime,
+    scope: JobScope | None,
+) -> Job | None:
+    """The oldest job running under ``worker_id`` (no cancel requested), its lease renewed to
+    ``lease``; commit. ``None`` if there is none."""
+    job_id = session.scalar(
+        select(Job.id)
+        .where(
+            Job.status == "running",
+            Job.worker_id == worker_id,
+            Job.cancel_requested.is_(False),
+            Job.gpu_model.in_(list(gpu_models)),
+            in_scope(scope),
+        )
+        .order_by(Job.created_at, Job.id)
+        .limit(1)
+    )
+    if job_id is None:
+        return None
+    renewed = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == "running", Job.worker_id == worker_id)
+        .values(lease_expires_at=lease)
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    return get_job(session, job_id) if renewed.rowcount == 1 else None
+
+
+def release_lease(session: Session, job_id: str, worker_id: str) -> bool:
+    """End ``worker_id``'s lease of a running job now and commit: the job stays ``running``
+    with its trials, and the next claim (any worker's) resumes it at once instead of after the
+    lease. For a worker that stops mid-job. ``False`` if the job is not running under it."""
+    released = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.worker_id == worker_id, Job.status == "running")
+        .values(lease_expires_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    _refresh_if_loaded(session, job_id)
+    return released.rowcount == 1
 
 
 def renew_lease(session: Session, job_id: str, worker_id: str, lease_seconds: float) -> bool:

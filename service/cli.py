@@ -375,11 +375,11 @@ def worker(
     """Claim and run queued tuning jobs for this machine's GPU model until interrupted.
 
     Exits only when stopped (Ctrl-C, SIGTERM) or after --max-jobs: failing kernels, faulting
-    measurements and database hiccups are recorded or retried, never fatal.
+    measurements and database hiccups are recorded or retried, never fatal
+    (KATO_DB_RETRY_SECONDS, 300: how long a running job retries a database fault).
     """
-    import signal
-
-    from tuner.worker import Worker, pycuda_backend_factory
+    from db.retry import RetryPolicy
+    from tuner.worker import Worker, pycuda_backend_factory, stop_on_signals
 
     settings = _settings(db)
     timeout = trial_timeout or settings.trial_timeout_seconds
@@ -401,6 +401,10 @@ def worker(
         devices = [{"index": device, "model": models[0]}]
     else:
         raise typer.BadParameter(f"--backend must be pycuda or replay, got {backend!r}")
+    try:
+        retry_policy = RetryPolicy.from_env()
+    except ValueError as exc:
+        _fail(str(exc), 2)
     _, sessions = _sessions(settings.db_url)
     w = Worker(
         sessions,
@@ -408,6 +412,7 @@ def worker(
         models,
         factory,
         worker_id=worker_id,
+        retry_policy=retry_policy,
         lease_seconds=lease,
         poll_seconds=poll_seconds,
         backend_name=backend,
@@ -416,19 +421,15 @@ def worker(
         lookahead=settings.lookahead,
     )
 
-    def _terminate(signum, frame):  # SIGTERM (docker stop): finish like Ctrl-C
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _terminate)
+    stop_on_signals(w)  # SIGTERM (docker stop) and Ctrl-C: stop, give the job back, exit
     console.print(
         f"worker {w.worker_id}: {where}, GPU model(s) {', '.join(models)}, "
         f"database {settings.db_url}"
     )
     try:
         n = w.run_forever(max_jobs=max_jobs)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a signal during the worker's last clean-up
         n = 0
-        w.heartbeat("stopped")
     console.print(f"ran {n} job(s)")
 
 

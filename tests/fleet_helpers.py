@@ -47,9 +47,12 @@ def start_worker(
     *,
     delay: float = 0.0,
     lease: float = 2.0,
+    poll: float = 0.2,
     extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen:
-    """``kato worker --backend replay`` in its own process (output to ``log``)."""
+    """``kato worker --backend replay`` in its own process (output to ``log``; ``env``: more
+    environment variables)."""
     cmd = [
         sys.executable,
         "-m",
@@ -64,12 +67,12 @@ def start_worker(
         "--lease-seconds",
         str(lease),
         "--poll-seconds",
-        "0.2",
+        str(poll),
         "--replay-delay",
         str(delay),
         *extra,
     ]
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}", **(env or {})}
     with open(log, "ab") as out:
         return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
 

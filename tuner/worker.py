@@ -34,6 +34,7 @@ import json
 import logging
 import math
 import os
+import signal
 import socket
 import threading
 import time
@@ -43,13 +44,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import fleet, queries
+from db import fleet, queries, retry
 from db.models import Job, Trial, utcnow
 from kernels import get_operator
 from tuner.backends.base import Backend, TrialResult, TrialStatus
@@ -83,6 +84,15 @@ DEFAULT_LOOKAHEAD = 4
 #: Builds the backend that measures one job: (job) -> Backend.
 BackendFactory = Callable[[Job], Backend]
 
+#: Longest wait between two polls of an idle worker whose database keeps failing (the waits
+#: double from ``poll_seconds`` up to this).
+IDLE_BACKOFF_MAX_SECONDS = 15.0
+
+T = TypeVar("T")
+#: Runs one database step (``step(session)``, a fresh session per try) under the retry policy:
+#: ``db(what, step)`` (:meth:`JobRunner._db`).
+DbStep = Callable[[str, Callable[[Session], T]], T]
+
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -114,9 +124,7 @@ class JobOutcome:
     error: str | None = None
 
 
-def _check_operator_version(
-    job: Job, sessions: sessionmaker[Session], worker_id: str, *, helper: bool
-) -> None:
+def _check_operator_version(job: Job, db: DbStep, worker_id: str, *, helper: bool) -> None:
     """Make sure ``job`` (a detached copy) is tuned for its operator's current code.
 
     A job submitted for an older version of its operator (before an upgrade of Kato) that has
@@ -141,7 +149,8 @@ def _check_operator_version(
     changed = f"operator {job.operator!r} is at version {new} here, the job at {old}"
     if helper:
         raise RuntimeError(f"{changed}: left to its owner")
-    with sessions() as session:
+
+    def adopt(session: Session) -> tuple[bool, Job | None]:
         seen_old = queries.first_seen(session, job.operator, old)
         seen_new = queries.first_seen(session, job.operator, new)
         if seen_new is not None and seen_old is not None and seen_new <= seen_old:
@@ -153,6 +162,11 @@ def _check_operator_version(
             session, job.id, worker_id=worker_id, old_version=old, new_version=new
         )
         current = queries.get_job(session, job.id)
+        # Moved already, if a try before this one committed the move and lost its answer.
+        mine = current is not None and current.worker_id == worker_id
+        return moved or (mine and current.operator_version == new), current
+
+    moved, current = db(f"job {job.id}: moving to the current operator version", adopt)
     if not moved:
         if current is None:
             raise RuntimeError(f"{changed}, and the job is gone")
@@ -192,24 +206,72 @@ def _log_trial(session: Session, job: Job, key: str, result: TrialResult, measur
 class _SharedStudy:
     """The job's Optuna study as seen by one worker: each asked or added trial carries the
     worker's id (user attribute ``kato_worker``), and telling a trial another worker already
-    failed is skipped instead of raising (a restarted owner fails the orphans of dead workers)."""
+    failed is skipped instead of raising (a restarted owner fails the orphans of dead workers).
 
-    def __init__(self, study: optuna.Study, worker_id: str):
+    Its storage calls are retried on a transient database fault (:func:`db.retry.call`), each
+    safe to make again: a tell of a finished trial is skipped; an added trial is looked for
+    before it is added again. An ask whose answer was lost leaves a RUNNING trial without an
+    owner, failed as an orphan when the job's search next starts. Any other call that fails
+    ends the search, which the runner starts again from the stored trials."""
+
+    def __init__(
+        self,
+        study: optuna.Study,
+        worker_id: str,
+        *,
+        policy: retry.RetryPolicy | None = None,
+        stop: threading.Event | None = None,
+    ):
         self._study, self._worker_id = study, worker_id
+        self._policy, self._stop = policy, stop
+
+    def _retried(self, what: str, step: Callable[[], T]) -> T:
+        return retry.call(
+            step, what=f"study {self._study.study_name}: {what}", logger=log,
+            policy=self._policy, stop=self._stop,
+        )  # fmt: skip
 
     def ask(self, *args: Any, **kwargs: Any) -> optuna.Trial:
-        trial = self._study.ask(*args, **kwargs)
-        trial.set_user_attr("kato_worker", self._worker_id)
+        trial = self._retried("ask", lambda: self._study.ask(*args, **kwargs))
+        self._retried("ask", lambda: trial.set_user_attr("kato_worker", self._worker_id))
         return trial
 
     def tell(self, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("skip_if_finished", True)
-        return self._study.tell(*args, **kwargs)
+        return self._retried("tell", lambda: self._study.tell(*args, **kwargs))
+
+    def enqueue_trial(self, *args: Any, **kwargs: Any) -> None:
+        # A repeat (an enqueue whose answer was lost) is asked for once more and then
+        # answered from the results or the configs in flight: it is never measured twice.
+        self._retried("enqueue", lambda: self._study.enqueue_trial(*args, **kwargs))
+
+    def get_trials(self, *args: Any, **kwargs: Any) -> list[optuna.trial.FrozenTrial]:
+        return self._retried("read", lambda: self._study.get_trials(*args, **kwargs))
 
     def add_trial(self, trial: optuna.trial.FrozenTrial) -> None:
-        """A finished trial this worker measured (self-proposing strategies), with its id."""
+        """A finished trial this worker measured (self-proposing strategies), with its id;
+        added once, also when a try whose answer was lost had added it."""
         trial.set_user_attr("kato_worker", self._worker_id)
-        self._study.add_trial(trial)
+        tries = 0
+
+        def add() -> None:
+            nonlocal tries
+            tries += 1
+            if tries > 1 and self._added(trial):
+                return
+            self._study.add_trial(trial)
+
+        self._retried("add a trial", add)
+
+    def _added(self, trial: optuna.trial.FrozenTrial) -> bool:
+        """Whether the study holds ``trial`` (an earlier try's add landed)."""
+        return any(
+            t.datetime_start == trial.datetime_start
+            and t.params == trial.params
+            and t.values == trial.values
+            and t.user_attrs.get("kato_worker") == self._worker_id
+            for t in self._study.get_trials(deepcopy=False, states=(trial.state,))
+        )
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._study, name)
@@ -228,12 +290,16 @@ class SharedSearch(Search):
         worker_id: str,
         is_live: Callable[[str], bool],
         orphan_grace_seconds: float = 60.0,
+        retry_policy: retry.RetryPolicy | None = None,
+        shutdown: threading.Event | None = None,
         **kwargs: Any,
     ):
         self._starting = True
         super().__init__(*args, **kwargs)
         self._starting = False
-        self.study = _SharedStudy(self.study, worker_id)  # type: ignore[assignment]
+        self.study = _SharedStudy(  # type: ignore[assignment]
+            self.study, worker_id, policy=retry_policy, stop=shutdown
+        )
         running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
         now = datetime.now()  # Optuna stamps trials with naive local time
         for t in running:
@@ -243,7 +309,9 @@ class SharedSearch(Search):
                 age = (now - started).total_seconds() if started is not None else math.inf
                 orphaned = age > orphan_grace_seconds
             else:
-                orphaned = not is_live(owner)
+                # This worker's own: left by a search of this worker that ended (a database
+                # fault ended it, or the process it had before a restart under the same id).
+                orphaned = owner == worker_id or not is_live(owner)
             if orphaned:
                 self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
 
@@ -261,17 +329,31 @@ class _JobState:
     """What the heartbeat thread and the search share while one job runs."""
 
     stop: threading.Event = field(default_factory=threading.Event)
-    reason: str | None = None  # cancelled | lost
+    reason: str | None = None  # cancelled | lost | stopped (the worker is shutting down)
     mine: set[str] = field(default_factory=set)  # config keys reserved by this worker, unfilled
     final: set[str] = field(default_factory=set)  # keys with a recorded result known locally
     pending: set[str] = field(default_factory=set)  # keys other workers are measuring
     last_sync: float = 0.0
+    stored: int = 0  # results this worker stored (a search that stores one made progress)
     backend: Any = None  # interrupted by the heartbeat on a cancel or a lost lease
 
 
+class _DatabaseUnavailable(Exception):
+    """The database kept failing for longer than the retry policy allows: the job is left
+    running under its lease, for a resume once the database answers."""
+
+
 class JobRunner:
-    """Runs one claimed job to its end, as its owner or as a helper. Never raises: failures end
-    as a failed job (owner) or a failed outcome (helper).
+    """Runs one claimed job to its end, as its owner or as a helper. Never raises an
+    ``Exception``: failures end as a failed job (owner) or a failed outcome (helper); an
+    interrupt (``KeyboardInterrupt``, also wrapped in a library's error) is raised after the
+    job's reservations and lease are given back.
+
+    A database fault does not fail the job (:mod:`db.retry`): each step is retried with
+    backoff; a search that a fault ends anyway starts again from the stored trials (as a
+    resumed job does); after ``retry_policy.max_seconds`` of faults without a trial stored the
+    run ends as ``interrupted`` and the job is left running under its lease for a resume.
+    Only the job's own work (its backend, kernels, search) fails it.
 
     Args:
         lease_seconds: lease length; renewed every ``heartbeat_seconds`` (default
@@ -283,6 +365,11 @@ class JobRunner:
         lookahead: most configs the search asks for ahead while the GPU would wait on the
             compiler (``Search(ahead=...)``; 1: never). Only backends that compile (they have
             ``is_compiled``) are asked ahead for.
+        retry_policy: how database faults are retried (default
+            :meth:`db.retry.RetryPolicy.from_env`).
+        shutdown: set when the worker stops (a signal): the search stops before its next
+            measurement, database steps are no longer retried, and the run ends ``stopped``
+            with its reservations and lease given back.
     """
 
     def __init__(
@@ -298,6 +385,8 @@ class JobRunner:
         heartbeat_seconds: float | None = None,
         sync_seconds: float = 0.5,
         lookahead: int = DEFAULT_LOOKAHEAD,
+        retry_policy: retry.RetryPolicy | None = None,
+        shutdown: threading.Event | None = None,
     ):
         self.sessions = sessions
         self.db_url = db_url
@@ -309,98 +398,155 @@ class JobRunner:
         self.heartbeat_seconds = heartbeat_seconds or max(0.05, min(lease_seconds / 3, 1.0))
         self.sync_seconds = sync_seconds
         self.lookahead = lookahead
+        self.retry_policy = retry_policy or retry.RetryPolicy.from_env()
+        self.shutdown = shutdown or threading.Event()
         import_models()  # now, not in the first job's search
+
+    def _db(self, what: str, step: Callable[[Session], T]) -> T:
+        """``step(session)`` in a fresh session, tried again on a transient database fault
+        (:func:`db.retry.call`; not once the worker is shutting down). ``step`` must be safe to
+        run again: a try whose commit landed may have lost its answer."""
+
+        def once() -> T:
+            with self.sessions() as session:
+                return step(session)
+
+        return retry.call(once, what=what, logger=log, policy=self.retry_policy, stop=self.shutdown)
 
     def run(self, job_id: str, *, helper: bool = False) -> JobOutcome:
         """Run ``job_id``: as its owner (claimed: the lease is ours) or, with ``helper``, as an
         extra worker on a job another worker owns."""
-        with self.sessions() as session:
-            job = queries.get_job(session, job_id)
-            if job is None:
-                return JobOutcome(job_id, "missing", 0, None, "job not found")
-            session.expunge(job)
-            if not helper:  # a resumed job: dead workers' measurements will never finish
-                fleet.release_stale_reservations(
-                    session, job_id, stale_seconds=self.lease_seconds, keep=self.worker_id
-                )
+        job = self._db(f"job {job_id}: load", lambda s: queries.get_job(s, job_id))
+        if job is None:
+            return JobOutcome(job_id, "missing", 0, None, "job not found")
+        if not helper:  # a resumed job: dead workers' measurements will never finish
+            self._db(
+                f"job {job_id}: release dead workers' reservations",
+                lambda s: fleet.release_stale_reservations(
+                    s, job_id, stale_seconds=self.lease_seconds, keep=self.worker_id
+                ),
+            )
         state = _JobState()
         beat = threading.Thread(
             target=self._heartbeat, args=(job_id, helper, state), name="kato-heartbeat", daemon=True
         )
         backend: Backend | None = None
+        interrupted = False
         try:
             if getattr(self.backend_factory, "runs_current_code", True):
-                _check_operator_version(job, self.sessions, self.worker_id, helper=helper)
+                _check_operator_version(job, self._db, self.worker_id, helper=helper)
             backend = self.backend_factory(job)
             state.backend = backend
             beat.start()
             outcome = self._search(job, backend, state, helper)
-        except Exception as exc:  # a broken backend or kernel fails the job, not the worker
-            log.exception("job %s failed", job_id)
-            error = f"{type(exc).__name__}: {exc}"
-            self._release_mine(job_id, state)
-            if helper:
-                return JobOutcome(job_id, "failed", 0, None, error)
-            with self.sessions() as session:
-                current = queries.get_job(session, job_id)
-                if current is not None and not self._still_owned(current):
-                    # The lease went to another worker (say, a write failed in a network
-                    # partition longer than the lease): the job is that worker's now.
-                    return JobOutcome(job_id, "lost", 0, None, error)
-                queries.finish_job(session, job_id, status="failed", error=error)
-            outcome = JobOutcome(job_id, "failed", 0, None, str(exc))
+        except BaseException as exc:
+            interrupted = not isinstance(exc, Exception) or retry.is_interrupt(exc)
+            if interrupted or self.shutdown.is_set():
+                interrupted = True
+                raise  # given back below, once the heartbeat has stopped
+            outcome = self._failed(job_id, state, exc, helper)
         finally:
             state.stop.set()
             if beat.is_alive():
                 beat.join(5)
             if backend is not None:
                 backend.close()
+            if interrupted or state.reason == "stopped":
+                self._give_back(job_id, state, helper)
         return outcome
+
+    def _failed(self, job_id: str, state: _JobState, exc: Exception, helper: bool) -> JobOutcome:
+        """The run raised ``exc``: a database fault that outlasted the retries leaves the job
+        for a resume (``interrupted``); anything else (a broken backend or kernel) fails the
+        job, not the worker."""
+        error = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, _DatabaseUnavailable) or retry.is_transient(exc):
+            log.warning(
+                "job %s: left for a resume: the database failed for too long (%s)",
+                job_id, retry.describe(exc),
+            )  # fmt: skip
+            self._release_mine(job_id, state)
+            return JobOutcome(job_id, "interrupted", 0, None, retry.describe(exc))
+        log.exception("job %s failed", job_id)
+        self._release_mine(job_id, state)
+        if helper:
+            return JobOutcome(job_id, "failed", 0, None, error)
+
+        def fail(session: Session) -> bool:
+            current = queries.get_job(session, job_id)
+            if current is not None and not self._still_owned(current):
+                return False
+            queries.finish_job(session, job_id, status="failed", error=error)
+            return True
+
+        try:
+            if not self._db(f"job {job_id}: mark failed", fail):
+                # The lease went to another worker (say, a write failed in a network
+                # partition longer than the lease): the job is that worker's now.
+                return JobOutcome(job_id, "lost", 0, None, error)
+        except Exception as db_error:
+            if not retry.is_transient(db_error):
+                raise
+            log.warning("job %s: could not be marked failed: %s", job_id, retry.describe(db_error))
+            return JobOutcome(job_id, "interrupted", 0, None, error)
+        return JobOutcome(job_id, "failed", 0, None, str(exc))
+
+    def _give_back(self, job_id: str, state: _JobState, helper: bool) -> None:
+        """The worker is shutting down mid-job: its reservations are released and (owner) its
+        lease ended, so that the next claim resumes the job at once. One try each (no retries:
+        a shutdown does not wait on the database); a failure is logged, and the lease then
+        runs out by itself."""
+        self._release_mine(job_id, state)
+        if helper:
+            return
+        try:
+            with self.sessions() as session:
+                queries.release_lease(session, job_id, self.worker_id)
+        except Exception as exc:
+            log.warning("job %s: could not give back its lease: %s", job_id, retry.describe(exc))
 
     def _still_owned(self, job: Job) -> bool:
         """False when ``job`` runs under another worker's lease (this one lost it)."""
         return not (job.status == "running" and job.worker_id not in (None, self.worker_id))
 
     def _release_mine(self, job_id: str, state: _JobState) -> None:
-        """Best effort, on a failed run: give back the configs this worker reserved and will
-        not measure now. Left reserved, they would hold the owner's end of the job (it waits
-        for them) while this worker, alive, keeps them from looking stale."""
+        """Best effort, on a failed or stopped run: give back the configs this worker reserved
+        and will not measure now. Left reserved, they would hold the owner's end of the job (it
+        waits for them) while this worker, alive, keeps them from looking stale."""
         for key in list(state.mine):
             try:
-                with self.sessions() as session:
-                    fleet.release_trial(session, job_id, config_key=key, worker_id=self.worker_id)
+                self._db(
+                    f"job {job_id}: release a reservation",
+                    lambda s, key=key: fleet.release_trial(
+                        s, job_id, config_key=key, worker_id=self.worker_id
+                    ),
+                )
                 state.mine.discard(key)
-            except Exception:
-                log.exception("job %s: releasing the reservation of %s failed", job_id, key)
+            except Exception as exc:
+                log.warning(
+                    "job %s: releasing the reservation of %s failed: %s",
+                    job_id, key, retry.describe(exc),
+                )  # fmt: skip
 
     # --- heartbeat ------------------------------------------------------------------------
 
     def _heartbeat(self, job_id: str, helper: bool, state: _JobState) -> None:
         """Renew the lease (owner) or check the job is still on (helper) until the job ends;
-        on a cancel or a lost lease, stop the search and interrupt the backend."""
+        on a cancel, a lost lease or a shutdown, stop the search and interrupt the backend. A
+        database fault is logged once (and its recovery), and tried again on the next beat."""
+        faults = retry.FaultLog(log, f"job {job_id}: heartbeat")
         while not state.stop.wait(self.heartbeat_seconds):
-            try:
-                if self.on_heartbeat is not None:
-                    # Before the lease: a heartbeat never outlives the lease it came with, so
-                    # a worker whose lease expired is never taken for live.
-                    self.on_heartbeat("busy", job_id)
-                with self.sessions() as session:
-                    if not helper and queries.renew_lease(
-                        session, job_id, self.worker_id, self.lease_seconds
-                    ):
-                        continue
-                    job = queries.get_job(session, job_id)
-                    if job is not None and job.status == "running" and not job.cancel_requested:
-                        if helper:
-                            continue
-                        reason = "lost"  # running under another worker's lease
-                    elif job is not None and job.cancel_requested:
-                        reason = "cancelled"
-                    else:
-                        reason = "lost" if job is None or job.status != "cancelled" else "cancelled"
-            except Exception:  # database hiccup: try again on the next beat
-                log.exception("heartbeat of job %s failed", job_id)
-                continue
+            if self.shutdown.is_set():
+                reason = "stopped"
+            else:
+                try:
+                    reason = self._beat(job_id, helper)
+                except Exception as exc:  # database hiccup: try again on the next beat
+                    faults.failed(exc)
+                    continue
+                faults.ok()
+                if reason is None:
+                    continue
             state.reason = reason
             state.stop.set()
             interrupt = getattr(state.backend, "interrupt", None)
@@ -408,13 +554,33 @@ class JobRunner:
                 interrupt()
             return
 
+    def _beat(self, job_id: str, helper: bool) -> str | None:
+        """One heartbeat: ``None`` while the job goes on, else why this worker must stop."""
+        if self.on_heartbeat is not None:
+            # Before the lease: a heartbeat never outlives the lease it came with, so
+            # a worker whose lease expired is never taken for live.
+            self.on_heartbeat("busy", job_id)
+        with self.sessions() as session:
+            if not helper and queries.renew_lease(
+                session, job_id, self.worker_id, self.lease_seconds
+            ):
+                return None
+            job = queries.get_job(session, job_id)
+        if job is not None and job.status == "running" and not job.cancel_requested:
+            return None if helper else "lost"  # running under another worker's lease
+        if job is not None and job.cancel_requested:
+            return "cancelled"
+        return "lost" if job is None or job.status != "cancelled" else "cancelled"
+
     # --- the search -----------------------------------------------------------------------
 
     def _sync(self, job_id: str, search: Search, state: _JobState) -> None:
         """Bring other workers' results and reservations into the search (they count towards
         the budget and are never proposed to this worker's backend)."""
-        with self.sessions() as session:
-            rows = fleet.trials_since(session, job_id, state.final | state.mine)
+        rows = self._db(
+            f"job {job_id}: sync",
+            lambda s: fleet.trials_since(s, job_id, state.final | state.mine),
+        )
         seen_pending: set[str] = set()
         for row in rows:
             if row.status == fleet.RESERVED:
@@ -436,34 +602,152 @@ class JobRunner:
 
     def _await_result(self, job_id: str, key: str, state: _JobState) -> TrialResult | None:
         """Wait for another worker's measurement of ``key``; ``None`` if it was released."""
-        while not state.stop.is_set():
-            with self.sessions() as session:
-                row = fleet.find_trial(session, job_id, key)
-                if row is None:
-                    return None
-                if row.status != fleet.RESERVED:
-                    state.final.add(key)
-                    return trial_result_from_row(row)
+
+        def look(session: Session) -> Trial | None:
+            row = fleet.find_trial(session, job_id, key)
+            if row is not None and row.status == fleet.RESERVED:
                 fleet.release_stale_reservations(
                     session, job_id, stale_seconds=self.lease_seconds, keep=self.worker_id
                 )
+            return row
+
+        while not state.stop.is_set():
+            row = self._db(f"job {job_id}: wait for a measurement", look)
+            if row is None:
+                return None
+            if row.status != fleet.RESERVED:
+                state.final.add(key)
+                return trial_result_from_row(row)
             state.stop.wait(0.1)
         raise TrialInterrupted("the job stopped")
 
     def _search(self, job: Job, backend: Backend, state: _JobState, helper: bool) -> JobOutcome:
+        outcome = self._search_until_settled(job, backend, state, helper)
+        if state.reason == "stopped":
+            return JobOutcome(job.id, "stopped", outcome.measured, None, "the worker stopped")
+        if state.reason is not None or outcome.stopped == "cancelled":
+            current = self._db(f"job {job.id}: load", lambda s: queries.get_job(s, job.id))
+            cancelled = current is not None and (
+                current.cancel_requested or current.status == "cancelled"
+            )
+            if helper or not cancelled:
+                # A helper leaves the job to its owner; an owner whose lease went to another
+                # worker leaves it to that worker.
+                status = "helped" if helper else "lost"
+                return JobOutcome(job.id, status, outcome.measured, None, state.reason)
+            self._db(
+                f"job {job.id}: mark cancelled",
+                lambda s: queries.finish_job(s, job.id, status="cancelled"),
+            )
+            return JobOutcome(job.id, "cancelled", outcome.measured, None, None)
+        if helper:
+            return JobOutcome(job.id, "helped", len(outcome.new), None, None)
+        return self._finish(job, backend, state)
+
+    def _search_until_settled(
+        self, job: Job, backend: Backend, state: _JobState, helper: bool
+    ) -> SearchResult:
+        """The job's search, run until its budget is used and settled (owner), or it stops.
+
+        A transient database fault that ends the search (one its retries did not absorb) does
+        not end the run: this worker's unfilled reservations are released and, after a
+        backoff, the search starts again from the stored trials and study, as a resumed job
+        does. Faults for longer than the retry policy's ``max_seconds`` without a result stored
+        raise :class:`_DatabaseUnavailable`."""
         space = backend.space()
-        with self.sessions() as session:
-            rows = queries.job_trials(session, job.id)
+        known = self._known(job.id, state)
+        precompile = getattr(backend, "precompile", None)
+        if precompile is not None:
+            # Compile ahead: small spaces entirely, in parallel, while the GPU measures.
+            valid = space.valid_configs()
+            if len(valid) <= PRECOMPILE_MAX_CONFIGS:
+                precompile([c for c in valid if space.key(c) not in known])
+        storage = retry.call(
+            lambda: optuna_storage(self.db_url), what=f"job {job.id}: open the study storage",
+            logger=log, policy=self.retry_policy, stop=self.shutdown,
+        )  # fmt: skip
+        try:
+            return self._search_resumed(job, backend, space, known, storage, state, helper)
+        finally:
+            storage.engine.dispose()  # its connections, now: not when the collector runs
+
+    def _search_resumed(
+        self,
+        job: Job,
+        backend: Backend,
+        space: Any,
+        known: dict[str, TrialResult],
+        storage: optuna.storages.BaseStorage,
+        state: _JobState,
+        helper: bool,
+    ) -> SearchResult:
+        """:meth:`_search_once` until it ends other than by a transient database fault; after
+        one, from the stored results again (see :meth:`_search_until_settled`)."""
+        backoff = self.retry_policy.backoff()
+        failing_since: float | None = None
+        while True:
+            stored = state.stored
+            try:
+                return self._search_once(job, backend, space, known, storage, state, helper)
+            except Exception as exc:
+                if not retry.is_transient(exc) or retry.is_interrupt(exc):
+                    raise
+                error = exc
+            now = time.monotonic()
+            if failing_since is None or state.stored > stored:
+                failing_since = now  # the last search stored results: a new fault
+                backoff.reset()
+            if self.shutdown.is_set():
+                raise error
+            if now - failing_since >= self.retry_policy.max_seconds:
+                raise _DatabaseUnavailable(retry.describe(error)) from error
+            wait = backoff.next()
+            log.warning(
+                "job %s: a database fault ended the search (%s); starting it again from the "
+                "stored trials in %.1f s",
+                job.id, retry.describe(error), wait,
+            )  # fmt: skip
+            self._release_mine(job.id, state)
+            if state.stop.wait(wait):
+                return SearchResult(best_of(known), known, stopped="cancelled")
+            try:
+                known = self._known(job.id, state)
+            except Exception as exc:
+                if not retry.is_transient(exc) or retry.is_interrupt(exc):
+                    raise
+                continue  # still failing: counted from failing_since, tried again
+
+    def _known(self, job_id: str, state: _JobState) -> dict[str, TrialResult]:
+        """The job's stored results (key -> result; reservations left out); they become the
+        search's known results and ``state.final``."""
+        rows = self._db(f"job {job_id}: load trials", lambda s: queries.job_trials(s, job_id))
         known = {t.config_key: trial_result_from_row(t) for t in rows if t.status != fleet.RESERVED}
         state.final = set(known)
+        state.pending = set()
+        state.last_sync = 0.0
+        return known
+
+    def _search_once(
+        self,
+        job: Job,
+        backend: Backend,
+        space: Any,
+        known: dict[str, TrialResult],
+        storage: optuna.storages.BaseStorage,
+        state: _JobState,
+        helper: bool,
+    ) -> SearchResult:
+        """One search of the job from ``known`` (the stored results) to its settled end."""
 
         def evaluate(config: dict[str, Any]) -> TrialResult:
             key = space.key(config)
             while True:
-                with self.sessions() as session:
-                    reservation = fleet.reserve_trial(
-                        session, job.id, config=config, config_key=key, worker_id=self.worker_id
-                    )
+                reservation = self._db(
+                    f"job {job.id}: reserve a trial",
+                    lambda s: fleet.reserve_trial(
+                        s, job.id, config=config, config_key=key, worker_id=self.worker_id
+                    ),
+                )
                 if reservation == "reserved":
                     break
                 if reservation == "budget":
@@ -477,8 +761,12 @@ class JobRunner:
             try:
                 return backend.evaluate(config)
             except BaseException:
-                with self.sessions() as session:
-                    fleet.release_trial(session, job.id, config_key=key, worker_id=self.worker_id)
+                self._db(
+                    f"job {job.id}: release a reservation",
+                    lambda s: fleet.release_trial(
+                        s, job.id, config_key=key, worker_id=self.worker_id
+                    ),
+                )
                 state.mine.discard(key)
                 raise
 
@@ -488,18 +776,18 @@ class JobRunner:
             key = space.key(result.config)
             state.final.add(key)  # before leaving ``mine``: _sync skips a key in either
             if key in state.mine:
-                with self.sessions() as session:
-                    stored = fleet.complete_trial(
-                        session,
-                        job.id,
-                        config_key=key,
-                        worker_id=self.worker_id,
+                stored = self._db(
+                    f"job {job.id}: store a trial",
+                    lambda s: fleet.complete_trial(
+                        s, job.id, config_key=key, worker_id=self.worker_id,
                         result=result.to_dict(),
-                    )
-                    if stored and log.isEnabledFor(logging.INFO):
-                        _log_trial(session, job, key, result, measured)
+                    ),
+                )  # fmt: skip
                 state.mine.discard(key)
-                if not stored:
+                if stored:
+                    state.stored += 1
+                    self._log_trial(job, key, result, measured)
+                else:
                     log.warning(
                         "job %s: reservation of %s was released and taken since; not stored",
                         job.id,
@@ -511,7 +799,7 @@ class JobRunner:
         search: Search | None = None
 
         def should_stop() -> bool:
-            if state.stop.is_set():
+            if state.stop.is_set() or self.shutdown.is_set():
                 return True
             now = time.monotonic()
             if search is not None and now - state.last_sync >= self.sync_seconds:
@@ -519,23 +807,19 @@ class JobRunner:
                 self._sync(job.id, search, state)
             return False
 
-        precompile = getattr(backend, "precompile", None)
-        if precompile is not None:
-            # Compile ahead: small spaces entirely, in parallel, while the GPU measures.
-            valid = space.valid_configs()
-            if len(valid) <= PRECOMPILE_MAX_CONFIGS:
-                precompile([c for c in valid if space.key(c) not in known])
         # Helpers draw their own proposals (another seed), so that workers sharing a job rarely
         # propose the same config at once; a collision costs a wait, never a second measurement.
         seed = job.seed if not helper else job.seed + zlib.crc32(self.worker_id.encode()) % 9973
-        with self.sessions() as session:
-            live = fleet.live_worker_ids(session, self.lease_seconds) | {self.worker_id}
+        live = self._db(
+            f"job {job.id}: list live workers",
+            lambda s: fleet.live_worker_ids(s, self.lease_seconds),
+        ) | {self.worker_id}
         search = SharedSearch(
             space,
             evaluate,
             strategy=job.strategy,
             seed=seed,
-            storage=optuna_storage(self.db_url),
+            storage=storage,
             study_name=job_study_name(job.id),
             known=known,
             seed_configs=warm_start_configs(self.sessions, job, space.is_valid),
@@ -549,6 +833,8 @@ class JobRunner:
             worker_id=self.worker_id,
             is_live=live.__contains__,
             orphan_grace_seconds=self.lease_seconds,
+            retry_policy=self.retry_policy,
+            shutdown=self.shutdown,
         )
         describe_study(search.study, job_attrs(job))  # what optuna-dashboard shows of the job
         while True:
@@ -558,44 +844,44 @@ class JobRunner:
             except (TrialInterrupted, _BudgetUsed) as exc:
                 stopped = "budget" if isinstance(exc, _BudgetUsed) else "cancelled"
                 outcome = SearchResult(best_of(search.results), search.results, stopped=stopped)
+            if self.shutdown.is_set() and state.reason is None:
+                state.reason = "stopped"
             if helper or state.reason is not None or outcome.stopped == "cancelled":
-                break
+                return outcome
             # The owner settles every reservation first, whatever stopped the search.
             if not self._budget_given_back(job, search, state) or outcome.stopped != "budget":
-                break
-        if state.reason is not None or outcome.stopped == "cancelled":
+                return outcome
+
+    def _log_trial(self, job: Job, key: str, result: TrialResult, measured: int) -> None:
+        """The INFO line of a trial stored (:func:`_log_trial`); skipped on a database fault
+        (a log line is not worth a retry)."""
+        if not log.isEnabledFor(logging.INFO):
+            return
+        try:
             with self.sessions() as session:
-                current = queries.get_job(session, job.id)
-            cancelled = current is not None and (
-                current.cancel_requested or current.status == "cancelled"
-            )
-            if helper or not cancelled:
-                # A helper leaves the job to its owner; an owner whose lease went to another
-                # worker leaves it to that worker.
-                status = "helped" if helper else "lost"
-                return JobOutcome(job.id, status, outcome.measured, None, state.reason)
-            with self.sessions() as session:
-                queries.finish_job(session, job.id, status="cancelled")
-            return JobOutcome(job.id, "cancelled", outcome.measured, None, None)
-        if helper:
-            return JobOutcome(job.id, "helped", len(outcome.new), None, None)
-        return self._finish(job, backend, state)
+                _log_trial(session, job, key, result, measured)
+        except Exception as exc:
+            if not retry.is_transient(exc):
+                raise
+            log.info("job %s: trial of %s stored", job.id, json.dumps(result.config))
 
     def _budget_given_back(self, job: Job, search: Search, state: _JobState) -> bool:
         """Owner, search stopped: wait for the other workers' last measurements, releasing the
         reservations of dead workers. True when a release gave budget back (a worker died
         mid-trial): the search goes on, so the job ends with its whole budget measured."""
         deadline = time.monotonic() + self.lease_seconds + _helper_grace()
+
+        def settle(session: Session) -> bool:
+            fleet.release_stale_reservations(
+                session, job.id, stale_seconds=self.lease_seconds, keep=self.worker_id
+            )
+            return not fleet.reservations(session, job.id)
+
         while not state.stop.is_set() and time.monotonic() < deadline:
-            with self.sessions() as session:
-                fleet.release_stale_reservations(
-                    session, job.id, stale_seconds=self.lease_seconds, keep=self.worker_id
-                )
-                if not fleet.reservations(session, job.id):
-                    break
+            if self._db(f"job {job.id}: settle reservations", settle):
+                break
             state.stop.wait(0.1)
-        with self.sessions() as session:
-            current = queries.get_job(session, job.id)
+        current = self._db(f"job {job.id}: load", lambda s: queries.get_job(s, job.id))
         if current is None or current.status != "running" or current.cancel_requested:
             return False
         if current.trials_done >= current.budget_configs:
@@ -605,11 +891,20 @@ class JobRunner:
 
     def _finish(self, job: Job, backend: Backend, state: _JobState) -> JobOutcome:
         """Owner, every reservation settled (:meth:`_budget_given_back`): store the job's best
-        (over every worker's trials) and mark the job done."""
-        with self.sessions() as session:
+        (over every worker's trials) and mark the job done. One retried step: a try whose
+        commit landed finds the job ended by this worker and answers what it stored."""
+        device = backend.device()
+
+        def finish(session: Session) -> JobOutcome:
             current = queries.get_job(session, job.id)
             if current is None:
                 return JobOutcome(job.id, "missing", 0, None, "job deleted")
+            ended = current.status in ("done", "failed")
+            if ended and current.worker_id == self.worker_id and not current.cancel_requested:
+                return JobOutcome(
+                    job.id, current.status, current.trials_done, current.best_time_ms,
+                    current.error,
+                )  # fmt: skip
             if (
                 current.cancel_requested
                 or current.status != "running"
@@ -621,7 +916,6 @@ class JobRunner:
                 return JobOutcome(job.id, status, current.trials_done, None, None)
             best_time, best_config = current.best_time_ms, current.best_config
             if best_time is not None and best_config is not None:
-                device = backend.device()
                 queries.upsert_best_config(
                     session,
                     operator=job.operator,
@@ -640,7 +934,9 @@ class JobRunner:
                 status, error = "failed", "no config ran correctly (see the job's trials)"
             measured = current.trials_done
             queries.finish_job(session, job.id, status=status, error=error)
-        return JobOutcome(job.id, status, measured, best_time, error)
+            return JobOutcome(job.id, status, measured, best_time, error)
+
+        return self._db(f"job {job.id}: finish", finish)
 
 
 def _seconds_left(job: Job) -> float | None:
@@ -672,6 +968,11 @@ class Worker:
     job, and marked ``stopped`` when :meth:`run_forever` returns. With nothing to claim and
     ``max_workers_per_job`` > 1 it helps with a running job of its GPU model that has at least
     ``min_configs_per_worker`` configs of budget left per worker.
+
+    Database faults never stop it: a running job retries them (:class:`JobRunner`), the idle
+    loop logs a fault once (and its recovery) and polls less often while it lasts (waits
+    doubling from ``poll_seconds`` up to :data:`IDLE_BACKOFF_MAX_SECONDS`). :meth:`stop`
+    (:func:`stop_on_signals`: SIGTERM, SIGINT) is honoured by every loop.
     """
 
     def __init__(
@@ -690,6 +991,7 @@ class Worker:
         min_configs_per_worker: int = 8,
         lookahead: int = DEFAULT_LOOKAHEAD,
         scope: queries.JobScope | None = None,
+        retry_policy: retry.RetryPolicy | None = None,
     ):
         self.sessions = sessions
         self.gpu_models = gpu_models
@@ -702,6 +1004,7 @@ class Worker:
         self.devices = list(devices)
         self.max_workers_per_job = max_workers_per_job
         self.min_configs_per_worker = min_configs_per_worker
+        self._stop = threading.Event()
         self.runner = JobRunner(
             sessions,
             db_url,
@@ -710,11 +1013,19 @@ class Worker:
             lease_seconds=lease_seconds,
             on_heartbeat=self.heartbeat,
             lookahead=lookahead,
+            retry_policy=retry_policy,
+            shutdown=self._stop,
         )
-        self._stop = threading.Event()
 
     def stop(self) -> None:
+        """Stop: the idle loop exits, a running job stops before its next measurement (an
+        isolated one is interrupted) and gives its reservations and lease back. Safe to call
+        from a signal handler or another thread."""
         self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
 
     def scope(self) -> queries.JobScope | None:
         """The jobs this worker claims (see the class docstring)."""
@@ -725,17 +1036,20 @@ class Worker:
     def heartbeat(self, status: str = "idle", job_id: str | None = None) -> None:
         """Upsert this worker's row: GPU models, devices, status, current job, now."""
         with self.sessions() as session:
-            fleet.heartbeat_worker(
-                session,
-                worker_id=self.worker_id,
-                hostname=socket.gethostname(),
-                pid=os.getpid(),
-                gpu_models=self.gpu_models,
-                devices=self.devices,
-                backend=self.backend_name,
-                status=status,
-                current_job_id=job_id,
-            )
+            self._heartbeat_row(session, status, job_id)
+
+    def _heartbeat_row(self, session: Session, status: str, job_id: str | None) -> None:
+        fleet.heartbeat_worker(
+            session,
+            worker_id=self.worker_id,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            gpu_models=self.gpu_models,
+            devices=self.devices,
+            backend=self.backend_name,
+            status=status,
+            current_job_id=job_id,
+        )
 
     def run_once(self) -> JobOutcome | None:
         """Claim and run one job (or help with one); None when there is nothing to do."""
@@ -749,6 +1063,7 @@ class Worker:
                 worker_id=self.worker_id,
                 lease_seconds=self.lease_seconds,
                 scope=scope,
+                resume_own=True,  # one whose claim landed with its answer lost, say
             )
             job_id = job.id if job is not None else None
             if job_id is None:
@@ -779,26 +1094,75 @@ class Worker:
         return outcome
 
     def run_forever(self, *, max_jobs: int | None = None) -> int:
-        """Run jobs until :meth:`stop` (or ``max_jobs`` done); returns the number run. Database
-        errors are logged and retried after ``poll_seconds``: the worker never exits on them."""
+        """Run jobs until :meth:`stop`, an interrupt (``KeyboardInterrupt``, also one a
+        library wrapped in its own error) or ``max_jobs`` ended; returns the number ended.
+
+        Errors of a poll (a database fault, or a bug) never end it: the first is logged (a
+        transient database fault in one line, anything else with its traceback), again only
+        when it changes, a ``recovered`` line when polls succeed again, and the polls back off
+        meanwhile (see the class docstring)."""
         done = 0
+        faults = retry.FaultLog(log, f"worker {self.worker_id}: poll")
+        first = self.poll_seconds if self.poll_seconds > 0 else 0.05
+        backoff = retry.Backoff(first, max(first, IDLE_BACKOFF_MAX_SECONDS))
         try:
             while not self._stop.is_set() and (max_jobs is None or done < max_jobs):
                 try:
                     outcome = self.run_once()
-                except Exception:  # database hiccup: log, back off, go on
-                    log.exception("worker %s: claim failed", self.worker_id)
-                    outcome = None
+                except Exception as exc:
+                    if retry.is_interrupt(exc) or self._stop.is_set():
+                        break  # a signal that landed inside a database call
+                    wait = backoff.next()
+                    faults.failed(exc, retry_in=wait)
+                    self._stop.wait(wait)
+                    continue
+                if outcome is not None and outcome.status == "interrupted":
+                    # The job's database failed for too long: poll it as a failing one.
+                    wait = backoff.next()
+                    self._stop.wait(wait)
+                    continue
+                faults.ok()
+                backoff.reset()
                 if outcome is None:
                     self._stop.wait(self.poll_seconds)
-                elif outcome.status != "helped":
+                elif outcome.status not in ("helped", "stopped"):
                     done += 1
+        except KeyboardInterrupt:
+            self._stop.set()
         finally:
             try:
-                self.heartbeat("stopped")
-            except Exception:
-                log.exception("worker %s: could not mark itself stopped", self.worker_id)
+                with self.sessions() as session:  # once: a stopping worker does not wait
+                    self._heartbeat_row(session, "stopped", None)
+            except Exception as exc:
+                log.warning(
+                    "worker %s: could not mark itself stopped: %s",
+                    self.worker_id, retry.describe(exc),
+                )  # fmt: skip
         return done
+
+
+def stop_on_signals(
+    worker: Worker, signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT)
+) -> None:
+    """Make ``signals`` stop ``worker`` (call from the main thread, before
+    :meth:`Worker.run_forever`).
+
+    The first signal sets the worker's stop flag, which every loop checks, and raises
+    ``KeyboardInterrupt`` in the main thread, so that a blocking call (a database query, a
+    wait) returns at once. A library may catch that interrupt and raise its own error instead
+    (psycopg does, inside SQLAlchemy's connection check): the flag still stops the worker, and
+    the wrapped interrupt is recognised (:func:`db.retry.is_interrupt`). Later signals only set
+    the flag: the shutdown's own clean-up (reservations, lease, the worker's row) is not
+    interrupted."""
+
+    def handler(signum: int, frame: Any) -> None:
+        first = not worker.stopping
+        worker.stop()
+        if first:
+            raise KeyboardInterrupt
+
+    for sig in signals:
+        signal.signal(sig, handler)
 
 
 # --- backend factories -----------------------------------------------------------------------

@@ -3,7 +3,6 @@ life, resume after an interruption without re-measuring, cancel, failures, versi
 
 from __future__ import annotations
 
-import contextlib
 import time
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
@@ -447,7 +446,7 @@ def test_sync_keeps_a_result_of_this_worker_whose_row_is_still_being_written(mon
 
     monkeypatch.setattr(fleet, "trials_since", trials_since)
     monkeypatch.setattr(fleet, "reserved_by", lambda row: row.by)
-    runner = SimpleNamespace(sessions=lambda: contextlib.nullcontext(None), worker_id="me")
+    runner = SimpleNamespace(worker_id="me", _db=lambda what, step: step(None))
     search = SimpleNamespace(results={})
     state = _JobState()
     rows[:] = [Row("K", fleet.RESERVED, "w2")]  # another worker measures K
