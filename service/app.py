@@ -24,14 +24,16 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.routing import Match, Mount
 
+from db.retry import FaultLog
 from db.session import init_db, session_factory
 from kernels import InvalidInput
 from service import __version__
 from service.auth import AUTH_RESPONSES, require_reader
+from service.faults import RequestFaults, database_error, server_error
 from service.limits import BodySizeLimit
 from service.lookup_cache import LookupCache, LookupFastPath, best_configs_version
 from service.routes import configs, gpus, health, jobs, operators, workers
-from service.schemas import ErrorPublic
+from service.schemas import ErrorPublic, UnavailablePublic
 from service.settings import Settings
 from service.strict import StrictJSONRoute, StrictURL, cap_errors, echo, escape_surrogates
 
@@ -114,12 +116,15 @@ async def _watch_best_configs(app: FastAPI) -> None:
         with app.state.session_factory() as session:
             return best_configs_version(session)
 
+    faults = app.state.db_faults
     while True:
         try:
             cache.set_version(await run_in_threadpool(fingerprint))
-        except SQLAlchemyError:
+        except SQLAlchemyError as exc:
             cache.clear()  # cannot tell: serve from the database until it answers again
-            log.warning("lookup cache: could not read the best-config fingerprint", exc_info=True)
+            faults.failed(exc)  # once per fault, not on every poll
+        else:
+            faults.ok()
         await asyncio.sleep(interval)
 
 
@@ -139,11 +144,12 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 await task
 
 
-def _document_input_errors(app: FastAPI) -> None:
+def _document_common_errors(app: FastAPI) -> None:
     """Every operation that takes a body can also answer 400 (a body FastAPI cannot decode) and
-    413 (larger than ``max_body_bytes``, from :class:`BodySizeLimit`), and every operation 422
-    (a path or query string that is not UTF-8, from :class:`service.strict.StrictURL`): declare
-    them in the OpenAPI schema, for routes added later too."""
+    413 (larger than ``max_body_bytes``, from :class:`BodySizeLimit`), every operation 422
+    (a path or query string that is not UTF-8, from :class:`service.strict.StrictURL`) and 503
+    (a database fault, :mod:`service.faults`; not where the operation's ``openapi_extra`` says
+    ``"x-database": False``): declare them in the OpenAPI schema, for routes added later too."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -154,11 +160,31 @@ def _document_input_errors(app: FastAPI) -> None:
         components.setdefault(
             "ErrorPublic", ErrorPublic.model_json_schema(ref_template=REF_TEMPLATE)
         )
+        components.setdefault(
+            "UnavailablePublic", UnavailablePublic.model_json_schema(ref_template=REF_TEMPLATE)
+        )
         error = {"content": {"application/json": {"schema": {"$ref": ERROR_REF}}}}
+        unavailable = {"content": {"application/json": {"schema": {"$ref": UNAVAILABLE_REF}}}}
         for item in schema.get("paths", {}).values():
             for operation in item.values():
                 if not isinstance(operation, dict):
                     continue
+                if operation.pop("x-database", True):
+                    operation.setdefault("responses", {}).setdefault(
+                        "503",
+                        {
+                            "description": "the database cannot serve the request now "
+                            "(unreachable, busy, read-only, ...; `fault` says which): "
+                            "retry after `Retry-After` seconds",
+                            "headers": {
+                                "Retry-After": {
+                                    "description": "seconds to wait before retrying",
+                                    "schema": {"type": "integer"},
+                                }
+                            },
+                            **unavailable,
+                        },
+                    )
                 operation.setdefault("responses", {}).setdefault(
                     "422", {"description": "the path or a query parameter is not UTF-8", **error}
                 )
@@ -179,15 +205,19 @@ def _document_input_errors(app: FastAPI) -> None:
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 ERROR_REF = REF_TEMPLATE.format(model="ErrorPublic")
+UNAVAILABLE_REF = REF_TEMPLATE.format(model="UnavailablePublic")
 
 
 def create_app(settings: Settings | None = None, *, engine: Engine | None = None) -> FastAPI:
     """Build the app: migrate the database (``settings.db_url``, or ``engine`` if given) to the
     newest schema, then mount the routers. OpenAPI docs at ``/docs``.
 
-    Also on ``app.state``: ``lookup_cache`` (:class:`LookupCache`). Request bodies over
+    Also on ``app.state``: ``lookup_cache`` (:class:`LookupCache`), ``db_faults`` (the
+    :class:`db.retry.FaultLog` of the health check and the cache's watcher) and
+    ``request_faults`` (:class:`service.faults.RequestFaults`). Request bodies over
     ``settings.max_body_bytes`` get a 413; with ``settings.auth_reads`` every route but
-    ``/healthz`` and ``/v1/ping`` needs a token.
+    ``/healthz`` and ``/v1/ping`` needs a token; a database fault gets a 503 from every route
+    (:mod:`service.faults`).
     """
     settings = settings or Settings()
     engine = init_db(engine if engine is not None else settings.db_url)
@@ -211,6 +241,12 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
         settings.lookup_cache_seconds, settings.lookup_cache_entries
     )
 
+    # Database faults are logged once, not per request: service.faults.
+    app.state.db_faults = FaultLog(log, "API: database check")
+    app.state.request_faults = RequestFaults(log)
+
+    app.add_exception_handler(SQLAlchemyError, database_error)
+    app.add_exception_handler(Exception, server_error)
     app.add_exception_handler(InvalidInput, _invalid_input)
     app.add_exception_handler(RequestValidationError, _request_validation)
     app.add_exception_handler(status.HTTP_405_METHOD_NOT_ALLOWED, _method_not_allowed)
@@ -220,7 +256,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.add_middleware(StrictURL)
     if not settings.auth_reads:
         app.add_middleware(LookupFastPath, cache=app.state.lookup_cache)
-    _document_input_errors(app)
+    _document_common_errors(app)
 
     readers: dict[str, Any] = {}
     if settings.auth_reads:

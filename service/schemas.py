@@ -42,6 +42,8 @@ NAME_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]+$"
 #: tuner.search.STRATEGIES (a test holds them equal); the first, "forest", is the default.
 Strategy = Literal["forest", "tpe", "hybrid", "random", "grid"]
 JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
+#: What a 503 says is wrong with the database (service.faults).
+FaultKind = Literal["unreachable", "busy", "pool_exhausted", "read_only", "disk_full"]
 
 
 def parse_shape_text(text: str) -> list[int]:
@@ -397,6 +399,25 @@ class ErrorPublic(BaseModel):
     errors (``loc``, ``msg``, ``type``, ...), as FastAPI does."""
 
     detail: str | list[dict[str, Any]]
+
+
+class UnavailablePublic(BaseModel):
+    """A 503: the database cannot serve the request now; the request itself is fine and may be
+    sent again after ``Retry-After`` seconds. ``fault`` says what is wrong."""
+
+    detail: str
+    fault: FaultKind
+    retryable: bool
+
+
+class HealthPublic(BaseModel):
+    """``/healthz``: ``status`` ``ok``; ``degraded`` with ``db`` ``read-only`` (reads are
+    answered, writes get 503); ``error`` (a 503) with ``db`` naming the fault, e.g.
+    ``unreachable (OperationalError)``."""
+
+    status: Literal["ok", "degraded", "error"]
+    db: str
+    detail: str | None = None
 
 
 def error_responses(**descriptions: str) -> dict[int | str, dict[str, Any]]:
