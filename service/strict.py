@@ -245,6 +245,15 @@ def _shape_error(kind: str, loc: list[Any], msg: str) -> HTTPException:
     return _unprocessable([{"type": kind, "loc": ["body", *loc], "msg": msg, "input": None}])
 
 
+def _too_deep(loc: list[Any]) -> HTTPException:
+    return _shape_error(
+        "too_deep",
+        loc,
+        f"the JSON body nests deeper than {MAX_DEPTH} levels; "
+        "no request body nests more than a few",
+    )
+
+
 def check_shape(value: Any) -> None:
     """Refuse a decoded JSON value past the shape limits (see the module docstring) before
     anything validates it. Iterative, and it visits containers only: its cost is the number of
@@ -258,12 +267,7 @@ def check_shape(value: Any) -> None:
     while stack:
         loc, item = stack.pop()
         if len(loc) >= MAX_DEPTH:
-            raise _shape_error(
-                "too_deep",
-                loc[:4],
-                f"the JSON body nests deeper than {MAX_DEPTH} levels; "
-                "no request body nests more than a few",
-            )
+            raise _too_deep(loc[:4])
         if isinstance(item, dict):
             if len(item) > MAX_OBJECT_KEYS:
                 raise _shape_error(
@@ -303,7 +307,10 @@ def decode_json(body: bytes) -> Any:
     # surrogateescape: bytes that are not UTF-8 become lone surrogates, found below with the
     # field that holds them, as are the surrogates json.loads makes from escapes.
     text = body.decode("utf-8", "surrogateescape").removeprefix("\ufeff")
-    value = json.loads(text, parse_constant=_no_constant)
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:  # nested past the interpreter's limit: past ours too
+        raise _too_deep([]) from None
     check_shape(value)
     if _MAYBE_SURROGATE.search(text):
         found = [

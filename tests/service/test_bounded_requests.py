@@ -73,8 +73,10 @@ def test_an_array_past_the_limit_gets_a_small_422(client: TestClient) -> None:
     assert "300000 items" in error["msg"] and f"at most {MAX_ARRAY_ITEMS}" in error["msg"]
 
 
-def test_nesting_past_the_limit_gets_a_422(client: TestClient) -> None:
-    body = ('{"jobs": ' + "[" * MAX_DEPTH + "]" * MAX_DEPTH + "}").encode()
+@pytest.mark.parametrize("depth", [MAX_DEPTH, 5_000, 100_000])
+def test_nesting_past_the_limit_gets_a_422(client: TestClient, depth: int) -> None:
+    # 5,000 and 100,000 levels are past json.loads' own recursion limit (a bare 400 before).
+    body = ('{"jobs": ' + "[" * depth + "]" * depth + "}").encode()
     response = _post(client, "/v1/jobs/batch", body)
     assert response.status_code == 422 and len(response.content) < SMALL
     [error] = _details(response)
