@@ -19,6 +19,9 @@ _BUILTIN_MODULES = (
     "kernels.reduce_sum_all",
     "kernels.relu",
     "kernels.matmul",
+    "kernels.rmsnorm",
+    "kernels.rmsnorm_backward",
+    "kernels.softmax_backward",
 )
 
 

@@ -1,0 +1,74 @@
+"""rmsnorm_backward on a real GPU: every valid config verified (batched compiles; dx and dweight
+against their float64 references, the two stages run as one call, twice) for every dtype at an
+odd, prime width and at a width where every row has the same head (dweight in registers); the
+default config on awkward shapes; the grid stride with few partial rows; row arrays that start
+off a vector boundary."""
+
+from __future__ import annotations
+
+import pytest
+from rowwise_harness import run_offset, verify_all
+
+from kernels import get_operator, limits
+
+DTYPE_NAMES = ["float32", "float16", "bfloat16"]
+AWKWARD = [
+    (1, 1),
+    (1000, 1),
+    (1, 4097),
+    (3000, 3001),
+    (17, 333),
+    (262144, 128),
+    (8192, 768),
+    (16384, 1024),
+    (7, 1000003),
+    (64, 32768),
+    (5, 50257),
+]
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return get_operator("rmsnorm_backward")
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("shape", [(37, 1031), (45, 264)], ids=lambda s: "x".join(map(str, s)))
+def test_every_valid_config_verifies(spec, dtype, shape):
+    """1031 columns: heads differ per row (DW_ACC 1 and 2 only); 264 = 8 * 33: every row has
+    the same head, DW_ACC=0 keeps dweight (and the weight) in registers."""
+    checked, sources, failures = verify_all(spec, shape, dtype)
+    assert checked > 1000 and sources > 100, (checked, sources)
+    assert not failures, failures[:5]
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("shape", AWKWARD, ids=lambda s: "x".join(map(str, s)))
+def test_default_config_verifies(spec, shape, dtype):
+    checked, _, failures = verify_all(spec, shape, dtype, max_configs=0)
+    assert checked == 1 and not failures, failures
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_grid_stride_with_few_partials(spec, dtype, monkeypatch):
+    """132 SMs counted as 1: stage 1 has at most SPLIT (<= 8) blocks for 2000 rows, so each
+    block sums hundreds of rows into its partial row."""
+    monkeypatch.setattr(limits, "NUM_SMS", 1)
+    checked, _, failures = verify_all(spec, (2000, 96), dtype, max_configs=96, seed=4)
+    assert checked >= 96 and not failures, failures[:5]
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("offset", [1, 3])
+def test_row_arrays_off_a_vector_boundary(spec, dtype, offset):
+    """x, dy and dx start ``offset`` elements past an aligned address, weight, rstd and the
+    partials do not: every row has the same non-zero head (DW_ACC=0's fixed columns shifted)."""
+    shape = (64, 4096)
+    default = spec.default_config(shape, dtype)
+    for config in (
+        default,
+        {**default, "DW_ACC": 1},
+        {**default, "CACHE": 0, "DW_ACC": 2, "ROW_THREADS": 0},
+    ):
+        assert spec.check(config, shape, dtype) is None, config
+        assert run_offset(spec, config, shape, dtype, (0, 3, 4), offset) == []
