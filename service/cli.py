@@ -421,13 +421,13 @@ def worker(
         lookahead=settings.lookahead,
     )
 
-    stop_on_signals(w)  # SIGTERM (docker stop) and Ctrl-C: stop, give the job back, exit
     console.print(
         f"worker {w.worker_id}: {where}, GPU model(s) {', '.join(models)}, "
         f"database {settings.db_url}"
     )
     try:
-        n = w.run_forever(max_jobs=max_jobs)
+        with stop_on_signals(w):  # SIGTERM (docker stop), Ctrl-C: give the job back, exit
+            n = w.run_forever(max_jobs=max_jobs)
     except KeyboardInterrupt:  # a signal during the worker's last clean-up
         n = 0
     console.print(f"ran {n} job(s)")

@@ -35,12 +35,3 @@ def cubin_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = Path(env).expanduser() if env else Path.home() / ".cache" / "kato" / "test-cubins"
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-@pytest.fixture
-def soak(request: pytest.FixtureRequest) -> None:
-    """For a long soak (also marked ``slow``): it runs only when the ``-m`` expression asks for
-    slow tests (``pytest -m slow``), never in the default run, which must stay short."""
-    expression = request.config.option.markexpr or ""
-    if "slow" not in expression.replace("not slow", ""):
-        pytest.skip("a soak: run it with -m slow")

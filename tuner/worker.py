@@ -30,6 +30,7 @@ reservations of dead workers are released.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -40,7 +41,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -416,6 +417,9 @@ class JobRunner:
     def run(self, job_id: str, *, helper: bool = False) -> JobOutcome:
         """Run ``job_id``: as its owner (claimed: the lease is ours) or, with ``helper``, as an
         extra worker on a job another worker owns."""
+        if self.shutdown.is_set():  # stopped between the claim and the run
+            self._give_back(job_id, _JobState(), helper)
+            return JobOutcome(job_id, "stopped", 0, None, "the worker stopped")
         job = self._db(f"job {job_id}: load", lambda s: queries.get_job(s, job_id))
         if job is None:
             return JobOutcome(job_id, "missing", 0, None, "job not found")
@@ -1141,28 +1145,50 @@ class Worker:
         return done
 
 
-def stop_on_signals(
-    worker: Worker, signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT)
-) -> None:
-    """Make ``signals`` stop ``worker`` (call from the main thread, before
-    :meth:`Worker.run_forever`).
+#: Seconds a signalled worker has to stop by itself before it is interrupted
+#: (:func:`stop_on_signals`).
+STOP_GRACE_SECONDS = 3.0
 
-    The first signal sets the worker's stop flag, which every loop checks, and raises
-    ``KeyboardInterrupt`` in the main thread, so that a blocking call (a database query, a
-    wait) returns at once. A library may catch that interrupt and raise its own error instead
-    (psycopg does, inside SQLAlchemy's connection check): the flag still stops the worker, and
-    the wrapped interrupt is recognised (:func:`db.retry.is_interrupt`). Later signals only set
-    the flag: the shutdown's own clean-up (reservations, lease, the worker's row) is not
-    interrupted."""
+
+@contextlib.contextmanager
+def stop_on_signals(
+    worker: Worker,
+    signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
+    *,
+    grace_seconds: float = STOP_GRACE_SECONDS,
+) -> Iterator[None]:
+    """While in the block, ``signals`` stop ``worker`` (enter it in the main thread, around
+    :meth:`Worker.run_forever`); the previous handlers are put back after.
+
+    The first signal only sets the worker's stop flag (:meth:`Worker.stop`): every loop ends at
+    its next check, a running job after the measurement in flight (an isolated one is
+    interrupted), giving back its reservations and lease. Nothing is interrupted half-way: an
+    interrupt raised at a random point lands inside a database call, where a library may turn
+    it into an error of its own (psycopg does, in SQLAlchemy's connection check) or leave a
+    transaction open in a cleanup it cut short. Only if the worker is still running
+    ``grace_seconds`` later (a call that blocks), or on a second signal, is ``KeyboardInterrupt``
+    raised in the main thread; a wrapped one is recognised (:func:`db.retry.is_interrupt`)."""
+    import _thread
+
+    timers: list[threading.Timer] = []
 
     def handler(signum: int, frame: Any) -> None:
-        first = not worker.stopping
+        if worker.stopping:
+            raise KeyboardInterrupt  # asked again, or the grace is over: now
         worker.stop()
-        if first:
-            raise KeyboardInterrupt
+        timer = threading.Timer(grace_seconds, _thread.interrupt_main)
+        timer.daemon = True
+        timers.append(timer)
+        timer.start()
 
-    for sig in signals:
-        signal.signal(sig, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    finally:
+        for timer in timers:
+            timer.cancel()
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 # --- backend factories -----------------------------------------------------------------------
