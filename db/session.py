@@ -88,23 +88,35 @@ def _configure_sqlite_connection(dbapi_connection: sqlite3.Connection, _record: 
         cursor.close()
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, connections: int | None = None) -> Engine:
     """An engine for ``url`` with Kato's connection settings.
 
     SQLite: WAL journal, foreign keys on, 30 s busy timeout, usable from several threads
     (``check_same_thread=False``); the parent directory of the file is created; an in-memory
     database uses a single shared connection. PostgreSQL and others: ``pool_pre_ping``.
+
+    ``connections``: the most connections the pool holds, opened as needed and then kept (no
+    overflow beyond it); an API process passes one per request thread plus headroom
+    (``Settings.api_db_connections``). ``None`` (workers, the CLI): SQLAlchemy's small
+    default pool (5, plus 10 overflow). Ignored for an in-memory SQLite database.
     """
+    pool: dict[str, Any] = {}
+    if connections is not None:
+        if connections < 1:
+            raise ValueError(f"connections must be at least 1, got {connections}")
+        pool = {"pool_size": connections, "max_overflow": 0}
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         _ensure_sqlite_parent(url)
         kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False}}
         if _sqlite_file(url) is None:
             kwargs["poolclass"] = StaticPool  # one in-memory database, not one per connection
+        else:
+            kwargs.update(pool)
         engine = create_engine(url, **kwargs)
         event.listen(engine, "connect", _configure_sqlite_connection)
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    return create_engine(url, pool_pre_ping=True, **pool)
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

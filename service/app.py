@@ -13,6 +13,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio.to_thread
 from fastapi import Depends, FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -25,7 +26,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match, Mount
 
 from db.retry import FaultLog
-from db.session import init_db, session_factory
+from db.session import init_db, make_engine, session_factory
 from kernels import InvalidInput
 from service import __version__
 from service.auth import AUTH_RESPONSES, require_reader
@@ -130,7 +131,11 @@ async def _watch_best_configs(app: FastAPI) -> None:
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Start the lookup cache's watcher (when the cache is on); stop it at shutdown."""
+    """Set the API's thread limit; start the lookup cache's watcher (when the cache is on);
+    stop it at shutdown."""
+    # AnyIO's limiter is per event loop, so it is set here, in the loop that serves: its
+    # tokens are the connections the pool holds for requests (service.deps).
+    anyio.to_thread.current_default_thread_limiter().total_tokens = app.state.settings.api_threads
     task = None
     if app.state.lookup_cache.enabled:
         app.state.lookup_cache.set_version(None)
@@ -220,7 +225,9 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     (:mod:`service.faults`).
     """
     settings = settings or Settings()
-    engine = init_db(engine if engine is not None else settings.db_url)
+    if engine is None:  # a pool with a connection per API thread (service.deps)
+        engine = make_engine(settings.db_url, connections=settings.api_db_connections)
+    engine = init_db(engine)
 
     # FastAPIOffline: /docs and /redoc load Swagger UI and ReDoc from files the package ships,
     # not from a CDN (blank pages offline); validatorUrl null: no schema sent out for a badge.

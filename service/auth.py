@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from db import tokens
 from db.models import ApiToken
-from service.deps import SessionDep
+from service.deps import SessionDep, transaction_ended
 from service.schemas import error_responses
 
 #: The OpenAPI security scheme (Swagger UI's "Authorize" button). It never raises by itself:
@@ -104,11 +104,14 @@ def authenticate(session: Session, secret: str | None, *, required: bool, what: 
 
 
 def require_writer(request: Request, session: SessionDep, credentials: BearerDep) -> Caller:
-    """Dependency of the write routes (see the module docstring)."""
+    """Dependency of the write routes (see the module docstring). Ends the session's
+    transaction before it returns, so the request holds no connection while it waits for a
+    thread to run its route (:func:`service.deps.transaction_ended`)."""
     required = request.app.state.settings.auth_required
-    return authenticate(
-        session, _secret(request, credentials), required=required, what="this route"
-    )
+    with transaction_ended(session):
+        return authenticate(
+            session, _secret(request, credentials), required=required, what="this route"
+        )
 
 
 def require_reader(request: Request, credentials: BearerDep) -> Caller:

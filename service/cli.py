@@ -114,17 +114,18 @@ def _gpu_model(device: int) -> str:
         _fail(f"no usable CUDA device {device}: {exc}", 2)
 
 
-def _engine(db_url: str):
+def _engine(db_url: str, connections: int | None = None):
     """Open and migrate the database, before a command does anything with it; a URL that
     cannot be opened (unknown kind, no driver, no such database, not a database file, server
-    down) ends the command with what went wrong."""
+    down) ends the command with what went wrong. ``connections``: the pool's size
+    (``db.session.make_engine``; default: a small pool)."""
     from alembic.util import CommandError
     from sqlalchemy.exc import SQLAlchemyError
 
     from db.session import init_db, make_engine
 
     try:
-        engine = make_engine(db_url)
+        engine = make_engine(db_url, connections=connections)
     except SQLAlchemyError as exc:  # NoSuchModuleError, ArgumentError: not a URL SQLAlchemy knows
         _db_fail(db_url, _reason(exc))
     except ImportError as exc:  # the dialect's driver is not installed
@@ -313,7 +314,8 @@ def serve(
     from service.app import create_app
 
     settings = _settings(db)
-    api = create_app(settings, engine=_engine(settings.db_url))
+    # The API's pool: a connection per API thread plus headroom (service.deps).
+    api = create_app(settings, engine=_engine(settings.db_url, settings.api_db_connections))
     _token_hint(settings, api.state.session_factory)
     if workers:
         _start_gpu_workers(settings.db_url, api.state.session_factory, settings.lease_seconds)

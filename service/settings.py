@@ -7,6 +7,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from db.session import default_db_url, normalize_db_url
 
+#: Connections an API process's pool holds beyond one per API thread: for sessions opened on
+#: threads of their own, outside AnyIO's pool (the GPU workers ``kato serve`` runs in the
+#: process: heartbeat, write-behind, search).
+API_POOL_HEADROOM = 10
+
 
 class Settings(BaseSettings):
     """Configuration of the API (and of the workers ``kato serve`` starts beside it).
@@ -27,6 +32,14 @@ class Settings(BaseSettings):
     max_budget_seconds: float = Field(default=86400.0, gt=0, allow_inf_nan=False)
     default_budget_configs: int = Field(default=100, ge=1, le=2**31 - 1)
     lease_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    api_threads: int = Field(
+        default=40,
+        ge=1,
+        le=1000,
+        description="threads per API process for blocking work (sync routes and dependencies, "
+        "lookups): AnyIO's default thread limit, set at startup; the process's database pool "
+        "holds one connection per thread plus headroom (api_db_connections)",
+    )
 
     # --- workers (README: "Faults on the GPU", "Several hosts") ---
     trial_timeout_seconds: float = Field(
@@ -100,6 +113,12 @@ class Settings(BaseSettings):
         "winner tuned for 65536x1024 ran 2.5x slower on 1048576x128 (distance 7) than that "
         "shape's own winner.",
     )
+
+    @property
+    def api_db_connections(self) -> int:
+        """Connections in an API process's pool: one per API thread (a request holds one only
+        while its thread runs: ``service.deps``) plus :data:`API_POOL_HEADROOM`."""
+        return self.api_threads + API_POOL_HEADROOM
 
     @field_validator("db_url")
     @classmethod

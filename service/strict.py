@@ -36,6 +36,8 @@ from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from service.deps import closing_sessions
+
 #: A lone surrogate, a surrogate escape, or a byte ``surrogateescape`` stood in for.
 _MAYBE_SURROGATE = re.compile(r"[\ud800-\udfff]|\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
@@ -344,7 +346,11 @@ class StrictJSONRequest(Request):
 
 class StrictJSONRoute(APIRoute):
     """An ``APIRoute`` that decodes its JSON body with :func:`decode_json` (FastAPI's hook for
-    a custom request class). Every router of the app uses it."""
+    a custom request class). Every router of the app uses it. A sync endpoint closes its
+    database session in its own thread (:func:`service.deps.closing_sessions`)."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__(path, closing_sessions(endpoint), **kwargs)
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
