@@ -445,10 +445,13 @@ class JobRunner:
             outcome = self._search(job, backend, state, helper)
         except BaseException as exc:
             interrupted = not isinstance(exc, Exception) or retry.is_interrupt(exc)
-            if interrupted or self.shutdown.is_set():
-                interrupted = True
+            if interrupted:
                 raise  # given back below, once the heartbeat has stopped
-            outcome = self._failed(job_id, state, exc, helper)
+            if self.shutdown.is_set():  # say, a retry given up because the worker stops
+                interrupted = True
+                outcome = JobOutcome(job_id, "stopped", 0, None, "the worker stopped")
+            else:
+                outcome = self._failed(job_id, state, exc, helper)
         finally:
             state.stop.set()
             if beat.is_alive():
