@@ -177,6 +177,7 @@ def from_t4(data: Mapping[str, Any], name: str = "<t4>") -> KernelTunerCache:
         problem_size=meta.get("problem_size"),
         tune_params=tune_params,
         entries=entries,
+        extra={"kato": dict(kato)} if kato else {},  # what problem it is for (a replay checks)
     )
 
 
@@ -194,7 +195,6 @@ def load_cache(path: str | Path) -> KernelTunerCache:
     """Load a Kernel Tuner cache file (or a T4 results file, :func:`from_t4`); ``.gz`` files
     are decompressed.
 
-        extra={"kato": dict(kato)} if kato else {},  # what problem it is for (a replay checks)
     Raises:
         ValueError: if the file is not a Kernel Tuner cache (the message says what is missing).
     """
