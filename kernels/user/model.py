@@ -1,0 +1,340 @@
+"""The declarative spec of a user operator: a pydantic model of its spec file (``kato.toml``).
+
+A user operator is a folder: ``kato.toml`` (this model), a CUDA template and, optionally, a
+reference CUDA kernel whose outputs every variant must match. The same document, as JSON with
+the files' text beside it (:class:`OperatorDefinition`), is what ``POST /v1/operators`` takes and
+what the database stores. Every expression is checked here (:mod:`kernels.user.expr`): a spec
+that validates has no unknown name, no call of a function outside the whitelist and no
+malformed expression anywhere.
+
+Kernel Tuner's conventions hold where it has one: ``tune_params`` (name -> values, the key
+order), ``restrictions`` (boolean expressions over the tunables, all must hold),
+``problem_size``, ``grid_div_x``/``_y``/``_z`` (the grid is ``ceil(problem_size / product of the
+divisors)``; a missing divisor list defaults to the block size name of that dimension where it
+is a tunable, else 1), ``block_size_names`` (the tunables giving the block's x, y, z; a missing
+one is 256 for x, 1 for y and z) and the macros a kernel sees (``grid_size_x``...,
+``block_size_x``..., every tunable, ``kernel_tuner``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import keyword
+import re
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from kernels.spec import CUDA_TYPES, DTYPES
+from kernels.user import expr
+
+#: An operator name: what the result key and recording file names can hold.
+NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
+#: A C identifier (kernel entry points, macro and argument names).
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+#: A file of the folder: a plain name, no directories.
+_FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.(cu|cuh)$")
+#: Most combinations of ``tune_params`` (the search enumerates the valid ones).
+MAX_SPACE = 1_000_000
+#: Most values of one tunable, tunables, arguments, dimensions.
+MAX_VALUES = 1024
+MAX_TUNABLES = 32
+MAX_ARGUMENTS = 64
+MAX_RANK = 8
+#: Largest template or reference file, in bytes (UTF-8).
+MAX_FILE_BYTES = 1 << 20
+#: Names every expression may read besides the tunables and the shape: the element size of the
+#: request's dtype in bytes.
+BUILTIN_NAMES = ("itemsize",)
+#: The block size names Kernel Tuner uses when none are given.
+DEFAULT_BLOCK_SIZE_NAMES = ("block_size_x", "block_size_y", "block_size_z")
+#: Element types an array argument may have ("dtype": the request's dtype).
+ARRAY_DTYPES = (
+    "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8",
+    "uint64", "uint32", "uint16", "uint8",
+)  # fmt: skip
+#: Element types the on-device verifier compares (an output must have one).
+OUTPUT_DTYPES = tuple(str(d) for d in CUDA_TYPES)
+#: Types of a scalar argument (passed by value).
+SCALAR_DTYPES = ("int32", "uint32", "int64", "uint64", "float32", "float64")
+
+Expr = Annotated[str, Field(min_length=1, max_length=expr.MAX_LENGTH)]
+ExprList = list[Expr]
+Value = int | float | str
+
+
+def numpy_dtype(name: str, request_dtype: str) -> np.dtype:
+    """The numpy dtype of an argument's ``dtype`` field ("dtype": the request's)."""
+    if name == "dtype":
+        return DTYPES[request_dtype][0]
+    if name == "bfloat16":
+        return DTYPES["bfloat16"][0]
+    return np.dtype(name)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ArgumentModel(_Strict):
+    """One kernel argument, in the kernel's parameter order.
+
+    An array has ``size`` (elements, an expression of the shape); a scalar has ``value`` (an
+    expression of the shape). ``output``: the kernel writes it and it is compared with the
+    reference. ``init``: how an input is filled (``normal``: N(0, 1), no exact zeros;
+    ``uniform``: U[low, high); ``randint``: integers in [low, high); ``zeros``, ``ones``,
+    ``index``: 0, 1, 2, ...); outputs start as zeros unless said.
+    """
+
+    name: str
+    dtype: str
+    size: Expr | None = None
+    value: Expr | None = None
+    output: bool = False
+    init: Literal["normal", "uniform", "randint", "zeros", "ones", "index"] | None = None
+    low: float = 0.0
+    high: float = 1.0
+    #: ``[atol, rtol]`` for this output, overriding the operator's tolerance.
+    tolerance: tuple[float, float] | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _IDENTIFIER.match(value):
+            raise ValueError(f"argument name {value!r} must be a C identifier")
+        return value
+
+    @model_validator(mode="after")
+    def _kind(self) -> ArgumentModel:
+        if (self.size is None) == (self.value is None):
+            raise ValueError(
+                f"argument {self.name!r}: give size (an array's elements) or value (a scalar), "
+                "exactly one"
+            )
+        if self.size is not None:
+            if self.dtype not in (*ARRAY_DTYPES, "dtype"):
+                raise ValueError(
+                    f"argument {self.name!r}: dtype {self.dtype!r} is not one of "
+                    f"{', '.join(ARRAY_DTYPES)} or 'dtype' (the request's)"
+                )
+            if self.output and self.dtype not in (*OUTPUT_DTYPES, "dtype"):
+                raise ValueError(
+                    f"output {self.name!r}: dtype {self.dtype!r} cannot be verified; outputs "
+                    f"are one of {', '.join(OUTPUT_DTYPES)} or 'dtype'"
+                )
+        else:
+            if self.dtype not in SCALAR_DTYPES:
+                raise ValueError(
+                    f"scalar {self.name!r}: dtype {self.dtype!r} is not one of "
+                    f"{', '.join(SCALAR_DTYPES)}"
+                )
+            if self.output or self.init is not None:
+                raise ValueError(f"scalar {self.name!r} cannot be an output or have an init")
+        if self.init in ("uniform", "randint") and not self.low < self.high:
+            raise ValueError(f"argument {self.name!r}: low must be below high")
+        if self.tolerance is not None and (not self.output or min(self.tolerance) < 0):
+            raise ValueError(
+                f"argument {self.name!r}: a tolerance [atol, rtol] (both >= 0) is for outputs"
+            )
+        return self
+
+
+class ReferenceModel(_Strict):
+    """A reference CUDA kernel in the folder: simple and untuned, run once per problem on the
+    GPU (in the measuring process); its outputs are what every variant must match. It takes the
+    operator's argument list; ``grid`` and ``block`` are expressions of the shape."""
+
+    template: str
+    kernel_name: str
+    block: ExprList = Field(default_factory=lambda: ["256"], min_length=1, max_length=3)
+    grid: ExprList = Field(min_length=1, max_length=3)
+    defines: dict[str, Expr] = Field(default_factory=dict)
+
+
+class OperatorModel(_Strict):
+    """The spec file. See the module docstring and ``docs/user_kernels.md``."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str = Field(default="", max_length=500)
+    template: str
+    kernel_name: str
+    shape: list[str] = Field(min_length=1, max_length=MAX_RANK)
+    dtypes: list[str] = Field(default_factory=lambda: ["float32"], min_length=1)
+    tune_params: dict[str, list[Value]] = Field(min_length=1, max_length=MAX_TUNABLES)
+    restrictions: ExprList = Field(default_factory=list, max_length=256)
+    problem_size: ExprList | None = Field(default=None, max_length=3)
+    block_size_names: list[str] | None = Field(default=None, max_length=3)
+    grid_div_x: ExprList | None = None
+    grid_div_y: ExprList | None = None
+    grid_div_z: ExprList | None = None
+    shared_memory: Expr | None = None
+    defines: dict[str, Expr] = Field(default_factory=dict)
+    #: A macro naming the request dtype's CUDA type (``"T"`` -> ``#define T float``).
+    dtype_macro: str | None = None
+    arguments: list[ArgumentModel] = Field(min_length=1, max_length=MAX_ARGUMENTS)
+    #: ``[atol, rtol]`` for every float output, or dtype -> ``[atol, rtol]``.
+    tolerance: tuple[float, float] | dict[str, tuple[float, float]] | None = None
+    bytes: Expr | None = None
+    flops: Expr | None = None
+    reference: ReferenceModel | None = None
+    #: False: no reference (outputs unchecked); only said explicitly.
+    verify: bool = True
+    default: dict[str, Value] | None = None
+
+    @field_validator("restrictions", "grid_div_x", "grid_div_y", "grid_div_z", mode="before")
+    @classmethod
+    def _one_or_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value  # Kernel Tuner takes either
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OperatorModel:
+        for kernel in (self.kernel_name, *([self.reference.kernel_name] if self.reference else [])):
+            if not _IDENTIFIER.match(kernel):
+                raise ValueError(f"kernel name {kernel!r} must be a C identifier")
+        files = [self.template] + ([self.reference.template] if self.reference else [])
+        for file in files:
+            if not _FILE_NAME.match(file):
+                raise ValueError(f"file {file!r} must be a plain .cu or .cuh name in the folder")
+        names: list[str] = []
+        for dim in self.shape:
+            if not _IDENTIFIER.match(dim) or keyword.iskeyword(dim):
+                raise ValueError(f"shape name {dim!r} must be an identifier")
+            names.append(dim)
+        for param, values in self.tune_params.items():
+            if not _IDENTIFIER.match(param) or keyword.iskeyword(param) or param.startswith("__"):
+                raise ValueError(f"tunable {param!r} must be a C identifier")
+            if not 1 <= len(values) <= MAX_VALUES:
+                raise ValueError(f"tunable {param!r} needs 1 to {MAX_VALUES} values")
+            if len({repr(v) for v in values}) != len(values):
+                raise ValueError(f"tunable {param!r} lists a value twice")
+            for v in values:
+                if isinstance(v, str) and not _IDENTIFIER.match(v) and not _NUMBER.match(v):
+                    raise ValueError(
+                        f"tunable {param!r}: string value {v!r} must be an identifier or a number"
+                    )
+            names.append(param)
+        clash = sorted({n for n in names if names.count(n) > 1} | (set(names) & set(BUILTIN_NAMES)))
+        if clash:
+            raise ValueError(f"names used twice (shape, tunables, builtins): {', '.join(clash)}")
+        space = 1
+        for values in self.tune_params.values():
+            space *= len(values)
+        if space > MAX_SPACE:
+            raise ValueError(f"tune_params make {space} combinations; at most {MAX_SPACE}")
+        unknown = sorted(set(self.dtypes) - set(DTYPES))
+        if unknown:
+            raise ValueError(f"dtypes {unknown} unknown; supported: {', '.join(DTYPES)}")
+        if self.dtype_macro is not None and not _IDENTIFIER.match(self.dtype_macro):
+            raise ValueError(f"dtype_macro {self.dtype_macro!r} must be a C identifier")
+        for name in self.defines:
+            if not _IDENTIFIER.match(name):
+                raise ValueError(f"define {name!r} must be a C identifier")
+        arg_names = [a.name for a in self.arguments]
+        if len(set(arg_names)) != len(arg_names):
+            raise ValueError("argument names must be distinct")
+        if self.verify and not any(a.output for a in self.arguments):
+            raise ValueError("no argument is an output: mark the ones the kernel writes")
+        if self.verify and self.reference is None:
+            raise ValueError(
+                "no reference: add [reference] (a reference CUDA kernel in the folder), or set "
+                "verify = false to leave the outputs unchecked"
+            )
+        if self.block_size_names is not None:
+            for name in self.block_size_names:
+                if not _IDENTIFIER.match(name):
+                    raise ValueError(f"block size name {name!r} must be an identifier")
+        if self.tolerance is not None:
+            values = (
+                list(self.tolerance.values())
+                if isinstance(self.tolerance, dict)
+                else [self.tolerance]
+            )
+            if any(min(t) < 0 for t in values):
+                raise ValueError("tolerances [atol, rtol] must be >= 0")
+            if isinstance(self.tolerance, dict) and set(self.tolerance) - set(self.dtypes):
+                raise ValueError("tolerance names a dtype the operator does not take")
+        self.expressions()  # every expression parses and reads known names only
+        if self.default is not None:
+            missing = set(self.tune_params) ^ set(self.default)
+            bad = [k for k, v in self.default.items() if v not in self.tune_params.get(k, [])]
+            if missing or bad:
+                raise ValueError("default must give every tunable one of its values")
+        return self
+
+    # --- expressions ----------------------------------------------------------------------
+
+    @property
+    def shape_names(self) -> tuple[str, ...]:
+        return tuple(self.shape)
+
+    def expressions(self) -> dict[str, Any]:
+        """Every expression of the spec, parsed: what reads the config and what reads only the
+        shape. Raises :class:`~kernels.user.expr.ExpressionError` naming the first bad one."""
+        config_names = (*self.shape, *self.tune_params, *BUILTIN_NAMES)
+        shape_names = (*self.shape, *BUILTIN_NAMES)
+
+        def parse_all(texts: list[str] | None, what: str, names: tuple[str, ...]) -> Any:
+            if texts is None:
+                return None
+            return [expr.parse(t, names, what=f"{what} {i + 1}") for i, t in enumerate(texts)]
+
+        out: dict[str, Any] = {
+            "restrictions": parse_all(self.restrictions, "restriction", config_names),
+            "problem_size": parse_all(self.problem_size, "problem_size", config_names),
+            "grid_div": [
+                parse_all(getattr(self, f"grid_div_{d}"), f"grid_div_{d}", config_names)
+                for d in "xyz"
+            ],
+            "shared_memory": self.shared_memory
+            and expr.parse(self.shared_memory, config_names, what="shared_memory"),
+            "defines": {
+                k: expr.parse(v, config_names, what=f"define {k}") for k, v in self.defines.items()
+            },
+            "bytes": self.bytes and expr.parse(self.bytes, shape_names, what="bytes"),
+            "flops": self.flops and expr.parse(self.flops, shape_names, what="flops"),
+            "arguments": [
+                expr.parse(a.size or a.value or "", shape_names, what=f"argument {a.name}")
+                for a in self.arguments
+            ],
+        }
+        if self.reference is not None:
+            ref = self.reference
+            out["reference_block"] = parse_all(ref.block, "reference block", shape_names)
+            out["reference_grid"] = parse_all(ref.grid, "reference grid", shape_names)
+            out["reference_defines"] = {
+                k: expr.parse(v, shape_names, what=f"reference define {k}")
+                for k, v in ref.defines.items()
+            }
+        return out
+
+    def combinations(self) -> itertools.product:
+        return itertools.product(*self.tune_params.values())
+
+
+_NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]+)?$")
+
+
+class OperatorDefinition(_Strict):
+    """A user operator as stored and sent: the spec and the text of the files it names."""
+
+    spec: OperatorModel
+    files: dict[str, str]
+
+    @model_validator(mode="after")
+    def _files(self) -> OperatorDefinition:
+        needed = {self.spec.template} | (
+            {self.spec.reference.template} if self.spec.reference else set()
+        )
+        missing = sorted(needed - set(self.files))
+        if missing:
+            raise ValueError(f"files named by the spec are missing: {', '.join(missing)}")
+        extra = sorted(set(self.files) - needed)
+        if extra:
+            raise ValueError(f"files the spec does not name: {', '.join(extra)}")
+        for name, text in self.files.items():
+            if len(text.encode("utf-8", errors="surrogatepass")) > MAX_FILE_BYTES:
+                raise ValueError(f"file {name!r} is over {MAX_FILE_BYTES} bytes")
+            if "\x00" in text:
+                raise ValueError(f"file {name!r} holds a NUL character")
+        return self

@@ -1,0 +1,444 @@
+"""``UserOperatorSpec``: an :class:`~kernels.spec.OperatorSpec` built from a declarative
+definition (:class:`~kernels.user.model.OperatorDefinition`), so the search, replay, jobs and
+export/import treat a user's kernel as they treat a built-in one.
+
+The reference is one of: a reference CUDA kernel of the definition (run on the GPU by the
+backend, :meth:`UserOperatorSpec.device_reference`), a Python function (operators that a
+package registers: ``reference=``), or fixed expected outputs (``kato.tune_kernel``'s
+``answer``); None entries of the expected outputs are not checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import math
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kernels import limits
+from kernels.spec import (
+    DTYPES,
+    Config,
+    InvalidInput,
+    Launch,
+    OperatorSpec,
+    Problem,
+    code_fingerprint,
+)
+from kernels.user.expr import ExpressionError
+from kernels.user.model import (
+    DEFAULT_BLOCK_SIZE_NAMES,
+    OperatorDefinition,
+    numpy_dtype,
+)
+
+#: ``(atol, rtol)`` per dtype where the spec gives none (float32 results of a differently
+#: ordered float32 sum; 16-bit types rounded once more).
+DEFAULT_TOLERANCES = {
+    "float32": (1e-5, 1e-4),
+    "float16": (1e-3, 1e-2),
+    "bfloat16": (1e-2, 2e-2),
+    "int32": (0.0, 0.0),
+}
+#: Most elements of one array argument, and bytes of one problem.
+MAX_ELEMENTS = 1 << 34
+#: CUDA's limits on a block's dimensions and a grid's.
+MAX_BLOCK = (1024, 1024, 64)
+MAX_GRID = (limits.MAX_GRID_X, limits.MAX_GRID_Y, limits.MAX_GRID_Y)
+#: Function computing float64 references: ``reference(args, shape, dtype) -> [array per
+#: output]`` (``args`` as :meth:`UserOperatorSpec.make_problem` made them).
+PythonReference = Callable[[list[Any], tuple[int, ...], str], Sequence[np.ndarray]]
+
+
+@dataclass(frozen=True)
+class DeviceReference:
+    """A reference kernel to run once per problem on the GPU (by the measuring backend): its
+    rendered ``source``, entry point, launch and the problem arguments it takes (all, in
+    order). After it ran, the outputs' contents are the references."""
+
+    source: str
+    kernel_name: str
+    launch: Launch
+
+
+class UserOperatorSpec(OperatorSpec):
+    """An operator from a declarative definition. See the module docstring.
+
+    Args:
+        definition: the spec and its files' text.
+        reference: a Python reference (packages only; never for a definition from the API).
+        arguments: fixed argument values (``kato.tune_kernel``): used as the problem instead of
+            random inputs (scalars and arrays, in order, dtypes and sizes as declared).
+        answer: fixed expected outputs, one entry per argument (None: not checked).
+    """
+
+    def __init__(
+        self,
+        definition: OperatorDefinition,
+        *,
+        reference: PythonReference | None = None,
+        arguments: Sequence[Any] | None = None,
+        answer: Sequence[Any] | None = None,
+        source_dir: Path | None = None,
+    ):
+        self.definition = definition
+        model = self.model = definition.spec
+        self.name = model.name
+        self.description = model.description or f"user operator {model.name}"
+        self.dtypes = tuple(model.dtypes)
+        self.rank = len(model.shape)
+        self.shape_names = tuple(model.shape)
+        self.params = {k: tuple(v) for k, v in model.tune_params.items()}
+        self.kernel_name = model.kernel_name
+        self.kernel_names = ()
+        self._python_reference = reference
+        self._arguments = list(arguments) if arguments is not None else None
+        self._answer = list(answer) if answer is not None else None
+        self._source_dir = source_dir
+        self._expr = model.expressions()
+        names = model.block_size_names or []
+        self.block_size_names = tuple(names) + DEFAULT_BLOCK_SIZE_NAMES[len(names) :]
+        if self._answer is not None and len(self._answer) != len(model.arguments):
+            raise InvalidInput(
+                f"answer has {len(self._answer)} entries; it needs one per argument "
+                f"({len(model.arguments)}), None where not checked"
+            )
+        if model.verify and model.reference is None and reference is None and answer is None:
+            raise InvalidInput(f"operator {self.name!r} has no reference")
+
+    # --- identity ---------------------------------------------------------------------------
+
+    @cached_property
+    def template(self) -> Path:  # type: ignore[override]
+        """The template as a file (the folder's, else written once to Kato's cache)."""
+        name = self.model.template
+        if self._source_dir is not None and (self._source_dir / name).is_file():
+            return self._source_dir / name
+        from tuner.nvcc import default_cache_dir
+
+        text = self.definition.files[name]
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        path = default_cache_dir().parent / "user-operators" / digest / name
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text)
+            tmp.replace(path)
+        return path
+
+    @cached_property
+    def version(self) -> str:
+        """sha256 of the spec (canonical JSON), the files' text, and the syntax of the code
+        that renders, launches and verifies it (this package and :mod:`kernels.limits`): a
+        changed folder or a changed Kato gives a new version (12 hex digits)."""
+        h = hashlib.sha256()
+        h.update(self.definition.spec.model_dump_json().encode())
+        for name in sorted(self.definition.files):
+            h.update(name.encode() + b"\0" + self.definition.files[name].encode() + b"\0")
+        modules = sorted(
+            {m for m in sys.modules if m.startswith("kernels.user.")} | {"kernels.limits"}
+        )
+        for module in modules:
+            h.update(code_fingerprint(Path(inspect.getfile(sys.modules[module])).read_text()))
+        if self._python_reference is not None:
+            try:
+                h.update(code_fingerprint(inspect.getsource(self._python_reference)))
+            except (OSError, TypeError):
+                h.update(getattr(self._python_reference, "__qualname__", "").encode())
+        return h.hexdigest()[:12]
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out["user"] = True
+        return out
+
+    # --- expressions ------------------------------------------------------------------------
+
+    def _env(self, config: Mapping[str, Any] | None, shape: Sequence[int], dtype: str) -> dict:
+        env: dict[str, Any] = dict(zip(self.shape_names, shape, strict=True))
+        env["itemsize"] = DTYPES[dtype][2] if dtype in DTYPES else 4
+        if config is not None:
+            env.update(config)
+        return env
+
+    def _int(self, expression: Any, env: Mapping[str, Any], what: str) -> int:
+        value = expression.evaluate(env)
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ExpressionError(f"{what} ({expression}) must be an integer, got {value!r}")
+        return value
+
+    def threads(self, config: Config) -> tuple[int, int, int]:
+        """Kernel Tuner's block: the block size names' values (256, 1, 1 where absent)."""
+        defaults = (256, 1, 1)
+        return tuple(  # type: ignore[return-value]
+            int(config.get(name, default))
+            for name, default in zip(self.block_size_names, defaults, strict=True)
+        )
+
+    def problem_size(self, config: Config, shape: Sequence[int], dtype: str) -> tuple[int, ...]:
+        """``problem_size`` evaluated (default: the shape), padded to 3 dimensions with 1."""
+        env = self._env(config, shape, dtype)
+        exprs = self._expr["problem_size"]
+        if exprs is None:
+            sizes = list(shape[:3])
+            if len(shape) > 3:
+                sizes[2] = math.prod(shape[2:])
+        else:
+            sizes = [self._int(e, env, "problem_size") for e in exprs]
+        return tuple(sizes + [1] * (3 - len(sizes)))
+
+    def grid(self, config: Config, shape: Sequence[int], dtype: str) -> tuple[int, int, int]:
+        """Kernel Tuner's grid: ``ceil(problem_size / divisor)`` per dimension, the divisor the
+        product of ``grid_div_*`` (default: that dimension's block size name if a tunable)."""
+        env = self._env(config, shape, dtype)
+        size = self.problem_size(config, shape, dtype)
+        grid = []
+        for dim, exprs in enumerate(self._expr["grid_div"]):
+            if exprs is None:
+                name = self.block_size_names[dim]
+                divisor = int(config[name]) if name in config else 1
+            else:
+                divisor = math.prod(self._int(e, env, f"grid_div_{'xyz'[dim]}") for e in exprs)
+            if divisor < 1:
+                raise ExpressionError(f"grid_div_{'xyz'[dim]} is {divisor}; it must be >= 1")
+            grid.append(max(1, -(-size[dim] // divisor)))
+        return tuple(grid)  # type: ignore[return-value]
+
+    # --- OperatorSpec -----------------------------------------------------------------------
+
+    def validate(self, shape: Sequence[int], dtype: str) -> tuple[int, ...]:
+        shape = super().validate(shape, dtype)
+        env = self._env(None, shape, dtype)
+        total = 0
+        for arg, size_expr in zip(self.model.arguments, self._expr["arguments"], strict=True):
+            n = self._int(size_expr, env, f"argument {arg.name}")
+            if arg.size is not None:
+                if not 0 <= n <= MAX_ELEMENTS:
+                    raise InvalidInput(
+                        f"argument {arg.name} has {n} elements at shape {shape}; 0 to "
+                        f"{MAX_ELEMENTS} allowed"
+                    )
+                total += n * numpy_dtype(arg.dtype, dtype).itemsize
+        if total > 1 << 40:
+            raise InvalidInput(f"the arguments take {total} bytes at shape {shape}: too many")
+        return shape
+
+    def check(self, config: Config, shape: Sequence[int], dtype: str) -> str | None:
+        """Rejects: parameters outside the space; a restriction that does not hold; a block of
+        more than 1024 threads (or over CUDA's per-dimension limits); a grid over CUDA's limits;
+        dynamic shared memory over the largest GPU's; an expression that cannot be evaluated
+        for this config (its error)."""
+        reason = self.check_params(config)
+        if reason:
+            return reason
+        try:
+            shape = self.validate(shape, dtype)
+            env = self._env(config, shape, dtype)
+            for restriction in self._expr["restrictions"]:
+                if not restriction.evaluate(env):
+                    return f"restriction {restriction} does not hold"
+            block = self.threads(config)
+            if math.prod(block) > 1024 or any(
+                not 1 <= b <= m for b, m in zip(block, MAX_BLOCK, strict=True)
+            ):
+                return f"block {block} is over CUDA's limits (1024 threads, {MAX_BLOCK})"
+            grid = self.grid(config, shape, dtype)
+            if any(g > m for g, m in zip(grid, MAX_GRID, strict=True)):
+                return f"grid {grid} is over CUDA's limits {MAX_GRID}"
+            shared = self._shared(env)
+            if not 0 <= shared <= limits.MAX_SHARED_PER_BLOCK:
+                return f"{shared} B of dynamic shared memory; 0 to {limits.MAX_SHARED_PER_BLOCK}"
+            for define in self._expr["defines"].values():
+                define.evaluate(env)
+        except InvalidInput as exc:  # ExpressionError included
+            return str(exc)
+        return None
+
+    def _shared(self, env: Mapping[str, Any]) -> int:
+        e = self._expr["shared_memory"]
+        return self._int(e, env, "shared_memory") if e else 0
+
+    def default_config(self, shape: Sequence[int], dtype: str) -> Config:
+        """The spec's ``default`` where it is valid for the shape, else the first valid
+        combination in ``tune_params`` order."""
+        self.validate(shape, dtype)
+        if self.model.default is not None and not self.check(
+            dict(self.model.default), shape, dtype
+        ):
+            return dict(self.model.default)
+        for values in self.model.combinations():
+            config = dict(zip(self.params, values, strict=True))
+            if self.check(config, shape, dtype) is None:
+                return config
+        raise InvalidInput(f"operator {self.name!r} has no valid config at shape {shape}")
+
+    def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, Any]:
+        """Kernel Tuner's macros (``grid_size_x/y/z``, the block size names, every tunable,
+        ``kernel_tuner``), then the spec's ``defines`` and its ``dtype_macro``."""
+        env = self._env(config, shape, dtype)
+        out: dict[str, Any] = {}
+        for name, value in zip(
+            ("grid_size_x", "grid_size_y", "grid_size_z"), self.grid(config, shape, dtype),
+            strict=True,
+        ):  # fmt: skip
+            out[name] = value
+        for name, value in zip(self.block_size_names, self.threads(config), strict=True):
+            out[name] = value
+        out.update(config)
+        out["kernel_tuner"] = 1
+        for name, define in self._expr["defines"].items():
+            out[name] = define.evaluate(env)
+        if self.model.dtype_macro:
+            out[self.model.dtype_macro] = DTYPES[dtype][1]
+        return out
+
+    def render(self, config: Config, shape: Sequence[int], dtype: str) -> str:
+        """The macros, then the template; a template without ``extern "C"`` is wrapped in
+        ``extern "C" { }`` (as PyCUDA's SourceModule does, which Kernel Tuner relies on)."""
+        return _render(
+            self.defines(config, shape, dtype), self.definition.files[self.model.template]
+        )
+
+    def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
+        env = self._env(config, shape, dtype)
+        return Launch(self.grid(config, shape, dtype), self.threads(config), self._shared(env))
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        tol = self.model.tolerance
+        if isinstance(tol, dict) and dtype in tol:
+            return tuple(tol[dtype])  # type: ignore[return-value]
+        if isinstance(tol, tuple):
+            return tol
+        return DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))
+
+    def _array_bytes(self, shape: Sequence[int], dtype: str) -> int:
+        env = self._env(None, shape, dtype)
+        total = 0
+        for arg, e in zip(self.model.arguments, self._expr["arguments"], strict=True):
+            if arg.size is not None:
+                total += self._int(e, env, arg.name) * numpy_dtype(arg.dtype, dtype).itemsize
+        return total
+
+    def bytes_moved(self, shape: Sequence[int], dtype: str) -> int:
+        """The spec's ``bytes``, else every array read or written once."""
+        e = self._expr["bytes"]
+        if e:
+            return self._int(e, self._env(None, shape, dtype), "bytes")
+        return self._array_bytes(shape, dtype)
+
+    def buffer_bytes(self, shape: Sequence[int], dtype: str) -> int:
+        return self._array_bytes(shape, dtype)
+
+    def flops(self, shape: Sequence[int], dtype: str) -> int:
+        e = self._expr["flops"]
+        return self._int(e, self._env(None, shape, dtype), "flops") if e else 0
+
+    # --- problem ----------------------------------------------------------------------------
+
+    def make_problem(self, shape: Sequence[int], dtype: str, rng: np.random.Generator) -> Problem:
+        """The arguments (fixed ones as given, else filled by each argument's ``init``), the
+        outputs that are checked, and their references: from the answer or the Python
+        reference here; none yet for a reference kernel (:meth:`device_reference`: the
+        backend runs it and fills :attr:`Problem.references`)."""
+        shape = self.validate(shape, dtype)
+        args = self._fixed_args(shape, dtype) if self._arguments is not None else [
+            self._make_arg(i, shape, dtype, rng) for i in range(len(self.model.arguments))
+        ]  # fmt: skip
+        outputs = [i for i, a in enumerate(self.model.arguments) if a.output]
+        tolerances = [
+            tuple(self.model.arguments[i].tolerance or self.tolerance(dtype)) for i in outputs
+        ]
+        references: list[np.ndarray] = []
+        if self._answer is not None:
+            checked = [i for i in outputs if self._answer[i] is not None]
+            references = [np.asarray(self._answer[i], dtype=np.float64).ravel() for i in checked]
+            tolerances = [tolerances[outputs.index(i)] for i in checked]
+            outputs = checked
+        elif self._python_reference is not None:
+            references = [
+                np.asarray(r, dtype=np.float64).ravel()
+                for r in self._python_reference(args, tuple(shape), dtype)
+            ]
+            if len(references) != len(outputs):
+                raise InvalidInput(
+                    f"the reference of {self.name!r} returned {len(references)} arrays for "
+                    f"{len(outputs)} outputs"
+                )
+        elif not self.model.verify:
+            outputs, tolerances = [], []
+        for i, ref in zip(outputs, references, strict=False):
+            if ref.size != args[i].size:
+                raise InvalidInput(
+                    f"the reference for {self.model.arguments[i].name} has {ref.size} elements, "
+                    f"the argument {args[i].size}"
+                )
+        return Problem(args=args, outputs=outputs, references=references, tolerances=tolerances)
+
+    def device_reference(self, shape: Sequence[int], dtype: str) -> DeviceReference | None:
+        """The reference kernel to run on the device for this problem, or None where the
+        references come with the problem (answer, Python reference) or there is none."""
+        ref = self.model.reference
+        if ref is None or self._answer is not None or self._python_reference is not None:
+            return None
+        env = self._env(None, shape, dtype)
+        block = [self._int(e, env, "reference block") for e in self._expr["reference_block"]]
+        grid = [self._int(e, env, "reference grid") for e in self._expr["reference_grid"]]
+        macros = {k: e.evaluate(env) for k, e in self._expr["reference_defines"].items()}
+        if self.model.dtype_macro:
+            macros[self.model.dtype_macro] = DTYPES[dtype][1]
+        pad = [1, 1, 1]
+        launch = Launch(
+            tuple((grid + pad)[:3]),  # type: ignore[arg-type]
+            tuple((block + pad)[:3]),  # type: ignore[arg-type]
+        )
+        return DeviceReference(
+            _render(macros, self.definition.files[ref.template]), ref.kernel_name, launch
+        )
+
+    def _make_arg(self, index: int, shape: Sequence[int], dtype: str, rng: np.random.Generator):
+        arg = self.model.arguments[index]
+        env = self._env(None, shape, dtype)
+        n = self._int(self._expr["arguments"][index], env, f"argument {arg.name}")
+        np_dtype = numpy_dtype(arg.dtype, dtype)
+        if arg.size is None:
+            return np_dtype.type(n)
+        init = arg.init or ("zeros" if arg.output else "normal")
+        if init == "zeros":
+            return np.zeros(n, dtype=np_dtype)
+        if init == "ones":
+            return np.ones(n, dtype=np_dtype)
+        if init == "index":
+            return np.arange(n).astype(np_dtype)
+        if init == "randint" or np_dtype.kind in "iu":
+            low, high = (arg.low, arg.high) if init == "randint" else (0, 100)
+            return rng.integers(int(low), max(int(high), int(low) + 1), n).astype(np_dtype)
+        if init == "uniform":
+            return rng.uniform(arg.low, arg.high, n).astype(np_dtype)
+        values = rng.standard_normal(n, dtype=np.float32).astype(np_dtype)
+        values[values == 0] = 1  # no exact zeros: a zero hides a wrong index
+        return values
+
+    def _fixed_args(self, shape: Sequence[int], dtype: str) -> list[Any]:
+        out = []
+        for arg, value in zip(self.model.arguments, self._arguments or [], strict=True):
+            np_dtype = numpy_dtype(arg.dtype, dtype)
+            if arg.size is None:
+                out.append(np_dtype.type(value))
+            else:
+                out.append(np.array(value, dtype=np_dtype).ravel())
+        return out
+
+
+def _render(macros: Mapping[str, Any], template: str) -> str:
+    lines = [f"#define {k} {v}" for k, v in macros.items()]
+    body = template if 'extern "C"' in template else f'extern "C" {{\n{template}\n}}'
+    return "\n".join(lines) + "\n" + body + "\n"

@@ -1,0 +1,268 @@
+"""UserOperatorSpec from a folder: validation, Kernel Tuner's geometry, rendering, problems."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import tomllib
+from pathlib import Path
+
+import kernel_tuner.util as kt_util
+import numpy as np
+import pytest
+
+from kernels.spec import InvalidInput
+from kernels.user import definition, load_folder, spec_from_folder
+from kernels.user.spec import UserOperatorSpec
+
+
+def _spec_dict(folder: Path) -> dict:
+    return tomllib.loads((folder / "kato.toml").read_text())
+
+
+def _files(folder: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in folder.glob("*.cu")}
+
+
+def _refused(folder: Path, says: str, **changes) -> None:
+    spec = _spec_dict(folder) | changes
+    with pytest.raises(InvalidInput) as info:
+        definition(spec, _files(folder))
+    assert says in str(info.value), str(info.value)
+
+
+def test_folder_loads(vector_add_dir):
+    spec = spec_from_folder(vector_add_dir)
+    assert spec.name == "vector_add_test"
+    assert spec.params == {
+        "block_size_x": (32, 64, 128, 256, 512, 1024),
+        "tile_size_x": (1, 2, 4, 8),
+    }
+    assert spec.shape_names == ("n",)
+    assert spec.describe()["user"] is True
+    assert spec.bytes_moved((1000,), "float32") == 12000
+    assert spec.buffer_bytes((1000,), "float32") == 12000
+    # the restriction block_size_x * tile_size_x <= 4096 removes 1024x8 only
+    valid = [
+        dict(zip(spec.params, v, strict=True))
+        for v in itertools.product(*spec.params.values())
+        if spec.check(dict(zip(spec.params, v, strict=True)), (1000,), "float32") is None
+    ]
+    assert len(valid) == 23
+    assert {"block_size_x": 1024, "tile_size_x": 8} not in valid
+    reason = spec.check({"block_size_x": 1024, "tile_size_x": 8}, (1000,), "float32")
+    assert "block_size_x * tile_size_x <= 4096" in reason
+    assert "not one of" in spec.check({"block_size_x": 48, "tile_size_x": 1}, (1000,), "float32")
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"restrictions": ["block_size_x * unroll <= 1024"]}, "unknown name 'unroll'"),
+        ({"restrictions": ["().__class__"]}, "attribute access"),
+        ({"restrictions": ["__import__('os').system('x')"]}, "__import__"),
+        ({"grid_div_x": ["block_size_x.bit_length()"]}, "may be called"),
+        ({"bytes": "9**9**9 > 1"}, ""),  # parses; refused when evaluated (below)
+        ({"bytes": "block_size_x * 4"}, "unknown name 'block_size_x'"),  # shape only
+        ({"name": "Vector Add"}, "name"),
+        ({"template": "../etc/passwd.cu"}, "plain .cu"),
+        ({"tune_params": {"block_size_x": []}}, "1 to 1024 values"),
+        ({"tune_params": {"block_size_x": [1, 1]}}, "twice"),
+        ({"tune_params": {"n": [1, 2]}}, "names used twice"),
+        ({"dtypes": ["float8"]}, "unknown"),
+        ({"kernel_name": "vector add"}, "C identifier"),
+        ({"verify": True, "reference": None}, "no reference"),
+        ({"unknown_field": 1}, "unknown_field"),
+    ],
+)
+def test_bad_specs_refused(vector_add_dir, changes, says):
+    if changes.get("reference", 1) is None:
+        spec = _spec_dict(vector_add_dir)
+        del spec["reference"]
+        with pytest.raises(InvalidInput, match=says):
+            definition(spec, {"vector_add.cu": "x"})
+        return
+    if "bytes" in changes and not says:
+        d = definition(_spec_dict(vector_add_dir) | changes, _files(vector_add_dir))
+        with pytest.raises(InvalidInput, match="at most 64"):
+            UserOperatorSpec(d).bytes_moved((10,), "float32")
+        return
+    _refused(vector_add_dir, says, **changes)
+
+
+def test_folder_errors(tmp_path, vector_add_dir):
+    with pytest.raises(InvalidInput, match="not a directory"):
+        load_folder(tmp_path / "missing")
+    with pytest.raises(InvalidInput, match="no kato.toml"):
+        load_folder(tmp_path)
+    folder = tmp_path / "op"
+    shutil.copytree(vector_add_dir, folder)
+    (folder / "reference.cu").unlink()
+    with pytest.raises(InvalidInput, match="'reference.cu', which is not a file"):
+        load_folder(folder)
+    (folder / "kato.toml").write_text("name = [")
+    with pytest.raises(InvalidInput, match="not valid TOML"):
+        load_folder(folder)
+
+
+def test_files_must_match_the_spec(vector_add_dir):
+    files = _files(vector_add_dir)
+    with pytest.raises(InvalidInput, match="missing: reference.cu"):
+        definition(_spec_dict(vector_add_dir), {"vector_add.cu": files["vector_add.cu"]})
+    with pytest.raises(InvalidInput, match="does not name: extra.cu"):
+        definition(_spec_dict(vector_add_dir), files | {"extra.cu": ""})
+
+
+def _two_d(**extra) -> UserOperatorSpec:
+    spec = {
+        "name": "tiles",
+        "template": "k.cu",
+        "kernel_name": "k",
+        "shape": ["rows", "cols"],
+        "problem_size": ["cols", "rows"],
+        "tune_params": {
+            "block_size_x": [16, 32, 64],
+            "block_size_y": [1, 2, 4, 8],
+            "tile_size_x": [1, 2],
+            "tile_size_y": [1, 4],
+        },
+        "grid_div_x": ["block_size_x", "tile_size_x"],
+        "grid_div_y": ["block_size_y * tile_size_y"],
+        "restrictions": ["block_size_x * block_size_y >= 32"],
+        "arguments": [{"name": "out", "dtype": "float32", "size": "rows * cols", "output": True}],
+        "verify": False,
+        **extra,
+    }
+    return UserOperatorSpec(definition(spec, {"k.cu": "__global__ void k(float *out) {}"}))
+
+
+def test_geometry_matches_kernel_tuner():
+    """Grid and block of every config equal Kernel Tuner's own functions' answers."""
+    spec = _two_d()
+    shape = (1000, 777)
+    for values in itertools.product(*spec.params.values()):
+        params = dict(zip(spec.params, values, strict=True))
+        launch = spec.launch(params, shape, "float32")
+        names = list(spec.block_size_names)
+        problem = kt_util.get_problem_size((777, 1000), params)
+        grid_div = (
+            ["block_size_x", "tile_size_x"],
+            ["block_size_y * tile_size_y"],
+            None,
+        )
+        assert launch.grid == kt_util.get_grid_dimensions(problem, params, grid_div, names)
+        assert launch.block == kt_util.get_thread_block_dimensions(params, names)
+
+
+def test_default_divisors_and_block_names():
+    """A short block_size_names list is padded with Kernel Tuner's defaults (Kernel Tuner
+    itself indexes past its end); a missing grid_div_* divides by that dimension's block size
+    name where it is a tunable."""
+    spec = _two_d(grid_div_x=None, grid_div_y=None, block_size_names=["block_size_y"])
+    assert spec.block_size_names == ("block_size_y", "block_size_y", "block_size_z")
+    params = {"block_size_x": 32, "block_size_y": 8, "tile_size_x": 2, "tile_size_y": 4}
+    launch = spec.launch(params, (100, 300), "float32")
+    assert launch.block == (8, 8, 1)
+    assert launch.grid == (38, 13, 1)  # ceil(300 / 8), ceil(100 / 8)
+
+
+def test_render_defines_like_kernel_tuner(vector_add_dir):
+    spec = spec_from_folder(vector_add_dir)
+    source = spec.render({"block_size_x": 128, "tile_size_x": 4}, (1000,), "float32")
+    lines = source.splitlines()
+    assert lines[:8] == [
+        "#define grid_size_x 2",
+        "#define grid_size_y 1",
+        "#define grid_size_z 1",
+        "#define block_size_x 128",
+        "#define block_size_y 1",
+        "#define block_size_z 1",
+        "#define tile_size_x 4",
+        "#define kernel_tuner 1",
+    ]
+    assert lines[8] == 'extern "C" {'  # no extern "C" in the template: wrapped, as PyCUDA does
+
+
+def test_problem_and_reference_kernel(vector_add_dir):
+    spec = spec_from_folder(vector_add_dir)
+    problem = spec.make_problem((1000,), "float32", np.random.default_rng(1))
+    c, a, b, n = problem.args
+    assert c.dtype == a.dtype == np.float32 and c.size == 1000 and not c.any()
+    assert a.std() > 0.5 and (a != 0).all() and not np.array_equal(a, b)
+    assert n == np.int32(1000) and isinstance(n, np.int32)
+    assert problem.outputs == [0] and problem.references == []  # the device fills them
+    ref = spec.device_reference((1000,), "float32")
+    assert ref.kernel_name == "vector_add_reference"
+    assert ref.launch.grid == (4, 1, 1) and ref.launch.block == (256, 1, 1)
+    assert "#define n" not in ref.source  # shape names are arguments, never macros
+
+
+def test_python_reference_and_answer(vector_add_dir):
+    d = load_folder(vector_add_dir)
+
+    def reference(args, shape, dtype):
+        return [args[1].astype(np.float64) + args[2]]
+
+    spec = UserOperatorSpec(d, reference=reference)
+    problem = spec.make_problem((64,), "float32", np.random.default_rng(0))
+    expected = problem.args[1].astype(np.float64) + problem.args[2]
+    np.testing.assert_array_equal(problem.references[0], expected)
+    assert spec.device_reference((64,), "float32") is None
+    a = np.arange(8, dtype=np.float32)
+    fixed = UserOperatorSpec(d, arguments=[np.zeros(8), a, a, 8], answer=[2 * a, None, None, None])
+    problem = fixed.make_problem((8,), "float32", np.random.default_rng(0))
+    np.testing.assert_array_equal(problem.args[1], a)
+    np.testing.assert_array_equal(problem.references[0], 2 * a)
+    assert problem.outputs == [0]
+    with pytest.raises(InvalidInput, match="one per argument"):
+        UserOperatorSpec(d, answer=[None])
+
+
+def test_version_covers_template_and_spec(vector_add_dir, tmp_path):
+    base = spec_from_folder(vector_add_dir).version
+    assert base == spec_from_folder(vector_add_dir).version  # stable
+    folder = tmp_path / "op"
+    shutil.copytree(vector_add_dir, folder)
+    (folder / "vector_add.cu").write_text((folder / "vector_add.cu").read_text() + "\n// x\n")
+    changed_template = spec_from_folder(folder).version
+    text = (folder / "kato.toml").read_text().replace("<= 4096", "<= 2048")
+    (folder / "kato.toml").write_text(text)
+    changed_spec = spec_from_folder(folder).version
+    assert len({base, changed_template, changed_spec}) == 3
+
+
+def test_expression_failure_is_an_invalid_config():
+    spec = _two_d(restrictions=["rows // (block_size_x - 16) > 0"])
+    reason = spec.check(
+        {"block_size_x": 16, "block_size_y": 2, "tile_size_x": 1, "tile_size_y": 1},
+        (10, 10),
+        "float32",
+    )
+    assert "division by zero" in reason
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_rendered_variants_compile(vector_add_dir, tmp_path):
+    """Two variants and the reference kernel go through nvcc and ptxas; a template that does not
+    compile is a CompileError (a compile_error trial in the backend), not a crash."""
+    from tuner.nvcc import CompileError, compile_kernel
+
+    spec = spec_from_folder(vector_add_dir)
+    for config in (
+        {"block_size_x": 128, "tile_size_x": 4},
+        {"block_size_x": 1024, "tile_size_x": 1},
+    ):
+        compiled = compile_kernel(
+            spec.render(config, (1000,), "float32"), spec.kernel_name, arch="sm_90",
+            cache_dir=tmp_path,
+        )  # fmt: skip
+        assert compiled.cubin and compiled.registers > 0
+    ref = spec.device_reference((1000,), "float32")
+    assert compile_kernel(ref.source, ref.kernel_name, arch="sm_90", cache_dir=tmp_path).cubin
+    files = _files(vector_add_dir) | {"vector_add.cu": "__global__ void vector_add( {"}
+    broken = UserOperatorSpec(definition(_spec_dict(vector_add_dir), files))
+    with pytest.raises(CompileError):
+        compile_kernel(
+            broken.render({"block_size_x": 128, "tile_size_x": 4}, (1000,), "float32"),
+            broken.kernel_name, arch="sm_90", cache_dir=tmp_path,
+        )  # fmt: skip
