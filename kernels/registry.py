@@ -22,6 +22,8 @@ _BUILTIN_MODULES = (
     "kernels.rmsnorm",
     "kernels.rmsnorm_backward",
     "kernels.softmax_backward",
+    "kernels.cross_entropy",
+    "kernels.layernorm_backward",
 )
 
 
