@@ -119,12 +119,48 @@ def build_backend(spec: BackendSpec) -> Backend:
     return getattr(importlib.import_module(module_name), attr)(spec)
 
 
-def _child_main(conn: multiprocessing.connection.Connection, spec: BackendSpec) -> None:
-    """The child: build the backend, announce its device, make its inputs (``prepare``, while
-    the parent starts compiling), say so, then answer configs until told to close or the pipe
-    closes. Exits (without closing the CUDA context cleanly: it may be dead) after a result
-    whose backend reports itself unhealthy."""
+def _user_operators(spec: BackendSpec) -> tuple[Any, ...]:
+    """The operator of ``spec`` when it is a user operator (:mod:`kernels.user`), to register in
+    the child: it exists in this process only (read from the database, or built by
+    ``kato.tune_kernel``), not in a module the child could import. A built-in operator, or one
+    whose spec cannot be pickled, is left to the child's own registry."""
+    if not spec.operator:
+        return ()
+    import pickle
+
+    from kernels import get_operator
+    from kernels.spec import InvalidInput
+    from kernels.user import UserOperatorSpec
+
     try:
+        op = get_operator(spec.operator)
+    except InvalidInput:
+        return ()
+    if not isinstance(op, UserOperatorSpec):
+        return ()
+    try:
+        pickle.dumps(op)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        log.warning("user operator %s cannot be sent to the measuring process", op.name)
+        return ()
+    return (op,)
+
+
+def _child_main(
+    conn: multiprocessing.connection.Connection,
+    spec: BackendSpec,
+    operators: tuple[Any, ...] = (),
+) -> None:
+    """The child: register ``operators`` (user operators of the parent), build the backend,
+    announce its device, make its inputs (``prepare``, while the parent starts compiling; a user
+    operator's reference kernel runs here), say so, then answer configs until told to close or
+    the pipe closes. Exits (without closing the CUDA context cleanly: it may be dead) after a
+    result whose backend reports itself unhealthy."""
+    try:
+        from kernels.registry import register
+
+        for op in operators:
+            register(op)
         backend = build_backend(spec)
         conn.send(("ready", backend.device()))
         prepare = getattr(backend, "prepare", None)
@@ -217,7 +253,10 @@ class IsolatedBackend(Backend):
     def _start(self) -> DeviceInfo:
         parent_conn, child_conn = self._mp.Pipe()
         process = self._mp.Process(
-            target=_child_main, args=(child_conn, self.spec), name="kato-measure", daemon=True
+            target=_child_main,
+            args=(child_conn, self.spec, _user_operators(self.spec)),
+            name="kato-measure",
+            daemon=True,
         )
         process.start()
         child_conn.close()  # so that the child's death closes the pipe (EOF) for us

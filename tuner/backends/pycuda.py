@@ -19,6 +19,7 @@ A failure in any step is a :class:`TrialResult` with a failure status, never an 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Sequence
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from kernels.limits import needs_shared_opt_in
-from kernels.spec import CUDA_TYPES, Launch, OperatorSpec, Step
+from kernels.spec import CUDA_TYPES, Launch, OperatorSpec, Problem, Step
 from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
 from tuner.compile_queue import CompileQueue, CompileStats
 from tuner.gpus import find_gpu, normalize_gpu_name
@@ -59,6 +60,11 @@ _SPIN_MARGIN_MS = 0.05
 #: A batch whose start event fired before the host had queued it is timed again (with a spin
 #: twice as long) up to this many times; the last try is kept.
 _SPIN_RETRIES = 3
+
+
+class ReferenceKernelError(RuntimeError):
+    """A user operator's reference kernel could not produce the references (compile error,
+    launch failure, fault): no config can be verified, so the job fails with this message."""
 
 
 def _import_pycuda():
@@ -229,6 +235,11 @@ class PyCudaBackend(Backend):
         cuda = self.cuda
         problem = self.spec.make_problem(self.shape, self.dtype, self._rng)
         self.problem = problem
+        # A user operator may take its references from a reference kernel, run here once.
+        device_reference = getattr(self.spec, "device_reference", None)
+        reference = device_reference(self.shape, self.dtype) if device_reference else None
+        if reference is not None:
+            problem.references = self.run_reference(problem, reference)
         self._arg_formats = [
             "P" if isinstance(a, np.ndarray) else _ARG_FORMATS[type(a)] for a in problem.args
         ]
@@ -270,6 +281,57 @@ class PyCudaBackend(Backend):
             self._poisons.append(poison_word(out_dtype, host))
         self._bad = cuda.mem_alloc(8)
         self._max_err = cuda.mem_alloc(4)
+
+    def run_reference(self, problem: Problem, reference: Any) -> list[np.ndarray]:
+        """Run a reference kernel (a :class:`kernels.user.spec.DeviceReference`: source, entry
+        point, launch; it takes every problem argument in order) once on a copy of the problem
+        and return its outputs (``problem.outputs``) as float64: what every variant must match.
+
+        Raises:
+            ReferenceKernelError: it does not compile, does not launch or faults (saying
+                which); the job fails with that message, since no variant can be checked.
+        """
+        cuda = self.cuda
+        what = f"reference kernel {reference.kernel_name}"
+        try:
+            compiled = compile_kernel(
+                reference.source, reference.kernel_name, arch=self.info.arch,
+                cache_dir=self.compile_cache,
+            )  # fmt: skip
+        except CompileError as exc:
+            raise ReferenceKernelError(f"{what} does not compile: {exc.log[-2000:]}") from None
+        buffers: list[Any] = []
+        try:
+            module = cuda.module_from_buffer(compiled.cubin)
+            self._modules.append(module)
+            fn = module.get_function(reference.kernel_name)
+            args = []
+            for a in problem.args:
+                if isinstance(a, np.ndarray):
+                    buf = cuda.mem_alloc(max(a.nbytes, 1))
+                    cuda.memcpy_htod(buf, np.ascontiguousarray(a))
+                    buffers.append(buf)
+                    args.append(buf)
+                else:
+                    args.append(a)
+            fn.prepare("".join(
+                "P" if isinstance(a, np.ndarray) else _ARG_FORMATS[type(a)] for a in problem.args
+            ))  # fmt: skip
+            launch = reference.launch
+            fn.prepared_call(launch.grid, launch.block, *args, shared_size=launch.shared_bytes)
+            cuda.Context.synchronize()
+            references = []
+            for index in problem.outputs:
+                host = np.empty_like(problem.args[index])
+                cuda.memcpy_dtoh(host, args[index])
+                references.append(host.astype(np.float64))
+        except cuda.Error as exc:
+            raise ReferenceKernelError(f"{what} failed: {type(exc).__name__}: {exc}") from None
+        finally:
+            for buf in buffers:  # a dead context frees nothing; its process is replaced
+                with contextlib.suppress(cuda.Error):
+                    buf.free()
+        return references
 
     def _load_verifier(self) -> dict[np.dtype, Any]:
         """One ``count_mismatches`` function per distinct output dtype."""

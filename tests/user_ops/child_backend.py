@@ -1,0 +1,37 @@
+"""A GPU-free backend built in the isolated child (``BackendSpec(kind="user_ops.child_backend:make",
+operator=...)``): it answers from the operator the child's registry holds, so a test can see
+which user operator reached the child."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernels import get_operator
+from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
+from tuner.space import SearchSpace
+
+
+class RegistryEcho(Backend):
+    name = "registry-echo"
+
+    def __init__(self, operator: str, shape: tuple[int, ...], dtype: str):
+        self.op = get_operator(operator)
+        self.shape, self.dtype = shape, dtype
+
+    def device(self) -> DeviceInfo:
+        return DeviceInfo("test", "H200", (9, 0), "13.0")
+
+    def space(self) -> SearchSpace:
+        return SearchSpace(self.op.params, check=lambda c: self.op.check(c, self.shape, self.dtype))
+
+    def evaluate(self, config: dict[str, Any]) -> TrialResult:
+        """OK with the time the launch's grid; the operator's version as the error text."""
+        launch = self.op.launch(config, self.shape, self.dtype)
+        return TrialResult(
+            config=dict(config), status=TrialStatus.OK, times_ms=[float(launch.grid[0])],
+            error=self.op.version,
+        )  # fmt: skip
+
+
+def make(spec: Any) -> Backend:
+    return RegistryEcho(spec.operator, tuple(spec.shape), spec.dtype)
