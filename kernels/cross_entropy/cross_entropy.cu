@@ -1,0 +1,362 @@
+// Cross-entropy forward over the last dimension of row-major (rows, cols) logits with int64
+// labels: per row
+//     lse_r  = log(sum_c exp(x[r, c]))                       (float32, saved for the backward)
+//     loss_r = lse_r - x[r, label_r]                         (float32)
+// loss_r = 0 where label_r == ignore_index; NaN where label_r is outside [0, cols) and not the
+// ignore index (x is never read there). Float32 arithmetic for every element type.
+//
+// One pass over each row: every thread keeps an online (max m, sum s of exp(x - m)) pair over
+// its elements, rescaling s when m grows; the pairs are merged by shuffles (and a shared array
+// across warps). SPLIT > 1 splits each row into SPLIT chunks handled by separate row groups: the
+// main kernel writes each chunk's (m, s) to `partials` (chunk-major: partials[chunk * rows +
+// row]) and cross_entropy_combine merges them per row, so a few long rows still fill the GPU.
+//
+// Tunable parameters arrive as `#define NAME value` lines before this template
+// (kernels/cross_entropy/__init__.py renders them; kernels/cross_entropy/model.py describes the
+// model):
+//   BLOCK_SIZE   threads per block (ROW_THREADS 0 only; warp mode takes it from the launch).
+//   VEC          elements per vector load; VEC * sizeof(DTYPE) <= 16 bytes. Any cols: each
+//                chunk is a scalar head up to its first aligned address, aligned vectors and a
+//                scalar tail.
+//   ROW_THREADS  threads sharing one chunk: 8, 16 or 32 lanes of a warp, or 0: the whole block.
+//   SPLIT        chunks per row (1: the main kernel finishes each row itself).
+//   LB_THREADS, LB_MIN_BLOCKS  __launch_bounds__ (the spec renders canonical ones in warp mode).
+// Derived: DTYPE (float, __half, __nv_bfloat16), IS_HALF, IS_BF16.
+//
+// Contract (kernels.cross_entropy.CrossEntropySpec.check enforces the static part): logits
+// aligned to sizeof(DTYPE), labels to 8 bytes; partials holds SPLIT * rows float2 (unused with
+// SPLIT 1); rows < 2^31, cols <= 2^31 - 2^16.
+
+#ifndef KATO_NS
+#define KATO_NS kato_cross_entropy
+#endif
+#ifndef VEC
+#error "VEC must be defined"
+#endif
+#ifndef ROW_THREADS
+#error "ROW_THREADS must be defined"
+#endif
+#ifndef SPLIT
+#define SPLIT 1
+#endif
+#if ROW_THREADS == 0 && !defined(BLOCK_SIZE)
+#error "BLOCK_SIZE must be defined for ROW_THREADS 0"
+#endif
+#ifndef LB_THREADS
+#define LB_THREADS BLOCK_SIZE
+#endif
+#ifndef LB_MIN_BLOCKS
+#define LB_MIN_BLOCKS 0
+#endif
+#ifndef DTYPE
+#define DTYPE float
+#endif
+#if !defined(IS_HALF) && !defined(IS_BF16)
+#define IS_HALF 1
+#define IS_BF16 1
+#endif
+#ifndef IS_HALF
+#define IS_HALF 0
+#endif
+#ifndef IS_BF16
+#define IS_BF16 0
+#endif
+
+#if IS_HALF
+#include <cuda_fp16.h>
+#endif
+#if IS_BF16
+#include <cuda_bf16.h>
+#endif
+
+namespace KATO_NS {
+
+using T = DTYPE;
+constexpr int kVecBytes = VEC * static_cast<int>(sizeof(T));
+#if ROW_THREADS == 0
+constexpr int kThreadsPerRow = BLOCK_SIZE;
+constexpr int kWarps = BLOCK_SIZE / 32;
+static_assert(BLOCK_SIZE % 32 == 0 && BLOCK_SIZE >= 32 && BLOCK_SIZE <= 1024,
+              "BLOCK_SIZE must be a multiple of 32 in [32, 1024]");
+#else
+constexpr int kThreadsPerRow = ROW_THREADS;
+[[maybe_unused]] constexpr int kWarps = 1;
+#endif
+constexpr int kLanes = kThreadsPerRow < 32 ? kThreadsPerRow : 32;
+[[maybe_unused]] constexpr int kRowsPerWarp = 32 / kLanes;
+// Vectors loaded per thread per step: 32 bytes in flight, at most 4 vectors; one rescale of the
+// running sum per step.
+constexpr int kUnroll = 32 / kVecBytes < 4 ? 32 / kVecBytes : 4;
+constexpr float kLog2e = 1.4426950408889634f;
+
+static_assert(LB_THREADS % 32 == 0 && LB_THREADS >= 32 && LB_THREADS <= 1024,
+              "LB_THREADS must be a multiple of 32 in [32, 1024]");
+static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC must be 1, 2, 4 or 8");
+static_assert(kVecBytes <= 16, "a vector must be at most 16 bytes");
+static_assert(ROW_THREADS == 0 || ROW_THREADS == 8 || ROW_THREADS == 16 || ROW_THREADS == 32,
+              "ROW_THREADS must be 0 (block), 8, 16 or 32");
+static_assert(kThreadsPerRow >= VEC, "head and tail need one thread per element");
+static_assert(SPLIT >= 1 && SPLIT <= 64 && (SPLIT & (SPLIT - 1)) == 0,
+              "SPLIT must be a power of two in [1, 64]");
+
+template <int Bytes>
+struct RawOf;
+template <>
+struct RawOf<2> { using type = unsigned short; };
+template <>
+struct RawOf<4> { using type = unsigned int; };
+template <>
+struct RawOf<8> { using type = uint2; };
+template <>
+struct RawOf<16> { using type = uint4; };
+using Raw = typename RawOf<kVecBytes>::type;
+
+[[maybe_unused]] __device__ __forceinline__ float to_float(float v) { return v; }
+#if IS_HALF
+[[maybe_unused]] __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+#endif
+#if IS_BF16
+[[maybe_unused]] __device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+#endif
+
+__device__ __forceinline__ void unpack(const Raw& r, float (&f)[VEC]) {
+  T t[VEC];
+  __builtin_memcpy(t, &r, sizeof(Raw));
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) f[j] = to_float(t[j]);
+}
+
+// A segment of n elements at p: a scalar head [0, head) up to the first VEC-aligned address,
+// nvec aligned vectors from head on, and a scalar tail [tail, n) of fewer than VEC elements.
+struct Split {
+  int head;
+  int nvec;
+  int tail;
+};
+
+__device__ __forceinline__ Split split_row(const T* p, int n) {
+  const int mis = static_cast<int>((reinterpret_cast<size_t>(p) / sizeof(T)) % VEC);
+  int head = mis == 0 ? 0 : VEC - mis;
+  head = head < n ? head : n;
+  Split s;
+  s.head = head;
+  s.nvec = (n - head) / VEC;
+  s.tail = head + s.nvec * VEC;
+  return s;
+}
+
+// exp(x - m) as exp2 of a difference taken first: x - m is exact for nearby values, so a large
+// common offset (logits around 100) costs no accuracy. A max of -inf (nothing seen yet, or a
+// row of -inf) is replaced by 0 so that -inf - -inf never makes a NaN.
+__device__ __forceinline__ float safe_max(float m) { return m == -INFINITY ? 0.0f : m; }
+__device__ __forceinline__ float exp_from(float x, float mb) { return exp2f((x - mb) * kLog2e); }
+
+// Merge (m2, s2) into (m, s). Commutative bit for bit: s * a + s2 * b == s2 * b + s * a.
+__device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
+  const float mm = fmaxf(m, m2);
+  const float mb = safe_max(mm);
+  s = s * exp_from(m, mb) + s2 * exp_from(m2, mb);
+  m = mm;
+}
+
+// Butterfly merge over aligned groups of Width lanes: every lane of a group ends with the same
+// bits. All 32 lanes must call it (full mask).
+template <int Width>
+__device__ __forceinline__ void warp_merge(float& m, float& s) {
+#pragma unroll
+  for (int offset = Width / 2; offset > 0; offset >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, offset);
+    const float s2 = __shfl_xor_sync(0xffffffffu, s, offset);
+    merge(m, s, m2, s2);
+  }
+}
+
+constexpr int next_pow2(int n) { return n <= 1 ? 1 : 2 * next_pow2((n + 1) / 2); }
+[[maybe_unused]] constexpr int kWarpsPow2 = next_pow2(kWarps);
+
+// Every thread of a row group ends with the group's (m, s). Block mode: `red` is this item's
+// slot of a double-buffered shared array (one barrier per item; every warp merges the per-warp
+// pairs itself, in the same order, so all agree bitwise).
+__device__ __forceinline__ void group_merge(float& m, float& s, float2* red) {
+  warp_merge<kLanes>(m, s);
+#if ROW_THREADS == 0 && BLOCK_SIZE > 32
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) red[threadIdx.x >> 5] = make_float2(m, s);
+  __syncthreads();
+  const int slot = lane & (kWarpsPow2 - 1);
+  const float2 p = slot < kWarps ? red[slot] : make_float2(-INFINITY, 0.0f);
+  m = p.x;
+  s = p.y;
+  warp_merge<kWarpsPow2>(m, s);
+#else
+  (void)red;
+#endif
+}
+
+// The row's loss from its lse: 0 for the ignore index, NaN for a label outside [0, cols).
+__device__ __forceinline__ float row_loss(const T* x, long long label, int cols,
+                                          long long ignore_index, float lse) {
+  if (label == ignore_index) return 0.0f;
+  if (label < 0 || label >= cols) return __int_as_float(0x7fc00000);  // quiet NaN
+  return lse - to_float(x[label]);
+}
+
+// Column range [c0, c1) of chunk `chunk` of a row of cols: chunks of ceil(cols / SPLIT) columns
+// rounded up to a multiple of 8 (trailing chunks may be short or empty).
+__device__ __forceinline__ void chunk_range(int chunk, int cols, int& c0, int& c1) {
+  if (SPLIT == 1) {
+    c0 = 0;
+    c1 = cols;
+    return;
+  }
+  const int per = ((cols + SPLIT - 1) / SPLIT + 7) & ~7;
+  const long long lo = static_cast<long long>(chunk) * per;
+  const long long hi = lo + per;
+  c0 = lo < cols ? static_cast<int>(lo) : cols;
+  c1 = hi < cols ? static_cast<int>(hi) : cols;
+}
+
+}  // namespace KATO_NS
+
+#if LB_MIN_BLOCKS > 0
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(LB_THREADS, LB_MIN_BLOCKS)
+#else
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(LB_THREADS)
+#endif
+
+// Grid: ceil(rows * SPLIT / rows_per_block) blocks (the spec's launch); any grid is correct:
+// every row group loops over its work items (row, chunk) with a grid stride, uniform per warp in
+// warp mode (items past the end are empty and still join the shuffles) and per block in block
+// mode (barriers).
+extern "C" __global__ void KATO_LAUNCH_BOUNDS cross_entropy_fwd(
+    const DTYPE* __restrict__ logits, const long long* __restrict__ labels,
+    float* __restrict__ loss, float* __restrict__ lse, float2* __restrict__ partials, int rows,
+    int cols, long long ignore_index) {
+  namespace kn = KATO_NS;
+  using Raw = kn::Raw;
+  constexpr int P = kn::kThreadsPerRow;
+  constexpr int U = kn::kUnroll;
+  constexpr int kStep = P * U;
+  const long long items = static_cast<long long>(rows) * SPLIT;
+
+#if ROW_THREADS == 0
+  const int t = threadIdx.x;
+  const int group = 0;
+  const long long first = blockIdx.x;
+  const long long stride = gridDim.x;
+#if BLOCK_SIZE > 32
+  __shared__ float2 red[2][kn::kWarps];
+#endif
+#else
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int t = lane & (kn::kLanes - 1);
+  const int group = lane / kn::kLanes;
+  const int rows_per_block = static_cast<int>(blockDim.x) / kn::kLanes;
+  const long long first =
+      static_cast<long long>(blockIdx.x) * rows_per_block + warp * kn::kRowsPerWarp;
+  const long long stride = static_cast<long long>(gridDim.x) * rows_per_block;
+#endif
+
+  int parity = 0;
+  for (long long base = first; base < items; base += stride, parity ^= 1) {
+    const long long item = base + group;
+    const bool valid = item < items;
+    const int row = valid ? static_cast<int>(item / SPLIT) : 0;
+    const int chunk = valid ? static_cast<int>(item % SPLIT) : 0;
+    int c0 = 0, c1 = 0;
+    if (valid) kn::chunk_range(chunk, cols, c0, c1);
+    const int n_here = c1 - c0;
+    const DTYPE* __restrict__ xr = logits + static_cast<size_t>(row) * static_cast<size_t>(cols);
+    const DTYPE* __restrict__ xs = xr + c0;
+#if ROW_THREADS == 0 && BLOCK_SIZE > 32
+    float2* const slot = red[parity];
+#else
+    float2* const slot = nullptr;
+#endif
+    const kn::Split sp = kn::split_row(xs, n_here);
+    const Raw* __restrict__ xv = reinterpret_cast<const Raw*>(xs + sp.head);
+    const int nvec = sp.nvec;
+
+    // Head element t and tail element sp.tail + t (each part has fewer than VEC <= P elements).
+    float m = -INFINITY, s = 0.0f;
+    if (t < sp.head) {
+      m = kn::to_float(__ldg(xs + t));
+      s = 1.0f;
+    }
+    const int tail_col = sp.tail + t;
+    if (tail_col < n_here) kn::merge(m, s, kn::to_float(__ldg(xs + tail_col)), 1.0f);
+
+    for (int b0 = t; b0 < nvec; b0 += kStep) {
+      Raw rv[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int idx = b0 + u * P;
+        if (idx < nvec) rv[u] = __ldcs(xv + idx);  // read once: evict first
+      }
+      float f[U][VEC];
+      float step_max = m;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (b0 + u * P < nvec) {
+          kn::unpack(rv[u], f[u]);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) step_max = fmaxf(step_max, f[u][j]);
+        }
+      }
+      const float mb = kn::safe_max(step_max);
+      float acc = s * kn::exp_from(m, mb);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (b0 + u * P < nvec) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) acc += kn::exp_from(f[u][j], mb);
+        }
+      }
+      s = acc;
+      m = step_max;
+    }
+    kn::group_merge(m, s, slot);
+
+    if (valid && t == 0) {
+#if SPLIT == 1
+      const float l = m + logf(s);
+      lse[row] = l;
+      loss[row] = kn::row_loss(xr, __ldg(labels + row), cols, ignore_index, l);
+#else
+      partials[static_cast<size_t>(chunk) * rows + row] = make_float2(m, s);
+#endif
+    }
+  }
+  (void)parity;
+  (void)loss;
+  (void)lse;
+  (void)partials;
+  (void)labels;
+  (void)ignore_index;
+}
+
+// SPLIT > 1 only: a thread per row merges the row's SPLIT chunk pairs in chunk order and writes
+// lse and loss. Grid: ceil(rows / 256) blocks of 256 (grid stride over rows).
+extern "C" __global__ void __launch_bounds__(256) cross_entropy_combine(
+    const DTYPE* __restrict__ logits, const long long* __restrict__ labels,
+    float* __restrict__ loss, float* __restrict__ lse, const float2* __restrict__ partials,
+    int rows, int cols, long long ignore_index) {
+  namespace kn = KATO_NS;
+  for (long long r = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; r < rows;
+       r += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const int row = static_cast<int>(r);
+    float m = -INFINITY, s = 0.0f;
+#pragma unroll 4
+    for (int c = 0; c < SPLIT; ++c) {
+      const float2 p = partials[static_cast<size_t>(c) * rows + row];
+      kn::merge(m, s, p.x, p.y);
+    }
+    const float l = m + logf(s);
+    lse[row] = l;
+    const DTYPE* xr = logits + static_cast<size_t>(row) * static_cast<size_t>(cols);
+    loss[row] = kn::row_loss(xr, __ldg(labels + row), cols, ignore_index, l);
+  }
+}
