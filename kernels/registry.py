@@ -23,6 +23,7 @@ _BUILTIN_MODULES = (
     "kernels.rmsnorm_backward",
     "kernels.softmax_backward",
     "kernels.cross_entropy",
+    "kernels.cross_entropy_backward",
     "kernels.layernorm_backward",
 )
 

@@ -1,9 +1,9 @@
-"""The cross_entropy kernels' logic on the CPU: the real templates compiled as host C++ against
-tests/kernels/cuda_emulation.py, every (dtype, ROW_THREADS, SPLIT 1 or more) on awkward shapes
-(odd and prime widths, one column, fewer columns than a vector, one row, rows whose head moves),
-a third of them on a grid capped at 2 blocks (grid-stride loops), verified with the spec's
-tolerances exactly as the GPU backend verifies; then labels outside [0, cols) (NaN rows, no
-out-of-bounds read) and another ignore index."""
+"""The cross_entropy and cross_entropy_backward kernels' logic on the CPU: the real templates
+compiled as host C++ against tests/kernels/cuda_emulation.py, every (dtype, ROW_THREADS, SPLIT 1
+or more) on awkward shapes (odd and prime widths, one column, fewer columns than a vector, one
+row, rows whose head moves), a third of them on a grid capped at 2 blocks (grid-stride loops),
+verified with the spec's tolerances exactly as the GPU backend verifies; then labels outside
+[0, cols) (NaN rows, no out-of-bounds read), another ignore index, and the backward in place."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from kernels.cross_entropy import model
 from kernels.spec import OperatorSpec, Problem
 
 FORWARD = get_operator("cross_entropy")
+BACKWARD = get_operator("cross_entropy_backward")
 SHAPES = ((7, 31), (6, 203), (3, 1031), (40, 9), (1, 1), (5, 3), (33, 128), (1, 2053), (2, 4104))
 EXTRA = r"""
 inline float __int_as_float(int v) { float f; std::memcpy(&f, &v, sizeof f); return f; }
@@ -68,11 +69,20 @@ def cases(spec: OperatorSpec, seed: int = 0) -> list[Case]:
     return found
 
 
-def run_problems(cases: list[Case], problems: list[Problem], workdir: Path) -> list[list]:
+def run_problems(
+    cases: list[Case], problems: list[Problem], workdir: Path, alias: tuple[int, int] | None = None
+) -> list[list]:
     """Run each case on its own problem (one program); every array argument as it is after the
-    run, in argument order (None for scalars)."""
+    run, in argument order (None for scalars). ``alias=(k, j)``: argument k is passed as
+    argument j's buffer (one buffer for both, as an in-place call)."""
     include = cuda_emulation.cuda_include_dir()
-    (workdir / "emu.cpp").write_text(emulation_source(cases, problems))
+    source = emulation_source(cases, problems)
+    if alias is not None:
+        k, j = alias
+        passed = f"AnyPtr{{buf[{k}].data()}}"
+        assert passed in source
+        source = source.replace(passed, f"AnyPtr{{buf[{j}].data()}}")
+    (workdir / "emu.cpp").write_text(source)
     returncode, err = HostBuild(workdir, "emu.cpp", "emu", include).wait()
     assert returncode == 0, err[:4000]
     results = []
@@ -97,8 +107,9 @@ def run_problems(cases: list[Case], problems: list[Problem], workdir: Path) -> l
     return results
 
 
-def test_forward_kernel_logic_on_the_cpu(tmp_path, emulation) -> None:
-    found = cases(FORWARD)
+@pytest.mark.parametrize("spec", [FORWARD, BACKWARD], ids=lambda s: s.name)
+def test_kernel_logic_on_the_cpu(tmp_path, emulation, spec) -> None:
+    found = cases(spec)
     covered = {(c.dtype, c.config["ROW_THREADS"], c.config["SPLIT"] > 1) for c in found}
     assert len(covered) == 3 * 4 * 2
     assert {c.config["VEC"] for c in found} == {1, 2, 4, 8}
@@ -140,3 +151,43 @@ def test_forward_labels_out_of_range_give_nan_rows(tmp_path, emulation, lanes, s
         ok = ~np.isnan(ref_loss)
         np.testing.assert_allclose(loss[ok], ref_loss[ok], atol=1e-4, rtol=1e-6)
         np.testing.assert_allclose(lse, ref_lse, atol=1e-4, rtol=1e-6)
+
+
+@pytest.mark.parametrize(("lanes", "split"), [(0, 1), (8, 4)])
+def test_backward_labels_out_of_range_give_nan_rows(tmp_path, emulation, lanes, split) -> None:
+    """The backward writes NaN rows for labels outside [0, cols), zeros for the ignore index
+    (the kernel argument's), and never indexes with the label."""
+    shape, dtype = (6, 203), "bfloat16"
+    config = {"BLOCK_SIZE": 128, "VEC": 4, "ROW_THREADS": lanes, "MIN_BLOCKS": 0, "SPLIT": split}
+    assert BACKWARD.check(config, shape, dtype) is None
+    problem = BACKWARD.make_problem(shape, dtype, np.random.default_rng(7))
+    _bad_labels(problem, shape[1], 5)
+    [out] = run_problems([Case(BACKWARD, config, shape, dtype)], [problem], tmp_path)
+    got = out[4].astype(np.float64)
+    logits, labels, lse, dloss = problem.args[:4]
+    ref = model.cross_entropy_backward_reference(logits, labels, lse, dloss, ignore_index=5)
+    assert np.isnan(got[:4]).all() and (got[4] == 0).all()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    ok = ~np.isnan(ref)
+    np.testing.assert_allclose(got[ok], ref[ok], atol=1e-6, rtol=8e-3)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "shape", "lanes", "vec", "split"),
+    [
+        ("float32", (5, 1031), 0, 4, 1),
+        ("float16", (9, 203), 16, 8, 1),
+        ("bfloat16", (2, 4104), 0, 8, 4),
+    ],
+)
+def test_backward_in_place(tmp_path, emulation, dtype, shape, lanes, vec, split) -> None:
+    """dlogits passed as the logits buffer itself: the gradient lands over the logits, equal to
+    the reference within the spec's tolerance (rows of a moving head included)."""
+    config = {"BLOCK_SIZE": 128, "VEC": vec, "ROW_THREADS": lanes, "MIN_BLOCKS": 0, "SPLIT": split}
+    assert BACKWARD.check(config, shape, dtype) is None
+    problem = BACKWARD.make_problem(shape, dtype, np.random.default_rng(11))
+    [out] = run_problems([Case(BACKWARD, config, shape, dtype)], [problem], tmp_path, alias=(4, 0))
+    [(atol, rtol)] = problem.tolerances
+    assert np.isnan(out[4].astype(np.float64)).all()  # the dlogits buffer was not written
+    error = cuda_emulation.compare(out[0], problem.references[0], atol, rtol)
+    assert error is None, error

@@ -1,0 +1,299 @@
+// Cross-entropy backward over the last dimension of row-major (rows, cols) logits:
+//     dlogits[r, c] = (exp(x[r, c] - lse_r) - (c == label_r)) * dloss_r
+// from the logits, the int64 labels, the forward's float32 lse and the float32 gradient of each
+// row's loss (torch's mean reduction: 1 / count on every counted row). Rows whose label is the
+// ignore index get zeros; rows whose label is outside [0, cols) get NaN (the forward's NaN loss
+// carried on). Float32 arithmetic for every element type. One pass: every element is read once
+// and written once, by the same thread, so dlogits may be the logits buffer itself (in place:
+// the pointers carry no __restrict__, and no element is read after any write to it).
+//
+// Tunable parameters arrive as `#define NAME value` lines before this template
+// (kernels/cross_entropy_backward/__init__.py renders them; kernels/cross_entropy/model.py
+// describes the model):
+//   BLOCK_SIZE   threads per block (ROW_THREADS 0 only; warp mode takes it from the launch).
+//   VEC          elements per vector load/store; VEC * sizeof(DTYPE) <= 16 bytes. Any cols:
+//                each chunk is a scalar head up to its first aligned address, aligned vectors
+//                and a scalar tail.
+//   ROW_THREADS  threads sharing one chunk: 8, 16 or 32 lanes of a warp, or 0: the whole block.
+//   SPLIT        chunks per row, each a work item of its own row group (nothing to merge).
+//   LB_THREADS, LB_MIN_BLOCKS  __launch_bounds__ (the spec renders canonical ones in warp mode).
+// Derived: DTYPE (float, __half, __nv_bfloat16), IS_HALF, IS_BF16.
+//
+// Contract (kernels.cross_entropy_backward.CrossEntropyBackwardSpec.check enforces the static
+// part): logits and dlogits have base addresses congruent modulo 16 bytes (or are the same);
+// labels, lse and dloss hold rows elements; rows < 2^31, cols <= 2^31 - 2^16.
+
+#ifndef KATO_NS
+#define KATO_NS kato_cross_entropy_backward
+#endif
+#ifndef VEC
+#error "VEC must be defined"
+#endif
+#ifndef ROW_THREADS
+#error "ROW_THREADS must be defined"
+#endif
+#ifndef SPLIT
+#define SPLIT 1
+#endif
+#if ROW_THREADS == 0 && !defined(BLOCK_SIZE)
+#error "BLOCK_SIZE must be defined for ROW_THREADS 0"
+#endif
+#ifndef LB_THREADS
+#define LB_THREADS BLOCK_SIZE
+#endif
+#ifndef LB_MIN_BLOCKS
+#define LB_MIN_BLOCKS 0
+#endif
+#ifndef DTYPE
+#define DTYPE float
+#endif
+#if !defined(IS_HALF) && !defined(IS_BF16)
+#define IS_HALF 1
+#define IS_BF16 1
+#endif
+#ifndef IS_HALF
+#define IS_HALF 0
+#endif
+#ifndef IS_BF16
+#define IS_BF16 0
+#endif
+
+#if IS_HALF
+#include <cuda_fp16.h>
+#endif
+#if IS_BF16
+#include <cuda_bf16.h>
+#endif
+
+namespace KATO_NS {
+
+using T = DTYPE;
+constexpr int kVecBytes = VEC * static_cast<int>(sizeof(T));
+#if ROW_THREADS == 0
+constexpr int kThreadsPerRow = BLOCK_SIZE;
+static_assert(BLOCK_SIZE % 32 == 0 && BLOCK_SIZE >= 32 && BLOCK_SIZE <= 1024,
+              "BLOCK_SIZE must be a multiple of 32 in [32, 1024]");
+#else
+constexpr int kThreadsPerRow = ROW_THREADS;
+#endif
+constexpr int kLanes = kThreadsPerRow < 32 ? kThreadsPerRow : 32;
+[[maybe_unused]] constexpr int kRowsPerWarp = 32 / kLanes;
+// Vectors loaded per thread per step: 32 bytes in flight, at most 4 vectors.
+constexpr int kUnroll = 32 / kVecBytes < 4 ? 32 / kVecBytes : 4;
+constexpr float kLog2e = 1.4426950408889634f;
+
+static_assert(LB_THREADS % 32 == 0 && LB_THREADS >= 32 && LB_THREADS <= 1024,
+              "LB_THREADS must be a multiple of 32 in [32, 1024]");
+static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC must be 1, 2, 4 or 8");
+static_assert(kVecBytes <= 16, "a vector must be at most 16 bytes");
+static_assert(ROW_THREADS == 0 || ROW_THREADS == 8 || ROW_THREADS == 16 || ROW_THREADS == 32,
+              "ROW_THREADS must be 0 (block), 8, 16 or 32");
+static_assert(kThreadsPerRow >= VEC, "head and tail need one thread per element");
+static_assert(SPLIT >= 1 && SPLIT <= 64 && (SPLIT & (SPLIT - 1)) == 0,
+              "SPLIT must be a power of two in [1, 64]");
+
+template <int Bytes>
+struct RawOf;
+template <>
+struct RawOf<2> { using type = unsigned short; };
+template <>
+struct RawOf<4> { using type = unsigned int; };
+template <>
+struct RawOf<8> { using type = uint2; };
+template <>
+struct RawOf<16> { using type = uint4; };
+using Raw = typename RawOf<kVecBytes>::type;
+
+[[maybe_unused]] __device__ __forceinline__ float to_float(float v) { return v; }
+[[maybe_unused]] __device__ __forceinline__ void from_float(float v, float& out) { out = v; }
+[[maybe_unused]] __device__ __forceinline__ void from_float2(float a, float b, float* out) {
+  out[0] = a;
+  out[1] = b;
+}
+#if IS_HALF
+[[maybe_unused]] __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+[[maybe_unused]] __device__ __forceinline__ void from_float(float v, __half& out) {
+  out = __float2half_rn(v);
+}
+[[maybe_unused]] __device__ __forceinline__ void from_float2(float a, float b, __half* out) {
+  const __half2 h = __floats2half2_rn(a, b);
+  __builtin_memcpy(out, &h, sizeof(h));
+}
+#endif
+#if IS_BF16
+[[maybe_unused]] __device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+[[maybe_unused]] __device__ __forceinline__ void from_float(float v, __nv_bfloat16& out) {
+  out = __float2bfloat16_rn(v);
+}
+[[maybe_unused]] __device__ __forceinline__ void from_float2(float a, float b,
+                                                             __nv_bfloat16* out) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  __builtin_memcpy(out, &h, sizeof(h));
+}
+#endif
+
+__device__ __forceinline__ void unpack(const Raw& r, float (&f)[VEC]) {
+  T t[VEC];
+  __builtin_memcpy(t, &r, sizeof(Raw));
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) f[j] = to_float(t[j]);
+}
+
+__device__ __forceinline__ Raw pack(const float (&f)[VEC]) {
+  T t[VEC];
+  if constexpr (VEC % 2 == 0) {
+#pragma unroll
+    for (int j = 0; j < VEC; j += 2) from_float2(f[j], f[j + 1], &t[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) from_float(f[j], t[j]);
+  }
+  Raw r;
+  __builtin_memcpy(&r, t, sizeof(Raw));
+  return r;
+}
+
+__device__ __forceinline__ T to_elem(float v) {
+  T out;
+  from_float(v, out);
+  return out;
+}
+
+// A segment of n elements at p: a scalar head [0, head) up to the first VEC-aligned address,
+// nvec aligned vectors from head on, and a scalar tail [tail, n) of fewer than VEC elements.
+struct Split {
+  int head;
+  int nvec;
+  int tail;
+};
+
+__device__ __forceinline__ Split split_row(const T* p, int n) {
+  const int mis = static_cast<int>((reinterpret_cast<size_t>(p) / sizeof(T)) % VEC);
+  int head = mis == 0 ? 0 : VEC - mis;
+  head = head < n ? head : n;
+  Split s;
+  s.head = head;
+  s.nvec = (n - head) / VEC;
+  s.tail = head + s.nvec * VEC;
+  return s;
+}
+
+// exp(x - l) as exp2 of the difference taken first (exact for nearby values: logits around 100
+// cost no accuracy).
+__device__ __forceinline__ float exp_from(float x, float l) { return exp2f((x - l) * kLog2e); }
+
+// Column range [c0, c1) of chunk `chunk` of a row of cols: chunks of ceil(cols / SPLIT) columns
+// rounded up to a multiple of 8 (trailing chunks may be short or empty).
+__device__ __forceinline__ void chunk_range(int chunk, int cols, int& c0, int& c1) {
+  if (SPLIT == 1) {
+    c0 = 0;
+    c1 = cols;
+    return;
+  }
+  const int per = ((cols + SPLIT - 1) / SPLIT + 7) & ~7;
+  const long long lo = static_cast<long long>(chunk) * per;
+  const long long hi = lo + per;
+  c0 = lo < cols ? static_cast<int>(lo) : cols;
+  c1 = hi < cols ? static_cast<int>(hi) : cols;
+}
+
+}  // namespace KATO_NS
+
+#if LB_MIN_BLOCKS > 0
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(LB_THREADS, LB_MIN_BLOCKS)
+#else
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(LB_THREADS)
+#endif
+
+// Grid: ceil(rows * SPLIT / rows_per_block) blocks (the spec's launch); any grid is correct:
+// every row group loops over its work items (row, chunk) with a grid stride. No barriers and no
+// shuffles: row groups never wait for each other.
+extern "C" __global__ void KATO_LAUNCH_BOUNDS cross_entropy_bwd(
+    const DTYPE* logits, const long long* __restrict__ labels, const float* __restrict__ lse,
+    const float* __restrict__ dloss, DTYPE* dlogits, int rows, int cols,
+    long long ignore_index) {
+  namespace kn = KATO_NS;
+  using Raw = kn::Raw;
+  constexpr int P = kn::kThreadsPerRow;
+  constexpr int U = kn::kUnroll;
+  constexpr int kStep = P * U;
+  const long long items = static_cast<long long>(rows) * SPLIT;
+
+#if ROW_THREADS == 0
+  const int t = threadIdx.x;
+  const long long first = blockIdx.x;
+  const long long stride = gridDim.x;
+#else
+  const int lane = threadIdx.x & 31;
+  const int t = lane & (kn::kLanes - 1);
+  const int rows_per_block = static_cast<int>(blockDim.x) / kn::kLanes;
+  const long long first = static_cast<long long>(blockIdx.x) * rows_per_block +
+                          (threadIdx.x >> 5) * kn::kRowsPerWarp + lane / kn::kLanes;
+  const long long stride = static_cast<long long>(gridDim.x) * rows_per_block;
+#endif
+
+  for (long long item = first; item < items; item += stride) {
+    const int row = static_cast<int>(item / SPLIT);
+    int c0, c1;
+    kn::chunk_range(static_cast<int>(item % SPLIT), cols, c0, c1);
+    const int n_here = c1 - c0;
+    const size_t offset = static_cast<size_t>(row) * static_cast<size_t>(cols) + c0;
+    const DTYPE* xs = logits + offset;
+    DTYPE* ds = dlogits + offset;
+    const kn::Split sp = kn::split_row(xs, n_here);
+    const Raw* xv = reinterpret_cast<const Raw*>(xs + sp.head);
+    Raw* dv = reinterpret_cast<Raw*>(ds + sp.head);
+    const int nvec = sp.nvec;
+    const int tail_col = sp.tail + t;
+
+    const long long label = __ldg(labels + row);
+    if (label == ignore_index || label < 0 || label >= cols) {
+      // Ignored: zeros; out of range: NaN. Nothing is read.
+      const float fill = label == ignore_index ? 0.0f : __int_as_float(0x7fc00000);
+      float f[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) f[j] = fill;
+      const Raw r = kn::pack(f);
+      for (int idx = t; idx < nvec; idx += P) __stcs(dv + idx, r);
+      if (t < sp.head) ds[t] = kn::to_elem(fill);
+      if (tail_col < n_here) ds[tail_col] = kn::to_elem(fill);
+      continue;
+    }
+    const float l = __ldg(lse + row);
+    const float g = __ldg(dloss + row);
+    // The label's index within this chunk's vector body (may be outside it).
+    const long long lab = label - c0 - sp.head;
+
+    // Head and tail first: their elements are this thread's alone, like every vector below.
+    if (t < sp.head) {
+      const float p = kn::exp_from(kn::to_float(xs[t]), l);
+      ds[t] = kn::to_elem((p - (c0 + t == label ? 1.0f : 0.0f)) * g);
+    }
+    if (tail_col < n_here) {
+      const float p = kn::exp_from(kn::to_float(xs[tail_col]), l);
+      ds[tail_col] = kn::to_elem((p - (c0 + tail_col == label ? 1.0f : 0.0f)) * g);
+    }
+    for (int b0 = t; b0 < nvec; b0 += kStep) {
+      Raw rv[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int idx = b0 + u * P;
+        if (idx < nvec) rv[u] = __ldcs(xv + idx);  // read once: evict first
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int idx = b0 + u * P;
+        if (idx < nvec) {
+          float f[VEC];
+          kn::unpack(rv[u], f);
+          const long long at = lab - static_cast<long long>(idx) * VEC;
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) f[j] = (kn::exp_from(f[j], l) - (at == j ? 1.0f : 0.0f)) * g;
+          __stcs(dv + idx, kn::pack(f));
+        }
+      }
+    }
+  }
+}
