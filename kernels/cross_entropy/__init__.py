@@ -107,10 +107,10 @@ class CrossEntropySpec(model.CrossEntropyBase):
         )
 
     def tolerance(self, dtype: str) -> tuple[float, float]:
-        """``(atol, rtol)`` of loss and lse before the problem's own atol: 2e-6 and two float32
-        ulps (2**-23). Each problem sets lse's atol to :func:`lse_atol` (the float32 sums' rounding
-        grows like sqrt(cols)) and loss's to that plus 2**-23 of the largest |lse| (loss =
-        lse - x[label] inherits lse's absolute error)."""
+        """``(atol, rtol)`` of loss and lse before the problem's own atol: 2e-6 and 2**-23 (one
+        to two float32 ulps). Each problem sets lse's atol to :func:`lse_atol` (the float32
+        sums' rounding grows like sqrt(cols)) and loss's to that plus 2**-23 of the largest
+        |lse| (loss = lse - x[label] inherits lse's absolute error)."""
         return super().tolerance(dtype)
 
     def bytes_moved(self, shape: Sequence[int], dtype: str) -> int:

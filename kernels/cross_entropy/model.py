@@ -63,17 +63,12 @@ def reduction_shared_bytes(config: Config) -> int:
 class CrossEntropyBase(OperatorSpec):
     """The part of the two specs that is the same; subclasses set the class attributes of
     :class:`~kernels.spec.OperatorSpec`, :attr:`TOLERANCES` and the problem methods.
-
-    Attributes:
-        uses_block_shared: whether the main kernel merges over the block (the forward does,
-            the backward has nothing to reduce).
     """
 
     dtypes = ("float32", "float16", "bfloat16")
     rank = 2
     shape_names = ("rows", "cols")
     params = PARAMS
-    uses_block_shared = True
     #: ``(atol, rtol)`` of the main output per dtype (see each spec for why).
     TOLERANCES: dict[str, tuple[float, float]] = {}
 
