@@ -41,6 +41,8 @@ from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Pro
 MAX_DIM = 2**30
 #: The largest SPLIT of the space: the workspace holds C * MAX_SPLIT partials.
 MAX_SPLIT = 256
+#: The default config's target for channels x SPLIT x BLOCK_SIZE (see ``default_config``).
+THREADS_IN_FLIGHT = 132 * 1024
 #: Threads per block of the finalize kernel (a warp per channel).
 FINALIZE_THREADS = 256
 #: Registers the kernel needs besides the UNROLL raw vectors in flight and one vector of
@@ -154,21 +156,30 @@ class BatchNormStatsSpec(OperatorSpec):
         return None
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
-        """The widest vector dividing H*W, 256 threads, 4 vectors in flight (2 for 16-byte
-        fp32... any width: UNROLL=4), single pass, and SPLIT so that the grid has about
-        4 blocks per SM of a 132-SM GPU (at least one block per channel, at most 256 per
-        channel, never blocks with fewer than ~4 vectors per thread).
+        """The widest vector dividing H*W, 4 vectors in flight, single pass; blocks of 512
+        threads (256 or 128 where a channel has fewer than 16 vectors per thread of them), and
+        SPLIT blocks per channel doubled while the grid stays within about 132 x 1024 threads
+        (a block of 1024 per SM of an H200, half its resident threads) and each block keeps
+        >= 4 vectors per thread. More threads than that only add partial sums to combine: on
+        the H200's recorded spaces the best configs all have channels x SPLIT x BLOCK_SIZE
+        near 131072 (0.98-1.0 of each optimum with this rule, 0.71-0.95 with the earlier
+        4 blocks of 256 per SM; benchmarks/untuned_defaults.py).
         """
         n, c, h, w = self.validate(shape, dtype)
         itemsize = DTYPES[dtype][2]
         hw = h * w
         vec = max(v for v in self.params["VEC"] if v * itemsize <= 16 and hw % v == 0)
         vectors = n * hw // vec  # per channel
+        block = next((b for b in (512, 256) if vectors >= 16 * b), 128)
         split = 1
-        while split < MAX_SPLIT and c * split < 4 * 132 * 4 and vectors // (2 * split) >= 256 * 4:
+        while (
+            split < MAX_SPLIT
+            and c * 2 * split * block <= THREADS_IN_FLIGHT
+            and vectors // (2 * split) >= 4 * block
+        ):
             split *= 2
         config = {
-            "BLOCK_SIZE": 256,
+            "BLOCK_SIZE": block,
             "VEC": vec,
             "UNROLL": 4,
             "STRATEGY": 1,

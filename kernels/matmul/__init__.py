@@ -297,7 +297,10 @@ class MatmulSpec(OperatorSpec):
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
         """A valid config for any valid shape: the widest vector dividing K and N; the
         128 x 128 tile (8 x 8 per thread in float32, 64 x 64 per warp on tensor cores) when it
-        gives at least one tile per SM of an H200 (132), else 64 x 64 tiles.
+        gives at least one tile per SM of an H200 (132), else 64 x 64 tiles. float32 takes
+        128 x 256 tiles (twice the reuse of each A tile) where they still fill the GPU: at
+        least 100 tiles and waves of 132 at least 85% full, with vector loads (0.88-0.91 -> 1.0
+        of the optimum on the H200's recorded float32 spaces; benchmarks/untuned_defaults.py).
 
         Raises:
             InvalidInput: the shape or dtype is invalid (see :meth:`validate`).
@@ -314,7 +317,11 @@ class MatmulSpec(OperatorSpec):
             config = {**tile, **_TC_PINNED, "VEC": vec, "STAGES": stages, "MIN_BLOCKS": 0}
         else:
             vec = 4 if k % 4 == 0 and n % 4 == 0 else 1
-            if big:
+            wide = math.ceil(m / 128) * math.ceil(n / 256)
+            # With scalar loads (VEC=1) the wide tile spills under its launch bounds.
+            if vec == 4 and wide >= 100 and wide / (math.ceil(wide / 132) * 132) >= 0.85:
+                tile = {"BM": 128, "BN": 256, "BK": 8, "WM": 32, "WN": 64, "TM": 8, "TN": 8}
+            elif big:
                 tile = {"BM": 128, "BN": 128, "BK": 8, "WM": 32, "WN": 64, "TM": 8, "TN": 8}
             else:
                 bk = 16 if vec == 4 else 8

@@ -96,7 +96,10 @@ def test_default_config_is_valid(shape, dtype) -> None:
 
 
 def test_default_split_fills_the_gpu() -> None:
-    assert SPEC.default_config((256, 64, 112, 112), "float32")["SPLIT"] == 32 * 2
+    # channels x SPLIT x 512 threads within 132 x 1024: 64 x 4 x 512 = 131072.
+    big = SPEC.default_config((256, 64, 112, 112), "float32")
+    assert (big["SPLIT"], big["BLOCK_SIZE"]) == (4, 512)
+    assert SPEC.default_config((32, 256, 56, 56), "float16")["SPLIT"] == 1
     assert SPEC.default_config((16, 2048, 7, 7), "float16")["SPLIT"] == 1
     assert SPEC.default_config((16, 2048, 7, 7), "float16")["VEC"] == 1
     assert SPEC.default_config((32, 256, 56, 56), "float16")["VEC"] == 8

@@ -168,12 +168,16 @@ def test_default_config_choices() -> None:
     assert short["GROUP_ROWS"] == 4  # weight and bias registers reused over 4 rows
     assert SPEC.defines(short, (1048576, 128), "float32")["WB_REGS"] == 1
     half_short = SPEC.default_config((65536, 128), "float16")
-    assert (half_short["VEC"], half_short["ROW_THREADS"], half_short["CACHE"]) == (8, 8, 2)
+    # At least 16 lanes per row: fewer rows per warp, more registers per row (data/spaces).
+    assert (half_short["VEC"], half_short["ROW_THREADS"], half_short["CACHE"]) == (8, 16, 2)
     assert SPEC.default_config((1048576, 128), "float16")["GROUP_ROWS"] == 4
     assert half_short["GROUP_ROWS"] == 1  # 2048 blocks: too few to group
-    assert SPEC.default_config((65536, 1024), "float32")["ROW_THREADS"] == 32
+    # The fewest lanes that hold the row in <= 16 vectors each: 256 vectors over 16 lanes.
+    assert SPEC.default_config((65536, 1024), "float32")["ROW_THREADS"] == 16
     medium = SPEC.default_config((32768, 4096), "float16")
-    assert (medium["ROW_THREADS"], medium["CACHE"]) == (0, 2)
+    assert (medium["ROW_THREADS"], medium["CACHE"], medium["MIN_BLOCKS"]) == (32, 2, 2)
+    long = SPEC.default_config((8192, 32768), "float32")  # a block of 512, 16 vectors each
+    assert (long["ROW_THREADS"], long["BLOCK_SIZE"], long["CACHE"]) == (0, 512, 2)
     assert SPEC.default_config((3000, 3001), "float32")["VEC"] == 1
     huge = SPEC.default_config((7, 1000003), "float32")
     assert (huge["ROW_THREADS"], huge["CACHE"]) == (0, 0)

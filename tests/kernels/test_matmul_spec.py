@@ -246,7 +246,10 @@ def test_default_config_is_valid_for_every_shape(shape, dtype) -> None:
 
 
 def test_default_config_picks_vectors_and_tiles() -> None:
-    assert SPEC.default_config((4096, 4096, 4096), "float32") == fp32_cfg()
+    # float32: 128 x 256 tiles where 512 of them fill waves of 132 SMs (97%).
+    assert SPEC.default_config((4096, 4096, 4096), "float32") == fp32_cfg(BN=256)
+    assert SPEC.default_config((3072, 1024, 4096), "float32")["BN"] == 128  # 96 wide tiles
+    assert SPEC.default_config((4097, 4095, 33), "float32")["BN"] == 128  # scalar loads
     assert SPEC.default_config((4096, 4096, 4096), "float16") == tc_cfg()
     assert SPEC.default_config((127, 131, 257), "float32")["VEC"] == 1
     assert SPEC.default_config((128, 132, 256), "float32")["VEC"] == 4
