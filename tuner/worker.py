@@ -116,6 +116,25 @@ def trial_result_from_row(row: Trial) -> TrialResult:
     )
 
 
+def first_configs(sessions: sessionmaker[Session], job: Job, space: Any) -> list[dict[str, Any]]:
+    """What a job measures first: the operator's default config for the job's shape (what a
+    lookup serves before tuning, so every job records how far its winner beats it:
+    docs/defaults.md), then the warm start's configs, each once."""
+    configs: list[dict[str, Any]] = []
+    try:
+        configs.append(get_operator(job.operator).default_config(list(job.shape), job.dtype))
+    except Exception:  # an operator without a default for this shape still tunes
+        log.warning("job %s: no default config to measure first", job.id, exc_info=True)
+    configs += warm_start_configs(sessions, job, space.is_valid)
+    seen: set[str] = set()
+    first = []
+    for config in configs:
+        if space.is_valid(config) and space.key(config) not in seen:
+            seen.add(space.key(config))
+            first.append(config)
+    return first
+
+
 @dataclass
 class JobOutcome:
     job_id: str
@@ -829,7 +848,7 @@ class JobRunner:
             storage=storage,
             study_name=job_study_name(job.id),
             known=known,
-            seed_configs=warm_start_configs(self.sessions, job, space.is_valid),
+            seed_configs=first_configs(self.sessions, job, space),
             on_result=record,
             should_stop=should_stop,
             on_upcoming=getattr(backend, "hint", None),  # compile the likely next ones first

@@ -32,6 +32,14 @@ from tuner.warm_start import (
 from tuner.worker import Worker
 
 
+def _default_key(space) -> str:
+    """The key of softmax's default config for this module's shape: what every job measures
+    before its warm start (tuner.worker.first_configs)."""
+    default = get_operator("softmax").default_config(SHAPE, DTYPE)
+    assert space.is_valid(default), "the recorded space holds the default config"
+    return space.key(default)
+
+
 def c(x: int) -> dict:
     return {"x": x}
 
@@ -68,7 +76,8 @@ def db(tmp_path):
 
 def test_a_job_measures_the_best_configs_of_another_gpu_first(db):
     """Job 1 tunes the recorded softmax space for "A100"; job 2, same operator and shape on the
-    H200, first measures job 1's fastest config (one seed per source: SEEDS_PER_SOURCE)."""
+    H200, first measures the operator's default config (every job records what a lookup served
+    before it), then job 1's fastest config (one seed per source: SEEDS_PER_SOURCE)."""
     url, sessions = db
     spec = get_operator("softmax")
     # Job 1 on another GPU model (the replay backend answers for any model).
@@ -104,7 +113,9 @@ def test_a_job_measures_the_best_configs_of_another_gpu_first(db):
     outcome = Worker(sessions, url, ["H200"], lambda job: backend, poll_seconds=0.01).run_once()
     assert outcome.job_id == job2 and outcome.status == "done"
     space = backend.space()
-    assert backend.measured[0] == space.key(expected[0])
+    default = spec.default_config(SHAPE, "float16")
+    first = [space.key(default)] if space.is_valid(default) else []
+    assert backend.measured[: len(first) + 1] == [*first, space.key(expected[0])]
     assert len(set(backend.measured)) == len(backend.measured) == 20
 
     with sessions() as s:
@@ -276,10 +287,11 @@ def test_after_a_version_change_a_job_seeds_from_its_own_keys_old_winner_first(d
     assert seeds == [own_old, sibling_now, sibling_old]
     outcome = Worker(sessions, url, ["H200"], lambda j: backend, poll_seconds=0.01).run_once()
     assert outcome.job_id == job and outcome.status == "done"
-    # Measured first, under the new version, like any seed.
-    assert backend.measured[:3] == [backend.space().key(c) for c in seeds]
+    # Measured first (after the default config every job times), under the new version.
+    keys = [backend.space().key(c) for c in seeds]
+    assert backend.measured[:4] == [_default_key(backend.space()), *keys]
     with sessions() as s:
-        first = queries.job_trials(s, job)[0]
+        first = queries.job_trials(s, job)[1]
         assert first.config == own_old and first.job.operator_version == spec.version
 
 
@@ -327,7 +339,7 @@ def test_an_old_config_that_no_longer_validates_is_skipped(db):
         assert warm_start_configs(sessions, found, spec_check) == [valid]
     outcome = Worker(sessions, url, ["H200"], lambda j: backend, poll_seconds=0.01).run_once()
     assert outcome.status == "done"
-    assert backend.measured[0] == backend.space().key(valid)
+    assert backend.measured[:2] == [_default_key(backend.space()), backend.space().key(valid)]
 
 
 def test_nothing_changes_without_an_old_version(db):
