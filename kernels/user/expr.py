@@ -297,6 +297,8 @@ class _Evaluator:
             raise self.fail(f"an intermediate value exceeds {MAX_INT_BITS} bits")
         if isinstance(value, float) and not math.isfinite(value) and value == value:
             raise self.fail("an intermediate value overflows")
+        if isinstance(value, complex):  # (-8) ** 0.5: Python answers with a complex number
+            raise self.fail("the result is not a real number")
         return value
 
     def visit(self, node: ast.AST) -> Any:
