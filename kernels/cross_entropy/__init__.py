@@ -6,8 +6,10 @@ Fused log-softmax + negative log-likelihood with int64 class labels, as
 per row ``loss = logsumexp(x) - x[label]`` (float32; 0 where the label is the ignore index) and
 the row's ``lse = logsumexp(x)`` (float32, what ``cross_entropy_backward`` reads). A label
 outside ``[0, cols)`` that is not the ignore index gives a NaN loss for its row and is never
-used as an index (torch raises a device assert there instead). float32 accumulation for every
-element type; one pass over each row (online max and rescaled sum).
+used as an index (torch raises a device assert there instead). Labels are int64 only (int32
+would double the compiles for one load a row; :mod:`kernels.cross_entropy.model` says more).
+float32 accumulation for every element type; one pass over each row (online max and rescaled,
+compensated sum).
 
 Kernel arguments (:attr:`Problem.args` order): ``logits, labels, loss, lse, partials, rows,
 cols, ignore_index`` (labels int64; partials float32 scratch of ``2 * MAX_SPLIT * rows``

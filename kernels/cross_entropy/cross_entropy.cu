@@ -6,8 +6,8 @@
 // ignore index (x is never read there). Float32 arithmetic for every element type.
 //
 // One pass over each row: every thread keeps an online (max m, sum s of exp(x - m)) pair over
-// its elements, rescaling s when m grows; the pairs are merged by shuffles (and a shared array
-// across warps). SPLIT > 1 splits each row into SPLIT chunks handled by separate row groups: the
+// its elements, rescaling s when m grows (s a compensated sum of per-step sums); the pairs are
+// merged by shuffles (and a shared array across warps). SPLIT > 1 splits each row into SPLIT chunks handled by separate row groups: the
 // main kernel writes each chunk's (m, s) to `partials` (chunk-major: partials[chunk * rows +
 // row]) and cross_entropy_combine merges them per row, so a few long rows still fill the GPU.
 //
