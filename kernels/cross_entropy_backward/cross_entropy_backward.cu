@@ -263,8 +263,12 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS cross_entropy_bwd(
     }
     const float l = __ldg(lse + row);
     const float g = __ldg(dloss + row);
-    // The label's index within this chunk's vector body (may be outside it).
-    const long long lab = label - c0 - sp.head;
+    // The label's index within this chunk's vector body, -1 where it is not in the body: a
+    // 32-bit compare per element below (one select, then the gradient as one FMA).
+    const long long in_body = label - c0 - sp.head;
+    const int lab = in_body >= 0 && in_body < static_cast<long long>(nvec) * VEC
+                        ? static_cast<int>(in_body)
+                        : -1;
 
     // Head and tail first: their elements are this thread's alone, like every vector below.
     if (t < sp.head) {
@@ -288,9 +292,9 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS cross_entropy_bwd(
         if (idx < nvec) {
           float f[VEC];
           kn::unpack(rv[u], f);
-          const long long at = lab - static_cast<long long>(idx) * VEC;
+          const int at = lab - idx * VEC;
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) f[j] = (kn::exp_from(f[j], l) - (at == j ? 1.0f : 0.0f)) * g;
+          for (int j = 0; j < VEC; ++j) f[j] = fmaf(kn::exp_from(f[j], l), g, at == j ? -g : 0.0f);
           __stcs(dv + idx, kn::pack(f));
         }
       }
