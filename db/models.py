@@ -252,6 +252,9 @@ class ApiToken(Base):
     max_queued_jobs: Mapped[int | None] = mapped_column(Integer)
     #: May cancel any job, not only its own (``kato token create NAME --admin``).
     admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    #: May register user operators (``POST /v1/operators``; ``kato token create NAME
+    #: --operators``): CUDA that workers will compile and run.
+    operators: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_used_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
@@ -259,3 +262,26 @@ class ApiToken(Base):
     def __repr__(self) -> str:
         revoked = self.revoked_at is not None
         return f"ApiToken(id={self.id!r}, name={self.name!r}, revoked={revoked})"
+
+
+class UserOperator(Base):
+    """One version of a user operator registered at runtime (``kato operator add DIR``,
+    ``POST /v1/operators``): its definition (the spec and its files' text,
+    :class:`kernels.user.OperatorDefinition` as JSON), never Python code.
+
+    A name's versions are its rows; the newest (highest id) is the one served and tuned.
+    Re-adding an unchanged definition finds its row; a changed one adds a version.
+    """
+
+    __tablename__ = "kato_user_operators"
+    __table_args__ = (UniqueConstraint("name", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(64), index=True)
+    version: Mapped[str] = mapped_column(String(12))
+    definition: Mapped[dict[str, Any]] = mapped_column(JSON)
+    token_id: Mapped[str | None] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    def __repr__(self) -> str:
+        return f"UserOperator(name={self.name!r}, version={self.version!r})"

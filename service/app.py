@@ -33,7 +33,7 @@ from service.auth import AUTH_RESPONSES, require_reader
 from service.faults import RequestFaults, database_error, server_error
 from service.limits import BodySizeLimit
 from service.lookup_cache import LookupCache, LookupFastPath, best_configs_version
-from service.routes import configs, gpus, health, jobs, operators, workers
+from service.routes import configs, gpus, health, jobs, operators, user_operators, workers
 from service.schemas import ErrorPublic, UnavailablePublic
 from service.settings import Settings
 from service.strict import StrictJSONRoute, StrictURL, cap_errors, echo, escape_surrogates
@@ -269,8 +269,9 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     if settings.auth_reads:
         readers = {"dependencies": [Depends(require_reader)], "responses": AUTH_RESPONSES}
     app.include_router(_strict(health.router))
-    for module in (operators, gpus, configs, jobs, workers):
+    for module in (operators, user_operators, gpus, configs, jobs, workers):
         app.include_router(_strict(module.router), **readers)
+    user_operators.install(app)  # the stored user operators join this process's registry
     return app
 
 

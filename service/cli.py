@@ -189,6 +189,13 @@ def _replay_backends(path: Path, gpu: list[str] | None, **options):
         _fail(f"--replay {path}: {_reason(exc)}", 2)
 
 
+def _use_stored_operators(sessions) -> None:
+    """The user operators stored in the database join this process's registry."""
+    from db.operators import use_database
+
+    use_database(sessions)
+
+
 def _start_gpu_workers(db_url: str, sessions, lease_seconds: float) -> list[threading.Thread]:
     """One worker thread per visible CUDA device; none (with a note) on a machine without.
     Each measures in a child process (settings: ``isolate``, ``trial_timeout_seconds``)."""
@@ -408,6 +415,7 @@ def worker(
     except ValueError as exc:
         _fail(str(exc), 2)
     _, sessions = _sessions(settings.db_url)
+    _use_stored_operators(sessions)
     w = Worker(
         sessions,
         settings.db_url,
@@ -459,6 +467,7 @@ def tune(
 
     settings = _settings(db)
     _, sessions = _sessions(settings.db_url)
+    _use_stored_operators(sessions)
     try:
         spec = get_operator(operator)
         dims = spec.validate(_parse_shape(shape), dtype)
@@ -678,6 +687,10 @@ def token_create(
             "--admin", help="may cancel any job (a revoked token's too), not only its own"
         ),
     ] = False,
+    operators: Annotated[
+        bool,
+        typer.Option("--operators", help="may register user operators (POST /v1/operators)"),
+    ] = False,
     db: DbOption = None,
 ) -> None:
     """Create a token; print its secret on stdout, once (only its SHA-256 is stored)."""
@@ -691,6 +704,9 @@ def token_create(
             )
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
+        if operators:
+            token.operators = True
+            session.commit()
         console.print(
             f"{'admin ' if admin else ''}token {token.id} ({token.name!r}) created; its secret "
             "is printed once, below. Send it as 'Authorization: Bearer <secret>'.",
@@ -769,6 +785,81 @@ def token_list(
         return str(value).replace("T", " ").removesuffix("+00:00")  # ISO times, in UTC
 
     _print_records([{headers.get(k, k): cell(v) for k, v in r.items()} for r in rows])
+
+
+operator_app = typer.Typer(
+    help="User operators: your own CUDA kernels, tuned like Kato's (docs/user_kernels.md).",
+    no_args_is_help=True,
+)
+app.add_typer(operator_app, name="operator")
+
+
+@operator_app.command("add")
+def operator_add(
+    folder: Annotated[
+        Path, typer.Argument(help="a folder holding kato.toml, its template and reference")
+    ],
+    db: DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    """Validate an operator folder (nothing is compiled here) and store it as the newest version
+    of its name; an unchanged folder is found, not stored twice. Workers and API processes of
+    this database serve it within seconds."""
+    from db import operators as stored
+    from kernels.spec import InvalidInput
+    from kernels.user import load_folder
+
+    try:
+        definition = load_folder(folder)
+    except InvalidInput as exc:
+        _fail(str(exc), 2)
+    _, sessions = _sessions(_settings(db).db_url)
+    _use_stored_operators(sessions)
+    with sessions() as session:
+        try:
+            added = stored.add_operator(session, definition)
+        except InvalidInput as exc:
+            _fail(f"{folder}: {exc}", 2)
+    if as_json:
+        typer.echo(json.dumps(added.__dict__))
+        return
+    what = "stored as a new version" if added.created else "unchanged (already stored)"
+    console.print(
+        f"operator {added.name} version {added.version}: {what}; {added.versions} version(s)"
+    )
+
+
+@operator_app.command("list")
+def operator_list(
+    db: DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON lines")] = False,
+) -> None:
+    """Every stored user operator: name, current version, versions stored, tunables, added."""
+    from db import operators as stored
+
+    _, sessions = _sessions(_settings(db).db_url)
+    rows = []
+    with sessions() as session:
+        for row in stored.newest(session):
+            spec = row.definition.get("spec", {})
+            rows.append(
+                {
+                    "name": row.name,
+                    "version": row.version,
+                    "versions": str(len(stored.versions(session, row.name))),
+                    "shape": "x".join(spec.get("shape", [])),
+                    "tunables": ", ".join(spec.get("tune_params", {})),
+                    "added": f"{row.created_at:%Y-%m-%d %H:%M}",
+                }
+            )
+    if as_json:
+        for row in rows:
+            typer.echo(json.dumps(row))
+        return
+    if not rows:
+        console.print("no user operators stored: add one with `kato operator add DIR`")
+        return
+    _print_records(rows)
 
 
 def _print_records(rows: list[dict[str, str]]) -> None:

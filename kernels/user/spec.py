@@ -79,6 +79,10 @@ class UserOperatorSpec(OperatorSpec):
         answer: fixed expected outputs, one entry per argument (None: not checked).
     """
 
+    #: Read from the database (``db.operators``): such an operator may be replaced by a newer
+    #: stored version; a built-in or installed one's name cannot be taken by a stored one.
+    stored: bool = False
+
     def __init__(
         self,
         definition: OperatorDefinition,

@@ -29,7 +29,7 @@ def test_admin_column_migrates_existing_tokens_as_ordinary(db_url: str) -> None:
                 )
             )
         init_db(engine)
-        assert current_revision(engine) == "0004"
+        assert current_revision(engine) == "0005"
         with session_factory(engine)() as session:
             (token,) = tokens.list_tokens(session)
             assert (token.id, token.admin) == ("t1", False)

@@ -1,0 +1,203 @@
+"""User operators stored in the database: add (versioned), list, and serve to the registry.
+
+A stored operator is a declarative definition (:class:`kernels.user.OperatorDefinition`: the
+spec and its CUDA files' text), validated before it is stored; nothing is compiled here and no
+Python of the user's is ever run. Workers and API processes see the stored operators through
+:class:`DatabaseOperators`, a source of :mod:`kernels.registry` (:func:`use_database`), which
+rereads the newest version of each name at most every few seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from db.models import UserOperator
+from kernels import registry
+from kernels.spec import InvalidInput
+from kernels.user import OperatorDefinition, UserOperatorSpec, definition
+
+log = logging.getLogger(__name__)
+
+#: How long a process keeps its view of the stored operators before rereading it, seconds.
+REFRESH_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Added:
+    """What :func:`add_operator` did: the stored row's fields, and whether it is new."""
+
+    name: str
+    version: str
+    created: bool
+    versions: int  # versions of this name now stored
+
+
+def parse_definition(data: Mapping[str, Any], where: str = "operator") -> OperatorDefinition:
+    """A definition from its JSON form ``{"spec": {...}, "files": {name: text}}``.
+
+    Raises:
+        InvalidInput: what is wrong (the field and, for an expression, the part).
+    """
+    if not isinstance(data, Mapping) or set(data) - {"spec", "files"}:
+        raise InvalidInput(f"{where}: give an object with 'spec' and 'files' only")
+    return definition(data.get("spec"), data.get("files") or {}, where)
+
+
+def build_spec(defn: OperatorDefinition) -> UserOperatorSpec:
+    """The operator a definition describes; refuses a name already taken by an operator that
+    does not come from the database (a built-in one, or one a package registers)."""
+    name = defn.spec.name
+    try:
+        existing = registry.get_operator(name)
+    except InvalidInput:
+        existing = None
+    if existing is not None and not getattr(existing, "stored", False):
+        raise InvalidInput(
+            f"operator name {name!r} is taken by a built-in or installed operator; choose another"
+        )
+    spec = UserOperatorSpec(defn)
+    spec.stored = True
+    return spec
+
+
+def add_operator(session: Session, defn: OperatorDefinition, token_id: str | None = None) -> Added:
+    """Store ``defn`` as the newest version of its name (commits). An unchanged definition
+    (same version hash) is found, not stored twice.
+
+    Raises:
+        InvalidInput: the name belongs to another kind of operator, or the definition is
+            refused by :class:`UserOperatorSpec`.
+    """
+    spec = build_spec(defn)
+    version = spec.version
+    row = _find(session, spec.name, version)
+    created = row is None
+    if created:
+        session.add(
+            UserOperator(
+                name=spec.name,
+                version=version,
+                definition=defn.model_dump(mode="json"),
+                token_id=token_id,
+            )
+        )
+        try:
+            session.commit()
+        except IntegrityError:  # the same version added at the same moment elsewhere
+            session.rollback()
+            created = False
+    count = session.scalar(
+        select(func.count()).select_from(UserOperator).where(UserOperator.name == spec.name)
+    )
+    return Added(spec.name, version, created, int(count or 0))
+
+
+def _find(session: Session, name: str, version: str) -> UserOperator | None:
+    return session.scalars(
+        select(UserOperator).where(UserOperator.name == name, UserOperator.version == version)
+    ).first()
+
+
+def newest(session: Session) -> list[UserOperator]:
+    """The newest version of every stored name, by name."""
+    top = (
+        select(UserOperator.name, func.max(UserOperator.id).label("id"))
+        .group_by(UserOperator.name)
+        .subquery()
+    )
+    return list(
+        session.scalars(
+            select(UserOperator).join(top, UserOperator.id == top.c.id).order_by(UserOperator.name)
+        )
+    )
+
+
+def versions(session: Session, name: str) -> list[UserOperator]:
+    """Every stored version of ``name``, oldest first."""
+    return list(
+        session.scalars(
+            select(UserOperator).where(UserOperator.name == name).order_by(UserOperator.id)
+        )
+    )
+
+
+class DatabaseOperators:
+    """A :mod:`kernels.registry` source: the newest stored version of each user operator.
+
+    Rereads ``(name, id)`` of the newest rows at most every ``refresh_s`` seconds and builds a
+    spec only for a row it has not seen. A stored definition that no longer validates (a newer
+    Kato refuses it) is logged once and left out.
+    """
+
+    def __init__(self, sessions: Callable[[], Session], refresh_s: float = REFRESH_SECONDS):
+        self.sessions, self.refresh_s = sessions, refresh_s
+        self._lock = threading.Lock()
+        self._read_at = -float("inf")
+        self._specs: dict[str, UserOperatorSpec] = {}
+        self._built: dict[int, UserOperatorSpec | None] = {}
+
+    def refresh(self) -> None:
+        """Reread now."""
+        with self._lock:
+            self._read_at = -float("inf")
+
+    def __call__(self) -> list[UserOperatorSpec]:
+        with self._lock:
+            if time.monotonic() - self._read_at >= self.refresh_s:
+                self._read()
+                self._read_at = time.monotonic()
+            return list(self._specs.values())
+
+    def _read(self) -> None:
+        with self.sessions() as session:
+            rows = newest(session)
+            specs: dict[str, UserOperatorSpec] = {}
+            for row in rows:
+                if row.id not in self._built:
+                    self._built[row.id] = self._build(row)
+                spec = self._built[row.id]
+                if spec is not None:
+                    specs[row.name] = spec
+        self._specs = specs
+
+    @staticmethod
+    def _build(row: UserOperator) -> UserOperatorSpec | None:
+        try:
+            spec = UserOperatorSpec(parse_definition(row.definition, f"stored {row.name}"))
+        except InvalidInput as exc:
+            log.warning("stored operator %s version %s left out: %s", row.name, row.version, exc)
+            return None
+        spec.stored = True
+        if spec.version != row.version:
+            # Kato's code changed since it was stored: the same definition, a new version.
+            log.info("stored operator %s: version %s here (%s stored)", row.name, spec.version,
+                     row.version)  # fmt: skip
+        return spec
+
+
+_installed: DatabaseOperators | None = None
+
+
+def installed() -> DatabaseOperators | None:
+    """The source :func:`use_database` installed in this process, if any."""
+    return _installed
+
+
+def use_database(sessions: Callable[[], Session]) -> DatabaseOperators:
+    """Make the operators stored in this database part of this process's registry, in place
+    of another database's (a process serves one database)."""
+    global _installed
+    if _installed is not None:
+        registry.remove_source(_installed)
+    _installed = DatabaseOperators(sessions)
+    registry.add_source(_installed)
+    return _installed

@@ -1,0 +1,65 @@
+"""``kato operator add DIR`` / ``list`` and ``kato token create --operators``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from typer.testing import CliRunner
+
+from db import tokens
+from db.session import init_db, session_factory
+from service.cli import app
+
+runner = CliRunner()
+
+
+def test_add_list_and_version(tmp_path, vector_add_dir):
+    db = f"sqlite:///{tmp_path / 'kato.db'}"
+    folder = tmp_path / "op"
+    shutil.copytree(vector_add_dir, folder)
+    first = runner.invoke(app, ["operator", "add", str(folder), "--db", db, "--json"])
+    assert first.exit_code == 0, first.output
+    added = json.loads(first.stdout)
+    assert added["name"] == "vector_add_test" and added["created"] is True
+    again = runner.invoke(app, ["operator", "add", str(folder), "--db", db, "--json"])
+    assert json.loads(again.stdout)["created"] is False
+    (folder / "vector_add.cu").write_text((folder / "vector_add.cu").read_text() + "\n")
+    changed = json.loads(
+        runner.invoke(app, ["operator", "add", str(folder), "--db", db, "--json"]).stdout
+    )
+    assert changed["created"] is True and changed["versions"] == 2
+    assert changed["version"] != added["version"]
+    listed = runner.invoke(app, ["operator", "list", "--db", db, "--json"])
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert [(r["name"], r["version"], r["versions"]) for r in rows] == [
+        ("vector_add_test", changed["version"], "2")
+    ]
+
+
+def test_bad_folder_is_reported_not_stored(tmp_path, vector_add_dir):
+    db = f"sqlite:///{tmp_path / 'kato.db'}"
+    folder = tmp_path / "op"
+    shutil.copytree(vector_add_dir, folder)
+    spec = (folder / "kato.toml").read_text()
+    (folder / "kato.toml").write_text(spec.replace("tile_size_x <= 4096", "unroll <= 4096"))
+    result = runner.invoke(app, ["operator", "add", str(folder), "--db", db])
+    assert result.exit_code == 2
+    assert "unknown name 'unroll'" in result.output
+    assert "restriction 1" in result.output
+    empty = runner.invoke(app, ["operator", "list", "--db", db])
+    assert "no user operators stored" in empty.output
+    missing = runner.invoke(app, ["operator", "add", str(tmp_path / "nope"), "--db", db])
+    assert missing.exit_code == 2 and "not a directory" in missing.output
+
+
+def test_token_with_the_operators_scope(tmp_path):
+    db = f"sqlite:///{tmp_path / 'kato.db'}"
+    result = runner.invoke(app, ["token", "create", "ops", "--operators", "--db", db])
+    assert result.exit_code == 0, result.output
+    plain = runner.invoke(app, ["token", "create", "plain", "--db", db])
+    engine = init_db(db)
+    with session_factory(engine)() as session:
+        assert tokens.find_token(session, result.stdout.strip()).operators is True
+        assert tokens.find_token(session, plain.stdout.strip()).operators is False
+    engine.dispose()
