@@ -97,9 +97,13 @@ def _transient_one(e: BaseException) -> bool:
             return code & 0xFF in _SQLITE_TRANSIENT_CODES
         text = str(e).lower()
         return any(t in text for t in _SQLITE_TRANSIENT_TEXT)
-    # A driver's OperationalError without a SQLSTATE: the connection failed or was lost
-    # (refused, closed by the server, reset) before the server could say why.
-    return type(e).__name__ == "OperationalError" and type(e).__module__.startswith("psycopg")
+    # A driver's OperationalError (or a subclass: psycopg's ConnectionTimeout) without a
+    # SQLSTATE: the connection failed, timed out or was lost (refused, closed by the server,
+    # reset, no answer) before the server could say why.
+    return any(
+        c.__name__ == "OperationalError" and c.__module__.startswith("psycopg")
+        for c in type(e).__mro__
+    )
 
 
 def is_transient(error: BaseException) -> bool:

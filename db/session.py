@@ -3,15 +3,24 @@
 ``init_db(url)`` is the one entry point the service, the worker and the CLI call: it makes the
 engine and upgrades the schema to the newest Alembic revision (a no-op when already there), so
 a fresh SQLite file or an empty PostgreSQL database is ready to use.
+
+Every engine bounds how long the database may keep a caller waiting (:class:`DbTimeouts`): a
+server that accepts TCP and never answers, a lock held elsewhere or a statement that never ends
+becomes an error within the limit (a transient fault to :mod:`db.retry`: the API answers it
+with 503 and ``Retry-After``, a worker retries), never a hang. Workers and the CLI wait
+patiently (:data:`WORKER_TIMEOUTS`), the API briefly (``Settings.db_timeouts``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
+import math
 import os
 import sqlite3
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +28,7 @@ from alembic import command
 from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
@@ -34,7 +43,42 @@ VERSION_TABLE = "kato_alembic_version"
 #: Default SQLite file when ``KATO_DB_URL`` is not set.
 DEFAULT_DB_PATH = Path("~/.local/share/kato/kato.db")
 
-SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+@dataclass(frozen=True)
+class DbTimeouts:
+    """How long the database may keep one caller waiting, in seconds.
+
+    - ``connect``: opening a PostgreSQL connection (libpq's ``connect_timeout``; a URL's own
+      ``connect_timeout`` wins). A server that accepts TCP and never answers fails after it.
+    - ``statement``: one PostgreSQL statement (the server's ``statement_timeout``), and, a little
+      longer (:data:`CLIENT_GRACE`), every wait of the client for the server (a statement, a
+      commit, a rollback, the pool's liveness ping): a server that stopped answering on an open
+      connection cannot cancel anything, so the client closes the connection itself. ``None``:
+      no limit. SQLite: unused (a statement there runs in this process).
+    - ``lock``: waiting for a lock another transaction holds: SQLite's busy timeout (its write
+      lock), PostgreSQL's ``lock_timeout`` (a row or table lock). Its error is "busy".
+
+    Migrations run without the statement and lock limits (a large schema change takes longer).
+    """
+
+    connect: float = 10.0
+    statement: float | None = 60.0
+    lock: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("connect", "statement", "lock"):
+            value = getattr(self, name)
+            if value is None and name == "statement":
+                continue
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ValueError(f"DbTimeouts.{name} must be a positive number of seconds")
+
+
+#: Workers and the CLI: patient (a worker retries a fault anyway; an import may write long).
+WORKER_TIMEOUTS = DbTimeouts()
+#: Seconds the client waits beyond ``statement_timeout`` before it gives up on the server (the
+#: server's own cancel, when it still runs, arrives first and leaves the connection usable).
+CLIENT_GRACE = 2.0
 
 
 def normalize_db_url(value: str) -> str:
@@ -75,25 +119,152 @@ def _ensure_sqlite_parent(url: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
 
 
-def _configure_sqlite_connection(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
+def _configure_sqlite_connection(
+    dbapi_connection: sqlite3.Connection, _record: Any, busy_timeout_ms: int
+) -> None:
     # WAL lets readers (the API) run while a writer (a worker) commits; busy_timeout makes a
     # second writer wait for the lock instead of failing at once.
     cursor = dbapi_connection.cursor()
     try:
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        switch_to_wal(cursor, SQLITE_BUSY_TIMEOUT_MS / 1000)
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        switch_to_wal(cursor, busy_timeout_ms / 1000)
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")  # safe with WAL, far fewer fsyncs
     finally:
         cursor.close()
 
 
-def make_engine(url: str, *, connections: int | None = None) -> Engine:
+def configure_sqlite(engine: Engine, timeouts: DbTimeouts = WORKER_TIMEOUTS) -> None:
+    """Give every new SQLite connection of ``engine`` Kato's settings: WAL, foreign keys,
+    ``synchronous=NORMAL`` and ``timeouts.lock`` as its busy timeout."""
+    busy_ms = int(timeouts.lock * 1000)
+
+    def configure(dbapi_connection: sqlite3.Connection, record: Any) -> None:
+        _configure_sqlite_connection(dbapi_connection, record, busy_ms)
+
+    event.listen(engine, "connect", configure)
+
+
+def _deadline_connection_class() -> type | None:
+    """A ``psycopg.Connection`` whose every wait for the server ends after ``io_timeout``
+    seconds (closing the connection: the protocol is mid-message), or ``None`` where psycopg
+    is missing or too old to bound a wait (``Connection.wait(timeout=)``, psycopg 3.2.4+)."""
+    try:
+        import psycopg
+        from psycopg import errors
+    except ImportError:
+        return None
+    wait_timeout = getattr(errors, "_WaitTimeout", None)
+    if (
+        wait_timeout is None
+        or "timeout" not in inspect.signature(psycopg.Connection.wait).parameters
+    ):
+        return None
+
+    class DeadlineConnection(psycopg.Connection):  # type: ignore[type-arg]
+        io_timeout: float | None = None
+
+        def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+            limit = self.io_timeout if timeout is None else timeout
+            try:
+                return super().wait(gen, interval=interval, timeout=limit)
+            except wait_timeout:
+                self.pgconn.finish()  # closed: SQLAlchemy sees a disconnect and drops it
+                raise psycopg.OperationalError(
+                    f"the database did not answer within {limit:g} s (connection closed)"
+                ) from None
+
+    return DeadlineConnection
+
+
+_DEADLINE_CONNECTION: type | None | bool = False  # not looked up yet
+
+
+def _deadline_connection() -> type | None:
+    global _DEADLINE_CONNECTION
+    if _DEADLINE_CONNECTION is False:
+        _DEADLINE_CONNECTION = _deadline_connection_class()
+    return _DEADLINE_CONNECTION  # type: ignore[return-value]
+
+
+def configure_postgres(engine: Engine, timeouts: DbTimeouts = WORKER_TIMEOUTS) -> None:
+    """Bound every wait of ``engine``'s PostgreSQL connections by ``timeouts`` (see
+    :class:`DbTimeouts`): ``connect_timeout`` unless the URL sets one; ``statement_timeout``
+    and ``lock_timeout`` set on each new connection; with the ``psycopg`` driver, a client-side
+    limit on each wait for the server. Other drivers get the server-side limits only."""
+    connection_class = _deadline_connection() if engine.dialect.driver == "psycopg" else None
+    io_timeout = None if timeouts.statement is None else timeouts.statement + CLIENT_GRACE
+
+    @event.listens_for(engine, "do_connect")
+    def connect(dialect: Any, _record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+        cparams.setdefault("connect_timeout", max(2, math.ceil(timeouts.connect)))
+        if connection_class is None:
+            return None  # the dialect connects as usual
+        connection = connection_class.connect(*cargs, **cparams)
+        connection.io_timeout = io_timeout
+        return connection
+
+    # The pool's liveness ping (pool_pre_ping) is as quick as a connect: a server that does not
+    # answer it within ``connect`` seconds is taken for gone, and a new connection is tried.
+    default_ping = engine.dialect.do_ping
+
+    def do_ping(dbapi_connection: Any) -> bool:
+        saved = getattr(dbapi_connection, "io_timeout", None)
+        if saved is None:
+            return default_ping(dbapi_connection)
+        dbapi_connection.io_timeout = min(saved, timeouts.connect)
+        try:
+            return default_ping(dbapi_connection)
+        finally:
+            dbapi_connection.io_timeout = saved
+
+    engine.dialect.do_ping = do_ping  # type: ignore[method-assign]
+
+    statement_ms = 0 if timeouts.statement is None else int(timeouts.statement * 1000)
+    lock_ms = int(timeouts.lock * 1000)
+
+    @event.listens_for(engine, "connect")
+    def limits(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"SET statement_timeout = {statement_ms}")
+            cursor.execute(f"SET lock_timeout = {lock_ms}")
+        finally:
+            cursor.close()
+        dbapi_connection.commit()
+
+
+@contextlib.contextmanager
+def unlimited(connection: Connection) -> Iterator[Connection]:
+    """``connection`` without the statement and lock limits of :class:`DbTimeouts` inside
+    the block (migrations, the migration lock), on PostgreSQL; SQLite keeps its busy timeout.
+    Starts the connection's transaction; the limits come back when it ends."""
+    if connection.dialect.name != "postgresql":
+        yield connection
+        return
+    connection.exec_driver_sql("SET LOCAL statement_timeout = 0")
+    connection.exec_driver_sql("SET LOCAL lock_timeout = 0")
+    dbapi = connection.connection.dbapi_connection
+    saved = getattr(dbapi, "io_timeout", None)
+    if saved is not None:
+        dbapi.io_timeout = None  # type: ignore[union-attr]
+    try:
+        yield connection
+    finally:
+        if saved is not None:
+            dbapi.io_timeout = saved  # type: ignore[union-attr]
+
+
+def make_engine(
+    url: str, *, connections: int | None = None, timeouts: DbTimeouts = WORKER_TIMEOUTS
+) -> Engine:
     """An engine for ``url`` with Kato's connection settings.
 
-    SQLite: WAL journal, foreign keys on, 30 s busy timeout, usable from several threads
-    (``check_same_thread=False``); the parent directory of the file is created; an in-memory
-    database uses a single shared connection. PostgreSQL and others: ``pool_pre_ping``.
+    SQLite: WAL journal, foreign keys on, ``timeouts.lock`` as busy timeout (30 s for workers),
+    usable from several threads (``check_same_thread=False``); the parent directory of the file
+    is created; an in-memory database uses a single shared connection. PostgreSQL and others:
+    ``pool_pre_ping`` (a connection the server dropped is replaced, not handed out), and on
+    PostgreSQL the limits of ``timeouts`` (:func:`configure_postgres`).
 
     ``connections``: the most connections the pool holds, opened as needed and then kept (no
     overflow beyond it); an API process passes one per request thread plus headroom
@@ -114,9 +285,12 @@ def make_engine(url: str, *, connections: int | None = None) -> Engine:
         else:
             kwargs.update(pool)
         engine = create_engine(url, **kwargs)
-        event.listen(engine, "connect", _configure_sqlite_connection)
+        configure_sqlite(engine, timeouts)
         return engine
-    return create_engine(url, pool_pre_ping=True, **pool)
+    engine = create_engine(url, pool_pre_ping=True, **pool)
+    if engine.dialect.name == "postgresql":
+        configure_postgres(engine, timeouts)
+    return engine
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
@@ -160,7 +334,7 @@ def _migration_lock(engine: Engine) -> Iterator[None]:
     backend = engine.url.get_backend_name()
     if backend == "postgresql":
         key = int.from_bytes(hashlib.sha256(b"kato-migrations").digest()[:8], "big", signed=True)
-        with engine.connect() as connection:
+        with engine.connect() as connection, unlimited(connection):
             connection.exec_driver_sql(f"SELECT pg_advisory_lock({key})")
             try:
                 yield
@@ -189,7 +363,7 @@ def upgrade_to_head(engine: Engine) -> None:
     head = head_revision()
     if current_revision(engine) == head:
         return
-    with _migration_lock(engine), engine.begin() as connection:
+    with _migration_lock(engine), engine.begin() as connection, unlimited(connection):
         config = alembic_config()
         config.attributes["connection"] = connection  # env.py migrates on this connection
         command.upgrade(config, "head")

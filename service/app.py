@@ -226,7 +226,9 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     """
     settings = settings or Settings()
     if engine is None:  # a pool with a connection per API thread (service.deps)
-        engine = make_engine(settings.db_url, connections=settings.api_db_connections)
+        engine = make_engine(
+            settings.db_url, connections=settings.api_db_connections, timeouts=settings.db_timeouts
+        )
     engine = init_db(engine)
 
     # FastAPIOffline: /docs and /redoc load Swagger UI and ReDoc from files the package ships,

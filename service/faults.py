@@ -34,7 +34,11 @@ READ_ONLY = (
 )
 #: What each fault says, and the seconds to wait before retrying it.
 _FAULTS: dict[FaultKind, tuple[str, int]] = {
-    "unreachable": ("the database cannot be reached (connection refused, lost or not accepted)", 5),
+    "unreachable": (
+        "the database cannot be reached (connection refused, lost, not accepted or not "
+        "answered in time)",
+        5,
+    ),
     "busy": ("the database is busy (another writer holds its lock, or transactions conflicted)", 2),
     "pool_exhausted": ("no database connection came free in time: the service is overloaded", 2),
     "read_only": (f"{READ_ONLY}: reads are answered, writes are not until it is writable", 60),
@@ -105,7 +109,8 @@ def _kind(error: BaseException) -> FaultKind:
         return "read_only"
     if state == "53100":
         return "disk_full"
-    if state[:2] == "40" or state in ("55P03", "53300"):
+    # 57014: a statement cancelled by statement_timeout (a lock or an overloaded server).
+    if state[:2] == "40" or state in ("55P03", "53300", "57014"):
         return "busy"
     return "unreachable"
 

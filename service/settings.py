@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from db.session import default_db_url, normalize_db_url
+from db.session import DbTimeouts, default_db_url, normalize_db_url
 
 #: Connections an API process's pool holds beyond one per API thread: for sessions opened on
 #: threads of their own, outside AnyIO's pool (the GPU workers ``kato serve`` runs in the
@@ -39,6 +39,33 @@ class Settings(BaseSettings):
         description="threads per API process for blocking work (sync routes and dependencies, "
         "lookups): AnyIO's default thread limit, set at startup; the process's database pool "
         "holds one connection per thread plus headroom (api_db_connections)",
+    )
+    db_connect_timeout_seconds: float = Field(
+        default=3.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="API: longest wait to open a PostgreSQL connection or to get an answer to "
+        "a pooled connection's liveness ping; a server that accepts TCP and never answers "
+        "gets a 503 after it",
+    )
+    db_statement_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="API: longest a PostgreSQL statement of a request may run "
+        "(statement_timeout; the client gives up 2 s later on a server that stopped "
+        "answering): a 503 after it",
+    )
+    db_lock_timeout_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="API: longest a request waits for a lock another transaction holds "
+        "(SQLite's write lock: busy timeout; PostgreSQL: lock_timeout), then a 503 busy with "
+        "Retry-After; workers wait 30 s and retry",
     )
 
     # --- workers (README: "Faults on the GPU", "Several hosts") ---
@@ -119,6 +146,15 @@ class Settings(BaseSettings):
         """Connections in an API process's pool: one per API thread (a request holds one only
         while its thread runs: ``service.deps``) plus :data:`API_POOL_HEADROOM`."""
         return self.api_threads + API_POOL_HEADROOM
+
+    @property
+    def db_timeouts(self) -> DbTimeouts:
+        """The API's database limits: brief, so a request meets a fault as a quick 503."""
+        return DbTimeouts(
+            connect=self.db_connect_timeout_seconds,
+            statement=self.db_statement_timeout_seconds,
+            lock=self.db_lock_timeout_seconds,
+        )
 
     @field_validator("db_url")
     @classmethod

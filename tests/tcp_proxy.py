@@ -4,6 +4,10 @@
 to the target. :meth:`TcpProxy.stop` closes the listener and cuts every forwarded connection
 (new connections are refused, open ones are reset: the server "went away");
 :meth:`TcpProxy.start` listens again on the same port (the server "came back").
+:meth:`TcpProxy.hang` makes it a black hole: connections are accepted and bytes are read from
+them, but nothing is forwarded either way (a server that accepts TCP and never answers, as a
+stopped or wedged one does: the kernel still acknowledges the packets); :meth:`TcpProxy.resume`
+forwards again.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
         self._listener: socket.socket | None = None
+        self._flowing = threading.Event()
+        self._flowing.set()
         self.start()
 
     def start(self) -> None:
@@ -41,6 +47,14 @@ class TcpProxy:
             _shutdown(sock)
             sock.close()
 
+    def hang(self) -> None:
+        """Accept connections and read from them, but forward nothing until :meth:`resume`."""
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        """Forward again (what arrived while hung is delivered then)."""
+        self._flowing.set()
+
     def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
@@ -56,12 +70,16 @@ class TcpProxy:
             with self._lock:
                 self._sockets += [client, upstream]
             for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pipe, args=(source, sink), daemon=True).start()
+                args = (source, sink, self._flowing)
+                threading.Thread(target=_pipe, args=args, daemon=True).start()
 
 
-def _pipe(source: socket.socket, sink: socket.socket) -> None:
+def _pipe(source: socket.socket, sink: socket.socket, flowing: threading.Event) -> None:
     try:
         while data := source.recv(65536):
+            while not flowing.wait(0.1):
+                if sink.fileno() == -1:  # closed by stop() while hung
+                    return
             sink.sendall(data)
     except OSError:
         pass

@@ -88,17 +88,25 @@ def optuna_storage(db_url: str) -> optuna.storages.RDBStorage:
     """Optuna's study storage in the job database (its own tables beside Kato's, created here
     when missing: call it only to write a study).
 
-    SQLite: Optuna's connections get Kato's settings (WAL, ``synchronous=NORMAL``, busy
-    timeout): with the default full sync every ask and tell waits for an fsync, which made a
-    replayed trial cost ~1 s on slow disks.
+    Its engine reconnects and waits as a worker's own (:func:`db.session.make_engine`):
+    ``pool_pre_ping``, so a connection the server dropped (a restart, ``pg_terminate_backend``)
+    is replaced on checkout instead of failing the next ask or tell, and the worker's
+    :class:`db.session.DbTimeouts` (PostgreSQL: connect, statement and lock limits, a hung
+    server an error, not a hang). SQLite: Kato's connection settings (WAL,
+    ``synchronous=NORMAL``, busy timeout): with the default full sync every ask and tell waits
+    for an fsync, which made a replayed trial cost ~1 s on slow disks.
     """
-    from sqlalchemy import event
+    from sqlalchemy.engine import make_url
     from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-    from db.session import _configure_sqlite_connection
+    from db.session import WORKER_TIMEOUTS, configure_postgres, configure_sqlite
 
-    sqlite = db_url.startswith("sqlite")
-    kwargs = {"connect_args": {"timeout": 30}} if sqlite else {}
+    backend = make_url(db_url).get_backend_name()
+    kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    if backend == "sqlite":
+        kwargs["connect_args"] = {"timeout": WORKER_TIMEOUTS.lock}
+    elif backend == "postgresql":
+        kwargs["connect_args"] = {"connect_timeout": max(2, round(WORKER_TIMEOUTS.connect))}
     for attempt in range(5):
         try:
             storage = optuna.storages.RDBStorage(db_url, engine_kwargs=kwargs)
@@ -111,9 +119,11 @@ def optuna_storage(db_url: str) -> optuna.storages.RDBStorage:
             if attempt == 4:
                 raise
             time.sleep(0.2 * (attempt + 1))
-    if sqlite:
-        event.listen(storage.engine, "connect", _configure_sqlite_connection)
-        storage.engine.dispose()  # connections opened while Optuna set up: reopen with pragmas
+    if backend == "sqlite":
+        configure_sqlite(storage.engine, WORKER_TIMEOUTS)
+    elif backend == "postgresql":
+        configure_postgres(storage.engine, WORKER_TIMEOUTS)
+    storage.engine.dispose()  # connections opened while Optuna set up: reopen with the settings
     return storage
 
 
