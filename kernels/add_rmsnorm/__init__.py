@@ -46,13 +46,22 @@ WB_REGISTER_OVERHEAD = 40
 
 def wb_regs(config: Config, cols: int, itemsize: int) -> int:
     """1 if CACHE=2 keeps the weight in registers too: every row must have the same head
-    (``cols % VEC == 0``) and s plus the weight plus WB_REGISTER_OVERHEAD must fit."""
+    (``cols % VEC == 0``) and s, the loads of its first pass (:func:`load_registers`), the
+    weight and WB_REGISTER_OVERHEAD must fit."""
     if config["CACHE"] != 2 or cols % config["VEC"] != 0:
         return 0
     items = rowwise.items_per_thread(config, cols)
-    need = 2 * rowwise.vector_registers(config, cols, itemsize) + WB_REGISTER_OVERHEAD
+    need = 3 * rowwise.vector_registers(config, cols, itemsize) + WB_REGISTER_OVERHEAD
     need += rowwise.ITEM_REGISTERS * items
     return int(need <= rowwise.register_cap(config))
+
+
+def load_registers(config: Config, cols: int, itemsize: int) -> int:
+    """CACHE=2's registers beyond the cache of s: the x and residual vectors of its unrolled
+    first pass, which ptxas loads ahead of the adds (one more register per element: compile
+    tests, where counting s alone let 12 vectors of 4 per lane spill 160 to 208 bytes under a
+    128-register cap)."""
+    return rowwise.vector_registers(config, cols, itemsize) if config["CACHE"] == 2 else 0
 
 
 class AddRMSNormSpec(rowwise.RowwiseSpec):
@@ -78,6 +87,9 @@ class AddRMSNormSpec(rowwise.RowwiseSpec):
         "float16": (1e-6, 2e-3),
         "bfloat16": (1e-6, 8e-3),
     }
+
+    def extra_registers(self, config: Config, cols: int, itemsize: int) -> int:
+        return load_registers(config, cols, itemsize)
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
         """:meth:`RowwiseSpec.base_default`, then 4 rows per group where the grid still has at

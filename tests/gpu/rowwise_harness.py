@@ -169,3 +169,45 @@ def run_offset(
         if not ok.all():
             bad.append(f"output {out}: {int((~ok).sum())} of {ok.size} outside tolerance")
     return bad
+
+
+def run_arrays(spec: OperatorSpec, config: dict[str, Any], shape: Sequence[int], dtype: str,
+               args: Sequence[Any]) -> list[Any]:  # fmt: skip
+    """Run ``config``'s steps once on device copies of ``args`` (a problem's argument list,
+    arrays possibly taken from another operator's outputs); returns the arguments with every
+    array copied back from the device, so one operator's outputs can feed the next."""
+    import numpy as np
+    import pycuda.autoprimaryctx  # noqa: F401 - a context for this process
+    import pycuda.driver as cuda
+
+    from kernels.limits import needs_shared_opt_in
+    from tuner.backends.pycuda import describe_device
+    from tuner.nvcc import compile_kernel
+
+    shape = tuple(shape)
+    source = spec.render(config, shape, dtype)
+    compiled = compile_kernel(source, spec.kernel_name, arch=describe_device(0).arch)
+    module = cuda.module_from_buffer(compiled.cubin)
+    device = [cuda.to_device(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a
+              for a in args]  # fmt: skip
+    for step in spec.steps(config, shape, dtype):
+        fn = module.get_function(step.kernel)
+        launch = step.launch
+        static = fn.get_attribute(cuda.function_attribute.SHARED_SIZE_BYTES)
+        if needs_shared_opt_in(static, launch.shared_bytes):
+            fn.set_attribute(
+                cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, launch.shared_bytes
+            )
+        indices = step.args if step.args is not None else range(len(device))
+        fn(*[device[i] for i in indices], block=launch.block, grid=launch.grid,
+           shared=launch.shared_bytes)  # fmt: skip
+    cuda.Context.synchronize()
+    out = []
+    for a, d in zip(args, device, strict=True):
+        if isinstance(a, np.ndarray):
+            host = np.empty_like(a)
+            cuda.memcpy_dtoh(host, d)
+            out.append(host)
+        else:
+            out.append(a)
+    return out

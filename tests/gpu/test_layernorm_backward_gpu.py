@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rowwise_harness import run_offset, verify_all
+from rowwise_harness import run_arrays, run_offset, verify_all
 
 from kernels import DTYPES, get_operator, limits
 from kernels.layernorm_backward import layernorm_backward_reference
@@ -79,39 +79,7 @@ def test_row_arrays_off_a_vector_boundary(spec, dtype, offset):
 
 
 def _run(spec, shape, dtype, args):
-    """Run ``spec``'s default config on device copies of ``args``; the arrays back on the
-    host."""
-    import pycuda.autoprimaryctx  # noqa: F401 - a context for this process
-    import pycuda.driver as cuda
-
-    from kernels.limits import needs_shared_opt_in
-    from tuner.backends.pycuda import describe_device
-    from tuner.nvcc import compile_kernel
-
-    config = spec.default_config(shape, dtype)
-    source = spec.render(config, shape, dtype)
-    compiled = compile_kernel(source, spec.kernel_name, arch=describe_device(0).arch)
-    module = cuda.module_from_buffer(compiled.cubin)
-    device = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
-    for step in spec.steps(config, shape, dtype):
-        fn = module.get_function(step.kernel)
-        launch = step.launch
-        static = fn.get_attribute(cuda.function_attribute.SHARED_SIZE_BYTES)
-        if needs_shared_opt_in(static, launch.shared_bytes):
-            fn.set_attribute(
-                cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, launch.shared_bytes
-            )
-        fn(*device, block=launch.block, grid=launch.grid, shared=launch.shared_bytes)
-    cuda.Context.synchronize()
-    out = []
-    for a, d in zip(args, device, strict=True):
-        if isinstance(a, np.ndarray):
-            host = np.empty_like(a)
-            cuda.memcpy_dtoh(host, d)
-            out.append(host)
-        else:
-            out.append(a)
-    return out
+    return run_arrays(spec, spec.default_config(shape, dtype), shape, dtype, args)
 
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
