@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call on the H200 for the row-wise training operators (rmsnorm, rmsnorm_backward,
 # softmax_backward, cross_entropy, cross_entropy_backward, layernorm_backward, add_rmsnorm):
-# install the staged wheels (.device-wheels/, ../shared/device/stage.sh), then run the steps named as arguments, writing
-# results under $OUT (at most 8 files come back: the export is one archive).
+# install the staged wheels (.device-wheels/, ../shared/device/stage.sh), then run the steps named
+# as arguments, writing results under $OUT (at most 8 files come back: the export is one archive).
 #   steps: tests   their GPU tests (every valid config at the odd widths, defaults on awkward
 #                  shapes; GPU_K: a pytest -k expression, GPU_TESTS: other paths)
 #          compile their compile tests over every distinct variant (KATO_COMPILE_FULL=1, sm_90,
