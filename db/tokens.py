@@ -13,14 +13,22 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
+import math
 import secrets
+import threading
+import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Connection, Engine, func, select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from db import retry
 from db.models import ApiToken, Job, utcnow
+
+log = logging.getLogger(__name__)
 
 #: Secrets are prefixed so that they are recognisable in logs and secret scanners.
 SECRET_PREFIX = "kato_"
@@ -95,15 +103,67 @@ class Verified:
 
 
 def verify_token(session: Session, secret: str, *, touch: bool = True) -> Verified:
-    """Check a presented secret. For a live token and ``touch``, record ``last_used_at``
-    (at most once per :data:`LAST_USED_RESOLUTION`; commits only then)."""
+    """Check a presented secret (reads only, in ``session``). For a live token and ``touch``,
+    record ``last_used_at`` as a best effort (:func:`touch_last_used`): a database that
+    cannot take the write does not fail the check."""
     token = find_token(session, secret)
     if token is not None and token.revoked_at is None and touch:
-        now = utcnow()
-        if token.last_used_at is None or now - token.last_used_at >= LAST_USED_RESOLUTION:
-            mark_used(session, token.id)
-            session.commit()
+        touch_last_used(session.get_bind(), token.id, token.last_used_at)
     return Verified(token)
+
+
+#: When this process last tried, and failed or is still trying, to record each token's use
+#: (``time.monotonic``): a database that refuses the write (read-only) is not asked again on
+#: every request, nor by every request that arrives while a try runs.
+_touch_tries: dict[str, float] = {}
+_touch_lock = threading.Lock()
+
+
+def touch_last_used(
+    bind: Engine | Connection, token_id: str, last_used_at: datetime | None
+) -> bool:
+    """Set the token's ``last_used_at`` to now, at most once per :data:`LAST_USED_RESOLUTION`
+    (by the stored value and by this process's last try), on a connection of its own, without
+    waiting for a lock another transaction holds (SQLite's write lock, the token's row under a
+    submission). Best effort: a fault of the database (read-only, busy, unreachable:
+    :func:`db.retry.is_transient`) is swallowed, so that an authenticated read works on a
+    database that takes no writes. Whether the time was recorded."""
+    if last_used_at is not None and utcnow() - last_used_at < LAST_USED_RESOLUTION:
+        return False
+    now = time.monotonic()
+    with _touch_lock:
+        if now - _touch_tries.get(token_id, -math.inf) < LAST_USED_RESOLUTION.total_seconds():
+            return False
+        _touch_tries[token_id] = now
+        if len(_touch_tries) > 10_000:  # forget the oldest: a bound, not a leak
+            for stale in sorted(_touch_tries, key=_touch_tries.__getitem__)[:5_000]:
+                del _touch_tries[stale]
+    engine = bind.engine if isinstance(bind, Connection) else bind
+    try:
+        with engine.connect() as connection:
+            dialect = connection.dialect.name
+            if dialect == "postgresql":
+                connection.exec_driver_sql("SET LOCAL lock_timeout = 100")
+            elif dialect == "sqlite":
+                busy = connection.exec_driver_sql("PRAGMA busy_timeout").scalar()
+                connection.exec_driver_sql("PRAGMA busy_timeout = 0")
+            try:
+                connection.execute(
+                    update(ApiToken).where(ApiToken.id == token_id).values(last_used_at=utcnow())
+                )
+                connection.commit()
+            finally:
+                if dialect == "sqlite":
+                    connection.rollback()
+                    connection.exec_driver_sql(f"PRAGMA busy_timeout = {int(busy or 0)}")
+    except SQLAlchemyError as error:
+        if not retry.is_transient(error):
+            raise
+        log.debug("token %s: last_used_at not recorded: %s", token_id, retry.describe(error))
+        return False
+    with _touch_lock:  # recorded: the stored time throttles from now on
+        _touch_tries.pop(token_id, None)
+    return True
 
 
 def mark_used(session: Session, token_id: str) -> None:
