@@ -1,0 +1,178 @@
+"""Kernel Tuner's ``tune_kernel`` arguments as a Kato user operator.
+
+:func:`operator_from_arguments` turns ``kernel_name, kernel_source, problem_size, arguments,
+tune_params, restrictions, answer, grid_div_*, block_size_names, atol`` into a
+:class:`~kernels.user.spec.UserOperatorSpec`: the arguments' numpy arrays give the dtypes and
+sizes, ``answer``'s non-None entries are the outputs and their expected values, the rest of
+the launch follows Kernel Tuner's conventions (:mod:`kernels.user.model`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kernels.spec import DTYPES, InvalidInput
+from kernels.user import definition
+from kernels.user.model import ARRAY_DTYPES, OUTPUT_DTYPES, SCALAR_DTYPES
+from kernels.user.spec import UserOperatorSpec
+
+#: What Kato's result key calls a dimension of ``problem_size``.
+DIMENSION_NAMES = ("x", "y", "z")
+_NAME = re.compile(r"[^a-z0-9_]+")
+
+
+def operator_name(kernel_name: str) -> str:
+    """The Kato operator name of a kernel: lower case, other characters as ``_``."""
+    name = _NAME.sub("_", kernel_name.lower()).strip("_") or "kernel"
+    if not name[0].isalpha():
+        name = "k_" + name
+    return name[:64]
+
+
+def kernel_source_text(kernel_source: Any) -> str:
+    """The source: a string of code, or a file name (or a list whose first entry is one), as
+    Kernel Tuner takes it."""
+    if isinstance(kernel_source, list | tuple):
+        if not kernel_source:
+            raise InvalidInput("kernel_source is an empty list")
+        kernel_source = kernel_source[0]
+    if isinstance(kernel_source, Path) or (
+        isinstance(kernel_source, str) and "\n" not in kernel_source
+        and kernel_source.endswith((".cu", ".cuh", ".c", ".cpp")) and Path(kernel_source).is_file()
+    ):  # fmt: skip
+        return Path(kernel_source).read_text()
+    if not isinstance(kernel_source, str):
+        raise InvalidInput("kernel_source must be CUDA code or the name of a file holding it")
+    return kernel_source
+
+
+def problem_dims(problem_size: Any) -> tuple[int, ...]:
+    """``problem_size`` as Kato's shape (an int, or a tuple of 1 to 3 ints)."""
+    dims = (problem_size,) if isinstance(problem_size, int | np.integer) else problem_size
+    try:
+        out = tuple(int(d) for d in dims)
+    except (TypeError, ValueError):
+        raise InvalidInput(
+            f"problem_size must be an int or a tuple of ints, got {problem_size!r} (Kato "
+            "takes no expressions or callables here: the shape is part of the result key)"
+        ) from None
+    if not 1 <= len(out) <= 3 or min(out) < 1:
+        raise InvalidInput(f"problem_size must have 1 to 3 dimensions >= 1, got {out}")
+    return out
+
+
+def _divisors(value: Any, what: str) -> list[str] | None:
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str) else list(value)
+    if not all(isinstance(item, str) for item in items):
+        raise InvalidInput(f"{what} must be expression strings (Kato runs no callables)")
+    return items
+
+
+def operator_from_arguments(
+    kernel_name: str,
+    kernel_source: Any,
+    problem_size: Any,
+    arguments: Sequence[Any],
+    tune_params: Mapping[str, Sequence[Any]],
+    *,
+    restrictions: Any = None,
+    answer: Sequence[Any] | None = None,
+    atol: float = 1e-6,
+    grid_div_x: Any = None,
+    grid_div_y: Any = None,
+    grid_div_z: Any = None,
+    block_size_names: Sequence[str] | None = None,
+    smem_args: Mapping[str, Any] | None = None,
+    defines: Mapping[str, Any] | None = None,
+    name: str | None = None,
+    fixed: bool = True,
+) -> tuple[UserOperatorSpec, dict[str, Any]]:
+    """The operator (with the given arguments and answer when ``fixed``) and the spec dict
+    it was built from (what a service is sent).
+
+    Raises:
+        InvalidInput: an argument Kato cannot pass, a restriction that is not an expression,
+            an answer of the wrong length, and every error of the declarative spec.
+    """
+    shape = problem_dims(problem_size)
+    if restrictions is None:
+        restrictions = []
+    elif isinstance(restrictions, str):
+        restrictions = [restrictions]
+    elif callable(restrictions) or not all(isinstance(r, str) for r in restrictions):
+        raise InvalidInput(
+            "restrictions must be expression strings such as 'block_size_x * tile <= 1024' "
+            "(a Python function cannot be sent to a service or evaluated safely)"
+        )
+    if answer is not None and len(answer) != len(arguments):
+        raise InvalidInput(
+            f"answer has {len(answer)} entries for {len(arguments)} arguments (None where "
+            "an argument is not checked)"
+        )
+    args_spec = []
+    dtype = None
+    for index, value in enumerate(arguments):
+        out = answer is not None and answer[index] is not None
+        if isinstance(value, np.ndarray):
+            dt = str(value.dtype)
+            if dt not in ARRAY_DTYPES:
+                raise InvalidInput(f"argument {index}: arrays of {dt} are not supported")
+            if out and dt not in OUTPUT_DTYPES:
+                raise InvalidInput(
+                    f"argument {index}: an answer for a {dt} array cannot be checked; outputs "
+                    f"are {', '.join(OUTPUT_DTYPES)}"
+                )
+            if out and np.asarray(answer[index]).size != value.size:
+                raise InvalidInput(f"answer {index} has another size than argument {index}")
+            args_spec.append(
+                {"name": f"arg{index}", "dtype": dt, "size": str(value.size), "output": out}
+            )
+            if dtype is None and dt in DTYPES and (out or dt.startswith(("float", "bfloat"))):
+                dtype = dt
+        elif isinstance(value, np.generic) and str(value.dtype) in SCALAR_DTYPES:
+            args_spec.append({"name": f"arg{index}", "dtype": str(value.dtype), "value": "0"})
+        else:
+            raise InvalidInput(
+                f"argument {index} is a {type(value).__name__}; give numpy arrays and numpy "
+                f"scalars ({', '.join(SCALAR_DTYPES)}), e.g. np.int32(n)"
+            )
+    dtype = dtype or "float32"
+    shared = None
+    if smem_args:
+        size = smem_args.get("size")
+        if not isinstance(size, int | str):
+            raise InvalidInput("smem_args['size'] must be bytes or an expression of the tunables")
+        shared = str(size)
+    spec: dict[str, Any] = {
+        "name": name or operator_name(kernel_name),
+        "description": f"{kernel_name} through kato.tune_kernel",
+        "template": "kernel.cu",
+        "kernel_name": kernel_name,
+        "shape": list(DIMENSION_NAMES[: len(shape)]),
+        "dtypes": [dtype],
+        "tune_params": {k: list(v) for k, v in tune_params.items()},
+        "restrictions": list(restrictions),
+        "grid_div_x": _divisors(grid_div_x, "grid_div_x"),
+        "grid_div_y": _divisors(grid_div_y, "grid_div_y"),
+        "grid_div_z": _divisors(grid_div_z, "grid_div_z"),
+        "block_size_names": list(block_size_names) if block_size_names else None,
+        "shared_memory": shared,
+        "defines": {k: str(v) for k, v in (defines or {}).items()},
+        "arguments": args_spec,
+        "tolerance": [float(atol), 1e-5],  # np.allclose's rtol, as Kernel Tuner compares
+        "verify": False,  # the answer is the reference, where there is one
+    }
+    spec = {k: v for k, v in spec.items() if v is not None}
+    defn = definition(spec, {"kernel.cu": kernel_source_text(kernel_source)}, "tune_kernel")
+    if not fixed:
+        return UserOperatorSpec(defn), spec
+    values = [v.item() if isinstance(v, np.generic) else v for v in arguments]
+    op = UserOperatorSpec(defn, arguments=values, answer=list(answer) if answer else None)
+    return op, spec

@@ -1,0 +1,354 @@
+"""``kato.tune_kernel`` and ``kato.lookup``: Kernel Tuner's front door onto Kato's search,
+database and service.
+
+Locally (no ``service``) the operator is registered in this process, a job is queued in Kato's
+database (``db``: default the ``KATO_DB_URL`` / SQLite default) and run at once by a
+:class:`tuner.worker.JobRunner` on this machine's GPU (the PyCUDA backend, in process), or on
+the replay backend with ``simulation_mode`` (the ``cache`` file's recorded times, as Kernel
+Tuner's simulation mode replays its cache). Every trial is stored, the winner becomes a
+lookup, and the job is warm-started from the operator's other shapes and GPUs as any job is.
+With ``service="http://kato:8000"`` the operator is registered through ``POST /v1/operators``
+and a job submitted to the service's workers; the arrays never leave this process, so the
+service's workers fill the inputs at random and the ``answer`` is not checked there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kato.kernel_tuner import operator_from_arguments, operator_name, problem_dims
+from kernels.spec import InvalidInput, config_key
+
+#: Kernel Tuner's markers for a config that did not give a time.
+_MARKERS = {
+    "compile_error": "CompilationFailedConfig",
+    "invalid": "InvalidConfig",
+}
+#: Strategies of Kernel Tuner that are an exhaustive search; any other name runs Kato's
+#: default search at the budget ``strategy_options["max_fevals"]`` (default 100).
+_EXHAUSTIVE = (None, "brute_force")
+KATO_STRATEGIES = ("forest", "tpe", "hybrid", "random", "grid")
+DEFAULT_BUDGET = 100
+
+
+def _strategy(
+    strategy: str | None, options: Mapping[str, Any] | None, space: int
+) -> tuple[str, int, float | None]:
+    options = dict(options or {})
+    seconds = options.get("time_limit")
+    if strategy in _EXHAUSTIVE:
+        return "grid", int(options.get("max_fevals", space)), seconds
+    budget = int(options.get("max_fevals", DEFAULT_BUDGET))
+    return (strategy if strategy in KATO_STRATEGIES else "forest"), budget, seconds
+
+
+def _result_row(trial: Any, params: Sequence[str], iterations: int) -> dict[str, Any]:
+    """One trial as Kernel Tuner reports it: the tunables, ``time`` (ms; a marker string for a
+    failure), ``times``, ``compile_time`` (ms) and Kato's resource figures."""
+    row = {name: trial.config[name] for name in params}
+    if trial.status == "ok":
+        row["time"] = trial.time_ms
+        row["times"] = list(trial.times_ms)
+    else:
+        row["time"] = _MARKERS.get(trial.status, "RuntimeFailedConfig")
+        row["error"] = trial.error
+    row["status"] = trial.status
+    if trial.compile_time_s is not None:
+        row["compile_time"] = trial.compile_time_s * 1e3
+    for name in ("registers", "shared_static_bytes", "local_bytes", "occupancy"):
+        value = getattr(trial, name)
+        if value is not None:
+            row[name] = value
+    row["iterations"] = iterations
+    return row
+
+
+def tune_kernel(
+    kernel_name: str,
+    kernel_source: Any,
+    problem_size: Any,
+    arguments: Sequence[Any],
+    tune_params: Mapping[str, Sequence[Any]],
+    grid_div_x: Any = None,
+    grid_div_y: Any = None,
+    grid_div_z: Any = None,
+    restrictions: Any = None,
+    answer: Sequence[Any] | None = None,
+    atol: float = 1e-6,
+    verify: Any = None,
+    verbose: bool = False,
+    lang: str | None = None,
+    device: int = 0,
+    platform: int = 0,
+    smem_args: Mapping[str, Any] | None = None,
+    cmem_args: Any = None,
+    texmem_args: Any = None,
+    compiler: Any = None,
+    compiler_options: Any = None,
+    defines: Mapping[str, Any] | None = None,
+    log: Any = None,
+    iterations: int = 7,
+    block_size_names: Sequence[str] | None = None,
+    quiet: bool = False,
+    strategy: str | None = None,
+    strategy_options: Mapping[str, Any] | None = None,
+    cache: str | Path | None = None,
+    metrics: Any = None,
+    simulation_mode: bool | None = None,
+    observers: Any = None,
+    objective: str | None = None,
+    objective_higher_is_better: bool | None = None,
+    *,
+    service: str | None = None,
+    token: str | None = None,
+    db: str | None = None,
+    gpu: str | None = None,
+    seed: int = 0,
+    name: str | None = None,
+    timeout_s: float = 3600.0,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Tune a kernel with Kernel Tuner's arguments; return ``(results, env)`` in its shape.
+
+    Kernel Tuner's arguments mean what they mean there; those Kato cannot honour are refused
+    with the reason rather than ignored: a Python ``verify`` function, other languages than
+    CUDA, ``cmem_args``/``texmem_args``, ``metrics``/``observers``, an objective other than
+    time. ``strategy``: None or ``brute_force`` measures every valid config (Kato's ``grid``);
+    Kato's own names (``forest``, ``tpe``, ...) select that search; any other Kernel Tuner
+    name runs Kato's default search; ``strategy_options["max_fevals"]`` is the budget and
+    ``["time_limit"]`` the seconds. ``cache``: with ``simulation_mode``, the Kernel Tuner cache
+    file replayed; else where the results are written, in Kernel Tuner's cache format.
+
+    Kato's own arguments: ``service`` (a Kato URL: register and submit there, ``token`` its API
+    token), ``db`` (the database of a local run), ``gpu`` (the GPU model of a service job;
+    locally the device's), ``seed``, ``name`` (the operator's name, default from
+    ``kernel_name``), ``timeout_s`` (how long to wait for a service job).
+
+    Returns:
+        ``results``: one dict per measured config in measuring order (the tunables, ``time``
+        in ms or Kernel Tuner's failure marker, ``times``, ``compile_time``, ...); ``env``: the
+        device, the problem, the strategy, the budget, the operator and version, the job id,
+        the best config and time, and configs measured per minute.
+    """
+    refused = {
+        "verify": verify, "cmem_args": cmem_args, "texmem_args": texmem_args,
+        "metrics": metrics, "observers": observers, "compiler": compiler,
+    }  # fmt: skip
+    for key, value in refused.items():
+        if value is not None:
+            raise InvalidInput(f"kato.tune_kernel does not support {key} (yet)")
+    if lang not in (None, "CUDA", "cuda", "cupy", "CuPy", "nvcuda"):
+        raise InvalidInput(f"kato.tune_kernel tunes CUDA kernels; lang={lang!r} is not one")
+    if objective not in (None, "time") or objective_higher_is_better:
+        raise InvalidInput("kato.tune_kernel minimises time; other objectives are not supported")
+    if compiler_options:
+        raise InvalidInput("compiler_options are not supported: Kato compiles with nvcc -O3")
+    if iterations < 1:
+        raise InvalidInput("iterations must be at least 1")
+    op, spec_dict = operator_from_arguments(
+        kernel_name, kernel_source, problem_size, arguments, tune_params,
+        restrictions=restrictions, answer=answer, atol=atol, grid_div_x=grid_div_x,
+        grid_div_y=grid_div_y, grid_div_z=grid_div_z, block_size_names=block_size_names,
+        smem_args=smem_args, defines=defines, name=name, fixed=service is None,
+    )  # fmt: skip
+    shape = problem_dims(problem_size)
+    dtype = op.dtypes[0]
+    kt_strategy, budget, seconds = _strategy(strategy, strategy_options, op.space_size())
+    if service is not None:
+        from kato.remote import tune_on_service
+
+        return tune_on_service(
+            service, token, op, spec_dict, shape, dtype, gpu or "H200", kt_strategy, budget,
+            seconds, seed, timeout_s,
+        )  # fmt: skip
+    return _tune_locally(
+        op, shape, dtype, kt_strategy, budget, seconds, seed, iterations, device, db,
+        cache, bool(simulation_mode), quiet,
+    )  # fmt: skip
+
+
+def _tune_locally(
+    op, shape, dtype, strategy, budget, seconds, seed, iterations, device, db, cache,
+    simulation, quiet,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
+    from db import queries
+    from db.session import default_db_url, init_db, session_factory
+    from kernels.registry import register
+    from tuner.worker import JobRunner, default_worker_id
+
+    if simulation:
+        if cache is None or not Path(cache).is_file():
+            raise InvalidInput("simulation_mode replays a cache file: give cache=PATH of one")
+        from tuner.backends.replay import ReplayBackend
+
+        backend = ReplayBackend(cache)
+        recorded = set(backend.cache.tune_params)
+        if recorded != set(op.params):
+            raise InvalidInput(
+                f"the cache file's tune_params {sorted(recorded)} are not these {sorted(op.params)}"
+            )
+    else:
+        from tuner.backends.pycuda import PyCudaBackend
+
+        backend = PyCudaBackend(op, shape, dtype, device_index=device, repeats=iterations,
+                                seed=seed, defer_setup=True)  # fmt: skip
+    register(op)
+    db_url = db or default_db_url()
+    engine = init_db(db_url)
+    sessions = session_factory(engine)
+    info = backend.device()
+    worker_id = default_worker_id()
+    space = len(backend.space().valid_configs()) if strategy == "grid" else None
+    budget = min(budget, space) if space else budget
+    with sessions() as session:
+        job = queries.create_job(
+            session, operator=op.name, operator_version=op.version, shape=list(shape),
+            dtype=dtype, gpu_model=info.model, budget_configs=max(1, budget),
+            budget_seconds=seconds, strategy=strategy, seed=seed,
+        )  # fmt: skip
+        job_id = job.id
+        claimed = queries.claim_next_job(
+            session, gpu_models=[info.model], worker_id=worker_id, lease_seconds=60
+        )
+    if claimed is None or claimed.id != job_id:
+        raise RuntimeError("could not claim the tuning job (another worker took it)")
+    t0 = time.perf_counter()
+    runner = JobRunner(sessions, db_url, lambda _job: backend, worker_id=worker_id)
+    outcome = runner.run(job_id)
+    elapsed = time.perf_counter() - t0
+    with sessions() as session:
+        trials = queries.job_trials(session, job_id)
+        results = [_result_row(t, list(op.params), iterations) for t in trials]
+        job = queries.get_job(session, job_id)
+        best_config = job.best_config
+    engine.dispose()
+    env = _env(op, shape, dtype, info, strategy, budget, seconds, job_id, outcome.status,
+               best_config, results, elapsed, iterations)  # fmt: skip
+    env["error"] = outcome.error
+    if outcome.status != "done" and not quiet:
+        print(f"kato: job {job_id} ended {outcome.status}: {outcome.error}")
+    if cache is not None and not simulation:
+        _write_cache(cache, op, shape, dtype, info, results)
+    return results, env
+
+
+def _env(op, shape, dtype, info, strategy, budget, seconds, job_id, status, best_config,
+         results, elapsed, iterations) -> dict[str, Any]:  # fmt: skip
+    ok = [r for r in results if isinstance(r["time"], float)]
+    best = min(ok, key=lambda r: r["time"]) if ok else None
+    return {
+        "device_name": info.name,
+        "gpu_model": info.model,
+        "compute_capability": ".".join(map(str, info.compute_capability)),
+        "cuda_version": info.cuda_version,
+        "kernel_name": op.kernel_name,
+        "problem_size": list(shape),
+        "dtype": dtype,
+        "iterations": iterations,
+        "tune_params": {k: list(v) for k, v in op.params.items()},
+        "strategy": strategy,
+        "budget": budget,
+        "budget_seconds": seconds,
+        "kato_operator": op.name,
+        "kato_operator_version": op.version,
+        "job_id": job_id,
+        "status": status,
+        "best_config": best_config,
+        "best_time": best["time"] if best else None,
+        "configs_measured": len(results),
+        "elapsed_s": elapsed,
+        "configs_per_minute": 60.0 * len(results) / elapsed if elapsed > 0 else None,
+    }
+
+
+def _write_cache(path, op, shape, dtype, info, results) -> None:
+    from tuner.kt_cache import KernelTunerCache, save_cache
+
+    entries = {}
+    for row in results:
+        key = config_key(list(op.params), row)
+        entries[key] = {k: v for k, v in row.items() if k not in ("status", "iterations")}
+    cache = KernelTunerCache(
+        device_name=info.name,
+        kernel_name=op.kernel_name,
+        problem_size=list(shape),
+        tune_params={k: list(v) for k, v in op.params.items()},
+        entries=entries,
+        extra={
+            "kato": {
+                "operator": op.name,
+                "operator_version": op.version,
+                "shape": list(shape),
+                "dtype": dtype,
+                "gpu_model": info.model,
+            }
+        },
+    )
+    save_cache(cache, path)
+
+
+def lookup(
+    kernel_name: str,
+    problem_size: Any,
+    gpu: str,
+    *,
+    dtype: str = "float32",
+    service: str | None = None,
+    db: str | None = None,
+    name: str | None = None,
+) -> dict[str, Any] | None:
+    """The tuned config of a kernel tuned through :func:`tune_kernel` for this problem size and
+    GPU model: ``{"config", "time_ms", "source", "version"}``, or None where nothing was tuned
+    (the exact size, else the nearest tuned size of the same version). From the service's
+    ``GET /v1/configs`` with ``service``, else from the local database."""
+    op_name = name or operator_name(kernel_name)
+    shape = problem_dims(problem_size)
+    if service is not None:
+        import httpx
+
+        r = httpx.get(
+            f"{service.rstrip('/')}/v1/configs/{op_name}",
+            params={"shape": "x".join(map(str, shape)), "dtype": dtype, "gpu": gpu},
+            timeout=30,
+        )
+        if r.status_code == 404:
+            return None
+        r.raise_for_status()
+        data = r.json()
+        if data.get("source") == "default":
+            return None
+        return {"config": data["config"], "time_ms": data.get("time_ms"),
+                "source": data["source"], "version": data.get("operator_version")}  # fmt: skip
+    from sqlalchemy import select
+
+    from db import queries
+    from db.models import BestConfig
+    from db.session import default_db_url, init_db, session_factory
+    from tuner.gpus import normalize_gpu_name
+
+    engine = init_db(db or default_db_url())
+    try:
+        with session_factory(engine)() as session:
+            model = normalize_gpu_name(gpu)
+            # The newest version tuned for this GPU: tune_kernel's operator lives in no
+            # registry of this process, so its version is the one the database holds.
+            row = session.scalars(
+                select(BestConfig)
+                .where(BestConfig.operator == op_name, BestConfig.gpu_model == model,
+                       BestConfig.dtype == dtype)
+                .order_by(BestConfig.updated_at.desc(), BestConfig.id.desc())
+            ).first()  # fmt: skip
+            if row is None:
+                return None
+            found, source = queries.lookup_best_config(
+                session, operator=op_name, operator_version=row.operator_version, shape=shape,
+                dtype=dtype, gpu_model=model,
+            )  # fmt: skip
+            if found is None:
+                return None
+            return {"config": dict(found.config), "time_ms": found.time_ms, "source": source,
+                    "version": found.operator_version}  # fmt: skip
+    finally:
+        engine.dispose()
