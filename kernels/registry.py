@@ -48,6 +48,7 @@ _BUILTIN_MODULES = (
     "kernels.cross_entropy_backward",
     "kernels.layernorm_backward",
     "kernels.add_rmsnorm",
+    "kernels.add_layernorm",
 )
 
 
