@@ -1,6 +1,6 @@
-"""add_layernorm variants compile for sm_90 and sm_80 with sane ptxas resources: a covering sample in
-CI, every distinct variant with KATO_COMPILE_FULL=1 (tests/kernels/rowwise_compile_common.py
-says how the sample is drawn)."""
+"""add_layernorm variants compile for sm_90 and sm_80 with sane ptxas resources: a covering
+sample in CI, every distinct variant with KATO_COMPILE_FULL=1
+(tests/kernels/rowwise_compile_common.py says how the sample is drawn)."""
 
 from __future__ import annotations
 
