@@ -139,7 +139,7 @@ def tune_kernel(
     for key, value in refused.items():
         if value is not None:
             raise InvalidInput(f"kato.tune_kernel does not support {key} (yet)")
-    if lang not in (None, "CUDA", "cuda", "cupy", "CuPy", "nvcuda"):
+    if lang not in (None, "CUDA", "cuda", "PYCUDA", "pycuda", "cupy", "CuPy", "nvcuda"):
         raise InvalidInput(f"kato.tune_kernel tunes CUDA kernels; lang={lang!r} is not one")
     if objective not in (None, "time") or objective_higher_is_better:
         raise InvalidInput("kato.tune_kernel minimises time; other objectives are not supported")

@@ -1,0 +1,203 @@
+"""Kernel Tuner's kind of examples tuned through ``kato.tune_kernel`` and through Kernel Tuner,
+at equal budget, on this machine's GPU (the H200 for the record).
+
+The cases (``benchmarks/kt_examples/cases.py``: vector add, a shared-memory matmul, a 2-D
+convolution, a one-launch sum reduction) are ``tune_kernel`` arguments given unchanged to
+``kernel_tuner.tune_kernel`` and to ``kato.tune_kernel``: only the import differs. Per case:
+
+- Kato: ``kato.tune_kernel(..., strategy="forest", strategy_options={"max_fevals": B})`` in a
+  fresh SQLite database, every config verified against the case's answer;
+- Kernel Tuner: each of ``--kt`` strategies with ``max_fevals=B`` (``lang="PYCUDA"``, its answer
+  check with the same ``atol``);
+- every run in its own process (Kernel Tuner's launches failed in a process where Kato had used
+  the device, ``benchmarks/tuning_throughput.py``);
+- then both sides' winners re-timed back to back with one timer (Kato's pycuda backend: CUDA
+  events, inputs rotated past the L2), so "best" compares like with like.
+
+Configs per minute = distinct configs measured / wall time of the tuning call (compiles
+included). Output: a table on stdout and ``--out`` JSON.
+
+    python benchmarks/kt_examples.py --budget 50 --out data/benchmarks/kt_examples_h200.json
+    python benchmarks/kt_examples.py --cases vector_add --budget 20 --scale 0.05   # quick
+
+Needs a CUDA GPU, PyCUDA and kernel_tuner (``pip install 'kato[cuda,bench]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+DEFAULT_KT = ("random_sample", "genetic_algorithm", "greedy_ils", "dual_annealing")
+
+
+def _kw(case: str, scale: float) -> dict[str, Any]:
+    from kt_examples.cases import CASES
+
+    return CASES[case](scale)
+
+
+def _params_of(row: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    return {k: row[k] for k in names}
+
+
+def run_one(tool: str, case: str, budget: int, scale: float, seed: int) -> dict[str, Any]:
+    """One tuning run in this process: ``tool`` is ``kato`` or ``kt:<strategy>``."""
+    kw = _kw(case, scale)
+    names = list(kw["tune_params"])
+    t0 = time.perf_counter()
+    if tool == "kato":
+        import kato
+
+        with tempfile.TemporaryDirectory() as tmp:
+            results, env = kato.tune_kernel(
+                **kw, strategy="forest", strategy_options={"max_fevals": budget}, seed=seed,
+                db=f"sqlite:///{tmp}/kato.db", quiet=True,
+            )  # fmt: skip
+        failed = [r for r in results if not isinstance(r["time"], float)]
+        ok = [r for r in results if isinstance(r["time"], float)]
+        errors = sorted({str(r.get("error"))[:200] for r in failed})[:3]
+    else:
+        import kernel_tuner
+
+        strategy = tool.split(":", 1)[1]
+        results, env = kernel_tuner.tune_kernel(
+            **kw, lang="PYCUDA", strategy=strategy,
+            strategy_options={"max_fevals": budget}, quiet=True, iterations=7,
+        )  # fmt: skip
+        ok = [r for r in results if isinstance(r.get("time"), float)]
+        failed = [r for r in results if not isinstance(r.get("time"), float)]
+        errors = sorted({str(r.get("time"))[:200] for r in failed})[:3]
+    wall = time.perf_counter() - t0
+    best = min(ok, key=lambda r: r["time"]) if ok else None
+    return {
+        "tool": tool,
+        "case": case,
+        "measured": len(results),
+        "failed": len(failed),
+        "errors": errors,
+        "wall_s": wall,
+        "configs_per_minute": 60.0 * len(results) / wall if wall > 0 else None,
+        "best_config": _params_of(best, names) if best else None,
+        "best_time_own_ms": best["time"] if best else None,
+    }
+
+
+def retime(case: str, configs: list[dict[str, Any]], scale: float) -> list[float | None]:
+    """Each config timed with Kato's backend (15 repeats, median), in this process."""
+    from kato.kernel_tuner import operator_from_arguments, problem_dims
+    from tuner.backends.pycuda import PyCudaBackend
+
+    kw = _kw(case, scale)
+    args = {k: kw.pop(k) for k in ("kernel_name", "kernel_source", "problem_size", "arguments",
+                                   "tune_params")}  # fmt: skip
+    op, _ = operator_from_arguments(**args, **kw)
+    backend = PyCudaBackend(op, problem_dims(args["problem_size"]), op.dtypes[0], repeats=15)
+    try:
+        out = []
+        for config in configs:
+            result = backend.evaluate(config)
+            out.append(result.time_ms if result.ok else None)
+        return out
+    finally:
+        backend.close()
+
+
+def _subprocess(argv: list[str], timeout: float) -> Any:
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        cmd = [sys.executable, __file__, *argv, "--result", f.name]
+        proc = subprocess.run(cmd, timeout=timeout, capture_output=True, text=True)
+        if proc.returncode != 0:
+            return {"error": proc.stderr[-2000:]}
+        return json.loads(Path(f.name).read_text())
+
+
+def _fmt(value: Any, form: str = "{:.4f}") -> str:
+    return form.format(value) if isinstance(value, int | float) else "-"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", default="vector_add,matmul,convolution,reduction")
+    parser.add_argument("--budget", type=int, default=50)
+    parser.add_argument("--kt", default=",".join(DEFAULT_KT), help="Kernel Tuner strategies")
+    parser.add_argument("--scale", type=float, default=1.0, help="< 1: smaller problems")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--one", nargs=2, metavar=("TOOL", "CASE"), help=argparse.SUPPRESS)
+    parser.add_argument("--retime", metavar="CASE", help=argparse.SUPPRESS)
+    parser.add_argument("--configs", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    a = parser.parse_args()
+    if a.one:
+        data = run_one(a.one[0], a.one[1], a.budget, a.scale, a.seed)
+        Path(a.result).write_text(json.dumps(data, default=str))
+        return
+    if a.retime:
+        data = retime(a.retime, json.loads(a.configs), a.scale)
+        Path(a.result).write_text(json.dumps(data))
+        return
+    report: dict[str, Any] = {"budget": a.budget, "scale": a.scale, "seed": a.seed, "cases": {}}
+    tools = ["kato"] + [f"kt:{s}" for s in a.kt.split(",") if s]
+    for case in a.cases.split(","):
+        runs = []
+        for tool in tools:
+            argv = ["--one", tool, case, "--budget", str(a.budget), "--scale", str(a.scale),
+                    "--seed", str(a.seed)]  # fmt: skip
+            run = _subprocess(argv, a.timeout)
+            run.setdefault("tool", tool)
+            runs.append(run)
+            print(f"{case} {tool}: {json.dumps(run, default=str)[:300]}", file=sys.stderr)
+        configs = [r.get("best_config") for r in runs if r.get("best_config")]
+        times = _subprocess(
+            ["--retime", case, "--configs", json.dumps(configs), "--scale", str(a.scale)],
+            a.timeout,
+        )
+        if isinstance(times, list):
+            it = iter(times)
+            for run in runs:
+                if run.get("best_config"):
+                    run["best_time_retimed_ms"] = next(it)
+        else:
+            report.setdefault("retime_errors", {})[case] = times.get("error")
+        kt_best = [r.get("best_time_retimed_ms") for r in runs[1:]]
+        kt_best = [t for t in kt_best if t is not None]
+        kato_t = runs[0].get("best_time_retimed_ms")
+        verdict = None
+        if kato_t is not None and kt_best:
+            verdict = "kato at least as fast" if kato_t <= min(kt_best) * 1.01 else "kato slower"
+        report["cases"][case] = {"runs": runs, "verdict": verdict}
+    print(f"{'case':<12} {'tool':<22} {'measured':>8} {'failed':>6} {'cfg/min':>8} "
+          f"{'best own ms':>12} {'best retimed ms':>15}")  # fmt: skip
+    for case, data in report["cases"].items():
+        for r in data["runs"]:
+            cells = [
+                _fmt(r.get("measured"), "{}"),
+                _fmt(r.get("failed"), "{}"),
+                _fmt(r.get("configs_per_minute"), "{:.1f}"),
+                _fmt(r.get("best_time_own_ms")),
+                _fmt(r.get("best_time_retimed_ms")),
+            ]
+            widths = (8, 6, 8, 12, 15)
+            print(f"{case:<12} {r['tool']:<22} " + " ".join(
+                c.rjust(w) for c, w in zip(cells, widths, strict=True)
+            ))  # fmt: skip
+        print(f"{case:<12} verdict: {data['verdict']}")
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(report, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
