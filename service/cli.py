@@ -954,6 +954,7 @@ def export_results(
     from db.export import ExportError, collect, export, kernel_tuner_reads
 
     _, sessions = _sessions(_settings(db).db_url)
+    _use_stored_operators(sessions)
     try:
         with sessions() as session:
             bundles = collect(session, job_ids=job, operator=operator, gpu=gpu, dtype=dtype)
@@ -999,6 +1000,7 @@ def import_results(
 
     overrides = {"operator": operator, "shape": shape, "dtype": dtype, "gpu": gpu}
     _, sessions = _sessions(_settings(db).db_url)
+    _use_stored_operators(sessions)
     try:
         with sessions() as session, _progress(disable=as_json) as progress:
             task = progress.add_task("import", total=None)
@@ -1085,6 +1087,7 @@ def retune(
         return None
 
     _, sessions = _sessions(settings.db_url)
+    _use_stored_operators(sessions)
     with sessions() as session:
         keys = find_stale_keys(
             session,

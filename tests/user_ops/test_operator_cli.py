@@ -63,3 +63,63 @@ def test_token_with_the_operators_scope(tmp_path):
         assert tokens.find_token(session, result.stdout.strip()).operators is True
         assert tokens.find_token(session, plain.stdout.strip()).operators is False
     engine.dispose()
+
+
+def test_folder_operator_tuned_on_replay_exported_and_imported(tmp_path, vector_add_dir):
+    """kato operator add, a replay worker tunes it, kato export --format kt writes its space,
+    and kato import loads that into a second database holding the same operator."""
+    import threading
+
+    from db.operators import use_database
+    from kernels import get_operator, registry
+    from tuner.worker import Worker, replay_backend_factory
+    from user_ops.recording import record
+
+    db = f"sqlite:///{tmp_path / 'kato.db'}"
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    for url in (db, other):
+        result = runner.invoke(app, ["operator", "add", str(vector_add_dir), "--db", url])
+        assert result.exit_code == 0, result.output
+    engine = init_db(db)
+    sessions = session_factory(engine)
+    source = use_database(sessions)
+    try:
+        op = get_operator("vector_add_test")
+        path, best = record(op, (4096,), tmp_path / "rec" / "vector_add_test.json")
+        from db import queries
+
+        with sessions() as session:
+            queries.create_job(
+                session, operator=op.name, operator_version=op.version, shape=[4096],
+                dtype="float32", gpu_model="H200", budget_configs=23, strategy="grid",
+            )  # fmt: skip
+        worker = Worker(sessions, db, ["H200"], replay_backend_factory(path.parent),
+                        worker_id="w-cli", poll_seconds=0.01)  # fmt: skip
+        thread = threading.Thread(target=worker.run_forever, kwargs={"max_jobs": 1})
+        thread.start()
+        thread.join(120)
+        with sessions() as session:
+            (row,) = queries.list_jobs(session)
+            assert row.status == "done" and row.best_config == best
+        out = tmp_path / "export"
+        exported = runner.invoke(
+            app, ["export", str(out), "--format", "kt", "--operator", op.name, "--db", db]
+        )
+        assert exported.exit_code == 0, exported.output
+        files = list(out.glob("*.json*"))
+        assert len(files) == 1
+        imported = runner.invoke(app, ["import", str(files[0]), "--db", other])
+        assert imported.exit_code == 0, imported.output
+    finally:
+        registry.remove_source(source)
+        engine.dispose()
+    engine = init_db(other)
+    with session_factory(engine)() as session:
+        from db import queries
+
+        found, how = queries.lookup_best_config(
+            session, operator=op.name, operator_version=op.version, shape=[4096],
+            dtype="float32", gpu_model="H200",
+        )  # fmt: skip
+        assert how == "exact" and found.config == best
+    engine.dispose()
