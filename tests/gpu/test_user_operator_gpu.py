@@ -112,3 +112,99 @@ def test_isolated_child_measures_a_parent_only_operator():
         assert all(r.ok for r in ok), [r.error for r in ok if not r.ok]
     finally:
         backend.close()
+
+
+KERNEL = """
+__global__ void vector_add(float *c, const float *a, const float *b, int n) {
+    int i = blockIdx.x * block_size_x * tile_size_x + threadIdx.x;
+    for (int t = 0; t < tile_size_x; t++, i += block_size_x) {
+        if (i < n) c[i] = a[i] + b[i];
+    }
+}
+"""
+
+
+def _kt_problem(n: int = 1_000_003):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(n).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    args = [np.zeros_like(a), a, b, np.int32(n)]
+    params = {"block_size_x": [64, 128, 256, 512, 1024], "tile_size_x": [1, 2, 4]}
+    return n, a, b, args, params
+
+
+def test_tune_kernel_on_the_gpu_then_replay_its_cache(tmp_path):
+    import kato
+
+    n, a, b, args, params = _kt_problem()
+    cache = tmp_path / "vector_add.json"
+    results, env = kato.tune_kernel(
+        "vector_add", KERNEL, n, args, params, grid_div_x=["block_size_x", "tile_size_x"],
+        answer=[a + b, None, None, None], cache=str(cache), db=f"sqlite:///{tmp_path}/a.db",
+        name="gpu_kt_vector_add",
+    )  # fmt: skip
+    assert env["status"] == "done", env
+    assert len(results) == 15 and all(isinstance(r["time"], float) for r in results), results
+    assert env["configs_per_minute"] > 0
+    replayed, env2 = kato.tune_kernel(
+        "vector_add", KERNEL, n, args, params, grid_div_x=["block_size_x", "tile_size_x"],
+        answer=[a + b, None, None, None], cache=str(cache), simulation_mode=True,
+        db=f"sqlite:///{tmp_path}/b.db", name="gpu_kt_vector_add",
+    )  # fmt: skip
+    assert env2["best_config"] == env["best_config"]
+    found = kato.lookup("vector_add", n, gpu=env["gpu_model"], db=f"sqlite:///{tmp_path}/a.db",
+                        name="gpu_kt_vector_add")  # fmt: skip
+    assert found["config"] == env["best_config"]
+
+
+def test_tune_kernel_with_a_wrong_answer_fails_every_config(tmp_path):
+    import kato
+
+    n, a, b, args, params = _kt_problem(4099)
+    results, env = kato.tune_kernel(
+        "vector_add", KERNEL, n, args, params, grid_div_x=["block_size_x", "tile_size_x"],
+        answer=[a + b + 1, None, None, None], db=f"sqlite:///{tmp_path}/a.db",
+        name="gpu_kt_wrong", quiet=True,
+    )  # fmt: skip
+    assert results and all(r["status"] == "verify_error" for r in results), results
+    assert env["best_config"] is None
+
+
+def test_a_worker_tunes_a_stored_operator_in_its_isolated_child(tmp_path):
+    """Stored in the database only: the worker's registry source finds it, the isolated child
+    receives it, the reference kernel runs there, and the job ends done."""
+    from db import operators as stored
+    from db import queries
+    from db.session import init_db, session_factory
+    from kernels import get_operator, registry
+    from tuner.backends.pycuda import describe_device
+    from tuner.worker import Worker, pycuda_backend_factory
+
+    db_url = f"sqlite:///{tmp_path}/kato.db"
+    engine = init_db(db_url)
+    sessions = session_factory(engine)
+    d = load_folder(FOLDER)
+    defn = definition(d.spec.model_dump() | {"name": "gpu_stored_vector_add"}, d.files)
+    with sessions() as session:
+        stored.add_operator(session, defn)
+    source = stored.use_database(sessions)
+    try:
+        op = get_operator("gpu_stored_vector_add")
+        model = describe_device(0).model
+        with sessions() as session:
+            job = queries.create_job(
+                session, operator=op.name, operator_version=op.version, shape=[N],
+                dtype="float32", gpu_model=model, budget_configs=10,
+            )  # fmt: skip
+            job_id = job.id
+        worker = Worker(sessions, db_url, [model], pycuda_backend_factory(0, isolate=True),
+                        worker_id="w-gpu-user", poll_seconds=0.05)  # fmt: skip
+        assert worker.run_forever(max_jobs=1) == 1
+        with sessions() as session:
+            job = queries.get_job(session, job_id)
+            assert job.status == "done", job.error
+            trials = queries.job_trials(session, job_id)
+            assert len(trials) == 10 and all(t.status == "ok" for t in trials)
+    finally:
+        registry.remove_source(source)
+        engine.dispose()
