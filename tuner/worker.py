@@ -1300,12 +1300,18 @@ class Recording:
 
 
 def recording_files(path: Path) -> list[Path]:
-    """``path`` itself, or the ``*.json`` and ``*.json.gz`` files in the directory ``path``
-    (not below it), sorted by name."""
+    """``path`` itself, or the ``*.json`` and ``*.json.gz`` files in the directory ``path`` and
+    below it (hidden files and folders skipped), sorted by path."""
     if path.is_file():
         return [path]
     names = (".json", ".json.gz")
-    return sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(names))
+    return sorted(
+        p
+        for p in path.rglob("*")
+        if p.is_file()
+        and p.name.endswith(names)
+        and not any(part.startswith(".") for part in p.relative_to(path).parts)
+    )
 
 
 def find_recordings(path: Path) -> list[Recording]:
@@ -1334,7 +1340,8 @@ class ReplayBackends:
     ``gpu_models``: keep only the recordings of these models (default: all).
 
     Raises:
-        ValueError: two recordings for one problem, or none left for ``gpu_models``.
+        ValueError: a recording of an operator not registered here, two recordings for one
+            problem, or none left for ``gpu_models``.
     """
 
     runs_current_code = False
@@ -1363,7 +1370,14 @@ class ReplayBackends:
                     "for the GPU it was measured on"
                 )
         self.recordings: dict[tuple[str, str | None, str, str, str], Recording] = {}
+        from kernels import get_operator
+        from kernels.spec import InvalidInput
+
         for rec in kept:
+            try:  # recorded_problem checked the file's space; a Recording made by hand too
+                get_operator(rec.problem.operator)
+            except InvalidInput as exc:
+                raise ValueError(f"{rec.path}: a recording for {rec.problem}: {exc}") from None
             other = self.recordings.setdefault(rec.key, rec)
             if other is not rec:
                 raise ValueError(

@@ -58,6 +58,19 @@ def _copy(src, dst):
         ("anonymous", ["conv.json", "does not say which problem", "<operator>_<gpu>_<shape>"]),
         ("twice", ["are both recordings of softmax", "keep one of them"]),
         ("other-gpu", ["no recording is for GPU model A100 80GB", "recordings are for H200"]),
+        # A softmax cache renamed to another operator's name: not that operator's parameters.
+        (
+            "renamed",
+            [
+                "layernorm_H200_4096x4096_float16.json.gz",
+                "are not layernorm's",
+                "ROW_THREADS",
+                "not a layernorm space",
+            ],
+        ),  # fmt: skip
+        ("unregistered", ["banana_H200_4096x4096_float16.json", "unknown operator 'banana'"]),
+        ("outside", ["VEC values [3, 2.0] are not among softmax's VEC values"]),
+        ("nested-renamed", ["deep/er/layernorm_H200_4096x4096_float16", "are not layernorm's"]),
     ],
 )
 def test_recordings_that_cannot_answer_stop_the_worker_with_a_message(tmp_path, setup, phrases):
@@ -69,6 +82,19 @@ def test_recordings_that_cannot_answer_stop_the_worker_with_a_message(tmp_path, 
         for name in ("kato_operator", "kato_operator_version", "dtype"):
             cache.extra.pop(name)
         save_cache(cache, folder / "conv.json")
+    elif setup in ("renamed", "unregistered", "outside", "nested-renamed"):
+        cache = load_cache(recording)
+        for name in ("kato_operator", "kato_operator_version", "dtype"):
+            cache.extra.pop(name)
+        name = {
+            "renamed": "layernorm_H200_4096x4096_float16.json.gz",
+            "unregistered": "banana_H200_4096x4096_float16.json",
+            "outside": recording.name,
+            "nested-renamed": "deep/er/layernorm_H200_4096x4096_float16.json.gz",
+        }[setup]
+        if setup == "outside":  # values softmax does not have: an int outside, a float
+            cache.tune_params["VEC"] = [*cache.tune_params["VEC"], 3, 2.0]
+        save_cache(cache, folder / name)
     elif setup == "twice":
         _copy(recording, folder / recording.name)
         _copy(recording, folder / "softmax_H200_4096x4096_float16_1b5b54cc169a.json.gz")
@@ -80,3 +106,17 @@ def test_recordings_that_cannot_answer_stop_the_worker_with_a_message(tmp_path, 
     text = " ".join(result.output.split())
     for phrase in phrases:
         assert phrase in text, text
+
+
+def test_recordings_below_the_directory_answer_their_jobs(tmp_path):
+    db = f"sqlite:///{tmp_path / 'kato.db'}"
+    sessions = session_factory(init_db(db))
+    recording = RECORDED / "softmax_H200_4096x4096_float16.json.gz"
+    _copy(recording, tmp_path / "recordings" / "h200" / "softmax" / recording.name)
+    _copy(recording, tmp_path / "recordings" / ".hidden" / "softmax_H200_1x1_float16.json.gz")
+    own = _submit(sessions, "softmax", [4096, 4096], "float16")
+    result = _worker(tmp_path / "recordings", db, "--max-jobs", "1")
+    assert result.exit_code == 0, result.output
+    assert "1 recorded problem(s)" in result.output  # the hidden folder is not searched
+    with sessions() as s:
+        assert (queries.get_job(s, own).status, queries.get_job(s, own).trials_done) == ("done", 5)

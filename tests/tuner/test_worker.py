@@ -644,3 +644,35 @@ def test_a_gpu_worker_claims_only_registered_operators(db):
             claims.append(job and job.id)
     assert claims == [known, None]
     assert _status(sessions, unknown)[0] == "queued"
+
+
+def test_replay_backends_refuse_a_recording_of_an_operator_not_registered_here(tmp_path):
+    from tuner.backends.replay import RecordedProblem
+    from tuner.worker import Recording, ReplayBackends
+
+    made_by_hand = Recording(
+        RECORDED / "softmax_H200_4096x4096_float16.json.gz",
+        RecordedProblem("banana", (4096, 4096), "float16", "H200"),
+    )
+    with pytest.raises(ValueError, match="unknown operator 'banana'"):
+        ReplayBackends([made_by_hand])
+
+
+def test_recordings_are_found_below_a_directory_and_checked_against_their_operator(tmp_path):
+    import shutil
+
+    from tuner.kt_cache import load_cache, save_cache
+    from tuner.worker import find_recordings
+
+    source = RECORDED / "softmax_H200_4096x4096_float16.json.gz"
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    shutil.copy(source, tmp_path / "a" / "b" / source.name)
+    found = find_recordings(tmp_path)
+    assert [(r.path, r.problem.operator, r.problem.shape) for r in found] == [
+        (tmp_path / "a" / "b" / source.name, "softmax", (4096, 4096))
+    ]
+    cache = load_cache(source)
+    cache.tune_params["BLOCK_SIZE"] = [float(v) for v in cache.tune_params["BLOCK_SIZE"]]
+    save_cache(cache, tmp_path / "a" / "floats.json")  # softmax by its metadata, float values
+    with pytest.raises(ValueError, match=r"BLOCK_SIZE values \[32.0, .*not among softmax's"):
+        find_recordings(tmp_path)

@@ -70,8 +70,11 @@ def recorded_problem(cache: KernelTunerCache, path: str | Path | None = None) ->
     from ``kato.gpu_model`` or ``device_name``); a file without Kato's metadata (a Kernel Tuner
     cache) is for what its name says, ``<operator>_<gpu>_<shape>_<dtype>[_<version>].json[.gz]``.
 
+    The recording is checked against the operator it names (:func:`check_recording`).
+
     Raises:
-        ValueError: the file says neither, naming what is missing.
+        ValueError: the file says neither, naming what is missing; or it is not a recording of
+            a registered operator's space.
     """
     from tuner.gpus import normalize_gpu_name
 
@@ -101,7 +104,38 @@ def recorded_problem(cache: KernelTunerCache, path: str | Path | None = None) ->
             "<operator>_<gpu>_<shape>_<dtype>[_<version>].json[.gz]); give a file written by "
             "`kato export`, or name it so"
         )
-    return RecordedProblem(operator, shape, dtype, gpu, version)  # type: ignore[arg-type]
+    problem = RecordedProblem(operator, shape, dtype, gpu, version)  # type: ignore[arg-type]
+    check_recording(cache, problem, path)
+    return problem
+
+
+def check_recording(
+    cache: KernelTunerCache, problem: RecordedProblem, path: str | Path | None = None
+) -> None:
+    """Whether ``cache`` can answer jobs of ``problem``: the operator is registered here, the
+    shape and dtype are its (``spec.validate``), and the recording's parameters are the
+    operator's, each value one of its values with its type (a recording of the current
+    version, or of no stated one; another version is checked for the names only), by the
+    importer's rules (:func:`db.importer.space_outside`). A Kernel Tuner cache renamed to
+    another operator's name is refused here.
+
+    Raises:
+        ValueError: it cannot, saying why.
+    """
+    from db.importer import space_outside
+    from kernels import get_operator
+    from kernels.spec import InvalidInput
+
+    where = path or cache.kernel_name
+    try:
+        spec = get_operator(problem.operator)
+        spec.validate(list(problem.shape), problem.dtype)
+    except InvalidInput as exc:
+        raise ValueError(f"{where}: a recording for {problem}: {exc}") from None
+    current = problem.operator_version in (None, spec.version)
+    why = space_outside(spec, cache.tune_params, values=current)
+    if why is not None:
+        raise ValueError(f"{where}: a recording for {problem}, but {why}")
 
 
 _FAILURES = {
