@@ -198,8 +198,37 @@ def _load_json(path: Path) -> Any:
     return data
 
 
+#: Characters no GPU model name may hold: path separators and what a Windows file name cannot
+#: (export writes a file per GPU model; a name is also shown and logged).
+_GPU_FORBIDDEN = set('/\\:*?"<>|')
+#: Names Windows reserves for devices, with or without an extension (``CON``, ``nul.txt``).
+_RESERVED_NAME = re.compile(r"^(CON|PRN|AUX|NUL|COM[0-9]|LPT[0-9])(\..*)?$", re.IGNORECASE)
+#: Longest GPU model name, as the API takes it (``service.schemas.JobIn.gpu``).
+GPU_NAME_MAX = 64
+
+
+def gpu_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a GPU model name, or None: the API's rules (printable text, 1 to
+    :data:`GPU_NAME_MAX` characters) and no path-like or reserved name (a path separator or
+    ``:*?"<>|``, ``.``/``..`` or a name starting or ending with a dot or a blank, ``CON``,
+    ``NUL``, ``COM1``...)."""
+    if not 1 <= len(name) <= GPU_NAME_MAX:
+        return f"must be 1 to {GPU_NAME_MAX} characters"
+    if not name.isprintable():
+        return "must be printable text, without control or invisible characters"
+    bad = sorted(set(name) & _GPU_FORBIDDEN)
+    if bad:
+        return f"must not hold {' '.join(bad)} (a GPU model name is not a path)"
+    if name.strip(" .") != name:
+        return "must not start or end with a dot or a blank (a GPU model name is not a path)"
+    if _RESERVED_NAME.match(name):
+        return "is a name reserved for a device on Windows, not a GPU model"
+    return None
+
+
 def _gpu(path: Path, where: str, value: Any) -> str:
-    """A GPU model as the catalog names it (a name it does not list is kept, cleaned)."""
+    """A GPU model as the catalog names it (a well-formed name it does not list is kept,
+    cleaned, and warned about in the report: :func:`_gpu_warnings`)."""
     from kernels.spec import InvalidInput
     from tuner.gpus import normalize_gpu_name
 
@@ -208,6 +237,9 @@ def _gpu(path: Path, where: str, value: Any) -> str:
         name = normalize_gpu_name(name)
     except InvalidInput as exc:
         raise _fail(path, f"{where}: {exc}") from None
+    why = gpu_name_problem(name)
+    if why is not None:
+        raise _fail(path, f"{where}: GPU model {show(name)} {why}")
     return _parse(path, Name, name, where)
 
 
@@ -311,8 +343,26 @@ def _milliseconds(path: Path, where: str, value: float, scale: float) -> float:
     return scaled
 
 
+#: The T4 schema majors this importer reads (T4 1.x: ``get_t4_results``, ``kato export``).
+T4_SUPPORTED_MAJORS = (1,)
+
+
+def _t4_version(path: Path, value: str) -> None:
+    """A T4 ``schema_version`` this importer reads: ``MAJOR.MINOR[.PATCH]`` of a supported
+    major (a later minor only adds fields; another major may mean other things)."""
+    supported = ", ".join(f"{m}.x" for m in T4_SUPPORTED_MAJORS)
+    match = re.fullmatch(r"([0-9]{1,4})\.[0-9]{1,4}(?:\.[0-9]{1,4})?", value)
+    if match is None:
+        raise _fail(path, f"schema_version {show(value)} is not a version like 1.0.0; "
+                    f"Kato reads T4 schema {supported}")  # fmt: skip
+    if int(match[1]) not in T4_SUPPORTED_MAJORS:
+        raise _fail(path, f"schema_version {show(value)} is not supported: Kato reads T4 "
+                    f"schema {supported} (kato export writes 1.0.0)")  # fmt: skip
+
+
 def _parse_t4(path: Path, data: dict[str, Any], overrides: Mapping[str, Any]) -> ParsedBundle:
     doc = _parse(path, T4Document, data)
+    _t4_version(path, doc.schema_version)
     metadata = doc.metadata or T4Metadata()
     block = metadata.kato
     scale = TIME_UNITS[metadata.timeunit]
@@ -546,6 +596,49 @@ def _finish_foreign(
 # --- checking against the operator and the file's own measurements ----------------------------
 
 
+def _one_of(value: Any, allowed: Sequence[Any]) -> bool:
+    """Whether ``value`` is one of ``allowed`` with the same type: ``2.0`` and ``True`` are not
+    the int ``2`` and ``1`` of a space (they would render other source, or be stored as
+    another config key)."""
+    return any(type(value) is type(a) and value == a for a in allowed)
+
+
+def config_outside(spec: Any, config: Mapping[str, Any]) -> str | None:
+    """Why ``config`` is not a point of ``spec``'s space (a parameter missing or unknown, or a
+    value not among the parameter's values with their exact type), or None."""
+    why = spec.check_params(config)
+    if why is not None:
+        return why
+    for name, values in spec.params.items():
+        value = config[name]
+        if not _one_of(value, values):
+            kinds = "/".join(sorted({type(v).__name__ for v in values}))
+            return f"{name}={value!r} is a {type(value).__name__}, not a {kinds} of {values}"
+    return None
+
+
+def space_outside(
+    spec: Any, tune_params: Mapping[str, Sequence[Any]], *, values: bool = True
+) -> str | None:
+    """Why a space of ``tune_params`` (each parameter's values) does not lie inside ``spec``'s
+    space: other parameter names, or (with ``values``: the operator's current version) a value
+    that is not one of the operator's, by :func:`config_outside`'s rule. None if it does."""
+    if set(tune_params) != set(spec.params):
+        return (
+            f"parameters {show(list(tune_params))} are not {spec.name}'s "
+            f"({', '.join(spec.params)}): it is not a {spec.name} space"
+        )
+    if values:
+        for name, given in tune_params.items():
+            bad = [v for v in given if not _one_of(v, spec.params[name])]
+            if bad:
+                return (
+                    f"{name} values {show(bad)} are not among {spec.name}'s {name} values "
+                    f"{spec.params[name]}: it is not a {spec.name} space"
+                )
+    return None
+
+
 def _check_operator(bundle: ParsedBundle) -> None:
     """The file's problem and every config it holds, against the registered operator (see the
     module docstring); puts ``bundle.params`` in the operator's order."""
@@ -556,9 +649,9 @@ def _check_operator(bundle: ParsedBundle) -> None:
         spec.validate(bundle.shape, bundle.dtype)
     except InvalidInput as exc:
         raise _fail(path, str(exc)) from None
-    if set(bundle.params) != set(spec.params):
-        raise _fail(path, f"parameters {show(bundle.params)} are not {spec.name}'s "
-                    f"({', '.join(spec.params)}): the file is not a {spec.name} space")  # fmt: skip
+    why = space_outside(spec, {p: () for p in bundle.params}, values=False)
+    if why is not None:
+        raise _fail(path, why.replace("it is not", "the file is not"))
     bundle.params = list(spec.params)
     current = bundle.operator_version == spec.version
     problem = f"{spec.name} {'x'.join(map(str, bundle.shape))} {bundle.dtype}"
@@ -566,7 +659,7 @@ def _check_operator(bundle: ParsedBundle) -> None:
     def reason(config: Mapping[str, Any], measured: bool) -> str | None:
         why = _names(config, spec.params)
         if why is None and current:
-            why = spec.check_params(config)
+            why = config_outside(spec, config)
             if why is not None:
                 return f"{why}: not a point of {spec.name}'s space"
             if measured:
@@ -879,12 +972,25 @@ def import_bundles(
     except Exception:
         session.rollback()
         raise
-    report.warnings = _version_warnings(bundles)
+    report.warnings = _version_warnings(bundles) + _gpu_warnings(bundles)
     # Optuna's view of the imported jobs (optuna-dashboard), once their rows are committed.
     from db.studies import record_job_studies
 
     report.warnings += record_job_studies(session, [j["id"] for b in bundles for j in b.jobs])
     return report
+
+
+def _gpu_warnings(bundles: Sequence[ParsedBundle]) -> list[str]:
+    """A GPU model the catalog does not list is stored as named, unchecked: say so once."""
+    from tuner.gpus import find_gpu
+
+    unknown = sorted({b.gpu_model for b in bundles if find_gpu(b.gpu_model) is None})
+    return [
+        f"GPU model {name!r} is not in Kato's catalog: its results are stored under that "
+        "name, their compute capability and the GPU's limits unchecked; check the name "
+        "(`GET /v1/gpus` lists the catalog)"
+        for name in unknown
+    ]
 
 
 def _version_warnings(bundles: Sequence[ParsedBundle]) -> list[str]:

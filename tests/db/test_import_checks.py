@@ -176,6 +176,21 @@ BAD = [  # (formats, mutation, message): each was stored with exit 0 before, or 
     ("kt", _top("problem_size", [8, 8]), r"problem_size \[8, 8\] disagrees"),
     ("kt", _top("device_name", "NVIDIA A100"), r"device_name 'NVIDIA A100' disagrees"),
     ("kt", _top("compute_capability", "banana"), r"compute_capability"),
+    # Values of the space's own types only (issue 28's review): 2.0 and True are not 2 and 1.
+    ("both", _trial_config({**UNMEASURED, "VEC": 2.0}), r"VEC=2\.0 is a float, not a int"),
+    ("both", _trial_config({**UNMEASURED, "STRATEGY": True}), r"STRATEGY: .*not bool, got True"),
+    ("both", _best_config({**UNMEASURED, "VEC": 4.0}, 0.5), r"VEC=4\.0 is a float"),
+    # GPU model names: the API's character rules, nothing path-like or reserved.
+    ("both", _kato_field("gpu_model", "../../evil"), r"GPU model '\.\./\.\./evil' must not hold"),
+    ("both", _kato_field("gpu_model", ".."), r"GPU model '\.\.' must not start or end"),
+    ("both", _kato_field("gpu_model", "CON"), r"GPU model 'CON' is a name reserved"),
+    ("both", _kato_field("gpu_model", "nul.txt"), r"GPU model 'nul\.txt' is a name reserved"),
+    ("both", _kato_field("gpu_model", "a\\b"), r"must not hold \\"),
+    ("both", _kato_field("gpu_model", "H" * 65), r"gpu_model: .*at most 64 characters"),
+    ("both", _kato_field("gpu_model", "C:evil"), r"must not hold :"),
+    # T4 schema majors other than 1.
+    ("t4", _top("schema_version", "9.0.0"), r"schema_version '9\.0\.0' is not supported.*1\.x"),
+    ("t4", _top("schema_version", "one"), r"schema_version 'one' is not a version"),
 ]
 
 
@@ -360,3 +375,22 @@ def test_no_stored_value_steers_where_export_writes(tmp_path, fmt):
     assert "/" not in path.name and not path.name.startswith(".")
     written = {p for p in tmp_path.rglob("*")} - before
     assert all(p == out or out in p.parents or p in out.parents for p in written), written
+
+
+def test_an_unknown_but_well_formed_gpu_is_imported_with_a_warning(exported, tmp_path):
+    doc = json.loads(exported["t4"].read_text())
+    _kato(doc)["gpu_model"] = "Banana GPU"
+    for best in _kato(doc)["best"]:
+        best["compute_capability"] = "12.3"  # unchecked: the catalog does not know the GPU
+    unknown = tmp_path / "banana.json"
+    unknown.write_text(json.dumps(doc))
+    factory = _db(tmp_path / "target.db")
+    with factory() as session:
+        report = import_paths(session, [unknown])
+    assert [w for w in report.warnings if "GPU" in w] == [
+        "GPU model 'Banana GPU' is not in Kato's catalog: its results are stored under that "
+        "name, their compute capability and the GPU's limits unchecked; check the name "
+        "(`GET /v1/gpus` lists the catalog)"
+    ]
+    with factory() as session:
+        assert list(session.scalars(select(BestConfig.gpu_model))) == ["Banana GPU"]
