@@ -393,6 +393,8 @@ def worker(
     settings = _settings(db)
     timeout = trial_timeout or settings.trial_timeout_seconds
     lease = lease_seconds or settings.lease_seconds
+    _, sessions = _sessions(settings.db_url)
+    _use_stored_operators(sessions)  # before the recordings are checked against the operators
     if backend == "replay":
         if replay is None:
             raise typer.BadParameter("--backend replay needs --replay FILE_OR_DIR")
@@ -414,8 +416,6 @@ def worker(
         retry_policy = RetryPolicy.from_env()
     except ValueError as exc:
         _fail(str(exc), 2)
-    _, sessions = _sessions(settings.db_url)
-    _use_stored_operators(sessions)
     w = Worker(
         sessions,
         settings.db_url,

@@ -11,9 +11,9 @@ package registers: ``reference=``), or fixed expected outputs (``kato.tune_kerne
 from __future__ import annotations
 
 import hashlib
+import importlib
 import inspect
 import math
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -54,6 +54,8 @@ MAX_BLOCK = (1024, 1024, 64)
 MAX_GRID = (limits.MAX_GRID_X, limits.MAX_GRID_Y, limits.MAX_GRID_Y)
 #: Function computing float64 references: ``reference(args, shape, dtype) -> [array per
 #: output]`` (``args`` as :meth:`UserOperatorSpec.make_problem` made them).
+#: The modules whose code decides what a user operator's variants are and how they are checked.
+_HASHED_MODULES = ("kernels.limits", "kernels.user.expr", "kernels.user.model", "kernels.user.spec")
 PythonReference = Callable[[list[Any], tuple[int, ...], str], Sequence[np.ndarray]]
 
 
@@ -146,11 +148,9 @@ class UserOperatorSpec(OperatorSpec):
         h.update(self.definition.spec.model_dump_json().encode())
         for name in sorted(self.definition.files):
             h.update(name.encode() + b"\0" + self.definition.files[name].encode() + b"\0")
-        modules = sorted(
-            {m for m in sys.modules if m.startswith("kernels.user.")} | {"kernels.limits"}
-        )
-        for module in modules:
-            h.update(code_fingerprint(Path(inspect.getfile(sys.modules[module])).read_text()))
+        for module in _HASHED_MODULES:  # a fixed list: the same in every process
+            file = inspect.getfile(importlib.import_module(module))
+            h.update(code_fingerprint(Path(file).read_text()))
         if self._python_reference is not None:
             try:
                 h.update(code_fingerprint(inspect.getsource(self._python_reference)))

@@ -54,6 +54,7 @@ class OperatorVersion(BaseModel):
     "",
     status_code=status.HTTP_201_CREATED,
     responses={
+        200: {"model": OperatorAdded, "description": "this exact definition is stored already"},
         **AUTH_RESPONSES,
         **error_responses(
             e422="the spec is invalid (an unknown name in an expression, a function call or "

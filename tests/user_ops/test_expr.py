@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernels.user.expr import MAX_LENGTH, ExpressionError, parse
 
@@ -127,3 +130,47 @@ def test_unbound_name_at_evaluation():
 def test_not_a_string():
     with pytest.raises(ExpressionError, match="must be a string"):
         parse(42, NAMES)  # type: ignore[arg-type]
+
+
+ALPHABET = "abn_xyz0123456789 +-*/%()<>=!,.'\"[]{}:;~^&|@#λ\\\n"
+WORDS = [
+    "n",
+    "method",
+    "block_size_x",
+    "min",
+    "max",
+    "ceil",
+    "in",
+    "not",
+    "and",
+    "or",
+    "if",
+    "else",
+    "lambda",
+    "__class__",
+    "**",
+    "//",
+    "(",
+    ")",
+    ",",
+    "1",
+    "0",
+    "64",
+    "9",
+    ".",
+]
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(st.one_of(st.text(ALPHABET, max_size=80), st.lists(st.sampled_from(WORDS), max_size=30)))
+def test_any_text_parses_or_is_refused_cleanly(text):
+    """Whatever the text, parse and evaluate either answer or raise ExpressionError, nothing
+    else (no other exception, no hang)."""
+    if isinstance(text, list):
+        text = " ".join(text)
+    try:
+        e = parse(text, NAMES)
+    except ExpressionError:
+        return
+    with contextlib.suppress(ExpressionError):
+        e.evaluate({"n": 7, "method": "abc", "block_size_x": 128, "tile_size_x": 2})

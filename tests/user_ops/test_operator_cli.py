@@ -123,3 +123,35 @@ def test_folder_operator_tuned_on_replay_exported_and_imported(tmp_path, vector_
         )  # fmt: skip
         assert how == "exact" and found.config == best
     engine.dispose()
+
+
+def test_replay_worker_command_answers_a_stored_operator(tmp_path, vector_add_dir):
+    """`kato worker --backend replay` reads the stored operators before checking its
+    recordings against them, then tunes the stored operator's job."""
+    from db import queries
+    from kernels import registry
+    from kernels.user import spec_from_folder
+    from user_ops.recording import record
+
+    db = f"sqlite:///{tmp_path / 'kato.db'}"
+    assert runner.invoke(app, ["operator", "add", str(vector_add_dir), "--db", db]).exit_code == 0
+    registry._OPERATORS.pop("vector_add_test", None)  # known from the database only
+    op = spec_from_folder(vector_add_dir)
+    _, best = record(op, (8192,), tmp_path / "rec" / "vector_add_test.json")
+    engine = init_db(db)
+    with session_factory(engine)() as session:
+        job = queries.create_job(
+            session, operator=op.name, operator_version=op.version, shape=[8192],
+            dtype="float32", gpu_model="H200", budget_configs=23, strategy="grid",
+        )  # fmt: skip
+        job_id = job.id
+    result = runner.invoke(
+        app,
+        ["worker", "--backend", "replay", "--replay", str(tmp_path / "rec"), "--max-jobs", "1",
+         "--db", db, "--poll-seconds", "0.01"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    with session_factory(engine)() as session:
+        job = queries.get_job(session, job_id)
+        assert job.status == "done" and job.best_config == best
+    engine.dispose()

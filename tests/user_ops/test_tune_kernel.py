@@ -139,6 +139,14 @@ def test_through_a_service(recorded, tmp_path, monkeypatch):
         return TestClient(app, headers=headers, raise_server_exceptions=False)
 
     monkeypatch.setattr(httpx, "Client", client)
+    # The worker checks its recordings' operators when it starts: the operator is registered
+    # first (tune_kernel's own registration then finds it stored, unchanged).
+    _, spec = operator_from_arguments(
+        "vector_add", KERNEL, N, args, tune_params, name="vector_add_svc", fixed=False, **kw
+    )
+    with client("http://kato", {"Authorization": f"Bearer {secret}"}, 30) as c:
+        r = c.post("/v1/operators", json={"spec": spec, "files": op.definition.files})
+        assert r.status_code == 201, r.text
     worker = Worker(
         app.state.session_factory, app.state.settings.db_url, ["H200"],
         replay_backend_factory(path.parent), worker_id="w-kt", poll_seconds=0.02,
