@@ -24,13 +24,13 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from db.models import BestConfig, Job, Trial, Worker
 from db.queries import StoredConfig
 from kernels.spec import InvalidInput
+from service.strict import parse_shape
 
 MAX_DIM = 2**31 - 1
 MAX_RANK = 8
 MAX_INT32 = 2**31 - 1
 # ASCII only: str patterns' \d and \s also match other scripts' digits and spaces, which int()
 # then reads ("\u0664\u0660\u0669\u0666" is 4096).
-_SHAPE_SEPARATOR = re.compile(r" *[x,X] *")
 _INTEGER = re.compile(r"[+-]?[0-9]{1,19}")
 #: The shortest ``budget_seconds``: the worker checks the clock between trials, and one trial
 #: (compile, verify, time) takes about a second, so a shorter budget could not be honoured.
@@ -52,12 +52,7 @@ def parse_shape_text(text: str) -> list[int]:
     Raises:
         InvalidInput: (a ``ValueError``) naming what is wrong.
     """
-    parts = _SHAPE_SEPARATOR.split(text.strip(" ")) if text.strip(" ") else []
-    if not parts or not all(_INTEGER.fullmatch(p) for p in parts):
-        raise InvalidInput(
-            f"shape must be integers separated by 'x' or ',' (e.g. 4096x4096), got {text[:100]!r}"
-        )
-    return check_dims([int(p) for p in parts])
+    return check_dims(parse_shape(text))
 
 
 def check_dims(dims: Sequence[int]) -> list[int]:

@@ -36,6 +36,7 @@ from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from kernels.spec import InvalidInput
 from service.deps import closing_sessions
 
 #: A lone surrogate, a surrogate escape, or a byte ``surrogateescape`` stood in for.
@@ -359,3 +360,25 @@ class StrictJSONRoute(APIRoute):
             return await handler(StrictJSONRequest(request.scope, request.receive))
 
         return strict_handler
+
+
+#: A shape as text: positive integers in ASCII digits without sign or leading zero, joined by
+#: ``x`` or ``,`` (``4096x4096``, ``4096,4096``); nothing else (no blank, ``X``, ``+``, ``04096``:
+#: one shape has one spelling, which the lookup cache and logs key on).
+SHAPE_TEXT = re.compile(r"[1-9][0-9]{0,18}(?:[x,][1-9][0-9]{0,18})*")
+SHAPE_FORMAT = (
+    "positive integers without sign or leading zeros, joined by 'x' or ',' "
+    "(e.g. 4096x4096 or 4096,4096)"
+)
+
+
+def parse_shape(text: str) -> list[int]:
+    """``"4096x4096"`` or ``"4096,4096"`` -> ``[4096, 4096]``, by :data:`SHAPE_TEXT` only (the
+    dimensions' range is the caller's to check).
+
+    Raises:
+        InvalidInput: (a ``ValueError``, a 422) saying the format.
+    """
+    if not SHAPE_TEXT.fullmatch(text):
+        raise InvalidInput(f"shape must be {SHAPE_FORMAT}; got {escape_surrogates(text[:100])!r}")
+    return [int(p) for p in re.split("[x,]", text)]
