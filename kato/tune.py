@@ -114,7 +114,7 @@ def tune_kernel(
 
     Kernel Tuner's arguments mean what they mean there; those Kato cannot honour are refused
     with the reason rather than ignored: a Python ``verify`` function, other languages than
-    CUDA, ``cmem_args``/``texmem_args``, ``metrics``/``observers``, an objective other than
+    CUDA, ``cmem_args``/``texmem_args``, ``observers``, an objective other than
     time. ``strategy``: None or ``brute_force`` measures every valid config (Kato's ``grid``);
     Kato's own names (``forest``, ``tpe``, ...) select that search; any other Kernel Tuner
     name runs Kato's default search; ``strategy_options["max_fevals"]`` is the budget and
@@ -134,7 +134,7 @@ def tune_kernel(
     """
     refused = {
         "verify": verify, "cmem_args": cmem_args, "texmem_args": texmem_args,
-        "metrics": metrics, "observers": observers, "compiler": compiler,
+        "observers": observers, "compiler": compiler,
     }  # fmt: skip
     for key, value in refused.items():
         if value is not None:
@@ -147,6 +147,7 @@ def tune_kernel(
         raise InvalidInput("compiler_options are not supported: Kato compiles with nvcc -O3")
     if iterations < 1:
         raise InvalidInput("iterations must be at least 1")
+    _check_metrics(metrics)
     op, spec_dict = operator_from_arguments(
         kernel_name, kernel_source, problem_size, arguments, tune_params,
         restrictions=restrictions, answer=answer, atol=atol, grid_div_x=grid_div_x,
@@ -159,14 +160,38 @@ def tune_kernel(
     if service is not None:
         from kato.remote import tune_on_service
 
-        return tune_on_service(
+        results, env = tune_on_service(
             service, token, op, spec_dict, shape, dtype, gpu or "H200", kt_strategy, budget,
             seconds, seed, timeout_s,
         )  # fmt: skip
-    return _tune_locally(
-        op, shape, dtype, kt_strategy, budget, seconds, seed, iterations, device, db,
-        cache, bool(simulation_mode), quiet,
-    )  # fmt: skip
+    else:
+        results, env = _tune_locally(
+            op, shape, dtype, kt_strategy, budget, seconds, seed, iterations, device, db,
+            cache, bool(simulation_mode), quiet,
+        )  # fmt: skip
+    _add_metrics(results, metrics)
+    return results, env
+
+
+def _check_metrics(metrics: Any) -> None:
+    if metrics is None:
+        return
+    if not isinstance(metrics, Mapping) or not all(callable(f) for f in metrics.values()):
+        raise InvalidInput(
+            "metrics must map names to functions of a result (p['time'] in ms, the tunables), "
+            "as Kernel Tuner's; they run here, after tuning"
+        )
+
+
+def _add_metrics(results: list[dict[str, Any]], metrics: Mapping[str, Any] | None) -> None:
+    """Kernel Tuner's user metrics, in order, on every result with a time (a metric may read
+    the ones before it). They are this caller's own functions, run in this process only."""
+    if not metrics:
+        return
+    for row in results:
+        if isinstance(row.get("time"), float):
+            for name, fn in metrics.items():
+                row[name] = fn(row)
 
 
 def _tune_locally(

@@ -90,6 +90,24 @@ def test_a_budget_runs_kato_search(recorded, tmp_path):
     assert env["strategy"] == "forest" and env["budget"] == 8
 
 
+def test_metrics_are_added_as_kernel_tuner_does(recorded, tmp_path):
+    path, _, _ = recorded
+    args, tune_params, kw = _problem()
+    metrics = {
+        "GB/s": lambda p: 3 * 4 * N / 1e9 / (p["time"] / 1e3),
+        "double": lambda p: 2 * p["GB/s"],  # reads the metric before it
+    }
+    results, _ = kato.tune_kernel(
+        "vector_add", KERNEL, N, args, tune_params, cache=str(path), simulation_mode=True,
+        metrics=metrics, db=f"sqlite:///{tmp_path / 'kato.db'}", **kw,
+    )  # fmt: skip
+    for row in results:
+        assert row["GB/s"] == pytest.approx(12 * N / 1e6 / row["time"])
+        assert row["double"] == 2 * row["GB/s"]
+    with pytest.raises(InvalidInput, match="metrics must map names to functions"):
+        kato.tune_kernel("vector_add", KERNEL, N, args, tune_params, metrics={"x": "time"}, **kw)
+
+
 @pytest.mark.parametrize(
     ("change", "says"),
     [
