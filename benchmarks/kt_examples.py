@@ -14,11 +14,19 @@ convolution, a one-launch sum reduction) are ``tune_kernel`` arguments given unc
 - then both sides' winners re-timed back to back with one timer (Kato's pycuda backend: CUDA
   events, inputs rotated past the L2), so "best" compares like with like.
 
+``--kt-scripts DIR`` (a checkout's ``examples/cuda``) runs Kernel Tuner's own example scripts
+(``--scripts``, default vector_add.py, matmul.py, stencil.py) unchanged, each twice in a fresh
+process: with Kernel Tuner, and with ``kernel_tuner.tune_kernel`` made ``kato.tune_kernel``
+(``benchmarks/kt_examples/shim/sitecustomize.py``): literally only the import changed. Their
+own settings hold (most are brute force, so both measure the same space); the report gives
+each call's configs/min, best config and best time on each tool's own timer.
+
 Configs per minute = distinct configs measured / wall time of the tuning call (compiles
 included). Output: a table on stdout and ``--out`` JSON.
 
     python benchmarks/kt_examples.py --budget 50 --out data/benchmarks/kt_examples_h200.json
     python benchmarks/kt_examples.py --cases vector_add --budget 20 --scale 0.05   # quick
+    python benchmarks/kt_examples.py --cases none --kt-scripts ~/kernel_tuner/examples/cuda
 
 Needs a CUDA GPU, PyCUDA and kernel_tuner (``pip install 'kato[cuda,bench]'``).
 """
@@ -122,6 +130,46 @@ def _subprocess(argv: list[str], timeout: float) -> Any:
         return json.loads(Path(f.name).read_text())
 
 
+SHIM = ROOT / "benchmarks" / "kt_examples" / "shim"
+DEFAULT_SCRIPTS = "vector_add.py,matmul.py,stencil.py"
+
+
+def run_scripts(folder: Path, scripts: list[str], timeout: float) -> dict[str, Any]:
+    """Each Kernel Tuner example script run by Kernel Tuner, then through Kato (the shim)."""
+    import os
+
+    out: dict[str, Any] = {}
+    for script in scripts:
+        runs = []
+        for tool in ("kt", "kato"):
+            with tempfile.TemporaryDirectory() as tmp:
+                record = Path(tmp) / "calls.jsonl"
+                env = dict(os.environ)
+                env.update(
+                    KATO_KT_SHIM=tool,
+                    KATO_KT_SHIM_OUT=str(record),
+                    KATO_DB_URL=f"sqlite:///{tmp}/kato.db",
+                    PYTHONPATH=os.pathsep.join([str(SHIM), str(ROOT), env.get("PYTHONPATH", "")]),
+                )
+                t0 = time.perf_counter()
+                try:
+                    proc = subprocess.run(
+                        [sys.executable, script], cwd=folder, env=env, timeout=timeout,
+                        capture_output=True, text=True,
+                    )  # fmt: skip
+                    rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-1500:]
+                except subprocess.TimeoutExpired:
+                    rc, tail = None, f"timed out after {timeout} s"
+                calls = [json.loads(line) for line in record.read_text().splitlines()] if (
+                    record.exists()
+                ) else []  # fmt: skip
+            runs.append({"tool": tool, "returncode": rc, "wall_s": time.perf_counter() - t0,
+                         "calls": calls, "output_tail": tail if rc != 0 else ""})  # fmt: skip
+            print(f"{script} {tool}: rc={rc} {json.dumps(calls)[:300]}", file=sys.stderr)
+        out[script] = runs
+    return out
+
+
 def _fmt(value: Any, form: str = "{:.4f}") -> str:
     return form.format(value) if isinstance(value, int | float) else "-"
 
@@ -135,6 +183,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--kt-scripts", type=Path, help="Kernel Tuner's examples/cuda folder")
+    parser.add_argument("--scripts", default=DEFAULT_SCRIPTS, help="its scripts to run")
     parser.add_argument("--one", nargs=2, metavar=("TOOL", "CASE"), help=argparse.SUPPRESS)
     parser.add_argument("--retime", metavar="CASE", help=argparse.SUPPRESS)
     parser.add_argument("--configs", help=argparse.SUPPRESS)
@@ -150,7 +200,7 @@ def main() -> None:
         return
     report: dict[str, Any] = {"budget": a.budget, "scale": a.scale, "seed": a.seed, "cases": {}}
     tools = ["kato"] + [f"kt:{s}" for s in a.kt.split(",") if s]
-    for case in a.cases.split(","):
+    for case in [c for c in a.cases.split(",") if c and c != "none"]:
         runs = []
         for tool in tools:
             argv = ["--one", tool, case, "--budget", str(a.budget), "--scale", str(a.scale),
@@ -194,6 +244,21 @@ def main() -> None:
                 c.rjust(w) for c, w in zip(cells, widths, strict=True)
             ))  # fmt: skip
         print(f"{case:<12} verdict: {data['verdict']}")
+    if a.kt_scripts is not None:
+        report["scripts"] = run_scripts(a.kt_scripts, a.scripts.split(","), a.timeout)
+        for script, runs in report["scripts"].items():
+            for run in runs:
+                for call in run["calls"] or [{}]:
+                    cells = [
+                        call.get("measured"),
+                        call.get("failed"),
+                        call.get("configs_per_minute"),
+                        call.get("best_time_own_ms"),
+                    ]
+                    print(f"{script:<14} {run['tool']:<5} rc={run['returncode']} "
+                          + " ".join(_fmt(c, "{}") if isinstance(c, int) else _fmt(c)
+                                     for c in cells)
+                          + (f" {call['error'][:80]}" if call.get("error") else ""))  # fmt: skip
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(report, indent=1, default=str))

@@ -56,8 +56,15 @@ def _result_row(trial: Any, params: Sequence[str], iterations: int) -> dict[str,
         row["time"] = _MARKERS.get(trial.status, "RuntimeFailedConfig")
         row["error"] = trial.error
     row["status"] = trial.status
-    if trial.compile_time_s is not None:
-        row["compile_time"] = trial.compile_time_s * 1e3
+    # Kernel Tuner's per-config timings (its file_utils read them): what Kato does not time
+    # apart (the framework, the strategy, the on-device verification) is None, not a guess.
+    row["compile_time"] = trial.compile_time_s * 1e3 if trial.compile_time_s is not None else None
+    row["benchmark_time"] = sum(trial.times_ms) if trial.status == "ok" else None
+    row["verification_time"] = None
+    row["framework_time"] = None
+    row["strategy_time"] = None
+    created = getattr(trial, "created_at", None)
+    row["timestamp"] = created.isoformat() if hasattr(created, "isoformat") else created
     for name in ("registers", "shared_static_bytes", "local_bytes", "occupancy"):
         value = getattr(trial, name)
         if value is not None:

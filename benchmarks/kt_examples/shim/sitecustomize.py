@@ -1,0 +1,58 @@
+"""Imported at start-up by the Python that runs a Kernel Tuner example script for
+``benchmarks/kt_examples.py --kt-scripts`` (this directory is put first on ``PYTHONPATH``).
+
+``KATO_KT_SHIM=kato`` makes ``kernel_tuner.tune_kernel`` Kato's (``kato.tune_kernel``): the
+script runs unchanged, as if its import had been changed. ``KATO_KT_SHIM=kt`` keeps Kernel
+Tuner's. Either way every call is recorded (configs measured, wall time, best config and
+time, failures) as a JSON line in ``KATO_KT_SHIM_OUT``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+_MODE = os.environ.get("KATO_KT_SHIM")
+_OUT = os.environ.get("KATO_KT_SHIM_OUT")
+
+if _MODE in ("kato", "kt") and _OUT:
+    import kernel_tuner
+    import kernel_tuner.interface
+
+    _real = kernel_tuner.tune_kernel
+
+    def tune_kernel(kernel_name, *args, **kwargs):
+        t0 = time.perf_counter()
+        record = {"tool": _MODE, "kernel_name": kernel_name}
+        try:
+            if _MODE == "kato":
+                import kato
+
+                results, env = kato.tune_kernel(kernel_name, *args, **kwargs)
+            else:
+                results, env = _real(kernel_name, *args, **kwargs)
+        except Exception as exc:
+            record.update(error=f"{type(exc).__name__}: {exc}"[:2000],
+                          wall_s=time.perf_counter() - t0)  # fmt: skip
+            with open(_OUT, "a") as f:
+                f.write(json.dumps(record) + "\n")
+            raise
+        wall = time.perf_counter() - t0
+        ok = [r for r in results if isinstance(r.get("time"), float)]
+        best = min(ok, key=lambda r: r["time"]) if ok else None
+        params = list(args[3]) if len(args) > 3 else list(kwargs.get("tune_params", {}))
+        record.update(
+            measured=len(results),
+            failed=len(results) - len(ok),
+            wall_s=wall,
+            configs_per_minute=60.0 * len(results) / wall if wall > 0 else None,
+            best_config={k: best[k] for k in params} if best else None,
+            best_time_own_ms=best["time"] if best else None,
+        )
+        with open(_OUT, "a") as f:
+            f.write(json.dumps(record, default=str) + "\n")
+        return results, env
+
+    kernel_tuner.tune_kernel = tune_kernel
+    kernel_tuner.interface.tune_kernel = tune_kernel

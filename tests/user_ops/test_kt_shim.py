@@ -1,0 +1,54 @@
+"""A Kernel Tuner script run unchanged, once by Kernel Tuner and once with its tune_kernel made
+Kato's (benchmarks/kt_examples.py --kt-scripts), both in simulation mode on one recorded cache
+file: the same configs measured and the same winner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kato.kernel_tuner import operator_from_arguments
+from user_ops.recording import record
+from user_ops.test_tune_kernel import KERNEL, N, _problem
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = """
+import numpy as np
+from kernel_tuner import tune_kernel
+
+n = 1 << 20
+rng = np.random.default_rng(0)
+a = rng.standard_normal(n).astype(np.float32)
+b = rng.standard_normal(n).astype(np.float32)
+tune_params = {"block_size_x": [32, 64, 128, 256, 512, 1024], "tile_size_x": [1, 2, 4, 8]}
+results, env = tune_kernel(
+    "vector_add", open("kernel.cu").read(), n, [np.zeros_like(a), a, b, np.int32(n)],
+    tune_params, grid_div_x=["block_size_x", "tile_size_x"],
+    restrictions=["block_size_x * tile_size_x <= 4096"], cache="cache.json",
+    simulation_mode=True, verbose=True,
+)
+print(len(results))
+"""
+
+
+def test_a_kernel_tuner_script_runs_unchanged_through_kato(tmp_path):
+    args, tune_params, kw = _problem()
+    op, _ = operator_from_arguments("vector_add", KERNEL, N, args, tune_params, **kw)
+    _, best = record(op, (N,), tmp_path / "cache.json")
+    (tmp_path / "kernel.cu").write_text(KERNEL)
+    (tmp_path / "script.py").write_text(SCRIPT)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "kt_bench", ROOT / "benchmarks" / "kt_examples.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    runs = module.run_scripts(tmp_path, ["script.py"], timeout=300)["script.py"]
+    by_tool = {run["tool"]: run for run in runs}
+    for tool in ("kt", "kato"):
+        run = by_tool[tool]
+        assert run["returncode"] == 0, run["output_tail"]
+        (call,) = run["calls"]
+        assert call["measured"] == 23 and call["failed"] == 0
+        assert call["best_config"] == best
