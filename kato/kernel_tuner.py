@@ -9,6 +9,7 @@ the launch follows Kernel Tuner's conventions (:mod:`kernels.user.model`).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -64,6 +65,20 @@ def problem_dims(problem_size: Any) -> tuple[int, ...]:
     if not 1 <= len(out) <= 3 or min(out) < 1:
         raise InvalidInput(f"problem_size must have 1 to 3 dimensions >= 1, got {out}")
     return out
+
+
+def _size_expression(size: int, shape: tuple[int, ...]) -> str:
+    """An array's size as an expression of the problem size where it is one (the product of
+    the dimensions, or one of them), else the number: then the operator's version is the same
+    at every problem size, so its results at one size are the nearest answer and the warm start
+    at another."""
+    names = DIMENSION_NAMES[: len(shape)]
+    if size == math.prod(shape):
+        return " * ".join(names)
+    for name, dim in zip(names, shape, strict=True):
+        if size == dim:
+            return name
+    return str(size)
 
 
 def _divisors(value: Any, what: str) -> list[str] | None:
@@ -131,9 +146,8 @@ def operator_from_arguments(
                 )
             if out and np.asarray(answer[index]).size != value.size:
                 raise InvalidInput(f"answer {index} has another size than argument {index}")
-            args_spec.append(
-                {"name": f"arg{index}", "dtype": dt, "size": str(value.size), "output": out}
-            )
+            size = _size_expression(value.size, shape)
+            args_spec.append({"name": f"arg{index}", "dtype": dt, "size": size, "output": out})
             if dtype is None and dt in DTYPES and (out or dt.startswith(("float", "bfloat"))):
                 dtype = dt
         elif isinstance(value, np.generic) and str(value.dtype) in SCALAR_DTYPES:

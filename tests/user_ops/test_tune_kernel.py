@@ -80,6 +80,18 @@ def test_brute_force_on_the_recorded_space_finds_its_best(recorded, tmp_path):
     assert found["config"] == best and found["source"] == "exact"
     near = kato.lookup("vector_add", N * 2, gpu="H200", db=db)
     assert near["config"] == best and near["source"] == "nearest"
+    # Arrays sized by the problem: one version at every problem size (lookups and warm start
+    # cross sizes); a size that is no expression of it stays a number.
+    small = [np.zeros(4096, np.float32)] * 3 + [np.int32(4096)]
+    other, spec = operator_from_arguments(
+        "vector_add", KERNEL, 4096, small, tune_params,
+        **(kw | {"answer": [np.zeros(4096), None, None, None]}),
+    )  # fmt: skip
+    assert [a["size"] for a in spec["arguments"][:3]] == ["x"] * 3
+    assert other.version == op.version
+    _, odd = operator_from_arguments("vector_add", KERNEL, 4096, [np.zeros(4097, np.float32)],
+                                     tune_params)  # fmt: skip
+    assert odd["arguments"][0]["size"] == "4097"
     assert kato.lookup("vector_add", N, gpu="A100", db=db) is None
 
 
