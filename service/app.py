@@ -36,7 +36,15 @@ from service.lookup_cache import LookupCache, LookupFastPath, best_configs_versi
 from service.routes import configs, gpus, health, jobs, operators, user_operators, workers
 from service.schemas import ErrorPublic, UnavailablePublic
 from service.settings import Settings
-from service.strict import StrictJSONRoute, StrictURL, cap_errors, echo, escape_surrogates
+from service.strict import (
+    HttpMethods,
+    StrictJSONRoute,
+    StrictURL,
+    cap_errors,
+    echo,
+    escape_surrogates,
+    literal_methods,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +93,9 @@ def allowed_methods(app: FastAPI, scope: dict[str, Any]) -> list[str] | None:
     Starlette's router answers a 405 with the methods of the first route whose path matched;
     a path served by several routes (``GET`` and ``POST /v1/jobs``) takes all of theirs.
     """
+    literal = literal_methods(app, scope["path"])
+    if literal is not None:  # a literal path's own routes only (service.strict.HttpMethods)
+        return [m for m in _METHODS if m in literal]
     allowed = []
     for method in _METHODS:
         probe = {**scope, "method": method}
@@ -95,6 +106,8 @@ def allowed_methods(app: FastAPI, scope: dict[str, Any]) -> list[str] | None:
             if match == Match.FULL:
                 allowed.append(method)
                 break
+    if "GET" in allowed and "HEAD" not in allowed:  # answered as GET (HttpMethods)
+        allowed.insert(allowed.index("GET") + 1, "HEAD")
     return allowed
 
 
@@ -265,6 +278,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.add_middleware(StrictURL)
     if not settings.auth_reads:
         app.add_middleware(LookupFastPath, cache=app.state.lookup_cache)
+    app.add_middleware(HttpMethods)  # outermost: HEAD as GET, literal paths' 405s
     _document_common_errors(app)
 
     readers: dict[str, Any] = {}

@@ -382,3 +382,83 @@ def parse_shape(text: str) -> list[int]:
     if not SHAPE_TEXT.fullmatch(text):
         raise InvalidInput(f"shape must be {SHAPE_FORMAT}; got {escape_surrogates(text[:100])!r}")
     return [int(p) for p in re.split("[x,]", text)]
+
+
+# --- methods: HEAD, and literal paths before parametrised ones ---------------------------------
+
+
+def literal_methods(app: Any, path: str) -> set[str] | None:
+    """The methods the API documents at exactly ``path`` when it has no parameter in it
+    (``/v1/jobs/batch``; from ``app.openapi()``, built once), or None where no such path is.
+
+    A literal path names a resource of its own: ``GET /v1/jobs/batch`` is a method the batch
+    route does not take (405), not the job whose id is ``batch`` (404), and ``GET
+    /v1/configs/batch`` not a lookup of an operator named ``batch`` (422). HEAD goes with GET.
+    """
+    literal = getattr(app.state, "literal_paths", None)
+    if literal is None:
+        literal = {}
+        for route_path, item in app.openapi().get("paths", {}).items():
+            if "{" not in route_path:
+                methods = {m.upper() for m in item if m.upper() in _HTTP_METHODS}
+                literal[route_path] = methods | ({"HEAD"} if "GET" in methods else set())
+        app.state.literal_paths = literal
+    return literal.get(path)
+
+
+#: The methods a 405's ``Allow`` may list, in its order.
+_HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+class HttpMethods:
+    """ASGI middleware: HEAD answered as GET without a body (RFC 9110: the same status and
+    headers, ``Content-Length`` included), and a method that a literal path's routes do not
+    take answered 405 with their ``Allow`` before a parametrised route can take the path
+    (:func:`literal_methods`). Needs ``scope["app"]`` (set by Starlette) for the routes."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        method, path = scope["method"], scope["path"]
+        routes = scope["app"].router.routes
+        allowed = literal_methods(scope["app"], path)
+        if allowed is not None and method not in allowed:
+            listed = [m for m in _HTTP_METHODS if m in allowed]
+            detail = f"{method} is not allowed here; this path takes {', '.join(listed)}"
+            headers = {"Allow": ", ".join(listed)}
+            text = json.dumps({"detail": detail}, separators=(",", ":"))
+            body = b"" if method == "HEAD" else text.encode()
+            response = Response(body, 405, headers=headers, media_type="application/json")
+            await response(scope, receive, send)
+            return
+        if method != "HEAD" or _routed(routes, scope, "HEAD"):
+            await self.app(scope, receive, send)
+            return
+        if not _routed(routes, scope, "GET"):
+            await self.app(scope, receive, send)  # the router answers its 405 or 404
+            return
+
+        async def headers_only(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body":
+                if message.get("more_body", False):
+                    return  # the body is dropped; its length is in the headers already
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
+
+
+def _routed(routes: Any, scope: Scope, method: str) -> bool:
+    """Whether some route takes ``method`` at the request's path (or a mount owns it)."""
+    from starlette.routing import Match, Mount
+
+    probe = {**scope, "method": method}
+    for route in routes:
+        match = route.matches(probe)[0]
+        if match == Match.FULL or (isinstance(route, Mount) and match != Match.NONE):
+            return True
+    return False

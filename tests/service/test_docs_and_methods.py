@@ -39,12 +39,17 @@ def test_swagger_ui_calls_no_validator(client: TestClient) -> None:
 @pytest.mark.parametrize(
     ("method", "path", "allowed"),
     [
-        ("PUT", "/v1/jobs", {"GET", "POST"}),
-        ("PATCH", "/v1/jobs/0123abcd", {"GET", "DELETE"}),
-        ("POST", "/v1/jobs/0123abcd", {"GET", "DELETE"}),
-        ("PUT", "/v1/configs/batch", {"GET", "POST"}),
-        ("DELETE", "/v1/configs/softmax", {"GET"}),
-        ("POST", "/healthz", {"GET"}),
+        ("PUT", "/v1/jobs", {"GET", "HEAD", "POST"}),
+        ("PATCH", "/v1/jobs/0123abcd", {"GET", "HEAD", "DELETE"}),
+        ("POST", "/v1/jobs/0123abcd", {"GET", "HEAD", "DELETE"}),
+        # A literal path is its own resource, not a value of a parametrised one (issue 28's
+        # review): GET /v1/jobs/batch was a 404 (job 'batch'), GET /v1/configs/batch a 422.
+        ("PUT", "/v1/configs/batch", {"POST"}),
+        ("GET", "/v1/configs/batch", {"POST"}),
+        ("GET", "/v1/jobs/batch", {"POST"}),
+        ("DELETE", "/v1/jobs/batch", {"POST"}),
+        ("DELETE", "/v1/configs/softmax", {"GET", "HEAD"}),
+        ("POST", "/healthz", {"GET", "HEAD"}),
     ],
 )
 def test_a_405_lists_every_method_of_its_path(
@@ -56,3 +61,31 @@ def test_a_405_lists_every_method_of_its_path(
     assert method in response.json()["detail"]
     for other in allowed - {"DELETE", "POST"}:  # a listed method is routed (no 405)
         assert anonymous.request(other, path).status_code != 405
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/healthz",
+        "/v1/ping",
+        "/v1/jobs",
+        "/v1/jobs/0123abcd",  # a 404: HEAD answers it as GET does
+        "/v1/operators",
+        "/v1/gpus",
+        "/v1/workers",
+        "/v1/configs/softmax?shape=4096x4096&dtype=float16&gpu=H200",
+        "/v1/configs/softmax?shape=+4096x4096&dtype=float16&gpu=H200",  # a 422
+    ],
+)
+def test_head_answers_like_get_without_a_body(anonymous: TestClient, path: str) -> None:
+    get, head = anonymous.get(path), anonymous.head(path)
+    assert head.status_code == get.status_code != 405, (head.status_code, get.text[:200])
+    assert head.content == b""
+    assert head.headers["content-type"] == get.headers["content-type"]
+    assert int(head.headers["content-length"]) == len(get.content)
+
+
+def test_head_where_get_is_not_taken_is_a_405(anonymous: TestClient) -> None:
+    response = anonymous.head("/v1/jobs/batch")
+    assert response.status_code == 405 and response.headers["allow"] == "POST"
+    assert response.content == b""
