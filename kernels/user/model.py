@@ -315,6 +315,32 @@ class OperatorModel(_Strict):
 _NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]+)?$")
 
 
+#: An ``#include`` a template may hold: a system or CUDA header by a relative name
+#: (``<cuda_fp16.h>``, ``<cooperative_groups/reduce.h>``).
+_SYSTEM_INCLUDE = re.compile(r"<[A-Za-z0-9_][A-Za-z0-9_.+-]*(/[A-Za-z0-9_][A-Za-z0-9_.+-]*)*>")
+_COMMENTS = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
+_DIRECTIVE = re.compile(r"^[ \t]*#[ \t]*(include|include_next|import|embed|line)\b(.*)$", re.M)
+
+
+def include_error(name: str, text: str) -> str | None:
+    """Why a template's preprocessor lines are refused, or None: an ``#include`` of anything
+    but a system header by a relative name (a path, a quoted or computed name), and
+    ``#include_next``, ``#import``, ``#embed``, ``#line``. nvcc runs on the workers, and its
+    errors are shown to the user: an include of a host file would echo the file."""
+    joined = text.replace("\\\n", "")
+    # Both with comments removed (``#/**/include``) and as written (a "/*" inside a string
+    # literal is no comment, and removing from it could hide the line after it).
+    for match in [*_DIRECTIVE.finditer(_COMMENTS.sub(" ", joined)), *_DIRECTIVE.finditer(joined)]:
+        directive, rest = match.group(1), match.group(2).strip()
+        if directive == "include" and _SYSTEM_INCLUDE.fullmatch(rest) and ".." not in rest:
+            continue
+        return (
+            f"file {name!r}: '#{directive} {rest[:60]}' is not allowed; a template may include "
+            "system and CUDA headers by name only (#include <cuda_fp16.h>)"
+        )
+    return None
+
+
 class OperatorDefinition(_Strict):
     """A user operator as stored and sent: the spec and the text of the files it names."""
 
@@ -337,4 +363,6 @@ class OperatorDefinition(_Strict):
                 raise ValueError(f"file {name!r} is over {MAX_FILE_BYTES} bytes")
             if "\x00" in text:
                 raise ValueError(f"file {name!r} holds a NUL character")
+            if reason := include_error(name, text):
+                raise ValueError(reason)
         return self

@@ -266,3 +266,31 @@ def test_rendered_variants_compile(vector_add_dir, tmp_path):
             broken.render({"block_size_x": 128, "tile_size_x": 4}, (1000,), "float32"),
             broken.kernel_name, arch="sm_90", cache_dir=tmp_path,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '#include "/etc/passwd"',
+        "#include </etc/passwd>",
+        "#include <../../../etc/passwd>",
+        "#define F </etc/passwd>\n#include F",
+        '#/**/include "x.cuh"',
+        '#\\\ninclude "/etc/shadow"',
+        'const char *s = "/*";\n#include "/etc/passwd"\n// */',
+        "#include_next <stdio.h>",
+        '#line 1 "x"',
+    ],
+)
+def test_templates_may_include_system_headers_only(vector_add_dir, line):
+    """nvcc runs on the workers and its errors reach the user: no file of the host can be
+    pulled in by an include."""
+    files = _files(vector_add_dir)
+    files["vector_add.cu"] = line + "\n" + files["vector_add.cu"]
+    with pytest.raises(InvalidInput, match="not allowed"):
+        definition(_spec_dict(vector_add_dir), files)
+    files["vector_add.cu"] = (
+        "#include <cuda_fp16.h>\n#include <cooperative_groups.h>\n"
+        + (_files(vector_add_dir)["vector_add.cu"])
+    )
+    definition(_spec_dict(vector_add_dir), files)  # system headers are fine
