@@ -144,6 +144,7 @@ class DatabaseOperators:
         self._read_at = -float("inf")
         self._specs: dict[str, UserOperatorSpec] = {}
         self._built: dict[int, UserOperatorSpec | None] = {}
+        self._failing = False
 
     def refresh(self) -> None:
         """Reread now."""
@@ -151,9 +152,19 @@ class DatabaseOperators:
             self._read_at = -float("inf")
 
     def __call__(self) -> list[UserOperatorSpec]:
+        """The newest stored operators; while the database cannot be read, the last ones read
+        (retried every ``refresh_s``, logged once per outage)."""
         with self._lock:
             if time.monotonic() - self._read_at >= self.refresh_s:
-                self._read()
+                try:
+                    self._read()
+                    if self._failing:
+                        log.info("stored operators readable again")
+                    self._failing = False
+                except Exception as exc:  # a database fault must not fail a lookup
+                    if not self._failing:
+                        log.warning("stored operators unreadable, serving the last read: %s", exc)
+                    self._failing = True
                 self._read_at = time.monotonic()
             return list(self._specs.values())
 

@@ -201,3 +201,29 @@ def test_migration_0005_upgrades_a_database_with_tokens(tmp_path):
     with engine.connect() as connection:
         assert connection.execute(text("SELECT operators FROM kato_api_tokens")).scalar() == 0
     engine.dispose()
+
+
+def test_a_database_outage_keeps_the_last_operators(tmp_path, vector_add_dir, caplog):
+    import logging
+
+    engine = init_db(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    sessions = session_factory(engine)
+    with sessions() as session:
+        stored.add_operator(
+            session, stored.parse_definition(_body(vector_add_dir, name="outage_va"))
+        )
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) > 1:
+            raise ConnectionError("database down")
+        return sessions()
+
+    source = stored.DatabaseOperators(flaky, refresh_s=0.0)
+    assert [s.name for s in source()] == ["outage_va"]
+    with caplog.at_level(logging.WARNING, logger="db.operators"):
+        for _ in range(3):
+            assert [s.name for s in source()] == ["outage_va"]
+    assert caplog.text.count("database down") == 1  # once per outage, not per lookup
+    engine.dispose()
