@@ -24,9 +24,9 @@ def validation_message(exc: ValidationError, where: str) -> str:
     """A pydantic error as one readable line per problem (location: message), at most 10."""
     lines = []
     for error in exc.errors()[:10]:
-        loc = ".".join(str(part) for part in error["loc"]) or "spec"
+        loc = ".".join(str(part) for part in error["loc"])
         message = error["msg"].removeprefix("Value error, ")
-        lines.append(f"{loc}: {message}")
+        lines.append(f"{loc}: {message}" if loc else message)
     more = len(exc.errors()) - len(lines)
     return f"{where}: " + "; ".join(lines) + (f"; and {more} more" if more > 0 else "")
 
