@@ -45,6 +45,17 @@ def _strategy(
     return (strategy if strategy in KATO_STRATEGIES else "forest"), budget, seconds
 
 
+def _marker(name: str) -> Any:
+    """Kernel Tuner's failure marker: its own ``ErrorConfig`` object where Kernel Tuner is
+    installed (its helpers, ``util.get_best_config``, skip those), else the marker's name
+    (what ``str`` of the object is, and what its cache files hold)."""
+    try:
+        from kernel_tuner import util
+    except ImportError:
+        return name
+    return getattr(util, name)()
+
+
 def _result_row(trial: Any, params: Sequence[str], iterations: int) -> dict[str, Any]:
     """One trial as Kernel Tuner reports it: the tunables, ``time`` (ms; a marker string for a
     failure), ``times``, ``compile_time`` (ms) and Kato's resource figures."""
@@ -53,7 +64,7 @@ def _result_row(trial: Any, params: Sequence[str], iterations: int) -> dict[str,
         row["time"] = trial.time_ms
         row["times"] = list(trial.times_ms)
     else:
-        row["time"] = _MARKERS.get(trial.status, "RuntimeFailedConfig")
+        row["time"] = _marker(_MARKERS.get(trial.status, "RuntimeFailedConfig"))
         row["error"] = trial.error
     row["status"] = trial.status
     # Kernel Tuner's per-config timings (its file_utils read them): what Kato does not time
@@ -301,7 +312,11 @@ def _write_cache(path, op, shape, dtype, info, results) -> None:
     entries = {}
     for row in results:
         key = config_key(list(op.params), row)
-        entries[key] = {k: v for k, v in row.items() if k not in ("status", "iterations")}
+        entries[key] = {
+            k: v if k != "time" or isinstance(v, float) else str(v)
+            for k, v in row.items()
+            if k not in ("status", "iterations")
+        }
     cache = KernelTunerCache(
         device_name=info.name,
         kernel_name=op.kernel_name,

@@ -172,6 +172,16 @@ class UserOperatorSpec(OperatorSpec):
             env.update(config)
         return env
 
+    def _truncated(self, expression: Any, env: Mapping[str, Any], what: str) -> int:
+        """A number truncated to an int, as Kernel Tuner's ``int(eval(...))`` of a grid divisor
+        or problem size does (``block_size_x / threads_per_row`` of 48 / 32 is 1)."""
+        value = expression.evaluate(env)
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise ExpressionError(f"{what} ({expression}) must be a number, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ExpressionError(f"{what} ({expression}) is {value}")
+        return int(value)
+
     def _int(self, expression: Any, env: Mapping[str, Any], what: str) -> int:
         value = expression.evaluate(env)
         if isinstance(value, float) and value.is_integer():
@@ -197,7 +207,7 @@ class UserOperatorSpec(OperatorSpec):
             if len(shape) > 3:
                 sizes[2] = math.prod(shape[2:])
         else:
-            sizes = [self._int(e, env, "problem_size") for e in exprs]
+            sizes = [self._truncated(e, env, "problem_size") for e in exprs]
         return tuple(sizes + [1] * (3 - len(sizes)))
 
     def grid(self, config: Config, shape: Sequence[int], dtype: str) -> tuple[int, int, int]:
@@ -211,7 +221,9 @@ class UserOperatorSpec(OperatorSpec):
                 name = self.block_size_names[dim]
                 divisor = int(config[name]) if name in config else 1
             else:
-                divisor = math.prod(self._int(e, env, f"grid_div_{'xyz'[dim]}") for e in exprs)
+                divisor = math.prod(
+                    self._truncated(e, env, f"grid_div_{'xyz'[dim]}") for e in exprs
+                )
             if divisor < 1:
                 raise ExpressionError(f"grid_div_{'xyz'[dim]} is {divisor}; it must be >= 1")
             grid.append(max(1, -(-size[dim] // divisor)))

@@ -108,6 +108,27 @@ def test_a_budget_runs_kato_search(recorded, tmp_path):
     assert env["strategy"] == "forest" and env["budget"] == 8
 
 
+def test_failures_are_kernel_tuners_markers(recorded, tmp_path):
+    """A failed config's time is Kernel Tuner's own ErrorConfig (its helpers skip it)."""
+    import json
+
+    from kernel_tuner import util
+
+    path, best, _ = recorded
+    data = json.loads(path.read_text())
+    failed_key = next(k for k in data["cache"] if data["cache"][k]["block_size_x"] == 32)
+    data["cache"][failed_key]["time"] = "CompilationFailedConfig"
+    path.write_text(json.dumps(data))
+    args, tune_params, kw = _problem()
+    results, _ = kato.tune_kernel(
+        "vector_add", KERNEL, N, args, tune_params, cache=str(path), simulation_mode=True,
+        db=f"sqlite:///{tmp_path / 'kato.db'}", **kw,
+    )  # fmt: skip
+    failed = [r for r in results if r["status"] != "ok"]
+    assert len(failed) == 1 and isinstance(failed[0]["time"], util.CompilationFailedConfig)
+    assert {k: util.get_best_config(results, "time")[k] for k in tune_params} == best
+
+
 def test_metrics_are_added_as_kernel_tuner_does(recorded, tmp_path):
     path, _, _ = recorded
     args, tune_params, kw = _problem()

@@ -294,3 +294,30 @@ def test_templates_may_include_system_headers_only(vector_add_dir, line):
         + (_files(vector_add_dir)["vector_add.cu"])
     )
     definition(_spec_dict(vector_add_dir), files)  # system headers are fine
+
+
+def test_float_divisors_truncate_like_kernel_tuner():
+    """Kernel Tuner takes int() of each divisor (its spmv example: block_size_x/threads_per_row)."""
+    spec = UserOperatorSpec(
+        definition(
+            {
+                "name": "spmv_like",
+                "template": "k.cu",
+                "kernel_name": "k",
+                "shape": ["rows"],
+                "tune_params": {"block_size_x": [32, 48, 96, 1024], "threads_per_row": [1, 32]},
+                "grid_div_x": ["block_size_x/threads_per_row"],
+                "arguments": [{"name": "y", "dtype": "float32", "size": "rows"}],
+                "verify": False,
+            },
+            {"k.cu": "__global__ void k(float *y) {}"},
+        )
+    )
+    for values in itertools.product(*spec.params.values()):
+        params = dict(zip(spec.params, values, strict=True))
+        grid = spec.launch(params, (131072,), "float32").grid
+        expected = kt_util.get_grid_dimensions(
+            (131072, 1, 1), params, (["block_size_x/threads_per_row"], None, None),
+            list(spec.block_size_names),
+        )  # fmt: skip
+        assert grid == expected, params
