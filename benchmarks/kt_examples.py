@@ -15,11 +15,12 @@ convolution, a one-launch sum reduction) are ``tune_kernel`` arguments given unc
   events, inputs rotated past the L2), so "best" compares like with like.
 
 ``--kt-scripts DIR`` (a checkout's ``examples/cuda``) runs Kernel Tuner's own example scripts
-(``--scripts``, default vector_add.py, matmul.py, stencil.py) unchanged, each twice in a fresh
-process: with Kernel Tuner, and with ``kernel_tuner.tune_kernel`` made ``kato.tune_kernel``
-(``benchmarks/kt_examples/shim/sitecustomize.py``): literally only the import changed. Their
-own settings hold (most are brute force, so both measure the same space); the report gives
-each call's configs/min, best config and best time on each tool's own timer.
+(``--scripts``; default vector_add.py, stencil.py, spmv.py, matmul.py) unchanged, each twice in
+a fresh process: with Kernel Tuner, and with ``kernel_tuner.tune_kernel`` made
+``kato.tune_kernel`` (``benchmarks/kt_examples/shim/sitecustomize.py``): literally only the
+import changed. Their own settings hold (most are brute force, so both measure the same
+space); the report gives each call's configs/min, best config and best time on each tool's
+own timer.
 
 Configs per minute = distinct configs measured / wall time of the tuning call (compiles
 included). Output: a table on stdout and ``--out`` JSON.
@@ -131,7 +132,7 @@ def _subprocess(argv: list[str], timeout: float) -> Any:
 
 
 SHIM = ROOT / "benchmarks" / "kt_examples" / "shim"
-DEFAULT_SCRIPTS = "vector_add.py,matmul.py,stencil.py"
+DEFAULT_SCRIPTS = "vector_add.py,stencil.py,spmv.py,matmul.py"  # expdist.py: 960 configs
 
 
 def run_scripts(folder: Path, scripts: list[str], timeout: float) -> dict[str, Any]:
