@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from db.models import Base
+from db.write_gate import WriteGate, gated_factory
 from kato_client.disk import switch_to_wal
 
 #: Alembic scripts shipped inside the package (found from any working directory).
@@ -261,10 +262,11 @@ def make_engine(
     """An engine for ``url`` with Kato's connection settings.
 
     SQLite: WAL journal, foreign keys on, ``timeouts.lock`` as busy timeout (30 s for workers),
-    usable from several threads (``check_same_thread=False``); the parent directory of the file
-    is created; an in-memory database uses a single shared connection. PostgreSQL and others:
-    ``pool_pre_ping`` (a connection the server dropped is replaced, not handed out), and on
-    PostgreSQL the limits of ``timeouts`` (:func:`configure_postgres`).
+    usable from several threads (``check_same_thread=False``), the engine's writers queued on
+    one gate (:mod:`db.write_gate`, waiting at most ``timeouts.lock`` too); the parent
+    directory of the file is created; an in-memory database uses a single shared connection.
+    PostgreSQL and others: ``pool_pre_ping`` (a connection the server dropped is replaced,
+    not handed out), and on PostgreSQL the limits of ``timeouts`` (:func:`configure_postgres`).
 
     ``connections``: the most connections the pool holds, opened as needed and then kept (no
     overflow beyond it); an API process passes one per request thread plus headroom
@@ -284,6 +286,9 @@ def make_engine(
             kwargs["poolclass"] = StaticPool  # one in-memory database, not one per connection
         else:
             kwargs.update(pool)
+            # Writers of this engine queue on a gate, not in SQLite's unfair busy handler.
+            gate = WriteGate(timeouts.lock)
+            kwargs["connect_args"]["factory"] = gated_factory(gate)
         engine = create_engine(url, **kwargs)
         configure_sqlite(engine, timeouts)
         return engine

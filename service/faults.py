@@ -104,6 +104,9 @@ def _kind(error: BaseException) -> FaultKind:
             code = getattr(e, "sqlite_errorcode", None)
             if isinstance(code, int):
                 return _SQLITE_KINDS.get(code & 0xFF, "unreachable")
+            text = str(e).lower()  # raised by Kato itself (db.write_gate): by its message
+            if "locked" in text or "busy" in text:
+                return "busy"
     state = _sqlstate(error) or ""
     if state == "25006":
         return "read_only"
