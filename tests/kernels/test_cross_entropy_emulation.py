@@ -191,3 +191,22 @@ def test_backward_in_place(tmp_path, emulation, dtype, shape, lanes, vec, split)
     assert np.isnan(out[4].astype(np.float64)).all()  # the dlogits buffer was not written
     error = cuda_emulation.compare(out[0], problem.references[0], atol, rtol)
     assert error is None, error
+
+
+@pytest.mark.parametrize("spec", [FORWARD, BACKWARD], ids=lambda s: s.name)
+def test_vocabulary_rows_on_the_cpu(tmp_path, emulation, spec) -> None:
+    """Default configs at language-model widths: 3 rows of 50257 (odd) and 1 row of 128256
+    (both split over blocks by the default), and 50257 unsplit in warp mode."""
+    found = [
+        Case(spec, spec.default_config((3, 50257), "bfloat16"), (3, 50257), "bfloat16"),
+        Case(spec, spec.default_config((1, 128256), "float32"), (1, 128256), "float32"),
+        Case(
+            spec,
+            {"BLOCK_SIZE": 128, "VEC": 8, "ROW_THREADS": 32, "MIN_BLOCKS": 0, "SPLIT": 1},
+            (3, 50257),
+            "float16",
+        ),
+    ]
+    assert [c.config["SPLIT"] > 1 for c in found] == [True, True, False]
+    failures = run_cases(found, tmp_path, np.random.default_rng(9), binaries=1)
+    assert not failures, "\n".join(failures)
