@@ -3,9 +3,10 @@
 (:mod:`benchmarks.torch_ops._graphs`). 50257 columns: a GPT-2 vocabulary, odd; 128256: Llama 3's;
 16 rows of 128256: fewer rows than SMs (Kato's SPLIT).
 
-Kato's cross_entropy also writes the row's logsumexp (float32) for the backward; torch's
-forward writes the whole log-softmax matrix instead (what its backward reads), which
-``bytes_per_call`` below does not count."""
+Kato's cross_entropy also writes the row's logsumexp (float32) for the backward, and its loss
+is float32 for every logits type (torch's has the logits' type); torch's forward writes the
+whole log-softmax matrix instead (what its backward reads), which ``bytes_per_call`` below does
+not count."""
 
 from __future__ import annotations
 
