@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import re
 from collections.abc import Callable, Coroutine, Iterator
@@ -398,7 +399,12 @@ def literal_methods(app: Any, path: str) -> set[str] | None:
     literal = getattr(app.state, "literal_paths", None)
     if literal is None:
         literal = {}
-        for route_path, item in app.openapi().get("paths", {}).items():
+        try:
+            paths = app.openapi().get("paths", {})
+        except Exception:  # a route the schema cannot describe: no literal rule, not a 500
+            logging.getLogger(__name__).exception("no OpenAPI schema: no literal-path 405s")
+            paths = {}
+        for route_path, item in paths.items():
             if "{" not in route_path:
                 methods = {m.upper() for m in item if m.upper() in _HTTP_METHODS}
                 literal[route_path] = methods | ({"HEAD"} if "GET" in methods else set())
