@@ -192,13 +192,17 @@ def configure_postgres(engine: Engine, timeouts: DbTimeouts = WORKER_TIMEOUTS) -
     """Bound every wait of ``engine``'s PostgreSQL connections by ``timeouts`` (see
     :class:`DbTimeouts`): ``connect_timeout`` unless the URL sets one; ``statement_timeout``
     and ``lock_timeout`` set on each new connection; with the ``psycopg`` driver, a client-side
-    limit on each wait for the server. Other drivers get the server-side limits only."""
+    limit on each wait for the server. Other drivers get the server-side limits only (and
+    ``connect_timeout`` only where libpq takes it: psycopg, psycopg2)."""
     connection_class = _deadline_connection() if engine.dialect.driver == "psycopg" else None
     io_timeout = None if timeouts.statement is None else timeouts.statement + CLIENT_GRACE
 
+    libpq = engine.dialect.driver in ("psycopg", "psycopg2")  # drivers that take connect_timeout
+
     @event.listens_for(engine, "do_connect")
     def connect(dialect: Any, _record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
-        cparams.setdefault("connect_timeout", max(2, math.ceil(timeouts.connect)))
+        if libpq:  # libpq counts whole seconds, at least 2
+            cparams.setdefault("connect_timeout", max(2, math.ceil(timeouts.connect)))
         if connection_class is None:
             return None  # the dialect connects as usual
         connection = connection_class.connect(*cargs, **cparams)

@@ -101,11 +101,13 @@ def optuna_storage(db_url: str) -> optuna.storages.RDBStorage:
 
     from db.session import WORKER_TIMEOUTS, configure_postgres, configure_sqlite
 
-    backend = make_url(db_url).get_backend_name()
+    url = make_url(db_url)
+    backend = url.get_backend_name()
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if backend == "sqlite":
         kwargs["connect_args"] = {"timeout": WORKER_TIMEOUTS.lock}
-    elif backend == "postgresql":
+    elif backend == "postgresql" and url.get_driver_name() in ("psycopg", "psycopg2"):
+        # Optuna's own first connections (it creates its tables) wait no longer than ours.
         kwargs["connect_args"] = {"connect_timeout": max(2, round(WORKER_TIMEOUTS.connect))}
     for attempt in range(5):
         try:
