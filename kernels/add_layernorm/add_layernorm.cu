@@ -6,8 +6,9 @@
 // and the norm is taken of s as stored (what x + res followed by layer_norm computes). mean and
 // rstd are float32 outputs (what kernels/layernorm_backward reads, with s as its x). The
 // statistics take two reductions per row, the mean first and then the squared deviations from
-// it (exact two-pass: no cancellation for rows far from zero), over s kept in registers or
-// shared memory, or re-read from global memory (CACHE 0).
+// it (two-pass: no cancellation), both of s - K with the row's first element K as pivot (the
+// sums stay small for rows far from zero), over s kept in registers or shared memory, or
+// re-read from global memory (CACHE 0).
 //
 // Tunable parameters arrive as `#define NAME value` lines before this template
 // (kernels/add_layernorm/__init__.py renders them; kernels/rowwise.py describes the model):
@@ -243,20 +244,22 @@ __device__ __forceinline__ bool cols_aligned(const T* w, int c) {
   return (reinterpret_cast<size_t>(w) / sizeof(T) + static_cast<size_t>(c)) % VEC == 0;
 }
 
-// y = (s - mean) * rstd * w + b per vector lane.
-__device__ __forceinline__ Raw normalise(const Raw& sv, const Raw& wv, const Raw& bv, float mean,
-                                        float rstd) {
+// y = ((s - K) - mean_s) * rstd * w + b per vector lane (K: the row's pivot, mean_s: the mean
+// of s - K).
+__device__ __forceinline__ Raw normalise(const Raw& sv, const Raw& wv, const Raw& bv, float pivot,
+                                        float mean_s, float rstd) {
   float f[VEC], w[VEC], b[VEC];
   unpack(sv, f);
   unpack(wv, w);
   unpack(bv, b);
 #pragma unroll
-  for (int j = 0; j < VEC; ++j) f[j] = fmaf((f[j] - mean) * rstd, w[j], b[j]);
+  for (int j = 0; j < VEC; ++j) f[j] = fmaf(((f[j] - pivot) - mean_s) * rstd, w[j], b[j]);
   return pack(f);
 }
 
-// s = x + res, rounded to the element type; s as rounded added to acc.
-__device__ __forceinline__ Raw add_rows(const Raw& xv, const Raw& rv, float (&acc)[VEC]) {
+// s = x + res, rounded to the element type; s - K (of s as rounded) added to acc.
+__device__ __forceinline__ Raw add_rows(const Raw& xv, const Raw& rv, float pivot,
+                                        float (&acc)[VEC]) {
   float a[VEC], b[VEC];
   unpack(xv, a);
   unpack(rv, b);
@@ -265,17 +268,18 @@ __device__ __forceinline__ Raw add_rows(const Raw& xv, const Raw& rv, float (&ac
   const Raw s = pack(a);
   unpack(s, a);
 #pragma unroll
-  for (int j = 0; j < VEC; ++j) acc[j] += a[j];
+  for (int j = 0; j < VEC; ++j) acc[j] += a[j] - pivot;
   return s;
 }
 
-// acc += (s - mean)^2 per vector lane.
-__device__ __forceinline__ void add_deviations(const Raw& sv, float mean, float (&acc)[VEC]) {
+// acc += ((s - K) - mean_s)^2 per vector lane.
+__device__ __forceinline__ void add_deviations(const Raw& sv, float pivot, float mean_s,
+                                               float (&acc)[VEC]) {
   float f[VEC];
   unpack(sv, f);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    const float d = f[j] - mean;
+    const float d = (f[j] - pivot) - mean_s;
     acc[j] = fmaf(d, d, acc[j]);
   }
 }
@@ -384,10 +388,16 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS add_layernorm_fwd(
     const bool has_head = t < sp.head;
     const int tail_col = sp.tail + t;
     const bool has_tail = tail_col < n_here;
-    const float hs = has_head ? kn::add_elem(xr + t, rr + t, sr + t) : 0.0f;
-    const float ts = has_tail ? kn::add_elem(xr + tail_col, rr + tail_col, sr + tail_col) : 0.0f;
+    // The pivot K: the row's first element of s, as every thread computes it. Sums of s - K
+    // stay small for rows far from zero (1e3 + N(0, 8): a plain float32 sum of s loses the
+    // mean to ~1e-4 there), and s - K is exact for elements within a factor 2 of K.
+    const float pivot =
+        valid ? kn::to_float(kn::to_elem(kn::to_float(__ldg(xr)) + kn::to_float(__ldg(rr))))
+              : 0.0f;
+    const float hs = has_head ? kn::add_elem(xr + t, rr + t, sr + t) : pivot;
+    const float ts = has_tail ? kn::add_elem(xr + tail_col, rr + tail_col, sr + tail_col) : pivot;
     float acc[VEC];
-    acc[0] = hs + ts;
+    acc[0] = (hs - pivot) + (ts - pivot);
 #pragma unroll
     for (int j = 1; j < VEC; ++j) acc[j] = 0.0f;
 
@@ -398,7 +408,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS add_layernorm_fwd(
     for (int i = 0; i < ITEMS; ++i) {
       const int idx = t + i * P;
       if (idx < nvec) {
-        rs[i] = kn::add_rows(__ldcs(xv + idx), __ldcs(rv + idx), acc);
+        rs[i] = kn::add_rows(__ldcs(xv + idx), __ldcs(rv + idx), pivot, acc);
         sv[idx] = rs[i];
       }
     }
@@ -419,7 +429,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS add_layernorm_fwd(
       for (int u = 0; u < U; ++u) {
         const int idx = b0 + u * P;
         if (idx < nvec) {
-          const Raw s = kn::add_rows(ra[u], rb[u], acc);
+          const Raw s = kn::add_rows(ra[u], rb[u], pivot, acc);
           sv[idx] = s;
 #if CACHE == 1
           ss[idx] = s;  // the same thread reads it back in the later passes: no barrier
@@ -428,18 +438,18 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS add_layernorm_fwd(
       }
     }
 #endif
-    const float mean = kn::row_sum(kn::lane_total(acc), slot0) / static_cast<float>(cols);
+    const float mean_s = kn::row_sum(kn::lane_total(acc), slot0) / static_cast<float>(cols);
 
     // Pass 2: the squared deviations from the mean (absent head and tail elements add 0).
-    const float hd = has_head ? hs - mean : 0.0f;
-    const float td = has_tail ? ts - mean : 0.0f;
+    const float hd = has_head ? (hs - pivot) - mean_s : 0.0f;
+    const float td = has_tail ? (ts - pivot) - mean_s : 0.0f;
     acc[0] = fmaf(hd, hd, td * td);
 #pragma unroll
     for (int j = 1; j < VEC; ++j) acc[j] = 0.0f;
 #if CACHE == 2
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
-      if (t + i * P < nvec) kn::add_deviations(rs[i], mean, acc);
+      if (t + i * P < nvec) kn::add_deviations(rs[i], pivot, mean_s, acc);
     }
 #else
     for (int b0 = t; b0 < nvec; b0 += kStep) {
@@ -455,7 +465,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS add_layernorm_fwd(
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        if (b0 + u * P < nvec) kn::add_deviations(r[u], mean, acc);
+        if (b0 + u * P < nvec) kn::add_deviations(r[u], pivot, mean_s, acc);
       }
     }
 #endif
@@ -474,7 +484,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS add_layernorm_fwd(
         const Raw wi = kn::load_cols(weight, sp.head + idx * VEC, w_vec);
         const Raw bi = kn::load_cols(bias, sp.head + idx * VEC, b_vec);
 #endif
-        __stcs(yv + idx, kn::normalise(rs[i], wi, bi, mean, rstd));
+        __stcs(yv + idx, kn::normalise(rs[i], wi, bi, pivot, mean_s, rstd));
       }
     }
 #else
@@ -496,7 +506,9 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS add_layernorm_fwd(
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int idx = b0 + u * P;
-        if (idx < nvec) __stcs(yv + idx, kn::normalise(r[u], wi[u], bi[u], mean, rstd));
+        if (idx < nvec) {
+          __stcs(yv + idx, kn::normalise(r[u], wi[u], bi[u], pivot, mean_s, rstd));
+        }
       }
     }
 #endif
@@ -510,7 +522,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS add_layernorm_fwd(
       yr[tail_col] = kn::to_elem(fmaf(td * rstd, w, b));
     }
     if (valid && t == 0) {
-      mean_out[row] = mean;
+      mean_out[row] = pivot + mean_s;
       rstd_out[row] = rstd;
     }
   }

@@ -278,11 +278,14 @@ __device__ __forceinline__ void accumulate(const Raw& xv, const Raw& dv, const R
   }
 }
 
-// dx = rstd (w dy - a - xhat b).
+// dx = rstd (w dy - a - xhat b), with w dy rounded as the row sums saw it (not fused into the
+// subtraction): a row of one column, or of equal elements, gives w dy - a = 0 exactly, where an
+// fma would leave w dy's rounding error times an rstd of 1 / sqrt(eps).
 __device__ __forceinline__ float grad_elem(float x, float d, float w, float mu, float rstd,
                                            float a, float b) {
   const float xh = (x - mu) * rstd;
-  return rstd * fmaf(-xh, b, fmaf(w, d, -a));
+  const float g = __fmul_rn(d, w);  // never contracted into an fma with the subtraction
+  return rstd * fmaf(-xh, b, g - a);
 }
 
 __device__ __forceinline__ Raw grad(const Raw& xv, const Raw& dv, const Raw& wv, float mu,
