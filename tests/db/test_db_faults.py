@@ -312,7 +312,14 @@ def test_a_job_whose_connections_are_cut_every_few_tenths_ends_done_storing_each
         db_url, postgres_admin, tmp_path,
         budget=30, strategy=strategy, every=(0.3, 0.9), timeout=120, extra=extra,
     )  # fmt: skip
-    assert "recovered after" in output  # faults met, and retried
+    if not extra:
+        # In process, the search's reads and writes keep a connection busy most of the time, so
+        # some cut lands mid-statement: an error met and retried. An isolated worker's parent
+        # mostly waits on its child with idle connections, which pool_pre_ping replaces on
+        # checkout without an error (half of the runs met none): there the cuts and the
+        # invariants _job_under_cuts checks (done, each trial stored once, no traceback) are
+        # the test.
+        assert "recovered after" in output  # faults met, and retried
 
 
 @pytest.mark.slow
