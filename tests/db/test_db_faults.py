@@ -147,7 +147,9 @@ def test_a_transient_fault_is_retried_with_growing_waits_until_the_bound(caplog)
     with caplog.at_level(logging.DEBUG), pytest.raises(sqlite3.OperationalError):
         retry.call(step, what="reserve", logger=log, policy=policy)
     waits = [b - a for a, b in zip(tries, tries[1:], strict=False)]
-    assert 0.55 <= tries[-1] - tries[0] <= 1.0
+    # The bound (0.6 s) plus at most one last wait (0.2 s); slack for a loaded 2-core runner,
+    # where a sleep can overshoot by tenths of a second.
+    assert 0.55 <= tries[-1] - tries[0] <= 1.6
     assert 4 <= len(tries) <= 12  # doubling waits, not a busy loop
     assert waits[-1] > waits[0]
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
