@@ -183,10 +183,13 @@ class Problem:
 class JobScope:
     """Which jobs a worker's backends can run, for claiming: jobs of ``operators`` (``None``:
     any), and, unless ``problems`` is ``None``, only those one of ``problems`` matches (an
-    empty set: none). A job outside every live worker's scope stays queued."""
+    empty set: none); unless ``job_ids`` is ``None``, only those jobs (``kato tune`` runs the
+    one job it created, never an older queued one). A job outside every live worker's scope
+    stays queued."""
 
     operators: frozenset[str] | None = None
     problems: frozenset[Problem] | None = None
+    job_ids: frozenset[str] | None = None
 
 
 def in_scope(scope: JobScope | None) -> Any:
@@ -217,6 +220,8 @@ def in_scope(scope: JobScope | None) -> Any:
             columns = (Job.operator, Job.shape_key, Job.dtype, Job.gpu_model)
             matches.append(tuple_(*columns).in_(unpinned))
         clauses.append(or_(*matches) if matches else false())
+    if scope.job_ids is not None:
+        clauses.append(Job.id.in_(sorted(scope.job_ids)) if scope.job_ids else false())
     return and_(true(), *clauses)
 
 

@@ -493,7 +493,11 @@ def tune(
             seed=seed,
         )
         claimed = queries.claim_next_job(
-            session, gpu_models=[model], worker_id=worker_id, lease_seconds=settings.lease_seconds
+            session,
+            gpu_models=[model],
+            worker_id=worker_id,
+            lease_seconds=settings.lease_seconds,
+            scope=queries.JobScope(job_ids=frozenset({job.id})),  # this job, not an older one
         )
         job_id = job.id
     if claimed is None or claimed.id != job_id:

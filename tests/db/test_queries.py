@@ -120,6 +120,22 @@ def test_claim_takes_oldest_job_of_a_matching_gpu(session: Session) -> None:
     assert job is not None and job.id == h100.id
 
 
+def test_a_claim_scoped_to_job_ids_takes_only_those_jobs(session: Session) -> None:
+    """What ``kato tune`` claims: the job it just created, not an older queued one (which
+    would be left running under its lease while the command fails)."""
+    older = make_job(session)
+    mine = make_job(session)
+    claim = {"worker_id": "w1", "lease_seconds": 60.0}
+    only_mine = queries.JobScope(job_ids=frozenset({mine.id}))
+    job = queries.claim_next_job(session, gpu_models=["H200"], scope=only_mine, **claim)
+    assert job is not None and job.id == mine.id
+    assert queries.get_job(session, older.id).status == "queued"
+    assert queries.claim_next_job(session, gpu_models=["H200"], scope=only_mine, **claim) is None
+    nothing = queries.JobScope(job_ids=frozenset())
+    assert queries.claim_next_job(session, gpu_models=["H200"], scope=nothing, **claim) is None
+    assert queries.claim_next_job(session, gpu_models=["H200"], **claim).id == older.id
+
+
 def test_claim_takes_over_an_expired_lease(session: Session) -> None:
     job = make_job(session)
     claimed = queries.claim_next_job(session, gpu_models=["H200"], worker_id="w1", lease_seconds=60)
