@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,8 @@ MAX_EXPONENT = 64
 MAX_INT_BITS = 256
 #: Longest string constant, in characters.
 MAX_STRING = 64
+#: The characters a string constant may hold.
+_PRINTABLE = re.compile(r"[ -\[\]-~]*")
 
 
 class ExpressionError(InvalidInput):
@@ -235,6 +238,10 @@ def _check_node(node: ast.AST, text: str, what: str, allowed: frozenset[str], us
         value = node.value
         if isinstance(value, str) and len(value) > MAX_STRING:
             raise refuse(f"string constants are at most {MAX_STRING} characters")
+        if isinstance(value, str) and not _PRINTABLE.fullmatch(value):
+            # A define's value is written into a "#define" line: a line break or a backslash
+            # in it would start a directive of the user's there (an #include of a host file).
+            raise refuse(f"string constant {value!r} may hold printable ASCII only, no backslash")
         if not isinstance(value, int | float | str) or isinstance(value, complex):
             raise refuse(f"constant {value!r} is not a number or a string")
         return

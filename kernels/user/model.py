@@ -318,25 +318,45 @@ _NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]+)?$")
 #: An ``#include`` a template may hold: a system or CUDA header by a relative name
 #: (``<cuda_fp16.h>``, ``<cooperative_groups/reduce.h>``).
 _SYSTEM_INCLUDE = re.compile(r"<[A-Za-z0-9_][A-Za-z0-9_.+-]*(/[A-Za-z0-9_][A-Za-z0-9_.+-]*)*>")
-_COMMENTS = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
-_DIRECTIVE = re.compile(r"^[ \t]*#[ \t]*(include|include_next|import|embed|line)\b(.*)$", re.M)
+#: Trigraphs (ISO C++17 mode may honour them): ``??=`` is ``#``, ``??/`` a backslash.
+_TRIGRAPH = re.compile(r"\?\?[=/'()!<>-]")
+_TRIGRAPHS = dict(zip("=/'()!<>-", "#\\^[]|{}~", strict=True))
+#: A line splice as GCC makes one: a backslash, blanks, then a line end of any kind.
+_SPLICE = re.compile(r"\\[ \t\f\v]*(?:\r\n|\r|\n)")
+#: ``#`` or its digraph ``%:`` anywhere (not only at a line's start: a lone CR ends a line, and
+#: what looks like a string or a comment to a regex may not be one to the preprocessor), then
+#: blanks, then a comment (refused: ``#/**/include``) or a directive's name.
+_DIRECTIVE = re.compile(r"(?:#|%:)\s*(?:(/\*)|(include_next|include|import|embed|line)\b)")
+#: What may follow ``#include``: a system header by name, then the line's end or a comment.
+_INCLUDED = re.compile(rf"[ \t\f\v]*({_SYSTEM_INCLUDE.pattern})[ \t\f\v]*(?=\r|\n|//|/\*|$)")
 
 
 def include_error(name: str, text: str) -> str | None:
     """Why a template's preprocessor lines are refused, or None: an ``#include`` of anything
     but a system header by a relative name (a path, a quoted or computed name), and
     ``#include_next``, ``#import``, ``#embed``, ``#line``. nvcc runs on the workers, and its
-    errors are shown to the user: an include of a host file would echo the file."""
-    joined = text.replace("\\\n", "")
-    # Both with comments removed (``#/**/include``) and as written (a "/*" inside a string
-    # literal is no comment, and removing from it could hide the line after it).
-    for match in [*_DIRECTIVE.finditer(_COMMENTS.sub(" ", joined)), *_DIRECTIVE.finditer(joined)]:
-        directive, rest = match.group(1), match.group(2).strip()
-        if directive == "include" and _SYSTEM_INCLUDE.fullmatch(rest) and ".." not in rest:
+    errors are shown to the user: an include of a host file would echo the file.
+
+    The text is searched everywhere, after trigraphs and line splices are undone, for ``#`` or
+    ``%:`` before such a name: a preprocessor's idea of lines, comments and strings differs
+    from a regex's (form feeds, lone carriage returns, ``"/*"`` in a string), so no directive
+    is judged by where it stands. One in a string or a comment is refused too; rename it.
+    Linear in the text's length (templates are up to a megabyte)."""
+    text = _SPLICE.sub("", _TRIGRAPH.sub(lambda m: _TRIGRAPHS[m.group()[2]], text))
+    for match in _DIRECTIVE.finditer(text):
+        if match.group(1):
+            return (
+                f"file {name!r}: a comment right after '#' is not allowed "
+                f"({text[match.start() : match.start() + 40]!r})"
+            )
+        directive = match.group(2)
+        included = _INCLUDED.match(text, match.end()) if directive == "include" else None
+        if included and ".." not in included.group(1):
             continue
+        rest = (text[match.end() : match.end() + 60].splitlines() or [""])[0]
         return (
-            f"file {name!r}: '#{directive} {rest[:60]}' is not allowed; a template may include "
-            "system and CUDA headers by name only (#include <cuda_fp16.h>)"
+            f"file {name!r}: '#{directive} {rest.strip()}' is not allowed; a template may "
+            "include system and CUDA headers by name only (#include <cuda_fp16.h>)"
         )
     return None
 

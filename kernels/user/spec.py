@@ -36,6 +36,7 @@ from kernels.user.expr import ExpressionError
 from kernels.user.model import (
     DEFAULT_BLOCK_SIZE_NAMES,
     OperatorDefinition,
+    include_error,
     numpy_dtype,
 )
 
@@ -457,4 +458,9 @@ class UserOperatorSpec(OperatorSpec):
 def _render(macros: Mapping[str, Any], template: str) -> str:
     lines = [f"#define {k} {v}" for k, v in macros.items()]
     body = template if 'extern "C"' in template else f'extern "C" {{\n{template}\n}}'
-    return "\n".join(lines) + "\n" + body + "\n"
+    source = "\n".join(lines) + "\n" + body + "\n"
+    # The template was checked when stored; the macros' values join it here, so what nvcc
+    # reads is checked as a whole once more.
+    if reason := include_error("rendered source", source):
+        raise InvalidInput(reason)
+    return source

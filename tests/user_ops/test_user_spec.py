@@ -280,6 +280,16 @@ def test_rendered_variants_compile(vector_add_dir, tmp_path):
         'const char *s = "/*";\n#include "/etc/passwd"\n// */',
         "#include_next <stdio.h>",
         '#line 1 "x"',
+        # Spellings nvcc 13 honours (each echoed a host file in nvcc's errors when accepted),
+        # and a trigraph, which ISO modes of a host preprocessor honour:
+        '%:include "/etc/passwd"',  # the digraph of '#'
+        '\f#include "/etc/passwd"',  # a form feed before '#'
+        '\v#include "/etc/passwd"',
+        'int a;\r#include "/etc/passwd"',  # a lone CR ends a line
+        'const char *s = "/*";\n/**/#include "/etc/passwd"',  # the stripper eats the line
+        '#inc\\ \nlude "/etc/passwd"',  # backslash, blank, newline: still a splice
+        '#inc\\\r\nlude "/etc/passwd"',
+        '??=include "/etc/passwd"',  # a trigraph
     ],
 )
 def test_templates_may_include_system_headers_only(vector_add_dir, line):
@@ -321,3 +331,35 @@ def test_float_divisors_truncate_like_kernel_tuner():
             list(spec.block_size_names),
         )  # fmt: skip
         assert grid == expected, params
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["'1\\n#include \"/etc/passwd\"'", "'1\\r%:include \"/etc/passwd\"'", "'x\\\\'"],
+)
+def test_define_strings_cannot_start_a_directive(vector_add_dir, value):
+    """A define's value is written into a #define line of the rendered source: a string
+    constant holding a line break or a backslash would put an #include after it."""
+    spec = _spec_dict(vector_add_dir) | {"defines": {"X": value}}
+    with pytest.raises(InvalidInput, match="printable ASCII"):
+        definition(spec, _files(vector_add_dir))
+
+
+def test_rendered_source_of_a_plain_define_string_compiles_its_template(vector_add_dir):
+    """A printable string value is rendered as written (a type name, say)."""
+    spec = _spec_dict(vector_add_dir) | {"defines": {"ACC": "'float'"}}
+    op = UserOperatorSpec(definition(spec, _files(vector_add_dir)))
+    source = op.render({"block_size_x": 128, "tile_size_x": 4}, (1000,), "float32")
+    assert "#define ACC float\n" in source
+
+
+def test_include_check_is_linear_in_the_text():
+    """Templates are up to a megabyte: many '#' or '%:' take one pass, not one per mark."""
+    import time
+
+    from kernels.user.model import include_error
+
+    start = time.perf_counter()
+    text = "#include <cuda_fp16.h> // #x\n" * 30_000 + "%:" * 200_000
+    assert include_error("t.cu", text) is None
+    assert time.perf_counter() - start < 5.0
