@@ -50,6 +50,11 @@ DEFAULT_TOLERANCES = {
 }
 #: Most elements of one array argument, and bytes of one problem.
 MAX_ELEMENTS = 1 << 34
+#: Combinations ``default_config`` checks at most when the spec declares no valid default
+#: (about 0.2 s of restriction checks).
+MAX_DEFAULT_SCAN = 10_000
+#: (shape, dtype) answers of ``default_config`` kept per operator.
+MAX_CACHED_DEFAULTS = 1024
 #: CUDA's limits on a block's dimensions and a grid's.
 MAX_BLOCK = (1024, 1024, 64)
 MAX_GRID = (limits.MAX_GRID_X, limits.MAX_GRID_Y, limits.MAX_GRID_Y)
@@ -286,13 +291,49 @@ class UserOperatorSpec(OperatorSpec):
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
         """The spec's ``default`` where it is valid for the shape, else the first valid
-        combination in ``tune_params`` order."""
+        combination in ``tune_params`` order among the first :data:`MAX_DEFAULT_SCAN`.
+
+        A lookup of an untuned shape serves this, on the API host and for anyone who may read:
+        the scan is bounded so that one request cannot cost seconds of checks (a space of a
+        million combinations, nearly all refused by a restriction, took 17 s to scan), and the
+        answer is kept per (shape, dtype).
+
+        Raises:
+            InvalidInput: nothing valid among the combinations scanned (the message says to
+                declare a ``default`` in the spec).
+        """
         self.validate(shape, dtype)
+        key = (tuple(int(s) for s in shape), dtype)
+        if key not in self._defaults:
+            try:
+                found: Config | str = self._find_default(shape, dtype)
+            except InvalidInput as exc:  # kept too: a repeated lookup must not rescan
+                found = str(exc)
+            if len(self._defaults) >= MAX_CACHED_DEFAULTS:
+                self._defaults.clear()
+            self._defaults[key] = found
+        found = self._defaults[key]
+        if isinstance(found, str):
+            raise InvalidInput(found)
+        return dict(found)
+
+    @cached_property
+    def _defaults(self) -> dict[tuple[tuple[int, ...], str], Config | str]:
+        """(shape, dtype) -> the default config, or why there is none."""
+        return {}
+
+    def _find_default(self, shape: Sequence[int], dtype: str) -> Config:
         if self.model.default is not None and not self.check(
             dict(self.model.default), shape, dtype
         ):
             return dict(self.model.default)
-        for values in self.model.combinations():
+        for count, values in enumerate(self.model.combinations()):
+            if count >= MAX_DEFAULT_SCAN:
+                raise InvalidInput(
+                    f"operator {self.name!r}: none of the first {MAX_DEFAULT_SCAN} combinations "
+                    f"of its tune_params is valid at shape {tuple(shape)} {dtype}; declare a "
+                    "valid `default` config in its spec"
+                )
             config = dict(zip(self.params, values, strict=True))
             if self.check(config, shape, dtype) is None:
                 return config
