@@ -25,7 +25,7 @@ from sqlalchemy import Connection, Engine, func, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from db import retry
+from db import ids, retry
 from db.models import ApiToken, Job, utcnow
 
 log = logging.getLogger(__name__)
@@ -180,63 +180,22 @@ def mark_used(session: Session, token_id: str) -> None:
     )
 
 
-class UnknownTokenId(LookupError):
-    """No token has this id, nor an id starting with it."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
-class AmbiguousTokenId(LookupError):
-    """Several tokens' ids start with this prefix (``candidates``, sorted)."""
-
-    def __init__(self, prefix: str, candidates: tuple[str, ...]) -> None:
-        super().__init__(prefix, candidates)
-        self.prefix, self.candidates = prefix, candidates
-
-    def __str__(self) -> str:
-        return (
-            f"token id prefix {self.prefix!r} is ambiguous: it starts "
-            f"{', '.join(self.candidates)}; give more of the id"
-        )
-
-
-#: Shortest prefix :func:`find_by_id` takes for a whole id (as git asks of a commit's).
-MIN_ID_PREFIX = 4
-#: Ids are uuid4 hex: anything else matches no token (and never reaches a LIKE pattern).
-_HEX = frozenset("0123456789abcdef")
+#: A token id that matches no token (:class:`db.ids.UnknownId`).
+UnknownTokenId = ids.UnknownId
+#: A token id prefix that starts several ids (:class:`db.ids.AmbiguousId`).
+AmbiguousTokenId = ids.AmbiguousId
+MIN_ID_PREFIX = ids.MIN_ID_PREFIX
 
 
 def find_by_id(session: Session, given: str) -> ApiToken:
-    """The token with id ``given``, or whose id is the only one starting with it. Reads only.
-
-    ``given`` is taken case-insensitively, without surrounding blanks or a trailing ellipsis
-    (``…`` or ``...``, as a table cut the id), so an id copied from a listing works.
+    """The token with id ``given``, or whose id is the only one starting with it
+    (:func:`db.ids.find_by_id`: case-insensitive, a listing's ellipsis dropped). Reads only.
 
     Raises:
         UnknownTokenId: no such id or prefix, or a prefix shorter than :data:`MIN_ID_PREFIX`.
         AmbiguousTokenId: the prefix starts several ids.
     """
-    text = given.strip().removesuffix("…").removesuffix("...").strip().lower()
-    exact = session.get(ApiToken, text) if 0 < len(text) <= 32 and "\x00" not in text else None
-    if exact is not None:
-        return exact
-    if not text or len(text) > 32 or not set(text) <= _HEX:
-        raise UnknownTokenId(f"no token with id {given!r}")
-    if len(text) < MIN_ID_PREFIX:
-        raise UnknownTokenId(
-            f"no token with id {given!r}; a prefix must be at least {MIN_ID_PREFIX} characters"
-        )
-    found = list(
-        session.scalars(
-            select(ApiToken).where(ApiToken.id.startswith(text)).order_by(ApiToken.id).limit(11)
-        )
-    )
-    if not found:
-        raise UnknownTokenId(f"no token with id {given!r}")
-    if len(found) > 1:
-        raise AmbiguousTokenId(text, tuple(t.id for t in found))
-    return found[0]
+    return ids.find_by_id(session, ApiToken, given, what="token")
 
 
 def revoke_token(session: Session, token_id: str) -> ApiToken | None:

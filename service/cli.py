@@ -889,26 +889,23 @@ def _print_records(rows: list[dict[str, str]]) -> None:
 
 @app.command()
 def cancel(
-    job_id: Annotated[str, typer.Argument(help="the job's id (as POST /v1/jobs answered it)")],
+    job_id: Annotated[
+        str, typer.Argument(help="the job's id (as POST /v1/jobs answered it), or a unique prefix")
+    ],
     db: DbOption = None,
 ) -> None:
     """Cancel a job in the database, whoever submitted it (the operator's way to stop the jobs
     of a revoked token): a queued job at once, a running one after its current trial. A
     finished job is left as it is."""
-    import re
-
-    from db import queries
+    from db import ids, queries
+    from db.models import Job
 
     _, sessions = _sessions(_settings(db).db_url)
-    given = job_id.strip().lower()
     with sessions() as session:
-        # Ids are uuid4 hex: anything else is no job (and never reaches the database).
-        job = queries.get_job(session, given) if re.fullmatch(r"[0-9a-f]{1,32}", given) else None
-        if job is None:
-            _fail(
-                f"no job with id {job_id[:64]!r}: give a job's whole id, e.g. from GET /v1/jobs",
-                2,
-            )
+        try:
+            job = ids.find_by_id(session, Job, job_id, what="job")
+        except (ids.UnknownId, ids.AmbiguousId) as exc:
+            _fail(f"{exc}; GET /v1/jobs lists the ids", 2)
         if job.status not in ("queued", "running"):
             console.print(f"job {job.id} is already {job.status}: nothing to do", soft_wrap=True)
             return

@@ -252,6 +252,41 @@ def test_cancel_a_finished_job_is_a_no_op(sessions, db: str) -> None:
     assert "already cancelled" in again.output and "nothing to do" in again.output
 
 
+def test_cancel_takes_a_unique_prefix_of_the_id_as_a_listing_shows_it(sessions, db: str):
+    first, second = _job(sessions), _job(sessions)
+    shared = 0
+    while first.id[shared] == second.id[shared]:
+        shared += 1
+    result = CliRunner().invoke(app, ["cancel", first.id[: max(shared + 1, 8)] + "…", "--db", db])
+    assert result.exit_code == 0, result.output
+    assert f"job {first.id} cancelled" in result.output
+    with sessions() as session:
+        assert queries.get_job(session, first.id).status == "cancelled"
+        assert queries.get_job(session, second.id).status == "queued"
+    short = CliRunner().invoke(app, ["cancel", first.id[:3], "--db", db])
+    assert short.exit_code == 2 and "at least 4 characters" in short.output
+
+
+def test_cancel_with_an_ambiguous_prefix_names_the_jobs(sessions, db: str):
+    from sqlalchemy import update
+
+    from db.models import Job
+
+    ids = ["abcd1111" + "0" * 24, "abcd2222" + "0" * 24]
+    for new_id in ids:
+        made = _job(sessions)
+        with sessions() as session:  # ids that share a prefix, as uuid4s rarely do
+            session.execute(update(Job).where(Job.id == made.id).values(id=new_id))
+            session.commit()
+    result = CliRunner().invoke(app, ["cancel", "ABCD", "--db", db])
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert "is ambiguous" in text and all(i in text for i in ids)
+    with sessions() as session:
+        assert all(queries.get_job(session, i).status == "queued" for i in ids)
+    assert CliRunner().invoke(app, ["cancel", "abcd2", "--db", db]).exit_code == 0
+
+
 @pytest.mark.parametrize("job_id", ["0" * 32, "nope", "x" * 200])
 def test_cancel_an_unknown_job_exits_2(sessions, db: str, job_id: str) -> None:
     result = CliRunner().invoke(app, ["cancel", job_id, "--db", db])
