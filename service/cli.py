@@ -719,7 +719,7 @@ def token_create(
     typer.echo(secret)
 
 
-@token_app.command("revoke")
+@token_app.command("revoke", short_help="Revoke a token: 403 from now on; its jobs keep running.")
 def token_revoke(
     token_id: Annotated[
         str, typer.Argument(help="the token's id, or a unique prefix of it (kato token list)")
@@ -740,7 +740,10 @@ def token_revoke(
         console.print(f"token {token.id} ({token.name!r}) revoked", soft_wrap=True)
 
 
-@token_app.command("list")
+@token_app.command(
+    "list",
+    short_help="Every token (never the secrets): id, name, admin, queue limit, use, revoked.",
+)
 def token_list(
     db: DbOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON lines")] = False,
@@ -798,7 +801,9 @@ operator_app = typer.Typer(
 app.add_typer(operator_app, name="operator")
 
 
-@operator_app.command("add")
+@operator_app.command(
+    "add", short_help="Validate an operator folder and store it as its newest version."
+)
 def operator_add(
     folder: Annotated[
         Path, typer.Argument(help="a folder holding kato.toml, its template and reference")
@@ -887,7 +892,10 @@ def _print_records(rows: list[dict[str, str]]) -> None:
             typer.echo(f"  {key}: {value}")
 
 
-@app.command()
+@app.command(
+    short_help="Cancel a job, whoever submitted it: a queued one at once, a running one after "
+    "its current trial."
+)
 def cancel(
     job_id: Annotated[
         str, typer.Argument(help="the job's id (as POST /v1/jobs answered it), or a unique prefix")
@@ -936,7 +944,11 @@ def _lease_ran_out(job) -> bool:
     return job.lease_expires_at is not None and job.lease_expires_at < utcnow()
 
 
-@app.command("export")
+@app.command(
+    "export",
+    short_help="Export best configs and trials (T4 JSON or Kernel Tuner cache files) to import "
+    "or replay elsewhere.",
+)
 def export_results(
     out: Annotated[
         Path, typer.Argument(help="a .json file (one problem) or a directory (one file each)")
@@ -984,7 +996,11 @@ def export_results(
         )
 
 
-@app.command("import")
+@app.command(
+    "import",
+    short_help="Import exported results, idempotently; every file is checked before anything "
+    "is written.",
+)
 def import_results(
     paths: Annotated[list[Path], typer.Argument(help="T4 or Kernel Tuner files, or directories")],
     operator: Annotated[str | None, typer.Option(help="for files without Kato metadata")] = None,
@@ -1018,7 +1034,10 @@ def import_results(
     _emit(report.to_dict(), as_json)
 
 
-@app.command()
+@app.command(
+    short_help="After an upgrade: queue a job at the current version for every key whose best "
+    "configs are all from older versions."
+)
 def retune(
     db: DbOption = None,
     budget: Annotated[

@@ -399,3 +399,22 @@ def test_worker_logs_one_line_per_trial(sessions, db: str, caplog) -> None:
         if trial.time_ms is not None:
             assert f"{trial.time_ms:.4f} ms, best " in line
         assert json.dumps(trial.config, sort_keys=True) in line
+
+
+def test_every_command_has_a_one_line_summary_in_the_command_list():
+    """`kato --help` lists each command with its help's first paragraph, keeping its line
+    breaks: a paragraph over several source lines broke mid-sentence there. A command whose
+    first paragraph spans lines sets a one-line short_help."""
+    import typer.main
+
+    from service.cli import app as cli_app
+
+    def walk(group, prefix=""):
+        for name, command in group.commands.items():
+            yield f"{prefix}{name}", command
+            if hasattr(command, "commands"):
+                yield from walk(command, f"{prefix}{name} ")
+
+    for name, command in walk(typer.main.get_command(cli_app)):
+        summary = command.short_help or (command.help or "").strip().split("\n\n")[0]
+        assert "\n" not in summary, f"kato {name}: {summary!r}"
