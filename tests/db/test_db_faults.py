@@ -314,14 +314,13 @@ def test_a_job_whose_connections_are_cut_every_few_tenths_ends_done_storing_each
         db_url, postgres_admin, tmp_path,
         budget=30, strategy=strategy, every=(0.3, 0.9), timeout=120, extra=extra,
     )  # fmt: skip
-    if not extra:
-        # In process, the search's reads and writes keep a connection busy most of the time, so
-        # some cut lands mid-statement: an error met and retried. An isolated worker's parent
-        # mostly waits on its child with idle connections, which pool_pre_ping replaces on
-        # checkout without an error (half of the runs met none): there the cuts and the
-        # invariants _job_under_cuts checks (done, each trial stored once, no traceback) are
-        # the test.
-        assert "recovered after" in output  # faults met, and retried
+    # Whether a cut lands mid-statement (an error met and retried, "recovered after" in the
+    # log) or on an idle pooled connection (replaced on checkout by pool_pre_ping, no error)
+    # is timing: either variant met no mid-statement cut in some runs under load, so the test
+    # is the invariants _job_under_cuts checks: at least 3 cuts of the worker's connections
+    # during the job, the job done, each trial stored once, no traceback. The retry of an
+    # error met mid-statement has its own tests above (retry.call, the SQLite lock).
+    assert sum(cuts) >= 3 and "Traceback" not in output
 
 
 @pytest.mark.slow
