@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 from collections import defaultdict
@@ -36,14 +35,15 @@ from kernels import get_operator  # noqa: E402
 from tuner.backends.replay import ReplayBackend  # noqa: E402
 from tuner.kt_cache import KernelTunerCache, load_cache  # noqa: E402
 from tuner.search import Budget, Search  # noqa: E402
-from tuner.warm_start import SEEDS_PER_SOURCE, Source, rank_seed_configs, seed_limit  # noqa: E402
+from tuner.warm_start import (  # noqa: E402
+    SEEDS_PER_SOURCE,
+    Source,
+    rank_seed_configs,
+    seed_limit,
+    shape_distance,
+)
 
 SPACES = ROOT / "data" / "spaces"
-
-
-def distance(a: tuple[int, ...], b: tuple[int, ...]) -> float:
-    """The warm start's shape distance: sum over dimensions of |log2 a - log2 b|."""
-    return sum(abs(math.log2(x) - math.log2(y)) for x, y in zip(a, b, strict=True))
 
 
 def warm_order(shapes: list[tuple[int, ...]]) -> list[int]:
@@ -52,10 +52,12 @@ def warm_order(shapes: list[tuple[int, ...]]) -> list[int]:
     repeatedly the untuned shape nearest to any tuned one."""
     if not shapes:
         return []
-    first = min(range(len(shapes)), key=lambda i: (sum(distance(shapes[i], s) for s in shapes), i))
+    first = min(
+        range(len(shapes)), key=lambda i: (sum(shape_distance(shapes[i], s) for s in shapes), i)
+    )
     order, left = [first], set(range(len(shapes))) - {first}
     while left:
-        nxt = min(left, key=lambda i: (min(distance(shapes[i], shapes[j]) for j in order), i))
+        nxt = min(left, key=lambda i: (min(shape_distance(shapes[i], shapes[j]) for j in order), i))
         order.append(nxt)
         left.remove(nxt)
     return order
@@ -87,7 +89,7 @@ def run_batch(
         spec = get_operator(cache.extra["kato_operator"])
         first = [spec.default_config(list(shape), cache.extra["dtype"])]
         sources = [
-            Source(name=s.name, distance=distance(shape, tuple(s.name)), trials=s.trials)
+            Source(name=s.name, distance=shape_distance(shape, tuple(s.name)), trials=s.trials)
             for s in tuned
         ]
         first += rank_seed_configs(

@@ -33,6 +33,7 @@ sys.path[:0] = [str(ROOT)]
 
 from kernels import get_operator  # noqa: E402
 from tuner.kt_cache import KernelTunerCache, load_cache  # noqa: E402
+from tuner.warm_start import shape_distance  # noqa: E402
 
 SPACES = ROOT / "data" / "spaces"
 #: The guarded policy serves a neighbour's winner only where it beat the default there by this.
@@ -96,11 +97,6 @@ def load_spaces(root: Path) -> list[Space]:
     return spaces
 
 
-def distance(a: tuple[int, ...], b: tuple[int, ...]) -> float:
-    """The lookup's shape distance: sum over dimensions of |log2 a - log2 b|."""
-    return sum(abs(math.log2(x) - math.log2(y)) for x, y in zip(a, b, strict=True))
-
-
 def evaluate(spaces: list[Space], max_distance: float) -> list[Row]:
     rows = []
     for space in spaces:
@@ -114,11 +110,11 @@ def evaluate(spaces: list[Space], max_distance: float) -> list[Row]:
                 for s in siblings
                 if s.dtype == space.dtype
                 and len(s.shape) == len(space.shape)
-                and distance(s.shape, space.shape) <= max_distance
+                and shape_distance(s.shape, space.shape) <= max_distance
                 # Only a winner this shape can run is served (the lookup's validity check).
                 and s.winner in space.cache.entries
             ),
-            key=lambda s: distance(s.shape, space.shape),
+            key=lambda s: shape_distance(s.shape, space.shape),
         )
         nearest = guarded = default
         source = None
