@@ -120,18 +120,18 @@ def first_configs(sessions: sessionmaker[Session], job: Job, space: Any) -> list
     """What a job measures first: the operator's default config for the job's shape (what a
     lookup serves before tuning, so every job records how far its winner beats it:
     docs/defaults.md), then the warm start's configs, each once."""
-    configs: list[dict[str, Any]] = []
+    first: list[dict[str, Any]] = []
     try:
-        configs.append(get_operator(job.operator).default_config(list(job.shape), job.dtype))
+        default = get_operator(job.operator).default_config(list(job.shape), job.dtype)
+        if space.is_valid(default):  # a replay space may not hold it
+            first.append(default)
     except Exception:  # an operator without a default for this shape still tunes
         log.warning("job %s: no default config to measure first", job.id, exc_info=True)
-    configs += warm_start_configs(sessions, job, space.is_valid)
-    seen: set[str] = set()
-    first = []
-    for config in configs:
-        if space.is_valid(config) and space.key(config) not in seen:
-            seen.add(space.key(config))
-            first.append(config)
+    seen = {space.key(c) for c in first}
+    # The warm start's configs are valid already (it checks them with space.is_valid).
+    first += [
+        c for c in warm_start_configs(sessions, job, space.is_valid) if space.key(c) not in seen
+    ]
     return first
 
 
