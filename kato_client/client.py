@@ -211,9 +211,10 @@ class KatoClient:
             slot = self._memo[(operator, shape, dtype, gpu)]
         except (KeyError, TypeError):
             return self._miss(operator, shape, dtype, gpu).config
+        config = slot.config  # read first: the revalidation may replace it before we return
         if slot.expires < _now():
             self._revalidate_later(slot)
-        return slot.config
+        return config
 
     def lookup(
         self, operator: str, shape: Sequence[int], dtype: Any, gpu: str | None = None
@@ -223,9 +224,10 @@ class KatoClient:
             slot = self._memo[(operator, shape, dtype, gpu)]
         except (KeyError, TypeError):
             slot = self._miss(operator, shape, dtype, gpu)
+        lookup = slot.lookup  # read first: the revalidation may replace it before we return
         if slot.expires < _now():
             self._revalidate_later(slot)
-        return slot.lookup
+        return lookup
 
     # --- keys ---------------------------------------------------------------------------------
 
