@@ -188,8 +188,15 @@ def run_arrays(spec: OperatorSpec, config: dict[str, Any], shape: Sequence[int],
     source = spec.render(config, shape, dtype)
     compiled = compile_kernel(source, spec.kernel_name, arch=describe_device(0).arch)
     module = cuda.module_from_buffer(compiled.cubin)
-    device = [cuda.to_device(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a
-              for a in args]  # fmt: skip
+    # mem_alloc + memcpy_htod, not to_device: to_device cannot take ml_dtypes' bfloat16 arrays.
+    device = []
+    for a in args:
+        if isinstance(a, np.ndarray):
+            buf = cuda.mem_alloc(max(a.nbytes, 1))
+            cuda.memcpy_htod(buf, np.ascontiguousarray(a))
+            device.append(buf)
+        else:
+            device.append(a)
     for step in spec.steps(config, shape, dtype):
         fn = module.get_function(step.kernel)
         launch = step.launch
