@@ -49,6 +49,8 @@ _BUILTIN_MODULES = (
     "kernels.layernorm_backward",
     "kernels.add_rmsnorm",
     "kernels.add_layernorm",
+    "kernels.batchnorm",
+    "kernels.batchnorm_backward",
 )
 
 

@@ -1,0 +1,525 @@
+// BatchNorm training forward of an NCHW-contiguous tensor x (N, C, H, W), per channel c:
+//     mean_c, var_c (biased) over the N*H*W elements of the channel, invstd_c = 1/sqrt(var_c+eps)
+//     y = (x - mean_c) * invstd_c * weight_c + bias_c                        (element type)
+//     running_mean_c <- (1 - momentum) running_mean_c + momentum mean_c
+//     running_var_c  <- (1 - momentum) running_var_c + momentum var_c n / (n - 1)   (unbiased)
+// as torch.nn.functional.batch_norm(training=True) does; mean and invstd (float32) are saved
+// for the backward (kernels/batchnorm_backward). float32 arithmetic for every element type.
+//
+// Statistics: batchnorm_stats.cu's Welford partials (copied verbatim below, except that x is
+// read with __ldg: the normalise pass reads it again and should find it in L2), SPLIT blocks
+// per channel (grid = C * SPLIT), merged either by a finalize kernel (STRATEGY 0) or by the last
+// block of each channel, found with atomicInc on counters[c] (STRATEGY 1; the counter wraps
+// back to 0, so counters are 0 again after every call). The thread that merges a channel writes
+// mean, invstd, the running statistics and the channel's coefficients
+//     y = (x - pivot) * scale + shift,  scale = invstd * weight,  shift = bias - (mean - pivot) * scale
+// where pivot is the channel's first element (x - pivot is exact for offset channels, so y
+// keeps float32 accuracy whatever the channel's mean).
+// Normalise: APPLY 0: a separate kernel batchnorm_fwd_apply (grid C * blocks per channel, any
+// block size up to 1024, from the launch) reads the coefficients from workspace[2c, 2c+1];
+// APPLY 1: the block that finished the channel (the only one with SPLIT 1, else the last one)
+// normalises the whole channel itself (coefficients in shared memory): one launch, and x's
+// second read comes from L2 while the channel is in it.
+// Every kernel takes the same arguments:
+//     (x, weight, bias, running_mean_in, running_var_in, y, mean, invstd, running_mean,
+//      running_var, workspace, counters, N, C, HW, eps, momentum)
+// weight, bias, running statistics, mean, invstd: float32, C each. running_mean may be the same
+// buffer as running_mean_in (and running_var as running_var_in): an in-place update, each
+// element read and then written by one thread. workspace: 2 * C + C * 256 * 3 floats (the
+// coefficients, then one (count, mean, M2) partial per block); counters: C + 1 unsigned ints.
+//
+// Tunable parameters (`#define NAME value` before this template; kernels/batchnorm):
+//   BLOCK_SIZE  threads per block of the statistics kernels: a multiple of 32, <= 1024.
+//   VEC         elements per vector load of the statistics pass; HW % VEC == 0.
+//   UNROLL      vectors each thread loads per step (both passes).
+//   MIN_BLOCKS  __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS) of the statistics kernels; 0 = none.
+//   APPLY       0: normalise in batchnorm_fwd_apply; 1: in the block that finished the channel.
+//   APPLY_VEC   elements per vector of the normalise pass; HW % APPLY_VEC == 0.
+// STRATEGY, SPLIT and the apply kernel's block size are not macros (steps and grids).
+// Derived: DTYPE (float, __half, __nv_bfloat16), IS_HALF, IS_BF16.
+// Contract (kernels.batchnorm.BatchNormSpec.check): x and y 16-byte aligned, HW % VEC == 0,
+// HW % APPLY_VEC == 0, statistics grid exactly C * SPLIT blocks, apply grid a multiple of C,
+// N, C, HW <= 2^30, N * HW >= 2; APPLY 1 needs SPLIT 1 or STRATEGY 1.
+
+#ifndef KATO_NS
+#define KATO_NS kato_batchnorm
+#endif
+#ifndef BLOCK_SIZE
+#error "BLOCK_SIZE must be defined"
+#endif
+#ifndef VEC
+#error "VEC must be defined"
+#endif
+#ifndef UNROLL
+#define UNROLL 4
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 0
+#endif
+#ifndef APPLY
+#define APPLY 0
+#endif
+#ifndef APPLY_VEC
+#define APPLY_VEC VEC
+#endif
+#ifndef DTYPE
+#define DTYPE float
+#endif
+#if !defined(IS_HALF) && !defined(IS_BF16)
+#define IS_HALF 1
+#define IS_BF16 1
+#endif
+#ifndef IS_HALF
+#define IS_HALF 0
+#endif
+#ifndef IS_BF16
+#define IS_BF16 0
+#endif
+
+#if IS_HALF
+#include <cuda_fp16.h>
+#endif
+#if IS_BF16
+#include <cuda_bf16.h>
+#endif
+
+namespace KATO_NS {
+
+using T = DTYPE;
+
+[[maybe_unused]] constexpr int kVecBytes = VEC * static_cast<int>(sizeof(T));
+[[maybe_unused]] constexpr int kApplyBytes = APPLY_VEC * static_cast<int>(sizeof(T));
+[[maybe_unused]] constexpr int kWarps = BLOCK_SIZE / 32;
+//: Threads per block of the finalize kernel (a warp per channel).
+constexpr int kFinalizeThreads = 256;
+//: The most partials per channel (SPLIT <= 256): the workspace's layout.
+constexpr int kMaxSplit = 256;
+
+static_assert(BLOCK_SIZE % 32 == 0 && BLOCK_SIZE >= 32 && BLOCK_SIZE <= 1024,
+              "BLOCK_SIZE must be a multiple of 32 in [32, 1024]");
+static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC must be 1, 2, 4 or 8");
+static_assert(APPLY_VEC == 1 || APPLY_VEC == 2 || APPLY_VEC == 4 || APPLY_VEC == 8,
+              "APPLY_VEC must be 1, 2, 4 or 8");
+static_assert(kVecBytes <= 16 && kApplyBytes <= 16, "a vector must be at most 16 bytes");
+static_assert(UNROLL >= 1 && UNROLL <= 8, "UNROLL must be in [1, 8]");
+static_assert(APPLY == 0 || APPLY == 1, "APPLY must be 0 or 1");
+
+template <int Bytes>
+struct RawOf;
+template <>
+struct RawOf<2> { using type = unsigned short; };
+template <>
+struct RawOf<4> { using type = unsigned int; };
+template <>
+struct RawOf<8> { using type = uint2; };
+template <>
+struct RawOf<16> { using type = uint4; };
+using Raw = typename RawOf<kVecBytes>::type;
+using ApplyRaw = typename RawOf<kApplyBytes>::type;
+
+[[maybe_unused]] __device__ __forceinline__ float to_float(float v) { return v; }
+[[maybe_unused]] __device__ __forceinline__ void from_float(float v, float& out) { out = v; }
+#if IS_HALF
+[[maybe_unused]] __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+[[maybe_unused]] __device__ __forceinline__ void from_float(float v, __half& out) {
+  out = __float2half_rn(v);
+}
+#endif
+#if IS_BF16
+[[maybe_unused]] __device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+[[maybe_unused]] __device__ __forceinline__ void from_float(float v, __nv_bfloat16& out) {
+  out = __float2bfloat16_rn(v);
+}
+#endif
+
+__device__ __forceinline__ void unpack(const Raw& r, float (&f)[VEC]) {
+  T t[VEC];
+  __builtin_memcpy(t, &r, sizeof(Raw));
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) f[j] = to_float(t[j]);
+}
+
+// --- copied from batchnorm_stats.cu (tests/kernels/test_batchnorm_train_spec.py checks it) --
+
+// A Welford partial of some elements of x - K: count (float, exact to 2^24), mean, M2.
+struct Stats {
+  float n;
+  float mean;
+  float m2;
+};
+
+__device__ __forceinline__ Stats empty_stats() {
+  Stats s;
+  s.n = 0.0f;
+  s.mean = 0.0f;
+  s.m2 = 0.0f;
+  return s;
+}
+
+// Chan et al.: a merged with b; an empty side is the identity (never divides by zero).
+__device__ __forceinline__ Stats merge(const Stats& a, const Stats& b) {
+  const float n = a.n + b.n;
+  const float f = __fdividef(b.n, fmaxf(n, 1.0f));  // nb / n
+  const float delta = b.mean - a.mean;
+  Stats r;
+  r.n = n;
+  r.mean = fmaf(delta, f, a.mean);
+  // + delta^2 * na * nb / n, the small terms first: a thread's running M2 grows to ~n times
+  // each vector's, and adding a vector's M2 to it alone rounds with a bias where the inputs are
+  // quantized (float16 values: a vector's M2 has few fraction bits, the same ones every time).
+  // With 25088 elements per thread (256x64x112x112, 128 threads, SPLIT 1) that bias reached
+  // 1.06e-5 of the variance; in this order 2.5e-7 (a float32 emulation of the thread loop).
+  r.m2 = a.m2 + fmaf(delta * delta, a.n * f, b.m2);
+  return r;
+}
+
+// Butterfly all-reduce over the 32 lanes (all must call it). The lower lane of each pair is the
+// left operand, so partners compute bitwise identical merges: every lane ends with the same.
+__device__ __forceinline__ Stats warp_allreduce(Stats s) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    Stats o;
+    o.n = __shfl_xor_sync(0xffffffffu, s.n, offset);
+    o.mean = __shfl_xor_sync(0xffffffffu, s.mean, offset);
+    o.m2 = __shfl_xor_sync(0xffffffffu, s.m2, offset);
+    const bool lower = (lane & offset) == 0;
+    // Operands ordered by lane first, then one merge (not two merges and a select).
+    Stats left, right;
+    left.n = lower ? s.n : o.n;
+    left.mean = lower ? s.mean : o.mean;
+    left.m2 = lower ? s.m2 : o.m2;
+    right.n = lower ? o.n : s.n;
+    right.mean = lower ? o.mean : s.mean;
+    right.m2 = lower ? o.m2 : s.m2;
+    s = merge(left, right);
+  }
+  return s;
+}
+
+// Statistics of one vector of values (all valid), exactly: the mean, then M2 about it.
+__device__ __forceinline__ Stats vector_stats(const float (&v)[VEC]) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) sum += v[k];
+  Stats s;
+  s.n = static_cast<float>(VEC);
+  s.mean = sum * (1.0f / VEC);
+  float m2 = 0.0f;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    const float d = v[k] - s.mean;
+    m2 = fmaf(d, d, m2);
+  }
+  s.m2 = m2;
+  return s;
+}
+
+// The block's partial over part `part` of `split` of channel c (every thread gets it; one
+// barrier). Thread t handles vectors start + t, start + t + BLOCK_SIZE, ... of the channel,
+// vector v being element VEC * (v % hwv) of plane (v / hwv, c).
+__device__ __forceinline__ Stats block_partial(const T* __restrict__ x, int C, int hwv, int N,
+                                               int c, int part, int split, float pivot,
+                                               Stats* red) {
+  const Raw* __restrict__ xv = reinterpret_cast<const Raw*>(x);
+  const long long total = static_cast<long long>(N) * hwv;  // vectors in the channel
+  // Balanced split without overflow: the first (total % split) parts get one vector more.
+  const long long per = total / split;
+  const long long extra = total % split;
+  const long long start = part * per + (part < extra ? part : extra);
+  const long long end = start + per + (part < extra ? 1 : 0);
+  long long v = start + threadIdx.x;
+  // (n, j) of vector v, then advanced by BLOCK_SIZE = q * hwv + r without dividing again.
+  int n = static_cast<int>(v / hwv);
+  int j = static_cast<int>(v - static_cast<long long>(n) * hwv);
+  const int q = BLOCK_SIZE / hwv;
+  const int r = BLOCK_SIZE - q * hwv;
+
+  Stats s = empty_stats();
+  while (v < end) {
+    Raw buf[UNROLL];
+    bool in[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      in[u] = v + static_cast<long long>(u) * BLOCK_SIZE < end;
+      if (in[u]) {
+        buf[u] = __ldg(xv + ((static_cast<long long>(n) * C + c) * hwv + j));
+      }
+      j += r;
+      n += q;
+      if (j >= hwv) {
+        j -= hwv;
+        ++n;
+      }
+    }
+    // One Chan merge per vector (its VEC values' mean and M2 exactly, from registers): only the
+    // raw vectors in flight and one vector of floats are live at a time.
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      if (in[u]) {
+        float e[VEC];
+        unpack(buf[u], e);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) e[k] -= pivot;
+        s = merge(s, vector_stats(e));
+      }
+    }
+    v += static_cast<long long>(UNROLL) * BLOCK_SIZE;
+  }
+
+  s = warp_allreduce(s);
+#if BLOCK_SIZE > 32
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) red[threadIdx.x >> 5] = s;
+  __syncthreads();
+  // Every warp merges the per-warp partials in the same order (lanes >= kWarps are empty).
+  s = lane < kWarps ? red[lane] : empty_stats();
+  s = warp_allreduce(s);
+#else
+  (void)red;
+#endif
+  return s;
+}
+
+// --- end of the copy of batchnorm_stats.cu ------------------------------------------------------
+
+// The `split` partials of channel c merged by one warp (lane l takes l, l + 32, ..., then the
+// butterfly): every lane gets the same. All 32 lanes must call it. `Coherent` loads go through
+// L2 (ld.global.cg): partials written by other blocks of the same kernel.
+template <bool Coherent>
+__device__ __forceinline__ Stats merge_partials(const float* __restrict__ partials, int c,
+                                                int split) {
+  const int lane = threadIdx.x & 31;
+  Stats s = empty_stats();
+  for (int p = lane; p < split; p += 32) {
+    const float* w = partials + (static_cast<size_t>(c) * split + p) * 3;
+    Stats o;
+    if constexpr (Coherent) {
+      o.n = __ldcg(w);
+      o.mean = __ldcg(w + 1);
+      o.m2 = __ldcg(w + 2);
+    } else {
+      o.n = w[0];
+      o.mean = w[1];
+      o.m2 = w[2];
+    }
+    s = merge(s, o);
+  }
+  return warp_allreduce(s);
+}
+
+__device__ __forceinline__ float channel_pivot(const T* __restrict__ x, int c, int HW) {
+  return to_float(x[static_cast<size_t>(c) * static_cast<size_t>(HW)]);
+}
+
+// Everything that follows from channel c's merged statistics s (about `pivot`), by one thread:
+// the saved mean and invstd, the running statistics, and the coefficients (scale, shift) of
+// y = (x - pivot) * scale + shift into coef[0], coef[1].
+__device__ __forceinline__ void finish_channel(
+    const Stats& s, int c, float pivot, int N, int HW, float eps, float momentum,
+    const float* __restrict__ weight, const float* __restrict__ bias, const float* rm_in,
+    const float* rv_in, float* __restrict__ mean_out, float* __restrict__ invstd_out,
+    float* rm_out, float* rv_out, float* coef) {
+  const double n = static_cast<double>(N) * static_cast<double>(HW);
+  const float var = fmaxf(s.m2 / static_cast<float>(n), 0.0f);
+  const float inv = rsqrtf(var + eps);
+  const float mean = pivot + s.mean;
+  mean_out[c] = mean;
+  invstd_out[c] = inv;
+  const float unbias = static_cast<float>(n / (n - 1.0));  // n >= 2 (the spec's contract)
+  const float rm = rm_in[c];
+  const float rv = rv_in[c];
+  rm_out[c] = fmaf(momentum, mean - rm, rm);
+  rv_out[c] = fmaf(momentum, var * unbias - rv, rv);
+  const float scale = inv * weight[c];
+  coef[0] = scale;
+  coef[1] = fmaf(-s.mean, scale, bias[c]);
+}
+
+__device__ __forceinline__ void unpack_apply(const ApplyRaw& r, float (&f)[APPLY_VEC]) {
+  T t[APPLY_VEC];
+  __builtin_memcpy(t, &r, sizeof(ApplyRaw));
+#pragma unroll
+  for (int j = 0; j < APPLY_VEC; ++j) f[j] = to_float(t[j]);
+}
+
+__device__ __forceinline__ ApplyRaw pack_apply(const float (&f)[APPLY_VEC]) {
+  T t[APPLY_VEC];
+#pragma unroll
+  for (int j = 0; j < APPLY_VEC; ++j) from_float(f[j], t[j]);
+  ApplyRaw r;
+  __builtin_memcpy(&r, t, sizeof(ApplyRaw));
+  return r;
+}
+
+// y = (x - pivot) * scale + shift over part `part` of `split` of channel c (the same balanced
+// split into APPLY_VEC-vectors as block_partial's), by `threads` threads numbered `tid`.
+__device__ __forceinline__ void apply_part(const T* __restrict__ x, T* __restrict__ y, int C,
+                                           int hwv, int N, int c, int part, int split,
+                                           float pivot, float scale, float shift, int tid,
+                                           int threads) {
+  const ApplyRaw* __restrict__ xv = reinterpret_cast<const ApplyRaw*>(x);
+  ApplyRaw* __restrict__ yv = reinterpret_cast<ApplyRaw*>(y);
+  const long long total = static_cast<long long>(N) * hwv;
+  const long long per = total / split;
+  const long long extra = total % split;
+  const long long start = part * per + (part < extra ? part : extra);
+  const long long end = start + per + (part < extra ? 1 : 0);
+  long long v = start + tid;
+  int n = static_cast<int>(v / hwv);
+  int j = static_cast<int>(v - static_cast<long long>(n) * hwv);
+  const int q = threads / hwv;
+  const int r = threads - q * hwv;
+  while (v < end) {
+    ApplyRaw buf[UNROLL];
+    long long at[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      at[u] = v + static_cast<long long>(u) * threads < end
+                  ? (static_cast<long long>(n) * C + c) * hwv + j
+                  : -1;
+      if (at[u] >= 0) buf[u] = __ldcs(xv + at[u]);
+      j += r;
+      n += q;
+      if (j >= hwv) {
+        j -= hwv;
+        ++n;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      if (at[u] >= 0) {
+        float e[APPLY_VEC];
+        unpack_apply(buf[u], e);
+#pragma unroll
+        for (int k = 0; k < APPLY_VEC; ++k) e[k] = fmaf(e[k] - pivot, scale, shift);
+        __stcs(yv + at[u], pack_apply(e));
+      }
+    }
+    v += static_cast<long long>(UNROLL) * threads;
+  }
+}
+
+}  // namespace KATO_NS
+
+#if MIN_BLOCKS > 0
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS)
+#else
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE)
+#endif
+
+#define KATO_BN_FWD_PARAMS                                                                  \
+  const DTYPE *__restrict__ x, const float *__restrict__ weight, const float *__restrict__ bias, \
+      const float *running_mean_in, const float *running_var_in, DTYPE *__restrict__ y,         \
+      float *__restrict__ mean_out, float *__restrict__ invstd_out, float *running_mean,        \
+      float *running_var, float *__restrict__ workspace, unsigned int *counters, int N, int C,   \
+      int HW, float eps, float momentum
+
+// Statistics, phase 1 (and, with SPLIT == 1, the whole channel: its results, and with APPLY 1
+// its normalisation). Grid: exactly C * SPLIT blocks.
+extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_fwd_partial(KATO_BN_FWD_PARAMS) {
+  namespace kb = KATO_NS;
+  __shared__ kb::Stats red[kb::kWarps];
+  __shared__ float coef_s[2];
+  const int split = static_cast<int>(gridDim.x / static_cast<unsigned>(C));
+  const int c = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
+  const int part = static_cast<int>(blockIdx.x - static_cast<unsigned>(c) * split);
+  const float pivot = kb::channel_pivot(x, c, HW);
+  const kb::Stats s = kb::block_partial(x, C, HW / VEC, N, c, part, split, pivot, red);
+  if (split == 1) {  // uniform per launch
+    if (threadIdx.x == 0) {
+      kb::finish_channel(s, c, pivot, N, HW, eps, momentum, weight, bias, running_mean_in,
+                         running_var_in, mean_out, invstd_out, running_mean, running_var,
+                         APPLY ? coef_s : workspace + 2 * static_cast<size_t>(c));
+    }
+#if APPLY
+    __syncthreads();
+    kb::apply_part(x, y, C, HW / APPLY_VEC, N, c, 0, 1, pivot, coef_s[0], coef_s[1],
+                   static_cast<int>(threadIdx.x), BLOCK_SIZE);
+#endif
+    return;
+  }
+  if (threadIdx.x != 0) return;
+  float* w = workspace + 2 * static_cast<size_t>(C) + (static_cast<size_t>(c) * split + part) * 3;
+  w[0] = s.n;
+  w[1] = s.mean;
+  w[2] = s.m2;
+  if (blockIdx.x == 0) counters[C] = static_cast<unsigned int>(split);  // for the finalize step
+}
+
+// Statistics, phase 2: a warp per channel merges its SPLIT partials (SPLIT from counters[C])
+// and writes the channel's results. Grid: any (grid-stride over channels), 256 threads.
+extern "C" __global__ void __launch_bounds__(256) batchnorm_fwd_finalize(KATO_BN_FWD_PARAMS) {
+  namespace kb = KATO_NS;
+  constexpr int kWarpsPerBlock = kb::kFinalizeThreads / 32;
+  const int split = static_cast<int>(counters[C]);
+  const float* partials = workspace + 2 * static_cast<size_t>(C);
+  const int warp = threadIdx.x >> 5;
+  // The loop bound depends on the warp only: all 32 lanes iterate together (full-mask shuffles).
+  for (long long c = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + warp; c < C;
+       c += static_cast<long long>(gridDim.x) * kWarpsPerBlock) {
+    const int ch = static_cast<int>(c);
+    const kb::Stats s = kb::merge_partials<false>(partials, ch, split);
+    if ((threadIdx.x & 31) == 0) {
+      kb::finish_channel(s, ch, kb::channel_pivot(x, ch, HW), N, HW, eps, momentum, weight, bias,
+                         running_mean_in, running_var_in, mean_out, invstd_out, running_mean,
+                         running_var, workspace + 2 * static_cast<size_t>(ch));
+    }
+  }
+}
+
+// Statistics in one pass: partials, then the last block of each channel merges them and
+// finishes the channel (and with APPLY 1 normalises all of it). Grid: exactly C * SPLIT blocks.
+extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_fwd_fused(KATO_BN_FWD_PARAMS) {
+  namespace kb = KATO_NS;
+  __shared__ kb::Stats red[kb::kWarps];
+  __shared__ float coef_s[2];
+  __shared__ bool is_last;
+  const int split = static_cast<int>(gridDim.x / static_cast<unsigned>(C));
+  const int c = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
+  const int part = static_cast<int>(blockIdx.x - static_cast<unsigned>(c) * split);
+  const float pivot = kb::channel_pivot(x, c, HW);
+  kb::Stats s = kb::block_partial(x, C, HW / VEC, N, c, part, split, pivot, red);
+  float* coef = APPLY ? coef_s : workspace + 2 * static_cast<size_t>(c);
+  if (split > 1) {  // uniform per launch
+    float* partials = workspace + 2 * static_cast<size_t>(C);
+    if (threadIdx.x == 0) {
+      float* w = partials + (static_cast<size_t>(c) * split + part) * 3;
+      __stcg(w, s.n);
+      __stcg(w + 1, s.mean);
+      __stcg(w + 2, s.m2);
+      __threadfence();  // the partial is visible device-wide before the ticket is taken
+      const unsigned int ticket = atomicInc(counters + c, static_cast<unsigned int>(split - 1));
+      is_last = ticket == static_cast<unsigned int>(split - 1);
+    }
+    __syncthreads();  // not divergent: every thread of the block reaches it
+    if (!is_last) return;  // uniform per block
+    if (threadIdx.x < 32) {
+      __threadfence();
+      s = kb::merge_partials<true>(partials, c, split);
+    }
+  }
+  if (threadIdx.x == 0) {
+    kb::finish_channel(s, c, pivot, N, HW, eps, momentum, weight, bias, running_mean_in,
+                       running_var_in, mean_out, invstd_out, running_mean, running_var, coef);
+  }
+#if APPLY
+  __syncthreads();
+  kb::apply_part(x, y, C, HW / APPLY_VEC, N, c, 0, 1, pivot, coef_s[0], coef_s[1],
+                 static_cast<int>(threadIdx.x), BLOCK_SIZE);
+#endif
+}
+
+// The normalise pass (APPLY 0): block b normalises part b % (gridDim.x / C) of channel b / that.
+// Grid: a multiple of C blocks of up to 1024 threads.
+extern "C" __global__ void __launch_bounds__(1024) batchnorm_fwd_apply(KATO_BN_FWD_PARAMS) {
+  namespace kb = KATO_NS;
+  const int split = static_cast<int>(gridDim.x / static_cast<unsigned>(C));
+  const int c = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
+  const int part = static_cast<int>(blockIdx.x - static_cast<unsigned>(c) * split);
+  const float* coef = workspace + 2 * static_cast<size_t>(c);
+  kb::apply_part(x, y, C, HW / APPLY_VEC, N, c, part, split, kb::channel_pivot(x, c, HW), coef[0],
+                 coef[1], static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
+}

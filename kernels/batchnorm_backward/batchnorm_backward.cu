@@ -1,0 +1,467 @@
+// BatchNorm training backward of an NCHW-contiguous tensor (N, C, H, W), per channel c, from the
+// forward's input x, its saved mean_c and invstd_c (float32, kernels/batchnorm), weight_c and
+// the output gradient dy, with n = N*H*W and xhat = (x - mean_c) * invstd_c:
+//     dbias_c   = sum_{n,h,w} dy                                                    (float32)
+//     dweight_c = sum_{n,h,w} dy * xhat = invstd_c * sum dy * (x - mean_c)          (float32)
+//     dx = weight_c * invstd_c * (dy - dbias_c / n - xhat * dweight_c / n)     (element type)
+// as torch's autograd of batch_norm(training=True) computes them. float32 arithmetic for every
+// element type; plain float32 sums, deterministic: no float atomics, every sum in a fixed order.
+//
+// Reductions: the n elements of a channel are split into SPLIT contiguous ranges (grid =
+// C * SPLIT, as batchnorm_stats.cu); each thread sums its vectors' dy and dy * (x - mean), the
+// block reduces its threads' sums with a fixed butterfly, and then
+//   - SPLIT 1: the block finishes the channel itself;
+//   - else it writes its two sums to workspace[(c * SPLIT + part) * 2 + {0, 1}] and
+//     - STRATEGY 0: batchnorm_bwd_finalize (a warp per channel, SPLIT from counters[C], which the
+//       first block of batchnorm_bwd_partial writes on every call) sums them, or
+//     - STRATEGY 1: the last block of each channel (atomicInc on counters[c], which wraps back
+//       to 0: the counters are 0 again after every call) sums them.
+//   A warp sums a channel's partials lane l taking l, l + 32, ... in order, then a butterfly:
+//   the same order whichever block is last.
+// Finishing a channel writes dweight and dbias. dx: APPLY 0: a separate kernel batchnorm_bwd_apply
+// (grid C * blocks per channel, any block size up to 1024) reads dweight and dbias back; APPLY 1:
+// the block that finished the channel computes all of its dx itself (one launch; the second
+// read of x and dy comes from L2 while the channel is in it).
+// Every kernel takes the same arguments:
+//     (x, dy, mean, invstd, weight, dx, dweight, dbias, workspace, counters, N, C, HW)
+// mean, invstd, weight, dweight, dbias: float32, C each. workspace: C * 256 * 2 floats (SPLIT
+// <= 256); counters: C + 1 unsigned ints, 0 before the first call.
+//
+// Tunable parameters (`#define NAME value` before this template; kernels/batchnorm_backward):
+//   BLOCK_SIZE  threads per block of the reduction kernels: a multiple of 32, <= 1024.
+//   VEC         elements per vector load of the reduction pass; HW % VEC == 0.
+//   UNROLL      vectors of each array each thread loads per step (both passes).
+//   MIN_BLOCKS  __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS) of the reduction kernels; 0 = none.
+//   APPLY       0: dx in batchnorm_bwd_apply; 1: in the block that finished the channel.
+//   APPLY_VEC   elements per vector of the dx pass; HW % APPLY_VEC == 0.
+// STRATEGY, SPLIT and the apply kernel's block size are not macros (steps and grids).
+// Derived: DTYPE (float, __half, __nv_bfloat16), IS_HALF, IS_BF16.
+// Contract (kernels.batchnorm_backward.BatchNormBackwardSpec.check): x, dy and dx 16-byte
+// aligned, HW % VEC == 0, HW % APPLY_VEC == 0, reduction grid exactly C * SPLIT blocks, apply
+// grid a multiple of C, N, C, HW <= 2^30; APPLY 1 needs SPLIT 1 or STRATEGY 1.
+
+#ifndef KATO_NS
+#define KATO_NS kato_batchnorm_backward
+#endif
+#ifndef BLOCK_SIZE
+#error "BLOCK_SIZE must be defined"
+#endif
+#ifndef VEC
+#error "VEC must be defined"
+#endif
+#ifndef UNROLL
+#define UNROLL 4
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 0
+#endif
+#ifndef APPLY
+#define APPLY 0
+#endif
+#ifndef APPLY_VEC
+#define APPLY_VEC VEC
+#endif
+#ifndef DTYPE
+#define DTYPE float
+#endif
+#if !defined(IS_HALF) && !defined(IS_BF16)
+#define IS_HALF 1
+#define IS_BF16 1
+#endif
+#ifndef IS_HALF
+#define IS_HALF 0
+#endif
+#ifndef IS_BF16
+#define IS_BF16 0
+#endif
+
+#if IS_HALF
+#include <cuda_fp16.h>
+#endif
+#if IS_BF16
+#include <cuda_bf16.h>
+#endif
+
+namespace KATO_NS {
+
+using T = DTYPE;
+
+[[maybe_unused]] constexpr int kVecBytes = VEC * static_cast<int>(sizeof(T));
+[[maybe_unused]] constexpr int kApplyBytes = APPLY_VEC * static_cast<int>(sizeof(T));
+[[maybe_unused]] constexpr int kWarps = BLOCK_SIZE / 32;
+//: Threads per block of the finalize kernel (a warp per channel).
+constexpr int kFinalizeThreads = 256;
+
+static_assert(BLOCK_SIZE % 32 == 0 && BLOCK_SIZE >= 32 && BLOCK_SIZE <= 1024,
+              "BLOCK_SIZE must be a multiple of 32 in [32, 1024]");
+static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC must be 1, 2, 4 or 8");
+static_assert(APPLY_VEC == 1 || APPLY_VEC == 2 || APPLY_VEC == 4 || APPLY_VEC == 8,
+              "APPLY_VEC must be 1, 2, 4 or 8");
+static_assert(kVecBytes <= 16 && kApplyBytes <= 16, "a vector must be at most 16 bytes");
+static_assert(UNROLL >= 1 && UNROLL <= 8, "UNROLL must be in [1, 8]");
+static_assert(APPLY == 0 || APPLY == 1, "APPLY must be 0 or 1");
+
+template <int Bytes>
+struct RawOf;
+template <>
+struct RawOf<2> { using type = unsigned short; };
+template <>
+struct RawOf<4> { using type = unsigned int; };
+template <>
+struct RawOf<8> { using type = uint2; };
+template <>
+struct RawOf<16> { using type = uint4; };
+
+[[maybe_unused]] __device__ __forceinline__ float to_float(float v) { return v; }
+[[maybe_unused]] __device__ __forceinline__ void from_float(float v, float& out) { out = v; }
+#if IS_HALF
+[[maybe_unused]] __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+[[maybe_unused]] __device__ __forceinline__ void from_float(float v, __half& out) {
+  out = __float2half_rn(v);
+}
+#endif
+#if IS_BF16
+[[maybe_unused]] __device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+[[maybe_unused]] __device__ __forceinline__ void from_float(float v, __nv_bfloat16& out) {
+  out = __float2bfloat16_rn(v);
+}
+#endif
+
+template <int V>
+__device__ __forceinline__ void unpack(const typename RawOf<V * sizeof(T)>::type& r,
+                                       float (&f)[V]) {
+  T t[V];
+  __builtin_memcpy(t, &r, sizeof(t));
+#pragma unroll
+  for (int j = 0; j < V; ++j) f[j] = to_float(t[j]);
+}
+
+template <int V>
+__device__ __forceinline__ typename RawOf<V * sizeof(T)>::type pack(const float (&f)[V]) {
+  T t[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) from_float(f[j], t[j]);
+  typename RawOf<V * sizeof(T)>::type r;
+  __builtin_memcpy(&r, t, sizeof(t));
+  return r;
+}
+
+// The two sums of a channel: dy, and dy * (x - mean).
+struct Sums {
+  float dy;
+  float dyx;
+};
+
+// Butterfly all-reduce over the 32 lanes (all must call it): float addition is commutative, so
+// partners compute bitwise identical sums and every lane ends with the same.
+__device__ __forceinline__ Sums warp_allreduce(Sums s) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    s.dy += __shfl_xor_sync(0xffffffffu, s.dy, offset);
+    s.dyx += __shfl_xor_sync(0xffffffffu, s.dyx, offset);
+  }
+  return s;
+}
+
+// Vectors [start, end) of part `part` of `split` of a channel of N * hwv vectors: the balanced
+// split without overflow (the first total % split parts get one vector more).
+struct Range {
+  long long start;
+  long long end;
+};
+
+__device__ __forceinline__ Range part_range(int N, int hwv, int part, int split) {
+  const long long total = static_cast<long long>(N) * hwv;
+  const long long per = total / split;
+  const long long extra = total % split;
+  Range r;
+  r.start = part * per + (part < extra ? part : extra);
+  r.end = r.start + per + (part < extra ? 1 : 0);
+  return r;
+}
+
+// The block's sums over part `part` of `split` of channel c (every thread gets them; one
+// barrier). Thread t handles vectors start + t, start + t + BLOCK_SIZE, ... of the channel,
+// vector v being element VEC * (v % hwv) of plane (v / hwv, c).
+__device__ __forceinline__ Sums block_sums(const T* __restrict__ x, const T* __restrict__ dy,
+                                           int C, int hwv, int N, int c, int part, int split,
+                                           float mean, Sums* red) {
+  using Raw = typename RawOf<kVecBytes>::type;
+  const Raw* __restrict__ xv = reinterpret_cast<const Raw*>(x);
+  const Raw* __restrict__ gv = reinterpret_cast<const Raw*>(dy);
+  const Range range = part_range(N, hwv, part, split);
+  long long v = range.start + threadIdx.x;
+  int n = static_cast<int>(v / hwv);
+  int j = static_cast<int>(v - static_cast<long long>(n) * hwv);
+  const int q = BLOCK_SIZE / hwv;
+  const int r = BLOCK_SIZE - q * hwv;
+  Sums s;
+  s.dy = 0.0f;
+  s.dyx = 0.0f;
+  while (v < range.end) {
+    Raw bx[UNROLL], bg[UNROLL];
+    bool in[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      in[u] = v + static_cast<long long>(u) * BLOCK_SIZE < range.end;
+      if (in[u]) {
+        const long long at = (static_cast<long long>(n) * C + c) * hwv + j;
+        bx[u] = __ldg(xv + at);
+        bg[u] = __ldg(gv + at);
+      }
+      j += r;
+      n += q;
+      if (j >= hwv) {
+        j -= hwv;
+        ++n;
+      }
+    }
+    // A vector's own sums first, then one add each: the running sums take n / VEC additions.
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      if (in[u]) {
+        float ex[VEC], eg[VEC];
+        unpack<VEC>(bx[u], ex);
+        unpack<VEC>(bg[u], eg);
+        float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          sg += eg[k];
+          sgx = fmaf(eg[k], ex[k] - mean, sgx);
+        }
+        s.dy += sg;
+        s.dyx += sgx;
+      }
+    }
+    v += static_cast<long long>(UNROLL) * BLOCK_SIZE;
+  }
+
+  s = warp_allreduce(s);
+#if BLOCK_SIZE > 32
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) red[threadIdx.x >> 5] = s;
+  __syncthreads();
+  // Every warp sums the per-warp sums in the same order (lanes >= kWarps add zeros).
+  if (lane < kWarps) {
+    s = red[lane];
+  } else {
+    s.dy = 0.0f;
+    s.dyx = 0.0f;
+  }
+  s = warp_allreduce(s);
+#else
+  (void)red;
+#endif
+  return s;
+}
+
+// The `split` partial sums of channel c summed by one warp (lane l takes l, l + 32, ... in
+// order, then the butterfly): every lane gets the same. All 32 lanes must call it. `Coherent`
+// loads go through L2 (ld.global.cg): partials written by other blocks of the same kernel.
+template <bool Coherent>
+__device__ __forceinline__ Sums sum_partials(const float* __restrict__ ws, int c, int split) {
+  const int lane = threadIdx.x & 31;
+  Sums s;
+  s.dy = 0.0f;
+  s.dyx = 0.0f;
+  for (int p = lane; p < split; p += 32) {
+    const float* w = ws + (static_cast<size_t>(c) * split + p) * 2;
+    if constexpr (Coherent) {
+      s.dy += __ldcg(w);
+      s.dyx += __ldcg(w + 1);
+    } else {
+      s.dy += w[0];
+      s.dyx += w[1];
+    }
+  }
+  return warp_allreduce(s);
+}
+
+// The coefficients of dx = dy * k + (x - mean) * kx + k0 for channel c.
+struct Coef {
+  float k;
+  float kx;
+  float k0;
+};
+
+__device__ __forceinline__ Coef dx_coef(float dweight, float dbias, float invstd, float weight,
+                                        int N, int HW) {
+  const float inv_n = static_cast<float>(1.0 / (static_cast<double>(N) * HW));
+  Coef f;
+  f.k = weight * invstd;
+  f.k0 = -f.k * (dbias * inv_n);
+  f.kx = -f.k * invstd * (dweight * inv_n);
+  return f;
+}
+
+// dx over part `part` of `split` of channel c (APPLY_VEC-vectors, the balanced split of
+// part_range), by `threads` threads numbered `tid`.
+__device__ __forceinline__ void apply_part(const T* __restrict__ x, const T* __restrict__ dy,
+                                           T* __restrict__ dx, int C, int hwv, int N, int c,
+                                           int part, int split, float mean, Coef f, int tid,
+                                           int threads) {
+  using Raw = typename RawOf<kApplyBytes>::type;
+  const Raw* __restrict__ xv = reinterpret_cast<const Raw*>(x);
+  const Raw* __restrict__ gv = reinterpret_cast<const Raw*>(dy);
+  Raw* __restrict__ ov = reinterpret_cast<Raw*>(dx);
+  const Range range = part_range(N, hwv, part, split);
+  long long v = range.start + tid;
+  int n = static_cast<int>(v / hwv);
+  int j = static_cast<int>(v - static_cast<long long>(n) * hwv);
+  const int q = threads / hwv;
+  const int r = threads - q * hwv;
+  while (v < range.end) {
+    Raw bx[UNROLL], bg[UNROLL];
+    long long at[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      at[u] = v + static_cast<long long>(u) * threads < range.end
+                  ? (static_cast<long long>(n) * C + c) * hwv + j
+                  : -1;
+      if (at[u] >= 0) {
+        bx[u] = __ldcs(xv + at[u]);
+        bg[u] = __ldcs(gv + at[u]);
+      }
+      j += r;
+      n += q;
+      if (j >= hwv) {
+        j -= hwv;
+        ++n;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      if (at[u] >= 0) {
+        float ex[APPLY_VEC], eg[APPLY_VEC];
+        unpack<APPLY_VEC>(bx[u], ex);
+        unpack<APPLY_VEC>(bg[u], eg);
+#pragma unroll
+        for (int k = 0; k < APPLY_VEC; ++k) eg[k] = fmaf(eg[k], f.k, fmaf(ex[k] - mean, f.kx, f.k0));
+        __stcs(ov + at[u], pack<APPLY_VEC>(eg));
+      }
+    }
+    v += static_cast<long long>(UNROLL) * threads;
+  }
+}
+
+}  // namespace KATO_NS
+
+#if MIN_BLOCKS > 0
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS)
+#else
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE)
+#endif
+
+#define KATO_BN_BWD_PARAMS                                                                   \
+  const DTYPE *__restrict__ x, const DTYPE *__restrict__ dy, const float *__restrict__ mean,     \
+      const float *__restrict__ invstd, const float *__restrict__ weight, DTYPE *__restrict__ dx, \
+      float *__restrict__ dweight, float *__restrict__ dbias, float *__restrict__ workspace,      \
+      unsigned int *counters, int N, int C, int HW
+
+// Reductions, phase 1 (and, with SPLIT == 1, the whole channel: dweight, dbias, and with
+// APPLY 1 its dx). Grid: exactly C * SPLIT blocks.
+extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_bwd_partial(KATO_BN_BWD_PARAMS) {
+  namespace kb = KATO_NS;
+  __shared__ kb::Sums red[kb::kWarps];
+  const int split = static_cast<int>(gridDim.x / static_cast<unsigned>(C));
+  const int c = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
+  const int part = static_cast<int>(blockIdx.x - static_cast<unsigned>(c) * split);
+  const float mu = mean[c];
+  const kb::Sums s = kb::block_sums(x, dy, C, HW / VEC, N, c, part, split, mu, red);
+  if (split == 1) {  // uniform per launch; every thread holds the block's sums
+    const float dw = s.dyx * invstd[c];
+    if (threadIdx.x == 0) {
+      dweight[c] = dw;
+      dbias[c] = s.dy;
+    }
+#if APPLY
+    kb::apply_part(x, dy, dx, C, HW / APPLY_VEC, N, c, 0, 1, mu,
+                   kb::dx_coef(dw, s.dy, invstd[c], weight[c], N, HW),
+                   static_cast<int>(threadIdx.x), BLOCK_SIZE);
+#endif
+    return;
+  }
+  if (threadIdx.x != 0) return;
+  float* w = workspace + (static_cast<size_t>(c) * split + part) * 2;
+  w[0] = s.dy;
+  w[1] = s.dyx;
+  if (blockIdx.x == 0) counters[C] = static_cast<unsigned int>(split);  // for the finalize step
+}
+
+// Reductions, phase 2: a warp per channel sums its SPLIT partials (SPLIT from counters[C]).
+// Grid: any (grid-stride over channels), 256 threads.
+extern "C" __global__ void __launch_bounds__(256) batchnorm_bwd_finalize(KATO_BN_BWD_PARAMS) {
+  namespace kb = KATO_NS;
+  constexpr int kWarpsPerBlock = kb::kFinalizeThreads / 32;
+  const int split = static_cast<int>(counters[C]);
+  const int warp = threadIdx.x >> 5;
+  // The loop bound depends on the warp only: all 32 lanes iterate together (full-mask shuffles).
+  for (long long c = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + warp; c < C;
+       c += static_cast<long long>(gridDim.x) * kWarpsPerBlock) {
+    const int ch = static_cast<int>(c);
+    const kb::Sums s = kb::sum_partials<false>(workspace, ch, split);
+    if ((threadIdx.x & 31) == 0) {
+      dweight[ch] = s.dyx * invstd[ch];
+      dbias[ch] = s.dy;
+    }
+  }
+}
+
+// Reductions in one pass: partials, then the last block of each channel sums them and writes
+// dweight and dbias (and with APPLY 1 all of the channel's dx). Grid: exactly C * SPLIT blocks.
+extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_bwd_fused(KATO_BN_BWD_PARAMS) {
+  namespace kb = KATO_NS;
+  __shared__ kb::Sums red[kb::kWarps];
+  __shared__ kb::Sums total;
+  __shared__ bool is_last;
+  const int split = static_cast<int>(gridDim.x / static_cast<unsigned>(C));
+  const int c = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
+  const int part = static_cast<int>(blockIdx.x - static_cast<unsigned>(c) * split);
+  const float mu = mean[c];
+  kb::Sums s = kb::block_sums(x, dy, C, HW / VEC, N, c, part, split, mu, red);
+  if (split > 1) {  // uniform per launch
+    if (threadIdx.x == 0) {
+      float* w = workspace + (static_cast<size_t>(c) * split + part) * 2;
+      __stcg(w, s.dy);
+      __stcg(w + 1, s.dyx);
+      __threadfence();  // the partial is visible device-wide before the ticket is taken
+      const unsigned int ticket = atomicInc(counters + c, static_cast<unsigned int>(split - 1));
+      is_last = ticket == static_cast<unsigned int>(split - 1);
+    }
+    __syncthreads();  // not divergent: every thread of the block reaches it
+    if (!is_last) return;  // uniform per block
+    if (threadIdx.x < 32) {
+      __threadfence();
+      s = kb::sum_partials<true>(workspace, c, split);
+      if (threadIdx.x == 0) total = s;
+    }
+#if APPLY
+    __syncthreads();
+    s = total;
+#endif
+  }
+  const float dw = s.dyx * invstd[c];
+  if (threadIdx.x == 0) {
+    dweight[c] = dw;
+    dbias[c] = s.dy;
+  }
+#if APPLY
+  kb::apply_part(x, dy, dx, C, HW / APPLY_VEC, N, c, 0, 1, mu,
+                 kb::dx_coef(dw, s.dy, invstd[c], weight[c], N, HW), static_cast<int>(threadIdx.x),
+                 BLOCK_SIZE);
+#endif
+}
+
+// The dx pass (APPLY 0): block b computes part b % (gridDim.x / C) of channel b / that, after
+// the reductions wrote dweight and dbias. Grid: a multiple of C blocks of up to 1024 threads.
+extern "C" __global__ void __launch_bounds__(1024) batchnorm_bwd_apply(KATO_BN_BWD_PARAMS) {
+  namespace kb = KATO_NS;
+  const int split = static_cast<int>(gridDim.x / static_cast<unsigned>(C));
+  const int c = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
+  const int part = static_cast<int>(blockIdx.x - static_cast<unsigned>(c) * split);
+  kb::apply_part(x, dy, dx, C, HW / APPLY_VEC, N, c, part, split, mean[c],
+                 kb::dx_coef(dweight[c], dbias[c], invstd[c], weight[c], N, HW),
+                 static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
+}

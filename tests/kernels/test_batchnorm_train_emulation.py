@@ -1,0 +1,87 @@
+"""The training batchnorm kernels' logic on the CPU (``batchnorm`` forward and
+``batchnorm_backward``): the real templates compiled as host C++ against
+tests/kernels/cuda_emulation.py (blocks one after another, a std::thread per CUDA thread), every
+step of spec.steps() launched with its real grid: both reduction strategies with several SPLITs,
+the elementwise pass separate (several blocks per channel) and in the channel's own block,
+vector widths of both passes, unrolls and block sizes, on awkward shapes (H*W odd, prime, 1;
+C=1; N=1); every output verified with the problem's tolerances exactly as the GPU backend
+verifies. Blocks without work (SPLIT larger than a channel) are included."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cuda_emulation import Case, run_cases
+
+from kernels import get_operator
+
+FORWARD = get_operator("batchnorm")
+BACKWARD = get_operator("batchnorm_backward")
+
+#: (shape, dtype, BLOCK_SIZE, VEC, UNROLL, STRATEGY, SPLIT, APPLY, APPLY_BLOCK, APPLY_VEC)
+CASES = [
+    ((2, 3, 5, 7), "float32", 128, 1, 2, 0, 1, 0, 256, 1),
+    ((2, 3, 5, 7), "float16", 128, 1, 4, 1, 4, 1, 256, 1),
+    ((2, 3, 5, 7), "bfloat16", 256, 1, 2, 0, 8, 0, 512, 1),
+    ((3, 5, 4, 8), "float32", 128, 4, 2, 1, 2, 0, 256, 2),
+    ((3, 5, 4, 8), "float16", 128, 8, 2, 0, 2, 0, 256, 8),
+    ((3, 5, 4, 8), "bfloat16", 128, 2, 4, 1, 16, 1, 256, 4),
+    ((1, 2, 1, 2), "float32", 128, 2, 4, 1, 32, 1, 256, 1),  # 2 elements per channel
+    ((2, 2, 1, 1), "float16", 128, 1, 2, 0, 64, 0, 256, 1),  # H*W = 1, 63 empty blocks
+    ((4, 2, 16, 16), "float32", 128, 1, 2, 0, 4, 0, 256, 1),  # 2 apply blocks per channel
+    ((4, 2, 16, 16), "float16", 128, 8, 2, 1, 1, 1, 256, 2),
+    ((4, 2, 16, 16), "bfloat16", 512, 4, 2, 1, 8, 0, 256, 8),
+    ((9, 3, 3, 3), "float32", 128, 1, 2, 1, 2, 1, 256, 1),  # q = 128 // 27, r = 128 % 27
+    ((9, 1, 3, 3), "bfloat16", 128, 1, 4, 0, 128, 0, 1024, 1),
+    ((1, 1, 1, 1009), "float32", 256, 1, 2, 1, 4, 0, 256, 1),  # N = 1, a prime plane
+    ((16, 1, 32, 32), "float16", 256, 4, 2, 0, 16, 0, 256, 1),  # 32 apply blocks
+    ((2, 1, 1, 1000), "float16", 1024, 8, 2, 1, 2, 1, 256, 8),  # the only 1024-thread one
+]
+
+
+def _config(block, vec, unroll, strategy, split, apply, apply_block, apply_vec) -> dict:
+    return {
+        "BLOCK_SIZE": block,
+        "VEC": vec,
+        "UNROLL": unroll,
+        "STRATEGY": strategy,
+        "SPLIT": split,
+        "MIN_BLOCKS": 0,
+        "APPLY": apply,
+        "APPLY_BLOCK": apply_block,
+        "APPLY_VEC": apply_vec,
+    }
+
+
+def emulated_cases(spec) -> list[Case]:
+    cases = []
+    for shape, dtype, *params in CASES:
+        config = _config(*params)
+        assert spec.check(config, shape, dtype) is None, (spec.name, shape, dtype, config)
+        cases.append(Case(spec, config, shape, dtype))
+    return cases
+
+
+@pytest.mark.parametrize("spec", [FORWARD, BACKWARD], ids=lambda s: s.name)
+def test_kernel_logic_on_the_cpu(tmp_path, norm_emulation, spec) -> None:
+    failures = run_cases(emulated_cases(spec), tmp_path, np.random.default_rng(7))
+    assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.parametrize("spec", [FORWARD, BACKWARD], ids=lambda s: s.name)
+def test_single_pass_leaves_the_counters_at_zero(tmp_path, norm_emulation, monkeypatch, spec):
+    """The fused kernel's call twice on the same buffers: the second call must be right too
+    (the last block reset its channel's counter), and the counters are zero afterwards."""
+    config = _config(128, 1, 2, 1, 4, 1, 256, 1)
+    shape = (2, 3, 5, 7)
+    once = type(spec).steps
+
+    def steps(self, c, s, d):
+        return once(self, c, s, d) * 2
+
+    monkeypatch.setattr(type(spec), "steps", steps)
+    failures = run_cases([Case(spec, config, shape, "float32")], tmp_path, np.random.default_rng(1))
+    assert not failures, failures
+    counters_arg = 11 if spec is FORWARD else 9
+    counters = np.fromfile(tmp_path / "case0" / f"a{counters_arg}.bin", dtype=np.uint32)
+    assert counters.size == 4 and not counters.any()
