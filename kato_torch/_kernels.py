@@ -12,13 +12,14 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from kato_torch import _driver
+from kato_torch import policy as _policy
 from kernels import get_operator
 from kernels.spec import Launch, OperatorSpec
 from tuner.nvcc import compile_kernel
@@ -37,16 +38,20 @@ _SCALAR_TYPES: dict[type, type[ctypes._SimpleCData]] = {
 _lock = threading.Lock()
 _bound: dict[tuple[Any, ...], BoundOperator] = {}
 _signatures: dict[tuple[str, str], list[type[ctypes._SimpleCData] | None]] = {}
-_settings: dict[str, Any] = {"client": None, "gpu": None}
 
 
-def configure(client: Any = None, gpu: str | None = None) -> None:
-    """Use ``client`` (a :class:`KatoClient`, or anything with ``config(operator, shape, dtype,
-    gpu=...)``) for config lookups, for GPU model ``gpu`` (None: the client's default, i.e. the
-    local device's model). Without a client every operator runs its default config. Clears the
-    cache of bound operators."""
+def configure(
+    client: Any = None, gpu: str | None = None, policy: str | Mapping[str, str] = "auto"
+) -> None:
+    """Use ``client`` (a :class:`KatoClient`, or anything with ``lookup`` or ``config(operator,
+    shape, dtype, gpu=...)``) for config lookups, for GPU model ``gpu`` (None: the client's
+    default, i.e. the local device's model), under ``policy`` (:mod:`kato_torch.policy`:
+    ``"auto"`` runs Kato's kernel only where it is known faster than PyTorch's op, ``"kato"``
+    always, ``"torch"`` never; or a mapping per operator). Without a client every operator
+    runs its default config (``"kato"``) or PyTorch's op (``"auto"``). Clears the caches of
+    bound operators and decisions."""
     with _lock:
-        _settings.update(client=client, gpu=gpu)
+        _policy.set_settings(client, gpu, policy)
         _bound.clear()
 
 
@@ -120,21 +125,14 @@ def _signature(spec: OperatorSpec, dtype: str) -> list[type[ctypes._SimpleCData]
 
 def _lookup(spec: OperatorSpec, shape: tuple[int, ...], dtype: str) -> tuple[dict, str]:
     """The config to run: the client's answer if it is valid for this shape, else the default."""
-    client, gpu = _settings["client"], _settings["gpu"]
-    if client is not None:
-        try:
-            ask = getattr(client, "lookup", None) or client.config
-            answer = ask(spec.name, shape, dtype, gpu=gpu)
-            config = dict(getattr(answer, "config", answer) or {})
-            source = str(getattr(answer, "source", "client"))
-            reason = spec.check(config, shape, dtype)
-            if reason is None:
-                return config, source
-            log.warning(
-                "served %s config is invalid for %s %s: %s", spec.name, shape, dtype, reason
-            )
-        except Exception as exc:  # the service being down must not stop training
-            log.warning("config lookup for %s %s %s failed: %s", spec.name, shape, dtype, exc)
+    answer = _policy.served(spec.name, shape, dtype)
+    if answer is not None:
+        config = dict(getattr(answer, "config", answer) or {})
+        source = str(getattr(answer, "source", "client"))
+        reason = spec.check(config, shape, dtype)
+        if reason is None:
+            return config, source
+        log.warning("served %s config is invalid for %s %s: %s", spec.name, shape, dtype, reason)
     return spec.default_config(shape, dtype), "default"
 
 

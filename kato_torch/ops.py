@@ -1,15 +1,36 @@
-"""Differentiable PyTorch functions running Kato's kernels (see the package docstring).
+"""Kato's kernels as PyTorch custom operators, and the differentiable functions that use them.
 
-Each function takes CUDA tensors, makes them contiguous, binds the operator for the tensor's
-(shape, dtype) once (config lookup + compile, cached) and launches on the current stream.
-Argument lists follow each operator spec's ``make_problem`` order.
+Each operator is registered with ``torch.library.custom_op`` in the ``kato`` namespace
+(``torch.ops.kato.softmax``, ...), with a fake implementation (so ``torch.compile`` keeps it in
+its graph instead of breaking it) and its backward registered as another ``kato`` operator.
+An operator's implementation launches Kato's kernel on the current CUDA stream (so CUDA graphs
+capture it) where the policy (:mod:`kato_torch.policy`) picks Kato for that key, and PyTorch's
+own op otherwise or on a tensor that is not on a CUDA device.
+
+The public functions (:func:`softmax`, :func:`layer_norm`, ...) take what their
+``torch.nn.functional`` namesakes take. They go through the custom operators only where the
+policy picks Kato for the forward or the backward operator of that key; otherwise they call
+PyTorch's functions directly, so a compiled model whose Kato kernels are not faster is plain
+PyTorch for Inductor to fuse. Under autocast they cast as PyTorch's autocast does for the op
+(norms, softmax and cross-entropy in float32; matmul and linear in the autocast type).
+
+Kernel argument lists follow each operator spec's ``make_problem`` order (see the ``Kernel
+arguments`` paragraph of each ``kernels/<operator>`` docstring).
 """
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Sequence
 
+import torch
+from torch import Tensor
+
+from kato_torch import policy as _policy
 from kato_torch._kernels import bind
+from kernels import InvalidInput, get_operator
+from kernels.cross_entropy import model as ce_model
+from kernels.layernorm_backward import partial_rows as layernorm_partial_rows
+from kernels.rmsnorm_backward import partial_rows as rmsnorm_partial_rows
 
 _DTYPES = {
     torch.float32: "float32",
@@ -17,207 +38,784 @@ _DTYPES = {
     torch.bfloat16: "bfloat16",
     torch.int32: "int32",
 }
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _dtype(t: torch.Tensor, operator: str) -> str:
-    if not t.is_cuda:
-        raise ValueError(f"kato_torch.{operator} needs a CUDA tensor, got one on {t.device}")
+def _dtype_name(t: Tensor) -> str:
+    return _DTYPES.get(t.dtype, str(t.dtype).removeprefix("torch."))
+
+
+@torch.compiler.assume_constant_result
+def _decide(operator: str, shape: tuple[int, ...], dtype: str, device: str) -> bool:
+    """The policy's answer for this key; False for an operator or dtype Kato does not have.
+    A constant for ``torch.compile`` (shapes are static in a compiled graph)."""
     try:
-        return _DTYPES[t.dtype]
-    except KeyError:
-        known = ", ".join(str(d) for d in _DTYPES)
-        raise TypeError(f"kato_torch.{operator} does not support {t.dtype}; use {known}") from None
+        spec = get_operator(operator)
+    except InvalidInput:  # not in this installation (e.g. a layout added later)
+        return False
+    if dtype not in spec.dtypes:
+        return False
+    return _policy.decide(operator, shape, dtype, device)
 
 
-def _rows_cols(x: torch.Tensor) -> tuple[int, int]:
+def _use(operator: str, shape: Sequence[int], t: Tensor) -> bool:
+    return _decide(operator, tuple(int(d) for d in shape), _dtype_name(t), t.device.type)
+
+
+def _run(operator: str, shape: Sequence[int], t: Tensor, args: list) -> None:
+    bind(operator, shape, _DTYPES[t.dtype], t.device.index).run(args)
+
+
+def _rows_cols(x: Tensor) -> tuple[int, int]:
     cols = x.shape[-1] if x.dim() else 1
-    return x.numel() // max(cols, 1), cols
+    return (x.numel() // cols if cols else 0), cols
+
+
+def _autocast(dtype_kind: str, *tensors: Tensor | None) -> list[Tensor | None]:
+    """Cast as autocast would for this op (``"float32"``: norms and losses; ``"lower"``: matmul
+    in the autocast type); tensors unchanged outside an autocast region."""
+    if not tensors or not any(t is not None and t.is_cuda for t in tensors):
+        return list(tensors)
+    if not torch.is_autocast_enabled("cuda"):
+        return list(tensors)
+    target = torch.float32 if dtype_kind == "float32" else torch.get_autocast_dtype("cuda")
+    return [t.to(target) if t is not None and t.dtype in _FLOATS else t for t in tensors]
+
+
+def _empty_rows(x: Tensor, rows: int) -> Tensor:
+    return torch.empty(rows, device=x.device, dtype=torch.float32)
 
 
 # --- softmax ----------------------------------------------------------------------------------
 
 
-class _Softmax(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        dtype = _dtype(x, "softmax")
-        x = x.contiguous()
-        rows, cols = _rows_cols(x)
-        y = torch.empty_like(x)
-        bind("softmax", (rows, cols), dtype, x.device.index).run([x, y, rows, cols])
-        ctx.save_for_backward(y)
+@torch.library.custom_op("kato::softmax", mutates_args=())
+def _softmax(x: Tensor) -> Tensor:
+    """Softmax over the last dim of a contiguous tensor."""
+    rows, cols = _rows_cols(x)
+    if not _use("softmax", (rows, cols), x) or x.numel() == 0:
+        return torch.softmax(x, -1)
+    y = torch.empty_like(x)
+    _run("softmax", (rows, cols), x, [x, y, rows, cols])
+    return y
+
+
+@_softmax.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("kato::softmax_backward", mutates_args=())
+def _softmax_backward(y: Tensor, dy: Tensor) -> Tensor:
+    """dx = y * (dy - sum(dy * y)) per row, from the forward's output."""
+    rows, cols = _rows_cols(y)
+    if not _use("softmax_backward", (rows, cols), y) or y.numel() == 0:
+        return torch.ops.aten._softmax_backward_data(dy, y, -1, y.dtype)
+    dx = torch.empty_like(y)
+    _run("softmax_backward", (rows, cols), y, [y, dy, dx, rows, cols])
+    return dx
+
+
+@_softmax_backward.register_fake
+def _(y, dy):
+    return torch.empty_like(y)
+
+
+def _softmax_setup(ctx, inputs, output):
+    ctx.save_for_backward(output)
+
+
+def _softmax_grad(ctx, dy):
+    (y,) = ctx.saved_tensors
+    return torch.ops.kato.softmax_backward(y, dy.contiguous())
+
+
+_softmax.register_autograd(_softmax_grad, setup_context=_softmax_setup)
+
+
+def softmax(x: Tensor, dim: int = -1) -> Tensor:
+    """``torch.softmax(x, dim)``; Kato's kernels over the last dim (float32 accumulation)."""
+    if x.dim() == 0 or dim not in (-1, x.dim() - 1) or x.dtype not in _FLOATS:
+        return torch.softmax(x, dim)
+    (x,) = _autocast("float32", x)
+    rows, cols = _rows_cols(x)
+    if _use("softmax", (rows, cols), x) | _use("softmax_backward", (rows, cols), x):
+        return torch.ops.kato.softmax(x.contiguous())
+    return torch.softmax(x, dim)
+
+
+# --- layer norm -------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("kato::layer_norm", mutates_args=())
+def _layer_norm(
+    x: Tensor, weight: Tensor, bias: Tensor, eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(y, mean, rstd) of a contiguous (rows, cols) x; mean and rstd float32 per row."""
+    rows, cols = _rows_cols(x)
+    if not _use("layernorm", (rows, cols), x) or x.numel() == 0:
+        y, mean, rstd = torch.native_layer_norm(x, (cols,), weight, bias, eps)
+        return y, mean.reshape(rows).float(), rstd.reshape(rows).float()
+    y, mean, rstd = torch.empty_like(x), _empty_rows(x, rows), _empty_rows(x, rows)
+    _run("layernorm", (rows, cols), x, [x, weight, bias, y, mean, rstd, rows, cols, eps])
+    return y, mean, rstd
+
+
+@_layer_norm.register_fake
+def _(x, weight, bias, eps):
+    rows, _ = _rows_cols(x)
+    return (
+        torch.empty_like(x),
+        x.new_empty(rows, dtype=torch.float32),
+        x.new_empty(rows, dtype=torch.float32),
+    )
+
+
+@torch.library.custom_op("kato::layer_norm_backward", mutates_args=())
+def _layer_norm_backward(
+    x: Tensor, weight: Tensor, mean: Tensor, rstd: Tensor, dy: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(dx, dweight, dbias) from the forward's input and statistics."""
+    rows, cols = _rows_cols(x)
+    if not _use("layernorm_backward", (rows, cols), x) or x.numel() == 0:
+        dx, dw, db = torch.ops.aten.native_layer_norm_backward(
+            dy, x, (cols,), mean.reshape(rows, 1), rstd.reshape(rows, 1), weight, weight,
+            (True, True, True),
+        )  # fmt: skip
+        return dx, dw, db
+    dx, dw, db = torch.empty_like(x), torch.empty_like(weight), torch.empty_like(weight)
+    partials = torch.empty(
+        layernorm_partial_rows(rows) * 2 * cols, device=x.device, dtype=torch.float32
+    )
+    nparts = torch.empty(1, device=x.device, dtype=torch.int32)
+    _run("layernorm_backward", (rows, cols), x,
+         [x, weight, mean, rstd, dy, dx, dw, db, partials, nparts, rows, cols])  # fmt: skip
+    return dx, dw, db
+
+
+@_layer_norm_backward.register_fake
+def _(x, weight, mean, rstd, dy):
+    return torch.empty_like(x), torch.empty_like(weight), torch.empty_like(weight)
+
+
+def _layer_norm_setup(ctx, inputs, output):
+    x, weight, _, _ = inputs
+    _, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.save_for_backward(x, weight, mean, rstd)
+
+
+def _layer_norm_grad(ctx, dy, _dmean, _drstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    dx, dw, db = torch.ops.kato.layer_norm_backward(x, weight, mean, rstd, dy.contiguous())
+    return dx, dw, db, None
+
+
+_layer_norm.register_autograd(_layer_norm_grad, setup_context=_layer_norm_setup)
+
+
+def _norm_inputs(x: Tensor, *params: Tensor | None) -> tuple[Tensor, list[Tensor | None]]:
+    return x.contiguous(), [None if p is None else p.to(x.dtype).contiguous() for p in params]
+
+
+def layer_norm(
+    x: Tensor,
+    normalized_shape: Sequence[int],
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """``torch.nn.functional.layer_norm``; Kato's kernels (Welford statistics, float32
+    accumulation) over the last dim when ``weight`` and ``bias`` are given."""
+    normalized_shape = tuple(normalized_shape)
+    if (
+        len(normalized_shape) != 1
+        or x.dim() == 0
+        or normalized_shape[0] != x.shape[-1]
+        or weight is None
+        or bias is None
+        or x.dtype not in _FLOATS
+    ):
+        return torch.nn.functional.layer_norm(x, normalized_shape, weight, bias, eps)
+    x, weight, bias = _autocast("float32", x, weight, bias)
+    rows, cols = _rows_cols(x)
+    if _use("layernorm", (rows, cols), x) | _use("layernorm_backward", (rows, cols), x):
+        x2, (w, b) = _norm_inputs(x, weight, bias)
+        y, _, _ = torch.ops.kato.layer_norm(x2, w, b, float(eps))
         return y
-
-    @staticmethod
-    def backward(ctx, dy: torch.Tensor) -> torch.Tensor:
-        (y,) = ctx.saved_tensors
-        y32, dy32 = y.float(), dy.float()
-        dx = y32 * (dy32 - (dy32 * y32).sum(dim=-1, keepdim=True))
-        return dx.to(y.dtype)
+    return torch.nn.functional.layer_norm(x, normalized_shape, weight, bias, eps)
 
 
-def softmax(x: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dim (float32 accumulation), like ``torch.softmax(x, -1)``."""
-    return _Softmax.apply(x)
+def layernorm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
+    """Layer norm over the last dim with ``weight`` and ``bias`` (kept from earlier releases:
+    :func:`layer_norm` with ``normalized_shape=(x.shape[-1],)``)."""
+    return layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
-# --- layernorm --------------------------------------------------------------------------------
+# --- RMS norm ---------------------------------------------------------------------------------
 
 
-class _LayerNorm(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps: float):
-        dtype = _dtype(x, "layernorm")
-        x = x.contiguous()
-        rows, cols = _rows_cols(x)
-        if weight.shape != (cols,) or bias.shape != (cols,):
-            raise ValueError(f"weight and bias must have shape ({cols},)")
-        weight = weight.to(x.dtype).contiguous()
-        bias = bias.to(x.dtype).contiguous()
-        y = torch.empty_like(x)
-        mean = torch.empty(rows, device=x.device, dtype=torch.float32)
-        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
-        bind("layernorm", (rows, cols), dtype, x.device.index).run(
-            [x, weight, bias, y, mean, rstd, rows, cols, float(eps)]
-        )
-        ctx.save_for_backward(x, weight, mean, rstd)
+def _rms_reference(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """PyTorch math for (y, rstd): float32 statistics, y in x's type (as F.rms_norm)."""
+    x32 = x.float()
+    rstd = torch.rsqrt(x32.pow(2).mean(dim=-1) + eps)
+    return (x32 * rstd[..., None] * weight.float()).to(x.dtype), rstd.reshape(-1)
+
+
+@torch.library.custom_op("kato::rms_norm", mutates_args=())
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(y, rstd) of a contiguous (rows, cols) x; rstd float32 per row."""
+    rows, cols = _rows_cols(x)
+    if not _use("rmsnorm", (rows, cols), x) or x.numel() == 0:
+        return _rms_reference(x, weight, eps)
+    y, rstd = torch.empty_like(x), _empty_rows(x, rows)
+    _run("rmsnorm", (rows, cols), x, [x, weight, y, rstd, rows, cols, eps])
+    return y, rstd
+
+
+@_rms_norm.register_fake
+def _(x, weight, eps):
+    rows, _ = _rows_cols(x)
+    return torch.empty_like(x), x.new_empty(rows, dtype=torch.float32)
+
+
+@torch.library.custom_op("kato::rms_norm_backward", mutates_args=())
+def _rms_norm_backward(
+    x: Tensor, weight: Tensor, rstd: Tensor, dy: Tensor
+) -> tuple[Tensor, Tensor]:
+    """(dx, dweight) from the forward's input and rstd."""
+    rows, cols = _rows_cols(x)
+    if not _use("rmsnorm_backward", (rows, cols), x) or x.numel() == 0:
+        x32, dy32, r = x.reshape(rows, cols).float(), dy.reshape(rows, cols).float(), rstd[:, None]
+        xhat = x32 * r
+        g = dy32 * weight.float()
+        dx = r * (g - xhat * (g * xhat).mean(dim=1, keepdim=True))
+        return dx.reshape(x.shape).to(x.dtype), (dy32 * xhat).sum(dim=0).to(weight.dtype)
+    dx, dw = torch.empty_like(x), torch.empty_like(weight)
+    partials = torch.empty(rmsnorm_partial_rows(rows) * cols, device=x.device, dtype=torch.float32)
+    nparts = torch.empty(1, device=x.device, dtype=torch.int32)
+    _run("rmsnorm_backward", (rows, cols), x,
+         [x, weight, rstd, dy, dx, dw, partials, nparts, rows, cols])  # fmt: skip
+    return dx, dw
+
+
+@_rms_norm_backward.register_fake
+def _(x, weight, rstd, dy):
+    return torch.empty_like(x), torch.empty_like(weight)
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, weight, _ = inputs
+    _, rstd = output
+    ctx.mark_non_differentiable(rstd)
+    ctx.save_for_backward(x, weight, rstd)
+
+
+def _rms_norm_grad(ctx, dy, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dw = torch.ops.kato.rms_norm_backward(x, weight, rstd, dy.contiguous())
+    return dx, dw, None
+
+
+_rms_norm.register_autograd(_rms_norm_grad, setup_context=_rms_norm_setup)
+
+
+def _rms_eps(x: Tensor, eps: float | None) -> float:
+    return float(torch.finfo(x.dtype).eps if eps is None else eps)
+
+
+def rms_norm(
+    x: Tensor,
+    normalized_shape: Sequence[int],
+    weight: Tensor | None = None,
+    eps: float | None = None,
+) -> Tensor:
+    """``torch.nn.functional.rms_norm``; Kato's kernels over the last dim when ``weight`` is
+    given (``eps`` None: the dtype's machine epsilon, as PyTorch)."""
+    normalized_shape = tuple(normalized_shape)
+    if (
+        len(normalized_shape) != 1
+        or x.dim() == 0
+        or normalized_shape[0] != x.shape[-1]
+        or weight is None
+        or x.dtype not in _FLOATS
+    ):
+        return torch.nn.functional.rms_norm(x, normalized_shape, weight, eps)
+    x, weight = _autocast("float32", x, weight)
+    rows, cols = _rows_cols(x)
+    if _use("rmsnorm", (rows, cols), x) | _use("rmsnorm_backward", (rows, cols), x):
+        x2, (w,) = _norm_inputs(x, weight)
+        y, _ = torch.ops.kato.rms_norm(x2, w, _rms_eps(x, eps))
         return y
+    return torch.nn.functional.rms_norm(x, normalized_shape, weight, eps)
 
-    @staticmethod
-    def backward(ctx, dy):
-        # Standard layer-norm backward from the saved per-row statistics (float32 math).
-        x, weight, mean, rstd = ctx.saved_tensors
-        cols = x.shape[-1]
-        x2 = x.reshape(-1, cols).float()
-        dy2 = dy.reshape(-1, cols).float()
-        xhat = (x2 - mean[:, None]) * rstd[:, None]
-        g = dy2 * weight.float()
-        dx = rstd[:, None] * (
-            g - g.mean(dim=1, keepdim=True) - xhat * (g * xhat).mean(dim=1, keepdim=True)
+
+# --- residual add + norm ----------------------------------------------------------------------
+
+
+@torch.library.custom_op("kato::add_rms_norm", mutates_args=())
+def _add_rms_norm(
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(s = x + residual, rms_norm(s), rstd) of contiguous (rows, cols) tensors."""
+    rows, cols = _rows_cols(x)
+    if not _use("add_rmsnorm", (rows, cols), x) or x.numel() == 0:
+        s = x + residual
+        y, rstd = _rms_reference(s, weight, eps)
+        return s, y, rstd
+    s, y, rstd = torch.empty_like(x), torch.empty_like(x), _empty_rows(x, rows)
+    _run("add_rmsnorm", (rows, cols), x, [x, residual, weight, s, y, rstd, rows, cols, eps])
+    return s, y, rstd
+
+
+@_add_rms_norm.register_fake
+def _(x, residual, weight, eps):
+    rows, _ = _rows_cols(x)
+    return torch.empty_like(x), torch.empty_like(x), x.new_empty(rows, dtype=torch.float32)
+
+
+def _add_rms_norm_setup(ctx, inputs, output):
+    _, _, weight, _ = inputs
+    s, _, rstd = output
+    ctx.mark_non_differentiable(rstd)
+    ctx.save_for_backward(s, weight, rstd)
+
+
+def _add_rms_norm_grad(ctx, ds, dy, _drstd):
+    s, weight, rstd = ctx.saved_tensors
+    dx, dw = torch.ops.kato.rms_norm_backward(s, weight, rstd, dy.contiguous())
+    total = dx if ds is None else dx + ds
+    return total, total, dw, None
+
+
+_add_rms_norm.register_autograd(_add_rms_norm_grad, setup_context=_add_rms_norm_setup)
+
+
+def add_rms_norm(
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float | None = None
+) -> tuple[Tensor, Tensor]:
+    """``s = x + residual; (s, rms_norm(s, (cols,), weight, eps))`` in one pass (a pre-norm
+    transformer block's residual stream and its normalised input)."""
+    if x.shape != residual.shape or x.dim() == 0 or x.dtype not in _FLOATS:
+        s = x + residual
+        return s, torch.nn.functional.rms_norm(s, (s.shape[-1],), weight, eps)
+    rows, cols = _rows_cols(x)
+    if not torch.is_autocast_enabled("cuda") and (
+        _use("add_rmsnorm", (rows, cols), x) | _use("rmsnorm_backward", (rows, cols), x)
+    ):
+        x2, (r, w) = _norm_inputs(x, residual, weight)
+        s, y, _ = torch.ops.kato.add_rms_norm(x2, r, w, _rms_eps(x, eps))
+        return s.view(x.shape), y.view(x.shape)
+    s = x + residual
+    return s, rms_norm(s, (cols,), weight, eps)
+
+
+@torch.library.custom_op("kato::add_layer_norm", mutates_args=())
+def _add_layer_norm(
+    x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor, eps: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(s = x + residual, layer_norm(s), mean, rstd) of contiguous (rows, cols) tensors."""
+    rows, cols = _rows_cols(x)
+    if not _use("add_layernorm", (rows, cols), x) or x.numel() == 0:
+        s = x + residual
+        y, mean, rstd = torch.native_layer_norm(s, (cols,), weight, bias, eps)
+        return s, y, mean.reshape(rows).float(), rstd.reshape(rows).float()
+    s, y = torch.empty_like(x), torch.empty_like(x)
+    mean, rstd = _empty_rows(x, rows), _empty_rows(x, rows)
+    _run("add_layernorm", (rows, cols), x,
+         [x, residual, weight, bias, s, y, mean, rstd, rows, cols, eps])  # fmt: skip
+    return s, y, mean, rstd
+
+
+@_add_layer_norm.register_fake
+def _(x, residual, weight, bias, eps):
+    rows, _ = _rows_cols(x)
+    stats = [x.new_empty(rows, dtype=torch.float32) for _ in range(2)]
+    return torch.empty_like(x), torch.empty_like(x), *stats
+
+
+def _add_layer_norm_setup(ctx, inputs, output):
+    _, _, weight, _, _ = inputs
+    s, _, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.save_for_backward(s, weight, mean, rstd)
+
+
+def _add_layer_norm_grad(ctx, ds, dy, _dmean, _drstd):
+    s, weight, mean, rstd = ctx.saved_tensors
+    dx, dw, db = torch.ops.kato.layer_norm_backward(s, weight, mean, rstd, dy.contiguous())
+    total = dx if ds is None else dx + ds
+    return total, total, dw, db, None
+
+
+_add_layer_norm.register_autograd(_add_layer_norm_grad, setup_context=_add_layer_norm_setup)
+
+
+def add_layer_norm(
+    x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5
+) -> tuple[Tensor, Tensor]:
+    """``s = x + residual; (s, layer_norm(s, (cols,), weight, bias, eps))`` in one pass."""
+    if x.shape != residual.shape or x.dim() == 0 or x.dtype not in _FLOATS:
+        s = x + residual
+        return s, torch.nn.functional.layer_norm(s, (s.shape[-1],), weight, bias, eps)
+    rows, cols = _rows_cols(x)
+    if not torch.is_autocast_enabled("cuda") and (
+        _use("add_layernorm", (rows, cols), x) | _use("layernorm_backward", (rows, cols), x)
+    ):
+        x2, (r, w, b) = _norm_inputs(x, residual, weight, bias)
+        s, y, _, _ = torch.ops.kato.add_layer_norm(x2, r, w, b, float(eps))
+        return s.view(x.shape), y.view(x.shape)
+    s = x + residual
+    return s, layer_norm(s, (cols,), weight, bias, eps)
+
+
+# --- cross-entropy ----------------------------------------------------------------------------
+
+
+@torch.library.custom_op("kato::cross_entropy", mutates_args=())
+def _cross_entropy(logits: Tensor, labels: Tensor, ignore_index: int) -> tuple[Tensor, Tensor]:
+    """(loss, lse) per row of contiguous (rows, cols) logits with int64 labels: loss =
+    logsumexp - logit of the label (0 where the label is ``ignore_index``); both float32."""
+    rows, cols = _rows_cols(logits)
+    if not _use("cross_entropy", (rows, cols), logits) or logits.numel() == 0:
+        lse = torch.logsumexp(logits.float(), dim=-1)
+        loss = torch.nn.functional.cross_entropy(
+            logits.float(), labels, reduction="none", ignore_index=ignore_index
         )
-        dweight = (dy2 * xhat).sum(dim=0)
-        dbias = dy2.sum(dim=0)
-        return (
-            dx.reshape(x.shape).to(x.dtype),
-            dweight.to(weight.dtype),
-            dbias.to(weight.dtype),
-            None,
+        return loss, lse
+    loss, lse = _empty_rows(logits, rows), _empty_rows(logits, rows)
+    partials = torch.empty(2 * ce_model.MAX_SPLIT * rows, device=logits.device,
+                           dtype=torch.float32)  # fmt: skip
+    _run("cross_entropy", (rows, cols), logits,
+         [logits, labels, loss, lse, partials, rows, cols, ignore_index])  # fmt: skip
+    return loss, lse
+
+
+@_cross_entropy.register_fake
+def _(logits, labels, ignore_index):
+    rows, _ = _rows_cols(logits)
+    return logits.new_empty(rows, dtype=torch.float32), logits.new_empty(rows, dtype=torch.float32)
+
+
+@torch.library.custom_op("kato::cross_entropy_backward", mutates_args=())
+def _cross_entropy_backward(
+    logits: Tensor, labels: Tensor, lse: Tensor, dloss: Tensor, ignore_index: int
+) -> Tensor:
+    """dlogits = (softmax(logits) - onehot(label)) * dloss per row; zero rows where ignored."""
+    rows, cols = _rows_cols(logits)
+    if not _use("cross_entropy_backward", (rows, cols), logits) or logits.numel() == 0:
+        p = torch.exp(logits.float() - lse[:, None])
+        keep = labels != ignore_index
+        p[keep, labels[keep]] -= 1.0
+        p *= torch.where(keep, dloss, 0.0)[:, None]
+        return p.to(logits.dtype)
+    dlogits = torch.empty_like(logits)
+    _run("cross_entropy_backward", (rows, cols), logits,
+         [logits, labels, lse, dloss, dlogits, rows, cols, ignore_index])  # fmt: skip
+    return dlogits
+
+
+@_cross_entropy_backward.register_fake
+def _(logits, labels, lse, dloss, ignore_index):
+    return torch.empty_like(logits)
+
+
+def _cross_entropy_setup(ctx, inputs, output):
+    logits, labels, ignore_index = inputs
+    _, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(logits, labels, lse)
+    ctx.ignore_index = ignore_index
+
+
+def _cross_entropy_grad(ctx, dloss, _dlse):
+    logits, labels, lse = ctx.saved_tensors
+    dlogits = torch.ops.kato.cross_entropy_backward(
+        logits, labels, lse, dloss.float().contiguous(), ctx.ignore_index
+    )
+    return dlogits, None, None
+
+
+_cross_entropy.register_autograd(_cross_entropy_grad, setup_context=_cross_entropy_setup)
+
+
+def cross_entropy(
+    input: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """``torch.nn.functional.cross_entropy``; Kato's fused log-softmax + NLL (one pass over
+    each row, float32) for (rows, classes) logits with class-index targets, no class weights
+    and no label smoothing."""
+    if (
+        input.dim() != 2
+        or target.dim() != 1
+        or target.dtype not in (torch.int64, torch.int32)
+        or weight is not None
+        or label_smoothing != 0.0
+        or reduction not in ("mean", "sum", "none")
+        or input.dtype not in _FLOATS
+    ):
+        return torch.nn.functional.cross_entropy(
+            input, target, weight, ignore_index=ignore_index, reduction=reduction,
+            label_smoothing=label_smoothing,
+        )  # fmt: skip
+    rows, cols = input.shape
+    if _use("cross_entropy", (rows, cols), input) | _use(
+        "cross_entropy_backward", (rows, cols), input
+    ):
+        loss, _ = torch.ops.kato.cross_entropy(
+            input.contiguous(), target.long().contiguous(), int(ignore_index)
         )
+        if reduction == "none":
+            return loss.to(input.dtype)
+        total = loss.sum()
+        if reduction == "sum":
+            return total.to(input.dtype)
+        return (total / (target != ignore_index).sum()).to(input.dtype)
+    return torch.nn.functional.cross_entropy(
+        input, target, ignore_index=ignore_index, reduction=reduction
+    )
 
 
-def layernorm(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5
-) -> torch.Tensor:
-    """Layer norm over the last dim with ``weight`` and ``bias`` (Welford statistics, float32
-    accumulation), like ``torch.nn.functional.layer_norm(x, (cols,), weight, bias, eps)``."""
-    return _LayerNorm.apply(x, weight, bias, eps)
+# --- ReLU -------------------------------------------------------------------------------------
 
 
-# --- relu -------------------------------------------------------------------------------------
+def _relu_masked(n: int, t: Tensor) -> bool:
+    """Whether the tuned relu config for n elements saves a bit mask (else x) for backward."""
+    return bool(bind("relu", (n,), _DTYPES[t.dtype], t.device.index).config.get("MASK", 1))
 
 
-class _ReLU(torch.autograd.Function):
-    """Forward saves what the tuned variant's backward reads: a 1-bit-per-element mask (bitmask
-    variant, 1/32 of x's bytes in float32) or x itself (plain variant)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        dtype = _dtype(x, "relu")
-        x = x.contiguous()
-        n = x.numel()
-        bound = bind("relu", (n,), dtype, x.device.index)
-        y = torch.empty_like(x)
-        mask = torch.empty((n + 31) // 32, device=x.device, dtype=torch.int32)
-        bound.run([x, None, y, mask, None, n], steps=[0])
-        ctx.bound = bound
-        if bound.config.get("MASK", 1):
-            ctx.save_for_backward(mask)
-        else:
-            ctx.save_for_backward(x)
-        ctx.n, ctx.shape = n, x.shape
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        (saved,) = ctx.saved_tensors
-        dy = dy.contiguous()
-        dx = torch.empty_like(dy)
-        # The bitmask variant's backward step reads the mask, the plain one's reads x.
-        plain = not ctx.bound.config.get("MASK", 1)
-        x, mask = (saved, None) if plain else (None, saved)
-        ctx.bound.run([x, dy, None, mask, dx, ctx.n], steps=[1])
-        return dx
+@torch.library.custom_op("kato::relu", mutates_args=())
+def _relu(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(y, mask) of a contiguous x: mask holds ceil(n/32) int32 words, bit i of word w set where
+    element 32w + i is positive (bitmask configs; zeros for plain configs and off the GPU)."""
+    n = x.numel()
+    words = (n + 31) // 32
+    if not x.is_cuda or n == 0:
+        return torch.relu(x), torch.zeros(words, device=x.device, dtype=torch.int32)
+    bound = bind("relu", (n,), _DTYPES[x.dtype], x.device.index)
+    # A plain config writes no mask: zeros, so the output is defined either way.
+    masked = bound.config.get("MASK", 1)
+    mask = (
+        torch.empty(words, device=x.device, dtype=torch.int32)
+        if masked
+        else torch.zeros(words, device=x.device, dtype=torch.int32)
+    )
+    y = torch.empty_like(x)
+    bound.run([x, None, y, mask, None, n], steps=[0])
+    return y, mask
 
 
-def relu(x: torch.Tensor) -> torch.Tensor:
-    """ReLU whose backward reads a 1-bit mask saved by the forward pass (tuned variant)."""
-    return _ReLU.apply(x)
+@_relu.register_fake
+def _(x):
+    return torch.empty_like(x), x.new_empty((x.numel() + 31) // 32, dtype=torch.int32)
+
+
+@torch.library.custom_op("kato::relu_backward", mutates_args=())
+def _relu_backward(x: Tensor, mask: Tensor, dy: Tensor) -> Tensor:
+    """dx = dy where the forward's input was positive: from the bit mask (bitmask configs) or
+    from x (plain configs; ``x`` is empty otherwise)."""
+    n = dy.numel()
+    if not dy.is_cuda or n == 0:
+        return torch.where(x > 0, dy, torch.zeros((), dtype=dy.dtype, device=dy.device))
+    dx = torch.empty_like(dy)
+    masked = _relu_masked(n, dy)
+    args = [None, dy, None, mask, dx, n] if masked else [x, dy, None, None, dx, n]
+    bind("relu", (n,), _DTYPES[dy.dtype], dy.device.index).run(args, steps=[1])
+    return dx
+
+
+@_relu_backward.register_fake
+def _(x, mask, dy):
+    return torch.empty_like(dy)
+
+
+def _relu_setup(ctx, inputs, output):
+    (x,) = inputs
+    _, mask = output
+    ctx.mark_non_differentiable(mask)
+    # A bitmask config's backward reads 1 bit per element: x itself need not be kept alive.
+    keep_x = not x.is_cuda or x.numel() == 0 or not _relu_masked(x.numel(), x)
+    ctx.save_for_backward(x if keep_x else x.new_empty(0), mask)
+
+
+def _relu_grad(ctx, dy, _dmask):
+    x, mask = ctx.saved_tensors
+    return torch.ops.kato.relu_backward(x, mask, dy.contiguous())
+
+
+_relu.register_autograd(_relu_grad, setup_context=_relu_setup)
+
+
+def relu(x: Tensor, inplace: bool = False) -> Tensor:
+    """``torch.relu``; Kato's ReLU, whose tuned variant saves a 1-bit-per-element mask for the
+    backward pass instead of x. ``inplace=True`` runs PyTorch's in-place ReLU."""
+    if inplace or x.dtype not in _FLOATS or x.numel() == 0:
+        return torch.relu_(x) if inplace else torch.relu(x)
+    if _use("relu", (x.numel(),), x):
+        y, _ = torch.ops.kato.relu(x.contiguous())
+        return y.view(x.shape)
+    return torch.relu(x)
+
+
+# --- matmul and linear ------------------------------------------------------------------------
+
+#: Kato's GEMM operator per layout: C = A @ B ("nn"), A @ B^T ("nt"), A^T @ B ("tn").
+_LAYOUTS = {"nn": "matmul", "nt": "matmul_nt", "tn": "matmul_tn"}
+
+
+def _mnk(a: Tensor, b: Tensor, layout: str) -> tuple[int, int, int]:
+    if layout == "nn":
+        return a.shape[0], b.shape[1], a.shape[1]
+    if layout == "nt":
+        return a.shape[0], b.shape[0], a.shape[1]
+    return a.shape[1], b.shape[1], a.shape[0]
+
+
+def _torch_mm(a: Tensor, b: Tensor, layout: str) -> Tensor:
+    if layout == "nn":
+        return a @ b
+    if layout == "nt":
+        return a @ b.t()
+    return a.t() @ b
+
+
+@torch.library.custom_op("kato::mm", mutates_args=())
+def _mm(a: Tensor, b: Tensor, layout: str) -> Tensor:
+    """C (M, N) of contiguous row-major operands in ``layout`` (see :data:`_LAYOUTS`)."""
+    m, n, k = _mnk(a, b, layout)
+    operator = _LAYOUTS[layout]
+    if not _use(operator, (m, n, k), a) or a.numel() == 0 or b.numel() == 0:
+        return _torch_mm(a, b, layout)
+    c = torch.empty((m, n), device=a.device, dtype=a.dtype)
+    _run(operator, (m, n, k), a, [a, b, c, m, n, k])
+    return c
+
+
+@_mm.register_fake
+def _(a, b, layout):
+    m, n, _ = _mnk(a, b, layout)
+    return a.new_empty((m, n))
+
+
+def _mm_setup(ctx, inputs, output):
+    a, b, layout = inputs
+    ctx.save_for_backward(a, b)
+    ctx.layout = layout
+
+
+def _mm_grad(ctx, dc):
+    a, b = ctx.saved_tensors
+    dc = dc.contiguous()
+    mm = torch.ops.kato.mm
+    need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    if ctx.layout == "nn":  # C = A B
+        da = mm(dc, b, "nt") if need_a else None
+        db = mm(a, dc, "tn") if need_b else None
+    elif ctx.layout == "nt":  # C = A B^T
+        da = mm(dc, b, "nn") if need_a else None
+        db = mm(dc, a, "tn") if need_b else None
+    else:  # C = A^T B
+        da = mm(b, dc, "nt") if need_a else None
+        db = mm(a, dc, "nn") if need_b else None
+    return da, db, None
+
+
+_mm.register_autograd(_mm_grad, setup_context=_mm_setup)
+
+
+def _mm_uses_kato(a: Tensor, b: Tensor, layout: str) -> bool:
+    """Whether any of the three GEMMs of this product's forward and backward runs Kato's."""
+    m, n, k = _mnk(a, b, layout)
+    backward = {"nn": (("nt", (m, k, n)), ("tn", (k, n, m))),
+                "nt": (("nn", (m, k, n)), ("tn", (n, k, m))),
+                "tn": (("nt", (k, m, n)), ("nn", (k, n, m)))}[layout]  # fmt: skip
+    uses = _use(_LAYOUTS[layout], (m, n, k), a)
+    for other, shape in backward:
+        uses |= _use(_LAYOUTS[other], shape, a)
+    return uses
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """``torch.matmul`` of 2-D tensors of one dtype: Kato's GEMM (float32 on CUDA cores, no
+    TF32; float16/bfloat16 on tensor cores with float32 accumulation), backward without
+    materialised transposes where Kato has the transposed layouts."""
+    if a.dim() != 2 or b.dim() != 2 or a.dtype != b.dtype or a.dtype not in _FLOATS:
+        return torch.matmul(a, b)
+    a, b = _autocast("lower", a, b)
+    if a.shape[1] != b.shape[0] or not _mm_uses_kato(a, b, "nn"):
+        return torch.matmul(a, b)
+    return torch.ops.kato.mm(a.contiguous(), b.contiguous(), "nn")
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``torch.nn.functional.linear``: ``x @ weight^T + bias`` with Kato's A B^T GEMM over the
+    flattened leading dims of x."""
+    if x.dim() == 0 or weight.dim() != 2 or x.dtype != weight.dtype or x.dtype not in _FLOATS:
+        return torch.nn.functional.linear(x, weight, bias)
+    x, weight, bias = _autocast("lower", x, weight, bias)
+    x2 = x.reshape(-1, x.shape[-1])
+    if x.shape[-1] != weight.shape[1] or not _mm_uses_kato(x2, weight, "nt"):
+        return torch.nn.functional.linear(x, weight, bias)
+    y = torch.ops.kato.mm(x2.contiguous(), weight.contiguous(), "nt")
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
 # --- transpose --------------------------------------------------------------------------------
 
 
-def _transpose2d(x: torch.Tensor) -> torch.Tensor:
-    dtype = _dtype(x, "transpose")
-    if x.dim() != 2:
-        raise ValueError(f"kato_torch.transpose takes a 2-D tensor, got {x.dim()} dimensions")
-    x = x.contiguous()
+@torch.library.custom_op("kato::transpose", mutates_args=())
+def _transpose(x: Tensor) -> Tensor:
+    """A contiguous (cols, rows) copy of a contiguous (rows, cols) tensor."""
     rows, cols = x.shape
+    if not _use("transpose", (rows, cols), x) or x.numel() == 0:
+        return x.t().contiguous()
     y = torch.empty((cols, rows), device=x.device, dtype=x.dtype)
-    bind("transpose", (rows, cols), dtype, x.device.index).run([x, y, rows, cols])
+    _run("transpose", (rows, cols), x, [x, y, rows, cols])
     return y
 
 
-class _Transpose(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return _transpose2d(x)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _transpose2d(dy)
+@_transpose.register_fake
+def _(x):
+    return x.new_empty((x.shape[1], x.shape[0]))
 
 
-def transpose(x: torch.Tensor) -> torch.Tensor:
+def _transpose_setup(ctx, inputs, output):
+    pass
+
+
+def _transpose_grad(ctx, dy):
+    return torch.ops.kato.transpose(dy.contiguous())
+
+
+_transpose.register_autograd(_transpose_grad, setup_context=_transpose_setup)
+
+
+def transpose(x: Tensor) -> Tensor:
     """A contiguous transpose of a 2-D tensor, like ``x.t().contiguous()``."""
-    return _Transpose.apply(x)
+    if x.dim() != 2:
+        raise ValueError(f"kato_torch.transpose takes a 2-D tensor, got {x.dim()} dimensions")
+    if x.dtype in _DTYPES and _use("transpose", tuple(x.shape), x):
+        return torch.ops.kato.transpose(x.contiguous())
+    return x.t().contiguous()
 
 
-# --- matmul -----------------------------------------------------------------------------------
-
-
-def _matmul2d(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    dtype = _dtype(a, "matmul")
-    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or a.dtype != b.dtype:
-        raise ValueError(
-            f"kato_torch.matmul takes (M, K) @ (K, N) of one dtype, got "
-            f"{tuple(a.shape)} {a.dtype} @ {tuple(b.shape)} {b.dtype}"
-        )
-    a, b = a.contiguous(), b.contiguous()
-    m, k = a.shape
-    n = b.shape[1]
-    c = torch.empty((m, n), device=a.device, dtype=a.dtype)
-    bind("matmul", (m, n, k), dtype, a.device.index).run([a, b, c, m, n, k])
-    return c
-
-
-class _Matmul(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a, b):
-        ctx.save_for_backward(a, b)
-        return _matmul2d(a, b)
-
-    @staticmethod
-    def backward(ctx, dc):
-        a, b = ctx.saved_tensors
-        dc = dc.contiguous()
-        da = _matmul2d(dc, _transpose2d(b)) if ctx.needs_input_grad[0] else None
-        db = _matmul2d(_transpose2d(a), dc) if ctx.needs_input_grad[1] else None
-        return da, db
-
-
-def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """C = A @ B for 2-D row-major A (M, K) and B (K, N): float32 on CUDA cores (no TF32),
-    float16/bfloat16 on tensor cores with float32 accumulation. Backward uses Kato's matmul and
-    transpose."""
-    return _Matmul.apply(a, b)
+__all__ = [
+    "add_layer_norm",
+    "add_rms_norm",
+    "cross_entropy",
+    "layer_norm",
+    "layernorm",
+    "linear",
+    "matmul",
+    "relu",
+    "rms_norm",
+    "softmax",
+    "transpose",
+]

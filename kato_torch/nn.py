@@ -1,0 +1,94 @@
+"""``torch.nn`` drop-ins running Kato's kernels: the same constructor arguments, parameters,
+buffers and state dicts as the torch modules they subclass, so a model swaps a class (or calls
+:func:`kato_torch.patch`) and nothing else changes. Each forward calls the matching
+:mod:`kato_torch.ops` function, which runs Kato's kernel where the policy picks it and PyTorch's
+op everywhere else (other arguments, CPU tensors, unsupported dtypes)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kato_torch import ops
+
+
+class LayerNorm(torch.nn.LayerNorm):
+    """``torch.nn.LayerNorm``; Kato's kernels over a last-dim normalized_shape with affine
+    parameters."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return ops.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(torch.nn.RMSNorm):
+    """``torch.nn.RMSNorm``; Kato's kernels over a last-dim normalized_shape with a weight."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+
+class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
+    """``torch.nn.CrossEntropyLoss``; Kato's fused kernel for (rows, classes) logits with
+    class-index targets (no class weights, no label smoothing)."""
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return ops.cross_entropy(
+            input, target, self.weight, self.ignore_index, self.reduction, self.label_smoothing
+        )
+
+
+class Linear(torch.nn.Linear):
+    """``torch.nn.Linear``; ``x @ weight^T`` by Kato's GEMM."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return ops.linear(input, self.weight, self.bias)
+
+
+class ReLU(torch.nn.ReLU):
+    """``torch.nn.ReLU``; Kato's ReLU with a bit-mask backward (``inplace=True``: PyTorch's)."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return ops.relu(input, self.inplace)
+
+
+class Softmax(torch.nn.Softmax):
+    """``torch.nn.Softmax``; Kato's kernels when ``dim`` is the last dimension."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        if self.dim is None:  # torch's legacy implicit dim
+            return super().forward(input)
+        return ops.softmax(input, self.dim)
+
+
+class BatchNorm2d(torch.nn.BatchNorm2d):
+    """``torch.nn.BatchNorm2d``; Kato's training-mode forward and backward where Kato has them
+    (``ops.batch_norm``), PyTorch's module otherwise."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        batch_norm = getattr(ops, "batch_norm", None)
+        if batch_norm is None:
+            return super().forward(input)
+        return batch_norm(self, input)
+
+
+#: torch class -> Kato drop-in, for :func:`kato_torch.patch`.
+DROP_INS: dict[type[torch.nn.Module], type[torch.nn.Module]] = {
+    torch.nn.LayerNorm: LayerNorm,
+    torch.nn.RMSNorm: RMSNorm,
+    torch.nn.CrossEntropyLoss: CrossEntropyLoss,
+    torch.nn.Linear: Linear,
+    torch.nn.ReLU: ReLU,
+    torch.nn.Softmax: Softmax,
+    torch.nn.BatchNorm2d: BatchNorm2d,
+}
+
+__all__ = [
+    "DROP_INS",
+    "BatchNorm2d",
+    "CrossEntropyLoss",
+    "LayerNorm",
+    "Linear",
+    "RMSNorm",
+    "ReLU",
+    "Softmax",
+]

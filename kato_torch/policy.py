@@ -1,0 +1,196 @@
+"""Which implementation runs a call: Kato's tuned kernel or PyTorch's own op, and what was asked.
+
+The policy ("never slower than the framework", issue 30) is decided per (operator, shape, dtype,
+device) from what the configured client serves:
+
+- ``"auto"`` (the default): Kato's kernel only where the service holds a winner tuned for this
+  exact shape that was measured faster than PyTorch's op on the same inputs (the lookup's
+  ``speedup`` > 1). Anything else (untuned, nearest-shape or default answers, an old service
+  that reports no framework time, no client, the service down) runs PyTorch's op, so an untuned
+  shape never makes a step slower than plain PyTorch.
+- ``"kato"``: always Kato's kernel (the served config, else the operator's default).
+- ``"torch"``: always PyTorch's op.
+
+A mapping sets it per operator (``{"matmul": "torch", "*": "auto"}``; ``"*"`` is the rest).
+Decisions are cached per key until :func:`configure` is called again; :func:`decide` is folded
+to a constant by ``torch.compile`` (shapes are static there), so a compiled graph holds either
+Kato's custom op or PyTorch's own ops, which Inductor may fuse.
+
+Every decision is also what :func:`record` captures: the (operator, shape, dtype) keys a step
+would tune.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+POLICIES = ("auto", "kato", "torch")
+
+_lock = threading.Lock()
+_settings: dict[str, Any] = {"client": None, "gpu": None, "policy": {"*": "auto"}}
+_decisions: dict[tuple[Any, ...], bool] = {}
+_recorders: list[Recorder] = []
+
+
+def normalise_policy(policy: str | Mapping[str, str]) -> dict[str, str]:
+    """``policy`` as ``{operator or "*": "auto" | "kato" | "torch"}``; raises ValueError naming
+    the bad entry."""
+    table = {"*": policy} if isinstance(policy, str) else dict(policy)
+    table.setdefault("*", "auto")
+    for name, value in table.items():
+        if value not in POLICIES:
+            raise ValueError(
+                f"kato_torch policy for {name!r} must be one of {', '.join(POLICIES)}, "
+                f"got {value!r}"
+            )
+    return table
+
+
+def set_settings(client: Any, gpu: str | None, policy: str | Mapping[str, str]) -> None:
+    """Replace the client, GPU model and policy; forget every cached decision."""
+    table = normalise_policy(policy)
+    with _lock:
+        _settings.update(client=client, gpu=gpu, policy=table)
+        _decisions.clear()
+
+
+def settings() -> dict[str, Any]:
+    """The current ``client``, ``gpu`` and ``policy`` (a copy)."""
+    with _lock:
+        return {**_settings, "policy": dict(_settings["policy"])}
+
+
+def policy_for(operator: str) -> str:
+    table = _settings["policy"]
+    return table.get(operator, table["*"])
+
+
+def served(operator: str, shape: tuple[int, ...], dtype: str) -> Any:
+    """The client's answer for this key (a Lookup, a mapping, or None without a client or when
+    the lookup fails: the service being down must not stop training)."""
+    client, gpu = _settings["client"], _settings["gpu"]
+    if client is None:
+        return None
+    try:
+        ask = getattr(client, "lookup", None) or client.config
+        return ask(operator, shape, dtype, gpu=gpu)
+    except Exception as exc:
+        log.warning("config lookup for %s %s %s failed: %s", operator, shape, dtype, exc)
+        return None
+
+
+def _field(answer: Any, name: str) -> Any:
+    if isinstance(answer, Mapping):
+        return answer.get(name)
+    return getattr(answer, name, None)
+
+
+def known_faster(answer: Any) -> bool:
+    """Whether ``answer`` is a winner tuned for this very shape that beat the framework."""
+    if answer is None or _field(answer, "source") != "exact":
+        return False
+    speedup = _field(answer, "speedup")
+    return speedup is not None and float(speedup) > 1.0
+
+
+def _decide(operator: str, shape: tuple[int, ...], dtype: str, device: str) -> bool:
+    for recorder in list(_recorders):
+        recorder.add(operator, shape, dtype)
+    if device != "cuda":
+        return False
+    key = (operator, shape, dtype)
+    decision = _decisions.get(key)
+    if decision is None:
+        policy = policy_for(operator)
+        if policy == "auto":
+            decision = known_faster(served(operator, shape, dtype))
+        else:
+            decision = policy == "kato"
+        _decisions[key] = decision
+    return decision
+
+
+def decide(operator: str, shape: tuple[int, ...], dtype: str, device: str) -> bool:
+    """True: run Kato's ``operator`` kernel for this key; False: PyTorch's op. ``device`` is
+    the tensor's device type (anything but ``"cuda"`` is always PyTorch). Records the key in
+    every active :func:`record`."""
+    return _decide(operator, tuple(int(d) for d in shape), dtype, device)
+
+
+@dataclass(frozen=True, order=True)
+class Key:
+    """One (operator, shape, dtype) a step ran through kato_torch."""
+
+    operator: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass
+class Recorder:
+    """The keys seen while a :func:`record` block ran, in first-seen order."""
+
+    keys: list[Key] = field(default_factory=list)
+    _seen: set[Key] = field(default_factory=set, repr=False)
+
+    def add(self, operator: str, shape: tuple[int, ...], dtype: str) -> None:
+        key = Key(operator, shape, dtype)
+        with _lock:
+            if key not in self._seen:
+                self._seen.add(key)
+                self.keys.append(key)
+
+    def untuned(self, client: Any = None, gpu: str | None = None) -> list[Key]:
+        """The keys the service holds no winner for at that exact shape (``client``: the
+        configured one by default)."""
+        client = client if client is not None else _settings["client"]
+        if client is None:
+            raise ValueError("untuned() needs a client: pass one or call kato_torch.configure")
+        gpu = gpu if gpu is not None else _settings["gpu"]
+        ask = getattr(client, "lookup", None) or client.config
+        return [k for k in self.keys if _field(ask(k.operator, k.shape, k.dtype, gpu=gpu),
+                                                 "source") != "exact"]  # fmt: skip
+
+    def submit(
+        self,
+        client: Any = None,
+        *,
+        budget: int | None = None,
+        gpu: str | None = None,
+        only_untuned: bool = True,
+        **options: Any,
+    ) -> list[dict[str, Any]]:
+        """Queue one tuning job per key (the untuned ones by default) as one batch
+        (``client.submit_batch``, ``POST /v1/jobs/batch``); returns the jobs as the service
+        describes them. ``options`` go to every job (``budget_seconds``, ``strategy``)."""
+        client = client if client is not None else _settings["client"]
+        if client is None:
+            raise ValueError("submit() needs a client: pass one or call kato_torch.configure")
+        gpu = gpu if gpu is not None else _settings["gpu"]
+        keys = self.untuned(client, gpu) if only_untuned else list(self.keys)
+        if not keys:
+            return []
+        jobs = [{"operator": k.operator, "shape": list(k.shape), "dtype": k.dtype} for k in keys]
+        return client.submit_batch(jobs, gpu=gpu, budget=budget, **options)
+
+
+@contextmanager
+def record() -> Iterator[Recorder]:
+    """``with kato_torch.record() as rec: step()`` lists in ``rec.keys`` every (operator, shape,
+    dtype) the step ran through kato_torch (forward and backward operators alike, whichever
+    implementation the policy picked). Eager mode only: a compiled graph decided at trace time."""
+    recorder = Recorder()
+    with _lock:
+        _recorders.append(recorder)
+    try:
+        yield recorder
+    finally:
+        with _lock:
+            _recorders.remove(recorder)

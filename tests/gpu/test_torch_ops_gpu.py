@@ -1,0 +1,229 @@
+"""kato_torch's custom operators on the GPU with Kato's kernels (policy "kato", default
+configs): values and gradients against PyTorch in float64, ``opcheck`` of every operator
+(fake implementations agree with the kernels' outputs), ``torch.compile`` with Inductor
+keeping the operators in one graph, CUDA-graph capture and replay, autocast, and the "auto"
+policy giving PyTorch's own results where nothing is known faster."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="kato_torch needs PyTorch (the GPU image has it)")
+if not torch.cuda.is_available():
+    pytest.skip("kato_torch's kernels need a CUDA GPU", allow_module_level=True)
+
+from torch.library import opcheck  # noqa: E402
+
+import kato_torch  # noqa: E402
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+#: rtol, atol per dtype for values; gradients get a multiple (longer sums).
+TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+
+
+@pytest.fixture(autouse=True)
+def _kato_defaults():
+    kato_torch.configure(client=None, policy="kato")
+    yield
+    kato_torch.configure(client=None)
+
+
+def rand(*shape, dtype=torch.float32, scale=1.0, offset=0.0, grad=True):
+    t = (torch.randn(*shape, device="cuda", dtype=torch.float64) * scale + offset).to(dtype)
+    return t.requires_grad_(grad)
+
+
+def check(kato_fn, ref_fn, inputs, dtype, scale=1.0, grad_scale=4.0):
+    """kato_fn's outputs and input gradients against ref_fn's computed in float64 from the
+    same (rounded) inputs."""
+    ours = [t.detach().clone().requires_grad_(t.requires_grad) if torch.is_tensor(t) else t
+            for t in inputs]  # fmt: skip
+    ref = [t.detach().double().requires_grad_(t.requires_grad)
+           if torch.is_tensor(t) and t.is_floating_point() else t for t in inputs]  # fmt: skip
+    out, want = kato_fn(*ours), ref_fn(*ref)
+    out = out if isinstance(out, tuple) else (out,)
+    want = want if isinstance(want, tuple) else (want,)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    weights = [torch.randn(o.shape, device="cuda", dtype=torch.float64, generator=gen) for o in out]
+    rtol, atol = TOL[dtype]
+    for o, w in zip(out, want, strict=True):
+        assert o.dtype == dtype or o.dtype == torch.float32
+        torch.testing.assert_close(o.double(), w, rtol=rtol * scale, atol=atol * scale)
+    leaves = [i for i, t in enumerate(ours) if torch.is_tensor(t) and t.requires_grad]
+    pairs, pairs_ref = zip(out, weights, strict=True), zip(want, weights, strict=True)
+    grads = torch.autograd.grad(sum((o.double() * g).sum() for o, g in pairs),
+                                [ours[i] for i in leaves])  # fmt: skip
+    grads_ref = torch.autograd.grad(sum((o * g).sum() for o, g in pairs_ref),
+                                    [ref[i] for i in leaves])  # fmt: skip
+    for g, r in zip(grads, grads_ref, strict=True):
+        bound = float(r.abs().max()) if r.numel() else 1.0
+        torch.testing.assert_close(g.double(), r, rtol=rtol * grad_scale,
+                                   atol=atol * grad_scale * max(1.0, bound))  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (37, 1031), (256, 4096)])
+def test_rms_norm(dtype, shape):
+    cols = shape[-1]
+    x, w = rand(*shape, dtype=dtype, scale=2), rand(cols, dtype=dtype, offset=1)
+    check(lambda x, w: kato_torch.rms_norm(x, (cols,), w, 1e-6),
+          lambda x, w: torch.nn.functional.rms_norm(x, (cols,), w, 1e-6),
+          [x, w], dtype)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(3, 130), (300, 768)])
+def test_add_norms(dtype, shape):
+    cols = shape[-1]
+    x, r = rand(*shape, dtype=dtype), rand(*shape, dtype=dtype)
+    w, b = rand(cols, dtype=dtype, offset=1), rand(cols, dtype=dtype)
+
+    def rms_ref(x, r, w):
+        s = x + r
+        return s, torch.nn.functional.rms_norm(s, (cols,), w, 1e-6)
+
+    def ln_ref(x, r, w, b):
+        s = x + r
+        return s, torch.nn.functional.layer_norm(s, (cols,), w, b, 1e-5)
+
+    check(lambda x, r, w: kato_torch.add_rms_norm(x, r, w, 1e-6), rms_ref, [x, r, w], dtype, 2)
+    check(kato_torch.add_layer_norm, ln_ref, [x, r, w, b], dtype, 2)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 2), (64, 50257), (5, 128256)])
+def test_cross_entropy(dtype, shape, reduction):
+    rows, cols = shape
+    logits = rand(rows, cols, dtype=dtype, scale=3)
+    labels = torch.randint(0, cols, (rows,), device="cuda")
+    labels[3::5] = -100
+    check(lambda x: kato_torch.cross_entropy(x, labels, reduction=reduction).float(),
+          lambda x: torch.nn.functional.cross_entropy(x, labels, reduction=reduction),
+          [logits], dtype, scale=4)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn"])
+def test_mm_layouts(dtype, layout):
+    m, n, k = 129, 67, 200
+    a = rand(*{"nn": (m, k), "nt": (m, k), "tn": (k, m)}[layout], dtype=dtype)
+    b = rand(*{"nn": (k, n), "nt": (n, k), "tn": (k, n)}[layout], dtype=dtype)
+    ref = {"nn": lambda a, b: a @ b, "nt": lambda a, b: a @ b.t(), "tn": lambda a, b: a.t() @ b}
+    check(lambda a, b: torch.ops.kato.mm(a, b, layout), ref[layout], [a, b], dtype,
+          scale=k**0.5, grad_scale=4 * k**0.5)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear(dtype):
+    x, w, b = rand(4, 33, 96, dtype=dtype), rand(80, 96, dtype=dtype), rand(80, dtype=dtype)
+    check(kato_torch.linear, torch.nn.functional.linear, [x, w, b], dtype, scale=10, grad_scale=40)
+
+
+OPCHECKS = {
+    "softmax": lambda d: (rand(33, 1031, dtype=d),),
+    "layer_norm": lambda d: (rand(33, 130, dtype=d), rand(130, dtype=d), rand(130, dtype=d), 1e-5),
+    "rms_norm": lambda d: (rand(33, 130, dtype=d), rand(130, dtype=d), 1e-6),
+    "add_rms_norm": lambda d: (rand(9, 64, dtype=d), rand(9, 64, dtype=d), rand(64, dtype=d), 1e-6),
+    "add_layer_norm": lambda d: (rand(9, 64, dtype=d), rand(9, 64, dtype=d), rand(64, dtype=d),
+                                 rand(64, dtype=d), 1e-5),
+    "cross_entropy": lambda d: (rand(7, 1000, dtype=d),
+                                torch.tensor([1, 2, -100, 999, 0, 5, 7], device="cuda"), -100),
+    "relu": lambda d: (rand(1000, dtype=d),),
+    "mm": lambda d: (rand(64, 32, dtype=d), rand(32, 48, dtype=d), "nn"),
+    "transpose": lambda d: (rand(33, 65, dtype=d),),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", sorted(OPCHECKS))
+def test_opcheck(name, dtype):
+    """Schema, fake implementation (shapes, dtypes, strides of the kernels' real outputs),
+    autograd registration and torch.compile's tracing of every kato operator."""
+    op = getattr(torch.ops.kato, name).default
+    opcheck(op, OPCHECKS[name](dtype), atol=TOL[dtype][1] * 10, rtol=TOL[dtype][0] * 10)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width=256, classes=1000):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.fc1 = torch.nn.Linear(width, width)
+        self.act = torch.nn.ReLU()
+        self.rms = torch.nn.RMSNorm(width, eps=1e-6)
+        self.fc2 = torch.nn.Linear(width, classes)
+        self.loss = torch.nn.CrossEntropyLoss()
+
+    def forward(self, x, labels):
+        h = self.rms(self.act(self.fc1(self.norm(x))))
+        return self.loss(self.fc2(h), labels)
+
+
+def _step(model, x, labels):
+    loss = model(x, labels)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    return loss, grads
+
+
+def test_compiled_model_keeps_kato_ops_and_matches_eager():
+    torch.manual_seed(0)
+    model = kato_torch.patch(Block().cuda())
+    x, labels = torch.randn(64, 256, device="cuda"), torch.randint(0, 1000, (64,), device="cuda")
+    loss, grads = _step(model, x, labels)
+    compiled = torch.compile(model, fullgraph=True)
+    loss_c, grads_c = _step(compiled, x, labels)
+    torch.testing.assert_close(loss_c, loss, rtol=1e-4, atol=1e-4)
+    for g, r in zip(grads_c, grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-3, atol=1e-4)
+
+
+def test_cuda_graph_capture_and_replay():
+    torch.manual_seed(0)
+    model = kato_torch.patch(Block().cuda())
+    x, labels = torch.randn(64, 256, device="cuda"), torch.randint(0, 1000, (64,), device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warm up: lookups and compiles happen here, not in the capture
+            _step(model, x, labels)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss_g, grads_g = _step(model, x, labels)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    loss, grads = _step(model, x, labels)
+    torch.testing.assert_close(loss_g, loss)
+    for g, r in zip(grads_g, grads, strict=True):
+        torch.testing.assert_close(g, r)
+
+
+def test_autocast_casts_as_pytorch_does():
+    torch.manual_seed(0)
+    model = Block().cuda()
+    patched = kato_torch.patch(Block().cuda())
+    patched.load_state_dict(model.state_dict())
+    x, labels = torch.randn(64, 256, device="cuda"), torch.randint(0, 1000, (64,), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        h_ref = model.fc1(model.norm(x))
+        h = patched.fc1(patched.norm(x))
+        n_ref, n = model.norm(x), patched.norm(x)
+        loss_ref, loss = model(x, labels), patched(x, labels)
+    assert h.dtype == h_ref.dtype == torch.bfloat16
+    assert n.dtype == n_ref.dtype == torch.float32
+    assert loss.dtype == loss_ref.dtype
+    torch.testing.assert_close(loss.float(), loss_ref.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_auto_policy_without_known_speedups_is_pytorch_exactly():
+    kato_torch.configure(client=None)  # "auto": nothing is known faster
+    torch.manual_seed(0)
+    model = Block().cuda()
+    patched = kato_torch.patch(Block().cuda())
+    patched.load_state_dict(model.state_dict())
+    x, labels = torch.randn(64, 256, device="cuda"), torch.randint(0, 1000, (64,), device="cuda")
+    loss_ref, grads_ref = _step(model, x, labels)
+    loss, grads = _step(patched, x, labels)
+    assert torch.equal(loss, loss_ref)
+    for g, r in zip(grads, grads_ref, strict=True):
+        assert torch.equal(g, r)

@@ -1,0 +1,203 @@
+"""The never-slower policy, shape capture and batch submission (kato_torch.policy), and the
+module drop-ins with kato_torch.patch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import kato_torch
+from kato_torch import policy
+
+
+@dataclass
+class Answer:
+    config: dict
+    source: str
+    speedup: float | None
+
+
+class FakeClient:
+    """Answers from a table keyed by (operator, shape); records lookups and submitted batches."""
+
+    def __init__(self, answers):
+        self.answers = answers
+        self.asked = []
+        self.batches = []
+
+    def lookup(self, operator, shape, dtype, gpu=None):
+        self.asked.append((operator, tuple(shape), dtype, gpu))
+        return self.answers.get((operator, tuple(shape)), Answer({}, "default", None))
+
+    def submit_batch(self, jobs, gpu=None, budget=None, **options):
+        self.batches.append((jobs, gpu, budget, options))
+        return [{"id": f"job{i}", **job} for i, job in enumerate(jobs)]
+
+
+def test_auto_runs_kato_only_where_a_tuned_winner_beat_pytorch():
+    client = FakeClient({
+        ("softmax", (8, 4096)): Answer({}, "exact", 1.4),
+        ("softmax", (8, 1024)): Answer({}, "exact", 0.9),
+        ("softmax", (8, 2048)): Answer({}, "exact", None),  # a service without framework times
+        ("softmax", (8, 512)): Answer({}, "nearest", 3.0),  # another shape's figures
+    })  # fmt: skip
+    kato_torch.configure(client=client, gpu="H200")
+    decide = policy.decide
+    assert decide("softmax", (8, 4096), "float16", "cuda") is True
+    assert decide("softmax", (8, 1024), "float16", "cuda") is False
+    assert decide("softmax", (8, 2048), "float16", "cuda") is False
+    assert decide("softmax", (8, 512), "float16", "cuda") is False
+    assert decide("softmax", (8, 256), "float16", "cuda") is False  # untuned: default answer
+    assert decide("softmax", (8, 4096), "float16", "cpu") is False
+    assert ("softmax", (8, 4096), "float16", "H200") in client.asked
+    asked = len(client.asked)
+    assert decide("softmax", (8, 4096), "float16", "cuda") is True
+    assert len(client.asked) == asked  # decisions are cached
+
+
+def test_auto_without_a_client_or_with_a_failing_one_runs_pytorch():
+    assert policy.decide("softmax", (8, 4096), "float16", "cuda") is False
+
+    class Down:
+        def lookup(self, *args, **kwargs):
+            raise ConnectionError("service down")
+
+    kato_torch.configure(client=Down())
+    assert policy.decide("softmax", (8, 4096), "float16", "cuda") is False
+
+
+def test_kato_and_torch_policies_and_per_operator_overrides():
+    kato_torch.configure(policy="kato")
+    assert policy.decide("softmax", (8, 4096), "float16", "cuda") is True
+    assert policy.decide("softmax", (8, 4096), "float16", "cpu") is False
+    kato_torch.configure(policy={"matmul": "torch", "*": "kato"})
+    assert policy.decide("matmul", (64, 64, 64), "float16", "cuda") is False
+    assert policy.decide("layernorm", (64, 64), "float16", "cuda") is True
+    kato_torch.configure(policy={"softmax": "kato"})  # the rest: auto
+    assert policy.decide("softmax", (8, 4096), "float16", "cuda") is True
+    assert policy.decide("layernorm", (64, 64), "float16", "cuda") is False
+    with pytest.raises(ValueError, match="one of auto, kato, torch"):
+        kato_torch.configure(policy="fastest")
+    with pytest.raises(ValueError, match="'matmul'"):
+        kato_torch.configure(policy={"matmul": "always"})
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width=16, classes=10):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.rms = torch.nn.RMSNorm(width, eps=1e-6)
+        self.fc = torch.nn.Linear(width, classes)
+        self.act = torch.nn.ReLU()
+        self.soft = torch.nn.Softmax(dim=-1)
+        self.loss = torch.nn.CrossEntropyLoss()
+
+    def forward(self, x, labels):
+        h = self.act(self.rms(self.norm(x)))
+        logits = self.fc(h)
+        return self.loss(logits, labels) + self.soft(logits).max()
+
+
+def test_record_lists_every_forward_and_backward_key_of_a_step():
+    model = kato_torch.patch(Block())
+    x, labels = torch.randn(6, 16), torch.randint(0, 10, (6,))
+    with kato_torch.record() as rec:
+        model(x, labels).backward()
+    keys = {(k.operator, k.shape, k.dtype) for k in rec.keys}
+    assert keys >= {
+        ("layernorm", (6, 16), "float32"),
+        ("layernorm_backward", (6, 16), "float32"),
+        ("rmsnorm", (6, 16), "float32"),
+        ("rmsnorm_backward", (6, 16), "float32"),
+        ("relu", (96,), "float32"),
+        ("matmul_nt", (6, 10, 16), "float32"),
+        ("cross_entropy", (6, 10), "float32"),
+        ("cross_entropy_backward", (6, 10), "float32"),
+        ("softmax", (6, 10), "float32"),
+    }
+    assert len(rec.keys) == len(set(rec.keys))  # each key once, in first-seen order
+    # The GEMMs of the backward pass are captured with the forward's decision.
+    assert ("matmul", (6, 16, 10), "float32") in keys
+    assert ("matmul_tn", (10, 16, 6), "float32") in keys
+
+
+def test_submit_queues_the_untuned_keys_as_one_batch():
+    client = FakeClient({("softmax", (6, 10)): Answer({}, "exact", 2.0)})
+    kato_torch.configure(client=client, gpu="H200")
+    with kato_torch.record() as rec:
+        kato_torch.softmax(torch.randn(6, 10))
+        kato_torch.layer_norm(torch.randn(6, 10), (10,), torch.ones(10), torch.zeros(10))
+    assert [k.operator for k in rec.untuned()] == [
+        "softmax_backward", "layernorm", "layernorm_backward"
+    ]  # fmt: skip
+    jobs = rec.submit(budget=40)
+    assert len(client.batches) == 1
+    sent, gpu, budget, _ = client.batches[0]
+    assert gpu == "H200" and budget == 40
+    assert [(j["operator"], j["shape"], j["dtype"]) for j in sent] == [
+        ("softmax_backward", [6, 10], "float32"),
+        ("layernorm", [6, 10], "float32"),
+        ("layernorm_backward", [6, 10], "float32"),
+    ]
+    assert [j["id"] for j in jobs] == ["job0", "job1", "job2"]
+    kato_torch.configure(client=None)
+    with pytest.raises(ValueError, match="needs a client"):
+        rec.submit()
+
+
+def test_patch_swaps_drop_ins_in_and_out_keeping_state_and_results():
+    torch.manual_seed(0)
+    model = Block()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    x, labels = torch.randn(5, 16), torch.randint(0, 10, (5,))
+    want = model(x, labels)
+    assert kato_torch.patch(model) is model
+    assert type(model.norm) is kato_torch.nn.LayerNorm
+    assert type(model.rms) is kato_torch.nn.RMSNorm
+    assert type(model.fc) is kato_torch.nn.Linear
+    assert type(model.act) is kato_torch.nn.ReLU
+    assert type(model.soft) is kato_torch.nn.Softmax
+    assert type(model.loss) is kato_torch.nn.CrossEntropyLoss
+    assert isinstance(model.norm, torch.nn.LayerNorm)
+    assert model.state_dict().keys() == state.keys()
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, state[key])
+    torch.testing.assert_close(model(x, labels), want)
+    kato_torch.unpatch(model)
+    assert type(model.norm) is torch.nn.LayerNorm and type(model.fc) is torch.nn.Linear
+    torch.testing.assert_close(model(x, labels), want)
+
+
+def test_patch_leaves_subclasses_alone_and_refuses_unknown_classes():
+    class MyNorm(torch.nn.LayerNorm):
+        pass
+
+    model = torch.nn.Sequential(MyNorm(4), torch.nn.LayerNorm(4), torch.nn.GELU())
+    kato_torch.patch(model, only=[torch.nn.LayerNorm])
+    assert type(model[0]) is MyNorm and type(model[1]) is kato_torch.nn.LayerNorm
+    with pytest.raises(ValueError, match="GELU"):
+        kato_torch.patch(model, only=[torch.nn.GELU])
+
+
+def test_drop_ins_are_constructed_like_torchs_modules():
+    norm = kato_torch.nn.LayerNorm(8, eps=1e-6, elementwise_affine=True)
+    ref = torch.nn.LayerNorm(8, eps=1e-6)
+    ref.load_state_dict(norm.state_dict())
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(norm(x), ref(x))
+    bn = kato_torch.nn.BatchNorm2d(3)
+    bn_ref = torch.nn.BatchNorm2d(3)
+    y = torch.randn(4, 3, 5, 5)
+    torch.testing.assert_close(bn(y), bn_ref(y))
+    torch.testing.assert_close(bn.running_mean, bn_ref.running_mean)
+
+
+def test_a_patched_model_compiles_in_one_graph():
+    """The policy's decision is a constant for torch.compile: no graph break around it."""
+    torch.manual_seed(0)
+    model = kato_torch.patch(Block())
+    x, labels = torch.randn(6, 16), torch.randint(0, 10, (6,))
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x, labels), model(x, labels))
