@@ -124,7 +124,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4096)
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # Kato's fp32 matmul is exact fp32 too
-    kato_torch.configure(client=DbConfigs(args.db) if args.db else None)
+    kato_torch.configure(client=DbConfigs(args.db) if args.db else None, policy="kato")
 
     rows = []
     for dtype in (torch.float32, torch.bfloat16):

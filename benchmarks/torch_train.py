@@ -1,0 +1,349 @@
+"""Training steps with Kato's kernels vs PyTorch eager and torch.compile, side by side on one GPU.
+
+For each model and dtype the same step (forward, loss, backward: every parameter's gradient) runs
+four ways on the same weights and inputs:
+
+- ``eager``: plain PyTorch;
+- ``compile``: ``torch.compile(model)`` (Inductor);
+- ``kato``: the model after ``kato_torch.patch`` (LayerNorm, Linear, ReLU, CrossEntropyLoss,
+  BatchNorm2d, RMSNorm, Softmax swapped for Kato's drop-ins), eager;
+- ``kato+compile``: the patched model compiled (Kato's custom ops stay in the graph).
+
+Loss and every gradient are checked against eager PyTorch first (relative error of each
+gradient's norm, printed). Step times are medians of CUDA-event timed steps.
+
+Models: ``mlp`` (three Linear, two LayerNorm + ReLU, cross-entropy over 1000 classes);
+``gpt2`` (GPT-2 small: 12 layers of width 768, 12 heads, sequence 1024, vocabulary 50257;
+attention through ``scaled_dot_product_attention``, GELU through torch, the rest Kato's);
+``resnet`` (a ResNet-style network of 3x3 convolutions (cuDNN) with BatchNorm2d and ReLU, a
+Linear head over 1000 classes).
+
+Configs come from a results database (``--db``): with ``--tune B`` every (operator, shape, dtype)
+the Kato step runs (captured with ``kato_torch.record()``) that the database holds no winner for is
+first tuned there by a ``kato worker`` (budget B; each job also times PyTorch's own op for the
+never-slower policy). ``--policy auto`` (the default) runs Kato's kernel only where its stored
+winner beat PyTorch's op; ``--policy kato`` runs Kato's kernels everywhere.
+
+    python benchmarks/torch_train.py --db sqlite:///kato.db --tune 20 --out torch_train.json
+    python benchmarks/torch_train.py --models mlp --dtypes float32 --no-compile   # quick
+
+Needs a CUDA GPU, PyTorch and nvcc (and PyCUDA for ``--tune``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+import kato_torch  # noqa: E402
+
+# --- models -----------------------------------------------------------------------------------
+
+
+class MLP(nn.Module):
+    def __init__(self, dims=(1024, 2048, 2048, 1000)):
+        super().__init__()
+        d0, d1, d2, d3 = dims
+        self.body = nn.Sequential(
+            nn.Linear(d0, d1), nn.LayerNorm(d1), nn.ReLU(),
+            nn.Linear(d1, d2), nn.LayerNorm(d2), nn.ReLU(),
+            nn.Linear(d2, d3),
+        )  # fmt: skip
+        self.loss = nn.CrossEntropyLoss()
+
+    def forward(self, x, labels):
+        return self.loss(self.body(x), labels)
+
+
+class Attention(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=-1)
+        q, k, v = (y.view(b, t, self.heads, c // self.heads).transpose(1, 2) for y in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(width)
+        self.attn = Attention(width, heads)
+        self.ln2 = nn.LayerNorm(width)
+        self.fc = nn.Linear(width, 4 * width)
+        self.act = nn.GELU(approximate="tanh")
+        self.out = nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.out(self.act(self.fc(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, layers=12, width=768, heads=12, vocab=50257, seq=1024):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, width)
+        self.wpe = nn.Embedding(seq, width)
+        self.blocks = nn.ModuleList(GPTBlock(width, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.loss = nn.CrossEntropyLoss()
+
+    def forward(self, tokens, labels):
+        t = tokens.shape[1]
+        x = self.wte(tokens) + self.wpe(torch.arange(t, device=tokens.device))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))
+        return self.loss(logits.view(-1, logits.shape[-1]), labels.view(-1))
+
+
+class ResBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU()
+        self.skip = None
+        if stride != 1 or cin != cout:
+            self.skip = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                      nn.BatchNorm2d(cout))  # fmt: skip
+
+    def forward(self, x):
+        y = self.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return self.relu(y + (x if self.skip is None else self.skip(x)))
+
+
+class ResNet(nn.Module):
+    """ResNet-18's layout (2 blocks per stage, 64-512 channels) on 224x224 inputs."""
+
+    def __init__(self, classes=1000):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
+                                  nn.ReLU(), nn.MaxPool2d(3, 2, 1))  # fmt: skip
+        stages, cin = [], 64
+        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            stages += [ResBlock(cin, cout, stride), ResBlock(cout, cout, 1)]
+            cin = cout
+        self.stages = nn.Sequential(*stages)
+        self.fc = nn.Linear(512, classes)
+        self.loss = nn.CrossEntropyLoss()
+
+    def forward(self, x, labels):
+        h = self.stages(self.stem(x)).mean(dim=(2, 3))
+        return self.loss(self.fc(h), labels)
+
+
+def build(name, dtype, batch):
+    """(model, inputs) seeded; batch None: the model's default."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    torch.manual_seed(0)
+    if name == "mlp":
+        batch = batch or 4096
+        model = MLP()
+        inputs = (torch.randn(batch, 1024, device="cuda", generator=gen).to(dtype),
+                  torch.randint(0, 1000, (batch,), device="cuda", generator=gen))  # fmt: skip
+    elif name == "gpt2":
+        batch = batch or 8
+        model = GPT()
+        tokens = torch.randint(0, 50257, (batch, 1025), device="cuda", generator=gen)
+        inputs = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+    elif name == "resnet":
+        batch = batch or 64
+        model = ResNet()
+        inputs = (torch.randn(batch, 3, 224, 224, device="cuda", generator=gen).to(dtype),
+                  torch.randint(0, 1000, (batch,), device="cuda", generator=gen))  # fmt: skip
+    else:
+        raise SystemExit(f"unknown model {name!r}: mlp, gpt2 or resnet")
+    return model.to(device="cuda", dtype=dtype), inputs, batch
+
+
+# --- steps, checks, timing --------------------------------------------------------------------
+
+
+def step(model, inputs):
+    loss = model(*inputs)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return loss, torch.autograd.grad(loss, params)
+
+
+def grad_error(grads, ref):
+    """Largest relative error of a gradient (norm of the difference over the reference's)."""
+    worst = 0.0
+    for g, r in zip(grads, ref, strict=True):
+        r32 = r.float()
+        worst = max(worst, float((g.float() - r32).norm() / r32.norm().clamp_min(1e-30)))
+    return worst
+
+
+def time_ms(fn, repeats, warmup=3):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+# --- configs from the results database --------------------------------------------------------
+
+
+class DbLookups:
+    """What the service would answer for this GPU, read from the results database directly:
+    the config, its source and, for an exact winner, its stored speedup over PyTorch."""
+
+    def __init__(self, db_url):
+        from db.session import init_db, session_factory
+
+        self.sessions = session_factory(init_db(db_url))
+
+    def lookup(self, operator, shape, dtype, gpu=None):
+        from db import queries
+        from kernels import get_operator
+        from tuner.gpus import normalize_gpu_name
+
+        spec = get_operator(operator)
+        model = gpu or normalize_gpu_name(torch.cuda.get_device_name())
+        with self.sessions() as s:
+            best, source = queries.lookup_best_config(
+                s, operator=operator, operator_version=spec.version, shape=list(shape),
+                dtype=dtype, gpu_model=model,
+            )  # fmt: skip
+            if best is None:
+                return {"config": spec.default_config(shape, dtype), "source": "default"}
+            framework_ms = getattr(best, "framework_ms", None)
+            speedup = framework_ms / best.time_ms if framework_ms and best.time_ms else None
+            return {"config": dict(best.config), "source": source, "speedup": speedup}
+
+
+def tune_missing(keys, db_url, budget, gpu_model):
+    """Queue a job for every key without an exact winner and run a worker until they are done."""
+    from db import queries
+    from db.session import init_db, session_factory
+    from kernels import get_operator
+
+    lookups = DbLookups(db_url)
+    todo = [k for k in keys if lookups.lookup(k.operator, k.shape, k.dtype)["source"] != "exact"]
+    if not todo:
+        return 0, 0.0
+    sessions = session_factory(init_db(db_url))
+    with sessions() as s:
+        fields = [dict(operator=k.operator, operator_version=get_operator(k.operator).version,
+                       shape=list(k.shape), dtype=k.dtype, gpu_model=gpu_model,
+                       budget_configs=budget) for k in todo]  # fmt: skip
+        queries.create_jobs(s, fields)
+    started = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-c", "from service.cli import main; main()", "worker", "--db", db_url,
+         "--max-jobs", str(len(todo))], check=False,
+    )  # fmt: skip
+    return len(todo), time.perf_counter() - started
+
+
+# --- main -------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="mlp,gpt2,resnet")
+    ap.add_argument("--dtypes", default="bfloat16,float32")
+    ap.add_argument("--batch", type=int, help="batch size (default: per model)")
+    ap.add_argument("--db", help="results database (default: none: Kato's default configs)")
+    ap.add_argument("--tune", type=int, default=0, help="tune untuned keys at this budget first")
+    ap.add_argument("--policy", default="auto", choices=["auto", "kato"])
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile columns")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--out", default="torch_train.json")
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False  # Kato's float32 GEMM is exact float32 too
+    torch.backends.cudnn.allow_tf32 = False
+    from tuner.gpus import normalize_gpu_name
+
+    gpu_model = normalize_gpu_name(torch.cuda.get_device_name())
+    client = DbLookups(args.db) if args.db else None
+    rows = []
+    for name in args.models.split(","):
+        for dtype_name in args.dtypes.split(","):
+            dtype = getattr(torch, dtype_name)
+            base, inputs, batch = build(name, dtype, args.batch)
+            kato_model = kato_torch.patch(copy.deepcopy(base))
+            # Capture every key of the Kato step (Kato's path everywhere), tune what is missing.
+            kato_torch.configure(client=client, policy="kato")
+            with kato_torch.record() as rec:
+                step(kato_model, inputs)
+            tuned, tune_s = 0, 0.0
+            if args.tune and args.db:
+                tuned, tune_s = tune_missing(rec.keys, args.db, args.tune, gpu_model)
+            kato_torch.configure(client=DbLookups(args.db) if args.db else None,
+                                 policy=args.policy)  # fmt: skip
+            loss_ref, grads_ref = step(base, inputs)
+            loss, grads = step(kato_model, inputs)
+            row = {
+                "model": name, "dtype": dtype_name, "batch": batch,
+                "keys": len(rec.keys), "tuned_now": tuned, "tune_s": round(tune_s, 1),
+                "kato_keys": sum(kato_torch.policy.decide(k.operator, k.shape, k.dtype, "cuda")
+                                 for k in rec.keys),
+                "loss_torch": float(loss_ref), "loss_kato": float(loss),
+                "max_rel_grad_err": grad_error(grads, grads_ref),
+            }  # fmt: skip
+            models = {"eager_ms": base, "kato_ms": kato_model}
+            if not args.no_compile:
+                models.update(compile_ms=torch.compile(base),
+                              kato_compile_ms=torch.compile(kato_model))  # fmt: skip
+            for column, model in models.items():
+                row[column] = time_ms(lambda m=model, i=inputs: step(m, i), args.repeats)
+            row["kato_vs_eager"] = row["eager_ms"] / row["kato_ms"]
+            if "compile_ms" in row:
+                row["kato_compile_vs_compile"] = row["compile_ms"] / row["kato_compile_ms"]
+                row["best_kato_vs_compile"] = row["compile_ms"] / min(
+                    row["kato_ms"], row["kato_compile_ms"]
+                )
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del base, kato_model, models
+            torch.cuda.empty_cache()
+    head = (f"{'model':7} {'dtype':9} {'keys':>4} {'kato':>4} {'grad err':>9} {'eager':>8} "
+            f"{'compile':>8} {'kato':>8} {'kato+c':>8} {'x eager':>7} "
+            f"{'x compile':>9}")  # fmt: skip
+    print(head)
+    for r in rows:
+        print(
+            f"{r['model']:7} {r['dtype']:9} {r['keys']:4d} {r['kato_keys']:4d} "
+            f"{r['max_rel_grad_err']:9.2e} {r['eager_ms']:8.2f} {r.get('compile_ms', 0):8.2f} "
+            f"{r['kato_ms']:8.2f} {r.get('kato_compile_ms', 0):8.2f} {r['kato_vs_eager']:7.2f} "
+            f"{r.get('kato_compile_vs_compile', 0):9.2f}"
+        )
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "policy": args.policy, "rows": rows}  # fmt: skip
+    Path(args.out).write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
