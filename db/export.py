@@ -26,7 +26,7 @@ another Kato installation can import them (:mod:`db.importer`)::
     {"format": 1, "operator", "operator_version", "shape", "dtype", "gpu_model", "params",
      "jobs": [{"id", "status", "budget_configs", ...}],
      "best": [{"compute_capability", "cuda_version", "config", "time_ms", "job_id",
-               "updated_at"}]}
+               "updated_at", "default_ms"?, "framework_ms"?, "framework"?}]}
 
 and each trial its job, number and Kato status (KT: ``kato_job``, ``kato_number``,
 ``kato_status`` in the entry; T4: a ``kato`` object in the result).
@@ -150,7 +150,7 @@ def _job_meta(job: Job) -> dict[str, Any]:
 
 
 def _best_meta(row: BestConfig) -> dict[str, Any]:
-    return {
+    meta = {
         "compute_capability": row.compute_capability,
         "cuda_version": row.cuda_version,
         "config": dict(row.config),
@@ -158,6 +158,11 @@ def _best_meta(row: BestConfig) -> dict[str, Any]:
         "job_id": row.job_id,
         "updated_at": _iso(row.updated_at),
     }
+    # The figures beside the winner, where measured (older readers ignore unknown fields).
+    for name in ("default_ms", "framework_ms", "framework"):
+        if getattr(row, name) is not None:
+            meta[name] = getattr(row, name)
+    return meta
 
 
 def kato_block(bundle: Bundle, params: Sequence[str]) -> dict[str, Any]:

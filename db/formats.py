@@ -187,6 +187,11 @@ class BestRecord(_Record):
     cuda_version: CudaVersion | None = None
     job_id: JobId | None = None
     updated_at: Timestamp | None = None
+    #: The figures stored beside the winner (migration 0006), absent from older files: the
+    #: default config's time on the shape, PyTorch's op on the same inputs and its name.
+    default_ms: Positive | None = None
+    framework_ms: Positive | None = None
+    framework: Name | None = None
 
 
 class KatoBlock(_Record):

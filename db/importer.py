@@ -76,7 +76,7 @@ from db.formats import (
     show,
 )
 from db.models import BestConfig, Job, Trial, utcnow
-from db.queries import UNCOUNTED_TRIAL_STATUSES, shape_key
+from db.queries import UNCOUNTED_TRIAL_STATUSES, shape_key, trial_time
 from tuner.kt_cache import OTHER_TRIALS, UNMEASURED
 
 TRIAL_STATUSES = tuple(T4_INVALIDITY)
@@ -922,6 +922,7 @@ def _upsert_best(
     ).first()
     job_id = best["job_id"] if best["job_id"] and session.get(Job, best["job_id"]) else None
     updated = best["updated_at"] or utcnow()
+    figures = _figures(session, bundle, best, job_id)
     if row is None:
         session.add(
             BestConfig(
@@ -937,6 +938,7 @@ def _upsert_best(
                 time_ms=best["time_ms"],
                 job_id=job_id,
                 updated_at=updated,
+                **figures,
             )
         )
         session.flush()
@@ -948,9 +950,43 @@ def _upsert_best(
             job_id,
             updated,
         )
+        for name, value in figures.items():
+            setattr(row, name, value)
         report.best_replaced += 1
     else:
+        # The stored winner stays; figures it lacks come from the file (they are the key's).
+        for name, value in figures.items():
+            if getattr(row, name) is None:
+                setattr(row, name, value)
         report.best_kept += 1
+
+
+def _figures(
+    session: Session, bundle: ParsedBundle, best: dict[str, Any], job_id: str | None
+) -> dict[str, Any]:
+    """The figures a best record brings (``default_ms``, ``framework_ms`` with ``framework``),
+    only those it has. A file without ``default_ms`` (older than migration 0006, or Kernel
+    Tuner's) gets it from its own measurements where it can: the best's job's trial of the
+    operator's default config for the shape, at the current version of the operator (an older
+    version's default may be another config)."""
+    figures = {}
+    if best.get("framework_ms") is not None:
+        figures["framework_ms"] = best["framework_ms"]
+        figures["framework"] = best.get("framework")
+    default_ms = best.get("default_ms")
+    if default_ms is None and job_id is not None:
+        from kernels import get_operator
+
+        try:
+            spec = get_operator(bundle.operator)
+            if spec.version == bundle.operator_version:
+                default = spec.default_config(list(bundle.shape), bundle.dtype)
+                default_ms = trial_time(session, job_id, _config_key(bundle, default))
+        except Exception:  # no default for this shape: nothing to fill in
+            default_ms = None
+    if default_ms is not None:
+        figures["default_ms"] = default_ms
+    return figures
 
 
 def import_bundles(

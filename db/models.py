@@ -202,6 +202,14 @@ class BestConfig(Base):
         String(32), ForeignKey("kato_jobs.id", ondelete="SET NULL")
     )
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    #: The operator's default config measured on this key's shape (its job measures it first):
+    #: a lookup serves this winner for another shape only where it beat the default here by
+    #: more than ``db.queries.NEAREST_MIN_GAIN``. None: not measured (rows before 0006).
+    default_ms: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
+    #: PyTorch's own op on the same inputs (:mod:`tuner.framework`), and which framework it
+    #: was ("torch 2.13.0+cu130"). None: not measured (no torch, turned off, a mismatch).
+    framework_ms: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
+    framework: Mapped[str | None] = mapped_column(String(64), nullable=True, default=None)
 
     def __repr__(self) -> str:
         return (

@@ -538,6 +538,15 @@ def _find_trial(session: Session, job_id: str, config_key: str) -> Trial | None:
     ).first()
 
 
+def trial_time(session: Session, job_id: str, config_key: str) -> float | None:
+    """The measured time of one config of a job (its trial's median), or None where the job
+    has no successful trial of it."""
+    trial = _find_trial(session, job_id, config_key)
+    if trial is None or trial.status != "ok":
+        return None
+    return trial.time_ms
+
+
 def job_trials(session: Session, job_id: str) -> list[Trial]:
     """The trials of a job in the order they were evaluated."""
     return list(
@@ -563,9 +572,18 @@ def upsert_best_config(
     config: Mapping[str, Any],
     time_ms: float,
     job_id: str | None,
+    default_ms: float | None = None,
+    framework_ms: float | None = None,
+    framework: str | None = None,
 ) -> BestConfig:
     """Store a winner for its result key and commit; an existing row is replaced only by a
     strictly faster ``time_ms``. Returns the row now stored for the key (the faster of the two).
+
+    ``default_ms`` (the operator's default config on this shape) and ``framework_ms`` /
+    ``framework`` (PyTorch's op on the same inputs) describe the key, not the config: given,
+    they are stored on the row whichever config it keeps (the newest measurement wins, and
+    ``updated_at`` moves so that the API's lookup cache sees the change); not given (None),
+    the row keeps what it holds. ``framework_ms`` and ``framework`` go together.
     """
     key = and_(
         BestConfig.operator == operator,
@@ -576,20 +594,34 @@ def upsert_best_config(
         BestConfig.compute_capability == compute_capability,
         BestConfig.cuda_version == cuda_version,
     )
+    now = utcnow()
+    figures: dict[str, Any] = {}
+    if default_ms is not None:
+        figures["default_ms"] = default_ms
+    if framework_ms is not None:
+        figures.update(framework_ms=framework_ms, framework=framework)
     values = {
         "shape": [int(s) for s in shape],
         "config": dict(config),
         "time_ms": time_ms,
         "job_id": job_id,
-        "updated_at": utcnow(),
+        "updated_at": now,
+        **figures,
     }
     for _attempt in range(3):
-        session.execute(
+        replaced = session.execute(
             update(BestConfig)
             .where(key, BestConfig.time_ms > time_ms)
             .values(**values)
             .execution_options(synchronize_session=False)
         )
+        if figures and not replaced.rowcount:  # a faster config kept: the key's figures move
+            session.execute(
+                update(BestConfig)
+                .where(key)
+                .values(**figures, updated_at=now)
+                .execution_options(synchronize_session=False)
+            )
         row = session.scalars(select(BestConfig).where(key)).first()
         if row is not None:
             session.commit()
@@ -627,6 +659,27 @@ def upsert_best_config(
 
 _P = TypeVar("_P")
 
+#: A lookup serves a winner tuned for another shape only where, on its own shape, it beat the
+#: operator's default config by more than this factor (``default_ms > NEAREST_MIN_GAIN *
+#: time_ms``); else the default is served. Replayed over the H200's recorded spaces
+#: (``benchmarks/untuned_defaults.py``, docs/defaults.md) the unguarded nearest answer came to
+#: mean 0.952, worst 0.551 of each space's optimum, the default to 0.979 / 0.876, this guard to
+#: 0.980 / 0.876: where the default was about as good as the tuned optimum next door, a
+#: neighbour's winner is a worse bet here than the default.
+NEAREST_MIN_GAIN = 1.05
+
+
+def beats_default(row: Any, min_gain: float | None = NEAREST_MIN_GAIN) -> bool:
+    """Whether a stored winner may be served for another shape: it beat the default config on
+    its own shape by more than ``min_gain`` (None or 0: no guard, any winner). A row whose
+    default time is unknown (stored before migration 0006, or its job did not measure the
+    default) is not known to beat it, and the recorded spaces say an unchecked neighbour is
+    worse than the default on average: it is not served."""
+    if not min_gain:
+        return True
+    return row.default_ms is not None and row.default_ms > min_gain * row.time_ms
+
+
 #: What identifies a group of rows a lookup selects from: (operator, version, dtype, GPU model).
 GroupKey = tuple[str, str, str, str]
 
@@ -655,6 +708,9 @@ class StoredConfig:
     time_ms: float
     job_id: str | None
     updated_at: datetime
+    default_ms: float | None = None
+    framework_ms: float | None = None
+    framework: str | None = None
 
 
 #: A nearest-shape candidate: (shape, log2 of each dimension, time_ms, id, payload).
@@ -782,6 +838,9 @@ def load_config_group(
         BestConfig.time_ms,
         BestConfig.job_id,
         BestConfig.updated_at,
+        BestConfig.default_ms,
+        BestConfig.framework_ms,
+        BestConfig.framework,
     )
     result = session.execute(
         select(*columns)
@@ -804,6 +863,9 @@ def load_config_group(
                 time_ms=row.time_ms,
                 job_id=row.job_id,
                 updated_at=row.updated_at,
+                default_ms=row.default_ms,
+                framework_ms=row.framework_ms,
+                framework=row.framework,
             )
             for row in result
         ]
@@ -817,6 +879,7 @@ def pick_best_config(
     accept: Callable[[dict[str, Any]], bool] | None = None,
     max_distance: float | None = None,
     nearest: bool = True,
+    min_gain: float | None = NEAREST_MIN_GAIN,
 ) -> tuple[StoredConfig | None, str]:
     """:func:`lookup_best_config`'s selection over a loaded group; no database, no side
     effects besides calling ``accept``.
@@ -824,9 +887,10 @@ def pick_best_config(
     Returns ``(row, "exact")`` for the first row of exactly ``shape`` that ``accept`` passes
     (newest ``updated_at`` first, then highest id); else ``(row, "nearest")`` for the first
     accepted row of :meth:`ConfigGroup.nearest` (least log2 distance, then least ``time_ms``,
-    then lowest id; at most ``max_distance`` away, inclusive); else ``(None, "default")``.
-    ``nearest=False`` stops after the exact shape (what ``match=exact`` serves), which saves
-    the nearest search whose answer would be thrown away.
+    then lowest id; at most ``max_distance`` away, inclusive) where it :func:`beats_default`
+    by ``min_gain`` (the first accepted row decides: one that does not leaves the default);
+    else ``(None, "default")``. ``nearest=False`` stops after the exact shape (what
+    ``match=exact`` serves), which saves the nearest search whose answer would be thrown away.
 
     ``accept`` must depend on the config alone (a spec check for this shape and dtype does):
     it gets a copy of each candidate's config, in the order above, until one passes, and is
@@ -852,7 +916,7 @@ def pick_best_config(
         return row, "exact"
     if nearest:
         row = first_accepted(group.nearest(shape, max_distance))
-        if row is not None:
+        if row is not None and beats_default(row, min_gain):
             return row, "nearest"
     return None, "default"
 
@@ -867,6 +931,7 @@ def lookup_best_config(
     gpu_model: str,
     accept: Callable[[dict[str, Any]], bool] | None = None,
     max_distance: float | None = None,
+    min_gain: float | None = NEAREST_MIN_GAIN,
 ) -> tuple[BestConfig | None, str]:
     """The best stored config for a request, and where it comes from.
 
@@ -878,6 +943,8 @@ def lookup_best_config(
     requested shape, e.g. ``lambda c: spec.check(c, shape, dtype) is None``. ``max_distance``
     (optional) is the farthest a nearest shape may be (the same log2 distance; 0 serves exact
     shapes only): a winner tuned for a very different shape can be slower than the default.
+    The nearest accepted row is served only where it :func:`beats_default` by ``min_gain``
+    (else the default: ``(None, "default")``).
     :func:`pick_best_config` selects the same way from a group loaded once
     (:func:`load_config_group`), for many lookups; both order nearest shapes by one function.
     """
@@ -908,5 +975,7 @@ def lookup_best_config(
     for row_id in _nearest_first(candidates, shape, max_distance):
         row = session.get(BestConfig, row_id)
         if row is not None and (accept is None or accept(row.config)):
-            return row, "nearest"
+            if beats_default(row, min_gain):
+                return row, "nearest"
+            break  # the nearest valid neighbour decides, as pick_best_config's
     return None, "default"

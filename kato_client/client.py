@@ -79,7 +79,14 @@ class KatoOfflineWarning(UserWarning):
 class Lookup:
     """One answer. ``shape`` is the shape that was looked up (the bucket, under the bucket
     policy); ``source`` is ``exact`` (tuned for it), ``nearest`` (tuned for ``tuned_shape``) or
-    ``default``; ``fetched_at`` is when the service answered (``0.0`` for a local default)."""
+    ``default``; ``fetched_at`` is when the service answered (``0.0`` for a local default).
+
+    The figures are the service's, measured on ``tuned_shape`` (a ``nearest`` answer's are its
+    neighbour's; a ``default`` answer has none), each None where not measured or where the
+    service is older than them: ``time_ms`` the served config, ``default_ms`` the operator's
+    default config, ``framework_ms`` PyTorch's own op on the same inputs (``framework`` names
+    it, e.g. ``"torch 2.13.0+cu130"``), ``speedup`` = ``framework_ms / time_ms`` (above 1:
+    Kato's config is faster than PyTorch's op)."""
 
     operator: str
     shape: tuple[int, ...]
@@ -91,10 +98,18 @@ class Lookup:
     time_ms: float | None
     operator_version: str | None
     fetched_at: float
+    default_ms: float | None = None
+    framework_ms: float | None = None
+    framework: str | None = None
+    speedup: float | None = None
 
     @classmethod
     def from_answer(cls, answer: Mapping[str, Any], fetched_at: float) -> Lookup:
         tuned = answer.get("tuned_shape")
+        time_ms, framework_ms = answer.get("time_ms"), answer.get("framework_ms")
+        speedup = answer.get("speedup")
+        if speedup is None and framework_ms is not None and time_ms:
+            speedup = framework_ms / time_ms
         return cls(
             operator=str(answer["operator"]),
             shape=tuple(int(d) for d in answer["shape"]),
@@ -103,9 +118,13 @@ class Lookup:
             config=dict(answer["config"]),
             source=str(answer["source"]),
             tuned_shape=tuple(int(d) for d in tuned) if tuned else None,
-            time_ms=answer.get("time_ms"),
+            time_ms=time_ms,
             operator_version=answer.get("operator_version"),
             fetched_at=fetched_at,
+            default_ms=answer.get("default_ms"),
+            framework_ms=framework_ms,
+            framework=answer.get("framework"),
+            speedup=speedup,
         )
 
 

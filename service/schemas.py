@@ -278,8 +278,15 @@ class ConfigPublic(BaseModel):
     """The config to use for a request, and where it comes from.
 
     ``exact``: tuned for this shape; ``nearest``: tuned for ``tuned_shape``, the closest shape
-    tuned on this GPU model; ``default``: nothing tuned, the operator's default config.
-    ``time_ms`` is the measured time on ``tuned_shape``.
+    tuned on this GPU model, served because it beat the default config there by more than
+    ``KATO_NEAREST_MIN_GAIN``; ``default``: nothing tuned (or no neighbour known to beat the
+    default), the operator's default config.
+
+    Every figure is measured on ``tuned_shape`` (on a ``nearest`` answer, the neighbour's
+    figures, not this shape's; on a ``default`` answer there are none): ``time_ms`` the served
+    config, ``default_ms`` the operator's default config, ``framework_ms`` PyTorch's own op on
+    the same inputs (``framework`` names it and its version), ``speedup`` = ``framework_ms /
+    time_ms`` (above 1: Kato's config is faster); each null where not measured.
     """
 
     operator: str
@@ -293,6 +300,18 @@ class ConfigPublic(BaseModel):
     time_ms: float | None = None
     compute_capability: str | None = None
     cuda_version: str | None = None
+    default_ms: float | None = Field(
+        default=None, description="the default config's time on tuned_shape (ms)"
+    )
+    framework_ms: float | None = Field(
+        default=None, description="PyTorch's own op on tuned_shape, same inputs (ms)"
+    )
+    framework: str | None = Field(
+        default=None, description='what framework_ms timed, e.g. "torch 2.13.0+cu130"'
+    )
+    speedup: float | None = Field(
+        default=None, description="framework_ms / time_ms: above 1, Kato's config is faster"
+    )
 
     @classmethod
     def from_row(
@@ -311,6 +330,14 @@ class ConfigPublic(BaseModel):
             time_ms=row.time_ms,
             compute_capability=row.compute_capability,
             cuda_version=row.cuda_version,
+            default_ms=row.default_ms,
+            framework_ms=row.framework_ms,
+            framework=row.framework if row.framework_ms is not None else None,
+            speedup=(
+                row.framework_ms / row.time_ms
+                if row.framework_ms is not None and row.time_ms
+                else None
+            ),
         )
 
 

@@ -141,6 +141,24 @@ class Settings(BaseSettings):
         "shape's own winner.",
     )
 
+    nearest_min_gain: float = Field(
+        default=1.05,
+        ge=0,
+        allow_inf_nan=False,
+        description="a nearest tuned shape's winner is served only where it beat the "
+        "operator's default config on its own shape by more than this factor (its job timed "
+        "both), else the default is: replayed over the H200's recorded spaces the unguarded "
+        "nearest answer reached mean 0.952, worst 0.551 of the optimum, the default 0.979 / "
+        "0.876, this guard 0.980 / 0.876 (docs/defaults.md). 0: no guard",
+    )
+    framework_baseline: bool = Field(
+        default=True,
+        description="after a job, GPU workers also time PyTorch's own op on the job's inputs "
+        "(where torch imports and sees the job's GPU; checked against the float64 references "
+        "first) and store it beside the winner: lookups report framework_ms and speedup "
+        "(tuner.framework; false: not timed)",
+    )
+
     @property
     def api_db_connections(self) -> int:
         """Connections in an API process's pool: one per API thread (a request holds one only

@@ -54,7 +54,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from db import fleet, queries, retry
 from db.models import Job, Trial, utcnow
 from kernels import get_operator
-from tuner.backends.base import Backend, TrialResult, TrialStatus
+from kernels.spec import config_key
+from tuner import framework
+from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
 from tuner.backends.isolated import (
     DEFAULT_TRIAL_TIMEOUT_S,
     BackendSpec,
@@ -84,6 +86,9 @@ DEFAULT_LOOKAHEAD = 4
 
 #: Builds the backend that measures one job: (job) -> Backend.
 BackendFactory = Callable[[Job], Backend]
+#: Times the framework's own op for a finished job on the device it ran on, stopping when the
+#: event is set: (job, device, stop) -> FrameworkResult (:mod:`tuner.framework`).
+FrameworkTimer = Callable[[Job, DeviceInfo, framework.StopFlag], framework.FrameworkResult]
 
 #: Longest wait between two polls of an idle worker whose database keeps failing (the waits
 #: double from ``poll_seconds`` up to this).
@@ -390,6 +395,12 @@ class JobRunner:
         shutdown: set when the worker stops (a signal): the search stops before its next
             measurement, database steps are no longer retried, and the run ends ``stopped``
             with its reservations and lease given back.
+        framework_timer: times PyTorch's own op for a job the owner is about to finish
+            (:mod:`tuner.framework`), stored beside the winner; default: the backend
+            factory's ``measure_framework``, if it has one (a GPU worker's does, a replay
+            worker's not). ``KATO_FRAMEWORK_BASELINE=false`` turns it off. A baseline that
+            fails or disagrees with the references is logged, never stored, and the job is
+            done all the same.
     """
 
     def __init__(
@@ -407,6 +418,7 @@ class JobRunner:
         lookahead: int = DEFAULT_LOOKAHEAD,
         retry_policy: retry.RetryPolicy | None = None,
         shutdown: threading.Event | None = None,
+        framework_timer: FrameworkTimer | None = None,
     ):
         self.sessions = sessions
         self.db_url = db_url
@@ -420,6 +432,9 @@ class JobRunner:
         self.lookahead = lookahead
         self.retry_policy = retry_policy or retry.RetryPolicy.from_env()
         self.shutdown = shutdown or threading.Event()
+        self.framework_timer = framework_timer or getattr(
+            backend_factory, "measure_framework", None
+        )
         import_models()  # now, not in the first job's search
 
     def _db(self, what: str, step: Callable[[Session], T]) -> T:
@@ -920,6 +935,7 @@ class JobRunner:
         (over every worker's trials) and mark the job done. One retried step: a try whose
         commit landed finds the job ended by this worker and answers what it stored."""
         device = backend.device()
+        baseline = self._framework_baseline(job, backend, device, state)
 
         def finish(session: Session) -> JobOutcome:
             current = queries.get_job(session, job.id)
@@ -954,6 +970,9 @@ class JobRunner:
                     config=best_config,
                     time_ms=best_time,
                     job_id=job.id,
+                    default_ms=_default_time(session, job),
+                    framework_ms=baseline.time_ms if baseline is not None else None,
+                    framework=baseline.framework if baseline is not None else None,
                 )
                 status, error = "done", None
             else:
@@ -963,6 +982,68 @@ class JobRunner:
             return JobOutcome(job.id, status, measured, best_time, error)
 
         return self._db(f"job {job.id}: finish", finish)
+
+    def _framework_baseline(
+        self, job: Job, backend: Backend, device: DeviceInfo, state: _JobState
+    ) -> framework.FrameworkResult | None:
+        """PyTorch's op timed for ``job`` (:attr:`framework_timer`), or None: no timer, turned
+        off, the job has no winner to store it beside, or the baseline is not ``ok`` (logged
+        with its reason). The job's backend is closed first, so the baseline has the GPU (and
+        its memory) to itself; every measurement of the job has been settled by now."""
+        if self.framework_timer is None or state.stop.is_set():
+            return None
+        try:
+            if not framework.enabled():
+                return None
+        except ValueError as exc:
+            log.warning("job %s: no framework baseline: %s", job.id, exc)
+            return None
+        current = self._db(f"job {job.id}: load", lambda s: queries.get_job(s, job.id))
+        if current is None or current.best_time_ms is None:
+            return None
+        backend.close()  # safe to call twice: run() closes it again
+        t0 = time.monotonic()
+        try:
+            result = self.framework_timer(current, device, _Either(state.stop, self.shutdown))
+        except Exception:
+            log.warning("job %s: the framework baseline failed", job.id, exc_info=True)
+            return None
+        took = time.monotonic() - t0
+        if not result.ok:
+            log.warning(
+                "job %s: no framework baseline stored (%s, %.1f s): %s",
+                job.id, result.status, took, result.detail,
+            )  # fmt: skip
+            return None
+        time_ms = result.time_ms or 0.0
+        log.info(
+            "job %s: %s %s: %.4f ms, Kato's winner %.4f ms (%.2fx; %.1f s)",
+            job.id, result.framework, result.op, time_ms, current.best_time_ms,
+            time_ms / current.best_time_ms, took,
+        )  # fmt: skip
+        return result
+
+
+class _Either:
+    """Set when either event is: the job's stop (a cancel, a lost lease) or the worker's."""
+
+    def __init__(self, *events: threading.Event) -> None:
+        self.events = events
+
+    def is_set(self) -> bool:
+        return any(event.is_set() for event in self.events)
+
+
+def _default_time(session: Session, job: Job) -> float | None:
+    """The time ``job`` measured for its operator's default config at its shape (every job
+    measures it first: :func:`first_configs`), or None (not measured, or failed)."""
+    try:
+        spec = get_operator(job.operator)
+        default = spec.default_config(list(job.shape), job.dtype)
+        key = config_key(list(spec.params), default)
+    except Exception:  # an operator gone, or without a default here: nothing to report
+        return None
+    return queries.trial_time(session, job.id, key)
 
 
 def _seconds_left(job: Job) -> float | None:
@@ -1250,6 +1331,21 @@ class PyCudaBackends:
         for module in self.imports:
             importlib.import_module(module)
         return queries.JobScope(operators=frozenset(spec.name for spec in list_operators()))
+
+    def measure_framework(
+        self, job: Job, device: DeviceInfo, stop: framework.StopFlag
+    ) -> framework.FrameworkResult:
+        """PyTorch's op for ``job`` on this factory's device, in a child process of its own
+        (:func:`tuner.framework.measure_in_child`), stopped when ``stop`` is set."""
+        return framework.measure_in_child(
+            job.operator,
+            tuple(job.shape),
+            job.dtype,
+            device_index=self.device_index,
+            gpu_model=device.model,
+            imports=self.imports,
+            stop=stop,
+        )
 
     def __call__(self, job: Job) -> Backend:
         if self.isolate:

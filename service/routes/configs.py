@@ -9,7 +9,10 @@ in the thread pool with a short-lived session, and caches the encoded answer.
 a read and stays open like ``GET``, and answers every lookup as ``GET`` would, from one session
 that reads each (operator, version, dtype, GPU model) group once per batch
 (:class:`_BatchLookups`). ``match=exact`` serves only a config tuned for exactly the shape asked
-for (else the default); ``match=nearest`` (the default) also serves the nearest one.
+for (else the default); ``match=nearest`` (the default) also serves the nearest one, where it
+beat the default config on its own shape by more than ``KATO_NEAREST_MIN_GAIN``
+(:func:`db.queries.beats_default`). Answers carry the figures stored beside the served winner
+(``default_ms``, ``framework_ms``, ``framework``, ``speedup``), measured on ``tuned_shape``.
 """
 
 from __future__ import annotations
@@ -79,9 +82,12 @@ def lookup(
 ) -> ConfigPublic:
     """The answer for a validated request, from the database (blocking: run it in a thread).
     With ``match="exact"`` a config tuned for another shape is not served (the default is)."""
-    max_distance = request.app.state.settings.nearest_max_distance
+    settings = request.app.state.settings
     with request.app.state.session_factory() as session:
-        return _lookup_in(session, spec, problem, match, max_distance)
+        return _lookup_in(
+            session, spec, problem, match, settings.nearest_max_distance,
+            settings.nearest_min_gain,
+        )  # fmt: skip
 
 
 def _lookup_in(
@@ -90,6 +96,7 @@ def _lookup_in(
     problem: Problem,
     match: Match,
     max_distance: float | None,
+    min_gain: float | None,
 ) -> ConfigPublic:
     """:func:`lookup` on an open session."""
     row, source = queries.lookup_best_config(
@@ -101,6 +108,7 @@ def _lookup_in(
         gpu_model=problem.gpu_model,
         accept=lambda config: _applies(spec, config, problem.shape, problem.dtype),
         max_distance=max_distance,
+        min_gain=min_gain,
     )
     if row is not None and (match == "nearest" or source == "exact"):
         return ConfigPublic.from_row(row, source, problem.shape, problem.gpu_model)
@@ -126,9 +134,12 @@ class _BatchLookups:
     #: Lookups of one group answered one by one before the group is loaded.
     LOAD_AFTER = 4
 
-    def __init__(self, session: Session, max_distance: float | None) -> None:
+    def __init__(
+        self, session: Session, max_distance: float | None, min_gain: float | None
+    ) -> None:
         self._session = session
         self._max_distance = max_distance
+        self._min_gain = min_gain
         self._groups: dict[queries.GroupKey, queries.ConfigGroup] = {}
         self._seen: dict[queries.GroupKey, int] = {}
 
@@ -150,12 +161,15 @@ class _BatchLookups:
         key = (spec.name, spec.version, problem.dtype, problem.gpu_model)
         self._seen[key] = self._seen.get(key, 0) + 1
         if key not in self._groups and self._seen[key] <= self.LOAD_AFTER:
-            return _lookup_in(self._session, spec, problem, match, self._max_distance)
+            return _lookup_in(
+                self._session, spec, problem, match, self._max_distance, self._min_gain
+            )
         row, source = queries.pick_best_config(
             self._group(spec, problem),
             problem.shape,
             accept=lambda config: _applies(spec, config, problem.shape, problem.dtype),
             max_distance=self._max_distance,
+            min_gain=self._min_gain,
             # lookup() drops a nearest row under match=exact: do not look for one.
             nearest=match == "nearest",
         )
@@ -268,7 +282,7 @@ def _answer_batch(request: Request, lookups: list[LookupRequest]) -> list[Lookup
     results: list[LookupResult] = []
     # A session opens no connection until its first query: a batch of bad lookups costs none.
     with request.app.state.session_factory() as session:
-        batch = _BatchLookups(session, settings.nearest_max_distance)
+        batch = _BatchLookups(session, settings.nearest_max_distance, settings.nearest_min_gain)
         answered: dict[Hashable, LookupResult] = {}
         for item in lookups:
             key = _item_key(item)

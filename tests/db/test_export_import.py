@@ -19,6 +19,7 @@ from db.importer import InvalidImport, import_paths, read_file
 from db.models import BestConfig, Job, Trial
 from db.session import init_db, session_factory
 from kernels import get_operator
+from kernels.spec import config_key
 from service.cli import app as cli
 from tuner.kt_cache import load_cache
 
@@ -67,11 +68,15 @@ def _record_job(session: Session, recorded: str, failures=()) -> Job:
                              result=result)  # fmt: skip
     queries.finish_job(session, job.id, status="done")
     job = queries.get_job(session, job.id)
+    default = SPEC.default_config(shape, dtype)
     queries.upsert_best_config(session, operator="softmax", operator_version=SPEC.version,
                                shape=shape, dtype=dtype, gpu_model="H200",
                                compute_capability="9.0", cuda_version="13.0",
                                config=job.best_config, time_ms=job.best_time_ms,
-                               job_id=job.id)  # fmt: skip
+                               job_id=job.id, default_ms=queries.trial_time(
+                                   session, job.id, config_key(list(SPEC.params), default)),
+                               framework_ms=2 * job.best_time_ms,
+                               framework="torch 2.13.0+cu130")  # fmt: skip
     return job
 
 
@@ -96,13 +101,24 @@ def _lookups(factory: sessionmaker[Session]) -> list[tuple]:
     out = []
     with factory() as session:
         for shape, dtype in KEYS:
+            # No nearest-shape guard: every stored row may answer (the guard's inputs, the
+            # figures beside each winner, are compared by _figures).
             row, source = queries.lookup_best_config(
                 session, operator="softmax", operator_version=SPEC.version, shape=shape,
                 dtype=dtype, gpu_model="H200",
-                accept=lambda c, s=shape, d=dtype: SPEC.check(c, s, d) is None,
+                accept=lambda c, s=shape, d=dtype: SPEC.check(c, s, d) is None, min_gain=None,
             )  # fmt: skip
             out.append((source, row and (row.config, row.time_ms, row.shape, row.cuda_version)))
     return out
+
+
+def _figures(factory: sessionmaker[Session]) -> list[tuple]:
+    """The figures stored beside every winner, by key."""
+    with factory() as session:
+        rows = session.scalars(select(BestConfig).order_by(BestConfig.shape_key,
+                               BestConfig.dtype, BestConfig.cuda_version))  # fmt: skip
+        return [(r.shape_key, r.dtype, r.cuda_version, r.default_ms, r.framework_ms,
+                 r.framework) for r in rows]  # fmt: skip
 
 
 def _counts(factory: sessionmaker[Session]) -> tuple[int, int, int]:
@@ -132,6 +148,7 @@ def test_export_import_gives_identical_lookups_and_is_idempotent(source, tmp_pat
     assert _counts(target) == _counts(source) == (2, 206, 4)
     assert _lookups(target) == _lookups(source)
     assert _trials(target) == _trials(source)
+    assert _figures(target) == _figures(source)
     assert {s for s, _ in _lookups(target)} == {"exact", "nearest", "default"}
     with target() as session:
         again = import_paths(session, [tmp_path / "out"])
@@ -658,3 +675,41 @@ def test_a_job_id_stored_for_another_problem_is_rejected(small_export, tmp_path)
         with pytest.raises(InvalidImport, match="is stored for another problem"):
             import_paths(session, [other])
     assert _counts(target) == before == (1, 3, 1)
+
+
+def test_figures_beside_a_winner_are_exported_and_read_back(source, tmp_path):
+    """default_ms, framework_ms and framework travel in the Kato block where measured; a best
+    without them (no job: nothing measured beside it) has none in the file either."""
+    with source() as session:
+        (path,) = export(collect(session, operator="softmax", dtype="float16"), tmp_path, "t4")
+        job = session.scalars(select(Job).where(Job.shape_key == "4096x4096")).one()
+        default_ms = queries.trial_time(
+            session, job.id, config_key(list(SPEC.params), SPEC.default_config([4096, 4096],
+                                        "float16")))  # fmt: skip
+    (best,) = json.loads(path.read_text())["metadata"]["kato"]["best"]
+    assert default_ms is not None and best["default_ms"] == default_ms
+    assert best["framework_ms"] == 2 * best["time_ms"]
+    assert best["framework"] == "torch 2.13.0+cu130"
+    figures = {(k, d, c): rest for k, d, c, *rest in _figures(source)}
+    assert figures[("1024x1024", "float32", "13.0")] == [None, None, None]
+
+
+def test_an_older_file_imports_and_gets_its_default_time_from_its_trials(source, tmp_path):
+    """A file written before the figures existed (no default_ms, framework_ms, framework) is
+    imported as before; its best's default time is read from the file's own trial of the
+    operator's default config, so the lookup guard can serve it for other shapes."""
+    with source() as session:
+        (path,) = export(collect(session, operator="softmax", dtype="float16"), tmp_path, "t4")
+    doc = json.loads(path.read_text())
+    for best in doc["metadata"]["kato"]["best"]:
+        for name in ("default_ms", "framework_ms", "framework"):
+            del best[name]
+    path.write_text(json.dumps(doc))
+    target = _db(tmp_path / "target.db")
+    with target() as session:
+        report = import_paths(session, [path])
+    assert report.best_added == 1
+    ((_, _, _, default_ms, framework_ms, framework),) = _figures(target)
+    expected = {(k, d): rest for k, d, _, *rest in _figures(source)}[("4096x4096", "float16")]
+    assert default_ms == expected[0] and default_ms is not None
+    assert (framework_ms, framework) == (None, None)

@@ -41,7 +41,7 @@ def test_init_db_creates_the_tables_in_wal_mode(tmp_path: Path) -> None:
         assert connection.execute(text("PRAGMA journal_mode")).scalar() == "wal"
         assert connection.execute(text("PRAGMA foreign_keys")).scalar() == 1
         assert connection.execute(text("PRAGMA busy_timeout")).scalar() == 30_000
-    assert current_revision(engine) == head_revision() == "0005"
+    assert current_revision(engine) == head_revision() == "0006"
 
 
 def test_init_db_twice_is_a_no_op(tmp_path: Path) -> None:

@@ -376,6 +376,8 @@ def upsert(session: Session, shape: list[int], time_ms: float, **overrides: Any)
         "config": {"BLOCK": int(time_ms * 100)},
         "time_ms": time_ms,
         "job_id": None,
+        # A winner twice as fast as the default config on its shape: served for other shapes.
+        "default_ms": 2 * time_ms,
     }
     fields.update(overrides)
     return queries.upsert_best_config(session, **fields)

@@ -95,6 +95,7 @@ def store(
         config=config,
         time_ms=time_ms,
         job_id=None,
+        default_ms=2 * time_ms,  # beat the default there: served for other shapes too
     )
     if updated_at is not None:
         session.execute(

@@ -182,7 +182,7 @@ def test_migration_0005_upgrades_a_database_with_tokens(tmp_path):
     from alembic import command
     from sqlalchemy import inspect, text
 
-    from db.session import alembic_config, current_revision, make_engine
+    from db.session import alembic_config, current_revision, head_revision, make_engine
 
     engine = make_engine(f"sqlite:///{tmp_path / 'old.db'}")
     with engine.begin() as connection:
@@ -196,7 +196,7 @@ def test_migration_0005_upgrades_a_database_with_tokens(tmp_path):
             )
         )
     init_db(engine)
-    assert current_revision(engine) == "0005"
+    assert current_revision(engine) == head_revision()
     assert "kato_user_operators" in inspect(engine).get_table_names()
     with engine.connect() as connection:
         assert connection.execute(text("SELECT operators FROM kato_api_tokens")).scalar() == 0

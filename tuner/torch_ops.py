@@ -1,0 +1,461 @@
+"""PyTorch's own op for every built-in operator, run on an operator's problem, checked against
+its float64 references and timed the way Kato times a kernel.
+
+The one module of Kato's packages that imports torch at module level
+(``tests/test_torch_isolation.py`` names it): nothing imports it but :mod:`tuner.framework`'s
+measuring child, the benchmarks' torch side (``benchmarks/torch_ops``) and tests, each only
+where torch is wanted.
+
+Each operator has an :class:`Equivalent` in :data:`EQUIVALENTS`: ``prepare`` takes the problem's
+arguments as torch values (:func:`as_torch`: the spec's ``Problem.args`` in order, the order
+each ``kernels/<op>/__init__.py`` lists under "Kernel arguments"; arrays become tensors on the
+device, numpy scalars Python numbers) and returns what torch's op reads, including what
+torch's forward would have saved for a backward op (untimed); ``run`` calls torch's op on it
+(timed) and returns one value per ``Problem.outputs`` entry: the tensor torch computes for that
+output, or None where torch's op does not produce it (Kato's cross_entropy also writes the
+row's logsumexp). Backward ops call the ATen op autograd runs for them (``native_layer_norm_
+backward``, ``_softmax_backward_data``...), not the autograd engine, whose host time is not
+the GPU's. Adding an operator is one entry.
+
+:func:`check_outputs` compares with the references by Kato's rule (``|out - ref| <= atol + rtol
+* |ref|``, or equal; NaN and inf fail; integers exact) at the problem's tolerances, widened by
+two roundings of torch's output type where it is narrower than Kato's output (torch returns a
+bfloat16 loss for bfloat16 logits, Kato a float32 one: the loss and the log-softmax it is read
+from are each rounded), and by what an equivalent's ``extra_rtol`` says torch's algorithm loses
+(cross_entropy's backward reads a log-softmax saved in the logits' type). :func:`time_calls` is
+:meth:`tuner.backends.pycuda.PyCudaBackend.time` for torch: CUDA events around batches of
+calls (about 1 ms, at most 200), each batch queued behind ``torch.cuda._sleep`` for twice the
+host's time to queue it, rotating over enough input copies that a batch streams twice the L2,
+the per-call time of each batch; :func:`measure` puts it together.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from kernels.spec import OperatorSpec, Problem
+from tuner.framework import MISMATCH, OK, FrameworkResult
+
+#: A torch value of a problem argument: a tensor (arrays) or a Python number (scalars).
+Value = Any
+
+#: Per-call batches, as Kato's timer: long enough that event resolution and launch gaps vanish.
+BATCH_TARGET_MS = 1.0
+MAX_BATCH = 200
+MAX_COPIES = MAX_BATCH
+SPIN_FACTOR = 2.0
+SPIN_MARGIN_MS = 0.05
+SPIN_RETRIES = 3
+#: L2 assumed for a GPU the catalog does not list (the largest supported: H200, 60 MiB).
+DEFAULT_L2_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class Equivalent:
+    """Torch's op for one operator. ``what`` says what ``run`` calls; ``cuda_only`` marks ops
+    torch implements for CUDA tensors only (``batch_norm_stats``)."""
+
+    run: Callable[[Any], Sequence[Any]]
+    what: str
+    prepare: Callable[[list[Value]], Any] = tuple
+    cuda_only: bool = False
+    #: Relative error torch's algorithm may add beyond Kato's tolerance, from the problem and
+    #: dtype (None: none beyond the rounding of a narrower output type, see check_outputs).
+    extra_rtol: Callable[[Problem, str], float] | None = None
+
+
+def _ce_backward_state(a: list[Value]) -> tuple[Any, ...]:
+    """What autograd holds for cross_entropy's backward: the log-softmax output (in the logits'
+    type, as torch's forward saved it), the labels, dloss in the loss's type (the logits')."""
+    logits, labels, lse, dloss, _dx, _rows, _cols, ignore = a
+    logp = (logits.float() - lse[:, None]).to(logits.dtype)
+    total_weight = torch.zeros((), dtype=logits.dtype, device=logits.device)
+    return dloss.to(logits.dtype), logp, labels, ignore, total_weight
+
+
+def _ce_backward_rtol(problem: Problem, dtype: str) -> float:
+    """Torch saves the log-softmax in the logits' type: an error of ``u * |logp|`` in logp is
+    one of ``u * |logp|`` relative in ``p = exp(logp)``, so in dlogits; plus dloss and the
+    output rounded to that type (u: the type's unit roundoff)."""
+    u = _unit_roundoff(torch_dtype(problem.args[0].dtype))
+    if not u or u <= _unit_roundoff(torch.float32):
+        return 0.0
+    logits = np.asarray(problem.args[0], np.float64)
+    lse = np.asarray(problem.args[2], np.float64)
+    worst = float(np.max(np.abs(logits - lse[:, None]), initial=0.0))
+    return u * (worst + 2)
+
+
+def _ce_backward(s: tuple[Any, ...]) -> tuple[Any]:
+    dloss, logp, labels, ignore, total_weight = s
+    grad = torch.ops.aten.nll_loss_backward(dloss, logp, labels, None, 0, ignore, total_weight)
+    return (torch.ops.aten._log_softmax_backward_data(grad, logp, 1, logp.dtype),)
+
+
+EQUIVALENTS: dict[str, Equivalent] = {
+    # args: x, y, rows, cols
+    "softmax": Equivalent(lambda s: (torch.softmax(s[0], dim=-1),), "torch.softmax(x, dim=-1)"),
+    # args: y, dy, dx, rows, cols
+    "softmax_backward": Equivalent(
+        lambda s: (torch.ops.aten._softmax_backward_data(s[1], s[0], -1, s[0].dtype),),
+        "torch._softmax_backward_data(dy, y, -1, dtype)",
+    ),
+    # args: x, weight, bias, y, mean, rstd, rows, cols, eps
+    "layernorm": Equivalent(
+        lambda s: torch.native_layer_norm(s[0], (s[7],), s[1], s[2], s[8]),
+        "torch.native_layer_norm(x, (cols,), weight, bias, eps)",
+    ),
+    # args: x, weight, mean, rstd, dy, dx, dweight, dbias, partials, nparts, rows, cols
+    "layernorm_backward": Equivalent(
+        lambda s: torch.ops.aten.native_layer_norm_backward(*s, [True, True, True]),
+        "torch.ops.aten.native_layer_norm_backward(dy, x, (cols,), mean, rstd, weight, bias)",
+        prepare=lambda a: (
+            a[4],
+            a[0],
+            [a[11]],
+            *_saved_stats(a[0], a[2], a[3]),
+            a[1],
+            torch.zeros_like(a[1]),
+        ),
+    ),
+    # args: x, weight, y, rstd, rows, cols, eps
+    "rmsnorm": Equivalent(
+        lambda s: torch._fused_rms_norm(s[0], [s[5]], s[1], s[6]),
+        "torch._fused_rms_norm(x, [cols], weight, eps) (F.rms_norm on CUDA)",
+    ),
+    # args: x, weight, rstd, dy, dx, dweight, partials, nparts, rows, cols
+    "rmsnorm_backward": Equivalent(
+        lambda s: torch.ops.aten._fused_rms_norm_backward(*s, [True, True]),
+        "torch.ops.aten._fused_rms_norm_backward(dy, x, [cols], rstd, weight)",
+        prepare=lambda a: (a[3], a[0], [a[9]], a[2].view(-1, 1), a[1]),
+        cuda_only=True,
+    ),
+    # args: x, residual, weight, s, y, rstd, rows, cols, eps
+    "add_rmsnorm": Equivalent(
+        lambda s: (sum_ := s[0] + s[1], *torch._fused_rms_norm(sum_, [s[7]], s[2], s[8])),
+        "s = x + residual; torch._fused_rms_norm(s, [cols], weight, eps)",
+    ),
+    # args: x, residual, weight, bias, s, y, mean, rstd, rows, cols, eps
+    "add_layernorm": Equivalent(
+        lambda s: (
+            sum_ := s[0] + s[1],
+            *torch.native_layer_norm(sum_, (s[9],), s[2], s[3], s[10]),
+        ),
+        "s = x + residual; torch.native_layer_norm(s, (cols,), weight, bias, eps)",
+    ),
+    # args: logits, labels, loss, lse, partials, rows, cols, ignore_index
+    "cross_entropy": Equivalent(
+        lambda s: (
+            torch.nn.functional.cross_entropy(s[0], s[1], reduction="none", ignore_index=s[7]),
+            None,  # torch's op does not return the row's logsumexp
+        ),
+        "F.cross_entropy(logits, labels, reduction='none', ignore_index)",
+    ),
+    # args: logits, labels, lse, dloss, dlogits, rows, cols, ignore_index
+    "cross_entropy_backward": Equivalent(
+        _ce_backward,
+        "nll_loss_backward then _log_softmax_backward_data (autograd of F.cross_entropy)",
+        prepare=_ce_backward_state,
+        extra_rtol=_ce_backward_rtol,
+    ),
+    # args: x, dy, y, mask, dx, n
+    "relu": Equivalent(
+        lambda s: (y := torch.relu(s[0]), torch.ops.aten.threshold_backward(s[1], y, 0)),
+        "y = torch.relu(x); torch.ops.aten.threshold_backward(dy, y, 0)",
+    ),
+    # args: x, y, rows, cols
+    "transpose": Equivalent(lambda s: (s[0].t().contiguous(),), "x.t().contiguous()"),
+    # args: a, b, c, M, N, K (torch's default float32 matmul: no TF32, as Kato's FFMA kernel)
+    "matmul": Equivalent(lambda s: (torch.matmul(s[0], s[1]),), "torch.matmul(a, b)"),
+    # args: a (M, K), b (N, K), c, M, N, K
+    "matmul_nt": Equivalent(lambda s: (torch.matmul(s[0], s[1].t()),), "torch.matmul(a, b.t())"),
+    # args: a (K, M), b (K, N), c, M, N, K
+    "matmul_tn": Equivalent(lambda s: (torch.matmul(s[0].t(), s[1]),), "torch.matmul(a.t(), b)"),
+    # args: x, out, rows, cols
+    "reduce_sum": Equivalent(
+        lambda s: (torch.sum(s[0], dim=-1, dtype=torch.float32),),
+        "torch.sum(x, dim=-1, dtype=torch.float32)",
+    ),
+    # args: x, out, workspace, counters, n
+    "reduce_sum_all": Equivalent(
+        lambda s: (torch.sum(s[0], dtype=torch.float32),), "torch.sum(x, dtype=torch.float32)"
+    ),
+    # args: x, mean, var, invstd, workspace, counters, N, C, HW, eps
+    "batchnorm_stats": Equivalent(
+        lambda s: (*_mean_none_invstd(torch.batch_norm_stats(s[0], s[9])),),
+        "torch.batch_norm_stats(x, eps) (mean, invstd; no variance)",
+        cuda_only=True,
+    ),
+    # args: x, y, rows, cols, ...
+    "sort": Equivalent(lambda s: (torch.sort(s[0], dim=-1).values,), "torch.sort(x, dim=-1)"),
+    # args: x, y, n, ...
+    "sort_1d": Equivalent(lambda s: (torch.sort(s[0]).values,), "torch.sort(x)"),
+}
+
+
+def _saved_stats(x: Any, mean: Any, rstd: Any) -> tuple[Any, Any]:
+    """Kato's per-row mean and rstd (float32) as torch's layer norm saves them: ``(rows, 1)``,
+    float32 on CUDA (the accumulation type), the input's type on the CPU."""
+    kind = torch.float32 if x.is_cuda else x.dtype
+    return mean.view(-1, 1).to(kind), rstd.view(-1, 1).to(kind)
+
+
+def _mean_none_invstd(stats: tuple[Any, Any]) -> tuple[Any, None, Any]:
+    mean, invstd = stats
+    return mean, None, invstd
+
+
+def equivalent(operator: str) -> Equivalent:
+    """The torch equivalent of ``operator``.
+
+    Raises:
+        LookupError: it has none (a user operator, or a new one without its entry).
+    """
+    try:
+        return EQUIVALENTS[operator]
+    except KeyError:
+        raise LookupError(f"no torch equivalent of operator {operator!r}") from None
+
+
+# --- problems as torch values ------------------------------------------------------------------
+
+
+def torch_dtype(dtype: np.dtype) -> torch.dtype:
+    """The torch dtype of a numpy one (ml_dtypes' bfloat16 included)."""
+    dtype = np.dtype(dtype)
+    if dtype.name == "bfloat16":
+        return torch.bfloat16
+    return torch.from_numpy(np.zeros(0, dtype)).dtype
+
+
+def as_torch(value: Any, device: str | torch.device) -> Value:
+    """A problem argument as torch sees it: an array as a tensor of its dtype on ``device``
+    (bfloat16 through its bits), a numpy scalar as a Python number."""
+    if isinstance(value, np.ndarray):
+        host = np.ascontiguousarray(value)
+        if host.dtype.name == "bfloat16":
+            tensor = torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
+        else:
+            tensor = torch.from_numpy(host)
+        return tensor.to(device)
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def problem_values(problem: Problem, device: str | torch.device) -> list[Value]:
+    """Every argument of ``problem`` as :func:`as_torch` makes it, in order."""
+    return [as_torch(arg, device) for arg in problem.args]
+
+
+def run_equivalent(operator: str, values: list[Value]) -> tuple[Any, ...]:
+    """Torch's op on a problem's arguments (:func:`problem_values`): one value per output of
+    the problem (None where torch does not produce it)."""
+    eq = equivalent(operator)
+    return tuple(eq.run(eq.prepare(values)))
+
+
+def _unit_roundoff(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).eps) / 2 if dtype.is_floating_point else 0.0
+
+
+def check_outputs(
+    spec: OperatorSpec, dtype: str, problem: Problem, outputs: Sequence[Any]
+) -> str | None:
+    """Why torch's ``outputs`` (one per ``problem.outputs`` entry, None: not produced) disagree
+    with the problem's references, or None. At least one output must be produced. Floating
+    outputs pass where equal to the reference or finite and within ``atol + rtol * |ref|``
+    (the problem's tolerances, else the spec's for ``dtype``), ``rtol`` plus twice the unit
+    roundoff of torch's output type where that type is narrower than Kato's output, plus the
+    equivalent's ``extra_rtol``; integer outputs must be equal. A shape that differs only in
+    unit dimensions (torch's ``(rows, 1)`` mean) is compared element by element."""
+    if len(outputs) != len(problem.outputs):
+        return f"torch gave {len(outputs)} outputs, the problem has {len(problem.outputs)}"
+    tolerances = problem.tolerances or [spec.tolerance(dtype)] * len(problem.outputs)
+    eq = EQUIVALENTS.get(spec.name)
+    extra = eq.extra_rtol(problem, dtype) if eq is not None and eq.extra_rtol else 0.0
+    compared = 0
+    for position, (index, reference, out, (atol, rtol)) in enumerate(
+        zip(problem.outputs, problem.references, outputs, tolerances, strict=True)
+    ):
+        if out is None:
+            continue
+        compared += 1
+        kato_dtype = problem.args[index].dtype
+        if out.numel() != reference.size:
+            return (
+                f"output {index}: torch gave {tuple(out.shape)} elements, "
+                f"the reference has {reference.shape}"
+            )
+        got = out.detach().reshape(-1)
+        if kato_dtype.kind in "iu" or not out.dtype.is_floating_point:
+            expected = torch.from_numpy(np.ascontiguousarray(reference).reshape(-1))
+            bad = int((got.to("cpu", torch.float64) != expected.to(torch.float64)).sum())
+            if bad:
+                return f"output {index}: {bad} of {reference.size} elements differ"
+            continue
+        if torch.finfo(out.dtype).eps > torch.finfo(torch_dtype(kato_dtype)).eps:
+            rtol = rtol + 2 * _unit_roundoff(out.dtype)  # the output, and an intermediate
+        rtol = rtol + extra
+        ref = torch.from_numpy(np.ascontiguousarray(reference, np.float64).reshape(-1))
+        ref = ref.to(got.device)
+        y = got.to(torch.float64)
+        err = (y - ref).abs()
+        ok = (y == ref) | (torch.isfinite(y) & (err <= atol + rtol * ref.abs()))
+        bad = int((~ok).sum())
+        if bad:
+            worst = float(torch.where(torch.isfinite(err), err, math.inf).max())
+            return (
+                f"output {index} (#{position}): {bad} of {reference.size} elements outside "
+                f"tolerance (atol={atol:g}, rtol={rtol:g}); max abs error {worst:.3g}"
+            )
+    if not compared:
+        return "torch's op produced none of the operator's outputs"
+    return None
+
+
+# --- timing ------------------------------------------------------------------------------------
+
+
+def input_copies(bytes_per_call: int, l2_bytes: int, max_copies: int = MAX_COPIES) -> int:
+    """How many input copies to rotate over so that one pass streams >= 2x the L2."""
+    return max(1, min(max_copies, math.ceil(2 * l2_bytes / max(bytes_per_call, 1))))
+
+
+def _clone(state: Any) -> Any:
+    if isinstance(state, torch.Tensor):
+        return state.clone()
+    if isinstance(state, tuple | list):
+        return type(state)(_clone(item) for item in state)
+    return state
+
+
+def _state_bytes(state: Any) -> int:
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, tuple | list):
+        return sum(_state_bytes(item) for item in state)
+    return 0
+
+
+def _sleep_cycles_per_ms(device: torch.device) -> float:
+    """GPU clock cycles of ``torch.cuda._sleep`` per millisecond, measured once."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = 1_000_000
+    for _ in range(2):  # the first may include the clock ramping up
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+    return cycles / max(start.elapsed_time(end), 1e-3)
+
+
+def time_calls(
+    run: Callable[[Any], object],
+    states: Sequence[Any],
+    *,
+    repeats: int = 15,
+    warmup: int = 3,
+    device: torch.device | None = None,
+) -> list[float]:
+    """Per-call milliseconds of each of ``repeats`` batches of ``run`` on the CUDA device,
+    rotating over ``states`` across batches (see the module docstring)."""
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    turn = {"i": 0}
+
+    def call() -> None:
+        run(states[turn["i"] % len(states)])
+        turn["i"] += 1
+
+    with torch.cuda.device(device):
+        for _ in range(warmup):
+            call()
+        torch.cuda.synchronize()
+        cycles_per_ms = _sleep_cycles_per_ms(device)
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        t0 = _now_ms()
+        start.record()
+        call()
+        end.record()
+        host_ms = _now_ms() - t0
+        end.synchronize()
+        single = max(start.elapsed_time(end), 1e-3)
+        batch = max(1, min(MAX_BATCH, math.ceil(BATCH_TARGET_MS / single)))
+        spin_ms = SPIN_FACTOR * batch * host_ms + SPIN_MARGIN_MS
+        times = []
+        for _ in range(repeats):
+            for _ in range(SPIN_RETRIES):
+                torch.cuda._sleep(int(spin_ms * cycles_per_ms))
+                start.record()
+                t0 = _now_ms()
+                for _ in range(batch):
+                    call()
+                queued_ms = _now_ms() - t0
+                end.record()
+                overtaken = start.query()  # the GPU began the batch before it was all queued
+                end.synchronize()
+                if not overtaken:
+                    break
+                spin_ms = max(2 * spin_ms, SPIN_FACTOR * queued_ms)
+            times.append(start.elapsed_time(end) / batch)
+    return times
+
+
+def _now_ms() -> float:
+    import time
+
+    return time.perf_counter() * 1e3
+
+
+def measure(
+    spec: OperatorSpec,
+    shape: Sequence[int],
+    dtype: str,
+    *,
+    device_index: int = 0,
+    problem: Problem | None = None,
+    seed: int | None = None,
+    repeats: int = 15,
+    warmup: int = 3,
+    l2_bytes: int | None = None,
+) -> FrameworkResult:
+    """Torch's op for ``spec`` at ``shape``/``dtype`` on CUDA device ``device_index``: made
+    from ``problem`` (default: ``spec.make_problem`` with a fresh generator from ``seed``),
+    checked with :func:`check_outputs` (a disagreement is a ``mismatch``, not timed), then
+    timed by :func:`time_calls` over input copies (within half the device's free memory).
+
+    Raises:
+        LookupError: the operator has no torch equivalent.
+    """
+    eq = equivalent(spec.name)
+    framework = f"torch {torch.__version__}"
+    device = torch.device("cuda", device_index)
+    if problem is None:
+        problem = spec.make_problem(tuple(shape), dtype, np.random.default_rng(seed))
+    with torch.cuda.device(device), torch.no_grad():
+        state = eq.prepare(problem_values(problem, device))
+        error = check_outputs(spec, dtype, problem, tuple(eq.run(state)))
+        if error:
+            return FrameworkResult(MISMATCH, framework, eq.what, detail=error)
+        if l2_bytes is None:
+            from tuner.gpus import find_gpu, normalize_gpu_name
+
+            gpu = find_gpu(normalize_gpu_name(torch.cuda.get_device_name(device)))
+            l2_bytes = gpu.l2_bytes if gpu is not None and gpu.l2_bytes else DEFAULT_L2_BYTES
+        copies = input_copies(spec.bytes_moved(tuple(shape), dtype), l2_bytes)
+        free, _ = torch.cuda.mem_get_info(device)
+        copies = max(1, min(copies, int(0.5 * free // max(_state_bytes(state), 1))))
+        states = [state] + [_clone(state) for _ in range(copies - 1)]
+        del problem  # the host copies and references: not needed for timing
+        times = time_calls(eq.run, states, repeats=repeats, warmup=warmup, device=device)
+    torch.cuda.empty_cache()
+    return FrameworkResult(
+        OK, framework, eq.what, tuple(times), detail=f"verified; {len(states)} input copies"
+    )
