@@ -30,6 +30,7 @@ from kato_torch._kernels import BoundOperator, bind, configure
 from kato_torch.ops import (
     add_layer_norm,
     add_rms_norm,
+    batch_norm,
     cross_entropy,
     layer_norm,
     layernorm,
@@ -49,6 +50,7 @@ __all__ = [
     "Recorder",
     "add_layer_norm",
     "add_rms_norm",
+    "batch_norm",
     "bind",
     "configure",
     "cross_entropy",

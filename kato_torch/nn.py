@@ -61,14 +61,29 @@ class Softmax(torch.nn.Softmax):
 
 
 class BatchNorm2d(torch.nn.BatchNorm2d):
-    """``torch.nn.BatchNorm2d``; Kato's training-mode forward and backward where Kato has them
-    (``ops.batch_norm``), PyTorch's module otherwise."""
+    """``torch.nn.BatchNorm2d``; Kato's training-mode forward and backward (statistics,
+    normalise, affine, running-statistics update; dx, dweight, dbias)."""
 
     def forward(self, input: Tensor) -> Tensor:
-        batch_norm = getattr(ops, "batch_norm", None)
-        if batch_norm is None:
-            return super().forward(input)
-        return batch_norm(self, input)
+        self._check_input_dim(input)
+        # torch's _BatchNorm.forward: the update factor and whether batch statistics are used.
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:  # a cumulative moving average
+                factor = 1.0 / float(self.num_batches_tracked)
+        use_batch = self.training or (self.running_mean is None and self.running_var is None)
+        track = not self.training or self.track_running_stats
+        return ops.batch_norm(
+            input,
+            self.running_mean if track else None,
+            self.running_var if track else None,
+            self.weight,
+            self.bias,
+            use_batch,
+            factor,
+            self.eps,
+        )
 
 
 #: torch class -> Kato drop-in, for :func:`kato_torch.patch`.

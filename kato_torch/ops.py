@@ -28,6 +28,8 @@ from torch import Tensor
 from kato_torch import policy as _policy
 from kato_torch._kernels import bind
 from kernels import InvalidInput, get_operator
+from kernels import batchnorm as bn_forward
+from kernels import batchnorm_backward as bn_backward
 from kernels.cross_entropy import model as ce_model
 from kernels.layernorm_backward import partial_rows as layernorm_partial_rows
 from kernels.rmsnorm_backward import partial_rows as rmsnorm_partial_rows
@@ -662,6 +664,130 @@ def relu(x: Tensor, inplace: bool = False) -> Tensor:
     return torch.relu(x)
 
 
+# --- batch norm (training) -------------------------------------------------------------------
+
+
+@torch.library.custom_op("kato::batch_norm", mutates_args=())
+def _batch_norm(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    running_mean: Tensor,
+    running_var: Tensor,
+    eps: float,
+    momentum: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Training-mode (y, mean, invstd, new running_mean, new running_var) of a contiguous
+    NCHW x; weight, bias and the running statistics float32 (the variance's update unbiased),
+    and so are mean and invstd. Functional (autograd needs it): the caller copies the new
+    running statistics into its buffers."""
+    n, c, h, w = x.shape
+    if not _use("batchnorm", (n, c, h, w), x) or x.numel() == 0:
+        new_mean, new_var = running_mean.clone(), running_var.clone()
+        y, mean, invstd = torch.native_batch_norm(
+            x, weight, bias, new_mean, new_var, True, momentum, eps
+        )
+        return y, mean.float(), invstd.float(), new_mean, new_var
+    y = torch.empty_like(x)
+    mean, invstd, new_mean, new_var = (x.new_empty(c, dtype=torch.float32) for _ in range(4))
+    workspace = x.new_empty(bn_forward.workspace_floats(c), dtype=torch.float32)
+    counters = torch.zeros(c + 1, device=x.device, dtype=torch.int32)  # uint32 zeros
+    _run("batchnorm", (n, c, h, w), x,
+         [x, weight, bias, running_mean, running_var, y, mean, invstd, new_mean, new_var,
+          workspace, counters, n, c, h * w, eps, momentum])  # fmt: skip
+    return y, mean, invstd, new_mean, new_var
+
+
+@_batch_norm.register_fake
+def _(x, weight, bias, running_mean, running_var, eps, momentum):
+    c = x.shape[1]
+    return torch.empty_like(x), *(x.new_empty(c, dtype=torch.float32) for _ in range(4))
+
+
+@torch.library.custom_op("kato::batch_norm_backward", mutates_args=())
+def _batch_norm_backward(
+    x: Tensor, dy: Tensor, mean: Tensor, invstd: Tensor, weight: Tensor, eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(dx, dweight, dbias) of training-mode batch norm from the forward's saved statistics."""
+    n, c, h, w = x.shape
+    if not _use("batchnorm_backward", (n, c, h, w), x) or x.numel() == 0:
+        dx, dw, db = torch.ops.aten.native_batch_norm_backward(
+            dy, x, weight, None, None, mean, invstd, True, eps, (True, True, True)
+        )
+        return dx, dw.float(), db.float()
+    dx, dw, db = torch.empty_like(x), torch.empty_like(weight), torch.empty_like(weight)
+    workspace = x.new_empty(bn_backward.workspace_floats(c), dtype=torch.float32)
+    counters = torch.zeros(c + 1, device=x.device, dtype=torch.int32)
+    _run("batchnorm_backward", (n, c, h, w), x,
+         [x, dy, mean, invstd, weight, dx, dw, db, workspace, counters, n, c, h * w])  # fmt: skip
+    return dx, dw, db
+
+
+@_batch_norm_backward.register_fake
+def _(x, dy, mean, invstd, weight, eps):
+    return torch.empty_like(x), torch.empty_like(weight), torch.empty_like(weight)
+
+
+def _batch_norm_setup(ctx, inputs, output):
+    x, weight, _, _, _, eps, _ = inputs
+    _, mean, invstd, new_mean, new_var = output
+    ctx.mark_non_differentiable(mean, invstd, new_mean, new_var)
+    ctx.save_for_backward(x, mean, invstd, weight)
+    ctx.eps = eps
+
+
+def _batch_norm_grad(ctx, dy, _dmean, _dinvstd, _dnew_mean, _dnew_var):
+    x, mean, invstd, weight = ctx.saved_tensors
+    dx, dw, db = torch.ops.kato.batch_norm_backward(
+        x, dy.contiguous(), mean, invstd, weight, ctx.eps
+    )
+    return dx, dw, db, None, None, None, None
+
+
+_batch_norm.register_autograd(_batch_norm_grad, setup_context=_batch_norm_setup)
+
+
+def batch_norm(
+    input: Tensor,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Tensor:
+    """``torch.nn.functional.batch_norm``; Kato's kernels for training-mode NCHW batch norm
+    with affine parameters and running statistics (Welford statistics, float32 parameters
+    and accumulation; the running statistics updated in place)."""
+    if (
+        not training
+        or input.dim() != 4
+        or weight is None
+        or bias is None
+        or running_mean is None
+        or running_var is None
+        or input.dtype not in _FLOATS
+    ):
+        return torch.nn.functional.batch_norm(
+            input, running_mean, running_var, weight, bias, training, momentum, eps
+        )
+    shape = tuple(input.shape)
+    if not (_use("batchnorm", shape, input) | _use("batchnorm_backward", shape, input)):
+        return torch.nn.functional.batch_norm(
+            input, running_mean, running_var, weight, bias, training, momentum, eps
+        )
+    # Kato's statistics and parameters are float32 whatever the data's type (as cuDNN's).
+    y, _, _, new_mean, new_var = torch.ops.kato.batch_norm(
+        input.contiguous(), weight.float(), bias.float(), running_mean.float(),
+        running_var.float(), float(eps), float(momentum),
+    )  # fmt: skip
+    with torch.no_grad():
+        running_mean.copy_(new_mean)
+        running_var.copy_(new_var)
+    return y
+
+
 # --- matmul and linear ------------------------------------------------------------------------
 
 #: Kato's GEMM operator per layout: C = A @ B ("nn"), A @ B^T ("nt"), A^T @ B ("tn").
@@ -809,6 +935,7 @@ def transpose(x: Tensor) -> Tensor:
 __all__ = [
     "add_layer_norm",
     "add_rms_norm",
+    "batch_norm",
     "cross_entropy",
     "layer_norm",
     "layernorm",

@@ -120,6 +120,23 @@ def test_linear(dtype):
     check(kato_torch.linear, torch.nn.functional.linear, [x, w, b], dtype, scale=10, grad_scale=40)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 3, 1, 7), (8, 64, 14, 14), (32, 16, 56, 56)])
+def test_batch_norm_training(dtype, shape):
+    c = shape[1]
+    x = rand(*shape, dtype=dtype, scale=2, offset=3)
+    w, b = rand(c, offset=1), rand(c)
+    if shape[0] * shape[2] * shape[3] == 1:
+        pytest.skip("one element per channel: the unbiased variance is undefined")
+    stats, stats_ref = [torch.rand(c, device="cuda") for _ in range(2)], None
+    stats_ref = [t.clone().double() for t in stats]
+    check(lambda x, w, b: kato_torch.batch_norm(x, *stats, w, b, True, 0.1, 1e-5),
+          lambda x, w, b: torch.nn.functional.batch_norm(x, *stats_ref, w, b, True, 0.1, 1e-5),
+          [x, w, b], dtype, scale=4, grad_scale=16)  # fmt: skip
+    for got, want in zip(stats, stats_ref, strict=True):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+
+
 OPCHECKS = {
     "softmax": lambda d: (rand(33, 1031, dtype=d),),
     "layer_norm": lambda d: (rand(33, 130, dtype=d), rand(130, dtype=d), rand(130, dtype=d), 1e-5),
@@ -130,6 +147,8 @@ OPCHECKS = {
     "cross_entropy": lambda d: (rand(7, 1000, dtype=d),
                                 torch.tensor([1, 2, -100, 999, 0, 5, 7], device="cuda"), -100),
     "relu": lambda d: (rand(1000, dtype=d),),
+    "batch_norm": lambda d: (rand(4, 8, 5, 5, dtype=d), rand(8), rand(8), torch.zeros(8,
+                             device="cuda"), torch.ones(8, device="cuda"), 1e-5, 0.1),
     "mm": lambda d: (rand(64, 32, dtype=d), rand(32, 48, dtype=d), "nn"),
     "transpose": lambda d: (rand(33, 65, dtype=d),),
 }  # fmt: skip

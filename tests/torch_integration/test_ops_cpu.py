@@ -203,3 +203,19 @@ def test_compiled_graph_keeps_kato_ops_without_breaking():
     (dx_ref,) = torch.autograd.grad(want, x_ref)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(dx, dx_ref)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 5), (1, 4, 1, 7)])
+def test_batch_norm_training_and_its_running_statistics(shape):
+    c = shape[1]
+    x, w, b = _rand(*shape, offset=3), _rand(c), _rand(c)
+    mean0, var0 = torch.rand(c), torch.rand(c) + 0.5
+    opcheck(torch.ops.kato.batch_norm.default, (x, w, b, mean0, var0, 1e-5, 0.1))
+    ours = (mean0.clone(), var0.clone())
+    theirs = (mean0.clone(), var0.clone())
+    _same(lambda x, w, b: kato_torch.batch_norm(x, *ours, w, b, True, 0.1, 1e-5),
+          lambda x, w, b: torch.nn.functional.batch_norm(x, *theirs, w, b, True, 0.1, 1e-5),
+          [x, w, b])  # fmt: skip
+    for a, r in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, r)
+    assert not torch.equal(ours[0], mean0)  # updated in place
