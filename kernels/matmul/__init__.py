@@ -1,5 +1,12 @@
-"""Matrix multiplication ``C = A @ B`` (row-major A (M, K), B (K, N), C (M, N)): the spec of
-``matmul.cu``. Shape ``(M, N, K)``.
+"""Matrix multiplication in three layouts, one template (``matmul.cu``) and one parameter space:
+
+- ``matmul``: ``C = A @ B``, A stored (M, K), B stored (K, N);
+- ``matmul_nt``: ``C = A @ B^T``, B stored (N, K) (``x @ W^T`` of a linear layer, ``dA = dC @
+  B^T`` of a matmul's backward);
+- ``matmul_tn``: ``C = A^T @ B``, A stored (K, M) (``dB = A^T @ dC``, ``dW = dy^T @ x``).
+
+Every array is row-major and contiguous; C is (M, N). Shape ``(M, N, K)`` for all three, kernel
+arguments ``(A, B, C, M, N, K)`` in that order.
 
 Two code paths share one parameter space; :meth:`MatmulSpec.check` pins the parameters a path
 does not use, so that no two valid configs render the same source.
@@ -10,25 +17,32 @@ float32, CUDA cores (FFMA, never TF32):
 - ``WM``, ``WN``: warp tile. A warp's 32 lanes are laid out ``LM x LN`` with ``LM = WM / TM``
   and ``LN = 32 / LM``; ``WN`` must equal ``LN * TN``.
 - ``TM``, ``TN``: per-thread register tile (4 or 8 each), read from shared memory as float4s.
-- ``VEC``: 4 = float4 global loads and stores (``K % 4 == 0`` and ``N % 4 == 0``), 1 = scalar
-  (any shape; only with BK=8, STAGES=2, PAD=4, MIN_BLOCKS=0: the fallback, not a tuning axis).
+- ``VEC``: 4 = float4 global loads and stores, 1 = scalar (only with BK=8, STAGES=2,
+  MIN_BLOCKS=0: its scalar prefetch of larger tiles spills). Both are valid on every shape: a
+  matrix whose row pitch is not a multiple of 4 loads each float4's elements one by one (the
+  shared-memory side keeps its vectors; see ``ALIGN_*`` in the template).
 - ``STAGES``: 1 = single shared buffer; 2 = double buffering, the next tile prefetched into
   registers while the current one is multiplied.
-- ``PAD``: 0 or 4 floats of padding per row of the transposed A tile (bank conflicts of the
-  transposing stores).
+- ``PAD``: 0 or 4 floats of padding per row of the tiles that the stores into shared memory
+  transpose (A in ``matmul``, A and B in ``matmul_nt``; ``matmul_tn`` transposes nothing and
+  pins PAD to 0). VEC=1 keeps PAD=4 where a tile is transposed.
 
 float16 / bfloat16, tensor cores (``mma.sync.m16n8k16``, float32 accumulators, C rounded to the
 input type like torch):
 
 - ``BM``, ``BN`` in {64, 128, 256}, ``BK`` in {32, 64}; ``WM``, ``WN`` in {32, 64}.
 - ``STAGES``: 2-4 shared-memory stages filled by ``cp.async``.
-- ``VEC``: 8 = 16-byte ``cp.async`` (``K % 8 == 0`` and ``N % 8 == 0``); 1 = scalar synchronous
-  loads (any shape; only with STAGES 2: more stages cannot overlap synchronous loads).
+- ``VEC``: 8 = 16-byte ``cp.async`` (an operand whose row pitch is not a multiple of 8 loads
+  its chunks element by element, synchronously); 1 = scalar synchronous loads (only with
+  STAGES 2: more stages cannot overlap synchronous loads; likewise VEC=8 where neither operand
+  is aligned).
 - ``TM``, ``TN``, ``PAD`` are unused and pinned to 4, 4, 0.
 
 Both: ``MIN_BLOCKS`` is the min-blocks clause of ``__launch_bounds__`` (0 = none); threads per
 block are ``32 * (BM / WM) * (BN / WN)``. The grid has one block per output tile, visited in groups
-of 8 tile-rows for L2 reuse (see :meth:`MatmulSpec.launch`).
+of 8 tile-rows for L2 reuse (see :meth:`MatmulSpec.launch`). The rendered source depends on the
+shape only through which matrices' row pitches are multiples of VEC (``ALIGN_A``, ``ALIGN_B``,
+``ALIGN_C``): one compile serves every shape of one alignment class.
 """
 
 from __future__ import annotations
@@ -57,6 +71,11 @@ MAX_M = limits.MAX_GRID_Y * GROUP_M * MIN_TILE_M
 #: state). Fit to ptxas reports for sm_80/sm_90: with less headroom than this, a tile spills.
 FP32_REGISTER_OVERHEAD = 40
 TC_REGISTER_OVERHEAD = 48
+#: Prefetch registers of one float4 whose elements load one by one (an unaligned operand).
+UNALIGNED_VEC_REGISTERS = 4
+#: Tensor cores, one operand by cp.async over 3-4 stages and the other by synchronous loads:
+#: registers the synchronous chunks add (a 64 x 64 warp tile spills there; ptxas, sm_90).
+TC_MIXED_LOAD_REGISTERS = 16
 
 #: float32 layouts kept in the space, (BM, BN, WM, WN, TM, TN): the classic 128 x 128 tile with
 #: 8 x 8 per thread and warps of 32 x 64 or 64 x 32, its 128- and 512-thread relatives, and
@@ -109,39 +128,49 @@ def register_cap(config: Config) -> int:
     return limits.launch_bounds_register_cap(threads_per_block(config), config["MIN_BLOCKS"])
 
 
-def registers_needed(config: Config, dtype: str) -> int:
-    """The register model check() compares with :func:`register_cap` (no spills below it).
+def registers_needed(config: Config, dtype: str, aligned: tuple[bool, bool] = (True, True)) -> int:
+    """The register model check() compares with :func:`register_cap` (no spills below it);
+    ``aligned``: whether A's and B's row pitches are multiples of VEC (see
+    :meth:`MatmulSpec.alignment`).
 
     Fit to ptxas reports (sm_80 and sm_90), which fill whatever the cap allows by hoisting
     addresses and fragments, so the model is about where spilling starts, not the count:
 
     - float32: TM*TN accumulators + TM + TN fragment values + the register prefetch of
       STAGES 2 (the thread's share of one A and one B tile: VEC registers per float4 load,
-      3 per scalar load, which also keeps its address) + 40.
+      3 per scalar load, which also keeps its address; a float4 of an unaligned operand loads
+      its 4 elements one by one: UNALIGNED_VEC_REGISTERS) + 40.
     - tensor cores: 4 floats per mma tile ((WM/16) * (WN/8) tiles) + the A and B fragments
       of every 16-wide k step of a BK tile (the loop is unrolled and its ldmatrix hoisted:
       (4 * WM/16 + 2 * WN/8) * BK/16) + 48. A 64 x 64 warp tile fits with BK 32, not 64.
+      With VEC 8, STAGES beyond 2 and an unaligned operand (loaded synchronously while the
+      other's cp.async run ahead), TC_MIXED_LOAD_REGISTERS more.
     """
     if is_tensor_core(dtype):
         mi, ni = config["WM"] // 16, config["WN"] // 8
-        return mi * ni * 4 + (mi * 4 + ni * 2) * (config["BK"] // 16) + TC_REGISTER_OVERHEAD
+        mixed = config["VEC"] > 1 and config["STAGES"] > 2 and not all(aligned)
+        extra = TC_MIXED_LOAD_REGISTERS if mixed else 0
+        return mi * ni * 4 + (mi * 4 + ni * 2) * (config["BK"] // 16) + TC_REGISTER_OVERHEAD + extra
     tm, tn = config["TM"], config["TN"]
     prefetch = 0
     if config["STAGES"] == 2:
         threads = threads_per_block(config)
         vec = config["VEC"]
-        loads = math.ceil(config["BM"] * config["BK"] // vec / threads)
-        loads += math.ceil(config["BK"] * config["BN"] // vec / threads)
-        prefetch = loads * (vec if vec > 1 else 3)
+        for size, ok in zip((config["BM"], config["BN"]), aligned, strict=True):
+            loads = math.ceil(size * config["BK"] // vec / threads)
+            per_load = 3 if vec == 1 else vec if ok else UNALIGNED_VEC_REGISTERS
+            prefetch += loads * per_load
     return tm * tn + tm + tn + prefetch + FP32_REGISTER_OVERHEAD
 
 
-def shared_bytes(config: Config, dtype: str) -> int:
-    """Dynamic shared memory per block (the kernel has no static shared memory)."""
+def shared_bytes(config: Config, dtype: str, trans_a: bool = False, trans_b: bool = False) -> int:
+    """Dynamic shared memory per block (the kernel has no static shared memory). float32 pads
+    the rows of the tiles its stores transpose: A's unless ``trans_a``, B's if ``trans_b``."""
     bm, bn, bk, stages = config["BM"], config["BN"], config["BK"], config["STAGES"]
     if is_tensor_core(dtype):
         return stages * (bm * bk + bk * bn) * 2
-    return stages * (bk * (bm + config["PAD"]) + bk * bn) * 4
+    pad = config["PAD"]
+    return stages * (bk * (bm + (0 if trans_a else pad)) + bk * (bn + (pad if trans_b else 0))) * 4
 
 
 def static_shared_bytes(config: Config) -> int:
@@ -150,13 +179,21 @@ def static_shared_bytes(config: Config) -> int:
 
 
 class MatmulSpec(OperatorSpec):
-    """C = A @ B with float32 accumulation; float32 on CUDA cores, fp16/bf16 on tensor cores."""
+    """C = A @ B with float32 accumulation; float32 on CUDA cores, fp16/bf16 on tensor cores.
+
+    :attr:`trans_a` / :attr:`trans_b` choose the layout (the subclasses ``matmul_tn`` and
+    ``matmul_nt``): A stored (K, M) and C = A^T @ B, or B stored (N, K) and C = A @ B^T.
+    """
 
     name = "matmul"
     description = (
         "C = A @ B, row-major (M, K) x (K, N), float32 accumulation; float32 on CUDA cores "
         "(no TF32), float16/bfloat16 on tensor cores (mma.sync)"
     )
+    #: A is stored (K, M): C = A^T @ B.
+    trans_a = False
+    #: B is stored (N, K): C = A @ B^T.
+    trans_b = False
     dtypes = ("float32", "float16", "bfloat16")
     rank = 3
     shape_names = ("M", "N", "K")
@@ -197,8 +234,8 @@ class MatmulSpec(OperatorSpec):
     def check(self, config: Config, shape: Sequence[int], dtype: str) -> str | None:
         """Why ``config`` cannot run correctly for ``shape``/``dtype``, or None if it can.
 
-        Rejects: parameters missing, unknown or outside the space; a vector width that does
-        not divide K and N (misaligned rows); threads per block outside 64..512 or
+        Rejects: parameters missing, unknown or outside the space; threads per block outside
+        64..512 or
         ``MIN_BLOCKS * threads`` over 2048; warp tiles that do not divide the block tile;
         shared memory over 227 KiB; register tiles the launch bounds cannot hold
         (:func:`registers_needed` > :func:`register_cap`: they would spill); and, per path,
@@ -219,12 +256,12 @@ class MatmulSpec(OperatorSpec):
                 *(config[p] for p in _FP32_KEYS)
             )
         try:
-            _, n, k = _validated(self, tuple(shape), dtype)
+            shape = _validated(self, tuple(shape), dtype)
         except InvalidInput as exc:
             return str(exc)
 
         bm, bn, wm, wn = config["BM"], config["BN"], config["WM"], config["WN"]
-        vec, min_blocks = config["VEC"], config["MIN_BLOCKS"]
+        min_blocks = config["MIN_BLOCKS"]
         if bm % wm or bn % wn:
             return f"warp tile {wm}x{wn} does not divide the block tile {bm}x{bn}"
         threads = threads_per_block(config)
@@ -234,15 +271,21 @@ class MatmulSpec(OperatorSpec):
             return f"MIN_BLOCKS={min_blocks} does not lower the register cap at {threads} threads"
         if reason := limits.resident_threads_error(min_blocks, threads):
             return reason
-        if k % vec or n % vec:
-            return f"VEC={vec} must divide K={k} and N={n} (rows would start misaligned)"
-        reason = (self._check_tc if tc else self._check_fp32)(config)
+        aligned = self.alignment(config, shape)
+        if tc:
+            reason = self._check_tc(config, aligned)
+        else:
+            reason = self._check_fp32(config, self.trans_a and not self.trans_b)
+            if not reason and self.trans_b and config["VEC"] == 1 and (bm, bn) == (64, 64):
+                reason = (
+                    "VEC=1 with B^T on the 64 x 64 tile spills (sm_90's ptxas keeps 64 registers)"
+                )
         if reason:
             return reason
-        smem = shared_bytes(config, dtype)
+        smem = shared_bytes(config, dtype, self.trans_a, self.trans_b)
         if smem > limits.MAX_SHARED_PER_BLOCK:
             return f"{smem} bytes of shared memory per block; at most {limits.MAX_SHARED_PER_BLOCK}"
-        need, cap = registers_needed(config, dtype), register_cap(config)
+        need, cap = registers_needed(config, dtype, aligned[:2]), register_cap(config)
         if need > cap:
             return (
                 f"the tile needs ~{need} registers per thread but the launch bounds allow {cap}: "
@@ -251,7 +294,7 @@ class MatmulSpec(OperatorSpec):
         return None
 
     @staticmethod
-    def _check_fp32(config: Config) -> str | None:
+    def _check_fp32(config: Config, nothing_transposed: bool) -> str | None:
         bm, bn, bk = config["BM"], config["BN"], config["BK"]
         wm, wn, tm, tn = config["WM"], config["WN"], config["TM"], config["TN"]
         if bk not in (8, 16):
@@ -264,20 +307,23 @@ class MatmulSpec(OperatorSpec):
             return f"WN must be TN * 32 / (WM / TM) for WM={wm}, TM={tm}, TN={tn}; got {wn}"
         if (bm, bn, wm, wn, tm, tn) not in FP32_TILES:
             return f"tile {bm}x{bn}, warp {wm}x{wn}, thread {tm}x{tn} is not in FP32_TILES"
+        if nothing_transposed and config["PAD"]:
+            return "PAD is unused where no tile is transposed into shared memory (A^T @ B): 0"
+        pad = 0 if nothing_transposed else 4
         if config["VEC"] == 1 and (bk, config["STAGES"], config["PAD"], config["MIN_BLOCKS"]) != (
             8,
             2,
-            4,
+            pad,
             0,
         ):
             return (
-                "VEC=1 (the fallback for K or N not multiples of 4) keeps BK=8, STAGES=2, PAD=4 "
-                "only (its scalar prefetch of a BK=16 tile spills)"
+                f"VEC=1 keeps BK=8, STAGES=2, PAD={pad}, MIN_BLOCKS=0 only (its scalar prefetch "
+                "of a BK=16 tile spills)"
             )
         return None
 
     @staticmethod
-    def _check_tc(config: Config) -> str | None:
+    def _check_tc(config: Config, aligned: tuple[bool, bool, bool]) -> str | None:
         for name, value in _TC_PINNED.items():
             if config[name] != value:
                 return f"{name} is unused on tensor cores and pinned to {value}"
@@ -292,15 +338,33 @@ class MatmulSpec(OperatorSpec):
             return "tensor cores take STAGES 2, 3 or 4"
         if config["VEC"] == 1 and config["STAGES"] != 2:
             return "VEC=1 loads are synchronous: STAGES beyond 2 cannot overlap them"
+        if not any(aligned[:2]) and config["STAGES"] != 2:
+            return (
+                "neither operand's rows are 16-byte aligned, so every load is synchronous: "
+                "STAGES beyond 2 cannot overlap them"
+            )
         return None
 
+    def alignment(self, config: Config, shape: Sequence[int]) -> tuple[bool, bool, bool]:
+        """Whether the row pitches of A, B and C are multiples of ``VEC`` (A's is M with
+        :attr:`trans_a`, else K; B's is K with :attr:`trans_b`, else N; C's is N): then every
+        vector of that matrix is aligned and entirely inside or outside it, else its elements
+        are loaded or stored one by one (the template's ``ALIGN_A``, ``ALIGN_B``, ``ALIGN_C``)."""
+        m, n, k = shape
+        vec = config["VEC"]
+        lda = m if self.trans_a else k
+        ldb = k if self.trans_b else n
+        return lda % vec == 0, ldb % vec == 0, n % vec == 0
+
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
-        """A valid config for any valid shape: the widest vector dividing K and N; the
+        """A valid config for any valid shape: the widest vector (valid on every shape); the
         128 x 128 tile (8 x 8 per thread in float32, 64 x 64 per warp on tensor cores) when it
         gives at least one tile per SM of an H200 (132), else 64 x 64 tiles. float32 takes
         128 x 256 tiles (twice the reuse of each A tile) where they still fill the GPU: at
-        least 100 tiles and waves of 132 at least 85% full, with vector loads (0.88-0.91 -> 1.0
-        of the optimum on the H200's recorded float32 spaces; benchmarks/untuned_defaults.py).
+        least 100 tiles and waves of 132 at least 85% full, where it does not spill (0.88-0.91
+        -> 1.0 of the optimum on the H200's recorded float32 spaces;
+        benchmarks/untuned_defaults.py). Tensor cores take 3 stages where both operands stream by
+        cp.async, else 2.
 
         Raises:
             InvalidInput: the shape or dtype is invalid (see :meth:`validate`).
@@ -308,25 +372,29 @@ class MatmulSpec(OperatorSpec):
         m, n, k = self.validate(shape, dtype)
         big = math.ceil(m / 128) * math.ceil(n / 128) >= 132
         if is_tensor_core(dtype):
-            vec = 8 if k % 8 == 0 and n % 8 == 0 else 1
-            stages = 3 if vec == 8 else 2
+            vec = 8
+            stages = 3 if all(self.alignment({"VEC": vec}, (m, n, k))[:2]) else 2
             if big:
                 tile = {"BM": 128, "BN": 128, "BK": 32, "WM": 64, "WN": 64}
             else:
                 tile = {"BM": 64, "BN": 64, "BK": 32, "WM": 32, "WN": 32}
             config = {**tile, **_TC_PINNED, "VEC": vec, "STAGES": stages, "MIN_BLOCKS": 0}
         else:
-            vec = 4 if k % 4 == 0 and n % 4 == 0 else 1
             wide = math.ceil(m / 128) * math.ceil(n / 256)
-            # With scalar loads (VEC=1) the wide tile spills under its launch bounds.
-            if vec == 4 and wide >= 100 and wide / (math.ceil(wide / 132) * 132) >= 0.85:
-                tile = {"BM": 128, "BN": 256, "BK": 8, "WM": 32, "WN": 64, "TM": 8, "TN": 8}
+            pad = 0 if self.trans_a and not self.trans_b else 4
+            rest = {"VEC": 4, "STAGES": 2, "PAD": pad, "MIN_BLOCKS": 0}
+            wide_tile = {"BM": 128, "BN": 256, "BK": 8, "WM": 32, "WN": 64, "TM": 8, "TN": 8}
+            if (
+                wide >= 100
+                and wide / (math.ceil(wide / 132) * 132) >= 0.85
+                and self.check({**wide_tile, **rest}, shape, dtype) is None
+            ):
+                tile = wide_tile
             elif big:
                 tile = {"BM": 128, "BN": 128, "BK": 8, "WM": 32, "WN": 64, "TM": 8, "TN": 8}
             else:
-                bk = 16 if vec == 4 else 8
-                tile = {"BM": 64, "BN": 64, "BK": bk, "WM": 16, "WN": 32, "TM": 4, "TN": 4}
-            config = {**tile, "VEC": vec, "STAGES": 2, "PAD": 4, "MIN_BLOCKS": 0}
+                tile = {"BM": 64, "BN": 64, "BK": 16, "WM": 16, "WN": 32, "TM": 4, "TN": 4}
+            config = {**tile, **rest}
         reason = self.check(config, shape, dtype)
         if reason:  # unreachable for a valid shape
             raise AssertionError(f"default matmul config invalid for {tuple(shape)}: {reason}")
@@ -335,13 +403,19 @@ class MatmulSpec(OperatorSpec):
     # --- rendering and launching --------------------------------------------------------------
 
     def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
-        """Tunables (in space order), then DTYPE, IS_HALF and IS_BF16. Nothing depends on the
-        shape: one compile serves every (M, N, K)."""
+        """Tunables (in space order), then DTYPE, IS_HALF, IS_BF16, the layout (TRANS_A,
+        TRANS_B) and :meth:`alignment` (ALIGN_A, ALIGN_B, ALIGN_C): the shape matters only
+        through those, so one compile serves every (M, N, K) of one alignment class."""
         is_half, is_bf16 = _CUDA_FLAGS[dtype]
         macros: dict[str, object] = {name: config[name] for name in self.params}
         macros["DTYPE"] = DTYPES[dtype][1]
         macros["IS_HALF"] = is_half
         macros["IS_BF16"] = is_bf16
+        macros["TRANS_A"] = int(self.trans_a)
+        macros["TRANS_B"] = int(self.trans_b)
+        align = self.alignment(config, shape)
+        for name, ok in zip(("ALIGN_A", "ALIGN_B", "ALIGN_C"), align, strict=True):
+            macros[name] = int(ok)
         return macros
 
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
@@ -354,24 +428,25 @@ class MatmulSpec(OperatorSpec):
         return Launch(
             grid=(min(tiles_m, GROUP_M) * tiles_n, math.ceil(tiles_m / GROUP_M), 1),
             block=(threads_per_block(config), 1, 1),
-            shared_bytes=shared_bytes(config, dtype),
+            shared_bytes=shared_bytes(config, dtype, self.trans_a, self.trans_b),
         )
 
     # --- problems and references --------------------------------------------------------------
 
     def make_problem(self, shape: Sequence[int], dtype: str, rng: np.random.Generator) -> Problem:
-        """A, B ~ U(-1, 1) rounded to ``dtype`` (zeros redrawn as 0.5: never zero); C pre-filled
-        with NaN. The reference is the float64 product of the inputs *as stored*. The
-        tolerance scales with K (see :meth:`tolerance_for`)."""
+        """A ((M, K), or (K, M) with :attr:`trans_a`), B ((K, N), or (N, K) with
+        :attr:`trans_b`) ~ U(-1, 1) rounded to ``dtype`` (zeros redrawn as 0.5: never zero); C
+        (M, N) pre-filled with NaN. The reference is the float64 product of the inputs *as
+        stored*. The tolerance scales with K (see :meth:`tolerance_for`)."""
         m, n, k = self.validate(shape, dtype)
         np_dtype = DTYPES[dtype][0]
-        a = _uniform_nonzero(rng, (m, k), np_dtype)
-        b = _uniform_nonzero(rng, (k, n), np_dtype)
+        a = _uniform_nonzero(rng, (k, m) if self.trans_a else (m, k), np_dtype)
+        b = _uniform_nonzero(rng, (n, k) if self.trans_b else (k, n), np_dtype)
         c = np.full((m, n), np.nan, dtype=np_dtype)
         return Problem(
             args=[a, b, c, np.int32(m), np.int32(n), np.int32(k)],
             outputs=[2],
-            references=[matmul_reference(a, b)],
+            references=[matmul_reference(a, b, self.trans_a, self.trans_b)],
             tolerances=[self.tolerance_for(k, dtype)],
         )
 
@@ -429,16 +504,48 @@ def _uniform_nonzero(rng: np.random.Generator, shape: tuple[int, int], dtype: np
     return out
 
 
-def matmul_reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Float64 ``a @ b`` of the inputs as stored (any float dtype, incl. ml_dtypes)."""
-    return a.astype(np.float64) @ b.astype(np.float64)
+def matmul_reference(
+    a: np.ndarray, b: np.ndarray, trans_a: bool = False, trans_b: bool = False
+) -> np.ndarray:
+    """Float64 ``op(a) @ op(b)`` of the inputs as stored (any float dtype, incl. ml_dtypes);
+    op transposes where ``trans_a`` / ``trans_b``."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    return (a64.T if trans_a else a64) @ (b64.T if trans_b else b64)
+
+
+class MatmulNTSpec(MatmulSpec):
+    """C = A @ B^T, B stored (N, K): a linear layer's ``x @ W^T`` and a matmul's ``dC @ B^T``."""
+
+    name = "matmul_nt"
+    description = (
+        "C = A @ B^T, row-major A (M, K) and B (N, K), float32 accumulation; float32 on CUDA "
+        "cores (no TF32), float16/bfloat16 on tensor cores (mma.sync)"
+    )
+    trans_b = True
+
+
+class MatmulTNSpec(MatmulSpec):
+    """C = A^T @ B, A stored (K, M): a matmul's ``A^T @ dC``, a linear layer's ``dy^T @ x``."""
+
+    name = "matmul_tn"
+    description = (
+        "C = A^T @ B, row-major A (K, M) and B (K, N), float32 accumulation; float32 on CUDA "
+        "cores (no TF32), float16/bfloat16 on tensor cores (mma.sync)"
+    )
+    trans_a = True
 
 
 MATMUL = register(MatmulSpec())
+MATMUL_NT = register(MatmulNTSpec())
+MATMUL_TN = register(MatmulTNSpec())
 
 __all__ = [
     "MATMUL",
+    "MATMUL_NT",
+    "MATMUL_TN",
+    "MatmulNTSpec",
     "MatmulSpec",
+    "MatmulTNSpec",
     "matmul_reference",
     "register_cap",
     "registers_needed",

@@ -1,46 +1,57 @@
-// Matrix multiplication C = A @ B with row-major A (M, K), B (K, N), C (M, N), float32
-// accumulation for every element type. M, N and K are kernel arguments: one compile serves every
-// shape.
+// Matrix multiplication C = op(A) @ op(B), C (M, N) row-major, float32 accumulation for every
+// element type. Layouts (TRANS_A, TRANS_B): A is (M, K) row-major, or (K, M) with TRANS_A (C =
+// A^T @ B); B is (K, N), or (N, K) with TRANS_B (C = A @ B^T): the operands of a backward pass
+// and of x @ W^T, read in place. M, N and K are kernel arguments: one compile serves every shape
+// of one alignment class (ALIGN_*).
 //
 // Two code paths, chosen by the element type:
 //
-// * float32 (IS_HALF == IS_BF16 == 0): CUDA cores (FFMA, no TF32). Shared-memory tiles BM x BK of
-//   A (stored transposed, As[k][m], so that a thread reads its TM rows as float4s) and BK x BN of
-//   B (Bs[k][n]). Warp tiling: a warp covers WM x WN of the block tile, its 32 lanes laid out
-//   LM x LN (LM = WM / TM, LN = 32 / LM, WN = LN * TN); a lane's TM x TN register tile is split
-//   into (TM/4) x (TN/4) sub-tiles of 4 x 4, sub-tile (i, j) at rows i*4*LM + lm*4 and columns
-//   j*4*LN + ln*4 of the warp tile, so every shared-memory read is a float4 that the lanes of a
-//   quarter-warp take from contiguous addresses (conflict-free) or broadcast.
+// * float32 (IS_HALF == IS_BF16 == 0): CUDA cores (FFMA, no TF32). Shared-memory tiles As[k][m]
+//   (BK x BM, so that a thread reads its TM rows as float4s) and Bs[k][n] (BK x BN) in every
+//   layout; an operand whose global rows run along k (A (M, K), B (N, K)) is transposed by its
+//   stores into shared memory. Warp tiling: a warp covers WM x WN of the block tile, its 32 lanes
+//   laid out LM x LN (LM = WM / TM, LN = 32 / LM, WN = LN * TN); a lane's TM x TN register tile
+//   is split into (TM/4) x (TN/4) sub-tiles of 4 x 4, sub-tile (i, j) at rows i*4*LM + lm*4 and
+//   columns j*4*LN + ln*4 of the warp tile, so every shared-memory read is a float4 that the
+//   lanes of a quarter-warp take from contiguous addresses (conflict-free) or broadcast.
 //   STAGES 1: load, barrier, compute, barrier. STAGES 2: double buffering with a register
 //   prefetch of the next tile (its global loads are in flight during the current tile's FFMAs;
-//   one barrier per tile). PAD (0 or 4 floats) pads the rows of As against the bank conflicts of
-//   the transposing stores.
+//   one barrier per tile). PAD (0 or 4 floats) pads the rows of the transposed tiles against the
+//   bank conflicts of the transposing stores.
 // * float16 / bfloat16 (IS_HALF or IS_BF16): tensor cores, mma.sync.aligned.m16n8k16 (f32
-//   accumulators) with fragments from ldmatrix (.trans for B). A warp covers WM x WN: (WM/16) x
-//   (WN/8) mma tiles. STAGES (2..4) shared-memory stages filled by cp.async (16-byte copies,
-//   VEC == 8) or by plain guarded 2-byte loads (VEC == 1: any K and N). Shared tiles are stored
-//   in 16-byte chunks with an XOR swizzle (see swizzle()) so that the 8 row addresses of every
-//   ldmatrix phase fall into 8 distinct bank groups. C is written in the input type (as torch).
+//   accumulators) with fragments from ldmatrix. Shared tiles keep their operand's global layout
+//   (ldmatrix or ldmatrix.trans gives the mma fragments of either). A warp covers WM x WN:
+//   (WM/16) x (WN/8) mma tiles. STAGES (2..4) shared-memory stages filled by cp.async (16-byte
+//   copies, VEC == 8) or by plain guarded 2-byte loads (VEC == 1, or an operand whose rows are
+//   not 16-byte aligned). Shared tiles are stored in 16-byte chunks with an XOR swizzle (see
+//   swizzle()) so that the 8 row addresses of every ldmatrix phase fall into 8 distinct bank
+//   groups. C is written in the input type (as torch).
 //
 // Both paths: one block per output tile, tiles visited in groups of 8 tile-rows (column-major
 // inside a group; see tile_coords) so that blocks running together share A and B panels in L2.
 // Loads outside A or B are zero-filled, stores outside C are skipped: any M, N, K >= 1 works.
+// A, B and C must start 16-byte aligned (every allocation does).
 //
 // Tunable parameters (`#define NAME value` lines before this template; kernels/matmul/__init__.py
 // renders them and its check() enforces the constraints):
 //   BM, BN, BK    block tile.
 //   WM, WN        warp tile; threads per block = 32 * (BM / WM) * (BN / WN).
 //   TM, TN        float32: thread tile (4 or 8 each). Tensor cores: unused (the spec pins them).
-//   VEC           float32: 4 = float4 global loads/stores (needs K % 4 == 0 and N % 4 == 0),
-//                 1 = scalar. Tensor cores: 8 = 16-byte cp.async (needs K % 8 == 0 and
-//                 N % 8 == 0), 1 = scalar loads.
+//   VEC           elements per global load and store: float32 4 (float4) or 1; tensor cores 8
+//                 (16-byte cp.async) or 1. Any shape: see ALIGN_*.
 //   STAGES        float32: 1 or 2 (register prefetch). Tensor cores: 2, 3 or 4 (cp.async).
-//   PAD           float32: padding of As rows in floats (0 or 4). Tensor cores: 0 (swizzle).
+//   PAD           float32: padding of the transposed tiles' rows in floats (0 or 4). Tensor
+//                 cores: 0 (swizzle).
 //   MIN_BLOCKS    __launch_bounds__(threads, MIN_BLOCKS); 0 = no min-blocks clause.
-// Derived: DTYPE (float, __half, __nv_bfloat16), IS_HALF, IS_BF16.
+// Derived: DTYPE (float, __half, __nv_bfloat16), IS_HALF, IS_BF16; the layout TRANS_A, TRANS_B
+// (0 or 1); and from the shape, ALIGN_A, ALIGN_B, ALIGN_C: 1 where that matrix's row pitch is a
+// multiple of VEC (its vectors are aligned and entirely inside or outside it: one vector load or
+// store each), 0 where it is not (each vector's elements are loaded or stored one by one,
+// guarded; the shared-memory side keeps its vectors).
 //
 // Dynamic shared memory (the launch passes it; no static shared memory at all):
-//   float32: STAGES * (BK * (BM + PAD) + BK * BN) * 4 bytes;
+//   float32: STAGES * (BK * (BM + PAD_A) + BK * (BN + PAD_B)) * 4 bytes, PAD_A = PAD unless
+//   TRANS_A, PAD_B = PAD if TRANS_B;
 //   tensor cores: STAGES * (BM * BK + BK * BN) * 2 bytes.
 
 #ifndef KATO_NS
@@ -78,6 +89,21 @@
 #endif
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 0
+#endif
+#ifndef TRANS_A
+#define TRANS_A 0
+#endif
+#ifndef TRANS_B
+#define TRANS_B 0
+#endif
+#ifndef ALIGN_A
+#define ALIGN_A 1
+#endif
+#ifndef ALIGN_B
+#define ALIGN_B 1
+#endif
+#ifndef ALIGN_C
+#define ALIGN_C 1
 #endif
 #ifndef DTYPE
 #define DTYPE float
@@ -143,19 +169,19 @@ __device__ __forceinline__ bool tile_coords(int tiles_m, int tiles_n, int& tm, i
 
 constexpr int kLM = WM / TM;  // lanes along M in a warp
 constexpr int kLN = 32 / kLM;  // lanes along N
-constexpr int kAsLd = BM + PAD;  // row stride of As[k][m]
+// Shared tiles are As[k][m] and Bs[k][n] in every layout (one inner loop). An operand whose rows
+// run along k in global memory (A of TRANS_A == 0, B of TRANS_B == 1) is transposed by its stores
+// into shared memory; only those tiles take the PAD (against the stores' bank conflicts).
+constexpr int kAsLd = BM + (TRANS_A ? 0 : PAD);  // row stride of As[k][m]
+constexpr int kBsLd = BN + (TRANS_B ? PAD : 0);  // row stride of Bs[k][n]
 constexpr int kAsSize = BK * kAsLd;
-constexpr int kBsSize = BK * BN;
-constexpr int kAVecs = BM * BK / VEC;  // vectors in one A tile
-constexpr int kBVecs = BK * BN / VEC;  // vectors in one B tile
-constexpr int kALoads = (kAVecs + kThreads - 1) / kThreads;  // per thread
-constexpr int kBLoads = (kBVecs + kThreads - 1) / kThreads;
+constexpr int kBsSize = BK * kBsLd;
 
 static_assert(TM % 4 == 0 && TN % 4 == 0, "TM and TN must be multiples of 4");
 static_assert(WM % TM == 0 && 32 % kLM == 0 && kLN * TN == WN, "warp layout: WN = TN*32/(WM/TM)");
 static_assert(VEC == 1 || VEC == 4, "float32 VEC must be 1 or 4");
 static_assert(BK % VEC == 0 && BN % VEC == 0, "VEC must divide BK and BN");
-static_assert(PAD % 4 == 0, "PAD keeps As rows 16-byte aligned");
+static_assert(PAD % 4 == 0, "PAD keeps As and Bs rows 16-byte aligned");
 static_assert(STAGES == 1 || STAGES == 2, "float32 STAGES must be 1 or 2");
 
 template <int V>
@@ -164,76 +190,113 @@ template <>
 struct VecOf<4> { using type = float4; };
 using Vec = typename VecOf<VEC>::type;
 
+// A tile of ROWS x COLS elements as stored in global memory (row-major), read as vectors of VEC
+// consecutive columns; vector idx is row idx / kPerRow, columns (idx % kPerRow) * VEC.
+template <int ROWS, int COLS>
+struct Tile {
+  static constexpr int kPerRow = COLS / VEC;
+  static constexpr int kVecs = ROWS * kPerRow;
+  static constexpr int kLoads = (kVecs + kThreads - 1) / kThreads;  // per thread
+};
+// The A tile: BM rows of BK (A is (M, K)) or, with TRANS_A, BK rows of BM (A is (K, M)); the B
+// tile: BK rows of BN (B is (K, N)) or, with TRANS_B, BN rows of BK (B is (N, K)).
+using ATile = Tile<TRANS_A ? BK : BM, TRANS_A ? BM : BK>;
+using BTile = Tile<TRANS_B ? BN : BK, TRANS_B ? BK : BN>;
+constexpr int kALoads = ATile::kLoads;
+constexpr int kBLoads = BTile::kLoads;
+
 __device__ __forceinline__ void set_zero(float4& v) { v = make_float4(0.f, 0.f, 0.f, 0.f); }
 __device__ __forceinline__ void set_zero(float& v) { v = 0.f; }
 
-// Column c.. of row r of the A tile into As[c..][r] (transposed).
-__device__ __forceinline__ void store_a(float* As, int r, int c, const float4& v) {
-  As[(c + 0) * kAsLd + r] = v.x;
-  As[(c + 1) * kAsLd + r] = v.y;
-  As[(c + 2) * kAsLd + r] = v.z;
-  As[(c + 3) * kAsLd + r] = v.w;
+// The first `valid` elements at p, one load each (a row whose pitch is not a multiple of 4
+// floats: its vectors are not 16-byte aligned); the rest stay zero.
+__device__ __forceinline__ void load_guarded(float4& v, const float* p, int valid) {
+  if (valid > 0) v.x = __ldg(p);
+  if (valid > 1) v.y = __ldg(p + 1);
+  if (valid > 2) v.z = __ldg(p + 2);
+  if (valid > 3) v.w = __ldg(p + 3);
 }
-__device__ __forceinline__ void store_a(float* As, int r, int c, float v) { As[c * kAsLd + r] = v; }
+__device__ __forceinline__ void load_guarded(float& v, const float* p, int valid) {
+  if (valid > 0) v = __ldg(p);
+}
 
-// Global -> registers: the A tile (rows m0.., columns k0..) and B tile (rows k0.., columns n0..),
-// zero outside the matrices. With VEC == 4, K % 4 == 0 and N % 4 == 0 (the spec checks), so a
-// vector is entirely inside or entirely outside, and 16-byte aligned.
+// Global -> registers: the tile at (r0, c0) of a row-major rows x cols matrix (row pitch cols),
+// zero outside it. ALIGNED (cols % VEC == 0, 16-byte aligned base): a vector is entirely inside
+// or outside the matrix and aligned, one vector load; otherwise its elements load one by one.
+template <class Shape, bool ALIGNED>
+__device__ __forceinline__ void load_tile(const float* __restrict__ src, int rows, int cols,
+                                          int r0, int c0, int tid, Vec (&reg)[Shape::kLoads]) {
+#pragma unroll
+  for (int i = 0; i < Shape::kLoads; ++i) {
+    const int idx = tid + i * kThreads;
+    set_zero(reg[i]);
+    if (Shape::kVecs % kThreads == 0 || idx < Shape::kVecs) {
+      const int r = idx / Shape::kPerRow;
+      const int c = (idx % Shape::kPerRow) * VEC;
+      const int gr = r0 + r;
+      const int gc = c0 + c;
+      if (ALIGNED) {
+        if (gr < rows && gc < cols) {
+          reg[i] = __ldg(reinterpret_cast<const Vec*>(src + static_cast<long long>(gr) * cols + gc));
+        }
+      } else if (gr < rows) {
+        load_guarded(reg[i], src + static_cast<long long>(gr) * cols + gc, cols - gc);
+      }
+    }
+  }
+}
+
+// Element (r, c..c+VEC-1) of a tile into dst[r][c..] (as is) or dst[c..][r] (TRANSPOSE).
+__device__ __forceinline__ void put(float* dst, int ld, int r, int c, const float4& v,
+                                    bool transpose) {
+  if (transpose) {
+    dst[(c + 0) * ld + r] = v.x;
+    dst[(c + 1) * ld + r] = v.y;
+    dst[(c + 2) * ld + r] = v.z;
+    dst[(c + 3) * ld + r] = v.w;
+  } else {
+    *reinterpret_cast<float4*>(dst + r * ld + c) = v;
+  }
+}
+__device__ __forceinline__ void put(float* dst, int ld, int r, int c, float v, bool transpose) {
+  dst[transpose ? c * ld + r : r * ld + c] = v;
+}
+
+// Registers -> shared: the tile into dst with row stride LD, transposed if TRANSPOSE.
+template <class Shape, bool TRANSPOSE, int LD>
+__device__ __forceinline__ void store_tile(float* __restrict__ dst, int tid,
+                                           const Vec (&reg)[Shape::kLoads]) {
+#pragma unroll
+  for (int i = 0; i < Shape::kLoads; ++i) {
+    const int idx = tid + i * kThreads;
+    if (Shape::kVecs % kThreads == 0 || idx < Shape::kVecs) {
+      put(dst, LD, idx / Shape::kPerRow, (idx % Shape::kPerRow) * VEC, reg[i], TRANSPOSE);
+    }
+  }
+}
+
+// Global -> registers: the A tile of rows m0.. and k0.. and the B tile of k0.. and columns n0..
 __device__ __forceinline__ void load_tiles(const float* __restrict__ A, const float* __restrict__ B,
                                            int M, int N, int K, int m0, int n0, int k0, int tid,
                                            Vec (&ra)[kALoads], Vec (&rb)[kBLoads]) {
-#pragma unroll
-  for (int i = 0; i < kALoads; ++i) {
-    const int idx = tid + i * kThreads;
-    set_zero(ra[i]);
-    if (kAVecs % kThreads == 0 || idx < kAVecs) {
-      const int r = idx / (BK / VEC);
-      const int c = (idx % (BK / VEC)) * VEC;
-      const int gm = m0 + r;
-      const int gk = k0 + c;
-      if (gm < M && gk < K) {
-        ra[i] = __ldg(reinterpret_cast<const Vec*>(A + static_cast<long long>(gm) * K + gk));
-      }
-    }
+  if (TRANS_A) {
+    load_tile<ATile, ALIGN_A != 0>(A, K, M, k0, m0, tid, ra);
+  } else {
+    load_tile<ATile, ALIGN_A != 0>(A, M, K, m0, k0, tid, ra);
   }
-#pragma unroll
-  for (int i = 0; i < kBLoads; ++i) {
-    const int idx = tid + i * kThreads;
-    set_zero(rb[i]);
-    if (kBVecs % kThreads == 0 || idx < kBVecs) {
-      const int r = idx / (BN / VEC);
-      const int c = (idx % (BN / VEC)) * VEC;
-      const int gk = k0 + r;
-      const int gn = n0 + c;
-      if (gk < K && gn < N) {
-        rb[i] = __ldg(reinterpret_cast<const Vec*>(B + static_cast<long long>(gk) * N + gn));
-      }
-    }
+  if (TRANS_B) {
+    load_tile<BTile, ALIGN_B != 0>(B, N, K, n0, k0, tid, rb);
+  } else {
+    load_tile<BTile, ALIGN_B != 0>(B, K, N, k0, n0, tid, rb);
   }
 }
 
-// Registers -> shared: A transposed into As[k][m], B as is into Bs[k][n].
+// Registers -> shared: As[k][m], Bs[k][n].
 __device__ __forceinline__ void store_tiles(float* __restrict__ As, float* __restrict__ Bs,
                                             int tid, const Vec (&ra)[kALoads],
                                             const Vec (&rb)[kBLoads]) {
-#pragma unroll
-  for (int i = 0; i < kALoads; ++i) {
-    const int idx = tid + i * kThreads;
-    if (kAVecs % kThreads == 0 || idx < kAVecs) {
-      const int r = idx / (BK / VEC);
-      const int c = (idx % (BK / VEC)) * VEC;
-      store_a(As, r, c, ra[i]);
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < kBLoads; ++i) {
-    const int idx = tid + i * kThreads;
-    if (kBVecs % kThreads == 0 || idx < kBVecs) {
-      const int r = idx / (BN / VEC);
-      const int c = (idx % (BN / VEC)) * VEC;
-      *reinterpret_cast<Vec*>(Bs + r * BN + c) = rb[i];
-    }
-  }
+  store_tile<ATile, TRANS_A == 0, kAsLd>(As, tid, ra);
+  store_tile<BTile, TRANS_B != 0, kBsLd>(Bs, tid, rb);
 }
 
 // acc += As^T-tile x Bs-tile for this thread's TM x TN outputs. a_off / b_off: the thread's first
@@ -255,7 +318,7 @@ __device__ __forceinline__ void compute_tile(const float* __restrict__ As,
     }
 #pragma unroll
     for (int j = 0; j < TN / 4; ++j) {
-      const float4 v = *reinterpret_cast<const float4*>(Bs + k * BN + b_off + j * 4 * kLN);
+      const float4 v = *reinterpret_cast<const float4*>(Bs + k * kBsLd + b_off + j * 4 * kLN);
       b[j * 4 + 0] = v.x;
       b[j * 4 + 1] = v.y;
       b[j * 4 + 2] = v.z;
@@ -333,7 +396,7 @@ __device__ __forceinline__ void matmul(const float* __restrict__ A, const float*
 #pragma unroll
       for (int j = 0; j < TN / 4; ++j) {
         const int gn = n0 + b_off + j * 4 * kLN;
-#if VEC == 4
+#if VEC == 4 && ALIGN_C
         // N % 4 == 0 and gn % 4 == 0: the 4 columns are all inside or all outside.
         if (gn < N) {
           *reinterpret_cast<float4*>(crow + gn) = make_float4(
@@ -357,14 +420,20 @@ __device__ __forceinline__ void matmul(const float* __restrict__ A, const float*
 
 constexpr int kMI = WM / 16;  // mma tiles per warp along M
 constexpr int kNI = WN / 8;  // along N
-constexpr int kCA = BK / 8;  // 16-byte chunks per As row
-constexpr int kCB = BN / 8;  // per Bs row
+// Shared tiles keep the global layout of their operand: As is [BM][BK] (A is (M, K)) or, with
+// TRANS_A, [BK][BM] (A is (K, M)), read by ldmatrix (.trans for [BK][BM]); Bs is [BK][BN] (B is
+// (K, N)) or, with TRANS_B, [BN][BK] (B is (N, K)), read by ldmatrix.trans ([BK][BN]) or plain.
+constexpr int kALd = TRANS_A ? BM : BK;  // elements per As row
+constexpr int kBLd = TRANS_B ? BK : BN;  // per Bs row
+constexpr int kCA = kALd / 8;  // 16-byte chunks per As row
+constexpr int kCB = kBLd / 8;  // per Bs row
 constexpr int kAsSize = BM * BK;  // elements per stage
 constexpr int kBsSize = BK * BN;
 
 static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile must be a multiple of 16 x 16");
 static_assert(BK % 16 == 0 && BK >= 16, "BK must be a multiple of 16");
-static_assert(BN % 64 == 0, "BN must be a multiple of 64 (swizzle over 8 chunks)");
+static_assert(BM % 64 == 0 && BN % 64 == 0, "BM and BN must be multiples of 64");
+static_assert((kCA & (kCA - 1)) == 0 && (kCB & (kCB - 1)) == 0, "chunks per row: powers of 2");
 static_assert(VEC == 1 || VEC == 8, "tensor-core VEC must be 1 or 8");
 static_assert(STAGES >= 2 && STAGES <= 4, "tensor-core STAGES must be 2..4");
 
@@ -455,68 +524,74 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], 
 #endif
 }
 
-// One stage: A rows m0.. / columns k0.. into As[BM][BK], B rows k0.. / columns n0.. into
-// Bs[BK][BN], both swizzled by 16-byte chunk; zeros outside the matrices.
+// Global -> shared: the ROWS x COLS tile at (r0, c0) of a row-major rows x cols matrix (row pitch
+// cols) into dst[ROWS][COLS], swizzled by 16-byte chunk; zeros outside the matrix.
+template <int ROWS, int COLS, bool ALIGNED>
+__device__ __forceinline__ void load_tile(const unsigned short* __restrict__ src, int rows,
+                                          int cols, int r0, int c0, unsigned short* dst,
+                                          int tid) {
+  constexpr int kC = COLS / 8;
+#if VEC == 8
+  constexpr int kChunks = ROWS * kC;
+#pragma unroll
+  for (int i = 0; i < (kChunks + kThreads - 1) / kThreads; ++i) {
+    const int idx = tid + i * kThreads;
+    if (kChunks % kThreads == 0 || idx < kChunks) {
+      const int r = idx / kC;
+      const int c = idx % kC;
+      const int gr = r0 + r;
+      const int gc = c0 + c * 8;
+      if (ALIGNED) {
+        // cols % 8 == 0: a chunk is entirely inside or outside, and 16-byte aligned.
+        const bool ok = gr < rows && gc < cols;
+        const unsigned short* p = ok ? src + static_cast<long long>(gr) * cols + gc : src;
+        cp_async16(smem_u32(dst + r * COLS + swizzle<kC>(r, c) * 8), p, ok ? 16 : 0);
+      } else {
+        // Rows not 16-byte aligned: the chunk's elements load one by one (synchronously) and
+        // go to shared memory as one 16-byte store.
+        const unsigned short* p = src + static_cast<long long>(gr) * cols + gc;
+        unsigned w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          if (gr < rows && gc + e < cols) w[e / 2] |= static_cast<unsigned>(p[e]) << (16 * (e % 2));
+        }
+        *reinterpret_cast<uint4*>(dst + r * COLS + swizzle<kC>(r, c) * 8) =
+            make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
+  }
+#else
+  // Scalar, synchronous: consecutive threads take consecutive columns of a row.
+  constexpr int kElems = ROWS * COLS;
+#pragma unroll 4
+  for (int idx = tid; idx < kElems; idx += kThreads) {
+    const int r = idx / COLS;
+    const int c = idx % COLS;
+    const int gr = r0 + r;
+    const int gc = c0 + c;
+    unsigned short v = 0;
+    if (gr < rows && gc < cols) v = src[static_cast<long long>(gr) * cols + gc];
+    dst[r * COLS + swizzle<kC>(r, c / 8) * 8 + c % 8] = v;
+  }
+#endif
+}
+
+// One stage: the A tile of rows m0.. and k0.. and the B tile of k0.. and columns n0.., in their
+// global layouts (see kALd, kBLd).
 __device__ __forceinline__ void load_stage(const unsigned short* __restrict__ A,
                                            const unsigned short* __restrict__ B,
                                            unsigned short* As, unsigned short* Bs, int M, int N,
                                            int K, int m0, int n0, int k0, int tid) {
-#if VEC == 8
-  // K % 8 == 0 and N % 8 == 0 (the spec checks): a chunk is entirely inside or outside, and
-  // 16-byte aligned.
-  constexpr int kAChunks = BM * kCA;
-#pragma unroll
-  for (int i = 0; i < (kAChunks + kThreads - 1) / kThreads; ++i) {
-    const int idx = tid + i * kThreads;
-    if (kAChunks % kThreads == 0 || idx < kAChunks) {
-      const int r = idx / kCA;
-      const int c = idx % kCA;
-      const int gm = m0 + r;
-      const int gk = k0 + c * 8;
-      const bool ok = gm < M && gk < K;
-      const unsigned short* src = ok ? A + static_cast<long long>(gm) * K + gk : A;
-      cp_async16(smem_u32(As + r * BK + swizzle<kCA>(r, c) * 8), src, ok ? 16 : 0);
-    }
+  if (TRANS_A) {
+    load_tile<BK, BM, ALIGN_A != 0>(A, K, M, k0, m0, As, tid);
+  } else {
+    load_tile<BM, BK, ALIGN_A != 0>(A, M, K, m0, k0, As, tid);
   }
-  constexpr int kBChunks = BK * kCB;
-#pragma unroll
-  for (int i = 0; i < (kBChunks + kThreads - 1) / kThreads; ++i) {
-    const int idx = tid + i * kThreads;
-    if (kBChunks % kThreads == 0 || idx < kBChunks) {
-      const int r = idx / kCB;
-      const int c = idx % kCB;
-      const int gk = k0 + r;
-      const int gn = n0 + c * 8;
-      const bool ok = gk < K && gn < N;
-      const unsigned short* src = ok ? B + static_cast<long long>(gk) * N + gn : B;
-      cp_async16(smem_u32(Bs + r * BN + swizzle<kCB>(r, c) * 8), src, ok ? 16 : 0);
-    }
+  if (TRANS_B) {
+    load_tile<BN, BK, ALIGN_B != 0>(B, N, K, n0, k0, Bs, tid);
+  } else {
+    load_tile<BK, BN, ALIGN_B != 0>(B, K, N, k0, n0, Bs, tid);
   }
-#else
-  // Scalar, synchronous: any K and N. Consecutive threads take consecutive columns of a row.
-  constexpr int kAElems = BM * BK;
-#pragma unroll 4
-  for (int idx = tid; idx < kAElems; idx += kThreads) {
-    const int r = idx / BK;
-    const int k = idx % BK;
-    const int gm = m0 + r;
-    const int gk = k0 + k;
-    unsigned short v = 0;
-    if (gm < M && gk < K) v = A[static_cast<long long>(gm) * K + gk];
-    As[r * BK + swizzle<kCA>(r, k / 8) * 8 + k % 8] = v;
-  }
-  constexpr int kBElems = BK * BN;
-#pragma unroll 4
-  for (int idx = tid; idx < kBElems; idx += kThreads) {
-    const int r = idx / BN;
-    const int n = idx % BN;
-    const int gk = k0 + r;
-    const int gn = n0 + n;
-    unsigned short v = 0;
-    if (gk < K && gn < N) v = B[static_cast<long long>(gk) * N + gn];
-    Bs[r * BN + swizzle<kCB>(r, n / 8) * 8 + n % 8] = v;
-  }
-#endif
 }
 
 // acc += this warp's WM x WN block of As x Bs (one stage).
@@ -529,18 +604,34 @@ __device__ __forceinline__ void compute_stage(const unsigned short* As, const un
     unsigned b[kNI][2];
 #pragma unroll
     for (int i = 0; i < kMI; ++i) {
-      // lanes 0-15: rows 0-15 at k 0-7; lanes 16-31: rows 0-15 at k 8-15 -> a0..a3.
-      const int r = wm0 + i * 16 + (lane & 15);
-      const int c = kk * 2 + (lane >> 4);
-      ldmatrix_x4(a[i], smem_u32(As + r * BK + swizzle<kCA>(r, c) * 8));
+      if (TRANS_A) {
+        // As[k][m]: matrix q of lanes 8q.. is k 8 * (q / 2).. at m 8 * (q % 2).., transposed.
+        const int q = lane >> 3;
+        const int r = kk * 16 + (q >> 1) * 8 + (lane & 7);
+        const int c = (wm0 + i * 16) / 8 + (q & 1);
+        ldmatrix_x4_trans(a[i], smem_u32(As + r * kALd + swizzle<kCA>(r, c) * 8));
+      } else {
+        // lanes 0-15: rows 0-15 at k 0-7; lanes 16-31: rows 0-15 at k 8-15 -> a0..a3.
+        const int r = wm0 + i * 16 + (lane & 15);
+        const int c = kk * 2 + (lane >> 4);
+        ldmatrix_x4(a[i], smem_u32(As + r * kALd + swizzle<kCA>(r, c) * 8));
+      }
     }
 #pragma unroll
     for (int j = 0; j < kNI / 2; ++j) {
-      // lanes 0-7: k 0-7, lanes 8-15: k 8-15 of n-tile 2j; lanes 16-31: the same of n-tile 2j+1.
-      const int r = kk * 16 + (lane & 15);
-      const int c = (wn0 + j * 16) / 8 + (lane >> 4);
       unsigned q[4];
-      ldmatrix_x4_trans(q, smem_u32(Bs + r * BN + swizzle<kCB>(r, c) * 8));
+      if (TRANS_B) {
+        // Bs[n][k]: matrix p of lanes 8p.. is n 8 * (p / 2).. at k 8 * (p % 2).., not transposed.
+        const int p = lane >> 3;
+        const int r = wn0 + j * 16 + (p >> 1) * 8 + (lane & 7);
+        const int c = kk * 2 + (p & 1);
+        ldmatrix_x4(q, smem_u32(Bs + r * kBLd + swizzle<kCB>(r, c) * 8));
+      } else {
+        // lanes 0-7: k 0-7, lanes 8-15: k 8-15 of n-tile 2j; lanes 16-31: the same of 2j+1.
+        const int r = kk * 16 + (lane & 15);
+        const int c = (wn0 + j * 16) / 8 + (lane >> 4);
+        ldmatrix_x4_trans(q, smem_u32(Bs + r * kBLd + swizzle<kCB>(r, c) * 8));
+      }
       b[2 * j][0] = q[0];
       b[2 * j][1] = q[1];
       b[2 * j + 1][0] = q[2];
@@ -637,7 +728,7 @@ __device__ __forceinline__ void matmul(const T* __restrict__ A_, const T* __rest
 #pragma unroll
         for (int j = 0; j < kNI; ++j) {
           const int gn = n0 + wn0 + j * 8 + tig * 2;
-#if VEC == 8
+#if VEC == 8 && ALIGN_C
           // N even and gn even: both columns inside or both outside; 4-byte aligned.
           if (gn < N) store_pair(C, row + gn, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
 #else

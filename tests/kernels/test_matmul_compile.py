@@ -1,16 +1,23 @@
-"""Every valid matmul variant compiles for sm_80 and sm_90, with the resources the spec models.
+"""Every valid variant of matmul, matmul_nt and matmul_tn compiles for sm_80 and sm_90, with
+the resources the spec models.
 
-The rendered source does not depend on the shape (M, N, K are kernel arguments), so "every
-variant" is every config ``check`` accepts at 4096^3 (VEC 4/8 and the scalar VEC=1 fallback are
-both valid there) plus the default configs of a few awkward shapes; they are compiled in batches
-through ``tests/kernels/compile_harness.py``. Checked: no compile errors, registers within the
-``__launch_bounds__`` cap, no spills at all (check() rejects tiles that would spill), no static
-shared memory (every buffer is dynamic, as ``shared_bytes`` models it).
+The rendered source depends on the shape only through its alignment class (which of A, B and C
+have row pitches that are multiples of VEC: ``MatmulSpec.alignment``). Compiled, in batches
+through ``tests/kernels/compile_harness.py``: every config ``check`` accepts for matmul at 4096^3
+(every matrix aligned; VEC 4/8 and the scalar VEC=1 are both valid) for both archs, the default
+configs of a few awkward shapes, and for every operator, dtype and alignment class (4096^3,
+4096x4095x4096, 4095x4096x4095, 127x129x131 reach all four of each layout) the variants with
+the most registers per launch-bounds cap and one per VEC and STAGES, for sm_90.
+``KATO_COMPILE_FULL=1`` compiles every distinct variant of every class for both archs instead
+(~2000 sources: run it on a machine with many cores; ``KATO_COMPILE_WORKERS``, default the CPU
+count there). Checked: no compile errors, registers within the ``__launch_bounds__`` cap, no
+spills at all (check() rejects tiles that would spill), no static shared memory (every buffer is
+dynamic, as ``shared_bytes`` models it).
 
 The last test runs the template itself on the CPU (see the section at the end).
 
-Time: ~206 distinct sources x 2 archs, ~90 s of compiler CPU time (~45-50 s on 2 idle cores),
-plus ~10 s CPU for the emulation's g++ builds and runs.
+Time: ~206 + ~150 distinct sources, ~2-3 min of compiler CPU time cold (a warm cubin cache
+compiles nothing), plus ~1 min CPU for the emulation's g++ builds and runs.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from compile_harness import Outcome, compile_variants, distinct_variants
+from compile_harness import Outcome, Variant, compile_variants, distinct_variants
 from cuda_emulation import HostBuild
 
 from kernels import get_operator
@@ -40,37 +47,116 @@ from tuner.nvcc import nvcc_available
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
 
 SPEC = get_operator("matmul")
+SPECS = tuple(get_operator(name) for name in ("matmul", "matmul_nt", "matmul_tn"))
 SHAPE = (4096, 4096, 4096)
-AWKWARD_SHAPES = ((1, 1, 1), (127, 131, 257), (70000, 64, 64), (1, 4096, 4096))
+#: With SHAPE, every alignment class of every layout: (K, N) of matmul and matmul_nt, (M, N) of
+#: matmul_tn aligned or not, in all four combinations.
+CLASS_SHAPES = (SHAPE, (4096, 4095, 4096), (4095, 4096, 4095), (127, 129, 131))
+AWKWARD_SHAPES = ((1, 1, 1), (127, 131, 257), (70000, 64, 64), (1, 4096, 4096), (33, 8191, 17))
+FULL = os.environ.get("KATO_COMPILE_FULL") == "1"
 #: Override with e.g. KATO_COMPILE_TEST_ARCHS=sm_90 to halve the time.
 ARCHS = tuple(os.environ.get("KATO_COMPILE_TEST_ARCHS", "sm_80,sm_90").split(","))
 BATCH = 16  # tensor-core variants are large: small batches keep both workers busy to the end
-WORKERS = 2
+WORKERS = int(os.environ.get("KATO_COMPILE_WORKERS", os.cpu_count() if FULL else 2) or 2)
 
 
-def cases() -> list[tuple[tuple[int, ...], str]]:
-    return [(SHAPE, d) for d in SPEC.dtypes] + [(s, d) for d in SPEC.dtypes for s in AWKWARD_SHAPES]
+def _by_class(spec, variants: list[Variant]) -> dict[tuple, list[Variant]]:
+    groups: dict[tuple, list[Variant]] = {}
+    for v in variants:
+        key = (v.dtype, spec.alignment(v.config, v.shape))
+        groups.setdefault(key, []).append(v)
+    return groups
+
+
+def class_sample(spec) -> list[Variant]:
+    """Every distinct variant of every alignment class with FULL; else, per (dtype, class), the
+    two with the highest modelled registers per cap and one per (VEC, STAGES)."""
+    every = distinct_variants(spec, [(s, d) for s in CLASS_SHAPES for d in spec.dtypes])
+    if FULL:
+        return every
+    chosen = []
+    for group in _by_class(spec, every).values():
+
+        def load(v: Variant) -> float:
+            aligned = v.spec.alignment(v.config, v.shape)[:2]
+            return registers_needed(v.config, v.dtype, aligned) / register_cap(v.config)
+
+        picks = sorted(group, key=load, reverse=True)[:2]
+        seen = {(v.config["VEC"], v.config["STAGES"]) for v in picks}
+        for v in group:
+            if (v.config["VEC"], v.config["STAGES"]) not in seen:
+                seen.add((v.config["VEC"], v.config["STAGES"]))
+                picks.append(v)
+        chosen += picks
+    return chosen
+
+
+def variants_and_archs() -> list[tuple[Variant, tuple[str, ...]]]:
+    """(variant, archs): matmul's aligned space and the awkward defaults for every arch; the
+    class samples for sm_90 alone unless FULL. No source twice."""
+    out, seen = [], set()
+
+    def add(variants, archs):
+        for v in variants:
+            if v.source() not in seen:
+                seen.add(v.source())
+                out.append((v, archs))
+
+    cases = [(SHAPE, d) for d in SPEC.dtypes] + [
+        (s, d) for d in SPEC.dtypes for s in AWKWARD_SHAPES
+    ]
+    add(distinct_variants(SPEC, cases), ARCHS)
+    for spec in SPECS:
+        add(class_sample(spec), ARCHS if FULL else ARCHS[-1:])
+        defaults = [
+            Variant(spec, spec.default_config(s, d), s, d)
+            for s in AWKWARD_SHAPES
+            for d in spec.dtypes
+        ]
+        add(defaults, ARCHS)
+    return out
 
 
 @pytest.fixture(scope="module")
 def outcomes(cubin_cache: Path) -> list[Outcome]:
-    variants = distinct_variants(SPEC, cases())
-    # Tensor-core variants first (the slowest to build), so that the workers finish together.
-    variants.sort(key=lambda v: v.dtype == "float32")
+    planned = variants_and_archs()
     start = time.perf_counter()
-    found = compile_variants(variants, ARCHS, cubin_cache, batch=BATCH, workers=WORKERS)
-    print(
-        f"\ncompiled {len(variants)} variants x {len(ARCHS)} archs in "
-        f"{time.perf_counter() - start:.0f} s"
-    )
+    found = []
+    for archs in sorted({a for _, a in planned}):
+        variants = [v for v, a in planned if a == archs]
+        # Tensor-core variants first (the slowest to build), so that the workers finish together.
+        variants.sort(key=lambda v: v.dtype == "float32")
+        found += compile_variants(variants, archs, cubin_cache, batch=BATCH, workers=WORKERS)
+    print(f"\ncompiled {len(planned)} variants in {time.perf_counter() - start:.0f} s")
     return found
 
 
 def test_space_has_variants_for_every_dtype_and_arch(outcomes: list[Outcome]) -> None:
     for dtype in SPEC.dtypes:
         for arch in ARCHS:
-            got = [o for o in outcomes if o.variant.dtype == dtype and o.arch == arch]
+            got = [
+                o
+                for o in outcomes
+                if o.variant.dtype == dtype
+                and o.arch == arch
+                and o.variant.spec is SPEC
+                and o.variant.shape == SHAPE
+            ]
             assert 60 <= len(got) <= 160, (dtype, arch, len(got))
+
+
+def test_every_layout_dtype_and_alignment_class_is_compiled(outcomes: list[Outcome]) -> None:
+    """Each operator reaches four alignment classes per dtype; each is compiled, VEC 1 too."""
+    for spec in SPECS:
+        for dtype in spec.dtypes:
+            got = {
+                (spec.alignment(o.variant.config, o.variant.shape), o.variant.config["VEC"])
+                for o in outcomes
+                if o.variant.spec is spec and o.variant.dtype == dtype
+            }
+            classes = {a for a, vec in got if vec > 1}
+            assert len(classes) == 4, (spec.name, dtype, classes)
+            assert any(vec == 1 for _, vec in got), (spec.name, dtype)
 
 
 def test_every_variant_compiles(outcomes: list[Outcome]) -> None:
@@ -100,7 +186,8 @@ def test_nothing_spills(outcomes: list[Outcome]) -> None:
             continue
         res = o.resources[SPEC.kernel_name]
         if res.spill_bytes:
-            model = registers_needed(o.variant.config, o.variant.dtype)
+            aligned = o.variant.spec.alignment(o.variant.config, o.variant.shape)[:2]
+            model = registers_needed(o.variant.config, o.variant.dtype, aligned)
             spills.append(
                 f"{o.arch} {o.variant}: {res.spill_bytes} spill bytes, {res.registers} registers "
                 f"(model {model}, cap {register_cap(o.variant.config)})"
@@ -306,38 +393,75 @@ def _tc(bm, bn, wm, wn, bk, vec, stages):
     }
 
 
-#: (config, shape, dtype): every float32 tile layout, both vector widths and both STAGES; every
-#: tensor-core stage count, both BK, both vector widths, all warp shapes; shapes with tails in
-#: M, N and K (and K shorter than the pipeline depth), a 2-group grid, M = 1.
+NN, NT, TN = (get_operator(name) for name in ("matmul", "matmul_nt", "matmul_tn"))
+
+#: (spec, config, shape, dtype). matmul: every float32 tile layout, both vector widths and both
+#: STAGES; every tensor-core stage count, both BK, both vector widths, all warp shapes; shapes
+#: with tails in M, N and K (and K shorter than the pipeline depth), a 2-group grid, M = 1.
+#: Then every layout with VEC > 1 in each alignment class it has (both operands aligned, one,
+#: none; C aligned or not), and VEC = 1, on both paths.
 EMULATED = [
-    (_fp32(64, 64, 16, 32, 4, 4, 8, 1), (70, 75, 37), "float32"),
-    (_fp32(64, 64, 16, 32, 4, 4, 16, 4, 1, 0), (136, 68, 36), "float32"),
-    (_fp32(128, 128, 32, 64, 8, 8, 8, 4), (130, 132, 20), "float32"),
-    (_fp32(128, 128, 64, 32, 8, 8, 16, 4, 1, 4), (129, 60, 52), "float32"),
-    (_fp32(128, 64, 32, 64, 8, 8, 8, 1), (1, 70, 9), "float32"),
-    (_fp32(64, 128, 32, 64, 8, 8, 16, 4), (600, 132, 40), "float32"),
-    (_fp32(128, 128, 32, 32, 8, 4, 8, 1), (131, 129, 3), "float32"),
-    (_fp32(128, 256, 32, 64, 8, 8, 8, 4, 2, 0), (100, 260, 24), "float32"),
-    (_fp32(256, 128, 64, 32, 8, 8, 16, 4, 1, 4), (260, 100, 36), "float32"),
-    (_tc(128, 128, 64, 64, 32, 8, 3), (136, 136, 104), "float16"),
-    (_tc(128, 128, 64, 64, 32, 1, 2), (131, 129, 70), "bfloat16"),
-    (_tc(64, 64, 32, 32, 64, 8, 4), (1, 72, 200), "bfloat16"),
-    (_tc(64, 64, 32, 32, 32, 1, 2), (600, 65, 33), "float16"),
-    (_tc(128, 128, 32, 64, 64, 8, 2), (130, 136, 16), "float16"),
-    (_tc(128, 64, 64, 32, 64, 8, 3), (129, 64, 136), "bfloat16"),
-    (_tc(64, 128, 32, 64, 32, 8, 4), (70, 200, 264), "float16"),
-    (_tc(256, 128, 64, 64, 32, 8, 4), (257, 136, 40), "bfloat16"),
+    (NN, _fp32(64, 64, 16, 32, 4, 4, 8, 1), (70, 75, 37), "float32"),
+    (NN, _fp32(64, 64, 16, 32, 4, 4, 16, 4, 1, 0), (136, 68, 36), "float32"),
+    (NN, _fp32(128, 128, 32, 64, 8, 8, 8, 4), (130, 132, 20), "float32"),
+    (NN, _fp32(128, 128, 64, 32, 8, 8, 16, 4, 1, 4), (129, 60, 52), "float32"),
+    (NN, _fp32(128, 64, 32, 64, 8, 8, 8, 1), (1, 70, 9), "float32"),
+    (NN, _fp32(64, 128, 32, 64, 8, 8, 16, 4), (600, 132, 40), "float32"),
+    (NN, _fp32(128, 128, 32, 32, 8, 4, 8, 1), (131, 129, 3), "float32"),
+    (NN, _fp32(128, 256, 32, 64, 8, 8, 8, 4, 2, 0), (100, 260, 24), "float32"),
+    (NN, _fp32(256, 128, 64, 32, 8, 8, 16, 4, 1, 4), (260, 100, 36), "float32"),
+    (NN, _tc(128, 128, 64, 64, 32, 8, 3), (136, 136, 104), "float16"),
+    (NN, _tc(128, 128, 64, 64, 32, 1, 2), (131, 129, 70), "bfloat16"),
+    (NN, _tc(64, 64, 32, 32, 64, 8, 4), (1, 72, 200), "bfloat16"),
+    (NN, _tc(64, 64, 32, 32, 32, 1, 2), (600, 65, 33), "float16"),
+    (NN, _tc(128, 128, 32, 64, 64, 8, 2), (130, 136, 16), "float16"),
+    (NN, _tc(128, 64, 64, 32, 64, 8, 3), (129, 64, 136), "bfloat16"),
+    (NN, _tc(64, 128, 32, 64, 32, 8, 4), (70, 200, 264), "float16"),
+    (NN, _tc(256, 128, 64, 64, 32, 8, 4), (257, 136, 40), "bfloat16"),
+    # matmul, unaligned: K and N odd; K odd, N aligned; K aligned, N odd (C unaligned).
+    (NN, _fp32(64, 64, 16, 32, 4, 4, 16, 4), (70, 75, 37), "float32"),
+    (NN, _fp32(128, 128, 32, 64, 8, 8, 8, 4, 1, 0), (130, 132, 21), "float32"),
+    (NN, _fp32(64, 128, 32, 64, 8, 8, 8, 4), (65, 131, 40), "float32"),
+    (NN, _tc(128, 128, 64, 64, 32, 8, 2), (131, 129, 70), "float16"),
+    (NN, _tc(64, 128, 32, 64, 32, 8, 3), (130, 136, 33), "bfloat16"),
+    (NN, _tc(64, 64, 32, 32, 64, 8, 4), (67, 131, 72), "float16"),
+    # matmul_nt: B (N, K). Aligned, K odd (both operands), N odd (C), VEC 1.
+    (NT, _fp32(128, 128, 64, 32, 8, 8, 16, 4, 1, 4), (129, 60, 52), "float32"),
+    (NT, _fp32(64, 64, 16, 32, 4, 4, 8, 4, 2, 0), (136, 68, 36), "float32"),
+    (NT, _fp32(128, 64, 32, 64, 8, 8, 16, 4), (67, 131, 97), "float32"),
+    (NT, _fp32(64, 128, 32, 64, 8, 8, 8, 4), (65, 66, 40), "float32"),
+    (NT, _fp32(128, 128, 32, 32, 8, 4, 8, 1), (130, 129, 9), "float32"),
+    (NT, _fp32(128, 128, 32, 64, 8, 8, 8, 4, 1, 0), (130, 132, 21), "float32"),
+    (NT, _tc(128, 128, 64, 64, 32, 8, 3), (136, 136, 104), "float16"),
+    (NT, _tc(64, 128, 32, 64, 64, 8, 4), (70, 200, 264), "bfloat16"),
+    (NT, _tc(64, 64, 32, 32, 32, 8, 2), (67, 131, 97), "float16"),
+    (NT, _tc(128, 64, 64, 32, 64, 8, 3), (129, 66, 136), "bfloat16"),
+    (NT, _tc(64, 64, 32, 32, 64, 1, 2), (1, 72, 200), "bfloat16"),
+    (NT, _tc(64, 128, 32, 64, 32, 8, 2), (130, 136, 33), "bfloat16"),
+    # matmul_tn: A (K, M). Aligned, M odd (A), N odd (B and C), neither, VEC 1.
+    (TN, _fp32(64, 128, 32, 64, 8, 8, 16, 4, 2, 0), (136, 68, 36), "float32"),
+    (TN, _fp32(128, 128, 32, 64, 8, 8, 8, 4, 1, 0), (131, 132, 20), "float32"),
+    (TN, _fp32(128, 256, 32, 64, 8, 8, 8, 4, 2, 0), (100, 262, 24), "float32"),
+    (TN, _fp32(64, 64, 16, 32, 4, 4, 16, 4, 1, 0), (67, 131, 97), "float32"),
+    (TN, _fp32(64, 64, 16, 32, 4, 4, 8, 1, 2, 0), (70, 75, 37), "float32"),
+    (TN, _tc(128, 128, 64, 64, 32, 8, 3), (136, 136, 104), "bfloat16"),
+    (TN, _tc(256, 64, 64, 64, 32, 8, 4), (264, 64, 40), "float16"),
+    (TN, _tc(128, 64, 64, 32, 64, 8, 2), (129, 131, 70), "float16"),
+    (TN, _tc(64, 64, 32, 32, 32, 8, 3), (136, 131, 33), "bfloat16"),
+    (TN, _tc(64, 256, 64, 64, 32, 8, 2), (131, 136, 48), "float16"),
+    (TN, _tc(64, 64, 32, 32, 32, 1, 2), (70, 65, 33), "float16"),
 ]
 
 
 def emulation_source(cases) -> str:
     template = SPEC.template.read_text()
+    assert all(spec.template == SPEC.template for spec, *_ in cases)
     assert _DYNAMIC_SHARED in template  # the emulation provides kato_smem itself
     host_template = template.replace(_DYNAMIC_SHARED, "")
     parts = [EMULATION_HEADER]
     dispatch = []
-    for i, (config, shape, dtype) in enumerate(cases):
-        macros = SPEC.defines(config, shape, dtype)
+    for i, (spec, config, shape, dtype) in enumerate(cases):
+        macros = spec.defines(config, shape, dtype)
         parts += [
             f"#define {SPEC.kernel_name} {SPEC.kernel_name}_{i}",
             f"#define KATO_NS kato_ns_{i}",
@@ -348,7 +472,7 @@ def emulation_source(cases) -> str:
             "#undef KATO_LAUNCH_BOUNDS",
         ]
         ctype = macros["DTYPE"]
-        launch = SPEC.launch(config, shape, dtype)
+        launch = spec.launch(config, shape, dtype)
         m, n, k = shape
         dispatch.append(
             f"case {i}: launch([&] {{ {SPEC.kernel_name}_{i}(({ctype}*)a.data(), "
@@ -377,10 +501,22 @@ def test_kernel_logic_on_the_cpu(tmp_path: Path) -> None:
     include = _cuda_include_dir()
     if include is None or not (include / "cuda_fp16.h").is_file():
         pytest.skip("CUDA headers not found next to nvcc")
-    for config, shape, dtype in EMULATED:
-        assert SPEC.check(config, shape, dtype) is None, (config, shape, dtype)
-    fp32 = [c for c, _, d in EMULATED if d == "float32"]
+    for spec, config, shape, dtype in EMULATED:
+        assert spec.check(config, shape, dtype) is None, (spec.name, config, shape, dtype)
+    fp32 = [c for spec, c, _, d in EMULATED if d == "float32" and spec is NN]
     assert {(c["BM"], c["BN"], c["WM"], c["WN"], c["TM"], c["TN"]) for c in fp32} == set(FP32_TILES)
+    # every layout and path in all four alignment classes with VEC > 1 (C unaligned in some), and
+    # with VEC = 1
+    for spec in (NN, NT, TN):
+        for tc in (False, True):
+            got = {
+                (spec.alignment(c, shape), c["VEC"])
+                for s, c, shape, d in EMULATED
+                if s is spec and (d != "float32") == tc
+            }
+            wide = {a for a, vec in got if vec > 1}
+            assert len(wide) == 4 and any(not a[2] for a in wide), (spec.name, tc, got)
+            assert any(vec == 1 for _, vec in got), (spec.name, tc)
     halves = [EMULATED[0::2], EMULATED[1::2]]
     builds = []
     for k, half in enumerate(halves):
@@ -395,8 +531,8 @@ def test_kernel_logic_on_the_cpu(tmp_path: Path) -> None:
     rng = np.random.default_rng(7)
     failures = []
     for k, half in enumerate(halves):
-        for i, (config, shape, dtype) in enumerate(half):
-            problem = SPEC.make_problem(shape, dtype, rng)
+        for i, (spec, config, shape, dtype) in enumerate(half):
+            problem = spec.make_problem(shape, dtype, rng)
             a, b, c = problem.args[:3]
             a.tofile(tmp_path / "a.bin")
             b.tofile(tmp_path / "b.bin")
@@ -414,7 +550,7 @@ def test_kernel_logic_on_the_cpu(tmp_path: Path) -> None:
             if not ok.all():
                 bad = np.argwhere(~ok)
                 failures.append(
-                    f"{dtype} {shape} {config}: {len(bad)} bad, first at {bad[0].tolist()}: "
-                    f"{got[tuple(bad[0])]} vs {ref[tuple(bad[0])]}"
+                    f"{spec.name} {dtype} {shape} {config}: {len(bad)} bad, first at "
+                    f"{bad[0].tolist()}: {got[tuple(bad[0])]} vs {ref[tuple(bad[0])]}"
                 )
     assert not failures, "\n".join(failures)

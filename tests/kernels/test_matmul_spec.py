@@ -1,6 +1,7 @@
-"""The matmul spec: constraints, defaults, rendering, launch geometry, problems, references, and
-the kernels' index logic re-implemented in numpy (tile rasterization, the float32 warp-tiled
-thread layout, the tensor-core swizzle, ldmatrix/mma fragment layouts)."""
+"""The matmul specs (``matmul``, ``matmul_nt``, ``matmul_tn``): constraints, defaults, rendering,
+launch geometry, problems, references, and the kernels' index logic re-implemented in numpy
+(tile rasterization, the float32 warp-tiled thread layout, the tensor-core swizzle, ldmatrix/mma
+fragment layouts of every operand layout)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from kernels.matmul import (
     GROUP_M,
     MAX_M,
     TC_TILES,
+    MatmulNTSpec,
     MatmulSpec,
+    MatmulTNSpec,
     matmul_reference,
     register_cap,
     registers_needed,
@@ -34,6 +37,9 @@ def valid(shape: tuple[int, ...], dtype: str) -> list[dict]:
 
 
 SPEC = get_operator("matmul")
+NT = get_operator("matmul_nt")
+TN = get_operator("matmul_tn")
+SPECS = (SPEC, NT, TN)
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
 SHAPES = [
     (1, 1, 1),
@@ -102,6 +108,74 @@ def test_registered_with_the_contract_attributes() -> None:
     assert len(SPEC.version) == 12
 
 
+@pytest.mark.parametrize(
+    ("spec", "cls", "name", "stored"),
+    [
+        (NT, MatmulNTSpec, "matmul_nt", ((7, 5), (3, 5))),  # A (M, K), B (N, K)
+        (TN, MatmulTNSpec, "matmul_tn", ((5, 7), (5, 3))),  # A (K, M), B (K, N)
+    ],
+)
+def test_layouts_are_registered_with_the_matmul_contract(spec, cls, name, stored) -> None:
+    assert isinstance(spec, cls) and spec.name == name and spec in list_operators()
+    assert spec.shape_names == ("M", "N", "K") and spec.rank == 3
+    assert spec.kernel_name == SPEC.kernel_name and spec.template == SPEC.template
+    assert spec.params == SPEC.params and spec.dtypes == SPEC.dtypes
+    assert spec.describe()["name"] == name and spec.describe()["space_size"] == SPEC.space_size()
+    problem = spec.make_problem((7, 3, 5), "float32", np.random.default_rng(0))
+    a, b, c = problem.args[:3]
+    assert (a.shape, b.shape, c.shape) == (*stored, (7, 3))
+    assert [int(x) for x in problem.args[3:]] == [7, 3, 5]
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_reference_is_the_product_of_the_stored_operands(spec, dtype) -> None:
+    problem = spec.make_problem((9, 11, 13), dtype, np.random.default_rng(2))
+    a, b = (x.astype(np.float64) for x in problem.args[:2])
+    want = np.einsum(
+        ("km" if spec.trans_a else "mk") + "," + ("nk" if spec.trans_b else "kn") + "->mn", a, b
+    )
+    np.testing.assert_allclose(problem.references[0], want, rtol=1e-13)
+    assert problem.tolerances == [spec.tolerance_for(13, dtype)]
+    assert np.isnan(problem.args[2].astype(np.float64)).all()
+
+
+def test_layout_specific_constraints() -> None:
+    # A^T @ B transposes no tile into shared memory: PAD is pinned to 0 there (VEC 1 too).
+    assert "PAD is unused" in TN.check(fp32_cfg(), (64, 64, 64), "float32")
+    assert TN.check(fp32_cfg(PAD=0), (64, 64, 64), "float32") is None
+    assert TN.check(fp32_cfg(PAD=0, VEC=1), (65, 67, 69), "float32") is None
+    assert "PAD=4" in NT.check(fp32_cfg(PAD=0, VEC=1), (64, 64, 64), "float32")
+    small = fp32_cfg(BM=64, BN=64, WM=16, WN=32, TM=4, TN=4, VEC=1)
+    assert SPEC.check(small, (64, 64, 64), "float32") is None
+    assert "spills" in NT.check(small, (64, 64, 64), "float32")
+    # B (N, K) is transposed into Bs[k][n], padded like A's tile
+    assert shared_bytes(fp32_cfg(), "float32", trans_b=True) == 2 * (8 * 132 + 8 * 132) * 4
+    assert shared_bytes(fp32_cfg(PAD=0), "float32", trans_a=True) == 2 * (8 * 128 + 8 * 128) * 4
+    assert NT.launch(fp32_cfg(), (64, 64, 64), "float32").shared_bytes == 2 * (8 * 132) * 2 * 4
+    for spec in SPECS:
+        for dtype in DTYPE_NAMES:
+            assert {c["VEC"] for c in valid_for(spec, (127, 129, 131), dtype)} == (
+                {1, 4} if dtype == "float32" else {1, 8}
+            )
+
+
+@functools.cache
+def valid_for(spec, shape: tuple[int, ...], dtype: str) -> list[dict]:
+    return SearchSpace(spec.params, lambda c: spec.check(c, shape, dtype)).valid_configs()
+
+
+def test_layouts_render_distinct_sources_per_class() -> None:
+    for dtype in DTYPE_NAMES:
+        for shape in ((4096, 4096, 4096), (127, 129, 131), (4096, 4095, 4096)):
+            sources = [
+                spec.render(c, shape, dtype)
+                for spec in SPECS
+                for c in valid_for(spec, shape, dtype)
+            ]
+            assert len(set(sources)) == len(sources)
+
+
 # --- validation and constraints ----------------------------------------------------------------
 
 
@@ -122,8 +196,6 @@ def test_validate_rejects_what_the_kernel_cannot_index() -> None:
 @pytest.mark.parametrize(
     ("config", "shape", "dtype", "reason"),
     [
-        (fp32_cfg(VEC=4), (64, 64, 30), "float32", "VEC=4 must divide K"),
-        (fp32_cfg(VEC=4), (64, 62, 64), "float32", "must divide"),
         (fp32_cfg(VEC=8), (64, 64, 64), "float32", "VEC 1 or 4"),
         (fp32_cfg(BK=32), (64, 64, 64), "float32", "BK 8 or 16"),
         (fp32_cfg(STAGES=3), (64, 64, 64), "float32", "STAGES 1 or 2"),
@@ -132,7 +204,8 @@ def test_validate_rejects_what_the_kernel_cannot_index() -> None:
         (fp32_cfg(VEC=1, STAGES=1), (64, 64, 64), "float32", "VEC=1"),
         (fp32_cfg(BM=64, WM=128), (64, 64, 64), "float32", "is not one of"),
         (fp32_cfg(BN=64, MIN_BLOCKS=2), (64, 64, 64), "float32", "does not lower"),
-        (tc_cfg(VEC=8), (64, 64, 60), "float16", "VEC=8 must divide K"),
+        (tc_cfg(STAGES=3), (64, 60, 60), "float16", "every load is synchronous"),
+        (tc_cfg(STAGES=4), (64, 64, 60), "float16", "spill"),  # mixed loads, 64 x 64 warps
         (tc_cfg(VEC=4), (64, 64, 64), "float16", "VEC 1 or 8"),
         (tc_cfg(TM=8), (64, 64, 64), "bfloat16", "pinned"),
         (tc_cfg(PAD=4), (64, 64, 64), "float16", "pinned"),
@@ -161,6 +234,10 @@ def test_check_rejects_missing_and_unknown_parameters() -> None:
     [
         (fp32_cfg(), (4096, 4096, 4096), "float32"),
         (fp32_cfg(VEC=1), (127, 131, 257), "float32"),
+        (fp32_cfg(VEC=4, BN=256), (127, 131, 257), "float32"),
+        (fp32_cfg(BK=16, STAGES=1, PAD=0, MIN_BLOCKS=2), (64, 62, 30), "float32"),
+        (tc_cfg(STAGES=2), (1, 1, 1), "float16"),
+        (tc_cfg(WN=32, STAGES=4), (64, 64, 60), "bfloat16"),
         (fp32_cfg(BK=16, MIN_BLOCKS=2, STAGES=1, PAD=0), (1, 4, 4), "float32"),
         (tc_cfg(), (8192, 8192, 8192), "float16"),
         (tc_cfg(VEC=1, STAGES=2), (1, 1, 1), "bfloat16"),
@@ -173,20 +250,27 @@ def test_check_accepts(config, shape, dtype) -> None:
 
 
 def test_space_is_rich_but_compiles_in_bounded_sources() -> None:
-    """Every valid config renders a distinct source, shape-independent, and there are at most
-    ~150 per dtype (the compile test compiles them all for two archs)."""
+    """Every valid config renders a distinct source that depends on the shape only through its
+    alignment class, and there are at most ~150 per dtype (the compile test compiles them all
+    for two archs)."""
     for dtype in DTYPE_NAMES:
         configs = valid((4096, 4096, 4096), dtype)
         sources = {SPEC.render(c, (4096, 4096, 4096), dtype) for c in configs}
         assert len(sources) == len(configs)
         assert 60 <= len(configs) <= 150, (dtype, len(configs))
-        # the same configs at another shape render the same sources
+        # the same configs at another shape of the class render the same sources
         assert {SPEC.render(c, (128, 8, 8), dtype) for c in configs} == sources
-        assert {c["VEC"] for c in configs} == ({1, 4} if dtype == "float32" else {1, 8})
-        # odd shapes keep the scalar fallback only
+        wide = {1, 4} if dtype == "float32" else {1, 8}
+        assert {c["VEC"] for c in configs} == wide
+        # odd shapes keep every vector width, with their own sources where VEC > 1
         odd = valid((127, 131, 257), dtype)
-        assert odd
-        assert {c["VEC"] for c in odd} == {1}
+        assert {c["VEC"] for c in odd} == wide
+        odd_sources = {SPEC.render(c, (127, 131, 257), dtype) for c in odd}
+        assert len(odd_sources) == len(odd)
+        assert {SPEC.render(c, (3, 5, 7), dtype) for c in odd} == odd_sources
+        for c in odd:
+            same = SPEC.render(c, (127, 131, 257), dtype) in sources
+            assert same == (c["VEC"] == 1), c
 
 
 def test_every_listed_tile_is_reachable() -> None:
@@ -206,6 +290,7 @@ def test_constraints_hold_for_every_valid_config() -> None:
             assert c["MIN_BLOCKS"] * threads <= 2048
             assert shared_bytes(c, dtype) <= 227 * 1024
             assert registers_needed(c, dtype) <= register_cap(c)
+            assert registers_needed(c, dtype, (False, True)) >= registers_needed(c, dtype)
             if dtype == "float32":
                 lanes_m = c["WM"] // c["TM"]
                 assert c["WN"] == (32 // lanes_m) * c["TN"]
@@ -236,12 +321,14 @@ def test_shared_memory_model() -> None:
     assert "spill" in SPEC.check(tc_cfg(BK=64), (4096, 4096, 4096), "float16")
 
 
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_default_config_is_valid_for_every_shape(shape, dtype) -> None:
-    config = SPEC.default_config(shape, dtype)
-    assert SPEC.check(config, shape, dtype) is None
-    launch = SPEC.launch(config, shape, dtype)
+def test_default_config_is_valid_for_every_shape(spec, shape, dtype) -> None:
+    config = spec.default_config(shape, dtype)
+    assert spec.check(config, shape, dtype) is None
+    assert config["VEC"] == (4 if dtype == "float32" else 8)  # full width on every shape
+    launch = spec.launch(config, shape, dtype)
     assert 1 <= launch.grid[0] <= 2**31 - 1 and 1 <= launch.grid[1] <= 65535
 
 
@@ -249,13 +336,17 @@ def test_default_config_picks_vectors_and_tiles() -> None:
     # float32: 128 x 256 tiles where 512 of them fill waves of 132 SMs (97%).
     assert SPEC.default_config((4096, 4096, 4096), "float32") == fp32_cfg(BN=256)
     assert SPEC.default_config((3072, 1024, 4096), "float32")["BN"] == 128  # 96 wide tiles
-    assert SPEC.default_config((4097, 4095, 33), "float32")["BN"] == 128  # scalar loads
+    # unaligned rows: still float4s and the wide tile (528 tiles: 4 full waves)
+    assert SPEC.default_config((4097, 4095, 33), "float32") == fp32_cfg(BN=256)
     assert SPEC.default_config((4096, 4096, 4096), "float16") == tc_cfg()
-    assert SPEC.default_config((127, 131, 257), "float32")["VEC"] == 1
-    assert SPEC.default_config((128, 132, 256), "float32")["VEC"] == 4
-    assert SPEC.default_config((128, 132, 256), "bfloat16")["VEC"] == 1
-    assert SPEC.default_config((128, 136, 256), "bfloat16")["VEC"] == 8
+    assert SPEC.default_config((127, 131, 257), "float32")["VEC"] == 4
+    # tensor cores: 3 stages where both operands stream by cp.async, else 2
+    assert SPEC.default_config((4096, 4096, 4090), "bfloat16") == tc_cfg(STAGES=2)
+    assert SPEC.default_config((4096, 4090, 4090), "bfloat16") == tc_cfg(STAGES=2)
     assert SPEC.default_config((1, 4096, 4096), "float16")["BM"] == 64
+    # matmul_tn transposes no tile into shared memory: no padding
+    assert TN.default_config((4096, 4096, 4096), "float32") == fp32_cfg(BN=256, PAD=0)
+    assert NT.default_config((4096, 4096, 4096), "float32") == fp32_cfg(BN=256)
 
 
 def test_default_config_rejects_invalid_shapes() -> None:
@@ -268,13 +359,40 @@ def test_default_config_rejects_invalid_shapes() -> None:
 # --- rendering and launching -------------------------------------------------------------------
 
 
-def test_render_puts_defines_first_and_is_shape_independent() -> None:
+DERIVED = ["DTYPE", "IS_HALF", "IS_BF16", "TRANS_A", "TRANS_B", "ALIGN_A", "ALIGN_B", "ALIGN_C"]
+
+
+def test_render_puts_defines_first_and_depends_on_the_alignment_class_only() -> None:
     src = SPEC.render(fp32_cfg(), (4096, 4096, 4096), "float32")
     lines = src.splitlines()
-    names = [line.split()[1] for line in lines[: len(SPEC.params) + 3]]
-    assert names == [*SPEC.params, "DTYPE", "IS_HALF", "IS_BF16"]
+    names = [line.split()[1] for line in lines[: len(SPEC.params) + len(DERIVED)]]
+    assert names == [*SPEC.params, *DERIVED]
     assert lines[0] == "#define BM 128"
-    assert src == SPEC.render(fp32_cfg(), (5, 7, 9), "float32")
+    assert src == SPEC.render(fp32_cfg(), (5, 8, 12), "float32")
+    assert src != SPEC.render(fp32_cfg(), (5, 8, 9), "float32")
+
+
+@pytest.mark.parametrize(
+    ("spec", "shape", "want"),
+    [
+        (SPEC, (4096, 4096, 4096), (1, 1, 1)),
+        (SPEC, (4096, 4096, 4095), (0, 1, 1)),  # A's pitch is K
+        (SPEC, (4096, 4095, 4096), (1, 0, 0)),  # B's and C's are N
+        (NT, (4096, 4096, 4095), (0, 0, 1)),  # A's and B's are K
+        (NT, (4096, 4095, 4096), (1, 1, 0)),
+        (TN, (4095, 4096, 4096), (0, 1, 1)),  # A's pitch is M
+        (TN, (4096, 4095, 4095), (1, 0, 0)),
+        (TN, (4097, 4097, 7), (0, 0, 0)),
+    ],
+)
+def test_alignment_follows_each_matrix_row_pitch(spec, shape, want) -> None:
+    macros = spec.defines(fp32_cfg(PAD=0), shape, "float32")
+    assert (macros["ALIGN_A"], macros["ALIGN_B"], macros["ALIGN_C"]) == want
+    assert spec.alignment(fp32_cfg(), shape) == tuple(bool(w) for w in want)
+    # the scalar path is aligned everywhere: one source per config
+    assert spec.alignment(fp32_cfg(VEC=1), shape) == (True, True, True)
+    tc = spec.defines(tc_cfg(), shape, "float16")
+    assert (tc["TRANS_A"], tc["TRANS_B"]) == (int(spec.trans_a), int(spec.trans_b))
 
 
 @pytest.mark.parametrize(
