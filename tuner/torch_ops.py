@@ -79,6 +79,30 @@ def _ce_backward_state(a: list[Value]) -> tuple[Any, ...]:
     return dloss.to(logits.dtype), logp, labels, ignore, total_weight
 
 
+def _batchnorm(s: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Training batch norm as F.batch_norm runs it; the running statistics are updated in
+    place, and are outputs."""
+    x, weight, bias, running_mean, running_var, momentum, eps = s
+    y, mean, invstd, _, _ = torch._batch_norm_impl_index(
+        x, weight, bias, running_mean, running_var, True, momentum, eps,
+        torch.backends.cudnn.enabled,
+    )  # fmt: skip
+    return y, mean, invstd, running_mean, running_var
+
+
+def _batchnorm_backward_state(a: list[Value]) -> tuple[Any, ...]:
+    """What autograd holds for batch norm's backward: the forward's implementation (cuDNN or
+    native: its index and reserve space, from one forward on x, untimed) and Kato's saved mean
+    and invstd, as the backward reads them."""
+    x, dy, mean, invstd, weight = a[:5]
+    *_, reserve, impl = torch._batch_norm_impl_index(
+        x, weight, torch.zeros_like(weight), None, None, True, 0.1, 1e-5,
+        torch.backends.cudnn.enabled,
+    )  # fmt: skip
+    mask = [True, True, True]
+    return impl, x, dy, weight, None, None, mean, invstd, True, 1e-5, mask, reserve
+
+
 def _ce_backward_rtol(problem: Problem, dtype: str) -> float:
     """Torch saves the log-softmax in the logits' type: an error of ``u * |logp|`` in logp is
     one of ``u * |logp|`` relative in ``p = exp(logp)``, so in dlogits; plus dloss and the
@@ -191,6 +215,20 @@ EQUIVALENTS: dict[str, Equivalent] = {
         lambda s: (*_mean_none_invstd(torch.batch_norm_stats(s[0], s[9])),),
         "torch.batch_norm_stats(x, eps) (mean, invstd; no variance)",
         cuda_only=True,
+    ),
+    # args: x, weight, bias, running_mean_in, running_var_in, y, mean, invstd, running_mean,
+    # running_var, workspace, counters, N, C, HW, eps, momentum
+    "batchnorm": Equivalent(
+        _batchnorm,
+        "torch._batch_norm_impl_index(x, weight, bias, running_mean, running_var, True, "
+        "momentum, eps, cudnn) (F.batch_norm(training=True): cuDNN where it applies)",
+        prepare=lambda a: (a[0], a[1], a[2], a[3].clone(), a[4].clone(), a[16], a[15]),
+    ),
+    # args: x, dy, mean, invstd, weight, dx, dweight, dbias, workspace, counters, N, C, HW
+    "batchnorm_backward": Equivalent(
+        lambda s: torch.ops.aten._batch_norm_impl_index_backward(*s),
+        "torch._batch_norm_impl_index_backward (autograd of F.batch_norm(training=True))",
+        prepare=_batchnorm_backward_state,
     ),
     # args: x, y, rows, cols, ...
     "sort": Equivalent(lambda s: (torch.sort(s[0], dim=-1).values,), "torch.sort(x, dim=-1)"),

@@ -1,0 +1,187 @@
+"""The framework baseline on the worker's path: a finished job stores PyTorch's time and the
+default config's time beside its winner; a baseline that fails, disagrees or is turned off
+leaves the job done without it. The timing itself needs a GPU (tests/gpu/test_framework_gpu.py);
+here a test double factory answers for it, and the real child reports why it cannot measure."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+from paths import RECORDED
+
+from db import queries
+from db.session import init_db, session_factory
+from kernels import get_operator
+from kernels.spec import config_key
+from tuner import framework
+from tuner.backends.replay import ReplayBackend
+from tuner.framework import FrameworkResult
+from tuner.kt_cache import load_cache
+from tuner.worker import Worker
+
+RECORDING = RECORDED / "softmax_H200_4096x4096_float16.json.gz"
+SHAPE, DTYPE = [4096, 4096], "float16"
+SPEC = get_operator("softmax")
+
+
+class BaselineFactory:
+    """Replay backends for the job, and a framework timer answering ``result`` (or raising
+    it), recording what it was asked."""
+
+    def __init__(self, result: FrameworkResult | Exception):
+        self.result = result
+        self.calls: list[tuple[str, tuple[int, ...], str, str]] = []
+
+    def __call__(self, job):
+        return ReplayBackend(RECORDING)
+
+    def measure_framework(self, job, device, stop):
+        assert not stop.is_set()
+        self.calls.append((job.operator, tuple(job.shape), job.dtype, device.model))
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+
+@pytest.fixture
+def db(tmp_path):
+    url = f"sqlite:///{tmp_path}/kato.db"
+    return url, session_factory(init_db(url))
+
+
+def run_job(db, factory, budget: int = 12):
+    url, sessions = db
+    with sessions() as s:
+        queries.create_job(
+            s, operator="softmax", operator_version=SPEC.version, shape=SHAPE, dtype=DTYPE,
+            gpu_model="H200", budget_configs=budget,
+        )  # fmt: skip
+    outcome = Worker(sessions, url, ["H200"], factory, poll_seconds=0.01).run_once()
+    assert outcome is not None and outcome.status == "done", outcome
+    with sessions() as s:
+        row, source = queries.lookup_best_config(
+            s, operator="softmax", operator_version=SPEC.version, shape=SHAPE, dtype=DTYPE,
+            gpu_model="H200",
+        )  # fmt: skip
+    assert source == "exact"
+    return row
+
+
+def recorded_default_ms() -> float:
+    cache = load_cache(RECORDING)
+    key = config_key(list(SPEC.params), SPEC.default_config(SHAPE, DTYPE))
+    return float(cache.entries[key]["time"])
+
+
+def test_a_finished_job_stores_the_framework_and_default_times_beside_its_winner(db):
+    baseline = FrameworkResult("ok", "torch 2.13.0+cu130", "torch.softmax", (0.05, 0.04, 0.06))
+    factory = BaselineFactory(baseline)
+    row = run_job(db, factory)
+    assert factory.calls == [("softmax", tuple(SHAPE), DTYPE, "H200")]
+    assert row.framework_ms == 0.05 and row.framework == "torch 2.13.0+cu130"
+    # Every job measures the default config first: its time is the recording's.
+    assert row.default_ms == pytest.approx(recorded_default_ms())
+    assert row.time_ms <= row.default_ms
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        FrameworkResult("mismatch", "torch 2.13.0", "torch.softmax", detail="output 1: 3 of 9"),
+        FrameworkResult("skipped", detail="torch sees no CUDA device 0"),
+        FrameworkResult("failed", detail="no answer within 300 s"),
+        RuntimeError("the timer broke"),
+    ],
+    ids=["mismatch", "skipped", "failed", "raised"],
+)
+def test_a_baseline_that_is_not_ok_is_logged_not_stored_and_the_job_is_done(db, result, caplog):
+    caplog.set_level(logging.WARNING, logger="tuner.worker")
+    row = run_job(db, BaselineFactory(result))
+    assert (row.framework_ms, row.framework) == (None, None)
+    assert row.default_ms == pytest.approx(recorded_default_ms())
+    text = caplog.text
+    expected = str(result) if isinstance(result, Exception) else result.detail
+    assert "framework baseline" in text and expected in text
+
+
+def test_the_baseline_can_be_turned_off(db, monkeypatch):
+    monkeypatch.setenv("KATO_FRAMEWORK_BASELINE", "false")
+    factory = BaselineFactory(FrameworkResult("ok", "torch", "op", (0.05,)))
+    row = run_job(db, factory)
+    assert factory.calls == [] and row.framework_ms is None
+
+
+def test_a_bad_setting_is_logged_and_the_job_is_done(db, monkeypatch, caplog):
+    monkeypatch.setenv("KATO_FRAMEWORK_BASELINE", "sometimes")
+    factory = BaselineFactory(FrameworkResult("ok", "torch", "op", (0.05,)))
+    row = run_job(db, factory)
+    assert factory.calls == [] and row.framework_ms is None
+    assert "KATO_FRAMEWORK_BASELINE='sometimes'" in caplog.text
+
+
+def test_a_replay_worker_takes_no_baseline_but_stores_the_default_time(db):
+    row = run_job(db, lambda job: ReplayBackend(RECORDING))
+    assert row.framework_ms is None
+    assert row.default_ms == pytest.approx(recorded_default_ms())
+
+
+def test_a_later_job_updates_the_figures_of_a_faster_winner_it_keeps(db):
+    """The figures describe the key: a second job's framework time replaces the first's even
+    where the first job's winner stays."""
+    run_job(db, BaselineFactory(FrameworkResult("ok", "torch 2.12.0", "op", (0.05,))))
+    row = run_job(db, BaselineFactory(FrameworkResult("ok", "torch 2.13.0", "op", (0.07,))), 3)
+    assert (row.framework_ms, row.framework) == (0.07, "torch 2.13.0")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, True), ("true", True), ("1", True), ("on", True), ("false", False),
+     ("0", False), ("no", False), (" off ", False)],
+)  # fmt: skip
+def test_enabled_reads_the_setting_as_the_service_reads_a_boolean(value, expected):
+    environ = {} if value is None else {"KATO_FRAMEWORK_BASELINE": value}
+    assert framework.enabled(environ) is expected
+
+
+def test_enabled_refuses_what_is_not_a_boolean():
+    with pytest.raises(ValueError, match="expected true or false"):
+        framework.enabled({"KATO_FRAMEWORK_BASELINE": "maybe"})
+
+
+def test_without_a_cuda_device_the_child_says_why_it_skipped():
+    """The real measuring child, on this machine: torch imports (a CPU build) and sees no
+    CUDA device, so nothing is timed and the reason is reported."""
+    result = framework.measure_in_child(
+        "softmax", (64, 100), "float32", device_index=0, gpu_model="H200", timeout_s=120
+    )
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible: tests/gpu/test_framework_gpu.py measures it")
+    assert result.status == "skipped" and not result.ok and result.time_ms is None
+    assert result.detail == "torch sees no CUDA device 0"
+    assert result.framework == f"torch {torch.__version__}"
+
+
+def test_a_stop_ends_the_child_at_once():
+    stop = threading.Event()
+    stop.set()
+    result = framework.measure_in_child("softmax", (64, 100), "float32", stop=stop)
+    assert result.status == "failed" and "stopped" in (result.detail or "")
+
+
+def test_an_operator_without_an_equivalent_is_skipped(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "NVIDIA H100 80GB HBM3")
+    other = framework.measure_here("softmax", (64, 100), "float32", gpu_model="H200")
+    assert other.status == "skipped" and "is a H100 SXM" in (other.detail or "")
+    from tuner import torch_ops
+
+    monkeypatch.delitem(torch_ops.EQUIVALENTS, "softmax")
+    missing = framework.measure_here("softmax", (64, 100), "float32", gpu_model="H100 SXM")
+    assert (missing.status, missing.detail) == ("skipped", "no torch equivalent of softmax")
