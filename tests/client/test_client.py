@@ -362,3 +362,54 @@ def test_a_revalidation_overtaken_by_invalidate_is_not_stored(tmp_path):
         assert kato.config("softmax", (4096, 4096), "float16") == new
         assert len(calls) == 3
         assert calls[2].headers.get("Cache-Control") == "no-cache"
+
+
+def test_lookups_carry_the_services_figures_through_both_caches(live_server, tmp_path):
+    """default_ms, framework_ms, framework and speedup as the service answered them (a nearest
+    answer's are its neighbour's), kept by the disk cache for a new process offline; an offline
+    default has none."""
+    from db import queries
+
+    with live_server.app.state.session_factory() as session:
+        queries.upsert_best_config(
+            session, operator="softmax", operator_version=get_operator("softmax").version,
+            shape=[2048, 2048], dtype="float16", gpu_model="H200", compute_capability="9.0",
+            cuda_version="13.0", config=TUNED_4K, time_ms=0.025, job_id=None, default_ms=0.04,
+            framework_ms=0.05, framework="torch 2.13.0+cu130",
+        )  # fmt: skip
+    with client_for(live_server.url, tmp_path) as kato:
+        got = kato.lookup("softmax", (2048, 2048), "float16")
+        assert (got.default_ms, got.framework_ms, got.framework) == (
+            0.04, 0.05, "torch 2.13.0+cu130",
+        )  # fmt: skip
+        assert got.speedup == pytest.approx(2.0)
+        near = kato.lookup("softmax", (2048, 1024), "float16")
+        assert (near.source, near.tuned_shape, near.speedup) == (
+            "nearest",
+            (2048, 2048),
+            got.speedup,
+        )
+    live_server.stop()
+    with client_for(live_server.url, tmp_path, ttl=0.0) as kato, warnings.catch_warnings():
+        warnings.simplefilter("ignore", KatoOfflineWarning)
+        again = kato.lookup("softmax", (2048, 2048), "float16")
+        fallback = kato.lookup("softmax", (100, 100), "float16")
+        kato.wait_idle(10)
+    assert (again.framework_ms, again.framework, again.speedup) == (
+        0.05, "torch 2.13.0+cu130", got.speedup,
+    )  # fmt: skip
+    assert fallback.source == "default"
+    figures = (fallback.default_ms, fallback.framework_ms, fallback.framework, fallback.speedup)
+    assert figures == (None, None, None, None)
+
+
+def test_an_answer_without_figures_reads_as_unmeasured():
+    """A service older than the figures answers without them: the Lookup says None."""
+    from kato_client.client import Lookup
+
+    answer = {"operator": "softmax", "shape": [8, 8], "dtype": "float16", "gpu": "H200",
+              "config": {}, "source": "exact", "tuned_shape": [8, 8], "time_ms": 0.01}  # fmt: skip
+    old = Lookup.from_answer(answer, 1.0)
+    assert (old.default_ms, old.framework_ms, old.framework, old.speedup) == (None,) * 4
+    computed = Lookup.from_answer({**answer, "framework_ms": 0.02}, 1.0)
+    assert computed.speedup == pytest.approx(2.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import threading
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -583,3 +584,66 @@ def test_load_config_group_gives_read_only_values(session: Session) -> None:
 
     assert queries.pick_best_config(group, [1024, 1024], accept=meddling)[0] is row
     assert row.config == {"VEC": 4}
+
+
+def both_lookups(session: Session, shape: list[int], **kwargs: Any) -> tuple[Any, ...]:
+    """(id, source) from lookup_best_config and from pick_best_config on the loaded group,
+    which must agree."""
+    row, source = lookup(session, shape, **kwargs)
+    picked, picked_source = queries.pick_best_config(group_of(session), shape, **kwargs)
+    assert (picked and picked.id, picked_source) == (row and row.id, source)
+    return (row and row.id, source)
+
+
+@pytest.mark.parametrize(
+    ("default_ms", "source"),
+    [(None, "default"), (1.0, "default"), (1.05, "default"), (1.0501, "nearest"), (3.0, "nearest")],
+)  # fmt: skip
+def test_a_neighbour_is_served_only_where_it_beat_the_default_by_more_than_5_percent(
+    session: Session, default_ms: float | None, source: str
+) -> None:
+    near = upsert(session, [4096, 1024], 1.0, default_ms=default_ms)
+    expected = near.id if source == "nearest" else None
+    assert both_lookups(session, [4096, 2048]) == (expected, source)
+    assert both_lookups(session, [4096, 2048], min_gain=None) == (near.id, "nearest")
+    assert both_lookups(session, [4096, 1024]) == (near.id, "exact")  # never guarded
+
+
+def test_the_nearest_valid_neighbour_decides(session: Session) -> None:
+    """A neighbour that did not beat its default leaves the default: a farther one that did is
+    not served instead (where the default was as good as tuned next door, it is here too)."""
+    upsert(session, [4096, 1024], 1.0, default_ms=1.01, config={"BLOCK": 1})  # distance 1
+    far = upsert(session, [1024, 1024], 1.0, default_ms=3.0, config={"BLOCK": 2})  # distance 3
+    assert both_lookups(session, [4096, 2048]) == (None, "default")
+    # Where the nearest is not valid for the shape asked, the next valid one decides.
+    accept = lambda config: config["BLOCK"] != 1  # noqa: E731 - rejects the nearest
+    assert both_lookups(session, [4096, 2048], accept=accept) == (far.id, "nearest")
+    assert queries.beats_default(SimpleNamespace(default_ms=None, time_ms=1.0), None)
+
+
+def test_upsert_keeps_the_keys_figures_up_to_date(session: Session) -> None:
+    first = upsert(session, [1024, 1024], 2.0, default_ms=3.0, framework_ms=2.5,
+                   framework="torch 2.12.0")  # fmt: skip
+    first_update = first.updated_at
+    # A slower winner: the row keeps its config, the figures move to the newer measurement.
+    kept = upsert(session, [1024, 1024], 2.2, default_ms=3.1, framework_ms=2.4,
+                  framework="torch 2.13.0")  # fmt: skip
+    assert kept.id == first.id and kept.time_ms == 2.0
+    assert (kept.default_ms, kept.framework_ms, kept.framework) == (3.1, 2.4, "torch 2.13.0")
+    assert kept.updated_at > first_update
+    # A faster one without a framework time: the stored framework figures stay.
+    faster = upsert(session, [1024, 1024], 1.0, default_ms=None, config={"BLOCK": 7})
+    assert faster.time_ms == 1.0 and faster.config == {"BLOCK": 7}
+    assert (faster.default_ms, faster.framework_ms, faster.framework) == (3.1, 2.4, "torch 2.13.0")
+
+
+def test_trial_time_is_a_jobs_successful_measurement_of_one_config(session: Session) -> None:
+    job = make_job(session)
+    for number, (key, status, time_ms) in enumerate(
+        [("a", "ok", 0.5), ("b", "verify_error", None)]
+    ):
+        queries.record_trial(session, job.id, number=number, config={"k": key}, config_key=key,
+                             result={"status": status, "time_ms": time_ms})  # fmt: skip
+    assert queries.trial_time(session, job.id, "a") == 0.5
+    assert queries.trial_time(session, job.id, "b") is None
+    assert queries.trial_time(session, job.id, "c") is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -128,6 +129,63 @@ def test_config_default_then_exact_then_nearest(client: TestClient, session: Ses
     assert lookup(client, gpu="NVIDIA H200").json()["source"] == "exact"
     assert lookup(client, gpu="H100").json()["source"] == "default"
     assert lookup(client, dtype="bfloat16").json()["source"] == "default"
+
+
+def test_lookups_report_the_figures_beside_the_winner(client: TestClient, session: Session) -> None:
+    """framework_ms, framework, default_ms and speedup, measured on tuned_shape: a nearest
+    answer carries its neighbour's; a default answer none; a winner never timed against the
+    framework has a null speedup."""
+    store_best(session, [4096, 4096], 0.05, default_ms=0.08, framework_ms=0.06,
+               framework="torch 2.13.0+cu130")  # fmt: skip
+    exact = lookup(client, "4096x4096").json()
+    assert (exact["framework_ms"], exact["framework"], exact["default_ms"]) == (
+        0.06, "torch 2.13.0+cu130", 0.08,
+    )  # fmt: skip
+    assert exact["speedup"] == pytest.approx(0.06 / 0.05)
+    near = lookup(client, "8192x4096").json()
+    assert near["source"] == "nearest" and near["tuned_shape"] == [4096, 4096]
+    assert {k: near[k] for k in ("time_ms", "framework_ms", "speedup", "default_ms")} == {
+        k: exact[k] for k in ("time_ms", "framework_ms", "speedup", "default_ms")
+    }
+    batch = client.post(
+        "/v1/configs/batch",
+        json={"lookups": [{"operator": "softmax", "shape": s, "dtype": "float16", "gpu": "H200"}
+                          for s in ("4096x4096", "8192x4096", "64x64")]},
+    ).json()["results"]  # fmt: skip
+    assert [r["result"] for r in batch[:2]] == [exact, near]
+    default = batch[2]["result"]
+    assert default["source"] == "default"
+    assert [default[k] for k in ("framework_ms", "framework", "speedup", "default_ms")] == [
+        None
+    ] * 4
+    store_best(session, [1024, 1024], 0.01, dtype="float32", default_ms=None)
+    untimed = lookup(client, "1024x1024", dtype="float32").json()
+    assert (untimed["framework_ms"], untimed["speedup"]) == (None, None)
+
+
+def test_a_neighbour_that_did_not_beat_its_default_is_not_served(
+    client: TestClient, session: Session
+) -> None:
+    store_best(session, [4096, 4096], 0.05, default_ms=0.051)  # 2% faster than the default
+    body = lookup(client, "8192x4096").json()
+    assert body["source"] == "default"
+    assert body["config"] == SOFTMAX.default_config([8192, 4096], "float16")
+    store_best(session, [2048, 2048], 0.05, default_ms=None)  # default never measured
+    assert lookup(client, "2048x4096").json()["source"] == "default"
+
+
+def test_the_guard_is_a_setting(tmp_path: Path) -> None:
+    settings = Settings(db_url=f"sqlite:///{tmp_path / 'k.db'}", nearest_min_gain=0)
+    app = create_app(settings)
+    try:
+        with app.state.session_factory() as session:
+            store_best(session, [4096, 4096], 0.05, default_ms=None)
+        with TestClient(app) as client:
+            assert lookup(client, "8192x4096").json()["source"] == "nearest"
+    finally:
+        app.state.engine.dispose()
+    with pytest.raises(ValueError):
+        Settings(nearest_min_gain=-1)
 
 
 def test_nearest_config_too_far_away_is_not_served(client: TestClient, session: Session) -> None:
