@@ -6,13 +6,18 @@ for each, as a fraction of the space's optimum (its best time / the served confi
 
 - ``default``: the operator's ``default_config`` for the shape (what a lookup serves when the
   database knows nothing near it);
-- ``nearest``: what a lookup serves today when the siblings were tuned and this shape was not:
-  the winner of the nearest sibling of the same dtype within the service's
+- ``nearest``: what a lookup served before the guard when the siblings were tuned and this
+  shape was not: the winner of the nearest sibling of the same dtype within the service's
   ``nearest_max_distance`` (valid for this shape), else the default;
-- ``guarded``: the nearest sibling's winner only where it beat the default on its own shape by
-  more than 5%, else the default: the policy the data argues for (see docs/defaults.md).
+- ``guarded``: what a lookup serves now: the nearest sibling's winner only where it beat the
+  default on its own shape by more than the service's ``nearest_min_gain`` (1.05), else the
+  default (see docs/defaults.md).
 
-No GPU: the times are the recorded ones. Prints a table, writes JSON (``--out``).
+Both lookups are the service's own selection, :func:`db.queries.pick_best_config`, over the
+siblings stored as a lookup reads them (each sibling's optimum as ``time_ms``, its default
+config's recorded time as ``default_ms``, as a job that measured the default first stores
+them; validity by the operator's ``check``, as the API's). No GPU: the times are the recorded
+ones. Prints a table, writes JSON (``--out``).
 
     python3 benchmarks/untuned_defaults.py [--out data/benchmarks/untuned_defaults.json]
 """
@@ -21,23 +26,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
+from db.queries import NEAREST_MIN_GAIN, ConfigGroup, StoredConfig, pick_best_config  # noqa: E402
 from kernels import get_operator  # noqa: E402
 from tuner.kt_cache import KernelTunerCache, load_cache  # noqa: E402
-from tuner.warm_start import shape_distance  # noqa: E402
 
 SPACES = ROOT / "data" / "spaces"
-#: The guarded policy serves a neighbour's winner only where it beat the default there by this.
-GUARD = 1.05
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,22 @@ class Space:
     def default(self) -> str:
         spec = get_operator(self.operator)
         return self.cache.key(spec.default_config(self.shape, self.dtype))
+
+    def config(self, key: str) -> dict[str, Any]:
+        """The config of entry ``key``, as a lookup serves it."""
+        entry = self.cache.entries[key]
+        return {name: entry[name] for name in self.cache.tune_params}
+
+    def stored(self, row_id: int) -> StoredConfig:
+        """This space's winner as a tuning job stores it: its optimum, and the default config's
+        time measured beside it."""
+        return StoredConfig(
+            id=row_id, operator=self.operator, operator_version="recorded", shape=self.shape,
+            shape_key="x".join(map(str, self.shape)), dtype=self.dtype, gpu_model="H200",
+            compute_capability="9.0", cuda_version="recorded", config=self.config(self.winner),
+            time_ms=self.best, job_id=None, updated_at=datetime.fromtimestamp(0, UTC),
+            default_ms=self.times.get(self.default),
+        )  # fmt: skip
 
     def fraction(self, key: str) -> float:
         """Optimum / time of config ``key``; 0 for a config this shape cannot run."""
@@ -97,41 +116,45 @@ def load_spaces(root: Path) -> list[Space]:
     return spaces
 
 
-def evaluate(spaces: list[Space], max_distance: float) -> list[Row]:
+def served(
+    space: Space, siblings: list[Space], max_distance: float, min_gain: float | None
+) -> tuple[str, Space | None]:
+    """The key of the config a lookup for ``space``'s shape serves with ``siblings`` stored
+    (:func:`db.queries.pick_best_config`, the service's selection), and the sibling it is
+    from (None: the default)."""
+    spec = get_operator(space.operator)
+    group = ConfigGroup([s.stored(i) for i, s in enumerate(siblings)])
+    row, _ = pick_best_config(
+        group,
+        space.shape,
+        accept=lambda config: spec.check(config, space.shape, space.dtype) is None,
+        max_distance=max_distance,
+        min_gain=min_gain,
+    )
+    if row is None:
+        return space.default, None
+    return space.cache.key(dict(row.config)), siblings[row.id]
+
+
+def evaluate(
+    spaces: list[Space], max_distance: float, min_gain: float | None = NEAREST_MIN_GAIN
+) -> list[Row]:
     rows = []
     for space in spaces:
         siblings = [s for s in spaces if s is not space and s.operator == space.operator]
         if not siblings:
             continue
-        default = space.default
-        near = sorted(
-            (
-                s
-                for s in siblings
-                if s.dtype == space.dtype
-                and len(s.shape) == len(space.shape)
-                and shape_distance(s.shape, space.shape) <= max_distance
-                # Only a winner this shape can run is served (the lookup's validity check).
-                and s.winner in space.cache.entries
-            ),
-            key=lambda s: shape_distance(s.shape, space.shape),
-        )
-        nearest = guarded = default
-        source = None
-        if near:
-            neighbour = near[0]
-            nearest, source = neighbour.winner, neighbour.name
-            gain = neighbour.times.get(neighbour.default, math.inf) / neighbour.best
-            if gain > GUARD:
-                guarded = neighbour.winner
+        same = [s for s in siblings if s.dtype == space.dtype]  # a lookup's group
+        nearest, source = served(space, same, max_distance, None)
+        guarded, _ = served(space, same, max_distance, min_gain)
         rows.append(
             Row(
                 space=space.name,
                 siblings=len(siblings),
-                default=space.fraction(default),
+                default=space.fraction(space.default),
                 nearest=space.fraction(nearest),
                 guarded=space.fraction(guarded),
-                nearest_from=source,
+                nearest_from=source.name if source is not None else None,
             )
         )
     return rows
@@ -156,14 +179,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=None,
         help="nearest-shape limit (default: the service's setting)",
     )
+    parser.add_argument(
+        "--min-gain",
+        type=float,
+        default=None,
+        help="the nearest-shape guard (default: the service's setting; 0: none)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    max_distance = args.max_distance
-    if max_distance is None:
-        from service.settings import Settings
+    from service.settings import Settings
 
-        max_distance = Settings().nearest_max_distance
-    rows = evaluate(load_spaces(args.spaces), max_distance)
+    settings = Settings()
+    max_distance = settings.nearest_max_distance if args.max_distance is None else args.max_distance
+    min_gain = settings.nearest_min_gain if args.min_gain is None else args.min_gain
+    rows = evaluate(load_spaces(args.spaces), max_distance, min_gain)
     print(f"{'space':62s} {'default':>8s} {'nearest':>8s} {'guarded':>8s}")
     for r in rows:
         print(f"{r.space:62s} {r.default:8.3f} {r.nearest:8.3f} {r.guarded:8.3f}")
@@ -173,7 +202,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{stat:62s} {cells}")
     result = {
         "max_distance": max_distance,
-        "guard": GUARD,
+        "guard": min_gain,
+        "path": "db.queries.pick_best_config",
         "summary": totals,
         "rows": [asdict(r) for r in rows],
     }

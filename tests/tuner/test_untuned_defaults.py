@@ -37,3 +37,13 @@ def test_the_guard_never_serves_a_neighbour_winner_that_did_not_beat_the_default
         assert row.guarded in (row.default, row.nearest), row
     totals = untuned_defaults.summary(rows)
     assert totals["guarded"]["worst"] >= totals["default"]["worst"] - 1e-9
+
+
+def test_the_replay_is_the_services_selection():
+    """The guarded column is db.queries.pick_best_config with the service's guard: without a
+    guard it is the unguarded nearest answer, row for row."""
+    spaces = untuned_defaults.load_spaces(SPACES)
+    unguarded = untuned_defaults.evaluate(spaces, max_distance=4.0, min_gain=0)
+    assert [r.guarded for r in unguarded] == [r.nearest for r in unguarded]
+    guarded = untuned_defaults.evaluate(spaces, max_distance=4.0)
+    assert sum(r.guarded != r.nearest for r in guarded) >= 1  # the guard changes an answer
