@@ -366,6 +366,64 @@ def input_copies(bytes_per_call: int, l2_bytes: int, max_copies: int = MAX_COPIE
     return max(1, min(max_copies, math.ceil(2 * l2_bytes / max(bytes_per_call, 1))))
 
 
+def rotating(
+    make_inputs: Callable[[], Any],
+    run: Callable[[Any], object],
+    bytes_per_call: int,
+    *,
+    l2_bytes: int = DEFAULT_L2_BYTES,
+    max_copies: int = MAX_COPIES,
+) -> Callable[[], object]:
+    """A zero-argument function calling ``run`` on the next of :func:`input_copies` copies
+    made by ``make_inputs`` (the benchmarks' eager torch side, ``benchmarks/torch_ops``)."""
+    copies = [make_inputs() for _ in range(input_copies(bytes_per_call, l2_bytes, max_copies))]
+    turn = {"i": 0}
+
+    def call() -> object:
+        turn["i"] = (turn["i"] + 1) % len(copies)
+        return run(copies[turn["i"]])
+
+    return call
+
+
+def graphed(
+    make_inputs: Callable[[], Any],
+    run: Callable[[Any], object],
+    bytes_per_call: int,
+    *,
+    l2_bytes: int = DEFAULT_L2_BYTES,
+    max_copies: int = MAX_COPIES,
+) -> Callable[[], object]:
+    """:func:`rotating` replayed from CUDA graphs, one captured call per input copy (outputs
+    live in the graphs' memory pool): what torch's kernels cost on the GPU alone, for an op of
+    a few microseconds or one run through the autograd engine, where eager calls time the
+    host's launch rate."""
+    # One side stream for the inputs, the warm-up and the captures: autograd runs a backward op
+    # on the stream its forward op ran on, and capturing it must not touch the legacy stream.
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    count = input_copies(bytes_per_call, l2_bytes, max_copies)
+    with torch.cuda.stream(stream):
+        copies = [make_inputs() for _ in range(count)]
+        for inputs in copies:
+            run(inputs)
+    stream.synchronize()
+    graphs = []
+    for inputs in copies:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            run(inputs)
+        graphs.append(graph)
+    torch.cuda.synchronize()
+    turn = {"i": 0}
+
+    def call() -> object:
+        turn["i"] = (turn["i"] + 1) % len(graphs)
+        return graphs[turn["i"]].replay()
+
+    return call
+
+
 def _clone(state: Any) -> Any:
     if isinstance(state, torch.Tensor):
         return state.clone()

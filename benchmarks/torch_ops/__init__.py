@@ -20,25 +20,28 @@ from typing import Any
 
 #: L2 of the largest supported GPU (H200: 60 MiB); inputs rotate over at least twice that.
 L2_BYTES = 60 * 2**20
+#: Most input copies a benchmark rotates over.
+MAX_COPIES = 8
 
 
-def input_copies(bytes_per_call: int, max_copies: int = 8) -> int:
-    """How many input copies to rotate over so that one pass streams >= 2x the L2."""
-    return max(1, min(max_copies, (2 * L2_BYTES) // max(bytes_per_call, 1) + 1))
+def input_copies(bytes_per_call: int, max_copies: int = MAX_COPIES) -> int:
+    """How many input copies to rotate over so that one pass streams >= 2x the L2
+    (:func:`tuner.torch_ops.input_copies`, the framework baseline's rule)."""
+    from tuner import torch_ops
+
+    return torch_ops.input_copies(bytes_per_call, L2_BYTES, max_copies)
 
 
 def rotating(
     make_inputs: Callable[[], Any], run: Callable[[Any], object], bytes_per_call: int
 ) -> Callable[[], object]:
-    """A zero-argument function calling ``run`` on the next of several input copies."""
-    copies = [make_inputs() for _ in range(input_copies(bytes_per_call))]
-    state = {"i": 0}
+    """A zero-argument function calling ``run`` on the next of several input copies
+    (:func:`tuner.torch_ops.rotating`)."""
+    from tuner import torch_ops
 
-    def call() -> object:
-        state["i"] = (state["i"] + 1) % len(copies)
-        return run(copies[state["i"]])
-
-    return call
+    return torch_ops.rotating(
+        make_inputs, run, bytes_per_call, l2_bytes=L2_BYTES, max_copies=MAX_COPIES
+    )
 
 
 def modules() -> dict[str, ModuleType]:

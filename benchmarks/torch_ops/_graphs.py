@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks.torch_ops import input_copies
+from benchmarks.torch_ops import L2_BYTES, MAX_COPIES
 
 
 def graphed(
@@ -20,29 +20,9 @@ def graphed(
 ) -> Callable[[], object]:
     """A zero-argument function replaying the captured ``run`` of the next input copy (as
     :func:`benchmarks.torch_ops.rotating`, one graph per copy; outputs live in the graphs'
-    memory pool)."""
-    import torch
+    memory pool): :func:`tuner.torch_ops.graphed`."""
+    from tuner import torch_ops
 
-    # One side stream for the inputs, the warm-up and the captures: autograd runs a backward op
-    # on the stream its forward op ran on, and capturing it must not touch the legacy stream.
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        copies = [make_inputs() for _ in range(input_copies(bytes_per_call))]
-        for inputs in copies:
-            run(inputs)
-    stream.synchronize()
-    graphs = []
-    for inputs in copies:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            run(inputs)
-        graphs.append(graph)
-    torch.cuda.synchronize()
-    state = {"i": 0}
-
-    def call() -> object:
-        state["i"] = (state["i"] + 1) % len(graphs)
-        return graphs[state["i"]].replay()
-
-    return call
+    return torch_ops.graphed(
+        make_inputs, run, bytes_per_call, l2_bytes=L2_BYTES, max_copies=MAX_COPIES
+    )
