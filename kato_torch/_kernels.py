@@ -20,7 +20,7 @@ import numpy as np
 
 from kato_torch import _driver
 from kato_torch import policy as _policy
-from kernels import get_operator
+from kernels import InvalidInput, get_operator
 from kernels.spec import Launch, OperatorSpec
 from tuner.nvcc import compile_kernel
 
@@ -116,7 +116,15 @@ def _signature(spec: OperatorSpec, dtype: str) -> list[type[ctypes._SimpleCData]
     """Argument kinds of the operator's kernels, read from a one-element problem instance."""
     key = (spec.name, dtype)
     if key not in _signatures:
-        problem = spec.make_problem((1,) * spec.rank, dtype, np.random.default_rng(0))
+        problem = None
+        for size in (1, 2, 8):  # the smallest shape the operator accepts (batchnorm needs 2)
+            try:
+                problem = spec.make_problem((size,) * spec.rank, dtype, np.random.default_rng(0))
+                break
+            except InvalidInput:
+                continue
+        if problem is None:
+            raise InvalidInput(f"{spec.name}: no small problem to read its argument types from")
         _signatures[key] = [
             None if isinstance(a, np.ndarray) else _SCALAR_TYPES[type(a)] for a in problem.args
         ]

@@ -565,6 +565,7 @@ def cross_entropy(
             input, target, weight, ignore_index=ignore_index, reduction=reduction,
             label_smoothing=label_smoothing,
         )  # fmt: skip
+    (input,) = _autocast("float32", input)
     rows, cols = input.shape
     if _use("cross_entropy", (rows, cols), input) | _use(
         "cross_entropy_backward", (rows, cols), input
