@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Engine, inspect, text
+from sqlalchemy import Engine, inspect, select, text
 
-from db.models import Base
+from db.models import Base, BestConfig
 from db.session import (
     VERSION_TABLE,
     current_revision,
@@ -230,4 +230,50 @@ def test_0003_renumbers_repeated_trial_numbers_then_refuses_them(db_url: str) ->
     assert numbers == {1: 0, 2: 1, 3: 2, 5: 3, 4: 4, 6: 5, 7: 0, 8: 2}
     with pytest.raises(IntegrityError), engine.begin() as connection:
         connection.execute(text(trial), {"id": 9, "job": "gap", "number": 2, "key": "k9"})
+    engine.dispose()
+
+
+def test_0006_adds_the_figures_beside_each_winner_to_an_existing_database(db_url: str) -> None:
+    """A database at 0005 with a stored winner: after the upgrade the row is kept, its figures
+    are unknown (NULL), and a new winner stores them; the downgrade drops the columns again."""
+    from db import queries
+    from db.session import session_factory
+
+    engine = make_engine(db_url)
+    _upgrade(engine, "0005")
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO kato_best_configs (id, operator, operator_version, shape, shape_key,"
+                " dtype, gpu_model, compute_capability, cuda_version, config, time_ms,"
+                " updated_at) VALUES (1, 'softmax', 'v', '[64, 64]', '64x64', 'float16', 'H200',"
+                " '9.0', '13.0', '{\"BLOCK_SIZE\": 128}', 0.5, '2026-01-01 00:00:00+00:00')"
+            )
+        )
+    init_db(engine)
+    assert current_revision(engine) == head_revision() == "0006"
+    assert_models_match_head(engine)
+    with session_factory(engine)() as session:
+        (row,) = session.scalars(select(BestConfig)).all()
+        assert (row.time_ms, row.default_ms, row.framework_ms, row.framework) == (
+            0.5, None, None, None,
+        )  # fmt: skip
+        kept = queries.upsert_best_config(
+            session, operator="softmax", operator_version="v", shape=[64, 64], dtype="float16",
+            gpu_model="H200", compute_capability="9.0", cuda_version="13.0",
+            config={"BLOCK_SIZE": 256}, time_ms=0.6, job_id=None, default_ms=0.7,
+            framework_ms=0.65, framework="torch 2.13.0",
+        )  # fmt: skip
+        assert kept.id == 1 and kept.config == {"BLOCK_SIZE": 128}
+        assert (kept.default_ms, kept.framework_ms, kept.framework) == (0.7, 0.65, "torch 2.13.0")
+    from alembic import command
+
+    from db.session import alembic_config
+
+    with engine.begin() as connection:
+        config = alembic_config()
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0005")
+    columns = {c["name"] for c in inspect(engine).get_columns("kato_best_configs")}
+    assert not columns & {"default_ms", "framework_ms", "framework"} and "time_ms" in columns
     engine.dispose()
