@@ -243,8 +243,22 @@ class DbLookups:
             return {"config": dict(best.config), "source": source, "speedup": speedup}
 
 
-def tune_missing(keys, db_url, budget, gpu_model):
-    """Queue a job for every key without an exact winner and run a worker until they are done."""
+def capture(name, dtype, batch):
+    """The (operator, shape, dtype) keys of one Kato step of this model (PyTorch runs it:
+    capture needs no compile)."""
+    base, inputs, _ = build(name, dtype, batch)
+    model = kato_torch.patch(base)
+    kato_torch.configure(client=None, policy="torch")
+    with kato_torch.record() as rec:
+        step(model, inputs)
+    del model, inputs
+    torch.cuda.empty_cache()
+    return rec.keys
+
+
+def tune_missing(keys, db_url, budget, gpu_model, timeout_s=None):
+    """Queue a job for every key without an exact winner (in the order given) and run one
+    worker until they are done (or ``timeout_s`` passes: the rest stay queued)."""
     from db import queries
     from db.session import init_db, session_factory
     from kernels import get_operator
@@ -260,10 +274,13 @@ def tune_missing(keys, db_url, budget, gpu_model):
                        budget_configs=budget) for k in todo]  # fmt: skip
         queries.create_jobs(s, fields)
     started = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-c", "from service.cli import main; main()", "worker", "--db", db_url,
-         "--max-jobs", str(len(todo))], check=False,
-    )  # fmt: skip
+    try:
+        subprocess.run(
+            [sys.executable, "-c", "from service.cli import main; main()", "worker", "--db",
+             db_url, "--max-jobs", str(len(todo))], check=False, timeout=timeout_s,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        print(f"tuning stopped after {timeout_s} s", flush=True)
     return len(todo), time.perf_counter() - started
 
 
@@ -280,6 +297,12 @@ def main() -> None:
     ap.add_argument("--policy", default="auto", choices=["auto", "kato"])
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile columns")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument(
+        "--tune-only",
+        action="store_true",
+        help="capture every model's keys, tune the missing ones, time nothing",
+    )
+    ap.add_argument("--tune-minutes", type=float, help="with --tune-only: stop tuning after this")
     ap.add_argument("--out", default="torch_train.json")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # Kato's float32 GEMM is exact float32 too
@@ -288,14 +311,25 @@ def main() -> None:
 
     gpu_model = normalize_gpu_name(torch.cuda.get_device_name())
     client = DbLookups(args.db) if args.db else None
+    if args.tune_only:
+        keys = []
+        for name in args.models.split(","):
+            for dtype_name in args.dtypes.split(","):
+                keys += [k for k in capture(name, getattr(torch, dtype_name), args.batch)
+                         if k not in keys]  # fmt: skip
+        print(f"{len(keys)} keys", flush=True)
+        timeout = args.tune_minutes * 60 if args.tune_minutes else None
+        queued, seconds = tune_missing(keys, args.db, args.tune, gpu_model, timeout)
+        print(f"tuned {queued} keys in {seconds:.0f} s", flush=True)
+        return
     rows = []
     for name in args.models.split(","):
         for dtype_name in args.dtypes.split(","):
             dtype = getattr(torch, dtype_name)
             base, inputs, batch = build(name, dtype, args.batch)
             kato_model = kato_torch.patch(copy.deepcopy(base))
-            # Capture every key of the Kato step (Kato's path everywhere), tune what is missing.
-            kato_torch.configure(client=client, policy="kato")
+            # Capture every key of the step (PyTorch runs it: no compiles), tune what is missing.
+            kato_torch.configure(client=client, policy="torch")
             with kato_torch.record() as rec:
                 step(kato_model, inputs)
             tuned, tune_s = 0, 0.0
@@ -303,11 +337,15 @@ def main() -> None:
                 tuned, tune_s = tune_missing(rec.keys, args.db, args.tune, gpu_model)
             kato_torch.configure(client=DbLookups(args.db) if args.db else None,
                                  policy=args.policy)  # fmt: skip
+            prepare_s = time.perf_counter()
+            kato_torch.prepare(rec.keys, inputs[0].device.index or 0)  # compiles in parallel
+            prepare_s = time.perf_counter() - prepare_s
             loss_ref, grads_ref = step(base, inputs)
             loss, grads = step(kato_model, inputs)
             row = {
                 "model": name, "dtype": dtype_name, "batch": batch,
                 "keys": len(rec.keys), "tuned_now": tuned, "tune_s": round(tune_s, 1),
+                "prepare_s": round(prepare_s, 1),
                 "kato_keys": sum(kato_torch.policy.decide(k.operator, k.shape, k.dtype, "cuda")
                                  for k in rec.keys),
                 "loss_torch": float(loss_ref), "loss_kato": float(loss),

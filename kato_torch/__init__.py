@@ -26,7 +26,7 @@ Nothing outside this package imports torch.
 """
 
 from kato_torch import nn
-from kato_torch._kernels import BoundOperator, bind, configure
+from kato_torch._kernels import BoundOperator, bind, configure, prepare
 from kato_torch.ops import (
     add_layer_norm,
     add_rms_norm,
@@ -60,6 +60,7 @@ __all__ = [
     "matmul",
     "nn",
     "patch",
+    "prepare",
     "record",
     "relu",
     "rms_norm",

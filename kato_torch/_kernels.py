@@ -144,6 +144,33 @@ def _lookup(spec: OperatorSpec, shape: tuple[int, ...], dtype: str) -> tuple[dic
     return spec.default_config(shape, dtype), "default"
 
 
+def prepare(keys: Sequence[Any], device_index: int = 0, workers: int | None = None) -> int:
+    """Compile and load, in parallel, the configs of ``keys`` (``kato_torch.Key``s, e.g. a
+    :func:`kato_torch.record`'s) that the policy runs on Kato's kernels, so that the first
+    training step (or a CUDA-graph capture) pays no compile; returns how many were bound.
+    nvcc runs in subprocesses, so threads overlap the compiles; :func:`bind` then loads each
+    from the on-disk cache."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device_index)
+    chosen = [k for k in keys if _policy.decide(k.operator, k.shape, k.dtype, "cuda")]
+
+    def build(key: Any) -> None:
+        spec = get_operator(key.operator)
+        config, _ = _lookup(spec, tuple(key.shape), key.dtype)
+        compile_kernel(spec.render(config, key.shape, key.dtype), spec.kernel_name,
+                       arch=f"sm_{major}{minor}")  # fmt: skip
+
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 4) as pool:
+        list(pool.map(build, chosen))
+    for key in chosen:
+        bind(key.operator, key.shape, key.dtype, device_index)
+    return len(chosen)
+
+
 def bind(operator: str, shape: Sequence[int], dtype: str, device_index: int) -> BoundOperator:
     """The operator compiled for ``shape``/``dtype`` on ``device_index`` (cached)."""
     import torch
