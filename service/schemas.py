@@ -296,8 +296,12 @@ class ConfigPublic(BaseModel):
     gpu: str
     config: dict[str, Any]
     source: Literal["exact", "nearest", "default"]
-    tuned_shape: list[int] | None = None
-    time_ms: float | None = None
+    tuned_shape: list[int] | None = Field(
+        default=None,
+        description="the shape the served config was tuned for, and on which every figure "
+        "of this answer was measured (on a nearest answer: the neighbour's, not this shape's)",
+    )
+    time_ms: float | None = Field(default=None, description="the served config on tuned_shape (ms)")
     compute_capability: str | None = None
     cuda_version: str | None = None
     default_ms: float | None = Field(
