@@ -404,10 +404,12 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, T* __restric
 
 }  // namespace KATO_NS
 
+// Without MIN_BLOCKS, one resident block is promised explicitly: with __launch_bounds__(B) alone
+// ptxas may aim at two (64 registers for B = 512) and spill.
 #if MIN_BLOCKS > 0
 #define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS)
 #else
-#define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE)
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE, 1)
 #endif
 
 #define KATO_BN_FWD_PARAMS                                                                  \
@@ -513,8 +515,9 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_fwd_fused(KATO_BN_FWD_PA
 }
 
 // The normalise pass (APPLY 0): block b normalises part b % (gridDim.x / C) of channel b / that.
-// Grid: a multiple of C blocks of up to 1024 threads.
+// Grid: a multiple of C blocks of up to 1024 threads. Empty with APPLY 1 (never launched).
 extern "C" __global__ void __launch_bounds__(1024) batchnorm_fwd_apply(KATO_BN_FWD_PARAMS) {
+#if APPLY == 0
   namespace kb = KATO_NS;
   const int split = static_cast<int>(gridDim.x / static_cast<unsigned>(C));
   const int c = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
@@ -522,4 +525,5 @@ extern "C" __global__ void __launch_bounds__(1024) batchnorm_fwd_apply(KATO_BN_F
   const float* coef = workspace + 2 * static_cast<size_t>(c);
   kb::apply_part(x, y, C, HW / APPLY_VEC, N, c, part, split, kb::channel_pivot(x, c, HW), coef[0],
                  coef[1], static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
+#endif
 }

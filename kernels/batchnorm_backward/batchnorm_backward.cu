@@ -348,10 +348,12 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, const T* __r
 
 }  // namespace KATO_NS
 
+// Without MIN_BLOCKS, one resident block is promised explicitly: with __launch_bounds__(B) alone
+// ptxas may aim at two (64 registers for B = 512) and spill.
 #if MIN_BLOCKS > 0
 #define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS)
 #else
-#define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE)
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE, 1)
 #endif
 
 #define KATO_BN_BWD_PARAMS                                                                   \
@@ -456,7 +458,9 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_bwd_fused(KATO_BN_BWD_PA
 
 // The dx pass (APPLY 0): block b computes part b % (gridDim.x / C) of channel b / that, after
 // the reductions wrote dweight and dbias. Grid: a multiple of C blocks of up to 1024 threads.
+// Empty with APPLY 1 (never launched).
 extern "C" __global__ void __launch_bounds__(1024) batchnorm_bwd_apply(KATO_BN_BWD_PARAMS) {
+#if APPLY == 0
   namespace kb = KATO_NS;
   const int split = static_cast<int>(gridDim.x / static_cast<unsigned>(C));
   const int c = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
@@ -464,4 +468,5 @@ extern "C" __global__ void __launch_bounds__(1024) batchnorm_bwd_apply(KATO_BN_B
   kb::apply_part(x, dy, dx, C, HW / APPLY_VEC, N, c, part, split, mean[c],
                  kb::dx_coef(dweight[c], dbias[c], invstd[c], weight[c], N, HW),
                  static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
+#endif
 }
