@@ -185,3 +185,20 @@ def test_an_operator_without_an_equivalent_is_skipped(monkeypatch):
     monkeypatch.delitem(torch_ops.EQUIVALENTS, "softmax")
     missing = framework.measure_here("softmax", (64, 100), "float32", gpu_model="H100 SXM")
     assert (missing.status, missing.detail) == ("skipped", "no torch equivalent of softmax")
+
+
+def test_a_gpu_workers_factory_times_in_a_child_on_its_own_device():
+    """PyCudaBackends.measure_framework is the worker's default timer: the job's problem on the
+    factory's device index, checked against the job's GPU model (here: no CUDA device)."""
+    from types import SimpleNamespace
+
+    from tuner.backends.base import DeviceInfo
+    from tuner.worker import JobRunner, pycuda_backend_factory
+
+    factory = pycuda_backend_factory(3)
+    job = SimpleNamespace(operator="softmax", shape=[64, 100], dtype="float32")
+    device = DeviceInfo("NVIDIA H200", "H200", (9, 0), "13.0")
+    result = factory.measure_framework(job, device, threading.Event())
+    assert result.status == "skipped" and result.detail == "torch sees no CUDA device 3"
+    runner = JobRunner(None, "sqlite://", factory, worker_id="w")  # type: ignore[arg-type]
+    assert runner.framework_timer == factory.measure_framework
