@@ -195,10 +195,10 @@ def test_a_gpu_workers_factory_times_in_a_child_on_its_own_device():
     from tuner.backends.base import DeviceInfo
     from tuner.worker import JobRunner, pycuda_backend_factory
 
-    factory = pycuda_backend_factory(3)
+    factory = pycuda_backend_factory(99)
     job = SimpleNamespace(operator="softmax", shape=[64, 100], dtype="float32")
     device = DeviceInfo("NVIDIA H200", "H200", (9, 0), "13.0")
     result = factory.measure_framework(job, device, threading.Event())
-    assert result.status == "skipped" and result.detail == "torch sees no CUDA device 3"
+    assert result.status == "skipped" and result.detail == "torch sees no CUDA device 99"
     runner = JobRunner(None, "sqlite://", factory, worker_id="w")  # type: ignore[arg-type]
     assert runner.framework_timer == factory.measure_framework
