@@ -7,8 +7,9 @@ from __future__ import annotations
 from benchmarks.torch_ops import rotating
 
 #: (M, N, K) of a GPT-2-small MLP and attention at 8192 tokens: fc1 (768 -> 3072), fc2
-#: (3072 -> 768), the qkv projection (768 -> 2304).
-_SHAPES = [(8192, 3072, 768), (8192, 768, 3072), (8192, 2304, 768)]
+#: (3072 -> 768), the qkv projection (768 -> 2304), and the language-model head (768 -> 50257:
+#: N is odd, C's rows are not 16-byte aligned).
+_SHAPES = [(8192, 3072, 768), (8192, 768, 3072), (8192, 2304, 768), (8192, 50257, 768)]
 CASES = [(s, d) for d in ("float32", "bfloat16") for s in _SHAPES]
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 from benchmarks.torch_ops import rotating
 
 #: (M, N, K) of the weight gradients of a GPT-2-small MLP and attention at 8192 tokens (K):
-#: fc1's (3072, 768), fc2's (768, 3072), an attention projection's (768, 768).
-_SHAPES = [(3072, 768, 8192), (768, 3072, 8192), (768, 768, 8192)]
+#: fc1's (3072, 768), fc2's (768, 3072), an attention projection's (768, 768), and the
+#: language-model head's (50257, 768) (M is odd: A's rows are not 16-byte aligned).
+_SHAPES = [(3072, 768, 8192), (768, 3072, 8192), (768, 768, 8192), (50257, 768, 8192)]
 CASES = [(s, d) for d in ("float32", "bfloat16") for s in _SHAPES]
 
 

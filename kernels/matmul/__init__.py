@@ -71,11 +71,12 @@ MAX_M = limits.MAX_GRID_Y * GROUP_M * MIN_TILE_M
 #: state). Fit to ptxas reports for sm_80/sm_90: with less headroom than this, a tile spills.
 FP32_REGISTER_OVERHEAD = 40
 TC_REGISTER_OVERHEAD = 48
-#: Prefetch registers of one float4 whose elements load one by one (an unaligned operand).
-UNALIGNED_VEC_REGISTERS = 4
-#: Tensor cores, one operand by cp.async over 3-4 stages and the other by synchronous loads:
-#: registers the synchronous chunks add (a 64 x 64 warp tile spills there; ptxas, sm_90).
-TC_MIXED_LOAD_REGISTERS = 16
+#: Prefetch registers of one float4 whose elements load one by one (an unaligned operand): its
+#: 4 values and a share of the guards; tiles at the cap spill with 4 (ptxas, sm_90).
+UNALIGNED_VEC_REGISTERS = 5
+#: Tensor cores with VEC 8 and an unaligned operand (its 16-byte chunks loaded element by element,
+#: synchronously): registers those loads add (a 64 x 64 warp tile spills; ptxas, sm_80, sm_90).
+TC_UNALIGNED_REGISTERS = 16
 
 #: float32 layouts kept in the space, (BM, BN, WM, WN, TM, TN): the classic 128 x 128 tile with
 #: 8 x 8 per thread and warps of 32 x 64 or 64 x 32, its 128- and 512-thread relatives, and
@@ -143,13 +144,12 @@ def registers_needed(config: Config, dtype: str, aligned: tuple[bool, bool] = (T
     - tensor cores: 4 floats per mma tile ((WM/16) * (WN/8) tiles) + the A and B fragments
       of every 16-wide k step of a BK tile (the loop is unrolled and its ldmatrix hoisted:
       (4 * WM/16 + 2 * WN/8) * BK/16) + 48. A 64 x 64 warp tile fits with BK 32, not 64.
-      With VEC 8, STAGES beyond 2 and an unaligned operand (loaded synchronously while the
-      other's cp.async run ahead), TC_MIXED_LOAD_REGISTERS more.
+      With VEC 8 and an unaligned operand (its chunks loaded synchronously, element by element),
+      TC_UNALIGNED_REGISTERS more.
     """
     if is_tensor_core(dtype):
         mi, ni = config["WM"] // 16, config["WN"] // 8
-        mixed = config["VEC"] > 1 and config["STAGES"] > 2 and not all(aligned)
-        extra = TC_MIXED_LOAD_REGISTERS if mixed else 0
+        extra = TC_UNALIGNED_REGISTERS if config["VEC"] > 1 and not all(aligned) else 0
         return mi * ni * 4 + (mi * 4 + ni * 2) * (config["BK"] // 16) + TC_REGISTER_OVERHEAD + extra
     tm, tn = config["TM"], config["TN"]
     prefetch = 0
@@ -276,9 +276,10 @@ class MatmulSpec(OperatorSpec):
             reason = self._check_tc(config, aligned)
         else:
             reason = self._check_fp32(config, self.trans_a and not self.trans_b)
-            if not reason and self.trans_b and config["VEC"] == 1 and (bm, bn) == (64, 64):
+            thread_tile = config["TM"] * config["TN"]
+            if not reason and self.trans_a and min_blocks and thread_tile == 64:
                 reason = (
-                    "VEC=1 with B^T on the 64 x 64 tile spills (sm_90's ptxas keeps 64 registers)"
+                    "MIN_BLOCKS=2 spills an 8 x 8 thread tile with A^T (ptxas, sm_80 and sm_90)"
                 )
         if reason:
             return reason
@@ -364,7 +365,7 @@ class MatmulSpec(OperatorSpec):
         least 100 tiles and waves of 132 at least 85% full, where it does not spill (0.88-0.91
         -> 1.0 of the optimum on the H200's recorded float32 spaces;
         benchmarks/untuned_defaults.py). Tensor cores take 3 stages where both operands stream by
-        cp.async, else 2.
+        cp.async, else 2 stages and 64 x 32 warp tiles.
 
         Raises:
             InvalidInput: the shape or dtype is invalid (see :meth:`validate`).
@@ -375,7 +376,9 @@ class MatmulSpec(OperatorSpec):
             vec = 8
             stages = 3 if all(self.alignment({"VEC": vec}, (m, n, k))[:2]) else 2
             if big:
-                tile = {"BM": 128, "BN": 128, "BK": 32, "WM": 64, "WN": 64}
+                # 64 x 64 warp tiles spill with element-wise loads of an unaligned operand
+                wn = 64 if stages == 3 else 32
+                tile = {"BM": 128, "BN": 128, "BK": 32, "WM": 64, "WN": wn}
             else:
                 tile = {"BM": 64, "BN": 64, "BK": 32, "WM": 32, "WN": 32}
             config = {**tile, **_TC_PINNED, "VEC": vec, "STAGES": stages, "MIN_BLOCKS": 0}

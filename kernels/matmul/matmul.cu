@@ -125,6 +125,10 @@
 #define KATO_THREADS (32 * (BM / WM) * (BN / WN))
 #if MIN_BLOCKS > 0
 #define KATO_LAUNCH_BOUNDS __launch_bounds__(KATO_THREADS, MIN_BLOCKS)
+#elif TRANS_A || TRANS_B
+// Without a min-blocks clause, ptxas (sm_80, sm_90) holds some transposed-layout tiles far below
+// their register cap and spills; one block per SM gives it the whole cap, as check() models.
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(KATO_THREADS, 1)
 #else
 #define KATO_LAUNCH_BOUNDS __launch_bounds__(KATO_THREADS)
 #endif

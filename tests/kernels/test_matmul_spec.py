@@ -146,9 +146,8 @@ def test_layout_specific_constraints() -> None:
     assert TN.check(fp32_cfg(PAD=0), (64, 64, 64), "float32") is None
     assert TN.check(fp32_cfg(PAD=0, VEC=1), (65, 67, 69), "float32") is None
     assert "PAD=4" in NT.check(fp32_cfg(PAD=0, VEC=1), (64, 64, 64), "float32")
-    small = fp32_cfg(BM=64, BN=64, WM=16, WN=32, TM=4, TN=4, VEC=1)
-    assert SPEC.check(small, (64, 64, 64), "float32") is None
-    assert "spills" in NT.check(small, (64, 64, 64), "float32")
+    assert "spills" in TN.check(fp32_cfg(PAD=0, MIN_BLOCKS=2), (64, 64, 64), "float32")
+    assert SPEC.check(fp32_cfg(MIN_BLOCKS=2), (64, 64, 64), "float32") is None
     # B (N, K) is transposed into Bs[k][n], padded like A's tile
     assert shared_bytes(fp32_cfg(), "float32", trans_b=True) == 2 * (8 * 132 + 8 * 132) * 4
     assert shared_bytes(fp32_cfg(PAD=0), "float32", trans_a=True) == 2 * (8 * 128 + 8 * 128) * 4
@@ -205,7 +204,8 @@ def test_validate_rejects_what_the_kernel_cannot_index() -> None:
         (fp32_cfg(BM=64, WM=128), (64, 64, 64), "float32", "is not one of"),
         (fp32_cfg(BN=64, MIN_BLOCKS=2), (64, 64, 64), "float32", "does not lower"),
         (tc_cfg(STAGES=3), (64, 60, 60), "float16", "every load is synchronous"),
-        (tc_cfg(STAGES=4), (64, 64, 60), "float16", "spill"),  # mixed loads, 64 x 64 warps
+        (tc_cfg(STAGES=2), (64, 64, 60), "float16", "spill"),  # unaligned A, 64 x 64 warps
+        (fp32_cfg(BN=256), (64, 64, 61), "float32", "spill"),  # unaligned A, at the cap
         (tc_cfg(VEC=4), (64, 64, 64), "float16", "VEC 1 or 8"),
         (tc_cfg(TM=8), (64, 64, 64), "bfloat16", "pinned"),
         (tc_cfg(PAD=4), (64, 64, 64), "float16", "pinned"),
@@ -234,9 +234,10 @@ def test_check_rejects_missing_and_unknown_parameters() -> None:
     [
         (fp32_cfg(), (4096, 4096, 4096), "float32"),
         (fp32_cfg(VEC=1), (127, 131, 257), "float32"),
-        (fp32_cfg(VEC=4, BN=256), (127, 131, 257), "float32"),
+        (fp32_cfg(VEC=4, BK=16), (127, 131, 257), "float32"),
+        (fp32_cfg(VEC=4, BN=256), (127, 132, 256), "float32"),  # A unaligned, STAGES 2 at cap
         (fp32_cfg(BK=16, STAGES=1, PAD=0, MIN_BLOCKS=2), (64, 62, 30), "float32"),
-        (tc_cfg(STAGES=2), (1, 1, 1), "float16"),
+        (tc_cfg(WN=32, STAGES=2), (1, 1, 1), "float16"),
         (tc_cfg(WN=32, STAGES=4), (64, 64, 60), "bfloat16"),
         (fp32_cfg(BK=16, MIN_BLOCKS=2, STAGES=1, PAD=0), (1, 4, 4), "float32"),
         (tc_cfg(), (8192, 8192, 8192), "float16"),
@@ -336,13 +337,15 @@ def test_default_config_picks_vectors_and_tiles() -> None:
     # float32: 128 x 256 tiles where 512 of them fill waves of 132 SMs (97%).
     assert SPEC.default_config((4096, 4096, 4096), "float32") == fp32_cfg(BN=256)
     assert SPEC.default_config((3072, 1024, 4096), "float32")["BN"] == 128  # 96 wide tiles
-    # unaligned rows: still float4s and the wide tile (528 tiles: 4 full waves)
-    assert SPEC.default_config((4097, 4095, 33), "float32") == fp32_cfg(BN=256)
+    # unaligned rows: still float4s; the wide tile would spill with element-wise prefetches
+    assert SPEC.default_config((4097, 4095, 33), "float32") == fp32_cfg()
+    assert SPEC.default_config((4096, 4096, 33), "float32") == fp32_cfg()
+    assert NT.default_config((4096, 4095, 4096), "float32") == fp32_cfg(BN=256)  # only C is
     assert SPEC.default_config((4096, 4096, 4096), "float16") == tc_cfg()
     assert SPEC.default_config((127, 131, 257), "float32")["VEC"] == 4
-    # tensor cores: 3 stages where both operands stream by cp.async, else 2
-    assert SPEC.default_config((4096, 4096, 4090), "bfloat16") == tc_cfg(STAGES=2)
-    assert SPEC.default_config((4096, 4090, 4090), "bfloat16") == tc_cfg(STAGES=2)
+    # tensor cores: 3 stages where both operands stream by cp.async, else 2 (and 64 x 32 warps)
+    assert SPEC.default_config((4096, 4096, 4090), "bfloat16") == tc_cfg(STAGES=2, WN=32)
+    assert SPEC.default_config((4096, 4090, 4090), "bfloat16") == tc_cfg(STAGES=2, WN=32)
     assert SPEC.default_config((1, 4096, 4096), "float16")["BM"] == 64
     # matmul_tn transposes no tile into shared memory: no padding
     assert TN.default_config((4096, 4096, 4096), "float32") == fp32_cfg(BN=256, PAD=0)
@@ -667,6 +670,82 @@ def test_tensor_core_fragments_compute_the_warp_tile(bm, bn, bk, wm, wn) -> None
                     c = (wn0 + j * 16) // 8 + (lane >> 4)
                     addrs.append(r * bn + swizzle(cb, r, c) * 8)
                 q = ldmatrix(b_s, addrs, trans=True)
+                b_frag += [q[:, 0:2], q[:, 2:4]]
+            for i in range(wm // 16):
+                for j in range(wn // 8):
+                    acc[i, j] += mma16816(a_frag[i], b_frag[j])
+        want = a_tile[wm0 : wm0 + wm] @ b_tile[:, wn0 : wn0 + wn]
+        got = acc.transpose(0, 2, 1, 3).reshape(wm, wn)
+        np.testing.assert_array_equal(got, want)
+
+
+def store_swizzled(tile: np.ndarray) -> np.ndarray:
+    """A (rows, cols) tile in 16-byte chunks of 8 values, chunk c of row r at swizzle(r, c)."""
+    rows, cols = tile.shape
+    chunks = cols // 8
+    flat = np.full(rows * cols, np.nan)
+    for r in range(rows):
+        for c in range(chunks):
+            p = swizzle(chunks, r, c)
+            flat[r * cols + p * 8 : r * cols + p * 8 + 8] = tile[r, c * 8 : c * 8 + 8]
+    return flat
+
+
+def conflict_free(addrs: list[int]) -> bool:
+    """Each of ldmatrix.x4's 4 phases (8 rows of 16 bytes) hits 8 distinct 16-byte bank groups."""
+    return all(len({(addrs[8 * q + i] // 8) % 8 for i in range(8)}) == 8 for q in range(4))
+
+
+@pytest.mark.parametrize(("trans_a", "trans_b"), [(False, True), (True, False), (True, True)])
+@pytest.mark.parametrize(
+    ("bm", "bn", "bk", "wm", "wn"),
+    [(128, 128, 32, 64, 64), (64, 256, 64, 32, 64), (256, 64, 32, 64, 64), (64, 64, 64, 32, 32)],
+)
+def test_transposed_layout_fragments_compute_the_warp_tile(
+    trans_a, trans_b, bm, bn, bk, wm, wn
+) -> None:
+    """matmul_tn's As[BK][BM] read by ldmatrix.trans and matmul_nt's Bs[BN][BK] read by plain
+    ldmatrix, with the template's lane addresses: the mma fragments multiply to the warp tile,
+    and every ldmatrix phase is free of bank conflicts."""
+    rng = np.random.default_rng(4)
+    a_tile = rng.integers(-8, 8, (bm, bk)).astype(float)  # logical (m, k)
+    b_tile = rng.integers(-8, 8, (bk, bn)).astype(float)  # logical (k, n)
+    a_ld, b_ld = (bm if trans_a else bk), (bk if trans_b else bn)
+    a_s = store_swizzled(a_tile.T if trans_a else a_tile)
+    b_s = store_swizzled(b_tile.T if trans_b else b_tile)
+    assert not np.isnan(a_s).any() and not np.isnan(b_s).any()
+    ca, cb = a_ld // 8, b_ld // 8
+    warps_n = bn // wn
+    for warp in range((bm // wm) * warps_n):
+        wm0, wn0 = (warp // warps_n) * wm, (warp % warps_n) * wn
+        acc = np.zeros((wm // 16, wn // 8, 16, 8))
+        for kk in range(bk // 16):
+            a_frag = []
+            for i in range(wm // 16):
+                addrs = []
+                for lane in range(32):
+                    if trans_a:
+                        q = lane >> 3
+                        r = kk * 16 + (q >> 1) * 8 + (lane & 7)
+                        c = (wm0 + i * 16) // 8 + (q & 1)
+                    else:
+                        r, c = wm0 + i * 16 + (lane & 15), kk * 2 + (lane >> 4)
+                    addrs.append(r * a_ld + swizzle(ca, r, c) * 8)
+                assert conflict_free(addrs)
+                a_frag.append(ldmatrix(a_s, addrs, trans=trans_a))
+            b_frag = []
+            for j in range(wn // 16):
+                addrs = []
+                for lane in range(32):
+                    if trans_b:
+                        p = lane >> 3
+                        r = wn0 + j * 16 + (p >> 1) * 8 + (lane & 7)
+                        c = kk * 2 + (p & 1)
+                    else:
+                        r, c = kk * 16 + (lane & 15), (wn0 + j * 16) // 8 + (lane >> 4)
+                    addrs.append(r * b_ld + swizzle(cb, r, c) * 8)
+                assert conflict_free(addrs)
+                q = ldmatrix(b_s, addrs, trans=not trans_b)
                 b_frag += [q[:, 0:2], q[:, 2:4]]
             for i in range(wm // 16):
                 for j in range(wn // 8):
