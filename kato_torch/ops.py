@@ -60,8 +60,27 @@ def _decide(operator: str, shape: tuple[int, ...], dtype: str, device: str) -> b
     return _policy.decide(operator, shape, dtype, device)
 
 
+#: (operator, shape, dtype, device type) -> decision, valid for :func:`policy.generation`
+#: ``_fast_generation``: one dictionary read per call instead of the registry and the policy.
+_fast: dict[tuple, bool] = {}
+_fast_generation = -1
+
+
 def _use(operator: str, shape: Sequence[int], t: Tensor) -> bool:
-    return _decide(operator, tuple(int(d) for d in shape), _dtype_name(t), t.device.type)
+    """Whether Kato's ``operator`` runs for this key (see :func:`_decide`)."""
+    global _fast_generation
+    shape = tuple(int(d) for d in shape)
+    if torch.compiler.is_compiling():  # folded to a constant at trace time
+        return _decide(operator, shape, _dtype_name(t), t.device.type)
+    key = (operator, shape, t.dtype, t.device.type)
+    if _fast_generation != _policy.generation():
+        _fast.clear()
+        _fast_generation = _policy.generation()
+    decision = _fast.get(key)
+    if decision is None or _policy.recording():
+        decision = _decide(operator, shape, _dtype_name(t), t.device.type)
+        _fast[key] = decision
+    return decision
 
 
 def _run(operator: str, shape: Sequence[int], t: Tensor, args: list) -> None:

@@ -37,6 +37,8 @@ _lock = threading.Lock()
 _settings: dict[str, Any] = {"client": None, "gpu": None, "policy": {"*": "auto"}}
 _decisions: dict[tuple[Any, ...], bool] = {}
 _recorders: list[Recorder] = []
+#: Bumped by every :func:`set_settings`: callers' own caches of decisions compare it.
+_generation = 0
 
 
 def normalise_policy(policy: str | Mapping[str, str]) -> dict[str, str]:
@@ -55,10 +57,22 @@ def normalise_policy(policy: str | Mapping[str, str]) -> dict[str, str]:
 
 def set_settings(client: Any, gpu: str | None, policy: str | Mapping[str, str]) -> None:
     """Replace the client, GPU model and policy; forget every cached decision."""
+    global _generation
     table = normalise_policy(policy)
     with _lock:
         _settings.update(client=client, gpu=gpu, policy=table)
         _decisions.clear()
+        _generation += 1
+
+
+def generation() -> int:
+    """Changes whenever the settings do (a cached decision older than it is stale)."""
+    return _generation
+
+
+def recording() -> bool:
+    """Whether a :func:`record` block is active (every decision must then be seen by it)."""
+    return bool(_recorders)
 
 
 def settings() -> dict[str, Any]:
