@@ -235,11 +235,12 @@ class MatmulSpec(OperatorSpec):
         """Why ``config`` cannot run correctly for ``shape``/``dtype``, or None if it can.
 
         Rejects: parameters missing, unknown or outside the space; threads per block outside
-        64..512 or
-        ``MIN_BLOCKS * threads`` over 2048; warp tiles that do not divide the block tile;
-        shared memory over 227 KiB; register tiles the launch bounds cannot hold
-        (:func:`registers_needed` > :func:`register_cap`: they would spill); and, per path,
-        the parameter values that path does not implement (see the module docstring).
+        64..512 or ``MIN_BLOCKS * threads`` over 2048; warp tiles that do not divide the block
+        tile; shared memory over 227 KiB; register tiles the launch bounds cannot hold
+        (:func:`registers_needed` > :func:`register_cap` for the shape's :meth:`alignment`:
+        they would spill; with A^T, MIN_BLOCKS=2 on an 8 x 8 thread tile); and, per path and
+        layout, the parameter values that path does not implement (see the module docstring).
+        Every VEC is valid on every shape.
         """
         reason = self.check_params(config)
         if reason:

@@ -58,9 +58,9 @@ def test_default_config_verifies(operator, shape, dtype):
 @pytest.mark.parametrize("shape", [(129, 136, 264), (67, 131, 97)], **_IDS)
 def test_every_valid_matmul_variant_verifies(shape, dtype):
     checked, failures = verify_variants(get_operator("matmul"), shape, dtype, seed=1)
-    # every valid config: 86 / 60 / 60 at 129x136x264; 86 / 30 / 30 at 67x131x97 (VEC 4 / 8
+    # every valid config: 86 / 60 / 60 at 129x136x264; 78 / 25 / 25 at 67x131x97 (VEC 4 / 8
     # load the unaligned rows element by element)
-    assert checked >= 30
+    assert checked >= 25
     assert not failures, f"{len(failures)} of {checked} failed: {failures[:5]}"
 
 
@@ -73,7 +73,7 @@ def test_every_valid_variant_verifies_where_no_row_is_aligned(operator, shape, d
     assert {c["VEC"] for c in spec_space(spec, shape, dtype)} == (
         {1, 4} if dtype == "float32" else {1, 8}
     )
-    assert checked >= 30
+    assert checked >= 25  # 78 / 78 / 38 float32 (matmul, _nt, _tn), 25 on tensor cores
     assert not failures, f"{len(failures)} of {checked} failed: {failures[:5]}"
 
 
@@ -81,7 +81,7 @@ def test_every_valid_variant_verifies_where_no_row_is_aligned(operator, shape, d
 @pytest.mark.parametrize("operator", ["matmul_nt", "matmul_tn"])
 def test_every_valid_layout_variant_verifies_aligned(operator, dtype):
     checked, failures = verify_variants(get_operator(operator), (136, 136, 264), dtype, seed=3)
-    assert checked >= 40
+    assert checked >= 40  # 86 / 60 / 60 (matmul_nt), 40 / 60 / 60 (matmul_tn)
     assert not failures, f"{len(failures)} of {checked} failed: {failures[:5]}"
 
 
