@@ -574,6 +574,51 @@ class KatoClient:
             body["seed"] = seed
         return self._request("POST", "/v1/jobs", json=body, headers=self._headers(token))
 
+    def submit_batch(
+        self,
+        jobs: Iterable[Mapping[str, Any]],
+        gpu: str | None = None,
+        *,
+        budget: int | None = None,
+        budget_seconds: float | None = None,
+        strategy: str | None = None,
+        token: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Queue several tuning jobs as one batch (``POST /v1/jobs/batch``: all or none). Each
+        job is a mapping with ``operator``, ``shape`` and ``dtype`` (and optionally ``gpu``,
+        ``budget``, ``budget_seconds``, ``strategy``, ``seed``); the keyword arguments are the
+        defaults for every job that does not set its own. Returns the jobs as the service
+        describes them, in order.
+
+        Raises:
+            KatoError: rejected (bad input: 422 naming the job's index; quota: 429).
+            KatoUnavailable: the service is down.
+        """
+        bodies = []
+        for job in jobs:
+            operator, dims, dtype_text, gpu_name = self._key(
+                job["operator"], job["shape"], job["dtype"], job.get("gpu", gpu)
+            )
+            body: dict[str, Any] = {
+                "operator": operator,
+                "shape": list(dims),
+                "dtype": dtype_text,
+                "gpu": gpu_name,
+            }
+            defaults = {"budget": budget, "budget_seconds": budget_seconds, "strategy": strategy}
+            for name, default in defaults.items():
+                value = job.get(name, default)
+                if value is not None:
+                    body[name] = value
+            if job.get("seed") is not None:
+                body["seed"] = job["seed"]
+            bodies.append(body)
+        if not bodies:
+            return []
+        return self._request(
+            "POST", "/v1/jobs/batch", json={"jobs": bodies}, headers=self._headers(token)
+        )
+
     def job(self, job_id: str) -> dict[str, Any]:
         """``GET /v1/jobs/{id}``."""
         return self._request("GET", f"/v1/jobs/{job_id}", headers=self._headers())

@@ -413,3 +413,32 @@ def test_an_answer_without_figures_reads_as_unmeasured():
     assert (old.default_ms, old.framework_ms, old.framework, old.speedup) == (None,) * 4
     computed = Lookup.from_answer({**answer, "framework_ms": 0.02}, 1.0)
     assert computed.speedup == pytest.approx(2.0)
+
+
+def test_submit_batch_queues_every_job_or_none(live_server):
+    from db import tokens
+
+    with live_server.app.state.session_factory() as session:
+        secret = tokens.create_token(session, "batch")[1]
+    with KatoClient(live_server.url, gpu="H200", token=secret, disk_cache=False) as kato:
+        jobs = kato.submit_batch(
+            [
+                {"operator": "softmax", "shape": (64, 1024), "dtype": "float16"},
+                {"operator": "layernorm", "shape": [8, 768], "dtype": "bfloat16", "budget": 9},
+            ],
+            budget=20,
+        )
+        assert [(j["operator"], j["status"], j["budget"]) for j in jobs] == [
+            ("softmax", "queued", 20),
+            ("layernorm", "queued", 9),
+        ]
+        with pytest.raises(KatoError, match=r"jobs\[1\]") as info:
+            kato.submit_batch(
+                [
+                    {"operator": "softmax", "shape": (64, 1024), "dtype": "float16"},
+                    {"operator": "softmax", "shape": (64, 1024), "dtype": "int8"},
+                ]
+            )
+        assert info.value.status == 422
+        assert len(kato.submit_batch([])) == 0
+    assert live_server.requests["POST /v1/jobs/batch"] == 2
