@@ -921,7 +921,9 @@ def _transpose(x: Tensor) -> Tensor:
     """A contiguous (cols, rows) copy of a contiguous (rows, cols) tensor."""
     rows, cols = x.shape
     if not _use("transpose", (rows, cols), x) or x.numel() == 0:
-        return x.t().contiguous()
+        # A copy even where x.t() is already contiguous (a row or a column): a custom op's
+        # output may not alias its input.
+        return x.t().clone(memory_format=torch.contiguous_format)
     y = torch.empty((cols, rows), device=x.device, dtype=x.dtype)
     _run("transpose", (rows, cols), x, [x, y, rows, cols])
     return y

@@ -219,3 +219,16 @@ def test_batch_norm_training_and_its_running_statistics(shape):
     for a, r in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a, r)
     assert not torch.equal(ours[0], mean0)  # updated in place
+
+
+@pytest.mark.parametrize("shape", [(1, 5), (5, 1), (1, 1), (0, 3)])
+def test_transpose_of_a_row_or_column_is_a_copy(shape):
+    """x.t() of a row or a column is already contiguous: the op must still return a new
+    tensor (a custom op's output may not alias its input), forward and backward."""
+    x = _rand(*shape)
+    opcheck(torch.ops.kato.transpose.default, (x,))
+    y = torch.ops.kato.transpose(x)
+    assert y.shape == (shape[1], shape[0]) and y.is_contiguous()
+    if x.numel():
+        assert y.data_ptr() != x.data_ptr()
+    _same(torch.ops.kato.transpose, lambda t: t.t().contiguous(), [x])
