@@ -20,6 +20,7 @@ arguments`` paragraph of each ``kernels/<operator>`` docstring).
 
 from __future__ import annotations
 
+import operator as _operator
 from collections.abc import Sequence
 
 import torch
@@ -69,9 +70,12 @@ _fast_generation = -1
 def _use(operator: str, shape: Sequence[int], t: Tensor) -> bool:
     """Whether Kato's ``operator`` runs for this key (see :func:`_decide`)."""
     global _fast_generation
-    shape = tuple(int(d) for d in shape)
     if torch.compiler.is_compiling():  # folded to a constant at trace time
-        return _decide(operator, shape, _dtype_name(t), t.device.type)
+        # operator.index specializes a dynamic dimension (a guard on its value): a decision is
+        # per shape, and assume_constant_result takes constants only (a SymInt breaks the graph).
+        key = tuple(_operator.index(d) for d in shape)
+        return _decide(operator, key, _dtype_name(t), t.device.type)
+    shape = tuple(int(d) for d in shape)
     key = (operator, shape, t.dtype, t.device.type)
     if _fast_generation != _policy.generation():
         _fast.clear()

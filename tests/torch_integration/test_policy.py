@@ -201,3 +201,16 @@ def test_a_patched_model_compiles_in_one_graph():
     x, labels = torch.randn(6, 16), torch.randint(0, 10, (6,))
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(x, labels), model(x, labels))
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_a_patched_model_compiles_in_one_graph_at_every_batch_size(dynamic):
+    """A new batch size makes torch.compile trace with symbolic sizes (dynamic=None marks the
+    changed dimension dynamic at the second size): the decision takes the size as a constant
+    (one graph per size) instead of breaking the graph, which fullgraph=True refuses."""
+    torch.manual_seed(0)
+    model = kato_torch.patch(Block())
+    compiled = torch.compile(model, fullgraph=True, dynamic=dynamic, backend="aot_eager")
+    for rows in (6, 7, 9):
+        x, labels = torch.randn(rows, 16), torch.randint(0, 10, (rows,))
+        torch.testing.assert_close(compiled(x, labels), model(x, labels))
