@@ -43,11 +43,13 @@ from kato_torch.ops import (
 )
 from kato_torch.patch import patch, unpatch
 from kato_torch.policy import Key, Recorder, record
+from kato_torch.user import UserKernel, user_kernel
 
 __all__ = [
     "BoundOperator",
     "Key",
     "Recorder",
+    "UserKernel",
     "add_layer_norm",
     "add_rms_norm",
     "batch_norm",
@@ -67,4 +69,5 @@ __all__ = [
     "softmax",
     "transpose",
     "unpatch",
+    "user_kernel",
 ]

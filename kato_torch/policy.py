@@ -37,6 +37,8 @@ _lock = threading.Lock()
 _settings: dict[str, Any] = {"client": None, "gpu": None, "policy": {"*": "auto"}}
 _decisions: dict[tuple[Any, ...], bool] = {}
 _recorders: list[Recorder] = []
+#: Operators with no PyTorch op to fall back on (users' kernels): "auto" runs Kato's for them.
+_without_equivalent: set[str] = set()
 #: Bumped by every :func:`set_settings`: callers' own caches of decisions compare it.
 _generation = 0
 
@@ -63,6 +65,15 @@ def set_settings(client: Any, gpu: str | None, policy: str | Mapping[str, str]) 
         _settings.update(client=client, gpu=gpu, policy=table)
         _decisions.clear()
         _generation += 1
+
+
+def without_framework_equivalent(operator: str) -> None:
+    """Mark ``operator`` as having no PyTorch equivalent: under ``"auto"`` it runs Kato's
+    kernel (there is nothing else to run); ``"torch"`` still never does."""
+    with _lock:
+        _without_equivalent.add(operator)
+        for key in [k for k in _decisions if k[0] == operator]:
+            del _decisions[key]
 
 
 def generation() -> int:
@@ -124,7 +135,9 @@ def _decide(operator: str, shape: tuple[int, ...], dtype: str, device: str) -> b
     if decision is None:
         policy = policy_for(operator)
         if policy == "auto":
-            decision = known_faster(served(operator, shape, dtype))
+            decision = operator in _without_equivalent or known_faster(
+                served(operator, shape, dtype)
+            )
         else:
             decision = policy == "kato"
         _decisions[key] = decision

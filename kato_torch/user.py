@@ -1,0 +1,402 @@
+"""A user operator (``docs/user_kernels.md``) called on torch tensors.
+
+    add = kato_torch.user_kernel("vector_add_test")
+    c = add(a, b, a.numel())          # the spec's arguments in order, less its outputs
+
+:func:`user_kernel` returns a :class:`UserKernel`: called with the operator's non-output
+arguments in the spec's order (tensors for arrays, Python numbers for scalars), it reads the
+problem's shape from them, allocates the outputs the spec declares (their sizes are the spec's
+expressions of the shape), runs the config Kato serves for that shape (or the operator's
+default) through :func:`kato_torch.bind` on torch's current stream, and returns the outputs.
+
+The shape is read as the spec defines the arguments: a scalar whose ``value`` is a shape name
+gives that dimension; an array whose ``size`` is a shape name gives it as its element count,
+and one whose ``size`` is a product of shape names (``"m * k"``) with as many dimensions as
+factors gives one each; a dimension that only appears with others or constants (``"n + 1"``)
+is solved from the element count where one value fits. Everything the shape then implies is
+checked (every size, every shape-dependent scalar). ``shape=`` gives it outright.
+
+A user operator has no PyTorch equivalent, so under the policy ``"auto"`` its calls run Kato's
+kernel (:func:`kato_torch.policy.without_framework_equivalent`); under ``"torch"``, or on
+tensors that are not on a CUDA device, a call is an error saying so.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kato_torch import policy as _policy
+from kato_torch._kernels import bind
+from kernels import InvalidInput, get_operator
+from kernels.registry import register
+from kernels.spec import DTYPES
+from kernels.user.expr import Expression, ExpressionError
+from kernels.user.model import ArgumentModel, numpy_dtype
+from kernels.user.spec import MAX_ELEMENTS, UserOperatorSpec
+
+_TORCH_DTYPES = {
+    name: getattr(torch, name)
+    for name in (
+        "float64",
+        "float32",
+        "float16",
+        "bfloat16",
+        "int64",
+        "int32",
+        "int16",
+        "int8",
+        "uint64",
+        "uint32",
+        "uint16",
+        "uint8",
+    )  # fmt: skip
+    if hasattr(torch, name)
+}
+_DTYPE_NAMES = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
+#: Initial contents of an allocated output, where the spec names a fixed one.
+_FILLS = {"zeros": torch.zeros, "ones": torch.ones}
+
+
+def _torch_dtype(arg: ArgumentModel, dtype: str) -> torch.dtype:
+    return _TORCH_DTYPES[str(numpy_dtype(arg.dtype, dtype))]
+
+
+def _factors(expression: Expression) -> list[str] | None:
+    """The shape names of a size that is a plain product of names (``"m * k"``), else None."""
+    names: list[str] = []
+
+    def walk(node: ast.AST) -> bool:
+        if isinstance(node, ast.Name):
+            names.append(node.id)
+            return True
+        return (
+            isinstance(node, ast.BinOp)
+            and isinstance(node.op, ast.Mult)
+            and walk(node.left)
+            and walk(node.right)
+        )
+
+    return names if walk(expression.tree.body) else None
+
+
+@dataclass
+class UserCall:
+    """One call's plan: the shape and dtype read from the arguments, the allocated outputs
+    (spec order) and every kernel argument in the spec's order (tensors and numbers)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    outputs: list[torch.Tensor]
+    arguments: list[Any]
+
+
+class UserKernel:
+    """A user operator callable on torch tensors. See the module docstring."""
+
+    def __init__(self, spec: UserOperatorSpec):
+        self.spec = spec
+        self.name = spec.name
+        self.arguments = list(spec.model.arguments)
+        self.inputs = [a for a in self.arguments if not a.output]
+        self.outputs = [a for a in self.arguments if a.output]
+        self._sizes: list[Expression] = spec.model.expressions()["arguments"]
+        _policy.without_framework_equivalent(spec.name)
+
+    def __repr__(self) -> str:
+        names = ", ".join(a.name for a in self.inputs)
+        return f"kato_torch.user_kernel({self.name!r})({names}) -> {len(self.outputs)} output(s)"
+
+    # --- planning (no GPU) --------------------------------------------------------------------
+
+    def plan(
+        self,
+        *args: Any,
+        shape: Sequence[int] | None = None,
+        dtype: str | None = None,
+        device: torch.device | str | None = None,
+    ) -> UserCall:
+        """Check ``args`` (the non-output arguments, in order), read the shape and dtype from
+        them (or take ``shape`` / ``dtype``), and allocate the outputs on their device (or
+        ``device``, where no argument is a tensor; default the current CUDA device).
+
+        Raises:
+            InvalidInput: a missing or extra argument, a number where an array goes or the
+                reverse, a tensor of the wrong dtype, device or size, a non-contiguous tensor,
+                a scalar that disagrees with the arrays, or a shape that cannot be read (each
+                message names the argument and what to pass).
+        """
+        spec = self.spec
+        if len(args) != len(self.inputs):
+            raise InvalidInput(
+                f"{self.name} takes {len(self.inputs)} arguments "
+                f"({', '.join(a.name for a in self.inputs) or 'none'}; outputs "
+                f"{', '.join(a.name for a in self.outputs) or 'none'} are allocated), "
+                f"got {len(args)}"
+            )
+        given = dict(zip((a.name for a in self.inputs), args, strict=True))
+        tensors = [v for v in args if isinstance(v, torch.Tensor)]
+        for arg in self.inputs:
+            value = given[arg.name]
+            if arg.size is not None and not isinstance(value, torch.Tensor):
+                raise InvalidInput(
+                    f"{self.name}: argument {arg.name} is an array ({arg.dtype}, size "
+                    f"{arg.size}); pass a tensor, got {type(value).__name__}"
+                )
+            if arg.size is None and not _is_number(value):
+                raise InvalidInput(
+                    f"{self.name}: argument {arg.name} is a scalar ({arg.dtype}); pass a "
+                    f"number, got {type(value).__name__}"
+                )
+        devices = {t.device for t in tensors}
+        if len(devices) > 1:
+            raise InvalidInput(
+                f"{self.name}: tensors on several devices: {sorted(map(str, devices))}"
+            )
+        where = devices.pop() if devices else torch.device(device or "cuda")
+        dtype = dtype or self._dtype(given)
+        if dtype not in spec.dtypes:
+            raise InvalidInput(
+                f"{self.name} takes dtype {', '.join(spec.dtypes)}; the arguments are {dtype}"
+            )
+        for arg in self.inputs:
+            value = given[arg.name]
+            if arg.size is None:
+                if numpy_dtype(arg.dtype, dtype).kind in "iu" and not _integral(value):
+                    raise InvalidInput(
+                        f"{self.name}: scalar {arg.name} is {arg.dtype}; got {value!r}"
+                    )
+                continue
+            want = _torch_dtype(arg, dtype)
+            if value.dtype != want:
+                raise InvalidInput(
+                    f"{self.name}: argument {arg.name} must be {want}, got {value.dtype}"
+                )
+            if not value.is_contiguous():
+                raise InvalidInput(
+                    f"{self.name}: argument {arg.name} is not contiguous; pass .contiguous()"
+                )
+        shape = self._shape(given, dtype) if shape is None else tuple(int(s) for s in shape)
+        shape = spec.validate(shape, dtype)
+        env = self._env(shape, dtype)
+        for arg, size in zip(self.arguments, self._sizes, strict=True):
+            if arg.output:
+                continue
+            value, want = given[arg.name], _value(size, env)
+            if arg.size is not None and value.numel() != want:
+                raise InvalidInput(
+                    f"{self.name}: argument {arg.name} has {value.numel()} elements; at shape "
+                    f"{_named(spec, shape)} its size {arg.size} is {want}"
+                )
+            if arg.size is None and size.names - {"itemsize"} and value != want:
+                raise InvalidInput(
+                    f"{self.name}: scalar {arg.name} is {value!r}; at shape "
+                    f"{_named(spec, shape)} it must be {arg.value} = {want}"
+                )
+        outputs, arguments = [], []
+        for arg, size in zip(self.arguments, self._sizes, strict=True):
+            if not arg.output:
+                value = given[arg.name]
+                if arg.size is None:  # a Python number, as the launch's ctypes take it
+                    kind = numpy_dtype(arg.dtype, dtype).kind
+                    value = int(value) if kind in "iu" else float(value)
+                arguments.append(value)
+                continue
+            dims = self._output_dims(size, env)
+            fill = _FILLS.get(arg.init or "zeros", torch.empty)
+            out = fill(dims, dtype=_torch_dtype(arg, dtype), device=where)
+            if arg.init == "index":
+                out = torch.arange(math.prod(dims), device=where).to(out.dtype).reshape(dims)
+            outputs.append(out)
+            arguments.append(out)
+        return UserCall(shape, dtype, outputs, arguments)
+
+    def _dtype(self, given: Mapping[str, Any]) -> str:
+        """The request dtype: that of the arrays declared with the request's dtype."""
+        seen = {
+            _DTYPE_NAMES.get(given[a.name].dtype, str(given[a.name].dtype))
+            for a in self.inputs
+            if a.size is not None and a.dtype == "dtype"
+        }
+        if len(seen) > 1:
+            raise InvalidInput(
+                f"{self.name}: the arrays of the request's dtype disagree: {sorted(seen)}"
+            )
+        return seen.pop() if seen else self.spec.dtypes[0]
+
+    def _env(self, shape: Sequence[int], dtype: str) -> dict[str, Any]:
+        env: dict[str, Any] = dict(zip(self.spec.shape_names, shape, strict=True))
+        env["itemsize"] = DTYPES[dtype][2] if dtype in DTYPES else 4
+        return env
+
+    def _shape(self, given: Mapping[str, Any], dtype: str) -> tuple[int, ...]:
+        """The shape read from the arguments (see the module docstring)."""
+        names = set(self.spec.shape_names)
+        known: dict[str, int] = {}
+        targets: list[tuple[Expression, int]] = []  # (expression, the value it must take)
+        for arg, size in zip(self.arguments, self._sizes, strict=True):
+            if arg.output:
+                continue
+            value = given[arg.name]
+            if arg.size is None:
+                if not _integral(value):
+                    continue  # a float scalar tells no dimension
+                target, dims = int(value), None
+            else:
+                target, dims = value.numel(), tuple(value.shape)
+            factors = _factors(size)
+            if factors and set(factors) <= names and len(factors) == 1:
+                known.setdefault(factors[0], target)
+            elif factors and set(factors) <= names and dims and len(dims) == len(factors):
+                for name, dim in zip(factors, dims, strict=True):
+                    known.setdefault(name, int(dim))
+            elif size.names & names:
+                targets.append((size, target))
+        progress = True
+        while progress and names - set(known):
+            progress = False
+            for size, target in targets:
+                unknown = (size.names & names) - set(known)
+                if len(unknown) == 1:
+                    (name,) = unknown
+                    found = _solve(size, name, target, self._env_partial(known, dtype))
+                    if found is not None:
+                        known[name] = found
+                        progress = True
+        missing = [n for n in self.spec.shape_names if n not in known]
+        if missing:
+            raise InvalidInput(
+                f"{self.name}: cannot read {', '.join(missing)} of the shape "
+                f"({'x'.join(self.spec.shape_names)}) from the arguments; pass shape=(...)"
+            )
+        return tuple(known[n] for n in self.spec.shape_names)
+
+    def _env_partial(self, known: Mapping[str, int], dtype: str) -> dict[str, Any]:
+        return {**known, "itemsize": DTYPES[dtype][2] if dtype in DTYPES else 4}
+
+    def _output_dims(self, size: Expression, env: Mapping[str, Any]) -> tuple[int, ...]:
+        """An output's dimensions: the factors of a product of shape names, else one."""
+        factors = _factors(size)
+        if factors and len(factors) > 1 and set(factors) <= set(self.spec.shape_names):
+            return tuple(int(env[f]) for f in factors)
+        return (_value(size, env),)
+
+    # --- running ------------------------------------------------------------------------------
+
+    def __call__(
+        self, *args: Any, shape: Sequence[int] | None = None, dtype: str | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """Run the operator on ``args`` (see :meth:`plan`); return its output (or outputs, a
+        tuple in the spec's order).
+
+        Raises:
+            InvalidInput: what :meth:`plan` raises; tensors not on a CUDA device, or a policy
+                of ``"torch"`` for this operator (there is no PyTorch implementation of it).
+        """
+        call = self.plan(*args, shape=shape, dtype=dtype)
+        device = call.outputs[0].device if call.outputs else _device_of(args)
+        if device.type != "cuda":
+            raise InvalidInput(
+                f"{self.name} is a user CUDA kernel with no PyTorch implementation; its "
+                f"tensors must be on a CUDA device, not {device.type}"
+            )
+        if not _policy.decide(self.name, call.shape, call.dtype, device.type):
+            raise InvalidInput(
+                f"the kato_torch policy for {self.name!r} is 'torch', but a user operator has "
+                "no PyTorch implementation; set it to 'auto' or 'kato'"
+            )
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        bound = bind(self.name, call.shape, call.dtype, index)
+        bound.run(call.arguments)
+        if len(call.outputs) == 1:
+            return call.outputs[0]
+        return tuple(call.outputs)
+
+
+def user_kernel(operator: str | UserOperatorSpec) -> UserKernel:
+    """The user operator ``operator`` (a registered name, or a spec, which is registered) as
+    a function of torch tensors (:class:`UserKernel`).
+
+    Raises:
+        InvalidInput: no operator of that name, or one that is not a user operator (Kato's
+            own have their functions in :mod:`kato_torch.ops`).
+    """
+    if isinstance(operator, UserOperatorSpec):
+        try:
+            current = get_operator(operator.name)
+        except InvalidInput:
+            current = None
+        if current is not operator:
+            register(operator)
+        spec: Any = operator
+    else:
+        spec = get_operator(operator)
+    if not isinstance(spec, UserOperatorSpec):
+        raise InvalidInput(
+            f"{spec.name!r} is one of Kato's own operators, not a user operator; call its "
+            "function in kato_torch (e.g. kato_torch.softmax)"
+        )
+    return UserKernel(spec)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _integral(value: Any) -> bool:
+    try:
+        return float(value).is_integer()
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def _value(expression: Expression, env: Mapping[str, Any]) -> int:
+    value = expression.evaluate(env)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidInput(f"{expression} is {value!r}, not an integer")
+    return value
+
+
+def _named(spec: UserOperatorSpec, shape: Sequence[int]) -> str:
+    return ", ".join(f"{n}={s}" for n, s in zip(spec.shape_names, shape, strict=True))
+
+
+def _device_of(args: Sequence[Any]) -> torch.device:
+    for value in args:
+        if isinstance(value, torch.Tensor):
+            return value.device
+    return torch.device("cuda")
+
+
+def _solve(expression: Expression, name: str, target: int, env: Mapping[str, Any]) -> int | None:
+    """The one value of ``name`` from 1 to :data:`MAX_ELEMENTS` at which ``expression`` is
+    ``target``, found by bisection (sizes grow with the dimensions), or None where none is or
+    several neighbouring ones are (``ceil(n / 32)``: pass the shape)."""
+
+    def at(v: int) -> float:
+        try:
+            value = expression.evaluate({**env, name: v})
+        except ExpressionError:
+            return math.nan
+        return float(value) if isinstance(value, int | float) else math.nan
+
+    lo, hi = 1, MAX_ELEMENTS
+    if not at(lo) <= target <= at(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if at(mid) < target:
+            lo = mid + 1
+        else:
+            hi = mid
+    if at(lo) != target or at(lo + 1) == target:
+        return None
+    return lo
