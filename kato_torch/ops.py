@@ -50,13 +50,19 @@ def _dtype_name(t: Tensor) -> str:
 
 @torch.compiler.assume_constant_result
 def _decide(operator: str, shape: tuple[int, ...], dtype: str, device: str) -> bool:
-    """The policy's answer for this key; False for an operator or dtype Kato does not have.
-    A constant for ``torch.compile`` (shapes are static in a compiled graph)."""
+    """The policy's answer for this key; False for an operator, dtype or shape Kato does not
+    have (a shape the operator's spec refuses, e.g. past its kernels' int indices: binding it
+    would raise inside the custom op). A constant for ``torch.compile`` (shapes are static in
+    a compiled graph)."""
     try:
         spec = get_operator(operator)
     except InvalidInput:  # not in this installation (e.g. a layout added later)
         return False
     if dtype not in spec.dtypes:
+        return False
+    try:
+        spec.validate(shape, dtype)
+    except InvalidInput:
         return False
     return _policy.decide(operator, shape, dtype, device)
 

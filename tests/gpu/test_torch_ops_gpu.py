@@ -246,3 +246,14 @@ def test_auto_policy_without_known_speedups_is_pytorch_exactly():
     assert torch.equal(loss, loss_ref)
     for g, r in zip(grads, grads_ref, strict=True):
         assert torch.equal(g, r)
+
+
+def test_a_shape_the_kernels_refuse_runs_pytorchs_op_not_an_error():
+    """Policy "kato" (the fixture) and M one past the GEMM's grid limit: spec.validate
+    refuses (M, N, K), so kato::mm's forward runs torch's GEMM instead of raising
+    InvalidInput from inside the op (its A^T B backward layout, which takes the shape, keeps
+    the custom op in the path)."""
+    from kernels.matmul import MAX_M
+
+    a, b = rand(MAX_M + 1, 1, grad=False), rand(1, 3, grad=False)
+    torch.testing.assert_close(kato_torch.matmul(a, b), a @ b)

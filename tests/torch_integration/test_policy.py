@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import kato_torch
 from kato_torch import policy
@@ -214,3 +216,34 @@ def test_a_patched_model_compiles_in_one_graph_at_every_batch_size(dynamic):
     for rows in (6, 7, 9):
         x, labels = torch.randn(rows, 16), torch.randint(0, 10, (rows,))
         torch.testing.assert_close(compiled(x, labels), model(x, labels))
+
+
+class _OpLog(TorchDispatchMode):
+    """The operators a block dispatches (custom ops included), in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_shape_the_kernels_refuse_runs_pytorchs_op_whatever_the_policy():
+    """Under policy "kato" a shape the operator's spec refuses (rows past the kernels' int
+    indices) must not reach the custom op, whose binding would raise InvalidInput: PyTorch's
+    op runs, as for any key Kato has no kernel for. CUDA tensors without memory (fake) show
+    which op a call dispatches; a shape the spec takes is the control."""
+    kato_torch.configure(policy="kato")
+    with FakeTensorMode():
+        taken = torch.empty(64, 100, device="cuda")
+        refused = torch.empty(2**31, 1, device="cuda")  # rows > 2**31 - 1
+        with _OpLog() as log:
+            kato_torch.softmax(taken)
+        assert "kato.softmax" in log.ops
+        with _OpLog() as log, kato_torch.record() as rec:
+            y = kato_torch.softmax(refused)
+        assert "kato.softmax" not in log.ops and "aten._softmax" in log.ops
+        assert y.shape == refused.shape
+        assert rec.keys == []  # nothing to tune: the service would refuse the shape too
