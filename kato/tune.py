@@ -3,10 +3,13 @@ database and service.
 
 Locally (no ``service``) the operator is registered in this process, a job is queued in Kato's
 database (``db``: default the ``KATO_DB_URL`` / SQLite default) and run at once by a
-:class:`tuner.worker.JobRunner` on this machine's GPU (the PyCUDA backend, in process), or on
-the replay backend with ``simulation_mode`` (the ``cache`` file's recorded times, as Kernel
-Tuner's simulation mode replays its cache). Every trial is stored, the winner becomes a
-lookup, and the job is warm-started from the operator's other shapes and GPUs as any job is.
+:class:`tuner.worker.JobRunner` on this machine's GPU (the PyCUDA backend, measured as a
+worker measures, :func:`tuner.backends.isolated.measuring_backend`: in a child process under
+the per-trial limit, so a config that hangs or faults is a ``timeout`` or ``crashed`` result
+and the search goes on), or on the replay backend with ``simulation_mode`` (the ``cache``
+file's recorded times, as Kernel Tuner's simulation mode replays its cache). Every trial is
+stored, the winner becomes a lookup, and the job is warm-started from the operator's other
+shapes and GPUs as any job is.
 With ``service="http://kato:8000"`` the operator is registered through ``POST /v1/operators``
 and a job submitted to the service's workers; the arrays never leave this process, so the
 service's workers fill the inputs at random and the ``answer`` is not checked there.
@@ -127,13 +130,16 @@ def tune_kernel(
     seed: int = 0,
     name: str | None = None,
     timeout_s: float = 3600.0,
+    isolate: bool | None = None,
+    trial_timeout_s: float | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Tune a kernel with Kernel Tuner's arguments; return ``(results, env)`` in its shape.
 
     Kernel Tuner's arguments mean what they mean there; those Kato cannot honour are refused
     with the reason rather than ignored: a Python ``verify`` function, other languages than
-    CUDA, ``cmem_args``/``texmem_args``, ``observers``, an objective other than
-    time. ``strategy``: None or ``brute_force`` measures every valid config (Kato's ``grid``);
+    CUDA, ``texmem_args``, ``observers``, an objective other than time. ``cmem_args``
+    (``__constant__`` name -> array) are uploaded into every variant's module.
+    ``strategy``: None or ``brute_force`` measures every valid config (Kato's ``grid``);
     Kato's own names (``forest``, ``tpe``, ...) select that search; any other Kernel Tuner
     name runs Kato's default search; ``strategy_options["max_fevals"]`` is the budget and
     ``["time_limit"]`` the seconds. ``cache``: with ``simulation_mode``, the Kernel Tuner cache
@@ -142,7 +148,11 @@ def tune_kernel(
     Kato's own arguments: ``service`` (a Kato URL: register and submit there, ``token`` its API
     token), ``db`` (the database of a local run), ``gpu`` (the GPU model of a service job;
     locally the device's), ``seed``, ``name`` (the operator's name, default from
-    ``kernel_name``), ``timeout_s`` (how long to wait for a service job).
+    ``kernel_name``), ``timeout_s`` (how long to wait for a service job); locally,
+    ``isolate`` (measure in a child process, as ``kato worker`` does; False measures in this
+    process, for debugging) and ``trial_timeout_s`` (the per-trial limit, scaled up for a
+    problem whose one launch is predicted to take long: :mod:`tuner.trial_cost`), by default
+    ``KATO_ISOLATE`` (on) and ``KATO_TRIAL_TIMEOUT_SECONDS`` (60).
 
     Returns:
         ``results``: one dict per measured config in measuring order (the tunables, ``time``
@@ -151,7 +161,7 @@ def tune_kernel(
         the best config and time, and configs measured per minute.
     """
     refused = {
-        "verify": verify, "cmem_args": cmem_args, "texmem_args": texmem_args,
+        "verify": verify, "texmem_args": texmem_args,
         "observers": observers, "compiler": compiler,
     }  # fmt: skip
     for key, value in refused.items():
@@ -165,12 +175,15 @@ def tune_kernel(
         raise InvalidInput("compiler_options are not supported: Kato compiles with nvcc -O3")
     if iterations < 1:
         raise InvalidInput("iterations must be at least 1")
+    if trial_timeout_s is not None and not trial_timeout_s > 0:
+        raise InvalidInput("trial_timeout_s must be more than 0")
     _check_metrics(metrics)
     op, spec_dict = operator_from_arguments(
         kernel_name, kernel_source, problem_size, arguments, tune_params,
         restrictions=restrictions, answer=answer, atol=atol, grid_div_x=grid_div_x,
         grid_div_y=grid_div_y, grid_div_z=grid_div_z, block_size_names=block_size_names,
-        smem_args=smem_args, defines=defines, name=name, fixed=service is None,
+        smem_args=smem_args, cmem_args=cmem_args, defines=defines, name=name,
+        fixed=service is None,
     )  # fmt: skip
     shape = problem_dims(problem_size)
     dtype = op.dtypes[0]
@@ -185,7 +198,7 @@ def tune_kernel(
     else:
         results, env = _tune_locally(
             op, shape, dtype, kt_strategy, budget, seconds, seed, iterations, device, db,
-            cache, bool(simulation_mode), quiet,
+            cache, bool(simulation_mode), quiet, _measuring(isolate, trial_timeout_s),
         )  # fmt: skip
     _add_metrics(results, metrics)
     return results, env
@@ -212,15 +225,31 @@ def _add_metrics(results: list[dict[str, Any]], metrics: Mapping[str, Any] | Non
                 row[name] = fn(row)
 
 
+def _measuring(isolate: bool | None, trial_timeout_s: float | None) -> tuple[bool, float]:
+    """Whether a local run measures in a child process, and its per-trial limit: the
+    arguments where given, else the workers' settings (``KATO_ISOLATE``,
+    ``KATO_TRIAL_TIMEOUT_SECONDS``)."""
+    if isolate is not None and trial_timeout_s is not None:
+        return isolate, trial_timeout_s
+    from service.settings import Settings
+
+    settings = Settings()
+    return (
+        settings.isolate if isolate is None else isolate,
+        trial_timeout_s or settings.trial_timeout_seconds,
+    )
+
+
 def _tune_locally(
     op, shape, dtype, strategy, budget, seconds, seed, iterations, device, db, cache,
-    simulation, quiet,
+    simulation, quiet, measuring,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
     from db import queries
     from db.session import default_db_url, init_db, session_factory
     from kernels.registry import register
     from tuner.worker import JobRunner, default_worker_id
 
+    register(op)  # before a measuring child starts: it is sent this process's operator
     if simulation:
         if cache is None or not Path(cache).is_file():
             raise InvalidInput("simulation_mode replays a cache file: give cache=PATH of one")
@@ -233,11 +262,14 @@ def _tune_locally(
                 f"the cache file's tune_params {sorted(recorded)} are not these {sorted(op.params)}"
             )
     else:
-        from tuner.backends.pycuda import PyCudaBackend
+        from tuner.backends.isolated import BackendSpec, measuring_backend
 
-        backend = PyCudaBackend(op, shape, dtype, device_index=device, repeats=iterations,
-                                seed=seed, defer_setup=True)  # fmt: skip
-    register(op)
+        isolate, trial_timeout_s = measuring
+        spec = BackendSpec(
+            kind="pycuda", operator=op.name, shape=tuple(shape), dtype=dtype,
+            device_index=device, options=(("repeats", iterations), ("seed", seed)),
+        )  # fmt: skip
+        backend = measuring_backend(spec, isolate=isolate, trial_timeout_s=trial_timeout_s)
     db_url = db or default_db_url()
     engine = init_db(db_url)
     sessions = session_factory(engine)

@@ -189,6 +189,14 @@ def _replay_backends(path: Path, gpu: list[str] | None, **options):
         _fail(f"--replay {path}: {_reason(exc)}", 2)
 
 
+def _measuring(settings, isolate: bool | None, trial_timeout: float | None) -> tuple[bool, float]:
+    """Whether a command measures in a child process and its per-trial limit (the floor of the
+    limit scaled to a task's cost, :mod:`tuner.trial_cost`): the options where given, else
+    ``KATO_ISOLATE`` and ``KATO_TRIAL_TIMEOUT_SECONDS``."""
+    isolated = settings.isolate if isolate is None else isolate
+    return isolated, trial_timeout or settings.trial_timeout_seconds
+
+
 def _use_stored_operators(sessions) -> None:
     """The user operators stored in the database join this process's registry."""
     from db.operators import use_database
@@ -391,7 +399,7 @@ def worker(
     from tuner.worker import Worker, pycuda_backend_factory, stop_on_signals
 
     settings = _settings(db)
-    timeout = trial_timeout or settings.trial_timeout_seconds
+    isolated, timeout = _measuring(settings, isolate, trial_timeout)
     lease = lease_seconds or settings.lease_seconds
     _, sessions = _sessions(settings.db_url)
     _use_stored_operators(sessions)  # before the recordings are checked against the operators
@@ -406,7 +414,6 @@ def worker(
         devices = [{"replay": str(replay)}]
     elif backend == "pycuda":
         models = list(gpu or [_gpu_model(device)])
-        isolated = settings.isolate if isolate is None else isolate
         factory = pycuda_backend_factory(device, isolate=isolated, trial_timeout_s=timeout)
         where = f"GPU {device}" + (" (isolated)" if isolated else "")
         devices = [{"index": device, "model": models[0]}]
@@ -443,6 +450,81 @@ def worker(
     console.print(f"ran {n} job(s)")
 
 
+def _tune_backends(
+    kind: str,
+    replay: Path | None,
+    operator: str,
+    shape: Sequence[int],
+    dtype: str,
+    device: int,
+    *,
+    isolate: bool,
+    trial_timeout_s: float,
+):
+    """``(gpu_model, backend_factory)`` of ``kato tune``: every kind measured through
+    :func:`tuner.backends.isolated.measuring_backend`, as a worker's; a bad choice ends the
+    command with the reason (exit 2)."""
+    from kernels import get_operator
+    from kernels.spec import InvalidInput
+    from tuner.backends.isolated import BackendSpec, build_backend, measuring_backend
+    from tuner.worker import pycuda_backend_factory
+
+    if kind == "pycuda":
+        model = _gpu_model(device)
+        return model, pycuda_backend_factory(
+            device, isolate=isolate, trial_timeout_s=trial_timeout_s
+        )
+    if kind != "replay" and ":" not in kind:
+        raise typer.BadParameter(
+            f"--backend must be pycuda, replay or MODULE:FUNCTION, not {kind!r}"
+        )
+    if kind == "replay" and replay is None:
+        raise typer.BadParameter("--backend replay needs --replay FILE")
+    spec = BackendSpec(
+        kind=kind,
+        operator=operator,
+        shape=tuple(shape),
+        dtype=dtype,
+        device_index=device,
+        replay_file=str(replay) if replay is not None else None,
+    )
+    if kind == "replay":
+        from tuner.backends.replay import recorded_problem
+
+        try:
+            problem = recorded_problem(_check_recording(replay, "--replay"), replay)
+        except (ValueError, InvalidInput) as exc:
+            _fail(f"--replay {_reason(exc)}", 2)
+        wanted = (operator, tuple(shape), dtype)
+        if (problem.operator, tuple(problem.shape), problem.dtype) != wanted:
+            _fail(f"--replay {replay} is a recording of {problem}, not of this problem", 2)
+        version = get_operator(operator).version
+        if problem.operator_version not in (None, version):
+            _fail(
+                f"--replay {replay} is a recording of {problem}; {operator} is at version "
+                f"{version} now, whose times it does not hold",
+                2,
+            )
+        spec = BackendSpec(
+            kind="replay", replay_file=str(replay), options=(("gpu_model", problem.gpu_model),)
+        )
+        model = problem.gpu_model
+    else:
+        try:  # the parent's cheap, GPU-free instance (the BackendSpec contract) names the GPU
+            shadow = build_backend(spec)
+        except Exception as exc:  # a plugin that cannot be imported or built
+            _fail(f"--backend {kind}: {type(exc).__name__}: {exc}", 2)
+        try:
+            model = shadow.device().model
+        finally:
+            shadow.close()
+
+    def factory(job):
+        return measuring_backend(spec, isolate=isolate, trial_timeout_s=trial_timeout_s)
+
+    return model, factory
+
+
 @app.command()
 def tune(
     operator: Annotated[str, typer.Argument(help="operator name, e.g. softmax")],
@@ -455,17 +537,53 @@ def tune(
     ] = "forest",
     seed: Annotated[int, typer.Option()] = 0,
     device: Annotated[int, typer.Option(help="CUDA device index")] = 0,
+    backend: Annotated[
+        str,
+        typer.Option(
+            help="pycuda (this machine's GPU), replay (answers from --replay, a recording of "
+            "this problem; no GPU) or MODULE:FUNCTION (a plugin building a tuner Backend from "
+            "a tuner.backends.isolated.BackendSpec, given --replay as its replay_file)"
+        ),
+    ] = "pycuda",
+    replay: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True, dir_okay=False, help="the recording --backend replay answers from"
+        ),
+    ] = None,
+    isolate: Annotated[
+        bool | None,
+        typer.Option(
+            help="measure in a child process, as a worker does: a hung or faulting config is a "
+            "failed trial and the search goes on (default: KATO_ISOLATE, on); --no-isolate "
+            "measures in this process, for debugging"
+        ),
+    ] = None,
+    trial_timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="per-trial limit in seconds, scaled up for a problem whose one launch is "
+            "predicted to take long (KATO_TRIAL_TIMEOUT_SECONDS)"
+        ),
+    ] = None,
     db: DbOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
-    """Tune one operator on this machine's GPU now (a job run in-process, stored in the DB)."""
+    """Tune one operator on this machine's GPU now (a job run in-process, stored in the DB).
+
+    Measured as a worker measures (``kato worker``): in a child process under the per-trial
+    limit, so a config that hangs or faults is a timeout or crashed trial and the job goes on.
+    """
     from db import queries
     from kernels import get_operator
     from kernels.spec import InvalidInput
     from tuner.search import STRATEGIES
-    from tuner.worker import JobRunner, default_worker_id, pycuda_backend_factory
+    from tuner.worker import JobRunner, default_worker_id
 
     settings = _settings(db)
+    if trial_timeout is not None and not trial_timeout > 0:
+        raise typer.BadParameter("--trial-timeout must be more than 0")
+    isolated, timeout = _measuring(settings, isolate, trial_timeout)
     _, sessions = _sessions(settings.db_url)
     _use_stored_operators(sessions)
     try:
@@ -477,7 +595,9 @@ def tune(
         raise typer.BadParameter(f"strategy must be one of {', '.join(STRATEGIES)}")
     if budget_seconds is not None and not budget_seconds > 0:
         raise typer.BadParameter("--budget-seconds must be more than 0")
-    model = _gpu_model(device)
+    model, factory = _tune_backends(
+        backend, replay, operator, dims, dtype, device, isolate=isolated, trial_timeout_s=timeout
+    )
     worker_id = default_worker_id()
     with sessions() as session:
         job = queries.create_job(
@@ -522,7 +642,7 @@ def tune(
         runner = JobRunner(
             sessions,
             settings.db_url,
-            pycuda_backend_factory(device),
+            factory,
             worker_id=worker_id,
             lease_seconds=settings.lease_seconds,
             on_progress=on_progress,

@@ -60,12 +60,12 @@ from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
 from tuner.backends.isolated import (
     DEFAULT_TRIAL_TIMEOUT_S,
     BackendSpec,
-    IsolatedBackend,
     TrialInterrupted,
+    measuring_backend,
 )
 from tuner.backends.replay import RecordedProblem, recorded_problem
 from tuner.search import Budget, Search, SearchResult, best_of
-from tuner.study import describe_study, job_attrs, job_study_name, optuna_storage
+from tuner.study import add_trials, describe_study, job_attrs, job_study_name, optuna_storage
 from tuner.surrogate import import_models
 from tuner.warm_start import warm_start_configs
 
@@ -273,20 +273,24 @@ class _SharedStudy:
     def get_trials(self, *args: Any, **kwargs: Any) -> list[optuna.trial.FrozenTrial]:
         return self._retried("read", lambda: self._study.get_trials(*args, **kwargs))
 
-    def add_trial(self, trial: optuna.trial.FrozenTrial) -> None:
-        """A finished trial this worker measured (self-proposing strategies), with its id;
-        added once, also when a try whose answer was lost had added it."""
-        trial.set_user_attr("kato_worker", self._worker_id)
+    def add_trials(self, trials: Sequence[optuna.trial.FrozenTrial]) -> None:
+        """Finished trials this worker measured (self-proposing strategies), each with its id,
+        in one transaction (:func:`tuner.study.add_trials`); added once, also when a try whose
+        answer was lost had added them (all or none land, so the first tells)."""
+        if not trials:
+            return
+        for trial in trials:
+            trial.set_user_attr("kato_worker", self._worker_id)
         tries = 0
 
         def add() -> None:
             nonlocal tries
             tries += 1
-            if tries > 1 and self._added(trial):
+            if tries > 1 and self._added(trials[0]):
                 return
-            self._study.add_trial(trial)
+            add_trials(self._study, trials)
 
-        self._retried("add a trial", add)
+        self._retried("add trials", add)
 
     def _added(self, trial: optuna.trial.FrozenTrial) -> bool:
         """Whether the study holds ``trial`` (an earlier try's add landed)."""
@@ -339,6 +343,9 @@ class SharedSearch(Search):
                 orphaned = owner == worker_id or not is_live(owner)
             if orphaned:
                 self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+
+    def _write_records(self, trials: list[optuna.trial.FrozenTrial]) -> None:
+        self.study.add_trials(trials)  # tagged with this worker, retried
 
     def _fail_orphaned_trials(self) -> None:
         if not self._starting:  # pragma: no cover - the base class calls it from __init__ only
@@ -1348,25 +1355,15 @@ class PyCudaBackends:
         )
 
     def __call__(self, job: Job) -> Backend:
-        if self.isolate:
-            spec = BackendSpec(
-                kind="pycuda",
-                operator=job.operator,
-                shape=tuple(job.shape),
-                dtype=job.dtype,
-                device_index=self.device_index,
-                imports=self.imports,
-            )
-            return IsolatedBackend(spec, trial_timeout_s=self.trial_timeout_s)
-        from tuner.backends.pycuda import PyCudaBackend
-
-        return PyCudaBackend(
-            get_operator(job.operator),
-            job.shape,
-            job.dtype,
+        spec = BackendSpec(
+            kind="pycuda",  # in process, set up at the first measurement while configs compile
+            operator=job.operator,
+            shape=tuple(job.shape),
+            dtype=job.dtype,
             device_index=self.device_index,
-            defer_setup=True,  # made at the first measurement, while the first configs compile
+            imports=self.imports,
         )
+        return measuring_backend(spec, isolate=self.isolate, trial_timeout_s=self.trial_timeout_s)
 
 
 def pycuda_backend_factory(
@@ -1514,13 +1511,9 @@ class ReplayBackends:
                 f"{job.shape_key} {job.dtype} on {job.gpu_model}); this worker's are for: "
                 + "; ".join(str(r.problem) for r in self.recordings.values())
             )
-        if self.isolate:
-            options = (("delay_s", self.delay_s), ("gpu_model", rec.problem.gpu_model))
-            spec = BackendSpec(kind="replay", replay_file=str(rec.path), options=options)
-            return IsolatedBackend(spec, trial_timeout_s=self.trial_timeout_s)
-        from tuner.backends.replay import ReplayBackend
-
-        return ReplayBackend(rec.path, delay_s=self.delay_s, gpu_model=rec.problem.gpu_model)
+        options = (("delay_s", self.delay_s), ("gpu_model", rec.problem.gpu_model))
+        spec = BackendSpec(kind="replay", replay_file=str(rec.path), options=options)
+        return measuring_backend(spec, isolate=self.isolate, trial_timeout_s=self.trial_timeout_s)
 
 
 def replay_backend_factory(

@@ -90,6 +90,11 @@ class Backend(ABC):
     #: times in this process, where a busy thread's share of the GIL would pause the launch
     #: loop between two CUDA events (the search then writes its records inline).
     measures_out_of_process: bool = False
+    #: The time one :meth:`evaluate` may take (compile, verify, time), set by the backend's
+    #: owner (:func:`tuner.backends.isolated.measuring_backend`, or the measuring child before
+    #: each config); None: no limit. A backend that can fit its work into it does (the PyCUDA
+    #: backend times fewer repeats, :class:`tuner.trial_cost.TrialDeadline`); others ignore it.
+    trial_limit_s: float | None = None
 
     @abstractmethod
     def device(self) -> DeviceInfo:
@@ -103,6 +108,12 @@ class Backend(ABC):
     def evaluate(self, config: Config) -> TrialResult:
         """Measure ``config`` (compile, verify, time) and return the result; never raises for a
         faulty config. ``config`` must be valid according to :meth:`space`."""
+
+    def launch_lower_bound_s(self) -> float | None:
+        """Seconds one launch of the task takes at least, predicted before any runs
+        (:func:`tuner.trial_cost.launch_lower_bound_s`), or None where it cannot be predicted:
+        the per-trial limit scales with it (:func:`tuner.trial_cost.trial_timeout_s`)."""
+        return None
 
     def healthy(self) -> bool:
         """Whether the backend can still measure after the last result.

@@ -11,9 +11,16 @@ and times it. The parent then records, for the config, one of:
   a normal result; the child stays up unless :meth:`Backend.healthy` says the context is dead,
   in which case it answers and exits);
 - ``crashed``: the child died while measuring (abort, segfault, ``os._exit``);
-- ``timeout``: no answer within ``trial_timeout_s`` (compile included): the child is killed.
+- ``timeout``: no answer within the trial's limit (compile included): the child is killed.
+  The limit is ``trial_timeout_s`` scaled to the task's predicted cost
+  (:func:`tuner.trial_cost.trial_timeout_s`: a problem whose one launch takes seconds gets
+  more, up to a cap), and the child is told it, so the backend fits its timing repeats into it
+  (:attr:`Backend.trial_limit_s`).
 
-A dead or killed child is replaced before the next config; the search never notices. Compiling
+A dead or killed child is replaced before the next config; the search never notices.
+:func:`measuring_backend` is the one place that decides, for every tuning path (``kato worker``,
+``kato serve``'s workers, ``kato tune``, ``kato.tune_kernel``), whether to measure in a child
+and under which limit. Compiling
 ahead (:meth:`IsolatedBackend.precompile`) runs nvcc in the parent, which needs no GPU, so the
 child's GPU stays busy measuring while the next configs compile; before sending a config the
 parent waits for its compile, and the child finds the cubin in the on-disk cache.
@@ -41,6 +48,7 @@ from typing import Any
 from tuner.backends.base import Backend, Config, DeviceInfo, TrialResult, TrialStatus
 from tuner.compile_queue import CompileQueue, CompileStats
 from tuner.space import SearchSpace
+from tuner.trial_cost import trial_timeout_s as scaled_trial_timeout_s
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +187,7 @@ def _child_main(
             backend.close()
             break
         config = message[1]
+        backend.trial_limit_s = message[2] if len(message) > 2 else None
         try:
             result = backend.evaluate(config)
         except Exception as exc:  # the contract says never; a backend bug fails the trial only
@@ -211,7 +220,9 @@ class IsolatedBackend(Backend):
 
     Args:
         spec: what the child builds.
-        trial_timeout_s: longest one config may take in the child (compile, verify, time).
+        trial_timeout_s: longest one config may take in the child (compile, verify, time)
+            where its cost is not predicted; the floor of the scaled limit
+            (:attr:`trial_limit_s`) where it is.
         start_timeout_s: longest a child may take to start.
         compile_workers: parallel nvcc processes for :meth:`precompile` (pycuda; default: one
             per core but one).
@@ -246,7 +257,14 @@ class IsolatedBackend(Backend):
         self._prepared = False  # the current child has made its inputs ("prepared" received)
         self._queue: CompileQueue[Any] | None = None
         self._info = self._start()
-        self._space = self._build_space()
+        self._space, self._launch_s = self._describe_task()
+        #: The limit of each trial: ``trial_timeout_s`` scaled to the predicted launch time.
+        self.trial_limit_s = scaled_trial_timeout_s(trial_timeout_s, self._launch_s)
+        if self.trial_limit_s > trial_timeout_s:
+            log.info(
+                "one launch of %s takes at least %.3g s: per-trial limit %.0f s (floor %.0f s)",
+                spec.operator or spec.kind, self._launch_s, self.trial_limit_s, trial_timeout_s,
+            )  # fmt: skip
 
     # --- the child ------------------------------------------------------------------------
 
@@ -314,11 +332,13 @@ class IsolatedBackend(Backend):
 
     # --- Backend API ----------------------------------------------------------------------
 
-    def _build_space(self) -> SearchSpace:
+    def _describe_task(self) -> tuple[SearchSpace, float | None]:
+        """The task's search space and the predicted lower bound of one launch (seconds, or
+        None), found in this process without a GPU."""
         if self.spec.kind != "pycuda":
             shadow = build_backend(self.spec)  # cheap and GPU-free by the spec's contract
             try:
-                return shadow.space()
+                return shadow.space(), shadow.launch_lower_bound_s()
             finally:
                 shadow.close()
         from functools import partial
@@ -326,19 +346,23 @@ class IsolatedBackend(Backend):
         from kernels import get_operator
         from tuner.backends.pycuda import check_on_gpu
         from tuner.gpus import find_gpu
+        from tuner.trial_cost import launch_lower_bound_s
 
         assert self.spec.operator and self.spec.dtype
         op = get_operator(self.spec.operator)
-        check = partial(
-            check_on_gpu, op, self.spec.shape, self.spec.dtype, find_gpu(self._info.model)
-        )
-        return SearchSpace(op.params, check=lambda config: check(config))
+        gpu = find_gpu(self._info.model)
+        check = partial(check_on_gpu, op, self.spec.shape, self.spec.dtype, gpu)
+        space = SearchSpace(op.params, check=lambda config: check(config))
+        return space, launch_lower_bound_s(op, self.spec.shape, self.spec.dtype, gpu)
 
     def device(self) -> DeviceInfo:
         return self._info
 
     def space(self) -> SearchSpace:
         return self._space
+
+    def launch_lower_bound_s(self) -> float | None:
+        return self._launch_s
 
     def interrupt(self) -> None:
         """Stop: kill a running measurement now; later evaluations raise TrialInterrupted."""
@@ -362,10 +386,10 @@ class IsolatedBackend(Backend):
         self._await_prepared()
         assert self._conn is not None
         try:
-            self._conn.send(("evaluate", dict(config)))
+            self._conn.send(("evaluate", dict(config), self.trial_limit_s))
         except (OSError, BrokenPipeError):
             return self._crashed(config)
-        deadline = time.monotonic() + self.trial_timeout_s
+        deadline = time.monotonic() + self.trial_limit_s
         while True:
             if self._interrupted.is_set():
                 self._kill()
@@ -386,10 +410,19 @@ class IsolatedBackend(Backend):
                     config=dict(config),
                     status=TrialStatus.TIMEOUT,
                     error=(
-                        f"no result within {self.trial_timeout_s:g} s (compile, verify and "
-                        "time); the measuring process was killed and replaced"
+                        f"no result within {self.trial_limit_s:g} s (compile, verify and "
+                        f"time{self._limit_note()}); the measuring process was killed and "
+                        "replaced"
                     ),
                 )
+
+    def _limit_note(self) -> str:
+        if self.trial_limit_s <= self.trial_timeout_s or not self._launch_s:
+            return ""
+        return (
+            f"; the limit of {self.trial_timeout_s:g} s scaled to one launch's predicted "
+            f"minimum of {self._launch_s:.3g} s"
+        )
 
     def _await_prepared(self) -> None:
         """Wait (up to ``start_timeout_s``, not a trial's limit) until the child has made its
@@ -488,3 +521,24 @@ class IsolatedBackend(Backend):
             except (OSError, BrokenPipeError):
                 pass
         self._kill()
+
+
+def measuring_backend(spec: BackendSpec, *, isolate: bool, trial_timeout_s: float) -> Backend:
+    """The backend every tuning path measures ``spec`` through: with ``isolate``, an
+    :class:`IsolatedBackend` (a hung or faulting config is a ``timeout`` / ``crashed`` trial and
+    the search goes on); without (for debugging), the backend itself in this process, which
+    nothing can stop mid-trial but which still fits its timing repeats into the same scaled
+    limit (:attr:`Backend.trial_limit_s`).
+
+    ``trial_timeout_s`` is the configured per-trial limit (``KATO_TRIAL_TIMEOUT_SECONDS``), the
+    floor of the limit scaled to the task's predicted cost (:mod:`tuner.trial_cost`).
+
+    Raises:
+        ChildStartError: (isolated) the child could not build its backend.
+        Whatever the backend raises for problems of its own (in process).
+    """
+    if isolate:
+        return IsolatedBackend(spec, trial_timeout_s=trial_timeout_s)
+    backend = build_backend(spec)
+    backend.trial_limit_s = scaled_trial_timeout_s(trial_timeout_s, backend.launch_lower_bound_s())
+    return backend

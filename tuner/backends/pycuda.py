@@ -12,7 +12,10 @@ The only module that imports pycuda (lazily, at construction). Per config:
 4. time: warm up, then ``repeats`` CUDA-event-timed batches of launches, each queued behind a
    spin kernel so the events time the GPU, not Python's launch rate, rotating over enough
    copies of the inputs that a batch streams twice the L2 from memory; report the per-launch
-   time of each batch (the trial's time is their median).
+   time of each batch (the trial's time is their median). Under a per-trial limit
+   (:attr:`Backend.trial_limit_s`) warm-up launches are skipped and repeats stop where the next
+   would end past the trial's deadline (:class:`tuner.trial_cost.TrialDeadline`): a config whose
+   one launch takes seconds is timed from fewer repeats (at least one) instead of timing out.
 
 A failure in any step is a :class:`TrialResult` with a failure status, never an exception.
 """
@@ -37,6 +40,7 @@ from tuner.gpus import find_gpu, normalize_gpu_name
 from tuner.nvcc import CompiledKernel, CompileError, compile_kernel, cuda_version
 from tuner.occupancy import occupancy
 from tuner.space import SearchSpace
+from tuner.trial_cost import TrialDeadline, launch_lower_bound_s
 
 _VERIFY_SOURCE = Path(__file__).resolve().parent.parent / "verify_kernel.cu"
 _SPIN_SOURCE = Path(__file__).resolve().parent.parent / "spin_kernel.cu"
@@ -172,6 +176,31 @@ def compile_config(
     return compile_kernel(source, spec.kernel_name, arch=arch, cache_dir=compile_cache)
 
 
+def upload_constants(cuda: Any, module: Any, problem: Problem) -> None:
+    """Copy a user problem's constant-memory arrays (``problem.constants``, name -> array)
+    into ``module``'s ``__constant__`` globals of those names; a problem without them is left
+    alone. Constant memory is per module, so this runs once per loaded module, before its
+    first launch (verification, timing, a reference kernel).
+
+    Raises:
+        cuda.LogicError: the module declares no such global, or one smaller than the array
+            (saying which), so the caller reports it as it reports a failed launch.
+    """
+    for name, values in (getattr(problem, "constants", None) or {}).items():
+        try:
+            pointer, size = module.get_global(name)
+        except cuda.Error as exc:
+            raise cuda.LogicError(
+                f"constant {name}: the kernel declares no __constant__ {name} ({exc})"
+            ) from None
+        if size < values.nbytes:
+            raise cuda.LogicError(
+                f"constant {name}: __constant__ {name} holds {size} B; the spec's array is "
+                f"{values.nbytes} B"
+            )
+        cuda.memcpy_htod(pointer, np.ascontiguousarray(values))
+
+
 class PyCudaBackend(Backend):
     """Measures ``spec`` at ``shape``/``dtype`` on CUDA device ``device_index``.
 
@@ -304,6 +333,7 @@ class PyCudaBackend(Backend):
         try:
             module = cuda.module_from_buffer(compiled.cubin)
             self._modules.append(module)
+            upload_constants(cuda, module, problem)
             fn = module.get_function(reference.kernel_name)
             args = []
             for a in problem.args:
@@ -421,8 +451,12 @@ class PyCudaBackend(Backend):
         if self._queue is not None:
             self._queue.wait_any(configs)
 
+    def launch_lower_bound_s(self) -> float | None:
+        return launch_lower_bound_s(self.spec, self.shape, self.dtype, self.gpu)
+
     def evaluate(self, config: dict[str, Any]) -> TrialResult:
-        self.prepare()
+        self.prepare()  # once per backend: outside the trial's limit, as in a measuring child
+        deadline = TrialDeadline(self.trial_limit_s)  # the trial's compile counts against it
         result = TrialResult(config=dict(config), status=TrialStatus.OK)
         reason = self.check(config)
         if reason:
@@ -461,7 +495,9 @@ class PyCudaBackend(Backend):
             result.blocks_per_sm, result.occupancy = occ.blocks_per_sm, occ.fraction
         try:
             calls = self.load(compiled, self.spec.steps(config, self.shape, self.dtype))
+            t_verify = time.perf_counter()
             error = self.verify(calls)
+            verify_s = time.perf_counter() - t_verify
         except self.cuda.Error as exc:
             result.status, result.error = TrialStatus.LAUNCH_ERROR, f"{type(exc).__name__}: {exc}"
             return result
@@ -469,7 +505,7 @@ class PyCudaBackend(Backend):
             result.status, result.error = TrialStatus.VERIFY_ERROR, error
             return result
         try:
-            result.times_ms = self.time(calls)
+            result.times_ms = self.time(calls, deadline, launch_s=verify_s / 2)
         except self.cuda.Error as exc:
             result.status, result.error = TrialStatus.LAUNCH_ERROR, f"{type(exc).__name__}: {exc}"
         return result
@@ -480,6 +516,7 @@ class PyCudaBackend(Backend):
         """Load the cubin and prepare one call per step (functions fetched once per kernel)."""
         module = self.cuda.module_from_buffer(compiled.cubin)
         self._modules.append(module)
+        upload_constants(self.cuda, module, self.problem)
         functions: dict[str, Any] = {}
         calls = []
         for step in steps:
@@ -582,15 +619,30 @@ class PyCudaBackend(Backend):
                 )
         return None
 
-    def time(self, calls: Sequence[_Call]) -> list[float]:
+    def time(
+        self,
+        calls: Sequence[_Call],
+        deadline: TrialDeadline | None = None,
+        *,
+        launch_s: float = 0.0,
+    ) -> list[float]:
         """Per-call milliseconds (all steps) of each of ``repeats`` batches (after warm-up).
 
         A batch is ``ceil(1 ms / one call)`` calls (at most ``_MAX_BATCH``) between two events,
         rotating over the input copies. Each batch is queued behind a spin kernel that holds the
         GPU for twice the host's time to queue the batch, so the events time the GPU running the
-        calls back to back, not Python launching them (a 3 us kernel reads ~9 us otherwise)."""
+        calls back to back, not Python launching them (a 3 us kernel reads ~9 us otherwise).
+
+        With a ``deadline``, warm-up launches (each guessed to take ``launch_s``, what a
+        verification run took) are run only while they and two more launches fit before it,
+        and a batch after the first only where its cost (the previous batch's) fits: fewer
+        repeats, never none."""
         cuda = self.cuda
-        for _ in range(self.warmup):
+        deadline = deadline or TrialDeadline(None)
+        warmup = self.warmup
+        while warmup and not deadline.allows((warmup + 2) * launch_s):
+            warmup -= 1
+        for _ in range(warmup):
             self._launch(calls, self._next_args())
         start, end = cuda.Event(), cuda.Event()
         t0 = time.perf_counter()
@@ -602,8 +654,12 @@ class PyCudaBackend(Backend):
         single = max(end.time_since(start), 1e-3)
         batch = max(1, min(_MAX_BATCH, math.ceil(_BATCH_TARGET_MS / single)))
         spin_ms = _SPIN_FACTOR * batch * host_ms + _SPIN_MARGIN_MS
-        times = []
+        times: list[float] = []
+        batch_s = 0.0  # wall seconds the last batch took, spin included
         for _ in range(self.repeats):
+            if times and not deadline.allows(batch_s):
+                break  # the next batch would end past the trial's deadline
+            t_batch = time.perf_counter()
             for _ in range(_SPIN_RETRIES):
                 self._spin.prepared_call((1, 1, 1), (1, 1, 1), np.uint64(spin_ms * 1e6))
                 start.record()
@@ -618,6 +674,7 @@ class PyCudaBackend(Backend):
                     break
                 spin_ms = max(2 * spin_ms, _SPIN_FACTOR * queued_ms)
             times.append(end.time_since(start) / batch)
+            batch_s = time.perf_counter() - t_batch
         return times
 
     def _next_args(self) -> list[Any]:
