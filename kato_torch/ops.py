@@ -900,10 +900,12 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     """``torch.matmul`` of 2-D tensors of one dtype: Kato's GEMM (float32 on CUDA cores, no
     TF32; float16/bfloat16 on tensor cores with float32 accumulation), backward without
     materialised transposes where Kato has the transposed layouts."""
-    if a.dim() != 2 or b.dim() != 2 or a.dtype != b.dtype or a.dtype not in _FLOATS:
+    if a.dim() != 2 or b.dim() != 2 or a.dtype not in _FLOATS or b.dtype not in _FLOATS:
         return torch.matmul(a, b)
+    # Cast first: under autocast, operands of different types (bf16 activations, float32
+    # weights) are one type afterwards, as torch's autocast makes them.
     a, b = _autocast("lower", a, b)
-    if a.shape[1] != b.shape[0] or not _mm_uses_kato(a, b, "nn"):
+    if a.dtype != b.dtype or a.shape[1] != b.shape[0] or not _mm_uses_kato(a, b, "nn"):
         return torch.matmul(a, b)
     return torch.ops.kato.mm(a.contiguous(), b.contiguous(), "nn")
 
@@ -911,9 +913,11 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``torch.nn.functional.linear``: ``x @ weight^T + bias`` with Kato's A B^T GEMM over the
     flattened leading dims of x."""
-    if x.dim() == 0 or weight.dim() != 2 or x.dtype != weight.dtype or x.dtype not in _FLOATS:
+    if x.dim() == 0 or weight.dim() != 2 or x.dtype not in _FLOATS or weight.dtype not in _FLOATS:
         return torch.nn.functional.linear(x, weight, bias)
-    x, weight, bias = _autocast("lower", x, weight, bias)
+    x, weight, bias = _autocast("lower", x, weight, bias)  # first: see matmul
+    if x.dtype != weight.dtype or (bias is not None and bias.dtype != x.dtype):
+        return torch.nn.functional.linear(x, weight, bias)
     x2 = x.reshape(-1, x.shape[-1])
     if x.shape[-1] != weight.shape[1] or not _mm_uses_kato(x2, weight, "nt"):
         return torch.nn.functional.linear(x, weight, bias)

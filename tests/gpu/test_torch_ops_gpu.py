@@ -257,3 +257,17 @@ def test_a_shape_the_kernels_refuse_runs_pytorchs_op_not_an_error():
 
     a, b = rand(MAX_M + 1, 1, grad=False), rand(1, 3, grad=False)
     torch.testing.assert_close(kato_torch.matmul(a, b), a @ b)
+
+
+def test_autocast_linear_of_bf16_activations_runs_kato_and_matches_pytorch():
+    """bf16 activations into a float32 Linear under autocast: both cast to bf16 and Kato's
+    GEMM runs (record() lists it), with torch's values."""
+    x, w, b = rand(64, 96, dtype=torch.bfloat16), rand(80, 96), rand(80)
+    with torch.autocast("cuda", dtype=torch.bfloat16), kato_torch.record() as rec:
+        y = kato_torch.linear(x, w, b)
+        y_ref = torch.nn.functional.linear(x, w, b)
+    assert ("matmul_nt", (64, 80, 96), "bfloat16") in {
+        (k.operator, k.shape, k.dtype) for k in rec.keys
+    }
+    assert y.dtype == y_ref.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), y_ref.float(), rtol=2e-2, atol=2e-1)

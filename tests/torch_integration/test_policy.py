@@ -247,3 +247,26 @@ def test_a_shape_the_kernels_refuse_runs_pytorchs_op_whatever_the_policy():
         assert "kato.softmax" not in log.ops and "aten._softmax" in log.ops
         assert y.shape == refused.shape
         assert rec.keys == []  # nothing to tune: the service would refuse the shape too
+
+
+def test_under_autocast_a_linear_of_bf16_activations_and_float32_weights_is_kato_gemm():
+    """Under autocast a Linear after an activation gets bf16 x and its float32 weight:
+    torch's autocast runs both in bf16, and so must kato_torch (its keys are bf16 GEMMs),
+    not fall back because the types differed before the cast. Fake CUDA tensors: autocast
+    casts them as real ones, and record() shows the keys."""
+    with FakeTensorMode():
+        x = torch.empty(4, 8, device="cuda", dtype=torch.bfloat16)
+        w = torch.empty(16, 8, device="cuda")
+        b = torch.empty(8, 16, device="cuda")
+        torch.set_autocast_dtype("cuda", torch.bfloat16)
+        torch.set_autocast_enabled("cuda", True)
+        try:
+            with kato_torch.record() as rec:
+                y = kato_torch.linear(x, w)
+                z = kato_torch.matmul(x, b)
+        finally:
+            torch.set_autocast_enabled("cuda", False)
+    assert y.dtype == z.dtype == torch.bfloat16
+    keys = {(k.operator, k.shape, k.dtype) for k in rec.keys}
+    assert ("matmul_nt", (4, 16, 8), "bfloat16") in keys
+    assert ("matmul", (4, 16, 8), "bfloat16") in keys
