@@ -33,9 +33,9 @@ input type like torch):
 - ``BM``, ``BN`` in {64, 128, 256}, ``BK`` in {32, 64}; ``WM``, ``WN`` in {32, 64}.
 - ``STAGES``: 2-4 shared-memory stages filled by ``cp.async``.
 - ``VEC``: 8 = 16-byte ``cp.async`` (an operand whose row pitch is not a multiple of 8 loads
-  its chunks element by element, synchronously); 1 = scalar synchronous loads (only with
-  STAGES 2: more stages cannot overlap synchronous loads; likewise VEC=8 where neither operand
-  is aligned).
+  its chunks element by element into registers one tile ahead, stored to shared memory after
+  the current tile's mma); 1 = scalar synchronous loads (only with STAGES 2: more stages cannot
+  overlap synchronous loads; likewise VEC=8 where neither operand streams by cp.async).
 - ``TM``, ``TN``, ``PAD`` are unused and pinned to 4, 4, 0.
 
 Both: ``MIN_BLOCKS`` is the min-blocks clause of ``__launch_bounds__`` (0 = none); threads per
@@ -74,9 +74,11 @@ TC_REGISTER_OVERHEAD = 48
 #: Prefetch registers of one float4 whose elements load one by one (an unaligned operand): its
 #: 4 values and a share of the guards; tiles at the cap spill with 4 (ptxas, sm_90).
 UNALIGNED_VEC_REGISTERS = 5
-#: Tensor cores with VEC 8 and an unaligned operand (its 16-byte chunks loaded element by element,
-#: synchronously): registers those loads add (a 64 x 64 warp tile spills; ptxas, sm_80, sm_90).
-TC_UNALIGNED_REGISTERS = 16
+#: Tensor cores with VEC 8 and an unaligned operand, its 16-byte chunks staged through registers
+#: one tile ahead, element by element: TC_STAGED_REGISTERS + TC_STAGED_CHUNK_REGISTERS per chunk
+#: a thread stages (fit to ptxas for sm_80 and sm_90: 44, 70, 80 more registers for 2, 4, 6).
+TC_STAGED_REGISTERS = 24
+TC_STAGED_CHUNK_REGISTERS = 12
 
 #: float32 layouts kept in the space, (BM, BN, WM, WN, TM, TN): the classic 128 x 128 tile with
 #: 8 x 8 per thread and warps of 32 x 64 or 64 x 32, its 128- and 512-thread relatives, and
@@ -144,12 +146,20 @@ def registers_needed(config: Config, dtype: str, aligned: tuple[bool, bool] = (T
     - tensor cores: 4 floats per mma tile ((WM/16) * (WN/8) tiles) + the A and B fragments
       of every 16-wide k step of a BK tile (the loop is unrolled and its ldmatrix hoisted:
       (4 * WM/16 + 2 * WN/8) * BK/16) + 48. A 64 x 64 warp tile fits with BK 32, not 64.
-      With VEC 8 and an unaligned operand (its chunks loaded synchronously, element by element),
-      TC_UNALIGNED_REGISTERS more.
+      With VEC 8 and an unaligned operand (its chunks staged through registers), the registers
+      of the staged chunks (TC_STAGED_REGISTERS + TC_STAGED_CHUNK_REGISTERS per chunk).
     """
     if is_tensor_core(dtype):
         mi, ni = config["WM"] // 16, config["WN"] // 8
-        extra = TC_UNALIGNED_REGISTERS if config["VEC"] > 1 and not all(aligned) else 0
+        extra = 0
+        if config["VEC"] > 1 and not all(aligned):
+            threads = threads_per_block(config)
+            chunks = sum(
+                math.ceil(size * config["BK"] // 8 / threads)
+                for size, ok in zip((config["BM"], config["BN"]), aligned, strict=True)
+                if not ok
+            )
+            extra = TC_STAGED_REGISTERS + TC_STAGED_CHUNK_REGISTERS * chunks
         return mi * ni * 4 + (mi * 4 + ni * 2) * (config["BK"] // 16) + TC_REGISTER_OVERHEAD + extra
     tm, tn = config["TM"], config["TN"]
     prefetch = 0
@@ -342,8 +352,8 @@ class MatmulSpec(OperatorSpec):
             return "VEC=1 loads are synchronous: STAGES beyond 2 cannot overlap them"
         if not any(aligned[:2]) and config["STAGES"] != 2:
             return (
-                "neither operand's rows are 16-byte aligned, so every load is synchronous: "
-                "STAGES beyond 2 cannot overlap them"
+                "neither operand's rows are 16-byte aligned, so no load is a cp.async (both are "
+                "staged through registers one tile ahead): STAGES beyond 2 add nothing"
             )
         return None
 

@@ -22,10 +22,11 @@
 //   accumulators) with fragments from ldmatrix. Shared tiles keep their operand's global layout
 //   (ldmatrix or ldmatrix.trans gives the mma fragments of either). A warp covers WM x WN:
 //   (WM/16) x (WN/8) mma tiles. STAGES (2..4) shared-memory stages filled by cp.async (16-byte
-//   copies, VEC == 8) or by plain guarded 2-byte loads (VEC == 1, or an operand whose rows are
-//   not 16-byte aligned). Shared tiles are stored in 16-byte chunks with an XOR swizzle (see
-//   swizzle()) so that the 8 row addresses of every ldmatrix phase fall into 8 distinct bank
-//   groups. C is written in the input type (as torch).
+//   copies, VEC == 8) or by plain guarded 2-byte loads: synchronous with VEC == 1; for an
+//   operand whose rows are not 16-byte aligned (VEC == 8), into registers one tile ahead and
+//   stored after the current tile's mma. Shared tiles are stored in 16-byte chunks with an XOR
+//   swizzle (see swizzle()) so that the 8 row addresses of every ldmatrix phase fall into 8
+//   distinct bank groups. C is written in the input type (as torch).
 //
 // Both paths: one block per output tile, tiles visited in groups of 8 tile-rows (column-major
 // inside a group; see tile_coords) so that blocks running together share A and B panels in L2.
@@ -599,6 +600,100 @@ __device__ __forceinline__ void load_stage(const unsigned short* __restrict__ A,
   }
 }
 
+#if VEC == 8 && !(ALIGN_A && ALIGN_B)
+// An operand whose rows are not 16-byte aligned, in the main loop: its elements for stage
+// kt + STAGES - 1 are loaded into registers before stage kt is multiplied and stored after it,
+// so that their latency overlaps the mma's as cp.async's does (the prologue loads them at once).
+template <int ROWS, int COLS>
+struct Staged {
+  static constexpr int kC = COLS / 8;
+  static constexpr int kChunks = ROWS * kC;
+  static constexpr int kPer = (kChunks + kThreads - 1) / kThreads;  // chunks per thread
+};
+template <bool TRANSPOSED>
+using StagedA = Staged<TRANSPOSED ? BK : BM, TRANSPOSED ? BM : BK>;
+template <bool TRANSPOSED>
+using StagedB = Staged<TRANSPOSED ? BN : BK, TRANSPOSED ? BK : BN>;
+using SA = StagedA<TRANS_A != 0>;
+using SB = StagedB<TRANS_B != 0>;
+
+// The 8 elements of each of the thread's chunks (zero outside the matrix), one load each.
+template <class S>
+__device__ __forceinline__ void fetch_chunks(const unsigned short* __restrict__ src, int rows,
+                                             int cols, int r0, int c0, int tid,
+                                             unsigned short (&reg)[S::kPer][8]) {
+#pragma unroll
+  for (int i = 0; i < S::kPer; ++i) {
+    const int idx = tid + i * kThreads;
+    const int gr = r0 + idx / S::kC;
+    const int gc = c0 + (idx % S::kC) * 8;
+    const bool row_ok = (S::kChunks % kThreads == 0 || idx < S::kChunks) && gr < rows;
+    const unsigned short* p = src + static_cast<long long>(gr) * cols + gc;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) reg[i][e] = row_ok && gc + e < cols ? p[e] : 0;
+  }
+}
+
+// The fetched chunks into dst[ROWS][COLS], one 16-byte store each, swizzled as load_tile's.
+template <class S, int COLS>
+__device__ __forceinline__ void put_chunks(unsigned short* dst, int tid,
+                                           const unsigned short (&reg)[S::kPer][8]) {
+#pragma unroll
+  for (int i = 0; i < S::kPer; ++i) {
+    const int idx = tid + i * kThreads;
+    if (S::kChunks % kThreads == 0 || idx < S::kChunks) {
+      const int r = idx / S::kC;
+      const int c = idx % S::kC;
+      unsigned w[4];
+#pragma unroll
+      for (int h = 0; h < 4; ++h) {
+        w[h] = static_cast<unsigned>(reg[i][2 * h]) | (static_cast<unsigned>(reg[i][2 * h + 1]) << 16);
+      }
+      *reinterpret_cast<uint4*>(dst + r * COLS + swizzle<S::kC>(r, c) * 8) =
+          make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
+// Stage k0..: cp.async for the aligned operand, registers for the unaligned one(s).
+__device__ __forceinline__ void issue_stage(const unsigned short* __restrict__ A,
+                                            const unsigned short* __restrict__ B,
+                                            unsigned short* As, unsigned short* Bs, int M, int N,
+                                            int K, int m0, int n0, int k0, int tid,
+                                            unsigned short (&ra)[SA::kPer][8],
+                                            unsigned short (&rb)[SB::kPer][8]) {
+  if (ALIGN_A) {
+    if (TRANS_A) {
+      load_tile<BK, BM, true>(A, K, M, k0, m0, As, tid);
+    } else {
+      load_tile<BM, BK, true>(A, M, K, m0, k0, As, tid);
+    }
+  } else if (TRANS_A) {
+    fetch_chunks<SA>(A, K, M, k0, m0, tid, ra);
+  } else {
+    fetch_chunks<SA>(A, M, K, m0, k0, tid, ra);
+  }
+  if (ALIGN_B) {
+    if (TRANS_B) {
+      load_tile<BN, BK, true>(B, N, K, n0, k0, Bs, tid);
+    } else {
+      load_tile<BK, BN, true>(B, K, N, k0, n0, Bs, tid);
+    }
+  } else if (TRANS_B) {
+    fetch_chunks<SB>(B, N, K, n0, k0, tid, rb);
+  } else {
+    fetch_chunks<SB>(B, K, N, k0, n0, tid, rb);
+  }
+}
+
+__device__ __forceinline__ void finish_stage(unsigned short* As, unsigned short* Bs, int tid,
+                                             const unsigned short (&ra)[SA::kPer][8],
+                                             const unsigned short (&rb)[SB::kPer][8]) {
+  if (!ALIGN_A) put_chunks<SA, TRANS_A ? BM : BK>(As, tid, ra);
+  if (!ALIGN_B) put_chunks<SB, TRANS_B ? BK : BN>(Bs, tid, rb);
+}
+#endif
+
 // acc += this warp's WM x WN block of As x Bs (one stage).
 __device__ __forceinline__ void compute_stage(const unsigned short* As, const unsigned short* Bs,
                                               int wm0, int wn0, int lane,
@@ -710,13 +805,25 @@ __device__ __forceinline__ void matmul(const T* __restrict__ A_, const T* __rest
       cp_async_wait<STAGES - 2>();
       __syncthreads();  // tile kt visible to all; stage (kt-1) % STAGES no longer read
       const int pf = kt + STAGES - 1;
+#if VEC == 8 && !(ALIGN_A && ALIGN_B)
+      unsigned short* next = smem + (pf % STAGES) * (kAsSize + kBsSize);
+      unsigned short ra[SA::kPer][8];
+      unsigned short rb[SB::kPer][8];
+      if (pf < k_tiles) issue_stage(A, B, next, next + kAsSize, M, N, K, m0, n0, pf * BK, tid, ra, rb);
+#else
       if (pf < k_tiles) {
         unsigned short* As = smem + (pf % STAGES) * (kAsSize + kBsSize);
         load_stage(A, B, As, As + kAsSize, M, N, K, m0, n0, pf * BK, tid);
       }
+#endif
       cp_async_commit();
       const unsigned short* As = smem + (kt % STAGES) * (kAsSize + kBsSize);
       compute_stage(As, As + kAsSize, wm0, wn0, lane, acc);
+#if VEC == 8 && !(ALIGN_A && ALIGN_B)
+      // Stage pf was last read in iteration kt - 1 (before this iteration's barrier) and is next
+      // read in iteration pf > kt (after the next barrier).
+      if (pf < k_tiles) finish_stage(next, next + kAsSize, tid, ra, rb);
+#endif
     }
     cp_async_wait<0>();  // only empty groups can be pending here
 

@@ -58,9 +58,9 @@ def test_default_config_verifies(operator, shape, dtype):
 @pytest.mark.parametrize("shape", [(129, 136, 264), (67, 131, 97)], **_IDS)
 def test_every_valid_matmul_variant_verifies(shape, dtype):
     checked, failures = verify_variants(get_operator("matmul"), shape, dtype, seed=1)
-    # every valid config: 86 / 60 / 60 at 129x136x264; 78 / 25 / 25 at 67x131x97 (VEC 4 / 8
+    # every valid config: 86 / 60 / 60 at 129x136x264; 78 / 18 / 18 at 67x131x97 (VEC 4 / 8
     # load the unaligned rows element by element)
-    assert checked >= 25
+    assert checked >= 18
     assert not failures, f"{len(failures)} of {checked} failed: {failures[:5]}"
 
 
@@ -73,7 +73,7 @@ def test_every_valid_variant_verifies_where_no_row_is_aligned(operator, shape, d
     assert {c["VEC"] for c in spec_space(spec, shape, dtype)} == (
         {1, 4} if dtype == "float32" else {1, 8}
     )
-    assert checked >= 25  # 78 / 78 / 38 float32 (matmul, _nt, _tn), 25 on tensor cores
+    assert checked >= 18  # 78 / 78 / 38 float32 (matmul, _nt, _tn), 18 on tensor cores
     assert not failures, f"{len(failures)} of {checked} failed: {failures[:5]}"
 
 

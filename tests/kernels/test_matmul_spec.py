@@ -203,7 +203,7 @@ def test_validate_rejects_what_the_kernel_cannot_index() -> None:
         (fp32_cfg(VEC=1, STAGES=1), (64, 64, 64), "float32", "VEC=1"),
         (fp32_cfg(BM=64, WM=128), (64, 64, 64), "float32", "is not one of"),
         (fp32_cfg(BN=64, MIN_BLOCKS=2), (64, 64, 64), "float32", "does not lower"),
-        (tc_cfg(STAGES=3), (64, 60, 60), "float16", "every load is synchronous"),
+        (tc_cfg(STAGES=3), (64, 60, 60), "float16", "no load is a cp.async"),
         (tc_cfg(STAGES=2), (64, 64, 60), "float16", "spill"),  # unaligned A, 64 x 64 warps
         (fp32_cfg(BN=256), (64, 64, 61), "float32", "spill"),  # unaligned A, at the cap
         (tc_cfg(VEC=4), (64, 64, 64), "float16", "VEC 1 or 8"),
