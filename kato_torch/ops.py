@@ -287,7 +287,12 @@ def layernorm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Ten
 
 
 def _rms_reference(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """PyTorch math for (y, rstd): float32 statistics, y in x's type (as F.rms_norm)."""
+    """PyTorch's (y, rstd): its fused kernel (what F.rms_norm runs on CUDA) where the types
+    allow, else its math (float32 statistics, y in x's type, as F.rms_norm). The fallback of
+    a Kato-decided key must cost what torch's op costs (the never-slower policy)."""
+    if weight.dtype == x.dtype:
+        y, rstd = torch._fused_rms_norm(x, [x.shape[-1]], weight, eps)
+        return y, rstd.reshape(-1).float()
     x32 = x.float()
     rstd = torch.rsqrt(x32.pow(2).mean(dim=-1) + eps)
     return (x32 * rstd[..., None] * weight.float()).to(x.dtype), rstd.reshape(-1)
@@ -317,6 +322,10 @@ def _rms_norm_backward(
     """(dx, dweight) from the forward's input and rstd."""
     rows, cols = _rows_cols(x)
     if not _use("rmsnorm_backward", (rows, cols), x) or x.numel() == 0:
+        if x.is_cuda and weight.dtype == x.dtype:  # torch's fused backward (CUDA only)
+            return torch.ops.aten._fused_rms_norm_backward(
+                dy, x, [cols], rstd.view(*x.shape[:-1], 1), weight, [True, True]
+            )
         x32, dy32, r = x.reshape(rows, cols).float(), dy.reshape(rows, cols).float(), rstd[:, None]
         xhat = x32 * r
         g = dy32 * weight.float()

@@ -271,3 +271,19 @@ def test_autocast_linear_of_bf16_activations_runs_kato_and_matches_pytorch():
     }
     assert y.dtype == y_ref.dtype == torch.bfloat16
     torch.testing.assert_close(y.float(), y_ref.float(), rtol=2e-2, atol=2e-1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kato_side", ["rmsnorm", "rmsnorm_backward"])
+def test_rms_norm_with_only_one_side_on_kato_runs_torchs_fused_op_on_the_other(dtype, kato_side):
+    """The never-slower policy may pick Kato for the forward and not the backward (or the
+    reverse): the other side inside the custom op is torch's own fused kernel (what F.rms_norm
+    runs), so its forward output is torch's bit for bit, and the gradients are right."""
+    other = "rmsnorm_backward" if kato_side == "rmsnorm" else "rmsnorm"
+    kato_torch.configure(client=None, policy={kato_side: "kato", other: "torch", "*": "torch"})
+    x, w = rand(4, 33, 130, dtype=dtype, scale=3), rand(130, dtype=dtype)
+    if kato_side == "rmsnorm_backward":
+        y = kato_torch.rms_norm(x.detach(), (130,), w.detach(), 1e-6)
+        assert torch.equal(y, torch.nn.functional.rms_norm(x.detach(), (130,), w.detach(), 1e-6))
+    check(lambda x, w: kato_torch.rms_norm(x, (130,), w, 1e-6),
+          lambda x, w: torch.nn.functional.rms_norm(x, (130,), w, 1e-6), [x, w], dtype)  # fmt: skip
