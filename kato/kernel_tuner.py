@@ -105,6 +105,7 @@ def operator_from_arguments(
     grid_div_z: Any = None,
     block_size_names: Sequence[str] | None = None,
     smem_args: Mapping[str, Any] | None = None,
+    cmem_args: Mapping[str, Any] | None = None,
     defines: Mapping[str, Any] | None = None,
     name: str | None = None,
     fixed: bool = True,
@@ -158,6 +159,7 @@ def operator_from_arguments(
                 f"scalars ({', '.join(SCALAR_DTYPES)}), e.g. np.int32(n)"
             )
     dtype = dtype or "float32"
+    constants = _constants(cmem_args, shape)
     shared = None
     if smem_args:
         size = smem_args.get("size")
@@ -180,6 +182,7 @@ def operator_from_arguments(
         "shared_memory": shared,
         "defines": {k: str(v) for k, v in (defines or {}).items()},
         "arguments": args_spec,
+        "constants": [entry for entry, _ in constants.values()] or None,
         "tolerance": [float(atol), 1e-5],  # np.allclose's rtol, as Kernel Tuner compares
         "verify": False,  # the answer is the reference, where there is one
     }
@@ -188,5 +191,32 @@ def operator_from_arguments(
     if not fixed:
         return UserOperatorSpec(defn), spec
     values = [v.item() if isinstance(v, np.generic) else v for v in arguments]
-    op = UserOperatorSpec(defn, arguments=values, answer=list(answer) if answer else None)
+    op = UserOperatorSpec(
+        defn, arguments=values, answer=list(answer) if answer else None,
+        constants={k: v for k, (_, v) in constants.items()} if constants else None,
+    )  # fmt: skip
     return op, spec
+
+
+def _constants(
+    cmem_args: Mapping[str, Any] | None, shape: tuple[int, ...]
+) -> dict[str, tuple[dict[str, Any], np.ndarray]]:
+    """Kernel Tuner's ``cmem_args`` (``__constant__`` name -> numpy array or scalar) as the
+    spec's constant-memory arrays and their values."""
+    out: dict[str, tuple[dict[str, Any], np.ndarray]] = {}
+    if cmem_args is None:
+        return out
+    if not isinstance(cmem_args, Mapping):
+        raise InvalidInput("cmem_args must map __constant__ names to numpy arrays")
+    for key, value in cmem_args.items():
+        if not isinstance(value, np.ndarray | np.generic):
+            raise InvalidInput(
+                f"cmem_args[{key!r}] is a {type(value).__name__}; give a numpy array"
+            )
+        array = np.ascontiguousarray(value).ravel()
+        if str(array.dtype) not in ARRAY_DTYPES:
+            raise InvalidInput(f"cmem_args[{key!r}]: arrays of {array.dtype} are not supported")
+        spec = {"name": key, "dtype": str(array.dtype),
+                "size": _size_expression(array.size, shape)}  # fmt: skip
+        out[key] = (spec, array)
+    return out

@@ -137,8 +137,9 @@ def tune_kernel(
 
     Kernel Tuner's arguments mean what they mean there; those Kato cannot honour are refused
     with the reason rather than ignored: a Python ``verify`` function, other languages than
-    CUDA, ``cmem_args``/``texmem_args``, ``observers``, an objective other than
-    time. ``strategy``: None or ``brute_force`` measures every valid config (Kato's ``grid``);
+    CUDA, ``texmem_args``, ``observers``, an objective other than time. ``cmem_args``
+    (``__constant__`` name -> array) are uploaded into every variant's module.
+    ``strategy``: None or ``brute_force`` measures every valid config (Kato's ``grid``);
     Kato's own names (``forest``, ``tpe``, ...) select that search; any other Kernel Tuner
     name runs Kato's default search; ``strategy_options["max_fevals"]`` is the budget and
     ``["time_limit"]`` the seconds. ``cache``: with ``simulation_mode``, the Kernel Tuner cache
@@ -160,7 +161,7 @@ def tune_kernel(
         the best config and time, and configs measured per minute.
     """
     refused = {
-        "verify": verify, "cmem_args": cmem_args, "texmem_args": texmem_args,
+        "verify": verify, "texmem_args": texmem_args,
         "observers": observers, "compiler": compiler,
     }  # fmt: skip
     for key, value in refused.items():
@@ -181,7 +182,8 @@ def tune_kernel(
         kernel_name, kernel_source, problem_size, arguments, tune_params,
         restrictions=restrictions, answer=answer, atol=atol, grid_div_x=grid_div_x,
         grid_div_y=grid_div_y, grid_div_z=grid_div_z, block_size_names=block_size_names,
-        smem_args=smem_args, defines=defines, name=name, fixed=service is None,
+        smem_args=smem_args, cmem_args=cmem_args, defines=defines, name=name,
+        fixed=service is None,
     )  # fmt: skip
     shape = problem_dims(problem_size)
     dtype = op.dtypes[0]

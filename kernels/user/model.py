@@ -173,6 +173,9 @@ class OperatorModel(_Strict):
     #: A macro naming the request dtype's CUDA type (``"T"`` -> ``#define T float``).
     dtype_macro: str | None = None
     arguments: list[ArgumentModel] = Field(min_length=1, max_length=MAX_ARGUMENTS)
+    #: Arrays in constant memory: ``__constant__`` globals the template declares, uploaded
+    #: into each variant's module before it runs (Kernel Tuner's ``cmem_args``).
+    constants: list[ArgumentModel] = Field(default_factory=list, max_length=MAX_ARGUMENTS)
     #: ``[atol, rtol]`` for every float output, or dtype -> ``[atol, rtol]``.
     tolerance: tuple[float, float] | dict[str, tuple[float, float]] | None = None
     bytes: Expr | None = None
@@ -233,6 +236,22 @@ class OperatorModel(_Strict):
         arg_names = [a.name for a in self.arguments]
         if len(set(arg_names)) != len(arg_names):
             raise ValueError("argument names must be distinct")
+        for constant in self.constants:
+            if constant.size is None or constant.output or constant.tolerance is not None:
+                raise ValueError(
+                    f"constant {constant.name!r}: a constant-memory array has a size and is "
+                    "read only (no value, output or tolerance)"
+                )
+        constant_names = [c.name for c in self.constants]
+        clash = sorted(
+            {n for n in constant_names if constant_names.count(n) > 1}
+            | (set(constant_names) & set(arg_names + names + list(self.defines)))
+        )
+        if clash:
+            raise ValueError(
+                f"constant names must be distinct from each other, the arguments, the shape, "
+                f"the tunables and the defines: {', '.join(clash)}"
+            )
         if self.verify and not any(a.output for a in self.arguments):
             raise ValueError("no argument is an output: mark the ones the kernel writes")
         if self.verify and self.reference is None:
@@ -296,6 +315,10 @@ class OperatorModel(_Strict):
             "arguments": [
                 expr.parse(a.size or a.value or "", shape_names, what=f"argument {a.name}")
                 for a in self.arguments
+            ],
+            "constants": [
+                expr.parse(c.size or "", shape_names, what=f"constant {c.name}")
+                for c in self.constants
             ],
         }
         if self.reference is not None:

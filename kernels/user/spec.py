@@ -15,7 +15,7 @@ import importlib
 import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,8 @@ DEFAULT_TOLERANCES = {
 }
 #: Most elements of one array argument, and bytes of one problem.
 MAX_ELEMENTS = 1 << 34
+#: CUDA's constant memory: the most bytes a module's ``__constant__`` globals hold together.
+MAX_CONSTANT_BYTES = 64 << 10
 #: Combinations ``default_config`` checks at most when the spec declares no valid default
 #: (about 0.2 s of restriction checks).
 MAX_DEFAULT_SCAN = 10_000
@@ -63,6 +65,14 @@ MAX_GRID = (limits.MAX_GRID_X, limits.MAX_GRID_Y, limits.MAX_GRID_Y)
 #: The modules whose code decides what a user operator's variants are and how they are checked.
 _HASHED_MODULES = ("kernels.limits", "kernels.user.expr", "kernels.user.model", "kernels.user.spec")
 PythonReference = Callable[[list[Any], tuple[int, ...], str], Sequence[np.ndarray]]
+
+
+@dataclass
+class UserProblem(Problem):
+    """A problem with the values of the operator's constant-memory arrays (name -> array),
+    which a backend copies into each module's ``__constant__`` globals before it runs."""
+
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -85,6 +95,8 @@ class UserOperatorSpec(OperatorSpec):
         arguments: fixed argument values (``kato.tune_kernel``): used as the problem instead of
             random inputs (scalars and arrays, in order, dtypes and sizes as declared).
         answer: fixed expected outputs, one entry per argument (None: not checked).
+        constants: fixed values of the constant-memory arrays (name -> array; ``cmem_args``),
+            instead of filling them by their ``init``.
     """
 
     #: Read from the database (``db.operators``): such an operator may be replaced by a newer
@@ -99,6 +111,7 @@ class UserOperatorSpec(OperatorSpec):
         arguments: Sequence[Any] | None = None,
         answer: Sequence[Any] | None = None,
         source_dir: Path | None = None,
+        constants: Mapping[str, Any] | None = None,
     ):
         self.definition = definition
         model = self.model = definition.spec
@@ -122,6 +135,13 @@ class UserOperatorSpec(OperatorSpec):
                 f"answer has {len(self._answer)} entries; it needs one per argument "
                 f"({len(model.arguments)}), None where not checked"
             )
+        declared = {c.name for c in model.constants}
+        if constants is not None and set(constants) != declared:
+            raise InvalidInput(
+                f"constants {sorted(constants)} are not the spec's constant-memory arrays "
+                f"{sorted(declared)}"
+            )
+        self._constants = dict(constants) if constants is not None else None
         if model.verify and model.reference is None and reference is None and answer is None:
             raise InvalidInput(f"operator {self.name!r} has no reference")
 
@@ -252,6 +272,17 @@ class UserOperatorSpec(OperatorSpec):
                 total += n * numpy_dtype(arg.dtype, dtype).itemsize
         if total > 1 << 40:
             raise InvalidInput(f"the arguments take {total} bytes at shape {shape}: too many")
+        constant_bytes = 0
+        for const, size_expr in zip(self.model.constants, self._expr["constants"], strict=True):
+            n = self._int(size_expr, env, f"constant {const.name}")
+            if n < 0:
+                raise InvalidInput(f"constant {const.name} has {n} elements at shape {shape}")
+            constant_bytes += n * numpy_dtype(const.dtype, dtype).itemsize
+        if constant_bytes > MAX_CONSTANT_BYTES:
+            raise InvalidInput(
+                f"the constant-memory arrays take {constant_bytes} B at shape {shape}; CUDA's "
+                f"constant memory holds {MAX_CONSTANT_BYTES} B"
+            )
         return shape
 
     def check(self, config: Config, shape: Sequence[int], dtype: str) -> str | None:
@@ -411,6 +442,7 @@ class UserOperatorSpec(OperatorSpec):
         args = self._fixed_args(shape, dtype) if self._arguments is not None else [
             self._make_arg(i, shape, dtype, rng) for i in range(len(self.model.arguments))
         ]  # fmt: skip
+        constants = self.make_constants(shape, dtype, rng)
         outputs = [i for i, a in enumerate(self.model.arguments) if a.output]
         tolerances = [
             tuple(self.model.arguments[i].tolerance or self.tolerance(dtype)) for i in outputs
@@ -422,9 +454,10 @@ class UserOperatorSpec(OperatorSpec):
             tolerances = [tolerances[outputs.index(i)] for i in checked]
             outputs = checked
         elif self._python_reference is not None:
+            extra = {"constants": constants} if constants else {}
             references = [
                 np.asarray(r, dtype=np.float64).ravel()
-                for r in self._python_reference(args, tuple(shape), dtype)
+                for r in self._python_reference(args, tuple(shape), dtype, **extra)
             ]
             if len(references) != len(outputs):
                 raise InvalidInput(
@@ -439,7 +472,35 @@ class UserOperatorSpec(OperatorSpec):
                     f"the reference for {self.model.arguments[i].name} has {ref.size} elements, "
                     f"the argument {args[i].size}"
                 )
-        return Problem(args=args, outputs=outputs, references=references, tolerances=tolerances)
+        return UserProblem(
+            args=args, outputs=outputs, references=references, tolerances=tolerances,
+            constants=constants,
+        )  # fmt: skip
+
+    def make_constants(
+        self, shape: Sequence[int], dtype: str, rng: np.random.Generator
+    ) -> dict[str, np.ndarray]:
+        """The constant-memory arrays (name -> array, contiguous): the fixed ones as given,
+        else filled by each one's ``init``.
+
+        Raises:
+            InvalidInput: a fixed array of another size than the spec's at this shape."""
+        env = self._env(None, shape, dtype)
+        out = {}
+        for const, size in zip(self.model.constants, self._expr["constants"], strict=True):
+            n = self._int(size, env, f"constant {const.name}")
+            np_dtype = numpy_dtype(const.dtype, dtype)
+            if self._constants is not None:
+                values = np.ascontiguousarray(self._constants[const.name], dtype=np_dtype).ravel()
+                if values.size != n:
+                    raise InvalidInput(
+                        f"constant {const.name} has {values.size} elements; the spec's size "
+                        f"{const.size} is {n}"
+                    )
+            else:
+                values = _filled(const, n, np_dtype, rng)
+            out[const.name] = values
+        return out
 
     def device_reference(self, shape: Sequence[int], dtype: str) -> DeviceReference | None:
         """The reference kernel to run on the device for this problem, or None where the
@@ -469,21 +530,7 @@ class UserOperatorSpec(OperatorSpec):
         np_dtype = numpy_dtype(arg.dtype, dtype)
         if arg.size is None:
             return np_dtype.type(n)
-        init = arg.init or ("zeros" if arg.output else "normal")
-        if init == "zeros":
-            return np.zeros(n, dtype=np_dtype)
-        if init == "ones":
-            return np.ones(n, dtype=np_dtype)
-        if init == "index":
-            return np.arange(n).astype(np_dtype)
-        if init == "randint" or np_dtype.kind in "iu":
-            low, high = (arg.low, arg.high) if init == "randint" else (0, 100)
-            return rng.integers(int(low), max(int(high), int(low) + 1), n).astype(np_dtype)
-        if init == "uniform":
-            return rng.uniform(arg.low, arg.high, n).astype(np_dtype)
-        values = rng.standard_normal(n, dtype=np.float32).astype(np_dtype)
-        values[values == 0] = 1  # no exact zeros: a zero hides a wrong index
-        return values
+        return _filled(arg, n, np_dtype, rng)
 
     def _fixed_args(self, shape: Sequence[int], dtype: str) -> list[Any]:
         out = []
@@ -494,6 +541,25 @@ class UserOperatorSpec(OperatorSpec):
             else:
                 out.append(np.array(value, dtype=np_dtype).ravel())
         return out
+
+
+def _filled(arg: Any, n: int, np_dtype: np.dtype, rng: np.random.Generator) -> np.ndarray:
+    """An array of ``n`` elements filled as the argument's ``init`` says."""
+    init = arg.init or ("zeros" if arg.output else "normal")
+    if init == "zeros":
+        return np.zeros(n, dtype=np_dtype)
+    if init == "ones":
+        return np.ones(n, dtype=np_dtype)
+    if init == "index":
+        return np.arange(n).astype(np_dtype)
+    if init == "randint" or np_dtype.kind in "iu":
+        low, high = (arg.low, arg.high) if init == "randint" else (0, 100)
+        return rng.integers(int(low), max(int(high), int(low) + 1), n).astype(np_dtype)
+    if init == "uniform":
+        return rng.uniform(arg.low, arg.high, n).astype(np_dtype)
+    values = rng.standard_normal(n, dtype=np.float32).astype(np_dtype)
+    values[values == 0] = 1  # no exact zeros: a zero hides a wrong index
+    return values
 
 
 def _render(macros: Mapping[str, Any], template: str) -> str:

@@ -176,6 +176,31 @@ def compile_config(
     return compile_kernel(source, spec.kernel_name, arch=arch, cache_dir=compile_cache)
 
 
+def upload_constants(cuda: Any, module: Any, problem: Problem) -> None:
+    """Copy a user problem's constant-memory arrays (``problem.constants``, name -> array)
+    into ``module``'s ``__constant__`` globals of those names; a problem without them is left
+    alone. Constant memory is per module, so this runs once per loaded module, before its
+    first launch (verification, timing, a reference kernel).
+
+    Raises:
+        cuda.LogicError: the module declares no such global, or one smaller than the array
+            (saying which), so the caller reports it as it reports a failed launch.
+    """
+    for name, values in (getattr(problem, "constants", None) or {}).items():
+        try:
+            pointer, size = module.get_global(name)
+        except cuda.Error as exc:
+            raise cuda.LogicError(
+                f"constant {name}: the kernel declares no __constant__ {name} ({exc})"
+            ) from None
+        if size < values.nbytes:
+            raise cuda.LogicError(
+                f"constant {name}: __constant__ {name} holds {size} B; the spec's array is "
+                f"{values.nbytes} B"
+            )
+        cuda.memcpy_htod(pointer, np.ascontiguousarray(values))
+
+
 class PyCudaBackend(Backend):
     """Measures ``spec`` at ``shape``/``dtype`` on CUDA device ``device_index``.
 
@@ -308,6 +333,7 @@ class PyCudaBackend(Backend):
         try:
             module = cuda.module_from_buffer(compiled.cubin)
             self._modules.append(module)
+            upload_constants(cuda, module, problem)
             fn = module.get_function(reference.kernel_name)
             args = []
             for a in problem.args:
@@ -490,6 +516,7 @@ class PyCudaBackend(Backend):
         """Load the cubin and prepare one call per step (functions fetched once per kernel)."""
         module = self.cuda.module_from_buffer(compiled.cubin)
         self._modules.append(module)
+        upload_constants(self.cuda, module, self.problem)
         functions: dict[str, Any] = {}
         calls = []
         for step in steps:
