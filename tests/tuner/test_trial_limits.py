@@ -261,3 +261,51 @@ def test_kato_tune_refuses_a_backend_it_cannot_use(tmp_path, extra, says):
     out, _ = _tune(tmp_path, *extra)
     assert out.exit_code == 2
     assert says in " ".join(out.output.split()), out.output
+
+
+# --- kato.tune_kernel -----------------------------------------------------------------------
+
+VADD = """
+__global__ void vadd(float *c, const float *a, const float *b, int n) {
+    int i = blockIdx.x * block_size_x + threadIdx.x;
+    if (i < n) c[i] = a[i] + b[i];
+}
+"""
+
+
+def _vadd(tmp_path, **options):
+    import numpy as np
+
+    import kato
+
+    n = 1000
+    a, b = np.ones(n, np.float32), np.ones(n, np.float32)
+    return kato.tune_kernel(
+        "vadd", VADD, n, [np.zeros_like(a), a, b, np.int32(n)], {"block_size_x": [32, 64]},
+        answer=[a + b, None, None, None], db=f"sqlite:///{tmp_path}/kato.db",
+        name="trial_limits_vadd", **options,
+    )  # fmt: skip
+
+
+def test_tune_kernel_measures_in_the_isolated_child_by_default(tmp_path, monkeypatch):
+    """No GPU for the child (CUDA_VISIBLE_DEVICES empty, inherited): the error is the measuring
+    process's, as a worker's is, not this process's."""
+    from tuner.backends.isolated import ChildStartError
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(ChildStartError, match="the measuring process could not start"):
+        _vadd(tmp_path)
+    import importlib.util
+
+    if importlib.util.find_spec("pycuda") is None:  # in process, the error is deterministic
+        monkeypatch.setenv("KATO_ISOLATE", "false")  # the workers' setting, read here too
+        with pytest.raises(RuntimeError, match="needs PyCUDA") as info:
+            _vadd(tmp_path)
+        assert not isinstance(info.value, ChildStartError)
+
+
+def test_tune_kernel_refuses_a_limit_that_is_not_positive(tmp_path):
+    from kernels.spec import InvalidInput
+
+    with pytest.raises(InvalidInput, match="trial_timeout_s must be more than 0"):
+        _vadd(tmp_path, trial_timeout_s=0)
