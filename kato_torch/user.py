@@ -27,7 +27,7 @@ import ast
 import math
 import numbers
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -95,6 +95,8 @@ class UserCall:
     dtype: str
     outputs: list[torch.Tensor]
     arguments: list[Any]
+    #: The constant-memory arrays (name -> tensor on the call's device).
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class UserKernel:
@@ -121,10 +123,13 @@ class UserKernel:
         shape: Sequence[int] | None = None,
         dtype: str | None = None,
         device: torch.device | str | None = None,
+        constants: Mapping[str, Any] | None = None,
     ) -> UserCall:
         """Check ``args`` (the non-output arguments, in order), read the shape and dtype from
         them (or take ``shape`` / ``dtype``), and allocate the outputs on their device (or
         ``device``, where no argument is a tensor; default the current CUDA device).
+        ``constants``: the values of the spec's constant-memory arrays, by name (tensors,
+        arrays or sequences; copied to the device), required where the spec declares any.
 
         Raises:
             InvalidInput: a missing or extra argument, a number where an array goes or the
@@ -215,7 +220,33 @@ class UserKernel:
                 out = torch.arange(math.prod(dims), device=where).to(out.dtype).reshape(dims)
             outputs.append(out)
             arguments.append(out)
-        return UserCall(shape, dtype, outputs, arguments)
+        return UserCall(
+            shape, dtype, outputs, arguments, self._constants(constants, env, dtype, where)
+        )
+
+    def _constants(
+        self, given: Mapping[str, Any] | None, env: Mapping[str, Any], dtype: str, where: Any
+    ) -> dict[str, torch.Tensor]:
+        declared = self.spec.model.constants
+        names = sorted(c.name for c in declared)
+        if sorted(given or {}) != names:
+            raise InvalidInput(
+                f"{self.name}: constants= must give its constant-memory arrays "
+                f"{names or 'none'}; got {sorted(given or {}) or 'none'}"
+            )
+        sizes = self.spec.model.expressions()["constants"]
+        out = {}
+        for const, size in zip(declared, sizes, strict=True):
+            want = _value(size, env)
+            value = torch.as_tensor((given or {})[const.name], device=where)
+            value = value.to(_torch_dtype(const, dtype)).contiguous().reshape(-1)
+            if value.numel() != want:
+                raise InvalidInput(
+                    f"{self.name}: constant {const.name} has {value.numel()} elements; its "
+                    f"size {const.size} is {want}"
+                )
+            out[const.name] = value
+        return out
 
     def _dtype(self, given: Mapping[str, Any]) -> str:
         """The request dtype: that of the arrays declared with the request's dtype."""
@@ -290,16 +321,22 @@ class UserKernel:
     # --- running ------------------------------------------------------------------------------
 
     def __call__(
-        self, *args: Any, shape: Sequence[int] | None = None, dtype: str | None = None
+        self,
+        *args: Any,
+        shape: Sequence[int] | None = None,
+        dtype: str | None = None,
+        constants: Mapping[str, Any] | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """Run the operator on ``args`` (see :meth:`plan`); return its output (or outputs, a
-        tuple in the spec's order).
+        tuple in the spec's order). The constant-memory arrays are copied into the kernel's
+        module on torch's current stream before the launch (ordered with it; calls of one
+        operator at one shape on two streams at once with different constants would race).
 
         Raises:
             InvalidInput: what :meth:`plan` raises; tensors not on a CUDA device, or a policy
                 of ``"torch"`` for this operator (there is no PyTorch implementation of it).
         """
-        call = self.plan(*args, shape=shape, dtype=dtype)
+        call = self.plan(*args, shape=shape, dtype=dtype, constants=constants)
         device = call.outputs[0].device if call.outputs else _device_of(args)
         if device.type != "cuda":
             raise InvalidInput(
@@ -313,6 +350,8 @@ class UserKernel:
             )
         index = device.index if device.index is not None else torch.cuda.current_device()
         bound = bind(self.name, call.shape, call.dtype, index)
+        if call.constants:
+            _upload_constants(bound, call.constants, index)
         bound.run(call.arguments)
         if len(call.outputs) == 1:
             return call.outputs[0]
@@ -374,6 +413,41 @@ def _device_of(args: Sequence[Any]) -> torch.device:
         if isinstance(value, torch.Tensor):
             return value.device
     return torch.device("cuda")
+
+
+def _upload_constants(bound: Any, constants: Mapping[str, torch.Tensor], index: int) -> None:
+    """Copy ``constants`` into the ``__constant__`` globals of ``bound``'s module, on torch's
+    current stream (the module found from a loaded function: cuFuncGetModule)."""
+    import ctypes
+
+    from kato_torch import _driver
+
+    lib = _driver._driver()
+    _driver.ensure_context(index)
+    module = ctypes.c_void_p()
+    _driver._check(
+        lib.cuFuncGetModule(ctypes.byref(module), bound.calls[0].func), "cuFuncGetModule"
+    )
+    stream = ctypes.c_void_p(torch.cuda.current_stream(index).cuda_stream)
+    for name, values in constants.items():
+        pointer, size = ctypes.c_uint64(), ctypes.c_size_t()
+        found = lib.cuModuleGetGlobal_v2(
+            ctypes.byref(pointer), ctypes.byref(size), module, name.encode()
+        )
+        if found != 0:
+            raise InvalidInput(f"{bound.spec.name}: the kernel declares no __constant__ {name}")
+        nbytes = values.numel() * values.element_size()
+        if size.value < nbytes:
+            raise InvalidInput(
+                f"{bound.spec.name}: __constant__ {name} holds {size.value} B; the array is "
+                f"{nbytes} B"
+            )
+        _driver._check(
+            lib.cuMemcpyDtoDAsync_v2(
+                pointer, ctypes.c_uint64(values.data_ptr()), ctypes.c_size_t(nbytes), stream
+            ),
+            f"copying constant {name}",
+        )
 
 
 def _solve(expression: Expression, name: str, target: int, env: Mapping[str, Any]) -> int | None:

@@ -79,3 +79,16 @@ def test_a_2d_user_kernel_gives_shaped_outputs(dtype, mnk):
     want = a.double() @ b.double()
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(c.double(), want, rtol=tol, atol=tol * max(1, k) ** 0.5)
+
+
+def test_constant_memory_arrays_are_uploaded_before_each_call():
+    from user_ops.test_constants import FILTER, _op
+
+    conv = kato_torch.user_kernel(_op(name="gpu_torch_user_conv"))
+    n = 100_003
+    x = torch.randn(n + FILTER - 1, device="cuda")
+    window = x.double().unfold(0, FILTER, 1)
+    for taps in (torch.randn(FILTER), torch.randn(FILTER, device="cuda")):
+        y = conv(x, n, shape=(n, FILTER), constants={"d_filter": taps})
+        want = window @ taps.double().to(window.device)
+        torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-5)

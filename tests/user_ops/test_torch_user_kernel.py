@@ -180,3 +180,21 @@ def test_only_user_operators():
         kato_torch.user_kernel("softmax")
     with pytest.raises(InvalidInput, match="unknown operator 'no_such_user_op'"):
         kato_torch.user_kernel("no_such_user_op")
+
+
+def test_constant_memory_arrays_are_given_by_name():
+    from user_ops.test_constants import FILTER, _op
+
+    conv = kato_torch.user_kernel(_op(name="torch_user_conv"))
+    x = torch.randn(100 + FILTER - 1)
+    taps = [0.5] * FILTER
+    call = conv.plan(x, 100, constants={"d_filter": taps})
+    assert call.shape == (100, FILTER) and call.outputs[0].shape == (100,)  # f solved from x
+    (values,) = call.constants.values()
+    assert values.dtype == torch.float32 and values.tolist() == taps
+    with pytest.raises(InvalidInput, match=r"constants= must give .*\['d_filter'\]; got none"):
+        conv.plan(x, 100, shape=(100, FILTER))
+    with pytest.raises(InvalidInput, match="constant d_filter has 3 elements; its size f is 17"):
+        conv.plan(x, 100, shape=(100, FILTER), constants={"d_filter": [1.0, 2.0, 3.0]})
+    with pytest.raises(InvalidInput, match="got \\['d_other'\\]"):
+        conv.plan(x, 100, shape=(100, FILTER), constants={"d_other": taps})
