@@ -32,7 +32,7 @@ import optuna
 
 from tuner.backends.base import TrialResult, TrialStatus
 from tuner.space import Config, SearchSpace
-from tuner.study import FAILED_VALUE, IndexSampler, StudyParams
+from tuner.study import FAILED_VALUE, IndexSampler, StudyParams, add_trials
 from tuner.surrogate import ForestProposer
 from tuner.write_behind import WriteBehind
 
@@ -52,6 +52,13 @@ SELF_PROPOSING: tuple[str, ...] = ("forest", "grid")
 #: loop measures a random unmeasured valid config instead, so small or heavily constrained
 #: spaces never stall the search.
 MAX_UNPRODUCTIVE_PROPOSALS = 32
+#: A self-proposing strategy's measured configs go to the study in batches (one transaction
+#: each: an Optuna ``add_trial`` commits alone, 25 ms of a worker's time in SQLite), written
+#: once this many wait or the oldest has waited :data:`RECORD_SECONDS`, and when a run ends. A
+#: process that dies loses at most the unwritten ones from the study; the job's trial rows, which
+#: a resume reads, are written per result.
+RECORD_BATCH = 16
+RECORD_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -72,14 +79,40 @@ class Budget:
 
 
 @dataclass
+class TrialTiming:
+    """Where the search loop's wall time went for one measured config, in seconds: from the end
+    of the previous measurement (or the start of the run) to the end of this one.
+
+    ``propose``: asking the strategy for configs (model fits and acquisition, Optuna's ask),
+    rejected proposals included; ``stop_check``: ``should_stop`` (a worker reads the other
+    workers' results there); ``writes``: waiting for the previous result's records (the
+    write-behind) or making them inline (the study, ``on_result``); ``evaluate``: the
+    ``evaluate`` callable (a worker's includes its reservation of the config); ``total``: the
+    whole span, so ``total`` minus the others is the loop's own bookkeeping."""
+
+    propose: float = 0.0
+    stop_check: float = 0.0
+    writes: float = 0.0
+    evaluate: float = 0.0
+    total: float = 0.0
+
+    @property
+    def overhead(self) -> float:
+        """Everything but ``evaluate``."""
+        return self.total - self.evaluate
+
+
+@dataclass
 class SearchResult:
     """Outcome of :meth:`Search.run`. ``results`` maps config key -> result for every config
-    measured in this job (resumed ones included); ``new`` lists the ones measured in this run."""
+    measured in this job (resumed ones included); ``new`` lists the ones measured in this run,
+    ``timings`` where the loop's time went for each of them (in the same order)."""
 
     best: TrialResult | None
     results: dict[str, TrialResult]
     new: list[TrialResult] = field(default_factory=list)
     stopped: str = "budget"  # budget | time | exhausted | cancelled
+    timings: list[TrialTiming] = field(default_factory=list)
 
     @property
     def measured(self) -> int:
@@ -198,6 +231,12 @@ class Search:
         self._inflight: list[tuple[optuna.Trial | None, Config, str]] = []
         self._self_proposing = strategy in SELF_PROPOSING
         self._drained = False
+        #: Where the loop's time went for each config the last :meth:`run` measured.
+        self.timings: list[TrialTiming] = []
+        #: Finished trials of a self-proposing strategy not handed to the writes yet, and when
+        #: the oldest was measured.
+        self._unrecorded: list[optuna.trial.FrozenTrial] = []
+        self._unrecorded_since = 0.0
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         sampler = make_sampler(strategy, seed)
         self.study = optuna.create_study(
@@ -360,14 +399,30 @@ class Search:
 
     def _record(self, config: Config, value: float) -> None:
         """A measured config of a self-proposing strategy, as a finished trial of the study
-        (one storage write; the study keeps every job's history whatever its strategy)."""
-        self.study.add_trial(
+        (the study keeps every job's history whatever its strategy): stamped now, written with
+        the next batch (:data:`RECORD_BATCH`)."""
+        if not self._unrecorded:
+            self._unrecorded_since = time.monotonic()
+        self._unrecorded.append(
             optuna.trial.create_trial(
                 params=self.encoding.params(config),
                 distributions=self.encoding.distributions,
                 value=value,
             )
         )
+        waited = time.monotonic() - self._unrecorded_since
+        if len(self._unrecorded) >= RECORD_BATCH or waited >= RECORD_SECONDS:
+            self._submit_records()
+
+    def _submit_records(self) -> None:
+        """Hand the unwritten finished trials to the writes (one batch)."""
+        if self._unrecorded:
+            batch, self._unrecorded = self._unrecorded, []
+            self._writes.submit(self._write_records, batch)
+
+    def _write_records(self, trials: list[optuna.trial.FrozenTrial]) -> None:
+        """One batch of finished trials into the study (one transaction in a database)."""
+        add_trials(self.study, trials)
 
     def _wants_another(self, budget: Budget) -> bool:
         """Ask for another config before measuring? Always with none in flight; with some, only
@@ -418,8 +473,12 @@ class Search:
     def run(self, budget: Budget) -> SearchResult:
         """Measure until ``budget`` is used, the strategy has nothing left, or ``should_stop``;
         every result is recorded (``on_result``, the study) when it returns or raises."""
+        self.timings = []
         try:
-            outcome = self._run(budget)
+            try:
+                outcome = self._run(budget)
+            finally:
+                self._submit_records()  # whatever ended the run: the study gets them all
         except Exception as stop:
             # A stop (budget used, job cancelled) or a failure: a failed write outranks it, so
             # that a job never ends as if a result it lost had been stored.
@@ -433,7 +492,13 @@ class Search:
             self._abandon_inflight_quietly()
             self._writes.close()  # interrupted: failed writes are logged, the interrupt raised
             raise
+        t0 = time.perf_counter()
         self._writes.close(raise_errors=True)
+        if self.timings:  # the last result's records are written on the path
+            waited = time.perf_counter() - t0
+            self.timings[-1].writes += waited
+            self.timings[-1].total += waited
+        outcome.timings = list(self.timings)
         return outcome
 
     def _run(self, budget: Budget) -> SearchResult:
@@ -442,6 +507,8 @@ class Search:
         new: list[TrialResult] = []
         unproductive = 0
         stopped = "budget"
+        clock = time.perf_counter
+        timing, since = TrialTiming(), clock()
         while True:
             if budget.max_configs is not None and len(self.results) >= budget.max_configs:
                 stopped = "budget"
@@ -449,64 +516,90 @@ class Search:
             if budget.max_seconds is not None and time.monotonic() - start >= budget.max_seconds:
                 stopped = "time"
                 break
-            if self.should_stop is not None and self.should_stop():
-                stopped = "cancelled"
-                break
+            if self.should_stop is not None:
+                t0 = clock()
+                stop = self.should_stop()
+                timing.stop_check += clock() - t0
+                if stop:
+                    stopped = "cancelled"
+                    break
             if self._wants_another(budget):
-                fallback = None
-                if unproductive >= MAX_UNPRODUCTIVE_PROPOSALS:
-                    fallback = self._random_unmeasured()
-                    if fallback is None and not self._inflight:
-                        stopped = "exhausted"
-                        break
-                    unproductive = 0
+                t0 = clock()
                 try:
-                    trial, config = self._ask(fallback)
-                except optuna.exceptions.UpdateFinishedTrialError:
-                    # Another worker sharing the study closed this trial between the ask and
-                    # the suggest (it took it for an orphan): ask again; nothing was measured.
-                    unproductive += 1
+                    asked, unproductive = self._ask_one(unproductive)
+                finally:
+                    timing.propose += clock() - t0
+                if asked == "exhausted":
+                    stopped = "exhausted"
+                    break
+                if asked != "asked":
                     continue
-                if config is None:
-                    if not self._inflight:
-                        stopped = "exhausted"
-                        break
-                    self._drained = True  # nothing left to ask for: measure the rest
-                    continue
-                key = self.space.key(config)
-                if self._rejected(trial, config, key):
-                    unproductive += 1
-                    continue
-                unproductive = 0
-                self._inflight.append((trial, config, key))
                 if self._wants_another(budget):
                     continue
+            t0 = clock()
             try:
                 # The last result's records, while the next one compiles and measures.
                 self._writes.release()
             except BaseException:
                 self._abandon_inflight()
                 raise
+            timing.writes += clock() - t0
             trial, config, key = self._next_to_measure()
             known = self.results.get(key)
             if known is not None and known.status != TrialStatus.PENDING:
                 self._close(trial, objective_value(known))  # another worker measured it
                 continue
+            t0 = clock()
             try:
                 result = self.evaluate(config)
             except BaseException:
                 self._inflight.insert(0, (trial, config, key))
                 self._abandon_inflight()
                 raise
+            t1 = clock()
+            timing.evaluate += t1 - t0
             self.results[key] = result
             new.append(result)
             if trial is not None:
                 self.study.tell(trial, objective_value(result))  # the sampler reads it next
             else:
-                self._writes.submit(self._record, config, objective_value(result))
+                self._record(config, objective_value(result))
             if self.on_result is not None:
                 self._writes.submit(self.on_result, result, len(self.results))
+            now = clock()
+            timing.writes += now - t1
+            timing.total = now - since
+            self.timings.append(timing)
+            timing, since = TrialTiming(), now
         self._abandon_inflight()
         return SearchResult(
             best=best_of(self.results), results=self.results, new=new, stopped=stopped
         )
+
+    def _ask_one(self, unproductive: int) -> tuple[str, int]:
+        """Ask the strategy for one config and put it in flight, given how many proposals in a
+        row brought nothing new; returns what happened and that count after it. ``asked``;
+        ``retry``: nothing new (or its trial was closed by another worker); ``drained``: the
+        strategy has none left, configs are in flight; ``exhausted``: none left at all."""
+        fallback = None
+        if unproductive >= MAX_UNPRODUCTIVE_PROPOSALS:
+            fallback = self._random_unmeasured()
+            if fallback is None and not self._inflight:
+                return "exhausted", unproductive
+            unproductive = 0
+        try:
+            trial, config = self._ask(fallback)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # Another worker sharing the study closed this trial between the ask and the
+            # suggest (it took it for an orphan): ask again; nothing was measured.
+            return "retry", unproductive + 1
+        if config is None:
+            if not self._inflight:
+                return "exhausted", unproductive
+            self._drained = True  # nothing left to ask for: measure the rest
+            return "drained", unproductive
+        key = self.space.key(config)
+        if self._rejected(trial, config, key):
+            return "retry", unproductive + 1
+        self._inflight.append((trial, config, key))
+        return "asked", 0

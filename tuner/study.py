@@ -383,6 +383,16 @@ def record_study(
     return len(new)
 
 
+def add_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:
+    """Add finished ``trials`` to ``study``, in order, user attributes included: in one
+    transaction where the study lives in Optuna's RDB storage (about 0.4 ms a trial in SQLite,
+    against 25 ms for each ``Study.add_trial``, which commits alone), else one by one.
+    All or none are added on an RDB storage."""
+    storage = study._storage
+    backend = getattr(storage, "_backend", storage)  # Optuna's cache in front of the database
+    _add_trials(backend, study, list(trials))
+
+
 def _add_trials(
     storage: optuna.storages.BaseStorage, study: optuna.Study, trials: list[FrozenTrial]
 ) -> None:
@@ -397,7 +407,7 @@ def _add_trials(
     if not trials:
         return
     if models is None or not isinstance(storage, optuna.storages.RDBStorage):
-        study.add_trials(trials)  # pragma: no cover
+        study.add_trials(trials)
         return
     from sqlalchemy import func, select
     from sqlalchemy.orm import Session
@@ -434,6 +444,13 @@ def _add_trials(
                         distribution_json=distribution_to_json(dist),
                     )
                 )
+        attr_rows = [
+            dict(trial_id=row.trial_id, key=key, value_json=json.dumps(value))
+            for row, trial in zip(rows, trials, strict=True)
+            for key, value in trial.user_attrs.items()
+        ]
         session.execute(models.TrialValueModel.__table__.insert(), values)
         if param_rows:
             session.execute(models.TrialParamModel.__table__.insert(), param_rows)
+        if attr_rows:
+            session.execute(models.TrialUserAttributeModel.__table__.insert(), attr_rows)

@@ -65,7 +65,7 @@ from tuner.backends.isolated import (
 )
 from tuner.backends.replay import RecordedProblem, recorded_problem
 from tuner.search import Budget, Search, SearchResult, best_of
-from tuner.study import describe_study, job_attrs, job_study_name, optuna_storage
+from tuner.study import add_trials, describe_study, job_attrs, job_study_name, optuna_storage
 from tuner.surrogate import import_models
 from tuner.warm_start import warm_start_configs
 
@@ -273,20 +273,24 @@ class _SharedStudy:
     def get_trials(self, *args: Any, **kwargs: Any) -> list[optuna.trial.FrozenTrial]:
         return self._retried("read", lambda: self._study.get_trials(*args, **kwargs))
 
-    def add_trial(self, trial: optuna.trial.FrozenTrial) -> None:
-        """A finished trial this worker measured (self-proposing strategies), with its id;
-        added once, also when a try whose answer was lost had added it."""
-        trial.set_user_attr("kato_worker", self._worker_id)
+    def add_trials(self, trials: Sequence[optuna.trial.FrozenTrial]) -> None:
+        """Finished trials this worker measured (self-proposing strategies), each with its id,
+        in one transaction (:func:`tuner.study.add_trials`); added once, also when a try whose
+        answer was lost had added them (all or none land, so the first tells)."""
+        if not trials:
+            return
+        for trial in trials:
+            trial.set_user_attr("kato_worker", self._worker_id)
         tries = 0
 
         def add() -> None:
             nonlocal tries
             tries += 1
-            if tries > 1 and self._added(trial):
+            if tries > 1 and self._added(trials[0]):
                 return
-            self._study.add_trial(trial)
+            add_trials(self._study, trials)
 
-        self._retried("add a trial", add)
+        self._retried("add trials", add)
 
     def _added(self, trial: optuna.trial.FrozenTrial) -> bool:
         """Whether the study holds ``trial`` (an earlier try's add landed)."""
@@ -339,6 +343,9 @@ class SharedSearch(Search):
                 orphaned = owner == worker_id or not is_live(owner)
             if orphaned:
                 self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+
+    def _write_records(self, trials: list[optuna.trial.FrozenTrial]) -> None:
+        self.study.add_trials(trials)  # tagged with this worker, retried
 
     def _fail_orphaned_trials(self) -> None:
         if not self._starting:  # pragma: no cover - the base class calls it from __init__ only

@@ -1,0 +1,291 @@
+"""Search overhead per trial in the worker: real jobs on recorded spaces, nothing measured.
+
+Each case is one tuning job run as ``kato worker --backend replay`` runs it: a fresh SQLite
+file database, the job queued and claimed, :class:`tuner.worker.JobRunner` with the replay
+backend (in this process, no delay: measuring costs nothing), the default strategy, budget 100.
+What is left of the job's wall time is the worker's own: the search, the database, the loop.
+
+Per measured config the search loop's wall time (:class:`tuner.search.TrialTiming`) is split
+into
+
+- ``propose``: the strategy's proposals (model fits, acquisition; Optuna's ask for a sampler),
+- ``db``: the database on the path: reserving the config (``evaluate`` minus the backend's own
+  time), reading the other workers' results (``should_stop``), waiting for the previous
+  result's records (trial row, study) or writing them inline,
+- ``measure``: the backend's ``evaluate`` (a dictionary look-up on replay),
+- ``rest``: the loop itself (what the other three leave of the span);
+
+and ``overhead`` = everything but ``measure``. Mean and p95 over a job's trials, then over the
+cases. The job's wall time (claim to done) is set against the sum of its spans and of its
+measurements: the difference is the job's setup and end (backend, study, warm start, winner).
+
+    python3 benchmarks/search_overhead.py --out data/benchmarks/search_overhead.json
+    python3 benchmarks/search_overhead.py data/spaces/h200/softmax_*.json.gz --seeds 3
+
+Results: docs/search.md (Search overhead per trial).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from db import queries  # noqa: E402 - after the path insert
+from db.session import init_db, session_factory  # noqa: E402
+from kernels import get_operator  # noqa: E402
+from tuner import worker as worker_module  # noqa: E402
+from tuner.search import SearchResult, TrialTiming  # noqa: E402
+from tuner.worker import DEFAULT_LOOKAHEAD, JobRunner, ReplayBackends, find_recordings  # noqa: E402
+
+#: The recorded H200 spaces (``h200_session.sh spaces``).
+DEFAULT_SPACES = (REPO / "data" / "spaces" / "h200",)
+PARTS = ("propose", "db", "measure", "rest", "overhead")
+
+
+class _TimedBackend:
+    """A backend whose ``evaluate`` adds its own seconds to ``spent`` (the rest passes through)."""
+
+    def __init__(self, inner: Any, spent: list[float]):
+        self._inner, self._spent = inner, spent
+
+    def evaluate(self, config: dict[str, Any]) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self._inner.evaluate(config)
+        finally:
+            self._spent.append(time.perf_counter() - t0)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def run_job(
+    path: Path, *, budget: int, seed: int, workdir: Path, lookahead: int = DEFAULT_LOOKAHEAD
+) -> dict[str, Any]:
+    """One job on the recording ``path`` in a fresh SQLite database under ``workdir``: the
+    per-trial split (seconds), the job's wall time, the winner against the space's optimum."""
+    recording = find_recordings(path)[0]
+    problem = recording.problem
+    url = f"sqlite:///{workdir / f'kato-{seed}.db'}"
+    sessions = session_factory(init_db(url))
+    factory = ReplayBackends([recording])
+    measured: list[float] = []
+    backends: list[Any] = []
+
+    def make(job: Any) -> Any:
+        backend = factory(job)
+        backends.append(backend)
+        return _TimedBackend(backend, measured)
+
+    make.scope = factory.scope  # type: ignore[attr-defined]
+    make.runs_current_code = False  # type: ignore[attr-defined]
+    searches: list[SearchResult] = []
+    base = worker_module.SharedSearch
+
+    class Recorded(base):  # type: ignore[misc,valid-type]
+        def run(self, budget: Any) -> SearchResult:
+            outcome = super().run(budget)
+            searches.append(outcome)
+            return outcome
+
+    version = problem.operator_version or get_operator(problem.operator).version
+    with sessions() as s:
+        job = queries.create_job(
+            s,
+            operator=problem.operator,
+            operator_version=version,
+            shape=list(problem.shape),
+            dtype=problem.dtype,
+            gpu_model=problem.gpu_model,
+            budget_configs=budget,
+            seed=seed,
+        )
+        job_id = job.id
+    runner = JobRunner(
+        sessions, url, make, worker_id=f"bench-{seed}", lookahead=lookahead, sync_seconds=0.5
+    )
+    worker_module.SharedSearch = Recorded  # type: ignore[misc]
+    try:
+        t0, c0 = time.perf_counter(), time.process_time()
+        with sessions() as s:
+            claimed = queries.claim_next_job(
+                s, gpu_models=[problem.gpu_model], worker_id=runner.worker_id, lease_seconds=60
+            )
+        assert claimed is not None and claimed.id == job_id
+        outcome = runner.run(job_id)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    finally:
+        worker_module.SharedSearch = base  # type: ignore[misc]
+    if outcome.status != "done":
+        raise RuntimeError(f"{path.name}: the job ended {outcome.status}: {outcome.error}")
+    timings = [t for result in searches for t in result.timings]
+    if len(timings) != len(measured) or len(timings) != outcome.measured:
+        raise RuntimeError(
+            f"{path.name}: {len(timings)} timed trials, {len(measured)} measurements, "
+            f"{outcome.measured} recorded"
+        )
+    optimum = backends[0].best_time_ms()
+    return {
+        "file": path.name,
+        "seed": seed,
+        "budget": budget,
+        "measured": outcome.measured,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "spans_s": sum(t.total for t in timings),
+        "measure_s": sum(measured),
+        "fraction_of_optimum": optimum / outcome.best_time_ms if outcome.best_time_ms else 0.0,
+        "trials": [split(t, m) for t, m in zip(timings, measured, strict=True)],
+    }
+
+
+def split(timing: TrialTiming, measure: float) -> dict[str, float]:
+    """One trial's seconds by part (see the module docstring)."""
+    db = timing.stop_check + timing.writes + max(timing.evaluate - measure, 0.0)
+    rest = max(timing.total - timing.propose - db - measure, 0.0)
+    return {
+        "propose": timing.propose,
+        "db": db,
+        "measure": measure,
+        "rest": rest,
+        "overhead": timing.total - measure,
+    }
+
+
+def p95(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+
+
+def summarise(job: dict[str, Any]) -> dict[str, Any]:
+    """Mean and p95 in milliseconds per part over the job's trials."""
+    out: dict[str, Any] = {}
+    for part in PARTS:
+        values = [1000 * t[part] for t in job["trials"]]
+        out[part] = {"mean_ms": statistics.fmean(values), "p95_ms": p95(values)}
+    n = max(job["measured"], 1)
+    out["wall_per_trial_ms"] = 1000 * job["wall_s"] / n
+    out["cpu_per_trial_ms"] = 1000 * job["cpu_s"] / n
+    out["setup_and_end_s"] = job["wall_s"] - job["spans_s"]
+    return out
+
+
+def table(cases: list[dict[str, Any]]) -> str:
+    """A markdown table: one row per case (mean / p95 ms per trial), and the mean of the rows."""
+    head = (
+        "| space | seed | propose | db | rest | overhead | wall / trial | setup + end s |"
+        " CPU / trial | fraction of optimum |"
+    )
+    lines = [head, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def cell(summary: dict[str, Any], part: str) -> str:
+        return f"{summary[part]['mean_ms']:.1f} / {summary[part]['p95_ms']:.1f}"
+
+    for case in cases:
+        s = case["summary"]
+        name = case["file"].split(".json")[0]
+        lines.append(
+            f"| {name} | {case['seed']} | {cell(s, 'propose')} | {cell(s, 'db')} | "
+            f"{cell(s, 'rest')} | {cell(s, 'overhead')} | {s['wall_per_trial_ms']:.1f} | "
+            f"{s['setup_and_end_s']:.2f} | {s['cpu_per_trial_ms']:.1f} | "
+            f"{case['fraction_of_optimum']:.3f} |"
+        )
+    overall = overall_summary(cases)
+    lines.append(
+        "| **all** | | "
+        + " | ".join(
+            f"{overall[p]['mean_ms']:.1f} / {overall[p]['p95_ms']:.1f}"
+            for p in ("propose", "db", "rest", "overhead")
+        )
+        + f" | {overall['wall_per_trial_ms']:.1f} | | {overall['cpu_per_trial_ms']:.1f} | "
+        + f"{overall['fraction_of_optimum']:.3f} |"
+    )
+    return "\n".join(lines)
+
+
+def overall_summary(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every case's trials pooled: mean and p95 per part; the mean wall time per trial."""
+    out: dict[str, Any] = {}
+    for part in PARTS:
+        values = [1000 * t[part] for c in cases for t in c["trials"]]
+        out[part] = {"mean_ms": statistics.fmean(values), "p95_ms": p95(values)}
+    for key in ("wall_per_trial_ms", "cpu_per_trial_ms"):
+        out[key] = statistics.fmean(c["summary"][key] for c in cases)
+    out["fraction_of_optimum"] = statistics.fmean(c["fraction_of_optimum"] for c in cases)
+    return out
+
+
+def recording_paths(paths: Sequence[Path]) -> list[Path]:
+    return [r.path for p in paths for r in find_recordings(p)]
+
+
+def _commit() -> str | None:
+    try:
+        return subprocess.check_output(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True, stderr=subprocess.DEVNULL
+        ).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="*", type=Path, help="recordings or directories of them")
+    parser.add_argument("--budget", type=int, default=100)
+    parser.add_argument("--seeds", type=int, default=1, help="jobs per space (seeds 0, 1, ...)")
+    parser.add_argument("--lookahead", type=int, default=DEFAULT_LOOKAHEAD)
+    parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    parser.add_argument("--keep-trials", action="store_true", help="per-trial rows in the JSON")
+    args = parser.parse_args(argv)
+    files = recording_paths(args.paths or DEFAULT_SPACES)
+    cases = []
+    with tempfile.TemporaryDirectory(prefix="kato-overhead-") as tmp:
+        for path in files:
+            for seed in range(args.seeds):
+                workdir = Path(tmp) / f"{path.name}-{seed}"
+                workdir.mkdir()
+                case = run_job(
+                    path, budget=args.budget, seed=seed, workdir=workdir, lookahead=args.lookahead
+                )
+                case["summary"] = summarise(case)
+                s = case["summary"]
+                print(
+                    f"{path.name} seed {seed}: overhead {s['overhead']['mean_ms']:.1f} ms mean "
+                    f"({s['overhead']['p95_ms']:.1f} p95), propose "
+                    f"{s['propose']['mean_ms']:.1f}, db {s['db']['mean_ms']:.1f}, CPU "
+                    f"{s['cpu_per_trial_ms']:.1f} ms per trial",
+                    flush=True,
+                )
+                cases.append(case)
+    print(table(cases))
+    if args.out is not None:
+        report = {
+            "commit": _commit(),
+            "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "budget": args.budget,
+            "lookahead": args.lookahead,
+            "overall": overall_summary(cases),
+            "cases": [
+                {k: v for k, v in c.items() if args.keep_trials or k != "trials"} for c in cases
+            ],
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,37 @@
+"""The worker's own time per trial, on a job that measures nothing: a regression guard.
+
+A replay job at budget 100 (the issue-4 softmax space recorded on the H200, SQLite file
+database, the default strategy) spends all its time in the search, the database and the loop.
+The bounds are generous (the target is 10 ms a trial on an idle host, docs/search.md): CPU time,
+which another process's load does not inflate, at most 25 ms a trial over the whole job; the
+loop's wall time at most 250 ms a trial (a write that waited for an fsync per trial, or a
+refit that took seconds, would pass neither).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from paths import REPO, TABLE_SPACES
+
+sys.path.insert(0, str(REPO))
+
+from benchmarks.search_overhead import run_job, summarise  # noqa: E402
+
+SOFTMAX = TABLE_SPACES / "softmax_H200_32768x4096_float16_942abcdd5bbc.json.gz"
+CPU_MS_PER_TRIAL = 25.0
+WALL_MS_PER_TRIAL = 250.0
+
+
+def test_a_replayed_job_spends_little_of_its_time_per_trial_outside_measuring(tmp_path):
+    job = run_job(SOFTMAX, budget=100, seed=0, workdir=tmp_path)
+    assert job["measured"] == 100 and len(job["trials"]) == 100
+    summary = summarise(job)
+    # Every part is accounted for: the parts add up to each trial's span.
+    for trial in job["trials"]:
+        parts = trial["propose"] + trial["db"] + trial["measure"] + trial["rest"]
+        assert abs(parts - (trial["overhead"] + trial["measure"])) < 1e-6
+    assert job["spans_s"] <= job["wall_s"]
+    assert summary["cpu_per_trial_ms"] <= CPU_MS_PER_TRIAL, summary
+    assert summary["overhead"]["mean_ms"] <= WALL_MS_PER_TRIAL, summary
+    assert job["fraction_of_optimum"] >= 0.98  # it searched, too
