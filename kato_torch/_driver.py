@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from kernels.limits import needs_shared_opt_in
 
@@ -44,17 +45,60 @@ def _check(result: int, what: str) -> None:
         raise CudaDriverError(f"{what} failed: {message}")
 
 
+_primary: dict[int, ctypes.c_void_p] = {}
+
+
+def _primary_context(device_index: int) -> ctypes.c_void_p:
+    """``device_index``'s primary context (PyTorch's), retained once per process."""
+    context = _primary.get(device_index)
+    if context is None:
+        lib = _driver()
+        device, context = ctypes.c_int(), ctypes.c_void_p()
+        _check(lib.cuDeviceGet(ctypes.byref(device), device_index), "cuDeviceGet")
+        _check(
+            lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain"
+        )
+        _primary[device_index] = context
+    return context
+
+
 def ensure_context(device_index: int) -> None:
-    """Make ``device_index``'s primary context (the one PyTorch uses) current on this thread."""
+    """Make ``device_index``'s primary context current on this thread if none is (autograd's
+    threads); a launch should rather run inside :func:`on_device`, which also handles another
+    device's context being current."""
     lib = _driver()
     current = ctypes.c_void_p()
     _check(lib.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
-    if current.value:
+    if not current.value:
+        _check(lib.cuCtxSetCurrent(_primary_context(device_index)), "cuCtxSetCurrent")
+
+
+@contextmanager
+def on_device(device_index: int) -> Iterator[None]:
+    """Run the block in ``device_index``'s primary context (the one PyTorch uses there).
+
+    No context current on this thread (autograd's backward threads): make it current, as
+    PyTorch itself would. Another device's context current (a process using several GPUs):
+    push this one for the block and pop it after, so the thread's current device is unchanged.
+    """
+    lib = _driver()
+    current = ctypes.c_void_p()
+    _check(lib.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
+    if not current.value:
+        _check(lib.cuCtxSetCurrent(_primary_context(device_index)), "cuCtxSetCurrent")
+        yield
         return
-    device, context = ctypes.c_int(), ctypes.c_void_p()
-    _check(lib.cuDeviceGet(ctypes.byref(device), device_index), "cuDeviceGet")
-    _check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
-    _check(lib.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+    device = ctypes.c_int()
+    _check(lib.cuCtxGetDevice(ctypes.byref(device)), "cuCtxGetDevice")
+    if device.value == device_index:
+        yield
+        return
+    _check(lib.cuCtxPushCurrent(_primary_context(device_index)), "cuCtxPushCurrent")
+    try:
+        yield
+    finally:
+        popped = ctypes.c_void_p()
+        _check(lib.cuCtxPopCurrent(ctypes.byref(popped)), "cuCtxPopCurrent")
 
 
 def load_module(cubin: bytes) -> ctypes.c_void_p:

@@ -95,9 +95,7 @@ class BoundOperator:
                 values.append(ctypes.c_void_p(arg.data_ptr()))
             else:
                 values.append(ctype(arg))
-        # Autograd runs backward on its own threads: make PyTorch's context current there too.
-        _driver.ensure_context(self.device_index)
-        stream = torch.cuda.current_stream(self.device_index).cuda_stream
+        launches = []
         for index, call in enumerate(self.calls):
             if steps is not None and index not in steps:
                 continue
@@ -106,10 +104,16 @@ class BoundOperator:
                 raise TypeError(
                     f"{self.spec.name}: kernel {call.kernel} needs an argument given None"
                 )
-            launch = call.launch
-            _driver.launch(
-                call.func, launch.grid, launch.block, launch.shared_bytes, stream, call_args
-            )
+            launches.append((call, call_args))
+        stream = torch.cuda.current_stream(self.device_index).cuda_stream
+        # Autograd's backward threads have no context current, a multi-GPU process may have
+        # another device's: launch in this device's (PyTorch's), where the module was loaded.
+        with _driver.on_device(self.device_index):
+            for call, call_args in launches:
+                launch = call.launch
+                _driver.launch(
+                    call.func, launch.grid, launch.block, launch.shared_bytes, stream, call_args
+                )
 
 
 def _signature(spec: OperatorSpec, dtype: str) -> list[type[ctypes._SimpleCData] | None]:
@@ -191,14 +195,14 @@ def bind(operator: str, shape: Sequence[int], dtype: str, device_index: int) -> 
         compiled = compile_kernel(
             spec.render(config, shape, dtype), spec.kernel_name, arch=f"sm_{major}{minor}"
         )
-        _driver.ensure_context(device_index)
-        module = _driver.load_module(compiled.cubin)
         signature = _signature(spec, dtype)
         calls = []
-        for step in spec.steps(config, shape, dtype):
-            func = _driver.get_function(module, step.kernel, step.launch.shared_bytes)
-            indices = step.args if step.args is not None else tuple(range(len(signature)))
-            calls.append(_Call(step.kernel, func, step.launch, indices))
+        with _driver.on_device(device_index):
+            module = _driver.load_module(compiled.cubin)
+            for step in spec.steps(config, shape, dtype):
+                func = _driver.get_function(module, step.kernel, step.launch.shared_bytes)
+                indices = step.args if step.args is not None else tuple(range(len(signature)))
+                calls.append(_Call(step.kernel, func, step.launch, indices))
         bound = BoundOperator(spec, shape, dtype, config, source, calls, signature, device_index)
         _bound[key] = bound
         return bound

@@ -544,11 +544,12 @@ def _cross_entropy_backward(
     """dlogits = (softmax(logits) - onehot(label)) * dloss per row; zero rows where ignored."""
     rows, cols = _rows_cols(logits)
     if not _use("cross_entropy_backward", (rows, cols), logits) or logits.numel() == 0:
-        p = torch.exp(logits.float() - lse[:, None])
+        # PyTorch's own backward in the logits' type: softmax, minus one at the label, times
+        # the row's gradient (scatter and where: no host sync from boolean indexing).
+        p = torch.softmax(logits, -1)
         keep = labels != ignore_index
-        p[keep, labels[keep]] -= 1.0
-        p *= torch.where(keep, dloss, 0.0)[:, None]
-        return p.to(logits.dtype)
+        p.scatter_add_(1, labels.clamp(0, cols - 1)[:, None], -keep[:, None].to(p.dtype))
+        return p.mul_(torch.where(keep, dloss, 0.0).to(p.dtype)[:, None])
     dlogits = torch.empty_like(logits)
     _run("cross_entropy_backward", (rows, cols), logits,
          [logits, labels, lse, dloss, dlogits, rows, cols, ignore_index])  # fmt: skip
@@ -605,9 +606,12 @@ def cross_entropy(
         )  # fmt: skip
     (input,) = _autocast("float32", input)
     rows, cols = input.shape
-    if _use("cross_entropy", (rows, cols), input) | _use(
-        "cross_entropy_backward", (rows, cols), input
-    ):
+    # Kato's backward reads the forward's logsumexp, which PyTorch's forward does not produce:
+    # the pair runs on Kato's operators only where the forward is Kato's (the backward is then
+    # decided on its own, PyTorch's math where it is not faster).
+    forward = _use("cross_entropy", (rows, cols), input)
+    _use("cross_entropy_backward", (rows, cols), input)  # decided (and recorded) here too
+    if forward:
         loss, _ = torch.ops.kato.cross_entropy(
             input.contiguous(), target.long().contiguous(), int(ignore_index)
         )

@@ -5,9 +5,9 @@ device) from what the configured client serves:
 
 - ``"auto"`` (the default): Kato's kernel only where the service holds a winner tuned for this
   exact shape that was measured faster than PyTorch's op on the same inputs (the lookup's
-  ``speedup`` > 1). Anything else (untuned, nearest-shape or default answers, an old service
-  that reports no framework time, no client, the service down) runs PyTorch's op, so an untuned
-  shape never makes a step slower than plain PyTorch.
+  ``speedup`` at least :data:`MIN_SPEEDUP`, 1.05). Anything else (untuned, nearest-shape or
+  default answers, an old service that reports no framework time, no client, the service down)
+  runs PyTorch's op, so an untuned shape never makes a step slower than plain PyTorch.
 - ``"kato"``: always Kato's kernel (the served config, else the operator's default).
 - ``"torch"``: always PyTorch's op.
 
@@ -32,6 +32,9 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 POLICIES = ("auto", "kato", "torch")
+#: The stored speedup "auto" asks of a winner: the winner's time is the best of many configs'
+#: medians (biased low by the noise the search selected for), and PyTorch's op is timed once.
+MIN_SPEEDUP = 1.05
 
 _lock = threading.Lock()
 _settings: dict[str, Any] = {"client": None, "gpu": None, "policy": {"*": "auto"}}
@@ -122,7 +125,7 @@ def known_faster(answer: Any) -> bool:
     if answer is None or _field(answer, "source") != "exact":
         return False
     speedup = _field(answer, "speedup")
-    return speedup is not None and float(speedup) > 1.0
+    return speedup is not None and float(speedup) >= MIN_SPEEDUP
 
 
 def _decide(operator: str, shape: tuple[int, ...], dtype: str, device: str) -> bool:

@@ -42,6 +42,7 @@ def test_auto_runs_kato_only_where_a_tuned_winner_beat_pytorch():
     client = FakeClient({
         ("softmax", (8, 4096)): Answer({}, "exact", 1.4),
         ("softmax", (8, 1024)): Answer({}, "exact", 0.9),
+        ("softmax", (8, 3072)): Answer({}, "exact", 1.02),  # within the noise: not enough
         ("softmax", (8, 2048)): Answer({}, "exact", None),  # a service without framework times
         ("softmax", (8, 512)): Answer({}, "nearest", 3.0),  # another shape's figures
     })  # fmt: skip
@@ -49,6 +50,7 @@ def test_auto_runs_kato_only_where_a_tuned_winner_beat_pytorch():
     decide = policy.decide
     assert decide("softmax", (8, 4096), "float16", "cuda") is True
     assert decide("softmax", (8, 1024), "float16", "cuda") is False
+    assert decide("softmax", (8, 3072), "float16", "cuda") is False
     assert decide("softmax", (8, 2048), "float16", "cuda") is False
     assert decide("softmax", (8, 512), "float16", "cuda") is False
     assert decide("softmax", (8, 256), "float16", "cuda") is False  # untuned: default answer
