@@ -59,12 +59,47 @@ def problem_dims(problem_size: Any) -> tuple[int, ...]:
         out = tuple(int(d) for d in dims)
     except (TypeError, ValueError):
         raise InvalidInput(
-            f"problem_size must be an int or a tuple of ints, got {problem_size!r} (Kato "
-            "takes no expressions or callables here: the shape is part of the result key)"
+            f"problem_size must be an int or a tuple of ints, got {problem_size!r} (the "
+            "shape is part of the result key)"
         ) from None
     if not 1 <= len(out) <= 3 or min(out) < 1:
         raise InvalidInput(f"problem_size must have 1 to 3 dimensions >= 1, got {out}")
     return out
+
+
+def problem_shape(
+    problem_size: Any, arguments: Sequence[Any], shape: Any = None
+) -> tuple[tuple[int, ...], list[str] | None]:
+    """Kato's shape (the result key) and the spec's ``problem_size`` expressions (None: the
+    shape itself) of Kernel Tuner's ``problem_size``.
+
+    ``problem_size`` is an int or a tuple of ints (the shape), or a string, or a tuple holding
+    strings: expressions of the tunables (its reduction example's ``"num_blocks"``), evaluated
+    per config by :mod:`kernels.user.expr` (never ``eval``). The shape is then ``shape``
+    where given, else the element count of the largest array argument (one dimension): the
+    data a lookup is for.
+
+    Raises:
+        InvalidInput: a callable, or anything else that is neither ints nor expressions.
+    """
+    entries = problem_size if isinstance(problem_size, list | tuple) else (problem_size,)
+    if callable(problem_size) or any(callable(e) for e in entries):
+        raise InvalidInput(
+            "problem_size must be ints or expression strings of the tunables such as "
+            "'num_blocks' (a Python function cannot be sent to a service or evaluated safely)"
+        )
+    if not any(isinstance(e, str) for e in entries):
+        return problem_dims(problem_size), None
+    if not 1 <= len(entries) <= 3 or not all(
+        isinstance(e, str | int | np.integer) and not isinstance(e, bool) for e in entries
+    ):
+        raise InvalidInput(
+            f"problem_size must be 1 to 3 ints or expression strings, got {problem_size!r}"
+        )
+    if shape is not None:
+        return problem_dims(shape), [str(e) for e in entries]
+    sizes = [a.size for a in arguments if isinstance(a, np.ndarray)]
+    return (max(sizes, default=1) or 1,), [str(e) for e in entries]
 
 
 def _size_expression(size: int, shape: tuple[int, ...]) -> str:
@@ -109,15 +144,17 @@ def operator_from_arguments(
     defines: Mapping[str, Any] | None = None,
     name: str | None = None,
     fixed: bool = True,
+    shape: Any = None,
 ) -> tuple[UserOperatorSpec, dict[str, Any]]:
     """The operator (with the given arguments and answer when ``fixed``) and the spec dict
-    it was built from (what a service is sent).
+    it was built from (what a service is sent). ``shape``: Kato's shape where
+    ``problem_size`` holds expressions (:func:`problem_shape`).
 
     Raises:
         InvalidInput: an argument Kato cannot pass, a restriction that is not an expression,
             an answer of the wrong length, and every error of the declarative spec.
     """
-    shape = problem_dims(problem_size)
+    shape, problem_exprs = problem_shape(problem_size, arguments, shape)
     if restrictions is None:
         restrictions = []
     elif isinstance(restrictions, str):
@@ -172,6 +209,7 @@ def operator_from_arguments(
         "template": "kernel.cu",
         "kernel_name": kernel_name,
         "shape": list(DIMENSION_NAMES[: len(shape)]),
+        "problem_size": problem_exprs,
         "dtypes": [dtype],
         "tune_params": {k: list(v) for k, v in tune_params.items()},
         "restrictions": list(restrictions),

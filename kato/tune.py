@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kato.kernel_tuner import operator_from_arguments, operator_name, problem_dims
+from kato.kernel_tuner import operator_from_arguments, operator_name, problem_dims, problem_shape
 from kernels.spec import InvalidInput, config_key
 
 #: Kernel Tuner's markers for a config that did not give a time.
@@ -185,7 +185,7 @@ def tune_kernel(
         smem_args=smem_args, cmem_args=cmem_args, defines=defines, name=name,
         fixed=service is None,
     )  # fmt: skip
-    shape = problem_dims(problem_size)
+    shape, _ = problem_shape(problem_size, arguments)
     dtype = op.dtypes[0]
     kt_strategy, budget, seconds = _strategy(strategy, strategy_options, op.space_size())
     if service is not None:

@@ -169,7 +169,9 @@ def test_arguments_that_cannot_be_passed():
     _, tune_params, _ = _problem()
     with pytest.raises(InvalidInput, match="numpy arrays and numpy scalars"):
         kato.tune_kernel("vector_add", KERNEL, N, [[1.0, 2.0], 3], tune_params)
-    with pytest.raises(InvalidInput, match="problem_size must be"):
+    with pytest.raises(InvalidInput, match="problem_size must have 1 to 3 dimensions >= 1"):
+        kato.tune_kernel("vector_add", KERNEL, (0,), [np.zeros(4, np.float32)], tune_params)
+    with pytest.raises(InvalidInput, match="problem_size 1 'n': unknown name 'n'"):
         kato.tune_kernel("vector_add", KERNEL, ("n",), [np.zeros(4, np.float32)], tune_params)
     with pytest.raises(InvalidInput, match="simulation_mode replays a cache file"):
         kato.tune_kernel("vector_add", KERNEL, 4, [np.zeros(4, np.float32)], tune_params,
