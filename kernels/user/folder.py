@@ -67,6 +67,9 @@ def load_folder(path: str | Path) -> OperatorDefinition:
     reference = spec.get("reference")
     if isinstance(reference, dict):
         names.append(reference.get("template"))
+    headers = spec.get("headers")
+    if isinstance(headers, list):
+        names.extend(headers)
     for name in names:
         if not isinstance(name, str) or "/" in name or "\\" in name or name.startswith("."):
             continue  # the model says what is wrong with it

@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import keyword
 import re
+from collections.abc import Collection, Mapping
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -35,6 +36,8 @@ NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 #: A file of the folder: a plain name, no directories.
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.(cu|cuh)$")
+#: A header beside the template, included by a quoted name (``#include "my_header.h"``).
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.(h|cuh|hpp|hh|inc)$")
 #: Most combinations of ``tune_params`` (the search enumerates the valid ones).
 MAX_SPACE = 1_000_000
 #: Most values of one tunable, tunables, arguments, dimensions.
@@ -44,6 +47,9 @@ MAX_ARGUMENTS = 64
 MAX_RANK = 8
 #: Largest template or reference file, in bytes (UTF-8).
 MAX_FILE_BYTES = 1 << 20
+#: Largest template with its headers inlined, in characters, and most inlinings in it.
+MAX_INLINED_CHARS = 4 * MAX_FILE_BYTES
+MAX_INLININGS = 10_000
 #: Names every expression may read besides the tunables and the shape: the element size of the
 #: request's dtype in bytes.
 BUILTIN_NAMES = ("itemsize",)
@@ -181,6 +187,9 @@ class OperatorModel(_Strict):
     bytes: Expr | None = None
     flops: Expr | None = None
     reference: ReferenceModel | None = None
+    #: Headers beside the template (plain names), which it and the reference may include by a
+    #: quoted name; their text is inlined where they are included when a variant is rendered.
+    headers: list[str] = Field(default_factory=list, max_length=64)
     #: False: no reference (outputs unchecked); only said explicitly.
     verify: bool = True
     default: dict[str, Value] | None = None
@@ -199,6 +208,14 @@ class OperatorModel(_Strict):
         for file in files:
             if not _FILE_NAME.match(file):
                 raise ValueError(f"file {file!r} must be a plain .cu or .cuh name in the folder")
+        for header in self.headers:
+            if not _HEADER_NAME.match(header):
+                raise ValueError(
+                    f"header {header!r} must be a plain .h, .cuh, .hpp, .hh or .inc name in the "
+                    "folder (no directories)"
+                )
+        if len(set(self.headers)) != len(self.headers) or set(self.headers) & set(files):
+            raise ValueError("headers must be distinct files, other than the templates")
         names: list[str] = []
         for dim in self.shape:
             if not _IDENTIFIER.match(dim) or keyword.iskeyword(dim):
@@ -352,13 +369,20 @@ _SPLICE = re.compile(r"\\[ \t\f\v]*(?:\r\n|\r|\n)")
 _DIRECTIVE = re.compile(r"(?:#|%:)\s*(?:(/\*)|(include_next|include|import|embed|line)\b)")
 #: What may follow ``#include``: a system header by name, then the line's end or a comment.
 _INCLUDED = re.compile(rf"[ \t\f\v]*({_SYSTEM_INCLUDE.pattern})[ \t\f\v]*(?=\r|\n|//|/\*|$)")
+#: Or a quoted plain name (allowed where it is one of the operator's headers).
+_QUOTED = re.compile(r'[ \t\f\v]*"([A-Za-z0-9_][A-Za-z0-9_.-]*)"[ \t\f\v]*(?=\r|\n|//|/\*|$)')
+#: A quoted include as :func:`inline_headers` replaces it: a whole line of its own.
+_INCLUDE_LINE = re.compile(r'(?m)^[ \t]*#[ \t]*include[ \t]*"([^"\r\n]*)"[ \t]*(?://[^\r\n]*)?\r?$')
+_PRAGMA_ONCE = re.compile(r"(?m)^[ \t]*#[ \t]*pragma[ \t]+once[ \t]*\r?$")
 
 
-def include_error(name: str, text: str) -> str | None:
+def include_error(name: str, text: str, headers: Collection[str] = ()) -> str | None:
     """Why a template's preprocessor lines are refused, or None: an ``#include`` of anything
     but a system header by a relative name (a path, a quoted or computed name), and
     ``#include_next``, ``#import``, ``#embed``, ``#line``. nvcc runs on the workers, and its
-    errors are shown to the user: an include of a host file would echo the file.
+    errors are shown to the user: an include of a host file would echo the file. A quoted
+    plain name among ``headers`` (the operator's own, inlined by :func:`inline_headers`) is
+    allowed.
 
     The text is searched everywhere, after trigraphs and line splices are undone, for ``#`` or
     ``%:`` before such a name: a preprocessor's idea of lines, comments and strings differs
@@ -376,12 +400,70 @@ def include_error(name: str, text: str) -> str | None:
         included = _INCLUDED.match(text, match.end()) if directive == "include" else None
         if included and ".." not in included.group(1):
             continue
+        quoted = _QUOTED.match(text, match.end()) if directive == "include" else None
+        if quoted and quoted.group(1) in headers:
+            continue  # one of the operator's own headers, inlined when rendered
+        if quoted:
+            return (
+                f"file {name!r}: '#include \"{quoted.group(1)}\"' is not allowed: it names none "
+                f"of the operator's headers ({', '.join(headers) or 'none'}); list the file "
+                "beside the template in headers, or include system headers by <name>"
+            )
         rest = (text[match.end() : match.end() + 60].splitlines() or [""])[0]
         return (
             f"file {name!r}: '#{directive} {rest.strip()}' is not allowed; a template may "
             "include system and CUDA headers by name only (#include <cuda_fp16.h>)"
         )
     return None
+
+
+def inline_headers(name: str, text: str, files: Mapping[str, str], headers: Collection[str]) -> str:
+    """``text`` (the file ``name``) with each ``#include "header"`` line replaced by that
+    header's text (inlined the same way), as the preprocessor would include it: a header
+    holding ``#pragma once`` only at its first include (the pragma dropped), others at each.
+    The result holds no quoted include; one written in another form (a digraph, a splice)
+    stays and is refused by :func:`include_error` afterwards.
+
+    Raises:
+        ValueError: an include of a name that is not among ``headers``, a cycle of includes,
+            or a result over :data:`MAX_INLINED_CHARS` or :data:`MAX_INLININGS` inlinings.
+    """
+    once: set[str] = set()
+    count = 0
+
+    def expand(current: str, body: str, stack: tuple[str, ...]) -> str:
+        nonlocal count
+        out: list[str] = []
+        size, pos = 0, 0
+        for match in _INCLUDE_LINE.finditer(body):
+            header = match.group(1)
+            if header not in headers:
+                raise ValueError(
+                    f"file {current!r}: '#include \"{header}\"' names none of the operator's "
+                    f"headers ({', '.join(headers) or 'none'}); list it in headers"
+                )
+            if header in stack:
+                raise ValueError(f"headers include each other: {' -> '.join((*stack, header))}")
+            count += 1
+            if count > MAX_INLININGS:
+                raise ValueError(f"file {name!r}: more than {MAX_INLININGS} header inclusions")
+            piece = body[pos : match.start()]
+            header_text = files[header]
+            if _PRAGMA_ONCE.search(header_text):
+                header_text = "" if header in once else _PRAGMA_ONCE.sub("", header_text)
+                once.add(header)
+            piece += expand(header, header_text, (*stack, header)) if header_text else ""
+            size += len(piece)
+            if size > MAX_INLINED_CHARS:
+                raise ValueError(
+                    f"file {name!r} with its headers inlined is over {MAX_INLINED_CHARS} characters"
+                )
+            out.append(piece)
+            pos = match.end()
+        out.append(body[pos:])
+        return "".join(out)
+
+    return expand(name, text, (name,))
 
 
 class OperatorDefinition(_Strict):
@@ -392,9 +474,10 @@ class OperatorDefinition(_Strict):
 
     @model_validator(mode="after")
     def _files(self) -> OperatorDefinition:
-        needed = {self.spec.template} | (
+        templates = {self.spec.template} | (
             {self.spec.reference.template} if self.spec.reference else set()
         )
+        needed = templates | set(self.spec.headers)
         missing = sorted(needed - set(self.files))
         if missing:
             raise ValueError(f"files named by the spec are missing: {', '.join(missing)}")
@@ -406,6 +489,10 @@ class OperatorDefinition(_Strict):
                 raise ValueError(f"file {name!r} is over {MAX_FILE_BYTES} bytes")
             if "\x00" in text:
                 raise ValueError(f"file {name!r} holds a NUL character")
-            if reason := include_error(name, text):
+            if reason := include_error(name, text, self.spec.headers):
+                raise ValueError(reason)
+        for name in sorted(templates):  # what nvcc will read: no include left after inlining
+            inlined = inline_headers(name, self.files[name], self.files, self.spec.headers)
+            if reason := include_error(name, inlined):
                 raise ValueError(reason)
         return self

@@ -37,6 +37,7 @@ from kernels.user.model import (
     DEFAULT_BLOCK_SIZE_NAMES,
     OperatorDefinition,
     include_error,
+    inline_headers,
     numpy_dtype,
 )
 
@@ -149,13 +150,15 @@ class UserOperatorSpec(OperatorSpec):
 
     @cached_property
     def template(self) -> Path:  # type: ignore[override]
-        """The template as a file (the folder's, else written once to Kato's cache)."""
-        name = self.model.template
-        if self._source_dir is not None and (self._source_dir / name).is_file():
+        """The template as a file (the folder's, else written once to Kato's cache), with its
+        headers inlined (then always a file in the cache): what a variant compiles."""
+        name, headers = self.model.template, self.model.headers
+        if not headers and self._source_dir is not None and (self._source_dir / name).is_file():
             return self._source_dir / name
         from tuner.nvcc import default_cache_dir
 
-        text = self.definition.files[name]
+        files = self.definition.files
+        text = inline_headers(name, files[name], files, headers) if headers else files[name]
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
         path = default_cache_dir().parent / "user-operators" / digest / name
         if not path.is_file():
@@ -393,9 +396,7 @@ class UserOperatorSpec(OperatorSpec):
     def render(self, config: Config, shape: Sequence[int], dtype: str) -> str:
         """The macros, then the template; a template without ``extern "C"`` is wrapped in
         ``extern "C" { }`` (as PyCUDA's SourceModule does, which Kernel Tuner relies on)."""
-        return _render(
-            self.defines(config, shape, dtype), self.definition.files[self.model.template]
-        )
+        return _render(self.defines(config, shape, dtype), self.model.template, self.definition)
 
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
         env = self._env(config, shape, dtype)
@@ -520,7 +521,7 @@ class UserOperatorSpec(OperatorSpec):
             tuple((block + pad)[:3]),  # type: ignore[arg-type]
         )
         return DeviceReference(
-            _render(macros, self.definition.files[ref.template]), ref.kernel_name, launch
+            _render(macros, ref.template, self.definition), ref.kernel_name, launch
         )
 
     def _make_arg(self, index: int, shape: Sequence[int], dtype: str, rng: np.random.Generator):
@@ -562,7 +563,13 @@ def _filled(arg: Any, n: int, np_dtype: np.dtype, rng: np.random.Generator) -> n
     return values
 
 
-def _render(macros: Mapping[str, Any], template: str) -> str:
+def _render(macros: Mapping[str, Any], name: str, definition: OperatorDefinition) -> str:
+    """The macros, then the file ``name`` of ``definition`` with its headers inlined."""
+    files, headers = definition.files, definition.spec.headers
+    try:
+        template = inline_headers(name, files[name], files, headers) if headers else files[name]
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
     lines = [f"#define {k} {v}" for k, v in macros.items()]
     body = template if 'extern "C"' in template else f'extern "C" {{\n{template}\n}}'
     source = "\n".join(lines) + "\n" + body + "\n"
