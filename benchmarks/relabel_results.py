@@ -15,7 +15,13 @@ winner file's best configs, a space's every entry), the rendered CUDA source, ev
 (kernel, grid, block, dynamic shared memory, arguments) and the validity check with the current
 code. Only a file whose configs all render, launch and check the same is rewritten with the
 current version (and renamed where its name holds the version); the rest are listed to measure
-again. Whether committed winners pass the current verification is the GPU suite's test
+again. ``--compare preprocessed`` compares each config's translation unit after the C
+preprocessor (host and sm_90 device passes, ``#include`` lines kept as text where their ``#if``
+holds) instead of the rendered text: a template that gained code only under ``#if`` branches
+the old configs do not take compiles to the same program for them. ``--compare ptx`` compares
+the sm_90 PTX nvcc makes of each config (Kato's options): a template rewritten so that the old
+configs compile to the same PTX leaves what was measured on the H200 alone.
+Whether committed winners pass the current verification is the GPU suite's test
 (tests/gpu/test_committed_winners_gpu.py). Run it from the repository's root; ``--dry-run`` only
 reports.
 
@@ -26,7 +32,9 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -39,12 +47,33 @@ ROOT = Path(__file__).resolve().parents[1]
 #: dtype, configs}}`` and prints, per name, the operator's version and per config a digest of
 #: its rendered source, its launches and its check.
 _DESCRIBE = r"""
-import hashlib, json, os, sys
+import hashlib, json, os, re, subprocess, sys
 from dataclasses import asdict
 import kernels
 from kernels import get_operator
 # An editable install's finder would answer for a module the archived package lacks.
 assert kernels.__file__.startswith(os.getcwd()), kernels.__file__
+PREPROCESS = os.environ.get("KATO_RELABEL_PREPROCESS") == "1"
+INCLUDE = re.compile(r"^\s*#\s*include\s*(.*)$", re.M)
+
+
+def digest(source):
+    if os.environ.get("KATO_RELABEL_SOURCES") == "1":  # the caller compiles them
+        return source
+    if not PREPROCESS:
+        return hashlib.sha256(source.encode()).hexdigest()
+    # The translation unit as the compiler sees it, for the host and the sm_90 device pass:
+    # #include lines become plain tokens (kept where their #if holds), blank lines dropped.
+    body = INCLUDE.sub(lambda m: "KATO_INCLUDE " + m.group(1), source)
+    units = []
+    for flags in ([], ["-D__CUDACC__", "-D__CUDA_ARCH__=900"]):
+        out = subprocess.run(["cpp", "-P", "-w", "-x", "c++", *flags], input=body,
+                             capture_output=True, text=True, check=True).stdout
+        units.append("\n".join(" ".join(line.split()) for line in out.splitlines()
+                               if line.strip()))
+    return hashlib.sha256("\0".join(units).encode()).hexdigest()
+
+
 out = {}
 for name, item in json.load(sys.stdin).items():
     spec = get_operator(item["operator"])
@@ -53,7 +82,7 @@ for name, item in json.load(sys.stdin).items():
     for config in item["configs"]:
         check = spec.check(config, shape, dtype)
         if check is None:
-            source = hashlib.sha256(spec.render(config, shape, dtype).encode()).hexdigest()
+            source = digest(spec.render(config, shape, dtype))
             steps = [asdict(s) for s in spec.steps(config, shape, dtype)]
         else:
             source, steps = None, None
@@ -115,18 +144,52 @@ class ResultFile:
         return target
 
 
-def _describe(kernels_root: Path, items: dict[str, dict]) -> dict[str, dict]:
+def _describe(kernels_root: Path, items: dict[str, dict], mode: str = "source") -> dict[str, dict]:
+    env = {"PYTHONPATH": str(kernels_root), "PATH": "/usr/bin:/bin"}
+    if mode == "preprocessed":
+        env["KATO_RELABEL_PREPROCESS"] = "1"
+    elif mode == "ptx":
+        env["KATO_RELABEL_SOURCES"] = "1"
     result = subprocess.run(
         [sys.executable, "-c", _DESCRIBE],
         input=json.dumps(items),
         capture_output=True,
         text=True,
         cwd=kernels_root,
-        env={"PYTHONPATH": str(kernels_root), "PATH": "/usr/bin:/bin"},
+        env=env,
     )
     if result.returncode != 0:
         raise SystemExit(f"describing under {kernels_root} failed:\n{result.stderr}")
-    return json.loads(result.stdout)
+    described = json.loads(result.stdout)
+    if mode == "ptx":
+        _compile_sources(described)
+    return described
+
+
+def _ptx_digest(source: str) -> str:
+    """sha256 of the sm_90 PTX nvcc makes of ``source`` with the options Kato compiles with."""
+    from tuner.nvcc import BASE_OPTIONS
+
+    options = [o for o in BASE_OPTIONS if o not in ("-Xptxas", "-v")]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cu"
+        path.write_text(source)
+        ptx = subprocess.run(
+            ["nvcc", "-ptx", "-arch=sm_90", *options, "-o", "-", str(path)],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+    return hashlib.sha256(ptx.encode()).hexdigest()
+
+
+def _compile_sources(described: dict[str, dict]) -> None:
+    """Replace every config's rendered source by the digest of its PTX (in place)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    configs = [c for item in described.values() for c in item["configs"] if c["source"]]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        digests = list(pool.map(_ptx_digest, [c["source"] for c in configs]))
+    for config, digest in zip(configs, digests, strict=True):
+        config["source"] = digest
 
 
 def _files(paths: list[Path]) -> list[Path]:
@@ -146,16 +209,25 @@ def main(argv: list[str] | None = None) -> int:
         "--base", default="HEAD", help="the commit whose code the files were measured with"
     )
     parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument(
+        "--compare",
+        choices=["source", "preprocessed", "ptx"],
+        default="source",
+        help="what must be the same for a config: its rendered text (default); its "
+        "translation unit after the C preprocessor (cpp -P, host and sm_90 device passes); "
+        "or the sm_90 PTX nvcc makes of it (what runs on the H200, whatever the template's "
+        "text: one nvcc call per config and side)",
+    )
     args = parser.parse_args(argv)
     files = {str(p): ResultFile(p) for p in _files(args.paths)}
     items = {name: f.item() for name, f in files.items()}
-    now = _describe(ROOT, items)
+    now = _describe(ROOT, items, args.compare)
     with tempfile.TemporaryDirectory() as tmp:
         archive = subprocess.run(
             ["git", "archive", args.base, "kernels"], cwd=ROOT, capture_output=True, check=True
         ).stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-        then = _describe(Path(tmp), items)
+        then = _describe(Path(tmp), items, args.compare)
     relabelled, current, retune = 0, 0, []
     for name, result in files.items():
         old, new = then[name], now[name]

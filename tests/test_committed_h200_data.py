@@ -49,10 +49,19 @@ def test_every_benchmark_case_has_an_exact_winner_or_a_stated_reason() -> None:
     untuned_on_purpose = {
         ("matmul", (8192, 8192, 8192), d) for d in ("float32", "float16", "bfloat16")
     }
+    # Operators and cases added on 2026-12-03 (issue 30: training batch norm, the transposed
+    # GEMM layouts, the vocabulary GEMM): that session's device time went to the GPT-2 step
+    # (docs/results_h200.md), and its GEMM winners went stale with the template's later
+    # changes. To be tuned in the next device session; remove them from here then.
+    not_yet_tuned_operators = {"batchnorm", "batchnorm_backward", "matmul_nt", "matmul_tn"}
+    untuned_on_purpose |= {
+        ("matmul", (8192, 768, 50257), d) for d in ("float32", "float16", "bfloat16")
+    }
     missing = [
         (name, tuple(shape), dtype)
         for name, module in modules().items()
         for shape, dtype in module.CASES
         if (name, tuple(shape), dtype) not in tuned | untuned_on_purpose
+        and name not in not_yet_tuned_operators
     ]
     assert missing == []
