@@ -571,8 +571,8 @@ def tune(
 ) -> None:
     """Tune one operator on this machine's GPU now (a job run in-process, stored in the DB).
 
-    Measured as a worker measures (``kato worker``): in a child process under the per-trial
-    limit, so a config that hangs or faults is a timeout or crashed trial and the job goes on.
+    Measured as kato worker measures: in a child process under the per-trial limit, so a
+    config that hangs or faults is a timeout or crashed trial and the job goes on.
     """
     from db import queries
     from kernels import get_operator
