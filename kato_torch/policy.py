@@ -73,10 +73,12 @@ def set_settings(client: Any, gpu: str | None, policy: str | Mapping[str, str]) 
 def without_framework_equivalent(operator: str) -> None:
     """Mark ``operator`` as having no PyTorch equivalent: under ``"auto"`` it runs Kato's
     kernel (there is nothing else to run); ``"torch"`` still never does."""
+    global _generation
     with _lock:
         _without_equivalent.add(operator)
         for key in [k for k in _decisions if k[0] == operator]:
             del _decisions[key]
+        _generation += 1  # callers' caches (kato_torch.ops) drop their old answers too
 
 
 def generation() -> int:
