@@ -442,6 +442,8 @@ class JobRunner:
         self.framework_timer = framework_timer or getattr(
             backend_factory, "measure_framework", None
         )
+        #: The job database's Optuna storage, opened by the first job (:func:`optuna_storage`).
+        self._storage: optuna.storages.RDBStorage | None = None
         import_models()  # now, not in the first job's search
 
     def _db(self, what: str, step: Callable[[Session], T]) -> T:
@@ -710,10 +712,14 @@ class JobRunner:
             valid = space.valid_configs()
             if len(valid) <= PRECOMPILE_MAX_CONFIGS:
                 precompile([c for c in valid if space.key(c) not in known])
-        storage = retry.call(
-            lambda: optuna_storage(self.db_url), what=f"job {job.id}: open the study storage",
-            logger=log, policy=self.retry_policy, stop=self.shutdown,
-        )  # fmt: skip
+        if self._storage is None:
+            # Once per runner: opening Optuna's storage checks its schema (alembic), about
+            # 0.3 s that every job of a batch paid again.
+            self._storage = retry.call(
+                lambda: optuna_storage(self.db_url), what=f"job {job.id}: open the study storage",
+                logger=log, policy=self.retry_policy, stop=self.shutdown,
+            )  # fmt: skip
+        storage = self._storage
         try:
             return self._search_resumed(job, backend, space, known, storage, state, helper)
         finally:
