@@ -145,10 +145,13 @@ def operator_from_arguments(
     name: str | None = None,
     fixed: bool = True,
     shape: Any = None,
+    verify: Any = None,
 ) -> tuple[UserOperatorSpec, dict[str, Any]]:
     """The operator (with the given arguments and answer when ``fixed``) and the spec dict
     it was built from (what a service is sent). ``shape``: Kato's shape where
-    ``problem_size`` holds expressions (:func:`problem_shape`).
+    ``problem_size`` holds expressions (:func:`problem_shape`). ``verify``: Kernel Tuner's
+    verify function; it then decides (no output is compared with the answer on the device,
+    and the answer's entries may have any size, as Kernel Tuner allows).
 
     Raises:
         InvalidInput: an argument Kato cannot pass, a restriction that is not an expression,
@@ -172,7 +175,7 @@ def operator_from_arguments(
     args_spec = []
     dtype = None
     for index, value in enumerate(arguments):
-        out = answer is not None and answer[index] is not None
+        out = answer is not None and answer[index] is not None and verify is None
         if isinstance(value, np.ndarray):
             dt = str(value.dtype)
             if dt not in ARRAY_DTYPES:
@@ -232,6 +235,7 @@ def operator_from_arguments(
     op = UserOperatorSpec(
         defn, arguments=values, answer=list(answer) if answer else None,
         constants={k: v for k, (_, v) in constants.items()} if constants else None,
+        verify=verify,
     )  # fmt: skip
     return op, spec
 

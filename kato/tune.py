@@ -136,9 +136,12 @@ def tune_kernel(
     """Tune a kernel with Kernel Tuner's arguments; return ``(results, env)`` in its shape.
 
     Kernel Tuner's arguments mean what they mean there; those Kato cannot honour are refused
-    with the reason rather than ignored: a Python ``verify`` function, other languages than
-    CUDA, ``texmem_args``, ``observers``, an objective other than time. ``cmem_args``
-    (``__constant__`` name -> array) are uploaded into every variant's module.
+    with the reason rather than ignored: other languages than CUDA, ``texmem_args``,
+    ``observers``, an objective other than time. ``cmem_args`` (``__constant__`` name ->
+    array) are uploaded into every variant's module. ``verify`` (Kernel Tuner's
+    ``verify(answer, result_host, atol=None)``) replaces the comparison with the answer in a
+    local run (in the measuring child where the function pickles, else in this process);
+    through a service it is refused.
     ``strategy``: None or ``brute_force`` measures every valid config (Kato's ``grid``);
     Kato's own names (``forest``, ``tpe``, ...) select that search; any other Kernel Tuner
     name runs Kato's default search; ``strategy_options["max_fevals"]`` is the budget and
@@ -160,10 +163,7 @@ def tune_kernel(
         device, the problem, the strategy, the budget, the operator and version, the job id,
         the best config and time, and configs measured per minute.
     """
-    refused = {
-        "verify": verify, "texmem_args": texmem_args,
-        "observers": observers, "compiler": compiler,
-    }  # fmt: skip
+    refused = {"texmem_args": texmem_args, "observers": observers, "compiler": compiler}
     for key, value in refused.items():
         if value is not None:
             raise InvalidInput(f"kato.tune_kernel does not support {key} (yet)")
@@ -183,7 +183,7 @@ def tune_kernel(
         restrictions=restrictions, answer=answer, atol=atol, grid_div_x=grid_div_x,
         grid_div_y=grid_div_y, grid_div_z=grid_div_z, block_size_names=block_size_names,
         smem_args=smem_args, cmem_args=cmem_args, defines=defines, name=name,
-        fixed=service is None,
+        fixed=service is None, verify=_local_verify(verify, service),
     )  # fmt: skip
     shape, _ = problem_shape(problem_size, arguments)
     dtype = op.dtypes[0]
@@ -198,10 +198,50 @@ def tune_kernel(
     else:
         results, env = _tune_locally(
             op, shape, dtype, kt_strategy, budget, seconds, seed, iterations, device, db,
-            cache, bool(simulation_mode), quiet, _measuring(isolate, trial_timeout_s),
+            cache, bool(simulation_mode), quiet,
+            _measuring(_isolate_with(op, isolate, quiet), trial_timeout_s),
         )  # fmt: skip
     _add_metrics(results, metrics)
     return results, env
+
+
+def _local_verify(verify: Any, service: str | None) -> Any:
+    """Kernel Tuner's ``verify`` function, for a local run only: a service's workers run no
+    Python of their callers (they check outputs against the answer's references or the
+    operator's own reference)."""
+    if verify is None:
+        return None
+    if service is not None:
+        raise InvalidInput(
+            "verify functions run only in a local kato.tune_kernel (they are Python of this "
+            "process); through a service, drop verify= (the service's workers verify the "
+            "outputs against the answer where there is one) or tune locally"
+        )
+    if not callable(verify):
+        raise InvalidInput("verify must be a function verify(answer, result_host, atol=None)")
+    return verify
+
+
+def _isolate_with(op: Any, isolate: bool | None, quiet: bool) -> bool | None:
+    """Whether to measure in a child process: the caller's choice; unset, in process where
+    the operator's verify function cannot be sent to a child (a lambda or a closure does not
+    pickle), else the default."""
+    if op.verify_function is None:
+        return isolate
+    import pickle
+
+    try:
+        pickle.dumps(op.verify_function)
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        if isolate:
+            raise InvalidInput(
+                f"the verify function cannot be sent to the measuring process ({exc}); define "
+                "it at a module's top level, or pass isolate=False"
+            ) from None
+        if isolate is None and not quiet:
+            print("kato: the verify function does not pickle; measuring in this process")
+        return False
+    return isolate
 
 
 def _check_metrics(metrics: Any) -> None:

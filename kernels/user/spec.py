@@ -66,6 +66,8 @@ MAX_GRID = (limits.MAX_GRID_X, limits.MAX_GRID_Y, limits.MAX_GRID_Y)
 #: The modules whose code decides what a user operator's variants are and how they are checked.
 _HASHED_MODULES = ("kernels.limits", "kernels.user.expr", "kernels.user.model", "kernels.user.spec")
 PythonReference = Callable[[list[Any], tuple[int, ...], str], Sequence[np.ndarray]]
+#: Kernel Tuner's custom verification: ``verify(answer, result_host, atol=None) -> bool``.
+VerifyFunction = Callable[..., Any]
 
 
 @dataclass
@@ -98,6 +100,10 @@ class UserOperatorSpec(OperatorSpec):
         answer: fixed expected outputs, one entry per argument (None: not checked).
         constants: fixed values of the constant-memory arrays (name -> array; ``cmem_args``),
             instead of filling them by their ``init``.
+        verify: a Python function deciding whether a variant's results are right, Kernel
+            Tuner's ``verify(answer, result_host, atol=...)`` (local runs only: it runs in the
+            measuring process, so it is never part of a definition sent or stored). It
+            replaces the comparison with references: see :meth:`check_results`.
     """
 
     #: Read from the database (``db.operators``): such an operator may be replaced by a newer
@@ -113,8 +119,10 @@ class UserOperatorSpec(OperatorSpec):
         answer: Sequence[Any] | None = None,
         source_dir: Path | None = None,
         constants: Mapping[str, Any] | None = None,
+        verify: VerifyFunction | None = None,
     ):
         self.definition = definition
+        self.verify_function = verify
         model = self.model = definition.spec
         self.name = model.name
         self.description = model.description or f"user operator {model.name}"
@@ -180,11 +188,13 @@ class UserOperatorSpec(OperatorSpec):
         for module in _HASHED_MODULES:  # a fixed list: the same in every process
             file = inspect.getfile(importlib.import_module(module))
             h.update(code_fingerprint(Path(file).read_text()))
-        if self._python_reference is not None:
+        for function in (self._python_reference, self.verify_function):
+            if function is None:
+                continue
             try:
-                h.update(code_fingerprint(inspect.getsource(self._python_reference)))
-            except (OSError, TypeError):
-                h.update(getattr(self._python_reference, "__qualname__", "").encode())
+                h.update(code_fingerprint(inspect.getsource(function)))
+            except (OSError, TypeError, SyntaxError):  # a lambda's line may not parse alone
+                h.update(getattr(function, "__qualname__", "").encode())
         return h.hexdigest()[:12]
 
     def describe(self) -> dict[str, Any]:
@@ -449,7 +459,9 @@ class UserOperatorSpec(OperatorSpec):
             tuple(self.model.arguments[i].tolerance or self.tolerance(dtype)) for i in outputs
         ]
         references: list[np.ndarray] = []
-        if self._answer is not None:
+        if self.verify_function is not None:  # check_results decides, on the host
+            outputs, tolerances = [], []
+        elif self._answer is not None:
             checked = [i for i in outputs if self._answer[i] is not None]
             references = [np.asarray(self._answer[i], dtype=np.float64).ravel() for i in checked]
             tolerances = [tolerances[outputs.index(i)] for i in checked]
@@ -503,11 +515,38 @@ class UserOperatorSpec(OperatorSpec):
             out[const.name] = values
         return out
 
+    def verified_arguments(self) -> list[int]:
+        """The arguments a verify function receives (Kernel Tuner's ``result_host``): those
+        with an answer, or every array where there is no answer."""
+        if self._answer is not None:
+            return [i for i, a in enumerate(self._answer) if a is not None]
+        return [i for i, a in enumerate(self.model.arguments) if a.size is not None]
+
+    def check_results(self, result_host: Sequence[Any], dtype: str) -> str | None:
+        """Call the verify function as Kernel Tuner does, ``verify(answer, result_host,
+        atol=atol)`` (``result_host``: the arguments after a call, as host arrays, None where
+        not in :meth:`verified_arguments`); None where it returns true, else why not (its
+        exception's text included)."""
+        answer = None
+        if self._answer is not None:
+            answer = [None if a is None else np.asarray(a) for a in self._answer]
+        atol = self.tolerance(dtype)[0]
+        try:
+            ok = self.verify_function(answer, list(result_host), atol=atol)  # type: ignore[misc]
+        except Exception as exc:  # the user's function: its failure is the config's
+            return f"the verify function raised {type(exc).__name__}: {exc}"
+        return None if ok else "the verify function returned False"
+
     def device_reference(self, shape: Sequence[int], dtype: str) -> DeviceReference | None:
         """The reference kernel to run on the device for this problem, or None where the
         references come with the problem (answer, Python reference) or there is none."""
         ref = self.model.reference
-        if ref is None or self._answer is not None or self._python_reference is not None:
+        if (
+            ref is None
+            or self._answer is not None
+            or self._python_reference is not None
+            or (self.verify_function is not None)
+        ):
             return None
         env = self._env(None, shape, dtype)
         block = [self._int(e, env, "reference block") for e in self._expr["reference_block"]]

@@ -151,7 +151,8 @@ def test_metrics_are_added_as_kernel_tuner_does(recorded, tmp_path):
     ("change", "says"),
     [
         ({"restrictions": lambda p: True}, "expression strings"),
-        ({"verify": lambda *a: True}, "does not support verify"),
+        ({"verify": lambda *a, **k: True, "service": "http://kato"}, "run only in a local"),
+        ({"verify": "numpy.allclose"}, "verify must be a function"),
         ({"lang": "OpenCL"}, "CUDA"),
         ({"answer": [None]}, "answer has 1 entries"),
         ({"restrictions": ["block_size_x * unroll <= 4"]}, "unknown name 'unroll'"),

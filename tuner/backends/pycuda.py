@@ -201,6 +201,38 @@ def upload_constants(cuda: Any, module: Any, problem: Problem) -> None:
         cuda.memcpy_htod(pointer, np.ascontiguousarray(values))
 
 
+def verify_by_function(backend: PyCudaBackend, calls: Sequence[_Call]) -> str | None:
+    """Verification by a user operator's Python verify function (Kernel Tuner's ``verify=``,
+    :meth:`kernels.user.spec.UserOperatorSpec.check_results`) instead of references: every
+    buffer restored to the problem as made (no poison: Kernel Tuner's verify functions read
+    outputs as the kernel left them, unwritten elements included), the call run, the
+    arguments it checks copied to the host and handed to the function; then a second call on
+    what the first left, checked the same way. Returns why a check failed, or None."""
+    cuda, spec, problem = backend.cuda, backend.spec, backend.problem
+    args = backend._arg_sets[0]
+    for index, arg in enumerate(problem.args):
+        if isinstance(arg, np.ndarray) and arg.nbytes:
+            if backend._pristine is not None:
+                cuda.memcpy_dtod(args[index], backend._pristine[index], arg.nbytes)
+            else:
+                cuda.memcpy_htod(args[index], np.ascontiguousarray(arg))
+    checked = spec.verified_arguments()
+    for run in ("first", "second"):
+        backend._launch(calls, args)
+        cuda.Context.synchronize()
+        host: list[Any] = [None] * len(problem.args)
+        for index in checked:
+            if isinstance(problem.args[index], np.ndarray):
+                host[index] = np.empty_like(problem.args[index])
+                cuda.memcpy_dtoh(host[index], args[index])
+            else:
+                host[index] = problem.args[index]
+        error = spec.check_results(host, backend.dtype)
+        if error:
+            return error if run == "first" else f"{error} (on a second call)"
+    return None
+
+
 class PyCudaBackend(Backend):
     """Measures ``spec`` at ``shape``/``dtype`` on CUDA device ``device_index``.
 
@@ -561,6 +593,8 @@ class PyCudaBackend(Backend):
         outputs poisoned again before the second run and compared after each: the first catches
         an element left unwritten, the second a kernel that does not leave its scratch (a
         counter, a mask) ready for the next call, as every timed launch after it relies on."""
+        if getattr(self.spec, "verify_function", None) is not None:
+            return verify_by_function(self, calls)
         cuda = self.cuda
         args = self._arg_sets[0]
         for index, arg in enumerate(self.problem.args):
