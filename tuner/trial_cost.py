@@ -17,7 +17,10 @@ billion elements) needs more than the limit just for the launches every trial ma
   config is a time from fewer repeats rather than a timeout.
 
 A config slower than the prediction by more than the limit allows still times out: the
-prediction bounds what is certain, not what a bad config may cost.
+prediction bounds what is certain, not what a bad config may cost. A task whose
+:data:`MIN_LAUNCHES` predicted launches alone exceed the capped limit cannot be measured at all:
+:func:`check_measurable` refuses it before anything runs, saying why, rather than let every
+trial time out.
 """
 
 from __future__ import annotations
@@ -68,6 +71,28 @@ def launch_lower_bound_s(spec: Any, shape: Sequence[int], dtype: str, gpu: Any) 
     if rate:
         bound = max(bound, spec.flops(shape, dtype) / rate)
     return bound
+
+
+class UnmeasurableTask(RuntimeError):
+    """Even the launches every trial makes, at the predicted lower bound, do not fit the capped
+    per-trial limit: no config of the task can be measured (the job fails with this message)."""
+
+
+def check_measurable(floor_s: float, launch_s: float | None, what: str = "this task") -> None:
+    """Raise :class:`UnmeasurableTask` where :data:`MIN_LAUNCHES` launches of at least
+    ``launch_s`` seconds exceed :func:`trial_timeout_s` of ``floor_s`` (``what`` names the task in
+    the message)."""
+    if not launch_s or launch_s <= 0:
+        return
+    limit = trial_timeout_s(floor_s, launch_s)
+    if MIN_LAUNCHES * launch_s > limit:
+        raise UnmeasurableTask(
+            f"one launch of {what} takes at least {launch_s:.3g} s (its bytes and FLOPs at the "
+            f"GPU's peak), so a trial's {MIN_LAUNCHES} launches need {MIN_LAUNCHES * launch_s:.3g}"
+            f" s, more than the per-trial limit's cap of {limit:.3g} s ({CAP_FACTOR:g} times the "
+            f"configured {floor_s:g} s, KATO_TRIAL_TIMEOUT_SECONDS): tune a smaller shape, or "
+            "raise the limit"
+        )
 
 
 def trial_timeout_s(floor_s: float, launch_s: float | None) -> float:

@@ -26,6 +26,8 @@ from tuner.trial_cost import (
     MIN_LAUNCHES,
     SLACK,
     TrialDeadline,
+    UnmeasurableTask,
+    check_measurable,
     launch_lower_bound_s,
     peak_flops,
     trial_timeout_s,
@@ -309,3 +311,30 @@ def test_tune_kernel_refuses_a_limit_that_is_not_positive(tmp_path):
 
     with pytest.raises(InvalidInput, match="trial_timeout_s must be more than 0"):
         _vadd(tmp_path, trial_timeout_s=0)
+
+
+# --- a task no trial could measure ----------------------------------------------------------
+
+
+def test_a_task_whose_launches_alone_exceed_the_capped_limit_is_refused_before_it_runs():
+    with pytest.raises(UnmeasurableTask, match=r"takes at least 200 s .* cap of 600 s"):
+        check_measurable(60.0, 200.0, "reduce_sum 8x99 float32 on H200")
+    check_measurable(60.0, 100.0)  # 400 s of launches fit the 600 s cap
+    check_measurable(60.0, None)
+    with pytest.raises(UnmeasurableTask, match="cap of 3 s"):
+        IsolatedBackend(timed_spec(predicted_s=1.0), trial_timeout_s=0.3)
+    with pytest.raises(UnmeasurableTask):
+        measuring_backend(timed_spec(predicted_s=1.0), isolate=False, trial_timeout_s=0.3)
+
+
+def test_kato_tune_fails_a_task_no_trial_could_measure_saying_why(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV, json.dumps({"predicted_s": 1.0}))
+    out, db = _tune(
+        tmp_path, "--backend", "timed_backend:make", "--replay", str(RECORDING),
+        "--budget", "3", "--trial-timeout", "0.3",
+    )  # fmt: skip
+    assert out.exit_code == 1, out.output
+    result = json.loads(out.output)
+    assert result["status"] == "failed" and result["measured"] == 0
+    assert "takes at least 1 s" in result["error"] and "tune a smaller shape" in result["error"]
+    assert _trials(db, result["job"]) == []

@@ -48,6 +48,7 @@ from typing import Any
 from tuner.backends.base import Backend, Config, DeviceInfo, TrialResult, TrialStatus
 from tuner.compile_queue import CompileQueue, CompileStats
 from tuner.space import SearchSpace
+from tuner.trial_cost import check_measurable
 from tuner.trial_cost import trial_timeout_s as scaled_trial_timeout_s
 
 log = logging.getLogger(__name__)
@@ -229,6 +230,8 @@ class IsolatedBackend(Backend):
 
     Raises:
         ChildStartError: the first child could not build its backend.
+        tuner.trial_cost.UnmeasurableTask: the task's predicted launches alone exceed the
+            capped limit (the child is stopped).
 
     Thread-safety: one thread evaluates; :meth:`interrupt` may be called from any thread.
     """
@@ -257,7 +260,12 @@ class IsolatedBackend(Backend):
         self._prepared = False  # the current child has made its inputs ("prepared" received)
         self._queue: CompileQueue[Any] | None = None
         self._info = self._start()
-        self._space, self._launch_s = self._describe_task()
+        try:
+            self._space, self._launch_s = self._describe_task()
+            check_measurable(trial_timeout_s, self._launch_s, self._what())
+        except BaseException:
+            self._kill()
+            raise
         #: The limit of each trial: ``trial_timeout_s`` scaled to the predicted launch time.
         self.trial_limit_s = scaled_trial_timeout_s(trial_timeout_s, self._launch_s)
         if self.trial_limit_s > trial_timeout_s:
@@ -331,6 +339,13 @@ class IsolatedBackend(Backend):
         self._kill()
 
     # --- Backend API ----------------------------------------------------------------------
+
+    def _what(self) -> str:
+        spec = self.spec
+        if not spec.operator:
+            return spec.replay_file or spec.kind
+        shape = "x".join(str(d) for d in spec.shape)
+        return f"{spec.operator} {shape} {spec.dtype} on {self._info.model}"
 
     def _describe_task(self) -> tuple[SearchSpace, float | None]:
         """The task's search space and the predicted lower bound of one launch (seconds, or
@@ -535,10 +550,18 @@ def measuring_backend(spec: BackendSpec, *, isolate: bool, trial_timeout_s: floa
 
     Raises:
         ChildStartError: (isolated) the child could not build its backend.
+        tuner.trial_cost.UnmeasurableTask: the launches every trial makes, at the task's
+            predicted lower bound, exceed the capped limit: no config could be measured.
         Whatever the backend raises for problems of its own (in process).
     """
     if isolate:
         return IsolatedBackend(spec, trial_timeout_s=trial_timeout_s)
     backend = build_backend(spec)
-    backend.trial_limit_s = scaled_trial_timeout_s(trial_timeout_s, backend.launch_lower_bound_s())
+    launch_s = backend.launch_lower_bound_s()
+    try:
+        check_measurable(trial_timeout_s, launch_s, spec.operator or spec.kind)
+    except BaseException:
+        backend.close()
+        raise
+    backend.trial_limit_s = scaled_trial_timeout_s(trial_timeout_s, launch_s)
     return backend
