@@ -28,6 +28,7 @@ Results: docs/search.md (Search overhead per trial).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -36,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,36 @@ class _TimedBackend:
         return getattr(self._inner, name)
 
 
+@contextlib.contextmanager
+def recorded_searches() -> Iterator[list[SearchResult]]:
+    """While inside, every worker search's outcome (with its per-trial timings) is appended to
+    the list yielded: :class:`tuner.worker.SharedSearch` is wrapped, nothing else changes."""
+    searches: list[SearchResult] = []
+    base = worker_module.SharedSearch
+
+    class Recorded(base):  # type: ignore[misc,valid-type]
+        def run(self, budget: Any) -> SearchResult:
+            outcome = super().run(budget)
+            searches.append(outcome)
+            return outcome
+
+    worker_module.SharedSearch = Recorded  # type: ignore[misc]
+    try:
+        yield searches
+    finally:
+        worker_module.SharedSearch = base  # type: ignore[misc]
+
+
+def per_trial(
+    searches: Sequence[SearchResult], measured: Sequence[float]
+) -> list[dict[str, float]]:
+    """Each measured config's split (:func:`split`), given the backend's own seconds for each."""
+    timings = [t for result in searches for t in result.timings]
+    if len(timings) != len(measured):
+        raise RuntimeError(f"{len(timings)} timed trials, {len(measured)} measurements")
+    return [split(t, m) for t, m in zip(timings, measured, strict=True)]
+
+
 def run_job(
     path: Path, *, budget: int, seed: int, workdir: Path, lookahead: int = DEFAULT_LOOKAHEAD
 ) -> dict[str, Any]:
@@ -92,15 +123,6 @@ def run_job(
 
     make.scope = factory.scope  # type: ignore[attr-defined]
     make.runs_current_code = False  # type: ignore[attr-defined]
-    searches: list[SearchResult] = []
-    base = worker_module.SharedSearch
-
-    class Recorded(base):  # type: ignore[misc,valid-type]
-        def run(self, budget: Any) -> SearchResult:
-            outcome = super().run(budget)
-            searches.append(outcome)
-            return outcome
-
     version = problem.operator_version or get_operator(problem.operator).version
     with sessions() as s:
         job = queries.create_job(
@@ -117,8 +139,7 @@ def run_job(
     runner = JobRunner(
         sessions, url, make, worker_id=f"bench-{seed}", lookahead=lookahead, sync_seconds=0.5
     )
-    worker_module.SharedSearch = Recorded  # type: ignore[misc]
-    try:
+    with recorded_searches() as searches:
         t0, c0 = time.perf_counter(), time.process_time()
         with sessions() as s:
             claimed = queries.claim_next_job(
@@ -127,16 +148,11 @@ def run_job(
         assert claimed is not None and claimed.id == job_id
         outcome = runner.run(job_id)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    finally:
-        worker_module.SharedSearch = base  # type: ignore[misc]
     if outcome.status != "done":
         raise RuntimeError(f"{path.name}: the job ended {outcome.status}: {outcome.error}")
-    timings = [t for result in searches for t in result.timings]
-    if len(timings) != len(measured) or len(timings) != outcome.measured:
-        raise RuntimeError(
-            f"{path.name}: {len(timings)} timed trials, {len(measured)} measurements, "
-            f"{outcome.measured} recorded"
-        )
+    trials = per_trial(searches, measured)
+    if len(trials) != outcome.measured:
+        raise RuntimeError(f"{path.name}: {len(trials)} timed trials, {outcome.measured} recorded")
     optimum = backends[0].best_time_ms()
     return {
         "file": path.name,
@@ -145,10 +161,10 @@ def run_job(
         "measured": outcome.measured,
         "wall_s": wall,
         "cpu_s": cpu,
-        "spans_s": sum(t.total for t in timings),
+        "spans_s": sum(t["overhead"] + t["measure"] for t in trials),
         "measure_s": sum(measured),
         "fraction_of_optimum": optimum / outcome.best_time_ms if outcome.best_time_ms else 0.0,
-        "trials": [split(t, m) for t, m in zip(timings, measured, strict=True)],
+        "trials": trials,
     }
 
 
@@ -170,12 +186,18 @@ def p95(values: Sequence[float]) -> float:
     return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
 
 
+def parts_ms(trials: Sequence[dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Mean and p95 in milliseconds of each part over ``trials``."""
+    out = {}
+    for part in PARTS:
+        values = [1000 * t[part] for t in trials]
+        out[part] = {"mean_ms": statistics.fmean(values), "p95_ms": p95(values)}
+    return out
+
+
 def summarise(job: dict[str, Any]) -> dict[str, Any]:
     """Mean and p95 in milliseconds per part over the job's trials."""
-    out: dict[str, Any] = {}
-    for part in PARTS:
-        values = [1000 * t[part] for t in job["trials"]]
-        out[part] = {"mean_ms": statistics.fmean(values), "p95_ms": p95(values)}
+    out: dict[str, Any] = dict(parts_ms(job["trials"]))
     n = max(job["measured"], 1)
     out["wall_per_trial_ms"] = 1000 * job["wall_s"] / n
     out["cpu_per_trial_ms"] = 1000 * job["cpu_s"] / n

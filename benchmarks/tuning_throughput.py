@@ -88,6 +88,7 @@ def run_kato(
     made: list[Any] = []
     factory = pycuda_backend_factory(0, isolate=isolate)
     evaluating = {"s": 0.0, "first": None, "prepare_s": 0.0}
+    measured_s: list[float] = []  # each evaluate's seconds, in order
 
     def make(job):  # the job's backend, with its evaluations timed
         backend = factory(job)
@@ -101,7 +102,8 @@ def run_kato(
             try:
                 return evaluate(config)
             finally:
-                evaluating["s"] += time.perf_counter() - t0
+                measured_s.append(time.perf_counter() - t0)
+                evaluating["s"] += measured_s[-1]
 
         backend.evaluate = timed
         prepare = getattr(backend, "prepare", None)  # in-process only (the child's is unseen)
@@ -123,9 +125,13 @@ def run_kato(
     runner = JobRunner(
         sessions, db_url, make, worker_id=wid, lease_seconds=600, lookahead=lookahead
     )
-    start = time.perf_counter()
-    runner.run(job_id)
-    wall = time.perf_counter() - start
+    from benchmarks.search_overhead import parts_ms, per_trial, recorded_searches
+
+    with recorded_searches() as searches:
+        start = time.perf_counter()
+        runner.run(job_id)
+        wall = time.perf_counter() - start
+    trial_split = per_trial(searches, measured_s)
     stats = made[0].compile_stats if made else None
     with sessions() as s:
         trials = queries.job_trials(s, job_id)
@@ -153,6 +159,13 @@ def run_kato(
         "compile_wait_s": stats.wait_s if stats else None,
         "compiled_ahead": stats.ahead if stats else None,
         "compiled_inline": stats.inline if stats else None,
+        # Per trial (benchmarks/search_overhead.py): the search's proposals, the database on
+        # the path (reservation, sync, the records' wait), the backend's evaluate (measuring,
+        # compile waits, the first one's inputs), mean and p95 ms; and the sums over the job.
+        "per_trial_ms": parts_ms(trial_split) if trial_split else None,
+        "search_s": sum(t["propose"] for t in trial_split),
+        "database_s": sum(t["db"] for t in trial_split),
+        "sum_of_measurements_s": sum(t["measure"] for t in trial_split),
     }
 
 
@@ -415,6 +428,17 @@ def main() -> None:
                 f" waiting on nvcc {r['compile_wait_s']:.2f};"
                 f" compiled ahead {r['compiled_ahead']}, inline {r['compiled_inline']}) + search"
                 f" and database {r['wall_s'] - r['setup_s'] - r['evaluate_s']:.1f}"
+            )
+        if r.get("per_trial_ms"):
+            split = r["per_trial_ms"]
+            print(
+                f"{r['tuner']}: per trial (mean / p95 ms) search {split['propose']['mean_ms']:.1f}"
+                f" / {split['propose']['p95_ms']:.1f}, database {split['db']['mean_ms']:.1f} /"
+                f" {split['db']['p95_ms']:.1f}, all but measuring"
+                f" {split['overhead']['mean_ms']:.1f} / {split['overhead']['p95_ms']:.1f};"
+                f" over the job search {r['search_s']:.2f} s,"
+                f" database {r['database_s']:.2f} s, measurements {r['sum_of_measurements_s']:.2f}"
+                f" s of the {r['wall_s']:.1f} s wall"
             )
     report = {
         "operator": args.operator,
