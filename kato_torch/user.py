@@ -193,13 +193,17 @@ class UserKernel:
         for arg, size in zip(self.arguments, self._sizes, strict=True):
             if arg.output:
                 continue
-            value, want = given[arg.name], _value(size, env)
-            if arg.size is not None and value.numel() != want:
+            value = given[arg.name]
+            if arg.size is not None and value.numel() != (want := _value(size, env)):
                 raise InvalidInput(
                     f"{self.name}: argument {arg.name} has {value.numel()} elements; at shape "
                     f"{_named(spec, shape)} its size {arg.size} is {want}"
                 )
-            if arg.size is None and size.names - {"itemsize"} and value != want:
+            if (
+                arg.size is None
+                and size.names - {"itemsize"}
+                and not _same(value, want := size.evaluate(env))
+            ):
                 raise InvalidInput(
                     f"{self.name}: scalar {arg.name} is {value!r}; at shape "
                     f"{_named(spec, shape)} it must be {arg.value} = {want}"
@@ -386,6 +390,13 @@ def user_kernel(operator: str | UserOperatorSpec) -> UserKernel:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _same(value: Any, want: Any) -> bool:
+    """Whether a scalar given is the one the shape implies (floats to float32's precision)."""
+    if isinstance(want, float) or isinstance(value, float):
+        return math.isclose(float(value), float(want), rel_tol=1e-6, abs_tol=1e-30)
+    return value == want
 
 
 def _integral(value: Any) -> bool:

@@ -198,3 +198,23 @@ def test_constant_memory_arrays_are_given_by_name():
         conv.plan(x, 100, shape=(100, FILTER), constants={"d_filter": [1.0, 2.0, 3.0]})
     with pytest.raises(InvalidInput, match="got \\['d_other'\\]"):
         conv.plan(x, 100, shape=(100, FILTER), constants={"d_other": taps})
+
+
+def test_a_float_scalar_of_the_shape_is_checked_and_passed_as_a_float():
+    spec = _matmul(
+        "torch_user_scaled",
+        shape=["n"],
+        problem_size=["n"],
+        arguments=[
+            {"name": "out", "dtype": "float32", "size": "n", "output": True},
+            {"name": "x", "dtype": "float32", "size": "n"},
+            {"name": "count", "dtype": "float32", "value": "n"},
+            {"name": "alpha", "dtype": "float32", "value": "0"},  # not of the shape: as given
+        ],
+    )
+    k = kato_torch.user_kernel(spec)
+    call = k.plan(torch.zeros(3), 3, 2.5)
+    assert call.shape == (3,) and call.arguments[2:] == [3.0, 2.5]
+    assert type(call.arguments[2]) is float
+    with pytest.raises(InvalidInput, match=r"scalar count is 3.5; at shape n=3 it must be n = 3"):
+        k.plan(torch.zeros(3), 3.5, 2.5)
