@@ -6,6 +6,7 @@ awkward sizes."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -26,7 +27,7 @@ class _Serving:
         self.config_ = config
 
     def lookup(self, operator, shape, dtype, gpu=None):
-        return {"config": dict(self.config_), "source": "exact", "speedup": None}
+        return SimpleNamespace(config=dict(self.config_), source="exact", speedup=None)
 
 
 @pytest.fixture(autouse=True)
