@@ -156,6 +156,8 @@ def run_job(
     optimum = backends[0].best_time_ms()
     return {
         "file": path.name,
+        "job_id": job_id,
+        "db_url": url,
         "seed": seed,
         "budget": budget,
         "measured": outcome.measured,

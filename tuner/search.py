@@ -13,8 +13,8 @@ Contract (what the tests hold the loop to):
 The Optuna study can live in any Optuna storage (the service uses the job database), so a job
 that stops half-way resumes with the sampler's history intact. Strategies that propose every
 config themselves (``forest``, ``grid``) are not asked through Optuna: each config they measure
-is added to the study as a finished trial. The study's trials hold the configs' real values;
-the samplers see parameter indices (:mod:`tuner.study`).
+is added to the study as a finished trial (in batches: :data:`RECORD_BATCH`). The study's
+trials hold the configs' real values; the samplers see parameter indices (:mod:`tuner.study`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ DEFAULT_STRATEGY = "forest"
 
 #: Strategies that propose every config themselves: their configs are not asked from Optuna
 #: (an enqueue, an ask, a suggestion per parameter and a tell: about 26 ms per trial in SQLite);
-#: each measured one is added to the study as a finished trial (about 7 ms).
+#: each measured one is added to the study as a finished trial (about 7 ms alone, 0.4 ms in a
+#: batch of :data:`RECORD_BATCH`).
 SELF_PROPOSING: tuple[str, ...] = ("forest", "grid")
 #: After this many proposals in a row that bring nothing new (invalid or already measured), the
 #: loop measures a random unmeasured valid config instead, so small or heavily constrained

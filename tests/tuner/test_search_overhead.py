@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import sys
 
+import optuna
 from paths import REPO, TABLE_SPACES
+
+from db import queries
+from db.session import init_db, session_factory
 
 sys.path.insert(0, str(REPO))
 
@@ -35,3 +39,15 @@ def test_a_replayed_job_spends_little_of_its_time_per_trial_outside_measuring(tm
     assert summary["cpu_per_trial_ms"] <= CPU_MS_PER_TRIAL, summary
     assert summary["overhead"]["mean_ms"] <= WALL_MS_PER_TRIAL, summary
     assert job["fraction_of_optimum"] >= 0.98  # it searched, too
+
+
+def test_the_study_gets_every_measured_config_once_in_order_from_its_batches(tmp_path):
+    job = run_job(SOFTMAX, budget=37, seed=3, workdir=tmp_path)  # not a multiple of a batch
+    study = optuna.load_study(study_name=f"kato-job-{job['job_id']}", storage=job["db_url"])
+    done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    with session_factory(init_db(job["db_url"]))() as s:
+        rows = queries.job_trials(s, job["job_id"])
+    assert [t.number for t in done] == list(range(37))
+    assert [t.params for t in done] == [r.config for r in rows]  # trial number order
+    assert [t.value for t in done] == [r.time_ms for r in rows]
+    assert {t.user_attrs.get("kato_worker") for t in done} == {"bench-3"}
