@@ -93,12 +93,12 @@ def on_device(device_index: int) -> Iterator[None]:
     if device.value == device_index:
         yield
         return
-    _check(lib.cuCtxPushCurrent(_primary_context(device_index)), "cuCtxPushCurrent")
+    _check(lib.cuCtxPushCurrent_v2(_primary_context(device_index)), "cuCtxPushCurrent_v2")
     try:
         yield
     finally:
         popped = ctypes.c_void_p()
-        _check(lib.cuCtxPopCurrent(ctypes.byref(popped)), "cuCtxPopCurrent")
+        _check(lib.cuCtxPopCurrent_v2(ctypes.byref(popped)), "cuCtxPopCurrent_v2")
 
 
 def load_module(cubin: bytes) -> ctypes.c_void_p:
