@@ -1058,6 +1058,62 @@ def cancel(
         console.print(f"job {job.id} is already {status}: nothing to do", soft_wrap=True)
 
 
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+@app.command(
+    "jobs", short_help="List tuning jobs and their progress: configs done, best, time left."
+)
+def jobs(
+    status: Annotated[
+        str | None, typer.Option(help="only jobs with this status (queued, running, done, ...)")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, help="newest jobs shown")] = 20,
+    db: DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the jobs as JSON")] = False,
+) -> None:
+    """List the newest tuning jobs with their progress: configs measured of the budget, the
+    best time so far, the time since each started and, for running ones, the estimated time
+    left (as GET /v1/jobs reports them)."""
+    from typing import get_args
+
+    from db import queries
+    from service.schemas import JobPublic, JobStatus
+
+    if status is not None and status not in get_args(JobStatus):
+        raise typer.BadParameter(f"status must be one of {', '.join(get_args(JobStatus))}")
+    _, sessions = _sessions(_settings(db).db_url)
+    with sessions() as session:
+        found = [JobPublic.from_job(j) for j in queries.list_jobs(session, status, limit)]
+    if as_json:
+        typer.echo(json.dumps([j.model_dump(mode="json") for j in found]))
+        return
+    if not found:
+        console.print("no jobs" + (f" with status {status}" if status else ""))
+        return
+    _print_records(
+        [
+            {
+                "id": j.id,
+                "operator": j.operator,
+                "shape": "x".join(map(str, j.shape)),
+                "dtype": j.dtype,
+                "GPU": j.gpu,
+                "status": j.status,
+                "configs": f"{j.trials_done}/{j.budget}",
+                "best (ms)": "-" if j.best_time_ms is None else f"{j.best_time_ms:.4f}",
+                "elapsed": _duration(j.elapsed_s),
+                "left": _duration(j.eta_s),
+            }
+            for j in found
+        ]
+    )
+
+
 def _lease_ran_out(job) -> bool:
     from db.models import utcnow
 

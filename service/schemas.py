@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from annotated_types import Interval
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from db.models import BestConfig, Job, Trial, Worker
+from db.models import BestConfig, Job, Trial, Worker, utcnow
 from db.queries import StoredConfig
 from kernels.spec import InvalidInput
 from service.strict import parse_shape
@@ -218,9 +218,20 @@ class JobPublic(BaseModel):
     finished_at: datetime | None
     cancel_requested: bool
     note: str | None = None
+    elapsed_s: float | None = Field(
+        default=None,
+        description="seconds since the job started (to its end, once finished); null: queued",
+    )
+    eta_s: float | None = Field(
+        default=None,
+        description="estimated seconds left of a running job: its mean time per config so far "
+        "times the configs left of its budget, capped by what is left of budget_seconds; null "
+        "before its first config, or once it ended",
+    )
 
     @classmethod
-    def from_job(cls, job: Job, note: str | None = None) -> JobPublic:
+    def from_job(cls, job: Job, note: str | None = None, now: datetime | None = None) -> JobPublic:
+        elapsed, eta = progress_estimate(job, now)
         return cls(
             id=job.id,
             status=job.status,  # type: ignore[arg-type]
@@ -242,7 +253,30 @@ class JobPublic(BaseModel):
             finished_at=job.finished_at,
             cancel_requested=job.cancel_requested,
             note=note,
+            elapsed_s=elapsed,
+            eta_s=eta,
         )
+
+
+def _aware(t: datetime) -> datetime:
+    """Timestamps of a row not read back yet may be naive; every stored one is UTC."""
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
+def progress_estimate(job: Job, now: datetime | None = None) -> tuple[float | None, float | None]:
+    """(seconds since ``job`` started, estimated seconds left) as :class:`JobPublic` reports
+    them. The estimate assumes the configs left cost what the measured ones did on average
+    (compiles and search included), which the first configs overstate when nvcc warms up."""
+    if job.started_at is None:
+        return None, None
+    start, end = (_aware(t) for t in (job.started_at, job.finished_at or now or utcnow()))
+    elapsed = max((end - start).total_seconds(), 0.0)
+    if job.status != "running" or job.trials_done <= 0:
+        return elapsed, None
+    left = max(job.budget_configs - job.trials_done, 0) * elapsed / job.trials_done
+    if job.budget_seconds is not None:
+        left = min(left, max(job.budget_seconds - elapsed, 0.0))
+    return elapsed, left
 
 
 class TrialPublic(BaseModel):

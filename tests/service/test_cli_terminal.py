@@ -418,3 +418,44 @@ def test_every_command_has_a_one_line_summary_in_the_command_list():
     for name, command in walk(typer.main.get_command(cli_app)):
         summary = command.short_help or (command.help or "").strip().split("\n\n")[0]
         assert "\n" not in summary, f"kato {name}: {summary!r}"
+
+
+def test_jobs_lists_progress_and_the_time_left_of_running_jobs(sessions, db: str) -> None:
+    from datetime import timedelta
+
+    from db.models import Job, utcnow
+
+    version = get_operator("softmax").version
+    with sessions() as session:
+        running, queued = queries.create_jobs(
+            session,
+            [
+                dict(operator="softmax", operator_version=version, shape=[64, 1024],
+                     dtype="float16", gpu_model="H200", budget_configs=40),
+                dict(operator="softmax", operator_version=version, shape=[8, 8],
+                     dtype="float32", gpu_model="H200", budget_configs=10),
+            ],
+        )  # fmt: skip
+        started = utcnow() - timedelta(seconds=20)
+        session.execute(
+            update(Job)
+            .where(Job.id == running.id)
+            .values(status="running", trials_done=10, best_time_ms=0.25, started_at=started)
+        )
+        session.commit()
+        running_id, queued_id = running.id, queued.id
+    result = CliRunner().invoke(app, ["jobs", "--json", "--db", db])
+    assert result.exit_code == 0, result.output
+    listed = {j["id"]: j for j in json.loads(result.stdout)}
+    assert listed.keys() == {running_id, queued_id}
+    run = listed[running_id]
+    assert run["trials_done"] == 10 and run["budget"] == 40
+    # 10 configs in ~20 s: 30 configs left take ~60 s.
+    assert 19 < run["elapsed_s"] < 40 and 55 < run["eta_s"] < 120
+    assert listed[queued_id]["elapsed_s"] is None and listed[queued_id]["eta_s"] is None
+    table = CliRunner().invoke(app, ["jobs", "--status", "running", "--db", db])
+    assert table.exit_code == 0, table.output
+    assert running_id in table.stdout and queued_id not in table.stdout
+    assert "10/40" in table.stdout and "0.2500" in table.stdout
+    bad = CliRunner().invoke(app, ["jobs", "--status", "sleeping", "--db", db])
+    assert bad.exit_code == 2 and "status must be one of" in bad.output
