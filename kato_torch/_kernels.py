@@ -139,8 +139,7 @@ def _lookup(spec: OperatorSpec, shape: tuple[int, ...], dtype: str) -> tuple[dic
     """The config to run: the client's answer if it is valid for this shape, else the default."""
     answer = _policy.served(spec.name, shape, dtype)
     if answer is not None:
-        config = dict(getattr(answer, "config", answer) or {})
-        source = str(getattr(answer, "source", "client"))
+        config, source = _policy.served_config(answer)
         reason = spec.check(config, shape, dtype)
         if reason is None:
             return config, source

@@ -122,6 +122,17 @@ def _field(answer: Any, name: str) -> Any:
     return getattr(answer, name, None)
 
 
+def served_config(answer: Any) -> tuple[dict[str, Any], str]:
+    """(config, source) of a client's answer: a Lookup (``.config``, ``.source``), a mapping in
+    the service's shape (``{"config": ..., "source": ...}``), or a bare config mapping (what a
+    ``config()`` method returns; source ``"client"``)."""
+    if isinstance(answer, Mapping):
+        if isinstance(answer.get("config"), Mapping):
+            return dict(answer["config"]), str(answer.get("source", "client"))
+        return dict(answer), "client"
+    return dict(getattr(answer, "config", None) or {}), str(getattr(answer, "source", "client"))
+
+
 def known_faster(answer: Any) -> bool:
     """Whether ``answer`` is a winner tuned for this very shape that beat the framework."""
     if answer is None or _field(answer, "source") != "exact":

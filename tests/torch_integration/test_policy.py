@@ -272,3 +272,15 @@ def test_under_autocast_a_linear_of_bf16_activations_and_float32_weights_is_kato
     keys = {(k.operator, k.shape, k.dtype) for k in rec.keys}
     assert ("matmul_nt", (4, 16, 8), "bfloat16") in keys
     assert ("matmul", (4, 16, 8), "bfloat16") in keys
+
+
+def test_served_config_reads_every_answer_shape_a_client_gives():
+    """A Lookup, the service's JSON answer, and a bare config all give the config to run (the
+    service's mapping once gave its whole body as the config, so every bind ran the default)."""
+    config = {"BLOCK_SIZE": 128, "VEC": 4}
+    assert policy.served_config(Answer(config, "exact", 1.3)) == (config, "exact")
+    assert policy.served_config({"config": config, "source": "nearest", "speedup": None}) == (
+        config,
+        "nearest",
+    )
+    assert policy.served_config(config) == (config, "client")
