@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from step_runner import upload
+
 from kernels.spec import OperatorSpec
 
 BATCH = 32
@@ -188,15 +190,7 @@ def run_arrays(spec: OperatorSpec, config: dict[str, Any], shape: Sequence[int],
     source = spec.render(config, shape, dtype)
     compiled = compile_kernel(source, spec.kernel_name, arch=describe_device(0).arch)
     module = cuda.module_from_buffer(compiled.cubin)
-    # mem_alloc + memcpy_htod, not to_device: to_device cannot take ml_dtypes' bfloat16 arrays.
-    device = []
-    for a in args:
-        if isinstance(a, np.ndarray):
-            buf = cuda.mem_alloc(max(a.nbytes, 1))
-            cuda.memcpy_htod(buf, np.ascontiguousarray(a))
-            device.append(buf)
-        else:
-            device.append(a)
+    device = upload(cuda, args)
     for step in spec.steps(config, shape, dtype):
         fn = module.get_function(step.kernel)
         launch = step.launch

@@ -15,6 +15,20 @@ from kernels.spec import OperatorSpec
 _FORMATS = {np.int32: "i", np.uint32: "I", np.int64: "q", np.float32: "f"}
 
 
+def upload(cuda: Any, args: Sequence[Any]) -> list[Any]:
+    """``args`` with every numpy array copied to a fresh device buffer (scalars as they are).
+    mem_alloc + memcpy_htod, not to_device: to_device cannot take ml_dtypes' bfloat16 arrays."""
+    device = []
+    for a in args:
+        if isinstance(a, np.ndarray):
+            buf = cuda.mem_alloc(max(a.nbytes, 1))
+            cuda.memcpy_htod(buf, np.ascontiguousarray(a))
+            device.append(buf)
+        else:
+            device.append(a)
+    return device
+
+
 class StepRunner:
     """One compiled config; :meth:`run` uploads ``args``, launches the steps ``repeat`` times
     and returns the arrays (numpy) as they are after the last launch."""
@@ -36,14 +50,7 @@ class StepRunner:
 
     def run(self, args: Sequence[Any], repeat: int = 1) -> list[Any]:
         cuda = self.cuda
-        device = []
-        for a in args:
-            if isinstance(a, np.ndarray):
-                buf = cuda.mem_alloc(max(a.nbytes, 1))
-                cuda.memcpy_htod(buf, np.ascontiguousarray(a))
-                device.append(buf)
-            else:
-                device.append(a)
+        device = upload(cuda, args)
         for _ in range(repeat):
             for step in self.steps:
                 indices = step.args if step.args is not None else range(len(args))

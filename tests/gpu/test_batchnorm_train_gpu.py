@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from rowwise_harness import run_arrays, verify_all
+from step_runner import upload
 from verify_harness import verify_config
 
 from kernels import DTYPES, get_operator
@@ -130,14 +131,7 @@ def _run_aliased(spec, config, shape, dtype, args, alias):
     module = cuda.module_from_buffer(
         compile_kernel(source, spec.kernel_name, arch=describe_device(0).arch).cubin
     )
-    device = []
-    for a in args:
-        if isinstance(a, np.ndarray):
-            buf = cuda.mem_alloc(max(a.nbytes, 1))
-            cuda.memcpy_htod(buf, np.ascontiguousarray(a))
-            device.append(buf)
-        else:
-            device.append(a)
+    device = upload(cuda, args)
     for a, b in alias:
         device[b] = device[a]
     for step in spec.steps(config, shape, dtype):
