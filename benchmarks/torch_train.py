@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -48,6 +47,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 import kato_torch  # noqa: E402
+from benchmarks.torch_mlp import time_ms  # noqa: E402 - median of CUDA-event timed calls
 
 # --- models -----------------------------------------------------------------------------------
 
@@ -195,21 +195,6 @@ def grad_error(grads, ref):
         r32 = r.float()
         worst = max(worst, float((g.float() - r32).norm() / r32.norm().clamp_min(1e-30)))
     return worst
-
-
-def time_ms(fn, repeats, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(repeats):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 # --- configs from the results database --------------------------------------------------------
