@@ -52,9 +52,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from db import queries
-from db.fleet import RESERVED
 from db.formats import KATO_FORMAT, RESOURCES, T4_INVALIDITY
-from db.models import BestConfig, Job, Trial
+from db.models import RESERVED, BestConfig, Job, Trial
+from kato.errors import KatoError
 from tuner.gpus import find_gpu
 from tuner.kt_cache import OTHER_TRIALS, KernelTunerCache, save_cache, unmeasured_entry
 
@@ -82,7 +82,7 @@ _JOB_FIELDS = (
 )
 
 
-class ExportError(ValueError):
+class ExportError(KatoError, ValueError):
     """Nothing to export, or the output cannot hold what was selected (the message says)."""
 
 
@@ -223,7 +223,7 @@ def collect(
     for job in jobs:
         bundle = bundle_for(job)
         bundle.jobs.append(job)
-        # A reservation (a config being measured right now, db.fleet) is not a result.
+        # A reservation (a config being measured right now, db.ledger) is not a result.
         bundle.trials.extend(t for t in queries.job_trials(session, job.id) if t.status != RESERVED)
 
     stmt = _filtered(select(BestConfig), BestConfig, operator, gpu, dtype)

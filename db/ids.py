@@ -9,6 +9,8 @@ from typing import Any, TypeVar
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from kato.errors import KatoError
+
 #: Shortest prefix :func:`find_by_id` takes for a whole id.
 MIN_ID_PREFIX = 4
 #: Anything but hex matches no id (and never reaches a LIKE pattern).
@@ -17,14 +19,14 @@ _HEX = frozenset("0123456789abcdef")
 _Row = TypeVar("_Row")
 
 
-class UnknownId(LookupError):
+class UnknownId(KatoError, LookupError):
     """No row has this id, nor an id starting with it."""
 
     def __str__(self) -> str:
         return str(self.args[0])
 
 
-class AmbiguousId(LookupError):
+class AmbiguousId(KatoError, LookupError):
     """Several rows' ids start with this prefix (``candidates``, sorted)."""
 
     def __init__(self, prefix: str, candidates: tuple[str, ...], what: str = "row") -> None:

@@ -77,6 +77,7 @@ from db.formats import (
 )
 from db.models import BestConfig, Job, Trial, utcnow
 from db.queries import UNCOUNTED_TRIAL_STATUSES, shape_key, trial_time
+from kato.errors import KatoError
 from tuner.kt_cache import OTHER_TRIALS, UNMEASURED
 
 TRIAL_STATUSES = tuple(T4_INVALIDITY)
@@ -99,7 +100,7 @@ _ADAPTERS: dict[int, TypeAdapter] = {}
 _RAW_TRIALS = list[dict[str, Any]]
 
 
-class InvalidImport(ValueError):
+class InvalidImport(KatoError, ValueError):
     """A file that cannot be imported; the message names the file and the problem."""
 
 

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from db import ids, retry
 from db.models import ApiToken, Job, utcnow
+from kato.errors import KatoError
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +237,7 @@ def live_jobs(session: Session, token_id: str) -> int:
 
 
 @dataclass(frozen=True)
-class QuotaExceeded(Exception):
+class QuotaExceeded(KatoError):
     """Submitting ``adding`` more jobs would take the token past ``limit`` live jobs."""
 
     live: int

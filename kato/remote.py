@@ -7,12 +7,10 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+from kato.errors import ServiceError
+
 #: Job states after which nothing more is measured.
 _TERMINAL = ("done", "failed", "cancelled")
-
-
-class ServiceError(RuntimeError):
-    """The service refused a request; the message carries its status and reason."""
 
 
 def _checked(response: Any, what: str) -> Any:
@@ -21,7 +19,7 @@ def _checked(response: Any, what: str) -> Any:
             detail = response.json().get("detail")
         except ValueError:
             detail = response.text[:500]
-        raise ServiceError(f"{what}: HTTP {response.status_code}: {detail}")
+        raise ServiceError(f"{what}: HTTP {response.status_code}: {detail}", response.status_code)
     return response.json()
 
 

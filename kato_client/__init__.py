@@ -8,15 +8,12 @@
     cfg = kato.config("softmax", (rows, cols), "float16")   # {"BLOCK_SIZE": 256, ...}
 
 See :class:`KatoClient` for the caches, offline mode and the policies for untuned shapes.
+:class:`KatoError` is Kato's root error (:mod:`kato.errors`); the client raises
+:class:`ServiceError` (a refused request) and :class:`KatoUnavailable` (no service).
 """
 
-from kato_client.client import (
-    KatoClient,
-    KatoError,
-    KatoOfflineWarning,
-    KatoUnavailable,
-    Lookup,
-)
+from kato.errors import KatoError, ServiceError
+from kato_client.client import KatoClient, KatoOfflineWarning, KatoUnavailable, Lookup
 from kato_client.device import GpuNotDetected, detect_gpu
 from kato_client.policy import POLICIES, bucket_shape
 
@@ -28,6 +25,7 @@ __all__ = [
     "KatoOfflineWarning",
     "KatoUnavailable",
     "Lookup",
+    "ServiceError",
     "bucket_shape",
     "detect_gpu",
 ]

@@ -34,6 +34,7 @@ from typing import Any
 
 import httpx
 
+from kato.errors import KatoError, ServiceError  # noqa: F401 (KatoError: its old home)
 from kato_client.device import detect_gpu, normalize
 from kato_client.disk import DiskCache, default_cache_dir
 from kato_client.policy import (
@@ -59,15 +60,7 @@ FRESH_SECONDS = 60.0
 _now = time.time
 
 
-class KatoError(RuntimeError):
-    """The service refused a request (4xx): the message carries its ``detail``."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class KatoUnavailable(KatoError):
+class KatoUnavailable(ServiceError):
     """The service could not be reached (connection refused, timeout, 5xx)."""
 
 
@@ -415,7 +408,7 @@ class KatoClient:
 
         Raises:
             KatoUnavailable: connection failure, timeout or 5xx.
-            KatoError: any other non-2xx answer (with the service's ``detail``).
+            ServiceError: any other non-2xx answer (with the service's ``detail``).
         """
         self.http_requests += 1
         try:
@@ -432,7 +425,7 @@ class KatoClient:
             hint = ""
             if response.status_code in (401, 403):
                 hint = " (pass token= to KatoClient or set KATO_TOKEN)"
-            raise KatoError(
+            raise ServiceError(
                 f"{method} {path}: HTTP {response.status_code}: {detail}{hint}",
                 response.status_code,
             )
@@ -459,7 +452,8 @@ class KatoClient:
         shape whose bucket config does not fit it costs one more batch request.
 
         Raises:
-            KatoError: some lookups were rejected (the others are cached); the message lists them.
+            ServiceError: some lookups were rejected (the others are cached); the message
+                lists them.
         """
         normalized = []
         for item in keys:
@@ -486,7 +480,7 @@ class KatoClient:
             ]
             errors += self._fetch_missing(second)
         if errors:
-            raise KatoError(f"{len(errors)} lookup(s) rejected: " + "; ".join(errors[:5]))
+            raise ServiceError(f"{len(errors)} lookup(s) rejected: " + "; ".join(errors[:5]))
         result = []
         for key in normalized:
             slot = self._memo.get(key)
@@ -558,7 +552,7 @@ class KatoClient:
         ``status``, ...). ``token`` overrides the client's token.
 
         Raises:
-            KatoError: rejected (bad input: 422; missing or wrong token: 401/403).
+            ServiceError: rejected (bad input: 422; missing or wrong token: 401/403).
             KatoUnavailable: the service is down.
         """
         operator, dims, dtype_text, gpu_name = self._key(operator, shape, dtype, gpu)
@@ -591,7 +585,7 @@ class KatoClient:
         describes them, in order.
 
         Raises:
-            KatoError: rejected (bad input: 422 naming the job's index; quota: 429).
+            ServiceError: rejected (bad input: 422 naming the job's index; quota: 429).
             KatoUnavailable: the service is down.
         """
         bodies = []

@@ -16,8 +16,10 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+from kato.errors import KatoError
 
-class GpuNotDetected(RuntimeError):
+
+class GpuNotDetected(KatoError, RuntimeError):
     """No GPU model could be found: pass ``gpu=`` (e.g. ``"H200"``) or set ``KATO_GPU``."""
 
 

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+from kato.errors import KatoError
 from kernels.limits import needs_shared_opt_in
 
 CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
@@ -22,7 +23,7 @@ _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 
 
-class CudaDriverError(RuntimeError):
+class CudaDriverError(KatoError, RuntimeError):
     """A CUDA driver call failed; the message names the call and the driver's error string."""
 
 

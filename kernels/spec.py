@@ -23,6 +23,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from kato.errors import KatoError
+
 #: A configuration: tunable parameter name -> value (ints or short strings).
 Config = dict[str, Any]
 
@@ -98,7 +100,7 @@ def _kernel_helpers(module: Any) -> set[Any]:
     return out
 
 
-class InvalidInput(ValueError):
+class InvalidInput(KatoError, ValueError):
     """A request that cannot be served: unknown dtype, shape of the wrong rank, non-positive sizes.
 
     The message says what to fix; the service turns it into an HTTP 422.

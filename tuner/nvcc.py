@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from kato.errors import KatoError
+
 __all__ = [
     "CompileError",
     "CompileJob",
@@ -111,7 +113,7 @@ class CompiledKernel:
         raise KeyError(name)
 
 
-class CompileError(Exception):
+class CompileError(KatoError):
     """The source did not compile, or the compiled module lacks the kernel.
 
     ``log`` holds nvcc's output (stderr, then stdout), truncated to ``LOG_LIMIT`` characters.
@@ -126,7 +128,7 @@ class CompileError(Exception):
         return (type(self), (str(self), self.log))
 
 
-class NvccNotFoundError(RuntimeError):
+class NvccNotFoundError(KatoError, RuntimeError):
     """No nvcc executable could be run: a problem of the machine, not of the kernel."""
 
 

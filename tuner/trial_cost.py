@@ -29,6 +29,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from kato.errors import KatoError
+
 #: Launches every timed trial makes whatever its repeats: two verification runs, the launch
 #: that sizes a timed batch, and one timed batch (one launch where a launch is longer than a
 #: batch's target duration).
@@ -73,7 +75,7 @@ def launch_lower_bound_s(spec: Any, shape: Sequence[int], dtype: str, gpu: Any) 
     return bound
 
 
-class UnmeasurableTask(RuntimeError):
+class UnmeasurableTask(KatoError, RuntimeError):
     """Even the launches every trial makes, at the predicted lower bound, do not fit the capped
     per-trial limit: no config of the task can be measured (the job fails with this message)."""
 

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kato.errors import KatoError
 from tuner.backends.base import Backend, Config, DeviceInfo, TrialResult, TrialStatus
 from tuner.compile_queue import CompileQueue, CompileStats
 from tuner.space import SearchSpace
@@ -61,12 +62,12 @@ DEFAULT_START_TIMEOUT_S = 300.0
 _POLL_S = 0.05
 
 
-class TrialInterrupted(Exception):
+class TrialInterrupted(KatoError):
     """The measurement was stopped from outside (:meth:`IsolatedBackend.interrupt`): the job
     was cancelled or lost. The config was not measured and must not be recorded."""
 
 
-class ChildStartError(RuntimeError):
+class ChildStartError(KatoError, RuntimeError):
     """The child process could not build its backend (no device, bad spec): not a config's
     fault, so it fails the job rather than a trial."""
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from kato.errors import KatoError
 from kernels.limits import needs_shared_opt_in
 from kernels.spec import CUDA_TYPES, Launch, OperatorSpec, Problem, Step
 from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
@@ -66,7 +67,7 @@ _SPIN_MARGIN_MS = 0.05
 _SPIN_RETRIES = 3
 
 
-class ReferenceKernelError(RuntimeError):
+class ReferenceKernelError(KatoError, RuntimeError):
     """A user operator's reference kernel could not produce the references (compile error,
     launch failure, fault): no config can be verified, so the job fails with this message."""
 
