@@ -1,0 +1,531 @@
+// Hopper GEMM C = op(A) @ op(B) with wgmma.mma_async fed by TMA (sm_90a only), float16 or
+// bfloat16 inputs, float32 accumulation, C written in the input type (as torch). Layouts as in
+// matmul.cu: TRANS_A = 1 reads A stored (K, M) (C = A^T B), TRANS_B = 1 reads B stored (N, K)
+// (C = A B^T); every matrix row-major. This file is standalone (phase 1 of issue 32): the
+// benchmark benchmarks/wgmma_probe.py compiles it with -D options and launches it through the
+// driver; it is not yet an operator of the registry.
+//
+// Structure (one CTA = 1 producer warpgroup + CONSUMERS consumer warpgroups, 128 threads each):
+//
+// * Shared memory holds STAGES stages, each an A tile (BM x BK) and a B tile (BN x BK), written
+//   by the TMA unit (cp.async.bulk.tensor) with the 128-byte swizzle and read by wgmma through
+//   matrix descriptors with the same swizzle. BK = 64 half-words = 128 bytes: one swizzle row.
+//   - A K-major operand (A of nn / nt, B of nt) is stored as rows of 64 k (128 bytes), one TMA
+//     box {64, rows}; 8-row groups are 1024 bytes apart (the descriptor's stride byte offset).
+//   - An MN-major operand (B of nn, A of tn) is stored as chunks of 64 m/n (128 bytes) by BK k
+//     rows, one TMA box {64, BK} per chunk, chunks 64 * 128 = 8192 bytes apart (leading byte
+//     offset), 8-row k groups 1024 bytes apart (stride byte offset).
+// * Two mbarriers per stage: full (the producer's arrive.expect_tx + the TMA's complete_tx) and
+//   empty (one arrival per consumer warp once its wgmmas that read the stage are complete).
+// * The producer warpgroup drops to PRODUCER_REGS registers (setmaxnreg), one thread issues the
+//   TMA copies; the consumers rise to CONSUMER_REGS. Consumer c owns rows [c * BM / CONSUMERS,
+//   (c + 1) * BM / CONSUMERS) of the block tile: MI = BM / CONSUMERS / 64 wgmma m64nBNk16 per
+//   16-wide k step, BN / 2 * MI float32 accumulators per thread.
+// * Tiles: every CTA loops over output tiles tile = blockIdx.x, + gridDim.x, ... in the grouped
+//   order of matmul.cu (GROUP_M tile-rows at a time, column-major inside a group). A grid of
+//   one CTA per tile is the classic launch; a grid of one CTA per SM is the persistent one (the
+//   producer then loads the next tile while the consumers store this one).
+// * Edges: TMA zero-fills the parts of a box outside the matrix (any M, N, K), and the
+//   epilogue's stores are guarded. TMA needs 16-byte aligned row pitches: the K and M / N
+//   pitches of A and B must be multiples of 8 elements (the host checks); C's pitch N may be
+//   anything (pairs are stored as one 4-byte word only where N is even).
+// * Every mbarrier wait gives up after WAIT_TIMEOUT_NS of the global timer and traps (printing
+//   which barrier), so that a wrong descriptor or byte count fails the launch instead of
+//   hanging the GPU.
+//
+// Tunables (-D): BM (64, 128, 256), BN (64, 128, 256), BK (64), STAGES (2..8), CONSUMERS (1, 2),
+// GROUP_M (tile-rows per raster group), INFLIGHT (0: wait for each stage's wgmmas before
+// releasing it; 1: keep one stage's wgmmas in flight, release the previous stage),
+// PRODUCER_REGS / CONSUMER_REGS (setmaxnreg targets; 0 = no setmaxnreg), IS_BF16, TRANS_A,
+// TRANS_B. Diagnostics: MN_SWAP_LBO_SBO = 1 swaps the two offsets of MN-major descriptors;
+// KATO_WGMMA_DEBUG = 1 records a timed-out wait in kato_wgmma_timeout instead of trapping.
+//
+// Kernel: kato_matmul_wgmma(tmap_a, tmap_b, C, M, N, K); block 128 * (CONSUMERS + 1) threads;
+// dynamic shared memory SMEM_BYTES = STAGES * (BM + BN) * BK * 2 + 1024 (alignment slack).
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#ifndef BM
+#define BM 128
+#endif
+#ifndef BN
+#define BN 256
+#endif
+#ifndef BK
+#define BK 64
+#endif
+#ifndef STAGES
+#define STAGES 4
+#endif
+#ifndef CONSUMERS
+#define CONSUMERS 2
+#endif
+#ifndef GROUP_M
+#define GROUP_M 8
+#endif
+#ifndef INFLIGHT
+#define INFLIGHT 1
+#endif
+#ifndef PRODUCER_REGS
+#define PRODUCER_REGS 40
+#endif
+#ifndef CONSUMER_REGS
+#define CONSUMER_REGS 232
+#endif
+#ifndef IS_BF16
+#define IS_BF16 0
+#endif
+#ifndef TRANS_A
+#define TRANS_A 0
+#endif
+#ifndef TRANS_B
+#define TRANS_B 0
+#endif
+#ifndef MN_SWAP_LBO_SBO
+#define MN_SWAP_LBO_SBO 0
+#endif
+#ifndef KATO_WGMMA_DEBUG
+#define KATO_WGMMA_DEBUG 0
+#endif
+#ifndef WAIT_TIMEOUT_NS
+#define WAIT_TIMEOUT_NS 2000000000ull
+#endif
+
+#if IS_BF16
+typedef __nv_bfloat16 DTYPE;
+typedef __nv_bfloat162 DTYPE2;
+#define KATO_WGMMA_TYPE "bf16"
+#else
+typedef __half DTYPE;
+typedef __half2 DTYPE2;
+#define KATO_WGMMA_TYPE "f16"
+#endif
+
+// wgmma's transpose immediates: 1 = the operand is MN-major in shared memory.
+#define TRANS_A_MN (TRANS_A)
+#define TRANS_B_MN (1 - (TRANS_B))
+
+namespace kato_wgmma {
+
+constexpr int kThreads = 128 * (CONSUMERS + 1);
+constexpr int kRowsPerConsumer = BM / CONSUMERS;
+constexpr int kMI = kRowsPerConsumer / 64;
+constexpr int kAccPerWgmma = BN / 2;
+constexpr int kATileBytes = BM * BK * 2;
+constexpr int kBTileBytes = BN * BK * 2;
+constexpr int kStageBytes = kATileBytes + kBTileBytes;
+// Bytes of one 64-wide chunk of an MN-major tile (64 elements x BK rows) and of one 64-row
+// slice of a K-major tile (64 rows x BK elements): the same with BK = 64.
+constexpr int kChunkBytes = 64 * BK * 2;
+
+static_assert(BK == 64, "BK must be 64: one 128-byte swizzle row of 16-bit elements");
+static_assert(BM == 64 || BM == 128 || BM == 256, "BM must be 64, 128 or 256");
+static_assert(BN == 64 || BN == 128 || BN == 256, "BN must be 64, 128 or 256 (wgmma n)");
+static_assert(CONSUMERS == 1 || CONSUMERS == 2, "CONSUMERS must be 1 or 2");
+static_assert(kRowsPerConsumer % 64 == 0, "each consumer needs whole m64 slices");
+static_assert(kMI * kAccPerWgmma <= 128, "more than 128 accumulators per thread");
+static_assert(STAGES >= 2 && STAGES <= 8, "STAGES must be 2..8");
+static_assert(STAGES * kStageBytes + 1024 <= 232448, "stages exceed 227 KiB of shared memory");
+static_assert(INFLIGHT == 0 || INFLIGHT == 1, "INFLIGHT must be 0 or 1");
+
+// A CUtensorMap (cuda.h's is 64-byte aligned, 128 bytes); only its address is used here.
+struct alignas(64) TensorMap {
+    unsigned long long opaque[16];
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ uint64_t global_timer() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// --- mbarrier -------------------------------------------------------------------------------
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    return done != 0;
+}
+
+#if KATO_WGMMA_DEBUG
+// Debug builds record the first timed-out wait here (what + 1, stage, parity, block) and end
+// the thread instead of trapping, so that the host can read it back after the launch.
+__device__ unsigned int kato_wgmma_timeout[4];
+#endif
+
+// Waits for the phase of parity `parity` to complete. After WAIT_TIMEOUT_NS (a bug: a wrong
+// transaction count or a lost arrival) it traps, or in debug builds records the barrier and
+// exits. `what`: 0 full, 1 empty. Inlined: a call would serialise the wgmma pipeline.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity, int what, int stage) {
+    if (mbar_try_wait(bar, parity)) return;
+    const uint64_t start = global_timer();
+    for (uint32_t spin = 1;; ++spin) {
+        if (mbar_try_wait(bar, parity)) return;
+        if ((spin & 255) == 0 && global_timer() - start > WAIT_TIMEOUT_NS) {
+#if KATO_WGMMA_DEBUG
+            if (atomicCAS(&kato_wgmma_timeout[0], 0u, static_cast<unsigned>(what + 1)) == 0u) {
+                kato_wgmma_timeout[1] = stage;
+                kato_wgmma_timeout[2] = parity;
+                kato_wgmma_timeout[3] = blockIdx.x;
+            }
+            asm volatile("exit;");
+#else
+            __trap();
+#endif
+        }
+    }
+}
+
+// --- TMA ------------------------------------------------------------------------------------
+
+// Copies the box at element coordinates (c0 innermost, c1) of `map` into shared memory at
+// `dst`; the copied bytes complete a transaction of `bar`.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const TensorMap* map, uint32_t bar,
+                                            int c0, int c1) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+
+__device__ __forceinline__ void tma_prefetch_map(const TensorMap* map) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// --- wgmma ----------------------------------------------------------------------------------
+
+// Matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address >> 4 in bits 0-13,
+// leading byte offset >> 4 in 16-29, stride byte offset >> 4 in 32-45, base offset 0 (every
+// stage is 1024-byte aligned), swizzle mode in 62-63 (1 = 128-byte swizzle).
+__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
+           (static_cast<uint64_t>(lbo >> 4) << 16) | (static_cast<uint64_t>(sbo >> 4) << 32) |
+           (1ull << 62);
+}
+
+// K-major operand: rows of 128 bytes, 8-row groups 1024 bytes apart; the leading offset is
+// unused with a 128-byte swizzle (k16 = 32 bytes lies inside one swizzle row); a k step moves
+// the start address by 32 bytes inside the swizzled row.
+__device__ __forceinline__ uint64_t desc_k_major(uint32_t tile, int kstep) {
+    return make_desc(tile + kstep * 32, 16, 1024);
+}
+
+// MN-major operand: 64-element chunks kChunkBytes apart (leading), 8-row k groups 1024 bytes
+// apart (stride); a k step (16 rows of 128 bytes) moves the start address by 2048 bytes.
+__device__ __forceinline__ uint64_t desc_mn_major(uint32_t tile, int kstep) {
+#if MN_SWAP_LBO_SBO
+    return make_desc(tile + kstep * 2048, 1024, kChunkBytes);
+#else
+    return make_desc(tile + kstep * 2048, kChunkBytes, 1024);
+#endif
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// Generated: m64nNk16, float32 accumulators d[N / 2] in wgmma's fragment order, operands from
+// shared memory through descriptors, scale-d = (scale_d != 0), no negation, transpose
+// immediates TRANS_A_MN / TRANS_B_MN.
+__device__ __forceinline__ void wgmma_n64(float* d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "setp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." KATO_WGMMA_TYPE "." KATO_WGMMA_TYPE " {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A_MN), "n"(TRANS_B_MN));
+}
+
+__device__ __forceinline__ void wgmma_n128(float* d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "setp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." KATO_WGMMA_TYPE "." KATO_WGMMA_TYPE " {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A_MN), "n"(TRANS_B_MN));
+}
+
+__device__ __forceinline__ void wgmma_n256(float* d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "setp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32." KATO_WGMMA_TYPE "." KATO_WGMMA_TYPE " {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p, 1, 1, %131, %132;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A_MN), "n"(TRANS_B_MN));
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_tile(float* d, uint64_t desc_a, uint64_t desc_b,
+                                           int scale_d);
+template <>
+__device__ __forceinline__ void wgmma_tile<64>(float* d, uint64_t a, uint64_t b, int s) {
+    wgmma_n64(d, a, b, s);
+}
+template <>
+__device__ __forceinline__ void wgmma_tile<128>(float* d, uint64_t a, uint64_t b, int s) {
+    wgmma_n128(d, a, b, s);
+}
+template <>
+__device__ __forceinline__ void wgmma_tile<256>(float* d, uint64_t a, uint64_t b, int s) {
+    wgmma_n256(d, a, b, s);
+}
+
+__device__ __forceinline__ void setmaxnreg_dec() {
+#if PRODUCER_REGS > 0
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
+#endif
+}
+
+__device__ __forceinline__ void setmaxnreg_inc() {
+#if CONSUMER_REGS > 0
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
+#endif
+}
+
+// Output tile `tile` in the grouped order: GROUP_M tile-rows at a time, column-major inside.
+__device__ __forceinline__ void tile_coords(int tile, int tiles_m, int tiles_n, int& tm,
+                                            int& tn) {
+    const int group_size = GROUP_M * tiles_n;
+    const int group = tile / group_size;
+    const int first_m = group * GROUP_M;
+    const int rows = min(tiles_m - first_m, GROUP_M);
+    const int in_group = tile - group * group_size;
+    tm = first_m + in_group % rows;
+    tn = in_group / rows;
+}
+
+__device__ __forceinline__ void store_pair(DTYPE* C, int M, int N, int row, int col, float v0,
+                                           float v1) {
+    if (row >= M) return;
+    DTYPE* p = C + static_cast<size_t>(row) * N + col;
+    if (col + 1 < N && (N & 1) == 0) {
+#if IS_BF16
+        *reinterpret_cast<DTYPE2*>(p) = __floats2bfloat162_rn(v0, v1);
+#else
+        *reinterpret_cast<DTYPE2*>(p) = __floats2half2_rn(v0, v1);
+#endif
+    } else {
+        if (col < N) p[0] = static_cast<DTYPE>(v0);
+        if (col + 1 < N) p[1] = static_cast<DTYPE>(v1);
+    }
+}
+
+}  // namespace kato_wgmma
+
+extern "C" __global__ void __launch_bounds__(kato_wgmma::kThreads, 1)
+    kato_matmul_wgmma(const __grid_constant__ kato_wgmma::TensorMap tmap_a,
+                      const __grid_constant__ kato_wgmma::TensorMap tmap_b, DTYPE* __restrict__ C,
+                      int M, int N, int K) {
+    using namespace kato_wgmma;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    __shared__ __align__(8) uint64_t full_bar[STAGES];
+    __shared__ __align__(8) uint64_t empty_bar[STAGES];
+
+    // The swizzle pattern is a function of address bits 4-9: stages start 1024-byte aligned.
+    const uint32_t smem_base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const int warpgroup = threadIdx.x / 128;
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    const int num_tiles = tiles_m * tiles_n;
+    const int k_tiles = (K + BK - 1) / BK;
+
+    if (threadIdx.x == 0) {
+        tma_prefetch_map(&tmap_a);
+        tma_prefetch_map(&tmap_b);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(smem_u32(&full_bar[s]), 1);
+            mbar_init(smem_u32(&empty_bar[s]), 4 * CONSUMERS);
+        }
+        // Make the initialised barriers visible to the async proxy (the TMA unit).
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // Producer: one thread issues every copy; the others only lend their registers.
+        setmaxnreg_dec();
+        if (threadIdx.x == 0) {
+            int stage = 0;
+            uint32_t phase = 0;
+            for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+                int tm, tn;
+                tile_coords(tile, tiles_m, tiles_n, tm, tn);
+                const int m0 = tm * BM, n0 = tn * BN;
+                for (int kt = 0; kt < k_tiles; ++kt) {
+                    const int k0 = kt * BK;
+                    const uint32_t full = smem_u32(&full_bar[stage]);
+                    // A fresh barrier counts as having completed the phase before phase 0.
+                    mbar_wait(smem_u32(&empty_bar[stage]), phase ^ 1, 1, stage);
+                    mbar_expect_tx(full, kStageBytes);
+                    const uint32_t a_dst = smem_base + stage * kStageBytes;
+                    const uint32_t b_dst = a_dst + kATileBytes;
+#if TRANS_A
+                    for (int c = 0; c < BM / 64; ++c)
+                        tma_load_2d(a_dst + c * kChunkBytes, &tmap_a, full, m0 + c * 64, k0);
+#else
+                    tma_load_2d(a_dst, &tmap_a, full, k0, m0);
+#endif
+#if TRANS_B
+                    tma_load_2d(b_dst, &tmap_b, full, k0, n0);
+#else
+                    for (int c = 0; c < BN / 64; ++c)
+                        tma_load_2d(b_dst + c * kChunkBytes, &tmap_b, full, n0 + c * 64, k0);
+#endif
+                    if (++stage == STAGES) {
+                        stage = 0;
+                        phase ^= 1;
+                    }
+                }
+            }
+        }
+    } else {
+        setmaxnreg_inc();
+        const int consumer = warpgroup - 1;
+        const int warp = (threadIdx.x / 32) % 4;
+        const int lane = threadIdx.x % 32;
+        int stage = 0;
+        uint32_t phase = 0;
+        float acc[kMI][kAccPerWgmma];
+        for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+            int tm, tn;
+            tile_coords(tile, tiles_m, tiles_n, tm, tn);
+#pragma unroll
+            for (int i = 0; i < kMI; ++i)
+#pragma unroll
+                for (int j = 0; j < kAccPerWgmma; ++j) acc[i][j] = 0.0f;
+#if INFLIGHT
+            int pending = -1;  // the stage whose wgmmas may still be reading it
+#endif
+            for (int kt = 0; kt < k_tiles; ++kt) {
+                mbar_wait(smem_u32(&full_bar[stage]), phase, 0, stage);
+                const uint32_t a_tile =
+                    smem_base + stage * kStageBytes + consumer * kMI * kChunkBytes;
+                const uint32_t b_tile = smem_base + stage * kStageBytes + kATileBytes;
+                wgmma_fence();
+#pragma unroll
+                for (int ks = 0; ks < BK / 16; ++ks) {
+#if TRANS_B
+                    const uint64_t db = desc_k_major(b_tile, ks);
+#else
+                    const uint64_t db = desc_mn_major(b_tile, ks);
+#endif
+#pragma unroll
+                    for (int i = 0; i < kMI; ++i) {
+#if TRANS_A
+                        const uint64_t da = desc_mn_major(a_tile + i * kChunkBytes, ks);
+#else
+                        const uint64_t da = desc_k_major(a_tile + i * kChunkBytes, ks);
+#endif
+                        wgmma_tile<BN>(acc[i], da, db, 1);
+                    }
+                }
+                wgmma_commit();
+#if INFLIGHT
+                wgmma_wait<1>();
+                if (pending >= 0 && lane == 0) mbar_arrive(smem_u32(&empty_bar[pending]));
+                pending = stage;
+#else
+                wgmma_wait<0>();
+                if (lane == 0) mbar_arrive(smem_u32(&empty_bar[stage]));
+#endif
+                if (++stage == STAGES) {
+                    stage = 0;
+                    phase ^= 1;
+                }
+            }
+#if INFLIGHT
+            wgmma_wait<0>();
+            if (pending >= 0 && lane == 0) mbar_arrive(smem_u32(&empty_bar[pending]));
+#endif
+            // Epilogue: fragment j of an m64nN accumulator holds rows warp*16 + lane/4 (+8)
+            // and columns j*8 + (lane%4)*2 (+1) of its 64-row slice.
+            const int row0 = tm * BM + consumer * kRowsPerConsumer + warp * 16 + lane / 4;
+            const int col0 = tn * BN + (lane % 4) * 2;
+#pragma unroll
+            for (int i = 0; i < kMI; ++i)
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) {
+                    const int row = row0 + i * 64, col = col0 + j * 8;
+                    store_pair(C, M, N, row, col, acc[i][4 * j], acc[i][4 * j + 1]);
+                    store_pair(C, M, N, row + 8, col, acc[i][4 * j + 2], acc[i][4 * j + 3]);
+                }
+        }
+    }
+}

@@ -1,0 +1,95 @@
+"""The Hopper wgmma GEMM template (kernels/matmul/matmul_wgmma.cu) builds for sm_90a in the
+probe's variants (benchmarks/wgmma_probe.py) without spills or serialised wgmma, within the
+register budget of its launch, and its shared memory fits; the probe's checker tells a right
+result from a wrong one. No GPU: nvcc and ptxas only (the GPU run is the probe itself)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks import wgmma_probe as probe
+from tuner.nvcc import CompileError, nvcc_available
+
+pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
+
+#: Max dynamic + static shared memory of one sm_90 block (227 KiB).
+SM90_SHARED = 232448
+
+
+def _builds(variants, dtypes, layouts):
+    from tuner.nvcc import CompileJob, compile_many
+
+    source = probe.SOURCE.read_text()
+    keys, jobs = [], []
+    for variant in variants:
+        for dtype in dtypes:
+            for layout in layouts:
+                keys.append((variant, dtype, layout))
+                options = probe.compile_options(variant, dtype, layout)
+                jobs.append(CompileJob(source, probe.KERNEL, probe.ARCH, options))
+    return list(zip(keys, compile_many(jobs), strict=True))
+
+
+def test_every_probe_variant_builds_without_spills_or_serialisation():
+    """float16 nn for every variant, and the 128 x 256 two-consumer variant in every layout
+    and both dtypes (the transpose immediates and the MN-major descriptors change the code)."""
+    by_name = {v.name: v for v in probe.VARIANTS}
+    builds = _builds(probe.VARIANTS, ["float16"], ["nn"])
+    builds += _builds([by_name["m2_128x256_s4"]], probe.DTYPES, ["nt", "tn"])
+    for (variant, dtype, layout), result in builds:
+        where = f"{variant.name} {dtype} {layout}"
+        assert not isinstance(result, CompileError), f"{where}: {result}\n{result.log}"
+        assert result.spill_bytes == 0 and result.local_bytes == 0, where
+        assert "Performance Loss" not in result.log, f"{where}: {result.log}"
+        # __launch_bounds__(threads, 1): 65536 registers shared by 128 * (CONSUMERS + 1).
+        assert result.registers <= min(255, 65536 // variant.threads // 8 * 8), where
+        assert variant.smem_bytes + result.shared_static_bytes <= SM90_SHARED, where
+
+
+def test_setmaxnreg_budget_fits_the_register_file():
+    """Producer and consumers after setmaxnreg must fit the registers the launch holds."""
+    for variant in probe.VARIANTS:
+        d = variant.defines
+        if d["PRODUCER_REGS"]:
+            total = 128 * d["PRODUCER_REGS"] + 128 * d["CONSUMERS"] * d["CONSUMER_REGS"]
+            assert total <= 65536, variant.name
+
+
+def test_template_rejects_a_tile_it_cannot_hold():
+    """BN 256 with two m64 slices per consumer would need 256 accumulators per thread."""
+    options = ("-DBM=256", "-DBN=256", "-DCONSUMERS=1", "-DSTAGES=2")
+    from tuner.nvcc import compile_kernel
+
+    with pytest.raises(CompileError, match="accumulators"):
+        compile_kernel(probe.SOURCE.read_text(), probe.KERNEL, probe.ARCH, options)
+
+
+def test_checker_accepts_rounding_and_rejects_a_wrong_element():
+    a = torch.randn(64, 96, generator=torch.Generator().manual_seed(0))
+    b = torch.randn(96, 80, generator=torch.Generator().manual_seed(1)) / 96**0.5
+    ref = a @ b
+    assert probe._check(torch, ref.to(torch.bfloat16), ref, "bfloat16")["ok"]
+    assert probe._check(torch, ref.to(torch.float16), ref, "float16")["ok"]
+    wrong = ref.clone()
+    wrong[3, 5] += 0.5
+    result = probe._check(torch, wrong.to(torch.float16), ref, "float16")
+    assert not result["ok"]
+    assert [r[:2] for r in result["first_bad"]] == [(3, 5)]
+    assert result["bad_row_fraction"] == pytest.approx(1 / 64)
+
+
+def test_probe_skips_shapes_whose_pitches_tma_cannot_address(tmp_path):
+    """TMA needs 16-byte row pitches: nn with N = 50257 is skipped, nt keeps it (B is (N, K))."""
+    variant = next(v for v in probe.VARIANTS if v.name == "m1_128x64")
+    fake = {(variant.name, "float16", layout): _FakeCompiled() for layout in probe.LAYOUTS}
+    shapes = [(8192, 50257, 768), (64, 72, 8)]
+    (job,) = probe.build_jobs([variant], fake, tmp_path, shapes, ["float16"])
+    kept = {(c["layout"], tuple(c["shape"])) for c in job.cases}
+    assert ("nt", (8192, 50257, 768)) in kept
+    assert ("nn", (8192, 50257, 768)) not in kept and ("tn", (8192, 50257, 768)) not in kept
+    assert {("nn", (64, 72, 8)), ("nt", (64, 72, 8)), ("tn", (64, 72, 8))} <= kept
+
+
+class _FakeCompiled:
+    cubin = b"\0"
