@@ -68,6 +68,9 @@ class Variant:
     layouts: tuple[str, ...] | None = None
     max_elements: int | None = None
     note: str = ""
+    #: Run only when a regular variant failed (or with --diagnostics): these invert one guess
+    #: about the descriptors and should fail where the regular variants pass.
+    diagnostic: bool = False
 
     @property
     def threads(self) -> int:
@@ -103,8 +106,11 @@ VARIANTS = (
     _v("m2_128x256_s4", 128, 256, 4, 2, 1, (40, 232), ("tiles", "persistent")),
     _v("m2_256x128_s4", 256, 128, 4, 2, 1, (40, 232), ("tiles", "persistent")),
     _v("diag_swap_lbo_sbo", 128, 256, 4, 2, 1, (40, 232), ("tiles",), MN_SWAP_LBO_SBO=1,
-       layouts=("nn", "tn"), max_elements=1000**3,
+       layouts=("nn", "tn"), max_elements=1000**3, diagnostic=True,
        note="MN-major LBO/SBO swapped: should FAIL where m2_128x256_s4 passes"),
+    _v("diag_flip_transpose", 128, 128, 4, 1, 0, (0, 0), ("tiles",), FLIP_TRANSPOSE=1,
+       max_elements=1000**3, diagnostic=True,
+       note="transpose immediates inverted: should FAIL where m1_128x128 passes"),
 )  # fmt: skip
 
 
@@ -252,6 +258,12 @@ def _check(torch, c, ref, dtype) -> dict:
         out["all_zero"] = bool((cf == 0).all())
         flat_c, flat_r = cf.flatten()[: 1 << 22], ref.flatten()[: 1 << 22]
         out["corr"] = float(torch.corrcoef(torch.stack([flat_c, flat_r]))[0, 1])
+        # The right values in the wrong places (an epilogue / fragment-order bug) keep each
+        # 64 x 64 block's sorted values; a descriptor bug changes the values themselves.
+        block_c, block_r = cf[:64, :64].flatten().sort()[0], ref[:64, :64].flatten().sort()[0]
+        out["block0_same_values"] = bool(
+            ((block_c - block_r).abs() <= tol * (1 + block_r.abs())).all()
+        )
     return out
 
 
@@ -395,7 +407,7 @@ def run_job(job: Job) -> None:
 
 
 _DIAGNOSTICS = ("max_abs_err", "bad_fraction", "bad_row_fraction", "bad_col_fraction", "all_zero")
-_DIAGNOSTICS += ("corr", "nan")
+_DIAGNOSTICS += ("corr", "nan", "block0_same_values")
 
 
 def print_row(variant: Variant, row: dict) -> None:
@@ -456,10 +468,13 @@ def build_jobs(variants, compiled, cubin_dir: Path, shapes_override, dtypes) -> 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
-    parser.add_argument("--variants", nargs="*", help="names (default: all)")
+    parser.add_argument("--variants", nargs="*", help="names (default: every regular one)")
     parser.add_argument("--dtypes", nargs="*", default=list(DTYPES))
     parser.add_argument("--shapes", nargs="*", type=parse_shape, help="MxNxK (every layout)")
     parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument(
+        "--diagnostics", action="store_true", help="run the diagnostic variants even if all pass"
+    )
     parser.add_argument("--child-variant", help=argparse.SUPPRESS)
     parser.add_argument("--child-cases", help=argparse.SUPPRESS)
     parser.add_argument("--child-cubins", help=argparse.SUPPRESS)
@@ -468,51 +483,77 @@ def main(argv=None) -> int:
     if args.child_variant:
         return run_child(args)
 
-    variants = [v for v in VARIANTS if not args.variants or v.name in args.variants]
     t0 = time.perf_counter()
-    log(f"compiling {len(variants)} variants x {len(args.dtypes)} dtypes x layouts for {ARCH}")
-    compiled = compile_all(variants)
-    report = {"arch": ARCH, "compile": {}, "results": [], "debug": []}
-    for (name, dtype, layout), result in compiled.items():
-        summary = ptxas_summary(result)
-        report["compile"][f"{name}/{dtype}/{layout}"] = summary
-        brief = summary if "error" in summary else {k: summary[k] for k in _PTXAS_KEYS}
-        log(f"  {name:18s} {dtype:8s} {layout}: {brief}")
-    log(f"compiled in {time.perf_counter() - t0:.1f} s")
     args.out.mkdir(parents=True, exist_ok=True)
     out_path = args.out / "wgmma_probe.json"
+    report = {"arch": ARCH, "compile": {}, "results": [], "debug": []}
+    chosen = [v for v in VARIANTS if (v.name in args.variants if args.variants else True)]
+    regular = [v for v in chosen if args.variants or not v.diagnostic]
+    compiled = _compile(regular, report)
     if args.compile_only:
+        compiled.update(_compile([v for v in chosen if v not in regular], report))
         out_path.write_text(json.dumps(report, indent=1))
         return 0 if all("error" not in s for s in report["compile"].values()) else 1
 
+    log(f"{'variant':18s} {'dtype':8s} lay {'grid':10s} {'M x N x K':17s} result")
+    _run(regular, compiled, args, report, out_path)
+    failed = any(not r.get("ok") for r in report["results"])
+    extra = [v for v in VARIANTS if v.diagnostic and v not in regular]
+    if extra and (failed or args.diagnostics):
+        log("diagnostic variants (each inverts one guess; expected to FAIL where others pass):")
+        _run(extra, _compile(extra, report), args, report, out_path)
+    _debug_crashes(regular + extra, args, report)
+    out_path.write_text(json.dumps(report, indent=1))
+    passed = sum(1 for r in report["results"] if r.get("ok"))
+    log(f"{passed} of {len(report['results'])} cases passed; wrote {out_path} "
+        f"({time.perf_counter() - t0:.0f} s)")  # fmt: skip
+    return 0
+
+
+def _compile(variants, report, debug: bool = False) -> dict:
+    t0 = time.perf_counter()
+    log(f"compiling {len(variants)} variants x dtypes x layouts for {ARCH} (debug={debug})")
+    compiled = compile_all(variants, debug=debug)
+    for (name, dtype, layout), result in compiled.items():
+        summary = ptxas_summary(result)
+        if not debug:
+            report["compile"][f"{name}/{dtype}/{layout}"] = summary
+        brief = summary if "error" in summary else {k: summary[k] for k in _PTXAS_KEYS}
+        log(f"  {name:18s} {dtype:8s} {layout}: {brief}")
+    log(f"compiled in {time.perf_counter() - t0:.1f} s")
+    return compiled
+
+
+def _run(variants, compiled, args, report, out_path: Path) -> None:
     cubin_dir = args.out / "cubins"
     cubin_dir.mkdir(exist_ok=True)
-    jobs = build_jobs(variants, compiled, cubin_dir, args.shapes, args.dtypes)
-    log(f"{'variant':18s} {'dtype':8s} lay {'grid':10s} {'M x N x K':17s} result")
-    for job in jobs:
+    for job in build_jobs(variants, compiled, cubin_dir, args.shapes, args.dtypes):
         run_job(job)
         report["results"].extend(dict(r, variant=job.variant.name) for r in job.results)
         out_path.write_text(json.dumps(report, indent=1))
-    # A variant whose launches died: once more at the smallest case, in the debug build that
-    # records the mbarrier wait that timed out instead of trapping.
+
+
+def _debug_crashes(variants, args, report) -> None:
+    """A (variant, dtype) whose launches died: once more at its first crashed case, in the debug
+    build that records the mbarrier wait that timed out instead of trapping."""
     crashed = {(r["variant"], r["dtype"]) for r in report["results"] if "error" in r}
-    if crashed:
-        debug_compiled = compile_all([v for v in variants if any(v.name == c[0] for c in crashed)],
-                                     debug=True)  # fmt: skip
-        debug_dir = args.out / "cubins_debug"
-        debug_dir.mkdir(exist_ok=True)
-        for job in build_jobs(variants, debug_compiled, debug_dir, args.shapes, args.dtypes):
-            if (job.variant.name, job.dtype) not in crashed:
-                continue
-            first = [c for c in job.cases if "error" in _match(report, job, c)][:1]
-            if first:
-                rows, err = _spawn(job, first, debug=True)
-                for row in rows:
-                    print_row(job.variant, row)
-                report["debug"].append({"variant": job.variant.name, "rows": rows, "err": err})
-    out_path.write_text(json.dumps(report, indent=1))
-    log(f"wrote {out_path} ({time.perf_counter() - t0:.0f} s)")
-    return 0
+    targets = [v for v in variants if any(v.name == name for name, _ in crashed)]
+    if not targets:
+        return
+    debug_dir = args.out / "cubins_debug"
+    debug_dir.mkdir(exist_ok=True)
+    compiled = _compile(targets, report, debug=True)
+    for job in build_jobs(targets, compiled, debug_dir, args.shapes, args.dtypes):
+        if (job.variant.name, job.dtype) not in crashed:
+            continue
+        first = [c for c in job.cases if "error" in _match(report, job, c)][:1]
+        if first:
+            rows, err = _spawn(job, first, debug=True)
+            for row in rows:
+                print_row(job.variant, row)
+            if not rows:
+                log(f"{job.variant.name} {job.dtype} debug run died too: {err[-300:]}")
+            report["debug"].append({"variant": job.variant.name, "rows": rows, "err": err})
 
 
 def _match(report, job, case) -> dict:

@@ -38,6 +38,7 @@
 // releasing it; 1: keep one stage's wgmmas in flight, release the previous stage),
 // PRODUCER_REGS / CONSUMER_REGS (setmaxnreg targets; 0 = no setmaxnreg), IS_BF16, TRANS_A,
 // TRANS_B. Diagnostics: MN_SWAP_LBO_SBO = 1 swaps the two offsets of MN-major descriptors;
+// FLIP_TRANSPOSE = 1 inverts both transpose immediates (the smem layouts stay);
 // KATO_WGMMA_DEBUG = 1 records a timed-out wait in kato_wgmma_timeout instead of trapping.
 //
 // Kernel: kato_matmul_wgmma(tmap_a, tmap_b, C, M, N, K); block 128 * (CONSUMERS + 1) threads;
@@ -86,6 +87,9 @@
 #ifndef MN_SWAP_LBO_SBO
 #define MN_SWAP_LBO_SBO 0
 #endif
+#ifndef FLIP_TRANSPOSE
+#define FLIP_TRANSPOSE 0
+#endif
 #ifndef KATO_WGMMA_DEBUG
 #define KATO_WGMMA_DEBUG 0
 #endif
@@ -104,8 +108,8 @@ typedef __half2 DTYPE2;
 #endif
 
 // wgmma's transpose immediates: 1 = the operand is MN-major in shared memory.
-#define TRANS_A_MN (TRANS_A)
-#define TRANS_B_MN (1 - (TRANS_B))
+#define TRANS_A_MN ((TRANS_A) ^ (FLIP_TRANSPOSE))
+#define TRANS_B_MN ((1 - (TRANS_B)) ^ (FLIP_TRANSPOSE))
 
 namespace kato_wgmma {
 
