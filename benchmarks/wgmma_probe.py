@@ -77,6 +77,18 @@ class Variant:
         return 128 * (self.defines["CONSUMERS"] + 1)
 
     @property
+    def cluster(self) -> int:
+        return self.defines["CLUSTER_M"]
+
+    def grid(self, m: int, n: int, mode: str, sms: int) -> int:
+        """CTAs of a launch: one per output tile, or (persistent) one per SM, in whole
+        clusters; the kernel loops over cluster tiles of CLUSTER_M * BM x BN."""
+        bm, bn, cl = self.defines["BM"], self.defines["BN"], self.cluster
+        cluster_tiles = -(-m // (bm * cl)) * -(-n // bn)
+        clusters = cluster_tiles if mode == "tiles" else min(cluster_tiles, sms // cl)
+        return clusters * cl
+
+    @property
     def smem_bytes(self) -> int:
         d = self.defines
         return d["STAGES"] * (d["BM"] + d["BN"]) * 64 * 2 + 1024
@@ -87,7 +99,7 @@ def _v(name, bm, bn, stages, consumers, inflight, regs, grids, **extra) -> Varia
     defines = {
         "BM": bm, "BN": bn, "BK": 64, "STAGES": stages, "CONSUMERS": consumers,
         "INFLIGHT": inflight, "PRODUCER_REGS": producer, "CONSUMER_REGS": consumer,
-        "GROUP_M": 8,
+        "GROUP_M": 8, "CLUSTER_M": 1,
     }  # fmt: skip
     diag = {k: extra.pop(k) for k in list(extra) if k.isupper()}
     defines.update(diag)
@@ -95,8 +107,8 @@ def _v(name, bm, bn, stages, consumers, inflight, regs, grids, **extra) -> Varia
 
 
 #: Milestone 1 (one consumer warpgroup, no setmaxnreg, wait for each stage's wgmmas), then
-#: milestone 2 (two consumers, setmaxnreg 40 / 232, one stage in flight, persistent grid), and a
-#: diagnostic twin with the MN-major descriptor offsets swapped (nn's B, tn's A).
+#: milestone 2 (two consumers, setmaxnreg 40 / 232, one stage in flight, persistent grid), 2-CTA
+#: clusters with B multicast, and diagnostic twins that invert one guess about the descriptors.
 VARIANTS = (
     _v("m1_128x64", 128, 64, 4, 1, 0, (0, 0), ("tiles",),
        note="1 consumer; nn's B is one 64-wide MN chunk: its leading offset is unused"),
@@ -105,6 +117,10 @@ VARIANTS = (
     _v("m2_128x256_s3", 128, 256, 3, 2, 1, (40, 232), ("tiles", "persistent")),
     _v("m2_128x256_s4", 128, 256, 4, 2, 1, (40, 232), ("tiles", "persistent")),
     _v("m2_256x128_s4", 256, 128, 4, 2, 1, (40, 232), ("tiles", "persistent")),
+    _v("m2c2_128x256_s4", 128, 256, 4, 2, 1, (40, 232), ("tiles", "persistent"), CLUSTER_M=2,
+       note="2-CTA clusters along M, B multicast"),
+    _v("m2c2_256x128_s4", 256, 128, 4, 2, 1, (40, 232), ("tiles", "persistent"), CLUSTER_M=2,
+       note="2-CTA clusters along M, B multicast"),
     _v("diag_swap_lbo_sbo", 128, 256, 4, 2, 1, (40, 232), ("tiles",), MN_SWAP_LBO_SBO=1,
        layouts=("nn", "tn"), max_elements=1000**3, diagnostic=True,
        note="MN-major LBO/SBO swapped: should FAIL where m2_128x256_s4 passes"),
@@ -205,8 +221,9 @@ def _tensor_maps(lib, variant: Variant, dtype, layout, a, b, m, n, k):
         if trans_a
         else TensorMap(lib, dtype, a.data_ptr(), m, k, bm)
     )
+    # With clusters each CTA loads (and multicasts) 1 / CLUSTER_M of B's rows.
     map_b = (
-        TensorMap(lib, dtype, b.data_ptr(), n, k, bn)
+        TensorMap(lib, dtype, b.data_ptr(), n, k, bn // variant.cluster)
         if trans_b
         else TensorMap(lib, dtype, b.data_ptr(), k, n, 64)
     )
@@ -308,9 +325,7 @@ def run_child(args) -> int:
         a, b = _inputs(torch, dtype, layout, m, n, k, seed=m + n + k)
         c = torch.full((m, n), float("nan"), device="cuda", dtype=a.dtype)
         map_a, map_b = _tensor_maps(lib, variant, dtype, layout, a, b, m, n, k)
-        bm, bn = variant.defines["BM"], variant.defines["BN"]
-        tiles = -(-m // bm) * -(-n // bn)
-        grid = tiles if case["grid"] == "tiles" else min(tiles, sms)
+        grid = variant.grid(m, n, case["grid"], sms)
         args_ = [map_a.value, map_b.value, ctypes.c_void_p(c.data_ptr())]
         args_ += [ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k)]
         module, func = funcs[layout]

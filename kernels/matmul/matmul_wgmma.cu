@@ -34,7 +34,9 @@
 //   hanging the GPU.
 //
 // Tunables (-D): BM (64, 128, 256), BN (64, 128, 256), BK (64), STAGES (2..8), CONSUMERS (1, 2),
-// GROUP_M (tile-rows per raster group), INFLIGHT (0: wait for each stage's wgmmas before
+// CLUSTER_M (1, or 2: clusters of 2 CTAs on vertically adjacent tiles, each loading half of the
+// shared B tile and multicasting it to both; the grid must then be even), GROUP_M (tile-rows
+// per raster group, counted in cluster tiles of CLUSTER_M * BM rows), INFLIGHT (0: wait for each stage's wgmmas before
 // releasing it; 1: keep one stage's wgmmas in flight, release the previous stage),
 // PRODUCER_REGS / CONSUMER_REGS (setmaxnreg targets; 0 = no setmaxnreg), IS_BF16, TRANS_A,
 // TRANS_B. Diagnostics: MN_SWAP_LBO_SBO = 1 swaps the two offsets of MN-major descriptors;
@@ -87,6 +89,9 @@
 #ifndef MN_SWAP_LBO_SBO
 #define MN_SWAP_LBO_SBO 0
 #endif
+#ifndef CLUSTER_M
+#define CLUSTER_M 1
+#endif
 #ifndef FLIP_TRANSPOSE
 #define FLIP_TRANSPOSE 0
 #endif
@@ -133,6 +138,11 @@ static_assert(kMI * kAccPerWgmma <= 128, "more than 128 accumulators per thread"
 static_assert(STAGES >= 2 && STAGES <= 8, "STAGES must be 2..8");
 static_assert(STAGES * kStageBytes + 1024 <= 232448, "stages exceed 227 KiB of shared memory");
 static_assert(INFLIGHT == 0 || INFLIGHT == 1, "INFLIGHT must be 0 or 1");
+static_assert(CLUSTER_M == 1 || CLUSTER_M == 2, "CLUSTER_M must be 1 or 2");
+static_assert(CLUSTER_M == 1 || (BN / 64) % 2 == 0, "a 2-CTA cluster splits B: BN 128 or 256");
+// Rows of B one CTA of a cluster loads and multicasts (K-major B: its TMA box height).
+constexpr int kBRowsPerCta = BN / CLUSTER_M;
+static_assert(kBRowsPerCta % 8 == 0, "a CTA's share of B is whole 8-row swizzle groups");
 
 // A CUtensorMap (cuda.h's is 64-byte aligned, 128 bytes); only its address is used here.
 struct alignas(64) TensorMap {
@@ -220,6 +230,54 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const TensorMap* map, 
 
 __device__ __forceinline__ void tma_prefetch_map(const TensorMap* map) {
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// As tma_load_2d, into the same shared-memory offset of every CTA of the cluster in `mask`;
+// each destination's mbarrier at `bar`'s offset receives the bytes it got.
+__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const TensorMap* map,
+                                                      uint32_t bar, int c0, int c1,
+                                                      uint16_t mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+        : "memory");
+}
+
+// --- clusters -------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t cluster_rank() {
+#if CLUSTER_M > 1
+    uint32_t rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    return rank;
+#else
+    return 0;
+#endif
+}
+
+// Every thread of every CTA of the cluster (a CTA barrier without clusters).
+__device__ __forceinline__ void cluster_sync() {
+#if CLUSTER_M > 1
+    asm volatile(
+        "barrier.cluster.arrive.release.aligned;\n"
+        "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    __syncthreads();
+#endif
+}
+
+// One arrival on the barrier at `bar`'s offset in CTA `rank` of the cluster (this CTA's own
+// barrier without clusters).
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
+#if CLUSTER_M > 1
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote)
+                 : "memory");
+#else
+    mbar_arrive(bar);
+#endif
 }
 
 // --- wgmma ----------------------------------------------------------------------------------
@@ -393,7 +451,13 @@ __device__ __forceinline__ void store_pair(DTYPE* C, int M, int N, int row, int 
 
 }  // namespace kato_wgmma
 
-extern "C" __global__ void __launch_bounds__(kato_wgmma::kThreads, 1)
+#if CLUSTER_M > 1
+#define KATO_CLUSTER_DIMS __cluster_dims__(CLUSTER_M, 1, 1)
+#else
+#define KATO_CLUSTER_DIMS
+#endif
+
+extern "C" __global__ void __launch_bounds__(kato_wgmma::kThreads, 1) KATO_CLUSTER_DIMS
     kato_matmul_wgmma(const __grid_constant__ kato_wgmma::TensorMap tmap_a,
                       const __grid_constant__ kato_wgmma::TensorMap tmap_b, DTYPE* __restrict__ C,
                       int M, int N, int K) {
@@ -403,9 +467,17 @@ extern "C" __global__ void __launch_bounds__(kato_wgmma::kThreads, 1)
     __shared__ __align__(8) uint64_t empty_bar[STAGES];
 
     // The swizzle pattern is a function of address bits 4-9: stages start 1024-byte aligned.
+    // Every CTA computes the same base (same kernel, same static layout), as multicast needs.
     const uint32_t smem_base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const int warpgroup = threadIdx.x / 128;
-    const int tiles_m = (M + BM - 1) / BM;
+    // A cluster of CLUSTER_M CTAs takes CLUSTER_M vertically adjacent tiles (one cluster tile
+    // of CLUSTER_M * BM x BN): they share B, which each CTA loads a 1 / CLUSTER_M share of and
+    // multicasts to all. Tile-rows past M still take part (their A is zero-filled, their stores
+    // are skipped): the other CTA needs their share of B.
+    const int rank = static_cast<int>(cluster_rank());
+    const int cluster = blockIdx.x / CLUSTER_M;
+    const int clusters = gridDim.x / CLUSTER_M;
+    const int tiles_m = (M + BM * CLUSTER_M - 1) / (BM * CLUSTER_M);
     const int tiles_n = (N + BN - 1) / BN;
     const int num_tiles = tiles_m * tiles_n;
     const int k_tiles = (K + BK - 1) / BK;
@@ -415,12 +487,14 @@ extern "C" __global__ void __launch_bounds__(kato_wgmma::kThreads, 1)
         tma_prefetch_map(&tmap_b);
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(smem_u32(&full_bar[s]), 1);
-            mbar_init(smem_u32(&empty_bar[s]), 4 * CONSUMERS);
+            // Every consumer warp of every CTA of the cluster: each CTA writes B into all.
+            mbar_init(smem_u32(&empty_bar[s]), 4 * CONSUMERS * CLUSTER_M);
         }
-        // Make the initialised barriers visible to the async proxy (the TMA unit).
+        // Make the initialised barriers visible to the async proxy (the TMA unit) and to the
+        // other CTAs of the cluster.
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    __syncthreads();
+    cluster_sync();
 
     if (warpgroup == 0) {
         // Producer: one thread issues every copy; the others only lend their registers.
@@ -428,15 +502,16 @@ extern "C" __global__ void __launch_bounds__(kato_wgmma::kThreads, 1)
         if (threadIdx.x == 0) {
             int stage = 0;
             uint32_t phase = 0;
-            for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+            for (int tile = cluster; tile < num_tiles; tile += clusters) {
                 int tm, tn;
                 tile_coords(tile, tiles_m, tiles_n, tm, tn);
-                const int m0 = tm * BM, n0 = tn * BN;
+                const int m0 = (tm * CLUSTER_M + rank) * BM, n0 = tn * BN;
                 for (int kt = 0; kt < k_tiles; ++kt) {
                     const int k0 = kt * BK;
                     const uint32_t full = smem_u32(&full_bar[stage]);
                     // A fresh barrier counts as having completed the phase before phase 0.
                     mbar_wait(smem_u32(&empty_bar[stage]), phase ^ 1, 1, stage);
+                    // The whole stage arrives here: A from this CTA, B in shares from all.
                     mbar_expect_tx(full, kStageBytes);
                     const uint32_t a_dst = smem_base + stage * kStageBytes;
                     const uint32_t b_dst = a_dst + kATileBytes;
@@ -446,11 +521,23 @@ extern "C" __global__ void __launch_bounds__(kato_wgmma::kThreads, 1)
 #else
                     tma_load_2d(a_dst, &tmap_a, full, k0, m0);
 #endif
+#if CLUSTER_M > 1
+                    const uint16_t all = (1u << CLUSTER_M) - 1;
+#if TRANS_B
+                    tma_load_2d_multicast(b_dst + rank * kBRowsPerCta * BK * 2, &tmap_b, full,
+                                          k0, n0 + rank * kBRowsPerCta, all);
+#else
+                    for (int c = rank; c < BN / 64; c += CLUSTER_M)
+                        tma_load_2d_multicast(b_dst + c * kChunkBytes, &tmap_b, full,
+                                              n0 + c * 64, k0, all);
+#endif
+#else
 #if TRANS_B
                     tma_load_2d(b_dst, &tmap_b, full, k0, n0);
 #else
                     for (int c = 0; c < BN / 64; ++c)
                         tma_load_2d(b_dst + c * kChunkBytes, &tmap_b, full, n0 + c * 64, k0);
+#endif
 #endif
                     if (++stage == STAGES) {
                         stage = 0;
@@ -459,6 +546,7 @@ extern "C" __global__ void __launch_bounds__(kato_wgmma::kThreads, 1)
                 }
             }
         }
+        __syncwarp();
     } else {
         setmaxnreg_inc();
         const int consumer = warpgroup - 1;
@@ -467,9 +555,10 @@ extern "C" __global__ void __launch_bounds__(kato_wgmma::kThreads, 1)
         int stage = 0;
         uint32_t phase = 0;
         float acc[kMI][kAccPerWgmma];
-        for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+        for (int tile = cluster; tile < num_tiles; tile += clusters) {
             int tm, tn;
             tile_coords(tile, tiles_m, tiles_n, tm, tn);
+            tm = tm * CLUSTER_M + rank;
 #pragma unroll
             for (int i = 0; i < kMI; ++i)
 #pragma unroll
@@ -501,13 +590,19 @@ extern "C" __global__ void __launch_bounds__(kato_wgmma::kThreads, 1)
                     }
                 }
                 wgmma_commit();
+                // Release a stage once its wgmmas are complete, to every CTA whose producer
+                // writes into it (all of the cluster's).
 #if INFLIGHT
                 wgmma_wait<1>();
-                if (pending >= 0 && lane == 0) mbar_arrive(smem_u32(&empty_bar[pending]));
+                if (pending >= 0 && lane == 0)
+                    for (int r = 0; r < CLUSTER_M; ++r)
+                        mbar_arrive_cluster(smem_u32(&empty_bar[pending]), r);
                 pending = stage;
 #else
                 wgmma_wait<0>();
-                if (lane == 0) mbar_arrive(smem_u32(&empty_bar[stage]));
+                if (lane == 0)
+                    for (int r = 0; r < CLUSTER_M; ++r)
+                        mbar_arrive_cluster(smem_u32(&empty_bar[stage]), r);
 #endif
                 if (++stage == STAGES) {
                     stage = 0;
@@ -516,7 +611,9 @@ extern "C" __global__ void __launch_bounds__(kato_wgmma::kThreads, 1)
             }
 #if INFLIGHT
             wgmma_wait<0>();
-            if (pending >= 0 && lane == 0) mbar_arrive(smem_u32(&empty_bar[pending]));
+            if (pending >= 0 && lane == 0)
+                for (int r = 0; r < CLUSTER_M; ++r)
+                    mbar_arrive_cluster(smem_u32(&empty_bar[pending]), r);
 #endif
             // Epilogue: fragment j of an m64nN accumulator holds rows warp*16 + lane/4 (+8)
             // and columns j*8 + (lane%4)*2 (+1) of its 64-row slice.
@@ -532,4 +629,8 @@ extern "C" __global__ void __launch_bounds__(kato_wgmma::kThreads, 1)
                 }
         }
     }
+#if CLUSTER_M > 1
+    // No CTA may exit while another can still arrive on its barriers or multicast into it.
+    cluster_sync();
+#endif
 }

@@ -32,11 +32,13 @@ def _builds(variants, dtypes, layouts):
 
 
 def test_every_probe_variant_builds_without_spills_or_serialisation():
-    """float16 nn for every variant, and the 128 x 256 two-consumer variant in every layout
-    and both dtypes (the transpose immediates and the MN-major descriptors change the code)."""
+    """float16 nn for every variant, and the 128 x 256 two-consumer variants (with and without
+    clusters) in every layout and both dtypes (the transpose immediates, the MN-major
+    descriptors and the multicast shares of B change the code)."""
     by_name = {v.name: v for v in probe.VARIANTS}
     builds = _builds(probe.VARIANTS, ["float16"], ["nn"])
-    builds += _builds([by_name["m2_128x256_s4"]], probe.DTYPES, ["nt", "tn"])
+    every_layout = [by_name["m2_128x256_s4"], by_name["m2c2_128x256_s4"]]
+    builds += _builds(every_layout, probe.DTYPES, ["nt", "tn"])
     for (variant, dtype, layout), result in builds:
         where = f"{variant.name} {dtype} {layout}"
         assert not isinstance(result, CompileError), f"{where}: {result}\n{result.log}"
@@ -93,3 +95,14 @@ def test_probe_skips_shapes_whose_pitches_tma_cannot_address(tmp_path):
 
 class _FakeCompiled:
     cubin = b"\0"
+
+
+def test_cluster_grids_are_whole_clusters_of_cluster_tiles():
+    by_name = {v.name: v for v in probe.VARIANTS}
+    plain, clustered = by_name["m2_128x256_s4"], by_name["m2c2_128x256_s4"]
+    # 1000 x 1000: 8 x 4 tiles of 128 x 256; clusters cover 256 x 256: 4 x 4 cluster tiles.
+    assert plain.grid(1000, 1000, "tiles", 132) == 32
+    assert clustered.grid(1000, 1000, "tiles", 132) == 32
+    assert clustered.grid(1100, 1000, "tiles", 132) == 40  # 5 cluster rows, the last half out
+    assert plain.grid(8192, 8192, "persistent", 132) == 132
+    assert clustered.grid(8192, 8192, "persistent", 131) == 130
