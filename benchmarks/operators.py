@@ -52,22 +52,17 @@ def copy_bandwidth_gbs(nbytes: int = 4 << 30) -> float:
 
 
 def lookup(sessions, spec, shape, dtype, gpu_model):
-    """The stored winner for a case and where it came from (exact, nearest or default)."""
-    from db import queries
+    """The stored winner for a case and where it came from (exact, nearest or default), as
+    the service selects it (:class:`service.lookup.Lookups` under its settings)."""
+    from service.lookup import Lookups
     from service.settings import Settings
 
+    settings = Settings()
     with sessions() as s:
-        return queries.lookup_best_config(
-            s,
-            operator=spec.name,
-            operator_version=spec.version,
-            shape=shape,
-            dtype=dtype,
-            gpu_model=gpu_model,
-            # As the service does: a nearest shape's winner must be valid for this shape.
-            accept=lambda config: spec.check(config, shape, dtype) is None,
-            max_distance=Settings().nearest_max_distance,
+        lookups = Lookups(
+            s, max_distance=settings.nearest_max_distance, min_gain=settings.nearest_min_gain
         )
+        return lookups.pick(spec, shape, dtype, gpu_model)
 
 
 def tune_case(sessions, db_url, operator, shape, dtype, budget):

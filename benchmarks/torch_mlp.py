@@ -82,24 +82,20 @@ class DbConfigs:
         self.sessions = session_factory(init_db(db_url))
 
     def config(self, operator, shape, dtype, gpu=None):
-        from db import queries
         from kernels import get_operator
+        from service.lookup import Lookups
+        from service.settings import Settings
         from tuner.gpus import normalize_gpu_name
 
-        spec = get_operator(operator)
+        settings = Settings()
         model = normalize_gpu_name(torch.cuda.get_device_name())
         with self.sessions() as s:
-            best, _source = queries.lookup_best_config(
+            lookups = Lookups(
                 s,
-                operator=operator,
-                operator_version=spec.version,
-                shape=list(shape),
-                dtype=dtype,
-                gpu_model=model,
+                max_distance=settings.nearest_max_distance,
+                min_gain=settings.nearest_min_gain,
             )
-        if best is None:
-            return spec.default_config(shape, dtype)
-        return dict(best.config)
+            return lookups.answer(get_operator(operator), shape, dtype, model).config
 
 
 def time_ms(fn, repeats=30, warmup=3) -> float:

@@ -201,31 +201,31 @@ def grad_error(grads, ref):
 
 
 class DbLookups:
-    """What the service would answer for this GPU, read from the results database directly:
-    the config, its source and, for an exact winner, its stored speedup over PyTorch."""
+    """What the service would answer for this GPU, read from the results database directly
+    (:class:`service.lookup.Lookups`, the service's own selection under its settings): the
+    config, its source and its stored speedup over PyTorch."""
 
     def __init__(self, db_url):
         from db.session import init_db, session_factory
+        from service.settings import Settings
 
         self.sessions = session_factory(init_db(db_url))
+        self.settings = Settings(db_url=db_url)
 
     def lookup(self, operator, shape, dtype, gpu=None):
-        from db import queries
         from kernels import get_operator
+        from service.lookup import Lookups
         from tuner.gpus import normalize_gpu_name
 
-        spec = get_operator(operator)
         model = gpu or normalize_gpu_name(torch.cuda.get_device_name())
         with self.sessions() as s:
-            best, source = queries.lookup_best_config(
-                s, operator=operator, operator_version=spec.version, shape=list(shape),
-                dtype=dtype, gpu_model=model,
-            )  # fmt: skip
-            if best is None:
-                return {"config": spec.default_config(shape, dtype), "source": "default"}
-            framework_ms = getattr(best, "framework_ms", None)
-            speedup = framework_ms / best.time_ms if framework_ms and best.time_ms else None
-            return {"config": dict(best.config), "source": source, "speedup": speedup}
+            lookups = Lookups(
+                s,
+                max_distance=self.settings.nearest_max_distance,
+                min_gain=self.settings.nearest_min_gain,
+            )
+            answer = lookups.answer(get_operator(operator), shape, dtype, model)
+        return {"config": answer.config, "source": answer.source, "speedup": answer.speedup}
 
 
 def capture(name, dtype, batch):

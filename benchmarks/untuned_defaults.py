@@ -13,7 +13,7 @@ for each, as a fraction of the space's optimum (its best time / the served confi
   default on its own shape by more than the service's ``nearest_min_gain`` (1.05), else the
   default (see docs/defaults.md).
 
-Both lookups are the service's own selection, :func:`db.queries.pick_best_config`, over the
+Both lookups are the service's own selection, :func:`service.lookup.pick_best_config`, over the
 siblings stored as a lookup reads them (each sibling's optimum as ``time_ms``, its default
 config's recorded time as ``default_ms``, as a job that measured the default first stores
 them; validity by the operator's ``check``, as the API's). No GPU: the times are the recorded
@@ -36,8 +36,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from db.queries import NEAREST_MIN_GAIN, ConfigGroup, StoredConfig, pick_best_config  # noqa: E402
+from db.queries import StoredConfig  # noqa: E402
 from kernels import get_operator  # noqa: E402
+from service.lookup import NEAREST_MIN_GAIN, ConfigGroup, pick_best_config  # noqa: E402
 from tuner.kt_cache import KernelTunerCache, load_cache  # noqa: E402
 
 SPACES = ROOT / "data" / "spaces"
@@ -120,7 +121,7 @@ def served(
     space: Space, siblings: list[Space], max_distance: float, min_gain: float | None
 ) -> tuple[str, Space | None]:
     """The key of the config a lookup for ``space``'s shape serves with ``siblings`` stored
-    (:func:`db.queries.pick_best_config`, the service's selection), and the sibling it is
+    (:func:`service.lookup.pick_best_config`, the service's selection), and the sibling it is
     from (None: the default)."""
     spec = get_operator(space.operator)
     group = ConfigGroup([s.stored(i) for i, s in enumerate(siblings)])
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {
         "max_distance": max_distance,
         "guard": min_gain,
-        "path": "db.queries.pick_best_config",
+        "path": "service.lookup.pick_best_config",
         "summary": totals,
         "rows": [asdict(r) for r in rows],
     }

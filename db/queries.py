@@ -9,14 +9,11 @@ such an update, a job already loaded in the session is refreshed from the databa
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from operator import sub
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import and_, exists, false, func, literal, or_, select, true, tuple_, update
 from sqlalchemy.exc import IntegrityError
@@ -650,35 +647,9 @@ def upsert_best_config(
 
 # --- lookups -------------------------------------------------------------------------------
 #
-# A lookup is split into loading and selecting: :func:`load_config_group` reads the rows of one
-# (operator, version, dtype, GPU model) group once, as immutable values, and
-# :func:`pick_best_config` selects from them without the database. ``POST /v1/configs/batch``
-# loads each group once for up to 1000 lookups; :func:`lookup_best_config` (one lookup) keeps
-# its indexed exact-shape query and reads only (id, shape, time) of the group for the nearest
-# shape (cheaper for one lookup than whole rows), ordered by the same :func:`_nearest_first`.
-
-_P = TypeVar("_P")
-
-#: A lookup serves a winner tuned for another shape only where, on its own shape, it beat the
-#: operator's default config by more than this factor (``default_ms > NEAREST_MIN_GAIN *
-#: time_ms``); else the default is served. Replayed over the H200's recorded spaces
-#: (``benchmarks/untuned_defaults.py``, docs/defaults.md) the unguarded nearest answer came to
-#: mean 0.952, worst 0.551 of each space's optimum, the default to 0.979 / 0.876, this guard to
-#: 0.980 / 0.876: where the default was about as good as the tuned optimum next door, a
-#: neighbour's winner is a worse bet here than the default.
-NEAREST_MIN_GAIN = 1.05
-
-
-def beats_default(row: Any, min_gain: float | None = NEAREST_MIN_GAIN) -> bool:
-    """Whether a stored winner may be served for another shape: it beat the default config on
-    its own shape by more than ``min_gain`` (None or 0: no guard, any winner). A row whose
-    default time is unknown (stored before migration 0006, or its job did not measure the
-    default) is not known to beat it, and the recorded spaces say an unchecked neighbour is
-    worse than the default on average: it is not served."""
-    if not min_gain:
-        return True
-    return row.default_ms is not None and row.default_ms > min_gain * row.time_ms
-
+# The rows a lookup selects from, read by the queries below; the selection itself (exact ->
+# nearest -> default, the nearest-shape order, the guard against the default config) is
+# :mod:`service.lookup`'s, the one place that decides what is served.
 
 #: What identifies a group of rows a lookup selects from: (operator, version, dtype, GPU model).
 GroupKey = tuple[str, str, str, str]
@@ -691,8 +662,8 @@ class StoredConfig:
     The attributes are :class:`db.models.BestConfig`'s columns under the same names, so code
     that only reads a row (``ConfigPublic.from_row``) takes either. ``shape`` is a tuple and
     ``config`` a read-only mapping: one value is shared by every lookup of a batch, so a caller
-    must not be able to change what the next lookup sees (:func:`pick_best_config` hands
-    ``accept`` a fresh ``dict`` copy).
+    must not be able to change what the next lookup sees (``service.lookup.pick_best_config``
+    hands ``accept`` a fresh ``dict`` copy).
     """
 
     id: int
@@ -713,101 +684,6 @@ class StoredConfig:
     framework: str | None = None
 
 
-#: A nearest-shape candidate: (shape, log2 of each dimension, time_ms, id, payload).
-_Candidate = tuple[tuple[int, ...], tuple[float, ...], float, int, _P]
-
-
-def _candidate(
-    shape: Sequence[int], time_ms: float, row_id: int, payload: _P
-) -> _Candidate[_P] | None:
-    """A row as a nearest-shape candidate; ``None`` for a shape with a dimension below 1 (it has
-    no log2 and never serves another shape)."""
-    if not all(int(s) >= 1 for s in shape):
-        return None
-    return tuple(shape), tuple(math.log2(s) for s in shape), time_ms, row_id, payload
-
-
-def _nearest_first(
-    candidates: Iterable[_Candidate[_P]], shape: Sequence[int], max_distance: float | None
-) -> list[_P]:
-    """The payloads of ``candidates`` (all of ``shape``'s rank: the caller filters, once per
-    group where it can), nearest first: least sum over dimensions of ``|log2 a - log2 b|``,
-    then least ``time_ms``, then lowest id. Candidates of exactly ``shape`` are left out (they
-    are the exact match's), and so are those farther than ``max_distance`` (inclusive bound;
-    ``None``: no bound). The one nearest-shape ordering of every lookup."""
-    shape = tuple(int(s) for s in shape)
-    wanted = tuple(math.log2(s) for s in shape)
-    ranked = []
-    payloads = []
-    for row_shape, logs, time_ms, row_id, payload in candidates:
-        if row_shape == shape:
-            continue
-        # The terms |log2 a - log2 b| in dimension order, summed by the builtin: the distance
-        # (ties included) is bit for bit the per-dimension sum lookups always used (sum() of
-        # floats is compensated from Python 3.12, so a hand-written a + b could round a tie
-        # differently). map() keeps the loop in C: this runs per stored row per lookup.
-        distance = sum(map(abs, map(sub, logs, wanted)))
-        if max_distance is None or distance <= max_distance:
-            ranked.append((distance, time_ms, row_id, len(payloads)))
-            payloads.append(payload)
-    # Ids are unique, so the index after them never decides and payloads are never compared.
-    ranked.sort()
-    return [payloads[r[3]] for r in ranked]
-
-
-class ConfigGroup:
-    """The stored rows of one :data:`GroupKey`, indexed for :func:`pick_best_config`.
-
-    Immutable after construction and free of database state, so one group can serve any number
-    of lookups (from any thread). Built by :func:`load_config_group`, or from rows directly.
-    """
-
-    __slots__ = ("rows", "_exact", "_by_rank", "_config_class")
-
-    def __init__(self, rows: Sequence[StoredConfig]) -> None:
-        self.rows: tuple[StoredConfig, ...] = tuple(rows)
-        exact: dict[str, list[StoredConfig]] = {}
-        by_rank: dict[int, list[_Candidate[StoredConfig]]] = {}
-        # Rows with equal configs share a class: winners of different shapes are often the
-        # same config, and a lookup need not check one config twice (pick_best_config).
-        classes: dict[str, int] = {}
-        self._config_class: dict[int, int] = {}
-        for row in self.rows:
-            text = json.dumps(dict(row.config), sort_keys=True, default=repr)
-            self._config_class[row.id] = classes.setdefault(text, len(classes))
-            exact.setdefault(row.shape_key, []).append(row)
-            candidate = _candidate(row.shape, row.time_ms, row.id, row)
-            if candidate is not None:  # log2 once per row, not once per lookup
-                by_rank.setdefault(len(row.shape), []).append(candidate)
-        # The order of lookup_best_config's exact query: newest update first, then highest id.
-        # UTCDateTime returns every timestamp timezone-aware in UTC and the database compares
-        # the same instants, so Python's order is the database's.
-        self._exact: dict[str, tuple[StoredConfig, ...]] = {
-            key: tuple(sorted(same, key=lambda r: (r.updated_at, r.id), reverse=True))
-            for key, same in exact.items()
-        }
-        self._by_rank: dict[int, tuple[_Candidate[StoredConfig], ...]] = {
-            rank: tuple(candidates) for rank, candidates in by_rank.items()
-        }
-
-    def config_class(self, row: StoredConfig) -> int:
-        """A number for ``row``'s config, equal for two rows of this group exactly when their
-        configs are equal (as JSON: ``1``, ``1.0`` and ``true`` differ)."""
-        return self._config_class[row.id]
-
-    def exact(self, shape: Sequence[int]) -> tuple[StoredConfig, ...]:
-        """The rows tuned for exactly ``shape``, newest ``updated_at`` first, then highest id."""
-        return self._exact.get(shape_key(shape), ())
-
-    def nearest(
-        self, shape: Sequence[int], max_distance: float | None = None
-    ) -> list[StoredConfig]:
-        """The rows of ``shape``'s rank tuned for another shape, nearest first (the order of
-        :func:`lookup_best_config`: least log2 distance, then least ``time_ms``, then lowest
-        id), none farther than ``max_distance`` (inclusive; ``None``: no bound)."""
-        return _nearest_first(self._by_rank.get(len(shape), ()), shape, max_distance)
-
-
 def _group_filter(operator: str, operator_version: str, dtype: str, gpu_model: str) -> Any:
     return and_(
         BestConfig.operator == operator,
@@ -817,12 +693,51 @@ def _group_filter(operator: str, operator_version: str, dtype: str, gpu_model: s
     )
 
 
-def load_config_group(
-    session: Session, *, operator: str, operator_version: str, dtype: str, gpu_model: str
-) -> ConfigGroup:
-    """Every stored row of one group, read in one query, as a :class:`ConfigGroup`.
+def exact_best_configs(
+    session: Session,
+    *,
+    operator: str,
+    operator_version: str,
+    dtype: str,
+    gpu_model: str,
+    shape: Sequence[int],
+) -> Iterator[BestConfig]:
+    """The group's rows tuned for exactly ``shape`` (by the index), newest ``updated_at``
+    first, then highest id; read lazily, so a caller that stops at the first pays for one."""
+    return iter(
+        session.scalars(
+            select(BestConfig)
+            .where(
+                _group_filter(operator, operator_version, dtype, gpu_model),
+                BestConfig.shape_key == shape_key(shape),
+            )
+            .order_by(BestConfig.updated_at.desc(), BestConfig.id.desc())
+        )
+    )
 
-    The group is a snapshot: rows stored after this call are not in it. Reads only.
+
+def group_shapes(
+    session: Session, *, operator: str, operator_version: str, dtype: str, gpu_model: str
+) -> list[tuple[int, list[int], float]]:
+    """``(id, shape, time_ms)`` of every row of the group: what ordering nearest shapes
+    needs, without the configs (cheaper for one lookup than whole rows)."""
+    stmt = select(BestConfig.id, BestConfig.shape, BestConfig.time_ms).where(
+        _group_filter(operator, operator_version, dtype, gpu_model)
+    )
+    return [(row_id, list(shape), time_ms) for row_id, shape, time_ms in session.execute(stmt)]
+
+
+def best_config_row(session: Session, row_id: int) -> BestConfig | None:
+    """The best-config row ``row_id`` (None: gone since it was listed)."""
+    return session.get(BestConfig, row_id)
+
+
+def config_group_rows(
+    session: Session, *, operator: str, operator_version: str, dtype: str, gpu_model: str
+) -> list[StoredConfig]:
+    """Every stored row of one group, read in one query, as immutable values, by id.
+
+    A snapshot: rows stored after this call are not in it. Reads only.
     """
     columns = (
         BestConfig.id,
@@ -847,135 +762,24 @@ def load_config_group(
         .where(_group_filter(operator, operator_version, dtype, gpu_model))
         .order_by(BestConfig.id)
     )
-    return ConfigGroup(
-        [
-            StoredConfig(
-                id=row.id,
-                operator=row.operator,
-                operator_version=row.operator_version,
-                shape=tuple(row.shape),
-                shape_key=row.shape_key,
-                dtype=row.dtype,
-                gpu_model=row.gpu_model,
-                compute_capability=row.compute_capability,
-                cuda_version=row.cuda_version,
-                config=MappingProxyType(dict(row.config)),
-                time_ms=row.time_ms,
-                job_id=row.job_id,
-                updated_at=row.updated_at,
-                default_ms=row.default_ms,
-                framework_ms=row.framework_ms,
-                framework=row.framework,
-            )
-            for row in result
-        ]
-    )
-
-
-def pick_best_config(
-    group: ConfigGroup,
-    shape: Sequence[int],
-    *,
-    accept: Callable[[dict[str, Any]], bool] | None = None,
-    max_distance: float | None = None,
-    nearest: bool = True,
-    min_gain: float | None = NEAREST_MIN_GAIN,
-) -> tuple[StoredConfig | None, str]:
-    """:func:`lookup_best_config`'s selection over a loaded group; no database, no side
-    effects besides calling ``accept``.
-
-    Returns ``(row, "exact")`` for the first row of exactly ``shape`` that ``accept`` passes
-    (newest ``updated_at`` first, then highest id); else ``(row, "nearest")`` for the first
-    accepted row of :meth:`ConfigGroup.nearest` (least log2 distance, then least ``time_ms``,
-    then lowest id; at most ``max_distance`` away, inclusive) where it :func:`beats_default`
-    by ``min_gain`` (the first accepted row decides: one that does not leaves the default);
-    else ``(None, "default")``. ``nearest=False`` stops after the exact shape (what
-    ``match=exact`` serves), which saves the nearest search whose answer would be thrown away.
-
-    ``accept`` must depend on the config alone (a spec check for this shape and dtype does):
-    it gets a copy of each candidate's config, in the order above, until one passes, and is
-    called once per distinct config (a later row with a config already rejected is skipped
-    unchecked), so a lookup costs at most one check per distinct config of the group.
-    """
-    verdicts: dict[int, bool] = {}
-
-    def first_accepted(rows: Iterable[StoredConfig]) -> StoredConfig | None:
-        for row in rows:
-            if accept is None:
-                return row
-            config_class = group.config_class(row)
-            verdict = verdicts.get(config_class)
-            if verdict is None:
-                verdict = verdicts[config_class] = bool(accept(dict(row.config)))
-            if verdict:
-                return row
-        return None
-
-    row = first_accepted(group.exact(shape))
-    if row is not None:
-        return row, "exact"
-    if nearest:
-        row = first_accepted(group.nearest(shape, max_distance))
-        if row is not None and beats_default(row, min_gain):
-            return row, "nearest"
-    return None, "default"
-
-
-def lookup_best_config(
-    session: Session,
-    *,
-    operator: str,
-    operator_version: str,
-    shape: Sequence[int],
-    dtype: str,
-    gpu_model: str,
-    accept: Callable[[dict[str, Any]], bool] | None = None,
-    max_distance: float | None = None,
-    min_gain: float | None = NEAREST_MIN_GAIN,
-) -> tuple[BestConfig | None, str]:
-    """The best stored config for a request, and where it comes from.
-
-    Returns ``(row, "exact")`` for a row of the same shape (if rows differ only by compute
-    capability or CUDA version, the most recently updated); else ``(row, "nearest")`` for the
-    row of the same operator, version, dtype, GPU model and rank whose shape is closest (least
-    sum over dimensions of ``|log2 a - log2 b|``; ties go to the fastest); else
-    ``(None, "default")``. ``accept`` (optional) rejects configs that are not valid for the
-    requested shape, e.g. ``lambda c: spec.check(c, shape, dtype) is None``. ``max_distance``
-    (optional) is the farthest a nearest shape may be (the same log2 distance; 0 serves exact
-    shapes only): a winner tuned for a very different shape can be slower than the default.
-    The nearest accepted row is served only where it :func:`beats_default` by ``min_gain``
-    (else the default: ``(None, "default")``).
-    :func:`pick_best_config` selects the same way from a group loaded once
-    (:func:`load_config_group`), for many lookups; both order nearest shapes by one function.
-    """
-    shape = [int(s) for s in shape]
-    group = _group_filter(operator, operator_version, dtype, gpu_model)
-    # ``accept`` (a spec check) costs far more than a row: it runs on the candidates in order
-    # until one passes, not on every stored shape (a batch of 1000 lookups over 300 stored
-    # shapes took 10 s when it ran on all of them).
-    # The exact shape first, by the index: a hit stops here without reading the group.
-    exact = session.scalars(
-        select(BestConfig)
-        .where(group, BestConfig.shape_key == shape_key(shape))
-        .order_by(BestConfig.updated_at.desc(), BestConfig.id.desc())
-    )
-    for row in exact:  # newest first
-        if accept is None or accept(row.config):
-            return row, "exact"
-    # The nearest shape: only (id, shape, time) of the group's rows, ordered as
-    # pick_best_config orders them, then the candidates loaded one by one until one passes.
-    candidates = []
-    for row_id, row_shape, time_ms in session.execute(
-        select(BestConfig.id, BestConfig.shape, BestConfig.time_ms).where(group)
-    ):
-        if len(row_shape) == len(shape):
-            candidate = _candidate(row_shape, time_ms, row_id, row_id)
-            if candidate is not None:
-                candidates.append(candidate)
-    for row_id in _nearest_first(candidates, shape, max_distance):
-        row = session.get(BestConfig, row_id)
-        if row is not None and (accept is None or accept(row.config)):
-            if beats_default(row, min_gain):
-                return row, "nearest"
-            break  # the nearest valid neighbour decides, as pick_best_config's
-    return None, "default"
+    return [
+        StoredConfig(
+            id=row.id,
+            operator=row.operator,
+            operator_version=row.operator_version,
+            shape=tuple(row.shape),
+            shape_key=row.shape_key,
+            dtype=row.dtype,
+            gpu_model=row.gpu_model,
+            compute_capability=row.compute_capability,
+            cuda_version=row.cuda_version,
+            config=MappingProxyType(dict(row.config)),
+            time_ms=row.time_ms,
+            job_id=row.job_id,
+            updated_at=row.updated_at,
+            default_ms=row.default_ms,
+            framework_ms=row.framework_ms,
+            framework=row.framework,
+        )
+        for row in result
+    ]

@@ -442,9 +442,9 @@ def lookup(
                 "source": data["source"], "version": data.get("operator_version")}  # fmt: skip
     from sqlalchemy import select
 
-    from db import queries
     from db.models import BestConfig
     from db.session import default_db_url, init_db, session_factory
+    from service.lookup import lookup_best_config
     from tuner.gpus import normalize_gpu_name
 
     engine = init_db(db or default_db_url())
@@ -461,7 +461,7 @@ def lookup(
             ).first()  # fmt: skip
             if row is None:
                 return None
-            found, source = queries.lookup_best_config(
+            found, source = lookup_best_config(
                 session, operator=op_name, operator_version=row.operator_version, shape=shape,
                 dtype=dtype, gpu_model=model,
             )  # fmt: skip

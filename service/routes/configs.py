@@ -7,18 +7,19 @@ in the thread pool with a short-lived session, and caches the encoded answer.
 
 ``POST /v1/configs/batch`` answers many lookups in one request (the client's ``prefetch``); it is
 a read and stays open like ``GET``, and answers every lookup as ``GET`` would, from one session
-that reads each (operator, version, dtype, GPU model) group once per batch
-(:class:`_BatchLookups`). ``match=exact`` serves only a config tuned for exactly the shape asked
-for (else the default); ``match=nearest`` (the default) also serves the nearest one, where it
-beat the default config on its own shape by more than ``KATO_NEAREST_MIN_GAIN``
-(:func:`db.queries.beats_default`). Answers carry the figures stored beside the served winner
+that reads each (operator, version, dtype, GPU model) group once per batch. ``match=exact``
+serves only a config tuned for exactly the shape asked for (else the default);
+``match=nearest`` (the default) also serves the nearest one, where it beat the default config
+on its own shape by more than ``KATO_NEAREST_MIN_GAIN``. What is served is decided by
+:class:`service.lookup.Lookups`, the one owner of the selection; this module validates,
+caches and shapes the answers. Answers carry the figures stored beside the served winner
 (``default_ms``, ``framework_ms``, ``framework``, ``speedup``), measured on ``tuned_shape``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Annotated, Any, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import Response
@@ -26,8 +27,8 @@ from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from db import queries
 from kernels import InvalidInput, OperatorSpec
+from service.lookup import Lookups, Match
 from service.lookup_cache import raw_key, wants_fresh
 from service.schemas import (
     NAME_PATTERN,
@@ -46,19 +47,10 @@ from service.validation import Problem, operator_or_404, resolve_problem
 
 router = APIRouter(prefix="/v1/configs", tags=["configs"], route_class=StrictJSONRoute)
 
-Match = Literal["exact", "nearest"]
 #: How a name parameter's check shows in the OpenAPI schema.
 _NAME = {"pattern": NAME_PATTERN}
 #: Most lookups in one ``POST /v1/configs/batch``.
 MAX_BATCH_LOOKUPS = 1000
-
-
-def _applies(spec: OperatorSpec, config: dict[str, Any], shape: list[int], dtype: str) -> bool:
-    """Whether a stored config (tuned for some shape) is valid for this shape."""
-    try:
-        return spec.check(config, shape, dtype) is None
-    except (KeyError, TypeError, ValueError, ArithmeticError):  # a config of an older space
-        return False
 
 
 def _default_answer(spec: OperatorSpec, problem: Problem) -> ConfigPublic:
@@ -77,105 +69,31 @@ def _default_answer(spec: OperatorSpec, problem: Problem) -> ConfigPublic:
     )
 
 
+def _public(lookups: Lookups, spec: OperatorSpec, problem: Problem, match: Match) -> ConfigPublic:
+    """The answer of ``lookups`` (:mod:`service.lookup`) for a validated request."""
+    row, source = lookups.pick(spec, problem.shape, problem.dtype, problem.gpu_model, match)
+    if row is not None:
+        return ConfigPublic.from_row(row, source, problem.shape, problem.gpu_model)
+    return _default_answer(spec, problem)
+
+
+def _lookups(request: Request, session: Session, *, batch: bool = False) -> Lookups:
+    settings = request.app.state.settings
+    return Lookups(
+        session,
+        max_distance=settings.nearest_max_distance,
+        min_gain=settings.nearest_min_gain,
+        batch=batch,
+    )
+
+
 def lookup(
     request: Request, spec: OperatorSpec, problem: Problem, match: Match = "nearest"
 ) -> ConfigPublic:
     """The answer for a validated request, from the database (blocking: run it in a thread).
     With ``match="exact"`` a config tuned for another shape is not served (the default is)."""
-    settings = request.app.state.settings
     with request.app.state.session_factory() as session:
-        return _lookup_in(
-            session, spec, problem, match, settings.nearest_max_distance,
-            settings.nearest_min_gain,
-        )  # fmt: skip
-
-
-def _lookup_in(
-    session: Session,
-    spec: OperatorSpec,
-    problem: Problem,
-    match: Match,
-    max_distance: float | None,
-    min_gain: float | None,
-) -> ConfigPublic:
-    """:func:`lookup` on an open session."""
-    row, source = queries.lookup_best_config(
-        session,
-        operator=spec.name,
-        operator_version=spec.version,
-        shape=problem.shape,
-        dtype=problem.dtype,
-        gpu_model=problem.gpu_model,
-        accept=lambda config: _applies(spec, config, problem.shape, problem.dtype),
-        max_distance=max_distance,
-        min_gain=min_gain,
-    )
-    if row is not None and (match == "nearest" or source == "exact"):
-        return ConfigPublic.from_row(row, source, problem.shape, problem.gpu_model)
-    return _default_answer(spec, problem)
-
-
-class _BatchLookups:
-    """Answers the lookups of one batch from one session, reading each group at most once.
-
-    The answer for a problem is :func:`lookup`'s: the same selection
-    (:func:`db.queries.pick_best_config` is :func:`db.queries.lookup_best_config`'s), over a
-    group read once per batch (:func:`db.queries.load_config_group`) instead of once or more
-    per lookup. The spec check stays lazy: it runs on one lookup's candidates in order until
-    one passes. The session must stay open while :meth:`answer` is called; the groups read
-    are a snapshot for the batch (a winner stored meanwhile is served from the next request).
-
-    The first :data:`LOAD_AFTER` lookups of a group are answered as ``GET`` answers them (its
-    indexed queries): loading a group reads every row of it, configs included, which for a
-    few lookups in a large group costs more than it saves (one lookup in a group of 50,000
-    rows: 5 ms by the exact-shape index, 2.2 s by loading the group).
-    """
-
-    #: Lookups of one group answered one by one before the group is loaded.
-    LOAD_AFTER = 4
-
-    def __init__(
-        self, session: Session, max_distance: float | None, min_gain: float | None
-    ) -> None:
-        self._session = session
-        self._max_distance = max_distance
-        self._min_gain = min_gain
-        self._groups: dict[queries.GroupKey, queries.ConfigGroup] = {}
-        self._seen: dict[queries.GroupKey, int] = {}
-
-    def _group(self, spec: OperatorSpec, problem: Problem) -> queries.ConfigGroup:
-        key = (spec.name, spec.version, problem.dtype, problem.gpu_model)
-        group = self._groups.get(key)
-        if group is None:
-            group = self._groups[key] = queries.load_config_group(
-                self._session,
-                operator=spec.name,
-                operator_version=spec.version,
-                dtype=problem.dtype,
-                gpu_model=problem.gpu_model,
-            )
-        return group
-
-    def answer(self, spec: OperatorSpec, problem: Problem, match: Match) -> ConfigPublic:
-        """What ``GET /v1/configs/{operator}`` answers for this problem and ``match``."""
-        key = (spec.name, spec.version, problem.dtype, problem.gpu_model)
-        self._seen[key] = self._seen.get(key, 0) + 1
-        if key not in self._groups and self._seen[key] <= self.LOAD_AFTER:
-            return _lookup_in(
-                self._session, spec, problem, match, self._max_distance, self._min_gain
-            )
-        row, source = queries.pick_best_config(
-            self._group(spec, problem),
-            problem.shape,
-            accept=lambda config: _applies(spec, config, problem.shape, problem.dtype),
-            max_distance=self._max_distance,
-            min_gain=self._min_gain,
-            # lookup() drops a nearest row under match=exact: do not look for one.
-            nearest=match == "nearest",
-        )
-        if row is not None:
-            return ConfigPublic.from_row(row, source, problem.shape, problem.gpu_model)
-        return _default_answer(spec, problem)
+        return _public(_lookups(request, session), spec, problem, match)
 
 
 @router.get(
@@ -254,7 +172,7 @@ def _item_key(item: LookupRequest) -> Hashable:
     return (item.operator, shape, item.dtype, item.gpu, item.match)
 
 
-def _answer_item(batch: _BatchLookups, item: LookupRequest) -> LookupResult:
+def _answer_item(batch: Lookups, item: LookupRequest) -> LookupResult:
     """One lookup's result: its answer, or the status and detail ``GET`` would have given."""
     try:
         spec = operator_or_404(item.operator)
@@ -262,7 +180,7 @@ def _answer_item(batch: _BatchLookups, item: LookupRequest) -> LookupResult:
             parse_shape_text(item.shape) if isinstance(item.shape, str) else check_dims(item.shape)
         )
         problem = resolve_problem(spec, dims, item.dtype, item.gpu)
-        answer = batch.answer(spec, problem, item.match)
+        answer = _public(batch, spec, problem, item.match)
     except HTTPException as exc:
         return LookupResult(status=exc.status_code, detail=str(exc.detail))
     except InvalidInput as exc:
@@ -278,11 +196,10 @@ def _answer_batch(request: Request, lookups: list[LookupRequest]) -> list[Lookup
     is reused (results are read-only from here on), errors included, as they too depend on the
     item alone.
     """
-    settings = request.app.state.settings
     results: list[LookupResult] = []
     # A session opens no connection until its first query: a batch of bad lookups costs none.
     with request.app.state.session_factory() as session:
-        batch = _BatchLookups(session, settings.nearest_max_distance, settings.nearest_min_gain)
+        batch = _lookups(request, session, batch=True)
         answered: dict[Hashable, LookupResult] = {}
         for item in lookups:
             key = _item_key(item)

@@ -20,6 +20,7 @@ from db.models import BestConfig, Job, Trial
 from db.session import init_db, session_factory
 from kernels import get_operator
 from kernels.spec import config_key
+from service import lookup as service_lookup
 from service.cli import app as cli
 from tuner.kt_cache import load_cache
 
@@ -103,7 +104,7 @@ def _lookups(factory: sessionmaker[Session]) -> list[tuple]:
         for shape, dtype in KEYS:
             # No nearest-shape guard: every stored row may answer (the guard's inputs, the
             # figures beside each winner, are compared by _figures).
-            row, source = queries.lookup_best_config(
+            row, source = service_lookup.lookup_best_config(
                 session, operator="softmax", operator_version=SPEC.version, shape=shape,
                 dtype=dtype, gpu_model="H200",
                 accept=lambda c, s=shape, d=dtype: SPEC.check(c, s, d) is None, min_gain=None,
@@ -267,7 +268,7 @@ def test_a_recorded_kernel_tuner_cache_imports_without_kato_metadata(tmp_path):
     with target() as session:
         first = import_paths(session, [recorded], overrides)
         second = import_paths(session, [recorded], overrides)
-        row, source = queries.lookup_best_config(
+        row, source = service_lookup.lookup_best_config(
             session, operator="softmax", operator_version=SPEC.version, shape=[65536, 1024],
             dtype="float16", gpu_model="H200",
         )  # fmt: skip

@@ -21,6 +21,7 @@ from db.importer import InvalidImport, import_paths, read_file
 from db.models import BestConfig, Job, Trial
 from db.session import init_db, session_factory
 from kernels import get_operator
+from service import lookup as service_lookup
 from service.cli import app as cli
 
 SPEC = get_operator("softmax")
@@ -48,7 +49,7 @@ def _counts(factory: sessionmaker[Session]) -> tuple[int, int, int]:
 
 def _lookup(factory: sessionmaker[Session]) -> tuple[str, dict | None, float | None]:
     with factory() as session:
-        row, source = queries.lookup_best_config(
+        row, source = service_lookup.lookup_best_config(
             session, operator="softmax", operator_version=SPEC.version, shape=SHAPE,
             dtype=DTYPE, gpu_model="H200",
             accept=lambda c: SPEC.check(c, SHAPE, DTYPE) is None,

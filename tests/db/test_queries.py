@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db import queries
 from db.models import BestConfig, Job, Trial
+from service import lookup as service_lookup
 from tuner.backends.base import TrialResult, TrialStatus
 
 
@@ -385,7 +386,7 @@ def upsert(session: Session, shape: list[int], time_ms: float, **overrides: Any)
 
 
 def lookup(session: Session, shape: list[int], **overrides: Any) -> tuple[BestConfig | None, str]:
-    return queries.lookup_best_config(session, **{**KEY, **overrides}, shape=shape)
+    return service_lookup.lookup_best_config(session, **{**KEY, **overrides}, shape=shape)
 
 
 def test_upsert_best_config_keeps_the_faster(session: Session) -> None:
@@ -441,11 +442,11 @@ def test_lookup_nearest_ties_go_to_the_fastest(session: Session) -> None:
 def test_lookup_skips_configs_rejected_by_accept(session: Session) -> None:
     upsert(session, [4096, 4096], 1.0, config={"VEC": 8})
     usable = upsert(session, [1024, 1024], 2.0, config={"VEC": 1})
-    row, source = queries.lookup_best_config(
+    row, source = service_lookup.lookup_best_config(
         session, **KEY, shape=[4096, 4096], accept=lambda c: c["VEC"] == 1
     )
     assert source == "nearest" and row is not None and row.id == usable.id
-    assert queries.lookup_best_config(
+    assert service_lookup.lookup_best_config(
         session, **KEY, shape=[4096, 4096], accept=lambda c: False
     ) == (None, "default")
 
@@ -475,15 +476,15 @@ def test_lookup_checks_configs_nearest_first_and_stops_at_the_first_accepted(
         checked.append(config["rows"])
         return config["rows"] != 4000  # the nearest is rejected: the next nearest serves
 
-    row, source = queries.lookup_best_config(
+    row, source = service_lookup.lookup_best_config(
         session, **KEY, shape=[4000, 1024], accept=accept, max_distance=4
     )
     assert source == "nearest" and row is not None and row.shape == [5000, 1024]
     assert checked == [4000, 5000]
 
 
-def group_of(session: Session, **overrides: Any) -> queries.ConfigGroup:
-    return queries.load_config_group(session, **{**KEY, **overrides})
+def group_of(session: Session, **overrides: Any) -> service_lookup.ConfigGroup:
+    return service_lookup.load_config_group(session, **{**KEY, **overrides})
 
 
 def test_pick_best_config_selects_as_lookup_best_config(session: Session) -> None:
@@ -520,10 +521,10 @@ def test_pick_best_config_selects_as_lookup_best_config(session: Session) -> Non
         cols = shape[1]
         accept = rng.choice([None, lambda c, cols=cols: cols % c["VEC"] == 0])
         max_distance = rng.choice([None, 0.0, 1.0, 2.5, 4.0])
-        want, want_source = queries.lookup_best_config(
+        want, want_source = service_lookup.lookup_best_config(
             session, **KEY, shape=shape, accept=accept, max_distance=max_distance
         )
-        got, got_source = queries.pick_best_config(
+        got, got_source = service_lookup.pick_best_config(
             group, shape, accept=accept, max_distance=max_distance
         )
         assert got_source == want_source, (shape, max_distance)
@@ -543,7 +544,9 @@ def test_pick_best_config_checks_each_distinct_config_once_in_order(session: Ses
         checked.append(dict(config))
         return config["VEC"] == 10
 
-    row, source = queries.pick_best_config(group, [4000, 1024], accept=accept, max_distance=4)
+    row, source = service_lookup.pick_best_config(
+        group, [4000, 1024], accept=accept, max_distance=4
+    )
     # Nearest first: 4000 (VEC 4), 3000 and 5000 (VEC 8: checked once), 6000, 2000, 7000, ...
     assert source == "nearest" and row is not None and row.shape == (10000, 1024)
     assert checked == [{"VEC": v} for v in (4, 8, 6, 2, 10)]
@@ -553,9 +556,9 @@ def test_pick_best_config_exact_only(session: Session) -> None:
     """``nearest=False`` (``match=exact``): an exact row or nothing, never the nearest."""
     upsert(session, [1024, 1024], 1.0)
     group = group_of(session)
-    assert queries.pick_best_config(group, [1024, 2048], nearest=False) == (None, "default")
-    assert queries.pick_best_config(group, [1024, 2048])[1] == "nearest"
-    row, source = queries.pick_best_config(group, [1024, 1024], nearest=False)
+    assert service_lookup.pick_best_config(group, [1024, 2048], nearest=False) == (None, "default")
+    assert service_lookup.pick_best_config(group, [1024, 2048])[1] == "nearest"
+    row, source = service_lookup.pick_best_config(group, [1024, 1024], nearest=False)
     assert source == "exact" and row is not None and row.shape == (1024, 1024)
 
 
@@ -582,7 +585,7 @@ def test_load_config_group_gives_read_only_values(session: Session) -> None:
         config["VEC"] = 8
         return True
 
-    assert queries.pick_best_config(group, [1024, 1024], accept=meddling)[0] is row
+    assert service_lookup.pick_best_config(group, [1024, 1024], accept=meddling)[0] is row
     assert row.config == {"VEC": 4}
 
 
@@ -590,7 +593,7 @@ def both_lookups(session: Session, shape: list[int], **kwargs: Any) -> tuple[Any
     """(id, source) from lookup_best_config and from pick_best_config on the loaded group,
     which must agree."""
     row, source = lookup(session, shape, **kwargs)
-    picked, picked_source = queries.pick_best_config(group_of(session), shape, **kwargs)
+    picked, picked_source = service_lookup.pick_best_config(group_of(session), shape, **kwargs)
     assert (picked and picked.id, picked_source) == (row and row.id, source)
     return (row and row.id, source)
 
@@ -618,7 +621,7 @@ def test_the_nearest_valid_neighbour_decides(session: Session) -> None:
     # Where the nearest is not valid for the shape asked, the next valid one decides.
     accept = lambda config: config["BLOCK"] != 1  # noqa: E731 - rejects the nearest
     assert both_lookups(session, [4096, 2048], accept=accept) == (far.id, "nearest")
-    assert queries.beats_default(SimpleNamespace(default_ms=None, time_ms=1.0), None)
+    assert service_lookup.beats_default(SimpleNamespace(default_ms=None, time_ms=1.0), None)
 
 
 def test_upsert_keeps_the_keys_figures_up_to_date(session: Session) -> None:

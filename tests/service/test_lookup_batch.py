@@ -1,14 +1,15 @@
 """``POST /v1/configs/batch`` answers every lookup exactly as ``GET /v1/configs/{operator}``.
 
 The batch selects from each (operator, version, dtype, GPU) group loaded once
-(:func:`db.queries.pick_best_config`); ``GET`` runs :func:`db.queries.lookup_best_config` per
-lookup. The rows stored here are built so that each rule of the selection decides some answers
-(the test checks that it does, so it cannot pass vacuously): distance ties broken by time and
-by id, rows of one shape differing only in compute capability (the newest ``updated_at`` wins,
-whatever the id), configs that do not apply to the shape asked for, a nearest shape exactly at
-``KATO_NEAREST_MAX_DISTANCE``, and ``match=exact``. Besides batch == GET item by item, every
-answer is compared with a brute-force reading of the contract (:func:`expected`), so a change
-of the shared nearest-shape order is caught too, not only a divergence of the two paths.
+(:func:`service.lookup.pick_best_config`); ``GET`` runs :func:`service.lookup.lookup_best_config`
+per lookup. The rows stored here are built so that each rule of the selection decides some
+answers (the test checks that it does, so it cannot pass vacuously): distance ties broken by
+time and by id, rows of one shape differing only in compute capability (the newest
+``updated_at`` wins, whatever the id), configs that do not apply to the shape asked for, a
+nearest shape exactly at ``KATO_NEAREST_MAX_DISTANCE``, and ``match=exact``. Besides batch ==
+GET item by item, every answer is compared with a brute-force reading of the contract
+(:func:`expected`), so a change of the shared nearest-shape order is caught too, not only a
+divergence of the two paths.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from sqlalchemy.orm import Session
 from db import queries
 from db.models import BestConfig
 from kernels import OperatorSpec, get_operator
+from service import lookup as service_lookup
 from service.app import create_app
-from service.routes import configs
 from service.settings import Settings
 
 MAX_DISTANCE = 3.0
@@ -377,13 +378,13 @@ def test_batch_reads_each_group_once_and_answers_repeats_once(
         ("load", "load_config_group"),
         ("lookup", "lookup_best_config"),
     ]:
-        monkeypatch.setattr(configs.queries, attr, counting(name, getattr(queries, attr)))
+        monkeypatch.setattr(service_lookup, attr, counting(name, getattr(service_lookup, attr)))
     response = client.post("/v1/configs/batch", json={"lookups": items})
     assert response.status_code == 200, response.text
     results = response.json()["results"]
     assert [r["status"] for r in results] == [200] * 407 + [422] * 50
     assert len({str(r["result"]) for r in results[:300]}) == 1
-    first = configs._BatchLookups.LOAD_AFTER
+    first = service_lookup.Lookups.LOAD_AFTER
     assert calls["load"] == ["float16"]  # softmax float16 H200: 101 distinct lookups
     # Before it is loaded: its first lookups, and the groups of one lookup each.
     assert len(calls["lookup"]) == first + 3

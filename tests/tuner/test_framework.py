@@ -15,6 +15,7 @@ from db import queries
 from db.session import init_db, session_factory
 from kernels import get_operator
 from kernels.spec import config_key
+from service import lookup as service_lookup
 from tuner import framework
 from tuner.backends.replay import ReplayBackend
 from tuner.framework import FrameworkResult
@@ -61,7 +62,7 @@ def run_job(db, factory, budget: int = 12):
     outcome = Worker(sessions, url, ["H200"], factory, poll_seconds=0.01).run_once()
     assert outcome is not None and outcome.status == "done", outcome
     with sessions() as s:
-        row, source = queries.lookup_best_config(
+        row, source = service_lookup.lookup_best_config(
             s, operator="softmax", operator_version=SPEC.version, shape=SHAPE, dtype=DTYPE,
             gpu_model="H200",
         )  # fmt: skip

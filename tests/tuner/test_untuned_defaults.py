@@ -40,7 +40,7 @@ def test_the_guard_never_serves_a_neighbour_winner_that_did_not_beat_the_default
 
 
 def test_the_replay_is_the_services_selection():
-    """The guarded column is db.queries.pick_best_config with the service's guard: without a
+    """The guarded column is service.lookup.pick_best_config with the service's guard: without a
     guard it is the unguarded nearest answer, row for row."""
     spaces = untuned_defaults.load_spaces(SPACES)
     unguarded = untuned_defaults.evaluate(spaces, max_distance=4.0, min_gain=0)

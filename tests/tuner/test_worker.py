@@ -15,6 +15,7 @@ from db import fleet, queries
 from db.models import Job
 from db.session import init_db, session_factory
 from kernels import get_operator
+from service import lookup as service_lookup
 from tuner.backends.base import TrialResult, TrialStatus
 from tuner.backends.replay import ReplayBackend
 from tuner.worker import JobRunner, Worker, _JobState
@@ -74,7 +75,7 @@ def test_job_lifecycle_stores_trials_and_winner(db):
         assert len(trials) == 25 and len({t.config_key for t in trials}) == 25
         best = min((t for t in trials if t.status == "ok"), key=lambda t: t.time_ms)
         assert job.best_time_ms == best.time_ms and job.best_config == best.config
-        row, source = queries.lookup_best_config(
+        row, source = service_lookup.lookup_best_config(
             s,
             operator="softmax",
             operator_version=job.operator_version,
@@ -208,7 +209,7 @@ def test_a_job_queued_before_its_kernel_changed_is_tuned_at_the_current_version(
     with sessions() as s:
         job = queries.get_job(s, job_id)
         assert (job.status, job.operator_version, job.trials_done) == ("done", version, 5)
-        row, source = queries.lookup_best_config(
+        row, source = service_lookup.lookup_best_config(
             s, operator="softmax", operator_version=version, shape=SHAPE, dtype=DTYPE,
             gpu_model="H200",
         )  # fmt: skip
@@ -551,7 +552,7 @@ def test_a_replay_worker_leaves_jobs_of_other_problems_queued_and_answers_its_ow
         assert _status(sessions, job_id) == ("queued", version, 0)
     assert _status(sessions, other_operator)[0] == "queued"
     with sessions() as s:
-        found = queries.lookup_best_config(
+        found = service_lookup.lookup_best_config(
             s, operator="softmax", operator_version=version, shape=[2048, 2048],
             dtype="float32", gpu_model="H200",
         )  # fmt: skip
@@ -603,7 +604,7 @@ def test_a_recording_of_an_older_version_answers_only_jobs_of_that_version(db, t
     with sessions() as s:
         current = get_operator("softmax").version
         for version, source in ((old, "exact"), (current, "default")):
-            _row, found = queries.lookup_best_config(
+            _row, found = service_lookup.lookup_best_config(
                 s, operator="softmax", operator_version=version, shape=SHAPE, dtype=DTYPE,
                 gpu_model="H200",
             )  # fmt: skip

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from db import tokens
 from db.session import init_db, session_factory
+from service import lookup as service_lookup
 from service.cli import app
 
 runner = CliRunner()
@@ -117,7 +118,7 @@ def test_folder_operator_tuned_on_replay_exported_and_imported(tmp_path, vector_
     with session_factory(engine)() as session:
         from db import queries
 
-        found, how = queries.lookup_best_config(
+        found, how = service_lookup.lookup_best_config(
             session, operator=op.name, operator_version=op.version, shape=[4096],
             dtype="float32", gpu_model="H200",
         )  # fmt: skip
