@@ -76,9 +76,9 @@ class StaleKey:
 #: A result key here: operator, shape key, dtype, GPU model.
 _Key = tuple[str, str, str, str]
 
-#: ``check(operator, shape, dtype)``: why the current operator cannot tune this key (``None``:
-#: it can), e.g. a dtype the operator dropped.
-KeyCheck = Callable[[str, Sequence[int], str], str | None]
+#: ``check(operator, shape, dtype, gpu_model)``: why the current operator cannot tune this key
+#: (``None``: it can), e.g. a dtype the operator dropped, buffers larger than the GPU's memory.
+KeyCheck = Callable[[str, Sequence[int], str, str], str | None]
 
 
 def find_stale_keys(
@@ -175,7 +175,7 @@ def find_stale_keys(
             skip = SKIP_UNREGISTERED
         elif key in live:
             skip = f"{SKIP_LIVE_JOB}: {live[key]}"
-        elif check is not None and (reason := check(op, shapes[key], dtype)) is not None:
+        elif check is not None and (reason := check(op, shapes[key], dtype, model)) is not None:
             skip = f"{SKIP_INVALID}: {reason}"
         elif not retry_failed and key in ended and ended[key][1] == "failed":
             skip = f"{SKIP_FAILED}: {ended[key][2]}"

@@ -1,4 +1,5 @@
-"""Checks shared by the lookup and the job routes: operator, shape, dtype, GPU model, budget.
+"""Checks shared by every front that looks up or creates jobs (the REST routes, ``kato tune``,
+``kato retune``): operator, shape, dtype, GPU model, memory fit, budget.
 
 Everything here raises :class:`kernels.spec.InvalidInput` with a message saying what to fix; the
 app turns it into a 422 (routes turn an unknown operator in a path into a 404).
@@ -69,27 +70,81 @@ class Problem:
         return str(self.gpu.name)
 
 
-def resolve_problem(spec: OperatorSpec, shape: Sequence[int], dtype: str, gpu: str) -> Problem:
-    """Validate shape and dtype against ``spec``, canonicalise the GPU name, check memory."""
+@dataclass(frozen=True)
+class UnlistedGpu:
+    """A GPU model the catalog does not list (a device's own, measured; never a request's):
+    nothing is known of it but its name, so no memory check applies."""
+
+    name: str
+    memory_bytes: int | None = None
+    compute_capability: tuple[int, int] | None = None
+
+
+def resolve_problem(
+    spec: OperatorSpec, shape: Sequence[int], dtype: str, gpu: str, *, device_gpu: bool = False
+) -> Problem:
+    """Validate shape and dtype against ``spec``, canonicalise the GPU name, check memory.
+
+    ``device_gpu``: ``gpu`` names a device that measures (``kato tune``'s, a stored result's),
+    not a model a request asks for: one the catalog does not list is taken as it is
+    (:class:`UnlistedGpu`, results of unlisted GPUs are stored under their own names) instead
+    of refused, and its memory is not checked.
+    """
     checked = list(spec.validate(shape, dtype))
-    gpu_spec = gpu_catalog().get_gpu(gpu)  # UnknownGpu is an InvalidInput
+    catalog = gpu_catalog()
+    found = catalog.find_gpu(gpu) if device_gpu else catalog.get_gpu(gpu)  # UnknownGpu: 422
+    gpu_spec = found if found is not None else UnlistedGpu(gpu)
     check_fits(spec, checked, dtype, gpu_spec)
     return Problem(spec, checked, dtype, gpu_spec)
 
 
-def job_fields(body: JobCreate, settings: Settings) -> dict[str, Any]:
-    """Validate a job request; return the keyword arguments of ``db.queries.create_job``."""
-    problem = resolve_problem(get_operator(body.operator), body.shape, body.dtype, body.gpu)
-    budget = body.budget if body.budget is not None else settings.default_budget_configs
+@dataclass(frozen=True)
+class JobRequest:
+    """A tuning request from any front (``POST /v1/jobs``, ``kato tune``): the fields of
+    :class:`service.schemas.JobCreate`, which :func:`job_fields` takes too. ``budget``: None
+    for the service's default."""
+
+    operator: str
+    shape: Sequence[int]
+    dtype: str
+    gpu: str
+    budget: int | None = None
+    budget_seconds: float | None = None
+    strategy: str = "forest"
+    seed: int = 0
+
+
+def check_budget(budget: int | None, budget_seconds: float | None, settings: Settings) -> int:
+    """The job's budget of configs (``budget``, else ``KATO_DEFAULT_BUDGET_CONFIGS``), within
+    ``KATO_MAX_BUDGET_CONFIGS``, and ``budget_seconds`` within ``KATO_MAX_BUDGET_SECONDS``."""
+    budget = budget if budget is not None else settings.default_budget_configs
     if budget > settings.max_budget_configs:
         raise InvalidInput(
             f"budget must be at most {settings.max_budget_configs} configs, got {budget}"
         )
-    if body.budget_seconds is not None and body.budget_seconds > settings.max_budget_seconds:
+    if budget_seconds is not None and budget_seconds > settings.max_budget_seconds:
         raise InvalidInput(
             f"budget_seconds must be at most {settings.max_budget_seconds:g}, "
-            f"got {body.budget_seconds:g}"
+            f"got {budget_seconds:g}"
         )
+    return budget
+
+
+def job_fields(
+    body: JobRequest | JobCreate, settings: Settings, *, device_gpu: bool = False
+) -> dict[str, Any]:
+    """Validate a job request; return the keyword arguments of ``db.queries.create_job``.
+
+    The one validation of a new job, whichever front it comes from (the REST routes,
+    ``kato tune``; ``kato retune`` checks its keys with :func:`resolve_problem` and its budget
+    with :func:`check_budget`): operator, shape and dtype by the spec, the GPU model by the
+    catalog, the buffers against its memory, the budgets against the settings. Raises
+    :class:`~kernels.spec.InvalidInput` saying what to fix. ``device_gpu``: ``body.gpu`` is the
+    measuring device's model (``kato tune``; see :func:`resolve_problem`).
+    """
+    spec = get_operator(body.operator)
+    problem = resolve_problem(spec, body.shape, body.dtype, body.gpu, device_gpu=device_gpu)
+    budget = check_budget(body.budget, body.budget_seconds, settings)
     return {
         "operator": problem.spec.name,
         "operator_version": problem.spec.version,
@@ -101,3 +156,21 @@ def job_fields(body: JobCreate, settings: Settings) -> dict[str, Any]:
         "strategy": body.strategy,
         "seed": body.seed,
     }
+
+
+def batch_fields(
+    bodies: Sequence[JobRequest | JobCreate], settings: Settings, token_id: str | None = None
+) -> list[dict[str, Any]]:
+    """:func:`job_fields` of every job of a batch (at most ``KATO_MAX_BATCH``), each with
+    ``token_id``; the first invalid job rejects the batch, its index in the message."""
+    if len(bodies) > settings.max_batch:
+        raise InvalidInput(
+            f"a batch holds at most {settings.max_batch} jobs (KATO_MAX_BATCH), got {len(bodies)}"
+        )
+    fields = []
+    for index, body in enumerate(bodies):
+        try:
+            fields.append({**job_fields(body, settings), "token_id": token_id})
+        except InvalidInput as exc:
+            raise InvalidInput(f"jobs[{index}]: {exc}") from None
+    return fields

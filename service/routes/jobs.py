@@ -10,7 +10,6 @@ from sqlalchemy.orm import Session
 
 from db import queries, tokens
 from db.models import Job
-from kernels import InvalidInput
 from service.auth import AUTH_RESPONSES, Caller, WriterDep
 from service.deps import SessionDep, SettingsDep
 from service.schemas import (
@@ -24,7 +23,7 @@ from service.schemas import (
 )
 from service.settings import Settings
 from service.strict import StrictJSONRoute
-from service.validation import job_fields
+from service.validation import batch_fields, job_fields
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=StrictJSONRoute)
 
@@ -98,17 +97,7 @@ def submit_jobs(
 ) -> list[JobPublic]:
     """Queue several jobs (at most ``KATO_MAX_BATCH``); one invalid job rejects the whole batch
     (422 naming its index), and so does a batch that does not fit the token's quota (429)."""
-    if len(body.jobs) > settings.max_batch:
-        raise InvalidInput(
-            f"a batch holds at most {settings.max_batch} jobs (KATO_MAX_BATCH), "
-            f"got {len(body.jobs)}"
-        )
-    fields = []
-    for index, job in enumerate(body.jobs):
-        try:
-            fields.append({**job_fields(job, settings), "token_id": caller.token_id})
-        except InvalidInput as exc:
-            raise InvalidInput(f"jobs[{index}]: {exc}") from None
+    fields = batch_fields(body.jobs, settings, caller.token_id)
     _check_quota(session, caller, len(fields), settings)
     return _public(session, queries.create_jobs(session, fields), settings)
 

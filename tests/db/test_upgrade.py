@@ -129,7 +129,7 @@ def test_skip_rules(session: Session):
     session.commit()
     best(session, version="old", shape=(2048, 4096))
 
-    def check(operator: str, shape, dtype: str) -> str | None:
+    def check(operator: str, shape, dtype: str, gpu_model: str) -> str | None:
         return "too small" if list(shape) == [64, 64] else None
 
     stale = find_stale_keys(session, CURRENT, check=check)

@@ -209,7 +209,7 @@ def test_the_queued_job_measures_the_old_winner_first_then_the_key_is_current(up
         (["--operator", "softmax", "--operator", "nope"], 2,
          ["unknown operator(s) 'nope'", "--operator takes a registered operator", "softmax"]),
         (["--budget", "0"], 2, ["--budget"]),
-        (["--budget", "5001"], 2, ["--budget 5001 is more than KATO_MAX_BUDGET_CONFIGS (5000)"]),
+        (["--budget", "5001"], 2, ["--budget: budget must be at most 5000 configs, got 5001"]),
         (["--gpu", "NVIDIA"], 2, ["--gpu: not a GPU model name"]),
     ],
 )  # fmt: skip
