@@ -21,30 +21,35 @@
 //   TMA copies; the consumers rise to CONSUMER_REGS. Consumer c owns rows [c * BM / CONSUMERS,
 //   (c + 1) * BM / CONSUMERS) of the block tile: MI = BM / CONSUMERS / 64 wgmma m64nBNk16 per
 //   16-wide k step, BN / 2 * MI float32 accumulators per thread.
-// * Tiles: every CTA loops over output tiles tile = blockIdx.x, + gridDim.x, ... in the grouped
-//   order of matmul.cu (GROUP_M tile-rows at a time, column-major inside a group). A grid of
-//   one CTA per tile is the classic launch; a grid of one CTA per SM is the persistent one (the
-//   producer then loads the next tile while the consumers store this one).
+// * Tiles: every CTA (every cluster, with CLUSTER_M 2) loops over output tiles tile = blockIdx.x,
+//   + gridDim.x, ... in the grouped order of matmul.cu (GROUP_M tile-rows at a time,
+//   column-major inside a group). A grid of one CTA per tile is the classic launch; a grid of
+//   one CTA per SM is the persistent one (the producer then loads the next tile while the
+//   consumers store this one).
 // * Edges: TMA zero-fills the parts of a box outside the matrix (any M, N, K), and the
 //   epilogue's stores are guarded. TMA needs 16-byte aligned row pitches: the K and M / N
 //   pitches of A and B must be multiples of 8 elements (the host checks); C's pitch N may be
 //   anything (pairs are stored as one 4-byte word only where N is even).
-// * Every mbarrier wait gives up after WAIT_TIMEOUT_NS of the global timer and traps (printing
-//   which barrier), so that a wrong descriptor or byte count fails the launch instead of
-//   hanging the GPU.
+// * Every mbarrier wait gives up after WAIT_TIMEOUT_NS of the global timer and traps, so that a
+//   wrong descriptor or byte count fails the launch instead of hanging the GPU (a debug build
+//   records which barrier instead; see KATO_WGMMA_DEBUG).
 //
 // Tunables (-D): BM (64, 128, 256), BN (64, 128, 256), BK (64), STAGES (2..8), CONSUMERS (1, 2),
 // CLUSTER_M (1, or 2: clusters of 2 CTAs on vertically adjacent tiles, each loading half of the
 // shared B tile and multicasting it to both; the grid must then be even), GROUP_M (tile-rows
-// per raster group, counted in cluster tiles of CLUSTER_M * BM rows), INFLIGHT (0: wait for each stage's wgmmas before
-// releasing it; 1: keep one stage's wgmmas in flight, release the previous stage),
+// per raster group, counted in cluster tiles of CLUSTER_M * BM rows), INFLIGHT (0: wait for
+// each stage's wgmmas before releasing it; 1: keep one stage's wgmmas in flight, release the
+// previous stage),
 // PRODUCER_REGS / CONSUMER_REGS (setmaxnreg targets; 0 = no setmaxnreg), IS_BF16, TRANS_A,
 // TRANS_B. Diagnostics: MN_SWAP_LBO_SBO = 1 swaps the two offsets of MN-major descriptors;
 // FLIP_TRANSPOSE = 1 inverts both transpose immediates (the smem layouts stay);
 // KATO_WGMMA_DEBUG = 1 records a timed-out wait in kato_wgmma_timeout instead of trapping.
 //
 // Kernel: kato_matmul_wgmma(tmap_a, tmap_b, C, M, N, K); block 128 * (CONSUMERS + 1) threads;
-// dynamic shared memory SMEM_BYTES = STAGES * (BM + BN) * BK * 2 + 1024 (alignment slack).
+// dynamic shared memory STAGES * (BM + BN) * BK * 2 + 1024 (alignment slack). The host encodes
+// the tensor maps (cuTensorMapEncodeTiled) over the stored matrices, row-major, 128-byte
+// swizzle, zero fill: a K-major operand with box {64, BM} (A) or {64, BN / CLUSTER_M} (B), an
+// MN-major one with box {64, 64}. C must be 4-byte aligned.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
