@@ -12,6 +12,7 @@ import ctypes
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from kato.errors import KatoError
 from kernels.limits import needs_shared_opt_in
@@ -154,3 +155,48 @@ def launch(
         ),
         "cuLaunchKernel",
     )  # fmt: skip
+
+
+_fast_launch: Any = None
+
+
+def launch_params(
+    func: ctypes.c_void_p,
+    grid: Sequence[int],
+    block: Sequence[int],
+    shared_bytes: int,
+    stream: int,
+    params: ctypes.Array,
+) -> None:
+    """``cuLaunchKernel`` with a prepared ``void*`` array of argument addresses (see
+    :class:`ArgumentSlots`): the hot path of a bound operator, with the driver function's
+    argument types declared once so ctypes converts in C."""
+    global _fast_launch
+    fn = _fast_launch
+    if fn is None:
+        fn = _driver().cuLaunchKernel
+        fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        fn.restype = ctypes.c_int
+        _fast_launch = fn
+    result = fn(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_bytes,
+                stream, params, None)  # fmt: skip
+    if result != 0:
+        _check(result, "cuLaunchKernel")
+
+
+class ArgumentSlots:
+    """Reusable ctypes storage for one kernel signature's arguments, and per launch step the
+    ``void*`` array of their addresses that ``cuLaunchKernel`` reads: a launch writes the values
+    in place instead of building ctypes objects (tens of microseconds a call in Python).
+    Not thread-safe: each thread keeps its own (a :class:`threading.local`)."""
+
+    def __init__(
+        self,
+        signature: Sequence[type[ctypes._SimpleCData] | None],
+        steps: Sequence[Sequence[int]],
+    ):
+        self.values = [ctypes.c_void_p() if kind is None else kind() for kind in signature]
+        self.params = [
+            (ctypes.c_void_p * len(step))(*[ctypes.addressof(self.values[i]) for i in step])
+            for step in steps
+        ]

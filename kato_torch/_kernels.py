@@ -13,7 +13,7 @@ import ctypes
 import logging
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -75,6 +75,7 @@ class BoundOperator:
     calls: list[_Call]
     signature: list[type[ctypes._SimpleCData] | None]  # None = a device pointer
     device_index: int
+    _local: threading.local = field(default_factory=threading.local, repr=False, compare=False)
 
     def run(self, args: Sequence[Any], steps: Sequence[int] | None = None) -> None:
         """Launch the steps (all, or those whose indices are in ``steps``) on the current torch
@@ -87,33 +88,40 @@ class BoundOperator:
             raise TypeError(
                 f"{self.spec.name} takes {len(self.signature)} arguments, got {len(args)}"
             )
-        values: list[ctypes._SimpleCData | None] = []
-        for arg, ctype in zip(args, self.signature, strict=True):
+        slots = self._slots()
+        given = []
+        for value, arg, ctype in zip(slots.values, args, self.signature, strict=True):
             if arg is None:
-                values.append(None)
-            elif ctype is None:
-                values.append(ctypes.c_void_p(arg.data_ptr()))
-            else:
-                values.append(ctype(arg))
+                given.append(False)
+                continue
+            given.append(True)
+            value.value = arg.data_ptr() if ctype is None else arg
         launches = []
         for index, call in enumerate(self.calls):
             if steps is not None and index not in steps:
                 continue
-            call_args = [values[i] for i in call.args]
-            if any(v is None for v in call_args):
+            if not all(given[i] for i in call.args):
                 raise TypeError(
                     f"{self.spec.name}: kernel {call.kernel} needs an argument given None"
                 )
-            launches.append((call, call_args))
+            launches.append((call, slots.params[index]))
         stream = torch.cuda.current_stream(self.device_index).cuda_stream
         # Autograd's backward threads have no context current, a multi-GPU process may have
         # another device's: launch in this device's (PyTorch's), where the module was loaded.
         with _driver.on_device(self.device_index):
-            for call, call_args in launches:
+            for call, params in launches:
                 launch = call.launch
-                _driver.launch(
-                    call.func, launch.grid, launch.block, launch.shared_bytes, stream, call_args
+                _driver.launch_params(
+                    call.func, launch.grid, launch.block, launch.shared_bytes, stream, params
                 )
+
+    def _slots(self) -> _driver.ArgumentSlots:
+        """This thread's argument storage (autograd runs backward ops on its own threads)."""
+        slots = getattr(self._local, "slots", None)
+        if slots is None:
+            slots = _driver.ArgumentSlots(self.signature, [call.args for call in self.calls])
+            self._local.slots = slots
+        return slots
 
 
 def _signature(spec: OperatorSpec, dtype: str) -> list[type[ctypes._SimpleCData] | None]:

@@ -1,7 +1,7 @@
 """Kato's kernels as PyTorch custom operators, and the differentiable functions that use them.
 
 Each operator is registered with ``torch.library.custom_op`` in the ``kato`` namespace
-(``torch.ops.kato.softmax``, ...), with a fake implementation (so ``torch.compile`` keeps it in
+(``_softmax``, ...), with a fake implementation (so ``torch.compile`` keeps it in
 its graph instead of breaking it) and its backward registered as another ``kato`` operator.
 An operator's implementation launches Kato's kernel on the current CUDA stream (so CUDA graphs
 capture it) where the policy (:mod:`kato_torch.policy`) picks Kato for that key, and PyTorch's
@@ -28,6 +28,7 @@ from torch import Tensor
 
 from kato_torch import policy as _policy
 from kato_torch._kernels import bind
+from kato_torch._op import KatoOp
 from kernels import InvalidInput, get_operator
 from kernels import batchnorm as bn_forward
 from kernels import batchnorm_backward as bn_backward
@@ -120,7 +121,7 @@ def _empty_rows(x: Tensor, rows: int) -> Tensor:
 # --- softmax ----------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("kato::softmax", mutates_args=())
+@KatoOp.define("softmax")
 def _softmax(x: Tensor) -> Tensor:
     """Softmax over the last dim of a contiguous tensor."""
     rows, cols = _rows_cols(x)
@@ -136,7 +137,7 @@ def _(x):
     return torch.empty_like(x)
 
 
-@torch.library.custom_op("kato::softmax_backward", mutates_args=())
+@KatoOp.define("softmax_backward")
 def _softmax_backward(y: Tensor, dy: Tensor) -> Tensor:
     """dx = y * (dy - sum(dy * y)) per row, from the forward's output."""
     rows, cols = _rows_cols(y)
@@ -158,7 +159,7 @@ def _softmax_setup(ctx, inputs, output):
 
 def _softmax_grad(ctx, dy):
     (y,) = ctx.saved_tensors
-    return torch.ops.kato.softmax_backward(y, dy.contiguous())
+    return _softmax_backward(y, dy.contiguous())
 
 
 _softmax.register_autograd(_softmax_grad, setup_context=_softmax_setup)
@@ -171,14 +172,14 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
     (x,) = _autocast("float32", x)
     rows, cols = _rows_cols(x)
     if _use("softmax", (rows, cols), x) | _use("softmax_backward", (rows, cols), x):
-        return torch.ops.kato.softmax(x.contiguous())
+        return _softmax(x.contiguous())
     return torch.softmax(x, dim)
 
 
 # --- layer norm -------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("kato::layer_norm", mutates_args=())
+@KatoOp.define("layer_norm")
 def _layer_norm(
     x: Tensor, weight: Tensor, bias: Tensor, eps: float
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -202,7 +203,7 @@ def _(x, weight, bias, eps):
     )
 
 
-@torch.library.custom_op("kato::layer_norm_backward", mutates_args=())
+@KatoOp.define("layer_norm_backward")
 def _layer_norm_backward(
     x: Tensor, weight: Tensor, mean: Tensor, rstd: Tensor, dy: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -238,7 +239,7 @@ def _layer_norm_setup(ctx, inputs, output):
 
 def _layer_norm_grad(ctx, dy, _dmean, _drstd):
     x, weight, mean, rstd = ctx.saved_tensors
-    dx, dw, db = torch.ops.kato.layer_norm_backward(x, weight, mean, rstd, dy.contiguous())
+    dx, dw, db = _layer_norm_backward(x, weight, mean, rstd, dy.contiguous())
     return dx, dw, db, None
 
 
@@ -272,7 +273,7 @@ def layer_norm(
     rows, cols = _rows_cols(x)
     if _use("layernorm", (rows, cols), x) | _use("layernorm_backward", (rows, cols), x):
         x2, (w, b) = _norm_inputs(x, weight, bias)
-        y, _, _ = torch.ops.kato.layer_norm(x2, w, b, float(eps))
+        y, _, _ = _layer_norm(x2, w, b, float(eps))
         return y
     return torch.nn.functional.layer_norm(x, normalized_shape, weight, bias, eps)
 
@@ -298,7 +299,7 @@ def _rms_reference(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tenso
     return (x32 * rstd[..., None] * weight.float()).to(x.dtype), rstd.reshape(-1)
 
 
-@torch.library.custom_op("kato::rms_norm", mutates_args=())
+@KatoOp.define("rms_norm")
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """(y, rstd) of a contiguous (rows, cols) x; rstd float32 per row."""
     rows, cols = _rows_cols(x)
@@ -315,7 +316,7 @@ def _(x, weight, eps):
     return torch.empty_like(x), x.new_empty(rows, dtype=torch.float32)
 
 
-@torch.library.custom_op("kato::rms_norm_backward", mutates_args=())
+@KatoOp.define("rms_norm_backward")
 def _rms_norm_backward(
     x: Tensor, weight: Tensor, rstd: Tensor, dy: Tensor
 ) -> tuple[Tensor, Tensor]:
@@ -353,7 +354,7 @@ def _rms_norm_setup(ctx, inputs, output):
 
 def _rms_norm_grad(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
-    dx, dw = torch.ops.kato.rms_norm_backward(x, weight, rstd, dy.contiguous())
+    dx, dw = _rms_norm_backward(x, weight, rstd, dy.contiguous())
     return dx, dw, None
 
 
@@ -385,7 +386,7 @@ def rms_norm(
     rows, cols = _rows_cols(x)
     if _use("rmsnorm", (rows, cols), x) | _use("rmsnorm_backward", (rows, cols), x):
         x2, (w,) = _norm_inputs(x, weight)
-        y, _ = torch.ops.kato.rms_norm(x2, w, _rms_eps(x, eps))
+        y, _ = _rms_norm(x2, w, _rms_eps(x, eps))
         return y
     return torch.nn.functional.rms_norm(x, normalized_shape, weight, eps)
 
@@ -393,7 +394,7 @@ def rms_norm(
 # --- residual add + norm ----------------------------------------------------------------------
 
 
-@torch.library.custom_op("kato::add_rms_norm", mutates_args=())
+@KatoOp.define("add_rms_norm")
 def _add_rms_norm(
     x: Tensor, residual: Tensor, weight: Tensor, eps: float
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -423,7 +424,7 @@ def _add_rms_norm_setup(ctx, inputs, output):
 
 def _add_rms_norm_grad(ctx, ds, dy, _drstd):
     s, weight, rstd = ctx.saved_tensors
-    dx, dw = torch.ops.kato.rms_norm_backward(s, weight, rstd, dy.contiguous())
+    dx, dw = _rms_norm_backward(s, weight, rstd, dy.contiguous())
     total = dx if ds is None else dx + ds
     return total, total, dw, None
 
@@ -444,13 +445,13 @@ def add_rms_norm(
         _use("add_rmsnorm", (rows, cols), x) | _use("rmsnorm_backward", (rows, cols), x)
     ):
         x2, (r, w) = _norm_inputs(x, residual, weight)
-        s, y, _ = torch.ops.kato.add_rms_norm(x2, r, w, _rms_eps(x, eps))
+        s, y, _ = _add_rms_norm(x2, r, w, _rms_eps(x, eps))
         return s.view(x.shape), y.view(x.shape)
     s = x + residual
     return s, rms_norm(s, (cols,), weight, eps)
 
 
-@torch.library.custom_op("kato::add_layer_norm", mutates_args=())
+@KatoOp.define("add_layer_norm")
 def _add_layer_norm(
     x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor, eps: float
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -483,7 +484,7 @@ def _add_layer_norm_setup(ctx, inputs, output):
 
 def _add_layer_norm_grad(ctx, ds, dy, _dmean, _drstd):
     s, weight, mean, rstd = ctx.saved_tensors
-    dx, dw, db = torch.ops.kato.layer_norm_backward(s, weight, mean, rstd, dy.contiguous())
+    dx, dw, db = _layer_norm_backward(s, weight, mean, rstd, dy.contiguous())
     total = dx if ds is None else dx + ds
     return total, total, dw, db, None
 
@@ -503,7 +504,7 @@ def add_layer_norm(
         _use("add_layernorm", (rows, cols), x) | _use("layernorm_backward", (rows, cols), x)
     ):
         x2, (r, w, b) = _norm_inputs(x, residual, weight, bias)
-        s, y, _, _ = torch.ops.kato.add_layer_norm(x2, r, w, b, float(eps))
+        s, y, _, _ = _add_layer_norm(x2, r, w, b, float(eps))
         return s.view(x.shape), y.view(x.shape)
     s = x + residual
     return s, layer_norm(s, (cols,), weight, bias, eps)
@@ -512,7 +513,7 @@ def add_layer_norm(
 # --- cross-entropy ----------------------------------------------------------------------------
 
 
-@torch.library.custom_op("kato::cross_entropy", mutates_args=())
+@KatoOp.define("cross_entropy")
 def _cross_entropy(logits: Tensor, labels: Tensor, ignore_index: int) -> tuple[Tensor, Tensor]:
     """(loss, lse) per row of contiguous (rows, cols) logits with int64 labels: loss =
     logsumexp - logit of the label (0 where the label is ``ignore_index``); both float32."""
@@ -537,7 +538,7 @@ def _(logits, labels, ignore_index):
     return logits.new_empty(rows, dtype=torch.float32), logits.new_empty(rows, dtype=torch.float32)
 
 
-@torch.library.custom_op("kato::cross_entropy_backward", mutates_args=())
+@KatoOp.define("cross_entropy_backward")
 def _cross_entropy_backward(
     logits: Tensor, labels: Tensor, lse: Tensor, dloss: Tensor, ignore_index: int
 ) -> Tensor:
@@ -571,7 +572,7 @@ def _cross_entropy_setup(ctx, inputs, output):
 
 def _cross_entropy_grad(ctx, dloss, _dlse):
     logits, labels, lse = ctx.saved_tensors
-    dlogits = torch.ops.kato.cross_entropy_backward(
+    dlogits = _cross_entropy_backward(
         logits, labels, lse, dloss.float().contiguous(), ctx.ignore_index
     )
     return dlogits, None, None
@@ -612,9 +613,7 @@ def cross_entropy(
     forward = _use("cross_entropy", (rows, cols), input)
     _use("cross_entropy_backward", (rows, cols), input)  # decided (and recorded) here too
     if forward:
-        loss, _ = torch.ops.kato.cross_entropy(
-            input.contiguous(), target.long().contiguous(), int(ignore_index)
-        )
+        loss, _ = _cross_entropy(input.contiguous(), target.long().contiguous(), int(ignore_index))
         if reduction == "none":
             return loss.to(input.dtype)
         total = loss.sum()
@@ -634,7 +633,7 @@ def _relu_masked(n: int, t: Tensor) -> bool:
     return bool(bind("relu", (n,), _DTYPES[t.dtype], t.device.index).config.get("MASK", 1))
 
 
-@torch.library.custom_op("kato::relu", mutates_args=())
+@KatoOp.define("relu")
 def _relu(x: Tensor) -> tuple[Tensor, Tensor]:
     """(y, mask) of a contiguous x: mask holds ceil(n/32) int32 words, bit i of word w set where
     element 32w + i is positive (bitmask configs; zeros for plain configs and off the GPU)."""
@@ -660,7 +659,7 @@ def _(x):
     return torch.empty_like(x), x.new_empty((x.numel() + 31) // 32, dtype=torch.int32)
 
 
-@torch.library.custom_op("kato::relu_backward", mutates_args=())
+@KatoOp.define("relu_backward")
 def _relu_backward(x: Tensor, mask: Tensor, dy: Tensor) -> Tensor:
     """dx = dy where the forward's input was positive: from the bit mask (bitmask configs) or
     from x (plain configs; ``x`` is empty otherwise)."""
@@ -690,7 +689,7 @@ def _relu_setup(ctx, inputs, output):
 
 def _relu_grad(ctx, dy, _dmask):
     x, mask = ctx.saved_tensors
-    return torch.ops.kato.relu_backward(x, mask, dy.contiguous())
+    return _relu_backward(x, mask, dy.contiguous())
 
 
 _relu.register_autograd(_relu_grad, setup_context=_relu_setup)
@@ -702,7 +701,7 @@ def relu(x: Tensor, inplace: bool = False) -> Tensor:
     if inplace or x.dtype not in _FLOATS or x.numel() == 0:
         return torch.relu_(x) if inplace else torch.relu(x)
     if _use("relu", (x.numel(),), x):
-        y, _ = torch.ops.kato.relu(x.contiguous())
+        y, _ = _relu(x.contiguous())
         return y.view(x.shape)
     return torch.relu(x)
 
@@ -710,7 +709,7 @@ def relu(x: Tensor, inplace: bool = False) -> Tensor:
 # --- batch norm (training) -------------------------------------------------------------------
 
 
-@torch.library.custom_op("kato::batch_norm", mutates_args=())
+@KatoOp.define("batch_norm")
 def _batch_norm(
     x: Tensor,
     weight: Tensor,
@@ -747,7 +746,7 @@ def _(x, weight, bias, running_mean, running_var, eps, momentum):
     return torch.empty_like(x), *(x.new_empty(c, dtype=torch.float32) for _ in range(4))
 
 
-@torch.library.custom_op("kato::batch_norm_backward", mutates_args=())
+@KatoOp.define("batch_norm_backward")
 def _batch_norm_backward(
     x: Tensor, dy: Tensor, mean: Tensor, invstd: Tensor, weight: Tensor, eps: float
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -781,9 +780,7 @@ def _batch_norm_setup(ctx, inputs, output):
 
 def _batch_norm_grad(ctx, dy, _dmean, _dinvstd, _dnew_mean, _dnew_var):
     x, mean, invstd, weight = ctx.saved_tensors
-    dx, dw, db = torch.ops.kato.batch_norm_backward(
-        x, dy.contiguous(), mean, invstd, weight, ctx.eps
-    )
+    dx, dw, db = _batch_norm_backward(x, dy.contiguous(), mean, invstd, weight, ctx.eps)
     return dx, dw, db, None, None, None, None
 
 
@@ -821,7 +818,7 @@ def batch_norm(
             input, running_mean, running_var, weight, bias, training, momentum, eps
         )
     # Kato's statistics and parameters are float32 whatever the data's type (as cuDNN's).
-    y, _, _, new_mean, new_var = torch.ops.kato.batch_norm(
+    y, _, _, new_mean, new_var = _batch_norm(
         input.contiguous(), weight.float(), bias.float(), running_mean.float(),
         running_var.float(), float(eps), float(momentum),
     )  # fmt: skip
@@ -853,7 +850,7 @@ def _torch_mm(a: Tensor, b: Tensor, layout: str) -> Tensor:
     return a.t() @ b
 
 
-@torch.library.custom_op("kato::mm", mutates_args=())
+@KatoOp.define("mm")
 def _mm(a: Tensor, b: Tensor, layout: str) -> Tensor:
     """C (M, N) of contiguous row-major operands in ``layout`` (see :data:`_LAYOUTS`)."""
     m, n, k = _mnk(a, b, layout)
@@ -880,7 +877,7 @@ def _mm_setup(ctx, inputs, output):
 def _mm_grad(ctx, dc):
     a, b = ctx.saved_tensors
     dc = dc.contiguous()
-    mm = torch.ops.kato.mm
+    mm = _mm
     need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     if ctx.layout == "nn":  # C = A B
         da = mm(dc, b, "nt") if need_a else None
@@ -920,7 +917,44 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     a, b = _autocast("lower", a, b)
     if a.dtype != b.dtype or a.shape[1] != b.shape[0] or not _mm_uses_kato(a, b, "nn"):
         return torch.matmul(a, b)
-    return torch.ops.kato.mm(a.contiguous(), b.contiguous(), "nn")
+    return _mm(a.contiguous(), b.contiguous(), "nn")
+
+
+#: Elements per 16 bytes of a 16-bit type: tensor-core GEMMs (cuBLAS's and Kato's) need rows
+#: that start 16-byte aligned; an odd leading dimension falls back to far slower kernels.
+_ALIGN = 8
+#: Padding pays where the GEMM's work is large against the copies it adds (the weight, and
+#: the output's gradient once): m*k / (k + 3m) estimates that ratio (see :func:`_pads_output`).
+_PAD_MIN_RATIO = 160
+
+
+def _pads_output(x2: Tensor, weight: Tensor) -> bool:
+    """Whether ``linear`` should pad the output dim (``weight``'s rows) to :data:`_ALIGN`: a
+    16-bit CUDA GEMM whose out_features is not a multiple of 8 (a vocabulary of 50257: cuBLAS
+    then runs at 92-137 TFLOP/s instead of 650-710 on the H200, docs/results_h200.md) and whose
+    size makes the extra copies cheap against what the aligned GEMM saves. The input's rows
+    must be aligned already (in_features a multiple of 8)."""
+    m, k = x2.shape
+    n = weight.shape[0]
+    return (
+        x2.is_cuda
+        and x2.dtype in (torch.float16, torch.bfloat16)
+        and n % _ALIGN != 0
+        and k % _ALIGN == 0
+        and m * k >= _PAD_MIN_RATIO * (k + 3 * m)
+    )
+
+
+def _padded_linear(x: Tensor, x2: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``linear`` through a weight padded with zero rows to a multiple of 8: the output is a
+    view of the aligned product (rows padded), and autograd's backward of the pad and the view
+    keeps every GEMM of the backward aligned too (dX and dW of the padded problem)."""
+    n = weight.shape[0]
+    extra = -n % _ALIGN
+    w = torch.nn.functional.pad(weight, (0, 0, 0, extra))
+    b = None if bias is None else torch.nn.functional.pad(bias, (0, extra))
+    y = linear(x2, w, b)[:, :n]
+    return y.reshape(*x.shape[:-1], n)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -932,9 +966,11 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if x.dtype != weight.dtype or (bias is not None and bias.dtype != x.dtype):
         return torch.nn.functional.linear(x, weight, bias)
     x2 = x.reshape(-1, x.shape[-1])
+    if x.shape[-1] == weight.shape[1] and _pads_output(x2, weight):
+        return _padded_linear(x, x2, weight, bias)
     if x.shape[-1] != weight.shape[1] or not _mm_uses_kato(x2, weight, "nt"):
         return torch.nn.functional.linear(x, weight, bias)
-    y = torch.ops.kato.mm(x2.contiguous(), weight.contiguous(), "nt")
+    y = _mm(x2.contiguous(), weight.contiguous(), "nt")
     if bias is not None:
         y = y + bias
     return y.reshape(*x.shape[:-1], weight.shape[0])
@@ -943,7 +979,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 # --- transpose --------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("kato::transpose", mutates_args=())
+@KatoOp.define("transpose")
 def _transpose(x: Tensor) -> Tensor:
     """A contiguous (cols, rows) copy of a contiguous (rows, cols) tensor."""
     rows, cols = x.shape
@@ -966,7 +1002,7 @@ def _transpose_setup(ctx, inputs, output):
 
 
 def _transpose_grad(ctx, dy):
-    return torch.ops.kato.transpose(dy.contiguous())
+    return _transpose(dy.contiguous())
 
 
 _transpose.register_autograd(_transpose_grad, setup_context=_transpose_setup)
@@ -977,7 +1013,7 @@ def transpose(x: Tensor) -> Tensor:
     if x.dim() != 2:
         raise ValueError(f"kato_torch.transpose takes a 2-D tensor, got {x.dim()} dimensions")
     if x.dtype in _DTYPES and _use("transpose", tuple(x.shape), x):
-        return torch.ops.kato.transpose(x.contiguous())
+        return _transpose(x.contiguous())
     return x.t().contiguous()
 
 

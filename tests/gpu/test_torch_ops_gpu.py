@@ -13,6 +13,7 @@ if not torch.cuda.is_available():
     pytest.skip("kato_torch's kernels need a CUDA GPU", allow_module_level=True)
 
 from torch.library import opcheck  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import kato_torch  # noqa: E402
 
@@ -118,6 +119,55 @@ def test_mm_layouts(dtype, layout):
 def test_linear(dtype):
     x, w, b = rand(4, 33, 96, dtype=dtype), rand(80, 96, dtype=dtype), rand(80, dtype=dtype)
     check(kato_torch.linear, torch.nn.functional.linear, [x, w, b], dtype, scale=10, grad_scale=40)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("out_features", [1001, 50257])
+def test_linear_pads_an_unaligned_output_dim_and_matches_pytorch(dtype, out_features):
+    """A 16-bit Linear whose out_features is not a multiple of 8 runs as the aligned GEMM of a
+    zero-padded weight: the output is a view of rows padded to a multiple of 8, values and
+    gradients as PyTorch's in float64."""
+    x, w = rand(2, 1024, 768, dtype=dtype, scale=0.5), rand(out_features, 768, dtype=dtype)
+    y = kato_torch.linear(x, w)
+    assert y.shape == (2, 1024, out_features)
+    assert y.stride(-2) == -(-out_features // 8) * 8  # the padded rows' stride
+    check(kato_torch.linear, torch.nn.functional.linear, [x, w], dtype, scale=12, grad_scale=60)
+
+
+class _PassThrough(TorchDispatchMode):
+    """A dispatch mode that records the operators it sees and runs them unchanged."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.add(str(func.name()))
+        return func(*args, **(kwargs or {}))
+
+
+def test_eager_calls_skip_the_dispatcher_and_match_the_registered_op():
+    """In plain eager mode an operator runs its implementation directly (no ``kato::`` op
+    reaches the dispatcher); under a dispatch mode it is the registered custom op. Both give
+    the same values and gradients, bit for bit."""
+    x, w, b = rand(300, 768), rand(768), rand(768)
+
+    def run():
+        xs = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+        y = kato_torch.layer_norm(xs[0], (768,), xs[1], xs[2])
+        return [y, *torch.autograd.grad(y.square().sum(), xs)]
+
+    direct = run()
+    mode = _PassThrough()
+    with mode:
+        dispatched = run()
+    assert {"kato::layer_norm", "kato::layer_norm_backward"} <= mode.seen
+    for a, b_ in zip(direct, dispatched, strict=True):
+        assert torch.equal(a, b_)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run()
+    names = {e.key for e in prof.key_averages()}
+    assert "kato::layer_norm" not in names and "kato::layer_norm_backward" not in names
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1,0 +1,102 @@
+"""Host cost per call of kato_torch's layers, side by side with PyTorch's own op: where the CPU
+time of a launch-bound step goes (microseconds per call, a small layer norm so the GPU is never
+the limit).
+
+    python benchmarks/kato_torch_overhead.py --out overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import kato_torch  # noqa: E402
+from kato_torch import _driver  # noqa: E402
+from kato_torch._kernels import bind  # noqa: E402
+
+
+def per_call_us(fn, calls):
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return host / calls * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--cols", type=int, default=768)
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--out", default="kato_torch_overhead.json")
+    args = ap.parse_args()
+    rows, cols = args.rows, args.cols
+    kato_torch.configure(client=None, policy="kato")
+    x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+    w = torch.ones(cols, device="cuda", dtype=torch.bfloat16)
+    b = torch.zeros(cols, device="cuda", dtype=torch.bfloat16)
+    xg = x.clone().requires_grad_(True)
+    y = torch.empty_like(x)
+    mean = torch.empty(rows, device="cuda")
+    rstd = torch.empty(rows, device="cuda")
+    bound = bind("layernorm", (rows, cols), "bfloat16", 0)
+    largs = [x, w, b, y, mean, rstd, rows, cols, 1e-5]
+    stream = torch.cuda.current_stream().cuda_stream
+    call = bound.calls[0]
+    values = [_driver.ctypes.c_void_p(t.data_ptr()) for t in (x, w, b, y, mean, rstd)]
+    values += [_driver.ctypes.c_int(rows), _driver.ctypes.c_int(cols),
+               _driver.ctypes.c_float(1e-5)]  # fmt: skip
+    dy = torch.randn_like(x)
+
+    def forward_backward_kato():
+        out = kato_torch.layer_norm(xg, (cols,), w, b)
+        torch.autograd.grad(out, (xg,), dy)
+
+    def forward_backward_torch():
+        out = torch.nn.functional.layer_norm(xg, (cols,), w, b)
+        torch.autograd.grad(out, (xg,), dy)
+
+    def ctx_push_pop():
+        with _driver.on_device(0):
+            pass
+
+    cases = {
+        "torch F.layer_norm": lambda: torch.nn.functional.layer_norm(x, (cols,), w, b),
+        "torch.empty_like x3": lambda: (
+            torch.empty_like(x),
+            torch.empty(rows, device="cuda"),
+            torch.empty(rows, device="cuda"),
+        ),  # fmt: skip
+        "torch.cuda.current_stream": lambda: torch.cuda.current_stream(0).cuda_stream,
+        "on_device push/pop": ctx_push_pop,
+        "_driver.launch": lambda: _driver.launch(
+            call.func, call.launch.grid, call.launch.block, call.launch.shared_bytes, stream, values
+        ),
+        "BoundOperator.run": lambda: bound.run(largs),
+        "torch.ops.kato.layer_norm": lambda: torch.ops.kato.layer_norm(x, w, b, 1e-5),
+        "kato_torch.layer_norm (no grad)": lambda: kato_torch.layer_norm(x, (cols,), w, b),
+        "kato_torch.layer_norm fwd+bwd": forward_backward_kato,
+        "torch layer_norm fwd+bwd": forward_backward_torch,
+    }
+    results = {}
+    for name, fn in cases.items():
+        results[name] = per_call_us(fn, args.calls)
+        print(f"{name:34} {results[name]:8.1f} us/call", flush=True)
+    with open(args.out, "w") as f:
+        json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                   "rows": rows, "cols": cols, "us_per_call": results}, f, indent=1)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

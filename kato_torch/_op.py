@@ -1,0 +1,97 @@
+"""One Kato operator, callable two ways with the same implementation and autograd formula.
+
+:class:`KatoOp` registers the implementation as a ``torch.library`` custom op
+(``torch.ops.kato.<name>``, with its fake implementation and backward), which is what
+``torch.compile``, ``torch.export`` and any dispatch mode (fake tensors, functionalization,
+FlopCounter, vmap) see. In plain eager mode a call skips the dispatcher's Python layers and runs
+the implementation directly, under a :class:`torch.autograd.Function` built from the same
+``setup_context`` and backward where a gradient is needed: the custom op's Python dispatch
+costs far more than the kernel launch it wraps (see docs/results_h200.md, "kato_torch host
+cost"), and a training step launches a few hundred of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+
+def eager() -> bool:
+    """Whether a call runs as plain eager PyTorch: not traced by torch.compile/export, under no
+    dispatch mode and no functorch transform (those need the registered custom op)."""
+    return not (
+        torch.compiler.is_compiling()
+        or _get_current_dispatch_mode() is not None
+        or torch._C._are_functorch_transforms_active()
+    )
+
+
+def _tensors(args: Iterable[Any]) -> Iterable[Tensor]:
+    for arg in args:
+        if isinstance(arg, Tensor):
+            yield arg
+        elif isinstance(arg, list | tuple):
+            yield from (a for a in arg if isinstance(a, Tensor))
+
+
+class KatoOp:
+    """``torch.library.custom_op(f"kato::{name}")`` of ``impl``, plus the direct eager path.
+
+    Use as a decorator (``@KatoOp.define("softmax")``); then :meth:`register_fake` and
+    :meth:`register_autograd` as on a custom op. Calling the object is calling the operator:
+    through ``torch.ops.kato.<name>`` when :func:`eager` is False, else ``impl`` itself (no
+    gradient needed) or the equivalent :class:`torch.autograd.Function`. Both paths run the
+    same code on the same stream, so results are identical.
+    """
+
+    def __init__(self, name: str, impl: Callable[..., Any]):
+        self.name = name
+        self.impl = impl
+        self.custom = torch.library.custom_op(f"kato::{name}", mutates_args=())(impl)
+        self.op = getattr(torch.ops.kato, name)
+        self._function: type[torch.autograd.Function] | None = None
+
+    @classmethod
+    def define(cls, name: str) -> Callable[[Callable[..., Any]], KatoOp]:
+        return lambda impl: cls(name, impl)
+
+    def register_fake(self, fake: Callable[..., Any]) -> Callable[..., Any]:
+        return self.custom.register_fake(fake)
+
+    def register_autograd(
+        self, backward: Callable[..., Any], *, setup_context: Callable[..., None]
+    ) -> None:
+        """The custom op's autograd formula, and the eager Function made of the same two."""
+        self.custom.register_autograd(backward, setup_context=setup_context)
+        impl = self.impl
+
+        class Function(torch.autograd.Function):
+            @staticmethod
+            def forward(*args: Any) -> Any:
+                return impl(*args)
+
+            @staticmethod
+            def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
+                setup_context(ctx, inputs, output)
+
+            @staticmethod
+            def backward(ctx: Any, *grads: Any) -> Any:
+                return backward(ctx, *grads)
+
+        Function.__name__ = Function.__qualname__ = f"Kato_{self.name}"
+        self._function = Function
+
+    def __call__(self, *args: Any) -> Any:
+        if not eager():
+            return self.op(*args)
+        if (
+            self._function is not None
+            and torch.is_grad_enabled()
+            and any(t.requires_grad for t in _tensors(args))
+        ):
+            return self._function.apply(*args)
+        return self.impl(*args)  # no input needs a gradient: nothing to record
