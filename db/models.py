@@ -204,7 +204,7 @@ class BestConfig(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     #: The operator's default config measured on this key's shape (its job measures it first):
     #: a lookup serves this winner for another shape only where it beat the default here by
-    #: more than ``db.queries.NEAREST_MIN_GAIN``. None: not measured (rows before 0006).
+    #: more than ``service.lookup.NEAREST_MIN_GAIN``. None: not measured (rows before 0006).
     default_ms: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
     #: PyTorch's own op on the same inputs (:mod:`tuner.framework`), and which framework it
     #: was ("torch 2.13.0+cu130"). None: not measured (no torch, turned off, a mismatch).

@@ -22,7 +22,6 @@ an ordinary exception (:func:`is_interrupt`): it must stop the process, not be r
 from __future__ import annotations
 
 import logging
-import os
 import random
 import sqlite3
 import threading
@@ -32,6 +31,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from sqlalchemy import exc as sa_exc
+
+from kato import env
 
 T = TypeVar("T")
 
@@ -146,7 +147,7 @@ class RetryPolicy:
         Raises:
             ValueError: the variable is not a number of seconds >= 0.
         """
-        raw = os.environ.get("KATO_DB_RETRY_SECONDS", "").strip()
+        raw = (env.get("KATO_DB_RETRY_SECONDS") or "").strip()
         if not raw:
             return cls()
         try:

@@ -17,7 +17,6 @@ import contextlib
 import hashlib
 import inspect
 import math
-import os
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from sqlalchemy.pool import StaticPool
 
 from db.models import Base
 from db.write_gate import WriteGate, gated_factory
+from kato import env
 from kato_client.disk import switch_to_wal
 
 #: Alembic scripts shipped inside the package (found from any working directory).
@@ -100,7 +100,7 @@ def default_db_url() -> str:
     ``KATO_DB_URL`` may be a SQLAlchemy URL (``postgresql+psycopg://...``) or a plain file path
     (taken as a SQLite file). The parent directory of a SQLite file is created.
     """
-    return normalize_db_url(os.environ.get("KATO_DB_URL", "").strip() or str(DEFAULT_DB_PATH))
+    return normalize_db_url((env.get("KATO_DB_URL") or "").strip() or str(DEFAULT_DB_PATH))
 
 
 def _sqlite_file(url: str) -> Path | None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import threading
 import time
 import warnings
@@ -34,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from kato import env
 from kato.errors import KatoError, ServiceError  # noqa: F401 (KatoError: its old home)
 from kato_client.device import detect_gpu, normalize
 from kato_client.disk import DiskCache, default_cache_dir
@@ -180,8 +180,8 @@ class KatoClient:
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
-        self.url = (url or os.environ.get("KATO_URL", "").strip() or DEFAULT_URL).rstrip("/")
-        self.token = token if token is not None else (os.environ.get("KATO_TOKEN") or None)
+        self.url = (url or (env.get("KATO_URL") or "").strip() or DEFAULT_URL).rstrip("/")
+        self.token = token if token is not None else (env.get("KATO_TOKEN") or None)
         self.policy = policy
         self.ttl = float(ttl)
         self.retry_s = float(retry_s)

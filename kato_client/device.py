@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable
 
+from kato import env
 from kato.errors import KatoError
 
 
@@ -25,12 +25,12 @@ class GpuNotDetected(KatoError, RuntimeError):
 
 def _visible_index() -> int:
     """The physical index of the first device CUDA_VISIBLE_DEVICES exposes (0 if unset)."""
-    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    first = (env.get("CUDA_VISIBLE_DEVICES") or "").split(",")[0].strip()
     return int(first) if first.isdigit() else 0
 
 
 def _from_env() -> str | None:
-    return os.environ.get("KATO_GPU", "").strip() or None
+    return (env.get("KATO_GPU") or "").strip() or None
 
 
 def _from_torch() -> str | None:
@@ -60,7 +60,7 @@ def _from_nvidia_smi() -> str | None:
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+    if env.get("CUDA_VISIBLE_DEVICES") == "":
         return None  # every device hidden from CUDA
     try:
         out = subprocess.run(

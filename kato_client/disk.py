@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kato import env
+
 log = logging.getLogger("kato_client")
 
 FILENAME = "lookups.sqlite3"
@@ -69,11 +71,9 @@ CREATE TABLE IF NOT EXISTS lookups (
 
 def default_cache_dir() -> Path:
     """``KATO_CACHE_DIR``, else the platform's user cache directory for ``kato``."""
-    import os
-
-    env = os.environ.get("KATO_CACHE_DIR", "").strip()
-    if env:
-        return Path(env).expanduser()
+    where = (env.get("KATO_CACHE_DIR") or "").strip()
+    if where:
+        return Path(where).expanduser()
     try:
         from platformdirs import user_cache_dir
     except ImportError:  # pragma: no cover - platformdirs is everywhere pip is

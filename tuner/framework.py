@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.connection
-import os
 import statistics
 import time
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from kato import env
 
 #: The environment variable that turns the baseline off (``service.settings.Settings``
 #: documents it as ``framework_baseline``).
@@ -79,7 +80,7 @@ def enabled(environ: Mapping[str, str] | None = None) -> bool:
     Raises:
         ValueError: the variable holds something else (a worker says so at its first job).
     """
-    value = (os.environ if environ is None else environ).get(ENV_ENABLED)
+    value = env.get(ENV_ENABLED, environ)
     if value is None:
         return True
     from pydantic import TypeAdapter, ValidationError

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from kato import env
 from kato.errors import KatoError
 
 __all__ = [
@@ -184,8 +185,8 @@ def cuda_version(nvcc: str = "nvcc") -> str:
 
 def default_cache_dir() -> Path:
     """``$KATO_COMPILE_CACHE`` if set, else ``~/.cache/kato/cubin``."""
-    env = os.environ.get("KATO_COMPILE_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "kato" / "cubin"
+    where = env.get("KATO_COMPILE_CACHE")
+    return Path(where).expanduser() if where else Path.home() / ".cache" / "kato" / "cubin"
 
 
 # --- ptxas -v parsing -------------------------------------------------------------------------

@@ -53,6 +53,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db import fleet, queries, retry
 from db.models import Job, Trial, utcnow
+from kato import env
 from kernels import get_operator
 from kernels.spec import config_key
 from tuner import framework
@@ -1074,7 +1075,7 @@ def _seconds_left(job: Job) -> float | None:
 
 def _helper_grace() -> float:
     """How long an owner waits beyond a lease for helpers' last measurements."""
-    return float(os.environ.get("KATO_HELPER_GRACE_SECONDS", DEFAULT_TRIAL_TIMEOUT_S))
+    return float(env.get("KATO_HELPER_GRACE_SECONDS") or DEFAULT_TRIAL_TIMEOUT_S)
 
 
 class Worker:

@@ -21,6 +21,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from kato import env
+
 app = typer.Typer(
     help="Kato: GPU kernel autotuning service.", no_args_is_help=True, add_completion=False
 )
@@ -83,14 +85,13 @@ def parse_shape(text: str) -> list[int]:
 
 def load_settings(db: str | None):
     """The settings, from --db and ``KATO_*``; a value that cannot be used ends the command."""
-    import os
 
     from pydantic import ValidationError
     from sqlalchemy.exc import SQLAlchemyError
 
     from service.settings import Settings
 
-    url = db or os.environ.get("KATO_DB_URL", "")
+    url = db or env.get("KATO_DB_URL") or ""
     try:
         return Settings(db_url=db) if db else Settings()
     except ValidationError as exc:

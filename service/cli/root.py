@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from kato import env
 from service.cli.common import (
     app,
     fail,
@@ -42,12 +43,11 @@ def _main(
     ] = False,
 ) -> None:
     """Kato: GPU kernel autotuning service. Log lines go to stderr at KATO_LOG_LEVEL (INFO)."""
-    import os
 
     from service import logs
 
     try:
-        level = logs.parse_level(os.environ.get("KATO_LOG_LEVEL"))
+        level = logs.parse_level(env.get("KATO_LOG_LEVEL"))
     except ValueError as exc:
         fail(str(exc), 2)
     logs.configure(level, verbose=verbose)

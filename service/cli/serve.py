@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from kato import env
 from service.cli.common import (
     DbOption,
     app,
@@ -116,7 +117,6 @@ def serve(
     ] = 1,
 ) -> None:
     """Run the REST API (OpenAPI docs at /docs) and a worker for each visible GPU."""
-    import os
 
     import uvicorn
 
@@ -133,7 +133,7 @@ def serve(
         uvicorn.run(api, host=host, port=port)
         return
     # Each uvicorn worker process builds its own app from the environment.
-    os.environ["KATO_DB_URL"] = settings.db_url
+    env.set_for_children("KATO_DB_URL", settings.db_url)
     uvicorn.run(
         "service.app:create_app_from_env", factory=True, host=host, port=port, workers=api_workers
     )
