@@ -10,6 +10,7 @@ Datetimes are timezone-aware UTC on the Python side on every backend (:class:`UT
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,6 +35,37 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 #: Job states. ``queued`` and ``running`` are live; the other three are terminal.
 JOB_STATUSES = ("queued", "running", "done", "failed", "cancelled")
 TERMINAL_STATUSES = ("done", "failed", "cancelled")
+
+#: Status of a trial row that is a reservation (a config being measured, :mod:`db.ledger`),
+#: not a result; ``reserved_by`` names the worker measuring it.
+RESERVED = "running"
+
+#: The columns of a trial row that hold its result, under the names of the keys of
+#: :meth:`tuner.backends.base.TrialResult.to_dict` (which holds ``config`` too).
+RESULT_COLUMNS = (
+    "status",
+    "time_ms",
+    "times_ms",
+    "compile_time_s",
+    "registers",
+    "shared_static_bytes",
+    "shared_dynamic_bytes",
+    "local_bytes",
+    "blocks_per_sm",
+    "occupancy",
+    "error",
+)
+
+
+def result_values(result: Mapping[str, Any]) -> dict[str, Any]:
+    """The column values that store ``result`` (:meth:`TrialResult.to_dict`) in a trial row:
+    the one mapping from a result to its row (:meth:`Trial.result` is the way back). Missing
+    figures are ``None``, missing times an empty list; ``status`` is required."""
+    values = {name: result.get(name) for name in RESULT_COLUMNS}
+    values["status"] = str(result["status"])
+    values["times_ms"] = list(result.get("times_ms") or [])
+    return values
+
 
 # Deterministic constraint names: Alembic needs them to alter constraints later (batch mode on
 # SQLite recreates tables and must know what each constraint is called).
@@ -159,8 +191,28 @@ class Trial(Base):
     occupancy: Mapped[float | None] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    #: The worker that reserved the config (:mod:`db.ledger`) and when: while ``status`` is
+    #: :data:`RESERVED` it is measuring it; once the result is stored, the worker that measured
+    #: it. ``None``: stored without a reservation (an import) or before migration 0007.
+    reserved_by: Mapped[str | None] = mapped_column(String(255))
+    reserved_at: Mapped[datetime | None]
 
     job: Mapped[Job] = relationship(back_populates="trials")
+
+    @property
+    def reserved(self) -> bool:
+        """Whether this is a placeholder: a config being measured, not a result."""
+        return self.status == RESERVED
+
+    def result(self) -> dict[str, Any]:
+        """The stored result in the shape of :meth:`tuner.backends.base.TrialResult.to_dict`
+        (``config``, ``status``, the figures and ``error``): the inverse of
+        :func:`result_values`. A row stored with a median only gets it as its one time."""
+        values = {name: getattr(self, name) for name in RESULT_COLUMNS}
+        values["times_ms"] = list(
+            self.times_ms or ([self.time_ms] if self.time_ms is not None else [])
+        )
+        return {"config": dict(self.config), **values}
 
     def __repr__(self) -> str:
         return (

@@ -9,6 +9,7 @@ such an update, a job already loaded in the session is refreshed from the databa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -19,7 +20,15 @@ from sqlalchemy import and_, exists, false, func, literal, or_, select, true, tu
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from db.models import TERMINAL_STATUSES, BestConfig, Job, Trial, UTCDateTime, utcnow
+from db.models import (
+    TERMINAL_STATUSES,
+    BestConfig,
+    Job,
+    Trial,
+    UTCDateTime,
+    result_values,
+    utcnow,
+)
 
 #: Statuses of a trial that was never measured and does not count towards a job's budget.
 UNCOUNTED_TRIAL_STATUSES = ("invalid",)
@@ -485,17 +494,7 @@ def record_trial(
         number=number,
         config=dict(config),
         config_key=config_key,
-        status=str(result["status"]),
-        time_ms=result.get("time_ms"),
-        times_ms=list(result.get("times_ms") or []),
-        compile_time_s=result.get("compile_time_s"),
-        registers=result.get("registers"),
-        shared_static_bytes=result.get("shared_static_bytes"),
-        shared_dynamic_bytes=result.get("shared_dynamic_bytes"),
-        local_bytes=result.get("local_bytes"),
-        blocks_per_sm=result.get("blocks_per_sm"),
-        occupancy=result.get("occupancy"),
-        error=result.get("error"),
+        **result_values(result),
     )
     session.add(trial)
     try:
@@ -783,3 +782,146 @@ def config_group_rows(
         )
         for row in result
     ]
+
+
+# --- warm start ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MeasuredSource:
+    """What was measured for one (GPU model, shape) at one operator version (a warm-start
+    source, :mod:`tuner.warm_start`): ``trials`` are (config, time_ms) pairs of OK results,
+    stored winners and job trials, in no order and possibly repeating a config."""
+
+    gpu_model: str
+    shape: tuple[int, ...]
+    operator_version: str
+    #: Measured at another version than the job's (older kernel code).
+    other_version: bool
+    trials: list[tuple[dict[str, Any], float]]
+
+
+#: A source's identity in the database: (GPU model, shape).
+_SourceKey = tuple[str, tuple[int, ...]]
+
+
+def warm_start_sources(
+    session: Session,
+    *,
+    operator: str,
+    operator_version: str,
+    dtype: str,
+    shape: Sequence[int],
+    gpu_model: str,
+    exclude_job_id: str | None = None,
+    per_source: int = 10,
+) -> list[MeasuredSource]:
+    """What the database knows for a job's warm start (reads only): per (GPU model, shape of
+    the same rank) of the same operator and dtype, the OK trials of its jobs (the fastest
+    ``per_source`` of each job) and its stored best configs.
+
+    Each (GPU model, shape) is read at one version: ``operator_version`` where anything OK was
+    measured there at that version, else the other version that measured there most recently
+    (newest OK trial or best config; older kernel code, e.g. from before an upgrade), marked
+    :attr:`MeasuredSource.other_version`. One version per source, so that a key re-tuned at the
+    new version stops seeding its stale winner, and so that a stale time never competes with a
+    current one. The job's own (GPU model, shape) is a source only at other versions (at its
+    own, it is the job itself), and not at all once another job measured it at its own version;
+    ``exclude_job_id``'s trials are never read.
+    """
+    shape = [int(s) for s in shape]
+    own = (gpu_model, tuple(shape))
+
+    def usable(model: str, src_shape: Sequence[int], version: str) -> _SourceKey | None:
+        src = (model, tuple(int(s) for s in src_shape))
+        if len(src[1]) != len(shape) or (src == own and version == operator_version):
+            return None
+        return src
+
+    # When each (source, version) last measured something OK, to pick one version per source.
+    # A job counts only with an OK trial: a job queued for the new version (``kato retune``)
+    # or one whose every config failed must not hide the older version's results.
+    last_ok = dict(
+        session.execute(
+            select(Trial.job_id, func.max(Trial.created_at))
+            .join(Job, Job.id == Trial.job_id)
+            .where(Job.operator == operator, Job.dtype == dtype, Trial.time_ms.is_not(None))
+            .group_by(Trial.job_id)
+        ).all()
+    )
+    jobs: dict[tuple[_SourceKey, str], list[str]] = {}
+    seen: dict[_SourceKey, dict[str, Any]] = {}  # source -> version -> newest OK timestamp
+
+    def saw(src: _SourceKey, version: str, when: Any) -> None:
+        versions = seen.setdefault(src, {})
+        if versions.get(version) is None or (when is not None and versions[version] < when):
+            versions[version] = when
+
+    # Whether the job's own key was measured at its own version (another job re-tuned it):
+    # then its older versions are no source, as for every other (GPU, shape).
+    own_current = False
+
+    def is_own_current(model: str, src_shape: Sequence[int], version: str) -> bool:
+        return (model, tuple(int(s) for s in src_shape)) == own and version == operator_version
+
+    for job_id, model, src_shape, version in session.execute(
+        select(Job.id, Job.gpu_model, Job.shape, Job.operator_version).where(
+            Job.operator == operator, Job.dtype == dtype
+        )
+    ).all():
+        if job_id != exclude_job_id and job_id in last_ok:
+            own_current = own_current or is_own_current(model, src_shape, version)
+        src = usable(model, src_shape, version)
+        if src is None or job_id == exclude_job_id or job_id not in last_ok:
+            continue
+        jobs.setdefault((src, version), []).append(job_id)
+        saw(src, version, last_ok[job_id])
+    best: dict[tuple[_SourceKey, str], list[tuple[dict[str, Any], float]]] = {}
+    for model, src_shape, version, config, t, updated in session.execute(
+        select(
+            BestConfig.gpu_model,
+            BestConfig.shape,
+            BestConfig.operator_version,
+            BestConfig.config,
+            BestConfig.time_ms,
+            BestConfig.updated_at,
+        ).where(BestConfig.operator == operator, BestConfig.dtype == dtype)
+    ).all():
+        if t is not None and math.isfinite(t):
+            own_current = own_current or is_own_current(model, src_shape, version)
+        src = usable(model, src_shape, version)
+        if src is None or t is None or not math.isfinite(t):
+            continue
+        best.setdefault((src, version), []).append((config, t))
+        saw(src, version, updated)
+
+    sources = []
+    for src, versions in seen.items():
+        if src == own and own_current:
+            continue  # re-tuned at this version: its stale winner is no guide any more
+        if operator_version in versions:
+            version = operator_version
+        else:  # the newest other version; ties (no timestamps) by name, to be deterministic
+            version = max(versions, key=lambda v: (versions[v] is not None, versions[v], v))
+        measured = list(best.get((src, version), []))
+        for job_id in jobs.get((src, version), []):
+            measured += [
+                (config, t)
+                for config, t in session.execute(
+                    select(Trial.config, Trial.time_ms)
+                    .where(Trial.job_id == job_id, Trial.time_ms.is_not(None))
+                    .order_by(Trial.time_ms)
+                    .limit(per_source)
+                ).all()
+            ]
+        model, src_shape = src
+        sources.append(
+            MeasuredSource(
+                gpu_model=model,
+                shape=src_shape,
+                operator_version=version,
+                other_version=version != operator_version,
+                trials=measured,
+            )
+        )
+    return sources

@@ -14,8 +14,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from db.fleet import RESERVED
-from db.models import Job, Trial
+from db.models import RESERVED, Job, Trial
 from tuner.study import (
     FAILED_VALUE,
     StudyParams,

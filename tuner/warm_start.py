@@ -1,9 +1,10 @@
 """Warm start: a new job first measures the best configs already known for its operator elsewhere.
 
 A *source* is what was measured for the same operator and dtype on one (GPU model, shape): a set
-of (config, time) pairs, read from one operator version (:func:`database_sources`): the job's
-own version where it measured anything there, else the most recent other version (results of
-older kernel code, e.g. from before an upgrade of Kato). The job's own (GPU model, shape) is a
+of (config, time) pairs, read from one operator version (:func:`db.queries.warm_start_sources`,
+ranked here by :func:`database_sources`): the job's own version where it measured anything
+there, else the most recent other version (results of older kernel code, e.g. from before an
+upgrade of Kato). The job's own (GPU model, shape) is a
 source only at other versions: its winner there is the best guess for the new code.
 Sources are ranked by distance to the job (sum over dimensions of ``|log2 a - log2 b|`` between
 the shapes, plus :data:`OTHER_GPU_DISTANCE` for another GPU model, plus
@@ -15,7 +16,8 @@ more than it helped.) Seeds are measured and verified like every other config, u
 own version: an older version's config is a guess, never a result.
 ``kato replay --warm-start`` ranks a recorded file's measurements with the same code.
 
-Reading the database is read-only and never fails a job: any error gives no seeds.
+Reading the database (the job's ledger does it) is read-only and never fails a job: any error
+gives no seeds.
 """
 
 from __future__ import annotations
@@ -26,9 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session, sessionmaker
-
+from db.queries import MeasuredSource
 from tuner.space import Config
 
 log = logging.getLogger(__name__)
@@ -144,10 +144,6 @@ def rank_seed_configs(
     return out
 
 
-#: A source's identity in the database: (GPU model, shape).
-_SourceKey = tuple[str, tuple[int, ...]]
-
-
 def _fastest_per_config(
     measured: Sequence[tuple[Config, float | None]],
 ) -> list[tuple[Config, float]]:
@@ -163,147 +159,43 @@ def _fastest_per_config(
 
 
 def database_sources(
-    session: Session,
-    *,
-    operator: str,
-    operator_version: str,
-    dtype: str,
-    shape: Sequence[int],
-    gpu_model: str,
-    exclude_job_id: str | None = None,
-    per_source: int = PER_SOURCE,
+    measured: Sequence[MeasuredSource], *, shape: Sequence[int], gpu_model: str
 ) -> list[Source]:
-    """Sources for a job from the database (read-only): per (GPU model, shape of the same rank)
-    of the same operator and dtype, the OK trials of its jobs and its stored best configs, the
-    fastest ``per_source`` configs of each.
-
-    Each (GPU model, shape) is read at one version: ``operator_version`` where anything OK was
-    measured there at that version, else the other version that measured there most recently
-    (newest OK trial or best config; older kernel code, e.g. from before an upgrade), marked
-    :attr:`Source.other_version` and :data:`OTHER_VERSION_DISTANCE` farther. One version per
-    source, so that a key re-tuned at the new version stops seeding its stale winner, and so
-    that a stale time never competes with a current one. The job's own (GPU model, shape) is a
-    source only at other versions (at its own, it is the job itself); ``exclude_job_id``'s
-    trials are never read.
-    """
-    from db.models import BestConfig, Job, Trial
-
-    shape = [int(s) for s in shape]
-    own = (gpu_model, tuple(shape))
-
-    def usable(model: str, src_shape: Sequence[int], version: str) -> _SourceKey | None:
-        src = (model, tuple(int(s) for s in src_shape))
-        if len(src[1]) != len(shape) or (src == own and version == operator_version):
-            return None
-        return src
-
-    # When each (source, version) last measured something OK, to pick one version per source.
-    # A job counts only with an OK trial: a job queued for the new version (``kato retune``)
-    # or one whose every config failed must not hide the older version's results.
-    last_ok = dict(
-        session.execute(
-            select(Trial.job_id, func.max(Trial.created_at))
-            .join(Job, Job.id == Trial.job_id)
-            .where(Job.operator == operator, Job.dtype == dtype, Trial.time_ms.is_not(None))
-            .group_by(Trial.job_id)
-        ).all()
-    )
-    jobs: dict[tuple[_SourceKey, str], list[str]] = {}
-    seen: dict[_SourceKey, dict[str, Any]] = {}  # source -> version -> newest OK timestamp
-
-    def saw(src: _SourceKey, version: str, when: Any) -> None:
-        versions = seen.setdefault(src, {})
-        if versions.get(version) is None or (when is not None and versions[version] < when):
-            versions[version] = when
-
-    # Whether the job's own key was measured at its own version (another job re-tuned it):
-    # then its older versions are no source, as for every other (GPU, shape).
-    own_current = False
-
-    def is_own_current(model: str, src_shape: Sequence[int], version: str) -> bool:
-        return (model, tuple(int(s) for s in src_shape)) == own and version == operator_version
-
-    for job_id, model, src_shape, version in session.execute(
-        select(Job.id, Job.gpu_model, Job.shape, Job.operator_version).where(
-            Job.operator == operator, Job.dtype == dtype
+    """The database's measurements for a job (:func:`db.queries.warm_start_sources`: one
+    version per (GPU model, shape)) as ranked sources: each at its shape distance to the job's
+    ``shape``, :data:`OTHER_GPU_DISTANCE` farther on another GPU model than ``gpu_model`` and
+    :data:`OTHER_VERSION_DISTANCE` farther at another operator version."""
+    return [
+        Source(
+            name=f"{src.gpu_model} {'x'.join(map(str, src.shape))}"
+            + (f" @{src.operator_version}" if src.other_version else ""),
+            distance=shape_distance(src.shape, shape)
+            + (OTHER_GPU_DISTANCE if src.gpu_model != gpu_model else 0.0)
+            + (OTHER_VERSION_DISTANCE if src.other_version else 0.0),
+            trials=_fastest_per_config(src.trials),
+            other_gpu=src.gpu_model != gpu_model,
+            other_version=src.other_version,
         )
-    ).all():
-        if job_id != exclude_job_id and job_id in last_ok:
-            own_current = own_current or is_own_current(model, src_shape, version)
-        src = usable(model, src_shape, version)
-        if src is None or job_id == exclude_job_id or job_id not in last_ok:
-            continue
-        jobs.setdefault((src, version), []).append(job_id)
-        saw(src, version, last_ok[job_id])
-    best: dict[tuple[_SourceKey, str], list[tuple[Config, float]]] = {}
-    for model, src_shape, version, config, t, updated in session.execute(
-        select(
-            BestConfig.gpu_model,
-            BestConfig.shape,
-            BestConfig.operator_version,
-            BestConfig.config,
-            BestConfig.time_ms,
-            BestConfig.updated_at,
-        ).where(BestConfig.operator == operator, BestConfig.dtype == dtype)
-    ).all():
-        if t is not None and math.isfinite(t):
-            own_current = own_current or is_own_current(model, src_shape, version)
-        src = usable(model, src_shape, version)
-        if src is None or t is None or not math.isfinite(t):
-            continue
-        best.setdefault((src, version), []).append((config, t))
-        saw(src, version, updated)
+        for src in measured
+    ]
 
-    sources = []
-    for src, versions in seen.items():
-        if src == own and own_current:
-            continue  # re-tuned at this version: its stale winner is no guide any more
-        if operator_version in versions:
-            version = operator_version
-        else:  # the newest other version; ties (no timestamps) by name, to be deterministic
-            version = max(versions, key=lambda v: (versions[v] is not None, versions[v], v))
-        measured = list(best.get((src, version), []))
-        for job_id in jobs.get((src, version), []):
-            measured += session.execute(
-                select(Trial.config, Trial.time_ms)
-                .where(Trial.job_id == job_id, Trial.time_ms.is_not(None))
-                .order_by(Trial.time_ms)
-                .limit(per_source)
-            ).all()
-        model, src_shape = src
-        other_version = version != operator_version
-        sources.append(
-            Source(
-                name=f"{model} {'x'.join(map(str, src_shape))}"
-                + (f" @{version}" if other_version else ""),
-                distance=shape_distance(src_shape, shape)
-                + (OTHER_GPU_DISTANCE if model != gpu_model else 0.0)
-                + (OTHER_VERSION_DISTANCE if other_version else 0.0),
-                trials=_fastest_per_config(measured),
-                other_gpu=model != gpu_model,
-                other_version=other_version,
-            )
-        )
-    return sources
+
+#: Reads what the database measured for a job: ``read(per_source=N)`` (the job's ledger,
+#: :meth:`db.ledger.JobLedger.warm_start_sources`).
+SourceReader = Callable[..., Sequence[MeasuredSource]]
 
 
 def warm_start_configs(
-    sessions: sessionmaker[Session], job: Any, accept: Callable[[Config], bool] | None = None
+    read: SourceReader, job: Any, accept: Callable[[Config], bool] | None = None
 ) -> list[Config]:
-    """The configs ``job`` (a :class:`db.models.Job`) measures first, best first; [] when the
-    database knows nothing usable or cannot be read (logged, never raised). Other GPU models'
-    results seed only jobs of at most :data:`OTHER_GPU_MAX_BUDGET` configs."""
+    """The configs ``job`` (a :class:`db.models.Job`) measures first, best first, from what
+    ``read`` finds in the database; [] when it knows nothing usable or cannot be read (logged,
+    never raised). Other GPU models' results seed only jobs of at most
+    :data:`OTHER_GPU_MAX_BUDGET` configs."""
     try:
-        with sessions() as session:
-            sources = database_sources(
-                session,
-                operator=job.operator,
-                operator_version=job.operator_version,
-                dtype=job.dtype,
-                shape=list(job.shape),
-                gpu_model=job.gpu_model,
-                exclude_job_id=job.id,
-            )
+        sources = database_sources(
+            read(per_source=PER_SOURCE), shape=list(job.shape), gpu_model=job.gpu_model
+        )
         budget = job.budget_configs
         if budget is None or budget > OTHER_GPU_MAX_BUDGET:
             sources = [src for src in sources if not src.other_gpu]

@@ -15,13 +15,14 @@ an isolated measurement (:mod:`tuner.backends.isolated`) is killed at once, and 
 before its next trial. ``DELETE /v1/jobs/{id}`` therefore stops a running job within about a
 second.
 
-Every config is reserved before it is measured (:func:`db.fleet.reserve_trial`: a placeholder
-row under the unique ``(job_id, config_key)`` constraint that also takes one unit of the budget),
-so nothing is measured twice, also when several workers share one job: an idle worker joins a
-running job with budget left (:func:`db.fleet.join_running_job`) as a *helper*; owner and helpers
-ask the same Optuna study (``kato-job-<id>``), see each other's results and reservations before
-every proposal, and the owner finishes the job once the budget is used and the helpers' last
-measurements are in.
+Everything the worker asks of the job database goes through its ledger (:mod:`db.ledger`:
+claims, heartbeats, reservations, results, the job's end; sessions and retries are the
+ledger's). Every config is reserved before it is measured (:meth:`db.ledger.JobLedger.reserve`:
+a placeholder row under the unique ``(job_id, config_key)`` constraint that also takes one unit
+of the budget), so nothing is measured twice, also when several workers share one job: an idle
+worker joins a running job with budget left as a *helper*; owner and helpers ask the same Optuna
+study (``kato-job-<id>``), see each other's results and reservations before every proposal, and
+the owner finishes the job once the budget is used and the helpers' last measurements are in.
 
 A job interrupted half-way (worker killed, host gone) is claimed again once its lease expires;
 the trials already recorded are loaded as known results and never measured again, and the
@@ -41,18 +42,17 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import optuna
-from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
 
-from db import fleet, queries, retry
-from db.models import Job, Trial, utcnow
+from db import queries, retry
+from db.ledger import JobLedger, Ledger, Seen
+from db.models import Job, utcnow
 from kato import env
 from kernels import get_operator
 from kernels.spec import config_key
@@ -68,7 +68,10 @@ from tuner.backends.replay import RecordedProblem, recorded_problem
 from tuner.search import Budget, Search, SearchResult, best_of
 from tuner.study import add_trials, describe_study, job_attrs, job_study_name, optuna_storage
 from tuner.surrogate import import_models
-from tuner.warm_start import warm_start_configs
+from tuner.warm_start import SourceReader, warm_start_configs
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger(__name__)
 
@@ -96,36 +99,17 @@ FrameworkTimer = Callable[[Job, DeviceInfo, framework.StopFlag], framework.Frame
 IDLE_BACKOFF_MAX_SECONDS = 15.0
 
 T = TypeVar("T")
-#: Runs one database step (``step(session)``, a fresh session per try) under the retry policy:
-#: ``db(what, step)`` (:meth:`JobRunner._db`).
-DbStep = Callable[[str, Callable[[Session], T]], T]
 
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-def trial_result_from_row(row: Trial) -> TrialResult:
-    """Rebuild a measured result from its stored row (for resuming a job)."""
-    return TrialResult(
-        config=dict(row.config),
-        status=TrialStatus(row.status),
-        times_ms=list(row.times_ms or ([row.time_ms] if row.time_ms is not None else [])),
-        compile_time_s=row.compile_time_s,
-        registers=row.registers,
-        shared_static_bytes=row.shared_static_bytes,
-        shared_dynamic_bytes=row.shared_dynamic_bytes,
-        local_bytes=row.local_bytes,
-        blocks_per_sm=row.blocks_per_sm,
-        occupancy=row.occupancy,
-        error=row.error,
-    )
-
-
-def first_configs(sessions: sessionmaker[Session], job: Job, space: Any) -> list[dict[str, Any]]:
+def first_configs(read_sources: SourceReader, job: Job, space: Any) -> list[dict[str, Any]]:
     """What a job measures first: the operator's default config for the job's shape (what a
     lookup serves before tuning, so every job records how far its winner beats it:
-    docs/defaults.md), then the warm start's configs, each once."""
+    docs/defaults.md), then the warm start's configs from what ``read_sources`` finds
+    (:meth:`db.ledger.JobLedger.warm_start_sources`), each once."""
     first: list[dict[str, Any]] = []
     try:
         default = get_operator(job.operator).default_config(list(job.shape), job.dtype)
@@ -136,7 +120,7 @@ def first_configs(sessions: sessionmaker[Session], job: Job, space: Any) -> list
     seen = {space.key(c) for c in first}
     # The warm start's configs are valid already (it checks them with space.is_valid).
     first += [
-        c for c in warm_start_configs(sessions, job, space.is_valid) if space.key(c) not in seen
+        c for c in warm_start_configs(read_sources, job, space.is_valid) if space.key(c) not in seen
     ]
     return first
 
@@ -150,15 +134,14 @@ class JobOutcome:
     error: str | None = None
 
 
-def _check_operator_version(job: Job, db: DbStep, worker_id: str, *, helper: bool) -> None:
+def _check_operator_version(job: Job, ledger: JobLedger) -> None:
     """Make sure ``job`` (a detached copy) is tuned for its operator's current code.
 
     A job submitted for an older version of its operator (before an upgrade of Kato) that has
     measured nothing is moved to the current version by its owner
-    (:func:`db.queries.adopt_operator_version`, and on the copy): its results then describe the
-    kernel that runs. Older means first submitted earlier (:func:`db.queries.first_seen`): a
-    worker of older code than the job's (a fleet half-way through an upgrade) must not move a
-    newer job back to its own version.
+    (:meth:`db.ledger.JobLedger.adopt_version`, and on the copy): its results then describe
+    the kernel that runs. A worker of older code than the job's (a fleet half-way through an
+    upgrade) must not move a newer job back to its own version.
 
     Raises:
         RuntimeError: the job is at another version and cannot be moved, saying why.
@@ -173,33 +156,19 @@ def _check_operator_version(job: Job, db: DbStep, worker_id: str, *, helper: boo
         return
     old, new = job.operator_version, spec.version
     changed = f"operator {job.operator!r} is at version {new} here, the job at {old}"
-    if helper:
+    if ledger.helper:
         raise RuntimeError(f"{changed}: left to its owner")
-
-    def adopt(session: Session) -> tuple[bool, Job | None]:
-        seen_old = queries.first_seen(session, job.operator, old)
-        seen_new = queries.first_seen(session, job.operator, new)
-        if seen_new is not None and seen_old is not None and seen_new <= seen_old:
-            raise RuntimeError(
-                f"{changed}, a newer version (submitted by newer Kato code): upgrade this "
-                "worker, then submit the job again"
-            )
-        moved = queries.adopt_operator_version(
-            session, job.id, worker_id=worker_id, old_version=old, new_version=new
-        )
-        current = queries.get_job(session, job.id)
-        # Moved already, if a try before this one committed the move and lost its answer.
-        mine = current is not None and current.worker_id == worker_id
-        return moved or (mine and current.operator_version == new), current
-
-    moved, current = db(f"job {job.id}: moving to the current operator version", adopt)
-    if not moved:
-        if current is None:
-            raise RuntimeError(f"{changed}, and the job is gone")
-        if current.worker_id != worker_id:
-            raise RuntimeError(f"{changed}, and the job went to another worker")
+    answer = ledger.adopt_version(old, new)
+    if answer != "moved":
         raise RuntimeError(
-            f"{changed}, and the job has measured configs of the old version; submit the job again"
+            {
+                "newer": f"{changed}, a newer version (submitted by newer Kato code): upgrade "
+                "this worker, then submit the job again",
+                "gone": f"{changed}, and the job is gone",
+                "lost": f"{changed}, and the job went to another worker",
+                "measured": f"{changed}, and the job has measured configs of the old version; "
+                "submit the job again",
+            }[answer]
         )
     log.info(
         "job %s: operator %s changed since it was submitted; tuning version %s (was %s)",
@@ -208,24 +177,20 @@ def _check_operator_version(job: Job, db: DbStep, worker_id: str, *, helper: boo
     job.operator_version = new
 
 
-def _log_trial(session: Session, job: Job, key: str, result: TrialResult, measured: int) -> None:
+def _log_trial(ledger: JobLedger, job: Job, key: str, result: TrialResult, measured: int) -> None:
     """One INFO line for a trial this worker measured and stored: job, trial number, how many
     of the budget are measured, status, time (or the error's first line), the job's best so far
     (every worker's), config."""
-    row = session.execute(
-        select(Trial.number, Job.best_time_ms)
-        .join(Job, Job.id == Trial.job_id)
-        .where(Trial.job_id == job.id, Trial.config_key == key)
-    ).first()
-    number, best = (row.number, row.best_time_ms) if row is not None else ("?", None)
+    number, best = ledger.trial_number(key)
     if result.time_ms is not None:
         outcome = f"{result.time_ms:.4f} ms"
     else:
         outcome = ((result.error or "").strip().splitlines() or ["-"])[0][:120]
     log.info(
         "job %s trial %s (%d/%d): %s %s, best %s; config %s",
-        job.id, number, measured, job.budget_configs, result.status.value, outcome,
-        f"{best:.4f} ms" if best is not None else "-", json.dumps(result.config, sort_keys=True),
+        job.id, "?" if number is None else number, measured, job.budget_configs,
+        result.status.value, outcome, f"{best:.4f} ms" if best is not None else "-",
+        json.dumps(result.config, sort_keys=True),
     )  # fmt: skip
 
 
@@ -357,15 +322,42 @@ class _BudgetUsed(Exception):
     """Every unit of the job's budget is reserved (by this worker or others)."""
 
 
+class SharedResults:
+    """What one worker's search knows of the other workers on its job, and how a
+    :meth:`db.ledger.JobLedger.sync` changes the search's results.
+
+    ``final``: config keys whose recorded result the search holds (never read again);
+    ``pending``: keys other workers were measuring at the last sync (a ``PENDING`` placeholder
+    in the search's results, so the search neither proposes them nor overruns the budget)."""
+
+    def __init__(self, known: Collection[str] = ()) -> None:
+        self.final: set[str] = set(known)
+        self.pending: set[str] = set()
+
+    def apply(self, seen: Seen, results: dict[str, TrialResult], held: Collection[str]) -> None:
+        """Bring ``seen`` into the search's ``results``: other workers' results, and their
+        reservations as ``PENDING``. A key pending before and neither pending nor recorded now
+        was released (its worker died): it leaves ``results``, measurable again, unless this
+        worker ``held`` it since (reserved it: its result may be in the search while its row
+        waits on the write-behind) or its result is known."""
+        for key, stored in seen.results.items():
+            results[key] = TrialResult.from_dict(stored)
+            self.final.add(key)
+        for key, config in seen.pending.items():
+            if key not in results:
+                results[key] = TrialResult(config=dict(config), status=TrialStatus.PENDING)
+        for key in self.pending - set(seen.pending) - self.final - set(held):
+            results.pop(key, None)
+        self.pending = set(seen.pending)
+
+
 @dataclass
 class _JobState:
     """What the heartbeat thread and the search share while one job runs."""
 
     stop: threading.Event = field(default_factory=threading.Event)
     reason: str | None = None  # cancelled | lost | stopped (the worker is shutting down)
-    mine: set[str] = field(default_factory=set)  # config keys reserved by this worker, unfilled
-    final: set[str] = field(default_factory=set)  # keys with a recorded result known locally
-    pending: set[str] = field(default_factory=set)  # keys other workers are measuring
+    shared: SharedResults = field(default_factory=SharedResults)
     last_sync: float = 0.0
     stored: int = 0  # results this worker stored (a search that stores one made progress)
     backend: Any = None  # interrupted by the heartbeat on a cancel or a lost lease
@@ -428,7 +420,6 @@ class JobRunner:
         shutdown: threading.Event | None = None,
         framework_timer: FrameworkTimer | None = None,
     ):
-        self.sessions = sessions
         self.db_url = db_url
         self.backend_factory = backend_factory
         self.worker_id = worker_id
@@ -443,50 +434,43 @@ class JobRunner:
         self.framework_timer = framework_timer or getattr(
             backend_factory, "measure_framework", None
         )
+        #: Everything this worker asks of the job database (:mod:`db.ledger`).
+        self.ledger = Ledger(
+            sessions,
+            worker_id,
+            lease_seconds=lease_seconds,
+            retry_policy=self.retry_policy,
+            stop=self.shutdown,
+        )
         #: The job database's Optuna storage, opened by the first job (:func:`optuna_storage`).
         self._storage: optuna.storages.RDBStorage | None = None
         import_models()  # now, not in the first job's search
 
-    def _db(self, what: str, step: Callable[[Session], T]) -> T:
-        """``step(session)`` in a fresh session, tried again on a transient database fault
-        (:func:`db.retry.call`; not once the worker is shutting down). ``step`` must be safe to
-        run again: a try whose commit landed may have lost its answer."""
-
-        def once() -> T:
-            with self.sessions() as session:
-                return step(session)
-
-        return retry.call(once, what=what, logger=log, policy=self.retry_policy, stop=self.shutdown)
-
     def run(self, job_id: str, *, helper: bool = False) -> JobOutcome:
         """Run ``job_id``: as its owner (claimed: the lease is ours) or, with ``helper``, as an
         extra worker on a job another worker owns."""
+        ledger = self.ledger.job(job_id, helper=helper)
         if self.shutdown.is_set():  # stopped between the claim and the run
-            self._give_back(job_id, _JobState(), helper)
+            ledger.give_back()
             return JobOutcome(job_id, "stopped", 0, None, "the worker stopped")
-        job = self._db(f"job {job_id}: load", lambda s: queries.get_job(s, job_id))
+        job = ledger.load()
         if job is None:
             return JobOutcome(job_id, "missing", 0, None, "job not found")
         if not helper:  # a resumed job: dead workers' measurements will never finish
-            self._db(
-                f"job {job_id}: release dead workers' reservations",
-                lambda s: fleet.release_stale_reservations(
-                    s, job_id, stale_seconds=self.lease_seconds, keep=self.worker_id
-                ),
-            )
+            ledger.release_stale()
         state = _JobState()
         beat = threading.Thread(
-            target=self._heartbeat, args=(job_id, helper, state), name="kato-heartbeat", daemon=True
+            target=self._heartbeat, args=(ledger, state), name="kato-heartbeat", daemon=True
         )
         backend: Backend | None = None
         interrupted = False
         try:
             if getattr(self.backend_factory, "runs_current_code", True):
-                _check_operator_version(job, self._db, self.worker_id, helper=helper)
+                _check_operator_version(job, ledger)
             backend = self.backend_factory(job)
             state.backend = backend
             beat.start()
-            outcome = self._search(job, backend, state, helper)
+            outcome = self._search(job, backend, state, ledger)
         except BaseException as exc:
             interrupted = not isinstance(exc, Exception) or retry.is_interrupt(exc)
             if interrupted:
@@ -495,7 +479,7 @@ class JobRunner:
                 interrupted = True
                 outcome = JobOutcome(job_id, "stopped", 0, None, "the worker stopped")
             else:
-                outcome = self._failed(job_id, state, exc, helper)
+                outcome = self._failed(ledger, exc)
         finally:
             state.stop.set()
             if beat.is_alive():
@@ -503,35 +487,28 @@ class JobRunner:
             if backend is not None:
                 backend.close()
             if interrupted or state.reason == "stopped":
-                self._give_back(job_id, state, helper)
+                ledger.give_back()
         return outcome
 
-    def _failed(self, job_id: str, state: _JobState, exc: Exception, helper: bool) -> JobOutcome:
+    def _failed(self, ledger: JobLedger, exc: Exception) -> JobOutcome:
         """The run raised ``exc``: a database fault that outlasted the retries leaves the job
         for a resume (``interrupted``); anything else (a broken backend or kernel) fails the
         job, not the worker."""
+        job_id = ledger.job_id
         error = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, _DatabaseUnavailable) or retry.is_transient(exc):
             log.warning(
                 "job %s: left for a resume: the database failed for too long (%s)",
                 job_id, retry.describe(exc),
             )  # fmt: skip
-            self._release_mine(job_id, state)
+            ledger.release_mine()
             return JobOutcome(job_id, "interrupted", 0, None, retry.describe(exc))
         log.exception("job %s failed", job_id)
-        self._release_mine(job_id, state)
-        if helper:
+        ledger.release_mine()
+        if ledger.helper:
             return JobOutcome(job_id, "failed", 0, None, error)
-
-        def fail(session: Session) -> bool:
-            current = queries.get_job(session, job_id)
-            if current is not None and not self._still_owned(current):
-                return False
-            queries.finish_job(session, job_id, status="failed", error=error)
-            return True
-
         try:
-            if not self._db(f"job {job_id}: mark failed", fail):
+            if not ledger.fail(error):
                 # The lease went to another worker (say, a write failed in a network
                 # partition longer than the lease): the job is that worker's now.
                 return JobOutcome(job_id, "lost", 0, None, error)
@@ -542,56 +519,19 @@ class JobRunner:
             return JobOutcome(job_id, "interrupted", 0, None, error)
         return JobOutcome(job_id, "failed", 0, None, str(exc))
 
-    def _give_back(self, job_id: str, state: _JobState, helper: bool) -> None:
-        """The worker is shutting down mid-job: its reservations are released and (owner) its
-        lease ended, so that the next claim resumes the job at once. One try each (no retries:
-        a shutdown does not wait on the database); a failure is logged, and the lease then
-        runs out by itself."""
-        self._release_mine(job_id, state)
-        if helper:
-            return
-        try:
-            with self.sessions() as session:
-                queries.release_lease(session, job_id, self.worker_id)
-        except Exception as exc:
-            log.warning("job %s: could not give back its lease: %s", job_id, retry.describe(exc))
-
-    def _still_owned(self, job: Job) -> bool:
-        """False when ``job`` runs under another worker's lease (this one lost it)."""
-        return not (job.status == "running" and job.worker_id not in (None, self.worker_id))
-
-    def _release_mine(self, job_id: str, state: _JobState) -> None:
-        """Best effort, on a failed or stopped run: give back the configs this worker reserved
-        and will not measure now. Left reserved, they would hold the owner's end of the job (it
-        waits for them) while this worker, alive, keeps them from looking stale."""
-        for key in list(state.mine):
-            try:
-                self._db(
-                    f"job {job_id}: release a reservation",
-                    lambda s, key=key: fleet.release_trial(
-                        s, job_id, config_key=key, worker_id=self.worker_id
-                    ),
-                )
-                state.mine.discard(key)
-            except Exception as exc:
-                log.warning(
-                    "job %s: releasing the reservation of %s failed: %s",
-                    job_id, key, retry.describe(exc),
-                )  # fmt: skip
-
     # --- heartbeat ------------------------------------------------------------------------
 
-    def _heartbeat(self, job_id: str, helper: bool, state: _JobState) -> None:
+    def _heartbeat(self, ledger: JobLedger, state: _JobState) -> None:
         """Renew the lease (owner) or check the job is still on (helper) until the job ends;
         on a cancel, a lost lease or a shutdown, stop the search and interrupt the backend. A
         database fault is logged once (and its recovery), and tried again on the next beat."""
-        faults = retry.FaultLog(log, f"job {job_id}: heartbeat")
+        faults = retry.FaultLog(log, f"job {ledger.job_id}: heartbeat")
         while not state.stop.wait(self.heartbeat_seconds):
             if self.shutdown.is_set():
                 reason = "stopped"
             else:
                 try:
-                    reason = self._beat(job_id, helper)
+                    reason = self._beat(ledger)
                 except Exception as exc:  # database hiccup: try again on the next beat
                     faults.failed(exc)
                     continue
@@ -605,79 +545,41 @@ class JobRunner:
                 interrupt()
             return
 
-    def _beat(self, job_id: str, helper: bool) -> str | None:
+    def _beat(self, ledger: JobLedger) -> str | None:
         """One heartbeat: ``None`` while the job goes on, else why this worker must stop."""
         if self.on_heartbeat is not None:
             # Before the lease: a heartbeat never outlives the lease it came with, so
             # a worker whose lease expired is never taken for live.
-            self.on_heartbeat("busy", job_id)
-        with self.sessions() as session:
-            if not helper and queries.renew_lease(
-                session, job_id, self.worker_id, self.lease_seconds
-            ):
-                return None
-            job = queries.get_job(session, job_id)
-        if job is not None and job.status == "running" and not job.cancel_requested:
-            return None if helper else "lost"  # running under another worker's lease
-        if job is not None and job.cancel_requested:
-            return "cancelled"
-        return "lost" if job is None or job.status != "cancelled" else "cancelled"
+            self.on_heartbeat("busy", ledger.job_id)
+        return ledger.renew()
 
     # --- the search -----------------------------------------------------------------------
 
-    def _sync(self, job_id: str, search: Search, state: _JobState) -> None:
+    def _sync(self, ledger: JobLedger, search: Search, state: _JobState) -> None:
         """Bring other workers' results and reservations into the search (they count towards
         the budget and are never proposed to this worker's backend)."""
-        rows = self._db(
-            f"job {job_id}: sync",
-            lambda s: fleet.trials_since(s, job_id, state.final | state.mine),
-        )
-        seen_pending: set[str] = set()
-        for row in rows:
-            if row.status == fleet.RESERVED:
-                if fleet.reserved_by(row) == self.worker_id:
-                    continue
-                seen_pending.add(row.config_key)
-                if row.config_key not in search.results:
-                    search.results[row.config_key] = TrialResult(
-                        config=dict(row.config), status=TrialStatus.PENDING
-                    )
-            else:
-                search.results[row.config_key] = trial_result_from_row(row)
-                state.final.add(row.config_key)
-        # Released (its worker died): measurable again. Not a key this worker reserved since
-        # (``mine``): its result may be in the search while its row waits on the write-behind.
-        for key in state.pending - seen_pending - state.final - state.mine:
-            search.results.pop(key, None)
-        state.pending = seen_pending
+        seen = ledger.sync(state.shared.final)
+        state.shared.apply(seen, search.results, ledger.held())
 
-    def _await_result(self, job_id: str, key: str, state: _JobState) -> TrialResult | None:
+    def _await_result(self, ledger: JobLedger, key: str, state: _JobState) -> TrialResult | None:
         """Wait for another worker's measurement of ``key``; ``None`` if it was released."""
+        stored = ledger.await_result(key, state.stop)
+        if stored is not None:
+            state.shared.final.add(key)
+            return TrialResult.from_dict(stored)
+        if state.stop.is_set():
+            raise TrialInterrupted("the job stopped")
+        return None
 
-        def look(session: Session) -> Trial | None:
-            row = fleet.find_trial(session, job_id, key)
-            if row is not None and row.status == fleet.RESERVED:
-                fleet.release_stale_reservations(
-                    session, job_id, stale_seconds=self.lease_seconds, keep=self.worker_id
-                )
-            return row
-
-        while not state.stop.is_set():
-            row = self._db(f"job {job_id}: wait for a measurement", look)
-            if row is None:
-                return None
-            if row.status != fleet.RESERVED:
-                state.final.add(key)
-                return trial_result_from_row(row)
-            state.stop.wait(0.1)
-        raise TrialInterrupted("the job stopped")
-
-    def _search(self, job: Job, backend: Backend, state: _JobState, helper: bool) -> JobOutcome:
-        outcome = self._search_until_settled(job, backend, state, helper)
+    def _search(
+        self, job: Job, backend: Backend, state: _JobState, ledger: JobLedger
+    ) -> JobOutcome:
+        outcome = self._search_until_settled(job, backend, state, ledger)
+        helper = ledger.helper
         if state.reason == "stopped":
             return JobOutcome(job.id, "stopped", outcome.measured, None, "the worker stopped")
         if state.reason is not None or outcome.stopped == "cancelled":
-            current = self._db(f"job {job.id}: load", lambda s: queries.get_job(s, job.id))
+            current = ledger.load()
             cancelled = current is not None and (
                 current.cancel_requested or current.status == "cancelled"
             )
@@ -686,17 +588,14 @@ class JobRunner:
                 # worker leaves it to that worker.
                 status = "helped" if helper else "lost"
                 return JobOutcome(job.id, status, outcome.measured, None, state.reason)
-            self._db(
-                f"job {job.id}: mark cancelled",
-                lambda s: queries.finish_job(s, job.id, status="cancelled"),
-            )
+            ledger.cancel()
             return JobOutcome(job.id, "cancelled", outcome.measured, None, None)
         if helper:
             return JobOutcome(job.id, "helped", len(outcome.new), None, None)
-        return self._finish(job, backend, state)
+        return self._finish(job, backend, state, ledger)
 
     def _search_until_settled(
-        self, job: Job, backend: Backend, state: _JobState, helper: bool
+        self, job: Job, backend: Backend, state: _JobState, ledger: JobLedger
     ) -> SearchResult:
         """The job's search, run until its budget is used and settled (owner), or it stops.
 
@@ -706,7 +605,7 @@ class JobRunner:
         does. Faults for longer than the retry policy's ``max_seconds`` without a result stored
         raise :class:`_DatabaseUnavailable`."""
         space = backend.space()
-        known = self._known(job.id, state)
+        known = self._known(ledger, state)
         precompile = getattr(backend, "precompile", None)
         if precompile is not None:
             # Compile ahead: small spaces entirely, in parallel, while the GPU measures.
@@ -722,7 +621,7 @@ class JobRunner:
             )  # fmt: skip
         storage = self._storage
         try:
-            return self._search_resumed(job, backend, space, known, storage, state, helper)
+            return self._search_resumed(job, backend, space, known, storage, state, ledger)
         finally:
             storage.engine.dispose()  # its connections, now: not when the collector runs
 
@@ -734,7 +633,7 @@ class JobRunner:
         known: dict[str, TrialResult],
         storage: optuna.storages.BaseStorage,
         state: _JobState,
-        helper: bool,
+        ledger: JobLedger,
     ) -> SearchResult:
         """:meth:`_search_once` until it ends other than by a transient database fault; after
         one, from the stored results again (see :meth:`_search_until_settled`)."""
@@ -743,7 +642,7 @@ class JobRunner:
         while True:
             stored = state.stored
             try:
-                return self._search_once(job, backend, space, known, storage, state, helper)
+                return self._search_once(job, backend, space, known, storage, state, ledger)
             except Exception as exc:
                 if not retry.is_transient(exc) or retry.is_interrupt(exc):
                     raise
@@ -762,23 +661,22 @@ class JobRunner:
                 "stored trials in %.1f s",
                 job.id, retry.describe(error), wait,
             )  # fmt: skip
-            self._release_mine(job.id, state)
+            ledger.release_mine()
             if state.stop.wait(wait):
                 return SearchResult(best_of(known), known, stopped="cancelled")
             try:
-                known = self._known(job.id, state)
+                known = self._known(ledger, state)
             except Exception as exc:
                 if not retry.is_transient(exc) or retry.is_interrupt(exc):
                     raise
                 continue  # still failing: counted from failing_since, tried again
 
-    def _known(self, job_id: str, state: _JobState) -> dict[str, TrialResult]:
+    def _known(self, ledger: JobLedger, state: _JobState) -> dict[str, TrialResult]:
         """The job's stored results (key -> result; reservations left out); they become the
-        search's known results and ``state.final``."""
-        rows = self._db(f"job {job_id}: load trials", lambda s: queries.job_trials(s, job_id))
-        known = {t.config_key: trial_result_from_row(t) for t in rows if t.status != fleet.RESERVED}
-        state.final = set(known)
-        state.pending = set()
+        search's known results and what ``state.shared`` holds final."""
+        stored = ledger.stored_results()
+        known = {key: TrialResult.from_dict(result) for key, result in stored.items()}
+        state.shared = SharedResults(known)
         state.last_sync = 0.0
         return known
 
@@ -790,58 +688,41 @@ class JobRunner:
         known: dict[str, TrialResult],
         storage: optuna.storages.BaseStorage,
         state: _JobState,
-        helper: bool,
+        ledger: JobLedger,
     ) -> SearchResult:
         """One search of the job from ``known`` (the stored results) to its settled end."""
+        helper = ledger.helper
 
         def evaluate(config: dict[str, Any]) -> TrialResult:
             key = space.key(config)
             while True:
-                reservation = self._db(
-                    f"job {job.id}: reserve a trial",
-                    lambda s: fleet.reserve_trial(
-                        s, job.id, config=config, config_key=key, worker_id=self.worker_id
-                    ),
-                )
+                reservation = ledger.reserve(config, key)
                 if reservation == "reserved":
                     break
                 if reservation == "budget":
                     raise _BudgetUsed
                 if reservation == "stopped":
                     raise TrialInterrupted("the job is no longer running")
-                result = self._await_result(job.id, key, state)  # taken: another worker's
+                result = self._await_result(ledger, key, state)  # taken: another worker's
                 if result is not None:
                     return result
-            state.mine.add(key)
             try:
                 return backend.evaluate(config)
             except BaseException:
-                self._db(
-                    f"job {job.id}: release a reservation",
-                    lambda s: fleet.release_trial(
-                        s, job.id, config_key=key, worker_id=self.worker_id
-                    ),
-                )
-                state.mine.discard(key)
+                ledger.release(key)
                 raise
 
         def record(result: TrialResult, measured: int) -> None:
             # On the search's write-behind thread where the backend measures out of process:
             # only set operations (atomic under the GIL) on the state the main thread reads.
             key = space.key(result.config)
-            state.final.add(key)  # before leaving ``mine``: _sync skips a key in either
-            if key in state.mine:
-                stored = self._db(
-                    f"job {job.id}: store a trial",
-                    lambda s: fleet.complete_trial(
-                        s, job.id, config_key=key, worker_id=self.worker_id,
-                        result=result.to_dict(),
-                    ),
-                )  # fmt: skip
-                state.mine.discard(key)
+            # Final before the ledger stops holding the key: a sync skips a key in either.
+            state.shared.final.add(key)
+            if ledger.holds(key):
+                stored = ledger.record(key, result.to_dict())
                 if stored:
                     state.stored += 1
-                    self._log_trial(job, key, result, measured)
+                    self._log_trial(ledger, job, key, result, measured)
                 else:
                     log.warning(
                         "job %s: reservation of %s was released and taken since; not stored",
@@ -859,16 +740,13 @@ class JobRunner:
             now = time.monotonic()
             if search is not None and now - state.last_sync >= self.sync_seconds:
                 state.last_sync = now
-                self._sync(job.id, search, state)
+                self._sync(ledger, search, state)
             return False
 
         # Helpers draw their own proposals (another seed), so that workers sharing a job rarely
         # propose the same config at once; a collision costs a wait, never a second measurement.
         seed = job.seed if not helper else job.seed + zlib.crc32(self.worker_id.encode()) % 9973
-        live = self._db(
-            f"job {job.id}: list live workers",
-            lambda s: fleet.live_worker_ids(s, self.lease_seconds),
-        ) | {self.worker_id}
+        live = self.ledger.live_workers()
         search = SharedSearch(
             space,
             evaluate,
@@ -877,7 +755,7 @@ class JobRunner:
             storage=storage,
             study_name=job_study_name(job.id),
             known=known,
-            seed_configs=first_configs(self.sessions, job, space),
+            seed_configs=first_configs(ledger.warm_start_sources, job, space),
             on_result=record,
             should_stop=should_stop,
             on_upcoming=getattr(backend, "hint", None),  # compile the likely next ones first
@@ -904,101 +782,60 @@ class JobRunner:
             if helper or state.reason is not None or outcome.stopped == "cancelled":
                 return outcome
             # The owner settles every reservation first, whatever stopped the search.
-            if not self._budget_given_back(job, search, state) or outcome.stopped != "budget":
+            if not self._budget_given_back(ledger, search, state) or outcome.stopped != "budget":
                 return outcome
 
-    def _log_trial(self, job: Job, key: str, result: TrialResult, measured: int) -> None:
+    def _log_trial(
+        self, ledger: JobLedger, job: Job, key: str, result: TrialResult, measured: int
+    ) -> None:
         """The INFO line of a trial stored (:func:`_log_trial`); skipped on a database fault
         (a log line is not worth a retry)."""
         if not log.isEnabledFor(logging.INFO):
             return
         try:
-            with self.sessions() as session:
-                _log_trial(session, job, key, result, measured)
+            _log_trial(ledger, job, key, result, measured)
         except Exception as exc:
             if not retry.is_transient(exc):
                 raise
             log.info("job %s: trial of %s stored", job.id, json.dumps(result.config))
 
-    def _budget_given_back(self, job: Job, search: Search, state: _JobState) -> bool:
+    def _budget_given_back(self, ledger: JobLedger, search: Search, state: _JobState) -> bool:
         """Owner, search stopped: wait for the other workers' last measurements, releasing the
         reservations of dead workers. True when a release gave budget back (a worker died
         mid-trial): the search goes on, so the job ends with its whole budget measured."""
         deadline = time.monotonic() + self.lease_seconds + _helper_grace()
-
-        def settle(session: Session) -> bool:
-            fleet.release_stale_reservations(
-                session, job.id, stale_seconds=self.lease_seconds, keep=self.worker_id
-            )
-            return not fleet.reservations(session, job.id)
-
         while not state.stop.is_set() and time.monotonic() < deadline:
-            if self._db(f"job {job.id}: settle reservations", settle):
+            if ledger.settle():
                 break
             state.stop.wait(0.1)
-        current = self._db(f"job {job.id}: load", lambda s: queries.get_job(s, job.id))
+        current = ledger.load()
         if current is None or current.status != "running" or current.cancel_requested:
             return False
         if current.trials_done >= current.budget_configs:
             return False
-        self._sync(job.id, search, state)  # forget the released keys: measurable again
+        self._sync(ledger, search, state)  # forget the released keys: measurable again
         return len(search.results) < current.budget_configs
 
-    def _finish(self, job: Job, backend: Backend, state: _JobState) -> JobOutcome:
+    def _finish(
+        self, job: Job, backend: Backend, state: _JobState, ledger: JobLedger
+    ) -> JobOutcome:
         """Owner, every reservation settled (:meth:`_budget_given_back`): store the job's best
-        (over every worker's trials) and mark the job done. One retried step: a try whose
-        commit landed finds the job ended by this worker and answers what it stored."""
+        (over every worker's trials) and mark the job done (:meth:`JobLedger.finish`: one
+        retried step; a try whose commit landed answers what it stored)."""
         device = backend.device()
-        baseline = self._framework_baseline(job, backend, device, state)
-
-        def finish(session: Session) -> JobOutcome:
-            current = queries.get_job(session, job.id)
-            if current is None:
-                return JobOutcome(job.id, "missing", 0, None, "job deleted")
-            ended = current.status in ("done", "failed")
-            if ended and current.worker_id == self.worker_id and not current.cancel_requested:
-                return JobOutcome(
-                    job.id, current.status, current.trials_done, current.best_time_ms,
-                    current.error,
-                )  # fmt: skip
-            if (
-                current.cancel_requested
-                or current.status != "running"
-                or not self._still_owned(current)
-            ):
-                status = "cancelled" if current.cancel_requested else "lost"
-                if status == "cancelled":
-                    queries.finish_job(session, job.id, status="cancelled")
-                return JobOutcome(job.id, status, current.trials_done, None, None)
-            best_time, best_config = current.best_time_ms, current.best_config
-            if best_time is not None and best_config is not None:
-                queries.upsert_best_config(
-                    session,
-                    operator=job.operator,
-                    operator_version=job.operator_version,
-                    shape=list(job.shape),
-                    dtype=job.dtype,
-                    gpu_model=device.model,
-                    compute_capability="{}.{}".format(*device.compute_capability),
-                    cuda_version=device.cuda_version,
-                    config=best_config,
-                    time_ms=best_time,
-                    job_id=job.id,
-                    default_ms=_default_time(session, job),
-                    framework_ms=baseline.time_ms if baseline is not None else None,
-                    framework=baseline.framework if baseline is not None else None,
-                )
-                status, error = "done", None
-            else:
-                status, error = "failed", "no config ran correctly (see the job's trials)"
-            measured = current.trials_done
-            queries.finish_job(session, job.id, status=status, error=error)
-            return JobOutcome(job.id, status, measured, best_time, error)
-
-        return self._db(f"job {job.id}: finish", finish)
+        baseline = self._framework_baseline(job, backend, device, state, ledger)
+        ending = ledger.finish(
+            gpu_model=device.model,
+            compute_capability="{}.{}".format(*device.compute_capability),
+            cuda_version=device.cuda_version,
+            default_key=_default_key(job),
+            framework_ms=baseline.time_ms if baseline is not None else None,
+            framework=baseline.framework if baseline is not None else None,
+        )
+        return JobOutcome(job.id, ending.status, ending.measured, ending.best_time_ms, ending.error)
 
     def _framework_baseline(
-        self, job: Job, backend: Backend, device: DeviceInfo, state: _JobState
+        self, job: Job, backend: Backend, device: DeviceInfo, state: _JobState, ledger: JobLedger
     ) -> framework.FrameworkResult | None:
         """PyTorch's op timed for ``job`` (:attr:`framework_timer`), or None: no timer, turned
         off, the job has no winner to store it beside, or the baseline is not ``ok`` (logged
@@ -1012,7 +849,7 @@ class JobRunner:
         except ValueError as exc:
             log.warning("job %s: no framework baseline: %s", job.id, exc)
             return None
-        current = self._db(f"job {job.id}: load", lambda s: queries.get_job(s, job.id))
+        current = ledger.load()
         if current is None or current.best_time_ms is None:
             return None
         backend.close()  # safe to call twice: run() closes it again
@@ -1048,16 +885,15 @@ class _Either:
         return any(event.is_set() for event in self.events)
 
 
-def _default_time(session: Session, job: Job) -> float | None:
-    """The time ``job`` measured for its operator's default config at its shape (every job
-    measures it first: :func:`first_configs`), or None (not measured, or failed)."""
+def _default_key(job: Job) -> str | None:
+    """The config key of ``job``'s operator's default config at its shape (every job measures
+    it first: :func:`first_configs`; its time is stored beside the winner), or None."""
     try:
         spec = get_operator(job.operator)
         default = spec.default_config(list(job.shape), job.dtype)
-        key = config_key(list(spec.params), default)
+        return config_key(list(spec.params), default)
     except Exception:  # an operator gone, or without a default here: nothing to report
         return None
-    return queries.trial_time(session, job.id, key)
 
 
 def _seconds_left(job: Job) -> float | None:
@@ -1114,7 +950,6 @@ class Worker:
         scope: queries.JobScope | None = None,
         retry_policy: retry.RetryPolicy | None = None,
     ):
-        self.sessions = sessions
         self.gpu_models = gpu_models
         self.backend_factory = backend_factory
         self._scope = scope
@@ -1137,6 +972,7 @@ class Worker:
             retry_policy=retry_policy,
             shutdown=self._stop,
         )
+        self.ledger = self.runner.ledger
 
     def stop(self) -> None:
         """Stop: the idle loop exits, a running job stops before its next measurement (an
@@ -1156,50 +992,28 @@ class Worker:
 
     def heartbeat(self, status: str = "idle", job_id: str | None = None) -> None:
         """Upsert this worker's row: GPU models, devices, status, current job, now."""
-        with self.sessions() as session:
-            self._heartbeat_row(session, status, job_id)
-
-    def _heartbeat_row(self, session: Session, status: str, job_id: str | None) -> None:
-        fleet.heartbeat_worker(
-            session,
-            worker_id=self.worker_id,
+        self.ledger.announce(
+            status=status,
+            job_id=job_id,
             hostname=socket.gethostname(),
             pid=os.getpid(),
             gpu_models=self.gpu_models,
             devices=self.devices,
             backend=self.backend_name,
-            status=status,
-            current_job_id=job_id,
         )
 
     def run_once(self) -> JobOutcome | None:
         """Claim and run one job (or help with one); None when there is nothing to do."""
         self.heartbeat("idle")
-        helper = False
-        scope = self.scope()
-        with self.sessions() as session:
-            job = queries.claim_next_job(
-                session,
-                gpu_models=self.gpu_models,
-                worker_id=self.worker_id,
-                lease_seconds=self.lease_seconds,
-                scope=scope,
-                resume_own=True,  # one whose claim landed with its answer lost, say
-            )
-            job_id = job.id if job is not None else None
-            if job_id is None:
-                job_id = fleet.join_running_job(
-                    session,
-                    gpu_models=self.gpu_models,
-                    worker_id=self.worker_id,
-                    max_workers_per_job=self.max_workers_per_job,
-                    min_configs_per_worker=self.min_configs_per_worker,
-                    stale_seconds=self.lease_seconds,
-                    scope=scope,
-                )
-                helper = job_id is not None
-        if job_id is None:
+        claim = self.ledger.claim(
+            self.gpu_models,
+            scope=self.scope(),
+            max_workers_per_job=self.max_workers_per_job,
+            min_configs_per_worker=self.min_configs_per_worker,
+        )
+        if claim is None:
             return None
+        job_id, helper = claim.job_id, claim.helper
         self.heartbeat("busy", job_id)
         log.info("worker %s %s job %s", self.worker_id, "helps" if helper else "runs", job_id)
         try:
@@ -1252,8 +1066,7 @@ class Worker:
             self._stop.set()
         finally:
             try:
-                with self.sessions() as session:  # once: a stopping worker does not wait
-                    self._heartbeat_row(session, "stopped", None)
+                self.heartbeat("stopped")  # one try: a stopping worker does not wait
             except Exception as exc:
                 log.warning(
                     "worker %s: could not mark itself stopped: %s",

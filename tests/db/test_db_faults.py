@@ -19,7 +19,8 @@ from paths import RECORDED
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from db import fleet, queries, retry
+from db import queries, retry
+from db.ledger import RESERVED, Ledger
 from db.models import Trial
 from db.session import DbTimeouts, init_db, make_engine, session_factory
 from tuner.worker import Worker, replay_backend_factory
@@ -35,7 +36,7 @@ def assert_stored_once(sessions, job_id: str) -> list[Trial]:
     assert found.status == "done", (found.status, found.error)
     keys = Counter(t.config_key for t in trials)
     assert max(keys.values()) == 1, "a config was stored twice"
-    assert all(t.status != fleet.RESERVED for t in trials), "a reservation was left behind"
+    assert all(t.status != RESERVED for t in trials), "a reservation was left behind"
     assert found.trials_done == len(trials) == found.budget_configs
     assert sorted(t.number for t in trials) == list(range(len(trials))), "numbers repeat or skip"
     assert found.best_time_ms == min(t.time_ms for t in trials if t.status == "ok")
@@ -181,15 +182,17 @@ def _running_job(sessions, budget: int = 5) -> str:
     return job_id
 
 
+def _ledger(sessions, worker_id: str, job_id: str):
+    return Ledger(sessions, worker_id, retry_policy=retry.RetryPolicy(max_seconds=0)).job(job_id)
+
+
 def test_a_reservation_made_again_by_its_worker_is_its_own(db_url):
     sessions = sessions_for(db_url)
     job_id = _running_job(sessions, budget=1)
-    args = {"config": {"a": 1}, "config_key": "k", "worker_id": "w1"}
-    with sessions() as s:
-        first = fleet.reserve_trial(s, job_id, **args)
-    with sessions() as s:
-        again = fleet.reserve_trial(s, job_id, **args)  # the answer of the first was lost
-        other = fleet.reserve_trial(s, job_id, **{**args, "worker_id": "w2"})
+    first = _ledger(sessions, "w1", job_id).reserve({"a": 1}, "k")
+    # The answer of the first was lost: the worker (a new ledger, knowing nothing) asks again.
+    again = _ledger(sessions, "w1", job_id).reserve({"a": 1}, "k")
+    other = _ledger(sessions, "w2", job_id).reserve({"a": 1}, "k")
     assert (first, again, other) == ("reserved", "reserved", "taken")
     with sessions() as s:
         assert len(queries.job_trials(s, job_id)) == 1
@@ -200,18 +203,13 @@ def test_a_completion_made_again_is_stored_once_and_answers_stored(db_url):
     sessions = sessions_for(db_url)
     job_id = _running_job(sessions)
     result = {"config": {"a": 1}, "status": "ok", "time_ms": 1.5, "times_ms": [1.4, 1.5, 1.6]}
-    with sessions() as s:
-        assert fleet.reserve_trial(s, job_id, config={"a": 1}, config_key="k", worker_id="w1")
-    answers = []
-    for _ in range(2):  # the second: a retry after the first one's answer was lost
-        with sessions() as s:
-            answers.append(
-                fleet.complete_trial(s, job_id, config_key="k", worker_id="w1", result=result)
-            )
+    mine = _ledger(sessions, "w1", job_id)
+    assert mine.reserve({"a": 1}, "k") == "reserved"
+    # The second: a retry after the first one's answer was lost.
+    answers = [mine.record("k", result) for _ in range(2)]
     other = {**result, "time_ms": 9.0, "times_ms": [9.0]}
-    with sessions() as s:
-        # Another worker's measurement of the same config is not taken for this one.
-        assert not fleet.complete_trial(s, job_id, config_key="k", worker_id="w2", result=other)
+    # Another worker's measurement of the same config is not taken for this one.
+    assert not _ledger(sessions, "w2", job_id).record("k", other)
     assert answers == [True, True]
     with sessions() as s:
         (row,) = queries.job_trials(s, job_id)

@@ -13,9 +13,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
-from db import fleet, queries
+from db import queries
 from db.export import bundle_to_t4, collect, export, job_to_cache
 from db.importer import InvalidImport, import_paths, read_file
+from db.ledger import Ledger
 from db.models import BestConfig, Job, Trial
 from db.session import init_db, session_factory
 from kernels import get_operator
@@ -365,7 +366,7 @@ def test_cli_export_and_import(source, tmp_path):
 
 @pytest.mark.parametrize("fmt", ["t4", "kt"])
 def test_a_config_being_measured_is_not_exported(tmp_path, fmt):
-    """A running shared job's reservation rows (db.fleet) are not results: exporting that job
+    """A running shared job's reservation rows (db.ledger) are not results: exporting that job
     writes its measured trials only, and the file imports."""
     factory = _db(tmp_path / "source.db")
     measured = {"BLOCK_SIZE": 128, "VEC": 1, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 4}
@@ -379,8 +380,10 @@ def test_a_config_being_measured_is_not_exported(tmp_path, fmt):
         result = {"status": "ok", "time_ms": 1.0, "times_ms": [1.0]}
         queries.record_trial(session, job.id, number=0, config=measured,
                              config_key=key(measured), result=result)  # fmt: skip
-        assert fleet.reserve_trial(session, job.id, config=reserved, config_key=key(reserved),
-                                   worker_id="w2") == "reserved"  # fmt: skip
+        assert (
+            Ledger(factory, "w2").job(job.id, helper=True).reserve(reserved, key(reserved))
+            == "reserved"
+        )
         paths = export(collect(session), tmp_path / "out", fmt)
     target = _db(tmp_path / "target.db")
     with target() as session:

@@ -14,7 +14,17 @@ import optuna
 from fleet_helpers import claim_until_empty, job, sessions_for, start_worker, stop, submit, wait_for
 
 from db import fleet, queries
+from db.ledger import RESERVED, JobLedger, Ledger
 from db.models import Trial
+from db.retry import RetryPolicy
+
+#: Ledgers of these tests never retry: a fault (a deadlock) must show, not be absorbed.
+NO_RETRY = RetryPolicy(max_seconds=0)
+
+
+def ledger(sessions, worker_id: str, job_id: str) -> JobLedger:
+    """``worker_id``'s ledger of ``job_id`` (a lease of 60 s: a worker is dead after it)."""
+    return Ledger(sessions, worker_id, lease_seconds=60, retry_policy=NO_RETRY).job(job_id)
 
 
 def assert_complete(sessions, job_id: str) -> list[Trial]:
@@ -25,7 +35,7 @@ def assert_complete(sessions, job_id: str) -> list[Trial]:
     keys = Counter(t.config_key for t in trials)
     assert found.status == "done", (found.status, found.error)
     assert max(keys.values()) == 1, "a config was recorded twice"
-    assert all(t.status != fleet.RESERVED for t in trials), "a reservation was left behind"
+    assert all(t.status != RESERVED for t in trials), "a reservation was left behind"
     assert found.trials_done == len(trials) == found.budget_configs
     assert sorted(t.number for t in trials) == list(range(len(trials))), "numbers repeat or skip"
     ok = [t for t in trials if t.status == "ok"]
@@ -56,7 +66,7 @@ def test_a_worker_killed_mid_job_loses_nothing_and_measures_nothing_twice(db_url
             before = {
                 t.config_key: (t.id, t.status, t.time_ms)
                 for t in queries.job_trials(s, job_id)
-                if t.status != fleet.RESERVED
+                if t.status != RESERVED
             }
         # trials_done also counts the trial being measured, and the replay backend measures
         # "out of process": the last result's row is written while the next config measures
@@ -89,8 +99,7 @@ def test_cancel_stops_a_running_measurement_within_seconds(db_url, tmp_path):
     try:
 
         def measuring() -> bool:
-            with sessions() as s:
-                return bool(fleet.reservations(s, job_id))
+            return bool(ledger(sessions, "test", job_id).reservations())
 
         wait_for(measuring, 60, "the first measurement", logs=[log])
         start = time.monotonic()
@@ -98,8 +107,9 @@ def test_cancel_stops_a_running_measurement_within_seconds(db_url, tmp_path):
             queries.request_cancel(s, job_id)
         wait_for(lambda: job(sessions, job_id).status == "cancelled", 10, "cancel", logs=[log])
         assert time.monotonic() - start < 5
+        assert not ledger(sessions, "test", job_id).reservations()
         with sessions() as s:
-            assert not fleet.reservations(s, job_id) and not queries.job_trials(s, job_id)
+            assert not queries.job_trials(s, job_id)
         time.sleep(0.5)
         assert worker.poll() is None, "the worker exited"
         with sessions() as s:
@@ -178,10 +188,9 @@ def test_completing_a_trial_while_another_worker_reserves_that_config_does_not_d
     job_id = submit(sessions, 10)
     with sessions() as s:
         queries.claim_next_job(s, gpu_models=["H200"], worker_id="a", lease_seconds=60)
-        config = {"BLOCK_SIZE": 256}
-        assert fleet.reserve_trial(s, job_id, config=config, config_key="k", worker_id="a") == (
-            "reserved"
-        )
+    config = {"BLOCK_SIZE": 256}
+    worker = ledger(sessions, "a", job_id)
+    assert worker.reserve(config, "k") == "reserved"
     done: list[object] = []
     other = sessions()
     try:
@@ -191,12 +200,7 @@ def test_completing_a_trial_while_another_worker_reserves_that_config_does_not_d
         def complete() -> None:
             result = {"status": "ok", "time_ms": 1.5, "times_ms": [1.5], "config": config}
             try:
-                with sessions() as s:
-                    done.append(
-                        fleet.complete_trial(
-                            s, job_id, config_key="k", worker_id="a", result=result
-                        )
-                    )
+                done.append(worker.record("k", result))
             except Exception as exc:  # a deadlock victim
                 done.append(exc)
 
@@ -225,10 +229,9 @@ def _released_reservation(sessions, job_id: str) -> dict:
     config = {"BLOCK_SIZE": 256}
     with sessions() as s:
         queries.claim_next_job(s, gpu_models=["H200"], worker_id="a", lease_seconds=60)
-        assert fleet.reserve_trial(s, job_id, config=config, config_key="k", worker_id="a") == (
-            "reserved"
-        )
-        assert fleet.release_stale_reservations(s, job_id, stale_seconds=60) == 1
+    assert ledger(sessions, "a", job_id).reserve(config, "k") == "reserved"
+    assert ledger(sessions, "owner", job_id).release_stale() == 1
+    with sessions() as s:
         assert queries.get_job(s, job_id).trials_done == 0
     return {"status": "ok", "time_ms": 2.5, "times_ms": [2.5], "config": config}
 
@@ -239,13 +242,12 @@ def test_a_measurement_whose_reservation_was_released_is_stored_when_the_config_
     sessions = sessions_for(db_url)
     job_id = submit(sessions, 10)
     result = _released_reservation(sessions, job_id)
-    with sessions() as s:
-        assert fleet.complete_trial(s, job_id, config_key="k", worker_id="a", result=result)
+    assert ledger(sessions, "a", job_id).record("k", result)
     with sessions() as s:
         (trial,) = queries.job_trials(s, job_id)
         found = queries.get_job(s, job_id)
     assert (trial.config_key, trial.status, trial.time_ms) == ("k", "ok", 2.5)
-    assert fleet.reserved_by(trial) is None
+    assert not trial.reserved and trial.reserved_by == "a"  # a result, measured by a
     assert (found.trials_done, found.best_time_ms) == (1, 2.5)
 
 
@@ -253,16 +255,12 @@ def test_a_released_measurement_is_not_stored_over_another_workers_reservation(d
     sessions = sessions_for(db_url)
     job_id = submit(sessions, 10)
     result = _released_reservation(sessions, job_id)
-    with sessions() as s:
-        taken = fleet.reserve_trial(
-            s, job_id, config=result["config"], config_key="k", worker_id="b"
-        )
-        assert taken == "reserved"
-        assert not fleet.complete_trial(s, job_id, config_key="k", worker_id="a", result=result)
+    assert ledger(sessions, "b", job_id).reserve(result["config"], "k") == "reserved"
+    assert not ledger(sessions, "a", job_id).record("k", result)
     with sessions() as s:
         (trial,) = queries.job_trials(s, job_id)
         found = queries.get_job(s, job_id)
-    assert fleet.reserved_by(trial) == "b"  # b's measurement is the one to be stored
+    assert trial.reserved and trial.reserved_by == "b"  # b's measurement is the one to store
     assert (found.trials_done, found.best_time_ms) == (1, None)
 
 
@@ -287,16 +285,16 @@ def test_trial_numbers_stay_unique_after_a_worker_dies_holding_reservations(db_u
     with sessions() as s:
         queries.claim_next_job(s, gpu_models=["H200"], worker_id="a", lease_seconds=60)
         _alive(s, "a")  # b never beats: it counts as dead
-        for key, by in [("c0", "a"), ("c1", "a"), ("c2", "b"), ("c3", "b"), ("c4", "a")]:
-            got = fleet.reserve_trial(s, job_id, config={"k": key}, config_key=key, worker_id=by)
-            assert got == "reserved"
-        assert fleet.release_stale_reservations(s, job_id, stale_seconds=60) == 2
-        for key in ["c5", "c6", "c7"]:
-            got = fleet.reserve_trial(s, job_id, config={"k": key}, config_key=key, worker_id="a")
-            assert got == "reserved", key
-        for key in ["c0", "c1", "c4", "c5", "c6", "c7"]:
-            result = {"status": "ok", "time_ms": 1.0, "times_ms": [1.0], "config": {"k": key}}
-            assert fleet.complete_trial(s, job_id, config_key=key, worker_id="a", result=result)
+    a, b = ledger(sessions, "a", job_id), ledger(sessions, "b", job_id)
+    for key, by in [("c0", a), ("c1", a), ("c2", b), ("c3", b), ("c4", a)]:
+        assert by.reserve({"k": key}, key) == "reserved"
+    assert a.release_stale() == 2
+    for key in ["c5", "c6", "c7"]:
+        assert a.reserve({"k": key}, key) == "reserved", key
+    for key in ["c0", "c1", "c4", "c5", "c6", "c7"]:
+        result = {"status": "ok", "time_ms": 1.0, "times_ms": [1.0], "config": {"k": key}}
+        assert a.record(key, result)
+    with sessions() as s:
         assert queries.get_job(s, job_id).trials_done == 6
     assert _numbers(sessions, job_id) == list(range(6))
 
@@ -313,29 +311,25 @@ def test_concurrent_reservations_number_trials_once_each(db_url):
         queries.claim_next_job(s, gpu_models=["H200"], worker_id="w0", lease_seconds=60)
         for i in range(4):
             _alive(s, f"w{i}")
-        for i in range(6):  # a dead worker's reservations, numbers 0..5
-            key = f"dead{i}"
-            got = fleet.reserve_trial(s, job_id, config={}, config_key=key, worker_id="dead")
-            assert got == "reserved"
+    dead = ledger(sessions, "dead", job_id)
+    for i in range(6):  # a dead worker's reservations, numbers 0..5
+        assert dead.reserve({}, f"dead{i}") == "reserved"
     start = threading.Barrier(5)
     outcomes: list[object] = []
 
     def reserve(worker: str) -> None:
+        mine = ledger(sessions, worker, job_id)
         start.wait()
         try:
-            with sessions() as s:
-                for n in range(15):
-                    key = f"{worker}-{n}"
-                    outcomes.append(
-                        fleet.reserve_trial(s, job_id, config={}, config_key=key, worker_id=worker)
-                    )
+            for n in range(15):
+                outcomes.append(mine.reserve({}, f"{worker}-{n}"))
         except Exception as exc:
             outcomes.append(exc)
 
     def release() -> None:
+        owner = ledger(sessions, "w0", job_id)
         start.wait()
-        with sessions() as s:
-            outcomes.append(fleet.release_stale_reservations(s, job_id, stale_seconds=60))
+        outcomes.append(owner.release_stale())
 
     threads = [threading.Thread(target=reserve, args=(f"w{i}",)) for i in range(4)]
     threads.append(threading.Thread(target=release))

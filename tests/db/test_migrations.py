@@ -41,7 +41,7 @@ def test_init_db_creates_the_tables_in_wal_mode(tmp_path: Path) -> None:
         assert connection.execute(text("PRAGMA journal_mode")).scalar() == "wal"
         assert connection.execute(text("PRAGMA foreign_keys")).scalar() == 1
         assert connection.execute(text("PRAGMA busy_timeout")).scalar() == 30_000
-    assert current_revision(engine) == head_revision() == "0006"
+    assert current_revision(engine) == head_revision() == "0007"
 
 
 def test_init_db_twice_is_a_no_op(tmp_path: Path) -> None:
@@ -251,7 +251,7 @@ def test_0006_adds_the_figures_beside_each_winner_to_an_existing_database(db_url
             )
         )
     init_db(engine)
-    assert current_revision(engine) == head_revision() == "0006"
+    assert current_revision(engine) == head_revision()
     assert_models_match_head(engine)
     with session_factory(engine)() as session:
         (row,) = session.scalars(select(BestConfig)).all()
@@ -276,4 +276,99 @@ def test_0006_adds_the_figures_beside_each_winner_to_an_existing_database(db_url
         command.downgrade(config, "0005")
     columns = {c["name"] for c in inspect(engine).get_columns("kato_best_configs")}
     assert not columns & {"default_ms", "framework_ms", "framework"} and "time_ms" in columns
+    engine.dispose()
+
+
+def _downgrade(engine: Engine, revision: str) -> None:
+    from alembic import command
+
+    from db.session import alembic_config
+
+    with engine.begin() as connection:
+        config = alembic_config()
+        config.attributes["connection"] = connection
+        command.downgrade(config, revision)
+
+
+def test_0007_moves_who_reserved_a_trial_out_of_its_error_text(db_url: str) -> None:
+    """A database at 0006 with a shared job in flight: two reservations named their workers in
+    the error text (one id with the ``_`` and ``%`` a LIKE pattern would misread), next to a
+    recorded trial whose error is a real one. After the upgrade the reservations name their
+    workers in ``reserved_by`` (``reserved_at``: when they were inserted) with no error text,
+    the recorded trial is unchanged, and the ledger goes on from there: the live worker's
+    reservation is its own, the dead one's is released and its result stored by the live one.
+    The downgrade writes the text back."""
+    from db.ledger import Ledger
+    from db.models import Trial
+    from db.retry import RetryPolicy
+    from db.session import session_factory
+
+    engine = make_engine(db_url)
+    _upgrade(engine, "0006")
+    live, dead = "host_1-42-a%b", "gone-7-c0ffee"
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO kato_jobs (id, operator, operator_version, shape, shape_key, dtype,"
+                " gpu_model, budget_configs, strategy, seed, status, trials_done, created_at,"
+                " cancel_requested, worker_id, lease_expires_at) VALUES ('j1', 'softmax', 'v',"
+                " '[1, 2]', '1x2', 'float32', 'H200', 10, 'tpe', 0, 'running', 3,"
+                " '2026-01-01 00:00:00+00:00', false, :live, '2099-01-01 00:00:00+00:00')"
+            ),
+            {"live": live},
+        )
+        trial = (
+            "INSERT INTO kato_trials (id, job_id, number, config, config_key, status, times_ms,"
+            " error, created_at) VALUES (:id, 'j1', :number, :config, :key, :status, '[]',"
+            " :error, :at)"
+        )
+        # (id and number, status, error, minute inserted): k0 a result whose error only
+        # looks like a reservation's (its status says it is not), k1 and k2 reservations.
+        rows = [
+            (0, "compile_error", "ptxas: being measured by worker x", 1),
+            (1, "running", f"being measured by worker {live}", 2),
+            (2, "running", f"being measured by worker {dead}", 3),
+        ]
+        for n, status, error, minute in rows:
+            connection.execute(
+                text(trial),
+                {"id": n + 1, "number": n, "config": f'{{"k": "k{n}"}}', "key": f"k{n}",
+                 "status": status, "error": error, "at": f"2026-01-01 00:0{minute}:00+00:00"},
+            )  # fmt: skip
+    init_db(engine)
+    assert current_revision(engine) == head_revision() == "0007"
+    assert_models_match_head(engine)
+    sessions = session_factory(engine)
+    with sessions() as session:
+        got = {
+            t.config_key: (t.status, t.error, t.reserved_by, t.reserved_at and t.reserved_at.minute)
+            for t in session.scalars(select(Trial))
+        }
+    assert got == {
+        "k0": ("compile_error", "ptxas: being measured by worker x", None, None),
+        "k1": ("running", None, live, 2),
+        "k2": ("running", None, dead, 3),
+    }
+    no_retry = RetryPolicy(max_seconds=0)
+    owner = Ledger(sessions, live, lease_seconds=60, retry_policy=no_retry).job("j1")
+    assert owner.reserve({"k": "k1"}, "k1") == "reserved"  # its own, from before the upgrade
+    assert owner.release_stale() == 1  # the dead worker's (it never beat)
+    assert owner.reserve({"k": "k2"}, "k2") == "reserved"
+    result = {"config": {"k": "k2"}, "status": "ok", "times_ms": [1.0], "time_ms": 1.0}
+    assert owner.record("k2", result)
+    with sessions() as session:
+        by_key = {t.config_key: t for t in session.scalars(select(Trial))}
+        assert (by_key["k2"].status, by_key["k2"].reserved_by) == ("ok", live)
+        assert session.scalar(text("SELECT trials_done FROM kato_jobs")) == 3
+
+    _downgrade(engine, "0006")
+    columns = {c["name"] for c in inspect(engine).get_columns("kato_trials")}
+    assert not columns & {"reserved_by", "reserved_at"}
+    with engine.connect() as connection:
+        errors = dict(connection.execute(text("SELECT config_key, error FROM kato_trials")).all())
+    assert errors == {
+        "k0": "ptxas: being measured by worker x",
+        "k1": f"being measured by worker {live}",
+        "k2": None,
+    }
     engine.dispose()

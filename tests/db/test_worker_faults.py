@@ -19,7 +19,7 @@ from paths import RECORDED
 from sqlalchemy import create_engine, event, text
 
 from db import fleet, queries
-from db.models import utcnow
+from db.models import RESERVED, utcnow
 from db.session import init_db, session_factory
 from tuner.worker import Worker, replay_backend_factory
 
@@ -158,7 +158,7 @@ def _sigterm_busy_workers(db_url, tmp_path, rounds: int, seed: int) -> None:
             assert found.status == "running", (found.status, found.error)
             # Given back: claimable at once, not after its 120 s lease.
             assert found.lease_expires_at <= utcnow() + timedelta(seconds=1), "lease kept"
-            assert not [t for t in trials if t.status == fleet.RESERVED], "reservation left"
+            assert not [t for t in trials if t.status == RESERVED], "reservation left"
             assert found.trials_done == len(trials)
             assert sorted(t.number for t in trials) == list(range(len(trials)))
             assert len({t.config_key for t in trials}) == len(trials)

@@ -18,8 +18,8 @@ import pytest
 from fastapi.testclient import TestClient
 from paths import RECORDED, SPACES
 
-from db import fleet, queries, tokens
-from db.models import BestConfig
+from db import queries, tokens
+from db.models import RESERVED, BestConfig
 from db.session import init_db, session_factory
 from kernels import get_operator
 from service.app import create_app
@@ -119,7 +119,7 @@ def check_batch(db_url: str, job_ids: list[str], recordings: list[Recording], bu
             assert job.status == "done", (job.operator, job.shape_key, job.status, job.error)
             assert job.trials_done == budget
             assert len(trials) == budget and len({t.config_key for t in trials}) == budget
-            assert not [t for t in trials if t.status == fleet.RESERVED]
+            assert not [t for t in trials if t.status == RESERVED]
             assert sorted(t.number for t in trials) == list(range(budget))
             best = min((t.time_ms for t in trials if t.time_ms is not None), default=None)
             assert best is not None and job.best_time_ms == best

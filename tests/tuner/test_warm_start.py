@@ -10,6 +10,7 @@ import pytest
 from test_worker import DTYPE, SHAPE, CountingReplay, submit
 
 from db import queries
+from db.ledger import Ledger
 from db.session import init_db, session_factory
 from kernels import get_operator
 from tuner.backends.replay import ReplayBackend
@@ -30,6 +31,18 @@ from tuner.warm_start import (
     warm_start_configs,
 )
 from tuner.worker import Worker
+
+
+def sources_in(session, *, shape, gpu_model, **query):
+    """The ranked warm-start sources the database holds for a job of ``shape`` on
+    ``gpu_model`` (:func:`db.queries.warm_start_sources`, ranked by :func:`database_sources`)."""
+    measured = queries.warm_start_sources(session, shape=shape, gpu_model=gpu_model, **query)
+    return database_sources(measured, shape=shape, gpu_model=gpu_model)
+
+
+def _reader(sessions, job):
+    """What the worker hands the warm start: the job's ledger's reader."""
+    return Ledger(sessions, "test").job(job.id).warm_start_sources
 
 
 def _default_key(space) -> str:
@@ -95,7 +108,7 @@ def test_a_job_measures_the_best_configs_of_another_gpu_first(db):
     with sessions() as s:
         trials = [t for t in queries.job_trials(s, job1) if t.time_ms is not None]
         expected = [t.config for t in sorted(trials, key=lambda t: t.time_ms)[:5]]
-        sources = database_sources(
+        sources = sources_in(
             s,
             operator="softmax",
             operator_version=spec.version,
@@ -121,8 +134,8 @@ def test_a_job_measures_the_best_configs_of_another_gpu_first(db):
     with sessions() as s:
         big = queries.get_job(s, submit(sessions, budget=21))
         small = queries.get_job(s, submit(sessions, budget=OTHER_GPU_MAX_BUDGET))
-    assert warm_start_configs(sessions, big) == []
-    assert warm_start_configs(sessions, small) == expected[:1]
+    assert warm_start_configs(_reader(sessions, big), big) == []
+    assert warm_start_configs(_reader(sessions, small), small) == expected[:1]
     assert SEEDS_PER_SOURCE == 1
 
 
@@ -258,7 +271,7 @@ def test_after_a_version_change_a_job_seeds_from_its_own_keys_old_winner_first(d
             gpu_model="H200",
             budget_configs=50,
         )
-        sources = database_sources(
+        sources = sources_in(
             s,
             operator="softmax",
             operator_version=spec.version,
@@ -283,7 +296,8 @@ def test_after_a_version_change_a_job_seeds_from_its_own_keys_old_winner_first(d
     job = submit(sessions, budget=30)  # a tenth: 3 seeds
     backend = CountingReplay()
     with sessions() as s:
-        seeds = warm_start_configs(sessions, queries.get_job(s, job), backend.space().is_valid)
+        found = queries.get_job(s, job)
+    seeds = warm_start_configs(_reader(sessions, found), found, backend.space().is_valid)
     assert seeds == [own_old, sibling_now, sibling_old]
     outcome = Worker(sessions, url, ["H200"], lambda j: backend, poll_seconds=0.01).run_once()
     assert outcome.job_id == job and outcome.status == "done"
@@ -304,7 +318,7 @@ def test_a_key_re_tuned_at_the_current_version_stops_seeding_its_old_winner(db):
 
     def own_sources() -> list[str]:
         with sessions() as s:
-            sources = database_sources(
+            sources = sources_in(
                 s, operator="softmax", operator_version=spec.version, dtype=DTYPE, shape=SHAPE,
                 gpu_model="H200",
             )  # fmt: skip
@@ -332,11 +346,12 @@ def test_an_old_config_that_no_longer_validates_is_skipped(db):
         backend.space().is_valid(renamed)
     with sessions() as s:
         found = queries.get_job(s, job)
-        assert warm_start_configs(sessions, found, backend.space().is_valid) == [valid]
+        seeds = warm_start_configs(_reader(sessions, found), found, backend.space().is_valid)
+        assert seeds == [valid]
         spec = get_operator("softmax")
         # The spec's own check rejects it with a reason instead of raising: skipped the same.
         spec_check = lambda c: spec.check(c, SHAPE, DTYPE) is None  # noqa: E731
-        assert warm_start_configs(sessions, found, spec_check) == [valid]
+        assert warm_start_configs(_reader(sessions, found), found, spec_check) == [valid]
     outcome = Worker(sessions, url, ["H200"], lambda j: backend, poll_seconds=0.01).run_once()
     assert outcome.status == "done"
     assert backend.measured[:2] == [_default_key(backend.space()), backend.space().key(valid)]
@@ -369,7 +384,7 @@ def test_nothing_changes_without_an_old_version(db):
             config_key="32,2,0,0,0",
             result={"status": "ok", "time_ms": 0.001},
         )
-        sources = database_sources(
+        sources = sources_in(
             s,
             operator="softmax",
             operator_version=spec.version,
@@ -382,7 +397,8 @@ def test_nothing_changes_without_an_old_version(db):
     ]
     job = submit(sessions, budget=30)
     with sessions() as s:
-        assert warm_start_configs(sessions, queries.get_job(s, job)) == [sibling]
+        found = queries.get_job(s, job)
+    assert warm_start_configs(_reader(sessions, found), found) == [sibling]
 
 
 def test_a_broken_database_gives_no_seeds_never_a_failed_job():
@@ -391,7 +407,7 @@ def test_a_broken_database_gives_no_seeds_never_a_failed_job():
         gpu_model="H200", budget_configs=10,
     )  # fmt: skip
 
-    def broken():
+    def broken(**_query):
         raise RuntimeError("database gone")
 
     assert warm_start_configs(broken, job) == []

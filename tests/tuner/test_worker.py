@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
-from types import SimpleNamespace
 
 import pytest
 from paths import RECORDED
 from sqlalchemy import update as sa_update
 
-from db import fleet, queries
+from db import queries
+from db.ledger import RESERVED, JobLedger, Ledger, Seen
 from db.models import Job
 from db.session import init_db, session_factory
 from kernels import get_operator
 from service import lookup as service_lookup
 from tuner.backends.base import TrialResult, TrialStatus
 from tuner.backends.replay import ReplayBackend
-from tuner.worker import JobRunner, Worker, _JobState
+from tuner.worker import JobRunner, SharedResults, Worker
 
 RECORDING = RECORDED / "softmax_H200_4096x4096_float16.json.gz"
 SHAPE, DTYPE = [4096, 4096], "float16"
@@ -409,55 +409,48 @@ def test_a_helper_whose_write_fails_gives_back_its_reservations(db, monkeypatch)
         assert claimed.id == job_id
     owner = Worker(sessions, url, ["H200"], lambda j: ReplayBackend(RECORDING), worker_id="A")
     owner.heartbeat("busy", job_id)  # a live owner, so B may join its job
-    complete, calls = fleet.complete_trial, []
+    record, calls = JobLedger.record, []
 
-    def flaky(session, job_id, **kw):
-        calls.append(kw["config_key"])
+    def flaky(ledger, config_key, result):
+        calls.append(config_key)
         if len(calls) == 3:
             raise RuntimeError("database hiccup")
-        return complete(session, job_id, **kw)
+        return record(ledger, config_key, result)
 
-    monkeypatch.setattr(fleet, "complete_trial", flaky)
+    monkeypatch.setattr(JobLedger, "record", flaky)
     helper = Worker(sessions, url, ["H200"], lambda j: ReplayBackend(RECORDING), worker_id="B",
                     max_workers_per_job=2, min_configs_per_worker=1,
                     lease_seconds=5)  # fmt: skip
     outcome = helper.run_once()
     assert (outcome.status, outcome.error) == ("failed", "RuntimeError: database hiccup")
+    assert Ledger(sessions, "test").job(job_id).reservations() == []
     with sessions() as s:
-        assert fleet.reservations(s, job_id) == []
         trials = queries.job_trials(s, job_id)  # the measured configs whose rows were stored
-        assert len(trials) >= 2 and all(t.status != fleet.RESERVED for t in trials)
+        assert len(trials) >= 2 and all(t.status != RESERVED for t in trials)
         assert queries.get_job(s, job_id).trials_done == len(trials)  # the budget given back
 
 
-def test_sync_keeps_a_result_of_this_worker_whose_row_is_still_being_written(monkeypatch):
+def test_sync_keeps_a_result_of_this_worker_whose_row_is_still_being_written():
     """Another worker reserved K, died and K was released; this worker then reserved and
     measured K, and its row waits on the write-behind. The next sync must not take K's result
     out of the search (it was 'released' from another worker's reservation): the budget
-    would be undercounted and K proposed again."""
+    would be undercounted and K proposed again. A released K this worker does not hold is
+    measurable again."""
+    results: dict[str, TrialResult] = {}
+    shared = SharedResults()
+    shared.apply(Seen(pending={"K": {"x": 1}}), results, held=())  # another worker measures K
+    assert results["K"].status == TrialStatus.PENDING and shared.pending == {"K"}
+    # Released, then reserved and measured here: the ledger's sync leaves out a key it holds.
+    results["K"] = TrialResult(config={"x": 1}, status=TrialStatus.OK, times_ms=[1.0])
+    shared.apply(Seen(), results, held={"K"})
+    assert results["K"].status == TrialStatus.OK and shared.pending == set()
 
-    class Row:
-        def __init__(self, key, status, by=None):
-            self.config_key, self.status, self.config, self.by = key, status, {"x": 1}, by
-
-    rows: list[Row] = []
-
-    def trials_since(session, job_id, known):
-        return [r for r in rows if r.config_key not in known]
-
-    monkeypatch.setattr(fleet, "trials_since", trials_since)
-    monkeypatch.setattr(fleet, "reserved_by", lambda row: row.by)
-    runner = SimpleNamespace(worker_id="me", _db=lambda what, step: step(None))
-    search = SimpleNamespace(results={})
-    state = _JobState()
-    rows[:] = [Row("K", fleet.RESERVED, "w2")]  # another worker measures K
-    JobRunner._sync(runner, "job", search, state)
-    assert search.results["K"].status == TrialStatus.PENDING and state.pending == {"K"}
-    rows[:] = [Row("K", fleet.RESERVED, "me")]  # released, then reserved and measured here
-    state.mine.add("K")
-    search.results["K"] = TrialResult(config={"x": 1}, status=TrialStatus.OK, times_ms=[1.0])
-    JobRunner._sync(runner, "job", search, state)
-    assert search.results["K"].status == TrialStatus.OK
+    shared.apply(Seen(pending={"J": {"x": 2}}), results, held=())
+    shared.apply(Seen(), results, held=())  # J released by its dead worker, not taken here
+    assert "J" not in results and "K" in results
+    stored = {"config": {"x": 3}, "status": "ok", "times_ms": [2.0, 3.0, 4.0]}
+    shared.apply(Seen(results={"L": stored}), results, held=())  # another worker's result
+    assert results["L"].time_ms == 3.0 and "L" in shared.final
 
 
 def test_an_owner_that_lost_its_lease_does_not_fail_the_new_owners_job(db):
@@ -572,8 +565,9 @@ def test_a_replay_worker_does_not_help_with_a_running_job_of_another_problem(db)
         url, sessions, RECORDING, max_workers_per_job=4, min_configs_per_worker=1
     )
     assert helper.run_once() is None
+    assert Ledger(sessions, "test").job(job_id).reservations() == []
     with sessions() as s:
-        assert fleet.reservations(s, job_id) == [] and queries.job_trials(s, job_id) == []
+        assert queries.job_trials(s, job_id) == []
 
 
 def _relabelled(tmp_path, version):

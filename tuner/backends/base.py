@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -60,6 +61,30 @@ class TrialResult:
         d["status"] = self.status.value
         d["time_ms"] = self.time_ms
         return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrialResult:
+        """The result :meth:`to_dict` gave (or a stored trial's, :meth:`db.models.Trial.result`);
+        ``time_ms`` is recomputed from ``times_ms``, other keys are ignored."""
+        return cls(
+            config=dict(data["config"]),
+            status=TrialStatus(data["status"]),
+            times_ms=list(data.get("times_ms") or []),
+            **{name: data.get(name) for name in _FIGURES},
+        )
+
+
+#: The fields of a :class:`TrialResult` besides its config, status and times.
+_FIGURES = (
+    "compile_time_s",
+    "registers",
+    "shared_static_bytes",
+    "shared_dynamic_bytes",
+    "local_bytes",
+    "blocks_per_sm",
+    "occupancy",
+    "error",
+)
 
 
 @dataclass(frozen=True)
