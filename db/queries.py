@@ -731,6 +731,52 @@ def best_config_row(session: Session, row_id: int) -> BestConfig | None:
     return session.get(BestConfig, row_id)
 
 
+def newest_tuned_version(
+    session: Session, *, operator: str, dtype: str, gpu_model: str
+) -> str | None:
+    """The operator version of the most recently updated best config of ``operator`` on
+    ``gpu_model`` in ``dtype`` (then the highest id), any shape; None where none is stored."""
+    return session.scalars(
+        select(BestConfig.operator_version)
+        .where(
+            BestConfig.operator == operator,
+            BestConfig.gpu_model == gpu_model,
+            BestConfig.dtype == dtype,
+        )
+        .order_by(BestConfig.updated_at.desc(), BestConfig.id.desc())
+        .limit(1)
+    ).first()
+
+
+def best_configs_version(
+    session: Session,
+) -> tuple[int, str | None, int | None, float | None]:
+    """A cheap fingerprint of ``kato_best_configs``: (rows, newest ``updated_at``, largest id,
+    sum of ``time_ms``).
+
+    It changes whenever a winner is stored, so the lookup cache (:mod:`service.lookup_cache`)
+    is dropped exactly when its answers may have changed: a new row changes the count, and a
+    faster config replacing one (:func:`upsert_best_config` replaces only with a strictly
+    faster time) lowers the sum. The newest ``updated_at`` alone would miss a replacement
+    whenever another row is dated later (an imported file's dates, a worker host whose clock
+    runs behind).
+    """
+    count, newest, largest, total = session.execute(
+        select(
+            func.count(),
+            func.max(BestConfig.updated_at),
+            func.max(BestConfig.id),
+            func.sum(BestConfig.time_ms),
+        )
+    ).one()
+    return (
+        int(count),
+        None if newest is None else str(newest),
+        largest,
+        None if total is None else float(total),
+    )
+
+
 def config_group_rows(
     session: Session, *, operator: str, operator_version: str, dtype: str, gpu_model: str
 ) -> list[StoredConfig]:

@@ -440,9 +440,7 @@ def lookup(
             return None
         return {"config": data["config"], "time_ms": data.get("time_ms"),
                 "source": data["source"], "version": data.get("operator_version")}  # fmt: skip
-    from sqlalchemy import select
-
-    from db.models import BestConfig
+    from db import queries
     from db.session import default_db_url, init_db, session_factory
     from service.lookup import lookup_best_config
     from tuner.gpus import normalize_gpu_name
@@ -453,16 +451,13 @@ def lookup(
             model = normalize_gpu_name(gpu)
             # The newest version tuned for this GPU: tune_kernel's operator lives in no
             # registry of this process, so its version is the one the database holds.
-            row = session.scalars(
-                select(BestConfig)
-                .where(BestConfig.operator == op_name, BestConfig.gpu_model == model,
-                       BestConfig.dtype == dtype)
-                .order_by(BestConfig.updated_at.desc(), BestConfig.id.desc())
-            ).first()  # fmt: skip
-            if row is None:
+            version = queries.newest_tuned_version(
+                session, operator=op_name, dtype=dtype, gpu_model=model
+            )
+            if version is None:
                 return None
             found, source = lookup_best_config(
-                session, operator=op_name, operator_version=row.operator_version, shape=shape,
+                session, operator=op_name, operator_version=version, shape=shape,
                 dtype=dtype, gpu_model=model,
             )  # fmt: skip
             if found is None:

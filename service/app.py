@@ -25,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.routing import Match, Mount
 
+from db import queries
 from db.retry import FaultLog
 from db.session import init_db, make_engine, session_factory
 from kernels import InvalidInput
@@ -32,7 +33,7 @@ from service import __version__
 from service.auth import AUTH_RESPONSES, require_reader
 from service.faults import RequestFaults, database_error, server_error
 from service.limits import BodySizeLimit
-from service.lookup_cache import LookupCache, LookupFastPath, best_configs_version
+from service.lookup_cache import LookupCache, LookupFastPath
 from service.routes import configs, gpus, health, jobs, operators, user_operators, workers
 from service.schemas import ErrorPublic, UnavailablePublic
 from service.settings import Settings
@@ -128,7 +129,7 @@ async def _watch_best_configs(app: FastAPI) -> None:
 
     def fingerprint() -> object:
         with app.state.session_factory() as session:
-            return best_configs_version(session)
+            return queries.best_configs_version(session)
 
     faults = app.state.db_faults
     while True:

@@ -8,7 +8,8 @@ winner, so each API process keeps the encoded answers of recent lookups for ``tt
 - the key is the request's path and query string as sent; :class:`LookupFastPath` answers a
   cached one before routing (reads open only), the route answers and fills the rest; a request
   with ``Cache-Control: no-cache`` is answered from the database (:func:`wants_fresh`);
-- the app polls a fingerprint of the best-config table every ``check_seconds``
+- the app polls a fingerprint of the best-config table
+  (:func:`db.queries.best_configs_version`) every ``check_seconds``
   (``KATO_LOOKUP_CACHE_CHECK_SECONDS``, default 0.5 s) and drops every answer when it changed
   (:meth:`LookupCache.set_version`), so a new winner is served by every API process within
   about ``check_seconds``; ``ttl`` (default 30 s) bounds an answer's age should polling stall;
@@ -23,39 +24,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any
-
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
-
-from db.models import BestConfig
-
-
-def best_configs_version(
-    session: Session,
-) -> tuple[int, str | None, int | None, float | None]:
-    """A cheap fingerprint of ``kato_best_configs``: (rows, newest ``updated_at``, largest id,
-    sum of ``time_ms``).
-
-    It changes whenever a winner is stored, so the cache is dropped exactly when its answers
-    may have changed: a new row changes the count, and a faster config replacing one
-    (:func:`db.queries.upsert_best_config` replaces only with a strictly faster time) lowers the
-    sum. The newest ``updated_at`` alone would miss a replacement whenever another row is dated
-    later (an imported file's dates, a worker host whose clock runs behind).
-    """
-    count, newest, largest, total = session.execute(
-        select(
-            func.count(),
-            func.max(BestConfig.updated_at),
-            func.max(BestConfig.id),
-            func.sum(BestConfig.time_ms),
-        )
-    ).one()
-    return (
-        int(count),
-        None if newest is None else str(newest),
-        largest,
-        None if total is None else float(total),
-    )
 
 
 class LookupCache:
