@@ -93,6 +93,14 @@ def main():
     for name, fn in cases.items():
         results[name] = per_call_us(fn, args.calls)
         print(f"{name:34} {results[name]:8.1f} us/call", flush=True)
+    import cProfile
+    import pstats
+
+    with cProfile.Profile() as pr:  # where a forward + backward's host time goes
+        for _ in range(200):
+            forward_backward_kato()
+        torch.cuda.synchronize()
+    pstats.Stats(pr).sort_stats("tottime").print_stats(25)
     with open(args.out, "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                    "rows": rows, "cols": cols, "us_per_call": results}, f, indent=1)  # fmt: skip

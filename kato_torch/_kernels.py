@@ -75,7 +75,9 @@ class BoundOperator:
     calls: list[_Call]
     signature: list[type[ctypes._SimpleCData] | None]  # None = a device pointer
     device_index: int
-    _local: threading.local = field(default_factory=threading.local, repr=False, compare=False)
+    _slots_by_thread: dict[int, _driver.ArgumentSlots] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def run(self, args: Sequence[Any], steps: Sequence[int] | None = None) -> None:
         """Launch the steps (all, or those whose indices are in ``steps``) on the current torch
@@ -116,11 +118,14 @@ class BoundOperator:
                 )
 
     def _slots(self) -> _driver.ArgumentSlots:
-        """This thread's argument storage (autograd runs backward ops on its own threads)."""
-        slots = getattr(self._local, "slots", None)
+        """This thread's argument storage (autograd runs backward ops on its own threads).
+        Keyed by the OS thread, not a threading.local: a C++ thread that enters Python may get
+        a fresh thread state per call, which would rebuild the slots every time."""
+        ident = threading.get_ident()
+        slots = self._slots_by_thread.get(ident)
         if slots is None:
             slots = _driver.ArgumentSlots(self.signature, [call.args for call in self.calls])
-            self._local.slots = slots
+            self._slots_by_thread[ident] = slots
         return slots
 
 

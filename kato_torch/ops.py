@@ -50,7 +50,9 @@ def _dtype_name(t: Tensor) -> str:
 
 
 @torch.compiler.assume_constant_result
-def _decide(operator: str, shape: tuple[int, ...], dtype: str, device: str) -> bool:
+def _decide(
+    operator: str, shape: tuple[int, ...], dtype: str, device: str, compiled: bool = False
+) -> bool:
     """The policy's answer for this key; False for an operator, dtype or shape Kato does not
     have (a shape the operator's spec refuses, e.g. past its kernels' int indices: binding it
     would raise inside the custom op). A constant for ``torch.compile`` (shapes are static in
@@ -65,7 +67,7 @@ def _decide(operator: str, shape: tuple[int, ...], dtype: str, device: str) -> b
         spec.validate(shape, dtype)
     except InvalidInput:
         return False
-    return _policy.decide(operator, shape, dtype, device)
+    return _policy.decide(operator, shape, dtype, device, compiled)
 
 
 #: (operator, shape, dtype, device type) -> decision, valid for :func:`policy.generation`
@@ -81,7 +83,7 @@ def _use(operator: str, shape: Sequence[int], t: Tensor) -> bool:
         # operator.index specializes a dynamic dimension (a guard on its value): a decision is
         # per shape, and assume_constant_result takes constants only (a SymInt breaks the graph).
         key = tuple(_operator.index(d) for d in shape)
-        return _decide(operator, key, _dtype_name(t), t.device.type)
+        return _decide(operator, key, _dtype_name(t), t.device.type, True)
     shape = tuple(int(d) for d in shape)
     key = (operator, shape, t.dtype, t.device.type)
     if _fast_generation != _policy.generation():

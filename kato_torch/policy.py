@@ -7,7 +7,8 @@ device) from what the configured client serves:
   exact shape that was measured faster than PyTorch's op on the same inputs (the lookup's
   ``speedup`` at least :data:`MIN_SPEEDUP`, 1.05). Anything else (untuned, nearest-shape or
   default answers, an old service that reports no framework time, no client, the service down)
-  runs PyTorch's op, so an untuned shape never makes a step slower than plain PyTorch.
+  runs PyTorch's op, so an untuned shape never makes a step slower than plain PyTorch. Inside
+  a ``torch.compile`` graph the bar is :data:`MIN_SPEEDUP_COMPILED` (Inductor's fusions).
 - ``"kato"``: always Kato's kernel (the served config, else the operator's default).
 - ``"torch"``: always PyTorch's op.
 
@@ -35,6 +36,11 @@ POLICIES = ("auto", "kato", "torch")
 #: The stored speedup "auto" asks of a winner: the winner's time is the best of many configs'
 #: medians (biased low by the noise the search selected for), and PyTorch's op is timed once.
 MIN_SPEEDUP = 1.05
+#: What "auto" asks inside a ``torch.compile`` graph: Inductor fuses a norm, softmax or loss
+#: with the elementwise ops around it, which an opaque custom op prevents, so Kato's kernel
+#: must beat PyTorch's eager op by more than that fusion saves (a residual add and a cast
+#: each cost a pass over the tensor the norm reads once).
+MIN_SPEEDUP_COMPILED = 2.0
 
 _lock = threading.Lock()
 _settings: dict[str, Any] = {"client": None, "gpu": None, "policy": {"*": "auto"}}
@@ -133,26 +139,28 @@ def served_config(answer: Any) -> tuple[dict[str, Any], str]:
     return dict(getattr(answer, "config", None) or {}), str(getattr(answer, "source", "client"))
 
 
-def known_faster(answer: Any) -> bool:
-    """Whether ``answer`` is a winner tuned for this very shape that beat the framework."""
+def known_faster(answer: Any, compiled: bool = False) -> bool:
+    """Whether ``answer`` is a winner tuned for this very shape that beat the framework (by
+    :data:`MIN_SPEEDUP`, or :data:`MIN_SPEEDUP_COMPILED` for a call in a compiled graph)."""
     if answer is None or _field(answer, "source") != "exact":
         return False
     speedup = _field(answer, "speedup")
-    return speedup is not None and float(speedup) >= MIN_SPEEDUP
+    bar = MIN_SPEEDUP_COMPILED if compiled else MIN_SPEEDUP
+    return speedup is not None and float(speedup) >= bar
 
 
-def _decide(operator: str, shape: tuple[int, ...], dtype: str, device: str) -> bool:
+def _decide(operator: str, shape: tuple[int, ...], dtype: str, device: str, compiled: bool) -> bool:
     for recorder in list(_recorders):
         recorder.add(operator, shape, dtype)
     if device != "cuda":
         return False
-    key = (operator, shape, dtype)
+    key = (operator, shape, dtype, compiled)
     decision = _decisions.get(key)
     if decision is None:
         policy = policy_for(operator)
         if policy == "auto":
             decision = operator in _without_equivalent or known_faster(
-                served(operator, shape, dtype)
+                served(operator, shape, dtype), compiled
             )
         else:
             decision = policy == "kato"
@@ -160,11 +168,14 @@ def _decide(operator: str, shape: tuple[int, ...], dtype: str, device: str) -> b
     return decision
 
 
-def decide(operator: str, shape: tuple[int, ...], dtype: str, device: str) -> bool:
+def decide(
+    operator: str, shape: tuple[int, ...], dtype: str, device: str, compiled: bool = False
+) -> bool:
     """True: run Kato's ``operator`` kernel for this key; False: PyTorch's op. ``device`` is
-    the tensor's device type (anything but ``"cuda"`` is always PyTorch). Records the key in
-    every active :func:`record`."""
-    return _decide(operator, tuple(int(d) for d in shape), dtype, device)
+    the tensor's device type (anything but ``"cuda"`` is always PyTorch); ``compiled``: the
+    call is being traced into a ``torch.compile`` graph. Records the key in every active
+    :func:`record`."""
+    return _decide(operator, tuple(int(d) for d in shape), dtype, device, compiled)
 
 
 @dataclass(frozen=True, order=True)

@@ -61,6 +61,21 @@ def test_auto_runs_kato_only_where_a_tuned_winner_beat_pytorch():
     assert len(client.asked) == asked  # decisions are cached
 
 
+def test_auto_in_a_compiled_graph_asks_a_larger_speedup():
+    """Inside torch.compile a Kato op blocks Inductor's fusions: a winner 1.4x faster than
+    PyTorch's eager op runs in eager mode only; one past MIN_SPEEDUP_COMPILED runs in both."""
+    client = FakeClient({
+        ("softmax", (8, 4096)): Answer({}, "exact", 1.4),
+        ("softmax", (8, 8192)): Answer({}, "exact", policy.MIN_SPEEDUP_COMPILED + 0.1),
+    })  # fmt: skip
+    kato_torch.configure(client=client, gpu="H200")
+    assert policy.decide("softmax", (8, 4096), "float16", "cuda") is True
+    assert policy.decide("softmax", (8, 4096), "float16", "cuda", compiled=True) is False
+    assert policy.decide("softmax", (8, 8192), "float16", "cuda", compiled=True) is True
+    kato_torch.configure(client=client, gpu="H200", policy="kato")  # "kato" means always
+    assert policy.decide("softmax", (8, 4096), "float16", "cuda", compiled=True) is True
+
+
 def test_auto_without_a_client_or_with_a_failing_one_runs_pytorch():
     assert policy.decide("softmax", (8, 4096), "float16", "cuda") is False
 
