@@ -268,16 +268,13 @@ def _add_metrics(results: list[dict[str, Any]], metrics: Mapping[str, Any] | Non
 def _measuring(isolate: bool | None, trial_timeout_s: float | None) -> tuple[bool, float]:
     """Whether a local run measures in a child process, and its per-trial limit: the
     arguments where given, else the workers' settings (``KATO_ISOLATE``,
-    ``KATO_TRIAL_TIMEOUT_SECONDS``)."""
+    ``KATO_TRIAL_TIMEOUT_SECONDS``; :func:`service.workers.measuring`)."""
     if isolate is not None and trial_timeout_s is not None:
         return isolate, trial_timeout_s
     from service.settings import Settings
+    from service.workers import measuring
 
-    settings = Settings()
-    return (
-        settings.isolate if isolate is None else isolate,
-        trial_timeout_s or settings.trial_timeout_seconds,
-    )
+    return measuring(Settings(), isolate, trial_timeout_s)
 
 
 def _tune_locally(
@@ -287,7 +284,9 @@ def _tune_locally(
     from db import queries
     from db.session import default_db_url, init_db, session_factory
     from kernels.registry import register
-    from tuner.worker import JobRunner, default_worker_id
+    from service.settings import Settings
+    from service.workers import build_runner, queue_and_claim
+    from tuner.worker import default_worker_id
 
     register(op)  # before a measuring child starts: it is sent this process's operator
     if simulation:
@@ -317,20 +316,17 @@ def _tune_locally(
     worker_id = default_worker_id()
     space = len(backend.space().valid_configs()) if strategy == "grid" else None
     budget = min(budget, space) if space else budget
-    with sessions() as session:
-        job = queries.create_job(
-            session, operator=op.name, operator_version=op.version, shape=list(shape),
-            dtype=dtype, gpu_model=info.model, budget_configs=max(1, budget),
-            budget_seconds=seconds, strategy=strategy, seed=seed,
-        )  # fmt: skip
-        job_id = job.id
-        claimed = queries.claim_next_job(
-            session, gpu_models=[info.model], worker_id=worker_id, lease_seconds=60
-        )
-    if claimed is None or claimed.id != job_id:
+    settings = Settings(db_url=db_url)
+    fields = dict(
+        operator=op.name, operator_version=op.version, shape=list(shape), dtype=dtype,
+        gpu_model=info.model, budget_configs=max(1, budget), budget_seconds=seconds,
+        strategy=strategy, seed=seed,
+    )  # fmt: skip
+    job_id = queue_and_claim(sessions, fields, worker_id, settings.lease_seconds)
+    if job_id is None:
         raise RuntimeError("could not claim the tuning job (another worker took it)")
     t0 = time.perf_counter()
-    runner = JobRunner(sessions, db_url, lambda _job: backend, worker_id=worker_id)
+    runner = build_runner(settings, sessions, lambda _job: backend, worker_id=worker_id)
     outcome = runner.run(job_id)
     elapsed = time.perf_counter() - t0
     with sessions() as session:

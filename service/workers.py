@@ -1,6 +1,7 @@
 """Tuning workers built from :class:`~service.settings.Settings`: the one place where a worker's
 knobs (lease, sharing, look-ahead, isolation, per-trial limit, database retries) meet the
-settings, for ``kato serve``'s workers, ``kato worker`` and ``kato tune``.
+settings, for ``kato serve``'s workers, ``kato worker``, ``kato tune`` and
+``kato.tune_kernel``.
 
 A caller's explicit option wins over the setting it stands for (``None``: the setting).
 Everything here imports the tuner when called, not when imported: the CLI starts fast.
@@ -107,3 +108,26 @@ def build_runner(
         lookahead=settings.lookahead,
         retry_policy=RetryPolicy.from_env(),
     )
+
+
+def queue_and_claim(
+    sessions: sessionmaker[Session], fields: dict[str, Any], worker_id: str, lease_seconds: float
+) -> str | None:
+    """Queue the job of ``fields`` (``db.queries.create_job``'s arguments, validated by the
+    caller: :func:`service.validation.job_fields`) and claim it at once for ``worker_id``, to
+    run in this process now (``kato tune``, ``kato.tune_kernel``); its id, or None where
+    another worker took it first. Only this job is claimed, never an older one of the queue.
+    """
+    from db import queries
+
+    with sessions() as session:
+        job = queries.create_job(session, **fields)
+        claimed = queries.claim_next_job(
+            session,
+            gpu_models=[fields["gpu_model"]],
+            worker_id=worker_id,
+            lease_seconds=lease_seconds,
+            scope=queries.JobScope(job_ids=frozenset({job.id})),
+        )
+        job_id = job.id
+    return job_id if claimed is not None and claimed.id == job_id else None

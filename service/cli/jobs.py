@@ -164,9 +164,9 @@ def retune(
     with a queued job or one running at the current version are listed and skipped; running it
     again queues nothing new. Each job first measures the key's old winner (warm start).
     """
-    from db.upgrade import SKIP_UNREGISTERED, StaleKey, find_stale_keys, queue_retune
+    from db.upgrade import find_stale_keys, queue_retune
     from kernels import InvalidInput, list_operators
-    from service.validation import check_budget, resolve_problem
+    from service.validation import check_budget
     from tuner.gpus import normalize_gpu_name
 
     settings = load_settings(db)
@@ -189,15 +189,6 @@ def retune(
         except InvalidInput as exc:
             fail(f"--gpu: {exc}; e.g. --gpu H200", 2)
 
-    def check(name: str, shape: Sequence[int], dtype: str, gpu_model: str) -> str | None:
-        """Why a key cannot be queued: the checks of a new job (shape, dtype, memory; the
-        GPU model is the one its results were measured on, listed in the catalog or not)."""
-        try:
-            resolve_problem(specs[name], shape, dtype, gpu_model, device_gpu=True)
-        except InvalidInput as exc:
-            return str(exc)
-        return None
-
     _, sessions = open_sessions(settings.db_url)
     use_stored_operators(sessions)
     with sessions() as session:
@@ -206,14 +197,53 @@ def retune(
             {name: spec.version for name, spec in specs.items()},
             operators=operator,
             gpu_model=model,
-            check=check,
+            check=_key_check(specs),
             retry_failed=retry_failed,
         )
         job_ids = [] if dry_run else queue_retune(session, keys, budget_configs=budget)
     todo = [k for k in keys if k.skip is None]
     queued = {} if dry_run else dict(zip(todo, job_ids, strict=True))
 
-    def status(key: StaleKey) -> str:
+    _show_retune(keys, queued, dry_run=dry_run, as_json=as_json)
+    if not keys:
+        console.print(
+            "nothing to retune: every stored best config"
+            + (" matching the filters" if operator or model else "")
+            + " has one at its operator's current version"
+        )
+        return
+    verb = "would queue" if dry_run else "queued"
+    console.print(
+        f"{len(keys)} key(s) tuned only at other versions: {verb} {len(todo)} job(s) of "
+        f"{budget} configs at the current version, skipped {len(keys) - len(todo)}"
+        + (" (dry run: nothing queued)" if dry_run else ""),
+        soft_wrap=True,
+    )
+
+
+def _key_check(specs):
+    """``find_stale_keys``' check: why a key cannot be queued, by the checks of a new job
+    (shape, dtype, memory; the GPU model is the one its results were measured on, listed in
+    the catalog or not)."""
+    from kernels import InvalidInput
+    from service.validation import resolve_problem
+
+    def check(name: str, shape: Sequence[int], dtype: str, gpu_model: str) -> str | None:
+        try:
+            resolve_problem(specs[name], shape, dtype, gpu_model, device_gpu=True)
+        except InvalidInput as exc:
+            return str(exc)
+        return None
+
+    return check
+
+
+def _show_retune(keys, queued: dict, *, dry_run: bool, as_json: bool) -> None:
+    """What ``kato retune`` found: one JSON line per key, or a table (stdout), then a warning
+    per operator no longer registered (stderr)."""
+    from db.upgrade import SKIP_UNREGISTERED
+
+    def status(key) -> str:
         if key.skip is not None:
             return f"skipped: {key.skip}"
         return "to queue" if dry_run else f"queued {queued[key]}"
@@ -235,20 +265,16 @@ def retune(
     elif keys:
         table = Table("operator", "shape", "dtype", "GPU", "old version(s)", "old best (ms)", "")
         for key in keys:
-            table.add_row(
-                *(
-                    escape(str(v))
-                    for v in (
-                        key.operator,
-                        key.shape_key,
-                        key.dtype,
-                        key.gpu_model,
-                        ", ".join(key.old_versions),
-                        f"{key.old_best_time_ms:.4f}",
-                        status(key),
-                    )
-                )
+            cells = (
+                key.operator,
+                key.shape_key,
+                key.dtype,
+                key.gpu_model,
+                ", ".join(key.old_versions),
+                f"{key.old_best_time_ms:.4f}",
+                status(key),
             )
+            table.add_row(*(escape(str(v)) for v in cells))
         Console().print(table)
     for name in sorted({k.operator for k in keys if k.skip == SKIP_UNREGISTERED}):
         n = sum(k.operator == name for k in keys)
@@ -257,17 +283,3 @@ def retune(
             "stay stored, are not served, and cannot be tuned again[/yellow]",
             soft_wrap=True,
         )
-    if not keys:
-        console.print(
-            "nothing to retune: every stored best config"
-            + (" matching the filters" if operator or model else "")
-            + " has one at its operator's current version"
-        )
-        return
-    verb = "would queue" if dry_run else "queued"
-    console.print(
-        f"{len(keys)} key(s) tuned only at other versions: {verb} {len(todo)} job(s) of "
-        f"{budget} configs at the current version, skipped {len(keys) - len(todo)}"
-        + (" (dry run: nothing queued)" if dry_run else ""),
-        soft_wrap=True,
-    )

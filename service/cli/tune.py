@@ -161,7 +161,7 @@ def tune(
     from kernels import get_operator
     from kernels.spec import InvalidInput
     from service.validation import JobRequest, job_fields
-    from service.workers import build_runner, measuring
+    from service.workers import build_runner, measuring, queue_and_claim
     from tuner.search import STRATEGIES
     from tuner.worker import default_worker_id
 
@@ -192,37 +192,12 @@ def tune(
         runner = build_runner(settings, sessions, factory, worker_id=worker_id)
     except ValueError as exc:
         fail(str(exc), 2)
-    with sessions() as session:
-        job = queries.create_job(session, **fields)
-        claimed = queries.claim_next_job(
-            session,
-            gpu_models=[model],
-            worker_id=worker_id,
-            lease_seconds=settings.lease_seconds,
-            scope=queries.JobScope(job_ids=frozenset({job.id})),  # this job, not an older one
-        )
-        job_id = job.id
-    if claimed is None or claimed.id != job_id:
+    job_id = queue_and_claim(sessions, fields, worker_id, settings.lease_seconds)
+    if job_id is None:
         fail("could not claim the job (another worker took it)")
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("best {task.fields[best]}"),
-        TimeElapsedColumn(),
-        console=console,
-        disable=as_json or not console.is_terminal,
-    ) as progress:
-        task = progress.add_task(f"{operator} {shape} {dtype}", total=budget, best="-")
-        best: list[float] = []
-
-        def on_progress(result, measured, total):
-            if result.time_ms is not None:
-                best.append(result.time_ms)
-            progress.update(task, completed=measured, best=f"{min(best):.4f} ms" if best else "-")
-
-        runner.on_progress = on_progress
-        outcome = runner.run(job_id)
+    outcome = _run_with_progress(
+        runner, job_id, f"{operator} {shape} {dtype}", budget, quiet=as_json
+    )
     with sessions() as session:
         job = queries.get_job(session, job_id)
         out = {
@@ -236,6 +211,30 @@ def tune(
     emit(out, as_json)
     if outcome.status != "done":
         raise typer.Exit(1)
+
+
+def _run_with_progress(runner, job_id: str, label: str, budget: int, *, quiet: bool):
+    """``runner.run(job_id)`` under a progress bar on stderr (configs measured, the best time
+    so far) where stderr is a terminal and not ``quiet``."""
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("best {task.fields[best]}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=quiet or not console.is_terminal,
+    ) as progress:
+        task = progress.add_task(label, total=budget, best="-")
+        best: list[float] = []
+
+        def on_progress(result, measured, total):
+            if result.time_ms is not None:
+                best.append(result.time_ms)
+            progress.update(task, completed=measured, best=f"{min(best):.4f} ms" if best else "-")
+
+        runner.on_progress = on_progress
+        return runner.run(job_id)
 
 
 @app.command()
