@@ -299,6 +299,9 @@ class TrialPublic(BaseModel):
     occupancy: float | None
     error: str | None
     created_at: datetime
+    #: The worker measuring the config while ``status`` is ``running`` (a reservation: no
+    #: result yet), else the one that measured it; None for an imported trial.
+    reserved_by: str | None = None
 
     @classmethod
     def from_trial(cls, trial: Trial) -> TrialPublic:

@@ -13,6 +13,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from db import queries, tokens
+from db.ledger import Ledger
 from kernels import get_operator
 from service.app import create_app
 from service.deps import get_session
@@ -300,6 +301,12 @@ def test_job_submit_get_trials_and_cancel(client: TestClient, session: Session) 
     assert [t["number"] for t in trials] == [0, 1]
     assert trials[0]["times_ms"] == [0.2, 0.1, 0.3] and trials[0]["time_ms"] == pytest.approx(0.2)
     assert trials[1]["status"] == "compile_error" and trials[1]["error"] == "ptxas error"
+    assert trials[0]["reserved_by"] is None  # stored without a reservation
+    # A config being measured: its worker is named, it has no result (nor error) yet.
+    measuring = Ledger(client.app.state.session_factory, "w").job(job["id"])
+    assert measuring.reserve({**config, "BLOCK_SIZE": 512}, "k2") == "reserved"
+    reserved = client.get(f"/v1/jobs/{job['id']}/trials").json()[2]
+    assert [reserved[k] for k in ("status", "reserved_by", "error")] == ["running", "w", None]
 
     cancelled = client.delete(f"/v1/jobs/{job['id']}")
     assert cancelled.status_code == 200
