@@ -9,6 +9,9 @@ Typical use (service, worker, CLI)::
     with sessions() as session:
         job = queries.claim_next_job(session, gpu_models=["H200"], worker_id="w1",
                                      lease_seconds=60)
+
+A worker takes part in jobs only through :mod:`db.ledger` (claims, reservations, results, the
+job's end), which owns its sessions and retries.
 """
 
 from db import queries

@@ -176,7 +176,7 @@ class Trial(Base):
     job_id: Mapped[str] = mapped_column(
         String(32), ForeignKey("kato_jobs.id", ondelete="CASCADE"), index=True
     )
-    number: Mapped[int] = mapped_column(Integer)  # 0, 1, 2, ... per job (db.fleet: numbers)
+    number: Mapped[int] = mapped_column(Integer)  # 0, 1, 2, ... per job (db.ledger: trial numbers)
     config: Mapped[dict[str, Any]]
     config_key: Mapped[str] = mapped_column(String(1024))  # Kernel Tuner key: "256,4"
     status: Mapped[str] = mapped_column(String(32))  # tuner.backends.base.TrialStatus values

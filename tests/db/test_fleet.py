@@ -237,7 +237,7 @@ def _released_reservation(sessions, job_id: str) -> dict:
 
 
 def test_a_measurement_whose_reservation_was_released_is_stored_when_the_config_is_free(db_url):
-    """Before, complete_trial stored nothing once the reservation was gone, though the search
+    """Before, a completion stored nothing once the reservation was gone, though the search
     had counted the result: the config was measured again by another worker."""
     sessions = sessions_for(db_url)
     job_id = submit(sessions, 10)
