@@ -369,6 +369,12 @@ class Lookups:
         ``match="exact"`` a config tuned for another shape is not served."""
         shape = [int(s) for s in shape]
         key = (spec.name, spec.version, dtype, gpu_model)
+        group_of = {
+            "operator": spec.name,
+            "operator_version": spec.version,
+            "dtype": dtype,
+            "gpu_model": gpu_model,
+        }
 
         def accept(config: Mapping[str, Any]) -> bool:
             return applies(spec, config, shape, dtype)
@@ -378,11 +384,8 @@ class Lookups:
         if not self._batch or (key not in self._groups and self._seen[key] <= self.LOAD_AFTER):
             row, source = lookup_best_config(
                 self._session,
-                operator=spec.name,
-                operator_version=spec.version,
+                **group_of,
                 shape=shape,
-                dtype=dtype,
-                gpu_model=gpu_model,
                 accept=accept,
                 max_distance=self._max_distance,
                 min_gain=self._min_gain,
@@ -392,13 +395,7 @@ class Lookups:
             return None, "default"
         group = self._groups.get(key)
         if group is None:
-            group = self._groups[key] = load_config_group(
-                self._session,
-                operator=spec.name,
-                operator_version=spec.version,
-                dtype=dtype,
-                gpu_model=gpu_model,
-            )
+            group = self._groups[key] = load_config_group(self._session, **group_of)
         # match=exact drops a nearest row: do not look for one.
         return pick_best_config(
             group,
