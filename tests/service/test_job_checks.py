@@ -38,6 +38,11 @@ BAD = [
         {"shape": [4096, 4096], "budget": MAX_BUDGET + 1},
         f"budget must be at most {MAX_BUDGET} configs, got {MAX_BUDGET + 1}",
     ),
+    (
+        "time-budget-over-the-maximum",
+        {"shape": [4096, 4096], "budget": 4, "budget_seconds": 1e9},
+        "budget_seconds must be at most 86400, got 1e+09",
+    ),
 ]
 
 
@@ -72,7 +77,7 @@ def test_the_api_refuses_the_job_with_the_message(db: str, fields: dict, message
             one = client.post("/v1/jobs", json=job)
             assert one.status_code == 422, one.text
             assert one.json()["detail"] == message
-            valid = {**job, "shape": [4096, 4096], "budget": 4}
+            valid = {**job, "shape": [4096, 4096], "budget": 4, "budget_seconds": 60}
             batch = client.post("/v1/jobs/batch", json={"jobs": [valid, job]})
             assert batch.status_code == 422, batch.text
             assert batch.json()["detail"] == f"jobs[1]: {message}"
@@ -88,6 +93,8 @@ def test_kato_tune_refuses_the_job_with_the_message(db: str, fields: dict, messa
     shape = "x".join(map(str, fields["shape"]))
     args = ["tune", "softmax", "--shape", shape, "--dtype", "float16", "--db", db]
     args += ["--budget", str(fields["budget"]), "--backend", "timed_backend:make"]
+    if "budget_seconds" in fields:
+        args += ["--budget-seconds", str(fields["budget_seconds"])]
     out = CliRunner().invoke(cli, [*args, "--replay", str(RECORDING), "--no-isolate"])
     assert out.exit_code == 2, out.output
     assert _one_line(out.output, message), out.output
