@@ -1,0 +1,213 @@
+"""The job ledger's contracts (db/ledger.py), on SQLite and PostgreSQL: what the owner alone
+may do, what a heartbeat answers, what a sync shows, how a job ends (also when an ending is
+made again), and what a stopping worker gives back. The fleet tests (test_fleet.py) run the
+same protocol with real worker processes."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from fleet_helpers import sessions_for, submit
+from sqlalchemy import update
+
+from db import fleet, queries
+from db.ledger import JobLedger, Ledger
+from db.models import BestConfig, Job, utcnow
+from db.retry import RetryPolicy
+
+NO_RETRY = RetryPolicy(max_seconds=0)
+
+
+def ok(config: dict, time_ms: float) -> dict:
+    return {"config": config, "status": "ok", "times_ms": [time_ms], "time_ms": time_ms}
+
+
+def _ledger(sessions, worker_id: str, job_id: str, *, helper: bool = False) -> JobLedger:
+    ledger = Ledger(sessions, worker_id, lease_seconds=60, retry_policy=NO_RETRY)
+    return ledger.job(job_id, helper=helper)
+
+
+def _alive(sessions, *worker_ids: str) -> None:
+    with sessions() as s:
+        for worker_id in worker_ids:
+            fleet.heartbeat_worker(
+                s, worker_id=worker_id, hostname="h", pid=1, gpu_models=["H200"],
+                backend="replay", status="busy", current_job_id=None,
+            )  # fmt: skip
+
+
+@pytest.fixture
+def job(db_url):
+    """A job of budget 4 claimed by worker "owner": (sessions, job id)."""
+    sessions = sessions_for(db_url)
+    job_id = submit(sessions, 4)
+    claim = Ledger(sessions, "owner", lease_seconds=60).claim(["H200"])
+    assert claim is not None and (claim.job_id, claim.helper) == (job_id, False)
+    return sessions, job_id
+
+
+def test_a_helper_may_not_end_the_job_nor_release_others_reservations(job):
+    sessions, job_id = job
+    helper = _ledger(sessions, "helper", job_id, helper=True)
+    for call in (
+        helper.release_stale,
+        helper.settle,
+        lambda: helper.fail("no"),
+        helper.cancel,
+        lambda: helper.adopt_version("a", "b"),
+        lambda: helper.finish(gpu_model="H200", compute_capability="9.0", cuda_version="13.0"),
+    ):
+        with pytest.raises(PermissionError, match="only its owner"):
+            call()
+    assert helper.load().status == "running"
+
+
+def test_a_second_worker_with_nothing_to_claim_is_offered_the_job_to_help(job):
+    sessions, job_id = job
+    _alive(sessions, "owner")
+    other = Ledger(sessions, "other", lease_seconds=60)
+    assert other.claim(["H200"]) is None  # one worker per job unless sharing is on
+    claim = other.claim(["H200"], max_workers_per_job=2, min_configs_per_worker=1)
+    assert (claim.job_id, claim.helper) == (job_id, True)
+
+
+def test_the_heartbeat_says_when_to_stop(job):
+    sessions, job_id = job
+    owner = _ledger(sessions, "owner", job_id)
+    helper = _ledger(sessions, "helper", job_id, helper=True)
+    assert owner.renew() is None and helper.renew() is None
+    with sessions() as s:  # the owner's lease ran out and another worker claimed the job
+        s.execute(update(Job).where(Job.id == job_id).values(worker_id="thief"))
+        s.commit()
+    assert owner.renew() == "lost" and helper.renew() is None
+    with sessions() as s:
+        queries.request_cancel(s, job_id)
+    assert owner.renew() == "cancelled" and helper.renew() == "cancelled"
+
+
+def test_an_owner_whose_lease_went_elsewhere_fails_nothing(job):
+    sessions, job_id = job
+    with sessions() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(worker_id="thief"))
+        s.commit()
+    assert _ledger(sessions, "owner", job_id).fail("boom") is False
+    found = _ledger(sessions, "thief", job_id).load()
+    assert (found.status, found.error) == ("running", None)
+
+
+def test_a_sync_shows_other_workers_results_and_reservations_not_its_own(job):
+    sessions, job_id = job
+    owner, helper = _ledger(sessions, "owner", job_id), _ledger(sessions, "helper", job_id)
+    assert owner.reserve({"k": 1}, "k1") == "reserved"
+    assert owner.record("k1", ok({"k": 1}, 2.0))
+    assert owner.reserve({"k": 2}, "k2") == "reserved"  # being measured
+    assert helper.reserve({"k": 3}, "k3") == "reserved"
+    seen = helper.sync(known=())
+    assert seen.pending == {"k2": {"k": 2}} and list(seen.results) == ["k1"]
+    assert seen.results["k1"]["times_ms"] == [2.0] and seen.results["k1"]["status"] == "ok"
+    assert helper.sync(known={"k1"}).results == {}
+    assert (helper.holds("k3"), owner.holds("k3"), owner.held()) == (True, False, {"k2"})
+    assert helper.reserve({"k": 2}, "k2") == "taken"
+    assert helper.reserve({"k": 4}, "k4") == "reserved"
+    assert helper.reserve({"k": 5}, "k5") == "budget"  # 4 of 4 reserved or recorded
+
+
+def test_waiting_for_another_workers_result_ends_with_it_or_with_its_release(job):
+    sessions, job_id = job
+    _alive(sessions, "owner", "helper")
+    owner, helper = _ledger(sessions, "owner", job_id), _ledger(sessions, "helper", job_id)
+    assert helper.reserve({"k": 1}, "k1") == "reserved"
+    threading.Timer(0.3, lambda: helper.record("k1", ok({"k": 1}, 1.5))).start()
+    stop = threading.Event()
+    assert owner.await_result("k1", stop, poll_seconds=0.05)["times_ms"] == [1.5]
+
+    dead = _ledger(sessions, "dead", job_id)  # never beats: dead
+    assert dead.reserve({"k": 2}, "k2") == "reserved"
+    assert owner.await_result("k2", stop, poll_seconds=0.05) is None  # released: free again
+    assert owner.reserve({"k": 2}, "k2") == "reserved"
+    stop.set()
+    assert helper.await_result("k2", stop) is None  # stopped before the owner's result
+
+
+def test_finishing_stores_the_winner_and_answers_the_same_when_made_again(job):
+    sessions, job_id = job
+    owner = _ledger(sessions, "owner", job_id)
+    for n, time_ms in enumerate([3.0, 1.0, 2.0]):
+        assert owner.reserve({"k": n}, f"k{n}") == "reserved"
+        assert owner.record(f"k{n}", ok({"k": n}, time_ms))
+    device = {"gpu_model": "H200", "compute_capability": "9.0", "cuda_version": "13.0"}
+    first = owner.finish(**device, default_key="k0", framework_ms=4.0, framework="torch x")
+    again = owner.finish(**device, default_key="k0")  # its answer was lost: made again
+    assert first == again and (first.status, first.measured, first.best_time_ms) == ("done", 3, 1.0)
+    with sessions() as s:
+        (row,) = s.query(BestConfig).all()
+    assert (row.config, row.time_ms, row.default_ms, row.framework_ms) == ({"k": 1}, 1.0, 3.0, 4.0)
+
+
+def test_a_job_without_a_correct_config_fails_and_a_cancel_wins_over_finishing(job, db_url):
+    sessions, job_id = job
+    owner = _ledger(sessions, "owner", job_id)
+    assert owner.reserve({"k": 0}, "k0") == "reserved"
+    assert owner.record("k0", {"config": {"k": 0}, "status": "verify_error", "error": "x"})
+    device = {"gpu_model": "H200", "compute_capability": "9.0", "cuda_version": "13.0"}
+    ending = owner.finish(**device)
+    assert (ending.status, ending.measured, ending.error) == (
+        "failed", 1, "no config ran correctly (see the job's trials)",
+    )  # fmt: skip
+
+    other = submit(sessions, 4)
+    assert Ledger(sessions, "owner2").claim(["H200"]).job_id == other
+    with sessions() as s:
+        queries.request_cancel(s, other)
+    ending = _ledger(sessions, "owner2", other).finish(**device)
+    assert ending.status == "cancelled" and _ledger(sessions, "x", other).load().status == (
+        "cancelled"
+    )
+
+
+def test_a_stopping_worker_gives_back_its_reservations_and_its_lease(job):
+    sessions, job_id = job
+    owner, helper = (
+        _ledger(sessions, "owner", job_id),
+        _ledger(sessions, "helper", job_id, helper=True),
+    )
+    assert owner.reserve({"k": 1}, "k1") == "reserved"
+    assert helper.reserve({"k": 2}, "k2") == "reserved"
+    helper.give_back()
+    assert [key for key, *_ in owner.reservations()] == ["k1"]
+    assert owner.load().lease_expires_at > utcnow() + timedelta(seconds=30)  # a helper's stop
+    owner.give_back()
+    found = owner.load()
+    assert owner.reservations() == [] and found.trials_done == 0
+    assert found.status == "running" and found.lease_expires_at <= utcnow()  # claimable now
+    assert Ledger(sessions, "next").claim(["H200"]).job_id == job_id
+
+
+def test_a_job_measured_nothing_moves_to_the_current_version_and_says_why_not_otherwise(db_url):
+    sessions = sessions_for(db_url)
+
+    def create(version: str) -> str:
+        with sessions() as s:
+            return queries.create_job(
+                s, operator="softmax", operator_version=version, shape=[64, 64],
+                dtype="float16", gpu_model="H200", budget_configs=4,
+            ).id  # fmt: skip
+
+    def claim(worker_id: str, job_id: str) -> JobLedger:
+        only = queries.JobScope(job_ids=frozenset({job_id}))
+        assert Ledger(sessions, worker_id).claim(["H200"], scope=only).job_id == job_id
+        return _ledger(sessions, worker_id, job_id)
+
+    old, newer = create("0ld"), create("n3w")  # "n3w" first submitted after "0ld"
+    # A worker of older code (at "0ld", first seen earlier) never moves a newer job back.
+    assert claim("old-code", newer).adopt_version("n3w", "0ld") == "newer"
+    assert _ledger(sessions, "x", newer).load().operator_version == "n3w"
+    owner = claim("owner", old)
+    assert owner.adopt_version("0ld", "n3w") == "moved"
+    assert owner.adopt_version("0ld", "n3w") == "moved"  # made again: already moved
+    assert owner.load().operator_version == "n3w"
+    assert owner.reserve({"k": 1}, "k1") == "reserved"
+    assert owner.adopt_version("n3w", "n3w2") == "measured"
+    assert _ledger(sessions, "stranger", old).adopt_version("n3w", "n3w2") == "lost"
