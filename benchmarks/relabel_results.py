@@ -21,6 +21,9 @@ holds) instead of the rendered text: a template that gained code only under ``#i
 the old configs do not take compiles to the same program for them. ``--compare ptx`` compares
 the sm_90 PTX nvcc makes of each config (Kato's options): a template rewritten so that the old
 configs compile to the same PTX leaves what was measured on the H200 alone.
+``--add-param NAME=VALUE`` (winner files only) carries results over a space that gained a
+parameter: the current code sees every config with ``NAME=VALUE`` added (the value that runs
+what the old code ran), and the rewritten file holds it.
 Whether committed winners pass the current verification is the GPU suite's test
 (tests/gpu/test_committed_winners_gpu.py). Run it from the repository's root; ``--dry-run`` only
 reports.
@@ -109,11 +112,15 @@ class ResultFile:
             return self.data["metadata"]["kato"]["operator_version"]
         return self.data["kato_operator_version"]
 
-    def item(self) -> dict[str, Any]:
-        """What :data:`_DESCRIBE` needs: the operator, shape, dtype and every config held."""
+    def item(self, added: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What :data:`_DESCRIBE` needs: the operator, shape, dtype and every config held
+        (with the ``added`` parameters, for the current code's side)."""
+        added = added or {}
+        if added and not self.is_winners:
+            raise SystemExit(f"{self.path}: --add-param covers winner files (*.t4.json) only")
         if self.is_winners:
             meta = self.data["metadata"]["kato"]
-            configs = [b["config"] for b in meta["best"]]
+            configs = [{**b["config"], **added} for b in meta["best"]]
             return {**{k: meta[k] for k in ("operator", "shape", "dtype")}, "configs": configs}
         keys = self.data["tune_params_keys"]
         configs = [{k: e[k] for k in keys} for e in self.data["cache"].values()]
@@ -124,11 +131,21 @@ class ResultFile:
             "configs": configs,
         }
 
-    def relabel(self, version: str, dry_run: bool) -> Path:
-        """Write the file with ``version`` (renamed where its name holds the old one)."""
+    def relabel(self, version: str, dry_run: bool, added: dict[str, Any] | None = None) -> Path:
+        """Write the file with ``version`` (renamed where its name holds the old one) and the
+        ``added`` parameters in every config it holds."""
         old = self.version
         if self.is_winners:
-            self.data["metadata"]["kato"]["operator_version"] = version
+            meta = self.data["metadata"]["kato"]
+            meta["operator_version"] = version
+            for name, value in (added or {}).items():
+                if name not in meta.get("params", [name]):
+                    meta["params"].append(name)
+                for best in meta["best"]:
+                    best["config"][name] = value
+                for job in meta.get("jobs", []):
+                    if isinstance(job.get("best_config"), dict):
+                        job["best_config"][name] = value
         else:
             self.data["kato_operator_version"] = version
             if isinstance(self.data.get("kato"), dict) and "operator_version" in self.data["kato"]:
@@ -202,6 +219,16 @@ def _files(paths: list[Path]) -> list[Path]:
     return found
 
 
+def _parse_param(text: str) -> tuple[str, Any]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise SystemExit(f"--add-param takes NAME=VALUE, got {text!r}")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", type=Path, nargs="+", help="files or directories")
@@ -218,10 +245,19 @@ def main(argv: list[str] | None = None) -> int:
         "or the sm_90 PTX nvcc makes of it (what runs on the H200, whatever the template's "
         "text: one nvcc call per config and side)",
     )
+    parser.add_argument(
+        "--add-param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a parameter the space gained, at the value that runs what the old code ran "
+        "(JSON, else a string; winner files only; repeatable)",
+    )
     args = parser.parse_args(argv)
+    added = dict(_parse_param(text) for text in args.add_param)
     files = {str(p): ResultFile(p) for p in _files(args.paths)}
     items = {name: f.item() for name, f in files.items()}
-    now = _describe(ROOT, items, args.compare)
+    now = _describe(ROOT, {name: f.item(added) for name, f in files.items()}, args.compare)
     with tempfile.TemporaryDirectory() as tmp:
         archive = subprocess.run(
             ["git", "archive", args.base, "kernels"], cwd=ROOT, capture_output=True, check=True
@@ -241,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             changed = sum(a != b for a, b in zip(old["configs"], new["configs"], strict=True))
             retune.append((name, f"{changed} configs render, launch or check differently"))
             continue
-        target = result.relabel(new["version"], args.dry_run)
+        target = result.relabel(new["version"], args.dry_run, added)
         print(f"{name} -> {target.name}")
         relabelled += 1
     for name, reason in retune:

@@ -177,7 +177,7 @@ def prepare(keys: Sequence[Any], device_index: int = 0, workers: int | None = No
     def build(key: Any) -> None:
         spec = get_operator(key.operator)
         config, _ = _lookup(spec, tuple(key.shape), key.dtype)
-        compile_kernel(spec.render(config, key.shape, key.dtype), spec.kernel_name,
+        compile_kernel(spec.render(config, key.shape, key.dtype), spec.main_kernel(config),
                        arch=f"sm_{major}{minor}")  # fmt: skip
 
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 4) as pool:
@@ -205,7 +205,7 @@ def bind(operator: str, shape: Sequence[int], dtype: str, device_index: int) -> 
         config, source = _lookup(spec, shape, dtype)
         major, minor = torch.cuda.get_device_capability(device_index)
         compiled = compile_kernel(
-            spec.render(config, shape, dtype), spec.kernel_name, arch=f"sm_{major}{minor}"
+            spec.render(config, shape, dtype), spec.main_kernel(config), arch=f"sm_{major}{minor}"
         )
         signature = _signature(spec, dtype)
         calls = []

@@ -177,6 +177,8 @@ class OperatorSpec(ABC):
             occupancy are reported for it).
         kernel_names: every entry point of the template when there are several (the steps of
             :meth:`steps`); empty means just :attr:`kernel_name`.
+        extra_templates: further templates some configs render from instead of
+            :attr:`template` (:meth:`template_for`); hashed into :attr:`version` with it.
     """
 
     name: str
@@ -188,6 +190,7 @@ class OperatorSpec(ABC):
     template: Path
     kernel_name: str
     kernel_names: tuple[str, ...] = ()
+    extra_templates: tuple[Path, ...] = ()
 
     # --- identity -----------------------------------------------------------------------------
 
@@ -206,6 +209,8 @@ class OperatorSpec(ABC):
         """
         h = hashlib.sha256()
         h.update(self.template.read_bytes())
+        for path in self.extra_templates:
+            h.update(path.read_bytes())
         h.update(json.dumps(self.params, sort_keys=True, default=str).encode())
         modules = {
             sys.modules[cls.__module__]
@@ -280,10 +285,21 @@ class OperatorSpec(ABC):
         """
         return dict(config)
 
+    def template_for(self, config: Config) -> Path:
+        """The template ``config`` renders from: :attr:`template`, or one of
+        :attr:`extra_templates` for an operator whose configs choose between algorithms."""
+        return self.template
+
+    def main_kernel(self, config: Config) -> str:
+        """The entry point whose resources and occupancy stand for ``config`` (the kernel
+        :meth:`launch` describes): :attr:`kernel_name` unless the config's template has
+        another."""
+        return self.kernel_name
+
     def render(self, config: Config, shape: Sequence[int], dtype: str) -> str:
-        """Full CUDA source: ``#define NAME value`` lines, then the template."""
+        """Full CUDA source: ``#define NAME value`` lines, then the config's template."""
         lines = [f"#define {k} {v}" for k, v in self.defines(config, shape, dtype).items()]
-        return "\n".join(lines) + "\n" + self.template.read_text()
+        return "\n".join(lines) + "\n" + self.template_for(config).read_text()
 
     @abstractmethod
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:

@@ -54,6 +54,9 @@ def test_every_benchmark_case_has_an_exact_winner_or_a_stated_reason() -> None:
     # (docs/results_h200.md), and its GEMM winners went stale with the template's later
     # changes. To be tuned in the next device session; remove them from here then.
     not_yet_tuned_operators = {"batchnorm", "batchnorm_backward", "matmul_nt", "matmul_tn"}
+    # sort_1d_pairs (issue 32, 2026-12-04) was written without a GPU: tuned once its GPU tests
+    # pass on the H200 (benchmarks/radix_sort.py measures it first).
+    not_yet_tuned_operators.add("sort_1d_pairs")
     untuned_on_purpose |= {
         ("matmul", (8192, 768, 50257), d) for d in ("float32", "float16", "bfloat16")
     }

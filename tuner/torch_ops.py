@@ -234,7 +234,25 @@ EQUIVALENTS: dict[str, Equivalent] = {
     "sort": Equivalent(lambda s: (torch.sort(s[0], dim=-1).values,), "torch.sort(x, dim=-1)"),
     # args: x, y, n, ...
     "sort_1d": Equivalent(lambda s: (torch.sort(s[0]).values,), "torch.sort(x)"),
+    # args: x, v, y, w, n, ...
+    "sort_1d_pairs": Equivalent(
+        lambda s: _stable_sort_pairs(s[0], s[1]),
+        "torch.sort(keys, stable=True) (float keys as ordered int32 bits: -0.0 before +0.0), "
+        "values gathered by its indices",
+    ),
 }
+
+
+def _stable_sort_pairs(x: Any, values: Any) -> tuple[Any, Any]:
+    """Keys sorted stably and the values in that order, with Kato's key order: float keys are
+    sorted as int32 bit patterns whose order is the float order with -0.0 before +0.0 (torch
+    ties the two)."""
+    keys = x
+    if x.dtype == torch.float32:
+        bits = x.view(torch.int32)
+        keys = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    order = torch.sort(keys, stable=True).indices
+    return x[order], values[order]
 
 
 def _saved_stats(x: Any, mean: Any, rstd: Any) -> tuple[Any, Any]:

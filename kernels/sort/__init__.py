@@ -1,5 +1,7 @@
-"""Bitonic sort of 32-bit keys, ascending: ``sort`` (every row of a matrix) and ``sort_1d`` (one
-long array). Both are specs of ``sort.cu``.
+"""Sorts of 32-bit keys, ascending: ``sort`` (every row of a matrix, bitonic), ``sort_1d`` (one
+long array: bitonic or LSD radix, the ``ALGO`` tunable) and ``sort_1d_pairs`` (one long array of
+keys with int32 values, stable radix). The bitonic kernels are ``sort.cu``, the radix ones
+``radix.cu`` (:mod:`kernels.sort.radix`).
 
 Keys are float32 or int32 and only keys are sorted (no values, stability irrelevant). Floats
 sort by value with -0.0 before +0.0 (they compare equal, so the output matches np.sort); NaN
@@ -24,12 +26,25 @@ of ``__launch_bounds__`` is not tuned (the template takes MIN_BLOCKS, default 0)
 the maximum key, so ``N <= C`` is required, and a block sorts ``C / N`` rows at a time. Rows are
 limited to ``MAX_ROW`` = 8192 keys (the largest C whose keys stay in registers).
 
-``sort_1d`` adds ``FUSE``: merge strides done per global pass (1, 2 or 3). n keys are sorted
+``sort_1d`` adds ``ALGO`` ("bitonic" or "radix"), ``RADIX_BITS`` and ``FUSE``: merge strides
+done per global pass (1, 2 or 3). n keys are sorted
 as: blocks of C keys sorted in shared memory (``sort_1d_block``); then for every merge size
 ``k = 2C, 4C, ..., next_pow2(n)``: the strides ``k/2 .. C`` in global passes of up to FUSE
 strides each (``sort_1d_global<F>``, one launch per pass, the first of a merge compares
 mirrors), then strides ``C/2 .. 1`` in shared memory (``sort_1d_merge``). Padding to the next
 power of two is virtual, the output buffer is the only workspace.
+
+``ALGO=radix`` runs :mod:`kernels.sort.radix` instead (onesweep LSD radix sort, ``RADIX_BITS``
+per pass, tiles of ``BLOCK * ITEMS`` keys with ITEMS in 8..24); the bitonic-only tunables
+(WARP_SHFL, SMEM_FUSE, FUSE) are then fixed at their first value, and RADIX_BITS is fixed at
+its first value under ``ALGO=bitonic`` (ITEMS 2, 4 or 8), so no two configs of the space run
+the same code. The radix sort takes n < 2**30 and needs scratch (a second key buffer, histograms,
+look-back words: :func:`kernels.sort.radix.scratch`), which every sort_1d problem carries after
+its scalars so that both algorithms share one argument list.
+
+``sort_1d_pairs`` sorts keys with an int32 value each (the values of a problem are the indices
+0..n-1, so the values out are the argsort): radix only, stable, ties keep their input order
+and -0.0 sorts before +0.0 (np.argsort would treat those two as a tie).
 """
 
 from __future__ import annotations
@@ -42,6 +57,7 @@ import numpy as np
 
 from kernels import limits
 from kernels.registry import register
+from kernels.sort import radix
 from kernels.spec import Config, InvalidInput, Launch, OperatorSpec, Problem, Step
 
 #: Registers besides the ITEMS keys (indices, loop state, shuffle temporaries); fit to ptxas
@@ -58,6 +74,13 @@ MAX_GRID = 1 << 20
 MAX_N = 2**40
 
 KEY_DTYPES = ("float32", "int32")
+#: ITEMS of the bitonic 1-D sort (powers of two); the radix sort takes the rest of the list.
+BITONIC_ITEMS = (2, 4, 8)
+#: Tunables only the bitonic sort_1d reads: fixed at their first value under ALGO=radix.
+BITONIC_ONLY = ("WARP_SHFL", "SMEM_FUSE", "FUSE")
+#: The argument layouts of the radix kernels in the sort_1d and sort_1d_pairs problems.
+KEYS_LAYOUT = radix.ArgLayout(pairs=False)
+PAIRS_LAYOUT = radix.ArgLayout(pairs=True)
 
 
 def capacity(config: Config) -> int:
@@ -220,21 +243,25 @@ class SortSpec(OperatorSpec):
 
 
 class Sort1dSpec(OperatorSpec):
-    """Sort one long array of n 32-bit keys ascending: block sorts + global bitonic merges."""
+    """Sort one long array of n 32-bit keys ascending: bitonic (block sorts + global merges) or
+    LSD radix (``ALGO``)."""
 
     name = "sort_1d"
-    description = "ascending bitonic sort of one array of n 32-bit keys (block sorts + merges)"
+    description = "ascending sort of one array of n 32-bit keys (bitonic merges or LSD radix)"
     dtypes = KEY_DTYPES
     rank = 1
     shape_names = ("n",)
     params = {
         "BLOCK": (128, 256, 512, 1024),
-        "ITEMS": (2, 4, 8),
+        "ITEMS": (*BITONIC_ITEMS, 12, 16, 20, 24),
         "WARP_SHFL": (0, 1),
         "SMEM_FUSE": (1, 2),
         "FUSE": (1, 2, 3),
+        "ALGO": ("bitonic", "radix"),
+        "RADIX_BITS": radix.RADIX_BITS,
     }
     template = Path(__file__).with_name("sort.cu")
+    extra_templates = (radix.TEMPLATE,)
     kernel_name = "sort_1d_block"
     kernel_names = (
         "sort_1d_block",
@@ -242,6 +269,7 @@ class Sort1dSpec(OperatorSpec):
         "sort_1d_global1",
         "sort_1d_global2",
         "sort_1d_global3",
+        *radix.KERNELS,
     )
 
     def validate(self, shape: Sequence[int], dtype: str) -> tuple[int, ...]:
@@ -251,40 +279,81 @@ class Sort1dSpec(OperatorSpec):
         return shape
 
     def check(self, config: Config, shape: Sequence[int], dtype: str) -> str | None:
-        """Rejects: parameters missing, unknown or outside the space; ``MIN_BLOCKS * BLOCK``
-        over 2048 threads per SM; ITEMS keys that would not fit the registers the launch bounds
-        leave. Every such config sorts every n."""
+        """Rejects: parameters missing, unknown or outside the space; a tunable the algorithm
+        ignores off its first value. Bitonic: ITEMS not a power of two up to 8, ``MIN_BLOCKS *
+        BLOCK`` over 2048 threads per SM, ITEMS keys that would not fit the registers the
+        launch bounds leave (every other config sorts every n). Radix: what
+        :func:`kernels.sort.radix.check` rejects (n >= 2**30, tiles under 2048 keys, registers,
+        shared memory)."""
         try:
-            self.validate(shape, dtype)
+            (n,) = self.validate(shape, dtype)
         except InvalidInput as exc:
             return str(exc)
-        return _check_common(self, config)
+        if reason := self.check_params(config):
+            return reason
+        if config["ALGO"] == "bitonic":
+            if config["ITEMS"] not in BITONIC_ITEMS:
+                return f"ALGO=bitonic takes ITEMS in {BITONIC_ITEMS}, got {config['ITEMS']}"
+            if config["RADIX_BITS"] != self.params["RADIX_BITS"][0]:
+                return (
+                    "RADIX_BITS is ignored by ALGO=bitonic: fixed at "
+                    f"{self.params['RADIX_BITS'][0]}"
+                )
+            return _check_common(self, config)
+        for name in BITONIC_ONLY:
+            if config[name] != self.params[name][0]:
+                return f"{name} is ignored by ALGO=radix: fixed at {self.params[name][0]}"
+        return radix.check(config, n, pairs=False)
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
-        """8192-key blocks (1024 threads x 8 keys), warp shuffles, 3 strides per global pass."""
+        """Bitonic: 8192-key blocks (1024 threads x 8 keys), warp shuffles, 3 strides per global
+        pass (the radix path is not the default until measured on the H200)."""
         self.validate(shape, dtype)
-        return {"BLOCK": 1024, "ITEMS": 8, "WARP_SHFL": 1, "SMEM_FUSE": 2, "FUSE": 3}
+        return {
+            "BLOCK": 1024,
+            "ITEMS": 8,
+            "WARP_SHFL": 1,
+            "SMEM_FUSE": 2,
+            "FUSE": 3,
+            "ALGO": "bitonic",
+            "RADIX_BITS": self.params["RADIX_BITS"][0],
+        }
+
+    def template_for(self, config: Config) -> Path:
+        return radix.TEMPLATE if config["ALGO"] == "radix" else self.template
+
+    def main_kernel(self, config: Config) -> str:
+        return radix.MAIN_KERNEL if config["ALGO"] == "radix" else self.kernel_name
 
     def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
-        """FUSE only changes the launch sequence, not the source."""
+        """Bitonic: FUSE only changes the launch sequence, not the source (and ALGO and
+        RADIX_BITS are not macros: the bitonic source is what it was before the radix path)."""
+        if config["ALGO"] == "radix":
+            return radix.defines(config, pairs=False)
         return _defines(self, config, dtype, sort_1d=True)
 
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
-        """The block-sort step: one block per C keys (MAX_GRID at most, grid stride)."""
+        """Bitonic: the block-sort step, one block per C keys (MAX_GRID at most, grid stride).
+        Radix: a scatter pass, one block per tile."""
         (n,) = shape
+        if config["ALGO"] == "radix":
+            return radix.pass_launch(config, n, pairs=False)
         grid = min(math.ceil(n / capacity(config)), MAX_GRID)
         return Launch((grid, 1, 1), (config["BLOCK"], 1, 1), shared_bytes(config))
 
     def steps(self, config: Config, shape: Sequence[int], dtype: str) -> list[Step]:
-        """Block sort, then per merge size k = 2C .. next_pow2(n): global passes of up to FUSE
-        strides (k/2 .. C), then the shared-memory merge of strides C/2 .. 1.
+        """Radix: :func:`kernels.sort.radix.steps`. Bitonic: block sort, then per merge size
+        k = 2C .. next_pow2(n): global passes of up to FUSE strides (k/2 .. C), then the
+        shared-memory merge of strides C/2 .. 1.
 
-        Arguments are indices into the problem's args ``[x, y, n, 0, 1, 2, ..., 63]`` (int32
-        scalars 0..63 at index 3 + value): ``sort_1d_block(x, y, n, log2seg, key_float)``,
+        Arguments are indices into the problem's args ``[x, y, n, 0, 1, 2, ..., 63, scratch]``
+        (int32 scalars 0..63 at index 3 + value): ``sort_1d_block(x, y, n, log2seg, key_float)``,
         ``sort_1d_global<F>(y, n, hi, flip, key_float)``, ``sort_1d_merge(y, n, key_float)``
         (key_float 1 for float32 keys, 0 for int32: both key types share one compiled kernel).
         """
         (n,) = shape
+        if config["ALGO"] == "radix":
+            return radix.steps(config, n, KEYS_LAYOUT, key_float=dtype == "float32")
         c = capacity(config)
         log_c = c.bit_length() - 1
         log_p = next_pow2(n).bit_length() - 1
@@ -309,13 +378,14 @@ class Sort1dSpec(OperatorSpec):
         return steps
 
     def make_problem(self, shape: Sequence[int], dtype: str, rng: np.random.Generator) -> Problem:
-        """Keys from :func:`make_keys`; y poisoned; scalars n (int64) and 0..63 (int32)."""
+        """Keys from :func:`make_keys`; y poisoned; scalars n (int64) and 0..63 (int32); the
+        radix scratch (one-word stand-ins where n is beyond the radix sort)."""
         (n,) = self.validate(shape, dtype)
         x = make_keys(n, dtype, rng)
         y = _poisoned((n,), dtype)
         scalars = [np.int32(v) for v in range(64)]
         return Problem(
-            args=[x, y, np.int64(n), *scalars],
+            args=[x, y, np.int64(n), *scalars, *radix.scratch(_radix_n(n), dtype, pairs=False)],
             outputs=[1],
             references=[sort_reference(x)],
         )
@@ -326,11 +396,100 @@ class Sort1dSpec(OperatorSpec):
         return (0.0, 0.0)
 
     def bytes_moved(self, shape: Sequence[int], dtype: str) -> int:
-        """x read once and y written once (the minimum; the merge passes move much more)."""
+        """x read once and y written once (the minimum; the passes move much more)."""
         return 2 * shape[0] * 4
 
     def buffer_bytes(self, shape: Sequence[int], dtype: str) -> int:
-        return 2 * shape[0] * 4
+        """x, y and the radix scratch."""
+        return 2 * shape[0] * 4 + radix.scratch_bytes(_radix_n(shape[0]), pairs=False)
+
+
+class Sort1dPairsSpec(OperatorSpec):
+    """Stable ascending sort of n 32-bit keys, each with an int32 value: LSD radix."""
+
+    name = "sort_1d_pairs"
+    description = (
+        "stable ascending radix sort of n 32-bit keys with int32 values (argsort: values are "
+        "the indices)"
+    )
+    dtypes = KEY_DTYPES
+    rank = 1
+    shape_names = ("n",)
+    params = {
+        "BLOCK": (128, 256, 512, 1024),
+        "ITEMS": (8, 12, 16, 20, 24),
+        "RADIX_BITS": radix.RADIX_BITS,
+    }
+    template = radix.TEMPLATE
+    kernel_name = radix.MAIN_KERNEL
+    kernel_names = radix.KERNELS
+
+    def validate(self, shape: Sequence[int], dtype: str) -> tuple[int, ...]:
+        shape = super().validate(shape, dtype)
+        if shape[0] > radix.MAX_N:
+            raise InvalidInput(f"sort_1d_pairs takes at most 2**30 - 1 keys, got n={shape[0]}")
+        return shape
+
+    def check(self, config: Config, shape: Sequence[int], dtype: str) -> str | None:
+        """Rejects: parameters missing, unknown or outside the space, and what
+        :func:`kernels.sort.radix.check` rejects (tiles under 2048 keys, registers for a key, a
+        rank and a value per item, shared memory)."""
+        try:
+            (n,) = self.validate(shape, dtype)
+        except InvalidInput as exc:
+            return str(exc)
+        if reason := self.check_params(config):
+            return reason
+        return radix.check(config, n, pairs=True)
+
+    def default_config(self, shape: Sequence[int], dtype: str) -> Config:
+        """8-bit digits (4 passes), tiles of 512 x 12 keys."""
+        self.validate(shape, dtype)
+        return {"BLOCK": 512, "ITEMS": 12, "RADIX_BITS": 8}
+
+    def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
+        return radix.defines(config, pairs=True)
+
+    def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
+        return radix.pass_launch(config, shape[0], pairs=True)
+
+    def steps(self, config: Config, shape: Sequence[int], dtype: str) -> list[Step]:
+        """:func:`kernels.sort.radix.steps` on ``[x, v, y, w, n, 0..63, scratch]``."""
+        return radix.steps(config, shape[0], PAIRS_LAYOUT, key_float=dtype == "float32")
+
+    def make_problem(self, shape: Sequence[int], dtype: str, rng: np.random.Generator) -> Problem:
+        """Keys from :func:`make_keys` (a third duplicates: ties test stability), values the
+        indices 0..n-1; y and w poisoned. References: the sorted keys and the values in the
+        order of a stable argsort by the kernels' key order (:func:`radix.stable_order`)."""
+        (n,) = self.validate(shape, dtype)
+        x = make_keys(n, dtype, rng)
+        v = np.arange(n, dtype=np.int32)
+        y = _poisoned((n,), dtype)
+        w = np.full(n, -1, np.int32)
+        scalars = [np.int32(s) for s in range(64)]
+        return Problem(
+            args=[x, v, y, w, np.int64(n), *scalars, *radix.scratch(n, dtype, pairs=True)],
+            outputs=[2, 3],
+            references=[sort_reference(x), v[radix.stable_order(x)].astype(np.int64)],
+        )
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        if dtype not in self.dtypes:
+            raise InvalidInput(f"sort_1d_pairs does not support dtype {dtype!r}")
+        return (0.0, 0.0)
+
+    def bytes_moved(self, shape: Sequence[int], dtype: str) -> int:
+        """Keys and values read once and written once."""
+        return 4 * shape[0] * 4
+
+    def buffer_bytes(self, shape: Sequence[int], dtype: str) -> int:
+        return 4 * shape[0] * 4 + radix.scratch_bytes(shape[0], pairs=True)
+
+
+def _radix_n(n: int) -> int:
+    """The n the radix scratch of a sort_1d problem is sized for: one word beyond the radix
+    sort's reach (only bitonic configs are valid there)."""
+    return n if n <= radix.MAX_N else 1
 
 
 def _poisoned(shape: tuple[int, ...], dtype: str) -> np.ndarray:
@@ -347,3 +506,4 @@ def sort_reference(x: np.ndarray) -> np.ndarray:
 
 SORT = register(SortSpec())
 SORT_1D = register(Sort1dSpec())
+SORT_1D_PAIRS = register(Sort1dPairsSpec())

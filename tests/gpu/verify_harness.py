@@ -61,6 +61,31 @@ def verify_config(
         backend.close()
 
 
+def verify_configs(
+    spec: OperatorSpec,
+    shape: Sequence[int],
+    dtype: str,
+    configs: Sequence[dict[str, Any]],
+    seed: int = 7,
+) -> list[tuple[dict[str, Any], str]]:
+    """Verify several valid configs (asserted valid) on one problem: ``(config, error)`` per
+    failing one. One backend, so a large problem is made once."""
+    from tuner.backends.pycuda import PyCudaBackend
+
+    for config in configs:
+        assert spec.check(config, shape, dtype) is None, config
+    backend = PyCudaBackend(spec, shape, dtype, repeats=1, warmup=0, seed=seed)
+    try:
+        backend.precompile(list(configs))
+        failures = []
+        for config in configs:
+            if error := _verify(backend, spec, shape, dtype, config):
+                failures.append((dict(config), error))
+        return failures
+    finally:
+        backend.close()
+
+
 def _verify(backend, spec: OperatorSpec, shape, dtype: str, config: dict[str, Any]) -> str | None:
     calls = backend.load(backend.compile(config), spec.steps(config, shape, dtype))
     return backend.verify(calls)

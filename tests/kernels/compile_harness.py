@@ -37,6 +37,13 @@ def kernel_names(spec: OperatorSpec) -> tuple[str, ...]:
     return tuple(getattr(spec, "kernel_names", None) or (spec.kernel_name,))
 
 
+def variant_kernels(variant: Variant) -> tuple[str, ...]:
+    """The entry points of the operator that the variant's source defines (an operator whose
+    configs choose between templates has some kernels in each)."""
+    source = variant.source()
+    return tuple(n for n in kernel_names(variant.spec) if re.search(rf"\b{n}\s*\(", source))
+
+
 @dataclass(frozen=True)
 class Variant:
     """One config of one operator at one shape and dtype."""
@@ -109,7 +116,9 @@ def compile_variants(
     jobs: list[tuple[str, list[Variant]]] = []
     for arch in archs:
         jobs += [(arch, list(variants[i : i + batch])) for i in range(0, len(variants), batch)]
-    requests = [(batch_source(b), f"{kernel_names(b[0].spec)[0]}_0", arch, ()) for arch, b in jobs]
+    requests = [
+        (batch_source(b), f"{b[0].spec.main_kernel(b[0].config)}_0", arch, ()) for arch, b in jobs
+    ]
     outcomes: list[Outcome] = []
     results = compile_many(requests, max_workers=workers, cache_dir=cache_dir)
     for (arch, chunk), result in zip(jobs, results, strict=True):
@@ -117,7 +126,7 @@ def compile_variants(
             outcomes += _one_by_one(chunk, arch, cache_dir, workers)
             continue
         for i, variant in enumerate(chunk):
-            names = kernel_names(variant.spec)
+            names = variant_kernels(variant)
             outcomes.append(
                 Outcome(variant, arch, {n: result.resources(f"{n}_{i}") for n in names})
             )
@@ -125,12 +134,12 @@ def compile_variants(
 
 
 def _one_by_one(chunk: list[Variant], arch: str, cache_dir: Path, workers: int) -> list[Outcome]:
-    requests = [(v.source(), kernel_names(v.spec)[0], arch, ()) for v in chunk]
+    requests = [(v.source(), v.spec.main_kernel(v.config), arch, ()) for v in chunk]
     found = []
     for variant, result in zip(chunk, compile_many(requests, workers, cache_dir), strict=True):
         if isinstance(result, CompileError):
             found.append(Outcome(variant, arch, error=f"{result}\n{result.log[:1500]}"))
         else:
-            names = kernel_names(variant.spec)
+            names = variant_kernels(variant)
             found.append(Outcome(variant, arch, {n: result.resources(n) for n in names}))
     return found

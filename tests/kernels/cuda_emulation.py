@@ -198,8 +198,8 @@ class HostBuild:
         return self.proc.returncode, err
 
 
-def host_template(spec: OperatorSpec) -> str:
-    source = spec.template.read_text()
+def host_template(spec: OperatorSpec, config: Config) -> str:
+    source = spec.template_for(config).read_text()
     source = _DYNAMIC_SHARED.sub(r"\1* \2 = reinterpret_cast<\1*>(emu_smem);", source)
     source = source.replace("__shared__ __align__(16)", "alignas(16) static")
     return source.replace("__shared__", "static")
@@ -259,7 +259,7 @@ def emulation_source(cases: Sequence[Case], problems: Sequence[Problem]) -> str:
         spec = case.spec
         names = spec.kernel_names or (spec.kernel_name,)
         macros = spec.defines(case.config, case.shape, case.dtype)
-        body = host_template(spec)
+        body = host_template(spec, case.config)
         defined = set(re.findall(r"^\s*#\s*define\s+(\w+)", body, re.MULTILINE))
         parts += [f"#define {n} {n}_{i}" for n in names]
         parts += [f"#define KATO_NS kato_emu_{i}"]

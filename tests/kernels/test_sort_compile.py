@@ -1,9 +1,11 @@
-"""Every valid sort and sort_1d variant compiles for sm_80 and sm_90 with the resources the specs
-model (the kernels' logic runs on the CPU in test_sort_emulation.py).
+"""Every valid sort, sort_1d and sort_1d_pairs variant compiles for sm_80 and sm_90 with the
+resources the specs model (the kernels' logic runs on the CPU in test_sort_emulation.py and
+test_sort_radix_emulation.py).
 
 Sources do not depend on the shape: the valid configs of ``sort`` at one row of a single key
 are every row-kernel variant there is (~100 per key type), those of ``sort_1d`` at any n every
-1-D variant (FUSE only changes the launch sequence: ~44 sources per key type).
+1-D variant (bitonic: FUSE only changes the launch sequence, 48 sources; radix: 95), those of
+``sort_1d_pairs`` every pairs variant (70). Float and int keys share every source.
 """
 
 from __future__ import annotations
@@ -16,15 +18,18 @@ import pytest
 from compile_harness import Outcome, compile_variants, distinct_variants
 
 from kernels import get_operator
-from kernels.sort import register_cap
+from kernels.sort import radix, register_cap
 from tuner.nvcc import nvcc_available
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
 
 SORT = get_operator("sort")
 SORT_1D = get_operator("sort_1d")
+PAIRS = get_operator("sort_1d_pairs")
 ARCHS = tuple(os.environ.get("KATO_COMPILE_TEST_ARCHS", "sm_80,sm_90").split(","))
-BLOCK_KERNELS = ("sort_rows_kernel", "sort_1d_block", "sort_1d_merge")
+BLOCK_KERNELS = ("sort_rows_kernel", "sort_1d_block", "sort_1d_merge", "radix_pass")
+#: Kernels with a static shared buffer: the histogram's per-block digit counts.
+STATIC_SHARED = {"radix_histogram"}
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +37,7 @@ def outcomes(cubin_cache: Path) -> list[Outcome]:
     # One row of one key admits every row-kernel config (the sources ignore the shape).
     variants = distinct_variants(SORT, [((1, 1), d) for d in SORT.dtypes])
     variants += distinct_variants(SORT_1D, [((2**24,), d) for d in SORT_1D.dtypes])
+    variants += distinct_variants(PAIRS, [((2**24,), d) for d in PAIRS.dtypes])
     start = time.perf_counter()
     found = compile_variants(variants, ARCHS, cubin_cache, batch=24)
     print(
@@ -42,15 +48,16 @@ def outcomes(cubin_cache: Path) -> list[Outcome]:
 
 
 def test_every_variant_compiles(outcomes: list[Outcome]) -> None:
-    assert len(outcomes) == (80 + 48) * len(ARCHS)  # float and int keys share sources
+    assert len(outcomes) == (80 + 48 + 95 + 70) * len(ARCHS)  # float and int keys share sources
     failed = [f"{o.arch} {o.variant}: {o.error}" for o in outcomes if o.error]
     assert not failed, f"{len(failed)} failed:\n" + "\n".join(failed[:5])
 
 
 def test_resources_match_the_model(outcomes: list[Outcome]) -> None:
-    """Block kernels: registers within the launch bounds and no spills (check() rejects ITEMS
-    that would not fit), no static shared memory (the buffer is dynamic); global passes: no
-    spills within their 256-thread bounds."""
+    """Block kernels (and the radix scatter pass): registers within the launch bounds and no
+    spills (check() rejects ITEMS that would not fit), no static shared memory (the buffer is
+    dynamic); global passes and the radix init and histogram kernels: no spills within their
+    256-thread bounds, the histogram's static counters as radix.cu lays them out."""
     bad = []
     for o in outcomes:
         if o.error:
@@ -62,6 +69,9 @@ def test_resources_match_the_model(outcomes: list[Outcome]) -> None:
                 bad.append(f"{o.arch} {o.variant} {name}: {res.registers} regs > {cap}")
             if res.spill_bytes or res.local_bytes:
                 bad.append(f"{o.arch} {o.variant} {name}: {res.spill_bytes} B spilled")
-            if res.shared_static_bytes:
+            static = 0
+            if name in STATIC_SHARED:
+                static = 4 * radix.passes(config["RADIX_BITS"]) << config["RADIX_BITS"]
+            if res.shared_static_bytes != static:
                 bad.append(f"{o.arch} {o.variant} {name}: {res.shared_static_bytes} B static")
     assert not bad, "\n".join(bad[:10])

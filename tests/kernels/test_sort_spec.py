@@ -39,7 +39,8 @@ def rows_cfg(block=256, items=8, shfl=1, smem_fuse=2):
 
 
 def cfg_1d(block=1024, items=8, shfl=1, fuse=3, smem_fuse=2):
-    return {**rows_cfg(block, items, shfl, smem_fuse), "FUSE": fuse}
+    config = {**rows_cfg(block, items, shfl, smem_fuse), "FUSE": fuse}
+    return {**config, "ALGO": "bitonic", "RADIX_BITS": 4}
 
 
 def test_registered_with_the_contract_attributes() -> None:
@@ -50,7 +51,9 @@ def test_registered_with_the_contract_attributes() -> None:
     assert SORT.kernel_names == ("sort_rows_kernel",)
     assert SORT_1D.kernel_name == SORT_1D.kernel_names[0] == "sort_1d_block"
     source = SORT.template.read_text()
-    for name in (*SORT.kernel_names, *SORT_1D.kernel_names):
+    bitonic = [n for n in SORT_1D.kernel_names if n.startswith("sort_1d_")]
+    assert len(bitonic) == 5
+    for name in (*SORT.kernel_names, *bitonic):
         assert (
             f"void KATO_LAUNCH_BOUNDS {name}(" in source
             or f"void __launch_bounds__(256) {name}(" in source
@@ -114,9 +117,10 @@ def test_space_sizes() -> None:
         flat = SearchSpace(SORT_1D.params, lambda c, d=dtype: SORT_1D.check(c, (2**24,), d))
         assert len(rows.valid_configs()) >= 12  # C >= 4096: 512 x 8, 1024 x 4, 1024 x 8
         assert 60 <= len(short.valid_configs()) <= 150  # every source of the row kernel
-        assert len(flat.valid_configs()) >= 100
-        sources = {SORT_1D.render(c, (2**24,), dtype) for c in flat.valid_configs()}
-        assert len(sources) <= len(flat.valid_configs()) // 3  # FUSE does not change the source
+        bitonic = [c for c in flat.valid_configs() if c["ALGO"] == "bitonic"]
+        assert len(bitonic) >= 100
+        sources = {SORT_1D.render(c, (2**24,), dtype) for c in bitonic}
+        assert len(sources) <= len(bitonic) // 3  # FUSE does not change the source
     # Key types share sources (the key type is a kernel argument).
     config = rows_cfg()
     assert SORT.render(config, (4, 4), "float32") == SORT.render(config, (4, 4), "int32")

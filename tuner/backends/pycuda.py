@@ -174,7 +174,7 @@ def compile_config(
     """Render and compile one config into the on-disk cache (raises CompileError). Needs no
     GPU: the isolated backend's parent compiles ahead with it while its child measures."""
     source = spec.render(config, shape, dtype)
-    return compile_kernel(source, spec.kernel_name, arch=arch, cache_dir=compile_cache)
+    return compile_kernel(source, spec.main_kernel(config), arch=arch, cache_dir=compile_cache)
 
 
 def upload_constants(cuda: Any, module: Any, problem: Problem) -> None:
@@ -509,7 +509,7 @@ class PyCudaBackend(Backend):
             # Only now known: the static part is what ptxas reported for this config.
             result.status = TrialStatus.INVALID
             result.error = (
-                f"{self.spec.kernel_name}: {compiled.shared_static_bytes} B static + "
+                f"{self.spec.main_kernel(config)}: {compiled.shared_static_bytes} B static + "
                 f"{launch.shared_bytes} B dynamic shared memory > "
                 f"{self.gpu.shared_per_block_optin_bytes} B per block on {self.gpu.name}"
             )

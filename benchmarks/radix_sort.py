@@ -1,0 +1,183 @@
+"""The radix path of sort_1d and sort_1d_pairs against torch.sort and CUB, in one run (issue 32).
+
+For each case, every valid radix config in the sweep (all of them for the first case, the
+fastest few of it for the others) is compiled, verified and timed by the pycuda backend (as a
+tuning trial: CUDA events, inputs rotated past the L2), beside the bitonic default (sort_1d),
+``torch.sort`` (values and indices; ``stable=True`` too) and CUB's ``DeviceRadixSort``
+(``benchmarks/cub_sort.cu`` built with nvcc; keys only and pairs). Writes JSON and prints a table.
+
+    python3 benchmarks/radix_sort.py --out $OUT/radix_sort.json [--quick]
+
+Needs a CUDA GPU, PyCUDA, PyTorch and nvcc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.operators import torch_time_ms  # noqa: E402
+
+#: (operator, n, dtype); the first case sweeps the whole radix space.
+CASES = [
+    ("sort_1d", 2**24, "float32"),
+    ("sort_1d", 2**24, "int32"),
+    ("sort_1d_pairs", 2**24, "float32"),
+    ("sort_1d", 2**20, "float32"),
+    ("sort_1d", 2**26, "float32"),
+]
+#: How many of the first case's fastest configs the other cases time.
+TOP = 8
+
+
+def radix_configs(spec, n: int, dtype: str) -> list[dict]:
+    from tuner.space import SearchSpace
+
+    space = SearchSpace(spec.params, lambda c: spec.check(c, (n,), dtype))
+    return [c for c in space.valid_configs() if c.get("ALGO", "radix") == "radix"]
+
+
+def as_pairs_config(spec, config: dict) -> dict:
+    return {k: config[k] for k in spec.params}
+
+
+def time_configs(spec, n: int, dtype: str, configs: list[dict]) -> list[dict]:
+    """Evaluate configs as tuning trials (verified first); one row per config."""
+    from tuner.backends.pycuda import PyCudaBackend
+
+    backend = PyCudaBackend(spec, (n,), dtype, repeats=10, warmup=2, seed=0)
+    rows = []
+    try:
+        backend.precompile(configs)
+        for config in configs:
+            result = backend.evaluate(config)
+            rows.append(
+                {
+                    "config": config,
+                    "status": result.status.value,
+                    "time_ms": result.time_ms,
+                    "registers": result.registers,
+                    "occupancy": result.occupancy,
+                    "error": (result.error or "")[:300] or None,
+                }
+            )
+            shown = f"{result.time_ms:.4f} ms" if result.time_ms else result.status.value
+            print(f"  {spec.name} {n} {dtype} {config}: {shown}", flush=True)
+    finally:
+        backend.close()
+    return rows
+
+
+def torch_times(n: int, dtype: str) -> dict:
+    import torch
+
+    if dtype == "float32":
+        x = torch.randn(n, device="cuda") * 1000
+    else:
+        x = torch.randint(-(2**31), 2**31 - 1, (n,), device="cuda", dtype=torch.int32)
+    return {
+        "torch.sort": torch_time_ms(lambda: torch.sort(x)),
+        "torch.sort(stable=True)": torch_time_ms(lambda: torch.sort(x, stable=True)),
+    }
+
+
+def build_cub(workdir: Path) -> Path | None:
+    binary = workdir / "cub_sort"
+    proc = subprocess.run(
+        ["nvcc", "-O3", "-arch=sm_90", "-std=c++17", "-o", str(binary), "cub_sort.cu"],
+        cwd=ROOT / "benchmarks",
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        print(f"CUB program did not build:\n{proc.stderr[-2000:]}")
+        return None
+    return binary
+
+
+def cub_time(binary: Path | None, n: int, dtype: str, kind: str) -> float | None:
+    if binary is None:
+        return None
+    proc = subprocess.run([str(binary), str(n), dtype, kind, "20"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"CUB {n} {dtype} {kind} failed: {proc.stderr[-500:]}")
+        return None
+    return json.loads(proc.stdout)["ms"]
+
+
+def fmt(value: float | None) -> str:
+    return f"{value:9.4f}" if value else f"{'-':>9}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="JSON report path")
+    ap.add_argument("--quick", action="store_true", help="the first two cases only")
+    args = ap.parse_args()
+
+    from kernels import get_operator
+
+    started = time.monotonic()
+    report: dict = {"cases": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        cub = build_cub(Path(tmp))
+        best_first: list[dict] = []
+        for index, (operator, n, dtype) in enumerate(CASES[:2] if args.quick else CASES):
+            spec = get_operator(operator)
+            every = radix_configs(spec, n, dtype)
+            if index == 0:
+                configs = every
+            else:
+                wanted = [as_pairs_config(spec, c) for c in best_first]
+                configs = [c for c in wanted if c in every] or every[:TOP]
+            if operator == "sort_1d":
+                configs = [spec.default_config((n,), dtype), *configs]
+            print(f"{operator} n={n} {dtype}: {len(configs)} configs", flush=True)
+            rows = time_configs(spec, n, dtype, configs)
+            if index == 0:
+                ok = sorted((r for r in rows if r["time_ms"]), key=lambda r: r["time_ms"])
+                best_first = [r["config"] for r in ok if r["config"].get("ALGO") == "radix"][:TOP]
+            case = {
+                "operator": operator,
+                "n": n,
+                "dtype": dtype,
+                "rows": rows,
+                **torch_times(n, dtype),
+                "cub_keys_ms": cub_time(cub, n, dtype, "keys"),
+                "cub_pairs_ms": cub_time(cub, n, dtype, "pairs"),
+            }
+            report["cases"].append(case)
+            Path(args.out).write_text(json.dumps(report, indent=1))
+    report["elapsed_s"] = time.monotonic() - started
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print()
+    print(f"{'case':34} {'best radix':>11} {'bitonic':>9} {'torch':>9} {'CUB':>9}  best config")
+    for case in report["cases"]:
+        radix_rows = [
+            r for r in case["rows"] if r["time_ms"] and r["config"].get("ALGO", "radix") == "radix"
+        ]
+        best = min(radix_rows, key=lambda r: r["time_ms"], default=None)
+        bitonic = [r for r in case["rows"] if r["config"].get("ALGO") == "bitonic"]
+        pairs = case["operator"] == "sort_1d_pairs"
+        cub_ms = case["cub_pairs_ms"] if pairs else case["cub_keys_ms"]
+
+        name = f"{case['operator']} {case['n']} {case['dtype']}"
+        print(
+            f"{name:34} {fmt(best and best['time_ms']):>11} "
+            f"{fmt(bitonic[0]['time_ms'] if bitonic else None)} {fmt(case['torch.sort'])} "
+            f"{fmt(cub_ms)}  {best['config'] if best else '-'}"
+        )
+    failed = [r for c in report["cases"] for r in c["rows"] if r["status"] != "ok"]
+    print(f"{len(failed)} configs failed (see the JSON)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,358 @@
+// LSD radix sort of 32-bit keys (float32 or int32), ascending, optionally with an int32 payload
+// (PAIRS): the radix path of sort_1d and the whole of sort_1d_pairs. Onesweep design: one read
+// of the keys builds the histograms of every digit; then one scatter pass per digit, in which
+// each tile ranks its keys stably, publishes its per-digit counts and finds the counts of the
+// tiles before it by decoupled look-back.
+//
+// Tunables arrive as macros (see kernels/sort/radix.py):
+//
+//   BLOCK       threads per block of the scatter passes (a multiple of 64)
+//   ITEMS       keys per thread; a tile is T = BLOCK * ITEMS keys
+//   RADIX_BITS  digit width (4..8); the passes are ceil(32 / RADIX_BITS), the last one narrower
+//   PAIRS       0: keys only; 1: an int32 value travels with every key
+//   MIN_BLOCKS  min-blocks clause of __launch_bounds__ (0 = none)
+//
+// One call is: radix_init (zero the histograms, tile counters and look-back buffer 0),
+// radix_histogram (every digit's global counts, one read of the input keys), then radix_pass for
+// pass = 0 .. passes-1, ping-ponging between the output and a scratch buffer so that the last
+// pass writes the output. Nothing is carried from one call to the next: the init kernel resets
+// all of it.
+//
+// Keys are mapped to unsigned integers whose order is the key order (floats: flip all bits of
+// negatives, the sign bit of the rest; ints: flip the sign bit): -0.0 sorts before +0.0. Every
+// pass is stable (equal digits keep their order), so the sort is stable: equal keys keep their
+// input order, and so do their values.
+//
+// Look-back: tile t of a pass takes its tile id from an atomic counter (so every tile it waits
+// for has started and will finish), publishes for each digit a status word (flag in bits 31:30:
+// 1 = this tile's count, 2 = inclusive prefix over tiles 0..t; count in bits 29:0, hence n <
+// 2^30), then walks back over tiles t-1, t-2, ... adding counts until it meets an inclusive
+// prefix. Tile 0 publishes its inclusive prefix at once, so every walk ends. A walk that spins
+// far longer than any tile takes (a bug, never the design) gives up instead of hanging the GPU,
+// and the scatter never writes outside the output (__trap would do, but made ptxas spill).
+// Passes alternate between two look-back buffers: pass p clears buffer (p+1)%2 (the previous
+// pass's, finished) for pass p+1, each tile its own row.
+
+#ifndef KATO_NS
+#define KATO_NS kato_radix
+#endif
+#ifndef BLOCK
+#error "BLOCK must be defined"
+#endif
+#ifndef ITEMS
+#error "ITEMS must be defined"
+#endif
+#ifndef RADIX_BITS
+#error "RADIX_BITS must be defined"
+#endif
+#ifndef PAIRS
+#define PAIRS 0
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 0
+#endif
+
+namespace KATO_NS {
+
+constexpr int kRadix = 1 << RADIX_BITS;
+constexpr int kPasses = (32 + RADIX_BITS - 1) / RADIX_BITS;
+constexpr int kTile = BLOCK * ITEMS;
+constexpr int kWarps = BLOCK / 32;
+constexpr int kWarpKeys = 32 * ITEMS;
+// The init and histogram kernels' block (fixed: one read of the keys, far from the scatter
+// passes' cost).
+constexpr int kAuxBlock = 256;
+constexpr unsigned int kFlagCount = 1u << 30;
+constexpr unsigned int kFlagPrefix = 2u << 30;
+constexpr unsigned int kValueMask = (1u << 30) - 1u;
+// About a second of polling one status word: no tile takes a millisecond.
+constexpr unsigned int kSpinLimit = 1u << 22;
+
+static_assert(RADIX_BITS >= 4 && RADIX_BITS <= 8, "RADIX_BITS must be in [4, 8]");
+static_assert(BLOCK >= 64 && BLOCK <= 1024 && BLOCK % 64 == 0,
+              "BLOCK must be a multiple of 64 in [64, 1024]");
+static_assert(ITEMS >= 1 && ITEMS <= 32, "ITEMS must be in [1, 32]");
+static_assert(PAIRS == 0 || PAIRS == 1, "PAIRS must be 0 or 1");
+
+// Dynamic shared memory of radix_pass, in 32-bit words (kernels/sort/radix.py mirrors it):
+// the tile's keys (and values) in digit order, the per-warp digit counters, three per-digit
+// arrays (tile counts / starts, global starts, scatter bases) and the tile id.
+constexpr int kSmemKeys = 0;
+constexpr int kSmemVals = kSmemKeys + kTile;
+constexpr int kSmemWarp = kSmemVals + (PAIRS ? kTile : 0);
+constexpr int kSmemCount = kSmemWarp + kWarps * kRadix;
+constexpr int kSmemStart = kSmemCount + kRadix;
+constexpr int kSmemGlobal = kSmemStart + kRadix;
+constexpr int kSmemBase = kSmemGlobal + kRadix;
+constexpr int kSmemTile = kSmemBase + kRadix;
+constexpr int kSmemWords = kSmemTile + 1;
+static_assert(kSmemWords * 4 <= 227 * 1024, "the tile does not fit in shared memory");
+
+__device__ __forceinline__ unsigned int float_mask(int key_float) {
+  return key_float ? 0xffffffffu : 0u;
+}
+
+__device__ __forceinline__ unsigned int to_ord(unsigned int bits, unsigned int fmask) {
+  return bits ^ ((static_cast<unsigned int>(static_cast<int>(bits) >> 31) & fmask) | 0x80000000u);
+}
+
+__device__ __forceinline__ unsigned int from_ord(unsigned int ord, unsigned int fmask) {
+  return ord ^ ((((ord >> 31) - 1u) & fmask) | 0x80000000u);
+}
+
+__device__ __forceinline__ unsigned int digit_of(unsigned int key, int shift) {
+  return (key >> shift) & static_cast<unsigned int>(kRadix - 1);
+}
+
+// Status words are polled by other blocks while their owner writes them: volatile accesses
+// (relaxed at system scope on sm_70+, never cached in L1, every poll a load of its own). The
+// value travels in the word itself, so no fence is needed. (Inline-PTX ld/st.relaxed.gpu made
+// ptxas spill the key arrays of several tile shapes.)
+__device__ __forceinline__ unsigned int load_status(const unsigned int* p) {
+  return *static_cast<const volatile unsigned int*>(p);
+}
+
+__device__ __forceinline__ void store_status(unsigned int* p, unsigned int v) {
+  *static_cast<volatile unsigned int*>(p) = v;
+}
+
+__device__ __forceinline__ long long tiles_of(long long n) { return (n + kTile - 1) / kTile; }
+
+// Exclusive prefix sum of kRadix words (in: shared or global, out: shared), by one whole warp.
+__device__ __forceinline__ void warp_exclusive_scan(const unsigned int* in, unsigned int* out) {
+  constexpr int kPer = kRadix >= 32 ? kRadix / 32 : 1;
+  const int lane = threadIdx.x & 31;
+  unsigned int v[kPer];
+  unsigned int sum = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = lane * kPer + j;
+    v[j] = i < kRadix ? in[i] : 0u;
+    sum += v[j];
+  }
+  unsigned int inclusive = sum;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const unsigned int t = __shfl_up_sync(0xffffffffu, inclusive, off);
+    if (lane >= off) inclusive += t;
+  }
+  unsigned int run = inclusive - sum;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = lane * kPer + j;
+    if (i < kRadix) out[i] = run;
+    run += v[j];
+  }
+}
+
+}  // namespace KATO_NS
+
+// An explicit minimum of one block: with __launch_bounds__(BLOCK) alone ptxas aimed below
+// the cap for some tile shapes (40 registers at 512 threads, 128 at 128) and spilled.
+#if MIN_BLOCKS > 0
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK, MIN_BLOCKS)
+#else
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK, 1)
+#endif
+
+// Zeroes the histograms (passes x radix words), the per-pass tile counters and look-back buffer
+// 0 (tiles x radix words). Block kAuxBlock (256), grid (any).
+extern "C" __global__ void __launch_bounds__(KATO_NS::kAuxBlock)
+    radix_init(unsigned int* __restrict__ hist, unsigned int* __restrict__ counters,
+               unsigned int* __restrict__ status, long long n) {
+  using namespace KATO_NS;
+  const long long words = tiles_of(n) * kRadix;
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+  const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (long long i = first; i < words; i += stride) status[i] = 0u;
+  for (long long i = first; i < kPasses * kRadix; i += stride) hist[i] = 0u;
+  if (first < kPasses) counters[first] = 0u;
+}
+
+// Every pass's digit counts of the n input keys: hist[p * radix + d]. Block kAuxBlock (256),
+// grid (any, grid stride); per-block counts in shared memory, then one atomic per nonzero bin.
+extern "C" __global__ void __launch_bounds__(KATO_NS::kAuxBlock)
+    radix_histogram(const unsigned int* __restrict__ x, long long n,
+                    unsigned int* __restrict__ hist, int key_float) {
+  using namespace KATO_NS;
+  __shared__ unsigned int s_hist[kPasses * kRadix];
+  for (int i = threadIdx.x; i < kPasses * kRadix; i += blockDim.x) s_hist[i] = 0u;
+  __syncthreads();
+  const unsigned int fmask = float_mask(key_float);
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const unsigned int key = to_ord(x[i], fmask);
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      atomicAdd(&s_hist[p * kRadix + digit_of(key, p * RADIX_BITS)], 1u);
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kPasses * kRadix; i += blockDim.x) {
+    if (s_hist[i]) atomicAdd(&hist[i], s_hist[i]);
+  }
+}
+
+// One digit pass: keys_in (the input keys on pass 0, mapped to ordered form as they are read)
+// scattered stably by digit `pass` into keys_out (mapped back on the last pass), values with
+// them. Block BLOCK, grid exactly ceil(n / T) (every tile id is taken once), dynamic shared
+// memory kSmemWords * 4 bytes. status holds the two look-back buffers of tiles x radix words.
+extern "C" __global__ void KATO_LAUNCH_BOUNDS radix_pass(const unsigned int* __restrict__ keys_in,
+                                                         unsigned int* __restrict__ keys_out,
+#if PAIRS
+                                                         const int* __restrict__ vals_in,
+                                                         int* __restrict__ vals_out,
+#endif
+                                                         long long n,
+                                                         const unsigned int* __restrict__ hist,
+                                                         unsigned int* __restrict__ counters,
+                                                         unsigned int* __restrict__ status,
+                                                         int pass, int key_float) {
+  using namespace KATO_NS;
+  extern __shared__ __align__(16) unsigned int kato_smem[];
+  unsigned int* const s_keys = kato_smem + kSmemKeys;
+  unsigned int* const s_warp = kato_smem + kSmemWarp;
+  unsigned int* const s_count = kato_smem + kSmemCount;
+  unsigned int* const s_start = kato_smem + kSmemStart;
+  unsigned int* const s_global = kato_smem + kSmemGlobal;
+  unsigned int* const s_base = kato_smem + kSmemBase;
+#if PAIRS
+  int* const s_vals = reinterpret_cast<int*>(kato_smem + kSmemVals);
+#endif
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const unsigned int fmask = float_mask(key_float);
+  const int shift = pass * RADIX_BITS;
+  const bool first_pass = pass == 0;
+  const bool last_pass = pass == kPasses - 1;
+  const long long tiles = tiles_of(n);
+
+  if (tid == 0) kato_smem[kSmemTile] = atomicAdd(&counters[pass], 1u);
+  for (int i = tid; i < kWarps * kRadix; i += BLOCK) s_warp[i] = 0u;
+  __syncthreads();
+  const long long tile = kato_smem[kSmemTile];
+  const long long tile_first = tile * kTile;
+  unsigned int* const status_now = status + (pass & 1) * tiles * kRadix;
+  unsigned int* const status_next = status + ((pass + 1) & 1) * tiles * kRadix;
+
+  // Load: warp w holds keys w*32*ITEMS .. of the tile, item i of lane l is key i*32 + l of
+  // the warp's run, so ranking items in order i = 0, 1, .. and lanes in order keeps the tile's
+  // key order (stability).
+  const long long warp_first = tile_first + warp * kWarpKeys;
+  // Keys of the warp's run that exist (0 .. 32 * ITEMS): the bounds checks in 32 bits.
+  const long long warp_left = n - warp_first;
+  const int warp_valid =
+      warp_left <= 0 ? 0 : (warp_left < kWarpKeys ? static_cast<int>(warp_left) : kWarpKeys);
+  unsigned int keys[ITEMS];
+  unsigned int rank[ITEMS];
+#if PAIRS
+  int vals[ITEMS];
+#endif
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int at = i * 32 + lane;
+    unsigned int key = 0xffffffffu;
+#if PAIRS
+    vals[i] = 0;
+#endif
+    if (at < warp_valid) {
+      key = keys_in[warp_first + at];
+      if (first_pass) key = to_ord(key, fmask);
+#if PAIRS
+      vals[i] = vals_in[warp_first + at];
+#endif
+    }
+    keys[i] = key;
+  }
+
+  // Rank within the warp: lanes with the same digit find each other (match), the lowest of
+  // them bumps the warp's counter for that digit. Keys past n take the digit kRadix: they
+  // match only each other and touch no counter.
+  unsigned int* const warp_count = s_warp + warp * kRadix;
+  const unsigned int lanes_below = (1u << lane) - 1u;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const bool valid = i * 32 + lane < warp_valid;
+    const unsigned int d = valid ? digit_of(keys[i], shift) : static_cast<unsigned int>(kRadix);
+    const unsigned int peers = __match_any_sync(0xffffffffu, d);
+    const unsigned int before = peers & lanes_below;
+    const unsigned int base = valid ? warp_count[d] : 0u;
+    __syncwarp();
+    if (valid && before == 0) warp_count[d] = base + __popc(peers);
+    __syncwarp();
+    rank[i] = base + __popc(before);
+  }
+  __syncthreads();
+
+  // Per digit: warp counters -> exclusive offsets over warps, the tile's count published.
+  for (int d = tid; d < kRadix; d += BLOCK) {
+    unsigned int run = 0;
+#pragma unroll 4
+    for (int w = 0; w < kWarps; ++w) {
+      const unsigned int c = s_warp[w * kRadix + d];
+      s_warp[w * kRadix + d] = run;
+      run += c;
+    }
+    s_count[d] = run;
+    store_status(&status_now[tile * kRadix + d], (tile == 0 ? kFlagPrefix : kFlagCount) | run);
+    if (pass + 1 < kPasses) status_next[tile * kRadix + d] = 0u;
+  }
+  __syncthreads();
+  if (warp == 0) warp_exclusive_scan(s_count, s_start);          // digit starts in the tile
+  if (warp == 1) warp_exclusive_scan(hist + pass * kRadix, s_global);  // digit starts overall
+  __syncthreads();
+
+  // Keys (and values) into shared memory in digit order, stable. Done before the look-back so
+  // that the keys' registers are free while it polls (and its predecessors get more time).
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    if (i * 32 + lane < warp_valid) {
+      const unsigned int d = digit_of(keys[i], shift);
+      const unsigned int pos = s_start[d] + warp_count[d] + rank[i];
+      s_keys[pos] = keys[i];
+#if PAIRS
+      s_vals[pos] = vals[i];
+#endif
+    }
+  }
+
+  // Look-back: the count of each digit in tiles 0 .. tile-1.
+  for (int d = tid; d < kRadix; d += BLOCK) {
+    unsigned int before = 0;
+    if (tile > 0) {
+      long long j = tile - 1;
+      // Bounded: a predecessor that never publishes is a bug, and giving up beats hanging the
+      // GPU. The result is then wrong (the scatter's bounds check keeps it inside the output),
+      // so verification fails the config.
+      unsigned int flag, polls = 0;
+      do {
+        const unsigned int s = load_status(&status_now[j * kRadix + d]);
+        flag = s & ~kValueMask;
+        if (flag != 0u) before += s & kValueMask;
+        if (flag == kFlagCount) --j;
+      } while (flag != kFlagPrefix && ++polls < kSpinLimit);
+      store_status(&status_now[tile * kRadix + d], kFlagPrefix | (before + s_count[d]));
+    }
+    // Key k of digit d at position j of the tile's digit-ordered keys goes to
+    // global start of d + keys of d in earlier tiles + (j - start of d in the tile); modulo
+    // 2^32, which is exact since every position is below 2^30.
+    s_base[d] = s_global[d] + before - s_start[d];
+  }
+  __syncthreads();
+
+  // Scatter: consecutive positions of one digit go to consecutive addresses.
+  const long long left = n - tile_first;
+  const int count = left < kTile ? static_cast<int>(left) : kTile;
+  const unsigned int n32 = static_cast<unsigned int>(n);  // n < 2^30
+  for (int j = tid; j < count; j += BLOCK) {
+    const unsigned int key = s_keys[j];
+    const unsigned int pos = s_base[digit_of(key, shift)] + static_cast<unsigned int>(j);
+    if (pos >= n32) continue;  // only after a look-back that gave up (never when correct)
+    keys_out[pos] = last_pass ? from_ord(key, fmask) : key;
+#if PAIRS
+    vals_out[pos] = s_vals[j];
+#endif
+  }
+}

@@ -1,0 +1,206 @@
+"""The LSD radix sort of ``radix.cu``: its resource model, checks, buffers and launch sequence,
+shared by the radix path of ``sort_1d`` and by ``sort_1d_pairs``.
+
+Tunables: ``BLOCK`` (threads of the scatter passes), ``ITEMS`` (keys per thread; a tile is
+``T = BLOCK * ITEMS`` keys), ``RADIX_BITS`` (digit width: ``ceil(32 / RADIX_BITS)`` passes).
+
+Scratch (arrays of the problem, after its scalars, in this order): a second key buffer of n
+keys (and for pairs a second value buffer), the digit histograms (:data:`HIST_WORDS`), the
+per-pass tile counters (:data:`COUNTER_WORDS`) and the two look-back buffers, sized for the
+smallest tile the space allows (:func:`status_words`). The first kernel of every call resets
+what the others rely on, so nothing is carried between calls.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from kernels import limits
+from kernels.spec import Config, Launch, Step
+
+TEMPLATE = Path(__file__).with_name("radix.cu")
+KERNELS = ("radix_init", "radix_histogram", "radix_pass")
+MAIN_KERNEL = "radix_pass"
+
+#: Digit widths of the space.
+RADIX_BITS = (4, 5, 6, 7, 8)
+#: The smallest tile the checks allow; the look-back buffers are sized for it, so a tile below
+#: it would overrun them (and such tiles only add look-back traffic).
+MIN_TILE = 2048
+#: Look-back status words hold counts in 30 bits.
+MAX_N = 2**30 - 1
+#: Histogram words: every pass's digit counts, for the digit width that needs the most.
+HIST_WORDS = max(math.ceil(32 / b) << b for b in RADIX_BITS)
+#: One tile counter per pass, for the most passes.
+COUNTER_WORDS = max(math.ceil(32 / b) for b in RADIX_BITS)
+#: Registers besides the ITEMS keys and ranks (and values): fit to ptxas on sm_90 (512 x 16:
+#: 64 registers for keys, 88 for pairs).
+REGISTER_OVERHEAD = 32
+#: Threads and the most blocks of the init and histogram kernels (grid-stride loops beyond).
+AUX_BLOCK = 256
+MAX_AUX_GRID = 4 * limits.NUM_SMS
+#: Keys per histogram-kernel thread below which fewer blocks are launched.
+HIST_KEYS_PER_THREAD = 16
+
+
+def passes(bits: int) -> int:
+    return math.ceil(32 / bits)
+
+
+def tile(config: Config) -> int:
+    return config["BLOCK"] * config["ITEMS"]
+
+
+def tiles(n: int, config: Config) -> int:
+    return math.ceil(n / tile(config))
+
+
+def shared_bytes(config: Config, pairs: bool) -> int:
+    """Dynamic shared memory of ``radix_pass`` (radix.cu's kSmem* layout): the tile's keys (and
+    values), a counter per warp and digit, three per-digit arrays and the tile id."""
+    radix = 1 << config["RADIX_BITS"]
+    t = tile(config)
+    words = t * (2 if pairs else 1) + (config["BLOCK"] // 32 + 3) * radix + 1
+    return words * 4
+
+
+def registers(config: Config, pairs: bool) -> int:
+    """Registers ``radix_pass`` needs: a key and a rank per item (and a value), plus overhead."""
+    return (3 if pairs else 2) * config["ITEMS"] + REGISTER_OVERHEAD
+
+
+def status_words(n: int) -> int:
+    """Words of the two look-back buffers: 2 x tiles x 256 at the smallest tile."""
+    return 2 * math.ceil(n / MIN_TILE) * (1 << max(RADIX_BITS))
+
+
+def check(config: Config, n: int, pairs: bool) -> str | None:
+    """Why a radix config cannot sort n keys (the parameters are known to be in the space)."""
+    block, min_blocks = config["BLOCK"], config.get("MIN_BLOCKS", 0)
+    if n > MAX_N:
+        return f"the radix sort takes at most 2**30 - 1 keys (30-bit look-back counts), n={n}"
+    if reason := limits.resident_threads_error(min_blocks, block):
+        return reason
+    if tile(config) < MIN_TILE:
+        return f"BLOCK x ITEMS = {tile(config)} keys per tile; the radix sort needs {MIN_TILE}"
+    cap = limits.launch_bounds_register_cap(block, min_blocks)
+    if registers(config, pairs) > cap:
+        return (
+            f"ITEMS={config['ITEMS']} needs about {registers(config, pairs)} registers per "
+            f"thread; the launch bounds of {block} threads allow {cap}: it would spill"
+        )
+    if shared_bytes(config, pairs) > limits.MAX_SHARED_PER_BLOCK:
+        return f"{shared_bytes(config, pairs)} bytes of shared memory per block; at most 227 KiB"
+    return None
+
+
+def defines(config: Config, pairs: bool) -> dict[str, object]:
+    return {
+        "BLOCK": config["BLOCK"],
+        "ITEMS": config["ITEMS"],
+        "RADIX_BITS": config["RADIX_BITS"],
+        "PAIRS": int(pairs),
+    }
+
+
+def pass_launch(config: Config, n: int, pairs: bool) -> Launch:
+    """One block per tile: the look-back needs every tile id taken exactly once."""
+    return Launch((tiles(n, config), 1, 1), (config["BLOCK"], 1, 1), shared_bytes(config, pairs))
+
+
+def steps(config: Config, n: int, layout: ArgLayout, key_float: bool) -> list[Step]:
+    """Init, histogram, then one scatter pass per digit, ping-ponging so the last writes the
+    output: pass p writes the output when ``passes - 1 - p`` is even, the scratch otherwise."""
+    count = passes(config["RADIX_BITS"])
+    key = layout.scalar(int(key_float))
+    status = status_words(n)
+    init_grid = max(1, min(math.ceil(status // 2 / (4 * AUX_BLOCK)), MAX_AUX_GRID))
+    hist_grid = max(1, min(math.ceil(n / (HIST_KEYS_PER_THREAD * AUX_BLOCK)), MAX_AUX_GRID))
+    aux = (AUX_BLOCK, 1, 1)
+    out = [
+        Step(
+            "radix_init",
+            Launch((init_grid, 1, 1), aux, 0),
+            (layout.hist, layout.counters, layout.status, layout.n),
+        ),
+        Step(
+            "radix_histogram",
+            Launch((hist_grid, 1, 1), aux, 0),
+            (layout.keys_in, layout.n, layout.hist, key),
+        ),
+    ]
+    launch = pass_launch(config, n, layout.pairs)
+    keys_src, vals_src = layout.keys_in, layout.vals_in
+    for p in range(count):
+        to_output = (count - 1 - p) % 2 == 0
+        keys_dst = layout.keys_out if to_output else layout.keys_tmp
+        args: tuple[int, ...] = (keys_src, keys_dst)
+        if layout.pairs:
+            vals_dst = layout.vals_out if to_output else layout.vals_tmp
+            args += (vals_src, vals_dst)
+            vals_src = vals_dst
+        args += (layout.n, layout.hist, layout.counters, layout.status, layout.scalar(p), key)
+        out.append(Step("radix_pass", launch, args))
+        keys_src = keys_dst
+    return out
+
+
+class ArgLayout:
+    """Indices of the radix kernels' arguments in a problem's args: the operator's own arrays
+    and n first (``keys_in, [vals_in,] keys_out, [vals_out,] n``), the int32 scalars 0..63,
+    then the scratch arrays of :func:`scratch`."""
+
+    def __init__(self, pairs: bool) -> None:
+        self.pairs = pairs
+        self.keys_in = 0
+        if pairs:
+            self.vals_in, self.keys_out, self.vals_out, self.n = 1, 2, 3, 4
+        else:
+            self.vals_in = self.vals_out = -1
+            self.keys_out, self.n = 1, 2
+        self.first_scalar = self.n + 1
+        after = self.first_scalar + 64
+        self.keys_tmp = after
+        self.vals_tmp = after + 1 if pairs else -1
+        self.hist = after + (2 if pairs else 1)
+        self.counters = self.hist + 1
+        self.status = self.hist + 2
+
+    def scalar(self, value: int) -> int:
+        assert 0 <= value < 64, value
+        return self.first_scalar + value
+
+
+def scratch(n: int, dtype: str, pairs: bool) -> list[np.ndarray]:
+    """The scratch arrays in :class:`ArgLayout` order. The second key (and value) buffer is
+    poisoned; the histograms hold garbage that radix_init must clear; the counters and status
+    words start at zero (radix_init clears them again on every call)."""
+    key_type = np.float32 if dtype == "float32" else np.int32
+    arrays = [np.full(n, 0x7FC00001, np.uint32).view(key_type)]
+    if pairs:
+        arrays.append(np.full(n, -777, np.int32))
+    arrays.append(np.full(HIST_WORDS, 0xDEADBEEF, np.uint32))
+    arrays.append(np.zeros(COUNTER_WORDS, np.uint32))
+    arrays.append(np.zeros(status_words(n), np.uint32))
+    return arrays
+
+
+def scratch_bytes(n: int, pairs: bool) -> int:
+    return 4 * (n * (2 if pairs else 1) + HIST_WORDS + COUNTER_WORDS + status_words(n))
+
+
+def ordered_keys(x: np.ndarray) -> np.ndarray:
+    """The kernels' unsigned key order: float bits with all bits of negatives flipped and the
+    sign bit of the rest (-0.0 before +0.0), int bits with the sign bit flipped."""
+    bits = x.view(np.uint32)
+    if x.dtype.kind == "f":
+        return bits ^ np.where(bits >> 31 != 0, np.uint32(0xFFFFFFFF), np.uint32(0x80000000))
+    return bits ^ np.uint32(0x80000000)
+
+
+def stable_order(x: np.ndarray) -> np.ndarray:
+    """The permutation the radix sort applies: a stable argsort by :func:`ordered_keys`."""
+    return np.argsort(ordered_keys(x), kind="stable")

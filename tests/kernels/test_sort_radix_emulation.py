@@ -1,0 +1,139 @@
+"""The radix sort kernels (kernels/sort/radix.cu) run on the CPU (tests/kernels/cuda_emulation.py):
+sort_1d with ALGO=radix and sort_1d_pairs, every digit width, tiles of 2048 and more keys, n
+from 1 to several tiles with a short last tile, both key types, all-equal keys and a -0.0/+0.0
+mix; outputs compared exactly with the references (the pairs' values in stable order).
+
+Blocks run one after another in the emulation, so a tile's look-back always finds its
+predecessors done: this checks the indexing, the ranking and the prefix arithmetic, not the
+concurrency (that is the GPU tests' part)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import cuda_emulation
+import numpy as np
+import pytest
+from cuda_emulation import Case, run_cases
+
+from kernels import get_operator
+from kernels.sort import Sort1dPairsSpec, Sort1dSpec, radix
+from kernels.spec import Problem
+
+SORT_1D = get_operator("sort_1d")
+PAIRS = get_operator("sort_1d_pairs")
+
+#: What radix.cu needs beyond the emulation's header. Lanes of a warp are host threads that
+#: run at once, so the atomics are real ones.
+EXTRA = r"""
+inline void __syncwarp(unsigned = 0xffffffffu) { this_warp->sync.arrive_and_wait(); }
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
+inline void __trap() { std::abort(); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+inline unsigned __match_any_sync(unsigned, unsigned v) {
+  const unsigned lane = lane_id();
+  this_warp->lanes[lane] = v;
+  this_warp->sync.arrive_and_wait();
+  unsigned peers = 0;
+  for (int l = 0; l < 32; ++l) {
+    if (static_cast<unsigned>(this_warp->lanes[l]) == v) peers |= 1u << l;
+  }
+  this_warp->sync.arrive_and_wait();
+  return peers;
+}
+inline unsigned __shfl_up_sync(unsigned, unsigned v, int delta) {
+  const unsigned lane = lane_id();
+  this_warp->lanes[lane] = v;
+  this_warp->sync.arrive_and_wait();
+  const unsigned out = lane >= static_cast<unsigned>(delta)
+      ? static_cast<unsigned>(this_warp->lanes[lane - delta]) : v;
+  this_warp->sync.arrive_and_wait();
+  return out;
+}
+"""
+
+
+class _TiedKeys:
+    """Keys with ties only: all equal, or (floats) -0.0 and +0.0 interleaved, so that every
+    digit pass moves nothing or only the sign split, and a pair's values must stay in order."""
+
+    def _keys(self, n: int, dtype: str) -> np.ndarray:
+        if dtype == "float32":
+            keys = np.zeros(n, np.float32)
+            keys[::3] = -0.0
+            return keys
+        return np.full(n, -(2**31), np.int32)
+
+
+class TiedSort1d(_TiedKeys, Sort1dSpec):
+    def make_problem(self, shape, dtype, rng) -> Problem:
+        problem = super().make_problem(shape, dtype, rng)
+        problem.args[0] = self._keys(shape[0], dtype)
+        problem.references = [np.sort(problem.args[0].astype(np.float64))]
+        return problem
+
+
+class TiedPairs(_TiedKeys, Sort1dPairsSpec):
+    def make_problem(self, shape, dtype, rng) -> Problem:
+        problem = super().make_problem(shape, dtype, rng)
+        x = problem.args[0] = self._keys(shape[0], dtype)
+        order = radix.stable_order(x)
+        problem.references = [np.sort(x.astype(np.float64)), order.astype(np.int64)]
+        return problem
+
+
+@pytest.fixture
+def radix_emulation(monkeypatch: pytest.MonkeyPatch) -> None:
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not on PATH")
+    include = cuda_emulation.cuda_include_dir()
+    if include is None or not (include / "cuda_fp16.h").is_file():
+        pytest.skip("CUDA headers not found next to nvcc")
+    monkeypatch.setattr(cuda_emulation, "HEADER", cuda_emulation.HEADER + EXTRA)
+
+
+#: (BLOCK, ITEMS) tiles the emulation can afford (threads are host threads): 2048 to 3072 keys.
+TILES = ((128, 16), (256, 8), (128, 24), (256, 12), (128, 20))
+LENGTHS = (1, 31, 2047, 2048, 2049, 3 * 2048 + 7, 9001)
+
+
+def emulated_cases() -> list[Case]:
+    cases = []
+    combo = 0
+    for dtype in ("float32", "int32"):
+        for bits in radix.RADIX_BITS:
+            for pairs in (False, True):
+                combo += 1
+                lengths = {LENGTHS[combo % 7], LENGTHS[(combo + 3) % 7], LENGTHS[-1]}
+                for k, n in enumerate(sorted(lengths)):
+                    block, items = TILES[(combo + k) % len(TILES)]
+                    if pairs:
+                        config = {"BLOCK": block, "ITEMS": items, "RADIX_BITS": bits}
+                        cases.append(Case(PAIRS, config, (n,), dtype))
+                    else:
+                        config = {**SORT_1D.default_config((n,), dtype), "ALGO": "radix"}
+                        config.update(
+                            BLOCK=block, ITEMS=items, RADIX_BITS=bits, WARP_SHFL=0, SMEM_FUSE=1
+                        )
+                        config["FUSE"] = 1
+                        cases.append(Case(SORT_1D, config, (n,), dtype))
+        for spec in (TiedSort1d(), TiedPairs()):
+            config = {"BLOCK": 128, "ITEMS": 16, "RADIX_BITS": 8}
+            if isinstance(spec, Sort1dSpec):
+                config.update(ALGO="radix", WARP_SHFL=0, SMEM_FUSE=1, FUSE=1)
+            cases.append(Case(spec, config, (5000,), dtype))
+    return cases
+
+
+def test_radix_kernels_on_the_cpu(radix_emulation, tmp_path: Path) -> None:
+    cases = emulated_cases()
+    covered = {(c.spec.name, c.dtype, c.config["RADIX_BITS"]) for c in cases}
+    assert len(covered) == 2 * 2 * len(radix.RADIX_BITS)
+    assert {c.shape[0] for c in cases} >= set(LENGTHS)
+    for case in cases:
+        assert case.spec.check(case.config, case.shape, case.dtype) is None, case
+    failures = run_cases(cases, tmp_path, np.random.default_rng(5), binaries=2)
+    assert not failures, "\n".join(failures[:10])

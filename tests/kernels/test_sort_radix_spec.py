@@ -1,0 +1,223 @@
+"""The radix sort path of sort_1d (ALGO=radix) and sort_1d_pairs: the space is honest (no two
+valid configs run the same code), the checks, the launch sequence (buffers, ping-pong, scalar
+arguments), the problems' scratch and the stable-order reference. The kernels' logic runs on
+the CPU in test_sort_radix_emulation.py and compiles in test_sort_compile.py."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+
+from kernels import InvalidInput, get_operator, list_operators
+from kernels.sort import KEYS_LAYOUT, PAIRS_LAYOUT, radix
+from tuner.space import SearchSpace
+
+SORT_1D = get_operator("sort_1d")
+PAIRS = get_operator("sort_1d_pairs")
+KEYS = ("float32", "int32")
+
+
+def radix_cfg(block=512, items=16, bits=8):
+    return {
+        "BLOCK": block,
+        "ITEMS": items,
+        "WARP_SHFL": 0,
+        "SMEM_FUSE": 1,
+        "FUSE": 1,
+        "ALGO": "radix",
+        "RADIX_BITS": bits,
+    }
+
+
+def pairs_cfg(block=512, items=12, bits=8):
+    return {"BLOCK": block, "ITEMS": items, "RADIX_BITS": bits}
+
+
+def valid(spec, n=2**24, dtype="float32"):
+    return SearchSpace(spec.params, lambda c: spec.check(c, (n,), dtype)).valid_configs()
+
+
+def test_registered_and_versioned_by_both_templates() -> None:
+    assert PAIRS in list_operators() and PAIRS.dtypes == KEYS and PAIRS.rank == 1
+    assert SORT_1D.extra_templates == (radix.TEMPLATE,)
+    assert PAIRS.template == radix.TEMPLATE and PAIRS.kernel_names == radix.KERNELS
+    source = radix.TEMPLATE.read_text()
+    for name in radix.KERNELS:
+        assert f"{name}(" in source and name in SORT_1D.kernel_names
+    assert SORT_1D.main_kernel(radix_cfg()) == PAIRS.main_kernel(pairs_cfg()) == "radix_pass"
+    assert SORT_1D.main_kernel(SORT_1D.default_config((10,), "int32")) == "sort_1d_block"
+
+
+def test_the_space_has_no_duplicate_configs() -> None:
+    """Every valid config of either algorithm renders or launches differently from every other:
+    the tunables an algorithm ignores are fixed."""
+    for spec in (SORT_1D, PAIRS):
+        configs = valid(spec)
+        seen = set()
+        for config in configs:
+            steps = [asdict(s) for s in spec.steps(config, (2**24,), "float32")]
+            seen.add((spec.render(config, (2**24,), "float32"), repr(steps)))
+        assert len(seen) == len(configs)
+    radix_configs = [c for c in valid(SORT_1D) if c["ALGO"] == "radix"]
+    assert 60 <= len(radix_configs) <= 120
+    assert {c["RADIX_BITS"] for c in radix_configs} == set(radix.RADIX_BITS)
+    assert 50 <= len(valid(PAIRS)) <= 100
+
+
+def test_check_fixes_what_an_algorithm_ignores() -> None:
+    n = (2**20,)
+    assert SORT_1D.check(radix_cfg(), n, "float32") is None
+    for name, value in (("WARP_SHFL", 1), ("SMEM_FUSE", 2), ("FUSE", 3)):
+        reason = SORT_1D.check({**radix_cfg(), name: value}, n, "float32")
+        assert f"{name} is ignored by ALGO=radix" in reason
+    bitonic = SORT_1D.default_config(n, "float32")
+    assert SORT_1D.check(bitonic, n, "float32") is None
+    assert "RADIX_BITS is ignored" in SORT_1D.check({**bitonic, "RADIX_BITS": 8}, n, "float32")
+    assert "ITEMS in" in SORT_1D.check({**bitonic, "ITEMS": 16}, n, "float32")
+    assert "missing" in SORT_1D.check({k: v for k, v in bitonic.items() if k != "ALGO"}, n, "int32")
+
+
+def test_check_rejects_what_the_radix_sort_cannot_run() -> None:
+    n = (2**20,)
+    assert "2048" in SORT_1D.check(radix_cfg(block=128, items=12), n, "float32")
+    assert SORT_1D.check(radix_cfg(block=128, items=16), n, "float32") is None
+    # 1024 threads leave 64 registers: 2 x 16 + overhead fit keys only, not pairs.
+    assert SORT_1D.check(radix_cfg(block=1024, items=16), n, "float32") is None
+    assert "registers" in SORT_1D.check(radix_cfg(block=1024, items=20), n, "float32")
+    assert "registers" in PAIRS.check(pairs_cfg(block=1024, items=16), n, "float32")
+    assert PAIRS.check(pairs_cfg(block=512, items=24), n, "float32") is None
+    big = (2**30,)
+    assert "2**30" in SORT_1D.check(radix_cfg(), big, "float32")
+    assert SORT_1D.check(SORT_1D.default_config(big, "float32"), big, "float32") is None
+    with pytest.raises(InvalidInput, match="2\\*\\*30"):
+        PAIRS.validate(big, "int32")
+    assert "not one of" in PAIRS.check(pairs_cfg(bits=3), n, "int32")
+
+
+@pytest.mark.parametrize("dtype", KEYS)
+def test_every_valid_radix_config_fits_the_device_model(dtype) -> None:
+    for spec, pairs in ((SORT_1D, False), (PAIRS, True)):
+        for config in valid(spec, dtype=dtype):
+            if config.get("ALGO", "radix") != "radix":
+                continue
+            launch = spec.launch(config, (2**24,), dtype)
+            assert launch.shared_bytes == radix.shared_bytes(config, pairs) <= 227 * 1024
+            assert radix.tile(config) >= radix.MIN_TILE
+            assert launch.grid[0] == math.ceil(2**24 / radix.tile(config))
+
+
+def _array(problem, index):
+    a = problem.args[index]
+    assert isinstance(a, np.ndarray), index
+    return a
+
+
+@pytest.mark.parametrize("n", (1, 2047, 2**16 + 3, 3 * 2**20 + 7))
+@pytest.mark.parametrize("bits", radix.RADIX_BITS)
+@pytest.mark.parametrize("pairs", (False, True), ids=("keys", "pairs"))
+def test_launch_sequence(n, bits, pairs) -> None:
+    """Init, histogram, one pass per digit; pass p reads what p-1 wrote and the last one
+    writes the output; every buffer argument is the array of the layout with the size the
+    kernels index."""
+    spec, layout = (PAIRS, PAIRS_LAYOUT) if pairs else (SORT_1D, KEYS_LAYOUT)
+    config = pairs_cfg(bits=bits) if pairs else radix_cfg(bits=bits)
+    dtype = "float32" if bits % 2 else "int32"
+    problem = spec.make_problem((n,), dtype, np.random.default_rng(0))
+    steps = spec.steps(config, (n,), dtype)
+    count = radix.passes(bits)
+    assert [s.kernel for s in steps] == ["radix_init", "radix_histogram"] + ["radix_pass"] * count
+    init, hist, *scatter = steps
+    assert init.args == (layout.hist, layout.counters, layout.status, layout.n)
+    assert hist.args == (layout.keys_in, layout.n, layout.hist, layout.scalar(dtype == "float32"))
+    assert init.launch.block == hist.launch.block == (radix.AUX_BLOCK, 1, 1)
+    assert problem.args[layout.n] == n and isinstance(problem.args[layout.n], np.int64)
+    tiles = math.ceil(n / radix.tile(config))
+    assert _array(problem, layout.status).size >= 2 * tiles * (1 << bits)
+    assert _array(problem, layout.hist).size >= count << bits
+    assert _array(problem, layout.counters).size >= count
+    source_keys, source_vals = layout.keys_in, layout.vals_in
+    for p, step in enumerate(scatter):
+        assert step.launch.grid == (tiles, 1, 1)
+        assert step.launch.shared_bytes == radix.shared_bytes(config, pairs)
+        keys_in, keys_out = step.args[:2]
+        assert keys_in == source_keys and keys_out != keys_in
+        assert _array(problem, keys_out).size == n and _array(problem, keys_out).dtype.itemsize == 4
+        tail = step.args[4:] if pairs else step.args[2:]
+        assert tail == (
+            layout.n,
+            layout.hist,
+            layout.counters,
+            layout.status,
+            layout.scalar(p),
+            layout.scalar(dtype == "float32"),
+        )
+        if pairs:
+            assert step.args[2] == source_vals and step.args[3] != step.args[2]
+            assert _array(problem, step.args[3]).dtype == np.int32
+            source_vals = step.args[3]
+        source_keys = keys_out
+    assert source_keys == layout.keys_out and problem.outputs[0] == layout.keys_out
+    if pairs:
+        assert source_vals == layout.vals_out and problem.outputs == [2, 3]
+    assert layout.keys_in not in [s.args[1] for s in scatter]  # the input is never written
+
+
+def test_scratch_is_counted_in_the_buffer_bytes() -> None:
+    for spec in (SORT_1D, PAIRS):
+        for n in (1, 5000, 2**20 + 1):
+            problem = spec.make_problem((n,), "int32", np.random.default_rng(1))
+            assert spec.buffer_bytes((n,), "int32") == problem.nbytes
+    # Beyond the radix sort's reach the bitonic problem carries one-word stand-ins.
+    assert SORT_1D.buffer_bytes((2**31,), "float32") < 2 * 2**31 * 4 + 2**20
+
+
+@pytest.mark.parametrize("dtype", KEYS)
+def test_pairs_problem_reference_is_the_stable_order(dtype) -> None:
+    problem = PAIRS.make_problem((3001,), dtype, np.random.default_rng(3))
+    x, v = problem.args[0], problem.args[1]
+    np.testing.assert_array_equal(v, np.arange(3001))
+    keys_ref, vals_ref = problem.references
+    np.testing.assert_array_equal(keys_ref, np.sort(x.astype(np.float64)))
+    assert len(set(vals_ref.tolist())) == 3001
+    np.testing.assert_array_equal(x[vals_ref].astype(np.float64), keys_ref)
+    # Ties keep input order: within a run of equal keys the indices increase.
+    ordered = radix.ordered_keys(x)[vals_ref]
+    ties = ordered[1:] == ordered[:-1]
+    assert ties.sum() > 100  # make_keys draws a third of the keys from 16 values
+    assert (np.diff(vals_ref)[ties] > 0).all()
+    assert (np.isnan(problem.args[2]) if dtype == "float32" else problem.args[2] == -12345).all()
+    assert (problem.args[3] == -1).all()
+
+
+def test_key_order_puts_negative_zero_first_and_keeps_ties() -> None:
+    x = np.array([0.0, -0.0, 1.0, -np.inf, -0.0, np.inf, -1.5, 0.0], np.float32)
+    order = radix.stable_order(x)
+    np.testing.assert_array_equal(order, [3, 6, 1, 4, 0, 7, 2, 5])
+    ints = np.array([5, -(2**31), 2**31 - 1, -1, 0, 5, -(2**31)], np.int32)
+    np.testing.assert_array_equal(radix.stable_order(ints), [1, 6, 3, 4, 0, 5, 2])
+    # The unsigned order is the value order.
+    keys = np.array([-np.inf, -2.0, -0.0, 0.0, 1e-30, 3.0, np.inf], np.float32)
+    assert (np.diff(radix.ordered_keys(keys).astype(np.int64)) > 0).all()
+
+
+def test_the_radix_template_is_part_of_the_version(tmp_path) -> None:
+    """A change to radix.cu changes sort_1d's version although its main template is sort.cu;
+    the bitonic source is the same with or without the radix path."""
+    from kernels.sort import Sort1dSpec
+
+    same, changed = tmp_path / "same.cu", tmp_path / "changed.cu"
+    same.write_text(radix.TEMPLATE.read_text())
+    changed.write_text(radix.TEMPLATE.read_text() + "\n// changed\n")
+
+    def version(path):
+        spec = Sort1dSpec()
+        spec.extra_templates = (path,)
+        return spec.version
+
+    assert version(same) == SORT_1D.version != version(changed)
+    bitonic = SORT_1D.render(SORT_1D.default_config((10,), "float32"), (10,), "float32")
+    assert "radix" not in bitonic and "ALGO" not in bitonic
+    assert SORT_1D.render(radix_cfg(), (10,), "float32").endswith(radix.TEMPLATE.read_text())
