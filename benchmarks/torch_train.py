@@ -225,7 +225,10 @@ class DbLookups:
                 min_gain=self.settings.nearest_min_gain,
             )
             answer = lookups.answer(get_operator(operator), shape, dtype, model)
-        return {"config": answer.config, "source": answer.source, "speedup": answer.speedup}
+        row = answer.row
+        return {"config": answer.config, "source": answer.source, "speedup": answer.speedup,
+                "time_ms": getattr(row, "time_ms", None),
+                "framework_ms": getattr(row, "framework_ms", None)}  # fmt: skip
 
 
 def capture(name, dtype, batch):

@@ -76,6 +76,31 @@ def test_auto_in_a_compiled_graph_asks_a_larger_speedup():
     assert policy.decide("softmax", (8, 4096), "float16", "cuda", compiled=True) is True
 
 
+def test_auto_in_eager_mode_asks_a_saving_worth_the_host_cost():
+    """A 2x faster kernel that saves a few microseconds a call is not worth a Kato call's host
+    cost in eager mode; one that saves more than MIN_SAVING_MS is. Inside a compiled graph
+    (no per-call host cost) the ratio alone decides."""
+    tiny = policy.MIN_SAVING_MS / 10
+    big = policy.MIN_SAVING_MS * 2
+
+    @dataclass
+    class Timed(Answer):
+        time_ms: float | None = None
+        framework_ms: float | None = None
+
+    client = FakeClient({
+        ("layernorm", (8192, 768)): Timed({}, "exact", 2.5, time_ms=tiny, framework_ms=2.5 * tiny),
+        ("cross_entropy", (8192, 50257)): Timed({}, "exact", 2.5, time_ms=big,
+                                                framework_ms=2.5 * big),
+        ("softmax", (8, 4096)): Timed({}, "exact", 2.5),  # no times reported: the ratio decides
+    })  # fmt: skip
+    kato_torch.configure(client=client, gpu="H200")
+    assert policy.decide("layernorm", (8192, 768), "bfloat16", "cuda") is False
+    assert policy.decide("layernorm", (8192, 768), "bfloat16", "cuda", compiled=True) is True
+    assert policy.decide("cross_entropy", (8192, 50257), "bfloat16", "cuda") is True
+    assert policy.decide("softmax", (8, 4096), "float16", "cuda") is True
+
+
 def test_auto_without_a_client_or_with_a_failing_one_runs_pytorch():
     assert policy.decide("softmax", (8, 4096), "float16", "cuda") is False
 
