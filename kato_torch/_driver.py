@@ -16,6 +16,8 @@ from typing import Any
 
 from kato.errors import KatoError
 from kernels.limits import needs_shared_opt_in
+from kernels.spec import TensorMap
+from tuner.tensor_map import MAP_ALIGN, MAP_BYTES
 
 CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
@@ -188,15 +190,31 @@ class ArgumentSlots:
     """Reusable ctypes storage for one kernel signature's arguments, and per launch step the
     ``void*`` array of their addresses that ``cuLaunchKernel`` reads: a launch writes the values
     in place instead of building ctypes objects (tens of microseconds a call in Python).
+    A step's :class:`~kernels.spec.TensorMap` argument gets a 128-byte slot of its own (64-byte
+    aligned), listed in :attr:`maps` with its declaration, which the launch fills from the
+    array's pointer before each launch.
     Not thread-safe: each thread keeps its own (a :class:`threading.local`)."""
 
     def __init__(
         self,
         signature: Sequence[type[ctypes._SimpleCData] | None],
-        steps: Sequence[Sequence[int]],
+        steps: Sequence[Sequence[int | TensorMap]],
     ):
         self.values = [ctypes.c_void_p() if kind is None else kind() for kind in signature]
-        self.params = [
-            (ctypes.c_void_p * len(step))(*[ctypes.addressof(self.values[i]) for i in step])
-            for step in steps
-        ]
+        #: Per step: (declaration, address of its slot) of every tensor-map argument.
+        self.maps: list[list[tuple[TensorMap, int]]] = []
+        self._map_storage: list[ctypes.Array] = []
+        self.params = []
+        for step in steps:
+            addresses, maps = [], []
+            for arg in step:
+                if isinstance(arg, TensorMap):
+                    raw = (ctypes.c_ubyte * (MAP_BYTES + MAP_ALIGN))()
+                    self._map_storage.append(raw)
+                    address = (ctypes.addressof(raw) + MAP_ALIGN - 1) & ~(MAP_ALIGN - 1)
+                    maps.append((arg, address))
+                    addresses.append(address)
+                else:
+                    addresses.append(ctypes.addressof(self.values[arg]))
+            self.maps.append(maps)
+            self.params.append((ctypes.c_void_p * len(addresses))(*addresses))

@@ -21,8 +21,9 @@ import numpy as np
 from kato_torch import _driver
 from kato_torch import policy as _policy
 from kernels import InvalidInput, get_operator
-from kernels.spec import Launch, OperatorSpec
+from kernels.spec import Launch, OperatorSpec, TensorMap
 from tuner.nvcc import compile_kernel
+from tuner.tensor_map import MAP_BYTES, MapCache
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,9 @@ _SCALAR_TYPES: dict[type, type[ctypes._SimpleCData]] = {
 _lock = threading.Lock()
 _bound: dict[tuple[Any, ...], BoundOperator] = {}
 _signatures: dict[tuple[str, str], list[type[ctypes._SimpleCData] | None]] = {}
+#: Tensor maps of the bound operators' TMA arguments per (declaration, pointer): a training
+#: loop reuses its buffers, so a launch encodes only on a new one.
+_maps = MapCache()
 
 
 def configure(
@@ -60,7 +64,7 @@ class _Call:
     kernel: str
     func: ctypes.c_void_p
     launch: Launch
-    args: tuple[int, ...]
+    args: tuple[int | TensorMap, ...]
 
 
 @dataclass
@@ -102,10 +106,13 @@ class BoundOperator:
         for index, call in enumerate(self.calls):
             if steps is not None and index not in steps:
                 continue
-            if not all(given[i] for i in call.args):
+            if not all(given[a.array if isinstance(a, TensorMap) else a] for a in call.args):
                 raise TypeError(
                     f"{self.spec.name}: kernel {call.kernel} needs an argument given None"
                 )
+            for declaration, address in slots.maps[index]:
+                pointer = slots.values[declaration.array].value or 0
+                ctypes.memmove(address, _maps.get(declaration, pointer), MAP_BYTES)
             launches.append((call, slots.params[index]))
         stream = torch.cuda.current_stream(self.device_index).cuda_stream
         # Autograd's backward threads have no context current, a multi-GPU process may have
@@ -148,12 +155,13 @@ def _signature(spec: OperatorSpec, dtype: str) -> list[type[ctypes._SimpleCData]
     return _signatures[key]
 
 
-def _lookup(spec: OperatorSpec, shape: tuple[int, ...], dtype: str) -> tuple[dict, str]:
-    """The config to run: the client's answer if it is valid for this shape, else the default."""
+def _lookup(spec: OperatorSpec, shape: tuple[int, ...], dtype: str, arch: str) -> tuple[dict, str]:
+    """The config to run: the client's answer if it is valid for this shape and the device's
+    arch (``"sm_90"``), else the default."""
     answer = _policy.served(spec.name, shape, dtype)
     if answer is not None:
         config, source = _policy.served_config(answer)
-        reason = spec.check(config, shape, dtype)
+        reason = spec.check(config, shape, dtype) or spec.check_arch(config, arch)
         if reason is None:
             return config, source
         log.warning("served %s config is invalid for %s %s: %s", spec.name, shape, dtype, reason)
@@ -172,13 +180,14 @@ def prepare(keys: Sequence[Any], device_index: int = 0, workers: int | None = No
     import torch
 
     major, minor = torch.cuda.get_device_capability(device_index)
+    arch = f"sm_{major}{minor}"
     chosen = [k for k in keys if _policy.decide(k.operator, k.shape, k.dtype, "cuda")]
 
     def build(key: Any) -> None:
         spec = get_operator(key.operator)
-        config, _ = _lookup(spec, tuple(key.shape), key.dtype)
+        config, _ = _lookup(spec, tuple(key.shape), key.dtype, arch)
         compile_kernel(spec.render(config, key.shape, key.dtype), spec.main_kernel(config),
-                       arch=f"sm_{major}{minor}")  # fmt: skip
+                       arch=spec.arch_for(config, arch))  # fmt: skip
 
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 4) as pool:
         list(pool.map(build, chosen))
@@ -202,10 +211,13 @@ def bind(operator: str, shape: Sequence[int], dtype: str, device_index: int) -> 
             return bound
         spec = get_operator(operator)
         spec.validate(shape, dtype)
-        config, source = _lookup(spec, shape, dtype)
         major, minor = torch.cuda.get_device_capability(device_index)
+        arch = f"sm_{major}{minor}"
+        config, source = _lookup(spec, shape, dtype, arch)
         compiled = compile_kernel(
-            spec.render(config, shape, dtype), spec.main_kernel(config), arch=f"sm_{major}{minor}"
+            spec.render(config, shape, dtype),
+            spec.main_kernel(config),
+            arch=spec.arch_for(config, arch),
         )
         signature = _signature(spec, dtype)
         calls = []

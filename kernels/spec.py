@@ -125,19 +125,77 @@ class Launch:
         return self.block[0] * self.block[1] * self.block[2]
 
 
+#: Swizzle widths (bytes) a :class:`TensorMap` may ask for; 0 = none.
+TENSOR_MAP_SWIZZLES = (0, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class TensorMap:
+    """A TMA tensor map (``CUtensorMap``, 128 bytes, 64-byte aligned) that a kernel takes by
+    value (``const __grid_constant__`` parameter), declared in :attr:`Step.args` in place of an
+    argument index: the backend encodes it (``cuTensorMapEncodeTiled``) from the device pointer
+    of the array argument ``array`` before the launch, so every launch path builds it the same
+    way, for whichever copy of the inputs it launches on.
+
+    The array is read as a row-major matrix of ``rows`` x ``cols`` elements of ``dtype`` (a
+    :data:`DTYPES` name), rows ``cols`` elements apart; a copy moves a box of ``box_rows`` x
+    ``box_cols`` elements (each at most 256) at element coordinates ``{col, row}`` (innermost
+    first), elements outside the matrix read as zero; ``swizzle``: the shared-memory swizzle in
+    bytes (:data:`TENSOR_MAP_SWIZZLES`). TMA needs the row pitch in bytes to be a multiple of
+    16 and, with a swizzle, a box row of at most ``swizzle`` bytes: both are checked here; the
+    array's address must be 16-byte aligned (the encoder's error says so).
+    """
+
+    array: int
+    dtype: str
+    rows: int
+    cols: int
+    box_rows: int
+    box_cols: int
+    swizzle: int = 128
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"tensor map dtype {self.dtype!r} is not one of {tuple(DTYPES)}")
+        itemsize = DTYPES[self.dtype][2]
+        if self.rows < 1 or self.cols < 1:
+            raise ValueError(f"tensor map of a {self.rows} x {self.cols} matrix")
+        if (self.cols * itemsize) % 16:
+            raise ValueError(
+                f"tensor map rows of {self.cols} {self.dtype} are not a multiple of 16 bytes"
+            )
+        if not (1 <= self.box_rows <= 256 and 1 <= self.box_cols <= 256):
+            raise ValueError(f"tensor map box {self.box_rows} x {self.box_cols}: 1..256 each")
+        if (self.box_cols * itemsize) % 16:
+            raise ValueError(f"tensor map box rows of {self.box_cols} elements: 16-byte multiples")
+        if self.swizzle not in TENSOR_MAP_SWIZZLES:
+            raise ValueError(f"tensor map swizzle {self.swizzle} not in {TENSOR_MAP_SWIZZLES}")
+        if self.swizzle and self.box_cols * itemsize > self.swizzle:
+            raise ValueError(
+                f"a box row of {self.box_cols * itemsize} bytes exceeds the {self.swizzle}-byte "
+                "swizzle"
+            )
+
+
 @dataclass(frozen=True)
 class Step:
     """One kernel launch in an operator's call (most operators have one; a two-phase reduction
     or a forward + backward pair have several, launched in order on one stream).
 
     ``kernel`` is an ``extern "C"`` entry point of the rendered source (one module holds every
-    kernel of the operator); ``args`` are indices into :attr:`Problem.args`, in the kernel's
-    parameter order (None: all of them, in order).
+    kernel of the operator); ``args`` are, in the kernel's parameter order, indices into
+    :attr:`Problem.args` or :class:`TensorMap` declarations over one of them (None: all of the
+    problem's args, in order).
     """
 
     kernel: str
     launch: Launch
-    args: tuple[int, ...] | None = None
+    args: tuple[int | TensorMap, ...] | None = None
+
+    @property
+    def tensor_maps(self) -> tuple[TensorMap, ...]:
+        """The tensor maps among :attr:`args`, in order."""
+        return tuple(a for a in self.args or () if isinstance(a, TensorMap))
 
 
 @dataclass
@@ -271,6 +329,13 @@ class OperatorSpec(ABC):
         GPU catalog.
         """
 
+    def candidates(self, shape: Sequence[int], dtype: str) -> list[Config] | None:
+        """Configs of :attr:`params` holding every one :meth:`check` accepts for this shape and
+        dtype (others too, maybe), in the product order of :attr:`params`; None: the whole
+        product. A space whose code paths pin each other's parameters lists each path's own
+        product, many times smaller than the whole (the tuner still checks every config)."""
+        return None
+
     @abstractmethod
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
         """A valid, reasonable config for any shape: what is served when nothing was tuned."""
@@ -295,6 +360,19 @@ class OperatorSpec(ABC):
         :meth:`launch` describes): :attr:`kernel_name` unless the config's template has
         another."""
         return self.kernel_name
+
+    def arch_for(self, config: Config, arch: str) -> str:
+        """The nvcc target to build ``config`` for on a GPU whose native target is ``arch``
+        (``"sm_90"``): ``arch`` itself unless the config's code needs the arch-specific
+        variant (``"sm_90a"``: wgmma, setmaxnreg). Only asked for configs that
+        :meth:`check_arch` accepts on ``arch``."""
+        return arch
+
+    def check_arch(self, config: Config, arch: str) -> str | None:
+        """Why ``config`` cannot run on a GPU of native target ``arch`` (an instruction that
+        arch lacks), or None. The backends check it with the device's limits, before
+        compiling; :meth:`check` stays device-independent."""
+        return None
 
     def render(self, config: Config, shape: Sequence[int], dtype: str) -> str:
         """Full CUDA source: ``#define NAME value`` lines, then the config's template."""

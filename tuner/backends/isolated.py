@@ -360,7 +360,7 @@ class IsolatedBackend(Backend):
         from functools import partial
 
         from kernels import get_operator
-        from tuner.backends.pycuda import check_on_gpu
+        from tuner.backends.pycuda import check_on_gpu, operator_space
         from tuner.gpus import find_gpu
         from tuner.trial_cost import launch_lower_bound_s
 
@@ -368,7 +368,10 @@ class IsolatedBackend(Backend):
         op = get_operator(self.spec.operator)
         gpu = find_gpu(self._info.model)
         check = partial(check_on_gpu, op, self.spec.shape, self.spec.dtype, gpu)
-        space = SearchSpace(op.params, check=lambda config: check(config))
+        arch = self._info.arch
+        space = operator_space(
+            op, self.spec.shape, self.spec.dtype, lambda config: check(config, arch)
+        )
         return space, launch_lower_bound_s(op, self.spec.shape, self.spec.dtype, gpu)
 
     def device(self) -> DeviceInfo:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,13 +35,14 @@ import numpy as np
 
 from kato.errors import KatoError
 from kernels.limits import needs_shared_opt_in
-from kernels.spec import CUDA_TYPES, Launch, OperatorSpec, Problem, Step
+from kernels.spec import CUDA_TYPES, Config, Launch, OperatorSpec, Problem, Step, TensorMap
 from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
 from tuner.compile_queue import CompileQueue, CompileStats
 from tuner.gpus import find_gpu, normalize_gpu_name
 from tuner.nvcc import CompiledKernel, CompileError, compile_kernel, cuda_version
 from tuner.occupancy import occupancy
 from tuner.space import SearchSpace
+from tuner.tensor_map import MAP_ALIGN, MAP_BYTES, MapCache
 from tuner.trial_cost import TrialDeadline, launch_lower_bound_s
 
 _VERIFY_SOURCE = Path(__file__).resolve().parent.parent / "verify_kernel.cu"
@@ -133,19 +135,57 @@ def poison_word(dtype: np.dtype, reference: np.ndarray) -> int:
 
 @dataclass(frozen=True)
 class _Call:
-    """A prepared kernel function with its launch geometry and argument indices."""
+    """A prepared kernel function with its launch geometry and arguments (indices into the
+    problem's args, or tensor maps over one of them)."""
 
     fn: Any
     launch: Launch
-    args: tuple[int, ...]
+    args: tuple[int | TensorMap, ...]
+    has_maps: bool = False
+
+
+def argument_format(formats: Sequence[str], args: Sequence[int | TensorMap]) -> str:
+    """PyCUDA's struct format of one launch's parameters: each index's format, a tensor map
+    as its 128 bytes at the next 64-byte boundary (its alignment in the parameter space)."""
+    fmt = ""
+    for arg in args:
+        if isinstance(arg, TensorMap):
+            fmt += "x" * (-struct.calcsize(fmt) % MAP_ALIGN) + f"{MAP_BYTES}s"
+        else:
+            fmt += formats[arg]
+    return fmt
+
+
+def operator_space(spec: OperatorSpec, shape: Sequence[int], dtype: str, check: Any) -> SearchSpace:
+    """The task's space: ``spec.params`` under ``check``, enumerated from the spec's
+    :meth:`~kernels.spec.OperatorSpec.candidates` where it lists them."""
+    enumerate_valid = None
+    if type(spec).candidates is not OperatorSpec.candidates:
+
+        def enumerate_valid() -> list[Config]:
+            listed = spec.candidates(shape, dtype)
+            if listed is None:
+                return [c for c in SearchSpace(spec.params).all_configs() if check(c) is None]
+            return [c for c in listed if check(c) is None]
+
+    return SearchSpace(spec.params, check=check, enumerate_valid=enumerate_valid)
 
 
 def check_on_gpu(
-    spec: OperatorSpec, shape: Sequence[int], dtype: str, gpu: Any, config: dict[str, Any]
+    spec: OperatorSpec,
+    shape: Sequence[int],
+    dtype: str,
+    gpu: Any,
+    config: dict[str, Any],
+    arch: str | None = None,
 ) -> str | None:
     """Why ``config`` cannot run on ``gpu`` (a catalog entry, or None for an unknown model: the
-    spec's constraints only), or None. Needs no GPU: the isolated backend's parent uses it."""
+    spec's constraints only) of native target ``arch`` (None: the catalog's), or None. Needs
+    no GPU: the isolated backend's parent uses it."""
     reason = spec.check(config, shape, dtype)
+    arch = arch or (gpu.arch if gpu is not None else None)
+    if not reason and arch:
+        reason = spec.check_arch(config, arch)
     if reason or gpu is None:
         return reason
     for step in spec.steps(config, shape, dtype):
@@ -174,7 +214,8 @@ def compile_config(
     """Render and compile one config into the on-disk cache (raises CompileError). Needs no
     GPU: the isolated backend's parent compiles ahead with it while its child measures."""
     source = spec.render(config, shape, dtype)
-    return compile_kernel(source, spec.main_kernel(config), arch=arch, cache_dir=compile_cache)
+    target = spec.arch_for(config, arch)
+    return compile_kernel(source, spec.main_kernel(config), arch=target, cache_dir=compile_cache)
 
 
 def upload_constants(cuda: Any, module: Any, problem: Problem) -> None:
@@ -275,6 +316,8 @@ class PyCudaBackend(Backend):
         self.gpu = find_gpu(self.info.model)
         self._rng = np.random.default_rng(seed)
         self._modules: list[Any] = []  # keep loaded modules alive
+        # Tensor maps per (declaration, buffer): 2 x 200 input copies stay encoded.
+        self._maps = MapCache(capacity=4 * _MAX_COPIES)
         self._space: SearchSpace | None = None
         self._queue: CompileQueue[CompiledKernel] | None = None
         self._prepared = False
@@ -434,12 +477,12 @@ class PyCudaBackend(Backend):
 
     def space(self) -> SearchSpace:
         if self._space is None:  # one instance, so its valid-config list is computed once
-            self._space = SearchSpace(self.spec.params, check=self.check)
+            self._space = operator_space(self.spec, self.shape, self.dtype, self.check)
         return self._space
 
     def check(self, config: dict[str, Any]) -> str | None:
-        """The spec's constraints plus this device's limits (threads, shared memory)."""
-        return check_on_gpu(self.spec, self.shape, self.dtype, self.gpu, config)
+        """The spec's constraints plus this device's arch and limits (threads, shared memory)."""
+        return check_on_gpu(self.spec, self.shape, self.dtype, self.gpu, config, self.info.arch)
 
     def _compile_now(self, config: dict[str, Any]) -> CompiledKernel:
         return compile_config(
@@ -565,23 +608,27 @@ class PyCudaBackend(Backend):
                 )
             # A prepared function keeps one argument format: a kernel used by two steps with
             # different argument lists gets a second function object.
-            fmt = "".join(self._arg_formats[i] for i in indices)
+            fmt = argument_format(self._arg_formats, indices)
             if getattr(fn, "_kato_format", fmt) != fmt:
                 fn = module.get_function(step.kernel)
             fn.prepare(fmt)
             fn._kato_format = fmt
-            calls.append(_Call(fn, step.launch, indices))
+            has_maps = any(isinstance(i, TensorMap) for i in indices)
+            calls.append(_Call(fn, step.launch, indices, has_maps))
         return calls
 
-    @staticmethod
-    def _launch(calls: Sequence[_Call], args: list[Any]) -> None:
+    def _launch(self, calls: Sequence[_Call], args: list[Any]) -> None:
         for call in calls:
             launch = call.launch
+            if call.has_maps:  # encoded over this copy's buffers (cached per buffer)
+                values = [
+                    self._maps.get(i, int(args[i.array])) if isinstance(i, TensorMap) else args[i]
+                    for i in call.args
+                ]
+            else:
+                values = [args[i] for i in call.args]
             call.fn.prepared_call(
-                launch.grid,
-                launch.block,
-                *[args[i] for i in call.args],
-                shared_size=launch.shared_bytes,
+                launch.grid, launch.block, *values, shared_size=launch.shared_bytes
             )
 
     def verify(self, calls: Sequence[_Call]) -> str | None:
