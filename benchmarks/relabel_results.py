@@ -21,9 +21,11 @@ holds) instead of the rendered text: a template that gained code only under ``#i
 the old configs do not take compiles to the same program for them. ``--compare ptx`` compares
 the sm_90 PTX nvcc makes of each config (Kato's options): a template rewritten so that the old
 configs compile to the same PTX leaves what was measured on the H200 alone.
-``--add-param NAME=VALUE`` (winner files only) carries results over a space that gained a
-parameter: the current code sees every config with ``NAME=VALUE`` added (the value that runs
-what the old code ran), and the rewritten file holds it.
+``--add-param NAME=VALUE`` carries results over a space that gained a parameter: the current
+code sees every config with ``NAME=VALUE`` added (the value that runs what the old code ran),
+and the rewritten file holds it. A recorded space then lists that one value in its
+``tune_params``: it is the whole valid space of the values it lists (the new parameter's other
+values, e.g. a new algorithm, stay to be recorded).
 Whether committed winners pass the current verification is the GPU suite's test
 (tests/gpu/test_committed_winners_gpu.py). Run it from the repository's root; ``--dry-run`` only
 reports.
@@ -116,14 +118,12 @@ class ResultFile:
         """What :data:`_DESCRIBE` needs: the operator, shape, dtype and every config held
         (with the ``added`` parameters, for the current code's side)."""
         added = added or {}
-        if added and not self.is_winners:
-            raise SystemExit(f"{self.path}: --add-param covers winner files (*.t4.json) only")
         if self.is_winners:
             meta = self.data["metadata"]["kato"]
             configs = [{**b["config"], **added} for b in meta["best"]]
             return {**{k: meta[k] for k in ("operator", "shape", "dtype")}, "configs": configs}
         keys = self.data["tune_params_keys"]
-        configs = [{k: e[k] for k in keys} for e in self.data["cache"].values()]
+        configs = [{**{k: e[k] for k in keys}, **added} for e in self.data["cache"].values()]
         return {
             "operator": self.data["kato_operator"],
             "shape": self.data["problem_size"],
@@ -146,10 +146,15 @@ class ResultFile:
                 for job in meta.get("jobs", []):
                     if isinstance(job.get("best_config"), dict):
                         job["best_config"][name] = value
+                for result in self.data.get("results", []):  # every trial's config
+                    if isinstance(result.get("configuration"), dict):
+                        result["configuration"][name] = value
         else:
             self.data["kato_operator_version"] = version
             if isinstance(self.data.get("kato"), dict) and "operator_version" in self.data["kato"]:
                 self.data["kato"]["operator_version"] = version
+            if added:
+                self._add_to_space(added)
         target = self.path.with_name(self.path.name.replace(old, version))
         if dry_run:
             return target
@@ -159,6 +164,30 @@ class ResultFile:
         if target != self.path:
             self.path.unlink()
         return target
+
+    def _add_to_space(self, added: dict[str, Any]) -> None:
+        """A recorded space's parameters gain ``added``, each with its one value: in the
+        parameter lists, every entry (re-keyed: a key joins the values in parameter order) and
+        the export metadata's configs."""
+        data = self.data
+        for name, value in added.items():
+            if name not in data["tune_params_keys"]:
+                data["tune_params_keys"].append(name)
+            data["tune_params"][name] = [value]
+        keys = data["tune_params_keys"]
+        entries = [{**entry, **added} for entry in data["cache"].values()]
+        data["cache"] = {",".join(str(e[k]) for k in keys): e for e in entries}
+        meta = data.get("kato")
+        if isinstance(meta, dict):
+            params = meta.get("params")
+            if isinstance(params, list):
+                params += [name for name in added if name not in params]
+            for job in meta.get("jobs", []):
+                if isinstance(job.get("best_config"), dict):
+                    job["best_config"].update(added)
+            for best in meta.get("best", []):
+                if isinstance(best.get("config"), dict):
+                    best["config"].update(added)
 
 
 def _describe(kernels_root: Path, items: dict[str, dict], mode: str = "source") -> dict[str, dict]:
@@ -251,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="NAME=VALUE",
         help="a parameter the space gained, at the value that runs what the old code ran "
-        "(JSON, else a string; winner files only; repeatable)",
+        "(JSON, else a string; repeatable)",
     )
     args = parser.parse_args(argv)
     added = dict(_parse_param(text) for text in args.add_param)

@@ -38,6 +38,28 @@ input type like torch):
   overlap synchronous loads; likewise VEC=8 where neither operand streams by cp.async).
 - ``TM``, ``TN``, ``PAD`` are unused and pinned to 4, 4, 0.
 
+float16 / bfloat16 on sm_90, ``ENGINE="wgmma"`` (``matmul_wgmma.cu``: TMA loads into a
+shared-memory pipeline, ``wgmma.mma_async`` from a producer warpgroup and consumer warpgroups
+with ``setmaxnreg``; built for ``sm_90a`` and invalid on any other arch, :meth:`MatmulSpec.
+check_arch`):
+
+- ``BM``, ``BN`` in {64, 128, 256} but not 256 x 256 (a consumer's accumulators, ``BM /
+  consumers / 64 * BN / 2``, must fit 128 registers); ``BK`` 64 (one 128-byte swizzle row);
+  ``STAGES`` 2-4. Consumer warpgroups: 1 for BM 64 (256 threads, no setmaxnreg), else 2 (384
+  threads, 40 / 232 registers; the H200 probe, 128 x 128 tiles at 4096^3: 510-521 TFLOP/s
+  with two, 458-467 with one).
+- ``CLUSTER_M``: 2 = clusters of two CTAs on vertically adjacent tiles sharing B, each
+  multicasting half of it (BN 128 or 256).
+- ``PERSISTENT``: 1 = one CTA (cluster) per SM of an H200 (:data:`PERSISTENT_CTAS`) looping
+  over the tiles, the next tile's loads overlapping this one's stores; only where there are
+  more tiles than that (else it is the same launch as 0).
+- The row pitches of A and B must be multiples of 8 elements (TMA's 16-byte pitch); C's may be
+  anything. ``WM``, ``WN``, ``TM``, ``TN``, ``VEC``, ``PAD``, ``MIN_BLOCKS`` are unused and
+  pinned to 64, 64, 4, 4, 8, 0, 0; under ``ENGINE="mma"`` CLUSTER_M and PERSISTENT are pinned to
+  1 and 0 and render nothing, so an mma.sync config's source is what it was before the wgmma
+  path. A and B reach the kernel as TMA tensor maps (:class:`kernels.spec.TensorMap` in its
+  step's arguments), which every launch path encodes from the operands' pointers.
+
 Both: ``MIN_BLOCKS`` is the min-blocks clause of ``__launch_bounds__`` (0 = none); threads per
 block are ``32 * (BM / WM) * (BN / WN)``. The grid has one block per output tile, visited in groups
 of 8 tile-rows for L2 reuse (see :meth:`MatmulSpec.launch`). The rendered source depends on the
@@ -48,6 +70,7 @@ shape only through which matrices' row pitches are multiples of VEC (``ALIGN_A``
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -56,7 +79,16 @@ import numpy as np
 
 from kernels import limits
 from kernels.registry import register
-from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
+from kernels.spec import (
+    DTYPES,
+    Config,
+    InvalidInput,
+    Launch,
+    OperatorSpec,
+    Problem,
+    Step,
+    TensorMap,
+)
 
 #: M, N and K are ``int`` kernel arguments; tile origins and k offsets run up to a dimension +
 #: 256: keep 64 Ki of headroom below INT32_MAX.
@@ -116,12 +148,66 @@ _FP32_KEYS = ("BM", "BN", "WM", "WN", "TM", "TN")
 _CUDA_FLAGS = {"float32": (0, 0), "float16": (1, 0), "bfloat16": (0, 1)}  # IS_HALF, IS_BF16
 _TC_PINNED = {"TM": 4, "TN": 4, "PAD": 0}
 
+#: The mma.sync template's tunables: the only ones an ``ENGINE="mma"`` config renders.
+MMA_PARAMS = ("BM", "BN", "BK", "WM", "WN", "TM", "TN", "VEC", "STAGES", "PAD", "MIN_BLOCKS")
+#: The wgmma path's own tunables, pinned to these values under ``ENGINE="mma"``.
+MMA_PINNED = {"CLUSTER_M": 1, "PERSISTENT": 0}
+#: The mma.sync tunables a wgmma config does not read, pinned to these values.
+WGMMA_PINNED = {"WM": 64, "WN": 64, "TM": 4, "TN": 4, "VEC": 8, "PAD": 0, "MIN_BLOCKS": 0}
+WGMMA_TEMPLATE = Path(__file__).with_name("matmul_wgmma.cu")
+WGMMA_KERNEL = "kato_matmul_wgmma"
+#: The wgmma path's k tile: one 128-byte swizzle row of 16-bit elements.
+WGMMA_BK = 64
+#: TMA addresses rows whose pitch is a multiple of 16 bytes: 8 elements of 16 bits.
+WGMMA_PITCH = 8
+#: Accumulator registers one consumer thread may hold (the template's static_assert).
+WGMMA_MAX_ACCUMULATORS = 128
+#: setmaxnreg targets of the producer and of the consumers with two consumer warpgroups (384
+#: threads: 128 * 40 + 256 * 232 <= 65536; measured on the H200 by benchmarks/wgmma_probe.py).
+WGMMA_PRODUCER_REGS = 40
+WGMMA_CONSUMER_REGS = 232
+#: Tile-rows (in cluster tiles) visited together by the wgmma kernel's tile order.
+WGMMA_GROUP_M = 8
+#: CTAs of a persistent launch: the SMs of an H200 (and an H100 SXM). The tile loop is correct
+#: for any grid; on an sm_90 GPU with fewer SMs the last wave is only less balanced.
+PERSISTENT_CTAS = 132
+#: The arch whose wgmma and setmaxnreg a wgmma config needs, and the nvcc target it builds for.
+WGMMA_ARCH = "sm_90"
+WGMMA_TARGET = "sm_90a"
+#: Static shared memory of the wgmma kernel (its mbarriers, padded by ptxas to the 1024-byte
+#: alignment of the dynamic buffer; ptxas for sm_90a).
+WGMMA_STATIC_SHARED = 1024
+#: Grid limit of the wgmma launch (grid.x) and of its int tile index.
+MAX_GRID_X = 2**31 - 1
+
 
 def is_tensor_core(dtype: str) -> bool:
     return dtype in ("float16", "bfloat16")
 
 
+def is_wgmma(config: Config) -> bool:
+    return config.get("ENGINE") == "wgmma"
+
+
+def wgmma_consumers(config: Config) -> int:
+    """Consumer warpgroups of a wgmma config: 1 for BM 64, else 2."""
+    return 1 if config["BM"] == 64 else 2
+
+
+def wgmma_accumulators(config: Config) -> int:
+    """float32 accumulators per consumer thread: ``BM / consumers / 64`` m64 slices of BN / 2."""
+    return config["BM"] // wgmma_consumers(config) // 64 * config["BN"] // 2
+
+
+def wgmma_shared_bytes(config: Config) -> int:
+    """Dynamic shared memory of a wgmma config: STAGES A and B tiles and 1 KiB of slack to
+    align the stages to 1024 bytes (the swizzle's period)."""
+    return config["STAGES"] * (config["BM"] + config["BN"]) * WGMMA_BK * 2 + 1024
+
+
 def threads_per_block(config: Config) -> int:
+    if is_wgmma(config):
+        return 128 * (wgmma_consumers(config) + 1)
     return 32 * (config["BM"] // config["WM"]) * (config["BN"] // config["WN"])
 
 
@@ -198,7 +284,7 @@ class MatmulSpec(OperatorSpec):
     name = "matmul"
     description = (
         "C = A @ B, row-major (M, K) x (K, N), float32 accumulation; float32 on CUDA cores "
-        "(no TF32), float16/bfloat16 on tensor cores (mma.sync)"
+        "(no TF32), float16/bfloat16 on tensor cores (mma.sync; wgmma + TMA on sm_90)"
     )
     #: A is stored (K, M): C = A^T @ B.
     trans_a = False
@@ -219,9 +305,14 @@ class MatmulSpec(OperatorSpec):
         "STAGES": (1, 2, 3, 4),
         "PAD": (0, 4),
         "MIN_BLOCKS": (0, 2),
+        "ENGINE": ("mma", "wgmma"),
+        "CLUSTER_M": (1, 2),
+        "PERSISTENT": (0, 1),
     }
     template = Path(__file__).with_name("matmul.cu")
+    extra_templates = (WGMMA_TEMPLATE,)
     kernel_name = "matmul_kernel"
+    kernel_names = ("matmul_kernel", WGMMA_KERNEL)
 
     # --- validation ---------------------------------------------------------------------------
 
@@ -250,11 +341,17 @@ class MatmulSpec(OperatorSpec):
         (:func:`registers_needed` > :func:`register_cap` for the shape's :meth:`alignment`:
         they would spill; with A^T, MIN_BLOCKS=2 on an 8 x 8 thread tile); and, per path and
         layout, the parameter values that path does not implement (see the module docstring).
-        Every VEC is valid on every shape.
+        Every VEC is valid on every shape. ``ENGINE="wgmma"``: :meth:`_check_wgmma` (the
+        arch is :meth:`check_arch`'s: check() is device-independent).
         """
         reason = self.check_params(config)
         if reason:
             return reason
+        if is_wgmma(config):
+            return self._check_wgmma(config, shape, dtype)
+        for name, value in MMA_PINNED.items():
+            if config[name] != value:
+                return f"{name} is a wgmma tunable, pinned to {value} under ENGINE=mma"
         # The layout whitelists first: they reject most of the space, cheaply.
         tc = is_tensor_core(dtype)
         if tc and (config["BM"], config["BN"], config["WM"], config["WN"]) not in _TC_TILE_SET:
@@ -304,6 +401,86 @@ class MatmulSpec(OperatorSpec):
                 "it would spill"
             )
         return None
+
+    def _check_wgmma(self, config: Config, shape: Sequence[int], dtype: str) -> str | None:
+        """The wgmma path's constraints (see the module docstring); the arch is
+        :meth:`check_arch`'s."""
+        if not is_tensor_core(dtype):
+            return f"ENGINE=wgmma takes float16 or bfloat16, not {dtype}"
+        for name, value in WGMMA_PINNED.items():
+            if config[name] != value:
+                return f"{name} is unused by ENGINE=wgmma and pinned to {value}"
+        if config["BK"] != WGMMA_BK:
+            return f"ENGINE=wgmma takes BK {WGMMA_BK} (a 128-byte swizzle row), got {config['BK']}"
+        if config["STAGES"] < 2:
+            return "ENGINE=wgmma takes STAGES 2, 3 or 4"
+        if (acc := wgmma_accumulators(config)) > WGMMA_MAX_ACCUMULATORS:
+            return (
+                f"tile {config['BM']}x{config['BN']} needs {acc} accumulators per consumer "
+                f"thread; at most {WGMMA_MAX_ACCUMULATORS}"
+            )
+        if config["CLUSTER_M"] == 2 and config["BN"] == 64:
+            return "CLUSTER_M=2 splits B between two CTAs: BN 128 or 256"
+        try:
+            m, n, k = _validated(self, tuple(shape), dtype)
+        except InvalidInput as exc:
+            return str(exc)
+        lda, ldb = (m if self.trans_a else k), (k if self.trans_b else n)
+        for name, pitch in (("A", lda), ("B", ldb)):
+            if pitch % WGMMA_PITCH:
+                return (
+                    f"ENGINE=wgmma loads {name} by TMA, which needs a row pitch of a multiple of "
+                    f"{WGMMA_PITCH} elements; {name}'s is {pitch}"
+                )
+        cluster_tiles = wgmma_cluster_tiles(config, m, n)
+        if cluster_tiles * config["CLUSTER_M"] > MAX_GRID_X:
+            return f"{cluster_tiles} cluster tiles exceed the grid and the kernel's int index"
+        if config["PERSISTENT"] and cluster_tiles <= PERSISTENT_CTAS // config["CLUSTER_M"]:
+            return (
+                f"PERSISTENT=1 launches what PERSISTENT=0 does for {cluster_tiles} cluster tiles "
+                f"(at most one per SM of {PERSISTENT_CTAS})"
+            )
+        smem = wgmma_shared_bytes(config) + WGMMA_STATIC_SHARED
+        if smem > limits.MAX_SHARED_PER_BLOCK:
+            return f"{smem} bytes of shared memory per block; at most {limits.MAX_SHARED_PER_BLOCK}"
+        return None
+
+    def candidates(self, shape: Sequence[int], dtype: str) -> list[Config]:
+        """The mma.sync product with the wgmma tunables pinned, and for float16 / bfloat16 the
+        wgmma product (BM, BN, STAGES, CLUSTER_M, PERSISTENT) with the rest pinned: a
+        sixteenth of the whole product, which holds no other valid config."""
+        names = list(self.params)
+        found = [
+            {**dict(zip(MMA_PARAMS, values, strict=True)), "ENGINE": "mma", **MMA_PINNED}
+            for values in itertools.product(*(self.params[p] for p in MMA_PARAMS))
+        ]
+        if is_tensor_core(dtype):
+            own = ("BM", "BN", "STAGES", "CLUSTER_M", "PERSISTENT")
+            fixed = {**WGMMA_PINNED, "BK": WGMMA_BK, "ENGINE": "wgmma"}
+            found += [
+                {**fixed, **dict(zip(own, values, strict=True))}
+                for values in itertools.product(*(self.params[p] for p in own))
+            ]
+        position = {name: {v: i for i, v in enumerate(self.params[name])} for name in names}
+        found = [{name: c[name] for name in names} for c in found]
+        return sorted(found, key=lambda c: tuple(position[p][c[p]] for p in names))
+
+    def check_arch(self, config: Config, arch: str) -> str | None:
+        """wgmma, setmaxnreg and TMA multicast exist on sm_90 alone (built for sm_90a): a wgmma
+        config is invalid on every other arch."""
+        if is_wgmma(config) and arch != WGMMA_ARCH:
+            return f"ENGINE=wgmma needs {WGMMA_ARCH} ({WGMMA_TARGET} code), the GPU is {arch}"
+        return None
+
+    def arch_for(self, config: Config, arch: str) -> str:
+        """wgmma configs build for ``sm_90a``; the mma.sync ones for the GPU's own arch."""
+        return WGMMA_TARGET if is_wgmma(config) else arch
+
+    def template_for(self, config: Config) -> Path:
+        return WGMMA_TEMPLATE if is_wgmma(config) else self.template
+
+    def main_kernel(self, config: Config) -> str:
+        return WGMMA_KERNEL if is_wgmma(config) else self.kernel_name
 
     @staticmethod
     def _check_fp32(config: Config, nothing_transposed: bool) -> str | None:
@@ -393,6 +570,7 @@ class MatmulSpec(OperatorSpec):
             else:
                 tile = {"BM": 64, "BN": 64, "BK": 32, "WM": 32, "WN": 32}
             config = {**tile, **_TC_PINNED, "VEC": vec, "STAGES": stages, "MIN_BLOCKS": 0}
+            config.update(ENGINE="mma", **MMA_PINNED)
         else:
             wide = math.ceil(m / 128) * math.ceil(n / 256)
             pad = 0 if self.trans_a and not self.trans_b else 4
@@ -401,14 +579,15 @@ class MatmulSpec(OperatorSpec):
             if (
                 wide >= 100
                 and wide / (math.ceil(wide / 132) * 132) >= 0.85
-                and self.check({**wide_tile, **rest}, shape, dtype) is None
+                and self.check({**wide_tile, **rest, "ENGINE": "mma", **MMA_PINNED}, shape, dtype)
+                is None
             ):
                 tile = wide_tile
             elif big:
                 tile = {"BM": 128, "BN": 128, "BK": 8, "WM": 32, "WN": 64, "TM": 8, "TN": 8}
             else:
                 tile = {"BM": 64, "BN": 64, "BK": 16, "WM": 16, "WN": 32, "TM": 4, "TN": 4}
-            config = {**tile, **rest}
+            config = {**tile, **rest, "ENGINE": "mma", **MMA_PINNED}
         reason = self.check(config, shape, dtype)
         if reason:  # unreachable for a valid shape
             raise AssertionError(f"default matmul config invalid for {tuple(shape)}: {reason}")
@@ -421,7 +600,9 @@ class MatmulSpec(OperatorSpec):
         TRANS_B) and :meth:`alignment` (ALIGN_A, ALIGN_B, ALIGN_C): the shape matters only
         through those, so one compile serves every (M, N, K) of one alignment class."""
         is_half, is_bf16 = _CUDA_FLAGS[dtype]
-        macros: dict[str, object] = {name: config[name] for name in self.params}
+        if is_wgmma(config):
+            return self._wgmma_defines(config, is_bf16)
+        macros: dict[str, object] = {name: config[name] for name in MMA_PARAMS}
         macros["DTYPE"] = DTYPES[dtype][1]
         macros["IS_HALF"] = is_half
         macros["IS_BF16"] = is_bf16
@@ -432,11 +613,37 @@ class MatmulSpec(OperatorSpec):
             macros[name] = int(ok)
         return macros
 
+    def _wgmma_defines(self, config: Config, is_bf16: int) -> dict[str, object]:
+        """The wgmma template's macros: the tile, stages, consumers, cluster, tile order,
+        setmaxnreg targets, element type and layout (the shape does not enter the source;
+        PERSISTENT only changes the grid)."""
+        consumers = wgmma_consumers(config)
+        two = consumers == 2
+        return {
+            "BM": config["BM"],
+            "BN": config["BN"],
+            "BK": WGMMA_BK,
+            "STAGES": config["STAGES"],
+            "CONSUMERS": consumers,
+            "CLUSTER_M": config["CLUSTER_M"],
+            "GROUP_M": WGMMA_GROUP_M,
+            "INFLIGHT": 1,
+            # One consumer (256 threads) may hold 255 registers: no setmaxnreg (a raise below
+            # what ptxas allocated would be undefined).
+            "PRODUCER_REGS": WGMMA_PRODUCER_REGS if two else 0,
+            "CONSUMER_REGS": WGMMA_CONSUMER_REGS if two else 0,
+            "IS_BF16": is_bf16,
+            "TRANS_A": int(self.trans_a),
+            "TRANS_B": int(self.trans_b),
+        }
+
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
-        """One block per output tile: grid.y = ``ceil(tiles_m / 8)`` groups of 8 tile-rows,
-        grid.x = ``min(tiles_m, 8) * tiles_n`` (blocks past the last, smaller group return at
-        once); ``32 * (BM/WM) * (BN/WN)`` threads; the stages' shared memory as dynamic
-        memory."""
+        """wgmma: :meth:`_wgmma_launch`. mma.sync: one block per output tile: grid.y =
+        ``ceil(tiles_m / 8)`` groups of 8 tile-rows, grid.x = ``min(tiles_m, 8) * tiles_n``
+        (blocks past the last, smaller group return at once); ``32 * (BM/WM) * (BN/WN)``
+        threads; the stages' shared memory as dynamic memory."""
+        if is_wgmma(config):
+            return self._wgmma_launch(config, shape)
         m, n, _ = shape
         tiles_m, tiles_n = math.ceil(m / config["BM"]), math.ceil(n / config["BN"])
         return Launch(
@@ -444,6 +651,49 @@ class MatmulSpec(OperatorSpec):
             block=(threads_per_block(config), 1, 1),
             shared_bytes=shared_bytes(config, dtype, self.trans_a, self.trans_b),
         )
+
+    def _wgmma_launch(self, config: Config, shape: Sequence[int]) -> Launch:
+        """One CTA per output tile, in whole clusters (``CLUSTER_M`` CTAs on a cluster tile of
+        ``CLUSTER_M * BM`` x BN), or with PERSISTENT at most :data:`PERSISTENT_CTAS` CTAs
+        looping over the cluster tiles; 128 threads per warpgroup; the stages' shared memory."""
+        m, n, _ = shape
+        cl = config["CLUSTER_M"]
+        clusters = wgmma_cluster_tiles(config, m, n)
+        if config["PERSISTENT"]:
+            clusters = min(clusters, PERSISTENT_CTAS // cl)
+        return Launch(
+            grid=(clusters * cl, 1, 1),
+            block=(threads_per_block(config), 1, 1),
+            shared_bytes=wgmma_shared_bytes(config),
+        )
+
+    def steps(self, config: Config, shape: Sequence[int], dtype: str) -> list[Step]:
+        """One launch. wgmma: ``kato_matmul_wgmma(map_a, map_b, C, M, N, K)`` with A and B as
+        TMA tensor maps (:meth:`tensor_maps`)."""
+        if not is_wgmma(config):
+            return super().steps(config, shape, dtype)
+        map_a, map_b = self.tensor_maps(config, shape, dtype)
+        launch = self._wgmma_launch(config, shape)
+        return [Step(WGMMA_KERNEL, launch, (map_a, map_b, 2, 3, 4, 5))]
+
+    def tensor_maps(
+        self, config: Config, shape: Sequence[int], dtype: str
+    ) -> tuple[TensorMap, TensorMap]:
+        """The maps of A (argument 0) and B (argument 1) the wgmma kernel reads, 128-byte
+        swizzle: a K-major operand (A of ``matmul`` / ``matmul_nt``, B of ``matmul_nt``) in
+        boxes of 64 k by the tile's rows (B's split between a cluster's CTAs); an MN-major one
+        (B of ``matmul`` / ``matmul_tn``, A of ``matmul_tn``) in boxes of 64 m or n by 64 k."""
+        m, n, k = shape
+        bm, bn, cl = config["BM"], config["BN"], config["CLUSTER_M"]
+        if self.trans_a:
+            map_a = TensorMap(0, dtype, rows=k, cols=m, box_rows=WGMMA_BK, box_cols=64)
+        else:
+            map_a = TensorMap(0, dtype, rows=m, cols=k, box_rows=bm, box_cols=WGMMA_BK)
+        if self.trans_b:
+            map_b = TensorMap(1, dtype, rows=n, cols=k, box_rows=bn // cl, box_cols=WGMMA_BK)
+        else:
+            map_b = TensorMap(1, dtype, rows=k, cols=n, box_rows=WGMMA_BK, box_cols=64)
+        return map_a, map_b
 
     # --- problems and references --------------------------------------------------------------
 
@@ -503,6 +753,11 @@ class MatmulSpec(OperatorSpec):
         return 2 * m * n * k
 
 
+def wgmma_cluster_tiles(config: Config, m: int, n: int) -> int:
+    """Cluster tiles (``CLUSTER_M * BM`` x BN) covering the M x N output."""
+    return math.ceil(m / (config["BM"] * config["CLUSTER_M"])) * math.ceil(n / config["BN"])
+
+
 @functools.lru_cache(maxsize=64)
 def _validated(spec: MatmulSpec, shape: tuple[int, ...], dtype: str) -> tuple[int, ...]:
     """``spec.validate`` memoised: check() runs for every config of the space."""
@@ -533,7 +788,7 @@ class MatmulNTSpec(MatmulSpec):
     name = "matmul_nt"
     description = (
         "C = A @ B^T, row-major A (M, K) and B (N, K), float32 accumulation; float32 on CUDA "
-        "cores (no TF32), float16/bfloat16 on tensor cores (mma.sync)"
+        "cores (no TF32), float16/bfloat16 on tensor cores (mma.sync; wgmma + TMA on sm_90)"
     )
     trans_b = True
 
@@ -544,7 +799,7 @@ class MatmulTNSpec(MatmulSpec):
     name = "matmul_tn"
     description = (
         "C = A^T @ B, row-major A (K, M) and B (K, N), float32 accumulation; float32 on CUDA "
-        "cores (no TF32), float16/bfloat16 on tensor cores (mma.sync)"
+        "cores (no TF32), float16/bfloat16 on tensor cores (mma.sync; wgmma + TMA on sm_90)"
     )
     trans_a = True
 
@@ -557,6 +812,9 @@ __all__ = [
     "MATMUL",
     "MATMUL_NT",
     "MATMUL_TN",
+    "MMA_PARAMS",
+    "MMA_PINNED",
+    "WGMMA_PINNED",
     "MatmulNTSpec",
     "MatmulSpec",
     "MatmulTNSpec",
@@ -566,4 +824,7 @@ __all__ = [
     "shared_bytes",
     "static_shared_bytes",
     "threads_per_block",
+    "wgmma_accumulators",
+    "wgmma_consumers",
+    "wgmma_shared_bytes",
 ]

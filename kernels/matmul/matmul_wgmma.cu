@@ -1,9 +1,9 @@
 // Hopper GEMM C = op(A) @ op(B) with wgmma.mma_async fed by TMA (sm_90a only), float16 or
 // bfloat16 inputs, float32 accumulation, C written in the input type (as torch). Layouts as in
 // matmul.cu: TRANS_A = 1 reads A stored (K, M) (C = A^T B), TRANS_B = 1 reads B stored (N, K)
-// (C = A B^T); every matrix row-major. This file is standalone (phase 1 of issue 32): the
-// benchmark benchmarks/wgmma_probe.py compiles it with -D options and launches it through the
-// driver; it is not yet an operator of the registry.
+// (C = A B^T); every matrix row-major. The matmul operators render it for ENGINE="wgmma"
+// configs (kernels/matmul/__init__.py: the macros below, the launch, the tensor maps);
+// benchmarks/wgmma_probe.py compiles it with -D options of its own.
 //
 // Structure (one CTA = 1 producer warpgroup + CONSUMERS consumer warpgroups, 128 threads each):
 //
@@ -108,20 +108,30 @@
 #endif
 
 #if IS_BF16
-typedef __nv_bfloat16 DTYPE;
-typedef __nv_bfloat162 DTYPE2;
 #define KATO_WGMMA_TYPE "bf16"
 #else
-typedef __half DTYPE;
-typedef __half2 DTYPE2;
 #define KATO_WGMMA_TYPE "f16"
+#endif
+
+// Helpers live in KATO_NS (tests/kernels/compile_harness.py renames it to put several
+// variants into one translation unit).
+#ifndef KATO_NS
+#define KATO_NS kato_wgmma
 #endif
 
 // wgmma's transpose immediates: 1 = the operand is MN-major in shared memory.
 #define TRANS_A_MN ((TRANS_A) ^ (FLIP_TRANSPOSE))
 #define TRANS_B_MN ((1 - (TRANS_B)) ^ (FLIP_TRANSPOSE))
 
-namespace kato_wgmma {
+namespace KATO_NS {
+
+#if IS_BF16
+typedef __nv_bfloat16 DTYPE;
+typedef __nv_bfloat162 DTYPE2;
+#else
+typedef __half DTYPE;
+typedef __half2 DTYPE2;
+#endif
 
 constexpr int kThreads = 128 * (CONSUMERS + 1);
 constexpr int kRowsPerConsumer = BM / CONSUMERS;
@@ -454,7 +464,7 @@ __device__ __forceinline__ void store_pair(DTYPE* C, int M, int N, int row, int 
     }
 }
 
-}  // namespace kato_wgmma
+}  // namespace KATO_NS
 
 #if CLUSTER_M > 1
 #define KATO_CLUSTER_DIMS __cluster_dims__(CLUSTER_M, 1, 1)
@@ -462,11 +472,11 @@ __device__ __forceinline__ void store_pair(DTYPE* C, int M, int N, int row, int 
 #define KATO_CLUSTER_DIMS
 #endif
 
-extern "C" __global__ void __launch_bounds__(kato_wgmma::kThreads, 1) KATO_CLUSTER_DIMS
-    kato_matmul_wgmma(const __grid_constant__ kato_wgmma::TensorMap tmap_a,
-                      const __grid_constant__ kato_wgmma::TensorMap tmap_b, DTYPE* __restrict__ C,
-                      int M, int N, int K) {
-    using namespace kato_wgmma;
+extern "C" __global__ void __launch_bounds__(KATO_NS::kThreads, 1) KATO_CLUSTER_DIMS
+    kato_matmul_wgmma(const __grid_constant__ KATO_NS::TensorMap tmap_a,
+                      const __grid_constant__ KATO_NS::TensorMap tmap_b,
+                      KATO_NS::DTYPE* __restrict__ C, int M, int N, int K) {
+    using namespace KATO_NS;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     __shared__ __align__(8) uint64_t full_bar[STAGES];
     __shared__ __align__(8) uint64_t empty_bar[STAGES];

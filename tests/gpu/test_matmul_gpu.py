@@ -100,3 +100,143 @@ def spec_space(spec, shape, dtype):
     from tuner.space import SearchSpace
 
     return SearchSpace(spec.params, lambda c: spec.check(c, shape, dtype)).valid_configs()
+
+
+# --- the wgmma path (ENGINE="wgmma", sm_90 only) ------------------------------------------------
+#
+# Every valid wgmma config of each layout and 16-bit dtype (every tile, stage count, cluster
+# and persistent class) at shapes whose M, N and K are multiples of no tile (1000^3; 2056 x
+# 2048 x 264, where every persistent config is valid: more cluster tiles than the 132 CTAs), a
+# shape below every tile (8 x 16 x 8), and for matmul_nt the vocabulary width N = 50257 (B is
+# (N, K): its pitch is K). The sources do not depend on the shape, so each config compiles
+# once for all of them.
+
+WGMMA_DTYPES = ["float16", "bfloat16"]
+WGMMA_SHAPES = {
+    "matmul": [(1000, 1000, 1000), (2056, 2048, 264), (8, 16, 8)],
+    "matmul_nt": [(1000, 1000, 1000), (2056, 2048, 264), (8, 16, 8), (136, 50257, 72)],
+    "matmul_tn": [(1000, 1000, 1000), (2056, 2048, 264), (8, 16, 8)],
+}
+
+
+def _sm90_reason() -> str | None:
+    try:
+        import pycuda.driver as cuda
+
+        cuda.init()
+        major, minor = cuda.Device(0).compute_capability()
+    except Exception as exc:  # conftest skips the module's tests then anyway
+        return f"no CUDA device: {exc}"
+    if (major, minor) != (9, 0):
+        return f"the wgmma path needs sm_90 (wgmma, setmaxnreg); this GPU is sm_{major}{minor}"
+    return None
+
+
+sm90 = pytest.mark.skipif(bool(_sm90_reason()), reason=_sm90_reason() or "")
+
+
+def _wgmma_configs(spec, shape, dtype):
+    return [
+        c
+        for c in spec.candidates(shape, dtype)
+        if c["ENGINE"] == "wgmma" and spec.check(c, shape, dtype) is None
+    ]
+
+
+@sm90
+@pytest.mark.parametrize("dtype", WGMMA_DTYPES)
+@pytest.mark.parametrize(
+    ("operator", "shape"),
+    [(op, shape) for op, shapes in WGMMA_SHAPES.items() for shape in shapes],
+    ids=lambda v: v if isinstance(v, str) else "x".join(map(str, v)),
+)
+def test_every_wgmma_config_verifies(operator, shape, dtype):
+    """The backend's own verification (poisoned C, float64 reference, twice) of every valid
+    wgmma config: what a tuning job measures."""
+    spec = get_operator(operator)
+    configs = _wgmma_configs(spec, shape, dtype)
+    classes = {(c["BM"], c["BN"], c["CLUSTER_M"], c["PERSISTENT"]) for c in configs}
+    if shape == (2056, 2048, 264):
+        assert {c["PERSISTENT"] for c in configs} == {0, 1} and len(classes) == 28, classes
+    assert len(configs) >= 14 * (3 if shape != (2056, 2048, 264) else 6)
+    failures = _verify_all(spec, shape, dtype, configs)
+    assert not failures, f"{len(failures)} of {len(configs)} failed: {failures[:3]}"
+
+
+def _verify_all(spec, shape, dtype, configs):
+    """(config, error) of every config that fails the backend's checks or verification, on one
+    problem (compiles in parallel ahead)."""
+    from tuner.backends.pycuda import PyCudaBackend
+
+    backend = PyCudaBackend(spec, shape, dtype, repeats=1, warmup=0, seed=5)
+    try:
+        backend.precompile(configs)
+        failures = []
+        for config in configs:
+            if reason := backend.check(config):
+                failures.append((config, reason))
+                continue
+            calls = backend.load(backend.compile(config), spec.steps(config, shape, dtype))
+            if error := backend.verify(calls):
+                failures.append((config, error))
+        return failures
+    finally:
+        backend.close()
+
+
+@sm90
+def test_wgmma_configs_are_invalid_where_tma_cannot_address_a_row():
+    """matmul with N = 50257 (B's pitch): no wgmma config; the backend's space keeps the rest."""
+    from tuner.backends.pycuda import PyCudaBackend
+
+    spec = get_operator("matmul")
+    backend = PyCudaBackend(spec, (64, 50257, 64), "bfloat16", repeats=1, warmup=0, seed=0)
+    try:
+        engines = {c["ENGINE"] for c in backend.space().valid_configs()}
+    finally:
+        backend.close()
+    assert engines == {"mma"}
+
+
+@sm90
+def test_a_served_wgmma_config_runs_through_kato_torch():
+    """kato_torch launches a wgmma winner (its tensor maps built per call from the tensors'
+    pointers, cached per buffer) for the forward and both backward layouts of a matmul."""
+    import torch
+
+    import kato_torch
+    from kato_torch import _kernels
+
+    served = {
+        "BM": 128, "BN": 128, "BK": 64, "WM": 64, "WN": 64, "TM": 4, "TN": 4, "VEC": 8,
+        "STAGES": 4, "PAD": 0, "MIN_BLOCKS": 0, "ENGINE": "wgmma", "CLUSTER_M": 2,
+        "PERSISTENT": 0,
+    }  # fmt: skip
+    asked = []
+
+    class Client:
+        def config(self, operator, shape, dtype, gpu=None):
+            asked.append(operator)
+            return {"config": served, "source": "exact", "speedup": 2.0}
+
+    kato_torch.configure(client=Client(), policy="kato")
+    try:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        a = torch.randn(1000, 264, device="cuda", generator=gen, dtype=torch.bfloat16)
+        b = torch.randn(264, 136, device="cuda", generator=gen, dtype=torch.bfloat16)
+        a.requires_grad_(True)
+        b.requires_grad_(True)
+        c = kato_torch.matmul(a, b)
+        c.float().square().sum().backward()
+        ref_a, ref_b = a.detach().float().requires_grad_(True), b.detach().float().requires_grad_()
+        (ref_a @ ref_b).square().sum().backward()
+        torch.cuda.synchronize()
+        for got, want in ((c, ref_a @ ref_b), (a.grad, ref_a.grad), (b.grad, ref_b.grad)):
+            err = (got.float() - want.float()).norm() / want.float().norm()
+            assert err < 2e-2, err
+        bound = _kernels.bind("matmul", (1000, 136, 264), "bfloat16", 0)
+        assert bound.config["ENGINE"] == "wgmma" and bound.source == "exact"
+        assert {"matmul", "matmul_nt", "matmul_tn"} <= set(asked)
+        assert len(_kernels._maps) >= 2  # A's and B's maps, encoded from the tensors
+    finally:
+        kato_torch.configure()

@@ -1,5 +1,5 @@
-"""Every valid variant of matmul, matmul_nt and matmul_tn compiles for sm_80 and sm_90, with
-the resources the spec models.
+"""Every valid mma.sync variant of matmul, matmul_nt and matmul_tn compiles for sm_80 and
+sm_90, with the resources the spec models (the wgmma variants: test_matmul_wgmma_compile.py).
 
 The rendered source depends on the shape only through its alignment class (which of A, B and C
 have row pitches that are multiples of VEC: ``MatmulSpec.alignment``). Compiled, in batches
@@ -68,10 +68,16 @@ def _by_class(spec, variants: list[Variant]) -> dict[tuple, list[Variant]]:
     return groups
 
 
+def mma_variants(spec, cases) -> list[Variant]:
+    """The distinct mma.sync variants of the cases (the wgmma ones, sm_90a only, are
+    test_matmul_wgmma_compile.py's)."""
+    return [v for v in distinct_variants(spec, cases) if v.config["ENGINE"] == "mma"]
+
+
 def class_sample(spec) -> list[Variant]:
     """Every distinct variant of every alignment class with FULL; else, per (dtype, class), the
     two with the highest modelled registers per cap and one per (VEC, STAGES)."""
-    every = distinct_variants(spec, [(s, d) for s in CLASS_SHAPES for d in spec.dtypes])
+    every = mma_variants(spec, [(s, d) for s in CLASS_SHAPES for d in spec.dtypes])
     if FULL:
         return every
     chosen = []
@@ -105,7 +111,7 @@ def variants_and_archs() -> list[tuple[Variant, tuple[str, ...]]]:
     cases = [(SHAPE, d) for d in SPEC.dtypes] + [
         (s, d) for d in SPEC.dtypes for s in AWKWARD_SHAPES
     ]
-    add(distinct_variants(SPEC, cases), ARCHS)
+    add(mma_variants(SPEC, cases), ARCHS)
     for spec in SPECS:
         add(class_sample(spec), ARCHS if FULL else ARCHS[-1:])
         defaults = [

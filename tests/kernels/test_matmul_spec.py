@@ -17,6 +17,8 @@ from kernels.matmul import (
     FP32_TILES,
     GROUP_M,
     MAX_M,
+    MMA_PARAMS,
+    MMA_PINNED,
     TC_TILES,
     MatmulNTSpec,
     MatmulSpec,
@@ -27,13 +29,13 @@ from kernels.matmul import (
     shared_bytes,
     threads_per_block,
 )
-from tuner.space import SearchSpace
 
 
 @functools.cache
 def valid(shape: tuple[int, ...], dtype: str) -> list[dict]:
-    """The valid configs of the space (enumerating ~60k configs takes a second or two)."""
-    return SearchSpace(SPEC.params, lambda c: SPEC.check(c, shape, dtype)).valid_configs()
+    """The valid mma.sync configs of the space (the wgmma path's are
+    tests/kernels/test_matmul_wgmma_spec.py's)."""
+    return valid_for(SPEC, shape, dtype)
 
 
 SPEC = get_operator("matmul")
@@ -70,6 +72,8 @@ def fp32_cfg(**kw):
         "STAGES": 2,
         "PAD": 4,
         "MIN_BLOCKS": 0,
+        "ENGINE": "mma",
+        **MMA_PINNED,
     }
     return {**base, **kw}
 
@@ -87,6 +91,8 @@ def tc_cfg(**kw):
         "STAGES": 3,
         "PAD": 0,
         "MIN_BLOCKS": 0,
+        "ENGINE": "mma",
+        **MMA_PINNED,
     }
     return {**base, **kw}
 
@@ -161,7 +167,10 @@ def test_layout_specific_constraints() -> None:
 
 @functools.cache
 def valid_for(spec, shape: tuple[int, ...], dtype: str) -> list[dict]:
-    return SearchSpace(spec.params, lambda c: spec.check(c, shape, dtype)).valid_configs()
+    """The valid mma.sync configs (checking ~60k configs takes a second or two), from the
+    spec's candidates (test_matmul_wgmma_spec.py holds them equal to the whole space's)."""
+    candidates = spec.candidates(shape, dtype)
+    return [c for c in candidates if c["ENGINE"] == "mma" and spec.check(c, shape, dtype) is None]
 
 
 def test_layouts_render_distinct_sources_per_class() -> None:
@@ -368,8 +377,10 @@ DERIVED = ["DTYPE", "IS_HALF", "IS_BF16", "TRANS_A", "TRANS_B", "ALIGN_A", "ALIG
 def test_render_puts_defines_first_and_depends_on_the_alignment_class_only() -> None:
     src = SPEC.render(fp32_cfg(), (4096, 4096, 4096), "float32")
     lines = src.splitlines()
-    names = [line.split()[1] for line in lines[: len(SPEC.params) + len(DERIVED)]]
-    assert names == [*SPEC.params, *DERIVED]
+    names = [line.split()[1] for line in lines[: len(MMA_PARAMS) + len(DERIVED)]]
+    # the wgmma path's tunables render nothing here: the source is what it was before them
+    assert names == [*MMA_PARAMS, *DERIVED]
+    assert lines[len(names)].startswith("//")
     assert lines[0] == "#define BM 128"
     assert src == SPEC.render(fp32_cfg(), (5, 8, 12), "float32")
     assert src != SPEC.render(fp32_cfg(), (5, 8, 9), "float32")

@@ -106,3 +106,95 @@ def test_cluster_grids_are_whole_clusters_of_cluster_tiles():
     assert clustered.grid(1100, 1000, "tiles", 132) == 40  # 5 cluster rows, the last half out
     assert plain.grid(8192, 8192, "persistent", 132) == 132
     assert clustered.grid(8192, 8192, "persistent", 131) == 130
+
+
+# --- the operator's wgmma configs (kernels/matmul, ENGINE="wgmma") ---------------------------
+
+#: Every (BM, BN, CLUSTER_M) class the spec accepts, and the shape of each layout its configs
+#: are taken at (every pitch a multiple of 8: the source does not depend on the shape).
+WGMMA_SHAPE = (4096, 4096, 4096)
+
+
+def _wgmma_classes():
+    """(spec, dtype, config): every tile x cluster class at its most stages in float16 for
+    matmul, and for every layout and dtype the heaviest classes (128 x 256 and 256 x 128 with
+    two consumers, with and without clusters; 64 x 256 with one)."""
+    from kernels import get_operator
+
+    specs = [get_operator(n) for n in ("matmul", "matmul_nt", "matmul_tn")]
+
+    def valid(spec, dtype):
+        return [
+            c
+            for c in spec.candidates(WGMMA_SHAPE, dtype)
+            if c["ENGINE"] == "wgmma" and spec.check(c, WGMMA_SHAPE, dtype) is None
+        ]
+
+    picked = {}
+    for c in valid(specs[0], "float16"):
+        key = (specs[0].name, "float16", c["BM"], c["BN"], c["CLUSTER_M"])
+        if c["PERSISTENT"] == 0 and c["STAGES"] >= picked.get(key, {"STAGES": 0})["STAGES"]:
+            picked[key] = c
+    heavy = {(128, 256), (256, 128), (64, 256)}
+    for spec in specs:
+        for dtype in ("float16", "bfloat16"):
+            for c in valid(spec, dtype):
+                if (c["BM"], c["BN"]) in heavy and c["STAGES"] == 3 and c["PERSISTENT"] == 0:
+                    picked[(spec.name, dtype, c["BM"], c["BN"], c["CLUSTER_M"])] = c
+    by_name = {s.name: s for s in specs}
+    return [(by_name[key[0]], key[1], c) for key, c in sorted(picked.items())]
+
+
+@pytest.fixture(scope="module")
+def wgmma_builds(cubin_cache):
+    from tuner.nvcc import compile_many
+
+    classes = _wgmma_classes()
+    jobs = [
+        (
+            spec.render(c, WGMMA_SHAPE, dtype),
+            spec.main_kernel(c),
+            spec.arch_for(c, "sm_90"),
+            (),
+        )
+        for spec, dtype, c in classes
+    ]
+    return list(zip(classes, compile_many(jobs, cache_dir=cubin_cache), strict=True))
+
+
+def test_every_wgmma_config_class_is_built(wgmma_builds):
+    classes = {(spec.name, dtype) for (spec, dtype, _), _ in wgmma_builds}
+    assert classes == {
+        (name, dtype)
+        for name in ("matmul", "matmul_nt", "matmul_tn")
+        for dtype in ("float16", "bfloat16")
+    }
+    tiles = {(c["BM"], c["BN"], c["CLUSTER_M"]) for (_, _, c), _ in wgmma_builds}
+    # 8 tiles (not 256 x 256), 2-CTA clusters of the 5 with BN 128 or 256
+    assert len(tiles) == 8 + 5, sorted(tiles)
+
+
+def test_wgmma_configs_build_for_sm_90a_without_spills_within_their_budget(wgmma_builds):
+    from kernels.matmul import WGMMA_STATIC_SHARED, threads_per_block, wgmma_shared_bytes
+
+    for (spec, dtype, config), result in wgmma_builds:
+        where = f"{spec.name} {dtype} {config}"
+        assert not isinstance(result, CompileError), f"{where}: {result}\n{result.log}"
+        assert result.spill_bytes == 0 and result.local_bytes == 0, where
+        assert "Performance Loss" not in result.log, f"{where}: {result.log}"
+        threads = threads_per_block(config)
+        assert result.registers <= min(255, 65536 // threads // 8 * 8), where
+        # the spec's shared-memory model is what ptxas reports
+        assert result.shared_static_bytes == WGMMA_STATIC_SHARED, where
+        assert wgmma_shared_bytes(config) + result.shared_static_bytes <= SM90_SHARED, where
+
+
+def test_wgmma_source_does_not_build_for_plain_sm_90():
+    """wgmma and setmaxnreg exist only in sm_90a code: the arch hook is what makes it build."""
+    from kernels import get_operator
+    from tuner.nvcc import compile_kernel
+
+    spec = get_operator("matmul")
+    (_, dtype, config) = next(c for c in _wgmma_classes() if c[0] is spec)
+    with pytest.raises(CompileError):
+        compile_kernel(spec.render(config, WGMMA_SHAPE, dtype), spec.main_kernel(config), "sm_90")

@@ -1,0 +1,271 @@
+"""The wgmma path of the matmul specs (``ENGINE="wgmma"``): its space and constraints, the arch
+it asks for, its rendering, launch and the TMA tensor maps its step declares; and that the
+mma.sync configs are untouched by it."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+
+from kernels import get_operator
+from kernels.matmul import (
+    MMA_PARAMS,
+    PERSISTENT_CTAS,
+    WGMMA_PINNED,
+    WGMMA_STATIC_SHARED,
+    WGMMA_TEMPLATE,
+    threads_per_block,
+    wgmma_accumulators,
+    wgmma_shared_bytes,
+)
+from kernels.spec import TensorMap
+from tuner.backends.pycuda import check_on_gpu, operator_space
+from tuner.gpus import find_gpu
+from tuner.space import SearchSpace
+
+SPEC = get_operator("matmul")
+NT = get_operator("matmul_nt")
+TN = get_operator("matmul_tn")
+SPECS = (SPEC, NT, TN)
+SHAPE = (4096, 4096, 4096)
+
+
+def wgmma_cfg(**kw):
+    base = {
+        **WGMMA_PINNED,
+        "BM": 128,
+        "BN": 256,
+        "BK": 64,
+        "STAGES": 4,
+        "ENGINE": "wgmma",
+        "CLUSTER_M": 1,
+        "PERSISTENT": 0,
+    }
+    return {**base, **kw}
+
+
+@functools.cache
+def wgmma_valid(spec, shape, dtype) -> list[dict]:
+    return [
+        c
+        for c in spec.candidates(shape, dtype)
+        if c["ENGINE"] == "wgmma" and spec.check(c, shape, dtype) is None
+    ]
+
+
+def test_candidates_hold_exactly_the_valid_configs_of_the_whole_product():
+    """The spec's candidates list (what the backends enumerate) misses no valid config of the
+    whole product, in its order."""
+    shape, dtype = (1000, 1000, 1000), "bfloat16"
+    whole = SearchSpace(SPEC.params, lambda c: SPEC.check(c, shape, dtype)).valid_configs()
+    listed = [c for c in SPEC.candidates(shape, dtype) if SPEC.check(c, shape, dtype) is None]
+    assert listed == whole
+    assert {c["ENGINE"] for c in whole} == {"mma", "wgmma"}
+    space = operator_space(SPEC, shape, dtype, lambda c: SPEC.check(c, shape, dtype))
+    assert space.valid_configs() == whole
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_every_valid_wgmma_config_fits(spec, dtype):
+    configs = wgmma_valid(spec, SHAPE, dtype)
+    tiles = {(c["BM"], c["BN"]) for c in configs}
+    assert tiles == {(m, n) for m in (64, 128, 256) for n in (64, 128, 256)} - {(256, 256)}
+    assert {c["STAGES"] for c in configs} == {2, 3, 4}
+    assert {(c["CLUSTER_M"], c["PERSISTENT"]) for c in configs} == {(1, 0), (1, 1), (2, 0), (2, 1)}
+    for c in configs:
+        assert {k: c[k] for k in WGMMA_PINNED} == WGMMA_PINNED and c["BK"] == 64
+        assert wgmma_accumulators(c) <= 128
+        assert threads_per_block(c) == (256 if c["BM"] == 64 else 384)
+        assert wgmma_shared_bytes(c) + WGMMA_STATIC_SHARED <= 227 * 1024
+        assert c["CLUSTER_M"] == 1 or c["BN"] >= 128
+    # no two valid configs launch the same kernel the same way
+    launches = {(spec.render(c, SHAPE, dtype), spec.launch(c, SHAPE, dtype)) for c in configs}
+    assert len(launches) == len(configs)
+
+
+def test_float32_has_no_wgmma_config():
+    assert wgmma_valid(SPEC, SHAPE, "float32") == []
+    assert "float16 or bfloat16" in SPEC.check(wgmma_cfg(), SHAPE, "float32")
+
+
+@pytest.mark.parametrize(
+    ("config", "reason"),
+    [
+        (wgmma_cfg(BM=256, BN=256), "accumulators"),
+        (wgmma_cfg(BN=64, CLUSTER_M=2), "BN 128 or 256"),
+        (wgmma_cfg(BK=32), "BK 64"),
+        (wgmma_cfg(STAGES=1), "STAGES 2, 3 or 4"),
+        (wgmma_cfg(VEC=4), "VEC is unused"),
+        (wgmma_cfg(WM=32), "WM is unused"),
+        (wgmma_cfg(MIN_BLOCKS=2), "MIN_BLOCKS is unused"),
+    ],
+)
+def test_check_rejects_what_the_wgmma_template_cannot_build(config, reason):
+    assert reason in SPEC.check(config, SHAPE, "float16")
+
+
+def test_mma_configs_pin_the_wgmma_tunables():
+    config = SPEC.default_config(SHAPE, "float16")
+    assert config["ENGINE"] == "mma"
+    assert "CLUSTER_M" in SPEC.check({**config, "CLUSTER_M": 2}, SHAPE, "float16")
+    assert "PERSISTENT" in SPEC.check({**config, "PERSISTENT": 1}, SHAPE, "float16")
+
+
+@pytest.mark.parametrize(
+    ("spec", "shape", "valid"),
+    [
+        (SPEC, (8192, 50257, 768), False),  # B (K, N): pitch N = 50257
+        (NT, (8192, 50257, 768), True),  # B (N, K): pitch K = 768, C's pitch may be odd
+        (SPEC, (8192, 768, 3071), False),  # A's pitch K
+        (TN, (4095, 4096, 4096), False),  # A (K, M): pitch M
+        (TN, (4096, 4095, 4096), False),  # B (K, N): pitch N
+        (NT, (4096, 4096, 4095), False),  # both pitches K
+        (SPEC, (1, 8, 8), True),  # smaller than every tile: TMA zero-fills the rest
+        (SPEC, (1001, 1000, 1000), True),  # M is nobody's pitch in matmul
+    ],
+)
+def test_tma_pitches_decide_whether_a_shape_has_wgmma_configs(spec, shape, valid):
+    for dtype in ("float16", "bfloat16"):
+        assert bool(wgmma_valid(spec, shape, dtype)) == valid, (spec.name, shape, dtype)
+    reason = spec.check(wgmma_cfg(), shape, "bfloat16")
+    assert (reason is None) == valid
+    if not valid:
+        assert "multiple of 8" in reason
+
+
+def test_persistent_is_valid_only_where_it_changes_the_grid():
+    # 1000^2 in 128 x 256 tiles: 8 x 4 = 32 tiles, fewer than the 132 CTAs
+    assert "PERSISTENT=1 launches what" in SPEC.check(
+        wgmma_cfg(PERSISTENT=1), (1000, 1000, 1000), "float16"
+    )
+    assert SPEC.check(wgmma_cfg(PERSISTENT=1), SHAPE, "float16") is None
+
+
+def test_the_arch_hooks_keep_wgmma_to_sm_90_and_build_it_for_sm_90a():
+    wgmma, mma = wgmma_cfg(), SPEC.default_config(SHAPE, "float16")
+    assert SPEC.check_arch(wgmma, "sm_90") is None
+    for arch in ("sm_80", "sm_86", "sm_89", "sm_100"):
+        assert "needs sm_90" in SPEC.check_arch(wgmma, arch)
+        assert SPEC.check_arch(mma, arch) is None
+    assert SPEC.arch_for(wgmma, "sm_90") == "sm_90a"
+    assert SPEC.arch_for(mma, "sm_90") == "sm_90" and SPEC.arch_for(mma, "sm_80") == "sm_80"
+    # the backends' device check applies it, from the catalog's arch or the device's own
+    h200, a100 = find_gpu("H200"), find_gpu("A100 80GB")
+    assert check_on_gpu(SPEC, SHAPE, "float16", h200, wgmma) is None
+    assert "needs sm_90" in check_on_gpu(SPEC, SHAPE, "float16", a100, wgmma)
+    assert "needs sm_90" in check_on_gpu(SPEC, SHAPE, "float16", None, wgmma, "sm_80")
+    assert check_on_gpu(SPEC, SHAPE, "float16", a100, mma) is None
+
+
+def test_wgmma_render_is_the_wgmma_template_with_its_macros_and_no_shape():
+    config = wgmma_cfg(CLUSTER_M=2)
+    src = SPEC.render(config, SHAPE, "bfloat16")
+    assert SPEC.template_for(config) == WGMMA_TEMPLATE
+    assert SPEC.main_kernel(config) == "kato_matmul_wgmma"
+    assert src.endswith(WGMMA_TEMPLATE.read_text())
+    head = src[: len(src) - len(WGMMA_TEMPLATE.read_text())]
+    macros = dict(line.split()[1:3] for line in head.splitlines())
+    want = {"BM": "128", "BN": "256", "BK": "64", "STAGES": "4", "CONSUMERS": "2",
+            "CLUSTER_M": "2", "INFLIGHT": "1", "PRODUCER_REGS": "40", "CONSUMER_REGS": "232",
+            "IS_BF16": "1", "TRANS_A": "0", "TRANS_B": "0"}  # fmt: skip
+    assert {k: macros[k] for k in want} == want
+    assert "DTYPE" not in src.split("#include")[0]  # the template typedefs it
+    # one consumer warpgroup: no setmaxnreg
+    one = SPEC.render(wgmma_cfg(BM=64), SHAPE, "float16")
+    assert "#define CONSUMERS 1" in one and "#define CONSUMER_REGS 0" in one
+    # the shape and PERSISTENT change only the launch
+    assert src == SPEC.render(config, (8, 16, 8), "bfloat16")
+    assert src == SPEC.render({**config, "PERSISTENT": 1}, SHAPE, "bfloat16")
+    assert "#define TRANS_A 1" in TN.render(config, SHAPE, "bfloat16")
+    assert "#define TRANS_B 1" in NT.render(config, SHAPE, "bfloat16")
+
+
+def test_mma_sources_render_only_the_mma_tunables():
+    for dtype in ("float32", "float16"):
+        config = SPEC.default_config(SHAPE, dtype)
+        src = SPEC.render(config, SHAPE, dtype)
+        names = [line.split()[1] for line in src.splitlines() if line.startswith("#define ")]
+        assert names[: len(MMA_PARAMS)] == list(MMA_PARAMS)
+        assert not {"ENGINE", "CLUSTER_M", "PERSISTENT"} & set(names[: len(MMA_PARAMS) + 8])
+
+
+@pytest.mark.parametrize(
+    ("config", "shape", "grid", "threads"),
+    [
+        (wgmma_cfg(), (1000, 1000, 1000), 8 * 4, 384),
+        (wgmma_cfg(CLUSTER_M=2), (1000, 1000, 1000), 4 * 4 * 2, 384),
+        (wgmma_cfg(CLUSTER_M=2), (1100, 1000, 1000), 5 * 4 * 2, 384),  # last cluster half out
+        (wgmma_cfg(PERSISTENT=1), SHAPE, PERSISTENT_CTAS, 384),
+        (wgmma_cfg(PERSISTENT=1, CLUSTER_M=2), SHAPE, PERSISTENT_CTAS // 2 * 2, 384),
+        (wgmma_cfg(BM=64, BN=64), (8, 16, 8), 1, 256),
+    ],
+)
+def test_wgmma_launch(config, shape, grid, threads):
+    launch = SPEC.launch(config, shape, "float16")
+    assert launch.grid == (grid, 1, 1) and launch.block == (threads, 1, 1)
+    assert launch.grid[0] % config["CLUSTER_M"] == 0
+    stages = config["STAGES"] * (config["BM"] + config["BN"]) * 64 * 2
+    assert launch.shared_bytes == stages + 1024
+    (step,) = SPEC.steps(config, shape, "float16")
+    assert step.kernel == "kato_matmul_wgmma" and step.launch == launch
+
+
+@pytest.mark.parametrize(
+    ("spec", "map_a", "map_b"),
+    [
+        # K-major A (M, K): boxes of 64 k x BM rows; MN-major B (K, N): 64 n x 64 k
+        (SPEC, (296, 200, 128, 64), (200, 136, 64, 64)),
+        # B (N, K) K-major: a cluster's CTA loads half of the BN rows
+        (NT, (296, 200, 128, 64), (136, 200, 128, 64)),
+        # A (K, M) MN-major
+        (TN, (200, 296, 64, 64), (200, 136, 64, 64)),
+    ],
+    ids=lambda v: getattr(v, "name", None),
+)
+def test_steps_declare_the_tensor_maps_of_a_and_b(spec, map_a, map_b):
+    shape = (296, 136, 200)
+    config = wgmma_cfg(CLUSTER_M=2)
+    (step,) = spec.steps(config, shape, "bfloat16")
+    a, b, *rest = step.args
+    assert rest == [2, 3, 4, 5]  # C, M, N, K as the problem holds them
+    assert step.tensor_maps == (a, b)
+    assert (a.array, b.array) == (0, 1)
+    for got, want in ((a, map_a), (b, map_b)):
+        assert (got.rows, got.cols, got.box_rows, got.box_cols) == want
+        assert got.dtype == "bfloat16" and got.swizzle == 128
+    # the maps describe the arrays the problem makes
+    problem = spec.make_problem(shape, "bfloat16", __import__("numpy").random.default_rng(0))
+    assert problem.args[0].shape == (a.rows, a.cols) and problem.args[1].shape == (b.rows, b.cols)
+
+
+def test_tensor_map_declarations_are_checked():
+    TensorMap(0, "float16", rows=3, cols=8, box_rows=64, box_cols=64)
+    with pytest.raises(ValueError, match="16 bytes"):
+        TensorMap(0, "float16", rows=3, cols=50257, box_rows=64, box_cols=64)
+    with pytest.raises(ValueError, match="swizzle"):
+        TensorMap(0, "float32", rows=8, cols=64, box_rows=8, box_cols=64)  # 256-byte box rows
+    with pytest.raises(ValueError, match="1..256"):
+        TensorMap(0, "float16", rows=8, cols=64, box_rows=512, box_cols=64)
+    with pytest.raises(ValueError, match="dtype"):
+        TensorMap(0, "float64", rows=8, cols=64, box_rows=8, box_cols=8)
+
+
+def test_the_wgmma_template_is_part_of_the_version(tmp_path, monkeypatch):
+    before = SPEC.version
+    copy = tmp_path / "matmul_wgmma.cu"
+    copy.write_text(WGMMA_TEMPLATE.read_text() + "\n// changed\n")
+    other = type(SPEC)()
+    monkeypatch.setattr(type(other), "extra_templates", (copy,))
+    assert other.version != before
+
+
+def test_default_configs_stay_on_mma_sync():
+    """The default must run on every GPU: it never takes the sm_90-only path."""
+    for spec in SPECS:
+        for shape in ((1, 1, 1), SHAPE, (8192, 768, 3072), (8192, 50257, 768)):
+            for dtype in spec.dtypes:
+                assert spec.default_config(shape, dtype)["ENGINE"] == "mma"
+    assert math.ceil(4096 / 128) ** 2 > PERSISTENT_CTAS
