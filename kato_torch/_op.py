@@ -21,10 +21,12 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 
 def eager() -> bool:
-    """Whether a call runs as plain eager PyTorch: not traced by torch.compile/export, under no
-    dispatch mode and no functorch transform (those need the registered custom op)."""
+    """Whether a call runs as plain eager PyTorch: not traced by torch.compile/export or
+    torch.jit.trace, under no dispatch mode and no functorch transform (those need the
+    registered custom op: a trace would not see a kernel launched through ctypes)."""
     return not (
         torch.compiler.is_compiling()
+        or torch.jit.is_tracing()
         or _get_current_dispatch_mode() is not None
         or torch._C._are_functorch_transforms_active()
     )
