@@ -11,6 +11,8 @@
 //   RADIX_BITS  digit width (4..8); the passes are ceil(32 / RADIX_BITS), the last one narrower
 //   PAIRS       0: keys only; 1: an int32 value travels with every key
 //   MIN_BLOCKS  min-blocks clause of __launch_bounds__ (0 = none)
+//   SMEM_*      word offsets of radix_pass's dynamic shared memory regions and SMEM_WORDS,
+//               their total (derived from the others by radix.py, not tunables)
 //
 // One call is: radix_init (zero the histograms, tile counters and look-back buffer 0),
 // radix_histogram (every digit's global counts, one read of the input keys), then radix_pass for
@@ -51,6 +53,11 @@
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 0
 #endif
+#if !defined(SMEM_KEYS) || !defined(SMEM_VALS) || !defined(SMEM_WARP) || !defined(SMEM_COUNT) || \
+    !defined(SMEM_START) || !defined(SMEM_GLOBAL) || !defined(SMEM_BASE) ||                     \
+    !defined(SMEM_TILE) || !defined(SMEM_WORDS)
+#error "the SMEM_* layout macros must be defined (kernels/sort/radix.py: shared_layout)"
+#endif
 
 namespace KATO_NS {
 
@@ -74,18 +81,31 @@ static_assert(BLOCK >= 64 && BLOCK <= 1024 && BLOCK % 64 == 0,
 static_assert(ITEMS >= 1 && ITEMS <= 32, "ITEMS must be in [1, 32]");
 static_assert(PAIRS == 0 || PAIRS == 1, "PAIRS must be 0 or 1");
 
-// Dynamic shared memory of radix_pass, in 32-bit words (kernels/sort/radix.py mirrors it):
-// the tile's keys (and values) in digit order, the per-warp digit counters, three per-digit
-// arrays (tile counts / starts, global starts, scatter bases) and the tile id.
-constexpr int kSmemKeys = 0;
-constexpr int kSmemVals = kSmemKeys + kTile;
-constexpr int kSmemWarp = kSmemVals + (PAIRS ? kTile : 0);
-constexpr int kSmemCount = kSmemWarp + kWarps * kRadix;
-constexpr int kSmemStart = kSmemCount + kRadix;
-constexpr int kSmemGlobal = kSmemStart + kRadix;
-constexpr int kSmemBase = kSmemGlobal + kRadix;
-constexpr int kSmemTile = kSmemBase + kRadix;
-constexpr int kSmemWords = kSmemTile + 1;
+// Dynamic shared memory of radix_pass, in 32-bit words: the tile's keys (and values) in digit
+// order, the per-warp digit counters, four per-digit arrays (tile counts, starts in the tile,
+// global starts, scatter bases) and the tile id. The offsets come from the host
+// (kernels/sort/radix.py: shared_layout), which launches exactly SMEM_WORDS words, so kernel
+// and launch cannot disagree; the asserts check that each region holds what is indexed in it.
+constexpr int kSmemKeys = SMEM_KEYS;
+constexpr int kSmemVals = SMEM_VALS;
+constexpr int kSmemWarp = SMEM_WARP;
+constexpr int kSmemCount = SMEM_COUNT;
+constexpr int kSmemStart = SMEM_START;
+constexpr int kSmemGlobal = SMEM_GLOBAL;
+constexpr int kSmemBase = SMEM_BASE;
+constexpr int kSmemTile = SMEM_TILE;
+constexpr int kSmemWords = SMEM_WORDS;
+static_assert(kSmemKeys >= 0, "SMEM_KEYS must not be negative");
+static_assert(kSmemVals - kSmemKeys >= kTile, "SMEM_KEYS: no room for the tile's keys");
+static_assert(kSmemWarp - kSmemVals >= (PAIRS ? kTile : 0),
+              "SMEM_VALS: no room for the tile's values");
+static_assert(kSmemCount - kSmemWarp >= kWarps * kRadix,
+              "SMEM_WARP: no room for a counter per warp and digit");
+static_assert(kSmemStart - kSmemCount >= kRadix, "SMEM_COUNT: no room for a word per digit");
+static_assert(kSmemGlobal - kSmemStart >= kRadix, "SMEM_START: no room for a word per digit");
+static_assert(kSmemBase - kSmemGlobal >= kRadix, "SMEM_GLOBAL: no room for a word per digit");
+static_assert(kSmemTile - kSmemBase >= kRadix, "SMEM_BASE: no room for a word per digit");
+static_assert(kSmemWords - kSmemTile >= 1, "SMEM_TILE: no room for the tile id");
 static_assert(kSmemWords * 4 <= 227 * 1024, "the tile does not fit in shared memory");
 
 __device__ __forceinline__ unsigned int float_mask(int key_float) {
@@ -197,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kAuxBlock)
 // One digit pass: keys_in (the input keys on pass 0, mapped to ordered form as they are read)
 // scattered stably by digit `pass` into keys_out (mapped back on the last pass), values with
 // them. Block BLOCK, grid exactly ceil(n / T) (every tile id is taken once), dynamic shared
-// memory kSmemWords * 4 bytes. status holds the two look-back buffers of tiles x radix words.
+// memory SMEM_WORDS * 4 bytes. status holds the two look-back buffers of tiles x radix words.
 extern "C" __global__ void KATO_LAUNCH_BOUNDS radix_pass(const unsigned int* __restrict__ keys_in,
                                                          unsigned int* __restrict__ keys_out,
 #if PAIRS

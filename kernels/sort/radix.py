@@ -58,13 +58,35 @@ def tiles(n: int, config: Config) -> int:
     return math.ceil(n / tile(config))
 
 
-def shared_bytes(config: Config, pairs: bool) -> int:
-    """Dynamic shared memory of ``radix_pass`` (radix.cu's kSmem* layout): the tile's keys (and
-    values), a counter per warp and digit, three per-digit arrays and the tile id."""
+def shared_layout(config: Config, pairs: bool) -> dict[str, int]:
+    """Word offsets of ``radix_pass``'s dynamic shared memory regions, in order, and
+    ``SMEM_WORDS``, their total: the one place the layout is computed. The kernel takes them as
+    macros (:func:`defines`; radix.cu asserts that each region holds what it indexes there) and
+    the launch gives it ``4 * SMEM_WORDS`` bytes (:func:`shared_bytes`)."""
     radix = 1 << config["RADIX_BITS"]
     t = tile(config)
-    words = t * (2 if pairs else 1) + (config["BLOCK"] // 32 + 3) * radix + 1
-    return words * 4
+    regions = (
+        ("SMEM_KEYS", t),  # the tile's keys in digit order
+        ("SMEM_VALS", t if pairs else 0),  # their values
+        ("SMEM_WARP", config["BLOCK"] // 32 * radix),  # a counter per warp and digit
+        ("SMEM_COUNT", radix),  # per digit: the tile's count,
+        ("SMEM_START", radix),  # its start in the tile,
+        ("SMEM_GLOBAL", radix),  # its start in the output,
+        ("SMEM_BASE", radix),  # the scatter base
+        ("SMEM_TILE", 1),  # the tile id
+    )
+    layout = {}
+    at = 0
+    for name, words in regions:
+        layout[name] = at
+        at += words
+    layout["SMEM_WORDS"] = at
+    return layout
+
+
+def shared_bytes(config: Config, pairs: bool) -> int:
+    """Dynamic shared memory of ``radix_pass``: the :func:`shared_layout`'s words."""
+    return 4 * shared_layout(config, pairs)["SMEM_WORDS"]
 
 
 def registers(config: Config, pairs: bool) -> int:
@@ -98,11 +120,13 @@ def check(config: Config, n: int, pairs: bool) -> str | None:
 
 
 def defines(config: Config, pairs: bool) -> dict[str, object]:
+    """The tunables and the shared memory layout the launch is sized for."""
     return {
         "BLOCK": config["BLOCK"],
         "ITEMS": config["ITEMS"],
         "RADIX_BITS": config["RADIX_BITS"],
         "PAIRS": int(pairs),
+        **shared_layout(config, pairs),
     }
 
 

@@ -3,10 +3,13 @@ CUDA features the transpose and sort templates use.
 
 One std::thread per CUDA thread, blocks one after another; ``std::barrier`` for
 ``__syncthreads`` and for warp shuffles (every lane of a warp must call them, as with a full
-mask on the GPU); ``static`` for ``__shared__`` (blocks run one at a time) and one buffer for
-dynamic shared memory, filled with garbage before every block. Every step of
-``spec.steps()`` is launched with its real grid and block, so the kernels' indexing, guards,
-barriers and grid-stride loops run exactly as written; only the memory hierarchy differs.
+mask on the GPU); ``static`` for ``__shared__`` (blocks run one at a time) and, for dynamic
+shared memory, exactly the step's ``Launch.shared_bytes``, filled with garbage before every
+block and ending at an inaccessible page: a kernel that indexes past what its launch gives it
+fails the case (exit 86, or 87 for a write into the bytes up to the next multiple of 16).
+Every step of ``spec.steps()`` is launched with its real grid, block and shared bytes, so the
+kernels' indexing, guards, barriers and grid-stride loops run exactly as written; only the
+memory hierarchy differs.
 
 CI has no GPU: this is how the kernels' logic is checked there.
 """
@@ -30,12 +33,15 @@ from kernels.spec import Config, OperatorSpec, Problem
 
 HEADER = r"""
 #include <barrier>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <vector_types.h>
 #include <vector_functions.h>
 #define __global__
@@ -77,16 +83,61 @@ inline int __ffs(int x) { return __builtin_ffs(x); }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
-alignas(16) unsigned char emu_smem[232448];
+// Dynamic shared memory: exactly the launch's bytes, ending where an inaccessible page
+// begins, so that any access past them faults (reads too); the up to 15 bytes between the
+// launch's size and the next multiple of 16 (the base stays 16-byte aligned) are a canary,
+// checked after every block.
+constexpr size_t kEmuSmemMax = 232448;
+unsigned char* emu_smem;        // this block's dynamic shared memory
+unsigned char* emu_smem_guard;  // the first byte of the inaccessible page
+long emu_page;
+char emu_fault_message[256];
+inline void emu_smem_fault(int, siginfo_t* info, void*) {
+  const unsigned char* at = static_cast<const unsigned char*>(info->si_addr);
+  const bool guard = at >= emu_smem_guard && at < emu_smem_guard + emu_page;
+  const char* text = guard ? emu_fault_message : "SIGSEGV outside dynamic shared memory\n";
+  if (write(2, text, std::strlen(text)) < 0) _exit(86);
+  _exit(guard ? 86 : 139);
+}
+inline void emu_smem_setup() {
+  if (emu_smem_guard) return;
+  emu_page = sysconf(_SC_PAGESIZE);
+  const size_t room = (kEmuSmemMax + 16 + emu_page - 1) / emu_page * emu_page;
+  void* base = mmap(nullptr, room + emu_page, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) std::abort();
+  emu_smem_guard = static_cast<unsigned char*>(base) + room;
+  if (mprotect(emu_smem_guard, emu_page, PROT_NONE) != 0) std::abort();
+  struct sigaction action {};
+  action.sa_sigaction = emu_smem_fault;
+  action.sa_flags = SA_SIGINFO;
+  sigaction(SIGSEGV, &action, nullptr);
+}
+constexpr unsigned char kEmuCanary = 0xa5;
 // A buffer converts to whatever pointer type the kernel's parameter has.
 struct AnyPtr {
   void* p;
   template <class T> operator T*() const { return static_cast<T*>(p); }
 };
-template <class F> void launch(F kernel, unsigned grid, unsigned bx, unsigned by) {
+// Runs grid blocks of bx x by threads, one block after another, each with `shared` bytes of
+// dynamic shared memory (Launch.shared_bytes); exits 86 or 87 when a block touches more.
+template <class F>
+void launch(F kernel, unsigned grid, unsigned bx, unsigned by, size_t shared) {
+  emu_smem_setup();
+  if (shared > kEmuSmemMax) {
+    std::fprintf(stderr, "launch: %zu bytes of dynamic shared memory > %zu\n", shared,
+                 kEmuSmemMax);
+    std::exit(85);
+  }
+  const size_t room = (shared + 15) / 16 * 16;
+  emu_smem = emu_smem_guard - room;
   const unsigned block = bx * by;
   for (unsigned b = 0; b < grid; ++b) {
-    std::memset(emu_smem, 0xcd, sizeof emu_smem);  // stale shared memory must not matter
+    std::snprintf(emu_fault_message, sizeof emu_fault_message,
+                  "block %u accessed dynamic shared memory past the launch's %zu bytes\n", b,
+                  shared);
+    std::memset(emu_smem, 0xcd, shared);  // stale shared memory must not matter
+    std::memset(emu_smem + shared, kEmuCanary, room - shared);
     std::barrier<> sync(block);
     std::vector<Warp> warps((block + 31) / 32);
     std::vector<std::thread> threads;
@@ -98,6 +149,13 @@ template <class F> void launch(F kernel, unsigned grid, unsigned bx, unsigned by
         kernel();
       });
     for (auto& thread : threads) thread.join();
+    for (size_t i = shared; i < room; ++i) {
+      if (emu_smem[i] != kEmuCanary) {
+        std::fprintf(stderr, "block %u wrote dynamic shared memory byte %zu of a %zu-byte "
+                     "launch\n", b, i, shared);
+        std::exit(87);
+      }
+    }
   }
 }
 #include <cuda_fp16.h>
@@ -280,8 +338,10 @@ def emulation_source(cases: Sequence[Case], problems: Sequence[Problem]) -> str:
             if case.grid_cap:
                 grid = min(grid, case.grid_cap)
             bx, by, _ = step.launch.block
+            shared = step.launch.shared_bytes
             calls.append(
-                f"    launch([&] {{ {step.kernel}_{i}({', '.join(args)}); }}, {grid}, {bx}, {by});"
+                f"    launch([&] {{ {step.kernel}_{i}({', '.join(args)}); }}, {grid}, {bx}, {by}, "
+                f"{shared});"
             )
         dispatch.append(f"  case {i}:\n" + "\n".join(calls) + "\n    break;")
     parts.append(

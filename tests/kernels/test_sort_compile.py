@@ -19,7 +19,7 @@ from compile_harness import Outcome, compile_variants, distinct_variants
 
 from kernels import get_operator
 from kernels.sort import radix, register_cap
-from tuner.nvcc import nvcc_available
+from tuner.nvcc import CompileError, compile_kernel, nvcc_available
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
 
@@ -75,3 +75,21 @@ def test_resources_match_the_model(outcomes: list[Outcome]) -> None:
             if res.shared_static_bytes != static:
                 bad.append(f"{o.arch} {o.variant} {name}: {res.shared_static_bytes} B static")
     assert not bad, "\n".join(bad[:10])
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [("SMEM_WORDS", "SMEM_TILE: no room"), ("SMEM_TILE", "SMEM_BASE: no room")],
+)
+def test_a_layout_short_of_what_radix_pass_indexes_does_not_compile(name, message) -> None:
+    """radix.cu asserts that the host's layout (the launch's size) holds every region it
+    indexes: a layout one word short of the kernel's use fails at compile time."""
+    config = {"BLOCK": 256, "ITEMS": 8, "RADIX_BITS": 4}
+    layout = radix.shared_layout(config, pairs=True)
+    source = PAIRS.render(config, (2**20,), "int32")
+    line = f"#define {name} {layout[name]}\n"
+    assert line in source
+    short = source.replace(line, f"#define {name} {layout[name] - 1}\n")
+    with pytest.raises(CompileError) as error:
+        compile_kernel(short, "radix_pass", "sm_90", use_cache=False)
+    assert message in error.value.log

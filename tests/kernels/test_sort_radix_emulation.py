@@ -5,11 +5,13 @@ mix; outputs compared exactly with the references (the pairs' values in stable o
 
 Blocks run one after another in the emulation, so a tile's look-back always finds its
 predecessors done: this checks the indexing, the ranking and the prefix arithmetic, not the
-concurrency (that is the GPU tests' part)."""
+concurrency (that is the GPU tests' part). Each block gets exactly its launch's dynamic shared
+memory, so a kernel that indexes more than the spec launches fails here too."""
 
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import cuda_emulation
@@ -137,3 +139,39 @@ def test_radix_kernels_on_the_cpu(radix_emulation, tmp_path: Path) -> None:
         assert case.spec.check(case.config, case.shape, case.dtype) is None, case
     failures = run_cases(cases, tmp_path, np.random.default_rng(5), binaries=2)
     assert not failures, "\n".join(failures[:10])
+
+
+class ShortShared(Sort1dSpec):
+    """sort_1d whose scatter passes are launched with ``short`` bytes less dynamic shared memory
+    than radix.cu's layout (issue 32: 8900 of 8964 bytes at BLOCK=256, ITEMS=8, RADIX_BITS=4,
+    one per-digit array missing)."""
+
+    def __init__(self, short: int) -> None:
+        super().__init__()
+        self.short = short
+
+    def steps(self, config, shape, dtype):
+        out = []
+        for step in super().steps(config, shape, dtype):
+            if step.kernel == "radix_pass":
+                launch = replace(step.launch, shared_bytes=step.launch.shared_bytes - self.short)
+                step = replace(step, launch=launch)
+            out.append(step)
+        return out
+
+
+def test_the_emulation_fails_a_launch_short_of_shared_memory(
+    radix_emulation, tmp_path: Path
+) -> None:
+    """The bug class of issue 32 fails on the CPU: an access past the launch's bytes faults
+    (64 short: the launch of the H200 failure), and a write into the padding up to the next
+    16 bytes trips the canary (2 short)."""
+    config = {"BLOCK": 256, "ITEMS": 8, "RADIX_BITS": 4, "ALGO": "radix"}
+    config.update(WARP_SHFL=0, SMEM_FUSE=1, FUSE=1)
+    assert radix.shared_bytes(config, pairs=False) == 8964
+    cases = [Case(ShortShared(64), config, (1,), "float32")]
+    cases.append(Case(ShortShared(2), config, (2049,), "int32"))
+    failures = run_cases(cases, tmp_path, np.random.default_rng(1), binaries=1)
+    assert len(failures) == 2, failures
+    assert "exit 86" in failures[0] and "past the launch's 8900 bytes" in failures[0]
+    assert "exit 87" in failures[1] and "8962-byte launch" in failures[1]

@@ -109,6 +109,34 @@ def test_every_valid_radix_config_fits_the_device_model(dtype) -> None:
             assert launch.grid[0] == math.ceil(2**24 / radix.tile(config))
 
 
+@pytest.mark.parametrize("pairs", (False, True), ids=("keys", "pairs"))
+def test_shared_layout_is_what_the_kernel_indexes_and_the_launch_gives(pairs) -> None:
+    """One layout for kernel and launch (issue 32: the launch counted three per-digit arrays,
+    radix.cu four): every valid config's regions in radix.cu's order with its sizes, the
+    kernel compiled with exactly those offsets, the launch 4 bytes per word of it."""
+    spec = PAIRS if pairs else SORT_1D
+    names = ["SMEM_KEYS", "SMEM_VALS", "SMEM_WARP", "SMEM_COUNT", "SMEM_START"]
+    names += ["SMEM_GLOBAL", "SMEM_BASE", "SMEM_TILE", "SMEM_WORDS"]
+    configs = [c for c in valid(spec) if c.get("ALGO", "radix") == "radix"]
+    assert len(configs) >= 50
+    for config in configs:
+        layout = radix.shared_layout(config, pairs)
+        assert list(layout) == names
+        t, digits = radix.tile(config), 1 << config["RADIX_BITS"]
+        sizes = [t, t if pairs else 0, config["BLOCK"] // 32 * digits, *[digits] * 4, 1]
+        offsets = list(layout.values())
+        assert offsets[0] == 0
+        assert [b - a for a, b in zip(offsets, offsets[1:], strict=False)] == sizes, config
+        source = spec.render(config, (2**20,), "int32")
+        for name, words in layout.items():
+            assert f"#define {name} {words}\n" in source
+        launch = spec.launch(config, (2**20,), "int32")
+        assert launch.shared_bytes == radix.shared_bytes(config, pairs) == 4 * offsets[-1]
+    # The launches of the issue's failures, now what radix.cu indexes.
+    assert radix.shared_bytes({"BLOCK": 256, "ITEMS": 8, "RADIX_BITS": 4}, False) == 8964
+    assert radix.shared_bytes({"BLOCK": 128, "ITEMS": 16, "RADIX_BITS": 4}, False) == 8708
+
+
 def _array(problem, index):
     a = problem.args[index]
     assert isinstance(a, np.ndarray), index
