@@ -8,7 +8,7 @@ what a tuning job would accept.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kernels.spec import OperatorSpec
@@ -21,15 +21,16 @@ def verify_variants(
     *,
     max_configs: int | None = None,
     seed: int = 0,
+    where: Callable[[dict[str, Any]], bool] | None = None,
 ) -> tuple[int, list[tuple[dict[str, Any], str]]]:
-    """Verify the valid configs of ``spec`` at ``shape``/``dtype`` (a seeded sample of
-    ``max_configs`` of them, the default config always included). Returns ``(checked,
-    failures)`` with one ``(config, error)`` per failing config."""
+    """Verify the valid configs of ``spec`` at ``shape``/``dtype`` (those ``where`` accepts;
+    a seeded sample of ``max_configs`` of them, the default config always included). Returns
+    ``(checked, failures)`` with one ``(config, error)`` per failing config."""
     from tuner.backends.pycuda import PyCudaBackend
 
     backend = PyCudaBackend(spec, shape, dtype, repeats=1, warmup=0, seed=seed)
     try:
-        valid = backend.space().valid_configs()
+        valid = [c for c in backend.space().valid_configs() if where is None or where(c)]
         assert valid, f"no valid config for {spec.name} {tuple(shape)} {dtype}"
         if max_configs is not None and len(valid) > max_configs:
             valid = random.Random(seed).sample(valid, max_configs)
