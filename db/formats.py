@@ -8,22 +8,52 @@ characters, a date is ISO 8601 from 2000 to tomorrow, a job id is 32 lowercase h
 the models cannot know (the operator's space, rank and dtypes; whether a best config is one of
 the file's measurements) :mod:`db.importer` checks after them. Fields a model does not name
 are ignored (a later Kato may add some); the ones it names are checked.
+
+A document is read in two steps: its envelope (:class:`T4Document`, :class:`KTDocument`: the
+problem it names, its parameters, its Kato block), then its trials (``trials()``: each record
+validated and converted to milliseconds, as :class:`TrialRecord`), so that a file naming no
+problem is refused for that before its records are looked at. Every problem is a
+:class:`FormatError` naming the field (``results[3].times.runtimes[0]: ...``); the reader
+prefixes the file. :mod:`db.export` builds its files from the same models (``model_construct``
+then ``model_dump``), so their field names and nesting are the ones read here.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator
-from pydantic import ValidationError as ValidationError  # re-exported for the importer
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    PrivateAttr,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from db.models import JOB_STATUSES, utcnow
 
+# Kato's fields of a Kernel Tuner entry (a stand-in for a config not measured; its config's other
+# trials) are defined where the cache is replayed; the one leaf for both is issue 33's item 1.
+from tuner.kt_cache import OTHER_TRIALS, UNMEASURED
+
 #: The Kato block's format this code writes and reads.
 KATO_FORMAT = 1
+#: The T4 schema ``kato export`` writes, and the majors this code reads (T4 1.x:
+#: ``get_t4_results``, ``kato export``; a later minor only adds fields).
+T4_SCHEMA_VERSION = "1.0.0"
+T4_SUPPORTED_MAJORS = (1,)
 #: Bounds of what is stored: the Integer columns are 32-bit on PostgreSQL.
 MAX_INT32 = 2**31 - 1
 MAX_RANK = 8
@@ -56,7 +86,29 @@ RESOURCES = {
     "blocks_per_sm": "",
     "occupancy": "",
 }
+#: T4 ``invalidity`` -> Kato status, the first listed where several map to one ("runtime" is
+#: ``launch_error``; a ``crashed`` trial keeps its status in the result's ``kato`` object).
+INVALIDITY_STATUS: dict[str, str] = {}
+for _status, _invalidity in T4_INVALIDITY.items():
+    INVALIDITY_STATUS.setdefault(_invalidity, _status)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class FormatError(ValueError):
+    """A document that is not a valid file of its format; the message names the field."""
+
+
+#: The error type of a check a model makes beyond its fields' types (its message is whole).
+_CHECK = "kato_format"
+
+
+def check_failed(message: str, *, at: tuple[int | str, ...] = (), inline: bool = False):
+    """The error a validator raises for a check of its own: shown as ``<field>: message`` (or
+    ``<field> message`` with ``inline``) without the input, ``at`` locating it below the field
+    being validated (a list's item)."""
+    return PydanticCustomError(
+        _CHECK, "{message}", {"message": message, "at": at, "inline": inline}
+    )
 
 
 def show(value: Any) -> str:
@@ -123,6 +175,26 @@ def _lower(value: Any) -> Any:
     return value.lower() if isinstance(value, str) else value
 
 
+def _schema_version(value: str) -> str:
+    """A T4 ``schema_version`` this code reads: ``MAJOR.MINOR[.PATCH]`` of a supported major
+    (another major may mean other things)."""
+    supported = ", ".join(f"{m}.x" for m in T4_SUPPORTED_MAJORS)
+    match = re.fullmatch(r"([0-9]{1,4})\.[0-9]{1,4}(?:\.[0-9]{1,4})?", value)
+    if match is None:
+        raise check_failed(f"{show(value)} is not a version like 1.0.0; Kato reads T4 schema "
+                           f"{supported}", inline=True)  # fmt: skip
+    if int(match[1]) not in T4_SUPPORTED_MAJORS:
+        raise check_failed(f"{show(value)} is not supported: Kato reads T4 schema {supported} "
+                           f"(kato export writes {T4_SCHEMA_VERSION})", inline=True)  # fmt: skip
+    return value
+
+
+def _distinct(names: list[str]) -> list[str]:
+    if len(set(names)) != len(names):
+        raise check_failed(f"must be distinct parameter names, got {show(names)}", inline=True)
+    return names
+
+
 Count = Annotated[int, Field(strict=True, ge=0, le=MAX_INT32)]
 PositiveCount = Annotated[int, Field(strict=True, ge=1, le=MAX_INT32)]
 Milliseconds = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
@@ -139,9 +211,16 @@ ComputeCapability = Annotated[
 ]
 CudaVersion = Annotated[str, Field(strict=True, pattern=r"^[0-9A-Za-z][0-9A-Za-z._+-]{0,31}$")]
 JobId = Annotated[str, PlainValidator(_job_id)]
-Timestamp = Annotated[datetime, PlainValidator(_timestamp)]
+#: Written as ``datetime.isoformat()`` (a naive value, as SQLite returns it, stays naive).
+Timestamp = Annotated[
+    datetime,
+    PlainValidator(_timestamp),
+    PlainSerializer(lambda value: value.isoformat(), return_type=str, when_used="json"),
+]
 ParamValue = Annotated[int | float | str, PlainValidator(_param_value)]
 Config = Annotated[dict[Name, ParamValue], AfterValidator(_config_length)]
+#: A file's parameter names, in its order.
+ParamNames = Annotated[list[Name], AfterValidator(_distinct)]
 Dimension = Annotated[int, Field(strict=True, ge=1, le=MAX_INT32)]
 Shape = Annotated[list[Dimension], Field(min_length=1, max_length=MAX_RANK)]
 TrialStatus = Literal[tuple(T4_INVALIDITY)]  # type: ignore[valid-type]
@@ -151,6 +230,11 @@ TimeUnit = Annotated[
     Literal["milliseconds", "ms", "seconds", "s", "microseconds"], BeforeValidator(_lower)
 ]
 TIME_UNITS = {"milliseconds": 1.0, "ms": 1.0, "seconds": 1e3, "s": 1e3, "microseconds": 1e-3}
+SchemaVersion = Annotated[str, Field(strict=True), AfterValidator(_schema_version)]
+
+#: The fields that name a file's problem (the result key without the GPU's compute capability
+#: and CUDA version, which are per best config).
+PROBLEM_FIELDS = ("operator", "operator_version", "shape", "dtype", "gpu_model")
 
 
 class _Record(BaseModel):
@@ -181,10 +265,10 @@ class JobRecord(_Record):
 class BestRecord(_Record):
     """One entry of ``kato.best``: a winner for one compute capability and CUDA version."""
 
-    config: Config
-    time_ms: Positive
     compute_capability: ComputeCapability | None = None
     cuda_version: CudaVersion | None = None
+    config: Config
+    time_ms: Positive
     job_id: JobId | None = None
     updated_at: Timestamp | None = None
     #: The figures stored beside the winner (migration 0006), absent from older files: the
@@ -195,7 +279,9 @@ class BestRecord(_Record):
 
 
 class KatoBlock(_Record):
-    """What ``kato export`` adds to a file (KT: the top-level ``kato``; T4: ``metadata.kato``)."""
+    """What ``kato export`` adds to a file (KT: the top-level ``kato``; T4: ``metadata.kato``).
+
+    A job is listed once; its trials name it (KT: ``kato_job``, T4: ``kato.job``)."""
 
     format: Annotated[int, Field(strict=True, ge=1, le=KATO_FORMAT)] | None = None
     operator: Name | None = None
@@ -203,9 +289,81 @@ class KatoBlock(_Record):
     shape: Shape | None = None
     dtype: Dtype | None = None
     gpu_model: Name | None = None
-    params: list[Name] | None = None
+    params: ParamNames | None = None
     jobs: list[JobRecord] | None = None
     best: list[BestRecord] = []
+
+    @field_validator("jobs")
+    @classmethod
+    def _listed_once(cls, jobs: list[JobRecord] | None) -> list[JobRecord] | None:
+        seen: set[str] = set()
+        for i, job in enumerate(jobs or []):
+            if job.id in seen:
+                raise check_failed(f"job {job.id} is listed twice", at=(i,))
+            seen.add(job.id)
+        return jobs
+
+    @property
+    def lists_jobs(self) -> bool:
+        """Whether the block says which jobs the trials belong to (a Kato export does: then
+        the file's jobs and best configs are the block's, else the reader makes them up)."""
+        return self.jobs is not None or self.format is not None
+
+
+# --- one trial, whatever the format ----------------------------------------------------------
+
+
+@dataclass
+class TrialRecord:
+    """One trial of a file, validated, its times in milliseconds (compile time in seconds, as
+    stored). ``job_id`` is ``""`` where the file does not say; ``where`` names the record."""
+
+    job_id: str
+    number: int
+    config: dict[str, Any]
+    status: str
+    time_ms: float | None
+    times_ms: list[float]
+    compile_time_s: float | None
+    resources: dict[str, Any]
+    error: str | None
+    created_at: datetime | None
+    where: str = ""
+
+
+class Resources(_Record):
+    """The resource fields of one trial (from an entry, or a T4 result's measurements)."""
+
+    registers: Count | None = None
+    shared_static_bytes: Count | None = None
+    shared_dynamic_bytes: Count | None = None
+    local_bytes: Count | None = None
+    blocks_per_sm: Count | None = None
+    occupancy: Fraction | None = None
+
+
+class _Document(_Record):
+    """What T4 and Kernel Tuner documents share: a Kato block, and where each problem field
+    lies in the file (for messages)."""
+
+    #: Where the Kato block lies in the file.
+    BLOCK_AT: ClassVar[str] = "kato"
+
+    @property
+    def block(self) -> KatoBlock | None:
+        raise NotImplementedError
+
+    @property
+    def kato_export(self) -> bool:
+        """Whether the file is Kato's own export (it has a Kato block naming anything)."""
+        return self.block is not None and bool(self.block.model_fields_set)
+
+    def problem_fields(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """The problem fields the file names (unchecked, None where absent) and where each
+        lies in the file: the Kato block's."""
+        block = self.block
+        own = block.model_dump(include=set(PROBLEM_FIELDS)) if block else {}
+        return own, {name: f"{self.BLOCK_AT}.{name}" for name in PROBLEM_FIELDS}
 
 
 # --- Kernel Tuner cache files ----------------------------------------------------------------
@@ -226,11 +384,13 @@ def _kt_time(value: Any) -> float | str:
 
 
 class KTEntry(_Record):
-    """One entry of a Kernel Tuner cache's ``cache`` (its parameters are fields of their own,
-    read by the importer by ``tune_params_keys``)."""
+    """One entry of a Kernel Tuner cache's ``cache``, or one of its ``kato_other_trials`` (its
+    parameters are fields of their own, read by :meth:`KTDocument.trials`). ``time`` is a
+    measurement exactly where ``kato_status`` (if given) is ``ok``."""
 
     time: Annotated[float | str, PlainValidator(_kt_time)]
     times: list[Milliseconds] | None = None
+    error: Text | None = None
     compile_time: Milliseconds | None = None
     registers: Count | None = None
     shared_static_bytes: Count | None = None
@@ -239,23 +399,54 @@ class KTEntry(_Record):
     blocks_per_sm: Count | None = None
     occupancy: Fraction | None = None
     timestamp: Timestamp | None = None
-    error: Text | None = None
     kato_job: JobId | None = None
     kato_number: Count | None = None
     kato_status: TrialStatus | None = None
 
+    @model_validator(mode="after")
+    def _status_fits_time(self) -> KTEntry:
+        if isinstance(self.time, str):
+            if self.status == "ok":
+                raise check_failed(f"kato_status 'ok' but time is {self.time!r}")
+        elif self.status != "ok":
+            raise check_failed(f"kato_status {self.status!r} but time is a measurement")
+        return self
 
-class KTDocument(_Record):
+    @property
+    def status(self) -> str:
+        """Kato's status of the trial: ``kato_status``, else the one ``time`` stands for."""
+        if self.kato_status is not None:
+            return self.kato_status
+        return KT_MARKERS[self.time] if isinstance(self.time, str) else "ok"
+
+    def trial(self, config: dict[str, Any], index: int, where: str) -> TrialRecord:
+        """The entry as the trial ``index`` of the file (its number unless it names one)."""
+        return TrialRecord(
+            job_id=self.kato_job or "",
+            number=self.kato_number if self.kato_number is not None else index,
+            config=config,
+            status=self.status,
+            time_ms=self.time if self.status == "ok" else None,  # type: ignore[arg-type]
+            times_ms=list(self.times or []),
+            compile_time_s=self.compile_time / 1000 if self.compile_time is not None else None,
+            resources={name: getattr(self, name) for name in RESOURCES},
+            error=self.error,
+            created_at=self.timestamp,
+            where=where,
+        )
+
+
+class KTDocument(_Document):
     """A Kernel Tuner cache file (what Kernel Tuner writes, and ``kato export --format kt``).
 
-    ``cache`` is read as raw entries: an entry Kato wrote as a stand-in for a config it did not
-    measure (``kato_unmeasured``) is no trial and is not checked as one.
+    ``cache`` is read as raw entries by :meth:`trials`: an entry Kato wrote as a stand-in for a
+    config it did not measure (``kato_unmeasured``) is no trial and is not checked as one.
     """
 
     device_name: Text | None = None
     kernel_name: Text | None = None
     problem_size: Any = None  # checked as a shape only where it is used
-    tune_params_keys: Annotated[list[Name], Field(min_length=1)]
+    tune_params_keys: Annotated[list[Name], Field(min_length=1), AfterValidator(_distinct)]
     tune_params: dict[Name, list[ParamValue]]
     objective: Text | None = None
     cache: dict[str, dict[str, Any]]
@@ -265,6 +456,72 @@ class KTDocument(_Record):
     compute_capability: ComputeCapability | None = None
     cuda_version: CudaVersion | None = None
     kato: KatoBlock | None = None
+
+    @property
+    def block(self) -> KatoBlock | None:
+        return self.kato
+
+    def problem_fields(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """The Kato block's problem fields in a Kato export; else (Kernel Tuner's cache, or an
+        older Kato one) what its top-level fields say."""
+        if self.kato_export:
+            return super().problem_fields()
+        fields = {
+            "operator": "kato_operator",
+            "operator_version": "kato_operator_version",
+            "dtype": "dtype",
+            "shape": "problem_size",
+            "gpu_model": "device_name",
+        }
+        return {name: getattr(self, field) for name, field in fields.items()}, fields
+
+    def params(self) -> list[str]:
+        """The parameter names, in the file's key order."""
+        return list(self.tune_params_keys)
+
+    def echoes(self) -> list[tuple[str, Any, str]]:
+        """In a Kato export, the top-level fields that repeat its Kato block, as ``(label,
+        value, the block's field)``: a reader holds them to agree with the block."""
+        if not self.kato_export:
+            return []
+        return [
+            ("kato_operator", self.kato_operator, "operator"),
+            ("kato_operator_version", self.kato_operator_version, "operator_version"),
+            ("dtype", self.dtype, "dtype"),
+            ("problem_size", self.problem_size, "shape"),
+            ("device_name", self.device_name, "gpu_model"),
+            ("compute_capability", self.compute_capability, "compute_capability"),
+            ("cuda_version", self.cuda_version, "cuda_version"),
+        ]
+
+    def trials(self) -> list[TrialRecord]:
+        """Every measured entry and its other trials, in file order, numbered by that order
+        where they name no number. Left out: stand-ins (:data:`UNMEASURED`) and, in a Kato
+        export, an entry of no job (a best config written as an entry; the block has it).
+
+        Raises:
+            FormatError: an entry without all parameters, keyed by other values than its
+                parameters', or not a valid entry.
+        """
+        keys = self.tune_params_keys
+        out: list[TrialRecord] = []
+        for key, raw in self.cache.items():
+            where = f"cache[{show(key)}]"
+            if UNMEASURED in raw or (self.kato_export and "kato_job" not in raw):
+                continue
+            missing = [p for p in keys if p not in raw]
+            if missing:
+                raise FormatError(f"{where}: missing parameter(s) {', '.join(missing)}")
+            config = parse(Config, {p: raw[p] for p in keys}, where)
+            if key != ",".join(str(config[p]) for p in keys):
+                raise FormatError(f"{where}: the key is not the entry's parameters "
+                                  f"{show(config)} in tune_params_keys order")  # fmt: skip
+            out.append(parse(KTEntry, raw, where).trial(config, len(out), where))
+            others = parse(list[dict[str, Any]], raw.get(OTHER_TRIALS) or [], where)
+            for j, other in enumerate(others):
+                at = f"{where}.{OTHER_TRIALS}[{j}]"
+                out.append(parse(KTEntry, other, at).trial(config, len(out), at))
+        return out
 
 
 # --- T4 results files ------------------------------------------------------------------------
@@ -278,7 +535,7 @@ class T4Times(_Record):
 
 class T4Measurement(_Record):
     name: Text
-    value: Any = None  # typed by name (:class:`Resources`, the time) where it is used
+    value: Any = None  # typed by name (:class:`Resources`, the time) by :class:`T4Result`
     unit: Text | None = None
 
 
@@ -291,14 +548,89 @@ class T4Kato(_Record):
     error: Text | None = None
 
 
+class _Measured(_Record):
+    """A measured result's ``time`` measurement (in the document's time unit)."""
+
+    time: Positive
+
+
+class _T4Values(_Record):
+    """A T4 result's measurements by name, typed: what :class:`T4Result` checks them as."""
+
+    measurements: Resources
+
+
+class _T4Time(_Record):
+    measurements: _Measured
+
+
 class T4Result(_Record):
+    """One T4 result: a trial. Its ``kato.status`` (where given) is one its ``invalidity``
+    stands for; a measured one has a positive ``time`` measurement; the resource measurements
+    are :class:`Resources`."""
+
+    timestamp: Timestamp | None = None
     configuration: Config
+    objectives: Any = None  # written as ["time"]; not read
     times: T4Times
     invalidity: Invalidity
     correctness: Any
     measurements: list[T4Measurement] | None = None
-    timestamp: Timestamp | None = None
     kato: T4Kato | None = None
+    _time: float | None = PrivateAttr(default=None)
+    _resources: Resources = PrivateAttr(default_factory=Resources)
+
+    @model_validator(mode="after")
+    def _measured_as_said(self) -> T4Result:
+        if T4_INVALIDITY[self.status] != self.invalidity:
+            raise check_failed(f"kato.status {self.status!r} is not the T4 invalidity "
+                               f"{self.invalidity!r}")  # fmt: skip
+        values = {m.name: m.value for m in self.measurements or []}
+        if self.status == "ok":
+            time = {"measurements": {"time": values.get("time")}}
+            self._time = _T4Time.model_validate(time).measurements.time
+        resources = {k: values.get(k) for k in RESOURCES}
+        self._resources = _T4Values.model_validate({"measurements": resources}).measurements
+        return self
+
+    @property
+    def status(self) -> str:
+        """Kato's status of the trial: ``kato.status``, else the one ``invalidity`` stands for."""
+        if self.kato is not None and self.kato.status is not None:
+            return self.kato.status
+        return INVALIDITY_STATUS[self.invalidity]
+
+    def trial(self, index: int, scale: float, where: str) -> TrialRecord:
+        """The result as the trial ``index`` of the file, its times multiplied by ``scale``
+        (the document's unit -> ms).
+
+        Raises:
+            FormatError: a time that is out of range in milliseconds.
+        """
+
+        def ms(value: float, at: str) -> float:
+            scaled = value * scale
+            if not math.isfinite(scaled):
+                raise FormatError(f"{where}{at}: {value!r} is out of range in milliseconds")
+            return scaled
+
+        kato = self.kato or T4Kato()
+        compile_ms = self.times.compilation_time
+        if compile_ms is None:
+            compile_ms = self.times.compilation
+        return TrialRecord(
+            job_id=kato.job or "",
+            number=kato.number if kato.number is not None else index,
+            config=dict(self.configuration),
+            status=self.status,
+            time_ms=None if self._time is None else ms(self._time, ".measurements.time"),
+            times_ms=[ms(t, ".times.runtimes") for t in self.times.runtimes or []],
+            compile_time_s=None if compile_ms is None else ms(compile_ms, ".times") / 1000,
+            resources=self._resources.model_dump(),
+            error=kato.error,
+            created_at=self.timestamp,
+            where=where,
+        )
 
 
 class T4Metadata(_Record):
@@ -306,27 +638,68 @@ class T4Metadata(_Record):
     kato: KatoBlock | None = None
 
 
-class T4Document(_Record):
+class T4Document(_Document):
     """A T4 results document's envelope; its ``results`` are read one by one as
-    :class:`T4Result` once the problem they belong to is known."""
+    :class:`T4Result` by :meth:`trials`, once the problem they belong to is known."""
 
-    schema_version: Text
+    BLOCK_AT: ClassVar[str] = "metadata.kato"
+
+    schema_version: SchemaVersion
     results: list[dict[str, Any]]
     metadata: T4Metadata | None = None
 
+    @property
+    def block(self) -> KatoBlock | None:
+        return self.metadata.kato if self.metadata else None
 
-class Resources(_Record):
-    """The resource fields of one trial (from an entry, or a T4 result's measurements)."""
+    def params(self) -> list[str]:
+        """The parameter names: the Kato block's, else the first result's configuration's.
 
-    registers: Count | None = None
-    shared_static_bytes: Count | None = None
-    shared_dynamic_bytes: Count | None = None
-    local_bytes: Count | None = None
-    blocks_per_sm: Count | None = None
-    occupancy: Fraction | None = None
+        Raises:
+            FormatError: neither names any.
+        """
+        params = self.block.params if self.block and self.block.params else None
+        first = self.results[0].get("configuration") if self.results else None
+        if not params and isinstance(first, dict):
+            params = list(first)
+        if not params:
+            raise FormatError("metadata.kato.params: no parameter names (an empty file?)")
+        return list(params)
+
+    def trials(self) -> list[TrialRecord]:
+        """Every result as a trial, in file order, times in milliseconds.
+
+        Raises:
+            FormatError: a result that is not valid.
+        """
+        scale = TIME_UNITS[(self.metadata or T4Metadata()).timeunit]
+        return [
+            parse(T4Result, raw, f"results[{i}]").trial(i, scale, f"results[{i}]")
+            for i, raw in enumerate(self.results)
+        ]
 
 
-# --- messages --------------------------------------------------------------------------------
+# --- reading and messages --------------------------------------------------------------------
+
+#: TypeAdapters by the id of their (module-level, never freed) annotated type.
+_ADAPTERS: dict[int, TypeAdapter] = {}
+
+
+def parse(kind: Any, data: Any, where: str = "") -> Any:
+    """``data`` validated as ``kind`` (a model or an annotated type of this module).
+
+    Raises:
+        FormatError: naming the fields that are wrong (below ``where``, the value's place).
+    """
+    try:
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            return kind.model_validate(data)
+        adapter = _ADAPTERS.get(id(kind))
+        if adapter is None:
+            adapter = _ADAPTERS[id(kind)] = TypeAdapter(kind)
+        return adapter.validate_python(data)
+    except ValidationError as exc:
+        raise FormatError(describe(exc, where)) from None
 
 
 def where(prefix: str, loc: tuple[int | str, ...]) -> str:
@@ -343,10 +716,16 @@ def where(prefix: str, loc: tuple[int | str, ...]) -> str:
 
 
 def describe(error: ValidationError, prefix: str = "", limit: int = 3) -> str:
-    """The first ``limit`` problems of ``error``, each as ``field: what is wrong, got value``."""
+    """The first ``limit`` problems of ``error``, each as ``field: what is wrong, got value``
+    (a model's own check, :func:`check_failed`: as its message says, without the value)."""
     problems = error.errors(include_url=False)
     parts = []
     for problem in problems[:limit]:
+        if problem["type"] == _CHECK:
+            ctx = problem["ctx"]
+            place = where(prefix, (*problem["loc"], *ctx["at"]))
+            parts.append(f"{place}{' ' if ctx['inline'] else ': '}{ctx['message']}")
+            continue
         message = problem["msg"].removeprefix("Value error, ")
         text = f"{where(prefix, problem['loc'])}: {message}"
         if problem["type"] != "missing":

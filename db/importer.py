@@ -18,7 +18,9 @@ Contract:
   the block lacks; one that disagrees with the block is an :class:`InvalidImport`, and so is a
   top-level field of a Kernel Tuner file that disagrees with its Kato block.
 - **Types** (:mod:`db.formats`, pydantic, strict): every stored field is checked for its type
-  and range, so an imported file cannot make the API fail later.
+  and range by the models of the two formats, so an imported file cannot make the API fail
+  later; this module checks only what a model cannot know (below) and builds rows from the
+  validated models.
 - **The operator**: a file is imported only for an operator registered here
   (:func:`kernels.get_operator`), with a shape of its rank and one of its dtypes
   (``spec.validate``) and exactly its parameters. At the operator's current version every
@@ -48,46 +50,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from db.formats import (
-    KT_MARKERS,
-    RESOURCES,
-    T4_INVALIDITY,
-    TIME_UNITS,
-    Config,
+    PROBLEM_FIELDS,
     Dtype,
-    KatoBlock,
+    FormatError,
     KTDocument,
-    KTEntry,
     Name,
-    Positive,
-    Resources,
     Shape,
     T4Document,
-    T4Kato,
-    T4Metadata,
-    T4Result,
-    ValidationError,
+    TrialRecord,
     Version,
-    describe,
+    parse,
     show,
 )
 from db.models import BestConfig, Job, Trial, utcnow
 from db.queries import UNCOUNTED_TRIAL_STATUSES, shape_key, trial_time
 from kato.errors import KatoError
-from tuner.kt_cache import OTHER_TRIALS, UNMEASURED
 
-TRIAL_STATUSES = tuple(T4_INVALIDITY)
-#: T4 ``invalidity`` -> Kato status, the first listed where several map to one ("runtime" is
-#: ``launch_error``; a ``crashed`` trial keeps its status in the file's ``kato`` object).
-_INVALIDITY_STATUS: dict[str, str] = {}
-for _status, _invalidity in T4_INVALIDITY.items():
-    _INVALIDITY_STATUS.setdefault(_invalidity, _status)
 _JOB_STATUSES = ("done", "failed", "cancelled")
-_PROBLEM_FIELDS = ("operator", "operator_version", "shape", "dtype", "gpu_model")
 _FLAGS = {
     "operator": "--operator",
     "operator_version": "--operator-version",
@@ -95,28 +78,10 @@ _FLAGS = {
     "dtype": "--dtype",
     "gpu_model": "--gpu",
 }
-#: TypeAdapters by the id of their (module-level, never freed) annotated type.
-_ADAPTERS: dict[int, TypeAdapter] = {}
-_RAW_TRIALS = list[dict[str, Any]]
 
 
 class InvalidImport(KatoError, ValueError):
     """A file that cannot be imported; the message names the file and the problem."""
-
-
-@dataclass
-class ParsedTrial:
-    job_id: str
-    number: int
-    config: dict[str, Any]
-    status: str
-    time_ms: float | None
-    times_ms: list[float]
-    compile_time_s: float | None
-    resources: dict[str, Any]
-    error: str | None
-    created_at: Any
-    where: str = ""  # the record in the file, for messages
 
 
 @dataclass
@@ -137,7 +102,7 @@ class ParsedBundle:
     gpu_model: str
     params: list[str]
     jobs: list[dict[str, Any]] = field(default_factory=list)
-    trials: list[ParsedTrial] = field(default_factory=list)
+    trials: list[TrialRecord] = field(default_factory=list)
     best: list[dict[str, Any]] = field(default_factory=list)
     echoes: list[tuple[str, Any, str]] = field(default_factory=list)
 
@@ -165,37 +130,23 @@ def _fail(path: Path, message: str) -> InvalidImport:
     return InvalidImport(f"{path}: {message}")
 
 
-def _parse(path: Path, kind: Any, data: Any, prefix: str = "") -> Any:
-    """``data`` validated as ``kind`` (a pydantic model or an annotated type); a validation
-    error becomes an :class:`InvalidImport` naming the fields (under ``prefix``)."""
-    try:
-        if isinstance(kind, type) and issubclass(kind, BaseModel):
-            return kind.model_validate(data)
-        adapter = _ADAPTERS.get(id(kind))
-        if adapter is None:
-            adapter = _ADAPTERS[id(kind)] = TypeAdapter(kind)
-        return adapter.validate_python(data)
-    except ValidationError as exc:
-        raise _fail(path, describe(exc, prefix)) from None
-
-
 def _load_json(path: Path) -> Any:
     try:
         raw = path.read_bytes()
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
     except (OSError, EOFError, gzip.BadGzipFile) as exc:
-        raise _fail(path, f"cannot read: {exc}") from None
+        raise FormatError(f"cannot read: {exc}") from None
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
-        raise _fail(path, f"not JSON: {exc}") from None
+        raise FormatError(f"not JSON: {exc}") from None
     # A lone surrogate escape (\ud800) decodes to a string no database can store.
     if re.search(rb"\\u[dD][89a-fA-F]", raw):
         try:
             json.dumps(data, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
-            raise _fail(path, "a string holds a lone surrogate escape (not text)") from None
+            raise FormatError("a string holds a lone surrogate escape (not text)") from None
     return data
 
 
@@ -227,55 +178,54 @@ def gpu_name_problem(name: str) -> str | None:
     return None
 
 
-def _gpu(path: Path, where: str, value: Any) -> str:
+def _gpu(where: str, value: Any) -> str:
     """A GPU model as the catalog names it (a well-formed name it does not list is kept,
     cleaned, and warned about in the report: :func:`_gpu_warnings`)."""
     from kernels.spec import InvalidInput
     from tuner.gpus import normalize_gpu_name
 
-    name = _parse(path, Name, value, where)
+    name = parse(Name, value, where)
     try:
         name = normalize_gpu_name(name)
     except InvalidInput as exc:
-        raise _fail(path, f"{where}: {exc}") from None
+        raise FormatError(f"{where}: {exc}") from None
     why = gpu_name_problem(name)
     if why is not None:
-        raise _fail(path, f"{where}: GPU model {show(name)} {why}")
-    return _parse(path, Name, name, where)
+        raise FormatError(f"{where}: GPU model {show(name)} {why}")
+    return parse(Name, name, where)
 
 
-def _shape_text(path: Path, where: str, value: str) -> list[int]:
+def _shape_text(where: str, value: str) -> list[int]:
     """A shape given as text (``4096x4096``, ``4096,4096``), as on the command line."""
     parts = re.split(r"\s*[x,X]\s*", value.strip()) if value.strip() else []
     if not parts or not all(re.fullmatch(r"[0-9]{1,10}", p) for p in parts):
-        raise _fail(path, f"{where} must look like 4096x4096, got {show(value)}")
-    return _parse(path, Shape, [int(p) for p in parts], where)
+        raise FormatError(f"{where} must look like 4096x4096, got {show(value)}")
+    return parse(Shape, [int(p) for p in parts], where)
 
 
-def _value(path: Path, where: str, name: str, value: Any) -> Any:
+def _value(where: str, name: str, value: Any) -> Any:
     """One problem field, checked and normalised (a GPU model by the catalog)."""
     if name == "shape":
         if isinstance(value, str) and where.startswith("--"):
-            return _shape_text(path, where, value)
-        return _parse(path, Shape, value, where)
+            return _shape_text(where, value)
+        return parse(Shape, value, where)
     if name == "gpu_model":
-        return _gpu(path, where, value)
+        return _gpu(where, value)
     kind = {"operator": Name, "operator_version": Version, "dtype": Dtype}[name]
-    return _parse(path, kind, value, where)
+    return parse(kind, value, where)
 
 
-def _spec(path: Path, operator: str) -> Any:
+def _spec(operator: str) -> Any:
     from kernels import get_operator
     from kernels.spec import InvalidInput
 
     try:
         return get_operator(operator)
     except InvalidInput as exc:
-        raise _fail(path, f"{exc}; Kato imports results only of the operators it has") from None
+        raise FormatError(f"{exc}; Kato imports results only of the operators it has") from None
 
 
 def _problem(
-    path: Path,
     own: Mapping[str, Any],
     overrides: Mapping[str, Any],
     *,
@@ -293,12 +243,12 @@ def _problem(
     given = {("gpu_model" if k == "gpu" else k): v for k, v in overrides.items() if v is not None}
     merged: dict[str, Any] = {}
     conflicts = []
-    for name in _PROBLEM_FIELDS:
+    for name in PROBLEM_FIELDS:
         flag = _FLAGS[name]
-        override = _value(path, flag, name, given[name]) if name in given else None
+        override = _value(flag, name, given[name]) if name in given else None
         mine = own.get(name)
         if mine is not None and (kato_export or override is None):
-            mine = _value(path, labels[name], name, mine)
+            mine = _value(labels[name], name, mine)
         else:
             mine = None
         if override is None or mine is None:
@@ -309,23 +259,16 @@ def _problem(
         else:
             merged[name] = mine
     if conflicts:
-        raise _fail(path, f"{'; '.join(conflicts)} (overrides are for files without Kato metadata)")
+        raise FormatError(f"{'; '.join(conflicts)} (overrides are for files without Kato "
+                          "metadata)")  # fmt: skip
     missing = [k for k in ("operator", "shape", "dtype", "gpu_model") if merged[k] is None]
     if missing:
         names = ", ".join(_FLAGS[m] for m in missing)
-        raise _fail(path, f"no Kato metadata for {', '.join(missing)}: pass {names}")
-    spec = _spec(path, merged["operator"])
+        raise FormatError(f"no Kato metadata for {', '.join(missing)}: pass {names}")
+    spec = _spec(merged["operator"])
     if merged["operator_version"] is None:
         merged["operator_version"] = spec.version
     return merged
-
-
-def _params(path: Path, where: str, params: Sequence[str] | None) -> list[str]:
-    if not params:
-        raise _fail(path, f"{where}: no parameter names (an empty file?)")
-    if len(set(params)) != len(params):
-        raise _fail(path, f"{where} must be distinct parameter names, got {show(list(params))}")
-    return list(params)
 
 
 def _names(config: Mapping[str, Any], params: Sequence[str]) -> str | None:
@@ -337,211 +280,37 @@ def _names(config: Mapping[str, Any], params: Sequence[str]) -> str | None:
     return f"unknown parameter(s) {', '.join(unknown)}" if unknown else None
 
 
-def _milliseconds(path: Path, where: str, value: float, scale: float) -> float:
-    scaled = value * scale
-    if not math.isfinite(scaled):
-        raise _fail(path, f"{where}: {value!r} is out of range in milliseconds")
-    return scaled
-
-
-#: The T4 schema majors this importer reads (T4 1.x: ``get_t4_results``, ``kato export``).
-T4_SUPPORTED_MAJORS = (1,)
-
-
-def _t4_version(path: Path, value: str) -> None:
-    """A T4 ``schema_version`` this importer reads: ``MAJOR.MINOR[.PATCH]`` of a supported
-    major (a later minor only adds fields; another major may mean other things)."""
-    supported = ", ".join(f"{m}.x" for m in T4_SUPPORTED_MAJORS)
-    match = re.fullmatch(r"([0-9]{1,4})\.[0-9]{1,4}(?:\.[0-9]{1,4})?", value)
-    if match is None:
-        raise _fail(path, f"schema_version {show(value)} is not a version like 1.0.0; "
-                    f"Kato reads T4 schema {supported}")  # fmt: skip
-    if int(match[1]) not in T4_SUPPORTED_MAJORS:
-        raise _fail(path, f"schema_version {show(value)} is not supported: Kato reads T4 "
-                    f"schema {supported} (kato export writes 1.0.0)")  # fmt: skip
-
-
-def _parse_t4(path: Path, data: dict[str, Any], overrides: Mapping[str, Any]) -> ParsedBundle:
-    doc = _parse(path, T4Document, data)
-    _t4_version(path, doc.schema_version)
-    metadata = doc.metadata or T4Metadata()
-    block = metadata.kato
-    scale = TIME_UNITS[metadata.timeunit]
-    labels = {name: f"metadata.kato.{name}" for name in _PROBLEM_FIELDS}
-    own = block.model_dump(include=set(_PROBLEM_FIELDS)) if block else {}
-    kato_export = block is not None and bool(block.model_fields_set)
-    problem = _problem(path, own, overrides, labels=labels, kato_export=kato_export)
-    params = block.params if block and block.params else None
-    first = doc.results[0].get("configuration") if doc.results else None
-    if not params and isinstance(first, dict):
-        params = list(first)
-    bundle = ParsedBundle(path, params=_params(path, "metadata.kato.params", params), **problem)
-    for i, raw in enumerate(doc.results):
-        where = f"results[{i}]"
-        result = _parse(path, T4Result, raw, where)
-        kato = result.kato or T4Kato()
-        status = kato.status or _INVALIDITY_STATUS[result.invalidity]
-        if T4_INVALIDITY[status] != result.invalidity:
-            raise _fail(path, f"{where}: kato.status {status!r} is not the T4 invalidity "
-                        f"{result.invalidity!r}")  # fmt: skip
-        measurements: dict[str, Any] = {m.name: m.value for m in result.measurements or []}
-        time_ms = None
-        if status == "ok":
-            measured = _parse(
-                path, Positive, measurements.get("time"), f"{where}.measurements.time"
-            )
-            time_ms = _milliseconds(path, f"{where}.measurements.time", measured, scale)
-        compile_ms = result.times.compilation_time
-        if compile_ms is None:
-            compile_ms = result.times.compilation
-        resources = _parse(
-            path, Resources, {k: measurements.get(k) for k in RESOURCES}, f"{where}.measurements"
-        )
-        bundle.trials.append(
-            ParsedTrial(
-                job_id=kato.job or "",
-                number=kato.number if kato.number is not None else i,
-                config=dict(result.configuration),
-                status=status,
-                time_ms=time_ms,
-                times_ms=[
-                    _milliseconds(path, f"{where}.times.runtimes", t, scale)
-                    for t in result.times.runtimes or []
-                ],
-                compile_time_s=None
-                if compile_ms is None
-                else _milliseconds(path, f"{where}.times", compile_ms, scale) / 1000,
-                resources=resources.model_dump(),
-                error=kato.error,
-                created_at=result.timestamp,
-                where=where,
-            )
-        )
-    _complete(bundle, path, block, "metadata.kato", None, None)
-    return bundle
-
-
-def _kt_trial(
-    path: Path, where: str, raw: Mapping[str, Any], config: dict[str, Any], index: int
-) -> ParsedTrial:
-    """One trial of a Kernel Tuner cache: an entry, or one of an entry's other trials."""
-    entry = _parse(path, KTEntry, raw, where)
-    if isinstance(entry.time, str):
-        status = entry.kato_status or KT_MARKERS[entry.time]
-        if status == "ok":
-            raise _fail(path, f"{where}: kato_status 'ok' but time is {entry.time!r}")
-    else:
-        status = entry.kato_status or "ok"
-        if status != "ok":
-            raise _fail(path, f"{where}: kato_status {status!r} but time is a measurement")
-    resources = {name: getattr(entry, name) for name in RESOURCES}
-    return ParsedTrial(
-        job_id=entry.kato_job or "",
-        number=entry.kato_number if entry.kato_number is not None else index,
-        config=config,
-        status=status,
-        time_ms=entry.time if status == "ok" else None,  # type: ignore[arg-type]
-        times_ms=list(entry.times or []),
-        compile_time_s=entry.compile_time / 1000 if entry.compile_time is not None else None,
-        resources=resources,
-        error=entry.error,
-        created_at=entry.timestamp,
-        where=where,
-    )
-
-
-def _parse_kt(path: Path, data: dict[str, Any], overrides: Mapping[str, Any]) -> ParsedBundle:
-    doc = _parse(path, KTDocument, data)
-    keys = _params(path, "tune_params_keys", doc.tune_params_keys)
-    block = doc.kato
-    kato_export = block is not None and bool(block.model_fields_set)
-    if kato_export:
-        labels = {name: f"kato.{name}" for name in _PROBLEM_FIELDS}
-        own = block.model_dump(include=set(_PROBLEM_FIELDS))
-    else:  # a Kernel Tuner cache, or an older Kato one: what its extra fields say
-        labels = {
-            "operator": "kato_operator",
-            "operator_version": "kato_operator_version",
-            "dtype": "dtype",
-            "shape": "problem_size",
-            "gpu_model": "device_name",
+def _bundle(path: Path, doc: T4Document | KTDocument, overrides: Mapping[str, Any]) -> ParsedBundle:
+    """The file's problem (its own fields and ``overrides``), its trials, jobs and best
+    configs: a Kato export's own, or a foreign file's made up (:func:`_finish_foreign`)."""
+    own, labels = doc.problem_fields()
+    problem = _problem(own, overrides, labels=labels, kato_export=doc.kato_export)
+    bundle = ParsedBundle(path, params=doc.params(), **problem)
+    if isinstance(doc, KTDocument):
+        bundle.echoes = doc.echoes()
+    bundle.trials = doc.trials()
+    block, prefix = doc.block, doc.BLOCK_AT
+    if block is None or not block.lists_jobs:
+        top = doc if isinstance(doc, KTDocument) else None
+        _finish_foreign(bundle, top and top.compute_capability, top and top.cuda_version)
+        return bundle
+    bundle.jobs = [
+        {**job.model_dump(), "where": f"{prefix}.jobs[{i}]"}
+        for i, job in enumerate(block.jobs or [])
+    ]
+    bundle.best = [
+        {
+            **best.model_dump(),
+            "compute_capability": best.compute_capability or "unknown",
+            "cuda_version": best.cuda_version or "unknown",
+            "where": f"{prefix}.best[{i}]",
         }
-        own = {
-            "operator": doc.kato_operator,
-            "operator_version": doc.kato_operator_version,
-            "dtype": doc.dtype,
-            "shape": doc.problem_size,
-            "gpu_model": doc.device_name,
-        }
-    problem = _problem(path, own, overrides, labels=labels, kato_export=kato_export)
-    bundle = ParsedBundle(path, params=keys, **problem)
-    if kato_export:
-        bundle.echoes = [
-            ("kato_operator", doc.kato_operator, "operator"),
-            ("kato_operator_version", doc.kato_operator_version, "operator_version"),
-            ("dtype", doc.dtype, "dtype"),
-            ("problem_size", doc.problem_size, "shape"),
-            ("device_name", doc.device_name, "gpu_model"),
-            ("compute_capability", doc.compute_capability, "compute_capability"),
-            ("cuda_version", doc.cuda_version, "cuda_version"),
-        ]
-    index = 0
-    for key, raw in doc.cache.items():
-        where = f"cache[{show(key)}]"
-        if UNMEASURED in raw:
-            continue  # a stand-in Kato wrote for a config it did not measure
-        if kato_export and "kato_job" not in raw:
-            continue  # a best config written as an entry; the best list has it
-        missing = [p for p in keys if p not in raw]
-        if missing:
-            raise _fail(path, f"{where}: missing parameter(s) {', '.join(missing)}")
-        config = _parse(path, Config, {p: raw[p] for p in keys}, where)
-        if key != ",".join(str(config[p]) for p in keys):
-            raise _fail(path, f"{where}: the key is not the entry's parameters "
-                        f"{show(config)} in tune_params_keys order")  # fmt: skip
-        bundle.trials.append(_kt_trial(path, where, raw, config, index))
-        index += 1
-        others = _parse(path, _RAW_TRIALS, raw.get(OTHER_TRIALS) or [], where)
-        for j, other in enumerate(others):
-            bundle.trials.append(
-                _kt_trial(path, f"{where}.{OTHER_TRIALS}[{j}]", other, config, index)
-            )
-            index += 1
-    _complete(bundle, path, block, "kato", doc.compute_capability, doc.cuda_version)
+        for i, best in enumerate(block.best)
+    ]
+    stray = {t.job_id for t in bundle.trials} - {job["id"] for job in bundle.jobs}
+    if stray:
+        raise FormatError(f"trials of jobs not listed in {prefix}.jobs: {sorted(stray)[:3]}")
     return bundle
-
-
-def _complete(
-    bundle: ParsedBundle,
-    path: Path,
-    block: KatoBlock | None,
-    prefix: str,
-    compute_capability: str | None,
-    cuda_version: str | None,
-) -> None:
-    """The jobs and best configs: a Kato export's own, or a foreign file's made up."""
-    if block is not None and (block.jobs is not None or block.format is not None):
-        bundle.jobs = []
-        seen: set[str] = set()
-        for i, job in enumerate(block.jobs or []):
-            if job.id in seen:
-                raise _fail(path, f"{prefix}.jobs[{i}]: job {job.id} is listed twice")
-            seen.add(job.id)
-            bundle.jobs.append({**job.model_dump(), "where": f"{prefix}.jobs[{i}]"})
-        bundle.best = [
-            {
-                **best.model_dump(),
-                "compute_capability": best.compute_capability or "unknown",
-                "cuda_version": best.cuda_version or "unknown",
-                "where": f"{prefix}.best[{i}]",
-            }
-            for i, best in enumerate(block.best)
-        ]
-        stray = {t.job_id for t in bundle.trials} - seen
-        if stray:
-            raise _fail(path, f"trials of jobs not listed in {prefix}.jobs: {sorted(stray)[:3]}")
-    else:
-        _finish_foreign(bundle, compute_capability, cuda_version)
 
 
 def _synthetic_job(bundle: ParsedBundle) -> str:
@@ -645,14 +414,14 @@ def _check_operator(bundle: ParsedBundle) -> None:
     module docstring); puts ``bundle.params`` in the operator's order."""
     from kernels.spec import InvalidInput
 
-    path, spec = bundle.path, _spec(bundle.path, bundle.operator)
+    spec = _spec(bundle.operator)
     try:
         spec.validate(bundle.shape, bundle.dtype)
     except InvalidInput as exc:
-        raise _fail(path, str(exc)) from None
+        raise FormatError(str(exc)) from None
     why = space_outside(spec, {p: () for p in bundle.params}, values=False)
     if why is not None:
-        raise _fail(path, why.replace("it is not", "the file is not"))
+        raise FormatError(why.replace("it is not", "the file is not"))
     bundle.params = list(spec.params)
     current = bundle.operator_version == spec.version
     problem = f"{spec.name} {'x'.join(map(str, bundle.shape))} {bundle.dtype}"
@@ -672,17 +441,17 @@ def _check_operator(bundle: ParsedBundle) -> None:
         why = reason(t.config, t.status == "ok")
         if why is not None:
             what = "measured as ok, but " if t.status == "ok" and "not valid" in why else ""
-            raise _fail(path, f"{t.where}: {what}{why}")
+            raise FormatError(f"{t.where}: {what}{why}")
     for record, name in [(j, "best_config") for j in bundle.jobs] + [
         (b, "config") for b in bundle.best
     ]:
         config = record.get(name)
         why = None if config is None else reason(config, True)
         if why is not None:
-            raise _fail(path, f"{record['where']}.{name}: {why}")
+            raise FormatError(f"{record['where']}.{name}: {why}")
 
 
-def _compute_capability(path: Path, where: str, value: str, gpu_model: str) -> None:
+def _compute_capability(where: str, value: str, gpu_model: str) -> None:
     from tuner.gpus import find_gpu
 
     gpu = find_gpu(gpu_model)
@@ -690,27 +459,26 @@ def _compute_capability(path: Path, where: str, value: str, gpu_model: str) -> N
         return
     own = ".".join(map(str, gpu.compute_capability))
     if value != own:
-        raise _fail(path, f"{where}: the compute capability of the {gpu.name} is {own}, "
-                    f"not {value!r}")  # fmt: skip
+        raise FormatError(f"{where}: the compute capability of the {gpu.name} is {own}, "
+                          f"not {value!r}")  # fmt: skip
 
 
 def _check_records(bundle: ParsedBundle) -> None:
     """The file against itself (see the module docstring): one trial per job and config; each
     job's best, and each best config naming a job of the file, one of its measurements; the
     compute capabilities; top-level fields that repeat the Kato block."""
-    path = bundle.path
-    measured: dict[tuple[str, str], ParsedTrial] = {}
+    measured: dict[tuple[str, str], TrialRecord] = {}
     seen: dict[tuple[str, str], str] = {}
     for t in bundle.trials:
-        key = (t.job_id, ",".join(str(t.config[p]) for p in bundle.params))
+        key = (t.job_id, _config_key(bundle, t.config))
         if key in seen:
-            raise _fail(path, f"{t.where}: job {t.job_id} has this config already ({seen[key]})")
+            raise FormatError(f"{t.where}: job {t.job_id} has this config already ({seen[key]})")
         seen[key] = t.where
         if t.status == "ok":
             measured[key] = t
 
     def backed(job_id: str, config: Mapping[str, Any], time_ms: float) -> bool:
-        t = measured.get((job_id, ",".join(str(config[p]) for p in bundle.params)))
+        t = measured.get((job_id, _config_key(bundle, config)))
         return t is not None and math.isclose(t.time_ms or 0.0, time_ms, rel_tol=1e-9)
 
     jobs = {job["id"] for job in bundle.jobs}
@@ -719,34 +487,39 @@ def _check_records(bundle: ParsedBundle) -> None:
         if (config, time_ms) != (None, None) and (
             config is None or time_ms is None or not backed(job["id"], config, time_ms)
         ):
-            raise _fail(path, f"{job['where']}: its best_config {show(config)} at "
-                        f"{show(time_ms)} ms is not among the job's measured trials in the "
-                        "file")  # fmt: skip
+            raise FormatError(f"{job['where']}: its best_config {show(config)} at "
+                              f"{show(time_ms)} ms is not among the job's measured trials in "
+                              "the file")  # fmt: skip
     for best in bundle.best:
         if best["job_id"] in jobs and not backed(best["job_id"], best["config"], best["time_ms"]):
-            raise _fail(path, f"{best['where']}: config {show(best['config'])} at "
-                        f"{best['time_ms']!r} ms is not among the file's measured trials of "
-                        f"job {best['job_id']}")  # fmt: skip
-        _compute_capability(path, best["where"], best["compute_capability"], bundle.gpu_model)
-    problem = {name: getattr(bundle, name) for name in _PROBLEM_FIELDS}
+            raise FormatError(f"{best['where']}: config {show(best['config'])} at "
+                              f"{best['time_ms']!r} ms is not among the file's measured trials "
+                              f"of job {best['job_id']}")  # fmt: skip
+        _compute_capability(best["where"], best["compute_capability"], bundle.gpu_model)
+    _check_echoes(bundle)
+
+
+def _check_echoes(bundle: ParsedBundle) -> None:
+    """Top-level fields of a Kernel Tuner export that repeat its Kato block agree with it."""
+    problem = {name: getattr(bundle, name) for name in PROBLEM_FIELDS}
     for label, value, name in bundle.echoes:
         if value is None:
             continue
         if name in problem:
             try:
-                theirs = _value(path, label, name, value)
-            except InvalidImport:
+                theirs = _value(label, name, value)
+            except FormatError:
                 theirs = value  # not even a value of the field: it disagrees
             if theirs != problem[name]:
-                raise _fail(path, f"{label} {show(value)} disagrees with kato.{name} "
-                            f"{show(problem[name])}")  # fmt: skip
+                raise FormatError(f"{label} {show(value)} disagrees with kato.{name} "
+                                  f"{show(problem[name])}")  # fmt: skip
             continue
         if name == "compute_capability":
-            _compute_capability(path, label, value, bundle.gpu_model)
+            _compute_capability(label, value, bundle.gpu_model)
         known = sorted({b[name] for b in bundle.best})
         if known and value not in known:
-            raise _fail(path, f"{label} {show(value)} disagrees with the Kato block's best "
-                        f"configs ({', '.join(known)})")  # fmt: skip
+            raise FormatError(f"{label} {show(value)} disagrees with the Kato block's best "
+                              f"configs ({', '.join(known)})")  # fmt: skip
 
 
 def read_file(path: str | Path, overrides: Mapping[str, Any] | None = None) -> ParsedBundle:
@@ -758,8 +531,8 @@ def read_file(path: str | Path, overrides: Mapping[str, Any] | None = None) -> P
     path = Path(path)
     try:
         return _read(path, overrides or {})
-    except InvalidImport:
-        raise
+    except FormatError as exc:
+        raise _fail(path, str(exc)) from None
     except Exception as exc:  # a case no check above foresaw: still this file's fault
         raise _fail(path, f"cannot import: {type(exc).__name__}: {exc}") from exc
 
@@ -767,16 +540,15 @@ def read_file(path: str | Path, overrides: Mapping[str, Any] | None = None) -> P
 def _read(path: Path, overrides: Mapping[str, Any]) -> ParsedBundle:
     data = _load_json(path)
     if not isinstance(data, dict):
-        raise _fail(path, "expected a JSON object")
+        raise FormatError("expected a JSON object")
     if "results" in data and "schema_version" in data:
-        bundle = _parse_t4(path, data, overrides)
+        bundle = _bundle(path, parse(T4Document, data), overrides)
     elif all(k in data for k in ("tune_params_keys", "tune_params", "cache")):
-        bundle = _parse_kt(path, data, overrides)
+        bundle = _bundle(path, parse(KTDocument, data), overrides)
     else:
-        raise _fail(
-            path,
+        raise FormatError(
             "neither T4 (schema_version, results) nor a Kernel Tuner cache "
-            "(tune_params_keys, tune_params, cache)",
+            "(tune_params_keys, tune_params, cache)"
         )
     _check_operator(bundle)
     _check_records(bundle)
@@ -806,7 +578,7 @@ def expand(paths: Sequence[str | Path]) -> list[Path]:
 # --- writing ---------------------------------------------------------------------------------
 
 
-def _new_job(bundle: ParsedBundle, meta: Mapping[str, Any], trials: list[ParsedTrial]) -> Job:
+def _new_job(bundle: ParsedBundle, meta: Mapping[str, Any], trials: list[TrialRecord]) -> Job:
     status = meta.get("status") if meta.get("status") in _JOB_STATUSES else "cancelled"
     error = meta.get("error")
     if meta.get("status") not in _JOB_STATUSES and meta.get("status"):
@@ -854,7 +626,7 @@ def _free_numbers(wanted: Sequence[int], held: set[int]) -> list[int]:
 
 
 def _write_bundle(session: Session, bundle: ParsedBundle, report: ImportReport) -> None:
-    by_job: dict[str, list[ParsedTrial]] = {}
+    by_job: dict[str, list[TrialRecord]] = {}
     for t in bundle.trials:
         by_job.setdefault(t.job_id, []).append(t)
     for meta in bundle.jobs:
