@@ -30,6 +30,10 @@ another Kato installation can import them (:mod:`db.importer`)::
 
 and each trial its job, number and Kato status (KT: ``kato_job``, ``kato_number``,
 ``kato_status`` in the entry; T4: a ``kato`` object in the result).
+
+Every record is built as the :mod:`db.formats` model the importer reads it as (``model_construct``:
+what is stored is written as it is, not checked again) and written by its ``model_dump``, so the
+field names and their nesting are the reader's by construction.
 """
 
 from __future__ import annotations
@@ -44,7 +48,6 @@ import re
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,34 +55,33 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from db import queries
-from db.formats import KATO_FORMAT, RESOURCES, T4_INVALIDITY
+from db.formats import (
+    KATO_FORMAT,
+    RESOURCES,
+    T4_INVALIDITY,
+    T4_SCHEMA_VERSION,
+    BestRecord,
+    JobRecord,
+    KatoBlock,
+    KTEntry,
+    T4Document,
+    T4Kato,
+    T4Measurement,
+    T4Metadata,
+    T4Result,
+    T4Times,
+)
 from db.models import RESERVED, BestConfig, Job, Trial
 from kato.errors import KatoError
 from tuner.gpus import find_gpu
 from tuner.kt_cache import OTHER_TRIALS, KernelTunerCache, save_cache, unmeasured_entry
 
-T4_SCHEMA_VERSION = "1.0.0"
 FORMATS = ("t4", "kt")
 #: The most stand-in entries a Kernel Tuner export writes (matmul's space has 62,208 configs);
 #: a larger product (only an operator not registered here, by the values seen) gets none.
 MAX_STAND_INS = 250_000
 
 _MARKERS = {"compile_error": "CompilationFailedConfig", "invalid": "InvalidConfig"}
-_JOB_FIELDS = (
-    "id",
-    "status",
-    "budget_configs",
-    "budget_seconds",
-    "strategy",
-    "seed",
-    "trials_done",
-    "best_time_ms",
-    "best_config",
-    "error",
-    "created_at",
-    "started_at",
-    "finished_at",
-)
 
 
 class ExportError(KatoError, ValueError):
@@ -138,46 +140,50 @@ def _registered(operator: str) -> Any:
         return None
 
 
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
+def _dump(record: Any) -> dict[str, Any]:
+    """A constructed record as JSON values: the fields it was given, timestamps in ISO 8601."""
+    return record.model_dump(mode="json", exclude_unset=True)
 
 
-def _job_meta(job: Job) -> dict[str, Any]:
-    out = {name: getattr(job, name) for name in _JOB_FIELDS}
-    for name in ("created_at", "started_at", "finished_at"):
-        out[name] = _iso(out[name])
-    return out
+def _job_record(job: Job) -> JobRecord:
+    return JobRecord.model_construct(
+        **{name: getattr(job, name) for name in JobRecord.model_fields}
+    )
 
 
-def _best_meta(row: BestConfig) -> dict[str, Any]:
-    meta = {
+def _best_record(row: BestConfig) -> BestRecord:
+    fields = {
         "compute_capability": row.compute_capability,
         "cuda_version": row.cuda_version,
         "config": dict(row.config),
         "time_ms": row.time_ms,
         "job_id": row.job_id,
-        "updated_at": _iso(row.updated_at),
+        "updated_at": row.updated_at,
     }
     # The figures beside the winner, where measured (older readers ignore unknown fields).
     for name in ("default_ms", "framework_ms", "framework"):
         if getattr(row, name) is not None:
-            meta[name] = getattr(row, name)
-    return meta
+            fields[name] = getattr(row, name)
+    return BestRecord.model_construct(**fields)
+
+
+def _kato_record(bundle: Bundle, params: Sequence[str]) -> KatoBlock:
+    return KatoBlock.model_construct(
+        format=KATO_FORMAT,
+        operator=bundle.operator,
+        operator_version=bundle.operator_version,
+        shape=list(bundle.shape),
+        dtype=bundle.dtype,
+        gpu_model=bundle.gpu_model,
+        params=list(params),
+        jobs=[_job_record(job) for job in bundle.jobs],
+        best=[_best_record(row) for row in bundle.best],
+    )
 
 
 def kato_block(bundle: Bundle, params: Sequence[str]) -> dict[str, Any]:
     """The Kato metadata of a bundle (see the module docstring)."""
-    return {
-        "format": KATO_FORMAT,
-        "operator": bundle.operator,
-        "operator_version": bundle.operator_version,
-        "shape": list(bundle.shape),
-        "dtype": bundle.dtype,
-        "gpu_model": bundle.gpu_model,
-        "params": list(params),
-        "jobs": [_job_meta(job) for job in bundle.jobs],
-        "best": [_best_meta(row) for row in bundle.best],
-    }
+    return _dump(_kato_record(bundle, params))
 
 
 # --- selecting ---------------------------------------------------------------------------------
@@ -252,22 +258,22 @@ def _filtered(stmt: Any, model: Any, operator: str | None, gpu: str | None, dtyp
 
 
 def _kt_entry(trial: Trial) -> dict[str, Any]:
-    entry: dict[str, Any] = dict(trial.config)
+    fields: dict[str, Any] = {}
     if trial.status == "ok":
-        entry["time"] = trial.time_ms
-        entry["times"] = list(trial.times_ms or [])
+        fields.update(time=trial.time_ms, times=list(trial.times_ms or []))
     else:
-        entry["time"] = _MARKERS.get(trial.status, "RuntimeFailedConfig")
-        entry["error"] = trial.error
+        fields.update(time=_MARKERS.get(trial.status, "RuntimeFailedConfig"), error=trial.error)
     if trial.compile_time_s is not None:
-        entry["compile_time"] = trial.compile_time_s * 1000.0
-    for name in RESOURCES:
-        entry[name] = getattr(trial, name)
-    entry["timestamp"] = _iso(trial.created_at)
-    entry["kato_job"] = trial.job_id
-    entry["kato_number"] = trial.number
-    entry["kato_status"] = trial.status
-    return entry
+        fields["compile_time"] = trial.compile_time_s * 1000.0
+    entry = KTEntry.model_construct(
+        **fields,
+        **{name: getattr(trial, name) for name in RESOURCES},
+        timestamp=trial.created_at,
+        kato_job=trial.job_id,
+        kato_number=trial.number,
+        kato_status=trial.status,
+    )
+    return {**trial.config, **_dump(entry)}
 
 
 def _faster(new: dict[str, Any], old: dict[str, Any]) -> bool:
@@ -338,8 +344,8 @@ def bundle_to_kt(bundle: Bundle) -> KernelTunerCache:
     for key, entries in by_key.items():
         cache.entries[key] = _measured_entry(entries, list(tune_params))
     for row in sorted(bundle.best, key=lambda r: r.time_ms):  # no trial of the file has them
-        cache.entries.setdefault(cache.key(row.config), {**row.config, "time": row.time_ms,
-                                                         "times": []})  # fmt: skip
+        entry = KTEntry.model_construct(time=row.time_ms, times=[])
+        cache.entries.setdefault(cache.key(row.config), {**row.config, **_dump(entry)})
     _stand_ins(bundle, cache)
     return cache
 
@@ -361,41 +367,44 @@ def job_to_cache(session: Session, job_id: str) -> KernelTunerCache:
 
 
 def _t4_result(trial: Trial) -> dict[str, Any]:
-    times: dict[str, Any] = {"runtimes": list(trial.times_ms or [])}
+    times = {"runtimes": list(trial.times_ms or [])}
     if trial.compile_time_s is not None:
         times["compilation_time"] = trial.compile_time_s * 1000.0
     measurements = []
     if trial.status == "ok" and trial.time_ms is not None:
-        measurements.append({"name": "time", "value": trial.time_ms, "unit": "ms"})
+        measurements.append(T4Measurement.model_construct(name="time", value=trial.time_ms,
+                                                          unit="ms"))  # fmt: skip
     for name, unit in RESOURCES.items():
         value = getattr(trial, name)
         if value is not None:
-            measurements.append({"name": name, "value": value, "unit": unit})
-    return {
-        "timestamp": _iso(trial.created_at),
-        "configuration": dict(trial.config),
-        "objectives": ["time"],
-        "times": times,
-        "invalidity": T4_INVALIDITY.get(trial.status, "runtime"),
-        "correctness": 0 if trial.status == "verify_error" else 1,
-        "measurements": measurements,
-        "kato": {
-            "job": trial.job_id,
-            "number": trial.number,
-            "status": trial.status,
-            "error": trial.error,
-        },
-    }
+            measurements.append(T4Measurement.model_construct(name=name, value=value, unit=unit))
+    result = T4Result.model_construct(
+        timestamp=trial.created_at,
+        configuration=dict(trial.config),
+        objectives=["time"],
+        times=T4Times.model_construct(**times),
+        invalidity=T4_INVALIDITY.get(trial.status, "runtime"),
+        correctness=0 if trial.status == "verify_error" else 1,
+        measurements=measurements,
+        kato=T4Kato.model_construct(
+            job=trial.job_id, number=trial.number, status=trial.status, error=trial.error
+        ),  # fmt: skip
+    )
+    return _dump(result)
 
 
 def bundle_to_t4(bundle: Bundle) -> dict[str, Any]:
     """A bundle as a T4 results document (see the module docstring)."""
     params = list(bundle.tune_params())
-    return {
-        "schema_version": T4_SCHEMA_VERSION,
-        "results": [_t4_result(t) for t in bundle.trials],
-        "metadata": {"timeunit": "milliseconds", "kato": kato_block(bundle, params)},
-    }
+    metadata = T4Metadata.model_construct(
+        timeunit="milliseconds", kato=_kato_record(bundle, params)
+    )
+    document = T4Document.model_construct(
+        schema_version=T4_SCHEMA_VERSION,
+        results=[_t4_result(t) for t in bundle.trials],
+        metadata=metadata,
+    )
+    return _dump(document)
 
 
 # --- files -----------------------------------------------------------------------------------
