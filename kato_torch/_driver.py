@@ -193,7 +193,7 @@ class ArgumentSlots:
     A step's :class:`~kernels.spec.TensorMap` argument gets a 128-byte slot of its own (64-byte
     aligned), listed in :attr:`maps` with its declaration, which the launch fills from the
     array's pointer before each launch.
-    Not thread-safe: each thread keeps its own (a :class:`threading.local`)."""
+    Not thread-safe: each thread keeps its own (BoundOperator keys them by OS thread)."""
 
     def __init__(
         self,

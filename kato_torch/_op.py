@@ -32,6 +32,10 @@ def eager() -> bool:
     )
 
 
+#: Tensor types the direct path handles; anything else goes through the dispatcher.
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
 def _tensors(args: Iterable[Any]) -> Iterable[Tensor]:
     for arg in args:
         if isinstance(arg, Tensor):
@@ -88,12 +92,13 @@ class KatoOp:
         self._function = Function
 
     def __call__(self, *args: Any) -> Any:
-        if not eager():
+        tensors = list(_tensors(args))
+        # A tensor subclass (DTensor, a FakeTensor outside its mode, a quantised wrapper) must
+        # reach its __torch_dispatch__ through the registered op, not our data_ptr().
+        if not eager() or any(type(t) not in _PLAIN for t in tensors):
             return self.op(*args)
-        if (
-            self._function is not None
-            and torch.is_grad_enabled()
-            and any(t.requires_grad for t in _tensors(args))
-        ):
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            if self._function is None:  # no autograd formula (a backward op, double backward):
+                return self.op(*args)  # the custom op raises as it always did
             return self._function.apply(*args)
         return self.impl(*args)  # no input needs a gradient: nothing to record

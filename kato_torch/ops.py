@@ -935,11 +935,13 @@ def _pads_output(x2: Tensor, weight: Tensor) -> bool:
     16-bit CUDA GEMM whose out_features is not a multiple of 8 (a vocabulary of 50257: cuBLAS
     then runs at 92-137 TFLOP/s instead of 650-710 on the H200, docs/results_h200.md) and whose
     size makes the extra copies cheap against what the aligned GEMM saves. The input's rows
-    must be aligned already (in_features a multiple of 8)."""
+    must be aligned already (in_features a multiple of 8). Policy ``"torch"`` for the GEMM
+    (``matmul_nt``) means PyTorch's own op exactly: no padding."""
     m, k = x2.shape
     n = weight.shape[0]
     return (
-        x2.is_cuda
+        _policy.policy_for("matmul_nt") != "torch"
+        and x2.is_cuda
         and x2.dtype in (torch.float16, torch.bfloat16)
         and n % _ALIGN != 0
         and k % _ALIGN == 0

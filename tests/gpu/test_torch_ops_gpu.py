@@ -128,10 +128,15 @@ def test_linear_pads_an_unaligned_output_dim_and_matches_pytorch(dtype, out_feat
     zero-padded weight: the output is a view of rows padded to a multiple of 8, values and
     gradients as PyTorch's in float64."""
     x, w = rand(2, 1024, 768, dtype=dtype, scale=0.5), rand(out_features, 768, dtype=dtype)
+    bias = rand(out_features, dtype=dtype)
     y = kato_torch.linear(x, w)
     assert y.shape == (2, 1024, out_features)
     assert y.stride(-2) == -(-out_features // 8) * 8  # the padded rows' stride
     check(kato_torch.linear, torch.nn.functional.linear, [x, w], dtype, scale=12, grad_scale=60)
+    check(kato_torch.linear, torch.nn.functional.linear, [x, w, bias], dtype, scale=12,
+          grad_scale=60)  # fmt: skip
+    kato_torch.configure(client=None, policy="torch")  # PyTorch's op exactly: no padding
+    assert kato_torch.linear(x, w).is_contiguous()
 
 
 class _PassThrough(TorchDispatchMode):
