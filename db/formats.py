@@ -24,7 +24,7 @@ import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -43,6 +43,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from db.models import JOB_STATUSES, utcnow
+from kato.errors import KatoError
 
 # Kato's fields of a Kernel Tuner entry (a stand-in for a config not measured; its config's other
 # trials) are defined where the cache is replayed; the one leaf for both is issue 33's item 1.
@@ -94,8 +95,9 @@ for _status, _invalidity in T4_INVALIDITY.items():
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-class FormatError(ValueError):
-    """A document that is not a valid file of its format; the message names the field."""
+class FormatError(KatoError, ValueError):
+    """A document that is not a valid file of its format; the message names the field (the
+    importer makes it an ``InvalidImport`` naming the file too)."""
 
 
 #: The error type of a check a model makes beyond its fields' types (its message is whole).
@@ -239,6 +241,17 @@ PROBLEM_FIELDS = ("operator", "operator_version", "shape", "dtype", "gpu_model")
 
 class _Record(BaseModel):
     model_config = ConfigDict(extra="ignore")
+    _where: str = PrivateAttr(default="")
+
+    @property
+    def where(self) -> str:
+        """The record's place in its file (``kato.jobs[0]``), for messages; ``""`` if unset."""
+        return self._where
+
+    def located(self, where: str) -> Self:
+        """The record, its place in its file set to ``where``."""
+        self._where = where
+        return self
 
 
 # --- the Kato block --------------------------------------------------------------------------
@@ -365,6 +378,11 @@ class _Document(_Record):
         own = block.model_dump(include=set(PROBLEM_FIELDS)) if block else {}
         return own, {name: f"{self.BLOCK_AT}.{name}" for name in PROBLEM_FIELDS}
 
+    def echoes(self) -> list[tuple[str, Any, str]]:
+        """Fields outside the Kato block that repeat it, as ``(label, value, the block's
+        field)``: a reader holds them to agree with the block. None here."""
+        return []
+
 
 # --- Kernel Tuner cache files ----------------------------------------------------------------
 
@@ -480,8 +498,7 @@ class KTDocument(_Document):
         return list(self.tune_params_keys)
 
     def echoes(self) -> list[tuple[str, Any, str]]:
-        """In a Kato export, the top-level fields that repeat its Kato block, as ``(label,
-        value, the block's field)``: a reader holds them to agree with the block."""
+        """In a Kato export, the top-level fields that repeat its Kato block."""
         if not self.kato_export:
             return []
         return [

@@ -55,8 +55,10 @@ from sqlalchemy.orm import Session
 
 from db.formats import (
     PROBLEM_FIELDS,
+    BestRecord,
     Dtype,
     FormatError,
+    JobRecord,
     KTDocument,
     Name,
     Shape,
@@ -88,8 +90,9 @@ class InvalidImport(KatoError, ValueError):
 class ParsedBundle:
     """One file's problem, jobs, trials and best configs, checked.
 
-    ``jobs`` and ``best`` are dicts of :class:`db.formats.JobRecord` /
-    :class:`db.formats.BestRecord` fields, plus ``where`` (the record in the file).
+    ``jobs`` and ``best`` are the file's validated records, each located in the file (a foreign
+    file's made up: :func:`_finish_foreign`); a best config's compute capability and CUDA
+    version are ``unknown`` where the file does not say.
     ``echoes``: top-level fields of a Kernel Tuner file that repeat its Kato block, as
     ``(label, value, problem field)``: they must agree with it.
     """
@@ -101,9 +104,9 @@ class ParsedBundle:
     dtype: str
     gpu_model: str
     params: list[str]
-    jobs: list[dict[str, Any]] = field(default_factory=list)
+    jobs: list[JobRecord] = field(default_factory=list)
     trials: list[TrialRecord] = field(default_factory=list)
-    best: list[dict[str, Any]] = field(default_factory=list)
+    best: list[BestRecord] = field(default_factory=list)
     echoes: list[tuple[str, Any, str]] = field(default_factory=list)
 
 
@@ -285,29 +288,26 @@ def _bundle(path: Path, doc: T4Document | KTDocument, overrides: Mapping[str, An
     configs: a Kato export's own, or a foreign file's made up (:func:`_finish_foreign`)."""
     own, labels = doc.problem_fields()
     problem = _problem(own, overrides, labels=labels, kato_export=doc.kato_export)
-    bundle = ParsedBundle(path, params=doc.params(), **problem)
-    if isinstance(doc, KTDocument):
-        bundle.echoes = doc.echoes()
+    bundle = ParsedBundle(path, params=doc.params(), echoes=doc.echoes(), **problem)
     bundle.trials = doc.trials()
     block, prefix = doc.block, doc.BLOCK_AT
     if block is None or not block.lists_jobs:
-        top = doc if isinstance(doc, KTDocument) else None
-        _finish_foreign(bundle, top and top.compute_capability, top and top.cuda_version)
+        if isinstance(doc, KTDocument):  # what a Kernel Tuner file may say of its GPU
+            _finish_foreign(bundle, doc.compute_capability, doc.cuda_version)
+        else:
+            _finish_foreign(bundle, None, None)
         return bundle
-    bundle.jobs = [
-        {**job.model_dump(), "where": f"{prefix}.jobs[{i}]"}
-        for i, job in enumerate(block.jobs or [])
-    ]
+    bundle.jobs = [job.located(f"{prefix}.jobs[{i}]") for i, job in enumerate(block.jobs or [])]
     bundle.best = [
-        {
-            **best.model_dump(),
-            "compute_capability": best.compute_capability or "unknown",
-            "cuda_version": best.cuda_version or "unknown",
-            "where": f"{prefix}.best[{i}]",
-        }
+        best.model_copy(
+            update={
+                "compute_capability": best.compute_capability or "unknown",
+                "cuda_version": best.cuda_version or "unknown",
+            }
+        ).located(f"{prefix}.best[{i}]")
         for i, best in enumerate(block.best)
     ]
-    stray = {t.job_id for t in bundle.trials} - {job["id"] for job in bundle.jobs}
+    stray = {t.job_id for t in bundle.trials} - {job.id for job in bundle.jobs}
     if stray:
         raise FormatError(f"trials of jobs not listed in {prefix}.jobs: {sorted(stray)[:3]}")
     return bundle
@@ -332,17 +332,15 @@ def _finish_foreign(
         t.job_id = job_id
     ok = [t for t in bundle.trials if t.status == "ok" and t.time_ms is not None]
     fastest = min(ok, key=lambda t: t.time_ms or 0.0, default=None)
-    bundle.jobs = [
-        {
-            "id": job_id,
-            "status": "done",
-            "budget_configs": max(len(bundle.trials), 1),
-            "strategy": "imported",
-            "best_time_ms": fastest.time_ms if fastest else None,
-            "best_config": fastest.config if fastest else None,
-            "where": "the file",
-        }
-    ]
+    job = JobRecord(
+        id=job_id,
+        status="done",
+        budget_configs=max(len(bundle.trials), 1),
+        strategy="imported",
+        best_time_ms=fastest.time_ms if fastest else None,
+        best_config=fastest.config if fastest else None,
+    )
+    bundle.jobs = [job.located("the file")]
     if fastest is not None:
         from tuner.gpus import find_gpu
 
@@ -350,17 +348,14 @@ def _finish_foreign(
         cc = compute_capability or (
             ".".join(map(str, gpu.compute_capability)) if gpu else "unknown"
         )
-        bundle.best = [
-            {
-                "config": fastest.config,
-                "time_ms": fastest.time_ms,
-                "compute_capability": cc,
-                "cuda_version": cuda_version or "unknown",
-                "job_id": job_id,
-                "updated_at": None,
-                "where": "compute_capability" if compute_capability else "the file",
-            }
-        ]
+        best = BestRecord(
+            config=fastest.config,
+            time_ms=fastest.time_ms,
+            compute_capability=cc,
+            cuda_version=cuda_version or "unknown",
+            job_id=job_id,
+        )
+        bundle.best = [best.located("compute_capability" if compute_capability else "the file")]
 
 
 # --- checking against the operator and the file's own measurements ----------------------------
@@ -442,13 +437,11 @@ def _check_operator(bundle: ParsedBundle) -> None:
         if why is not None:
             what = "measured as ok, but " if t.status == "ok" and "not valid" in why else ""
             raise FormatError(f"{t.where}: {what}{why}")
-    for record, name in [(j, "best_config") for j in bundle.jobs] + [
-        (b, "config") for b in bundle.best
-    ]:
-        config = record.get(name)
+    records = [(j, "best_config", j.best_config) for j in bundle.jobs]
+    for record, name, config in records + [(b, "config", b.config) for b in bundle.best]:
         why = None if config is None else reason(config, True)
         if why is not None:
-            raise FormatError(f"{record['where']}.{name}: {why}")
+            raise FormatError(f"{record.where}.{name}: {why}")
 
 
 def _compute_capability(where: str, value: str, gpu_model: str) -> None:
@@ -481,21 +474,21 @@ def _check_records(bundle: ParsedBundle) -> None:
         t = measured.get((job_id, _config_key(bundle, config)))
         return t is not None and math.isclose(t.time_ms or 0.0, time_ms, rel_tol=1e-9)
 
-    jobs = {job["id"] for job in bundle.jobs}
+    jobs = {job.id for job in bundle.jobs}
     for job in bundle.jobs:
-        config, time_ms = job.get("best_config"), job.get("best_time_ms")
+        config, time_ms = job.best_config, job.best_time_ms
         if (config, time_ms) != (None, None) and (
-            config is None or time_ms is None or not backed(job["id"], config, time_ms)
+            config is None or time_ms is None or not backed(job.id, config, time_ms)
         ):
-            raise FormatError(f"{job['where']}: its best_config {show(config)} at "
+            raise FormatError(f"{job.where}: its best_config {show(config)} at "
                               f"{show(time_ms)} ms is not among the job's measured trials in "
                               "the file")  # fmt: skip
     for best in bundle.best:
-        if best["job_id"] in jobs and not backed(best["job_id"], best["config"], best["time_ms"]):
-            raise FormatError(f"{best['where']}: config {show(best['config'])} at "
-                              f"{best['time_ms']!r} ms is not among the file's measured trials "
-                              f"of job {best['job_id']}")  # fmt: skip
-        _compute_capability(best["where"], best["compute_capability"], bundle.gpu_model)
+        if best.job_id in jobs and not backed(best.job_id, best.config, best.time_ms):
+            raise FormatError(f"{best.where}: config {show(best.config)} at {best.time_ms!r} ms "
+                              f"is not among the file's measured trials of job "
+                              f"{best.job_id}")  # fmt: skip
+        _compute_capability(best.where, best.compute_capability or "unknown", bundle.gpu_model)
     _check_echoes(bundle)
 
 
@@ -516,7 +509,7 @@ def _check_echoes(bundle: ParsedBundle) -> None:
             continue
         if name == "compute_capability":
             _compute_capability(label, value, bundle.gpu_model)
-        known = sorted({b[name] for b in bundle.best})
+        known = sorted({getattr(b, name) for b in bundle.best})
         if known and value not in known:
             raise FormatError(f"{label} {show(value)} disagrees with the Kato block's best "
                               f"configs ({', '.join(known)})")  # fmt: skip
@@ -578,32 +571,32 @@ def expand(paths: Sequence[str | Path]) -> list[Path]:
 # --- writing ---------------------------------------------------------------------------------
 
 
-def _new_job(bundle: ParsedBundle, meta: Mapping[str, Any], trials: list[TrialRecord]) -> Job:
-    status = meta.get("status") if meta.get("status") in _JOB_STATUSES else "cancelled"
-    error = meta.get("error")
-    if meta.get("status") not in _JOB_STATUSES and meta.get("status"):
-        error = f"imported while {meta.get('status')}"
-    created = meta.get("created_at") or utcnow()
+def _new_job(bundle: ParsedBundle, meta: JobRecord, trials: list[TrialRecord]) -> Job:
+    status = meta.status if meta.status in _JOB_STATUSES else "cancelled"
+    error = meta.error
+    if meta.status not in _JOB_STATUSES and meta.status:
+        error = f"imported while {meta.status}"
+    created = meta.created_at or utcnow()
     return Job(
-        id=meta["id"],
+        id=meta.id,
         operator=bundle.operator,
         operator_version=bundle.operator_version,
         shape=list(bundle.shape),
         shape_key=shape_key(bundle.shape),
         dtype=bundle.dtype,
         gpu_model=bundle.gpu_model,
-        budget_configs=int(meta.get("budget_configs") or max(len(trials), 1)),
-        budget_seconds=meta.get("budget_seconds"),
-        strategy=meta.get("strategy") or "imported",
-        seed=meta.get("seed") or 0,
+        budget_configs=int(meta.budget_configs or max(len(trials), 1)),
+        budget_seconds=meta.budget_seconds,
+        strategy=meta.strategy or "imported",
+        seed=meta.seed or 0,
         status=status,
         trials_done=sum(t.status not in UNCOUNTED_TRIAL_STATUSES for t in trials),
-        best_time_ms=meta.get("best_time_ms"),
-        best_config=meta.get("best_config"),
+        best_time_ms=meta.best_time_ms,
+        best_config=meta.best_config,
         error=error,
         created_at=created,
-        started_at=meta.get("started_at"),
-        finished_at=meta.get("finished_at") or created,
+        started_at=meta.started_at,
+        finished_at=meta.finished_at or created,
         cancel_requested=False,
     )
 
@@ -630,18 +623,18 @@ def _write_bundle(session: Session, bundle: ParsedBundle, report: ImportReport) 
     for t in bundle.trials:
         by_job.setdefault(t.job_id, []).append(t)
     for meta in bundle.jobs:
-        present = session.get(Job, meta["id"])
+        present = session.get(Job, meta.id)
         if present is not None:
             problem = (bundle.operator, bundle.operator_version, shape_key(bundle.shape),
                        bundle.dtype, bundle.gpu_model)  # fmt: skip
             stored = (present.operator, present.operator_version, present.shape_key,
                       present.dtype, present.gpu_model)  # fmt: skip
             if stored != problem:
-                raise _fail(bundle.path, f"job {meta['id']} is stored for another problem "
+                raise _fail(bundle.path, f"job {meta.id} is stored for another problem "
                             f"({'|'.join(stored)}), not {'|'.join(problem)}")  # fmt: skip
             report.jobs_present += 1
         else:
-            session.add(_new_job(bundle, meta, by_job.get(meta["id"], [])))
+            session.add(_new_job(bundle, meta, by_job.get(meta.id, [])))
             report.jobs_added += 1
     session.flush()
     for job_id, trials in by_job.items():
@@ -679,7 +672,7 @@ def _write_bundle(session: Session, bundle: ParsedBundle, report: ImportReport) 
 
 
 def _upsert_best(
-    session: Session, bundle: ParsedBundle, best: dict[str, Any], report: ImportReport
+    session: Session, bundle: ParsedBundle, best: BestRecord, report: ImportReport
 ) -> None:
     """Insert, or replace a stored best that is strictly slower; keeps ``updated_at``."""
     row = session.scalars(
@@ -689,12 +682,12 @@ def _upsert_best(
             BestConfig.shape_key == shape_key(bundle.shape),
             BestConfig.dtype == bundle.dtype,
             BestConfig.gpu_model == bundle.gpu_model,
-            BestConfig.compute_capability == best["compute_capability"],
-            BestConfig.cuda_version == best["cuda_version"],
+            BestConfig.compute_capability == best.compute_capability,
+            BestConfig.cuda_version == best.cuda_version,
         )
     ).first()
-    job_id = best["job_id"] if best["job_id"] and session.get(Job, best["job_id"]) else None
-    updated = best["updated_at"] or utcnow()
+    job_id = best.job_id if best.job_id and session.get(Job, best.job_id) else None
+    updated = best.updated_at or utcnow()
     figures = _figures(session, bundle, best, job_id)
     if row is None:
         session.add(
@@ -705,10 +698,10 @@ def _upsert_best(
                 shape_key=shape_key(bundle.shape),
                 dtype=bundle.dtype,
                 gpu_model=bundle.gpu_model,
-                compute_capability=best["compute_capability"],
-                cuda_version=best["cuda_version"],
-                config=best["config"],
-                time_ms=best["time_ms"],
+                compute_capability=best.compute_capability,
+                cuda_version=best.cuda_version,
+                config=best.config,
+                time_ms=best.time_ms,
                 job_id=job_id,
                 updated_at=updated,
                 **figures,
@@ -716,10 +709,10 @@ def _upsert_best(
         )
         session.flush()
         report.best_added += 1
-    elif best["time_ms"] < row.time_ms:
+    elif best.time_ms < row.time_ms:
         row.config, row.time_ms, row.job_id, row.updated_at = (
-            best["config"],
-            best["time_ms"],
+            best.config,
+            best.time_ms,
             job_id,
             updated,
         )
@@ -735,7 +728,7 @@ def _upsert_best(
 
 
 def _figures(
-    session: Session, bundle: ParsedBundle, best: dict[str, Any], job_id: str | None
+    session: Session, bundle: ParsedBundle, best: BestRecord, job_id: str | None
 ) -> dict[str, Any]:
     """The figures a best record brings (``default_ms``, ``framework_ms`` with ``framework``),
     only those it has. A file without ``default_ms`` (older than migration 0006, or Kernel
@@ -743,10 +736,10 @@ def _figures(
     operator's default config for the shape, at the current version of the operator (an older
     version's default may be another config)."""
     figures = {}
-    if best.get("framework_ms") is not None:
-        figures["framework_ms"] = best["framework_ms"]
-        figures["framework"] = best.get("framework")
-    default_ms = best.get("default_ms")
+    if best.framework_ms is not None:
+        figures["framework_ms"] = best.framework_ms
+        figures["framework"] = best.framework
+    default_ms = best.default_ms
     if default_ms is None and job_id is not None:
         from kernels import get_operator
 
@@ -785,7 +778,7 @@ def import_bundles(
     # Optuna's view of the imported jobs (optuna-dashboard), once their rows are committed.
     from db.studies import record_job_studies
 
-    report.warnings += record_job_studies(session, [j["id"] for b in bundles for j in b.jobs])
+    report.warnings += record_job_studies(session, [j.id for b in bundles for j in b.jobs])
     return report
 
 

@@ -11,6 +11,7 @@ them, keeping their names and their builtin bases (``InvalidInput`` is still a `
     │   ├── UnknownGpu                     tuner.gpus
     │   └── ExpressionError                kernels.user.expr
     ├── InvalidImport (ValueError)         db.importer: a file that cannot be imported
+    ├── FormatError (ValueError)           db.formats: not a valid T4 / Kernel Tuner file
     ├── ExportError (ValueError)           db.export
     ├── UnknownId, AmbiguousId (LookupError)   db.ids (and db.tokens' token id aliases)
     ├── QuotaExceeded                      db.tokens: a token's queue is full (HTTP 429)

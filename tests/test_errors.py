@@ -17,6 +17,7 @@ ERRORS = [
     ("tuner.gpus", "UnknownGpu", ValueError),
     ("kernels.user.expr", "ExpressionError", ValueError),
     ("db.importer", "InvalidImport", ValueError),
+    ("db.formats", "FormatError", ValueError),
     ("db.export", "ExportError", ValueError),
     ("db.ids", "UnknownId", LookupError),
     ("db.ids", "AmbiguousId", LookupError),

@@ -12,12 +12,21 @@ from sqlalchemy.orm import Session, sessionmaker
 from db import queries
 from db.export import collect, export
 from db.formats import (
+    OTHER_TRIALS,
+    RESOURCES,
+    UNMEASURED,
+    BestRecord,
     FormatError,
+    JobRecord,
     KatoBlock,
     KTDocument,
     KTEntry,
     T4Document,
+    T4Kato,
+    T4Measurement,
+    T4Metadata,
     T4Result,
+    T4Times,
     parse,
 )
 from db.models import Trial
@@ -275,3 +284,37 @@ def test_an_export_is_read_by_the_models_as_stored(stored, fmt):
     (best,) = doc.block.best
     assert (best.config, best.time_ms, best.compute_capability) == (rows[0].config, 1.5, "9.0")
     assert [job.id for job in doc.block.jobs or []] == [rows[0].job_id]
+
+
+def _unnamed(record: dict, model: type) -> set[str]:
+    return set(record) - set(model.model_fields)
+
+
+@pytest.mark.parametrize("fmt", ["t4", "kt"])
+def test_every_field_an_export_writes_is_one_the_models_read(stored, fmt):
+    """The models ignore fields they do not name (a later Kato's): so nothing export writes
+    may be outside them, or it would be dropped on the way back unnoticed."""
+    factory, tmp = stored
+    with factory() as session:
+        (path,) = export(collect(session), tmp / f"fields.{fmt}.json", fmt)
+    doc = json.loads(path.read_text())
+    if fmt == "t4":
+        assert _unnamed(doc, T4Document) == set()
+        assert _unnamed(doc["metadata"], T4Metadata) == set()
+        block = doc["metadata"]["kato"]
+        for result in doc["results"]:
+            assert _unnamed(result, T4Result) == set()
+            assert _unnamed(result["times"], T4Times) == set()
+            assert _unnamed(result["kato"], T4Kato) == set()
+            for measurement in result["measurements"]:
+                assert _unnamed(measurement, T4Measurement) == set()
+                assert measurement["name"] in {"time", *RESOURCES}
+    else:
+        assert _unnamed(doc, KTDocument) == set()
+        block = doc["kato"]
+        params = set(doc["tune_params_keys"])
+        for entry in doc["cache"].values():
+            assert _unnamed(entry, KTEntry) - params <= {OTHER_TRIALS, UNMEASURED}
+    assert _unnamed(block, KatoBlock) == set()
+    assert all(_unnamed(job, JobRecord) == set() for job in block["jobs"])
+    assert all(_unnamed(best, BestRecord) == set() for best in block["best"])
