@@ -48,14 +48,20 @@ Contracts:
   Everything else either may call.
 - **A lost lease.** :meth:`JobLedger.renew` answers ``"lost"`` once the job runs under another
   worker's lease (this one's expired and the job was claimed again) and ``"cancelled"`` once a
-  cancel was requested; the caller stops before its next measurement. The ending steps check
-  ownership again in their own transaction: an owner whose lease went elsewhere ends nothing
-  (``fail`` answers ``False``, ``finish`` an ending ``lost``). A worker taken for dead (its
-  heartbeat older than a lease) may find its reservation released while it measured:
+  cancel was requested; the caller stops before its next measurement. The ending steps end the
+  job by a conditional update (``running`` under this worker's lease), so a claim or an end
+  committed since they read it is never overwritten: an owner whose lease went elsewhere ends
+  nothing, and a job ended stays as it ended (``fail`` and ``cancel`` answer ``False``,
+  ``finish`` an ending ``lost``; the caller treats it as a lost lease). A worker taken for dead
+  (its heartbeat older than a lease) may find its reservation released while it measured:
   :meth:`JobLedger.record` reserves the config again to store the result, unless another worker
   has taken it since, the budget is used up or the job stopped.
 - **Threads.** A :class:`JobLedger` may be used from several threads at once (the search, its
   write-behind thread, the heartbeat): every step opens its own session.
+- **Upgrades.** Placeholders of workers older than migration 0007 (a fleet half-way through
+  a rolling upgrade) have no ``reserved_by``; their ``error`` text names the worker. They are
+  released only once that worker is not live and the placeholder is older than a lease, never
+  at once while their worker measures (:func:`_release_stale`).
 
 Trial numbers: a reservation takes the lowest number none of the job's rows holds, under the
 job's row lock, so a released reservation's number goes to the next one: a job's numbers are
@@ -75,7 +81,7 @@ import logging
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 from sqlalchemy import delete, exists, func, or_, select, update
@@ -113,6 +119,13 @@ Adoption = Literal["moved", "newer", "measured", "lost", "gone"]
 
 #: A stored result: :meth:`tuner.backends.base.TrialResult.to_dict`'s shape (config included).
 Result = dict[str, Any]
+
+#: How code older than migration 0007 named a placeholder's worker: in its ``error`` text. Such
+#: workers still run in a fleet half-way through an upgrade (see :func:`_release_stale`).
+LEGACY_RESERVED_BY = "being measured by worker "
+
+#: Tries to end a job that changed between its read and its conditional update (SQLite).
+_END_ATTEMPTS = 3
 
 #: Tries to give a reservation a number that a writer outside the job's lock did not take.
 _NUMBER_ATTEMPTS = 5
@@ -523,9 +536,20 @@ class JobLedger:
     def _ended_by_me(self, job: Job) -> bool:
         return job.status in ("done", "failed") and job.worker_id == self.worker_id
 
-    def _still_owned(self, job: Job) -> bool:
-        """False when ``job`` runs under another worker's lease (this one lost it)."""
-        return not (job.status == "running" and job.worker_id not in (None, self.worker_id))
+    def _not_mine_to_end(self, job: Job | None) -> Ending | None:
+        """How ``job`` ended for this worker when it no longer runs under this worker's lease
+        (``None``: it does, this worker may end it). What this worker ended already (a try
+        whose commit landed, made again) answers what it stored; a job ended or claimed by
+        another worker answers ``lost`` (``cancelled`` if it was cancelled)."""
+        if job is None:
+            return Ending("missing", 0, None, "job deleted")
+        if self._ended_by_me(job):
+            return Ending(job.status, job.trials_done, job.best_time_ms, job.error)
+        if job.status == "cancelled" and job.worker_id == self.worker_id:
+            return Ending("cancelled", job.trials_done)
+        if job.status != "running" or job.worker_id != self.worker_id:
+            return Ending("lost", job.trials_done)
+        return None
 
     def finish(
         self,
@@ -541,69 +565,101 @@ class JobLedger:
         as the winner of its result key (with the default config's time, the trial of
         ``default_key``, and the framework's) and mark the job ``done`` (``failed`` when no
         config ran correctly), in one transaction. A cancel requested meanwhile ends it
-        ``cancelled``; a job under another worker's lease is left alone (``lost``). A try made
+        ``cancelled``. The job is ended only while it runs under this worker's lease (a
+        conditional update): one claimed by another worker, or ended by one, is left alone
+        (``lost``; ``cancelled`` for a cancelled one), so a done job stays done. A try made
         again after its commit landed answers what it stored."""
         self._owner_only("finish it")
 
         def finish(session: Session) -> Ending:
-            current = queries.get_job(session, self.job_id)
-            if current is None:
-                return Ending("missing", 0, None, "job deleted")
-            if self._ended_by_me(current) and not current.cancel_requested:
-                return Ending(
-                    current.status, current.trials_done, current.best_time_ms, current.error
-                )
-            if (
-                current.cancel_requested
-                or current.status != "running"
-                or not self._still_owned(current)
-            ):
-                status = "cancelled" if current.cancel_requested else "lost"
-                if status == "cancelled":
-                    queries.finish_job(session, self.job_id, status="cancelled")
-                return Ending(status, current.trials_done)
-            best_time, best_config = current.best_time_ms, current.best_config
-            measured = current.trials_done
-            if best_time is None or best_config is None:
-                error = "no config ran correctly (see the job's trials)"
-                queries.finish_job(session, self.job_id, status="failed", error=error)
-                return Ending("failed", measured, None, error)
-            default_ms = None
-            if default_key is not None:
-                default_ms = queries.trial_time(session, self.job_id, default_key)
-            queries.upsert_best_config(
-                session, operator=current.operator, operator_version=current.operator_version,
-                shape=list(current.shape), dtype=current.dtype, gpu_model=gpu_model,
-                compute_capability=compute_capability, cuda_version=cuda_version,
-                config=best_config, time_ms=best_time, job_id=self.job_id,
-                default_ms=default_ms, framework_ms=framework_ms, framework=framework,
-            )  # fmt: skip
-            queries.finish_job(session, self.job_id, status="done")
-            return Ending("done", measured, best_time, None)
+            for _ in range(_END_ATTEMPTS):
+                _lock_job(session, self.job_id)  # PostgreSQL: no claim lands before the end
+                current = queries.get_job(session, self.job_id)
+                if (ending := self._not_mine_to_end(current)) is not None:
+                    session.rollback()
+                    return ending
+                assert current is not None
+                measured, best_time = current.trials_done, current.best_time_ms
+                best_config, error = current.best_config, None
+                if current.cancel_requested:
+                    status = "cancelled"
+                elif best_time is None or best_config is None:
+                    status, error = "failed", "no config ran correctly (see the job's trials)"
+                else:
+                    status = "done"
+                if not _end_job(
+                    session, self.job_id, self.worker_id, status, error,
+                    unless_cancelled=status != "cancelled",
+                ):  # fmt: skip
+                    session.rollback()  # changed since it was read (SQLite): read it again
+                    continue
+                if status != "done":
+                    session.commit()
+                    return Ending(status, measured, None, error)
+                assert best_time is not None and best_config is not None
+                default_ms = None
+                if default_key is not None:
+                    default_ms = queries.trial_time(session, self.job_id, default_key)
+                # Commits the job's end with the winner. A writer inserting the same result
+                # key first makes it roll back and try again: the end is then made again.
+                queries.upsert_best_config(
+                    session, operator=current.operator,
+                    operator_version=current.operator_version, shape=list(current.shape),
+                    dtype=current.dtype, gpu_model=gpu_model,
+                    compute_capability=compute_capability, cuda_version=cuda_version,
+                    config=best_config, time_ms=best_time, job_id=self.job_id,
+                    default_ms=default_ms, framework_ms=framework_ms, framework=framework,
+                )  # fmt: skip
+                ended = queries.get_job(session, self.job_id)
+                if ended is not None and self._ended_by_me(ended):
+                    return Ending("done", measured, best_time, None)
+                session.rollback()
+            raise RuntimeError(f"job {self.job_id}: it kept changing while it was being ended")
 
         return self._step("finish", finish)
 
     def fail(self, error: str) -> bool:
         """Owner: mark the job ``failed`` with ``error`` (its own work failed: a backend, a
-        kernel, the search). ``False``, with nothing written, when the job runs under another
-        worker's lease now (this one lost it)."""
+        kernel, the search), only while it runs under this worker's lease. ``False``, with
+        nothing written, when it does not: another worker claimed it (this one lost its
+        lease), it was ended already (a done job stays done) or deleted. ``True`` too for a
+        try made again after its commit landed."""
         self._owner_only("fail it")
 
         def fail(session: Session) -> bool:
+            if _end_job(session, self.job_id, self.worker_id, "failed", error):
+                session.commit()
+                return True
+            session.rollback()
             current = queries.get_job(session, self.job_id)
-            if current is not None and not self._still_owned(current):
-                return False
-            queries.finish_job(session, self.job_id, status="failed", error=error)
-            return True
+            return (
+                current is not None
+                and current.status == "failed"
+                and current.worker_id == self.worker_id
+            )
 
         return self._step("mark failed", fail)
 
-    def cancel(self) -> None:
-        """Owner: mark the job ``cancelled`` (a cancel was requested and its search stopped)."""
+    def cancel(self) -> bool:
+        """Owner: mark the job ``cancelled`` (a cancel was requested and its search stopped),
+        only while it runs under this worker's lease. ``False``, with nothing written, when it
+        does not (another worker's lease, ended already, deleted): the caller lost the job.
+        ``True`` too for a try made again after its commit landed."""
         self._owner_only("cancel it")
-        self._step(
-            "mark cancelled", lambda s: queries.finish_job(s, self.job_id, status="cancelled")
-        )
+
+        def cancel(session: Session) -> bool:
+            if _end_job(session, self.job_id, self.worker_id, "cancelled"):
+                session.commit()
+                return True
+            session.rollback()
+            current = queries.get_job(session, self.job_id)
+            return (
+                current is not None
+                and current.status == "cancelled"
+                and current.worker_id == self.worker_id
+            )
+
+        return self._step("mark cancelled", cancel)
 
     def give_back(self) -> None:
         """The worker stops mid-job: its reservations are released and (owner) its lease
@@ -803,15 +859,62 @@ def _release(session: Session, job_id: str, keys: Sequence[tuple[str, str | None
     return released
 
 
+def _end_job(
+    session: Session,
+    job_id: str,
+    worker_id: str,
+    status: str,
+    error: str | None = None,
+    *,
+    unless_cancelled: bool = False,
+) -> bool:
+    """End the job (``status``, ``error``, ``finished_at``; the lease released) if it runs
+    under ``worker_id``'s lease (and, ``unless_cancelled``, no cancel was requested); whether
+    it did. Not committed: the caller commits it with what goes with it. The condition is in
+    the update, so a claim or an end that another worker committed since the caller read the
+    job is never overwritten."""
+    conditions = [Job.id == job_id, Job.status == "running", Job.worker_id == worker_id]
+    if unless_cancelled:
+        conditions.append(Job.cancel_requested.is_(False))
+    ended = session.execute(
+        update(Job)
+        .where(*conditions)
+        .values(status=status, error=error, finished_at=utcnow(), lease_expires_at=None)
+        .execution_options(synchronize_session=False)
+    )
+    return ended.rowcount == 1
+
+
 def _release_stale(session: Session, job_id: str, stale_seconds: float, *, keep: str) -> int:
-    """Release the reservations of workers that are not live (and not ``keep``); commits."""
+    """Release the reservations of workers that are not live (and not ``keep``); commits.
+
+    A placeholder without ``reserved_by`` was written by code older than migration 0007 (a
+    fleet half-way through an upgrade): it names its worker in its ``error`` text, and it is
+    stale only once that worker is not live *and* the placeholder is older than
+    ``stale_seconds``. Without the age its worker, alive but unnamed here, would lose it at
+    once and the config would be measured twice."""
     live = fleet.live_worker_ids(session, stale_seconds) | {keep}
+    older_than = utcnow() - timedelta(seconds=stale_seconds)
     stale = [
         (t.config_key, t.reserved_by)
         for t in _reservations(session, job_id)
-        if t.reserved_by not in live
+        if (
+            t.reserved_by not in live
+            if t.reserved_by is not None
+            else _legacy_stale(t, live, older_than)
+        )
     ]
     return _release(session, job_id, stale) if stale else 0
+
+
+def _legacy_stale(row: Trial, live: Collection[str], older_than: datetime) -> bool:
+    """Whether a placeholder of pre-0007 code (``reserved_by`` NULL) is stale: inserted before
+    ``older_than`` and not named (in its ``error`` text) by a worker in ``live``."""
+    inserted = row.reserved_at or row.created_at
+    if inserted is not None and inserted > older_than:
+        return False
+    text = row.error or ""
+    return not (text.startswith(LEGACY_RESERVED_BY) and text[len(LEGACY_RESERVED_BY) :] in live)
 
 
 def _reservations(session: Session, job_id: str) -> list[Trial]:

@@ -588,7 +588,8 @@ class JobRunner:
                 # worker leaves it to that worker.
                 status = "helped" if helper else "lost"
                 return JobOutcome(job.id, status, outcome.measured, None, state.reason)
-            ledger.cancel()
+            if not ledger.cancel():  # claimed by another worker since: the job is its
+                return JobOutcome(job.id, "lost", outcome.measured, None, state.reason)
             return JobOutcome(job.id, "cancelled", outcome.measured, None, None)
         if helper:
             return JobOutcome(job.id, "helped", len(outcome.new), None, None)

@@ -13,8 +13,8 @@ from fleet_helpers import sessions_for, submit
 from sqlalchemy import update
 
 from db import fleet, queries
-from db.ledger import JobLedger, Ledger
-from db.models import BestConfig, Job, utcnow
+from db.ledger import LEGACY_RESERVED_BY, JobLedger, Ledger
+from db.models import RESERVED, BestConfig, Job, Trial, Worker, utcnow
 from db.retry import RetryPolicy
 
 NO_RETRY = RetryPolicy(max_seconds=0)
@@ -211,3 +211,149 @@ def test_a_job_measured_nothing_moves_to_the_current_version_and_says_why_not_ot
     assert owner.reserve({"k": 1}, "k1") == "reserved"
     assert owner.adopt_version("n3w", "n3w2") == "measured"
     assert _ledger(sessions, "stranger", old).adopt_version("n3w", "n3w2") == "lost"
+
+
+DEVICE = {"gpu_model": "H200", "compute_capability": "9.0", "cuda_version": "13.0"}
+
+
+def _legacy_placeholder(sessions, job_id: str, key: str, worker_id: str | None) -> None:
+    """A placeholder as code older than migration 0007 writes it: its worker in the error
+    text, no ``reserved_by``; one unit of the job's budget taken."""
+    with sessions() as s:
+        number = s.query(Trial).filter_by(job_id=job_id).count()
+        error = LEGACY_RESERVED_BY + worker_id if worker_id is not None else None
+        s.add(
+            Trial(
+                job_id=job_id, number=number, config={"k": key}, config_key=key,
+                status=RESERVED, times_ms=[], error=error,
+            )
+        )  # fmt: skip
+        s.execute(update(Job).where(Job.id == job_id).values(trials_done=Job.trials_done + 1))
+        s.commit()
+
+
+def _age(sessions, job_id: str, seconds: float, *, workers: tuple[str, ...] = ()) -> None:
+    """Move the job's placeholders (and the heartbeats of ``workers``) ``seconds`` back."""
+    back = utcnow() - timedelta(seconds=seconds)
+    with sessions() as s:
+        s.execute(update(Trial).where(Trial.job_id == job_id).values(created_at=back))
+        if workers:
+            s.execute(update(Worker).where(Worker.id.in_(workers)).values(heartbeat_at=back))
+        s.commit()
+
+
+def test_a_placeholder_of_older_code_is_stale_only_once_its_worker_died_and_a_lease_passed(job):
+    """A fleet mid-upgrade: an old-code worker measuring a config must keep it, or the
+    config is measured twice; released, it gives its unit of budget back."""
+    sessions, job_id = job
+    _alive(sessions, "owner", "old-code")
+    _legacy_placeholder(sessions, job_id, "measuring", "old-code")
+    _legacy_placeholder(sessions, job_id, "unnamed", None)
+    owner = _ledger(sessions, "owner", job_id)
+    assert owner.release_stale() == 0  # both inserted just now
+    assert not owner.settle()
+    _age(sessions, job_id, 120)  # a long measurement: its worker still beats
+    assert owner.release_stale() == 1  # only the one no worker names
+    assert [key for key, *_ in owner.reservations()] == ["measuring"]
+    _alive(sessions, "owner")
+    _age(sessions, job_id, 120, workers=("old-code",))  # its worker died
+    assert owner.release_stale() == 1
+    assert owner.reservations() == [] and owner.load().trials_done == 0
+
+
+def test_a_dead_workers_fresh_legacy_placeholder_waits_for_a_lease(job):
+    sessions, job_id = job
+    _alive(sessions, "owner", "old-code")
+    _age(sessions, job_id, 120, workers=("old-code",))  # dead before its placeholder was read
+    _legacy_placeholder(sessions, job_id, "k", "old-code")
+    owner = _ledger(sessions, "owner", job_id)
+    assert owner.release_stale() == 0
+    _age(sessions, job_id, 120)
+    assert owner.release_stale() == 1
+
+
+def _expire(sessions, job_id: str) -> None:
+    """The owner's lease runs out (its heartbeats were lost, say, in a network partition)."""
+    with sessions() as s:
+        past = utcnow() - timedelta(seconds=1)
+        s.execute(update(Job).where(Job.id == job_id).values(lease_expires_at=past))
+        s.commit()
+
+
+def _claim(sessions, job_id: str, worker_id: str = "thief") -> bool:
+    """Whether ``worker_id``'s claim takes the job."""
+    claim = Ledger(sessions, worker_id, lease_seconds=60).claim(["H200"])
+    return claim is not None and claim.job_id == job_id
+
+
+def _steal(sessions, job_id: str) -> bool:
+    _expire(sessions, job_id)
+    return _claim(sessions, job_id)
+
+
+def test_an_owner_whose_job_was_claimed_again_finishes_fails_and_cancels_nothing(job):
+    sessions, job_id = job
+    owner = _ledger(sessions, "owner", job_id)
+    assert owner.reserve({"k": 1}, "k1") == "reserved" and owner.record("k1", ok({"k": 1}, 1.0))
+    assert _steal(sessions, job_id)
+    assert owner.cancel() is False
+    assert owner.fail("boom") is False
+    assert owner.finish(**DEVICE).status == "lost"
+    found = owner.load()
+    assert (found.status, found.worker_id, found.error) == ("running", "thief", None)
+    assert found.lease_expires_at > utcnow()
+    with sessions() as s:
+        assert s.query(BestConfig).count() == 0
+
+
+def test_a_claim_landing_while_the_owner_ends_the_job_is_never_overwritten(job, monkeypatch):
+    """The owner reads the job (still its own), then another worker's claim commits before
+    the owner writes: the job ends under exactly one of them."""
+    sessions, job_id = job
+    owner = _ledger(sessions, "owner", job_id)
+    assert owner.reserve({"k": 1}, "k1") == "reserved" and owner.record("k1", ok({"k": 1}, 1.0))
+    _expire(sessions, job_id)
+    real, stolen = queries.get_job, {}
+
+    def get_job_then_claim(session, wanted):
+        found = real(session, wanted)
+        if not stolen:
+            stolen["thief"] = None  # the claim reads the job too
+            stolen["thief"] = _claim(sessions, job_id)  # PostgreSQL skips the locked row
+        return found
+
+    monkeypatch.setattr(queries, "get_job", get_job_then_claim)
+    ending = owner.finish(**DEVICE)
+    monkeypatch.setattr(queries, "get_job", real)
+    found = owner.load()
+    if stolen["thief"]:
+        assert ending.status == "lost" and (found.status, found.worker_id) == ("running", "thief")
+    else:
+        assert ending.status == "done" and (found.status, found.worker_id) == ("done", "owner")
+        assert not _claim(sessions, job_id)
+
+
+def test_a_done_job_stays_done(job):
+    sessions, job_id = job
+    owner = _ledger(sessions, "owner", job_id)
+    assert owner.reserve({"k": 1}, "k1") == "reserved" and owner.record("k1", ok({"k": 1}, 1.0))
+    assert owner.finish(**DEVICE).status == "done"
+    with sessions() as s:  # a cancel requested too late: set while the end was committing
+        s.execute(update(Job).where(Job.id == job_id).values(cancel_requested=True))
+        s.commit()
+    assert owner.fail("late") is False and owner.cancel() is False
+    assert owner.finish(**DEVICE).status == "done"
+    found = owner.load()
+    assert (found.status, found.error, found.best_time_ms) == ("done", None, 1.0)
+
+
+def test_ending_the_job_made_again_after_its_commit_landed_answers_the_same(job, db_url):
+    sessions, job_id = job
+    owner = _ledger(sessions, "owner", job_id)
+    assert owner.fail("boom") is True and owner.fail("boom") is True
+    assert owner.load().status == "failed"
+    other = submit(sessions, 4)
+    assert Ledger(sessions, "owner2").claim(["H200"]).job_id == other
+    second = _ledger(sessions, "owner2", other)
+    assert second.cancel() is True and second.cancel() is True
+    assert second.fail("x") is False and second.load().status == "cancelled"
