@@ -37,6 +37,7 @@ from cuda_emulation import HostBuild
 from kernels import get_operator
 from kernels.matmul import (
     FP32_TILES,
+    MMA_PINNED,
     register_cap,
     registers_needed,
     static_shared_bytes,
@@ -380,6 +381,8 @@ def _fp32(bm, bn, wm, wn, tm, tn, bk, vec, stages=2, pad=4):
         "STAGES": stages,
         "PAD": pad,
         "MIN_BLOCKS": 0,
+        "ENGINE": "mma",
+        **MMA_PINNED,
     }
 
 
@@ -396,6 +399,8 @@ def _tc(bm, bn, wm, wn, bk, vec, stages):
         "STAGES": stages,
         "PAD": 0,
         "MIN_BLOCKS": 0,
+        "ENGINE": "mma",
+        **MMA_PINNED,
     }
 
 
