@@ -534,7 +534,7 @@ class KTDocument(_Document):
                 raise FormatError(f"{where}: the key is not the entry's parameters "
                                   f"{show(config)} in tune_params_keys order")  # fmt: skip
             out.append(parse(KTEntry, raw, where).trial(config, len(out), where))
-            others = parse(list[dict[str, Any]], raw.get(OTHER_TRIALS) or [], where)
+            others = parse(_RAW_ENTRIES, raw.get(OTHER_TRIALS) or [], where)
             for j, other in enumerate(others):
                 at = f"{where}.{OTHER_TRIALS}[{j}]"
                 out.append(parse(KTEntry, other, at).trial(config, len(out), at))
@@ -698,8 +698,9 @@ class T4Document(_Document):
 
 # --- reading and messages --------------------------------------------------------------------
 
-#: TypeAdapters by the id of their (module-level, never freed) annotated type.
-_ADAPTERS: dict[int, TypeAdapter] = {}
+#: TypeAdapters by their type (held here, so equal types written anew share one).
+_ADAPTERS: dict[Any, TypeAdapter] = {}
+_RAW_ENTRIES = list[dict[str, Any]]
 
 
 def parse(kind: Any, data: Any, where: str = "") -> Any:
@@ -711,9 +712,9 @@ def parse(kind: Any, data: Any, where: str = "") -> Any:
     try:
         if isinstance(kind, type) and issubclass(kind, BaseModel):
             return kind.model_validate(data)
-        adapter = _ADAPTERS.get(id(kind))
+        adapter = _ADAPTERS.get(kind)
         if adapter is None:
-            adapter = _ADAPTERS[id(kind)] = TypeAdapter(kind)
+            adapter = _ADAPTERS[kind] = TypeAdapter(kind)
         return adapter.validate_python(data)
     except ValidationError as exc:
         raise FormatError(describe(exc, where)) from None

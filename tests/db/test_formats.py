@@ -212,6 +212,14 @@ def test_a_kernel_tuner_entry_that_is_not_its_key_is_refused(cache, message):
         parse(KTDocument, _kt(cache)).trials()
 
 
+def test_a_type_written_in_the_call_is_checked_as_itself():
+    """Types are cached by value, not by the id of an object a call may free and reuse."""
+    for _ in range(3):
+        assert parse(list[int], [1]) == [1]
+        with pytest.raises(FormatError, match=r"^x\[0\]: Input should be a valid string, got 1$"):
+            parse(list[str], [1], "x")
+
+
 def test_several_problems_are_named_up_to_three():
     with pytest.raises(FormatError) as raised:
         parse(KatoBlock, {"operator": 1, "dtype": 2, "gpu_model": 3, "shape": [0]}, "kato")
