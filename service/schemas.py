@@ -178,16 +178,19 @@ class JobCreate(StrictBody):
         le=MAX_INT32,
         description="configs to measure (default and maximum: the service's settings)",
     )
-    budget_seconds: float | None = Field(
+    # The ranges of budget_seconds and seed are checked by service.validation.job_fields, the
+    # one check of every front (kato tune too), with its message; the schema only shows them.
+    budget_seconds: (
+        Annotated[float, Field(json_schema_extra={"minimum": MIN_BUDGET_SECONDS})] | None
+    ) = Field(
         default=None,
-        ge=MIN_BUDGET_SECONDS,
         allow_inf_nan=False,
         description="wall-clock limit of the job in seconds, at least 1, from its first start "
         "(shared by every worker on it; a resumed job gets what is left; the clock is checked "
         "between trials)",
     )
     strategy: Strategy = "forest"
-    seed: int = Field(default=0, ge=0, le=MAX_INT32)
+    seed: int = Field(default=0, json_schema_extra={"minimum": 0, "maximum": MAX_INT32})
 
 
 class JobBatchCreate(StrictBody):

@@ -1,5 +1,5 @@
 """Checks shared by every front that looks up or creates jobs (the REST routes, ``kato tune``,
-``kato retune``): operator, shape, dtype, GPU model, memory fit, budget.
+``kato retune``): operator, shape, dtype, GPU model, memory fit, budget, seed.
 
 Everything here raises :class:`kernels.spec.InvalidInput` with a message saying what to fix; the
 app turns it into a 422 (routes turn an unknown operator in a path into a 404).
@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import HTTPException, status
 
 from kernels import InvalidInput, OperatorSpec, get_operator
-from service.schemas import JobCreate
+from service.schemas import MAX_INT32, MIN_BUDGET_SECONDS, JobCreate
 from service.settings import Settings
 
 
@@ -116,18 +116,32 @@ class JobRequest:
 
 def check_budget(budget: int | None, budget_seconds: float | None, settings: Settings) -> int:
     """The job's budget of configs (``budget``, else ``KATO_DEFAULT_BUDGET_CONFIGS``), within
-    ``KATO_MAX_BUDGET_CONFIGS``, and ``budget_seconds`` within ``KATO_MAX_BUDGET_SECONDS``."""
+    ``KATO_MAX_BUDGET_CONFIGS``, and ``budget_seconds`` from :data:`MIN_BUDGET_SECONDS` to
+    ``KATO_MAX_BUDGET_SECONDS``."""
     budget = budget if budget is not None else settings.default_budget_configs
     if budget > settings.max_budget_configs:
         raise InvalidInput(
             f"budget must be at most {settings.max_budget_configs} configs, got {budget}"
         )
-    if budget_seconds is not None and budget_seconds > settings.max_budget_seconds:
-        raise InvalidInput(
-            f"budget_seconds must be at most {settings.max_budget_seconds:g}, "
-            f"got {budget_seconds:g}"
-        )
+    if budget_seconds is not None:
+        if not budget_seconds >= MIN_BUDGET_SECONDS:  # NaN too: no comparison holds for it
+            raise InvalidInput(
+                f"budget_seconds must be at least {MIN_BUDGET_SECONDS:g}, got {budget_seconds:g}"
+            )
+        if budget_seconds > settings.max_budget_seconds:
+            raise InvalidInput(
+                f"budget_seconds must be at most {settings.max_budget_seconds:g}, "
+                f"got {budget_seconds:g}"
+            )
     return budget
+
+
+def check_seed(seed: int) -> int:
+    """The search's seed, from 0 to :data:`MAX_INT32` (what the samplers and the database's
+    integer column take)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_INT32:
+        raise InvalidInput(f"seed must be from 0 to {MAX_INT32}, got {seed!r}")
+    return seed
 
 
 def job_fields(
@@ -138,13 +152,14 @@ def job_fields(
     The one validation of a new job, whichever front it comes from (the REST routes,
     ``kato tune``; ``kato retune`` checks its keys with :func:`resolve_problem` and its budget
     with :func:`check_budget`): operator, shape and dtype by the spec, the GPU model by the
-    catalog, the buffers against its memory, the budgets against the settings. Raises
-    :class:`~kernels.spec.InvalidInput` saying what to fix. ``device_gpu``: ``body.gpu`` is the
-    measuring device's model (``kato tune``; see :func:`resolve_problem`).
+    catalog, the buffers against its memory, the budgets against the settings, the seed's
+    range. Raises :class:`~kernels.spec.InvalidInput` saying what to fix. ``device_gpu``:
+    ``body.gpu`` is the measuring device's model (``kato tune``; see :func:`resolve_problem`).
     """
     spec = get_operator(body.operator)
     problem = resolve_problem(spec, body.shape, body.dtype, body.gpu, device_gpu=device_gpu)
     budget = check_budget(body.budget, body.budget_seconds, settings)
+    seed = check_seed(body.seed)
     return {
         "operator": problem.spec.name,
         "operator_version": problem.spec.version,
@@ -154,7 +169,7 @@ def job_fields(
         "budget_configs": budget,
         "budget_seconds": body.budget_seconds,
         "strategy": body.strategy,
-        "seed": body.seed,
+        "seed": seed,
     }
 
 

@@ -160,7 +160,7 @@ def tune(
     from db import queries
     from kernels import get_operator
     from kernels.spec import InvalidInput
-    from service.validation import JobRequest, job_fields
+    from service.validation import JobRequest, check_budget, check_seed, job_fields
     from service.workers import build_runner, measuring, queue_and_claim
     from tuner.search import STRATEGIES
     from tuner.worker import default_worker_id
@@ -177,8 +177,11 @@ def tune(
         raise typer.BadParameter(str(exc)) from None
     if strategy not in STRATEGIES:
         raise typer.BadParameter(f"strategy must be one of {', '.join(STRATEGIES)}")
-    if budget_seconds is not None and not budget_seconds > 0:
-        raise typer.BadParameter("--budget-seconds must be more than 0")
+    try:  # before the backends are built (a GPU opened): job_fields checks them again
+        check_budget(budget, budget_seconds, settings)
+        check_seed(seed)
+    except InvalidInput as exc:
+        fail(str(exc), 2)
     model, factory = _tune_backends(
         backend, replay, operator, dims, dtype, device, isolate=isolated, trial_timeout_s=timeout
     )

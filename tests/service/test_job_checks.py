@@ -2,8 +2,8 @@
 ``POST /v1/jobs/batch``, ``kato tune`` and ``kato retune`` refuse the same jobs with the same
 message (the API as a 422, the CLI as a one-line error with exit status 2), and queue nothing.
 
-``kato tune`` used to skip the memory-fit and budget checks: it queued and ran a job that
-``POST /v1/jobs`` refuses.
+``kato tune`` used to skip the memory-fit and budget checks, and took a time budget under a
+second and a negative seed: it queued and ran a job that ``POST /v1/jobs`` refuses.
 """
 
 from __future__ import annotations
@@ -43,6 +43,21 @@ BAD = [
         {"shape": [4096, 4096], "budget": 4, "budget_seconds": 1e9},
         "budget_seconds must be at most 86400, got 1e+09",
     ),
+    (
+        "time-budget-under-a-second",
+        {"shape": [4096, 4096], "budget": 4, "budget_seconds": 0.5},
+        "budget_seconds must be at least 1, got 0.5",
+    ),
+    (
+        "negative-seed",
+        {"shape": [4096, 4096], "budget": 4, "seed": -1},
+        "seed must be from 0 to 2147483647, got -1",
+    ),
+    (
+        "seed-over-int32",
+        {"shape": [4096, 4096], "budget": 4, "seed": 2**31},
+        "seed must be from 0 to 2147483647, got 2147483648",
+    ),
 ]
 
 
@@ -77,7 +92,7 @@ def test_the_api_refuses_the_job_with_the_message(db: str, fields: dict, message
             one = client.post("/v1/jobs", json=job)
             assert one.status_code == 422, one.text
             assert one.json()["detail"] == message
-            valid = {**job, "shape": [4096, 4096], "budget": 4, "budget_seconds": 60}
+            valid = {**job, "shape": [4096, 4096], "budget": 4, "budget_seconds": 60, "seed": 0}
             batch = client.post("/v1/jobs/batch", json={"jobs": [valid, job]})
             assert batch.status_code == 422, batch.text
             assert batch.json()["detail"] == f"jobs[1]: {message}"
@@ -95,6 +110,8 @@ def test_kato_tune_refuses_the_job_with_the_message(db: str, fields: dict, messa
     args += ["--budget", str(fields["budget"]), "--backend", "timed_backend:make"]
     if "budget_seconds" in fields:
         args += ["--budget-seconds", str(fields["budget_seconds"])]
+    if "seed" in fields:
+        args += ["--seed", str(fields["seed"])]
     out = CliRunner().invoke(cli, [*args, "--replay", str(RECORDING), "--no-isolate"])
     assert out.exit_code == 2, out.output
     assert _one_line(out.output, message), out.output
@@ -123,3 +140,15 @@ def test_a_device_of_a_gpu_the_catalog_does_not_list_may_still_tune() -> None:
     assert fields["operator_version"] == get_operator("softmax").version
     with pytest.raises(InvalidInput, match="274.9 GB of device memory; H200 has"):
         job_fields(JobRequest("softmax", TOO_LARGE, "float16", "H200"), settings, device_gpu=True)
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), float("-inf"), 0.0])
+def test_a_time_budget_that_is_no_number_of_seconds_is_refused(seconds: float) -> None:
+    """``kato tune --budget-seconds nan`` parses; no comparison holds for NaN, so the check
+    must be written as 'at least', not 'not less than'."""
+    from kernels import InvalidInput
+    from service.validation import JobRequest, job_fields
+
+    request = JobRequest("softmax", [4096, 4096], "float16", "H200", 4, budget_seconds=seconds)
+    with pytest.raises(InvalidInput, match="budget_seconds must be at least 1, got"):
+        job_fields(request, Settings(db_url="sqlite://"))

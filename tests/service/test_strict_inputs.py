@@ -236,8 +236,6 @@ def test_valid_percent_encoded_utf8_still_works(client: TestClient) -> None:
         ({"seed": "1"}, ["body", "seed"]),
         ({"budget_seconds": True}, ["body", "budget_seconds"]),
         ({"budget_seconds": "60"}, ["body", "budget_seconds"]),
-        ({"budget_seconds": 5e-324}, ["body", "budget_seconds"]),
-        ({"budget_seconds": 0.5}, ["body", "budget_seconds"]),
         ({"operator": 1}, ["body", "operator"]),
         ({"gpu": ["H200"]}, ["body", "gpu"]),
         ({"strategy": True}, ["body", "strategy"]),
