@@ -276,7 +276,7 @@ def lookup_best_config(
     # shapes took 10 s when it ran on all of them).
     # The exact shape first, by the index: a hit stops here without reading the group.
     for row in queries.exact_best_configs(session, **key, shape=shape):  # newest first
-        if accept is None or accept(row.config):
+        if accept is None or accept(dict(row.config)):  # a copy, as pick_best_config's
             return row, "exact"
     # The nearest shape: only (id, shape, time) of the group's rows, ordered as
     # pick_best_config orders them, then the candidates loaded one by one until one passes.
@@ -288,7 +288,7 @@ def lookup_best_config(
                 candidates.append(candidate)
     for row_id in _nearest_first(candidates, shape, max_distance):
         row = queries.best_config_row(session, row_id)
-        if row is not None and (accept is None or accept(row.config)):
+        if row is not None and (accept is None or accept(dict(row.config))):
             if beats_default(row, min_gain):
                 return row, "nearest"
             break  # the nearest valid neighbour decides, as pick_best_config's

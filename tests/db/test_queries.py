@@ -451,6 +451,24 @@ def test_lookup_skips_configs_rejected_by_accept(session: Session) -> None:
     ) == (None, "default")
 
 
+def test_an_accept_that_changes_its_config_changes_no_row(session: Session) -> None:
+    """``accept`` gets a copy of each candidate's config, as :func:`pick_best_config` gives:
+    a check that fills in defaults (say) changes neither the answer nor the stored row."""
+    upsert(session, [4096, 4096], 1.0, config={"VEC": 8})
+    upsert(session, [1024, 1024], 2.0, config={"VEC": 1})
+
+    def accept(config: dict[str, Any]) -> bool:
+        config["VEC"] = 0
+        return True
+
+    for shape, source in (([4096, 4096], "exact"), ([2048, 2048], "nearest")):
+        row, found = service_lookup.lookup_best_config(session, **KEY, shape=shape, accept=accept)
+        assert found == source and row is not None and row.config["VEC"] in (8, 1)
+    session.commit()
+    session.expire_all()
+    assert sorted(r.config["VEC"] for r in session.query(BestConfig)) == [1, 8]
+
+
 def test_lookup_nearest_within_max_distance_only(session: Session) -> None:
     upsert(session, [1024, 1024], 1.0)  # distance to 4096x2048: 2 + 1 = 3
     far = upsert(session, [65536, 128], 0.5)  # distance 4 + 4 = 8
