@@ -625,20 +625,7 @@ class JobLedger:
         lease), it was ended already (a done job stays done) or deleted. ``True`` too for a
         try made again after its commit landed."""
         self._owner_only("fail it")
-
-        def fail(session: Session) -> bool:
-            if _end_job(session, self.job_id, self.worker_id, "failed", error):
-                session.commit()
-                return True
-            session.rollback()
-            current = queries.get_job(session, self.job_id)
-            return (
-                current is not None
-                and current.status == "failed"
-                and current.worker_id == self.worker_id
-            )
-
-        return self._step("mark failed", fail)
+        return self._end("failed", error)
 
     def cancel(self) -> bool:
         """Owner: mark the job ``cancelled`` (a cancel was requested and its search stopped),
@@ -646,20 +633,24 @@ class JobLedger:
         does not (another worker's lease, ended already, deleted): the caller lost the job.
         ``True`` too for a try made again after its commit landed."""
         self._owner_only("cancel it")
+        return self._end("cancelled")
 
-        def cancel(session: Session) -> bool:
-            if _end_job(session, self.job_id, self.worker_id, "cancelled"):
+    def _end(self, status: str, error: str | None = None) -> bool:
+        """End the job as ``status`` while it runs under this worker (see :meth:`fail`)."""
+
+        def end(session: Session) -> bool:
+            if _end_job(session, self.job_id, self.worker_id, status, error):
                 session.commit()
                 return True
             session.rollback()
             current = queries.get_job(session, self.job_id)
             return (
                 current is not None
-                and current.status == "cancelled"
+                and current.status == status
                 and current.worker_id == self.worker_id
             )
 
-        return self._step("mark cancelled", cancel)
+        return self._step(f"mark {status}", end)
 
     def give_back(self) -> None:
         """The worker stops mid-job: its reservations are released and (owner) its lease

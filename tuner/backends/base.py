@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
@@ -75,15 +75,8 @@ class TrialResult:
 
 
 #: The fields of a :class:`TrialResult` besides its config, status and times.
-_FIGURES = (
-    "compile_time_s",
-    "registers",
-    "shared_static_bytes",
-    "shared_dynamic_bytes",
-    "local_bytes",
-    "blocks_per_sm",
-    "occupancy",
-    "error",
+_FIGURES = tuple(
+    f.name for f in fields(TrialResult) if f.name not in ("config", "status", "times_ms")
 )
 
 
