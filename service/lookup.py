@@ -1,6 +1,6 @@
 """The one lookup: which config to serve for an operator, shape, dtype and GPU model.
 
-Exact -> nearest -> default, by the rules of docs/ARCHITECTURE.md ("Lookup"): the newest row
+Exact -> nearest -> default, by the rules of docs/design.md ("Lookup"): the newest row
 tuned for exactly the shape whose config is valid for it; else the nearest tuned shape of the
 same operator, version, dtype and GPU model (least sum of ``|log2 ratio|`` over the
 dimensions, then fastest, then lowest id) at most ``KATO_NEAREST_MAX_DISTANCE`` away, whose
