@@ -1,9 +1,9 @@
 """Building large problems on every core of the host.
 
 A tuning job starts by making its problem (random inputs and float64 references,
-:meth:`kernels.spec.OperatorSpec.make_problem`), and at 2^28 elements that took 13-17 s on the
-H200's host and 15-45 s on 2 cores, one NumPy pass after another on one core while the GPU
-waited. :func:`fill_rows` splits the rows of a problem into fixed chunks, gives each chunk a
+:meth:`kernels.spec.OperatorSpec.make_problem`), and at 2^28 elements one NumPy pass after
+another on one core kept the GPU waiting for seconds (the figures: docs/design.md, "Problems on
+every core"). :func:`fill_rows` splits the rows of a problem into fixed chunks, gives each chunk a
 random generator of its own (spawned from the job's) and fills the chunks in a thread pool:
 NumPy releases the GIL in its generators, casts and ufuncs, so the chunks run in parallel, and
 each chunk's temporaries stay small.

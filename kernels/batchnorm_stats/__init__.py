@@ -162,8 +162,7 @@ class BatchNormStatsSpec(OperatorSpec):
         (a block of 1024 per SM of an H200, half its resident threads) and each block keeps
         >= 4 vectors per thread. More threads than that only add partial sums to combine: on
         the H200's recorded spaces the best configs all have channels x SPLIT x BLOCK_SIZE
-        near 131072 (0.98-1.0 of each optimum with this rule, 0.71-0.95 with the earlier
-        4 blocks of 256 per SM; benchmarks/untuned_defaults.py).
+        near 131072 (how close the rule comes to each optimum: docs/defaults.md).
         """
         n, c, h, w = self.validate(shape, dtype)
         itemsize = DTYPES[dtype][2]

@@ -216,9 +216,8 @@ class LayerNormSpec(OperatorSpec):
         hold at most 16 vectors each, at least 16 (16 or 32 lanes of a warp in blocks of 256
         with MIN_BLOCKS=2 where the registers allow, else a block of 128 .. 1024 per row);
         shared memory or streaming for rows too long for that. Many short rows: each group
-        handles 4 rows so that weight/bias registers are reused. On the H200's recorded
-        spaces: 0.95-1.0 of each optimum, against 0.50-1.0 for the earlier rule of at most 8
-        vectors per thread (benchmarks/untuned_defaults.py).
+        handles 4 rows so that weight/bias registers are reused. How close this comes to
+        each recorded optimum: docs/defaults.md.
         """
         rows, cols = self.validate(shape, dtype)
         itemsize = DTYPES[dtype][2]

@@ -46,8 +46,7 @@ check_arch`):
 - ``BM``, ``BN`` in {64, 128, 256} but not 256 x 256 (a consumer's accumulators, ``BM /
   consumers / 64 * BN / 2``, must fit 128 registers); ``BK`` 64 (one 128-byte swizzle row);
   ``STAGES`` 2-4. Consumer warpgroups: 1 for BM 64 (256 threads, no setmaxnreg), else 2 (384
-  threads, 40 / 232 registers; the H200 probe, 128 x 128 tiles at 4096^3: 510-521 TFLOP/s
-  with two, 458-467 with one).
+  threads, 40 / 232 registers: two consumers beat one in the H200 probe, docs/results_h200.md).
 - ``CLUSTER_M``: 2 = clusters of two CTAs on vertically adjacent tiles sharing B, each
   multicasting half of it (BN 128 or 256).
 - ``PERSISTENT``: 1 = one CTA (cluster) per SM of an H200 (:data:`PERSISTENT_CTAS`) looping
@@ -558,9 +557,8 @@ class MatmulSpec(OperatorSpec):
         128 x 128 tile (8 x 8 per thread in float32, 64 x 64 per warp on tensor cores) when it
         gives at least one tile per SM of an H200 (132), else 64 x 64 tiles. float32 takes
         128 x 256 tiles (twice the reuse of each A tile) where they still fill the GPU: at
-        least 100 tiles and waves of 132 at least 85% full, where it does not spill (0.88-0.91
-        -> 1.0 of the optimum on the H200's recorded float32 spaces;
-        benchmarks/untuned_defaults.py). Tensor cores take 3 stages where both operands stream by
+        least 100 tiles and waves of 132 at least 85% full, where it does not spill (measured:
+        docs/defaults.md). Tensor cores take 3 stages where both operands stream by
         cp.async, else 2 stages and 64 x 32 warp tiles.
 
         Raises:

@@ -109,9 +109,7 @@ class ReluSpec(OperatorSpec):
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
         """Bitmask, 16-byte vectors, one vector per thread and a block per 256 threads' worth
-        of the array (no grid-stride loop): on the H200's recorded spaces (16M and 256M
-        elements, both dtypes) this is within 0.3% of the optimum, where 4 vectors per thread
-        over a grid of 4 blocks per SM reached 0.86-0.91 (benchmarks/untuned_defaults.py)."""
+        of the array (no grid-stride loop: the recorded spaces' best, docs/defaults.md)."""
         self.validate(shape, dtype)
         vec = 16 // DTYPES[dtype][2]
         return {"MASK": 1, "BLOCK_SIZE": 256, "VEC": vec, "UNROLL": 1, "BLOCKS_PER_SM": 0}

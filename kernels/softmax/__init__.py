@@ -161,8 +161,7 @@ class SoftmaxSpec(OperatorSpec):
         with 8, half the lanes would idle); then the row in registers over the fewest threads
         that hold at most 8 vectors each (a warp per row, else a block of 64 .. 1024), with
         MIN_BLOCKS=2 where the registers allow; shared memory or streaming for rows too long
-        for that. On the H200's recorded spaces: 0.93-0.98 of each optimum, against 0.74-0.98
-        for a fixed warp-per-row-of-16-byte-vectors rule (benchmarks/untuned_defaults.py).
+        for that. How close this comes to each recorded optimum: docs/defaults.md.
 
         Raises:
             InvalidInput: the shape or dtype is invalid (see :meth:`validate`).

@@ -139,8 +139,7 @@ class TransposeSpec(OperatorSpec):
         """Padded 64x64 tiles of 4 vectors per thread (the widest vector, up to 16 bytes, that
         divides both sizes), else 8 vectors, else 32x32 and smaller tiles where the shape or
         the block's thread count rules the larger out. 64x64 tiles move twice the bytes per
-        block barrier: 0.99-1.0 of the optimum on the H200's recorded spaces, against 0.90-0.91
-        for 32x32 (benchmarks/untuned_defaults.py)."""
+        block barrier (measured against 32x32: docs/defaults.md)."""
         rows, cols = self.validate(shape, dtype)
         itemsize = DTYPES[dtype][2]
         vecs = [v for v in (4, 2, 1) if v * itemsize <= 16 and rows % v == 0 and cols % v == 0]
