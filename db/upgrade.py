@@ -28,13 +28,9 @@ from db.models import TERMINAL_STATUSES, BestConfig, Job, Trial, utcnow
 from db.queries import create_jobs, shape_key
 
 #: Configs a re-tuning job measures by default: half the default cold budget
-#: (``KATO_DEFAULT_BUDGET_CONFIGS``, 100). Its first seed is the key's own old winner; on the 29
-#: recorded H200 spaces with a sibling shape (``data/benchmarks/warm_start_shapes.json``), a cold
-#: search of 50 configs reaches 0.976-1.000 of the optimum (each space's mean over 40 seeds;
-#: 0.996 over all, 0.9994 at 100), so even a version change that moved the optimum far from the
-#: old winner costs little at 50, and one that did not (most: a check, a tolerance) measures
-#: the old winner first and spends the rest confirming it. (Seeding from an older version is
-#: not measured: no recorded space exists at two versions.)
+#: (``KATO_DEFAULT_BUDGET_CONFIGS``, 100). Its first seed is the key's own old winner, and a cold
+#: search of 50 configs already comes close to the optimum on the recorded spaces, so even a
+#: version change that moved the optimum costs little (docs/search.md, "Re-tuning budget").
 DEFAULT_RETUNE_BUDGET = 50
 
 #: Job statuses that mean a key is already being tuned.

@@ -56,11 +56,8 @@ _P = TypeVar("_P")
 
 #: A lookup serves a winner tuned for another shape only where, on its own shape, it beat the
 #: operator's default config by more than this factor (``default_ms > NEAREST_MIN_GAIN *
-#: time_ms``); else the default is served. Replayed over the H200's recorded spaces
-#: (``benchmarks/untuned_defaults.py``, docs/defaults.md) the unguarded nearest answer came to
-#: mean 0.952, worst 0.551 of each space's optimum, the default to 0.979 / 0.876, this guard to
-#: 0.980 / 0.876: where the default was about as good as the tuned optimum next door, a
-#: neighbour's winner is a worse bet here than the default.
+#: time_ms``); else the default is served: where the default was about as good as the tuned
+#: optimum next door, a neighbour's winner is a worse bet here (measured: docs/defaults.md).
 NEAREST_MIN_GAIN = 1.05
 
 
@@ -272,8 +269,7 @@ def lookup_best_config(
         "gpu_model": gpu_model,
     }
     # ``accept`` (a spec check) costs far more than a row: it runs on the candidates in order
-    # until one passes, not on every stored shape (a batch of 1000 lookups over 300 stored
-    # shapes took 10 s when it ran on all of them).
+    # until one passes, not on every stored shape.
     # The exact shape first, by the index: a hit stops here without reading the group.
     for row in queries.exact_best_configs(session, **key, shape=shape):  # newest first
         if accept is None or accept(dict(row.config)):  # a copy, as pick_best_config's

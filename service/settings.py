@@ -136,9 +136,8 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         description="farthest tuned shape a lookup serves for an untuned one: the sum over "
         "dimensions of |log2(tuned / asked)| (4: e.g. one dimension 16x off, or two 4x; 0: exact "
-        "shapes only). Beyond it the operator's default config is served: on the H200 a softmax "
-        "winner tuned for 65536x1024 ran 2.5x slower on 1048576x128 (distance 7) than that "
-        "shape's own winner.",
+        "shapes only). Beyond it the operator's default config is served: a far shape's winner "
+        "can lose to the default (docs/design.md, 'Lookup').",
     )
 
     nearest_min_gain: float = Field(
@@ -147,9 +146,8 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         description="a nearest tuned shape's winner is served only where it beat the "
         "operator's default config on its own shape by more than this factor (its job timed "
-        "both), else the default is: replayed over the H200's recorded spaces the unguarded "
-        "nearest answer reached mean 0.952, worst 0.551 of the optimum, the default 0.979 / "
-        "0.876, this guard 0.980 / 0.876 (docs/defaults.md). 0: no guard",
+        "both), else the default is (measured on the H200's recorded spaces: docs/defaults.md). "
+        "0: no guard",
     )
     framework_baseline: bool = Field(
         default=True,
