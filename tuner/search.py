@@ -45,16 +45,16 @@ STRATEGIES: tuple[str, ...] = ("forest", "tpe", "hybrid", "random", "grid")
 DEFAULT_STRATEGY = "forest"
 
 #: Strategies that propose every config themselves: their configs are not asked from Optuna
-#: (an enqueue, an ask, a suggestion per parameter and a tell: about 26 ms per trial in SQLite);
-#: each measured one is added to the study as a finished trial (about 7 ms alone, 0.4 ms in a
-#: batch of :data:`RECORD_BATCH`).
+#: (an enqueue, an ask, a suggestion per parameter and a tell, each a database write); each
+#: measured one is added to the study as a finished trial, in batches of :data:`RECORD_BATCH`
+#: (the costs: docs/search.md, "Constants").
 SELF_PROPOSING: tuple[str, ...] = ("forest", "grid")
 #: After this many proposals in a row that bring nothing new (invalid or already measured), the
 #: loop measures a random unmeasured valid config instead, so small or heavily constrained
 #: spaces never stall the search.
 MAX_UNPRODUCTIVE_PROPOSALS = 32
 #: A self-proposing strategy's measured configs go to the study in batches (one transaction
-#: each: an Optuna ``add_trial`` commits alone, 25 ms of a worker's time in SQLite), written
+#: each: an Optuna ``add_trial`` commits alone), written
 #: once this many wait or the oldest has waited :data:`RECORD_SECONDS`, and when a run ends. A
 #: process that dies loses at most the unwritten ones from the study; the job's trial rows, which
 #: a resume reads, are written per result.

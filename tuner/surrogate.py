@@ -75,22 +75,15 @@ from tuner.space import Config, SearchSpace
 
 #: Configs drawn as a space-filling random design before the model is fitted. 15 rather than 10:
 #: with kernel spaces of 5-7 tuned parameters, 10 points let a few unlucky draws decide which
-#: region the model believes in. A small measured gain, not a cure (runs can still stay in a
-#: poor basin; docs/search.md): over 9 recorded spaces, 20 seeds, the mean fraction of
-#: optimum rose 0.894 -> 0.896 at budget 25 and 0.944 -> 0.949 at 50; at budget 100 (40 seeds)
-#: convolution A100 0.915 -> 0.930, A4000 0.935 -> 0.939, gemm 0.982 -> 0.982.
+#: region the model believes in (a small measured gain, not a cure: docs/search.md, "Constants").
 N_INITIAL = 15
 #: A parameter value held by fewer valid configs than this fraction of a uniform share (valid
 #: configs / the parameter's values) is rare: the design measures one config with it, rarest
 #: first, for at most half the design (:meth:`ForestProposer.rare_values`). Constraints leave
 #: some code paths only a handful of valid configs (layernorm 8192x32768 float32: CACHE=2, the
 #: register cache, in 3 of 363, and the fastest); a random design misses them, and the trees
-#: then read such a value from its ordinal neighbour (CACHE=1, 4x slower there). Measured
-#: (40 seeds, budget 10 / 25 / 50 / 100): that space 0.818 / 0.902 / 0.940 / 0.979 -> 0.985 /
-#: 0.997 / 1.000 / 1.000, its float16 twin (CACHE=2 in 21 of 501) 0.834 -> 0.894 at 10, matmul
-#: float32 (BM/BN 8 in 6 of 86) 0.916-0.920 -> 0.958-0.961 at 10; dedispersion (block_size_x 5)
-#: 0.9973 -> 0.9975 at 100; the other recorded spaces (convolution, gemm, softmax, ...) have no
-#: rare value and run exactly as before.
+#: then read such a value from its ordinal neighbour (CACHE=1, 4x slower there). Spaces without
+#: a rare value run exactly as before (measured: docs/search.md, "Constants").
 RARE_SHARE = 0.25
 #: Trees in the bag.
 N_TREES = 24
@@ -103,13 +96,8 @@ N_INCUMBENTS = 5
 MAX_FEATURES = 0.8
 #: The moves after the space-filling design, taken in turn (see the module docstring); also
 #: "ts" (Thompson: the minimum of one tree's prediction) and "random" (space-filling).
-#: ``flip`` every 8th turn: 80 fresh seeds (40-119; 0-39 had chosen the rest) at budget 100,
-#: convolution A4000 0.937 -> 0.974, A100 0.889 -> 0.896, 30 seeds on the eight other recorded
-#: spaces 0.997 -> 0.996 (``flip`` every 4th turn, instead of ``walk``: A4000 0.980, A100 0.872).
-#: ``gp`` for the second of the four ``ei`` turns (``benchmarks/search_quality.py``, 40 seeds, at
-#: budget 100): batchnorm_stats 32x256x56x56 float16 0.986 -> 1.000, gemm 0.973 -> 0.983, mean
-#: over the 15 recorded spaces 0.9865 -> 0.9903 (200 seeds of convolution A100 / A4000: 0.899 /
-#: 0.973 -> 0.894 / 0.974); for two of the four turns no further gain at twice the fitting.
+#: ``flip`` every 8th turn and ``gp`` for the second of the four ``ei`` turns are the measured
+#: best of their variants (docs/search.md, "Constants").
 MOVES: tuple[str, ...] = ("ei", "local", "gp", "walk", "ei", "local", "ei", "flip")
 #: Hamming radius of the local neighbourhoods, and how many of the best configs ``local`` uses.
 LOCAL_RADIUS = 2
