@@ -2,8 +2,8 @@
 
 The pycuda backend compiles configs in the background while the GPU measures others. Handing a
 whole space to a thread pool at once compiles it in the order given, so the configs the search
-asks for next sit queued behind ones it never asks for and measuring waits on nvcc (softmax
-32768x4096 float16 on the H200, budget 100: 9.8-11.9 s of a 24-27 s job). Here at most
+asks for next sit queued behind ones it never asks for and measuring waits on nvcc (most of a
+job's time on the H200: docs/results_h200.md, "Where Kato's time goes"). Here at most
 ``workers`` compiles run at once, taken from the front of a queue; :meth:`CompileQueue.hint`
 puts the configs the search expects to ask for next at the front (``tuner.surrogate`` names
 them after each proposal), and :meth:`CompileQueue.add` appends the bulk at the back.
