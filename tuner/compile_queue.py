@@ -2,7 +2,7 @@
 
 The pycuda backend compiles configs in the background while the GPU measures others. Handing a
 whole space to a thread pool at once compiles it in the order given, so the configs the search
-asks for next sit queued behind ones it never asks for and measuring waits on nvcc (most of a
+asks for next sit queued behind ones it never asks for and measuring waits on nvcc (about 40% of a
 job's time on the H200: docs/results_h200.md, "Where Kato's time goes"). Here at most
 ``workers`` compiles run at once, taken from the front of a queue; :meth:`CompileQueue.hint`
 puts the configs the search expects to ask for next at the front (``tuner.surrogate`` names
