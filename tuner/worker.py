@@ -57,6 +57,7 @@ from kato import env
 from kernels import get_operator
 from kernels.spec import config_key
 from tuner import framework
+from tuner.backends.abilities import abilities_of, factory_abilities_of
 from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
 from tuner.backends.isolated import (
     DEFAULT_TRIAL_TIMEOUT_S,
@@ -388,8 +389,8 @@ class JobRunner:
             its ``kato_workers`` row); exceptions are logged.
         sync_seconds: how often the search reads the other workers' results and reservations.
         lookahead: most configs the search asks for ahead while the GPU would wait on the
-            compiler (``Search(ahead=...)``; 1: never). Only backends that compile (they have
-            ``is_compiled``) are asked ahead for.
+            compiler (``Search(ahead=...)``; 1: never). Only backends that compile ahead
+            (:class:`tuner.backends.abilities.ReportsCompiled`) are asked ahead for.
         retry_policy: how database faults are retried (default
             :meth:`db.retry.RetryPolicy.from_env`).
         shutdown: set when the worker stops (a signal): the search stops before its next
@@ -397,10 +398,10 @@ class JobRunner:
             with its reservations and lease given back.
         framework_timer: times PyTorch's own op for a job the owner is about to finish
             (:mod:`tuner.framework`), stored beside the winner; default: the backend
-            factory's ``measure_framework``, if it has one (a GPU worker's does, a replay
-            worker's not). ``KATO_FRAMEWORK_BASELINE=false`` turns it off. A baseline that
-            fails or disagrees with the references is logged, never stored, and the job is
-            done all the same.
+            factory's, if it has one (:class:`tuner.backends.abilities.MeasuresFramework`:
+            a GPU worker's does, a replay worker's not). ``KATO_FRAMEWORK_BASELINE=false``
+            turns it off. A baseline that fails or disagrees with the references is logged,
+            never stored, and the job is done all the same.
     """
 
     def __init__(
@@ -431,9 +432,9 @@ class JobRunner:
         self.lookahead = lookahead
         self.retry_policy = retry_policy or retry.RetryPolicy.from_env()
         self.shutdown = shutdown or threading.Event()
-        self.framework_timer = framework_timer or getattr(
-            backend_factory, "measure_framework", None
-        )
+        #: What the backend factory declares beyond building backends (:mod:`.abilities`).
+        self.factory_abilities = factory_abilities_of(backend_factory)
+        self.framework_timer = framework_timer or self.factory_abilities.measure_framework
         #: Everything this worker asks of the job database (:mod:`db.ledger`).
         self.ledger = Ledger(
             sessions,
@@ -465,7 +466,7 @@ class JobRunner:
         backend: Backend | None = None
         interrupted = False
         try:
-            if getattr(self.backend_factory, "runs_current_code", True):
+            if self.factory_abilities.runs_current_code:
                 _check_operator_version(job, ledger)
             backend = self.backend_factory(job)
             state.backend = backend
@@ -540,7 +541,7 @@ class JobRunner:
                     continue
             state.reason = reason
             state.stop.set()
-            interrupt = getattr(state.backend, "interrupt", None)
+            interrupt = abilities_of(state.backend).interrupt
             if interrupt is not None:
                 interrupt()
             return
@@ -607,7 +608,7 @@ class JobRunner:
         raise :class:`_DatabaseUnavailable`."""
         space = backend.space()
         known = self._known(ledger, state)
-        precompile = getattr(backend, "precompile", None)
+        precompile = abilities_of(backend).precompile
         if precompile is not None:
             # Compile ahead: small spaces entirely, in parallel, while the GPU measures.
             valid = space.valid_configs()
@@ -748,6 +749,7 @@ class JobRunner:
         # propose the same config at once; a collision costs a wait, never a second measurement.
         seed = job.seed if not helper else job.seed + zlib.crc32(self.worker_id.encode()) % 9973
         live = self.ledger.live_workers()
+        abilities = abilities_of(backend)
         search = SharedSearch(
             space,
             evaluate,
@@ -759,11 +761,11 @@ class JobRunner:
             seed_configs=first_configs(ledger.warm_start_sources, job, space),
             on_result=record,
             should_stop=should_stop,
-            on_upcoming=getattr(backend, "hint", None),  # compile the likely next ones first
+            on_upcoming=abilities.hint,  # compile the likely next ones first
             ahead=self.lookahead,
-            ready=getattr(backend, "is_compiled", None),
-            wait_ready=getattr(backend, "wait_compiled", None),
-            write_behind=getattr(backend, "measures_out_of_process", False),
+            ready=abilities.is_compiled,
+            wait_ready=abilities.wait_compiled,
+            write_behind=abilities.measures_out_of_process,
             worker_id=self.worker_id,
             is_live=live.__contains__,
             orphan_grace_seconds=self.lease_seconds,
@@ -919,8 +921,8 @@ class Worker:
     """Claims jobs for ``gpu_models`` and runs them one at a time until stopped.
 
     It claims (and helps with) only jobs in ``scope`` (:class:`db.queries.JobScope`; default:
-    the backend factory's ``scope`` attribute, read at every claim, else every job of
-    ``gpu_models``): the others stay queued for workers that can answer them.
+    the backend factory's, :class:`tuner.backends.abilities.Scoped`, read at every claim, else
+    every job of ``gpu_models``): the others stay queued for workers that can answer them.
 
     Its ``kato_workers`` row is refreshed on every idle poll and every heartbeat of a running
     job, and marked ``stopped`` when :meth:`run_forever` returns. With nothing to claim and
@@ -989,7 +991,7 @@ class Worker:
         """The jobs this worker claims (see the class docstring)."""
         if self._scope is not None:
             return self._scope
-        return getattr(self.backend_factory, "scope", None)
+        return self.runner.factory_abilities.scope()
 
     def heartbeat(self, status: str = "idle", job_id: str | None = None) -> None:
         """Upsert this worker's row: GPU models, devices, status, current job, now."""

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from kato.errors import KatoError
+from tuner.backends.abilities import abilities_of
 from tuner.backends.base import Backend, Config, DeviceInfo, TrialResult, TrialStatus
 from tuner.compile_queue import CompileQueue, CompileStats
 from tuner.space import SearchSpace
@@ -173,7 +174,7 @@ def _child_main(
             register(op)
         backend = build_backend(spec)
         conn.send(("ready", backend.device()))
-        prepare = getattr(backend, "prepare", None)
+        prepare = abilities_of(backend).prepare
         if prepare is not None:
             prepare()
         conn.send(("prepared",))
