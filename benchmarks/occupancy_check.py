@@ -41,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.gpus import (  # noqa: E402
+from kato.shared.gpus import (  # noqa: E402
     GpuSpec,
     find_gpu,
     normalize_gpu_name,

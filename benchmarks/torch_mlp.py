@@ -82,10 +82,10 @@ class DbConfigs:
         self.sessions = session_factory(init_db(db_url))
 
     def config(self, operator, shape, dtype, gpu=None):
+        from kato.shared.gpus import normalize_gpu_name
         from kernels import get_operator
         from service.lookup import Lookups
         from service.settings import Settings
-        from tuner.gpus import normalize_gpu_name
 
         settings = Settings()
         model = normalize_gpu_name(torch.cuda.get_device_name())

@@ -213,9 +213,9 @@ class DbLookups:
         self.settings = Settings(db_url=db_url)
 
     def lookup(self, operator, shape, dtype, gpu=None):
+        from kato.shared.gpus import normalize_gpu_name
         from kernels import get_operator
         from service.lookup import Lookups
-        from tuner.gpus import normalize_gpu_name
 
         model = gpu or normalize_gpu_name(torch.cuda.get_device_name())
         with self.sessions() as s:
@@ -295,7 +295,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # Kato's float32 GEMM is exact float32 too
     torch.backends.cudnn.allow_tf32 = False
-    from tuner.gpus import normalize_gpu_name
+    from kato.shared.gpus import normalize_gpu_name
 
     gpu_model = normalize_gpu_name(torch.cuda.get_device_name())
     client = DbLookups(args.db) if args.db else None

@@ -37,9 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
 from db.queries import StoredConfig  # noqa: E402
+from kato.shared.kt_cache import KernelTunerCache, load_cache  # noqa: E402
 from kernels import get_operator  # noqa: E402
 from service.lookup import NEAREST_MIN_GAIN, ConfigGroup, pick_best_config  # noqa: E402
-from tuner.kt_cache import KernelTunerCache, load_cache  # noqa: E402
 
 SPACES = ROOT / "data" / "spaces"
 

@@ -12,7 +12,7 @@ shape, dtype, GPU model): the trials of its jobs and its best configs. One bundl
   ``"time": "InvalidConfig"`` with ``kato_unmeasured`` saying why (``invalid``: the operator's
   constraints reject it for this shape; ``not measured``), so Kernel Tuner's simulation mode
   replays the file as it is, without a restrictions function, and skips them (Kato's readers
-  leave them out: :func:`tuner.kt_cache.load_cache`, :mod:`db.importer`). Kernel Tuner reads
+  leave them out: :func:`kato.shared.kt_cache.load_cache`, :mod:`db.importer`). Kernel Tuner reads
   plain JSON only and appends ``.json`` to a name without it: the files of a directory export
   end in ``.kt.json``; a ``.gz`` name is gzipped, for Kato alone.
 - **T4** (``t4``): the auto-tuning community's results format (schema 1.0.0, as Kernel Tuner's
@@ -73,8 +73,8 @@ from db.formats import (
 )
 from db.models import RESERVED, BestConfig, Job, Trial
 from kato.errors import KatoError
-from tuner.gpus import find_gpu
-from tuner.kt_cache import OTHER_TRIALS, KernelTunerCache, save_cache, unmeasured_entry
+from kato.shared.gpus import find_gpu
+from kato.shared.kt_cache import OTHER_TRIALS, KernelTunerCache, save_cache, unmeasured_entry
 
 FORMATS = ("t4", "kt")
 #: The most stand-in entries a Kernel Tuner export writes (matmul's space has 62,208 configs);

@@ -47,7 +47,7 @@ from kato.errors import KatoError
 
 # Kato's fields of a Kernel Tuner entry (a stand-in for a config not measured; its config's other
 # trials) are defined where the cache is replayed; the one leaf for both is issue 33's item 1.
-from tuner.kt_cache import OTHER_TRIALS, UNMEASURED
+from kato.shared.kt_cache import OTHER_TRIALS, UNMEASURED
 
 #: The Kato block's format this code writes and reads.
 KATO_FORMAT = 1

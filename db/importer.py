@@ -184,8 +184,8 @@ def gpu_name_problem(name: str) -> str | None:
 def _gpu(where: str, value: Any) -> str:
     """A GPU model as the catalog names it (a well-formed name it does not list is kept,
     cleaned, and warned about in the report: :func:`_gpu_warnings`)."""
+    from kato.shared.gpus import normalize_gpu_name
     from kernels.spec import InvalidInput
-    from tuner.gpus import normalize_gpu_name
 
     name = parse(Name, value, where)
     try:
@@ -342,7 +342,7 @@ def _finish_foreign(
     )
     bundle.jobs = [job.located("the file")]
     if fastest is not None:
-        from tuner.gpus import find_gpu
+        from kato.shared.gpus import find_gpu
 
         gpu = find_gpu(bundle.gpu_model)
         cc = compute_capability or (
@@ -445,7 +445,7 @@ def _check_operator(bundle: ParsedBundle) -> None:
 
 
 def _compute_capability(where: str, value: str, gpu_model: str) -> None:
-    from tuner.gpus import find_gpu
+    from kato.shared.gpus import find_gpu
 
     gpu = find_gpu(gpu_model)
     if gpu is None or value == "unknown":
@@ -784,7 +784,7 @@ def import_bundles(
 
 def _gpu_warnings(bundles: Sequence[ParsedBundle]) -> list[str]:
     """A GPU model the catalog does not list is stored as named, unchecked: say so once."""
-    from tuner.gpus import find_gpu
+    from kato.shared.gpus import find_gpu
 
     unknown = sorted({b.gpu_model for b in bundles if find_gpu(b.gpu_model) is None})
     return [

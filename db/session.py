@@ -35,7 +35,7 @@ from sqlalchemy.pool import StaticPool
 from db.models import Base
 from db.write_gate import WriteGate, gated_factory
 from kato import env
-from kato_client.disk import switch_to_wal
+from kato.shared.sqlite import switch_to_wal
 
 #: Alembic scripts shipped inside the package (found from any working directory).
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"

@@ -63,7 +63,7 @@ VARIABLES: dict[str, Variable] = {
         ),
         Variable(
             "KATO_COMPILE_CACHE",
-            "tuner.nvcc.default_cache_dir",
+            "kato.shared.paths.compile_cache_dir",
             "directory of the on-disk cubin cache (default ~/.cache/kato/cubin)",
         ),
         Variable(

@@ -2,13 +2,14 @@
 purpose derives from, so ``except kato.KatoError`` catches them all.
 
 This module is a leaf: it imports nothing of the project, so every layer (kernels, tuner, db,
-service, the client) may import it. The classes themselves live beside the code that raises
+service, the client) may import it. Besides the root, it defines the errors more than one layer
+raises (:class:`InvalidInput`, :class:`ServiceError`); the others live beside the code that raises
 them, keeping their names and their builtin bases (``InvalidInput`` is still a ``ValueError``,
 ``UnknownId`` a ``LookupError``): code that caught those keeps working. The tree, by kind::
 
     KatoError
-    ├── InvalidInput (ValueError)          kernels.spec: a request that cannot be served (HTTP 422)
-    │   ├── UnknownGpu                     tuner.gpus
+    ├── InvalidInput (ValueError)          a request that cannot be served (HTTP 422)
+    │   ├── UnknownGpu                     kato.shared.gpus
     │   └── ExpressionError                kernels.user.expr
     ├── InvalidImport (ValueError)         db.importer: a file that cannot be imported
     ├── FormatError (ValueError)           db.formats: not a valid T4 / Kernel Tuner file
@@ -51,3 +52,10 @@ class ServiceError(KatoError, RuntimeError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class InvalidInput(KatoError, ValueError):
+    """A request that cannot be served: unknown dtype, shape of the wrong rank, non-positive sizes.
+
+    The message says what to fix; the service turns it into an HTTP 422.
+    """

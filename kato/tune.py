@@ -375,7 +375,7 @@ def _env(op, shape, dtype, info, strategy, budget, seconds, job_id, status, best
 
 
 def _write_cache(path, op, shape, dtype, info, results) -> None:
-    from tuner.kt_cache import KernelTunerCache, save_cache
+    from kato.shared.kt_cache import KernelTunerCache, save_cache
 
     entries = {}
     for row in results:
@@ -438,8 +438,8 @@ def lookup(
                 "source": data["source"], "version": data.get("operator_version")}  # fmt: skip
     from db import queries
     from db.session import default_db_url, init_db, session_factory
+    from kato.shared.gpus import normalize_gpu_name
     from service.lookup import lookup_best_config
-    from tuner.gpus import normalize_gpu_name
 
     engine = init_db(db or default_db_url())
     try:

@@ -3,7 +3,7 @@
 Probes, in order: ``KATO_GPU`` (an explicit model name); PyTorch (when already imported, or
 importable, and CUDA is available: ``torch.cuda.get_device_name`` of the current device); PyCUDA
 (``pycuda.driver.Device(0).name()``, no context created); ``nvidia-smi``. The name is normalised
-with :func:`tuner.gpus.normalize_gpu_name` ("NVIDIA H200" -> "H200").
+with :func:`kato.shared.gpus.normalize_gpu_name` ("NVIDIA H200" -> "H200").
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from kato import env
 from kato.errors import KatoError
+from kato.shared.gpus import normalize_gpu_name
 
 
 class GpuNotDetected(KatoError, RuntimeError):
@@ -87,9 +88,7 @@ PROBES: tuple[Callable[[], str | None], ...] = (
 
 
 def normalize(name: str) -> str:
-    """The canonical model name (``tuner.gpus.normalize_gpu_name``)."""
-    from tuner.gpus import normalize_gpu_name
-
+    """The canonical model name (``kato.shared.gpus.normalize_gpu_name``)."""
     return normalize_gpu_name(name)
 
 

@@ -13,46 +13,18 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import sqlite3
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from kato import env
+from kato.shared.sqlite import is_busy, switch_to_wal
 
 log = logging.getLogger("kato_client")
 
 FILENAME = "lookups.sqlite3"
 BUSY_TIMEOUT_MS = 10_000
-
-
-def _is_busy(exc: Exception) -> bool:
-    """A lock held by another connection: transient, unlike a broken or read-only file."""
-    text = str(exc).lower()
-    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
-
-
-def switch_to_wal(conn: sqlite3.Connection | sqlite3.Cursor, timeout_s: float) -> None:
-    """``PRAGMA journal_mode=WAL`` on ``conn``, retried while another connection holds the lock.
-
-    Connections opening a new file at once (processes of one job, a service and its workers)
-    race for the switch, and SQLite answers the losers "database is locked" at once, without
-    waiting on the busy timeout: retry with backoff until ``timeout_s`` instead. Shared with the
-    service's engine (``db.session``): this package depends on nothing else of Kato's.
-    """
-    deadline = time.monotonic() + timeout_s
-    delay = 0.005
-    while True:
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if not _is_busy(exc) or time.monotonic() + delay > deadline:
-                raise
-        time.sleep(delay * (1 + random.random()))
-        delay = min(delay * 2, 0.25)
 
 
 _SCHEMA = """
@@ -123,7 +95,7 @@ class DiskCache:
     def _fail(self, exc: Exception) -> None:
         """Give the disk cache up for this instance, unless ``exc`` is only a busy lock (then
         this one read or write is skipped)."""
-        if _is_busy(exc) and self._conn is not None:
+        if is_busy(exc) and self._conn is not None:
             log.info("kato client: disk cache %s busy, skipping one access: %s", self.path, exc)
             return
         if not self._broken:

@@ -1,13 +1,13 @@
 """Limits every supported GPU (sm_80, sm_90) shares: the specs' constraint sets check against them.
 
-Per-GPU limits (shared memory per block on sm_80, SM counts, memory) live in ``tuner.gpus``; the
-specs use these to reject configs that cannot run on any supported GPU.
+Per-GPU limits (shared memory per block on sm_80, SM counts, memory) live in
+``kato.shared.gpus``; the specs use these to reject configs that cannot run on any supported GPU.
 """
 
 from __future__ import annotations
 
 #: Opt-in maximum of dynamic + static shared memory per block (sm_90; sm_80 has 163 KiB and the
-#: tuner checks that per GPU with its catalog, ``tuner.gpus``).
+#: tuner checks that per GPU with its catalog, ``kato.shared.gpus``).
 MAX_SHARED_PER_BLOCK = 227 * 1024
 #: Shared memory per block (static + dynamic) a kernel gets without opting in.
 SHARED_WITHOUT_OPT_IN = 48 * 1024

@@ -23,7 +23,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from kato.errors import KatoError
+from kato.errors import InvalidInput
 
 #: A configuration: tunable parameter name -> value (ints or short strings).
 Config = dict[str, Any]
@@ -98,13 +98,6 @@ def _kernel_helpers(module: Any) -> set[Any]:
             if helper is not None:
                 out.add(helper)
     return out
-
-
-class InvalidInput(KatoError, ValueError):
-    """A request that cannot be served: unknown dtype, shape of the wrong rank, non-positive sizes.
-
-    The message says what to fix; the service turns it into an HTTP 422.
-    """
 
 
 def config_key(params: Sequence[str], config: Mapping[str, Any]) -> str:

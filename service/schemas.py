@@ -406,7 +406,7 @@ def format_compute_capability(value: Any) -> Any:
 
 
 class GpuPublic(BaseModel):
-    """A GPU model of the catalog (``tuner.gpus``); further catalog fields pass through."""
+    """A GPU model of the catalog (``kato.shared.gpus``); further catalog fields pass through."""
 
     model_config = ConfigDict(extra="allow")
 

@@ -21,8 +21,8 @@ from service.settings import Settings
 
 
 def gpu_catalog() -> ModuleType:
-    """The GPU catalog module, ``tuner.gpus`` (imported on first use; it needs no GPU)."""
-    return importlib.import_module("tuner.gpus")
+    """The GPU catalog module, ``kato.shared.gpus`` (imported on first use; it needs no GPU)."""
+    return importlib.import_module("kato.shared.gpus")
 
 
 def operator_or_404(name: str) -> OperatorSpec:
@@ -63,7 +63,7 @@ class Problem:
     spec: OperatorSpec
     shape: list[int]
     dtype: str
-    gpu: Any  # tuner.gpus.GpuSpec
+    gpu: Any  # kato.shared.gpus.GpuSpec
 
     @property
     def gpu_model(self) -> str:

@@ -14,7 +14,7 @@ from kato import KatoError, ServiceError
 #: (module, class name, the builtin base it must keep).
 ERRORS = [
     ("kernels.spec", "InvalidInput", ValueError),
-    ("tuner.gpus", "UnknownGpu", ValueError),
+    ("kato.shared.gpus", "UnknownGpu", ValueError),
     ("kernels.user.expr", "ExpressionError", ValueError),
     ("db.importer", "InvalidImport", ValueError),
     ("db.formats", "FormatError", ValueError),

@@ -146,7 +146,7 @@ def measure_here(
         return FrameworkResult(
             SKIPPED, framework, detail=f"torch sees no CUDA device {device_index}"
         )
-    from tuner.gpus import normalize_gpu_name
+    from kato.shared.gpus import normalize_gpu_name
 
     seen = normalize_gpu_name(torch.cuda.get_device_name(device_index))
     if gpu_model is not None and seen != gpu_model:

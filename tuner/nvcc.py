@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from kato import env
 from kato.errors import KatoError
+from kato.shared.paths import compile_cache_dir
 
 __all__ = [
     "CompileError",
@@ -43,7 +43,6 @@ __all__ = [
     "compile_kernel",
     "compile_many",
     "cuda_version",
-    "default_cache_dir",
     "nvcc_available",
     "parse_ptxas_report",
 ]
@@ -181,12 +180,6 @@ def cuda_version(nvcc: str = "nvcc") -> str:
     if match is None:
         raise NvccNotFoundError(f"no 'release X.Y' in {nvcc} --version output: {text[-300:]!r}")
     return match.group(1)
-
-
-def default_cache_dir() -> Path:
-    """``$KATO_COMPILE_CACHE`` if set, else ``~/.cache/kato/cubin``."""
-    where = env.get("KATO_COMPILE_CACHE")
-    return Path(where).expanduser() if where else Path.home() / ".cache" / "kato" / "cubin"
 
 
 # --- ptxas -v parsing -------------------------------------------------------------------------
@@ -354,7 +347,7 @@ def compile_kernel(
         kernel_name: the ``extern "C"`` kernel whose ptxas report is read.
         arch: real architecture, ``sm_XY``.
         options: extra nvcc options, e.g. ``("-DFOO=1", "-lineinfo")``.
-        cache_dir: cache directory; default :func:`default_cache_dir`.
+        cache_dir: cache directory; default :func:`kato.shared.paths.compile_cache_dir`.
         nvcc: the nvcc executable.
         use_cache: False to neither read nor write the cache.
         timeout_s: nvcc is killed after this long (reported as a CompileError).
@@ -368,7 +361,7 @@ def compile_kernel(
         raise CompileError(f"arch must look like 'sm_90', got {arch!r}")
     options = tuple(options)
     key = _cache_key(source, kernel_name, arch, options, _nvcc_version_text(nvcc))
-    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    cache_dir = Path(cache_dir) if cache_dir is not None else compile_cache_dir()
     if use_cache:
         hit = _cache_load(cache_dir, key)
         if hit is not None and hit.kernel_name == kernel_name and hit.arch == arch:

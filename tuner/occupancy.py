@@ -42,8 +42,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from kato.shared.gpus import GpuSpec
 from kernels.spec import InvalidInput
-from tuner.gpus import GpuSpec
 
 Limiter = Literal["warps", "registers", "shared", "blocks"]
 CarveoutPreference = Literal["max", "default", "half", "min"] | int
@@ -154,7 +154,7 @@ def occupancy(
     """Blocks of a kernel resident per SM, as ``cuOccupancyMaxActiveBlocksPerMultiprocessor``.
 
     Args:
-        gpu: the GPU model (:func:`tuner.gpus.get_gpu`).
+        gpu: the GPU model (:func:`kato.shared.gpus.get_gpu`).
         threads_per_block: block size (x * y * z), >= 1.
         registers_per_thread: as reported by ptxas / ``CU_FUNC_ATTRIBUTE_NUM_REGS``.
         shared_bytes_per_block: static + dynamic shared memory of one block, without the

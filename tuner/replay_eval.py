@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kato.shared.kt_cache import KernelTunerCache, load_cache
 from tuner.backends.replay import ReplayBackend
-from tuner.kt_cache import KernelTunerCache, load_cache
 from tuner.search import DEFAULT_STRATEGY, Budget, Search
 from tuner.warm_start import SEEDS_PER_SOURCE, cache_source, rank_seed_configs, seed_limit
 

@@ -559,7 +559,7 @@ def measure(
         if error:
             return FrameworkResult(MISMATCH, framework, eq.what, detail=error)
         if l2_bytes is None:
-            from tuner.gpus import find_gpu, normalize_gpu_name
+            from kato.shared.gpus import find_gpu, normalize_gpu_name
 
             gpu = find_gpu(normalize_gpu_name(torch.cuda.get_device_name(device)))
             l2_bytes = gpu.l2_bytes if gpu is not None and gpu.l2_bytes else DEFAULT_L2_BYTES

@@ -62,8 +62,8 @@ def peak_flops(gpu: Any) -> float | None:
 
 def launch_lower_bound_s(spec: Any, shape: Sequence[int], dtype: str, gpu: Any) -> float:
     """Seconds one call of ``spec`` (all its steps) takes at least at ``shape``/``dtype`` on
-    ``gpu`` (a :class:`tuner.gpus.GpuSpec`): its minimum bytes at peak bandwidth, or its FLOPs at
-    the peak rate, whichever is longer. 0.0 where ``gpu`` is None or lists no figures."""
+    ``gpu`` (a :class:`kato.shared.gpus.GpuSpec`): its minimum bytes at peak bandwidth, or its
+    FLOPs at the peak rate, whichever is longer. 0.0 where ``gpu`` is None or lists no figures."""
     if gpu is None:
         return 0.0
     bound = 0.0

@@ -208,7 +208,7 @@ def warm_start_configs(
 
 
 def cache_source(cache: Any, name: str | None = None, distance: float = OTHER_GPU_DISTANCE):
-    """A :class:`Source` from a recorded Kernel Tuner cache (``tuner.kt_cache``): every OK
+    """A :class:`Source` from a recorded Kernel Tuner cache (``kato.shared.kt_cache``): every OK
     entry, as the database would hold another GPU's measurements of the same space."""
     params = cache.params
     trials = [

@@ -1237,7 +1237,7 @@ def find_recordings(path: Path) -> list[Recording]:
         ValueError: a file is not a recording or does not say what it is for, or there is none.
         OSError: a file cannot be read.
     """
-    from tuner.kt_cache import load_cache
+    from kato.shared.kt_cache import load_cache
 
     files = recording_files(path)
     if not files:
@@ -1271,7 +1271,7 @@ class ReplayBackends:
         trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
         delay_s: float = 0.0,
     ):
-        from tuner.gpus import normalize_gpu_name
+        from kato.shared.gpus import normalize_gpu_name
 
         self.isolate, self.trial_timeout_s, self.delay_s = isolate, trial_timeout_s, delay_s
         kept = list(recordings)

@@ -21,8 +21,8 @@ import os
 
 import numpy as np
 
+from kato.shared.kt_cache import load_cache
 from tuner.backends.replay import ReplayBackend
-from tuner.kt_cache import load_cache
 
 SRC = os.environ["SRC"]
 MODE = os.environ.get("SRC_MODE", "run")

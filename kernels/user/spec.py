@@ -163,12 +163,12 @@ class UserOperatorSpec(OperatorSpec):
         name, headers = self.model.template, self.model.headers
         if not headers and self._source_dir is not None and (self._source_dir / name).is_file():
             return self._source_dir / name
-        from tuner.nvcc import default_cache_dir
+        from kato.shared.paths import compile_cache_dir
 
         files = self.definition.files
         text = inline_headers(name, files[name], files, headers) if headers else files[name]
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-        path = default_cache_dir().parent / "user-operators" / digest / name
+        path = compile_cache_dir().parent / "user-operators" / digest / name
         if not path.is_file():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")

@@ -153,7 +153,7 @@ BAD_RECORDING = (OSError, ValueError, TypeError, KeyError)
 def check_recording(path: Path, what: str, code: int = 2):
     """``path`` loaded as a Kernel Tuner cache (or T4 results) file, or the command ends
     saying it is not one."""
-    from tuner.kt_cache import load_cache
+    from kato.shared.kt_cache import load_cache
 
     try:
         return load_cache(path)

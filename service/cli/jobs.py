@@ -165,9 +165,9 @@ def retune(
     again queues nothing new. Each job first measures the key's old winner (warm start).
     """
     from db.upgrade import find_stale_keys, queue_retune
+    from kato.shared.gpus import normalize_gpu_name
     from kernels import InvalidInput, list_operators
     from service.validation import check_budget
-    from tuner.gpus import normalize_gpu_name
 
     settings = load_settings(db)
     try:  # the budget check of every new job (service.validation), with its message

@@ -19,11 +19,11 @@ from db.importer import InvalidImport, import_paths, read_file
 from db.ledger import Ledger
 from db.models import BestConfig, Job, Trial
 from db.session import init_db, session_factory
+from kato.shared.kt_cache import load_cache
 from kernels import get_operator
 from kernels.spec import config_key
 from service import lookup as service_lookup
 from service.cli import app as cli
-from tuner.kt_cache import load_cache
 
 SPEC = get_operator("softmax")
 FAILURES = [  # configs recorded as failed in job A, on top of the recorded measurements

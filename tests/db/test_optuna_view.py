@@ -16,12 +16,12 @@ from typer.testing import CliRunner
 
 from db import queries
 from db.session import init_db, session_factory
+from kato.shared.kt_cache import load_cache
 from kernels import get_operator
 from service.app import create_app
 from service.cli import app as cli
 from service.settings import Settings
 from tuner.backends.replay import ReplayBackend
-from tuner.kt_cache import load_cache
 from tuner.search import FAILED_VALUE, Budget, Search
 from tuner.worker import Worker
 

@@ -25,8 +25,8 @@ def _sessions(db: str):
 
 
 def test_kato_tune_checks_memory_then_tunes_and_kato_worker_runs_a_queued_job(tmp_path):
+    from kato.shared.gpus import find_gpu
     from tuner.backends.pycuda import describe_device
-    from tuner.gpus import find_gpu
 
     model = describe_device(0).model
     db = f"sqlite:///{tmp_path}/kato.db"

@@ -16,12 +16,12 @@ torch = pytest.importorskip("torch", reason="the framework baseline times PyTorc
 from fastapi.testclient import TestClient  # noqa: E402
 
 from db import tokens  # noqa: E402
+from kato.shared.gpus import normalize_gpu_name  # noqa: E402
 from kernels import list_operators  # noqa: E402
 from kernels.user import UserOperatorSpec  # noqa: E402
 from service.app import create_app  # noqa: E402
 from service.settings import Settings  # noqa: E402
 from tuner import framework, torch_ops  # noqa: E402
-from tuner.gpus import normalize_gpu_name  # noqa: E402
 
 if not torch.cuda.is_available():
     pytest.skip("torch sees no CUDA device", allow_module_level=True)

@@ -83,10 +83,10 @@ def test_kato_tune_on_a_few_long_rows_measures_every_config(tmp_path):
     most configs), through ``kato tune`` as a user runs it."""
     from db import queries
     from db.session import init_db, session_factory
+    from kato.shared.gpus import find_gpu
     from kernels import get_operator
     from service.cli import app
     from tuner.backends.pycuda import describe_device
-    from tuner.gpus import find_gpu
     from tuner.trial_cost import launch_lower_bound_s
 
     rows, cols = 4, 1 << 26

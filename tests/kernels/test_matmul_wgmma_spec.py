@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from kato.shared.gpus import find_gpu
 from kernels import get_operator
 from kernels.matmul import (
     MMA_PARAMS,
@@ -22,7 +23,6 @@ from kernels.matmul import (
 )
 from kernels.spec import TensorMap
 from tuner.backends.pycuda import check_on_gpu, operator_space
-from tuner.gpus import find_gpu
 from tuner.space import SearchSpace
 
 SPEC = get_operator("matmul")

@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from db import queries
 from db.session import init_db, session_factory
+from kato.shared.kt_cache import load_cache, save_cache
 from kernels import get_operator
 from service.cli import app
-from tuner.kt_cache import load_cache, save_cache
 
 
 def _submit(sessions, operator, shape, dtype, budget=5) -> str:

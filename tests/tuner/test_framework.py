@@ -13,13 +13,13 @@ from paths import RECORDED
 
 from db import queries
 from db.session import init_db, session_factory
+from kato.shared.kt_cache import load_cache
 from kernels import get_operator
 from kernels.spec import config_key
 from service import lookup as service_lookup
 from tuner import framework
 from tuner.backends.replay import ReplayBackend
 from tuner.framework import FrameworkResult
-from tuner.kt_cache import load_cache
 from tuner.worker import Worker
 
 RECORDING = RECORDED / "softmax_H200_4096x4096_float16.json.gz"

@@ -7,8 +7,7 @@ import json
 
 import pytest
 
-from kernels.spec import InvalidInput
-from tuner.gpus import (
+from kato.shared.gpus import (
     GpuSpec,
     UnknownGpu,
     find_gpu,
@@ -18,6 +17,7 @@ from tuner.gpus import (
     normalize_gpu_name,
     spec_for_compute_capability,
 )
+from kernels.spec import InvalidInput
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -9,9 +9,9 @@ import statistics
 import pytest
 from paths import holdout_space_files, missed_space_files, space_files, table_space_files
 
+from kato.shared.kt_cache import load_cache
 from kernels import get_operator
 from tuner.backends.replay import ReplayBackend
-from tuner.kt_cache import load_cache
 from tuner.replay_eval import replay_search
 from tuner.space import SearchSpace
 

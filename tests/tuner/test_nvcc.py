@@ -16,10 +16,10 @@ from tuner.nvcc import (
     CompileError,
     CompileJob,
     NvccNotFoundError,
+    compile_cache_dir,
     compile_kernel,
     compile_many,
     cuda_version,
-    default_cache_dir,
     nvcc_available,
     parse_ptxas_report,
 )
@@ -92,9 +92,9 @@ def test_compile_error_pickles_with_its_log() -> None:
 
 def test_default_cache_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KATO_COMPILE_CACHE", "/somewhere/cubins")
-    assert default_cache_dir() == Path("/somewhere/cubins")
+    assert compile_cache_dir() == Path("/somewhere/cubins")
     monkeypatch.delenv("KATO_COMPILE_CACHE")
-    assert default_cache_dir() == Path.home() / ".cache" / "kato" / "cubin"
+    assert compile_cache_dir() == Path.home() / ".cache" / "kato" / "cubin"
 
 
 def test_missing_nvcc_is_reported_as_such(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from kato.shared.gpus import get_gpu
 from kernels.spec import InvalidInput
-from tuner.gpus import get_gpu
 from tuner.occupancy import (
     Occupancy,
     carveout_percent,

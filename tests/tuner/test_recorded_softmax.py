@@ -10,9 +10,9 @@ import pytest
 from backend_conformance import BackendConformance
 from paths import RECORDED, REPO
 
+from kato.shared.kt_cache import load_cache
 from kernels import get_operator
 from tuner.backends.replay import ReplayBackend
-from tuner.kt_cache import load_cache
 from tuner.replay_eval import replay_search
 
 FILES = sorted(RECORDED.glob("softmax_H200_*.json.gz"))

@@ -9,10 +9,10 @@ import pytest
 from backend_conformance import BackendConformance
 from typer.testing import CliRunner
 
+from kato.shared.kt_cache import KernelTunerCache, load_cache, save_cache
 from service.cli import app
 from tuner.backends.base import TrialStatus
 from tuner.backends.replay import ReplayBackend
-from tuner.kt_cache import KernelTunerCache, load_cache, save_cache
 from tuner.replay_eval import replay_search
 
 
@@ -277,7 +277,7 @@ def test_t4_failures_constraints_and_runtimes():
         ],
         "metadata": {"timeunit": "milliseconds", "kato": {"gpu_model": "H200", "operator": "k"}},
     }
-    from tuner.kt_cache import from_t4
+    from kato.shared.kt_cache import from_t4
 
     cache = from_t4(doc)
     assert cache.tune_params == {"a": [1, 2, 4], "s": ["x", "y"]}

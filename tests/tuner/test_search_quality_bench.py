@@ -47,7 +47,7 @@ def test_bayes_opt_design_is_fixed_by_the_seed():
 def _sparse_file(tmp_path, n_params: int = 8) -> str:
     """A recorded space of 60 configs over a product of 10**n_params: a line through the
     product (p0 = p1 = ... = v for v in 0..9) and its six one-parameter neighbours per point."""
-    from tuner.kt_cache import KernelTunerCache, save_cache
+    from kato.shared.kt_cache import KernelTunerCache, save_cache
 
     names = [f"p{i}" for i in range(n_params)]
     entries = {}

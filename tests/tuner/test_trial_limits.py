@@ -15,12 +15,12 @@ from typer.testing import CliRunner
 
 from db import queries
 from db.session import init_db, session_factory
+from kato.shared.gpus import get_gpu
 from kernels import get_operator
 from service.cli import app
 from tuner.backends.base import TrialStatus
 from tuner.backends.isolated import BackendSpec, IsolatedBackend, measuring_backend
 from tuner.backends.replay import ReplayBackend
-from tuner.gpus import get_gpu
 from tuner.trial_cost import (
     CAP_FACTOR,
     MIN_LAUNCHES,

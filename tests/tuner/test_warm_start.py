@@ -12,9 +12,9 @@ from test_worker import DTYPE, SHAPE, CountingReplay, submit
 from db import queries
 from db.ledger import Ledger
 from db.session import init_db, session_factory
+from kato.shared.kt_cache import load_cache
 from kernels import get_operator
 from tuner.backends.replay import ReplayBackend
-from tuner.kt_cache import load_cache
 from tuner.replay_eval import replay_search, warm_start_seeds
 from tuner.search import Budget, Search
 from tuner.warm_start import (

@@ -572,7 +572,7 @@ def test_a_replay_worker_does_not_help_with_a_running_job_of_another_problem(db)
 
 def _relabelled(tmp_path, version):
     """The recording as a file of another operator version (as an older Kato wrote it)."""
-    from tuner.kt_cache import load_cache, save_cache
+    from kato.shared.kt_cache import load_cache, save_cache
 
     cache = load_cache(RECORDING)
     cache.extra["kato_operator_version"] = version
@@ -607,7 +607,7 @@ def test_a_recording_of_an_older_version_answers_only_jobs_of_that_version(db, t
 
 def test_a_recording_without_kato_metadata_is_for_what_its_name_says(db, tmp_path):
     """A Kernel Tuner cache of its own (no kato_* fields): the name says its problem."""
-    from tuner.kt_cache import load_cache, save_cache
+    from kato.shared.kt_cache import load_cache, save_cache
 
     cache = load_cache(RECORDING)
     for name in ("kato_operator", "kato_operator_version", "dtype"):
@@ -656,7 +656,7 @@ def test_replay_backends_refuse_a_recording_of_an_operator_not_registered_here(t
 def test_recordings_are_found_below_a_directory_and_checked_against_their_operator(tmp_path):
     import shutil
 
-    from tuner.kt_cache import load_cache, save_cache
+    from kato.shared.kt_cache import load_cache, save_cache
     from tuner.worker import find_recordings
 
     source = RECORDED / "softmax_H200_4096x4096_float16.json.gz"

@@ -360,9 +360,9 @@ class IsolatedBackend(Backend):
                 shadow.close()
         from functools import partial
 
+        from kato.shared.gpus import find_gpu
         from kernels import get_operator
         from tuner.backends.pycuda import check_on_gpu, operator_space
-        from tuner.gpus import find_gpu
         from tuner.trial_cost import launch_lower_bound_s
 
         assert self.spec.operator and self.spec.dtype

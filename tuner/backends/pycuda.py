@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 
 from kato.errors import KatoError
+from kato.shared.gpus import find_gpu, normalize_gpu_name
 from kernels.limits import needs_shared_opt_in
 from kernels.spec import CUDA_TYPES, Config, Launch, OperatorSpec, Problem, Step, TensorMap
 from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
 from tuner.compile_queue import CompileQueue, CompileStats
-from tuner.gpus import find_gpu, normalize_gpu_name
 from tuner.nvcc import CompiledKernel, CompileError, compile_kernel, cuda_version
 from tuner.occupancy import occupancy
 from tuner.space import SearchSpace

@@ -23,7 +23,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kernels.spec import InvalidInput
+from kato.errors import InvalidInput
 
 KIB = 1024
 MIB = 1024 * KIB
