@@ -9,44 +9,22 @@ PyCUDA. Only the handful of entry points Kato needs are bound.
 from __future__ import annotations
 
 import ctypes
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from kato.errors import KatoError
-from kernels.limits import needs_shared_opt_in
 from kernels.spec import TensorMap
+from tuner import cuda_driver
 from tuner.tensor_map import MAP_ALIGN, MAP_BYTES
 
-CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
-CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
-
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-
-
-class CudaDriverError(KatoError, RuntimeError):
-    """A CUDA driver call failed; the message names the call and the driver's error string."""
-
-
-def _driver() -> ctypes.CDLL:
-    global _lib
-    with _lock:
-        if _lib is None:
-            try:
-                _lib = ctypes.CDLL("libcuda.so.1")
-            except OSError as exc:  # pragma: no cover - depends on the machine
-                raise CudaDriverError(f"cannot load the CUDA driver (libcuda.so.1): {exc}") from exc
-        return _lib
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        text = ctypes.c_char_p()
-        _driver().cuGetErrorString(result, ctypes.byref(text))
-        message = text.value.decode() if text.value else f"error {result}"
-        raise CudaDriverError(f"{what} failed: {message}")
+# The generic entry points live in tuner.cuda_driver (the backend launches tensor-map kernels
+# through them too); these names are kato_torch's own spelling of them.
+_driver = cuda_driver.library
+_check = cuda_driver.check
+CudaDriverError = cuda_driver.CudaDriverError
+load_module = cuda_driver.load_module
+get_function = cuda_driver.get_function
+launch = cuda_driver.launch
 
 
 _primary: dict[int, ctypes.c_void_p] = {}
@@ -103,60 +81,6 @@ def on_device(device_index: int) -> Iterator[None]:
     finally:
         popped = ctypes.c_void_p()
         _check(lib.cuCtxPopCurrent_v2(ctypes.byref(popped)), "cuCtxPopCurrent_v2")
-
-
-def load_module(cubin: bytes) -> ctypes.c_void_p:
-    """Load a cubin into the current context. Modules are never unloaded (they are cached)."""
-    module = ctypes.c_void_p()
-    _check(_driver().cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
-    return module
-
-
-def get_function(module: ctypes.c_void_p, name: str, dynamic_shared: int = 0) -> ctypes.c_void_p:
-    """An entry point of ``module``; opts in to ``dynamic_shared`` bytes when they and the
-    function's static shared memory exceed 48 KiB together."""
-    lib = _driver()
-    func = ctypes.c_void_p()
-    _check(lib.cuModuleGetFunction(ctypes.byref(func), module, name.encode()), name)
-    static = ctypes.c_int()
-    _check(
-        lib.cuFuncGetAttribute(ctypes.byref(static), CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, func),
-        f"cuFuncGetAttribute({name})",
-    )
-    if needs_shared_opt_in(static.value, dynamic_shared):
-        _check(
-            lib.cuFuncSetAttribute(
-                func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_shared
-            ),
-            f"cuFuncSetAttribute({name})",
-        )
-    return func
-
-
-def launch(
-    func: ctypes.c_void_p,
-    grid: Sequence[int],
-    block: Sequence[int],
-    shared_bytes: int,
-    stream: int,
-    args: Sequence[ctypes._SimpleCData],
-) -> None:
-    """``cuLaunchKernel`` with ``args`` (ctypes scalars: c_void_p for pointers, c_int, ...)."""
-    params = (ctypes.c_void_p * len(args))(
-        *[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args]
-    )
-    _check(
-        _driver().cuLaunchKernel(
-            func,
-            grid[0], grid[1], grid[2],
-            block[0], block[1], block[2],
-            shared_bytes,
-            ctypes.c_void_p(stream),
-            params,
-            None,
-        ),
-        "cuLaunchKernel",
-    )  # fmt: skip
 
 
 _fast_launch: Any = None

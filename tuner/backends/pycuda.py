@@ -23,8 +23,8 @@ A failure in any step is a :class:`TrialResult` with a failure status, never an 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
-import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,16 +37,27 @@ from kato.errors import KatoError
 from kato.shared.gpus import find_gpu, normalize_gpu_name
 from kernels.limits import needs_shared_opt_in
 from kernels.spec import CUDA_TYPES, Config, Launch, OperatorSpec, Problem, Step, TensorMap
+from tuner import cuda_driver
 from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
 from tuner.compile_queue import CompileQueue, CompileStats
 from tuner.nvcc import CompiledKernel, CompileError, compile_kernel, cuda_version
 from tuner.occupancy import occupancy
 from tuner.space import SearchSpace
-from tuner.tensor_map import MAP_ALIGN, MAP_BYTES, MapCache
+from tuner.tensor_map import MAP_BYTES, MapCache
 from tuner.trial_cost import TrialDeadline, launch_lower_bound_s
 
 _VERIFY_SOURCE = Path(__file__).resolve().parent.parent / "verify_kernel.cu"
 _SPIN_SOURCE = Path(__file__).resolve().parent.parent / "spin_kernel.cu"
+#: The ctypes type of each struct format, for launches through ``tuner.cuda_driver``.
+_CTYPES = {
+    "P": ctypes.c_void_p,
+    "i": ctypes.c_int32,
+    "I": ctypes.c_uint32,
+    "q": ctypes.c_int64,
+    "Q": ctypes.c_uint64,
+    "f": ctypes.c_float,
+    "d": ctypes.c_double,
+}
 _ARG_FORMATS = {
     np.int32: "i",
     np.uint32: "I",
@@ -58,6 +69,8 @@ _ARG_FORMATS = {
 #: Target duration of one timed batch: long enough that event resolution and launch gaps vanish.
 _BATCH_TARGET_MS = 1.0
 _MAX_BATCH = 200
+#: Prepared kernelParams arrays kept (one per tensor-map call and buffer copy).
+_MAX_DRIVER_ARGS = 4096
 #: Input copies rotated while timing: a batch of up to ``_MAX_BATCH`` launches never reuses one.
 _MAX_COPIES = _MAX_BATCH
 #: The spin before a timed batch lasts this many times the host's measured time to queue it
@@ -136,7 +149,8 @@ def poison_word(dtype: np.dtype, reference: np.ndarray) -> int:
 @dataclass(frozen=True)
 class _Call:
     """A prepared kernel function with its launch geometry and arguments (indices into the
-    problem's args, or tensor maps over one of them)."""
+    problem's args, or tensor maps over one of them). A call with tensor maps holds a driver
+    function (``tuner.cuda_driver``, launched with kernelParams), the others a PyCUDA one."""
 
     fn: Any
     launch: Launch
@@ -144,16 +158,10 @@ class _Call:
     has_maps: bool = False
 
 
-def argument_format(formats: Sequence[str], args: Sequence[int | TensorMap]) -> str:
-    """PyCUDA's struct format of one launch's parameters: each index's format, a tensor map
-    as its 128 bytes at the next 64-byte boundary (its alignment in the parameter space)."""
-    fmt = ""
-    for arg in args:
-        if isinstance(arg, TensorMap):
-            fmt += "x" * (-struct.calcsize(fmt) % MAP_ALIGN) + f"{MAP_BYTES}s"
-        else:
-            fmt += formats[arg]
-    return fmt
+def argument_format(formats: Sequence[str], args: Sequence[int]) -> str:
+    """PyCUDA's struct format of one launch's parameters (a step without tensor maps: those
+    launch through ``tuner.cuda_driver``)."""
+    return "".join(formats[arg] for arg in args)
 
 
 def operator_space(spec: OperatorSpec, shape: Sequence[int], dtype: str, check: Any) -> SearchSpace:
@@ -318,6 +326,7 @@ class PyCudaBackend(Backend):
         self._modules: list[Any] = []  # keep loaded modules alive
         # Tensor maps per (declaration, buffer): 2 x 200 input copies stay encoded.
         self._maps = MapCache(capacity=4 * _MAX_COPIES)
+        self._driver_args: dict[tuple[int, int], tuple[_Call, Any, list[Any], list[Any]]] = {}
         self._space: SearchSpace | None = None
         self._queue: CompileQueue[CompiledKernel] | None = None
         self._prepared = False
@@ -594,9 +603,18 @@ class PyCudaBackend(Backend):
         self._modules.append(module)
         upload_constants(self.cuda, module, self.problem)
         functions: dict[str, Any] = {}
+        driver_module = None
         calls = []
         for step in steps:
             indices = step.args if step.args is not None else tuple(range(len(self.problem.args)))
+            if any(isinstance(i, TensorMap) for i in indices):
+                # PyCUDA's packed argument buffer does not carry a by-value tensor map intact
+                # (see tuner.cuda_driver): such steps launch through the driver's kernelParams.
+                if driver_module is None:
+                    driver_module = cuda_driver.load_module(compiled.cubin)
+                fn = cuda_driver.get_function(driver_module, step.kernel, step.launch.shared_bytes)
+                calls.append(_Call(fn, step.launch, indices, has_maps=True))
+                continue
             fn = functions.get(step.kernel)
             if fn is None:
                 fn = functions[step.kernel] = module.get_function(step.kernel)
@@ -613,23 +631,45 @@ class PyCudaBackend(Backend):
                 fn = module.get_function(step.kernel)
             fn.prepare(fmt)
             fn._kato_format = fmt
-            has_maps = any(isinstance(i, TensorMap) for i in indices)
-            calls.append(_Call(fn, step.launch, indices, has_maps))
+            calls.append(_Call(fn, step.launch, indices))
         return calls
 
     def _launch(self, calls: Sequence[_Call], args: list[Any]) -> None:
         for call in calls:
             launch = call.launch
-            if call.has_maps:  # encoded over this copy's buffers (cached per buffer)
-                values = [
-                    self._maps.get(i, int(args[i.array])) if isinstance(i, TensorMap) else args[i]
-                    for i in call.args
-                ]
-            else:
-                values = [args[i] for i in call.args]
+            if call.has_maps:
+                cuda_driver.launch_array(
+                    call.fn, launch.grid, launch.block, launch.shared_bytes, 0,
+                    self._driver_arguments(call, args),
+                )  # fmt: skip
+                continue
+            values = [args[i] for i in call.args]
             call.fn.prepared_call(
                 launch.grid, launch.block, *values, shared_size=launch.shared_bytes
             )
+
+    def _driver_arguments(self, call: _Call, args: list[Any]) -> Any:
+        """The kernelParams array of a tensor-map call on one copy of the buffers, built once
+        per (call, copy): maps encoded over that copy's buffers, the rest as ctypes values."""
+        key = (id(call), id(args))
+        found = self._driver_args.get(key)
+        if found is not None and found[0] is call and found[3] is args:
+            return found[1]
+        if len(self._driver_args) > _MAX_DRIVER_ARGS:  # calls of configs measured before
+            self._driver_args.clear()
+        values: list[Any] = []
+        for i in call.args:
+            if isinstance(i, TensorMap):
+                encoded = self._maps.get(i, int(args[i.array]))
+                values.append((ctypes.c_ubyte * MAP_BYTES).from_buffer_copy(encoded))
+            else:
+                values.append(_CTYPES[self._arg_formats[i]](int(args[i]) if self._arg_formats[i]
+                              in "PiIqQ" else float(args[i])))  # fmt: skip
+        params = cuda_driver.argument_array(values)
+        # The ctypes values must outlive the launches that read them; the call and the buffers
+        # are kept to tell a reused id from the same object.
+        self._driver_args[key] = (call, params, values, args)
+        return params
 
     def verify(self, calls: Sequence[_Call]) -> str | None:
         """Run the call on the reference inputs and return an error text if any output element is

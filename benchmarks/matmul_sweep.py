@@ -1,0 +1,141 @@
+"""Every wgmma config of matmul / matmul_nt / matmul_tn against cuBLAS, through the tuning backend.
+
+For each (operator, shape, dtype) case every valid ``ENGINE="wgmma"`` config is compiled, verified
+(float64 reference, poisoned output, twice) and timed by the pycuda backend exactly as a tuning
+trial is (CUDA events, inputs rotated past the L2), beside ``torch.matmul`` on the same layout
+(cuBLAS) timed in the same process. A wgmma source does not depend on the shape, so each config
+compiles once per (operator, dtype). Prints a table, writes JSON after every case.
+
+    python3 benchmarks/matmul_sweep.py --out $OUT/matmul_sweep.json [--case matmul:4096x4096x4096]
+
+Needs an sm_90 GPU, PyCUDA, PyTorch and nvcc. Issue 32's shapes by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.operators import torch_time_ms  # noqa: E402
+
+#: Issue 32's square shapes and a GPT-2 small training step's (M x N x K): the MLP's two GEMMs
+#: and the vocabulary head, forward (matmul) and the two backward layouts.
+CASES = [
+    ("matmul", (4096, 4096, 4096)),
+    ("matmul", (6144, 6144, 6144)),
+    ("matmul", (8192, 8192, 8192)),
+    ("matmul", (8192, 3072, 768)),
+    ("matmul", (8192, 768, 3072)),
+    ("matmul_nt", (8192, 768, 3072)),
+    ("matmul_tn", (768, 3072, 8192)),
+    ("matmul", (8192, 50264, 768)),
+]
+DTYPES = ("bfloat16", "float16")
+
+
+def torch_case(operator: str, shape: tuple[int, int, int], dtype: str):
+    """``torch.matmul`` on the operator's layout, as a zero-argument callable."""
+    import torch
+
+    m, n, k = shape
+    kind = getattr(torch, dtype)
+    a = torch.randn((k, m) if operator == "matmul_tn" else (m, k), device="cuda", dtype=kind)
+    b = torch.randn((n, k) if operator == "matmul_nt" else (k, n), device="cuda", dtype=kind)
+    a_op = a.t() if operator == "matmul_tn" else a
+    b_op = b.t() if operator == "matmul_nt" else b
+    out = torch.empty(m, n, device="cuda", dtype=kind)
+    return lambda: torch.matmul(a_op, b_op, out=out)
+
+
+def sweep(operator: str, shape: tuple[int, int, int], dtype: str, limit_s: float) -> dict:
+    from kernels import get_operator
+    from tuner.backends.pycuda import PyCudaBackend
+
+    spec = get_operator(operator)
+    configs = [
+        c
+        for c in spec.candidates(shape, dtype)
+        if c["ENGINE"] == "wgmma" and spec.check(c, shape, dtype) is None
+    ]
+    started = time.monotonic()
+    backend = PyCudaBackend(spec, shape, dtype, repeats=10, warmup=2, seed=0)
+    rows = []
+    try:
+        backend.precompile(configs)
+        for config in configs:
+            if time.monotonic() - started > limit_s:
+                break
+            result = backend.evaluate(config)
+            rows.append(
+                {
+                    "config": config,
+                    "status": result.status.value,
+                    "time_ms": result.time_ms,
+                    "error": (result.error or "")[:300] or None,
+                }
+            )
+    finally:
+        backend.close()
+    flop = 2.0 * shape[0] * shape[1] * shape[2]
+    torch_ms = torch_time_ms(torch_case(operator, shape, dtype), repeats=20, batch=5)
+    ok = [r for r in rows if r["time_ms"]]
+    best = min(ok, key=lambda r: r["time_ms"], default=None)
+    return {
+        "operator": operator,
+        "shape": list(shape),
+        "dtype": dtype,
+        "configs": len(configs),
+        "measured": len(rows),
+        "failed": sum(r["status"] != "ok" for r in rows),
+        "best": best,
+        "best_tflops": flop / best["time_ms"] / 1e9 if best else None,
+        "cublas_ms": torch_ms,
+        "cublas_tflops": flop / torch_ms / 1e9,
+        "vs_cublas": torch_ms / best["time_ms"] if best else None,
+        "rows": rows,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--case", action="append", help="operator:MxNxK (repeatable)")
+    ap.add_argument("--dtypes", default=",".join(DTYPES))
+    ap.add_argument("--limit-s", type=float, default=60.0, help="per case: stop timing after")
+    args = ap.parse_args()
+    os.environ["KATO_MATMUL_WGMMA"] = "1"
+    cases = CASES
+    if args.case:
+        cases = [
+            (c.split(":")[0], tuple(int(v) for v in c.split(":")[1].split("x"))) for c in args.case
+        ]
+    report = {"cases": []}
+    print(f"{'case':36} {'wgmma TFLOP/s':>14} {'cuBLAS':>8} {'ratio':>6} {'ok/all':>8}  best")
+    for operator, shape in cases:
+        for dtype in args.dtypes.split(","):
+            case = sweep(operator, shape, dtype, args.limit_s)
+            report["cases"].append(case)
+            Path(args.out).write_text(json.dumps(report, indent=1))
+            name = f"{operator} {'x'.join(map(str, shape))} {dtype}"
+            best = case["best"]
+            tiles = (
+                {k: best["config"][k] for k in ("BM", "BN", "STAGES", "CLUSTER_M", "PERSISTENT")}
+                if best
+                else "-"
+            )
+            ok = case["measured"] - case["failed"]
+            print(
+                f"{name:36} {case['best_tflops'] or 0:14.1f} {case['cublas_tflops']:8.1f} "
+                f"{case['vs_cublas'] or 0:6.3f} {ok:>3}/{case['configs']:<4}  {tiles}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

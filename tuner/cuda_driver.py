@@ -1,0 +1,123 @@
+"""The few CUDA driver API entry points Kato calls through ctypes (libcuda), for every launch
+path that does not go through PyCUDA's own launcher: kato_torch's launches on PyTorch's stream,
+and the PyCUDA backend's launches of kernels that take a TMA tensor map by value.
+
+Why the backend needs it: PyCUDA passes a kernel's arguments as one packed buffer
+(``CU_LAUNCH_PARAM_BUFFER_POINTER``), and on the H200 (driver of CUDA 13.0) a
+``__grid_constant__ CUtensorMap`` argument passed that way does not reach the kernel intact
+(its TMA loads never complete), while the same cubin, buffers and map bytes launched with
+``kernelParams`` (one pointer per argument) verify. So launches with tensor maps use
+:func:`launch` here. Nothing here creates a context: calls run in the thread's current one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Sequence
+
+from kato.errors import KatoError
+from kernels.limits import needs_shared_opt_in
+
+CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+
+
+class CudaDriverError(KatoError, RuntimeError):
+    """A CUDA driver call failed; the message names the call and the driver's error string."""
+
+
+def library() -> ctypes.CDLL:
+    """libcuda.so.1, loaded once per process."""
+    global _lib
+    with _lock:
+        if _lib is None:
+            try:
+                _lib = ctypes.CDLL("libcuda.so.1")
+            except OSError as exc:  # pragma: no cover - depends on the machine
+                raise CudaDriverError(f"cannot load the CUDA driver (libcuda.so.1): {exc}") from exc
+        return _lib
+
+
+def check(result: int, what: str) -> None:
+    """Raise :class:`CudaDriverError` naming ``what`` unless ``result`` is CUDA_SUCCESS."""
+    if result != 0:
+        text = ctypes.c_char_p()
+        library().cuGetErrorString(result, ctypes.byref(text))
+        message = text.value.decode() if text.value else f"error {result}"
+        raise CudaDriverError(f"{what} failed: {message}")
+
+
+def load_module(cubin: bytes) -> ctypes.c_void_p:
+    """Load a cubin into the current context. Modules are never unloaded (callers cache them)."""
+    module = ctypes.c_void_p()
+    check(library().cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
+    return module
+
+
+def get_function(module: ctypes.c_void_p, name: str, dynamic_shared: int = 0) -> ctypes.c_void_p:
+    """An entry point of ``module``; opts in to ``dynamic_shared`` bytes when they and the
+    function's static shared memory exceed 48 KiB together."""
+    lib = library()
+    func = ctypes.c_void_p()
+    check(lib.cuModuleGetFunction(ctypes.byref(func), module, name.encode()), name)
+    static = ctypes.c_int()
+    check(
+        lib.cuFuncGetAttribute(ctypes.byref(static), CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, func),
+        f"cuFuncGetAttribute({name})",
+    )
+    if needs_shared_opt_in(static.value, dynamic_shared):
+        check(
+            lib.cuFuncSetAttribute(
+                func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_shared
+            ),
+            f"cuFuncSetAttribute({name})",
+        )
+    return func
+
+
+def argument_array(args: Sequence[ctypes._SimpleCData | ctypes.Array]) -> ctypes.Array:
+    """The ``void*`` array of the arguments' addresses that ``cuLaunchKernel`` reads (the
+    arguments must outlive every launch that uses it)."""
+    return (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+
+
+def launch(
+    func: ctypes.c_void_p,
+    grid: Sequence[int],
+    block: Sequence[int],
+    shared_bytes: int,
+    stream: int,
+    args: Sequence[ctypes._SimpleCData | ctypes.Array],
+) -> None:
+    """``cuLaunchKernel`` with ``args`` (ctypes values: c_void_p for pointers, c_int, ...,
+    a ``c_ubyte * 128`` for a tensor map)."""
+    launch_array(func, grid, block, shared_bytes, stream, argument_array(args))
+
+
+def launch_array(
+    func: ctypes.c_void_p,
+    grid: Sequence[int],
+    block: Sequence[int],
+    shared_bytes: int,
+    stream: int,
+    params: ctypes.Array,
+) -> None:
+    """``cuLaunchKernel`` with a prepared :func:`argument_array`."""
+    grid = (*grid, 1, 1)[:3]
+    block = (*block, 1, 1)[:3]
+    check(
+        library().cuLaunchKernel(
+            func,
+            grid[0], grid[1], grid[2],
+            block[0], block[1], block[2],
+            shared_bytes,
+            ctypes.c_void_p(stream),
+            params,
+            None,
+        ),
+        "cuLaunchKernel",
+    )  # fmt: skip
