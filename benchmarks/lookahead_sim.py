@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import tuner.search as search_module  # noqa: E402 - after the path insert
+import tuner.proposers.forest as forest_module  # noqa: E402 - after the path insert
 from tuner.backends.replay import ReplayBackend  # noqa: E402
 from tuner.search import Budget, Search  # noqa: E402
 from tuner.surrogate import ForestProposer  # noqa: E402
@@ -123,7 +123,7 @@ def run(path: Path, lookahead: int, seed: int, args: argparse.Namespace) -> dict
             job.proposed()
             return super().propose(results)
 
-    search_module.ForestProposer = TimedProposer  # type: ignore[misc]
+    forest_module.ForestProposer = TimedProposer  # type: ignore[misc]
     try:
         search = Search(
             job.space,
@@ -136,7 +136,7 @@ def run(path: Path, lookahead: int, seed: int, args: argparse.Namespace) -> dict
         )
         result = search.run(Budget(max_configs=args.budget))
     finally:
-        search_module.ForestProposer = ForestProposer  # type: ignore[misc]
+        forest_module.ForestProposer = ForestProposer  # type: ignore[misc]
     best = result.best.time_ms if result.best else None
     return {
         "fraction_of_optimum": backend.best_time_ms() / best if best else 0.0,

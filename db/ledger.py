@@ -359,6 +359,12 @@ class JobLedger:
         rows = self._step("load trials", lambda s: queries.job_trials(s, self.job_id))
         return {t.config_key: t.result() for t in rows if not t.reserved}
 
+    def measured_trials(self) -> list[Trial]:
+        """The job's recorded trial rows (reservations left out), detached, in the order they
+        were measured: what the job's Optuna study view is written from."""
+        rows = self._step("load trials", lambda s: queries.job_trials(s, self.job_id))
+        return [t for t in rows if not t.reserved]
+
     def sync(self, known: Collection[str]) -> Seen:
         """The job's rows whose config key is neither in ``known`` nor held by this worker: the
         results other workers stored, and the configs they are measuring now."""

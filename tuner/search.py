@@ -10,11 +10,13 @@ Contract (what the tests hold the loop to):
 - The budget is a number of distinct measured configs and/or seconds of wall time.
 - The winner is the config with the lowest median time among the OK results.
 
-The Optuna study can live in any Optuna storage (the service uses the job database), so a job
-that stops half-way resumes with the sampler's history intact. Strategies that propose every
-config themselves (``forest``, ``grid``) are not asked through Optuna: each config they measure
-is added to the study as a finished trial (in batches: :data:`RECORD_BATCH`). The study's
-trials hold the configs' real values; the samplers see parameter indices (:mod:`tuner.study`).
+Each strategy is a :class:`tuner.proposers.Proposer` in its own module, chosen by name
+(:data:`tuner.proposers.PROPOSERS`). A strategy an Optuna sampler proposes for (``tpe``,
+``hybrid``, ``random``) asks the job's Optuna study, which can live in any Optuna storage (the
+service uses the job database), so a job that stops half-way resumes with the sampler's history
+intact; its trials hold the configs' real values, the samplers see parameter indices
+(:mod:`tuner.study`). A strategy that proposes without Optuna (``forest``, ``grid``) keeps no
+study: its record is the results (a job's trial rows).
 """
 
 from __future__ import annotations
@@ -23,43 +25,46 @@ import logging
 import math
 import random
 import time
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any
 
 import optuna
 
 from tuner.backends.base import TrialResult, TrialStatus
+from tuner.proposers import (
+    DEFAULT_STRATEGY,
+    STRATEGIES,
+    History,
+    Proposer,
+    ProposerContext,
+    SeedQueue,
+    Strategy,
+    make_proposer,
+)
 from tuner.space import Config, SearchSpace
-from tuner.study import FAILED_VALUE, IndexSampler, StudyParams, add_trials
-from tuner.surrogate import ForestProposer
+from tuner.study import FAILED_VALUE, StudyParams
 from tuner.write_behind import WriteBehind
 
 log = logging.getLogger(__name__)
 
-Strategy = Literal["forest", "tpe", "hybrid", "random", "grid"]
-#: Every selectable strategy; the first is the default.
-STRATEGIES: tuple[str, ...] = ("forest", "tpe", "hybrid", "random", "grid")
-#: The strategy a job gets when none is named (worker, CLI, API).
-DEFAULT_STRATEGY = "forest"
+__all__ = [
+    "DEFAULT_STRATEGY",
+    "FAILED_VALUE",
+    "STRATEGIES",
+    "Budget",
+    "Search",
+    "SearchResult",
+    "Strategy",
+    "TrialTiming",
+    "best_of",
+    "objective_value",
+]
 
-#: Strategies that propose every config themselves: their configs are not asked from Optuna
-#: (an enqueue, an ask, a suggestion per parameter and a tell, each a database write); each
-#: measured one is added to the study as a finished trial, in batches of :data:`RECORD_BATCH`
-#: (the costs: docs/search.md, "Constants").
-SELF_PROPOSING: tuple[str, ...] = ("forest", "grid")
 #: After this many proposals in a row that bring nothing new (invalid or already measured), the
 #: loop measures a random unmeasured valid config instead, so small or heavily constrained
 #: spaces never stall the search.
 MAX_UNPRODUCTIVE_PROPOSALS = 32
-#: A self-proposing strategy's measured configs go to the study in batches (one transaction
-#: each: an Optuna ``add_trial`` commits alone), written
-#: once this many wait or the oldest has waited :data:`RECORD_SECONDS`, and when a run ends. A
-#: process that dies loses at most the unwritten ones from the study; the job's trial rows, which
-#: a resume reads, are written per result.
-RECORD_BATCH = 16
-RECORD_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,7 @@ class TrialTiming:
     ``propose``: asking the strategy for configs (model fits and acquisition, Optuna's ask),
     rejected proposals included; ``stop_check``: ``should_stop`` (a worker reads the other
     workers' results there); ``writes``: waiting for the previous result's records (the
-    write-behind) or making them inline (the study, ``on_result``); ``evaluate``: the
+    write-behind) or making them inline (the proposer's study, ``on_result``); ``evaluate``: the
     ``evaluate`` callable (a worker's includes its reservation of the config); ``total``: the
     whole span, so ``total`` minus the others is the loop's own bookkeeping."""
 
@@ -120,27 +125,6 @@ class SearchResult:
         return len(self.results)
 
 
-def make_sampler(strategy: str, seed: int) -> optuna.samplers.BaseSampler:
-    """The Optuna sampler for a strategy name (it samples parameter indices: a study holds real
-    values through :class:`tuner.study.IndexSampler`).
-
-    Raises:
-        ValueError: for an unknown strategy.
-    """
-    if strategy in ("tpe", "hybrid"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10)
-    if strategy in ("random", "forest"):
-        # "forest" proposes every config itself (enqueued); the sampler only carries them.
-        return optuna.samplers.RandomSampler(seed=seed)
-    if strategy == "grid":
-        # The grid's order comes from Search (every valid config, shuffled by the seed, enqueued
-        # one by one); Optuna's GridSampler would also walk the invalid points and stop the study.
-        return optuna.samplers.RandomSampler(seed=seed)
-    raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-
-
 def objective_value(result: TrialResult) -> float:
     t = result.time_ms
     return t if t is not None and math.isfinite(t) else FAILED_VALUE
@@ -158,13 +142,15 @@ class Search:
     Args:
         space: parameters and validity.
         evaluate: measures one valid config; must not raise for a faulty config.
-        strategy: one of STRATEGIES; "forest" (the default) is a bagged-tree surrogate over
-            the valid configs whose proposals alternate expected improvement with model-guided
-            and random local steps around the best configs and with flips of the best configs'
-            two-valued switches (tuner.surrogate), "tpe" Optuna's TPE,
-            "hybrid" TPE plus local search, "random", "grid" (every valid config, shuffled).
+        strategy: one of STRATEGIES (:mod:`tuner.proposers`); "forest" (the default) is a
+            bagged-tree surrogate over the valid configs whose proposals alternate expected
+            improvement with model-guided and random local steps around the best configs and
+            with flips of the best configs' two-valued switches (tuner.surrogate), "tpe"
+            Optuna's TPE, "hybrid" TPE plus local search, "random", "grid" (every valid
+            config, shuffled).
         seed: makes the proposals reproducible.
-        storage: Optuna storage (URL or object); None keeps the study in memory.
+        storage: Optuna storage (URL or object) of the study of a strategy that asks Optuna;
+            None keeps it in memory. Unused by a strategy that proposes without Optuna.
         study_name: required with a persistent storage to resume a job.
         known: results measured earlier for this job (key -> result); never re-measured.
         seed_configs: configs to measure first (warm start), in order; invalid ones skipped.
@@ -183,8 +169,8 @@ class Search:
         wait_ready: blocks until one of the configs given is ``ready`` (a backend's
             ``wait_compiled``); with ``ahead`` configs in flight and none ready, the search
             waits with it and measures the first ready, rather than the oldest.
-        write_behind: ``on_result`` and the study's record of a self-proposing strategy's
-            result run on a background thread, in order, while the next config is measured
+        write_behind: ``on_result`` runs on a background thread, in order, while the next
+            config is measured
             (:mod:`tuner.write_behind`); :meth:`run` returns once they are done. Only for a
             backend that measures out of this process; ``on_result`` must then be callable from
             another thread and must not touch the search.
@@ -212,59 +198,53 @@ class Search:
         self.space = space
         self.evaluate = evaluate
         self.strategy = strategy
-        self.encoding = StudyParams(space.params)
         self.results: dict[str, TrialResult] = dict(known or {})
         self.on_result = on_result
         self.should_stop = should_stop
         self.on_upcoming = on_upcoming
+        # One generator for the search's fallback draws and the proposer's own (see
+        # tuner.proposers.base): the proposals stay what they were given the seed.
         self._rng = random.Random(seed)
-        self._grid: list[Config] | None = None
-        self._forest: ForestProposer | None = None
-        self._seed = seed
-        self.local_after = 15
         if ahead < 1:
             raise ValueError("ahead must be at least 1")
         self.ahead = ahead
         self.ready = ready
         self.wait_ready = wait_ready
         self._writes = WriteBehind(write_behind)
-        #: Configs asked for and not measured yet: (Optuna trial, config, key), oldest first.
-        self._inflight: list[tuple[optuna.Trial | None, Config, str]] = []
-        self._self_proposing = strategy in SELF_PROPOSING
+        #: Configs asked for and not measured yet: (ticket, config, key), oldest first.
+        self._inflight: list[tuple[Any, Config, str]] = []
         self._drained = False
         #: Where the loop's time went for each config the last :meth:`run` measured.
         self.timings: list[TrialTiming] = []
-        #: Finished trials of a self-proposing strategy not handed to the writes yet, and when
-        #: the oldest was measured.
-        self._unrecorded: list[optuna.trial.FrozenTrial] = []
-        self._unrecorded_since = 0.0
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        sampler = make_sampler(strategy, seed)
-        self.study = optuna.create_study(
+        context = ProposerContext(
+            space=space,
+            seed=seed,
+            rng=self._rng,
+            seeds=SeedQueue(space, seed_configs or []),
+            encoding=StudyParams(space.params),
             storage=storage,
             study_name=study_name,
-            sampler=IndexSampler(sampler, self.encoding),
-            direction="minimize",
-            load_if_exists=study_name is not None,
+            on_upcoming=on_upcoming,
+            ahead=ahead,
         )
-        stored = self.encoding.stored_in(self.study)
-        if stored.indices:  # a job begun by an older Kato: resumed on the indices it stored
-            self.encoding, self.study.sampler = stored, sampler
+        #: The strategy (:mod:`tuner.proposers`).
+        self.proposer: Proposer = make_proposer(strategy, context)
         self._fail_orphaned_trials()
-        self._seed_queue = [c for c in seed_configs or [] if space.is_valid(c)]
-        self._seed_keys = frozenset(space.key(c) for c in self._seed_queue)
 
-    def _next_seed_config(self) -> Config | None:
-        """The next warm-start config not measured yet (None when all are)."""
-        while self._seed_queue:
-            config = self._seed_queue.pop(0)
-            if self.space.key(config) not in self.results:
-                return config
-        return None
+    @property
+    def study(self) -> Any:
+        """The Optuna study of a strategy that asks Optuna; None for one that does not."""
+        return self.proposer.study
+
+    @study.setter
+    def study(self, study: Any) -> None:
+        self.proposer.study = study
 
     def _fail_orphaned_trials(self) -> None:
         """Trials asked but never told (the process died mid-measurement) are marked failed;
         their configs, if measured and recorded, are answered from ``known``."""
+        if self.study is None:
+            return
         for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
 
@@ -274,108 +254,13 @@ class Search:
         ]
         return self._rng.choice(candidates) if candidates else None
 
-    def _neighbours(self, config: Config) -> list[Config]:
-        """Configs one step away: one ordered parameter moved to an adjacent value, or one
-        categorical parameter changed."""
-        out = []
-        for name, vals in self.encoding.values.items():
-            i = vals.index(config[name])
-            steps = (i - 1, i + 1) if self.encoding.ordered[name] else range(len(vals))
-            for j in steps:
-                if 0 <= j < len(vals) and j != i:
-                    out.append({**config, name: vals[j]})
-        return out
+    def _ask(self, fallback: Config | None) -> tuple[Any, Config | None]:
+        """The proposer's next config (``fallback`` if given) and its ticket; config None: the
+        strategy has none left."""
+        in_flight = [(key, config) for _, config, key in self._inflight]
+        return self.proposer.propose(History(self.results, in_flight), fallback)
 
-    def _local_proposal(self) -> Config | None:
-        """Hybrid strategy: half of the proposals after the start-up phase explore the
-        neighbourhood of one of the three best configs so far (a greedy local search riding on
-        TPE's global model); the rest come from TPE."""
-        ok = sorted(
-            (r for r in self.results.values() if r.time_ms is not None), key=lambda r: r.time_ms
-        )  # type: ignore[arg-type,return-value]
-        if len(self.results) < self.local_after or self._rng.random() < 0.5:
-            return None
-        for rank, incumbent in enumerate(ok[:3]):
-            if rank and self._rng.random() < 0.5:
-                continue
-            fresh = [
-                c
-                for c in self._neighbours(incumbent.config)
-                if self.space.is_valid(c) and self.space.key(c) not in self.results
-            ]
-            if fresh:
-                return self._rng.choice(fresh)
-        return None
-
-    def _next_grid_point(self) -> Config | None:
-        if self._grid is None:
-            self._grid = list(self.space.valid_configs())
-            self._rng.shuffle(self._grid)
-            self._grid.reverse()  # pop() from the end walks the shuffled order
-        while self._grid:
-            point = self._grid.pop()
-            if self.space.key(point) not in self.results:
-                return point
-        return None
-
-    def _proposal_view(self) -> Mapping[str, TrialResult]:
-        """The results as a proposer sees them: configs in flight count as pending."""
-        if not self._inflight:
-            return self.results
-        view = dict(self.results)
-        for _, config, key in self._inflight:
-            view[key] = TrialResult(config=dict(config), status=TrialStatus.PENDING)
-        return view
-
-    def _own_proposal(self) -> Config | None:
-        """Strategies that propose every config themselves (:data:`SELF_PROPOSING`): the next
-        config, warm-start seeds first; None when the strategy has none left."""
-        if (seeded := self._next_seed_config()) is not None:
-            return seeded
-        if self.strategy != "forest":
-            return self._next_grid_point()
-        if self._forest is None:
-            self._forest = ForestProposer(
-                self.space,
-                self._seed,
-                seed_keys=self._seed_keys,
-                hints=self.on_upcoming is not None,
-            )
-        point = self._forest.propose(self._proposal_view())
-        if point is None:
-            return None
-        upcoming = [self._forest.configs[i] for i in self._forest.upcoming]
-        if self.ahead > 1:
-            upcoming.insert(0, point)  # it may wait in flight: compile it first
-        if self.on_upcoming is not None and upcoming:
-            self.on_upcoming(upcoming)
-        return point
-
-    def _enqueue_next(self) -> None:
-        """Sampler strategies: enqueue the config the next ``ask`` returns, if not the
-        sampler's own (a warm-start seed, a hybrid local step)."""
-        if (seeded := self._next_seed_config()) is not None:
-            self.study.enqueue_trial(self.encoding.params(seeded))
-        elif self.strategy == "hybrid" and (local := self._local_proposal()) is not None:
-            self.study.enqueue_trial(self.encoding.params(local))
-
-    def _ask(self, fallback: Config | None) -> tuple[optuna.Trial | None, Config | None]:
-        """The next config to consider (``fallback`` if given) and its Optuna trial: None for a
-        self-proposing strategy, whose configs get a trial once measured. Config None: the
-        strategy has none left.
-
-        Raises:
-            optuna.exceptions.UpdateFinishedTrialError: another worker closed the asked trial.
-        """
-        if self._self_proposing:
-            return None, fallback or self._own_proposal()
-        if fallback is not None:
-            self.study.enqueue_trial(self.encoding.params(fallback))
-        self._enqueue_next()
-        trial = self.study.ask()
-        return trial, self.encoding.suggest(trial)
-
-    def _rejected(self, trial: optuna.Trial | None, config: Config, key: str) -> bool:
+    def _rejected(self, trial: Any, config: Config, key: str) -> bool:
         """Whether ``config`` brings nothing new (invalid, measured, or in flight); its trial is
         then closed: told the failed or known value, or failed."""
         if not self.space.is_valid(config):
@@ -388,42 +273,10 @@ class Search:
             return False
         return True
 
-    def _close(self, trial: optuna.Trial | None, value: float | None = None) -> None:
-        """Finish an asked trial whose config is not measured by it: told ``value``, or failed
-        without one (no-op without a trial: self-proposed configs have none)."""
-        if trial is None:
-            return
-        if value is None:
-            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        else:
-            self.study.tell(trial, value)
-
-    def _record(self, config: Config, value: float) -> None:
-        """A measured config of a self-proposing strategy, as a finished trial of the study
-        (the study keeps every job's history whatever its strategy): stamped now, written with
-        the next batch (:data:`RECORD_BATCH`)."""
-        if not self._unrecorded:
-            self._unrecorded_since = time.monotonic()
-        self._unrecorded.append(
-            optuna.trial.create_trial(
-                params=self.encoding.params(config),
-                distributions=self.encoding.distributions,
-                value=value,
-            )
-        )
-        waited = time.monotonic() - self._unrecorded_since
-        if len(self._unrecorded) >= RECORD_BATCH or waited >= RECORD_SECONDS:
-            self._submit_records()
-
-    def _submit_records(self) -> None:
-        """Hand the unwritten finished trials to the writes (one batch)."""
-        if self._unrecorded:
-            batch, self._unrecorded = self._unrecorded, []
-            self._writes.submit(self._write_records, batch)
-
-    def _write_records(self, trials: list[optuna.trial.FrozenTrial]) -> None:
-        """One batch of finished trials into the study (one transaction in a database)."""
-        add_trials(self.study, trials)
+    def _close(self, trial: Any, value: float | None = None) -> None:
+        """A proposal not measured by this search: the proposer is told (``value`` where one is
+        known; :meth:`tuner.proposers.Proposer.discard`)."""
+        self.proposer.discard(trial, value)
 
     def _wants_another(self, budget: Budget) -> bool:
         """Ask for another config before measuring? Always with none in flight; with some, only
@@ -438,7 +291,7 @@ class Search:
             return False
         return not any(self.ready(config) for _, config, _ in self._inflight)
 
-    def _next_to_measure(self) -> tuple[optuna.Trial | None, Config, str]:
+    def _next_to_measure(self) -> tuple[Any, Config, str]:
         """The first config in flight that is ready (else, after ``wait_ready``, the first
         ready then, else the oldest), out of the list."""
         if self.ready is None or len(self._inflight) < 2:
@@ -476,10 +329,7 @@ class Search:
         every result is recorded (``on_result``, the study) when it returns or raises."""
         self.timings = []
         try:
-            try:
-                outcome = self._run(budget)
-            finally:
-                self._submit_records()  # whatever ended the run: the study gets them all
+            outcome = self._run(budget)
         except Exception as stop:
             # A stop (budget used, job cancelled) or a failure: a failed write outranks it, so
             # that a job never ends as if a result it lost had been stored.
@@ -561,10 +411,7 @@ class Search:
             timing.evaluate += t1 - t0
             self.results[key] = result
             new.append(result)
-            if trial is not None:
-                self.study.tell(trial, objective_value(result))  # the sampler reads it next
-            else:
-                self._record(config, objective_value(result))
+            self.proposer.observe(trial, objective_value(result))
             if self.on_result is not None:
                 self._writes.submit(self.on_result, result, len(self.results))
             now = clock()

@@ -66,8 +66,17 @@ from tuner.backends.isolated import (
     measuring_backend,
 )
 from tuner.backends.replay import RecordedProblem, recorded_problem
+from tuner.proposers import proposer_class
 from tuner.search import Budget, Search, SearchResult, best_of
-from tuner.study import add_trials, describe_study, job_attrs, job_study_name, optuna_storage
+from tuner.study import (
+    FAILED_VALUE,
+    StudyParams,
+    describe_study,
+    job_attrs,
+    job_study_name,
+    optuna_storage,
+    record_study,
+)
 from tuner.surrogate import import_models
 from tuner.warm_start import SourceReader, warm_start_configs
 
@@ -201,9 +210,9 @@ class _SharedStudy:
     failed is skipped instead of raising (a restarted owner fails the orphans of dead workers).
 
     Its storage calls are retried on a transient database fault (:func:`db.retry.call`), each
-    safe to make again: a tell of a finished trial is skipped; an added trial is looked for
-    before it is added again. An ask whose answer was lost leaves a RUNNING trial without an
-    owner, failed as an orphan when the job's search next starts. Any other call that fails
+    safe to make again: a tell of a finished trial is skipped. An ask whose answer was lost
+    leaves a RUNNING trial without an owner, failed as an orphan when the job's search next
+    starts. Any other call that fails
     ends the search, which the runner starts again from the stored trials."""
 
     def __init__(
@@ -240,45 +249,17 @@ class _SharedStudy:
     def get_trials(self, *args: Any, **kwargs: Any) -> list[optuna.trial.FrozenTrial]:
         return self._retried("read", lambda: self._study.get_trials(*args, **kwargs))
 
-    def add_trials(self, trials: Sequence[optuna.trial.FrozenTrial]) -> None:
-        """Finished trials this worker measured (self-proposing strategies), each with its id,
-        in one transaction (:func:`tuner.study.add_trials`); added once, also when a try whose
-        answer was lost had added them (all or none land, so the first tells)."""
-        if not trials:
-            return
-        for trial in trials:
-            trial.set_user_attr("kato_worker", self._worker_id)
-        tries = 0
-
-        def add() -> None:
-            nonlocal tries
-            tries += 1
-            if tries > 1 and self._added(trials[0]):
-                return
-            add_trials(self._study, trials)
-
-        self._retried("add trials", add)
-
-    def _added(self, trial: optuna.trial.FrozenTrial) -> bool:
-        """Whether the study holds ``trial`` (an earlier try's add landed)."""
-        return any(
-            t.datetime_start == trial.datetime_start
-            and t.params == trial.params
-            and t.values == trial.values
-            and t.user_attrs.get("kato_worker") == self._worker_id
-            for t in self._study.get_trials(deepcopy=False, states=(trial.state,))
-        )
-
     def __getattr__(self, name: str) -> Any:
         return getattr(self._study, name)
 
 
 class SharedSearch(Search):
-    """:class:`Search` on a study that several workers may use at once: on start it fails only
-    the RUNNING trials of workers that are not live (``is_live(worker_id)``), not those other
-    workers are measuring now. A RUNNING trial with no worker yet is one another worker has just
-    asked for (its owner is written right after the ask): it is failed only once it is older
-    than ``orphan_grace_seconds``."""
+    """:class:`Search` on a study that several workers may use at once (for a strategy that asks
+    Optuna; one that does not has no study to share): on start it fails only the RUNNING trials
+    of workers that are not live (``is_live(worker_id)``), not those other workers are
+    measuring now. A RUNNING trial with no worker yet is one another worker has just asked for
+    (its owner is written right after the ask): it is failed only once it is older than
+    ``orphan_grace_seconds``."""
 
     def __init__(
         self,
@@ -293,9 +274,9 @@ class SharedSearch(Search):
         self._starting = True
         super().__init__(*args, **kwargs)
         self._starting = False
-        self.study = _SharedStudy(  # type: ignore[assignment]
-            self.study, worker_id, policy=retry_policy, stop=shutdown
-        )
+        if self.study is None:
+            return
+        self.study = _SharedStudy(self.study, worker_id, policy=retry_policy, stop=shutdown)
         running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
         now = datetime.now()  # Optuna stamps trials with naive local time
         for t in running:
@@ -310,9 +291,6 @@ class SharedSearch(Search):
                 orphaned = owner == worker_id or not is_live(owner)
             if orphaned:
                 self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-
-    def _write_records(self, trials: list[optuna.trial.FrozenTrial]) -> None:
-        self.study.add_trials(trials)  # tagged with this worker, retried
 
     def _fail_orphaned_trials(self) -> None:
         if not self._starting:  # pragma: no cover - the base class calls it from __init__ only
@@ -589,12 +567,39 @@ class JobRunner:
                 # worker leaves it to that worker.
                 status = "helped" if helper else "lost"
                 return JobOutcome(job.id, status, outcome.measured, None, state.reason)
+            self._write_study_view(job, backend, ledger)
             if not ledger.cancel():  # claimed by another worker since: the job is its
                 return JobOutcome(job.id, "lost", outcome.measured, None, state.reason)
             return JobOutcome(job.id, "cancelled", outcome.measured, None, None)
         if helper:
             return JobOutcome(job.id, "helped", len(outcome.new), None, None)
+        self._write_study_view(job, backend, ledger)
         return self._finish(job, backend, state, ledger)
+
+    def _write_study_view(self, job: Job, backend: Backend, ledger: JobLedger) -> None:
+        """Owner, the job ending (done or cancelled): a strategy that proposes without Optuna
+        (:attr:`tuner.proposers.Proposer.uses_study` False) keeps no study while it runs, so
+        the job's study for optuna-dashboard is written now from its stored trials, each
+        tagged with the worker that measured it (:func:`tuner.study.record_study`: a config
+        the study holds already, say from an older Kato that wrote it per trial, is skipped).
+        Never fails the job: a failure is logged."""
+        if self._storage is None or proposer_class(job.strategy).uses_study:
+            return
+        try:
+            rows = ledger.measured_trials()
+            trials = [
+                (
+                    row.config,
+                    row.time_ms if row.time_ms is not None else FAILED_VALUE,
+                    row.created_at,
+                    {"kato_worker": row.reserved_by} if row.reserved_by else {},
+                )
+                for row in rows
+            ]
+            params = StudyParams(backend.space().params)
+            record_study(self._storage, job_study_name(job.id), job_attrs(job), params, trials)
+        except Exception:
+            log.warning("job %s: its Optuna study was not written", job.id, exc_info=True)
 
     def _search_until_settled(
         self, job: Job, backend: Backend, state: _JobState, ledger: JobLedger
@@ -772,7 +777,8 @@ class JobRunner:
             retry_policy=self.retry_policy,
             shutdown=self.shutdown,
         )
-        describe_study(search.study, job_attrs(job))  # what optuna-dashboard shows of the job
+        if search.study is not None:  # what optuna-dashboard shows of the job
+            describe_study(search.study, job_attrs(job))
         while True:
             budget = Budget(max_configs=job.budget_configs, max_seconds=_seconds_left(job))
             try:

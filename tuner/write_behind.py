@@ -1,8 +1,8 @@
 """Write-behind: a search's bookkeeping writes run on one background thread, in order.
 
-After each measurement the search stores the result twice (the job's trial row; the Optuna
-study's finished trial, in batches for a self-proposing strategy: ``tuner.search.RECORD_BATCH``):
-a few ms of database work per config, as long as measuring a fast kernel. Nothing in the next
+After each measurement a worker's search stores the result (the job's trial row,
+``Search(on_result=...)``): a few ms of database work per config, as long as measuring a fast
+kernel. Nothing in the next
 proposal reads those rows (the search keeps its results in memory), so they can be written
 while the GPU measures the next config instead of before it.
 

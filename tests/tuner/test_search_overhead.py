@@ -44,8 +44,10 @@ def test_a_replayed_job_spends_little_of_its_time_per_trial_outside_measuring(tm
     assert job["fraction_of_optimum"] >= 0.98  # it searched, too
 
 
-def test_the_study_gets_every_measured_config_once_in_order_from_its_batches(tmp_path):
-    job = run_job(SOFTMAX, budget=37, seed=3, workdir=tmp_path)  # not a multiple of a batch
+def test_a_forest_jobs_study_is_written_at_its_end_each_measured_config_once_in_order(tmp_path):
+    """The forest proposes without Optuna: the job's study (optuna-dashboard's view) is written
+    from its trial rows when it ends, each tagged with the worker that measured it."""
+    job = run_job(SOFTMAX, budget=37, seed=3, workdir=tmp_path)
     study = optuna.load_study(study_name=f"kato-job-{job['job_id']}", storage=job["db_url"])
     done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     with session_factory(init_db(job["db_url"]))() as s:

@@ -1,0 +1,112 @@
+"""Strategies as proposers (:mod:`tuner.proposers`): one registry by name that the search uses,
+the proposer contract (observe after a measurement, discard after a rejection), and the Optuna
+study only where Optuna proposes."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from service.schemas import JobCreate
+from tuner import proposers
+from tuner.backends.base import TrialResult, TrialStatus
+from tuner.proposers import DEFAULT_STRATEGY, PROPOSERS, STRATEGIES, Proposer, proposer_class
+from tuner.search import Budget, Search
+from tuner.space import SearchSpace
+
+
+def make_space() -> SearchSpace:
+    return SearchSpace(
+        params={"block": (32, 64, 128, 256), "vec": (1, 2, 4)},
+        check=lambda c: "too wide" if c["block"] * c["vec"] > 512 else None,
+    )
+
+
+def evaluate(config) -> TrialResult:
+    return TrialResult(config=config, status=TrialStatus.OK, times_ms=[1.0 / config["block"]])
+
+
+def test_the_registry_holds_every_strategy_by_its_name_each_in_its_own_module():
+    assert STRATEGIES == ("forest", "tpe", "hybrid", "random", "grid")
+    assert DEFAULT_STRATEGY == STRATEGIES[0] == JobCreate.model_fields["strategy"].default
+    assert all(PROPOSERS[name].name == name for name in STRATEGIES)
+    modules = {name: PROPOSERS[name].__module__ for name in STRATEGIES}
+    assert modules["forest"] == "tuner.proposers.forest"
+    assert modules["grid"] == "tuner.proposers.grid"
+    assert modules["hybrid"] == "tuner.proposers.hybrid"
+    # Only the strategies Optuna proposes for keep a study.
+    assert {n for n in STRATEGIES if PROPOSERS[n].uses_study} == {"tpe", "hybrid", "random"}
+    with pytest.raises(ValueError, match="unknown strategy 'annealing'"):
+        proposer_class("annealing")
+    with pytest.raises(ValueError, match="choose one of forest, tpe"):
+        Search(make_space(), evaluate, strategy="annealing")
+
+
+class Listed(Proposer):
+    """Proposes a fixed list (an invalid config and a repeat among them), logging what it is
+    told."""
+
+    name = "listed"
+    order = [
+        {"block": 256, "vec": 4},  # invalid: 1024 > 512
+        {"block": 32, "vec": 1},
+        {"block": 32, "vec": 1},  # a repeat
+        {"block": 64, "vec": 2},
+        {"block": 128, "vec": 4},
+    ]
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self.todo = list(self.order)
+        self.told: list[tuple[str, int, float | None]] = []
+        self.asked = 0
+
+    def propose(self, history, fallback):
+        self.asked += 1
+        ticket = self.asked
+        if fallback is not None:
+            return ticket, fallback
+        return (ticket, self.todo.pop(0)) if self.todo else (ticket, None)
+
+    def observe(self, ticket, value) -> None:
+        self.told.append(("observe", ticket, value))
+
+    def discard(self, ticket, value=None) -> None:
+        self.told.append(("discard", ticket, value))
+
+
+def test_the_search_asks_the_registered_proposer_and_tells_it_each_outcome(monkeypatch):
+    monkeypatch.setitem(proposers.PROPOSERS, "listed", Listed)
+    search = Search(make_space(), evaluate, strategy="listed", seed=0)
+    result = search.run(Budget(max_configs=10))
+    assert result.stopped == "exhausted"
+    assert [r.config for r in result.new] == [Listed.order[i] for i in (1, 3, 4)]
+    told = search.proposer.told
+    assert [(what, ticket) for what, ticket, _ in told] == [
+        ("discard", 1),  # invalid: told the failed value
+        ("observe", 2),
+        ("discard", 3),  # the repeat: told the known value
+        ("observe", 4),
+        ("observe", 5),
+    ]
+    assert told[0][2] == 1e30 and told[2][2] == told[1][2] == 1.0 / 32
+    assert search.study is None  # a proposer without Optuna has no study
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_the_optuna_study_is_kept_only_where_an_optuna_sampler_proposes(tmp_path, strategy):
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    search = Search(make_space(), evaluate, strategy=strategy, seed=1, storage=storage,
+                    study_name="job")  # fmt: skip
+    result = search.run(Budget(max_configs=8))
+    assert result.measured == 8
+    summaries = optuna.get_all_study_summaries(storage=storage)
+    if PROPOSERS[strategy].uses_study:
+        (summary,) = summaries
+        done = optuna.load_study(study_name="job", storage=storage).get_trials(
+            states=(optuna.trial.TrialState.COMPLETE,)
+        )
+        measured = {tuple(sorted(r.config.items())) for r in result.results.values()}
+        assert measured <= {tuple(sorted(t.params.items())) for t in done}
+    else:  # its record is the results (a job's trial rows): no second copy
+        assert summaries == [] and search.study is None
