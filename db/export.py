@@ -72,9 +72,10 @@ from db.formats import (
     T4Times,
 )
 from db.models import RESERVED, BestConfig, Job, Trial
-from kato.errors import KatoError
+from kato.errors import InvalidInput, KatoError
 from kato.shared.gpus import find_gpu
 from kato.shared.kt_cache import OTHER_TRIALS, KernelTunerCache, save_cache, unmeasured_entry
+from kernels import get_operator
 
 FORMATS = ("t4", "kt")
 #: The most stand-in entries a Kernel Tuner export writes (matmul's space has 62,208 configs);
@@ -131,9 +132,6 @@ class Bundle:
 
 def _registered(operator: str) -> Any:
     """The operator's spec, or None where it is not registered here."""
-    from kernels import get_operator
-    from kernels.spec import InvalidInput
-
     try:
         return get_operator(operator)
     except InvalidInput:

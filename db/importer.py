@@ -70,9 +70,14 @@ from db.formats import (
 )
 from db.models import BestConfig, Job, Trial, utcnow
 from db.queries import UNCOUNTED_TRIAL_STATUSES, shape_key, trial_time
-from kato.errors import KatoError
+from kato.errors import InvalidInput, KatoError
+from kato.shared.gpus import find_gpu, normalize_gpu_name
+from kernels import get_operator
 
 _JOB_STATUSES = ("done", "failed", "cancelled")
+#: What :func:`import_bundles` calls once its rows are committed: (session, the imported jobs'
+#: ids) -> warnings for the report.
+AfterCommit = Callable[[Session, Sequence[str]], list[str]]
 _FLAGS = {
     "operator": "--operator",
     "operator_version": "--operator-version",
@@ -184,9 +189,6 @@ def gpu_name_problem(name: str) -> str | None:
 def _gpu(where: str, value: Any) -> str:
     """A GPU model as the catalog names it (a well-formed name it does not list is kept,
     cleaned, and warned about in the report: :func:`_gpu_warnings`)."""
-    from kato.shared.gpus import normalize_gpu_name
-    from kernels.spec import InvalidInput
-
     name = parse(Name, value, where)
     try:
         name = normalize_gpu_name(name)
@@ -219,9 +221,6 @@ def _value(where: str, name: str, value: Any) -> Any:
 
 
 def _spec(operator: str) -> Any:
-    from kernels import get_operator
-    from kernels.spec import InvalidInput
-
     try:
         return get_operator(operator)
     except InvalidInput as exc:
@@ -342,8 +341,6 @@ def _finish_foreign(
     )
     bundle.jobs = [job.located("the file")]
     if fastest is not None:
-        from kato.shared.gpus import find_gpu
-
         gpu = find_gpu(bundle.gpu_model)
         cc = compute_capability or (
             ".".join(map(str, gpu.compute_capability)) if gpu else "unknown"
@@ -407,8 +404,6 @@ def space_outside(
 def _check_operator(bundle: ParsedBundle) -> None:
     """The file's problem and every config it holds, against the registered operator (see the
     module docstring); puts ``bundle.params`` in the operator's order."""
-    from kernels.spec import InvalidInput
-
     spec = _spec(bundle.operator)
     try:
         spec.validate(bundle.shape, bundle.dtype)
@@ -445,8 +440,6 @@ def _check_operator(bundle: ParsedBundle) -> None:
 
 
 def _compute_capability(where: str, value: str, gpu_model: str) -> None:
-    from kato.shared.gpus import find_gpu
-
     gpu = find_gpu(gpu_model)
     if gpu is None or value == "unknown":
         return
@@ -741,8 +734,6 @@ def _figures(
         figures["framework"] = best.framework
     default_ms = best.default_ms
     if default_ms is None and job_id is not None:
-        from kernels import get_operator
-
         try:
             spec = get_operator(bundle.operator)
             if spec.version == bundle.operator_version:
@@ -760,10 +751,14 @@ def import_bundles(
     bundles: Sequence[ParsedBundle],
     *,
     on_progress: Callable[[str, int, int], None] | None = None,
+    after_commit: AfterCommit | None = None,
 ) -> ImportReport:
     """Write parsed bundles in one transaction and commit (rolled back on any error).
 
-    ``on_progress``: called with ``("write", bundles written, len(bundles))`` after each one."""
+    ``on_progress``: called with ``("write", bundles written, len(bundles))`` after each one.
+    ``after_commit``: called once the rows are committed with the session and the ids of the
+    bundles' jobs; the warnings it returns join the report's (``kato import`` writes the
+    imported jobs' Optuna studies so, :func:`tuner.imported_studies.record_job_studies`)."""
     report = ImportReport(files=len(bundles))
     try:
         for done, bundle in enumerate(bundles, 1):
@@ -775,17 +770,13 @@ def import_bundles(
         session.rollback()
         raise
     report.warnings = _version_warnings(bundles) + _gpu_warnings(bundles)
-    # Optuna's view of the imported jobs (optuna-dashboard), once their rows are committed.
-    from db.studies import record_job_studies
-
-    report.warnings += record_job_studies(session, [j.id for b in bundles for j in b.jobs])
+    if after_commit is not None:
+        report.warnings += after_commit(session, [j.id for b in bundles for j in b.jobs])
     return report
 
 
 def _gpu_warnings(bundles: Sequence[ParsedBundle]) -> list[str]:
     """A GPU model the catalog does not list is stored as named, unchecked: say so once."""
-    from kato.shared.gpus import find_gpu
-
     unknown = sorted({b.gpu_model for b in bundles if find_gpu(b.gpu_model) is None})
     return [
         f"GPU model {name!r} is not in Kato's catalog: its results are stored under that "
@@ -798,10 +789,6 @@ def _gpu_warnings(bundles: Sequence[ParsedBundle]) -> list[str]:
 def _version_warnings(bundles: Sequence[ParsedBundle]) -> list[str]:
     """Results for another version of a local operator are stored but never served."""
     out = []
-    try:
-        from kernels import get_operator
-    except Exception:  # pragma: no cover
-        return out
     seen = set()
     for b in bundles:
         if (b.operator, b.operator_version) in seen:
@@ -826,11 +813,13 @@ def import_paths(
     overrides: Mapping[str, Any] | None = None,
     *,
     on_progress: Callable[[str, int, int], None] | None = None,
+    after_commit: AfterCommit | None = None,
 ) -> ImportReport:
     """Validate every file under ``paths`` first, then import them all (one transaction).
 
     ``on_progress``: called with ``("check", files checked, files)`` after each file is read
     and checked, then as :func:`import_bundles` calls it (the CLI draws a progress bar).
+    ``after_commit``: as :func:`import_bundles` takes it.
 
     Raises:
         InvalidImport: any file is invalid (nothing is written).
@@ -841,7 +830,7 @@ def import_paths(
         bundles.append(read_file(path, overrides))
         if on_progress is not None:
             on_progress("check", done, len(files))
-    return import_bundles(session, bundles, on_progress=on_progress)
+    return import_bundles(session, bundles, on_progress=on_progress, after_commit=after_commit)
 
 
 __all__ = [

@@ -1,8 +1,9 @@
 """Optuna studies for jobs measured elsewhere (imported): what optuna-dashboard shows of them.
 
 A tuned job's study is written as it runs (:mod:`tuner.worker`); an imported job gets the same
-view after the import commits (:func:`record_job_studies`): study ``kato-job-<id>`` naming the
-job, one finished trial per stored trial with the config's real values (:mod:`tuner.study`).
+view after the import commits (:func:`record_job_studies`, the hook ``kato import`` hands
+:func:`db.importer.import_paths`): study ``kato-job-<id>`` naming the job, one finished trial per
+stored trial with the config's real values (:mod:`tuner.study`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from db.models import RESERVED, Job, Trial
+from kato.errors import InvalidInput
+from kernels import get_operator
 from tuner.study import (
     FAILED_VALUE,
     StudyParams,
@@ -31,9 +34,6 @@ def _space(job: Job, rows: Sequence[Trial]) -> Mapping[str, Sequence[Any]]:
     """The parameters a study of ``job`` ranges over: its operator's space when every stored
     config lies in it (as a tuning run's study would), else the values its trials hold (a
     Kernel Tuner cache of an operator not registered here, an older version's space)."""
-    from kernels import get_operator
-    from kernels.spec import InvalidInput
-
     try:
         space: Mapping[str, Sequence[Any]] = get_operator(job.operator).params
     except InvalidInput:

@@ -90,6 +90,7 @@ def import_results(
     before anything is written (types, the operator's space, rank and dtypes, the file's own
     measurements); an invalid file exits with status 2 and says what is wrong."""
     from db.importer import InvalidImport, import_paths
+    from tuner.imported_studies import record_job_studies
 
     overrides = {"operator": operator, "shape": shape, "dtype": dtype, "gpu": gpu}
     _, sessions = open_sessions(load_settings(db).db_url)
@@ -102,7 +103,9 @@ def import_results(
                 what = "checking" if stage == "check" else "writing"
                 progress.update(task, description=f"import: {what}", completed=done, total=total)
 
-            report = import_paths(session, paths, overrides, on_progress=advance)
+            report = import_paths(  # the imported jobs' Optuna studies, once committed
+                session, paths, overrides, on_progress=advance, after_commit=record_job_studies
+            )
     except InvalidImport as exc:
         fail(f"import: {exc}", 2)
     for warning in report.warnings:
