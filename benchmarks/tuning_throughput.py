@@ -183,6 +183,7 @@ def run_kernel_tuner(
     import kernel_tuner
 
     from kernels import get_operator
+    from kernels.spec import template_source
     from tuner.space import SearchSpace
 
     spec = get_operator(operator)
@@ -238,7 +239,7 @@ def run_kernel_tuner(
     start = time.perf_counter()
     results, _env = kernel_tuner.tune_kernel(
         spec.kernel_name,
-        spec.template.read_text(),
+        template_source(spec.template),  # the shared headers inlined: a self-contained source
         grid,
         problem.args,
         {k: list(v) for k, v in spec.params.items()},

@@ -12,6 +12,7 @@ import ast
 import hashlib
 import inspect
 import json
+import re
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -46,6 +47,41 @@ CUDA_TYPES: dict[np.dtype, str] = {
     np.dtype(np.uint32): "unsigned int",
     np.dtype(np.uint8): "unsigned char",
 }
+
+
+#: The shared CUDA helpers' folder (kernels/common): a template's quoted ``#include`` of a file
+#: there is replaced by the file's text when it is rendered.
+COMMON_HEADERS = Path(__file__).resolve().parent / "common"
+
+_QUOTED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*$', re.MULTILINE)
+
+
+def _shared_header(template: Path, name: str) -> Path | None:
+    """The file of :data:`COMMON_HEADERS` that ``#include "name"`` in ``template`` names, or
+    None (another header, or none)."""
+    path = (template.parent / name).resolve()
+    return path if path.parent == COMMON_HEADERS and path.is_file() else None
+
+
+def included_headers(template: Path) -> list[Path]:
+    """The shared headers (:data:`COMMON_HEADERS`) ``template`` includes by a quoted name
+    relative to its folder, in order; other includes are left to the compiler."""
+    found = (
+        _shared_header(template, m.group(1)) for m in _QUOTED_INCLUDE.finditer(template.read_text())
+    )
+    return [path for path in found if path is not None]
+
+
+def template_source(template: Path) -> str:
+    """``template``'s text with every shared header it includes inlined in place of the
+    ``#include`` line, so that the source compiles wherever it is written (PyCUDA, nvcc's
+    cache, kato_torch, Kernel Tuner) and holds what the operator's version hashes."""
+
+    def inline(match: re.Match[str]) -> str:
+        path = _shared_header(template, match.group(1))
+        return match.group(0) if path is None else path.read_text().rstrip("\n")
+
+    return _QUOTED_INCLUDE.sub(inline, template.read_text())
 
 
 def code_fingerprint(source: str) -> bytes:
@@ -247,8 +283,8 @@ class OperatorSpec(ABC):
 
     @cached_property
     def version(self) -> str:
-        """Hash of the template source, the parameter space and the Python code that renders,
-        launches and verifies it (12 hex digits).
+        """Hash of the template source (and the shared headers it includes), the parameter
+        space and the Python code that renders, launches and verifies it (12 hex digits).
 
         Part of every stored result's key: change the kernel, its space, or the spec's defines,
         launch geometry, checks, inputs or tolerances, and old results stop matching instead of
@@ -259,9 +295,10 @@ class OperatorSpec(ABC):
         not count. The shared plumbing (``kernels.spec``, ``kernels.registry``) is not hashed.
         """
         h = hashlib.sha256()
-        h.update(self.template.read_bytes())
-        for path in self.extra_templates:
-            h.update(path.read_bytes())
+        for template in (self.template, *self.extra_templates):
+            h.update(template.read_bytes())
+            for header in included_headers(template):
+                h.update(header.read_bytes())
         h.update(json.dumps(self.params, sort_keys=True, default=str).encode())
         modules = {
             sys.modules[cls.__module__]
@@ -368,9 +405,10 @@ class OperatorSpec(ABC):
         return None
 
     def render(self, config: Config, shape: Sequence[int], dtype: str) -> str:
-        """Full CUDA source: ``#define NAME value`` lines, then the config's template."""
+        """Full CUDA source: ``#define NAME value`` lines, then the config's template with the
+        shared headers it includes inlined (:func:`template_source`)."""
         lines = [f"#define {k} {v}" for k, v in self.defines(config, shape, dtype).items()]
-        return "\n".join(lines) + "\n" + self.template_for(config).read_text()
+        return "\n".join(lines) + "\n" + template_source(self.template_for(config))
 
     @abstractmethod
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernels.spec import Config, OperatorSpec, Problem
+from kernels.spec import Config, OperatorSpec, Problem, template_source
 
 HEADER = r"""
 #include <barrier>
@@ -257,7 +257,7 @@ class HostBuild:
 
 
 def host_template(spec: OperatorSpec, config: Config) -> str:
-    source = spec.template_for(config).read_text()
+    source = template_source(spec.template_for(config))  # the shared headers inlined
     source = _DYNAMIC_SHARED.sub(r"\1* \2 = reinterpret_cast<\1*>(emu_smem);", source)
     source = source.replace("__shared__ __align__(16)", "alignas(16) static")
     return source.replace("__shared__", "static")
