@@ -42,12 +42,13 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from db.models import JOB_STATUSES, utcnow
+from db.models import utcnow
 from kato.errors import KatoError
 
 # Kato's fields of a Kernel Tuner entry (a stand-in for a config not measured; its config's other
 # trials) are defined where the cache is replayed; the one leaf for both is issue 33's item 1.
 from kato.shared.kt_cache import OTHER_TRIALS, UNMEASURED
+from kato.shared.status import JOB_STATUSES
 
 #: The Kato block's format this code writes and reads.
 KATO_FORMAT = 1

@@ -72,9 +72,9 @@ from db.models import BestConfig, Job, Trial, utcnow
 from db.queries import UNCOUNTED_TRIAL_STATUSES, shape_key, trial_time
 from kato.errors import InvalidInput, KatoError
 from kato.shared.gpus import find_gpu, normalize_gpu_name
+from kato.shared.status import TERMINAL_STATUSES
 from kernels import get_operator
 
-_JOB_STATUSES = ("done", "failed", "cancelled")
 #: What :func:`import_bundles` calls once its rows are committed: (session, the imported jobs'
 #: ids) -> warnings for the report.
 AfterCommit = Callable[[Session, Sequence[str]], list[str]]
@@ -565,9 +565,9 @@ def expand(paths: Sequence[str | Path]) -> list[Path]:
 
 
 def _new_job(bundle: ParsedBundle, meta: JobRecord, trials: list[TrialRecord]) -> Job:
-    status = meta.status if meta.status in _JOB_STATUSES else "cancelled"
+    status = meta.status if meta.status in TERMINAL_STATUSES else "cancelled"
     error = meta.error
-    if meta.status not in _JOB_STATUSES and meta.status:
+    if meta.status not in TERMINAL_STATUSES and meta.status:
         error = f"imported while {meta.status}"
     created = meta.created_at or utcnow()
     return Job(

@@ -32,10 +32,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-#: Job states. ``queued`` and ``running`` are live; the other three are terminal.
-JOB_STATUSES = ("queued", "running", "done", "failed", "cancelled")
-TERMINAL_STATUSES = ("done", "failed", "cancelled")
-
 #: Status of a trial row that is a reservation (a config being measured, :mod:`db.ledger`),
 #: not a result; ``reserved_by`` names the worker measuring it.
 RESERVED = "running"
@@ -179,7 +175,7 @@ class Trial(Base):
     number: Mapped[int] = mapped_column(Integer)  # 0, 1, 2, ... per job (db.ledger: trial numbers)
     config: Mapped[dict[str, Any]]
     config_key: Mapped[str] = mapped_column(String(1024))  # Kernel Tuner key: "256,4"
-    status: Mapped[str] = mapped_column(String(32))  # tuner.backends.base.TrialStatus values
+    status: Mapped[str] = mapped_column(String(32))  # kato.shared.status.TrialStatus values
     time_ms: Mapped[float | None] = mapped_column(Float)  # median of times_ms, OK trials only
     times_ms: Mapped[list[float]] = mapped_column(JSON, default=list)
     compile_time_s: Mapped[float | None] = mapped_column(Float)

@@ -21,7 +21,6 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from db.models import (
-    TERMINAL_STATUSES,
     BestConfig,
     Job,
     Trial,
@@ -29,6 +28,7 @@ from db.models import (
     result_values,
     utcnow,
 )
+from kato.shared.status import TERMINAL_STATUSES
 
 #: Statuses of a trial that was never measured and does not count towards a job's budget.
 UNCOUNTED_TRIAL_STATUSES = ("invalid",)

@@ -24,8 +24,9 @@ from datetime import datetime
 from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
-from db.models import TERMINAL_STATUSES, BestConfig, Job, Trial, utcnow
+from db.models import BestConfig, Job, Trial, utcnow
 from db.queries import create_jobs, shape_key
+from kato.shared.status import TERMINAL_STATUSES
 
 #: Configs a re-tuning job measures by default: half the default cold budget
 #: (``KATO_DEFAULT_BUDGET_CONFIGS``, 100). Its first seed is the key's own old winner, and a cold

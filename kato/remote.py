@@ -8,9 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from kato.errors import ServiceError
-
-#: Job states after which nothing more is measured.
-_TERMINAL = ("done", "failed", "cancelled")
+from kato.shared.status import TERMINAL_STATUSES
 
 
 def _checked(response: Any, what: str) -> Any:
@@ -50,7 +48,7 @@ def tune_on_service(
         t0 = time.perf_counter()
         job = _checked(client.post("/v1/jobs", json=body), "submitting the job")
         deadline = time.monotonic() + timeout_s
-        while job["status"] not in _TERMINAL:
+        while job["status"] not in TERMINAL_STATUSES:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job['id']} still {job['status']} after {timeout_s} s")
             time.sleep(poll_s)

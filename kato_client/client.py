@@ -35,6 +35,7 @@ import httpx
 
 from kato import env
 from kato.errors import KatoError, ServiceError  # noqa: F401 (KatoError: its old home)
+from kato.shared.status import TERMINAL_STATUSES
 from kato_client.device import detect_gpu, normalize
 from kato_client.disk import DiskCache, default_cache_dir
 from kato_client.policy import (
@@ -52,7 +53,6 @@ log = logging.getLogger("kato_client")
 DEFAULT_URL = "http://127.0.0.1:8000"
 #: Most lookups per ``POST /v1/configs/batch`` (the service's limit).
 BATCH_LIMIT = 1000
-TERMINAL_JOB_STATUSES = ("done", "failed", "cancelled")
 #: After :meth:`KatoClient.invalidate`, seconds during which that group's lookups bypass the
 #: service's cache (its watcher checks every 0.5 s by default; 60 covers a slow database).
 FRESH_SECONDS = 60.0
@@ -629,7 +629,7 @@ class KatoClient:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             job = self.job(job_id)
-            if job["status"] in TERMINAL_JOB_STATUSES:
+            if job["status"] in TERMINAL_STATUSES:
                 if job["status"] == "done":
                     self.invalidate(job["operator"], job["dtype"], job["gpu"])
                 return job

@@ -23,6 +23,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from db.models import BestConfig, Job, Trial, Worker, utcnow
 from db.queries import StoredConfig
+from kato.shared.status import JOB_STATUSES
 from kernels.spec import InvalidInput
 from service.strict import parse_shape
 
@@ -41,7 +42,7 @@ NAME_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]+$"
 
 #: tuner.search.STRATEGIES (a test holds them equal); the first, "forest", is the default.
 Strategy = Literal["forest", "tpe", "hybrid", "random", "grid"]
-JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
+JobStatus = Literal[JOB_STATUSES]  # type: ignore[valid-type]
 #: What a 503 says is wrong with the database (service.faults).
 FaultKind = Literal["unreachable", "busy", "pool_exhausted", "read_only", "disk_full"]
 

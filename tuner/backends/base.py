@@ -11,25 +11,12 @@ import statistics
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from enum import StrEnum
 from typing import Any
 
+from kato.shared.status import TrialStatus
 from tuner.space import SearchSpace
 
 Config = dict[str, Any]
-
-
-class TrialStatus(StrEnum):
-    OK = "ok"
-    COMPILE_ERROR = "compile_error"
-    LAUNCH_ERROR = "launch_error"  # includes out-of-resources and faults during a launch
-    VERIFY_ERROR = "verify_error"  # ran, but the output did not match the float64 reference
-    TIMEOUT = "timeout"  # no result within the per-trial time limit (hang, deadlock, slow nvcc)
-    CRASHED = "crashed"  # the process measuring it died (abort, segfault, killed)
-    #: Shared jobs only: being measured by another worker right now. A placeholder the search
-    #: keeps so it neither proposes the config again nor overruns the budget; never stored.
-    PENDING = "pending"
-    INVALID = "invalid"  # rejected by the constraints; never measured, never counted
 
 
 @dataclass
