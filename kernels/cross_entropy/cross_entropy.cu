@@ -99,53 +99,9 @@ static_assert(kThreadsPerRow >= VEC, "head and tail need one thread per element"
 static_assert(SPLIT >= 1 && SPLIT <= 64 && (SPLIT & (SPLIT - 1)) == 0,
               "SPLIT must be a power of two in [1, 64]");
 
-template <int Bytes>
-struct RawOf;
-template <>
-struct RawOf<2> { using type = unsigned short; };
-template <>
-struct RawOf<4> { using type = unsigned int; };
-template <>
-struct RawOf<8> { using type = uint2; };
-template <>
-struct RawOf<16> { using type = uint4; };
-using Raw = typename RawOf<kVecBytes>::type;
-
-[[maybe_unused]] __device__ __forceinline__ float to_float(float v) { return v; }
-#if IS_HALF
-[[maybe_unused]] __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-#endif
-#if IS_BF16
-[[maybe_unused]] __device__ __forceinline__ float to_float(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-#endif
-
-__device__ __forceinline__ void unpack(const Raw& r, float (&f)[VEC]) {
-  T t[VEC];
-  __builtin_memcpy(t, &r, sizeof(Raw));
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) f[j] = to_float(t[j]);
-}
-
-// A segment of n elements at p: a scalar head [0, head) up to the first VEC-aligned address,
-// nvec aligned vectors from head on, and a scalar tail [tail, n) of fewer than VEC elements.
-struct Split {
-  int head;
-  int nvec;
-  int tail;
-};
-
-__device__ __forceinline__ Split split_row(const T* p, int n) {
-  const int mis = static_cast<int>((reinterpret_cast<size_t>(p) / sizeof(T)) % VEC);
-  int head = mis == 0 ? 0 : VEC - mis;
-  head = head < n ? head : n;
-  Split s;
-  s.head = head;
-  s.nvec = (n - head) / VEC;
-  s.tail = head + s.nvec * VEC;
-  return s;
-}
+#include "../common/kato_vec.cuh"
+#include "../common/kato_convert.cuh"
+#include "../common/kato_rows.cuh"
 
 // exp(x - m) as exp2 of a difference taken first: x - m is exact for nearby values, so a large
 // common offset (logits around 100) costs no accuracy. A max of -inf (nothing seen yet, or a
@@ -185,7 +141,6 @@ __device__ __forceinline__ void warp_merge(float& m, float& s) {
   }
 }
 
-constexpr int next_pow2(int n) { return n <= 1 ? 1 : 2 * next_pow2((n + 1) / 2); }
 [[maybe_unused]] constexpr int kWarpsPow2 = next_pow2(kWarps);
 
 // Every thread of a row group ends with the group's (m, s). Block mode: `red` is this item's

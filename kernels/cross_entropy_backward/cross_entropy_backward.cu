@@ -92,93 +92,9 @@ static_assert(kThreadsPerRow >= VEC, "head and tail need one thread per element"
 static_assert(SPLIT >= 1 && SPLIT <= 64 && (SPLIT & (SPLIT - 1)) == 0,
               "SPLIT must be a power of two in [1, 64]");
 
-template <int Bytes>
-struct RawOf;
-template <>
-struct RawOf<2> { using type = unsigned short; };
-template <>
-struct RawOf<4> { using type = unsigned int; };
-template <>
-struct RawOf<8> { using type = uint2; };
-template <>
-struct RawOf<16> { using type = uint4; };
-using Raw = typename RawOf<kVecBytes>::type;
-
-[[maybe_unused]] __device__ __forceinline__ float to_float(float v) { return v; }
-[[maybe_unused]] __device__ __forceinline__ void from_float(float v, float& out) { out = v; }
-[[maybe_unused]] __device__ __forceinline__ void from_float2(float a, float b, float* out) {
-  out[0] = a;
-  out[1] = b;
-}
-#if IS_HALF
-[[maybe_unused]] __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-[[maybe_unused]] __device__ __forceinline__ void from_float(float v, __half& out) {
-  out = __float2half_rn(v);
-}
-[[maybe_unused]] __device__ __forceinline__ void from_float2(float a, float b, __half* out) {
-  const __half2 h = __floats2half2_rn(a, b);
-  __builtin_memcpy(out, &h, sizeof(h));
-}
-#endif
-#if IS_BF16
-[[maybe_unused]] __device__ __forceinline__ float to_float(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-[[maybe_unused]] __device__ __forceinline__ void from_float(float v, __nv_bfloat16& out) {
-  out = __float2bfloat16_rn(v);
-}
-[[maybe_unused]] __device__ __forceinline__ void from_float2(float a, float b,
-                                                             __nv_bfloat16* out) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-  __builtin_memcpy(out, &h, sizeof(h));
-}
-#endif
-
-__device__ __forceinline__ void unpack(const Raw& r, float (&f)[VEC]) {
-  T t[VEC];
-  __builtin_memcpy(t, &r, sizeof(Raw));
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) f[j] = to_float(t[j]);
-}
-
-__device__ __forceinline__ Raw pack(const float (&f)[VEC]) {
-  T t[VEC];
-  if constexpr (VEC % 2 == 0) {
-#pragma unroll
-    for (int j = 0; j < VEC; j += 2) from_float2(f[j], f[j + 1], &t[j]);
-  } else {
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) from_float(f[j], t[j]);
-  }
-  Raw r;
-  __builtin_memcpy(&r, t, sizeof(Raw));
-  return r;
-}
-
-__device__ __forceinline__ T to_elem(float v) {
-  T out;
-  from_float(v, out);
-  return out;
-}
-
-// A segment of n elements at p: a scalar head [0, head) up to the first VEC-aligned address,
-// nvec aligned vectors from head on, and a scalar tail [tail, n) of fewer than VEC elements.
-struct Split {
-  int head;
-  int nvec;
-  int tail;
-};
-
-__device__ __forceinline__ Split split_row(const T* p, int n) {
-  const int mis = static_cast<int>((reinterpret_cast<size_t>(p) / sizeof(T)) % VEC);
-  int head = mis == 0 ? 0 : VEC - mis;
-  head = head < n ? head : n;
-  Split s;
-  s.head = head;
-  s.nvec = (n - head) / VEC;
-  s.tail = head + s.nvec * VEC;
-  return s;
-}
+#include "../common/kato_vec.cuh"
+#include "../common/kato_convert.cuh"
+#include "../common/kato_rows.cuh"
 
 // exp(x - l) as exp2 of the difference taken first (exact for nearby values: logits around 100
 // cost no accuracy).
