@@ -317,6 +317,7 @@ def test_shared_search_leaves_a_just_asked_trial_to_its_worker():
         return SharedSearch(
             space,
             lambda c: None,
+            strategy="tpe",  # a strategy that asks Optuna: the forest keeps no study
             storage=storage,
             study_name="shared",
             worker_id="joining",
