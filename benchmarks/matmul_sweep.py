@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -109,7 +108,6 @@ def main() -> None:
     ap.add_argument("--dtypes", default=",".join(DTYPES))
     ap.add_argument("--limit-s", type=float, default=60.0, help="per case: stop timing after")
     args = ap.parse_args()
-    os.environ["KATO_MATMUL_WGMMA"] = "1"
     cases = CASES
     if args.case:
         cases = [

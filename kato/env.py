@@ -56,12 +56,6 @@ VARIABLES: dict[str, Variable] = {
             "level of the CLI's log lines on stderr (default INFO)",
         ),
         Variable(
-            "KATO_MATMUL_WGMMA",
-            "kernels.matmul.MatmulSpec.check_arch",
-            "1 puts matmul's wgmma engine (sm_90) in the spaces tuned and served; off by "
-            "default until its configs verify through the tuning backend on the H200 (issue 32)",
-        ),
-        Variable(
             "KATO_COMPILE_CACHE",
             "kato.shared.paths.compile_cache_dir",
             "directory of the on-disk cubin cache (default ~/.cache/kato/cubin)",

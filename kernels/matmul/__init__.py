@@ -76,7 +76,6 @@ from pathlib import Path
 
 import numpy as np
 
-from kato import env
 from kernels import limits
 from kernels.registry import register
 from kernels.spec import (
@@ -470,13 +469,6 @@ class MatmulSpec(OperatorSpec):
         config is invalid on every other arch."""
         if is_wgmma(config) and arch != WGMMA_ARCH:
             return f"ENGINE=wgmma needs {WGMMA_ARCH} ({WGMMA_TARGET} code), the GPU is {arch}"
-        # Its standalone probe verified on the H200, but through the PyCUDA backend every
-        # config failed verification (docs/results_h200.md): off until that is mended.
-        if is_wgmma(config) and env.get("KATO_MATMUL_WGMMA") != "1":
-            return (
-                "ENGINE=wgmma is off by default until its configs verify through the tuning "
-                "backend on the H200 (issue 32); KATO_MATMUL_WGMMA=1 includes them"
-            )
         return None
 
     def arch_for(self, config: Config, arch: str) -> str:

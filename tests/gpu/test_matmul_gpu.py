@@ -142,12 +142,6 @@ def _sm90_reason() -> str | None:
 sm90 = pytest.mark.skipif(bool(_sm90_reason()), reason=_sm90_reason() or "")
 
 
-@pytest.fixture
-def wgmma_on(monkeypatch):
-    """The wgmma engine is off by default (KATO_MATMUL_WGMMA): these tests switch it on."""
-    monkeypatch.setenv("KATO_MATMUL_WGMMA", "1")
-
-
 def _wgmma_configs(spec, shape, dtype):
     return [
         c
@@ -157,7 +151,6 @@ def _wgmma_configs(spec, shape, dtype):
 
 
 @sm90
-@pytest.mark.usefixtures("wgmma_on")
 @pytest.mark.parametrize("dtype", WGMMA_DTYPES)
 @pytest.mark.parametrize(
     ("operator", "shape"),
@@ -201,7 +194,6 @@ def _verify_all(spec, shape, dtype, configs):
 
 
 @sm90
-@pytest.mark.usefixtures("wgmma_on")
 def test_wgmma_configs_are_invalid_where_tma_cannot_address_a_row():
     """matmul with N = 50257 (B's pitch): no wgmma config; the backend's space keeps the rest."""
     from tuner.backends.pycuda import PyCudaBackend
@@ -216,7 +208,6 @@ def test_wgmma_configs_are_invalid_where_tma_cannot_address_a_row():
 
 
 @sm90
-@pytest.mark.usefixtures("wgmma_on")
 def test_a_served_wgmma_config_runs_through_kato_torch():
     """kato_torch launches a wgmma winner (its tensor maps built per call from the tensors'
     pointers, cached per buffer) for the forward and both backward layouts of a matmul."""

@@ -144,20 +144,15 @@ def test_persistent_is_valid_only_where_it_changes_the_grid():
     assert SPEC.check(wgmma_cfg(PERSISTENT=1), SHAPE, "float16") is None
 
 
-def test_the_wgmma_engine_is_off_on_sm_90_unless_switched_on(monkeypatch):
-    """Until its configs verify through the tuning backend, sm_90 spaces leave wgmma out
-    unless KATO_MATMUL_WGMMA=1; the mma.sync configs are unaffected."""
+def test_the_wgmma_engine_is_in_the_sm_90_space_with_the_mma_sync_one():
+    """On an H200 the backend's space holds both engines' configs for 16-bit dtypes."""
     wgmma, mma = wgmma_cfg(), SPEC.default_config(SHAPE, "float16")
-    monkeypatch.delenv("KATO_MATMUL_WGMMA", raising=False)
-    assert "KATO_MATMUL_WGMMA=1" in SPEC.check_arch(wgmma, "sm_90")
-    assert "KATO_MATMUL_WGMMA=1" in check_on_gpu(SPEC, SHAPE, "float16", find_gpu("H200"), wgmma)
-    assert SPEC.check_arch(mma, "sm_90") is None
-    monkeypatch.setenv("KATO_MATMUL_WGMMA", "1")
-    assert SPEC.check_arch(wgmma, "sm_90") is None
+    h200 = find_gpu("H200")
+    assert check_on_gpu(SPEC, SHAPE, "float16", h200, wgmma) is None
+    assert check_on_gpu(SPEC, SHAPE, "float16", h200, mma) is None
 
 
-def test_the_arch_hooks_keep_wgmma_to_sm_90_and_build_it_for_sm_90a(monkeypatch):
-    monkeypatch.setenv("KATO_MATMUL_WGMMA", "1")
+def test_the_arch_hooks_keep_wgmma_to_sm_90_and_build_it_for_sm_90a():
     wgmma, mma = wgmma_cfg(), SPEC.default_config(SHAPE, "float16")
     assert SPEC.check_arch(wgmma, "sm_90") is None
     for arch in ("sm_80", "sm_86", "sm_89", "sm_100"):
