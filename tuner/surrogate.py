@@ -70,7 +70,7 @@ from typing import Any
 
 import numpy as np
 
-from tuner.backends.base import TrialStatus
+from tuner.backends.base import TrialResult, TrialStatus
 from tuner.space import Config, SearchSpace
 
 #: Configs drawn as a space-filling random design before the model is fitted. 15 rather than 10:
@@ -218,7 +218,7 @@ class ForestProposer:
     # -- model -------------------------------------------------------------------------------
 
     def _training_set(
-        self, results: Mapping[str, Any]
+        self, results: Mapping[str, TrialResult]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Indices of measured configs, their log-times (failures imputed), the measured mask."""
         measured = np.zeros(len(self.configs), dtype=bool)
@@ -229,9 +229,9 @@ class ForestProposer:
             if i is None:
                 continue
             measured[i] = True
-            if getattr(result, "status", None) == TrialStatus.PENDING:
+            if result.status == TrialStatus.PENDING:
                 continue  # another worker is measuring it: not proposed, not learnt from
-            t = getattr(result, "time_ms", None)
+            t = result.time_ms
             idx.append(i)
             ys.append(math.log(t) if t is not None and t > 0 and math.isfinite(t) else None)
         ok = [y for y in ys if y is not None]
@@ -405,7 +405,7 @@ class ForestProposer:
                 return int(self.rng.choice(cand[changed == changed.min()]))
         return None
 
-    def propose(self, results: Mapping[str, Any]) -> Config | None:
+    def propose(self, results: Mapping[str, TrialResult]) -> Config | None:
         """The next config to measure given ``results`` (config key -> result with ``time_ms``,
         None for a failure); None when every valid config has been measured."""
         train, y, measured = self._training_set(results)
@@ -418,7 +418,7 @@ class ForestProposer:
                 return self.configs[i]
         if measured.all():
             return None
-        ok = int(np.sum([getattr(r, "time_ms", None) is not None for r in results.values()]))
+        ok = int(np.sum([r.time_ms is not None for r in results.values()]))
         if ok < N_INITIAL + self.seeded or len(train) < N_INITIAL + self.seeded:
             pick = self._design_pick(measured)
             if self.hints:
