@@ -9,6 +9,7 @@ from typing import Any
 
 from kato.errors import ServiceError
 from kato.shared.status import TERMINAL_STATUSES
+from kato.tune import result_row, tuning_env
 
 
 def _checked(response: Any, what: str) -> Any:
@@ -30,8 +31,6 @@ def tune_on_service(
     :func:`kato.tune_kernel` does. Raises :class:`ServiceError` for a refused request and
     ``TimeoutError`` for a job still running at the timeout (it keeps running there)."""
     import httpx
-
-    from kato.tune import _env, _result_row
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=60) as client:
@@ -55,9 +54,9 @@ def tune_on_service(
             job = _checked(client.get(f"/v1/jobs/{job['id']}"), "following the job")
         elapsed = time.perf_counter() - t0
         trials = _checked(client.get(f"/v1/jobs/{job['id']}/trials"), "reading the trials")
-    rows = [_result_row(SimpleNamespace(**t), list(op.params), 0) for t in trials]
+    rows = [result_row(SimpleNamespace(**t), list(op.params), 0) for t in trials]
     info = SimpleNamespace(name=gpu, model=gpu, compute_capability=("?",), cuda_version="service")
-    env = _env(op, shape, dtype, info, strategy, budget, seconds, job["id"], job["status"],
+    env = tuning_env(op, shape, dtype, info, strategy, budget, seconds, job["id"], job["status"],
                job["best_config"], rows, elapsed, 0)  # fmt: skip
     env["kato_operator_version"] = added["version"]
     env["service"] = url

@@ -59,7 +59,7 @@ def _marker(name: str) -> Any:
     return getattr(util, name)()
 
 
-def _result_row(trial: Any, params: Sequence[str], iterations: int) -> dict[str, Any]:
+def result_row(trial: Any, params: Sequence[str], iterations: int) -> dict[str, Any]:
     """One trial as Kernel Tuner reports it: the tunables, ``time`` (ms; a marker string for a
     failure), ``times``, ``compile_time`` (ms) and Kato's resource figures."""
     row = {name: trial.config[name] for name in params}
@@ -331,11 +331,11 @@ def _tune_locally(
     elapsed = time.perf_counter() - t0
     with sessions() as session:
         trials = queries.job_trials(session, job_id)
-        results = [_result_row(t, list(op.params), iterations) for t in trials]
+        results = [result_row(t, list(op.params), iterations) for t in trials]
         job = queries.get_job(session, job_id)
         best_config = job.best_config
     engine.dispose()
-    env = _env(op, shape, dtype, info, strategy, budget, seconds, job_id, outcome.status,
+    env = tuning_env(op, shape, dtype, info, strategy, budget, seconds, job_id, outcome.status,
                best_config, results, elapsed, iterations)  # fmt: skip
     env["error"] = outcome.error
     if outcome.status != "done" and not quiet:
@@ -345,7 +345,7 @@ def _tune_locally(
     return results, env
 
 
-def _env(op, shape, dtype, info, strategy, budget, seconds, job_id, status, best_config,
+def tuning_env(op, shape, dtype, info, strategy, budget, seconds, job_id, status, best_config,
          results, elapsed, iterations) -> dict[str, Any]:  # fmt: skip
     ok = [r for r in results if isinstance(r["time"], float)]
     best = min(ok, key=lambda r: r["time"]) if ok else None

@@ -52,29 +52,24 @@ ALLOWED = {
 #: Modules that import the project's own modules inside a function, and why. Every other
 #: import of a project module is at module level.
 FUNCTION_LEVEL = {
-    "service.cli.*": "a command loads its stack when it runs: `kato --help`, `kato lookup` and "
-    "`kato token` start without the tuner, Optuna, scikit-learn or the app",
-    "service.workers": "the API process loads the tuner (Optuna, scikit-learn) only when it "
-    "starts GPU workers (`kato serve --workers`)",
-    "service.routes.jobs": "db.fleet's figures are read for a job's detail only",
-    "tuner.backends.isolated": "the measuring child imports only what its task needs: PyCUDA "
-    "(an optional extra) and one operator's spec",
-    "tuner.backends.replay": "checking a recording against the importer's rules loads the "
-    "importer (pydantic models) for that check only",
-    "tuner.framework": "PyTorch (an optional extra) is imported where the framework's own op "
-    "is timed",
-    "tuner.torch_ops": "PyTorch (an optional extra) is imported where an op is measured",
-    "tuner.study": "Optuna's storage engine gets the database's settings when a study is opened",
-    "tuner.worker": "the replay fleet and a worker's scope load the operators' registry when "
-    "they are built, not when the worker module is imported",
-    "kernels.cross_entropy.model": "the parallel input fill loads with the inputs it fills",
-    "kernels.user.spec": "the compile cache's place is read when a template is written",
+    "service.cli.*": "a command loads its stack when it runs: `kato --help` imports none of "
+    "kernels, db, SQLAlchemy, FastAPI, Optuna or the tuner",
+    "service.workers": "the tuner is imported when a worker is built, not when the module is: "
+    "`measuring` (kato.tune_kernel, the CLI's options) stays cheap",
+    "tuner.backends.isolated": "the parent imports neither PyCUDA (an optional extra) nor an "
+    "operator until a task names one; the measuring child imports what its task needs",
+    "tuner.backends.replay": "checking a recording loads the importer's rules (the pydantic "
+    "file models) and the registry for that check only",
+    "tuner.framework": "PyTorch (an optional extra, through tuner.torch_ops) is imported "
+    "where the framework's own op is timed",
+    "kernels.cross_entropy.model": "at module level kernels.parallel would join "
+    "cross_entropy's version hash (kernels.spec._kernel_helpers): the input fill is no kernel",
     "kato_client.client": "the kernels' specs (numpy) load only for an offline default",
     "kato_client.policy": "the kernels' specs (numpy) load only to check a config locally",
-    "kato_torch.user": "the CUDA driver module (PyCUDA, an optional extra) loads with a launch",
-    "kato.tune": "`import kato` stays cheap: the tuning stack (db, tuner, service) loads on "
-    "the first local tune or lookup, the remote client on the first remote one",
-    "kato.remote": "kato.tune's result rows load with the first remote tune",
+    "kato_torch.user": "the CUDA driver (libcuda through kato_torch._driver) is opened where "
+    "constants are uploaded, not when a user op is defined",
+    "kato.tune": "the tuning stack (db, tuner, service) loads with the first local tune or "
+    "lookup, the service's client with the first remote one",
 }
 
 

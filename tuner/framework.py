@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kato import env
+from kato.shared.gpus import normalize_gpu_name
 
 #: The environment variable that turns the baseline off (``service.settings.Settings``
 #: documents it as ``framework_baseline``).
@@ -146,7 +147,6 @@ def measure_here(
         return FrameworkResult(
             SKIPPED, framework, detail=f"torch sees no CUDA device {device_index}"
         )
-    from kato.shared.gpus import normalize_gpu_name
 
     seen = normalize_gpu_name(torch.cuda.get_device_name(device_index))
     if gpu_model is not None and seen != gpu_model:

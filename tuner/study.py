@@ -38,6 +38,8 @@ from optuna.distributions import (
 )
 from optuna.trial import FrozenTrial, TrialState
 
+from db.session import WORKER_TIMEOUTS, configure_postgres, configure_sqlite
+
 log = logging.getLogger(__name__)
 
 #: A study's name is this plus the job's id.
@@ -98,8 +100,6 @@ def optuna_storage(db_url: str) -> optuna.storages.RDBStorage:
     """
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
-
-    from db.session import WORKER_TIMEOUTS, configure_postgres, configure_sqlite
 
     url = make_url(db_url)
     backend = url.get_backend_name()

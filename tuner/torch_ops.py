@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kato.shared.gpus import find_gpu, normalize_gpu_name
 from kernels.spec import OperatorSpec, Problem
 from tuner.framework import MISMATCH, OK, FrameworkResult
 
@@ -559,8 +560,6 @@ def measure(
         if error:
             return FrameworkResult(MISMATCH, framework, eq.what, detail=error)
         if l2_bytes is None:
-            from kato.shared.gpus import find_gpu, normalize_gpu_name
-
             gpu = find_gpu(normalize_gpu_name(torch.cuda.get_device_name(device)))
             l2_bytes = gpu.l2_bytes if gpu is not None and gpu.l2_bytes else DEFAULT_L2_BYTES
         copies = input_copies(spec.bytes_moved(tuple(shape), dtype), l2_bytes)

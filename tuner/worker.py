@@ -54,8 +54,10 @@ from db import queries, retry
 from db.ledger import JobLedger, Ledger, Seen
 from db.models import Job, utcnow
 from kato import env
-from kernels import get_operator
-from kernels.spec import config_key
+from kato.shared.gpus import normalize_gpu_name
+from kato.shared.kt_cache import load_cache
+from kernels import get_operator, list_operators
+from kernels.spec import InvalidInput, config_key
 from tuner import framework
 from tuner.backends.abilities import abilities_of, factory_abilities_of
 from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
@@ -156,8 +158,6 @@ def _check_operator_version(job: Job, ledger: JobLedger) -> None:
     Raises:
         RuntimeError: the job is at another version and cannot be moved, saying why.
     """
-    from kernels.spec import InvalidInput
-
     try:
         spec = get_operator(job.operator)
     except InvalidInput:
@@ -1162,8 +1162,6 @@ class PyCudaBackends:
         """Every registered operator, read at each claim (a module may register one later)."""
         import importlib
 
-        from kernels import list_operators
-
         for module in self.imports:
             importlib.import_module(module)
         return queries.JobScope(operators=frozenset(spec.name for spec in list_operators()))
@@ -1243,8 +1241,6 @@ def find_recordings(path: Path) -> list[Recording]:
         ValueError: a file is not a recording or does not say what it is for, or there is none.
         OSError: a file cannot be read.
     """
-    from kato.shared.kt_cache import load_cache
-
     files = recording_files(path)
     if not files:
         raise ValueError(f"{path}: no recordings (*.json, *.json.gz) in this directory")
@@ -1277,8 +1273,6 @@ class ReplayBackends:
         trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
         delay_s: float = 0.0,
     ):
-        from kato.shared.gpus import normalize_gpu_name
-
         self.isolate, self.trial_timeout_s, self.delay_s = isolate, trial_timeout_s, delay_s
         kept = list(recordings)
         if gpu_models:
@@ -1292,9 +1286,6 @@ class ReplayBackends:
                     "for the GPU it was measured on"
                 )
         self.recordings: dict[tuple[str, str | None, str, str, str], Recording] = {}
-        from kernels import get_operator
-        from kernels.spec import InvalidInput
-
         for rec in kept:
             try:  # recorded_problem checked the file's space; a Recording made by hand too
                 get_operator(rec.problem.operator)

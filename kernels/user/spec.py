@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from kato.shared.paths import compile_cache_dir
 from kernels import limits
 from kernels.spec import (
     DTYPES,
@@ -163,7 +164,6 @@ class UserOperatorSpec(OperatorSpec):
         name, headers = self.model.template, self.model.headers
         if not headers and self._source_dir is not None and (self._source_dir / name).is_file():
             return self._source_dir / name
-        from kato.shared.paths import compile_cache_dir
 
         files = self.definition.files
         text = inline_headers(name, files[name], files, headers) if headers else files[name]

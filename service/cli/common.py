@@ -22,6 +22,7 @@ from rich.progress import (
 from rich.table import Table
 
 from kato import env
+from kato.shared.kt_cache import load_cache
 
 app = typer.Typer(
     help="Kato: GPU kernel autotuning service.", no_args_is_help=True, add_completion=False
@@ -153,8 +154,6 @@ BAD_RECORDING = (OSError, ValueError, TypeError, KeyError)
 def check_recording(path: Path, what: str, code: int = 2):
     """``path`` loaded as a Kernel Tuner cache (or T4 results) file, or the command ends
     saying it is not one."""
-    from kato.shared.kt_cache import load_cache
-
     try:
         return load_cache(path)
     except BAD_RECORDING as exc:

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kato.shared.gpus import normalize_gpu_name
 from service.cli.common import (
     DbOption,
     app,
@@ -165,7 +166,6 @@ def retune(
     again queues nothing new. Each job first measures the key's old winner (warm start).
     """
     from db.upgrade import find_stale_keys, queue_retune
-    from kato.shared.gpus import normalize_gpu_name
     from kernels import InvalidInput, list_operators
     from service.validation import check_budget
 

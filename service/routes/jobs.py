@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, status
 from sqlalchemy.orm import Session
 
-from db import queries, tokens
+from db import fleet, queries, tokens
 from db.models import Job
 from service.auth import AUTH_RESPONSES, Caller, WriterDep
 from service.deps import SessionDep, SettingsDep
@@ -56,8 +56,6 @@ def _job_or_404(session: SessionDep, job_id: str) -> Job:
 def _public(session: Session, jobs: list[Job], settings: Settings) -> list[JobPublic]:
     """Jobs as the API shows them; queued ones for a GPU model no live worker advertises say
     so in ``note`` (the live models are read once for all of them)."""
-    from db import fleet
-
     live = fleet.live_gpu_models(session, settings.lease_seconds)
     return [JobPublic.from_job(job, note=fleet.note_for(job, live)) for job in jobs]
 
@@ -117,8 +115,6 @@ def list_jobs(
 def get_job(job_id: str, session: SessionDep, settings: SettingsDep) -> JobPublic:
     """A job: status, trials done, best time and config so far. A queued job for a GPU model
     that no live worker advertises says so in ``note``."""
-    from db import fleet
-
     job = _job_or_404(session, job_id)
     return JobPublic.from_job(job, note=fleet.waiting_note(session, job, settings.lease_seconds))
 

@@ -46,11 +46,12 @@ from pathlib import Path
 from typing import Any
 
 from kato.errors import KatoError
+from kato.shared.gpus import find_gpu
 from tuner.backends.abilities import abilities_of
 from tuner.backends.base import Backend, Config, DeviceInfo, TrialResult, TrialStatus
 from tuner.compile_queue import CompileQueue, CompileStats
 from tuner.space import SearchSpace
-from tuner.trial_cost import check_measurable
+from tuner.trial_cost import check_measurable, launch_lower_bound_s
 from tuner.trial_cost import trial_timeout_s as scaled_trial_timeout_s
 
 log = logging.getLogger(__name__)
@@ -360,10 +361,8 @@ class IsolatedBackend(Backend):
                 shadow.close()
         from functools import partial
 
-        from kato.shared.gpus import find_gpu
         from kernels import get_operator
         from tuner.backends.pycuda import check_on_gpu, operator_space
-        from tuner.trial_cost import launch_lower_bound_s
 
         assert self.spec.operator and self.spec.dtype
         op = get_operator(self.spec.operator)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kato.shared.gpus import find_gpu, normalize_gpu_name
 from kato.shared.kt_cache import KernelTunerCache, load_cache
 from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
 from tuner.space import SearchSpace
@@ -76,8 +77,6 @@ def recorded_problem(cache: KernelTunerCache, path: str | Path | None = None) ->
         ValueError: the file says neither, naming what is missing; or it is not a recording of
             a registered operator's space.
     """
-    from kato.shared.gpus import normalize_gpu_name
-
     extra = cache.extra
     kato = extra.get("kato") if isinstance(extra.get("kato"), dict) else {}
     operator = _text(kato.get("operator")) or _text(extra.get("kato_operator"))
@@ -223,8 +222,6 @@ class ReplayBackend(Backend):
         return [dict(zip(names, [v for _, v in picked], strict=True)) for picked in found]
 
     def device(self) -> DeviceInfo:
-        from kato.shared.gpus import find_gpu, normalize_gpu_name
-
         model = self._gpu_model or normalize_gpu_name(self.cache.device_name)
         cc = self.cache.extra.get("compute_capability")
         if cc:
