@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from kato.kernel_tuner import operator_from_arguments, operator_name, problem_dims, problem_shape
+from kato.shared.gpus import normalize_gpu_name
+from kato.shared.kt_cache import KernelTunerCache, save_cache
 from kernels.spec import InvalidInput, config_key
 
 #: Kernel Tuner's markers for a config that did not give a time.
@@ -375,8 +377,6 @@ def tuning_env(op, shape, dtype, info, strategy, budget, seconds, job_id, status
 
 
 def _write_cache(path, op, shape, dtype, info, results) -> None:
-    from kato.shared.kt_cache import KernelTunerCache, save_cache
-
     entries = {}
     for row in results:
         key = config_key(list(op.params), row)
@@ -438,7 +438,6 @@ def lookup(
                 "source": data["source"], "version": data.get("operator_version")}  # fmt: skip
     from db import queries
     from db.session import default_db_url, init_db, session_factory
-    from kato.shared.gpus import normalize_gpu_name
     from service.lookup import lookup_best_config
 
     engine = init_db(db or default_db_url())
