@@ -24,8 +24,8 @@ from typing import Any
 
 from kato.kernel_tuner import operator_from_arguments, operator_name, problem_dims, problem_shape
 from kato.shared.gpus import normalize_gpu_name
-from kato.shared.kt_cache import KernelTunerCache, save_cache
-from kernels.spec import InvalidInput, config_key
+from kato.shared.kt_cache import KernelTunerCache, config_key, save_cache
+from kernels.spec import InvalidInput
 
 #: Kernel Tuner's markers for a config that did not give a time.
 _MARKERS = {

@@ -6,6 +6,7 @@ describes the parameter space, constraints, launch geometry, inputs, float64 ref
 and bytes moved. Nothing here imports a GPU library: specs are plain data and functions.
 """
 
+from kato.shared.kt_cache import config_key
 from kernels.registry import get_operator, list_operators, register
 from kernels.spec import (
     DTYPES,
@@ -15,7 +16,6 @@ from kernels.spec import (
     OperatorSpec,
     Problem,
     Step,
-    config_key,
 )
 
 __all__ = [

@@ -15,7 +15,7 @@ import json
 import re
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -134,11 +134,6 @@ def _kernel_helpers(module: Any) -> set[Any]:
             if helper is not None:
                 out.add(helper)
     return out
-
-
-def config_key(params: Sequence[str], config: Mapping[str, Any]) -> str:
-    """Kernel Tuner's cache key: parameter values comma-joined in ``params`` order."""
-    return ",".join(str(config[name]) for name in params)
 
 
 @dataclass(frozen=True)

@@ -55,9 +55,9 @@ from db.ledger import JobLedger, Ledger, Seen
 from db.models import Job, utcnow
 from kato import env
 from kato.shared.gpus import normalize_gpu_name
-from kato.shared.kt_cache import load_cache
+from kato.shared.kt_cache import config_key, load_cache
 from kernels import get_operator, list_operators
-from kernels.spec import InvalidInput, config_key
+from kernels.spec import InvalidInput
 from tuner import framework
 from tuner.backends.abilities import abilities_of, factory_abilities_of
 from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus

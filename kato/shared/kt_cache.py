@@ -25,7 +25,7 @@ import gzip
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,12 @@ UNMEASURED = "kato_unmeasured"
 #: The field of an entry that lists the other trials of its config (other jobs' measurements;
 #: the entry itself is the fastest), so that a Kato export keeps every trial.
 OTHER_TRIALS = "kato_other_trials"
+
+
+def config_key(params: Sequence[str], config: Mapping[str, Any]) -> str:
+    """Kernel Tuner's cache key: parameter values comma-joined in ``params`` order (also the
+    key of a config's trial in Kato's tables, ``kato_trials.config_key``)."""
+    return ",".join(str(config[name]) for name in params)
 
 
 def unmeasured_entry(config: Mapping[str, Any], reason: str) -> dict[str, Any]:
@@ -69,7 +75,7 @@ class KernelTunerCache:
         return list(self.tune_params)
 
     def key(self, config: Mapping[str, Any]) -> str:
-        return ",".join(str(config[name]) for name in self.tune_params)
+        return config_key(list(self.tune_params), config)
 
     @property
     def time_field(self) -> str:

@@ -19,9 +19,8 @@ from db.importer import InvalidImport, import_paths, read_file
 from db.ledger import Ledger
 from db.models import BestConfig, Job, Trial
 from db.session import init_db, session_factory
-from kato.shared.kt_cache import load_cache
+from kato.shared.kt_cache import config_key, load_cache
 from kernels import get_operator
-from kernels.spec import config_key
 from service import lookup as service_lookup
 from service.cli import app as cli
 

@@ -13,9 +13,8 @@ from paths import RECORDED
 
 from db import queries
 from db.session import init_db, session_factory
-from kato.shared.kt_cache import load_cache
+from kato.shared.kt_cache import config_key, load_cache
 from kernels import get_operator
-from kernels.spec import config_key
 from service import lookup as service_lookup
 from tuner import framework
 from tuner.backends.replay import ReplayBackend
