@@ -60,10 +60,6 @@ def test_every_benchmark_case_has_an_exact_winner_or_a_stated_reason() -> None:
     untuned_on_purpose |= {
         ("matmul", (8192, 768, 50257), d) for d in ("float32", "float16", "bfloat16")
     }
-    # matmul's wgmma engine joined the sm_90 space of float16 / bfloat16 on 2026-12-04 (it
-    # verified through the tuning backend that day): the 16-bit winners of the mma.sync-only
-    # space are no longer the space's winners, to be tuned again on the H200.
-    untuned_on_purpose |= {("matmul", (4096, 4096, 4096), d) for d in ("float16", "bfloat16")}
     missing = [
         (name, tuple(shape), dtype)
         for name, module in modules().items()
