@@ -3,6 +3,9 @@ one model (benchmarks/torch_train.py's), the top kernels by GPU time and the GPU
 of the wall time (a step whose GPU idles is bound by the CPU: Python and launch overhead).
 
     python benchmarks/profile_train.py --model gpt2 --dtype bfloat16 --db sqlite:///kato.db
+
+``--compile`` profiles ``torch.compile`` of both models too and lists the keys the policy sent
+to Kato's kernels while tracing (a compiled graph's decisions are made once, at trace time).
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--top", type=int, default=18)
     ap.add_argument("--python", action="store_true", help="also cProfile the Kato step")
+    ap.add_argument("--compile", action="store_true", help="also torch.compile of both")
     args = ap.parse_args()
     base, inputs, _ = build(args.model, getattr(torch, args.dtype), None)
     kato_model = kato_torch.patch(copy.deepcopy(base))
@@ -82,6 +86,23 @@ def main():
     run("kato", kato_model, inputs, args.steps, args.top)
     if args.python:
         python_profile("kato", kato_model, inputs, args.steps, args.top)
+    if args.compile:
+        from kato_torch import policy
+
+        decided = []
+        decide = policy.decide
+
+        def logged(operator, shape, dtype, device, compiled=False):
+            answer = decide(operator, shape, dtype, device, compiled)
+            decided.append((operator, tuple(shape), dtype, compiled, answer))
+            return answer
+
+        policy.decide = logged
+        run("compile", torch.compile(base), inputs, args.steps, args.top)
+        run("kato+compile", torch.compile(kato_model), inputs, args.steps, args.top)
+        policy.decide = decide
+        chosen = sorted({d for d in decided if d[4]})
+        print(f"== traced decisions: {len(decided)}, Kato's kernel for {len(chosen)}: {chosen}")
 
 
 if __name__ == "__main__":
