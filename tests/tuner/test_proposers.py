@@ -110,3 +110,68 @@ def test_the_optuna_study_is_kept_only_where_an_optuna_sampler_proposes(tmp_path
         assert measured <= {tuple(sorted(t.params.items())) for t in done}
     else:  # its record is the results (a job's trial rows): no second copy
         assert summaries == [] and search.study is None
+
+
+def test_a_forest_job_an_older_kato_began_resumes_and_its_study_holds_each_config_once(tmp_path):
+    """An older Kato added every trial of a forest job to its study as it ran. Such a job,
+    interrupted, resumes from its trial rows; the study written when it ends adds only the
+    configs it lacks."""
+    from datetime import UTC, datetime, timedelta
+
+    from paths import RECORDED
+
+    from db import queries
+    from db.session import init_db, session_factory
+    from kernels import get_operator
+    from tuner.backends.replay import ReplayBackend
+    from tuner.study import FAILED_VALUE, StudyParams, job_attrs, optuna_storage, record_study
+    from tuner.worker import JobRunner, Worker
+
+    recording = RECORDED / "softmax_H200_4096x4096_float16.json.gz"
+    url = f"sqlite:///{tmp_path}/kato.db"
+    sessions = session_factory(init_db(url))
+    with sessions() as s:
+        job = queries.create_job(
+            s, operator="softmax", operator_version=get_operator("softmax").version,
+            shape=[4096, 4096], dtype="float16", gpu_model="H200", budget_configs=20, seed=4,
+        )  # fmt: skip
+        job_id = job.id
+        queries.claim_next_job(s, gpu_models=["H200"], worker_id="old", lease_seconds=0.01)
+
+    class Crash(Exception):
+        pass
+
+    class Crashing(ReplayBackend):
+        measured = 0
+
+        def evaluate(self, config):
+            self.measured += 1
+            if self.measured == 9:
+                raise Crash  # the old worker "dies" here
+            return super().evaluate(config)
+
+    JobRunner(sessions, url, lambda j: Crashing(recording), worker_id="old").run(job_id)
+    with sessions() as s:
+        rows = queries.job_trials(s, job_id)
+        assert len(rows) == 8
+        # The old Kato's study: one finished trial per stored trial, written as it ran.
+        old = [(r.config, r.time_ms or FAILED_VALUE, r.created_at, {"kato_worker": "old"})
+               for r in rows]  # fmt: skip
+        params = StudyParams(ReplayBackend(recording).space().params)
+        record_study(optuna_storage(url), f"kato-job-{job_id}", job_attrs(job), params, old)
+        # A crashed worker leaves a running job behind: simulate that state.
+        current = queries.get_job(s, job_id)
+        current.status, current.error, current.finished_at = "running", None, None
+        current.worker_id, current.lease_expires_at = "old", datetime.now(UTC) - timedelta(1)
+        s.commit()
+
+    resumed = Worker(sessions, url, ["H200"], lambda j: ReplayBackend(recording), worker_id="new")
+    assert resumed.run_once().status == "done"
+    with sessions() as s:
+        rows = queries.job_trials(s, job_id)
+    study = optuna.load_study(study_name=f"kato-job-{job_id}", storage=url)
+    done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert len(rows) == 20 and len(done) == 20  # each config once, none measured twice
+    assert sorted(map(str, (t.params for t in done))) == sorted(map(str, (r.config for r in rows)))
+    workers = [t.user_attrs.get("kato_worker") for t in done]
+    assert workers == ["old"] * 8 + ["new"] * 12
