@@ -20,3 +20,13 @@ def norm_emulation(monkeypatch: pytest.MonkeyPatch) -> None:
         pytest.skip("CUDA headers not found next to nvcc")
     monkeypatch.setattr(cuda_emulation, "HEADER", cuda_emulation.HEADER + cuda_emulation.NORM_EXTRA)
     monkeypatch.setattr(cuda_emulation, "_literal", cuda_emulation.float_literal)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A compile module's tests share one worker under xdist (``--dist loadgroup``, set in
+    pyproject's addopts): its module-scoped fixture then compiles the variants once, where two
+    workers would each compile them all (matmul's twice over took 500+ s each on a cold run)."""
+    for item in items:
+        if item.path.name.endswith("_compile.py") and item.path.parent.name == "kernels":
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
