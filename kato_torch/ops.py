@@ -961,19 +961,53 @@ def _padded_linear(x: Tensor, x2: Tensor, weight: Tensor, bias: Tensor | None) -
     return y.reshape(*x.shape[:-1], n)
 
 
+#: Keys of :func:`linear` calls that ran PyTorch's own op: a repeated call (every training
+#: step) goes straight to it. Its checks, the reshape and the policy's three GEMM decisions cost
+#: more host time than the op itself where a step is bound by the CPU (a small MLP).
+_torch_linears: set[tuple] = set()
+_torch_linears_generation = -1
+
+
+def _linear_key(x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple | None:
+    """What :func:`linear`'s choice depends on (shapes, types, device, autocast, the policy's
+    generation); None where the choice must be made afresh (traced, or keys being recorded)."""
+    global _torch_linears_generation
+    if torch.compiler.is_compiling() or _policy.recording():
+        return None
+    generation = _policy.generation()
+    if generation != _torch_linears_generation:
+        _torch_linears.clear()
+        _torch_linears_generation = generation
+    return (x.shape, x.dtype, x.device, weight.shape, weight.dtype,
+            None if bias is None else bias.dtype, torch.is_autocast_enabled("cuda"))  # fmt: skip
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``torch.nn.functional.linear``: ``x @ weight^T + bias`` with Kato's A B^T GEMM over the
     flattened leading dims of x."""
-    if x.dim() == 0 or weight.dim() != 2 or x.dtype not in _FLOATS or weight.dtype not in _FLOATS:
+    key = _linear_key(x, weight, bias)
+    if key is not None and key in _torch_linears:
         return torch.nn.functional.linear(x, weight, bias)
+    y = _linear(x, weight, bias)
+    if y is None:
+        if key is not None:
+            _torch_linears.add(key)
+        return torch.nn.functional.linear(x, weight, bias)
+    return y
+
+
+def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
+    """:func:`linear` through Kato's GEMM (padded or not), or None where PyTorch's op runs."""
+    if x.dim() == 0 or weight.dim() != 2 or x.dtype not in _FLOATS or weight.dtype not in _FLOATS:
+        return None
     x, weight, bias = _autocast("lower", x, weight, bias)  # first: see matmul
     if x.dtype != weight.dtype or (bias is not None and bias.dtype != x.dtype):
-        return torch.nn.functional.linear(x, weight, bias)
+        return None
     x2 = x.reshape(-1, x.shape[-1])
     if x.shape[-1] == weight.shape[1] and _pads_output(x2, weight):
         return _padded_linear(x, x2, weight, bias)
     if x.shape[-1] != weight.shape[1] or not _mm_uses_kato(x2, weight, "nt"):
-        return torch.nn.functional.linear(x, weight, bias)
+        return None
     y = _mm(x2.contiguous(), weight.contiguous(), "nt")
     if bias is not None:
         y = y + bias

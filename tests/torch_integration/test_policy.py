@@ -325,3 +325,26 @@ def test_served_config_reads_every_answer_shape_a_client_gives():
         "nearest",
     )
     assert policy.served_config(config) == (config, "client")
+
+
+def test_a_linear_that_ran_pytorchs_op_reruns_it_until_the_policy_changes():
+    """A Linear's key that ran PyTorch's op goes straight to it on the next call (the host
+    cost of a small model's step), yet a record() block still sees its keys and a policy
+    change decides afresh: under "kato" the same call then runs Kato's GEMM."""
+    kato_torch.configure(policy="torch")
+    with FakeTensorMode():
+        x = torch.empty(64, 32, device="cuda", dtype=torch.bfloat16)
+        w = torch.empty(48, 32, device="cuda", dtype=torch.bfloat16)
+        for _ in range(2):
+            with _OpLog() as log:
+                kato_torch.linear(x, w)
+            assert "kato.mm" not in log.ops and "aten.mm" in log.ops
+        with kato_torch.record() as rec:
+            kato_torch.linear(x, w)
+        assert ("matmul_nt", (64, 48, 32), "bfloat16") in {
+            (k.operator, k.shape, k.dtype) for k in rec.keys
+        }
+        kato_torch.configure(policy="kato")
+        with _OpLog() as log:
+            kato_torch.linear(x, w)
+        assert any(op.startswith("kato.") for op in log.ops), log.ops
