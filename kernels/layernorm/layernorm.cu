@@ -125,68 +125,8 @@ static_assert(ROW_THREADS == 0 || ROW_THREADS == 8 || ROW_THREADS == 16 || ROW_T
 static_assert(CACHE >= 0 && CACHE <= 2, "CACHE must be 0, 1 or 2");
 static_assert(CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in [1, 64]");
 
-template <int Bytes>
-struct RawOf;
-template <>
-struct RawOf<2> { using type = unsigned short; };
-template <>
-struct RawOf<4> { using type = unsigned int; };
-template <>
-struct RawOf<8> { using type = uint2; };
-template <>
-struct RawOf<16> { using type = uint4; };
-using Raw = typename RawOf<kVecBytes>::type;
-
-[[maybe_unused]] __device__ __forceinline__ float to_float(float v) { return v; }
-[[maybe_unused]] __device__ __forceinline__ void from_float(float v, float& out) { out = v; }
-[[maybe_unused]] __device__ __forceinline__ void from_float2(float a, float b, float* out) {
-  out[0] = a;
-  out[1] = b;
-}
-#if IS_HALF
-[[maybe_unused]] __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-[[maybe_unused]] __device__ __forceinline__ void from_float(float v, __half& out) {
-  out = __float2half_rn(v);
-}
-[[maybe_unused]] __device__ __forceinline__ void from_float2(float a, float b, __half* out) {
-  const __half2 h = __floats2half2_rn(a, b);
-  __builtin_memcpy(out, &h, sizeof(h));
-}
-#endif
-#if IS_BF16
-[[maybe_unused]] __device__ __forceinline__ float to_float(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-[[maybe_unused]] __device__ __forceinline__ void from_float(float v, __nv_bfloat16& out) {
-  out = __float2bfloat16_rn(v);
-}
-[[maybe_unused]] __device__ __forceinline__ void from_float2(float a, float b,
-                                                             __nv_bfloat16* out) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-  __builtin_memcpy(out, &h, sizeof(h));
-}
-#endif
-
-__device__ __forceinline__ void unpack(const Raw& r, float (&f)[VEC]) {
-  T t[VEC];
-  __builtin_memcpy(t, &r, sizeof(Raw));
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) f[j] = to_float(t[j]);
-}
-
-__device__ __forceinline__ Raw pack(const float (&f)[VEC]) {
-  T t[VEC];
-  if constexpr (VEC % 2 == 0) {
-#pragma unroll
-    for (int j = 0; j < VEC; j += 2) from_float2(f[j], f[j + 1], &t[j]);
-  } else {
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) from_float(f[j], t[j]);
-  }
-  Raw r;
-  __builtin_memcpy(&r, t, sizeof(Raw));
-  return r;
-}
+#include "../common/kato_vec.cuh"
+#include "../common/kato_convert.cuh"
 
 // A Welford partial: count, mean and M2 (sum of squared deviations from the mean) of some
 // elements of x - K. Counts are floats (exact up to 2^24 elements per partial).
