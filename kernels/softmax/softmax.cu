@@ -98,18 +98,7 @@ static_assert(STRATEGY == 0 || STRATEGY == 1, "STRATEGY must be 0 (warp) or 1 (b
 static_assert(CACHE >= 0 && CACHE <= 2, "CACHE must be 0, 1 or 2");
 static_assert(CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in [1, 64]");
 
-// Raw bits of one vector; loads and stores move these so that every width is one instruction.
-template <int Bytes>
-struct RawOf;
-template <>
-struct RawOf<2> { using type = unsigned short; };
-template <>
-struct RawOf<4> { using type = unsigned int; };
-template <>
-struct RawOf<8> { using type = uint2; };
-template <>
-struct RawOf<16> { using type = uint4; };
-using Raw = typename RawOf<kVecBytes>::type;
+#include "../common/kato_vec.cuh"
 
 // 2^v in one MUFU.EX2 (exp2f without -ftz adds denormal handling around it).
 __device__ __forceinline__ float fast_exp2(float v) {
@@ -124,59 +113,7 @@ __device__ __forceinline__ float fast_exp2(float v) {
 
 [[maybe_unused]] __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
-// Conversions are chosen by overload on the element type, so a wrong IS_HALF / IS_BF16 can
-// only fail to compile, never convert wrongly. Pairs convert in one instruction on sm_80+
-// (cvt.rn.f16x2.f32 / cvt.rn.bf16x2.f32).
-[[maybe_unused]] __device__ __forceinline__ float to_float(float v) { return v; }
-[[maybe_unused]] __device__ __forceinline__ void from_float(float v, float& out) { out = v; }
-[[maybe_unused]] __device__ __forceinline__ void from_float2(float a, float b, float* out) {
-  out[0] = a;
-  out[1] = b;
-}
-#if IS_HALF
-[[maybe_unused]] __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-[[maybe_unused]] __device__ __forceinline__ void from_float(float v, __half& out) {
-  out = __float2half_rn(v);
-}
-[[maybe_unused]] __device__ __forceinline__ void from_float2(float a, float b, __half* out) {
-  const __half2 h = __floats2half2_rn(a, b);
-  __builtin_memcpy(out, &h, sizeof(h));
-}
-#endif
-#if IS_BF16
-[[maybe_unused]] __device__ __forceinline__ float to_float(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-[[maybe_unused]] __device__ __forceinline__ void from_float(float v, __nv_bfloat16& out) {
-  out = __float2bfloat16_rn(v);
-}
-[[maybe_unused]] __device__ __forceinline__ void from_float2(float a, float b,
-                                                             __nv_bfloat16* out) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-  __builtin_memcpy(out, &h, sizeof(h));
-}
-#endif
-
-__device__ __forceinline__ void unpack(const Raw& r, float (&f)[VEC]) {
-  T t[VEC];
-  __builtin_memcpy(t, &r, sizeof(Raw));
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) f[j] = to_float(t[j]);
-}
-
-__device__ __forceinline__ Raw pack(const float (&f)[VEC]) {
-  T t[VEC];
-  if constexpr (VEC % 2 == 0) {
-#pragma unroll
-    for (int j = 0; j < VEC; j += 2) from_float2(f[j], f[j + 1], &t[j]);
-  } else {
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) from_float(f[j], t[j]);
-  }
-  Raw r;
-  __builtin_memcpy(&r, t, sizeof(Raw));
-  return r;
-}
+#include "../common/kato_convert.cuh"
 
 // Merge partial row (om, os) into (m, s), where s is a sum of exp(x - m). Rescales only the
 // side with the smaller max: one exp2 per merge, and branch-free so shuffle partners agree.

@@ -34,6 +34,7 @@ from cuda_emulation import HostBuild
 
 from kernels import DTYPES, Config, get_operator
 from kernels.softmax import register_cap, static_shared_bytes
+from kernels.spec import template_source
 from tuner.nvcc import CompileError, KernelResources, compile_many, nvcc_available
 from tuner.space import SearchSpace
 
@@ -338,7 +339,7 @@ def emulated_cases() -> list[tuple[Variant, int]]:
 
 
 def emulation_source(cases: list[tuple[Variant, int]]) -> str:
-    template = SPEC.template.read_text()
+    template = template_source(SPEC.template)  # the shared headers inlined
     assert _DYNAMIC_SHARED in template  # the emulation provides kato_smem itself
     host_template = template.replace(_DYNAMIC_SHARED, "").replace("__shared__", "static")
     parts = [EMULATION_HEADER]
