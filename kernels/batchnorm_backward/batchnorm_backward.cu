@@ -101,34 +101,10 @@ static_assert(kVecBytes <= 16 && kApplyBytes <= 16, "a vector must be at most 16
 static_assert(UNROLL >= 1 && UNROLL <= 8, "UNROLL must be in [1, 8]");
 static_assert(APPLY == 0 || APPLY == 1, "APPLY must be 0 or 1");
 
-template <int Bytes>
-struct RawOf;
-template <>
-struct RawOf<2> { using type = unsigned short; };
-template <>
-struct RawOf<4> { using type = unsigned int; };
-template <>
-struct RawOf<8> { using type = uint2; };
-template <>
-struct RawOf<16> { using type = uint4; };
+#include "../common/kato_vec.cuh"
+#include "../common/kato_convert.cuh"
 
-[[maybe_unused]] __device__ __forceinline__ float to_float(float v) { return v; }
-[[maybe_unused]] __device__ __forceinline__ void from_float(float v, float& out) { out = v; }
-#if IS_HALF
-[[maybe_unused]] __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-[[maybe_unused]] __device__ __forceinline__ void from_float(float v, __half& out) {
-  out = __float2half_rn(v);
-}
-#endif
-#if IS_BF16
-[[maybe_unused]] __device__ __forceinline__ float to_float(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-[[maybe_unused]] __device__ __forceinline__ void from_float(float v, __nv_bfloat16& out) {
-  out = __float2bfloat16_rn(v);
-}
-#endif
-
+// Vectors of V elements (VEC for the sums, APPLY_VEC for dx), unlike kato_convert.cuh's (VEC only).
 template <int V>
 __device__ __forceinline__ void unpack(const typename RawOf<V * sizeof(T)>::type& r,
                                        float (&f)[V]) {

@@ -86,17 +86,7 @@ static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC must be 1, 2, 4
 static_assert(kVecBytes <= 16, "a vector must be at most 16 bytes");
 static_assert(UNROLL >= 1 && UNROLL <= 8, "UNROLL must be in [1, 8]");
 
-template <int Bytes>
-struct RawOf;
-template <>
-struct RawOf<2> { using type = unsigned short; };
-template <>
-struct RawOf<4> { using type = unsigned int; };
-template <>
-struct RawOf<8> { using type = uint2; };
-template <>
-struct RawOf<16> { using type = uint4; };
-using Raw = typename RawOf<kVecBytes>::type;
+#include "../common/kato_vec.cuh"
 
 [[maybe_unused]] __device__ __forceinline__ float to_float(float v) { return v; }
 #if IS_HALF
@@ -115,145 +105,8 @@ __device__ __forceinline__ void unpack(const Raw& r, float (&f)[VEC]) {
   for (int j = 0; j < VEC; ++j) f[j] = to_float(t[j]);
 }
 
-// A Welford partial of some elements of x - K: count (float, exact to 2^24), mean, M2.
-struct Stats {
-  float n;
-  float mean;
-  float m2;
-};
-
-__device__ __forceinline__ Stats empty_stats() {
-  Stats s;
-  s.n = 0.0f;
-  s.mean = 0.0f;
-  s.m2 = 0.0f;
-  return s;
-}
-
-// Chan et al.: a merged with b; an empty side is the identity (never divides by zero).
-__device__ __forceinline__ Stats merge(const Stats& a, const Stats& b) {
-  const float n = a.n + b.n;
-  const float f = __fdividef(b.n, fmaxf(n, 1.0f));  // nb / n
-  const float delta = b.mean - a.mean;
-  Stats r;
-  r.n = n;
-  r.mean = fmaf(delta, f, a.mean);
-  // + delta^2 * na * nb / n, the small terms first: a thread's running M2 grows to ~n times
-  // each vector's, and adding a vector's M2 to it alone rounds with a bias where the inputs are
-  // quantized (float16 values: a vector's M2 has few fraction bits, the same ones every time).
-  // With 25088 elements per thread (256x64x112x112, 128 threads, SPLIT 1) that bias reached
-  // 1.06e-5 of the variance; in this order 2.5e-7 (a float32 emulation of the thread loop).
-  r.m2 = a.m2 + fmaf(delta * delta, a.n * f, b.m2);
-  return r;
-}
-
-// Butterfly all-reduce over the 32 lanes (all must call it). The lower lane of each pair is the
-// left operand, so partners compute bitwise identical merges: every lane ends with the same.
-__device__ __forceinline__ Stats warp_allreduce(Stats s) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    Stats o;
-    o.n = __shfl_xor_sync(0xffffffffu, s.n, offset);
-    o.mean = __shfl_xor_sync(0xffffffffu, s.mean, offset);
-    o.m2 = __shfl_xor_sync(0xffffffffu, s.m2, offset);
-    const bool lower = (lane & offset) == 0;
-    // Operands ordered by lane first, then one merge (not two merges and a select).
-    Stats left, right;
-    left.n = lower ? s.n : o.n;
-    left.mean = lower ? s.mean : o.mean;
-    left.m2 = lower ? s.m2 : o.m2;
-    right.n = lower ? o.n : s.n;
-    right.mean = lower ? o.mean : s.mean;
-    right.m2 = lower ? o.m2 : s.m2;
-    s = merge(left, right);
-  }
-  return s;
-}
-
-// Statistics of one vector of values (all valid), exactly: the mean, then M2 about it.
-__device__ __forceinline__ Stats vector_stats(const float (&v)[VEC]) {
-  float sum = 0.0f;
-#pragma unroll
-  for (int k = 0; k < VEC; ++k) sum += v[k];
-  Stats s;
-  s.n = static_cast<float>(VEC);
-  s.mean = sum * (1.0f / VEC);
-  float m2 = 0.0f;
-#pragma unroll
-  for (int k = 0; k < VEC; ++k) {
-    const float d = v[k] - s.mean;
-    m2 = fmaf(d, d, m2);
-  }
-  s.m2 = m2;
-  return s;
-}
-
-// The block's partial over part `part` of `split` of channel c (every thread gets it; one
-// barrier). Thread t handles vectors start + t, start + t + BLOCK_SIZE, ... of the channel,
-// vector v being element VEC * (v % hwv) of plane (v / hwv, c).
-__device__ __forceinline__ Stats block_partial(const T* __restrict__ x, int C, int hwv, int N,
-                                               int c, int part, int split, float pivot,
-                                               Stats* red) {
-  const Raw* __restrict__ xv = reinterpret_cast<const Raw*>(x);
-  const long long total = static_cast<long long>(N) * hwv;  // vectors in the channel
-  // Balanced split without overflow: the first (total % split) parts get one vector more.
-  const long long per = total / split;
-  const long long extra = total % split;
-  const long long start = part * per + (part < extra ? part : extra);
-  const long long end = start + per + (part < extra ? 1 : 0);
-  long long v = start + threadIdx.x;
-  // (n, j) of vector v, then advanced by BLOCK_SIZE = q * hwv + r without dividing again.
-  int n = static_cast<int>(v / hwv);
-  int j = static_cast<int>(v - static_cast<long long>(n) * hwv);
-  const int q = BLOCK_SIZE / hwv;
-  const int r = BLOCK_SIZE - q * hwv;
-
-  Stats s = empty_stats();
-  while (v < end) {
-    Raw buf[UNROLL];
-    bool in[UNROLL];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      in[u] = v + static_cast<long long>(u) * BLOCK_SIZE < end;
-      if (in[u]) {
-        buf[u] = __ldcs(xv + ((static_cast<long long>(n) * C + c) * hwv + j));
-      }
-      j += r;
-      n += q;
-      if (j >= hwv) {
-        j -= hwv;
-        ++n;
-      }
-    }
-    // One Chan merge per vector (its VEC values' mean and M2 exactly, from registers): only the
-    // raw vectors in flight and one vector of floats are live at a time.
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      if (in[u]) {
-        float e[VEC];
-        unpack(buf[u], e);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) e[k] -= pivot;
-        s = merge(s, vector_stats(e));
-      }
-    }
-    v += static_cast<long long>(UNROLL) * BLOCK_SIZE;
-  }
-
-  s = warp_allreduce(s);
-#if BLOCK_SIZE > 32
-  const int lane = threadIdx.x & 31;
-  if (lane == 0) red[threadIdx.x >> 5] = s;
-  __syncthreads();
-  // Every warp merges the per-warp partials in the same order (lanes >= kWarps are empty).
-  s = lane < kWarps ? red[lane] : empty_stats();
-  s = warp_allreduce(s);
-#else
-  (void)red;
-#endif
-  return s;
-}
+#define KATO_STATS_LOAD __ldcs  // x is read once
+#include "../common/kato_welford.cuh"
 
 // One warp merges the `split` partials of channel c (lane l takes l, l + 32, ...; then the
 // butterfly) and lane 0 writes the outputs. All 32 lanes must call it. `coherent` loads go

@@ -4,6 +4,8 @@ its autograd (torch's formula, independently)."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,7 @@ import kernels.batchnorm as bn
 import kernels.batchnorm_backward as bnb
 from kernels import DTYPES, InvalidInput, Launch, Step, get_operator, list_operators
 from kernels.batchnorm.channelwise import apply_split
+from kernels.spec import COMMON_HEADERS, included_headers, template_source
 from tuner.space import SearchSpace
 
 FORWARD = get_operator("batchnorm")
@@ -60,16 +63,19 @@ def test_registered_with_the_contract_attributes() -> None:
     assert FORWARD.version != BACKWARD.version != STATS.version
 
 
-def test_the_forward_carries_batchnorm_stats_welford_code_verbatim() -> None:
+def test_the_forward_and_batchnorm_stats_share_the_welford_code() -> None:
     """batchnorm.cu's statistics are batchnorm_stats.cu's device code (Stats, merge, the
-    butterfly, vector_stats, block_partial), copied because a rendered source is one template;
+    butterfly, vector_stats, block_partial): both include kernels/common/kato_welford.cuh;
     only x's load differs (__ldg: the normalise pass reads x again)."""
-    stats = STATS.template.read_text()
-    start = stats.index("// A Welford partial of some elements of x - K")
-    end = stats.index("// One warp merges the `split` partials of channel c")
-    copied = stats[start:end].replace("__ldcs(", "__ldg(")
-    assert len(copied.splitlines()) > 100
-    assert copied in FORWARD.template.read_text()
+    welford = COMMON_HEADERS / "kato_welford.cuh"
+    assert len(welford.read_text().splitlines()) > 100
+    loads = {}
+    for spec in (FORWARD, STATS):
+        assert welford in included_headers(spec.template)
+        text = template_source(spec.template)
+        assert "struct Stats {" in text and "block_partial(" in text
+        loads[spec.name] = re.search(r"#define KATO_STATS_LOAD (\w+)", text).group(1)
+    assert loads == {FORWARD.name: "__ldg", STATS.name: "__ldcs"}
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
