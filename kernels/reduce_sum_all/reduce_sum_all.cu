@@ -88,17 +88,7 @@ static_assert(UNROLL == 1 || UNROLL == 2 || UNROLL == 4 || UNROLL == 8,
               "UNROLL must be 1, 2, 4 or 8");
 static_assert(FINISH >= 0 && FINISH <= 2, "FINISH must be 0, 1 or 2");
 
-template <int Bytes>
-struct RawOf;
-template <>
-struct RawOf<2> { using type = unsigned short; };
-template <>
-struct RawOf<4> { using type = unsigned int; };
-template <>
-struct RawOf<8> { using type = uint2; };
-template <>
-struct RawOf<16> { using type = uint4; };
-using Raw = typename RawOf<kVecBytes>::type;
+#include "../common/kato_vec.cuh"
 
 [[maybe_unused]] __device__ __forceinline__ float to_float(float v) { return v; }
 #if IS_HALF

@@ -81,17 +81,7 @@ static_assert(kVecBytes <= 16, "a vector must be at most 16 bytes");
 static_assert(UNROLL == 1 || UNROLL == 2 || UNROLL == 4 || UNROLL == 8,
               "UNROLL must be 1, 2, 4 or 8");
 
-template <int Bytes>
-struct RawOf;
-template <>
-struct RawOf<2> { using type = unsigned short; };
-template <>
-struct RawOf<4> { using type = unsigned int; };
-template <>
-struct RawOf<8> { using type = uint2; };
-template <>
-struct RawOf<16> { using type = uint4; };
-using Raw = typename RawOf<kVecBytes>::type;
+#include "../common/kato_vec.cuh"
 
 // A vector as 32-bit words in registers (a 2-byte vector sits in the low half of one word).
 // Elements are manipulated as bits with shifts and masks only: no memcpy through arrays of

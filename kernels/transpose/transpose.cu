@@ -85,18 +85,7 @@ template <>
 struct UnitOf<4> { using type = unsigned int; };
 using Unit = typename UnitOf<kE * kElemBytes>::type;
 
-// Raw bits of one global vector.
-template <int Bytes>
-struct RawOf;
-template <>
-struct RawOf<2> { using type = unsigned short; };
-template <>
-struct RawOf<4> { using type = unsigned int; };
-template <>
-struct RawOf<8> { using type = uint2; };
-template <>
-struct RawOf<16> { using type = uint4; };
-using Raw = typename RawOf<kVecBytes>::type;
+#include "../common/kato_vec.cuh"
 
 // Physical column of unit (p, c) in the shared tile.
 __device__ __forceinline__ int phys(int p, int c) {
