@@ -48,23 +48,18 @@ OTHER_GPU_DISTANCE = 1.0
 #: version adds both.
 OTHER_VERSION_DISTANCE = 0.1
 #: A job seeds from other GPU models' results only up to this budget (configs; never for a
-#: time-only budget). Measured with ``benchmarks/search_quality.py --warm-start`` on the two
-#: convolution files, each seeded from the other GPU: the seeds help at budget 10 (A100 0.58 ->
-#: 0.68) and hurt from 25 on (A100 at 100: 0.93 -> 0.79, A4000: 0.94 -> 0.86, 20 seeds), with
-#: the old and the new default strategy alike: another GPU's winners pull a search that can
-#: afford its own design into their basin. Same-GPU sources (other shapes) seed every job.
+#: time-only budget): another GPU's winners help a small budget and pull a search that can
+#: afford its own design into their basin (measured: docs/search.md, "Warm start"). Same-GPU
+#: sources (other shapes) seed every job.
 OTHER_GPU_MAX_BUDGET = 20
 #: Seeds never exceed this many, whatever the budget.
 MAX_SEEDS = 10
 #: Configs read per source (its fastest): more than are seeded, so that one valid at the job's
 #: shape is among them where the source's fastest is not.
 PER_SOURCE = 10
-#: Seeds taken from one source at most: its fastest valid config. Measured on the 26 recorded
-#: H200 spaces with a sibling shape (``benchmarks/warm_start_shapes.py``, 40 seeds, each source a
-#: sibling's own 100-config run): the gain is the first seed's (where the sibling's best is
-#: near-optimal here, 0.85-0.94 -> 0.999-1.000 at budget 10); the next ones only add harm where
-#: it is not (10 per source: below the cold search on 6 / 2 / 3 of 26 spaces at budgets
-#: 25 / 50 / 100; 1 per source: 2 / 1 / 0, the gains unchanged).
+#: Seeds taken from one source at most: its fastest valid config. The gain is the first seed's;
+#: more from one source only cost budget where it is not near-optimal here (measured on the
+#: recorded H200 spaces with a sibling shape: docs/search.md, "Warm start").
 SEEDS_PER_SOURCE = 1
 
 
