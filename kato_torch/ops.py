@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from kato_torch import policy as _policy
+from kato_torch._fallbacks import chose_kato, remembers_fallbacks
 from kato_torch._kernels import bind
 from kato_torch._op import KatoOp
 from kernels import InvalidInput, get_operator
@@ -93,6 +94,8 @@ def _use(operator: str, shape: Sequence[int], t: Tensor) -> bool:
     if decision is None or _policy.recording():
         decision = _decide(operator, shape, _dtype_name(t), t.device.type)
         _fast[key] = decision
+    if decision:
+        chose_kato()
     return decision
 
 
@@ -167,6 +170,7 @@ def _softmax_grad(ctx, dy):
 _softmax.register_autograd(_softmax_grad, setup_context=_softmax_setup)
 
 
+@remembers_fallbacks(lambda x, dim=-1: torch.softmax(x, dim))
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
     """``torch.softmax(x, dim)``; Kato's kernels over the last dim (float32 accumulation)."""
     if x.dim() == 0 or dim not in (-1, x.dim() - 1) or x.dtype not in _FLOATS:
@@ -252,6 +256,11 @@ def _norm_inputs(x: Tensor, *params: Tensor | None) -> tuple[Tensor, list[Tensor
     return x.contiguous(), [None if p is None else p.to(x.dtype).contiguous() for p in params]
 
 
+@remembers_fallbacks(
+    lambda x, normalized_shape, weight=None, bias=None, eps=1e-5: torch.nn.functional.layer_norm(
+        x, tuple(normalized_shape), weight, bias, eps
+    )
+)
 def layer_norm(
     x: Tensor,
     normalized_shape: Sequence[int],
@@ -367,6 +376,11 @@ def _rms_eps(x: Tensor, eps: float | None) -> float:
     return float(torch.finfo(x.dtype).eps if eps is None else eps)
 
 
+@remembers_fallbacks(
+    lambda x, normalized_shape, weight=None, eps=None: torch.nn.functional.rms_norm(
+        x, tuple(normalized_shape), weight, eps
+    )
+)
 def rms_norm(
     x: Tensor,
     normalized_shape: Sequence[int],
@@ -583,6 +597,18 @@ def _cross_entropy_grad(ctx, dloss, _dlse):
 _cross_entropy.register_autograd(_cross_entropy_grad, setup_context=_cross_entropy_setup)
 
 
+@remembers_fallbacks(
+    lambda input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0: (
+        torch.nn.functional.cross_entropy(
+            input,
+            target,
+            weight,
+            ignore_index=ignore_index,
+            reduction=reduction,
+            label_smoothing=label_smoothing,
+        )
+    )
+)
 def cross_entropy(
     input: Tensor,
     target: Tensor,
@@ -697,6 +723,7 @@ def _relu_grad(ctx, dy, _dmask):
 _relu.register_autograd(_relu_grad, setup_context=_relu_setup)
 
 
+@remembers_fallbacks(lambda x, inplace=False: torch.relu_(x) if inplace else torch.relu(x))
 def relu(x: Tensor, inplace: bool = False) -> Tensor:
     """``torch.relu``; Kato's ReLU, whose tuned variant saves a 1-bit-per-element mask for the
     backward pass instead of x. ``inplace=True`` runs PyTorch's in-place ReLU."""
@@ -789,6 +816,7 @@ def _batch_norm_grad(ctx, dy, _dmean, _dinvstd, _dnew_mean, _dnew_var):
 _batch_norm.register_autograd(_batch_norm_grad, setup_context=_batch_norm_setup)
 
 
+@remembers_fallbacks(torch.nn.functional.batch_norm)
 def batch_norm(
     input: Tensor,
     running_mean: Tensor | None,
@@ -908,6 +936,7 @@ def _mm_uses_kato(a: Tensor, b: Tensor, layout: str) -> bool:
     return uses
 
 
+@remembers_fallbacks(lambda a, b: torch.matmul(a, b))
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """``torch.matmul`` of 2-D tensors of one dtype: Kato's GEMM (float32 on CUDA cores, no
     TF32; float16/bfloat16 on tensor cores with float32 accumulation), backward without
@@ -953,6 +982,7 @@ def _padded_linear(x: Tensor, x2: Tensor, weight: Tensor, bias: Tensor | None) -
     """``linear`` through a weight padded with zero rows to a multiple of 8: the output is a
     view of the aligned product (rows padded), and autograd's backward of the pad and the view
     keeps every GEMM of the backward aligned too (dX and dW of the padded problem)."""
+    chose_kato()  # the padding is kato_torch's, whichever GEMM runs the padded product
     n = weight.shape[0]
     extra = -n % _ALIGN
     w = torch.nn.functional.pad(weight, (0, 0, 0, extra))
@@ -961,53 +991,20 @@ def _padded_linear(x: Tensor, x2: Tensor, weight: Tensor, bias: Tensor | None) -
     return y.reshape(*x.shape[:-1], n)
 
 
-#: Keys of :func:`linear` calls that ran PyTorch's own op: a repeated call (every training
-#: step) goes straight to it. Its checks, the reshape and the policy's three GEMM decisions cost
-#: more host time than the op itself where a step is bound by the CPU (a small MLP).
-_torch_linears: set[tuple] = set()
-_torch_linears_generation = -1
-
-
-def _linear_key(x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple | None:
-    """What :func:`linear`'s choice depends on (shapes, types, device, autocast, the policy's
-    generation); None where the choice must be made afresh (traced, or keys being recorded)."""
-    global _torch_linears_generation
-    if torch.compiler.is_compiling() or _policy.recording():
-        return None
-    generation = _policy.generation()
-    if generation != _torch_linears_generation:
-        _torch_linears.clear()
-        _torch_linears_generation = generation
-    return (x.shape, x.dtype, x.device, weight.shape, weight.dtype,
-            None if bias is None else bias.dtype, torch.is_autocast_enabled("cuda"))  # fmt: skip
-
-
+@remembers_fallbacks(torch.nn.functional.linear)
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``torch.nn.functional.linear``: ``x @ weight^T + bias`` with Kato's A B^T GEMM over the
     flattened leading dims of x."""
-    key = _linear_key(x, weight, bias)
-    if key is not None and key in _torch_linears:
-        return torch.nn.functional.linear(x, weight, bias)
-    y = _linear(x, weight, bias)
-    if y is None:
-        if key is not None:
-            _torch_linears.add(key)
-        return torch.nn.functional.linear(x, weight, bias)
-    return y
-
-
-def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
-    """:func:`linear` through Kato's GEMM (padded or not), or None where PyTorch's op runs."""
     if x.dim() == 0 or weight.dim() != 2 or x.dtype not in _FLOATS or weight.dtype not in _FLOATS:
-        return None
+        return torch.nn.functional.linear(x, weight, bias)
     x, weight, bias = _autocast("lower", x, weight, bias)  # first: see matmul
     if x.dtype != weight.dtype or (bias is not None and bias.dtype != x.dtype):
-        return None
+        return torch.nn.functional.linear(x, weight, bias)
     x2 = x.reshape(-1, x.shape[-1])
     if x.shape[-1] == weight.shape[1] and _pads_output(x2, weight):
         return _padded_linear(x, x2, weight, bias)
     if x.shape[-1] != weight.shape[1] or not _mm_uses_kato(x2, weight, "nt"):
-        return None
+        return torch.nn.functional.linear(x, weight, bias)
     y = _mm(x2.contiguous(), weight.contiguous(), "nt")
     if bias is not None:
         y = y + bias

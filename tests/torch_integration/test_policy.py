@@ -348,3 +348,19 @@ def test_a_linear_that_ran_pytorchs_op_reruns_it_until_the_policy_changes():
         with _OpLog() as log:
             kato_torch.linear(x, w)
         assert any(op.startswith("kato.") for op in log.ops), log.ops
+
+
+def test_a_norm_that_ran_pytorchs_op_reruns_it_until_the_policy_changes():
+    """The remembered fallbacks cover every drop-in, a layer norm here."""
+    kato_torch.configure(policy="torch")
+    with FakeTensorMode():
+        x = torch.empty(64, 32, device="cuda")
+        w, b = torch.empty(32, device="cuda"), torch.empty(32, device="cuda")
+        for _ in range(2):
+            with _OpLog() as log:
+                kato_torch.layer_norm(x, (32,), w, b)
+            assert not any(op.startswith("kato.") for op in log.ops), log.ops
+        kato_torch.configure(policy="kato")
+        with _OpLog() as log:
+            kato_torch.layer_norm(x, (32,), w, b)
+        assert any(op.startswith("kato.") for op in log.ops), log.ops

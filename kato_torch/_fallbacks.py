@@ -1,0 +1,90 @@
+"""Calls that ran PyTorch's own op, remembered per key so that the next such call goes straight
+to it.
+
+A public function of :mod:`kato_torch.ops` checks its arguments, casts for autocast and asks the
+policy for each operator its forward and backward could run before it falls back to PyTorch's
+op: tens of microseconds of Python, which a step bound by the host (a small model) pays on
+every call. :func:`remembers_fallbacks` wraps such a function: a call whose key (the function,
+every tensor's shape, dtype and device, the other arguments, autocast, the policy's
+generation) ran PyTorch's op before runs it at once. A call is a fallback when it made no
+choice for Kato: :func:`chose_kato` is called wherever one is made (a policy decision for Kato,
+a padded GEMM). Traced calls (``torch.compile``) and calls inside a :func:`kato_torch.record`
+block always take the full path, so compiled graphs and recorded keys are what they were.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+from torch import Tensor
+
+from kato_torch import policy as _policy
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_local = threading.local()
+_keys: set[tuple] = set()
+_generation = -1
+#: Keys kept at most (an argument that changes every call, a cumulative batch-norm momentum,
+#: would grow the set without end): past it the set starts again.
+MAX_KEYS = 4096
+
+
+def chose_kato() -> None:
+    """Mark the current call as one that runs something of Kato's (not a fallback)."""
+    _local.choices = getattr(_local, "choices", 0) + 1
+
+
+def _describe(value: Any) -> Any:
+    if isinstance(value, Tensor):
+        return (value.shape, value.dtype, value.device)
+    if isinstance(value, list):
+        return tuple(_describe(v) for v in value)
+    return value
+
+
+def _key(name: str, args: tuple, kwargs: dict) -> tuple | None:
+    global _generation
+    if torch.compiler.is_compiling() or _policy.recording():
+        return None
+    generation = _policy.generation()
+    if generation != _generation:
+        _keys.clear()
+        _generation = generation
+    key = (name, torch.is_autocast_enabled("cuda"), *map(_describe, args))
+    if kwargs:
+        key += tuple(sorted((k, _describe(v)) for k, v in kwargs.items()))
+    hash(key)  # an unhashable argument raises here, not at the lookup
+    return key
+
+
+def remembers_fallbacks(torch_op: Callable[..., Any]) -> Callable[[F], F]:
+    """Decorate a public function whose fallback is ``torch_op`` called with the same
+    arguments (the function's own signature)."""
+
+    def wrap(fn: F) -> F:
+        name = fn.__qualname__
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                key = _key(name, args, kwargs)
+            except TypeError:  # an unhashable argument: decide afresh
+                key = None
+            if key is not None and key in _keys:
+                return torch_op(*args, **kwargs)
+            before = getattr(_local, "choices", 0)
+            out = fn(*args, **kwargs)
+            if key is not None and getattr(_local, "choices", 0) == before:
+                if len(_keys) >= MAX_KEYS:
+                    _keys.clear()
+                _keys.add(key)
+            return out
+
+        return call  # type: ignore[return-value]
+
+    return wrap
