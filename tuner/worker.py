@@ -32,6 +32,7 @@ reservations of dead workers are released.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -700,45 +701,6 @@ class JobRunner:
         """One search of the job from ``known`` (the stored results) to its settled end."""
         helper = ledger.helper
 
-        def evaluate(config: dict[str, Any]) -> TrialResult:
-            key = space.key(config)
-            while True:
-                reservation = ledger.reserve(config, key)
-                if reservation == "reserved":
-                    break
-                if reservation == "budget":
-                    raise _BudgetUsed
-                if reservation == "stopped":
-                    raise TrialInterrupted("the job is no longer running")
-                result = self._await_result(ledger, key, state)  # taken: another worker's
-                if result is not None:
-                    return result
-            try:
-                return backend.evaluate(config)
-            except BaseException:
-                ledger.release(key)
-                raise
-
-        def record(result: TrialResult, measured: int) -> None:
-            # On the search's write-behind thread where the backend measures out of process:
-            # only set operations (atomic under the GIL) on the state the main thread reads.
-            key = space.key(result.config)
-            # Final before the ledger stops holding the key: a sync skips a key in either.
-            state.shared.final.add(key)
-            if ledger.holds(key):
-                stored = ledger.record(key, result.to_dict())
-                if stored:
-                    state.stored += 1
-                    self._log_trial(ledger, job, key, result, measured)
-                else:
-                    log.warning(
-                        "job %s: reservation of %s was released and taken since; not stored",
-                        job.id,
-                        key,
-                    )
-            if self.on_progress is not None:
-                self.on_progress(result, measured, job.budget_configs)
-
         search: Search | None = None
 
         def should_stop() -> bool:
@@ -757,14 +719,14 @@ class JobRunner:
         abilities = abilities_of(backend)
         search = SharedSearch(
             space,
-            evaluate,
+            functools.partial(self._measure, ledger, backend, state, space),
             strategy=job.strategy,
             seed=seed,
             storage=storage,
             study_name=job_study_name(job.id),
             known=known,
             seed_configs=first_configs(ledger.warm_start_sources, job, space),
-            on_result=record,
+            on_result=functools.partial(self._record, ledger, job, state, space),
             should_stop=should_stop,
             on_upcoming=abilities.hint,  # compile the likely next ones first
             ahead=self.lookahead,
@@ -793,6 +755,65 @@ class JobRunner:
             # The owner settles every reservation first, whatever stopped the search.
             if not self._budget_given_back(ledger, search, state) or outcome.stopped != "budget":
                 return outcome
+
+    def _measure(
+        self,
+        ledger: JobLedger,
+        backend: Backend,
+        state: _JobState,
+        space: Any,
+        config: dict[str, Any],
+    ) -> TrialResult:
+        """The search's ``evaluate``: reserve ``config``, then measure it; a config another
+        worker holds is awaited and answered from its result (measured again only if that
+        worker's reservation is released)."""
+        key = space.key(config)
+        while True:
+            reservation = ledger.reserve(config, key)
+            if reservation == "reserved":
+                break
+            if reservation == "budget":
+                raise _BudgetUsed
+            if reservation == "stopped":
+                raise TrialInterrupted("the job is no longer running")
+            result = self._await_result(ledger, key, state)  # taken: another worker's
+            if result is not None:
+                return result
+        try:
+            return backend.evaluate(config)
+        except BaseException:
+            ledger.release(key)
+            raise
+
+    def _record(
+        self,
+        ledger: JobLedger,
+        job: Job,
+        state: _JobState,
+        space: Any,
+        result: TrialResult,
+        measured: int,
+    ) -> None:
+        """The search's ``on_result``: store a result this worker holds the reservation of.
+
+        On the search's write-behind thread where the backend measures out of process: only
+        set operations (atomic under the GIL) on the state the main thread reads."""
+        key = space.key(result.config)
+        # Final before the ledger stops holding the key: a sync skips a key in either.
+        state.shared.final.add(key)
+        if ledger.holds(key):
+            stored = ledger.record(key, result.to_dict())
+            if stored:
+                state.stored += 1
+                self._log_trial(ledger, job, key, result, measured)
+            else:
+                log.warning(
+                    "job %s: reservation of %s was released and taken since; not stored",
+                    job.id,
+                    key,
+                )
+        if self.on_progress is not None:
+            self.on_progress(result, measured, job.budget_configs)
 
     def _log_trial(
         self, ledger: JobLedger, job: Job, key: str, result: TrialResult, measured: int
