@@ -262,12 +262,21 @@ def tune_missing(keys, db_url, budget, gpu_model, timeout_s=None):
                        budget_configs=budget) for k in todo]  # fmt: skip
         queries.create_jobs(s, fields)
     started = time.perf_counter()
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "from service.cli import main; main()", "worker", "--db",
+         db_url, "--max-jobs", str(len(todo))],
+    )  # fmt: skip
     try:
-        subprocess.run(
-            [sys.executable, "-c", "from service.cli import main; main()", "worker", "--db",
-             db_url, "--max-jobs", str(len(todo))], check=False, timeout=timeout_s,
-        )  # fmt: skip
+        worker.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        # SIGTERM: the worker ends its trial in flight and gives its job back (a SIGKILL left
+        # the job leased and its measuring child writing into a closed pipe).
+        worker.terminate()
+        try:
+            worker.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
         print(f"tuning stopped after {timeout_s} s", flush=True)
     return len(todo), time.perf_counter() - started
 
