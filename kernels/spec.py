@@ -238,6 +238,10 @@ class Problem:
     #: Per-output ``(atol, rtol)`` overriding :meth:`OperatorSpec.tolerance` (None: the spec's
     #: tolerance for every output). Integer outputs are always compared exactly.
     tolerances: list[tuple[float, float]] | None = None
+    #: Values of the kernel's constant-memory arrays (name -> array), which a backend copies
+    #: into each module's ``__constant__`` globals before it runs (user operators' ``cmem_args``;
+    #: empty for the built-in operators).
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -273,6 +277,10 @@ class OperatorSpec(ABC):
     kernel_name: str
     kernel_names: tuple[str, ...] = ()
     extra_templates: tuple[Path, ...] = ()
+    #: A host function that judges a config's outputs instead of the comparison with the
+    #: references (Kernel Tuner's ``verify(answer, result_host, atol=None) -> bool``; a user
+    #: operator's). None, the default: outputs are compared with :attr:`Problem.references`.
+    verify_function: Any = None
 
     # --- identity -----------------------------------------------------------------------------
 
@@ -421,6 +429,12 @@ class OperatorSpec(ABC):
     @abstractmethod
     def make_problem(self, shape: Sequence[int], dtype: str, rng: np.random.Generator) -> Problem:
         """Fresh random inputs (never zeros), output buffers and float64 references."""
+
+    def device_reference(self, shape: Sequence[int], dtype: str) -> Any | None:
+        """A reference kernel the backend runs once on the device to fill the problem's
+        references (a user operator's ``reference`` kernel), or None, the default: the
+        references come with :meth:`make_problem`."""
+        return None
 
     @abstractmethod
     def tolerance(self, dtype: str) -> tuple[float, float]:

@@ -236,7 +236,7 @@ def upload_constants(cuda: Any, module: Any, problem: Problem) -> None:
         cuda.LogicError: the module declares no such global, or one smaller than the array
             (saying which), so the caller reports it as it reports a failed launch.
     """
-    for name, values in (getattr(problem, "constants", None) or {}).items():
+    for name, values in problem.constants.items():
         try:
             pointer, size = module.get_global(name)
         except cuda.Error as exc:
@@ -350,8 +350,7 @@ class PyCudaBackend(Backend):
         problem = self.spec.make_problem(self.shape, self.dtype, self._rng)
         self.problem = problem
         # A user operator may take its references from a reference kernel, run here once.
-        device_reference = getattr(self.spec, "device_reference", None)
-        reference = device_reference(self.shape, self.dtype) if device_reference else None
+        reference = self.spec.device_reference(self.shape, self.dtype)
         if reference is not None:
             problem.references = self.run_reference(problem, reference)
         self._arg_formats = [
@@ -603,6 +602,7 @@ class PyCudaBackend(Backend):
         self._modules.append(module)
         upload_constants(self.cuda, module, self.problem)
         functions: dict[str, Any] = {}
+        formats: dict[str, str] = {}  # the argument format each of ``functions`` is prepared for
         driver_module = None
         calls = []
         for step in steps:
@@ -627,10 +627,9 @@ class PyCudaBackend(Backend):
             # A prepared function keeps one argument format: a kernel used by two steps with
             # different argument lists gets a second function object.
             fmt = argument_format(self._arg_formats, indices)
-            if getattr(fn, "_kato_format", fmt) != fmt:
+            if formats.setdefault(step.kernel, fmt) != fmt:
                 fn = module.get_function(step.kernel)
             fn.prepare(fmt)
-            fn._kato_format = fmt
             calls.append(_Call(fn, step.launch, indices))
         return calls
 
@@ -681,7 +680,7 @@ class PyCudaBackend(Backend):
         outputs poisoned again before the second run and compared after each: the first catches
         an element left unwritten, the second a kernel that does not leave its scratch (a
         counter, a mask) ready for the next call, as every timed launch after it relies on."""
-        if getattr(self.spec, "verify_function", None) is not None:
+        if self.spec.verify_function is not None:
             return verify_by_function(self, calls)
         cuda = self.cuda
         args = self._arg_sets[0]
