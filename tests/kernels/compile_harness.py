@@ -14,7 +14,9 @@ Template conventions this relies on (every operator in ``kernels/`` follows them
 - device helpers live in ``namespace KATO_NS { ... }``, with ``#ifndef KATO_NS`` /
   ``#define KATO_NS kato_<operator>`` / ``#endif`` at the top of the template;
 - every entry point is ``extern "C" __global__`` and listed in ``spec.kernel_names``;
-- no ``#pragma once`` and no file-scope ``static`` objects outside ``KATO_NS``.
+- no ``#pragma once`` and no file-scope ``static`` objects outside ``KATO_NS``;
+- the shared helpers of ``kernels/common`` are included inside ``KATO_NS`` (no include guard,
+  inlined by ``render``), so every variant of a batch gets its own copy.
 """
 
 from __future__ import annotations
