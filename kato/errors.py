@@ -23,7 +23,7 @@ them, keeping their names and their builtin bases (``InvalidInput`` is still a `
     ├── ChildStartError (RuntimeError)     tuner.backends.isolated
     ├── TrialInterrupted                   tuner.backends.isolated: a stop, not a fault
     ├── GpuNotDetected (RuntimeError)      kato_client.device
-    ├── CudaDriverError (RuntimeError)     kato_torch
+    ├── CudaDriverError (RuntimeError)     tuner.cuda_driver
     └── ServiceError (RuntimeError)        a Kato service refused a request or cannot be used
         └── KatoUnavailable                kato_client: the service cannot be reached
 

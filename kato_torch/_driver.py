@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 from kernels.spec import TensorMap
 from tuner import cuda_driver
@@ -83,9 +82,6 @@ def on_device(device_index: int) -> Iterator[None]:
         _check(lib.cuCtxPopCurrent_v2(ctypes.byref(popped)), "cuCtxPopCurrent_v2")
 
 
-_fast_launch: Any = None
-
-
 def launch_params(
     func: ctypes.c_void_p,
     grid: Sequence[int],
@@ -95,17 +91,10 @@ def launch_params(
     params: ctypes.Array,
 ) -> None:
     """``cuLaunchKernel`` with a prepared ``void*`` array of argument addresses (see
-    :class:`ArgumentSlots`): the hot path of a bound operator, with the driver function's
-    argument types declared once so ctypes converts in C."""
-    global _fast_launch
-    fn = _fast_launch
-    if fn is None:
-        fn = _driver().cuLaunchKernel
-        fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
-        fn.restype = ctypes.c_int
-        _fast_launch = fn
-    result = fn(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_bytes,
-                stream, params, None)  # fmt: skip
+    :class:`ArgumentSlots`): the hot path of a bound operator (the driver function's argument
+    types are declared by :func:`tuner.cuda_driver.library`, so ctypes converts in C)."""
+    result = _driver().cuLaunchKernel(func, grid[0], grid[1], grid[2], block[0], block[1],
+                                      block[2], shared_bytes, stream, params, None)  # fmt: skip
     if result != 0:
         _check(result, "cuLaunchKernel")
 

@@ -5,8 +5,8 @@ A public function of :mod:`kato_torch.ops` checks its arguments, casts for autoc
 policy for each operator its forward and backward could run before it falls back to PyTorch's
 op: tens of microseconds of Python, which a step bound by the host (a small model) pays on
 every call. :func:`remembers_fallbacks` wraps such a function: a call whose key (the function,
-every tensor's shape, dtype and device, the other arguments, autocast, the policy's
-generation) ran PyTorch's op before runs it at once. A call is a fallback when it made no
+every tensor's shape, dtype and device, the other arguments, autocast and its dtype, the
+policy's generation) ran PyTorch's op before runs it at once. A call is a fallback when it made no
 choice for Kato: :func:`chose_kato` is called wherever one is made (a policy decision for Kato,
 a padded GEMM). Traced calls (``torch.compile``) and calls inside a :func:`kato_torch.record`
 block always take the full path, so compiled graphs and recorded keys are what they were.
@@ -15,6 +15,7 @@ block always take the full path, so compiled graphs and recorded keys are what t
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -42,12 +43,12 @@ def chose_kato() -> None:
 def _describe(value: Any) -> Any:
     if isinstance(value, Tensor):
         return (value.shape, value.dtype, value.device)
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return tuple(_describe(v) for v in value)
     return value
 
 
-def _key(name: str, args: tuple, kwargs: dict) -> tuple | None:
+def _key(name: str, args: tuple, kwargs: dict, ignore: frozenset[str]) -> tuple | None:
     global _generation
     if torch.compiler.is_compiling() or _policy.recording():
         return None
@@ -55,24 +56,39 @@ def _key(name: str, args: tuple, kwargs: dict) -> tuple | None:
     if generation != _generation:
         _keys.clear()
         _generation = generation
-    key = (name, torch.is_autocast_enabled("cuda"), *map(_describe, args))
+    autocast = torch.is_autocast_enabled("cuda")
+    # The generation is part of the key: a call that began under an older policy and adds its
+    # key after another thread moved on must not be found under the new one.
+    key = (name, generation, torch.get_autocast_dtype("cuda") if autocast else None,
+           *map(_describe, args))  # fmt: skip
     if kwargs:
-        key += tuple(sorted((k, _describe(v)) for k, v in kwargs.items()))
+        key += tuple(sorted((k, _describe(v)) for k, v in kwargs.items() if k not in ignore))
     hash(key)  # an unhashable argument raises here, not at the lookup
     return key
 
 
-def remembers_fallbacks(torch_op: Callable[..., Any]) -> Callable[[F], F]:
+def remembers_fallbacks(
+    torch_op: Callable[..., Any], ignore: tuple[str, ...] = ()
+) -> Callable[[F], F]:
     """Decorate a public function whose fallback is ``torch_op`` called with the same
-    arguments (the function's own signature)."""
+    arguments (the function's own signature). ``ignore``: parameters no choice depends on
+    (left out of the key, e.g. a momentum that changes every call); each is then passed by
+    keyword to the wrapped function."""
+    ignored = frozenset(ignore)
 
     def wrap(fn: F) -> F:
         name = fn.__qualname__
+        positions = {p: i for i, p in enumerate(inspect.signature(fn).parameters)}
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
+            if ignored:  # by keyword, so that they leave the key whichever way they came
+                cut = min((positions[p] for p in ignored if positions[p] < len(args)),
+                          default=len(args))  # fmt: skip
+                kwargs = {**dict(zip(list(positions)[cut:], args[cut:], strict=False)), **kwargs}
+                args = args[:cut]
             try:
-                key = _key(name, args, kwargs)
+                key = _key(name, args, kwargs, ignored)
             except TypeError:  # an unhashable argument: decide afresh
                 key = None
             if key is not None and key in _keys:

@@ -816,7 +816,7 @@ def _batch_norm_grad(ctx, dy, _dmean, _dinvstd, _dnew_mean, _dnew_var):
 _batch_norm.register_autograd(_batch_norm_grad, setup_context=_batch_norm_setup)
 
 
-@remembers_fallbacks(torch.nn.functional.batch_norm)
+@remembers_fallbacks(torch.nn.functional.batch_norm, ignore=("momentum", "eps"))
 def batch_norm(
     input: Tensor,
     running_mean: Tensor | None,

@@ -7,7 +7,7 @@ Why the backend needs it: PyCUDA passes a kernel's arguments as one packed buffe
 ``__grid_constant__ CUtensorMap`` argument passed that way does not reach the kernel intact
 (its TMA loads never complete), while the same cubin, buffers and map bytes launched with
 ``kernelParams`` (one pointer per argument) verify. So launches with tensor maps use
-:func:`launch` here. Nothing here creates a context: calls run in the thread's current one.
+:func:`launch_array` here. Nothing here creates a context: calls run in the thread's current one.
 """
 
 from __future__ import annotations
@@ -31,14 +31,22 @@ class CudaDriverError(KatoError, RuntimeError):
 
 
 def library() -> ctypes.CDLL:
-    """libcuda.so.1, loaded once per process."""
+    """libcuda.so.1, loaded once per process, with ``cuLaunchKernel``'s argument types declared
+    (so every caller's arguments convert the same way)."""
     global _lib
+    if _lib is not None:
+        return _lib
     with _lock:
         if _lib is None:
             try:
-                _lib = ctypes.CDLL("libcuda.so.1")
+                lib = ctypes.CDLL("libcuda.so.1")
             except OSError as exc:  # pragma: no cover - depends on the machine
                 raise CudaDriverError(f"cannot load the CUDA driver (libcuda.so.1): {exc}") from exc
+            lib.cuLaunchKernel.argtypes = (
+                [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+            )
+            lib.cuLaunchKernel.restype = ctypes.c_int
+            _lib = lib
         return _lib
 
 
@@ -79,6 +87,16 @@ def get_function(module: ctypes.c_void_p, name: str, dynamic_shared: int = 0) ->
     return func
 
 
+def aligned_bytes(data: bytes, alignment: int) -> ctypes.Array:
+    """A ctypes view of a copy of ``data`` starting at an ``alignment``-byte boundary (a
+    tensor map's 64): the view keeps its over-allocated buffer alive."""
+    raw = (ctypes.c_ubyte * (len(data) + alignment))()
+    offset = -ctypes.addressof(raw) % alignment
+    view = (ctypes.c_ubyte * len(data)).from_buffer(raw, offset)
+    ctypes.memmove(view, data, len(data))
+    return view
+
+
 def argument_array(args: Sequence[ctypes._SimpleCData | ctypes.Array]) -> ctypes.Array:
     """The ``void*`` array of the arguments' addresses that ``cuLaunchKernel`` reads (the
     arguments must outlive every launch that uses it)."""
@@ -112,10 +130,10 @@ def launch_array(
     check(
         library().cuLaunchKernel(
             func,
-            grid[0], grid[1], grid[2],
-            block[0], block[1], block[2],
-            shared_bytes,
-            ctypes.c_void_p(stream),
+            int(grid[0]), int(grid[1]), int(grid[2]),
+            int(block[0]), int(block[1]), int(block[2]),
+            int(shared_bytes),
+            stream,
             params,
             None,
         ),

@@ -364,3 +364,42 @@ def test_a_norm_that_ran_pytorchs_op_reruns_it_until_the_policy_changes():
         with _OpLog() as log:
             kato_torch.layer_norm(x, (32,), w, b)
         assert any(op.startswith("kato.") for op in log.ops), log.ops
+
+
+def test_a_remembered_fallback_follows_the_autocast_dtype():
+    """A GEMM that fell back under bfloat16 autocast is not remembered for float16 autocast,
+    whose winner beats PyTorch's op: the cast's dtype is part of the key."""
+
+    class ByDtype(FakeClient):
+        def lookup(self, operator, shape, dtype, gpu=None):
+            self.asked.append((operator, tuple(shape), dtype, gpu))
+            return Answer({}, "exact", 2.0) if dtype == "float16" else Answer({}, "default", None)
+
+    kato_torch.configure(client=ByDtype({}), gpu="H200")
+    with FakeTensorMode():
+        a, b = torch.empty(64, 32, device="cuda"), torch.empty(32, 48, device="cuda")
+        torch.set_autocast_enabled("cuda", True)
+        try:
+            runs = {}
+            for dtype in (torch.bfloat16, torch.bfloat16, torch.float16):
+                torch.set_autocast_dtype("cuda", dtype)
+                with _OpLog() as log:
+                    kato_torch.matmul(a, b)
+                runs.setdefault(dtype, []).append(any(op.startswith("kato.") for op in log.ops))
+        finally:
+            torch.set_autocast_enabled("cuda", False)
+            torch.set_autocast_dtype("cuda", torch.float16)
+    assert runs == {torch.bfloat16: [False, False], torch.float16: [True]}
+
+
+def test_a_cumulative_batch_norm_matches_pytorch_on_every_step():
+    """momentum=None (a cumulative average: a new factor every step) leaves the remembered
+    key alone; the running statistics still follow PyTorch's on every step."""
+    torch.manual_seed(0)
+    ours = kato_torch.patch(torch.nn.Sequential(torch.nn.BatchNorm2d(3, momentum=None)))
+    theirs = torch.nn.Sequential(torch.nn.BatchNorm2d(3, momentum=None))
+    for _ in range(4):
+        x = torch.randn(2, 3, 4, 4)
+        torch.testing.assert_close(ours(x), theirs(x))
+    torch.testing.assert_close(ours[0].running_mean, theirs[0].running_mean)
+    torch.testing.assert_close(ours[0].running_var, theirs[0].running_var)

@@ -111,3 +111,26 @@ def test_kato_torch_slots_give_each_map_an_aligned_slot_of_its_own():
     assert params[:2] == [addr_a, addr_b]
     assert params[2:] == [ctypes.addressof(slots.values[i]) for i in (2, 3, 4, 5)]
     assert list(slots.params[1]) == [ctypes.addressof(slots.values[i]) for i in (0, 1, 2)]
+
+
+def test_driver_arguments_point_at_each_value_and_a_map_at_an_aligned_copy():
+    """What the backend's tensor-map launches hand cuLaunchKernel (tuner.cuda_driver): one
+    address per argument, holding the value's bytes; a map's 128 bytes 64-byte aligned."""
+    import ctypes
+
+    from tuner import cuda_driver
+
+    encoded = bytes(range(128))
+    values = [
+        cuda_driver.aligned_bytes(encoded, 64),
+        ctypes.c_void_p(0xDEADBEEF000),
+        ctypes.c_int32(-7),
+        ctypes.c_uint64(2**40 + 3),
+        ctypes.c_float(1.5),
+    ]
+    params = cuda_driver.argument_array(values)
+    assert params[0] % 64 == 0 and ctypes.string_at(params[0], 128) == encoded
+    assert ctypes.c_void_p.from_address(params[1]).value == 0xDEADBEEF000
+    assert ctypes.c_int32.from_address(params[2]).value == -7
+    assert ctypes.c_uint64.from_address(params[3]).value == 2**40 + 3
+    assert ctypes.c_float.from_address(params[4]).value == 1.5

@@ -43,7 +43,7 @@ from tuner.compile_queue import CompileQueue, CompileStats
 from tuner.nvcc import CompiledKernel, CompileError, compile_kernel, cuda_version
 from tuner.occupancy import occupancy
 from tuner.space import SearchSpace
-from tuner.tensor_map import MAP_BYTES, MapCache
+from tuner.tensor_map import MAP_ALIGN, MapCache
 from tuner.trial_cost import TrialDeadline, launch_lower_bound_s
 
 _VERIFY_SOURCE = Path(__file__).resolve().parent.parent / "verify_kernel.cu"
@@ -582,7 +582,7 @@ class PyCudaBackend(Backend):
             t_verify = time.perf_counter()
             error = self.verify(calls)
             verify_s = time.perf_counter() - t_verify
-        except self.cuda.Error as exc:
+        except (self.cuda.Error, cuda_driver.CudaDriverError) as exc:  # PyCUDA or ctypes launch
             result.status, result.error = TrialStatus.LAUNCH_ERROR, f"{type(exc).__name__}: {exc}"
             return result
         if error:
@@ -590,7 +590,7 @@ class PyCudaBackend(Backend):
             return result
         try:
             result.times_ms = self.time(calls, deadline, launch_s=verify_s / 2)
-        except self.cuda.Error as exc:
+        except (self.cuda.Error, cuda_driver.CudaDriverError) as exc:
             result.status, result.error = TrialStatus.LAUNCH_ERROR, f"{type(exc).__name__}: {exc}"
         return result
 
@@ -610,6 +610,10 @@ class PyCudaBackend(Backend):
             if any(isinstance(i, TensorMap) for i in indices):
                 # PyCUDA's packed argument buffer does not carry a by-value tensor map intact
                 # (see tuner.cuda_driver): such steps launch through the driver's kernelParams.
+                if self.problem.constants:  # they are uploaded into the PyCUDA module only
+                    raise cuda_driver.CudaDriverError(
+                        f"{step.kernel}: a step with tensor maps cannot take __constant__ arrays"
+                    )
                 if driver_module is None:
                     driver_module = cuda_driver.load_module(compiled.cubin)
                 fn = cuda_driver.get_function(driver_module, step.kernel, step.launch.shared_bytes)
@@ -660,7 +664,7 @@ class PyCudaBackend(Backend):
         for i in call.args:
             if isinstance(i, TensorMap):
                 encoded = self._maps.get(i, int(args[i.array]))
-                values.append((ctypes.c_ubyte * MAP_BYTES).from_buffer_copy(encoded))
+                values.append(cuda_driver.aligned_bytes(encoded, MAP_ALIGN))
             else:
                 values.append(_CTYPES[self._arg_formats[i]](int(args[i]) if self._arg_formats[i]
                               in "PiIqQ" else float(args[i])))  # fmt: skip
