@@ -42,10 +42,10 @@ from fastapi.testclient import TestClient
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from db import queries, tokens  # noqa: E402
-from kernels import get_operator  # noqa: E402
-from service.app import create_app  # noqa: E402
-from service.settings import Settings  # noqa: E402
+from kato.db import queries, tokens  # noqa: E402
+from kato.kernels import get_operator  # noqa: E402
+from kato.service.app import create_app  # noqa: E402
+from kato.service.settings import Settings  # noqa: E402
 
 SPEC = get_operator("softmax")
 SCENARIOS = ("nearest_300", "exact_300", "exact_1000", "get_nearest")

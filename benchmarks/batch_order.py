@@ -31,17 +31,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from kato.shared.kt_cache import KernelTunerCache, load_cache  # noqa: E402
-from kernels import get_operator  # noqa: E402
-from tuner.backends.replay import ReplayBackend  # noqa: E402
-from tuner.search import Budget, Search  # noqa: E402
-from tuner.warm_start import (  # noqa: E402
+from kato.kernels import get_operator  # noqa: E402
+from kato.tuner.backends.replay import ReplayBackend  # noqa: E402
+from kato.tuner.search import Budget, Search  # noqa: E402
+from kato.tuner.warm_start import (  # noqa: E402
     SEEDS_PER_SOURCE,
     Source,
     rank_seed_configs,
     seed_limit,
     shape_distance,
 )
+
+from kato.shared.kt_cache import KernelTunerCache, load_cache  # noqa: E402
 
 SPACES = ROOT / "data" / "spaces"
 

@@ -39,10 +39,11 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from db import queries  # noqa: E402
-from db.session import init_db, session_factory  # noqa: E402
+from kato.db import queries  # noqa: E402
+from kato.db.session import init_db, session_factory  # noqa: E402
+from kato.kernels import get_operator  # noqa: E402
+
 from kato_client import KatoClient  # noqa: E402
-from kernels import get_operator  # noqa: E402
 
 SEEDED = [
     ((4096, 4096), "float16", {"BLOCK_SIZE": 128, "VEC": 8, "STRATEGY": 1, "CACHE": 2,
@@ -74,7 +75,7 @@ def seed(db_url: str) -> None:
 def start_service(db_url: str, port: int) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--no-workers", "--port", str(port),
+        [sys.executable, "-m", "kato.service.cli", "serve", "--no-workers", "--port", str(port),
          "--db", db_url],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -18,7 +18,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/gpu.txt"
 steps=${*:-occupancy gputests operators}
 DB=${DB:-sqlite:///$OUT/kato.db}
-kato() { python3 -c 'from service.cli import main; main()' "$@"; }
+kato() { python3 -c 'from kato.service.cli import main; main()' "$@"; }
 # Every device call starts bare: load the committed tuning results (data/h200, kato export).
 kato import data/h200 --db "$DB" | tail -1
 for step in $steps; do
@@ -46,7 +46,7 @@ for step in $steps; do
             # Kernel Tuner's cache format: recorded spaces for the replay backend's tests.
             for case in ${SPACES:-softmax:32768x4096:float16}; do
               IFS=: read -r op shape dt <<< "$case"
-              timeout "${SPACE_TIMEOUT:-300}" python3 -c 'from service.cli import main; main()' \
+              timeout "${SPACE_TIMEOUT:-300}" python3 -c 'from kato.service.cli import main; main()' \
                 tune "$op" --shape "$shape" --dtype "$dt" --budget 5000 --strategy grid \
                 --db "sqlite:///$OUT/spaces.db" --json 2>&1 | tail -4
             done

@@ -25,7 +25,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --fo
 OPS="rmsnorm rmsnorm_backward softmax_backward cross_entropy cross_entropy_backward
   layernorm_backward add_rmsnorm add_layernorm batchnorm batchnorm_backward"
 cases=(); for o in $OPS; do cases+=(--case "$o"); done
-kato() { python3 -c 'from service.cli import main; main()' "$@"; }
+kato() { python3 -c 'from kato.service.cli import main; main()' "$@"; }
 for step in ${*:-tests}; do
   echo "=== $step $(date +%T)"
   case $step in

@@ -104,8 +104,9 @@ def run_one(tool: str, case: str, budget: int, scale: float, seed: int) -> dict[
 
 def retime(case: str, configs: list[dict[str, Any]], scale: float) -> list[float | None]:
     """Each config timed with Kato's backend (15 repeats, median), in this process."""
+    from kato.tuner.backends.pycuda import PyCudaBackend
+
     from kato.kernel_tuner import operator_from_arguments, problem_dims
-    from tuner.backends.pycuda import PyCudaBackend
 
     kw = _kw(case, scale)
     args = {k: kw.pop(k) for k in ("kernel_name", "kernel_source", "problem_size", "arguments",

@@ -27,11 +27,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import tuner.proposers.forest as forest_module  # noqa: E402 - after the path insert
-from tuner.backends.replay import ReplayBackend  # noqa: E402
-from tuner.search import Budget, Search  # noqa: E402
-from tuner.surrogate import ForestProposer  # noqa: E402
-from tuner.worker import PRECOMPILE_MAX_CONFIGS  # noqa: E402
+import kato.tuner.proposers.forest as forest_module  # noqa: E402 - after the path insert
+from kato.tuner.backends.replay import ReplayBackend  # noqa: E402
+from kato.tuner.search import Budget, Search  # noqa: E402
+from kato.tuner.surrogate import ForestProposer  # noqa: E402
+from kato.tuner.worker import PRECOMPILE_MAX_CONFIGS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASETS = ROOT / "data" / "datasets" / "benchmark_hub" / "cachefiles"

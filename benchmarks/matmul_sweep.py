@@ -53,8 +53,8 @@ def torch_case(operator: str, shape: tuple[int, int, int], dtype: str):
 
 
 def sweep(operator: str, shape: tuple[int, int, int], dtype: str, limit_s: float) -> dict:
-    from kernels import get_operator
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.kernels import get_operator
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     spec = get_operator(operator)
     configs = [

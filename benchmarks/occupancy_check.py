@@ -41,14 +41,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kato.tuner.nvcc import CompiledKernel, CompileError, CompileJob, compile_many  # noqa: E402
+from kato.tuner.occupancy import max_dynamic_shared_for, occupancy  # noqa: E402
+
 from kato.shared.gpus import (  # noqa: E402
     GpuSpec,
     find_gpu,
     normalize_gpu_name,
     spec_for_compute_capability,
 )
-from tuner.nvcc import CompiledKernel, CompileError, CompileJob, compile_many  # noqa: E402
-from tuner.occupancy import max_dynamic_shared_for, occupancy  # noqa: E402
 
 KERNEL_NAME = "occ_probe"
 
@@ -657,7 +658,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="JSON table (default $OUT/occupancy_<model>.json)")
     parser.add_argument("--device", type=int, default=0, help="CUDA device index")
-    parser.add_argument("--cache-dir", type=Path, help="nvcc cache (default: tuner.nvcc's)")
+    parser.add_argument("--cache-dir", type=Path, help="nvcc cache (default: kato.tuner.nvcc's)")
     parser.add_argument(
         "--compile-only", action="store_true", help="only build the probes and list their resources"
     )

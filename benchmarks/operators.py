@@ -54,8 +54,8 @@ def copy_bandwidth_gbs(nbytes: int = 4 << 30) -> float:
 def lookup(sessions, spec, shape, dtype, gpu_model):
     """The stored winner for a case and where it came from (exact, nearest or default), as
     the service selects it (:class:`service.lookup.Lookups` under its settings)."""
-    from service.lookup import Lookups
-    from service.settings import Settings
+    from kato.service.lookup import Lookups
+    from kato.service.settings import Settings
 
     settings = Settings()
     with sessions() as s:
@@ -66,10 +66,10 @@ def lookup(sessions, spec, shape, dtype, gpu_model):
 
 
 def tune_case(sessions, db_url, operator, shape, dtype, budget):
-    from db import queries
-    from kernels import get_operator
-    from tuner.backends.pycuda import describe_device
-    from tuner.worker import JobRunner, default_worker_id, pycuda_backend_factory
+    from kato.db import queries
+    from kato.kernels import get_operator
+    from kato.tuner.backends.pycuda import describe_device
+    from kato.tuner.worker import JobRunner, default_worker_id, pycuda_backend_factory
 
     spec = get_operator(operator)
     model = describe_device(0).model
@@ -136,10 +136,11 @@ def main() -> None:
 
     import time
 
+    from kato.db.session import init_db, session_factory
+    from kato.kernels import get_operator
+    from kato.tuner.backends.pycuda import PyCudaBackend, describe_device
+
     from benchmarks.torch_ops import modules
-    from db.session import init_db, session_factory
-    from kernels import get_operator
-    from tuner.backends.pycuda import PyCudaBackend, describe_device
 
     started = time.monotonic()
     sessions = session_factory(init_db(args.db))

@@ -26,10 +26,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="timed batches after verification")
     args = ap.parse_args()
 
+    from kato.db.session import init_db, session_factory
+    from kato.kernels import get_operator
+    from kato.tuner.backends.pycuda import PyCudaBackend, describe_device
+
     from benchmarks.operators import lookup
-    from db.session import init_db, session_factory
-    from kernels import get_operator
-    from tuner.backends.pycuda import PyCudaBackend, describe_device
 
     operator, shape_text, dtype = args.case.split(":")
     shape = tuple(int(s) for s in shape_text.split("x"))

@@ -39,7 +39,7 @@ TOP = 8
 
 
 def radix_configs(spec, n: int, dtype: str) -> list[dict]:
-    from tuner.space import SearchSpace
+    from kato.tuner.space import SearchSpace
 
     space = SearchSpace(spec.params, lambda c: spec.check(c, (n,), dtype))
     return [c for c in space.valid_configs() if c.get("ALGO", "radix") == "radix"]
@@ -51,7 +51,7 @@ def as_pairs_config(spec, config: dict) -> dict:
 
 def time_configs(spec, n: int, dtype: str, configs: list[dict]) -> list[dict]:
     """Evaluate configs as tuning trials (verified first); one row per config."""
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     backend = PyCudaBackend(spec, (n,), dtype, repeats=10, warmup=2, seed=0)
     rows = []
@@ -123,7 +123,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="the first two cases only")
     args = ap.parse_args()
 
-    from kernels import get_operator
+    from kato.kernels import get_operator
 
     started = time.monotonic()
     report: dict = {"cases": []}

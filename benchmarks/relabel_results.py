@@ -54,8 +54,8 @@ ROOT = Path(__file__).resolve().parents[1]
 _DESCRIBE = r"""
 import hashlib, json, os, re, subprocess, sys
 from dataclasses import asdict
-import kernels
-from kernels import get_operator
+from kato import kernels
+from kato.kernels import get_operator
 # An editable install's finder would answer for a module the archived package lacks.
 assert kernels.__file__.startswith(os.getcwd()), kernels.__file__
 PREPROCESS = os.environ.get("KATO_RELABEL_PREPROCESS") == "1"
@@ -214,7 +214,7 @@ def _describe(kernels_root: Path, items: dict[str, dict], mode: str = "source") 
 
 def _ptx_digest(source: str) -> str:
     """sha256 of the sm_90 PTX nvcc makes of ``source`` with the options Kato compiles with."""
-    from tuner.nvcc import BASE_OPTIONS
+    from kato.tuner.nvcc import BASE_OPTIONS
 
     options = [o for o in BASE_OPTIONS if o not in ("-Xptxas", "-v")]
     with tempfile.TemporaryDirectory() as tmp:

@@ -43,12 +43,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
+from kato.tuner import surrogate  # noqa: E402
+from kato.tuner.backends.replay import ReplayBackend  # noqa: E402
 from paths import dataset_files, table_space_files  # noqa: E402
 
 from benchmarks.search_quality import short_name  # noqa: E402
 from kato.shared.kt_cache import load_cache  # noqa: E402
-from tuner import surrogate  # noqa: E402
-from tuner.backends.replay import ReplayBackend  # noqa: E402
 
 BUDGETS = (25, 50, 100, 200)
 

@@ -52,18 +52,18 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from paths import dataset_files, table_space_files  # noqa: E402
-
-from benchmarks.verdicts import print_table, report_verdicts  # noqa: E402
-from kato.shared.kt_cache import KernelTunerCache, load_cache  # noqa: E402
-from tuner.backends.replay import ReplayBackend  # noqa: E402
-from tuner.search import DEFAULT_STRATEGY, Budget, Search  # noqa: E402
-from tuner.warm_start import (  # noqa: E402
+from kato.tuner.backends.replay import ReplayBackend  # noqa: E402
+from kato.tuner.search import DEFAULT_STRATEGY, Budget, Search  # noqa: E402
+from kato.tuner.warm_start import (  # noqa: E402
     SEEDS_PER_SOURCE,
     cache_source,
     rank_seed_configs,
     seed_limit,
 )
+from paths import dataset_files, table_space_files  # noqa: E402
+
+from benchmarks.verdicts import print_table, report_verdicts  # noqa: E402
+from kato.shared.kt_cache import KernelTunerCache, load_cache  # noqa: E402
 
 BUDGETS = (25, 50, 100, 200)
 WARM_BUDGETS = (10, 25, 50)

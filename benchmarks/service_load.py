@@ -77,9 +77,9 @@ def free_port() -> int:
 
 def seed(db_url: str, count: int) -> list[tuple[list[int], str]]:
     """Store ``count`` best configs of softmax on the H200; return their (shape, dtype)."""
-    from db import queries
-    from db.session import init_db, session_factory
-    from kernels import get_operator
+    from kato.db import queries
+    from kato.db.session import init_db, session_factory
+    from kato.kernels import get_operator
 
     spec = get_operator("softmax")
     keys = [([r, c], d) for d in ("float16", "float32") for r in ROWS for c in COLS][:count]
@@ -110,9 +110,9 @@ JOB_BODY = {"operator": "softmax", "shape": [4096, 4096], "dtype": "float16", "g
 def seed_jobs(db_url: str, count: int) -> tuple[list[str], str]:
     """Queue ``count`` L4 jobs; make an API token with no practical queue limit. Returns the
     jobs' ids and the token's secret."""
-    from db import queries, tokens
-    from db.session import init_db, session_factory
-    from kernels import get_operator
+    from kato.db import queries, tokens
+    from kato.db.session import init_db, session_factory
+    from kato.kernels import get_operator
 
     version = get_operator("softmax").version
     sessions = session_factory(init_db(db_url))
@@ -149,11 +149,11 @@ def lookup_paths(keys: list[tuple[list[int], str]]) -> list[str]:
 
 def run_writer(db_url: str, trial_delay: float) -> None:
     """Replay-backed tuning jobs back to back until killed (the ``--writer`` mode)."""
-    from db import queries
-    from db.session import init_db, session_factory
-    from kernels import get_operator
-    from tuner.backends.replay import ReplayBackend
-    from tuner.worker import JobRunner, default_worker_id
+    from kato.db import queries
+    from kato.db.session import init_db, session_factory
+    from kato.kernels import get_operator
+    from kato.tuner.backends.replay import ReplayBackend
+    from kato.tuner.worker import JobRunner, default_worker_id
 
     class SlowReplay(ReplayBackend):
         def evaluate(self, config: dict[str, Any]) -> Any:
@@ -187,10 +187,9 @@ def run_writer(db_url: str, trial_delay: float) -> None:
 
 
 def trials_written(db_url: str) -> int:
+    from kato.db.models import Trial
+    from kato.db.session import make_engine, session_factory
     from sqlalchemy import func, select
-
-    from db.models import Trial
-    from db.session import make_engine, session_factory
 
     with session_factory(make_engine(db_url))() as session:
         return int(session.scalar(select(func.count()).select_from(Trial)) or 0)
@@ -437,7 +436,7 @@ def main() -> None:
     if args.api_threads is not None:
         env["KATO_API_THREADS"] = str(args.api_threads)
     server = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--no-workers", "--port", str(port),
+        [sys.executable, "-m", "kato.service.cli", "serve", "--no-workers", "--port", str(port),
          "--api-workers", str(args.api_workers), "--db", db_url],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip

@@ -77,15 +77,16 @@ class DbConfigs:
     """A config source reading the results database directly (what the service would serve)."""
 
     def __init__(self, db_url: str) -> None:
-        from db.session import init_db, session_factory
+        from kato.db.session import init_db, session_factory
 
         self.sessions = session_factory(init_db(db_url))
 
     def config(self, operator, shape, dtype, gpu=None):
+        from kato.kernels import get_operator
+        from kato.service.lookup import Lookups
+        from kato.service.settings import Settings
+
         from kato.shared.gpus import normalize_gpu_name
-        from kernels import get_operator
-        from service.lookup import Lookups
-        from service.settings import Settings
 
         settings = Settings()
         model = normalize_gpu_name(torch.cuda.get_device_name())

@@ -206,16 +206,17 @@ class DbLookups:
     config, its source and its stored speedup over PyTorch."""
 
     def __init__(self, db_url):
-        from db.session import init_db, session_factory
-        from service.settings import Settings
+        from kato.db.session import init_db, session_factory
+        from kato.service.settings import Settings
 
         self.sessions = session_factory(init_db(db_url))
         self.settings = Settings(db_url=db_url)
 
     def lookup(self, operator, shape, dtype, gpu=None):
+        from kato.kernels import get_operator
+        from kato.service.lookup import Lookups
+
         from kato.shared.gpus import normalize_gpu_name
-        from kernels import get_operator
-        from service.lookup import Lookups
 
         model = gpu or normalize_gpu_name(torch.cuda.get_device_name())
         with self.sessions() as s:
@@ -247,9 +248,9 @@ def capture(name, dtype, batch):
 def tune_missing(keys, db_url, budget, gpu_model, timeout_s=None):
     """Queue a job for every key without an exact winner (in the order given) and run one
     worker until they are done (or ``timeout_s`` passes: the rest stay queued)."""
-    from db import queries
-    from db.session import init_db, session_factory
-    from kernels import get_operator
+    from kato.db import queries
+    from kato.db.session import init_db, session_factory
+    from kato.kernels import get_operator
 
     lookups = DbLookups(db_url)
     todo = [k for k in keys if lookups.lookup(k.operator, k.shape, k.dtype)["source"] != "exact"]
@@ -263,7 +264,7 @@ def tune_missing(keys, db_url, budget, gpu_model, timeout_s=None):
         queries.create_jobs(s, fields)
     started = time.perf_counter()
     worker = subprocess.Popen(
-        [sys.executable, "-c", "from service.cli import main; main()", "worker", "--db",
+        [sys.executable, "-c", "from kato.service.cli import main; main()", "worker", "--db",
          db_url, "--max-jobs", str(len(todo))],
     )  # fmt: skip
     try:

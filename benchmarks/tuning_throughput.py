@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 DEFAULT_KT_STRATEGIES = ("genetic_algorithm", "greedy_ils", "dual_annealing")
 
-from tuner.worker import DEFAULT_LOOKAHEAD  # noqa: E402 - after the path insert
+from kato.tuner.worker import DEFAULT_LOOKAHEAD  # noqa: E402 - after the path insert
 
 
 def run_kato(
@@ -60,11 +60,11 @@ def run_kato(
     """One Kato tuning job, cold compile cache, fresh database; ``lookahead``: configs the
     search may ask for ahead while the GPU would wait on nvcc (the worker's setting);
     ``isolate``: measured in a child process, as the service's workers do by default."""
-    from db import queries
-    from db.session import init_db, session_factory
-    from kernels import get_operator
-    from tuner.backends.pycuda import describe_device
-    from tuner.worker import JobRunner, default_worker_id, pycuda_backend_factory
+    from kato.db import queries
+    from kato.db.session import init_db, session_factory
+    from kato.kernels import get_operator
+    from kato.tuner.backends.pycuda import describe_device
+    from kato.tuner.worker import JobRunner, default_worker_id, pycuda_backend_factory
 
     spec = get_operator(operator)
     tmp = Path(tempfile.mkdtemp(prefix="kato-throughput-"))
@@ -181,10 +181,9 @@ def run_kernel_tuner(
 ) -> dict[str, Any]:
     """One Kernel Tuner run on the same template, space, geometry and verification."""
     import kernel_tuner
-
-    from kernels import get_operator
-    from kernels.spec import template_source
-    from tuner.space import SearchSpace
+    from kato.kernels import get_operator
+    from kato.kernels.spec import template_source
+    from kato.tuner.space import SearchSpace
 
     spec = get_operator(operator)
     problem = spec.make_problem(shape, dtype, np.random.default_rng(seed))
@@ -312,8 +311,8 @@ def _in_child(fn, *args) -> dict[str, Any]:
 
 def retime(operator: str, shape, dtype: str, rows: list[dict[str, Any]]) -> None:
     """Re-time every winner with Kato's timer, back to back (same inputs, same process)."""
-    from kernels import get_operator
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.kernels import get_operator
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     spec = get_operator(operator)
     backend = PyCudaBackend(spec, shape, dtype, repeats=30, seed=1)

@@ -36,10 +36,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from db.queries import StoredConfig  # noqa: E402
+from kato.db.queries import StoredConfig  # noqa: E402
+from kato.kernels import get_operator  # noqa: E402
+from kato.service.lookup import NEAREST_MIN_GAIN, ConfigGroup, pick_best_config  # noqa: E402
+
 from kato.shared.kt_cache import KernelTunerCache, load_cache  # noqa: E402
-from kernels import get_operator  # noqa: E402
-from service.lookup import NEAREST_MIN_GAIN, ConfigGroup, pick_best_config  # noqa: E402
 
 SPACES = ROOT / "data" / "spaces"
 
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    from service.settings import Settings
+    from kato.service.settings import Settings
 
     settings = Settings()
     max_distance = settings.nearest_max_distance if args.max_distance is None else args.max_distance
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {
         "max_distance": max_distance,
         "guard": min_gain,
-        "path": "service.lookup.pick_best_config",
+        "path": "kato.service.lookup.pick_best_config",
         "summary": totals,
         "rows": [asdict(r) for r in rows],
     }

@@ -43,13 +43,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from paths import space_files  # noqa: E402
-
-from benchmarks.search_quality import _cache, _table, fraction, kato_run, short_name  # noqa: E402
-from benchmarks.verdicts import compare  # noqa: E402
-from tuner.backends.replay import ReplayBackend  # noqa: E402
-from tuner.search import DEFAULT_STRATEGY  # noqa: E402
-from tuner.warm_start import (  # noqa: E402
+from kato.tuner.backends.replay import ReplayBackend  # noqa: E402
+from kato.tuner.search import DEFAULT_STRATEGY  # noqa: E402
+from kato.tuner.warm_start import (  # noqa: E402
     SEEDS_PER_SOURCE,
     Source,
     cache_source,
@@ -57,6 +53,10 @@ from tuner.warm_start import (  # noqa: E402
     seed_limit,
     shape_distance,
 )
+from paths import space_files  # noqa: E402
+
+from benchmarks.search_quality import _cache, _table, fraction, kato_run, short_name  # noqa: E402
+from benchmarks.verdicts import compare  # noqa: E402
 
 BUDGETS = (10, 25, 50, 100)
 #: Configs of the earlier job each sibling source stands for (``--source job``).

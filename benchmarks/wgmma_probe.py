@@ -149,7 +149,7 @@ def compile_all(
 ) -> dict:
     """Compile every (variant, dtype, layout); {(name, dtype, layout): CompiledKernel or
     CompileError}. Compile errors are returned, never raised."""
-    from tuner.nvcc import CompileJob, compile_many
+    from kato.tuner.nvcc import CompileJob, compile_many
 
     source = SOURCE.read_text()
     keys, jobs = [], []
@@ -165,7 +165,7 @@ def compile_all(
 
 def ptxas_summary(compiled) -> dict:
     """Registers, spills and the performance warnings of one compile (or its error)."""
-    from tuner.nvcc import CompileError
+    from kato.tuner.nvcc import CompileError
 
     if isinstance(compiled, CompileError):
         return {"error": str(compiled), "log": compiled.log[-2000:]}
@@ -454,7 +454,7 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 
 
 def build_jobs(variants, compiled, cubin_dir: Path, shapes_override, dtypes) -> list[Job]:
-    from tuner.nvcc import CompileError
+    from kato.tuner.nvcc import CompileError
 
     jobs = []
     for variant in variants:

@@ -2,7 +2,7 @@
 
 Typical use (service, worker, CLI)::
 
-    from db import init_db, queries, session_factory
+    from kato.db import init_db, queries, session_factory
 
     engine = init_db(url)  # migrates the schema to head; a no-op when current
     sessions = session_factory(engine)
@@ -14,9 +14,9 @@ A worker takes part in jobs only through :mod:`db.ledger` (claims, reservations,
 job's end), which owns its sessions and retries.
 """
 
-from db import queries
-from db.models import Base, BestConfig, Job, Trial
-from db.session import default_db_url, init_db, make_engine, normalize_db_url, session_factory
+from kato.db import queries
+from kato.db.models import Base, BestConfig, Job, Trial
+from kato.db.session import default_db_url, init_db, make_engine, normalize_db_url, session_factory
 
 __all__ = [
     "Base",

@@ -51,11 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
-from db import queries
-from db.formats import (
+from kato.db import queries
+from kato.db.formats import (
     KATO_FORMAT,
     RESOURCES,
     T4_INVALIDITY,
@@ -71,11 +68,14 @@ from db.formats import (
     T4Result,
     T4Times,
 )
-from db.models import RESERVED, BestConfig, Job, Trial
+from kato.db.models import RESERVED, BestConfig, Job, Trial
+from kato.kernels import get_operator
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
 from kato.errors import InvalidInput, KatoError
 from kato.shared.gpus import find_gpu
 from kato.shared.kt_cache import OTHER_TRIALS, KernelTunerCache, save_cache, unmeasured_entry
-from kernels import get_operator
 
 FORMATS = ("t4", "kt")
 #: The most stand-in entries a Kernel Tuner export writes (matmul's space has 62,208 configs);

@@ -16,12 +16,11 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
+from kato.db.models import Job, Worker, utcnow
+from kato.db.queries import JobScope, in_scope
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
-
-from db.models import Job, Worker, utcnow
-from db.queries import JobScope, in_scope
 
 # --- presence --------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, ClassVar, Literal, Self
 
+from kato.db.models import utcnow
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -42,7 +43,6 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from db.models import utcnow
 from kato.errors import KatoError
 
 # Kato's fields of a Kernel Tuner entry (a stand-in for a config not measured; its config's other

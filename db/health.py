@@ -8,11 +8,10 @@ finds that out without writing anything.
 
 from __future__ import annotations
 
+from kato.db.session import VERSION_TABLE
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
-
-from db.session import VERSION_TABLE
 
 #: SQLite's primary result codes for "another connection holds the lock" and "read-only".
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY = 5, 6, 8

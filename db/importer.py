@@ -50,10 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
-from db.formats import (
+from kato.db.formats import (
     PROBLEM_FIELDS,
     BestRecord,
     Dtype,
@@ -68,12 +65,15 @@ from db.formats import (
     parse,
     show,
 )
-from db.models import BestConfig, Job, Trial, utcnow
-from db.queries import UNCOUNTED_TRIAL_STATUSES, shape_key, trial_time
+from kato.db.models import BestConfig, Job, Trial, utcnow
+from kato.db.queries import UNCOUNTED_TRIAL_STATUSES, shape_key, trial_time
+from kato.kernels import get_operator
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
 from kato.errors import InvalidInput, KatoError
 from kato.shared.gpus import find_gpu, normalize_gpu_name
 from kato.shared.status import TERMINAL_STATUSES
-from kernels import get_operator
 
 #: What :func:`import_bundles` calls once its rows are committed: (session, the imported jobs'
 #: ids) -> warnings for the report.

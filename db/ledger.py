@@ -84,12 +84,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
+from kato.db import fleet, queries, retry
+from kato.db.models import RESERVED, Job, Trial, result_values, utcnow
 from sqlalchemy import delete, exists, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased, sessionmaker
-
-from db import fleet, queries, retry
-from db.models import RESERVED, Job, Trial, result_values, utcnow
 
 __all__ = [
     "RESERVED",

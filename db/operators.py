@@ -16,14 +16,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kato.db.models import UserOperator
+from kato.kernels import registry
+from kato.kernels.spec import InvalidInput
+from kato.kernels.user import OperatorDefinition, UserOperatorSpec, definition
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
-
-from db.models import UserOperator
-from kernels import registry
-from kernels.spec import InvalidInput
-from kernels.user import OperatorDefinition, UserOperatorSpec, definition
 
 log = logging.getLogger(__name__)
 

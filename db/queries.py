@@ -16,11 +16,7 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
-from sqlalchemy import and_, exists, false, func, literal, or_, select, true, tuple_, update
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
-
-from db.models import (
+from kato.db.models import (
     BestConfig,
     Job,
     Trial,
@@ -28,6 +24,10 @@ from db.models import (
     result_values,
     utcnow,
 )
+from sqlalchemy import and_, exists, false, func, literal, or_, select, true, tuple_, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
 from kato.shared.status import TERMINAL_STATUSES
 
 #: Statuses of a trial that was never measured and does not count towards a job's budget.

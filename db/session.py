@@ -27,13 +27,13 @@ from alembic import command
 from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from kato.db.models import Base
+from kato.db.write_gate import WriteGate, gated_factory
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
-from db.models import Base
-from db.write_gate import WriteGate, gated_factory
 from kato import env
 from kato.shared.sqlite import switch_to_wal
 

@@ -21,12 +21,12 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from kato.db import ids, retry
+from kato.db.models import ApiToken, Job, utcnow
 from sqlalchemy import Connection, Engine, func, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from db import ids, retry
-from db.models import ApiToken, Job, utcnow
 from kato.errors import KatoError
 
 log = logging.getLogger(__name__)

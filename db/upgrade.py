@@ -21,11 +21,11 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from kato.db.models import BestConfig, Job, Trial, utcnow
+from kato.db.queries import create_jobs, shape_key
 from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
-from db.models import BestConfig, Job, Trial, utcnow
-from db.queries import create_jobs, shape_key
 from kato.shared.status import TERMINAL_STATUSES
 
 #: Configs a re-tuning job measures by default: half the default cold budget

@@ -41,18 +41,18 @@ VARIABLES: dict[str, Variable] = {
     for v in (
         Variable(
             "KATO_DB_URL",
-            "db.session.default_db_url, service.settings, the CLI's messages",
+            "kato.db.session.default_db_url, kato.service.settings, the CLI's messages",
             "SQLAlchemy URL or SQLite file path of the results database (default: a SQLite "
             "file under ~/.local/share/kato); also a field of Settings (db_url)",
         ),
         Variable(
             "KATO_DB_RETRY_SECONDS",
-            "db.retry.RetryPolicy.from_env",
+            "kato.db.retry.RetryPolicy.from_env",
             "how long a running job retries a transient database fault (default 300 s)",
         ),
         Variable(
             "KATO_LOG_LEVEL",
-            "service.cli.root (service.logs.parse_level)",
+            "kato.service.cli.root (kato.service.logs.parse_level)",
             "level of the CLI's log lines on stderr (default INFO)",
         ),
         Variable(
@@ -62,13 +62,13 @@ VARIABLES: dict[str, Variable] = {
         ),
         Variable(
             "KATO_HELPER_GRACE_SECONDS",
-            "tuner.worker",
+            "kato.tuner.worker",
             "how long a job's owner waits beyond a lease for its helpers' last measurements "
             "(default: the per-trial limit's default, 60 s)",
         ),
         Variable(
             "KATO_FRAMEWORK_BASELINE",
-            "tuner.framework.enabled",
+            "kato.tuner.framework.enabled",
             "false: workers do not time PyTorch's own op after a job (default true); "
             "documented in Settings as framework_baseline",
         ),

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from kernels.spec import DTYPES, InvalidInput
-from kernels.user import definition
-from kernels.user.model import ARRAY_DTYPES, OUTPUT_DTYPES, SCALAR_DTYPES
-from kernels.user.spec import UserOperatorSpec
+from kato.kernels.spec import DTYPES, InvalidInput
+from kato.kernels.user import definition
+from kato.kernels.user.model import ARRAY_DTYPES, OUTPUT_DTYPES, SCALAR_DTYPES
+from kato.kernels.user.spec import UserOperatorSpec
 
 #: What Kato's result key calls a dimension of ``problem_size``.
 DIMENSION_NAMES = ("x", "y", "z")

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from kato.kernel_tuner import operator_from_arguments, operator_name, problem_dims, problem_shape
+from kato.kernels.spec import InvalidInput
 from kato.shared.gpus import normalize_gpu_name
 from kato.shared.kt_cache import KernelTunerCache, config_key, save_cache
-from kernels.spec import InvalidInput
 
 #: Kernel Tuner's markers for a config that did not give a time.
 _MARKERS = {
@@ -273,8 +273,8 @@ def _measuring(isolate: bool | None, trial_timeout_s: float | None) -> tuple[boo
     ``KATO_TRIAL_TIMEOUT_SECONDS``; :func:`service.workers.measuring`)."""
     if isolate is not None and trial_timeout_s is not None:
         return isolate, trial_timeout_s
-    from service.settings import Settings
-    from service.workers import measuring
+    from kato.service.settings import Settings
+    from kato.service.workers import measuring
 
     return measuring(Settings(), isolate, trial_timeout_s)
 
@@ -283,18 +283,18 @@ def _tune_locally(
     op, shape, dtype, strategy, budget, seconds, seed, iterations, device, db, cache,
     simulation, quiet, measuring,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
-    from db import queries
-    from db.session import default_db_url, init_db, session_factory
-    from kernels.registry import register
-    from service.settings import Settings
-    from service.workers import build_runner, queue_and_claim
-    from tuner.worker import default_worker_id
+    from kato.db import queries
+    from kato.db.session import default_db_url, init_db, session_factory
+    from kato.kernels.registry import register
+    from kato.service.settings import Settings
+    from kato.service.workers import build_runner, queue_and_claim
+    from kato.tuner.worker import default_worker_id
 
     register(op)  # before a measuring child starts: it is sent this process's operator
     if simulation:
         if cache is None or not Path(cache).is_file():
             raise InvalidInput("simulation_mode replays a cache file: give cache=PATH of one")
-        from tuner.backends.replay import ReplayBackend
+        from kato.tuner.backends.replay import ReplayBackend
 
         backend = ReplayBackend(cache)
         recorded = set(backend.cache.tune_params)
@@ -303,7 +303,7 @@ def _tune_locally(
                 f"the cache file's tune_params {sorted(recorded)} are not these {sorted(op.params)}"
             )
     else:
-        from tuner.backends.isolated import BackendSpec, measuring_backend
+        from kato.tuner.backends.isolated import BackendSpec, measuring_backend
 
         isolate, trial_timeout_s = measuring
         spec = BackendSpec(
@@ -436,9 +436,9 @@ def lookup(
             return None
         return {"config": data["config"], "time_ms": data.get("time_ms"),
                 "source": data["source"], "version": data.get("operator_version")}  # fmt: skip
-    from db import queries
-    from db.session import default_db_url, init_db, session_factory
-    from service.lookup import lookup_best_config
+    from kato.db import queries
+    from kato.db.session import default_db_url, init_db, session_factory
+    from kato.service.lookup import lookup_best_config
 
     engine = init_db(db or default_db_url())
     try:

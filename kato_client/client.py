@@ -315,7 +315,7 @@ class KatoClient:
         """The local operator spec's default config, while the service is down."""
         operator, shape, dtype, gpu, _ = rkey
         try:
-            from kernels import get_operator
+            from kato.kernels import get_operator
 
             spec = get_operator(operator)
             spec.validate(list(shape), dtype)

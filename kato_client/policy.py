@@ -72,7 +72,7 @@ def config_valid(operator: str, version: str | None, config: dict[str, Any], key
     local operator spec. ``False`` when that cannot be told (no such local operator, another
     version): the caller then asks the server about the actual shape."""
     try:
-        from kernels import get_operator
+        from kato.kernels import get_operator
 
         spec = get_operator(operator)
         if version is not None and spec.version != version:

@@ -12,9 +12,9 @@ import ctypes
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from kernels.spec import TensorMap
-from tuner import cuda_driver
-from tuner.tensor_map import MAP_ALIGN, MAP_BYTES
+from kato.kernels.spec import TensorMap
+from kato.tuner import cuda_driver
+from kato.tuner.tensor_map import MAP_ALIGN, MAP_BYTES
 
 # The generic entry points live in tuner.cuda_driver (the backend launches tensor-map kernels
 # through them too); these names are kato_torch's own spelling of them.

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from kato.kernels import InvalidInput, get_operator
+from kato.kernels.spec import Launch, OperatorSpec, TensorMap
+from kato.tuner.nvcc import compile_kernel
+from kato.tuner.tensor_map import MAP_BYTES, MapCache
 
 from kato_torch import _driver
 from kato_torch import policy as _policy
-from kernels import InvalidInput, get_operator
-from kernels.spec import Launch, OperatorSpec, TensorMap
-from tuner.nvcc import compile_kernel
-from tuner.tensor_map import MAP_BYTES, MapCache
 
 log = logging.getLogger(__name__)
 

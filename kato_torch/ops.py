@@ -24,18 +24,18 @@ import operator as _operator
 from collections.abc import Sequence
 
 import torch
+from kato.kernels import InvalidInput, get_operator
+from kato.kernels import batchnorm as bn_forward
+from kato.kernels import batchnorm_backward as bn_backward
+from kato.kernels.cross_entropy import model as ce_model
+from kato.kernels.layernorm_backward import partial_rows as layernorm_partial_rows
+from kato.kernels.rmsnorm_backward import partial_rows as rmsnorm_partial_rows
 from torch import Tensor
 
 from kato_torch import policy as _policy
 from kato_torch._fallbacks import chose_kato, remembers_fallbacks
 from kato_torch._kernels import bind
 from kato_torch._op import KatoOp
-from kernels import InvalidInput, get_operator
-from kernels import batchnorm as bn_forward
-from kernels import batchnorm_backward as bn_backward
-from kernels.cross_entropy import model as ce_model
-from kernels.layernorm_backward import partial_rows as layernorm_partial_rows
-from kernels.rmsnorm_backward import partial_rows as rmsnorm_partial_rows
 
 _DTYPES = {
     torch.float32: "float32",

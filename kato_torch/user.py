@@ -31,15 +31,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from kato.kernels import InvalidInput, get_operator
+from kato.kernels.registry import register
+from kato.kernels.spec import DTYPES
+from kato.kernels.user.expr import Expression, ExpressionError
+from kato.kernels.user.model import ArgumentModel, numpy_dtype
+from kato.kernels.user.spec import MAX_ELEMENTS, UserOperatorSpec
 
 from kato_torch import policy as _policy
 from kato_torch._kernels import bind
-from kernels import InvalidInput, get_operator
-from kernels.registry import register
-from kernels.spec import DTYPES
-from kernels.user.expr import Expression, ExpressionError
-from kernels.user.model import ArgumentModel, numpy_dtype
-from kernels.user.spec import MAX_ELEMENTS, UserOperatorSpec
 
 _TORCH_DTYPES = {
     name: getattr(torch, name)

@@ -6,9 +6,8 @@ describes the parameter space, constraints, launch geometry, inputs, float64 ref
 and bytes moved. Nothing here imports a GPU library: specs are plain data and functions.
 """
 
-from kato.shared.kt_cache import config_key
-from kernels.registry import get_operator, list_operators, register
-from kernels.spec import (
+from kato.kernels.registry import get_operator, list_operators, register
+from kato.kernels.spec import (
     DTYPES,
     Config,
     InvalidInput,
@@ -17,6 +16,8 @@ from kernels.spec import (
     Problem,
     Step,
 )
+
+from kato.shared.kt_cache import config_key
 
 __all__ = [
     "DTYPES",

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any
 
-from kernels.spec import InvalidInput, OperatorSpec
+from kato.kernels.spec import InvalidInput, OperatorSpec
 
 log = logging.getLogger(__name__)
 
@@ -32,25 +32,25 @@ _SOURCES: list[Callable[[], Iterable[OperatorSpec]]] = []
 
 #: Sub-packages imported on first use; each calls :func:`register` for its operator(s).
 _BUILTIN_MODULES = (
-    "kernels.softmax",
-    "kernels.transpose",
-    "kernels.sort",
-    "kernels.layernorm",
-    "kernels.batchnorm_stats",
-    "kernels.reduce_sum",
-    "kernels.reduce_sum_all",
-    "kernels.relu",
-    "kernels.matmul",
-    "kernels.rmsnorm",
-    "kernels.rmsnorm_backward",
-    "kernels.softmax_backward",
-    "kernels.cross_entropy",
-    "kernels.cross_entropy_backward",
-    "kernels.layernorm_backward",
-    "kernels.add_rmsnorm",
-    "kernels.add_layernorm",
-    "kernels.batchnorm",
-    "kernels.batchnorm_backward",
+    "kato.kernels.softmax",
+    "kato.kernels.transpose",
+    "kato.kernels.sort",
+    "kato.kernels.layernorm",
+    "kato.kernels.batchnorm_stats",
+    "kato.kernels.reduce_sum",
+    "kato.kernels.reduce_sum_all",
+    "kato.kernels.relu",
+    "kato.kernels.matmul",
+    "kato.kernels.rmsnorm",
+    "kato.kernels.rmsnorm_backward",
+    "kato.kernels.softmax_backward",
+    "kato.kernels.cross_entropy",
+    "kato.kernels.cross_entropy_backward",
+    "kato.kernels.layernorm_backward",
+    "kato.kernels.add_rmsnorm",
+    "kato.kernels.add_layernorm",
+    "kato.kernels.batchnorm",
+    "kato.kernels.batchnorm_backward",
 )
 
 

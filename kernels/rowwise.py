@@ -29,8 +29,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from kernels import limits
-from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec
+from kato.kernels import limits
+from kato.kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec
 
 #: CACHE=2 (and register accumulators) hold at most this many vectors per thread and array.
 MAX_ITEMS = 16

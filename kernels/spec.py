@@ -84,10 +84,27 @@ def template_source(template: Path) -> str:
     return _QUOTED_INCLUDE.sub(inline, template.read_text())
 
 
+#: Kato's packages installed under ``kato.`` (``kato.kernels``, ...): hashed under the names
+#: they had before (``kernels``), so moving them under the namespace changed no version.
+_NAMESPACED = re.compile(r"^kato\.(db|kernels|service|tuner)(?=\.|$)")
+
+
+def _without_namespace(tree: ast.AST) -> None:
+    """Module names in ``tree`` (imports, string constants) as they were before ``kato.``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            node.module = _NAMESPACED.sub(r"\1", node.module)
+        elif isinstance(node, ast.alias):
+            node.name = _NAMESPACED.sub(r"\1", node.name)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            node.value = _NAMESPACED.sub(r"\1", node.value)
+
+
 def code_fingerprint(source: str) -> bytes:
     """Python source as its syntax tree without docstrings: what the code does, not how it is
     commented or laid out (a comment, a docstring or a reformat gives the same bytes)."""
     tree = ast.parse(source)
+    _without_namespace(tree)
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if (
@@ -118,7 +135,7 @@ def _serialize(node: Any) -> str:
 
 #: Modules of the package every spec uses, left out of :attr:`OperatorSpec.version`: a change
 #: there would otherwise change every operator's version at once.
-_PLUMBING = frozenset({"kernels", "kernels.spec", "kernels.registry"})
+_PLUMBING = frozenset({"kato.kernels", "kato.kernels.spec", "kato.kernels.registry"})
 
 
 def _kernel_helpers(module: Any) -> set[Any]:
@@ -129,7 +146,7 @@ def _kernel_helpers(module: Any) -> set[Any]:
         name = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__", None)
         if not isinstance(name, str) or not (inspect.ismodule(value) or callable(value)):
             continue
-        if name.startswith("kernels.") and name not in _PLUMBING and name != module.__name__:
+        if name.startswith("kato.kernels.") and name not in _PLUMBING and name != module.__name__:
             helper = sys.modules.get(name)
             if helper is not None:
                 out.add(helper)
@@ -308,7 +325,7 @@ class OperatorSpec(ABC):
             for cls in type(self).__mro__
             if issubclass(cls, OperatorSpec) and cls is not OperatorSpec
         }
-        modules.add(sys.modules["kernels.limits"])
+        modules.add(sys.modules["kato.kernels.limits"])
         modules |= {helper for module in list(modules) for helper in _kernel_helpers(module)}
         for module in sorted(modules, key=lambda m: m.__name__):
             h.update(code_fingerprint(Path(inspect.getfile(module)).read_text()))

@@ -19,25 +19,19 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRouter
 from fastapi_offline import FastAPIOffline
-from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
-from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
-from starlette.routing import Match, Mount
-
-from db import queries
-from db.retry import FaultLog
-from db.session import init_db, make_engine, session_factory
-from kernels import InvalidInput
-from service import __version__
-from service.auth import AUTH_RESPONSES, require_reader
-from service.faults import RequestFaults, database_error, server_error
-from service.limits import BodySizeLimit
-from service.lookup_cache import LookupCache, LookupFastPath
-from service.routes import configs, gpus, health, jobs, operators, user_operators, workers
-from service.schemas import ErrorPublic, UnavailablePublic
-from service.settings import Settings
-from service.strict import (
+from kato.db import queries
+from kato.db.retry import FaultLog
+from kato.db.session import init_db, make_engine, session_factory
+from kato.kernels import InvalidInput
+from kato.service import __version__
+from kato.service.auth import AUTH_RESPONSES, require_reader
+from kato.service.faults import RequestFaults, database_error, server_error
+from kato.service.limits import BodySizeLimit
+from kato.service.lookup_cache import LookupCache, LookupFastPath
+from kato.service.routes import configs, gpus, health, jobs, operators, user_operators, workers
+from kato.service.schemas import ErrorPublic, UnavailablePublic
+from kato.service.settings import Settings
+from kato.service.strict import (
     HttpMethods,
     StrictJSONRoute,
     StrictURL,
@@ -46,6 +40,11 @@ from service.strict import (
     escape_surrogates,
     literal_methods,
 )
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.routing import Match, Mount
 
 log = logging.getLogger(__name__)
 

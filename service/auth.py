@@ -22,12 +22,11 @@ from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from kato.db import tokens
+from kato.db.models import ApiToken
+from kato.service.deps import SessionDep, transaction_ended
+from kato.service.schemas import error_responses
 from sqlalchemy.orm import Session
-
-from db import tokens
-from db.models import ApiToken
-from service.deps import SessionDep, transaction_ended
-from service.schemas import error_responses
 
 #: The OpenAPI security scheme (Swagger UI's "Authorize" button). It never raises by itself:
 #: the dependencies below answer with Kato's own messages.

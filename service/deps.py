@@ -28,9 +28,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
+from kato.service.settings import Settings
 from sqlalchemy.orm import Session
-
-from service.settings import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 

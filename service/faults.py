@@ -23,10 +23,9 @@ from dataclasses import dataclass
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from kato.db import retry
+from kato.service.schemas import FaultKind
 from sqlalchemy import exc as sa_exc
-
-from db import retry
-from service.schemas import FaultKind
 
 READ_ONLY = (
     "the database is read-only (a SQLite file or folder this process cannot write, "

@@ -28,12 +28,11 @@ from dataclasses import dataclass
 from operator import sub
 from typing import Any, Literal, TypeVar
 
+from kato.db import queries
+from kato.db.models import BestConfig
+from kato.db.queries import GroupKey, StoredConfig, shape_key
+from kato.kernels.spec import OperatorSpec
 from sqlalchemy.orm import Session
-
-from db import queries
-from db.models import BestConfig
-from db.queries import GroupKey, StoredConfig, shape_key
-from kernels.spec import OperatorSpec
 
 __all__ = [
     "NEAREST_MIN_GAIN",

@@ -19,13 +19,13 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from annotated_types import Interval
+from kato.db.models import BestConfig, Job, Trial, Worker, utcnow
+from kato.db.queries import StoredConfig
+from kato.kernels.spec import InvalidInput
+from kato.service.strict import parse_shape
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from db.models import BestConfig, Job, Trial, Worker, utcnow
-from db.queries import StoredConfig
 from kato.shared.status import JOB_STATUSES
-from kernels.spec import InvalidInput
-from service.strict import parse_shape
 
 MAX_DIM = 2**31 - 1
 MAX_RANK = 8

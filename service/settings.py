@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from kato.db.session import DbTimeouts, default_db_url, normalize_db_url
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from db.session import DbTimeouts, default_db_url, normalize_db_url
 
 #: Connections an API process's pool holds beyond one per API thread: for sessions opened on
 #: threads of their own, outside AnyIO's pool (the GPU workers ``kato serve`` runs in the
@@ -154,7 +153,7 @@ class Settings(BaseSettings):
         description="after a job, GPU workers also time PyTorch's own op on the job's inputs "
         "(where torch imports and sees the job's GPU; checked against the float64 references "
         "first) and store it beside the winner: lookups report framework_ms and speedup "
-        "(tuner.framework; false: not timed)",
+        "(kato.tuner.framework; false: not timed)",
     )
 
     @property

@@ -34,11 +34,10 @@ from urllib.parse import unquote_to_bytes
 
 from fastapi import HTTPException, Request, Response, status
 from fastapi.routing import APIRoute
+from kato.kernels.spec import InvalidInput
+from kato.service.deps import closing_sessions
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
-
-from kernels.spec import InvalidInput
-from service.deps import closing_sessions
 
 #: A lone surrogate, a surrogate escape, or a byte ``surrogateescape`` stood in for.
 _MAYBE_SURROGATE = re.compile(r"[\ud800-\udfff]|\\u[dD][89a-fA-F]")

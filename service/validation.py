@@ -14,10 +14,9 @@ from types import ModuleType
 from typing import Any
 
 from fastapi import HTTPException, status
-
-from kernels import InvalidInput, OperatorSpec, get_operator
-from service.schemas import MAX_INT32, MIN_BUDGET_SECONDS, JobCreate
-from service.settings import Settings
+from kato.kernels import InvalidInput, OperatorSpec, get_operator
+from kato.service.schemas import MAX_INT32, MIN_BUDGET_SECONDS, JobCreate
+from kato.service.settings import Settings
 
 
 def gpu_catalog() -> ModuleType:

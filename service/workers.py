@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from service.settings import Settings
+from kato.service.settings import Settings
 
 if TYPE_CHECKING:  # the tuner is imported by the functions, when a worker is built
+    from kato.tuner.worker import BackendFactory, JobRunner, Worker
     from sqlalchemy.orm import Session, sessionmaker
-
-    from tuner.worker import BackendFactory, JobRunner, Worker
 
 
 def measuring(
@@ -39,7 +38,7 @@ def gpu_backends(
 ) -> BackendFactory:
     """The PyCUDA backend factory of CUDA device ``device``, measuring as :func:`measuring`
     says."""
-    from tuner.worker import pycuda_backend_factory
+    from kato.tuner.worker import pycuda_backend_factory
 
     isolated, timeout = measuring(settings, isolate, trial_timeout)
     return pycuda_backend_factory(device, isolate=isolated, trial_timeout_s=timeout)
@@ -63,8 +62,8 @@ def build_worker(
     Raises:
         ValueError: ``KATO_DB_RETRY_SECONDS`` is not a number of seconds >= 0.
     """
-    from db.retry import RetryPolicy
-    from tuner.worker import Worker
+    from kato.db.retry import RetryPolicy
+    from kato.tuner.worker import Worker
 
     return Worker(
         sessions,
@@ -95,8 +94,8 @@ def build_runner(
     Raises:
         ValueError: ``KATO_DB_RETRY_SECONDS`` is not a number of seconds >= 0.
     """
-    from db.retry import RetryPolicy
-    from tuner.worker import JobRunner
+    from kato.db.retry import RetryPolicy
+    from kato.tuner.worker import JobRunner
 
     return JobRunner(
         sessions,
@@ -118,7 +117,7 @@ def queue_and_claim(
     run in this process now (``kato tune``, ``kato.tune_kernel``); its id, or None where
     another worker took it first. Only this job is claimed, never an older one of the queue.
     """
-    from db import queries
+    from kato.db import queries
 
     with sessions() as session:
         job = queries.create_job(session, **fields)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import statistics
 
-from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
+from kato.tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
 
 FAILED = {
     TrialStatus.COMPILE_ERROR,

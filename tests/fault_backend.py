@@ -17,9 +17,9 @@ import os
 import time
 from typing import Any
 
-from tuner.backends.base import Backend, TrialResult, TrialStatus
-from tuner.backends.isolated import BackendSpec
-from tuner.backends.replay import ReplayBackend
+from kato.tuner.backends.base import Backend, TrialResult, TrialStatus
+from kato.tuner.backends.isolated import BackendSpec
+from kato.tuner.backends.replay import ReplayBackend
 
 
 class FaultyReplay(ReplayBackend):

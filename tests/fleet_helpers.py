@@ -10,12 +10,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from kato.db import queries
+from kato.db.models import Job
+from kato.db.session import init_db, session_factory
+from kato.kernels import get_operator
 from paths import RECORDED, REPO
-
-from db import queries
-from db.models import Job
-from db.session import init_db, session_factory
-from kernels import get_operator
 
 SHAPE, DTYPE = [4096, 4096], "float16"
 
@@ -56,7 +55,7 @@ def start_worker(
     cmd = [
         sys.executable,
         "-m",
-        "service.cli",
+        "kato.service.cli",
         "worker",
         "--db",
         url,

@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 
 import pytest
+from kato.kernels import get_operator
 
 from benchmarks.torch_ops import modules
-from kernels import get_operator
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h200"
 FILES = sorted(DATA.glob("*.t4.json"))

@@ -13,11 +13,10 @@ import time
 
 import httpx
 import pytest
+from kato.db import fleet
+from kato.db.session import init_db, session_factory
+from kato.service.settings import Settings
 from paths import RECORDED, REPO
-
-from db import fleet
-from db.session import init_db, session_factory
-from service.settings import Settings
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is needed to parse docker/compose.yaml")
 

@@ -26,15 +26,17 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 FOLDERS = ("db", "kato", "kato_client", "kato_torch", "kernels", "service", "tuner")
+#: Folders installed under ``kato.`` (setup.py's package_dir): ``db/x.py`` is ``kato.db.x``.
+NAMESPACED = ("db", "kernels", "service", "tuner")
 
 #: Module-name prefixes of each layer (the longest prefix that matches a module wins).
 LAYERS = {
     "shared": ("kato", "kato.errors", "kato.env", "kato.shared"),
-    "kernels": ("kernels",),
-    "db": ("db",),
-    "tuner": ("tuner",),
+    "kernels": ("kato.kernels",),
+    "db": ("kato.db",),
+    "tuner": ("kato.tuner",),
     "kato_client": ("kato_client",),
-    "service": ("service",),
+    "service": ("kato.service",),
     "kato_torch": ("kato_torch",),
     "front": ("kato.tune", "kato.remote", "kato.kernel_tuner"),
 }
@@ -52,18 +54,18 @@ ALLOWED = {
 #: Modules that import the project's own modules inside a function, and why. Every other
 #: import of a project module is at module level.
 FUNCTION_LEVEL = {
-    "service.cli.*": "a command loads its stack when it runs: `kato --help` imports none of "
+    "kato.service.cli.*": "a command loads its stack when it runs: `kato --help` imports none of "
     "kernels, db, SQLAlchemy, FastAPI, Optuna or the tuner",
-    "service.workers": "the tuner is imported when a worker is built, not when the module is: "
+    "kato.service.workers": "the tuner is imported when a worker is built, not when the module is: "
     "`measuring` (kato.tune_kernel, the CLI's options) stays cheap",
-    "tuner.backends.isolated": "the parent imports neither PyCUDA (an optional extra) nor an "
+    "kato.tuner.backends.isolated": "the parent imports neither PyCUDA (an optional extra) nor an "
     "operator until a task names one; the measuring child imports what its task needs",
-    "tuner.backends.replay": "checking a recording loads the importer's rules (the pydantic "
+    "kato.tuner.backends.replay": "checking a recording loads the importer's rules (the pydantic "
     "file models) and the registry for that check only",
-    "tuner.framework": "PyTorch (an optional extra, through tuner.torch_ops) is imported "
+    "kato.tuner.framework": "PyTorch (an optional extra, through kato.tuner.torch_ops) is imported "
     "where the framework's own op is timed",
-    "kernels.cross_entropy.model": "at module level kernels.parallel would join "
-    "cross_entropy's version hash (kernels.spec._kernel_helpers): the input fill is no kernel",
+    "kato.kernels.cross_entropy.model": "at module level kato.kernels.parallel would join "
+    "cross_entropy's version hash (kato.kernels.spec._kernel_helpers): the input fill is no kernel",
     "kato_client.client": "the kernels' specs (numpy) load only for an offline default",
     "kato_client.policy": "the kernels' specs (numpy) load only to check a config locally",
     "kato_torch.user": "the CUDA driver (libcuda through kato_torch._driver) is opened where "
@@ -85,7 +87,8 @@ class Import:
 
 def _module_name(path: Path) -> str:
     parts = path.relative_to(REPO).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    return f"kato.{name}" if parts[0] in NAMESPACED else name
 
 
 def _sources() -> dict[str, Path]:
@@ -144,6 +147,26 @@ def layer_of(module: str) -> str:
 def _package(module: str) -> str:
     """The package a module belongs to, for private names: its layer."""
     return layer_of(module)
+
+
+def test_no_module_imports_the_old_top_level_names() -> None:
+    """``db``, ``kernels``, ``service`` and ``tuner`` are ``kato.db``, ...: an import of an old
+    name fails where Kato is installed, and in a checkout (pytest's pythonpath holds the root)
+    it loads a second copy of the module."""
+    paths = [*SOURCES.values(), *sorted((REPO / "tests").rglob("*.py"))]
+    paths += sorted((REPO / "benchmarks").rglob("*.py"))
+    old = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            where = f"{path.relative_to(REPO)}:{node.lineno}"
+            old += [f"{where} {name}" for name in names if name.split(".")[0] in NAMESPACED]
+    assert old == [], "\n".join(old)
 
 
 def test_every_module_belongs_to_a_layer() -> None:

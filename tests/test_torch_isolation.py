@@ -42,8 +42,8 @@ def test_no_package_but_kato_torch_imports_torch_at_module_level() -> None:
 
 def test_importing_the_service_and_client_does_not_load_torch() -> None:
     code = (
-        "import sys, service.app, service.cli, kato_client, tuner.worker, db.queries, kernels,"
-        " tuner.framework;"
+        "import sys, kato.service.app, kato.service.cli, kato_client, kato.tuner.worker,"
+        " kato.db.queries, kato.tuner.framework; from kato import kernels;"
         "kernels.list_operators();"
         "print('torch' in sys.modules)"
     )

@@ -22,10 +22,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from tuner.backends.base import Backend, TrialResult
-from tuner.backends.isolated import BackendSpec
-from tuner.backends.replay import ReplayBackend
-from tuner.trial_cost import TrialDeadline
+from kato.tuner.backends.base import Backend, TrialResult
+from kato.tuner.backends.isolated import BackendSpec
+from kato.tuner.backends.replay import ReplayBackend
+from kato.tuner.trial_cost import TrialDeadline
 
 ENV = "KATO_TEST_TIMED_BACKEND"
 VERIFY_LAUNCHES = 2

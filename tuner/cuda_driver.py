@@ -16,8 +16,9 @@ import ctypes
 import threading
 from collections.abc import Sequence
 
+from kato.kernels.limits import needs_shared_opt_in
+
 from kato.errors import KatoError
-from kernels.limits import needs_shared_opt_in
 
 CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8

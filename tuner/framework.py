@@ -155,8 +155,8 @@ def measure_here(
             framework,
             detail=f"torch's CUDA device {device_index} is a {seen}, the job ran on a {gpu_model}",
         )
-    from kernels import get_operator
-    from tuner import torch_ops
+    from kato.kernels import get_operator
+    from kato.tuner import torch_ops
 
     spec = get_operator(operator)
     if operator not in torch_ops.EQUIVALENTS:

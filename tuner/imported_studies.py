@@ -12,13 +12,9 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
-from db.models import RESERVED, Job, Trial
-from kato.errors import InvalidInput
-from kernels import get_operator
-from tuner.study import (
+from kato.db.models import RESERVED, Job, Trial
+from kato.kernels import get_operator
+from kato.tuner.study import (
     FAILED_VALUE,
     StudyParams,
     job_attrs,
@@ -26,6 +22,10 @@ from tuner.study import (
     optuna_storage,
     record_study,
 )
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from kato.errors import InvalidInput
 
 log = logging.getLogger(__name__)
 

@@ -42,8 +42,9 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from kato.kernels.spec import InvalidInput
+
 from kato.shared.gpus import GpuSpec
-from kernels.spec import InvalidInput
 
 Limiter = Literal["warps", "registers", "shared", "blocks"]
 CarveoutPreference = Literal["max", "default", "half", "min"] | int

@@ -13,10 +13,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kato.tuner.backends.replay import ReplayBackend
+from kato.tuner.search import DEFAULT_STRATEGY, Budget, Search
+from kato.tuner.warm_start import SEEDS_PER_SOURCE, cache_source, rank_seed_configs, seed_limit
+
 from kato.shared.kt_cache import KernelTunerCache, load_cache
-from tuner.backends.replay import ReplayBackend
-from tuner.search import DEFAULT_STRATEGY, Budget, Search
-from tuner.warm_start import SEEDS_PER_SOURCE, cache_source, rank_seed_configs, seed_limit
 
 
 @dataclass

@@ -30,9 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
-
-from tuner.backends.base import TrialResult, TrialStatus
-from tuner.proposers import (
+from kato.tuner.backends.base import TrialResult, TrialStatus
+from kato.tuner.proposers import (
     DEFAULT_STRATEGY,
     STRATEGIES,
     History,
@@ -42,9 +41,9 @@ from tuner.proposers import (
     Strategy,
     make_proposer,
 )
-from tuner.space import Config, SearchSpace
-from tuner.study import FAILED_VALUE, StudyParams
-from tuner.write_behind import WriteBehind
+from kato.tuner.space import Config, SearchSpace
+from kato.tuner.study import FAILED_VALUE, StudyParams
+from kato.tuner.write_behind import WriteBehind
 
 log = logging.getLogger(__name__)
 

@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import optuna
+from kato.db.session import WORKER_TIMEOUTS, configure_postgres, configure_sqlite
 from optuna.distributions import (
     BaseDistribution,
     CategoricalDistribution,
@@ -37,8 +38,6 @@ from optuna.distributions import (
     distribution_to_json,
 )
 from optuna.trial import FrozenTrial, TrialState
-
-from db.session import WORKER_TIMEOUTS, configure_postgres, configure_sqlite
 
 log = logging.getLogger(__name__)
 

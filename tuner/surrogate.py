@@ -69,9 +69,8 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-
-from tuner.backends.base import TrialResult, TrialStatus
-from tuner.space import Config, SearchSpace
+from kato.tuner.backends.base import TrialResult, TrialStatus
+from kato.tuner.space import Config, SearchSpace
 
 #: Configs drawn as a space-filling random design before the model is fitted. 15 rather than 10:
 #: with kernel spaces of 5-7 tuned parameters, 10 points let a few unlucky draws decide which

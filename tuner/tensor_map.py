@@ -16,8 +16,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from kato.kernels.spec import DTYPES, TensorMap
+
 from kato.errors import KatoError
-from kernels.spec import DTYPES, TensorMap
 
 #: Size and alignment of a ``CUtensorMap`` (cuda.h: ``CU_TENSOR_MAP_NUM_QWORDS`` = 16, 64-aligned).
 MAP_BYTES = 128

@@ -38,10 +38,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from kato.kernels.spec import OperatorSpec, Problem
+from kato.tuner.framework import MISMATCH, OK, FrameworkResult
 
 from kato.shared.gpus import find_gpu, normalize_gpu_name
-from kernels.spec import OperatorSpec, Problem
-from tuner.framework import MISMATCH, OK, FrameworkResult
 
 #: A torch value of a problem argument: a tensor (arrays) or a Python number (scalars).
 Value = Any

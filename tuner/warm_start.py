@@ -28,8 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from db.queries import MeasuredSource
-from tuner.space import Config
+from kato.db.queries import MeasuredSource
+from kato.tuner.space import Config
 
 log = logging.getLogger(__name__)
 

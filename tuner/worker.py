@@ -50,28 +50,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import optuna
-
-from db import queries, retry
-from db.ledger import JobLedger, Ledger, Seen
-from db.models import Job, utcnow
-from kato import env
-from kato.shared.gpus import normalize_gpu_name
-from kato.shared.kt_cache import config_key, load_cache
-from kernels import get_operator, list_operators
-from kernels.spec import InvalidInput
-from tuner import framework
-from tuner.backends.abilities import abilities_of, factory_abilities_of
-from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
-from tuner.backends.isolated import (
+from kato.db import queries, retry
+from kato.db.ledger import JobLedger, Ledger, Seen
+from kato.db.models import Job, utcnow
+from kato.kernels import get_operator, list_operators
+from kato.kernels.spec import InvalidInput
+from kato.tuner import framework
+from kato.tuner.backends.abilities import abilities_of, factory_abilities_of
+from kato.tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
+from kato.tuner.backends.isolated import (
     DEFAULT_TRIAL_TIMEOUT_S,
     BackendSpec,
     TrialInterrupted,
     measuring_backend,
 )
-from tuner.backends.replay import RecordedProblem, recorded_problem
-from tuner.proposers import proposer_class
-from tuner.search import Budget, Search, SearchResult, best_of
-from tuner.study import (
+from kato.tuner.backends.replay import RecordedProblem, recorded_problem
+from kato.tuner.proposers import proposer_class
+from kato.tuner.search import Budget, Search, SearchResult, best_of
+from kato.tuner.study import (
     FAILED_VALUE,
     StudyParams,
     describe_study,
@@ -80,8 +76,12 @@ from tuner.study import (
     optuna_storage,
     record_study,
 )
-from tuner.surrogate import import_models
-from tuner.warm_start import SourceReader, warm_start_configs
+from kato.tuner.surrogate import import_models
+from kato.tuner.warm_start import SourceReader, warm_start_configs
+
+from kato import env
+from kato.shared.gpus import normalize_gpu_name
+from kato.shared.kt_cache import config_key, load_cache
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-
-from tuner.surrogate import ForestProposer, _expected_improvement
+from kato.tuner.surrogate import ForestProposer, _expected_improvement
 
 
 def adjacent(proposer: ForestProposer, centre: int) -> np.ndarray:

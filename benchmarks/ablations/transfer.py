@@ -20,9 +20,9 @@ import math
 import os
 
 import numpy as np
+from kato.tuner.backends.replay import ReplayBackend
 
 from kato.shared.kt_cache import load_cache
-from tuner.backends.replay import ReplayBackend
 
 SRC = os.environ["SRC"]
 MODE = os.environ.get("SRC_MODE", "run")

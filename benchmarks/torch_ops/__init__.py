@@ -27,7 +27,7 @@ MAX_COPIES = 8
 def input_copies(bytes_per_call: int, max_copies: int = MAX_COPIES) -> int:
     """How many input copies to rotate over so that one pass streams >= 2x the L2
     (:func:`tuner.torch_ops.input_copies`, the framework baseline's rule)."""
-    from tuner import torch_ops
+    from kato.tuner import torch_ops
 
     return torch_ops.input_copies(bytes_per_call, L2_BYTES, max_copies)
 
@@ -37,7 +37,7 @@ def rotating(
 ) -> Callable[[], object]:
     """A zero-argument function calling ``run`` on the next of several input copies
     (:func:`tuner.torch_ops.rotating`)."""
-    from tuner import torch_ops
+    from kato.tuner import torch_ops
 
     return torch_ops.rotating(
         make_inputs, run, bytes_per_call, l2_bytes=L2_BYTES, max_copies=MAX_COPIES

@@ -21,7 +21,7 @@ def graphed(
     """A zero-argument function replaying the captured ``run`` of the next input copy (as
     :func:`benchmarks.torch_ops.rotating`, one graph per copy; outputs live in the graphs'
     memory pool): :func:`tuner.torch_ops.graphed`."""
-    from tuner import torch_ops
+    from kato.tuner import torch_ops
 
     return torch_ops.graphed(
         make_inputs, run, bytes_per_call, l2_bytes=L2_BYTES, max_copies=MAX_COPIES

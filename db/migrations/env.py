@@ -17,10 +17,9 @@ from __future__ import annotations
 from logging.config import fileConfig
 
 from alembic import context
+from kato.db.models import Base
+from kato.db.session import VERSION_TABLE, default_db_url, include_name, make_engine
 from sqlalchemy import Connection
-
-from db.models import Base
-from db.session import VERSION_TABLE, default_db_url, include_name, make_engine
 
 config = context.config
 target_metadata = Base.metadata

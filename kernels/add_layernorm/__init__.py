@@ -35,12 +35,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from kernels import limits, rowwise
-from kernels.layernorm import STATS_TOLERANCE, layernorm_reference
-from kernels.parallel import fill_rows
-from kernels.registry import register
-from kernels.spec import DTYPES, Config, Launch, Problem
+from kato.kernels import limits, rowwise
+from kato.kernels.layernorm import STATS_TOLERANCE, layernorm_reference
+from kato.kernels.parallel import fill_rows
+from kato.kernels.registry import register
+from kato.kernels.spec import DTYPES, Config, Launch, Problem
 
 #: Registers a CACHE=2 kernel needs besides its cache of s and the loads of its first pass (fit
 #: to ptxas reports on sm_90, tests/kernels/test_add_layernorm_compile.py).

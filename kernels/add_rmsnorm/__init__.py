@@ -29,12 +29,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from kernels import limits, rowwise
-from kernels.parallel import fill_rows
-from kernels.registry import register
-from kernels.rmsnorm import EPS, RSTD_TOLERANCE, rmsnorm_reference
-from kernels.spec import DTYPES, Config, Launch, Problem
+from kato.kernels import limits, rowwise
+from kato.kernels.parallel import fill_rows
+from kato.kernels.registry import register
+from kato.kernels.rmsnorm import EPS, RSTD_TOLERANCE, rmsnorm_reference
+from kato.kernels.spec import DTYPES, Config, Launch, Problem
 
 #: Registers a CACHE=2 kernel needs besides its cache of s (one per element,
 #: :func:`kernels.rowwise.vector_registers`; fit to ptxas reports on sm_90,

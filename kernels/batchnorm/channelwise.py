@@ -28,9 +28,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from kernels import limits
-from kernels.batchnorm_stats import MAX_DIM, effective_min_blocks, register_cap
-from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Step
+from kato.kernels import limits
+from kato.kernels.batchnorm_stats import MAX_DIM, effective_min_blocks, register_cap
+from kato.kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Step
 
 #: Threads per block of the finalize kernels (a warp per channel).
 FINALIZE_THREADS = 256

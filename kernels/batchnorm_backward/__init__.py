@@ -35,13 +35,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from kernels import parallel
-from kernels.batchnorm.channelwise import ChannelwiseSpec
-from kernels.batchnorm_stats import MAX_SPLIT, BatchNormStatsSpec
-from kernels.parallel import fill_rows, run_chunks
-from kernels.registry import register
-from kernels.spec import DTYPES, Config, InvalidInput, Problem
+from kato.kernels import parallel
+from kato.kernels.batchnorm.channelwise import ChannelwiseSpec
+from kato.kernels.batchnorm_stats import MAX_SPLIT, BatchNormStatsSpec
+from kato.kernels.parallel import fill_rows, run_chunks
+from kato.kernels.registry import register
+from kato.kernels.spec import DTYPES, Config, InvalidInput, Problem
 
 #: The forward's eps (torch's default): the problems' saved invstd.
 EPS = 1e-5

@@ -31,11 +31,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from kernels import limits, parallel
-from kernels.parallel import fill_rows, run_chunks
-from kernels.registry import register
-from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem, Step
+from kato.kernels import limits, parallel
+from kato.kernels.parallel import fill_rows, run_chunks
+from kato.kernels.registry import register
+from kato.kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem, Step
 
 #: N, C and H*W are ``int`` kernel arguments; (n, j) indices run a little past N and H*W.
 MAX_DIM = 2**30

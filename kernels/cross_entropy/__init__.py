@@ -34,11 +34,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from kernels import limits
-from kernels.cross_entropy import model
-from kernels.registry import register
-from kernels.spec import DTYPES, Config, Launch, Problem, Step
+from kato.kernels import limits
+from kato.kernels.cross_entropy import model
+from kato.kernels.registry import register
+from kato.kernels.spec import DTYPES, Config, Launch, Problem, Step
 
 #: lse's atol: 2e-6 for the float32 log and rounding, plus 2**-25 * sqrt(cols) for the float32
 #: sums (per thread, sequential, then a tree): a simulation of the worst config (8 threads per

@@ -22,9 +22,8 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-
-from kernels import limits, rowwise
-from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec
+from kato.kernels import limits, rowwise
+from kato.kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec
 
 #: torch's default ``ignore_index``.
 IGNORE_INDEX = -100
@@ -194,7 +193,7 @@ def make_logits(
     +-:data:`OFFSET` on alternate even rows, U(-2, 2) elsewhere), labels uniform in ``[0,
     cols)`` with every :data:`IGNORE_EVERY`-th row (from row 3) ignored (:data:`IGNORE_INDEX`).
     """
-    from kernels.parallel import fill_rows
+    from kato.kernels.parallel import fill_rows
 
     offsets = rng.uniform(-2.0, 2.0, size=(rows, 1)).astype(np.float32)
     offsets[0::4] = OFFSET

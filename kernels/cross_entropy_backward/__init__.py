@@ -28,10 +28,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from kernels.cross_entropy import model
-from kernels.registry import register
-from kernels.spec import DTYPES, Problem
+from kato.kernels.cross_entropy import model
+from kato.kernels.registry import register
+from kato.kernels.spec import DTYPES, Problem
 
 #: atol of dlogits as a fraction of max over rows of p_label * |dloss| (see :meth:`tolerance`).
 LABEL_ERROR = 2.0**-17

@@ -44,11 +44,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from kernels import limits, rowwise
-from kernels.parallel import fill_rows
-from kernels.registry import register
-from kernels.spec import DTYPES, Config, Launch, Problem, Step
+from kato.kernels import limits, rowwise
+from kato.kernels.parallel import fill_rows
+from kato.kernels.registry import register
+from kato.kernels.spec import DTYPES, Config, Launch, Problem, Step
 
 #: The largest SPLIT of the space: the partials buffer holds MAX_SPLIT * NUM_SMS rows at most.
 MAX_SPLIT = 8

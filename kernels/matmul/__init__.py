@@ -75,10 +75,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from kernels import limits
-from kernels.registry import register
-from kernels.spec import (
+from kato.kernels import limits
+from kato.kernels.registry import register
+from kato.kernels.spec import (
     DTYPES,
     Config,
     InvalidInput,

@@ -28,12 +28,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from kernels import limits
-from kernels.parallel import fill_rows
-from kernels.reduce_sum_all import EPS32, ERROR_ROUNDINGS, butterfly, step_sum
-from kernels.registry import register
-from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
+from kato.kernels import limits
+from kato.kernels.parallel import fill_rows
+from kato.kernels.reduce_sum_all import EPS32, ERROR_ROUNDINGS, butterfly, step_sum
+from kato.kernels.registry import register
+from kato.kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
 
 #: Column indices run up to cols/VEC + ROW_THREADS * UNROLL (one step past the end) in int.
 MAX_COLS = 2**31 - 2**16

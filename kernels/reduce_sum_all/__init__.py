@@ -35,11 +35,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from kernels import limits
-from kernels.parallel import fill_rows, row_chunks
-from kernels.registry import register
-from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem, Step
+from kato.kernels import limits
+from kato.kernels.parallel import fill_rows, row_chunks
+from kato.kernels.registry import register
+from kato.kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem, Step
 
 #: The kernel indexes with long long; keep n well inside it (slot + grid-stride step).
 MAX_N = 2**62

@@ -29,11 +29,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from kernels import limits
-from kernels.parallel import fill_rows
-from kernels.registry import register
-from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem, Step
+from kato.kernels import limits
+from kato.kernels.parallel import fill_rows
+from kato.kernels.registry import register
+from kato.kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem, Step
 
 MAX_N = 2**62
 #: Registers a thread needs besides the UNROLL vectors it keeps in flight (64-bit slot indices

@@ -24,11 +24,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from kernels import limits
-from kernels.parallel import fill_rows
-from kernels.registry import register
-from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
+from kato.kernels import limits
+from kato.kernels.parallel import fill_rows
+from kato.kernels.registry import register
+from kato.kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
 
 #: CACHE=2 holds at most this many vectors per thread.
 MAX_ITEMS = 16

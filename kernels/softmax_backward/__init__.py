@@ -25,11 +25,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from kernels import rowwise
-from kernels.parallel import fill_rows
-from kernels.registry import register
-from kernels.spec import DTYPES, Config, Problem
+from kato.kernels import rowwise
+from kato.kernels.parallel import fill_rows
+from kato.kernels.registry import register
+from kato.kernels.spec import DTYPES, Config, Problem
 
 #: Registers a CACHE=2 kernel needs besides its two row caches (one per element,
 #: :func:`kernels.rowwise.vector_registers`; fit to ptxas reports on sm_90,

@@ -54,11 +54,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from kernels import limits
-from kernels.registry import register
-from kernels.sort import radix
-from kernels.spec import Config, InvalidInput, Launch, OperatorSpec, Problem, Step
+from kato.kernels import limits
+from kato.kernels.registry import register
+from kato.kernels.sort import radix
+from kato.kernels.spec import Config, InvalidInput, Launch, OperatorSpec, Problem, Step
 
 #: Registers besides the ITEMS keys (indices, loop state, shuffle temporaries); fit to ptxas
 #: reports on sm_80/sm_90 (ITEMS=8: 32-42 registers).

@@ -17,9 +17,8 @@ import math
 from pathlib import Path
 
 import numpy as np
-
-from kernels import limits
-from kernels.spec import Config, Launch, Step
+from kato.kernels import limits
+from kato.kernels.spec import Config, Launch, Step
 
 TEMPLATE = Path(__file__).with_name("radix.cu")
 KERNELS = ("radix_init", "radix_histogram", "radix_pass")

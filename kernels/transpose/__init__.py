@@ -25,10 +25,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from kernels import limits
-from kernels.registry import register
-from kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
+from kato.kernels import limits
+from kato.kernels.registry import register
+from kato.kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
 
 MAX_THREADS_PER_BLOCK = 1024
 #: Registers besides the loaded vectors (indices, pointers, tile counters, loop state); fit to

@@ -9,10 +9,10 @@
 ``docs/user_kernels.md`` describes the format and the ways to register one.
 """
 
-from kernels.user.expr import ExpressionError
-from kernels.user.folder import SPEC_FILE, definition, load_folder
-from kernels.user.model import OperatorDefinition, OperatorModel
-from kernels.user.spec import DeviceReference, UserOperatorSpec
+from kato.kernels.user.expr import ExpressionError
+from kato.kernels.user.folder import SPEC_FILE, definition, load_folder
+from kato.kernels.user.model import OperatorDefinition, OperatorModel
+from kato.kernels.user.spec import DeviceReference, UserOperatorSpec
 
 
 def spec_from_folder(path, **options) -> UserOperatorSpec:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kernels.spec import InvalidInput
+from kato.kernels.spec import InvalidInput
 
 #: Longest expression text accepted, in characters.
 MAX_LENGTH = 1000

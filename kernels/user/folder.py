@@ -10,11 +10,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from kato.kernels.spec import InvalidInput
+from kato.kernels.user.expr import ExpressionError
+from kato.kernels.user.model import MAX_FILE_BYTES, OperatorDefinition
 from pydantic import ValidationError
-
-from kernels.spec import InvalidInput
-from kernels.user.expr import ExpressionError
-from kernels.user.model import MAX_FILE_BYTES, OperatorDefinition
 
 #: The spec file of a folder.
 SPEC_FILE = "kato.toml"

@@ -25,10 +25,9 @@ from collections.abc import Collection, Mapping
 from typing import Annotated, Any, Literal
 
 import numpy as np
+from kato.kernels.spec import CUDA_TYPES, DTYPES
+from kato.kernels.user import expr
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
-from kernels.spec import CUDA_TYPES, DTYPES
-from kernels.user import expr
 
 #: An operator name: what the result key and recording file names can hold.
 NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"

@@ -21,10 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from kato.shared.paths import compile_cache_dir
-from kernels import limits
-from kernels.spec import (
+from kato.kernels import limits
+from kato.kernels.spec import (
     DTYPES,
     Config,
     InvalidInput,
@@ -33,14 +31,16 @@ from kernels.spec import (
     Problem,
     code_fingerprint,
 )
-from kernels.user.expr import ExpressionError
-from kernels.user.model import (
+from kato.kernels.user.expr import ExpressionError
+from kato.kernels.user.model import (
     DEFAULT_BLOCK_SIZE_NAMES,
     OperatorDefinition,
     include_error,
     inline_headers,
     numpy_dtype,
 )
+
+from kato.shared.paths import compile_cache_dir
 
 #: ``(atol, rtol)`` per dtype where the spec gives none (float32 results of a differently
 #: ordered float32 sum; 16-bit types rounded once more).
@@ -65,7 +65,12 @@ MAX_GRID = (limits.MAX_GRID_X, limits.MAX_GRID_Y, limits.MAX_GRID_Y)
 #: Function computing float64 references: ``reference(args, shape, dtype) -> [array per
 #: output]`` (``args`` as :meth:`UserOperatorSpec.make_problem` made them).
 #: The modules whose code decides what a user operator's variants are and how they are checked.
-_HASHED_MODULES = ("kernels.limits", "kernels.user.expr", "kernels.user.model", "kernels.user.spec")
+_HASHED_MODULES = (
+    "kato.kernels.limits",
+    "kato.kernels.user.expr",
+    "kato.kernels.user.model",
+    "kato.kernels.user.spec",
+)
 PythonReference = Callable[[list[Any], tuple[int, ...], str], Sequence[np.ndarray]]
 #: Kernel Tuner's custom verification: ``verify(answer, result_host, atol=None) -> bool``.
 VerifyFunction = Callable[..., Any]

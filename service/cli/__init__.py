@@ -10,10 +10,10 @@ from __future__ import annotations
 
 # Importing a group's module registers its commands on ``app``, in this order (``kato --help``).
 # isort: off
-from service.cli import root, serve, tune, lookup, tokens, operators, jobs, data  # noqa: F401
+from kato.service.cli import root, serve, tune, lookup, tokens, operators, jobs, data  # noqa: F401
 
 # isort: on
-from service.cli.common import app
+from kato.service.cli.common import app
 
 __all__ = ["app", "main"]
 

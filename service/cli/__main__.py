@@ -1,5 +1,5 @@
 """``python -m service.cli``: the ``kato`` command."""
 
-from service.cli import main
+from kato.service.cli import main
 
 main()

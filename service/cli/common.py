@@ -87,10 +87,9 @@ def parse_shape(text: str) -> list[int]:
 def load_settings(db: str | None):
     """The settings, from --db and ``KATO_*``; a value that cannot be used ends the command."""
 
+    from kato.service.settings import Settings
     from pydantic import ValidationError
     from sqlalchemy.exc import SQLAlchemyError
-
-    from service.settings import Settings
 
     url = db or env.get("KATO_DB_URL") or ""
     try:
@@ -110,7 +109,7 @@ def load_settings(db: str | None):
 
 def gpu_model_of(device: int) -> str:
     """The catalog name of CUDA device ``device``; exits with a clear message where none."""
-    from tuner.backends.pycuda import describe_device
+    from kato.tuner.backends.pycuda import describe_device
 
     try:
         return describe_device(device).model
@@ -124,9 +123,8 @@ def open_engine(db_url: str, connections: int | None = None):
     down) ends the command with what went wrong. ``connections``: the pool's size
     (``db.session.make_engine``; default: a small pool)."""
     from alembic.util import CommandError
+    from kato.db.session import init_db, make_engine
     from sqlalchemy.exc import SQLAlchemyError
-
-    from db.session import init_db, make_engine
 
     try:
         engine = make_engine(db_url, connections=connections)
@@ -141,7 +139,7 @@ def open_engine(db_url: str, connections: int | None = None):
 
 
 def open_sessions(db_url: str):
-    from db.session import session_factory
+    from kato.db.session import session_factory
 
     engine = open_engine(db_url)
     return engine, session_factory(engine)
@@ -169,7 +167,7 @@ def check_recording(path: Path, what: str, code: int = 2):
 
 def use_stored_operators(sessions) -> None:
     """The user operators stored in the database join this process's registry."""
-    from db.operators import use_database
+    from kato.db.operators import use_database
 
     use_database(sessions)
 

@@ -6,8 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from service.cli.common import (
+from kato.service.cli.common import (
     DbOption,
     app,
     console,
@@ -40,7 +39,7 @@ def export_results(
 ) -> None:
     """Export best configs and trials (T4 JSON or Kernel Tuner cache files), to import
     elsewhere (kato import) or to replay in Kernel Tuner's simulation mode."""
-    from db.export import ExportError, collect, export, kernel_tuner_reads
+    from kato.db.export import ExportError, collect, export, kernel_tuner_reads
 
     _, sessions = open_sessions(load_settings(db).db_url)
     use_stored_operators(sessions)
@@ -89,8 +88,8 @@ def import_results(
     """Import exported results (idempotent: importing twice adds nothing). Every file is checked
     before anything is written (types, the operator's space, rank and dtypes, the file's own
     measurements); an invalid file exits with status 2 and says what is wrong."""
-    from db.importer import InvalidImport, import_paths
-    from tuner.imported_studies import record_job_studies
+    from kato.db.importer import InvalidImport, import_paths
+    from kato.tuner.imported_studies import record_job_studies
 
     overrides = {"operator": operator, "shape": shape, "dtype": dtype, "gpu": gpu}
     _, sessions = open_sessions(load_settings(db).db_url)

@@ -7,12 +7,7 @@ from collections.abc import Sequence
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-
-from kato.shared.gpus import normalize_gpu_name
-from service.cli.common import (
+from kato.service.cli.common import (
     DbOption,
     app,
     console,
@@ -23,6 +18,11 @@ from service.cli.common import (
     print_records,
     use_stored_operators,
 )
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from kato.shared.gpus import normalize_gpu_name
 
 
 @app.command(
@@ -38,8 +38,8 @@ def cancel(
     """Cancel a job in the database, whoever submitted it (the operator's way to stop the jobs
     of a revoked token): a queued job at once, a running one after its current trial. A
     finished job is left as it is."""
-    from db import ids, queries
-    from db.models import Job
+    from kato.db import ids, queries
+    from kato.db.models import Job
 
     _, sessions = open_sessions(load_settings(db).db_url)
     with sessions() as session:
@@ -87,8 +87,8 @@ def jobs(
     left (as GET /v1/jobs reports them)."""
     from typing import get_args
 
-    from db import queries
-    from service.schemas import JobPublic, JobStatus
+    from kato.db import queries
+    from kato.service.schemas import JobPublic, JobStatus
 
     if status is not None and status not in get_args(JobStatus):
         raise typer.BadParameter(f"status must be one of {', '.join(get_args(JobStatus))}")
@@ -121,7 +121,7 @@ def jobs(
 
 
 def _lease_ran_out(job) -> bool:
-    from db.models import utcnow
+    from kato.db.models import utcnow
 
     return job.lease_expires_at is not None and job.lease_expires_at < utcnow()
 
@@ -165,9 +165,9 @@ def retune(
     with a queued job or one running at the current version are listed and skipped; running it
     again queues nothing new. Each job first measures the key's old winner (warm start).
     """
-    from db.upgrade import find_stale_keys, queue_retune
-    from kernels import InvalidInput, list_operators
-    from service.validation import check_budget
+    from kato.db.upgrade import find_stale_keys, queue_retune
+    from kato.kernels import InvalidInput, list_operators
+    from kato.service.validation import check_budget
 
     settings = load_settings(db)
     try:  # the budget check of every new job (service.validation), with its message
@@ -225,8 +225,8 @@ def _key_check(specs):
     """``find_stale_keys``' check: why a key cannot be queued, by the checks of a new job
     (shape, dtype, memory; the GPU model is the one its results were measured on, listed in
     the catalog or not)."""
-    from kernels import InvalidInput
-    from service.validation import resolve_problem
+    from kato.kernels import InvalidInput
+    from kato.service.validation import resolve_problem
 
     def check(name: str, shape: Sequence[int], dtype: str, gpu_model: str) -> str | None:
         try:
@@ -241,7 +241,7 @@ def _key_check(specs):
 def _show_retune(keys, queued: dict, *, dry_run: bool, as_json: bool) -> None:
     """What ``kato retune`` found: one JSON line per key, or a table (stdout), then a warning
     per operator no longer registered (stderr)."""
-    from db.upgrade import SKIP_UNREGISTERED
+    from kato.db.upgrade import SKIP_UNREGISTERED
 
     def status(key) -> str:
         if key.skip is not None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-
-from service.cli.common import (
+from kato.service.cli.common import (
     DbOption,
     app,
     emit,
@@ -48,8 +47,7 @@ def lookup(
     import asyncio
 
     import httpx
-
-    from service.app import create_app
+    from kato.service.app import create_app
 
     settings = load_settings(db)
     api = create_app(settings, engine=open_engine(settings.db_url))

@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from service.cli.common import (
+from kato.service.cli.common import (
     DbOption,
     app,
     console,
@@ -39,9 +38,9 @@ def operator_add(
     """Validate an operator folder (nothing is compiled here) and store it as the newest version
     of its name; an unchanged folder is found, not stored twice. Workers and API processes of
     this database serve it within seconds."""
-    from db import operators as stored
-    from kernels.spec import InvalidInput
-    from kernels.user import load_folder
+    from kato.db import operators as stored
+    from kato.kernels.spec import InvalidInput
+    from kato.kernels.user import load_folder
 
     try:
         definition = load_folder(folder)
@@ -69,7 +68,7 @@ def operator_list(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON lines")] = False,
 ) -> None:
     """Every stored user operator: name, current version, versions stored, tunables, added."""
-    from db import operators as stored
+    from kato.db import operators as stored
 
     _, sessions = open_sessions(load_settings(db).db_url)
     rows = []

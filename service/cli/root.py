@@ -5,22 +5,22 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-
-from kato import env
-from service.cli.common import (
+from kato.service.cli.common import (
     app,
     fail,
 )
+
+from kato import env
 
 
 def _version_lines(verbose: bool) -> list[str]:
     """``kato VERSION`` (the installed package's); with ``verbose`` also every registered
     operator's version, one ``NAME VERSION`` a line (what its stored results are keyed by)."""
-    from service import __version__
+    from kato.service import __version__
 
     lines = [f"kato {__version__}"]
     if verbose:
-        from kernels import list_operators
+        from kato.kernels import list_operators
 
         lines += [f"{spec.name} {spec.version}" for spec in list_operators()]
     return lines
@@ -44,7 +44,7 @@ def _main(
 ) -> None:
     """Kato: GPU kernel autotuning service. Log lines go to stderr at KATO_LOG_LEVEL (INFO)."""
 
-    from service import logs
+    from kato.service import logs
 
     try:
         level = logs.parse_level(env.get("KATO_LOG_LEVEL"))

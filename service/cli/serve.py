@@ -7,9 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from kato import env
-from service.cli.common import (
+from kato.service.cli.common import (
     DbOption,
     app,
     check_recording,
@@ -23,14 +21,16 @@ from service.cli.common import (
     use_stored_operators,
 )
 
+from kato import env
+
 
 def _replay_backends(path: Path, gpu: list[str] | None, **options):
     """The replay factory for the recordings at ``path`` (a file or a directory), each file
     checked, and the problem it is for read, before a worker starts on them; ``gpu``: keep only
     the recordings of these GPU models."""
-    from kernels.spec import InvalidInput
-    from tuner.backends.replay import recorded_problem
-    from tuner.worker import Recording, ReplayBackends, recording_files
+    from kato.kernels.spec import InvalidInput
+    from kato.tuner.backends.replay import recorded_problem
+    from kato.tuner.worker import Recording, ReplayBackends, recording_files
 
     files = recording_files(path)
     if not files:
@@ -51,8 +51,8 @@ def _replay_backends(path: Path, gpu: list[str] | None, **options):
 def _start_gpu_workers(settings, sessions) -> list[threading.Thread]:
     """One worker thread per visible CUDA device (:func:`service.workers.build_worker`); none
     (with a note) on a machine without."""
-    from service.workers import build_worker, gpu_backends
-    from tuner.backends.pycuda import describe_device, device_count
+    from kato.service.workers import build_worker, gpu_backends
+    from kato.tuner.backends.pycuda import describe_device, device_count
 
     threads = []
     count = device_count()
@@ -89,7 +89,7 @@ def _built(build, *args, **kwargs):
 
 def _token_hint(settings, sessions) -> None:
     """On start: say how writes are protected, and how to get a token where none exists."""
-    from db import tokens
+    from kato.db import tokens
 
     if not settings.auth_required:
         console.print(
@@ -119,8 +119,7 @@ def serve(
     """Run the REST API (OpenAPI docs at /docs) and a worker for each visible GPU."""
 
     import uvicorn
-
-    from service.app import create_app
+    from kato.service.app import create_app
 
     settings = load_settings(db)
     # The API's pool: a connection per API thread plus headroom (service.deps).
@@ -135,7 +134,11 @@ def serve(
     # Each uvicorn worker process builds its own app from the environment.
     env.set_for_children("KATO_DB_URL", settings.db_url)
     uvicorn.run(
-        "service.app:create_app_from_env", factory=True, host=host, port=port, workers=api_workers
+        "kato.service.app:create_app_from_env",
+        factory=True,
+        host=host,
+        port=port,
+        workers=api_workers,
     )
 
 
@@ -189,8 +192,8 @@ def worker(
     measurements and database hiccups are recorded or retried, never fatal
     (KATO_DB_RETRY_SECONDS, 300: how long a running job retries a database fault).
     """
-    from service.workers import build_worker, gpu_backends, measuring
-    from tuner.worker import stop_on_signals
+    from kato.service.workers import build_worker, gpu_backends, measuring
+    from kato.tuner.worker import stop_on_signals
 
     settings = load_settings(db)
     isolated, timeout = measuring(settings, isolate, trial_timeout)

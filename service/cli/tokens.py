@@ -6,8 +6,7 @@ import json
 from typing import Annotated, Any
 
 import typer
-
-from service.cli.common import (
+from kato.service.cli.common import (
     DbOption,
     app,
     console,
@@ -43,7 +42,7 @@ def token_create(
     db: DbOption = None,
 ) -> None:
     """Create a token; print its secret on stdout, once (only its SHA-256 is stored)."""
-    from db import tokens
+    from kato.db import tokens
 
     _, sessions = open_sessions(load_settings(db).db_url)
     with sessions() as session:
@@ -73,7 +72,7 @@ def token_revoke(
 ) -> None:
     """Revoke a token: its requests get 403 from now on; its jobs keep running (an admin token
     or `kato cancel` stops them)."""
-    from db import tokens
+    from kato.db import tokens
 
     _, sessions = open_sessions(load_settings(db).db_url)
     with sessions() as session:
@@ -95,7 +94,7 @@ def token_list(
 ) -> None:
     """Every token (never the secrets): id, name, admin, queue limit, live jobs, created, last
     used, revoked (times in UTC)."""
-    from db import tokens
+    from kato.db import tokens
 
     _, sessions = open_sessions(load_settings(db).db_url)
     with sessions() as session:

@@ -8,15 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
-
-from service.cli.common import (
+from kato.service.cli.common import (
     DbOption,
     app,
     check_recording,
@@ -30,6 +22,13 @@ from service.cli.common import (
     parse_shape,
     progress_bar,
     use_stored_operators,
+)
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
 )
 
 
@@ -47,10 +46,10 @@ def _tune_backends(
     """``(gpu_model, backend_factory)`` of ``kato tune``: every kind measured through
     :func:`tuner.backends.isolated.measuring_backend`, as a worker's; a bad choice ends the
     command with the reason (exit 2)."""
-    from kernels import get_operator
-    from kernels.spec import InvalidInput
-    from tuner.backends.isolated import BackendSpec, build_backend, measuring_backend
-    from tuner.worker import pycuda_backend_factory
+    from kato.kernels import get_operator
+    from kato.kernels.spec import InvalidInput
+    from kato.tuner.backends.isolated import BackendSpec, build_backend, measuring_backend
+    from kato.tuner.worker import pycuda_backend_factory
 
     if kind == "pycuda":
         model = gpu_model_of(device)
@@ -72,7 +71,7 @@ def _tune_backends(
         replay_file=str(replay) if replay is not None else None,
     )
     if kind == "replay":
-        from tuner.backends.replay import recorded_problem
+        from kato.tuner.backends.replay import recorded_problem
 
         try:
             problem = recorded_problem(check_recording(replay, "--replay"), replay)
@@ -125,7 +124,7 @@ def tune(
         typer.Option(
             help="pycuda (this machine's GPU), replay (answers from --replay, a recording of "
             "this problem; no GPU) or MODULE:FUNCTION (a plugin building a tuner Backend from "
-            "a tuner.backends.isolated.BackendSpec, given --replay as its replay_file)"
+            "a kato.tuner.backends.isolated.BackendSpec, given --replay as its replay_file)"
         ),
     ] = "pycuda",
     replay: Annotated[
@@ -157,13 +156,13 @@ def tune(
     Measured as kato worker measures: in a child process under the per-trial limit, so a
     config that hangs or faults is a timeout or crashed trial and the job goes on.
     """
-    from db import queries
-    from kernels import get_operator
-    from kernels.spec import InvalidInput
-    from service.validation import JobRequest, check_budget, check_seed, job_fields
-    from service.workers import build_runner, measuring, queue_and_claim
-    from tuner.search import STRATEGIES
-    from tuner.worker import default_worker_id
+    from kato.db import queries
+    from kato.kernels import get_operator
+    from kato.kernels.spec import InvalidInput
+    from kato.service.validation import JobRequest, check_budget, check_seed, job_fields
+    from kato.service.workers import build_runner, measuring, queue_and_claim
+    from kato.tuner.search import STRATEGIES
+    from kato.tuner.worker import default_worker_id
 
     settings = load_settings(db)
     if trial_timeout is not None and not trial_timeout > 0:
@@ -268,8 +267,8 @@ def replay(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Search a recorded space on the replay backend; report the mean fraction of optimum."""
-    from tuner.replay_eval import replay_search
-    from tuner.search import DEFAULT_STRATEGY, STRATEGIES
+    from kato.tuner.replay_eval import replay_search
+    from kato.tuner.search import DEFAULT_STRATEGY, STRATEGIES
 
     strategy = strategy or DEFAULT_STRATEGY
     if strategy not in STRATEGIES:

@@ -1,5 +1,5 @@
 """One router per resource: health, operators, GPUs, configs (lookups), jobs."""
 
-from service.routes import configs, gpus, health, jobs, operators
+from kato.service.routes import configs, gpus, health, jobs, operators
 
 __all__ = ["configs", "gpus", "health", "jobs", "operators"]

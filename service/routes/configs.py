@@ -23,14 +23,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, Field
-from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
-
-from kernels import InvalidInput, OperatorSpec
-from service.lookup import Lookups, Match
-from service.lookup_cache import raw_key, wants_fresh
-from service.schemas import (
+from kato.kernels import InvalidInput, OperatorSpec
+from kato.service.lookup import Lookups, Match
+from kato.service.lookup_cache import raw_key, wants_fresh
+from kato.service.schemas import (
     NAME_PATTERN,
     ConfigPublic,
     Name,
@@ -42,8 +38,11 @@ from service.schemas import (
     parse_shape_text,
     plain,
 )
-from service.strict import StrictJSONRoute
-from service.validation import Problem, operator_or_404, resolve_problem
+from kato.service.strict import StrictJSONRoute
+from kato.service.validation import Problem, operator_or_404, resolve_problem
+from pydantic import BaseModel, Field
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 router = APIRouter(prefix="/v1/configs", tags=["configs"], route_class=StrictJSONRoute)
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, status
-
-from kernels import InvalidInput
-from service.schemas import NAME_PATTERN, GpuPublic, Name, error_responses, plain
-from service.strict import StrictJSONRoute
-from service.validation import gpu_catalog
+from kato.kernels import InvalidInput
+from kato.service.schemas import NAME_PATTERN, GpuPublic, Name, error_responses, plain
+from kato.service.strict import StrictJSONRoute
+from kato.service.validation import gpu_catalog
 
 router = APIRouter(prefix="/v1/gpus", tags=["gpus"], route_class=StrictJSONRoute)
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from kato.db.health import read_only
+from kato.service.deps import SessionDep
+from kato.service.faults import READ_ONLY, database_fault
+from kato.service.schemas import HealthPublic
+from kato.service.strict import StrictJSONRoute
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
-
-from db.health import read_only
-from service.deps import SessionDep
-from service.faults import READ_ONLY, database_fault
-from service.schemas import HealthPublic
-from service.strict import StrictJSONRoute
 
 router = APIRouter(tags=["health"], route_class=StrictJSONRoute)
 

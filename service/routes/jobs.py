@@ -6,13 +6,11 @@ import re
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, status
-from sqlalchemy.orm import Session
-
-from db import fleet, queries, tokens
-from db.models import Job
-from service.auth import AUTH_RESPONSES, Caller, WriterDep
-from service.deps import SessionDep, SettingsDep
-from service.schemas import (
+from kato.db import fleet, queries, tokens
+from kato.db.models import Job
+from kato.service.auth import AUTH_RESPONSES, Caller, WriterDep
+from kato.service.deps import SessionDep, SettingsDep
+from kato.service.schemas import (
     JobBatchCreate,
     JobCreate,
     JobPublic,
@@ -21,9 +19,10 @@ from service.schemas import (
     TrialPublic,
     error_responses,
 )
-from service.settings import Settings
-from service.strict import StrictJSONRoute
-from service.validation import batch_fields, job_fields
+from kato.service.settings import Settings
+from kato.service.strict import StrictJSONRoute
+from kato.service.validation import batch_fields, job_fields
+from sqlalchemy.orm import Session
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=StrictJSONRoute)
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-
-from kernels import list_operators
-from service.schemas import OperatorPublic, error_responses, plain
-from service.strict import StrictJSONRoute
-from service.validation import operator_or_404
+from kato.kernels import list_operators
+from kato.service.schemas import OperatorPublic, error_responses, plain
+from kato.service.strict import StrictJSONRoute
+from kato.service.validation import operator_or_404
 
 router = APIRouter(prefix="/v1/operators", tags=["operators"], route_class=StrictJSONRoute)
 

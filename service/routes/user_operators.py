@@ -15,13 +15,12 @@ from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, HTTPException, Response, status
+from kato.db import operators as stored
+from kato.service.auth import AUTH_RESPONSES, WriterDep
+from kato.service.deps import SessionDep
+from kato.service.schemas import StrictBody, error_responses
+from kato.service.strict import StrictJSONRoute
 from pydantic import BaseModel
-
-from db import operators as stored
-from service.auth import AUTH_RESPONSES, WriterDep
-from service.deps import SessionDep
-from service.schemas import StrictBody, error_responses
-from service.strict import StrictJSONRoute
 
 router = APIRouter(prefix="/v1/operators", tags=["operators"], route_class=StrictJSONRoute)
 

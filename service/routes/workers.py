@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query
-
-from db import fleet
-from service.deps import SessionDep, SettingsDep
-from service.schemas import ListLimit, QueryFlag, WorkerPublic
-from service.strict import StrictJSONRoute
+from kato.db import fleet
+from kato.service.deps import SessionDep, SettingsDep
+from kato.service.schemas import ListLimit, QueryFlag, WorkerPublic
+from kato.service.strict import StrictJSONRoute
 
 router = APIRouter(prefix="/v1/workers", tags=["workers"], route_class=StrictJSONRoute)
 

@@ -15,11 +15,10 @@ import pytest
 import uvicorn
 from client_seed import SEEDED
 from fastapi import FastAPI, Request
-
-from db import queries
-from kernels import get_operator
-from service.app import create_app
-from service.settings import Settings
+from kato.db import queries
+from kato.kernels import get_operator
+from kato.service.app import create_app
+from kato.service.settings import Settings
 
 
 def free_port() -> int:

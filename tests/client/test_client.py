@@ -13,6 +13,7 @@ import warnings
 import httpx
 import pytest
 from client_seed import SEEDED
+from kato.kernels import get_operator
 
 from kato_client import (
     GpuNotDetected,
@@ -23,7 +24,6 @@ from kato_client import (
     bucket_shape,
     detect_gpu,
 )
-from kernels import get_operator
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TUNED_4K = SEEDED[0][2]  # softmax 4096x4096 float16 on the H200
@@ -368,7 +368,7 @@ def test_lookups_carry_the_services_figures_through_both_caches(live_server, tmp
     """default_ms, framework_ms, framework and speedup as the service answered them (a nearest
     answer's are its neighbour's), kept by the disk cache for a new process offline; an offline
     default has none."""
-    from db import queries
+    from kato.db import queries
 
     with live_server.app.state.session_factory() as session:
         queries.upsert_best_config(
@@ -416,7 +416,7 @@ def test_an_answer_without_figures_reads_as_unmeasured():
 
 
 def test_submit_batch_queues_every_job_or_none(live_server):
-    from db import tokens
+    from kato.db import tokens
 
     with live_server.app.state.session_factory() as session:
         secret = tokens.create_token(session, "batch")[1]

@@ -13,12 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kato.db.session import init_db, session_factory
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
-
-from db.session import init_db, session_factory
 
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 

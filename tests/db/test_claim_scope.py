@@ -3,8 +3,8 @@ backends can answer; every other job stays queued for a worker that can."""
 
 from __future__ import annotations
 
-from db import fleet, queries
-from db.queries import JobScope, Problem
+from kato.db import fleet, queries
+from kato.db.queries import JobScope, Problem
 
 V1, V0 = "a1a1a1a1a1a1", "0ld0ld0ld0ld"
 

@@ -15,15 +15,14 @@ from collections import Counter
 
 import pytest
 from fleet_helpers import job, sessions_for, start_worker, stop, submit, wait_for
+from kato.db import queries, retry
+from kato.db.ledger import RESERVED, Ledger
+from kato.db.models import Trial
+from kato.db.session import DbTimeouts, init_db, make_engine, session_factory
+from kato.tuner.worker import Worker, replay_backend_factory
 from paths import RECORDED
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
-
-from db import queries, retry
-from db.ledger import RESERVED, Ledger
-from db.models import Trial
-from db.session import DbTimeouts, init_db, make_engine, session_factory
-from tuner.worker import Worker, replay_backend_factory
 
 log = logging.getLogger(__name__)
 

@@ -8,21 +8,21 @@ import json
 from pathlib import Path
 
 import pytest
+from kato.db import queries
+from kato.db.export import bundle_to_t4, collect, export, job_to_cache
+from kato.db.importer import InvalidImport, import_paths, read_file
+from kato.db.ledger import Ledger
+from kato.db.models import BestConfig, Job, Trial
+from kato.db.session import init_db, session_factory
+from kato.kernels import get_operator
+from kato.service import lookup as service_lookup
+from kato.service.cli import app as cli
 from paths import RECORDED
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
-from db import queries
-from db.export import bundle_to_t4, collect, export, job_to_cache
-from db.importer import InvalidImport, import_paths, read_file
-from db.ledger import Ledger
-from db.models import BestConfig, Job, Trial
-from db.session import init_db, session_factory
 from kato.shared.kt_cache import config_key, load_cache
-from kernels import get_operator
-from service import lookup as service_lookup
-from service.cli import app as cli
 
 SPEC = get_operator("softmax")
 FAILURES = [  # configs recorded as failed in job A, on top of the recorded measurements

@@ -12,11 +12,10 @@ from collections import Counter
 
 import optuna
 from fleet_helpers import claim_until_empty, job, sessions_for, start_worker, stop, submit, wait_for
-
-from db import fleet, queries
-from db.ledger import RESERVED, JobLedger, Ledger
-from db.models import Trial
-from db.retry import RetryPolicy
+from kato.db import fleet, queries
+from kato.db.ledger import RESERVED, JobLedger, Ledger
+from kato.db.models import Trial
+from kato.db.retry import RetryPolicy
 
 #: Ledgers of these tests never retry: a fault (a deadlock) must show, not be absorbed.
 NO_RETRY = RetryPolicy(max_seconds=0)
@@ -179,10 +178,9 @@ def test_completing_a_trial_while_another_worker_reserves_that_config_does_not_d
     them: completing now takes the job's row first, as reserving does."""
     import threading
 
+    from kato.db.models import Job
     from sqlalchemy import update
     from sqlalchemy.exc import IntegrityError
-
-    from db.models import Job
 
     sessions = sessions_for(db_url)
     job_id = submit(sessions, 10)

@@ -7,11 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from sqlalchemy.orm import Session, sessionmaker
-
-from db import queries
-from db.export import collect, export
-from db.formats import (
+from kato.db import queries
+from kato.db.export import collect, export
+from kato.db.formats import (
     OTHER_TRIALS,
     RESOURCES,
     UNMEASURED,
@@ -29,9 +27,10 @@ from db.formats import (
     T4Times,
     parse,
 )
-from db.models import Trial
-from db.session import init_db, session_factory
-from kernels import get_operator
+from kato.db.models import Trial
+from kato.db.session import init_db, session_factory
+from kato.kernels import get_operator
+from sqlalchemy.orm import Session, sessionmaker
 
 JOB = "0123456789abcdef0123456789abcdef"
 

@@ -16,16 +16,15 @@ import time
 import optuna
 import pytest
 from fleet_helpers import job, submit, wait_for
+from kato.db import retry
+from kato.db.session import DbTimeouts, init_db, make_engine, session_factory, unlimited
+from kato.tuner.study import optuna_storage
+from kato.tuner.worker import Worker, replay_backend_factory
 from paths import RECORDED
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from tcp_proxy import TcpProxy
 from test_db_faults import assert_stored_once
-
-from db import retry
-from db.session import DbTimeouts, init_db, make_engine, session_factory, unlimited
-from tuner.study import optuna_storage
-from tuner.worker import Worker, replay_backend_factory
 
 pytestmark = pytest.mark.postgres
 QUICK = DbTimeouts(connect=1.5, statement=1.0, lock=1.0)

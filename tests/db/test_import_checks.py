@@ -10,19 +10,18 @@ import json
 from pathlib import Path
 
 import pytest
+from kato.db import queries
+from kato.db.export import collect, export
+from kato.db.importer import InvalidImport, import_paths, read_file
+from kato.db.models import BestConfig, Job, Trial
+from kato.db.session import init_db, session_factory
+from kato.kernels import get_operator
+from kato.service import lookup as service_lookup
+from kato.service.cli import app as cli
 from paths import RECORDED, SPACES
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
-
-from db import queries
-from db.export import collect, export
-from db.importer import InvalidImport, import_paths, read_file
-from db.models import BestConfig, Job, Trial
-from db.session import init_db, session_factory
-from kernels import get_operator
-from service import lookup as service_lookup
-from service.cli import app as cli
 
 SPEC = get_operator("softmax")
 SHAPE, DTYPE = [4096, 4096], "float16"

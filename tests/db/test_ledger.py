@@ -10,12 +10,11 @@ from datetime import timedelta
 
 import pytest
 from fleet_helpers import sessions_for, submit
+from kato.db import fleet, queries
+from kato.db.ledger import LEGACY_RESERVED_BY, JobLedger, Ledger
+from kato.db.models import RESERVED, BestConfig, Job, Trial, Worker, utcnow
+from kato.db.retry import RetryPolicy
 from sqlalchemy import update
-
-from db import fleet, queries
-from db.ledger import LEGACY_RESERVED_BY, JobLedger, Ledger
-from db.models import RESERVED, BestConfig, Job, Trial, Worker, utcnow
-from db.retry import RetryPolicy
 
 NO_RETRY = RetryPolicy(max_seconds=0)
 

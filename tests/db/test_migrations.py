@@ -8,10 +8,8 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Engine, inspect, select, text
-
-from db.models import Base, BestConfig
-from db.session import (
+from kato.db.models import Base, BestConfig
+from kato.db.session import (
     VERSION_TABLE,
     current_revision,
     default_db_url,
@@ -20,6 +18,7 @@ from db.session import (
     init_db,
     make_engine,
 )
+from sqlalchemy import Engine, inspect, select, text
 
 OUR_TABLES = {
     "kato_jobs",
@@ -185,8 +184,7 @@ def test_default_db_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 
 def _upgrade(engine: Engine, revision: str) -> None:
     from alembic import command
-
-    from db.session import alembic_config
+    from kato.db.session import alembic_config
 
     with engine.begin() as connection:
         config = alembic_config()
@@ -236,8 +234,8 @@ def test_0003_renumbers_repeated_trial_numbers_then_refuses_them(db_url: str) ->
 def test_0006_adds_the_figures_beside_each_winner_to_an_existing_database(db_url: str) -> None:
     """A database at 0005 with a stored winner: after the upgrade the row is kept, its figures
     are unknown (NULL), and a new winner stores them; the downgrade drops the columns again."""
-    from db import queries
-    from db.session import session_factory
+    from kato.db import queries
+    from kato.db.session import session_factory
 
     engine = make_engine(db_url)
     _upgrade(engine, "0005")
@@ -267,8 +265,7 @@ def test_0006_adds_the_figures_beside_each_winner_to_an_existing_database(db_url
         assert kept.id == 1 and kept.config == {"BLOCK_SIZE": 128}
         assert (kept.default_ms, kept.framework_ms, kept.framework) == (0.7, 0.65, "torch 2.13.0")
     from alembic import command
-
-    from db.session import alembic_config
+    from kato.db.session import alembic_config
 
     with engine.begin() as connection:
         config = alembic_config()
@@ -281,8 +278,7 @@ def test_0006_adds_the_figures_beside_each_winner_to_an_existing_database(db_url
 
 def _downgrade(engine: Engine, revision: str) -> None:
     from alembic import command
-
-    from db.session import alembic_config
+    from kato.db.session import alembic_config
 
     with engine.begin() as connection:
         config = alembic_config()
@@ -298,10 +294,10 @@ def test_0007_moves_who_reserved_a_trial_out_of_its_error_text(db_url: str) -> N
     the recorded trial is unchanged, and the ledger goes on from there: the live worker's
     reservation is its own, the dead one's is released and its result stored by the live one.
     The downgrade writes the text back."""
-    from db.ledger import Ledger
-    from db.models import Trial
-    from db.retry import RetryPolicy
-    from db.session import session_factory
+    from kato.db.ledger import Ledger
+    from kato.db.models import Trial
+    from kato.db.retry import RetryPolicy
+    from kato.db.session import session_factory
 
     engine = make_engine(db_url)
     _upgrade(engine, "0006")

@@ -10,20 +10,20 @@ from pathlib import Path
 import optuna
 import pytest
 from fastapi.testclient import TestClient
+from kato.db import queries
+from kato.db.session import init_db, session_factory
+from kato.kernels import get_operator
+from kato.service.app import create_app
+from kato.service.cli import app as cli
+from kato.service.settings import Settings
+from kato.tuner.backends.replay import ReplayBackend
+from kato.tuner.search import FAILED_VALUE, Budget, Search
+from kato.tuner.worker import Worker
 from paths import RECORDED
 from sqlalchemy import inspect
 from typer.testing import CliRunner
 
-from db import queries
-from db.session import init_db, session_factory
 from kato.shared.kt_cache import load_cache
-from kernels import get_operator
-from service.app import create_app
-from service.cli import app as cli
-from service.settings import Settings
-from tuner.backends.replay import ReplayBackend
-from tuner.search import FAILED_VALUE, Budget, Search
-from tuner.worker import Worker
 
 RECORDING = RECORDED / "softmax_H200_4096x4096_float16.json.gz"
 SPEC = get_operator("softmax")

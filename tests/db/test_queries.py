@@ -9,13 +9,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from kato.db import queries
+from kato.db.models import BestConfig, Job, Trial
+from kato.service import lookup as service_lookup
+from kato.tuner.backends.base import TrialResult, TrialStatus
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
-
-from db import queries
-from db.models import BestConfig, Job, Trial
-from service import lookup as service_lookup
-from tuner.backends.base import TrialResult, TrialStatus
 
 
 def make_job(session: Session, gpu_model: str = "H200", **overrides: Any) -> Job:

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import pytest
 from alembic import command
-from sqlalchemy import Engine, text, update
-from sqlalchemy.orm import Session
-
-from db import tokens
-from db.models import ApiToken
-from db.session import (
+from kato.db import tokens
+from kato.db.models import ApiToken
+from kato.db.session import (
     alembic_config,
     current_revision,
     head_revision,
@@ -18,6 +15,8 @@ from db.session import (
     make_engine,
     session_factory,
 )
+from sqlalchemy import Engine, text, update
+from sqlalchemy.orm import Session
 
 
 def test_admin_column_migrates_existing_tokens_as_ordinary(db_url: str) -> None:

@@ -8,14 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
+from kato.db import queries
+from kato.db.export import collect, export
+from kato.db.importer import import_paths
+from kato.db.models import Trial
+from kato.db.session import init_db, session_factory
+from kato.kernels import get_operator
 from sqlalchemy import select
-
-from db import queries
-from db.export import collect, export
-from db.importer import import_paths
-from db.models import Trial
-from db.session import init_db, session_factory
-from kernels import get_operator
 
 SPEC = get_operator("softmax")
 SHAPE, DTYPE = [4096, 4096], "float16"

@@ -7,12 +7,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
-
-from db import queries
-from db.models import BestConfig, Job
-from db.upgrade import (
+from kato.db import queries
+from kato.db.models import BestConfig, Job
+from kato.db.upgrade import (
     DEFAULT_RETUNE_BUDGET,
     SKIP_FAILED,
     SKIP_INVALID,
@@ -22,6 +19,8 @@ from db.upgrade import (
     find_stale_keys,
     queue_retune,
 )
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 #: The operators' versions "now"; the rows below carry these or older ones.
 CURRENT = {"softmax": "s0ft2", "layernorm": "1n2"}

@@ -15,13 +15,12 @@ from datetime import timedelta
 
 import pytest
 from fleet_helpers import job, sessions_for, start_worker, stop, submit, wait_for
+from kato.db import fleet, queries
+from kato.db.models import RESERVED, utcnow
+from kato.db.session import init_db, session_factory
+from kato.tuner.worker import Worker, replay_backend_factory
 from paths import RECORDED
 from sqlalchemy import create_engine, event, text
-
-from db import fleet, queries
-from db.models import RESERVED, utcnow
-from db.session import init_db, session_factory
-from tuner.worker import Worker, replay_backend_factory
 
 #: How long a worker may take from SIGTERM to its exit (it starts in about 3 s on 2 busy cores;
 #: a stop takes well under a second: anything near this bound is a worker that did not stop).
@@ -178,7 +177,7 @@ def test_soak_sigterm_mid_job_always_stops_the_worker(db_url, tmp_path):
 def _poll_lines(output: str) -> tuple[int, int, int, int]:
     """(warnings that a poll failed, tracebacks, repeats logged at debug, recovered lines)."""
     return (
-        len(re.findall(r"WARNING tuner\.worker: worker \S+: poll failed:", output)),
+        len(re.findall(r"WARNING kato\.tuner\.worker: worker \S+: poll failed:", output)),
         len(re.findall(r"\n\d{4}-\d\d-\d\d [^\n]*\nTraceback", output)),  # chained: one
         len(re.findall(r"poll failed again", output)),
         len(re.findall(r"poll recovered after", output)),

@@ -9,11 +9,10 @@ import threading
 import time
 
 import pytest
+from kato.db import retry
+from kato.db.session import DbTimeouts, init_db, make_engine
+from kato.service.faults import database_fault
 from sqlalchemy import text
-
-from db import retry
-from db.session import DbTimeouts, init_db, make_engine
-from service.faults import database_fault
 
 
 @pytest.fixture

@@ -14,9 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from kernels.registry import register
-from kernels.spec import Config, Launch, OperatorSpec, Problem
+from kato.kernels.registry import register
+from kato.kernels.spec import Config, Launch, OperatorSpec, Problem
 
 FAULTS = {1: "out-of-bounds write", 2: "infinite loop", 3: "__trap()", 4: "misaligned address"}
 

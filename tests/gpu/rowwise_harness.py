@@ -18,9 +18,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from kato.kernels.spec import OperatorSpec
 from step_runner import upload
-
-from kernels.spec import OperatorSpec
 
 BATCH = 32
 _DEFINE = re.compile(r"^\s*#\s*define\s+(\w+)", re.MULTILINE)
@@ -46,7 +45,7 @@ def batch_source(spec: OperatorSpec, sources: Sequence[str]) -> str:
 def _opt_in(backend, calls) -> None:
     """Give each call's function its own dynamic shared memory limit again: configs of one
     source share a function, and load() leaves the limit the last of them asked for."""
-    from kernels.limits import needs_shared_opt_in
+    from kato.kernels.limits import needs_shared_opt_in
 
     attribute = backend.cuda.function_attribute
     for call in calls:
@@ -66,8 +65,8 @@ def verify_all(
     """Verify every valid config of ``spec`` at ``shape``/``dtype`` (device limits included; a
     seeded sample of ``max_configs`` if given, the default config always in). Returns
     ``(configs checked, distinct sources, failures)``, one ``(config, error)`` per failure."""
-    from tuner.backends.pycuda import PyCudaBackend
-    from tuner.nvcc import CompileError, compile_many
+    from kato.tuner.backends.pycuda import PyCudaBackend
+    from kato.tuner.nvcc import CompileError, compile_many
 
     shape = tuple(shape)
     backend = PyCudaBackend(spec, shape, dtype, repeats=1, warmup=0, seed=seed)
@@ -128,10 +127,9 @@ def run_offset(
     import numpy as np
     import pycuda.autoprimaryctx  # noqa: F401 - a context for this process
     import pycuda.driver as cuda
-
-    from kernels.limits import needs_shared_opt_in
-    from tuner.backends.pycuda import describe_device
-    from tuner.nvcc import compile_kernel
+    from kato.kernels.limits import needs_shared_opt_in
+    from kato.tuner.backends.pycuda import describe_device
+    from kato.tuner.nvcc import compile_kernel
 
     shape = tuple(shape)
     arch = describe_device(0).arch
@@ -181,10 +179,9 @@ def run_arrays(spec: OperatorSpec, config: dict[str, Any], shape: Sequence[int],
     import numpy as np
     import pycuda.autoprimaryctx  # noqa: F401 - a context for this process
     import pycuda.driver as cuda
-
-    from kernels.limits import needs_shared_opt_in
-    from tuner.backends.pycuda import describe_device
-    from tuner.nvcc import compile_kernel
+    from kato.kernels.limits import needs_shared_opt_in
+    from kato.tuner.backends.pycuda import describe_device
+    from kato.tuner.nvcc import compile_kernel
 
     shape = tuple(shape)
     source = spec.render(config, shape, dtype)

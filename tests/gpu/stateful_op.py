@@ -8,8 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from kernels.spec import Config, Launch, OperatorSpec, Problem
+from kato.kernels.spec import Config, Launch, OperatorSpec, Problem
 
 
 class StatefulCopySpec(OperatorSpec):

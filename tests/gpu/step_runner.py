@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-
-from kernels.spec import OperatorSpec
+from kato.kernels.spec import OperatorSpec
 
 _FORMATS = {np.int32: "i", np.uint32: "I", np.int64: "q", np.float32: "f"}
 
@@ -36,9 +35,8 @@ class StepRunner:
     def __init__(self, spec: OperatorSpec, config: dict[str, Any], shape, dtype: str):
         import pycuda.autoprimaryctx  # noqa: F401 - a context for this process
         import pycuda.driver as cuda
-
-        from tuner.backends.pycuda import describe_device
-        from tuner.nvcc import compile_kernel
+        from kato.tuner.backends.pycuda import describe_device
+        from kato.tuner.nvcc import compile_kernel
 
         self.cuda = cuda
         self.spec, self.config, self.shape, self.dtype = spec, config, tuple(shape), dtype

@@ -6,12 +6,11 @@ layernorm_backward fed by add_layernorm's own s, mean and rstd (the contract bet
 
 from __future__ import annotations
 
+import kato.kernels.layernorm_backward as lb
 import numpy as np
 import pytest
+from kato.kernels import DTYPES, get_operator, limits
 from rowwise_harness import run_arrays, run_offset, verify_all
-
-import kernels.layernorm_backward as lb
-from kernels import DTYPES, get_operator, limits
 
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
 AWKWARD = [

@@ -6,12 +6,11 @@ fed by add_rmsnorm's own s and rstd (the contract between the two)."""
 
 from __future__ import annotations
 
+import kato.kernels.rmsnorm_backward as rb
 import numpy as np
 import pytest
+from kato.kernels import DTYPES, get_operator, limits
 from rowwise_harness import run_arrays, run_offset, verify_all
-
-import kernels.rmsnorm_backward as rb
-from kernels import DTYPES, get_operator, limits
 
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
 AWKWARD = [

@@ -7,17 +7,16 @@ import time
 
 import numpy as np
 import pytest
+from kato.kernels import get_operator
+from kato.kernels.layernorm import static_shared_bytes as layernorm_static
+from kato.kernels.limits import SHARED_WITHOUT_OPT_IN
+from kato.kernels.softmax import static_shared_bytes as softmax_static
+from kato.tuner.backends.base import TrialStatus
 from stateful_op import StatefulCopySpec
-
-from kernels import get_operator
-from kernels.layernorm import static_shared_bytes as layernorm_static
-from kernels.limits import SHARED_WITHOUT_OPT_IN
-from kernels.softmax import static_shared_bytes as softmax_static
-from tuner.backends.base import TrialStatus
 
 
 def _backend(spec, shape, dtype, **kwargs):
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     kwargs.setdefault("repeats", 3)
     kwargs.setdefault("warmup", 1)
@@ -95,7 +94,7 @@ def test_verification_starts_from_the_problem_as_made_not_from_the_last_config()
 def test_an_unwritten_sort_output_fails_even_where_the_keys_hold_minus_one():
     """int32 keys: all bits set (-1) is a real key, so the poison is a value the sorted keys do
     not hold, and an output left unwritten cannot match."""
-    from tuner.backends.pycuda import poison_word
+    from kato.tuner.backends.pycuda import poison_word
 
     spec = get_operator("sort")
     backend = _backend(spec, (4, 1024), "int32")

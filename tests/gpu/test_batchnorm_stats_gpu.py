@@ -6,9 +6,8 @@ last block of each channel resets its counter)."""
 from __future__ import annotations
 
 import pytest
+from kato.kernels import get_operator
 from verify_harness import verify_config, verify_variants
-
-from kernels import get_operator
 
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
 AWKWARD = [
@@ -49,7 +48,7 @@ def test_sampled_variants_verify(spec, shape, dtype):
 def test_right_after_many_calls(spec, strategy):
     """Verify, time (hundreds of calls over rotating buffers), verify again: the single-pass
     counters are back at zero after every call, and the two-phase SPLIT header stays right."""
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     shape, dtype = (64, 512, 28, 28), "float16"
     config = {

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kato.kernels import DTYPES, get_operator
+from kato.kernels.batchnorm import EPS, MOMENTUM
+from kato.kernels.batchnorm_backward import (
+    DW_SUM_ERROR,
+    DX_ERROR,
+    DX_RTOL,
+    batchnorm_backward_reference,
+)
 from rowwise_harness import run_arrays, verify_all
 from step_runner import upload
 from verify_harness import verify_config
-
-from kernels import DTYPES, get_operator
-from kernels.batchnorm import EPS, MOMENTUM
-from kernels.batchnorm_backward import DW_SUM_ERROR, DX_ERROR, DX_RTOL, batchnorm_backward_reference
 
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
 NAMES = ["batchnorm", "batchnorm_backward"]
@@ -89,7 +93,7 @@ def test_right_after_many_calls(name, strategy):
     """Verify, time (hundreds of calls over rotating buffers), verify again: the single-pass
     counters are back at zero after every call and the two-kernel SPLIT header stays right; then
     another SPLIT on the same buffers."""
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     spec = _spec(name)
     shape, dtype = (64, 512, 28, 28), "float16"
@@ -123,9 +127,8 @@ def _run_aliased(spec, config, shape, dtype, args, alias):
     argument ``a`` for every ``(a, b)`` in ``alias``; returns every array copied back."""
     import pycuda.autoprimaryctx  # noqa: F401 - a context for this process
     import pycuda.driver as cuda
-
-    from tuner.backends.pycuda import describe_device
-    from tuner.nvcc import compile_kernel
+    from kato.tuner.backends.pycuda import describe_device
+    from kato.tuner.nvcc import compile_kernel
 
     source = spec.render(config, shape, dtype)
     module = cuda.module_from_buffer(
@@ -184,7 +187,7 @@ def _chain(dtype, shape, x=None):
     the backward kernel (default config) fed the forward's x, saved mean and invstd and weight
     and a problem's dy. Returns (forward outputs, forward references, forward tolerances, dy,
     backward outputs)."""
-    from kernels.batchnorm import batchnorm_reference
+    from kato.kernels.batchnorm import batchnorm_reference
 
     fwd, bwd = _spec("batchnorm"), _spec("batchnorm_backward")
     rng = np.random.default_rng(8)

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import json
 
+from kato.db import queries
+from kato.db.session import init_db, session_factory
+from kato.kernels import get_operator
+from kato.service.cli import app
+from kato.service.lookup import Lookups
+from kato.service.settings import Settings
+from kato.service.validation import JobRequest, job_fields
 from typer.testing import CliRunner
-
-from db import queries
-from db.session import init_db, session_factory
-from kernels import get_operator
-from service.cli import app
-from service.lookup import Lookups
-from service.settings import Settings
-from service.validation import JobRequest, job_fields
 
 
 def _sessions(db: str):
@@ -25,8 +24,9 @@ def _sessions(db: str):
 
 
 def test_kato_tune_checks_memory_then_tunes_and_kato_worker_runs_a_queued_job(tmp_path):
+    from kato.tuner.backends.pycuda import describe_device
+
     from kato.shared.gpus import find_gpu
-    from tuner.backends.pycuda import describe_device
 
     model = describe_device(0).model
     db = f"sqlite:///{tmp_path}/kato.db"

@@ -11,9 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
+from kato.kernels import get_operator
 from verify_harness import verify_config
-
-from kernels import get_operator
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "h200"
 WINNERS = [

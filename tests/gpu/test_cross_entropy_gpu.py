@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kato.kernels import get_operator, limits
+from kato.kernels.cross_entropy import model
 from rowwise_harness import run_offset, verify_all
-
-from kernels import get_operator, limits
-from kernels.cross_entropy import model
 
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
 NAMES = ["cross_entropy", "cross_entropy_backward"]
@@ -90,9 +89,8 @@ def _run(spec, config, shape, dtype, problem, alias=None):
     j's device buffer) and return every array argument as it is after the call."""
     import pycuda.autoprimaryctx  # noqa: F401 - a context for this process
     import pycuda.driver as cuda
-
-    from tuner.backends.pycuda import describe_device
-    from tuner.nvcc import compile_kernel
+    from kato.tuner.backends.pycuda import describe_device
+    from kato.tuner.nvcc import compile_kernel
 
     compiled = compile_kernel(
         spec.render(config, shape, dtype), spec.kernel_name, arch=describe_device(0).arch

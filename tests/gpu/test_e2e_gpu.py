@@ -5,15 +5,14 @@ from __future__ import annotations
 import time
 
 from fastapi.testclient import TestClient
-
-from db import tokens
-from service.app import create_app
-from service.settings import Settings
+from kato.db import tokens
+from kato.service.app import create_app
+from kato.service.settings import Settings
 
 
 def test_tune_softmax_through_the_rest_api(tmp_path):
-    from tuner.backends.pycuda import describe_device
-    from tuner.worker import Worker, pycuda_backend_factory
+    from kato.tuner.backends.pycuda import describe_device
+    from kato.tuner.worker import Worker, pycuda_backend_factory
 
     model = describe_device(0).model
     db_url = f"sqlite:///{tmp_path}/kato.db"

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import time
 
-from db import queries
-from db.session import init_db, session_factory
-from tuner.backends.isolated import IsolatedBackend
-from tuner.worker import Worker, pycuda_backend_factory
+from kato.db import queries
+from kato.db.session import init_db, session_factory
+from kato.tuner.backends.isolated import IsolatedBackend
+from kato.tuner.worker import Worker, pycuda_backend_factory
 
 N = 1 << 22
 TRIAL_TIMEOUT_S = 8.0
@@ -18,8 +18,7 @@ TRIAL_TIMEOUT_S = 8.0
 
 def test_planted_faults_are_failed_trials_and_the_job_completes(tmp_path):
     import faulty_op  # registers faulty_copy here (not at collection: other tests list operators)
-
-    from tuner.backends.pycuda import describe_device
+    from kato.tuner.backends.pycuda import describe_device
 
     model = describe_device(0).model
     url = f"sqlite:///{tmp_path}/kato.db"

@@ -14,14 +14,14 @@ import pytest
 torch = pytest.importorskip("torch", reason="the framework baseline times PyTorch's op")
 
 from fastapi.testclient import TestClient  # noqa: E402
+from kato.db import tokens  # noqa: E402
+from kato.kernels import list_operators  # noqa: E402
+from kato.kernels.user import UserOperatorSpec  # noqa: E402
+from kato.service.app import create_app  # noqa: E402
+from kato.service.settings import Settings  # noqa: E402
+from kato.tuner import framework, torch_ops  # noqa: E402
 
-from db import tokens  # noqa: E402
 from kato.shared.gpus import normalize_gpu_name  # noqa: E402
-from kernels import list_operators  # noqa: E402
-from kernels.user import UserOperatorSpec  # noqa: E402
-from service.app import create_app  # noqa: E402
-from service.settings import Settings  # noqa: E402
-from tuner import framework, torch_ops  # noqa: E402
 
 if not torch.cuda.is_available():
     pytest.skip("torch sees no CUDA device", allow_module_level=True)
@@ -75,8 +75,8 @@ def test_the_child_measures_on_the_jobs_gpu_and_skips_another_model():
 
 
 def test_a_tuning_job_stores_the_baseline_and_the_api_reports_the_speedup(tmp_path):
-    from tuner.backends.pycuda import describe_device
-    from tuner.worker import Worker, pycuda_backend_factory
+    from kato.tuner.backends.pycuda import describe_device
+    from kato.tuner.worker import Worker, pycuda_backend_factory
 
     model = describe_device(0).model
     db_url = f"sqlite:///{tmp_path}/kato.db"

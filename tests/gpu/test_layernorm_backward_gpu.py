@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kato.kernels import DTYPES, get_operator, limits
+from kato.kernels.layernorm_backward import layernorm_backward_reference
 from rowwise_harness import run_arrays, run_offset, verify_all
-
-from kernels import DTYPES, get_operator, limits
-from kernels.layernorm_backward import layernorm_backward_reference
 
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
 AWKWARD = [
@@ -89,7 +88,7 @@ def test_backward_of_the_forward_kernels_statistics(spec, dtype, shape):
     biased variance it saves them; tests/gpu/test_layernorm_gpu.py holds them to the float64
     statistics) fed to the backward: dx, dweight and dbias within the problem's tolerances of
     the float64 reference from those statistics, and the statistics within 1e-5 of x's."""
-    import kernels.layernorm_backward as lb
+    import kato.kernels.layernorm_backward as lb
 
     forward = get_operator("layernorm")
     rng = np.random.default_rng(7)

@@ -5,9 +5,8 @@ reference with its own tolerance), and the row loop's grid stride with a capped 
 from __future__ import annotations
 
 import pytest
+from kato.kernels import get_operator, limits
 from verify_harness import verify_config, verify_variants
-
-from kernels import get_operator, limits
 
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
 #: One element, one column (variance 0: rstd = 1/sqrt(eps), y = bias), a single long odd row,

@@ -14,9 +14,8 @@ sweeps cover the mma.sync engine; the wgmma engine's (sm_90 only) are the last s
 from __future__ import annotations
 
 import pytest
+from kato.kernels import get_operator
 from verify_harness import verify_variants
-
-from kernels import get_operator
 
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
 OPERATORS = ["matmul", "matmul_nt", "matmul_tn"]
@@ -47,7 +46,7 @@ def is_mma(config) -> bool:
 def test_default_config_verifies(operator, shape, dtype):
     """The backend's device-side verification (poisoned C, float64 reference, K-scaled
     tolerance) passes for the default config."""
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     spec = get_operator(operator)
     backend = PyCudaBackend(spec, shape, dtype, repeats=1, warmup=0, seed=0)
@@ -175,7 +174,7 @@ def test_every_wgmma_config_verifies(operator, shape, dtype):
 def _verify_all(spec, shape, dtype, configs):
     """(config, error) of every config that fails the backend's checks or verification, on one
     problem (compiles in parallel ahead)."""
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     backend = PyCudaBackend(spec, shape, dtype, repeats=1, warmup=0, seed=5)
     try:
@@ -196,7 +195,7 @@ def _verify_all(spec, shape, dtype, configs):
 @sm90
 def test_wgmma_configs_are_invalid_where_tma_cannot_address_a_row():
     """matmul with N = 50257 (B's pitch): no wgmma config; the backend's space keeps the rest."""
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     spec = get_operator("matmul")
     backend = PyCudaBackend(spec, (64, 50257, 64), "bfloat16", repeats=1, warmup=0, seed=0)

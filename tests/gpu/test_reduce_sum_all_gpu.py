@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kato.kernels import DTYPES, get_operator
+from kato.kernels.reduce_sum_all import sum_tolerance, summation_model
 from step_runner import StepRunner
 from verify_harness import verify_variants
-
-from kernels import DTYPES, get_operator
-from kernels.reduce_sum_all import sum_tolerance, summation_model
 
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
 SIZES = [1, 2, 7, 33, 4097, 1000003, 2**24 + 5]

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kato.kernels import get_operator
+from kato.kernels.reduce_sum import row_sum_model
 from step_runner import StepRunner
 from verify_harness import verify_variants
-
-from kernels import get_operator
-from kernels.reduce_sum import row_sum_model
 
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
 AWKWARD = [(1, 1), (1, 4097), (3000, 3001), (17, 333), (5, 1000003), (262147, 128), (1, 32768)]

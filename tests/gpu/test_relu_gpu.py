@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kato.kernels import DTYPES, get_operator
+from kato.kernels.relu import mask_words, pack_mask
 from step_runner import StepRunner
 from verify_harness import verify_variants
-
-from kernels import DTYPES, get_operator
-from kernels.relu import mask_words, pack_mask
 
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
 SIZES = [1, 2, 31, 33, 65, 4099, 1000003, 2**24 + 7]

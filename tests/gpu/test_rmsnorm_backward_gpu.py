@@ -7,9 +7,8 @@ off a vector boundary."""
 from __future__ import annotations
 
 import pytest
+from kato.kernels import get_operator, limits
 from rowwise_harness import run_offset, verify_all
-
-from kernels import get_operator, limits
 
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
 AWKWARD = [

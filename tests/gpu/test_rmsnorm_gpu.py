@@ -6,9 +6,8 @@ rows); row arrays that start off a vector boundary (the weight does not)."""
 from __future__ import annotations
 
 import pytest
+from kato.kernels import get_operator, limits
 from rowwise_harness import run_offset, verify_all
-
-from kernels import get_operator, limits
 
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
 AWKWARD = [

@@ -6,9 +6,8 @@ widths; the grid stride; row arrays that start off a vector boundary."""
 from __future__ import annotations
 
 import pytest
+from kato.kernels import get_operator, limits
 from rowwise_harness import run_offset, verify_all
-
-from kernels import get_operator, limits
 
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
 #: 1 element, 1 column, a long odd single row, primes, short rows (several per warp), a width

@@ -7,9 +7,8 @@ import time
 import numpy as np
 import pytest
 from backend_conformance import BackendConformance
-
-from kernels import get_operator
-from kernels.limits import needs_shared_opt_in
+from kato.kernels import get_operator
+from kato.kernels.limits import needs_shared_opt_in
 
 AWKWARD = [(1, 1), (1, 4097), (3000, 3001), (65536, 128), (17, 333), (5, 1000003), (1, 32768)]
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
@@ -24,9 +23,8 @@ def run_on_device(spec, config, shape, dtype, seed=0):
     """Launch once outside the backend and return (output as float64, float64 reference)."""
     import pycuda.autoprimaryctx  # noqa: F401 - a context for this process
     import pycuda.driver as cuda
-
-    from tuner.backends.pycuda import describe_device
-    from tuner.nvcc import compile_kernel
+    from kato.tuner.backends.pycuda import describe_device
+    from kato.tuner.nvcc import compile_kernel
 
     arch = describe_device(0).arch
     problem = spec.make_problem(shape, dtype, np.random.default_rng(seed))
@@ -73,7 +71,7 @@ def test_default_config_matches_float64_reference(spec, shape, dtype):
 )
 def test_every_valid_variant_verifies(spec, shape, dtype):
     """The backend's device-side verification passes for every valid config of the space."""
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     backend = PyCudaBackend(spec, shape, dtype, repeats=1, warmup=0, seed=1)
     try:
@@ -105,8 +103,8 @@ extern "C" __global__ void softmax_kernel(const float* x, float* y, int rows, in
 
 def test_verification_catches_a_wrong_kernel(spec, monkeypatch):
     """A wrong kernel is a recorded verify_error with its reason, never a timed success."""
-    from tuner.backends.base import TrialStatus
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.tuner.backends.base import TrialStatus
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     shape, dtype = (64, 1000), "float32"
     backend = PyCudaBackend(spec, shape, dtype, repeats=2, seed=2)
@@ -132,7 +130,7 @@ def test_verification_catches_a_wrong_kernel(spec, monkeypatch):
 
 @pytest.fixture(scope="module")
 def backend():
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     b = PyCudaBackend(get_operator("softmax"), (4096, 4096), "float16", repeats=10)
     yield b
@@ -148,7 +146,7 @@ class TestPyCudaConformance(BackendConformance):
 
 
 def test_a_deferred_setup_is_made_at_the_first_measurement_while_configs_compile():
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     spec, shape, dtype = get_operator("softmax"), (1024, 1024), "float16"
     backend = PyCudaBackend(spec, shape, dtype, repeats=2, seed=3, defer_setup=True)

@@ -4,11 +4,10 @@ through the backend, and the grid-stride loops with capped grids."""
 
 from __future__ import annotations
 
+import kato.kernels.sort as sort_module
 import pytest
+from kato.kernels import get_operator
 from verify_harness import verify_variants
-
-import kernels.sort as sort_module
-from kernels import get_operator
 
 KEYS = ["float32", "int32"]
 ROWS = [

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kato.kernels import get_operator
+from kato.kernels.sort import Sort1dPairsSpec, Sort1dSpec, radix
+from kato.kernels.spec import Problem
 from verify_harness import verify_configs, verify_variants
-
-from kernels import get_operator
-from kernels.sort import Sort1dPairsSpec, Sort1dSpec, radix
-from kernels.spec import Problem
 
 KEYS = ["float32", "int32"]
 #: 1 key, a warp, around a tile, around powers of two, a partial last tile of many.

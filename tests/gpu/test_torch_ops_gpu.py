@@ -308,7 +308,7 @@ def test_a_shape_the_kernels_refuse_runs_pytorchs_op_not_an_error():
     refuses (M, N, K), so kato::mm's forward runs torch's GEMM instead of raising
     InvalidInput from inside the op (its A^T B backward layout, which takes the shape, keeps
     the custom op in the path)."""
-    from kernels.matmul import MAX_M
+    from kato.kernels.matmul import MAX_M
 
     a, b = rand(MAX_M + 1, 1, grad=False), rand(1, 3, grad=False)
     torch.testing.assert_close(kato_torch.matmul(a, b), a @ b)

@@ -3,11 +3,10 @@ verified exactly through the backend, and the tile loop's grid stride with a cap
 
 from __future__ import annotations
 
+import kato.kernels.transpose as transpose_module
 import pytest
+from kato.kernels import get_operator
 from verify_harness import verify_variants
-
-import kernels.transpose as transpose_module
-from kernels import get_operator
 
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
 #: Single elements, 1 x N and N x 1, primes, sizes off every tile and vector width, very wide

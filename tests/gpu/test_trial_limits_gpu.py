@@ -81,13 +81,14 @@ def test_tune_kernel_times_out_a_hung_config_and_fits_slow_ones_into_the_limit(t
 def test_kato_tune_on_a_few_long_rows_measures_every_config(tmp_path):
     """The issue's case: reduce_sum over 4 rows of 2**26 floats (1 GiB; one block per row for
     most configs), through ``kato tune`` as a user runs it."""
-    from db import queries
-    from db.session import init_db, session_factory
+    from kato.db import queries
+    from kato.db.session import init_db, session_factory
+    from kato.kernels import get_operator
+    from kato.service.cli import app
+    from kato.tuner.backends.pycuda import describe_device
+    from kato.tuner.trial_cost import launch_lower_bound_s
+
     from kato.shared.gpus import find_gpu
-    from kernels import get_operator
-    from service.cli import app
-    from tuner.backends.pycuda import describe_device
-    from tuner.trial_cost import launch_lower_bound_s
 
     rows, cols = 4, 1 << 26
     db = f"sqlite:///{tmp_path}/kato.db"

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kato.kernels.registry import register
+from kato.kernels.user import definition
+from kato.kernels.user.spec import UserOperatorSpec
+from kato.tuner.backends.base import TrialStatus
 from user_ops.test_constants import CONV, FILTER, _op, _spec
 
 import kato
-from kernels.registry import register
-from kernels.user import definition
-from kernels.user.spec import UserOperatorSpec
-from tuner.backends.base import TrialStatus
 
 REFERENCE = """
 __constant__ float d_filter[FILTER];
@@ -31,7 +31,7 @@ extern "C" __global__ void conv_reference(float *out, const float *in, int n) {
 
 @pytest.mark.parametrize("n", [1, 257, 1_000_003])
 def test_every_variant_reads_its_constants(n):
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     op = register(_op(name=f"gpu_conv_constants_{n}"))
     backend = PyCudaBackend(op, (n, FILTER), "float32", repeats=3, warmup=1, seed=0)
@@ -44,7 +44,7 @@ def test_every_variant_reads_its_constants(n):
 
 
 def test_a_reference_kernel_reads_the_same_constants():
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     spec = _spec(
         name="gpu_conv_constants_ref",
@@ -67,7 +67,7 @@ def test_a_reference_kernel_reads_the_same_constants():
 
 
 def test_a_constant_the_kernel_does_not_declare_is_a_launch_error():
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     op = register(_op(
         name="gpu_conv_constants_missing",

@@ -7,16 +7,15 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+from kato.kernels.registry import register
+from kato.kernels.user import spec_from_folder
 from user_ops.test_headers import FOLDER
-
-from kernels.registry import register
-from kernels.user import spec_from_folder
 
 N = 1_000_003
 
 
 def test_every_variant_with_its_headers_matches_the_reference_kernel():
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     op = register(spec_from_folder(FOLDER))
     backend = PyCudaBackend(op, (N,), "float32", repeats=3, warmup=1, seed=0)

@@ -12,10 +12,10 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="kato_torch needs PyTorch (the GPU image has it)")
 
+from kato.kernels.user import spec_from_folder  # noqa: E402
 from user_ops.test_torch_user_kernel import _matmul  # noqa: E402
 
 import kato_torch  # noqa: E402
-from kernels.user import spec_from_folder  # noqa: E402
 
 FOLDER = Path(__file__).resolve().parent.parent / "user_ops" / "data" / "vector_add"
 

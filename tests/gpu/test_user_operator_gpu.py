@@ -9,12 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from kernels.registry import register
-from kernels.user import definition, load_folder
-from kernels.user.spec import UserOperatorSpec
-from tuner.backends.base import TrialStatus
-from tuner.backends.isolated import BackendSpec, ChildStartError, IsolatedBackend
+from kato.kernels.registry import register
+from kato.kernels.user import definition, load_folder
+from kato.kernels.user.spec import UserOperatorSpec
+from kato.tuner.backends.base import TrialStatus
+from kato.tuner.backends.isolated import BackendSpec, ChildStartError, IsolatedBackend
 
 FOLDER = Path(__file__).resolve().parent.parent / "user_ops" / "data" / "vector_add"
 N = 1_000_003  # not a multiple of any block or tile
@@ -34,7 +33,7 @@ def _configs(op):
 
 
 def test_every_variant_matches_the_reference_kernel():
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     op = _op("gpu_vector_add")
     backend = PyCudaBackend(op, (N,), "float32", repeats=3, warmup=1, seed=0)
@@ -52,7 +51,7 @@ def test_every_variant_matches_the_reference_kernel():
 
 
 def test_a_wrong_variant_fails_verification():
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     template = load_folder(FOLDER).files["vector_add.cu"].replace("if (i < n)", "if (i < n - 1)")
     op = _op("gpu_vector_add_wrong", **{"vector_add.cu": template})
@@ -66,7 +65,7 @@ def test_a_wrong_variant_fails_verification():
 
 
 def test_a_template_that_does_not_compile_is_a_compile_error():
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     op = _op("gpu_vector_add_broken", **{"vector_add.cu": "__global__ void vector_add( {"})
     backend = PyCudaBackend(op, (N,), "float32", repeats=3, warmup=1, seed=0)
@@ -87,7 +86,7 @@ extern "C" __global__ void vector_add_reference(float *c, const float *a, const 
 
 
 def test_a_faulting_reference_kernel_fails_the_job_with_its_reason():
-    from tuner.backends.pycuda import ReferenceKernelError
+    from kato.tuner.backends.pycuda import ReferenceKernelError
 
     op = _op("gpu_vector_add_faulting_ref", **{"reference.cu": FAULTING_REFERENCE})
     spec = BackendSpec(kind="pycuda", operator=op.name, shape=(N,), dtype="float32")
@@ -173,12 +172,12 @@ def test_tune_kernel_with_a_wrong_answer_fails_every_config(tmp_path):
 def test_a_worker_tunes_a_stored_operator_in_its_isolated_child(tmp_path):
     """Stored in the database only: the worker's registry source finds it, the isolated child
     receives it, the reference kernel runs there, and the job ends done."""
-    from db import operators as stored
-    from db import queries
-    from db.session import init_db, session_factory
-    from kernels import get_operator, registry
-    from tuner.backends.pycuda import describe_device
-    from tuner.worker import Worker, pycuda_backend_factory
+    from kato.db import operators as stored
+    from kato.db import queries
+    from kato.db.session import init_db, session_factory
+    from kato.kernels import get_operator, registry
+    from kato.tuner.backends.pycuda import describe_device
+    from kato.tuner.worker import Worker, pycuda_backend_factory
 
     db_url = f"sqlite:///{tmp_path}/kato.db"
     engine = init_db(db_url)

@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kernels.spec import OperatorSpec
+from kato.kernels.spec import OperatorSpec
 
 
 def verify_variants(
@@ -26,7 +26,7 @@ def verify_variants(
     """Verify the valid configs of ``spec`` at ``shape``/``dtype`` (those ``where`` accepts;
     a seeded sample of ``max_configs`` of them, the default config always included). Returns
     ``(checked, failures)`` with one ``(config, error)`` per failing config."""
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     backend = PyCudaBackend(spec, shape, dtype, repeats=1, warmup=0, seed=seed)
     try:
@@ -52,7 +52,7 @@ def verify_config(
     spec: OperatorSpec, shape: Sequence[int], dtype: str, config: dict[str, Any], seed: int = 7
 ) -> str | None:
     """Verify one valid config (asserted valid) on fresh inputs: the error, None if it passes."""
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     assert spec.check(config, shape, dtype) is None, config
     backend = PyCudaBackend(spec, shape, dtype, repeats=1, warmup=0, seed=seed)
@@ -71,7 +71,7 @@ def verify_configs(
 ) -> list[tuple[dict[str, Any], str]]:
     """Verify several valid configs (asserted valid) on one problem: ``(config, error)`` per
     failing one. One backend, so a large problem is made once."""
-    from tuner.backends.pycuda import PyCudaBackend
+    from kato.tuner.backends.pycuda import PyCudaBackend
 
     for config in configs:
         assert spec.check(config, shape, dtype) is None, config

@@ -27,9 +27,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernels.spec import Config, OperatorSpec
-from tuner.nvcc import CompileError, KernelResources, compile_many
-from tuner.space import SearchSpace
+from kato.kernels.spec import Config, OperatorSpec
+from kato.tuner.nvcc import CompileError, KernelResources, compile_many
+from kato.tuner.space import SearchSpace
 
 _DEFINE = re.compile(r"^\s*#\s*define\s+(\w+)", re.MULTILINE)
 

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from kernels.spec import Config, OperatorSpec, Problem, template_source
+from kato.kernels.spec import Config, OperatorSpec, Problem, template_source
 
 HEADER = r"""
 #include <barrier>

@@ -15,8 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from compile_harness import Outcome, Variant, compile_variants, distinct_variants, kernel_names
-
-from kernels.spec import Config, OperatorSpec
+from kato.kernels.spec import Config, OperatorSpec
 
 ARCHS = tuple(os.environ.get("KATO_COMPILE_TEST_ARCHS", "sm_80,sm_90").split(","))
 MAX_SOURCES_PER_DTYPE = 150

@@ -21,9 +21,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from compile_harness import Outcome, Variant, compile_variants, distinct_variants
-
-from kernels import rowwise
-from kernels.spec import DTYPES, OperatorSpec
+from kato.kernels import rowwise
+from kato.kernels.spec import DTYPES, OperatorSpec
 
 SHAPES = ((37, 1031), (64, 4096))
 AWKWARD = (

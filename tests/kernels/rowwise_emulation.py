@@ -18,8 +18,7 @@ from collections.abc import Sequence
 import cuda_emulation
 import pytest
 from cuda_emulation import Case
-
-from kernels.spec import OperatorSpec
+from kato.kernels.spec import OperatorSpec
 
 SYNCWARP = (
     "\ninline void __syncwarp(unsigned = 0xffffffffu) { this_warp->sync.arrive_and_wait(); }\n"

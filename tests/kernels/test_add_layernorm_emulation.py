@@ -9,8 +9,7 @@ from __future__ import annotations
 import numpy as np
 import rowwise_emulation
 from cuda_emulation import run_cases
-
-from kernels import get_operator
+from kato.kernels import get_operator
 
 SPEC = get_operator("add_layernorm")
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import math
 
+import kato.kernels.add_layernorm as al
 import numpy as np
 import pytest
-
-import kernels.add_layernorm as al
-from kernels import DTYPES, InvalidInput, Launch, get_operator, list_operators
-from kernels.add_layernorm import EPS, AddLayerNormSpec, add_layernorm_reference
-from kernels.layernorm import STATS_TOLERANCE
+from kato.kernels import DTYPES, InvalidInput, Launch, get_operator, list_operators
+from kato.kernels.add_layernorm import EPS, AddLayerNormSpec, add_layernorm_reference
+from kato.kernels.layernorm import STATS_TOLERANCE
 
 SPEC = get_operator("add_layernorm")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import math
 
+import kato.kernels.add_rmsnorm as ar
 import numpy as np
 import pytest
-
-import kernels.add_rmsnorm as ar
-from kernels import DTYPES, InvalidInput, Launch, get_operator, list_operators
-from kernels.add_rmsnorm import AddRMSNormSpec, add_rmsnorm_reference
-from kernels.rmsnorm import EPS, RSTD_TOLERANCE
+from kato.kernels import DTYPES, InvalidInput, Launch, get_operator, list_operators
+from kato.kernels.add_rmsnorm import AddRMSNormSpec, add_rmsnorm_reference
+from kato.kernels.rmsnorm import EPS, RSTD_TOLERANCE
 
 SPEC = get_operator("add_rmsnorm")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")

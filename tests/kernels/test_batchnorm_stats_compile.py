@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 from compile_harness import Outcome, Variant, compile_variants, distinct_variants
-
-from kernels import get_operator
-from kernels.batchnorm_stats import FINALIZE_THREADS, register_cap, static_shared_bytes
-from tuner.nvcc import nvcc_available
+from kato.kernels import get_operator
+from kato.kernels.batchnorm_stats import FINALIZE_THREADS, register_cap, static_shared_bytes
+from kato.tuner.nvcc import nvcc_available
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
 

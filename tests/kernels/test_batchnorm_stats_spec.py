@@ -3,13 +3,12 @@ kernel's per-block Welford/Chan statistics replayed in float32 numpy."""
 
 from __future__ import annotations
 
+import kato.kernels.batchnorm_stats as bn
 import numpy as np
 import pytest
-
-import kernels.batchnorm_stats as bn
-from kernels import DTYPES, InvalidInput, Launch, Step, get_operator, list_operators
-from kernels.batchnorm_stats import BatchNormStatsSpec, batchnorm_stats_reference
-from tuner.space import SearchSpace
+from kato.kernels import DTYPES, InvalidInput, Launch, Step, get_operator, list_operators
+from kato.kernels.batchnorm_stats import BatchNormStatsSpec, batchnorm_stats_reference
+from kato.tuner.space import SearchSpace
 
 SPEC = get_operator("batchnorm_stats")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")

@@ -22,12 +22,11 @@ from pathlib import Path
 
 import pytest
 from compile_harness import Outcome, Variant, compile_variants, distinct_variants
-
-from kernels import DTYPES, get_operator
-from kernels.batchnorm.channelwise import APPLY_REGISTER_CAP, FINALIZE_THREADS
-from kernels.batchnorm_stats import register_cap
-from kernels.limits import launch_bounds_register_cap
-from tuner.nvcc import nvcc_available
+from kato.kernels import DTYPES, get_operator
+from kato.kernels.batchnorm.channelwise import APPLY_REGISTER_CAP, FINALIZE_THREADS
+from kato.kernels.batchnorm_stats import register_cap
+from kato.kernels.limits import launch_bounds_register_cap
+from kato.tuner.nvcc import nvcc_available
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from cuda_emulation import Case, run_cases, stored_values
-
-from kernels import get_operator
+from kato.kernels import get_operator
 
 FORWARD = get_operator("batchnorm")
 BACKWARD = get_operator("batchnorm_backward")

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import re
 
+import kato.kernels.batchnorm as bn
+import kato.kernels.batchnorm_backward as bnb
 import numpy as np
 import pytest
-
-import kernels.batchnorm as bn
-import kernels.batchnorm_backward as bnb
-from kernels import DTYPES, InvalidInput, Launch, Step, get_operator, list_operators
-from kernels.batchnorm.channelwise import apply_split
-from kernels.spec import COMMON_HEADERS, included_headers, template_source
-from tuner.space import SearchSpace
+from kato.kernels import DTYPES, InvalidInput, Launch, Step, get_operator, list_operators
+from kato.kernels.batchnorm.channelwise import apply_split
+from kato.kernels.spec import COMMON_HEADERS, included_headers, template_source
+from kato.tuner.space import SearchSpace
 
 FORWARD = get_operator("batchnorm")
 BACKWARD = get_operator("batchnorm_backward")

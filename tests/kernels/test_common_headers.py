@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import kato.kernels.spec  # noqa: F401
 import pytest
+from kato.kernels import get_operator, list_operators
+from kato.kernels.spec import COMMON_HEADERS, included_headers, template_source
 
-import kernels.spec
-from kernels import get_operator, list_operators
-from kernels.spec import COMMON_HEADERS, included_headers, template_source
+from kato import kernels
 
 RMSNORM = get_operator("rmsnorm")
 VEC_HEADER = COMMON_HEADERS / "kato_vec.cuh"

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from kernels import DTYPES, Launch, get_operator, list_operators
-from kernels.cross_entropy import model
-from kernels.cross_entropy_backward import LABEL_ERROR, CrossEntropyBackwardSpec
+from kato.kernels import DTYPES, Launch, get_operator, list_operators
+from kato.kernels.cross_entropy import model
+from kato.kernels.cross_entropy_backward import LABEL_ERROR, CrossEntropyBackwardSpec
 
 SPEC = get_operator("cross_entropy_backward")
 FORWARD = get_operator("cross_entropy")

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 import rowwise_compile_common as common
 from compile_harness import Outcome, Variant
-
-from kernels import get_operator, rowwise
-from kernels.cross_entropy import model
-from tuner.nvcc import nvcc_available
+from kato.kernels import get_operator, rowwise
+from kato.kernels.cross_entropy import model
+from kato.tuner.nvcc import nvcc_available
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
 

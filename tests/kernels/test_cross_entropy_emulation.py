@@ -17,10 +17,9 @@ import cuda_emulation
 import numpy as np
 import pytest
 from cuda_emulation import Case, HostBuild, emulation_source, run_cases
-
-from kernels import get_operator
-from kernels.cross_entropy import model
-from kernels.spec import OperatorSpec, Problem
+from kato.kernels import get_operator
+from kato.kernels.cross_entropy import model
+from kato.kernels.spec import OperatorSpec, Problem
 
 FORWARD = get_operator("cross_entropy")
 BACKWARD = get_operator("cross_entropy_backward")

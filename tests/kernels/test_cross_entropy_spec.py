@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from kernels import DTYPES, InvalidInput, Launch, get_operator, list_operators
-from kernels.cross_entropy import CrossEntropySpec, lse_atol, model
+from kato.kernels import DTYPES, InvalidInput, Launch, get_operator, list_operators
+from kato.kernels.cross_entropy import CrossEntropySpec, lse_atol, model
 
 SPEC = get_operator("cross_entropy")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import kato.kernels.layernorm_backward as lb
 import pytest
 import rowwise_compile_common as common
 from compile_harness import Outcome
-
-import kernels.layernorm_backward as lb
-from kernels import get_operator
-from tuner.nvcc import nvcc_available
+from kato.kernels import get_operator
+from kato.tuner.nvcc import nvcc_available
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
 

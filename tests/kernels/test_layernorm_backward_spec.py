@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import math
 
+import kato.kernels.layernorm_backward as lb
 import numpy as np
 import pytest
-
-import kernels.layernorm_backward as lb
-from kernels import DTYPES, InvalidInput, Launch, Step, get_operator, limits, list_operators
-from kernels.layernorm import layernorm_reference
-from kernels.layernorm_backward import LayerNormBackwardSpec, layernorm_backward_reference
+from kato.kernels import DTYPES, InvalidInput, Launch, Step, get_operator, limits, list_operators
+from kato.kernels.layernorm import layernorm_reference
+from kato.kernels.layernorm_backward import LayerNormBackwardSpec, layernorm_backward_reference
 
 SPEC = get_operator("layernorm_backward")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")

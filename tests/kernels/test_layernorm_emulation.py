@@ -11,9 +11,8 @@ import itertools
 import numpy as np
 import pytest
 from cuda_emulation import Case, run_cases, stored_values
-
-from kernels import get_operator
-from kernels.layernorm import EPS
+from kato.kernels import get_operator
+from kato.kernels.layernorm import EPS
 
 SPEC = get_operator("layernorm")
 

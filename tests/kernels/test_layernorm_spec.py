@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import math
 
+import kato.kernels.layernorm as ln
 import numpy as np
 import pytest
-
-import kernels.layernorm as ln
-from kernels import DTYPES, InvalidInput, Launch, get_operator, list_operators
-from kernels.layernorm import LayerNormSpec, layernorm_reference
-from kernels.spec import template_source
-from tuner.space import SearchSpace
+from kato.kernels import DTYPES, InvalidInput, Launch, get_operator, list_operators
+from kato.kernels.layernorm import LayerNormSpec, layernorm_reference
+from kato.kernels.spec import template_source
+from kato.tuner.space import SearchSpace
 
 SPEC = get_operator("layernorm")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")

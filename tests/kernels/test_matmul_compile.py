@@ -33,9 +33,8 @@ import numpy as np
 import pytest
 from compile_harness import Outcome, Variant, compile_variants, distinct_variants
 from cuda_emulation import HostBuild
-
-from kernels import get_operator
-from kernels.matmul import (
+from kato.kernels import get_operator
+from kato.kernels.matmul import (
     FP32_TILES,
     MMA_PINNED,
     register_cap,
@@ -43,7 +42,7 @@ from kernels.matmul import (
     static_shared_bytes,
     threads_per_block,
 )
-from tuner.nvcc import nvcc_available
+from kato.tuner.nvcc import nvcc_available
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
 
@@ -216,7 +215,7 @@ def test_no_static_shared_memory(outcomes: list[Outcome]) -> None:
 def test_standalone_compile_matches_the_batch(outcomes: list[Outcome], tmp_path: Path) -> None:
     """A few variants compiled alone from the exact source the tuner compiles report the same
     registers and spills as in the batch."""
-    from tuner.nvcc import compile_many
+    from kato.tuner.nvcc import compile_many
 
     by_dtype: dict[str, list[Outcome]] = {}
     for o in outcomes:

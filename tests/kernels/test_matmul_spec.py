@@ -11,9 +11,8 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-
-from kernels import DTYPES, InvalidInput, get_operator, list_operators
-from kernels.matmul import (
+from kato.kernels import DTYPES, InvalidInput, get_operator, list_operators
+from kato.kernels.matmul import (
     FP32_TILES,
     GROUP_M,
     MAX_M,

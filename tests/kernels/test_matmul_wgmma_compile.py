@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kato.tuner.nvcc import CompileError, nvcc_available
 
 from benchmarks import wgmma_probe as probe
-from tuner.nvcc import CompileError, nvcc_available
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
 
@@ -18,7 +18,7 @@ SM90_SHARED = 232448
 
 
 def _builds(variants, dtypes, layouts):
-    from tuner.nvcc import CompileJob, compile_many
+    from kato.tuner.nvcc import CompileJob, compile_many
 
     source = probe.SOURCE.read_text()
     keys, jobs = [], []
@@ -61,7 +61,7 @@ def test_setmaxnreg_budget_fits_the_register_file():
 def test_template_rejects_a_tile_it_cannot_hold():
     """BN 256 with two m64 slices per consumer would need 256 accumulators per thread."""
     options = ("-DBM=256", "-DBN=256", "-DCONSUMERS=1", "-DSTAGES=2")
-    from tuner.nvcc import compile_kernel
+    from kato.tuner.nvcc import compile_kernel
 
     with pytest.raises(CompileError, match="accumulators"):
         compile_kernel(probe.SOURCE.read_text(), probe.KERNEL, probe.ARCH, options)
@@ -119,7 +119,7 @@ def _wgmma_classes():
     """(spec, dtype, config): every tile x cluster class at its most stages in float16 for
     matmul, and for every layout and dtype the heaviest classes (128 x 256 and 256 x 128 with
     two consumers, with and without clusters; 64 x 256 with one)."""
-    from kernels import get_operator
+    from kato.kernels import get_operator
 
     specs = [get_operator(n) for n in ("matmul", "matmul_nt", "matmul_tn")]
 
@@ -147,7 +147,7 @@ def _wgmma_classes():
 
 @pytest.fixture(scope="module")
 def wgmma_builds(cubin_cache):
-    from tuner.nvcc import compile_many
+    from kato.tuner.nvcc import compile_many
 
     classes = _wgmma_classes()
     jobs = [
@@ -175,7 +175,7 @@ def test_every_wgmma_config_class_is_built(wgmma_builds):
 
 
 def test_wgmma_configs_build_for_sm_90a_without_spills_within_their_budget(wgmma_builds):
-    from kernels.matmul import WGMMA_STATIC_SHARED, threads_per_block, wgmma_shared_bytes
+    from kato.kernels.matmul import WGMMA_STATIC_SHARED, threads_per_block, wgmma_shared_bytes
 
     for (spec, dtype, config), result in wgmma_builds:
         where = f"{spec.name} {dtype} {config}"
@@ -191,8 +191,8 @@ def test_wgmma_configs_build_for_sm_90a_without_spills_within_their_budget(wgmma
 
 def test_wgmma_source_does_not_build_for_plain_sm_90():
     """wgmma and setmaxnreg exist only in sm_90a code: the arch hook is what makes it build."""
-    from kernels import get_operator
-    from tuner.nvcc import compile_kernel
+    from kato.kernels import get_operator
+    from kato.tuner.nvcc import compile_kernel
 
     spec = get_operator("matmul")
     (_, dtype, config) = next(c for c in _wgmma_classes() if c[0] is spec)

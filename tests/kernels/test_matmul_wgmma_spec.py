@@ -8,10 +8,8 @@ import functools
 import math
 
 import pytest
-
-from kato.shared.gpus import find_gpu
-from kernels import get_operator
-from kernels.matmul import (
+from kato.kernels import get_operator
+from kato.kernels.matmul import (
     MMA_PARAMS,
     PERSISTENT_CTAS,
     WGMMA_PINNED,
@@ -21,9 +19,11 @@ from kernels.matmul import (
     wgmma_accumulators,
     wgmma_shared_bytes,
 )
-from kernels.spec import TensorMap
-from tuner.backends.pycuda import check_on_gpu, operator_space
-from tuner.space import SearchSpace
+from kato.kernels.spec import TensorMap
+from kato.tuner.backends.pycuda import check_on_gpu, operator_space
+from kato.tuner.space import SearchSpace
+
+from kato.shared.gpus import find_gpu
 
 SPEC = get_operator("matmul")
 NT = get_operator("matmul_nt")

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from kernels import get_operator, parallel
+from kato.kernels import get_operator, parallel
 
 
 @pytest.fixture
@@ -86,7 +85,7 @@ def test_a_chunk_error_is_raised() -> None:
 def test_reduce_sum_all_sentinels_and_sums_across_chunks(small_chunks: None) -> None:
     """The sentinels (both ends and random positions) land in whichever chunk holds them, and
     the reference is the float64 sum of x as stored."""
-    from kernels.reduce_sum_all import SENTINELS, sentinel_magnitude
+    from kato.kernels.reduce_sum_all import SENTINELS, sentinel_magnitude
 
     n = 1000
     problem = get_operator("reduce_sum_all").make_problem([n], "float32", np.random.default_rng(5))
@@ -103,16 +102,16 @@ def test_the_operators_that_fill_in_chunks_version_this_module() -> None:
     operators that use it (and reduce_sum's covers the reduce_sum_all helpers it imports)."""
     import sys
 
-    from kernels.spec import _kernel_helpers
+    from kato.kernels.spec import _kernel_helpers
 
     def helpers(name: str) -> set[str]:
         module = sys.modules[type(get_operator(name)).__module__]
         return {m.__name__ for m in _kernel_helpers(module)}
 
     for name in ("relu", "softmax", "layernorm", "reduce_sum", "reduce_sum_all"):
-        assert "kernels.parallel" in helpers(name), name
-    assert "kernels.reduce_sum_all" in helpers("reduce_sum")
-    assert helpers("matmul") == {"kernels.limits"}
+        assert "kato.kernels.parallel" in helpers(name), name
+    assert "kato.kernels.reduce_sum_all" in helpers("reduce_sum")
+    assert helpers("matmul") == {"kato.kernels.limits"}
 
 
 def test_batchnorm_problems_and_references_do_not_depend_on_the_thread_count(

@@ -17,9 +17,8 @@ import cuda_emulation
 import numpy as np
 import pytest
 from cuda_emulation import Case, cuda_include_dir, run_cases
-
-from kernels import DTYPES, get_operator
-from kernels.relu import ReluSpec, pack_mask
+from kato.kernels import DTYPES, get_operator
+from kato.kernels.relu import ReluSpec, pack_mask
 
 pytestmark = pytest.mark.skipif(
     shutil.which("g++") is None or cuda_include_dir() is None, reason="needs g++ and CUDA headers"
@@ -181,8 +180,8 @@ def _run_emulated(cases, problems, workdir):
 def test_summation_models_match_the_kernels_bit_for_bit(extra_header, tmp_path) -> None:
     """The emulated kernels (the templates' own float32 arithmetic, no FMA to contract) equal
     ``summation_model`` / ``row_sum_model`` exactly: the GPU tests' exact comparisons rest on it."""
-    from kernels.reduce_sum import row_sum_model
-    from kernels.reduce_sum_all import summation_model
+    from kato.kernels.reduce_sum import row_sum_model
+    from kato.kernels.reduce_sum_all import summation_model
 
     rsa, rs = get_operator("reduce_sum_all"), get_operator("reduce_sum")
     rng = np.random.default_rng(11)

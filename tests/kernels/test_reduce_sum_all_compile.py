@@ -7,6 +7,8 @@ reaches every variant; defaults of awkward sizes are compiled too. See reduce_co
 from __future__ import annotations
 
 import pytest
+from kato.kernels import get_operator
+from kato.tuner.nvcc import nvcc_available
 from reduce_compile_common import (
     MAX_SOURCES_PER_DTYPE,
     compile_all,
@@ -14,9 +16,6 @@ from reduce_compile_common import (
     resource_problems,
     source_counts,
 )
-
-from kernels import get_operator
-from tuner.nvcc import nvcc_available
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
 

@@ -7,10 +7,9 @@ import math
 
 import numpy as np
 import pytest
-
-from kernels import DTYPES, InvalidInput, get_operator, list_operators
-from kernels.limits import NUM_SMS
-from kernels.reduce_sum_all import (
+from kato.kernels import DTYPES, InvalidInput, get_operator, list_operators
+from kato.kernels.limits import NUM_SMS
+from kato.kernels.reduce_sum_all import (
     EPS32,
     ReduceSumAllSpec,
     block_sum_model,
@@ -20,7 +19,7 @@ from kernels.reduce_sum_all import (
     sum_tolerance,
     summation_model,
 )
-from tuner.space import SearchSpace
+from kato.tuner.space import SearchSpace
 
 SPEC = get_operator("reduce_sum_all")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")

@@ -8,11 +8,15 @@ import math
 
 import numpy as np
 import pytest
-
-from kernels import DTYPES, InvalidInput, get_operator, list_operators
-from kernels.reduce_sum import ReduceSumSpec, row_sum_model, rows_per_block, static_shared_bytes
-from kernels.reduce_sum_all import EPS32, ERROR_ROUNDINGS
-from tuner.space import SearchSpace
+from kato.kernels import DTYPES, InvalidInput, get_operator, list_operators
+from kato.kernels.reduce_sum import (
+    ReduceSumSpec,
+    row_sum_model,
+    rows_per_block,
+    static_shared_bytes,
+)
+from kato.kernels.reduce_sum_all import EPS32, ERROR_ROUNDINGS
+from kato.tuner.space import SearchSpace
 
 SPEC = get_operator("reduce_sum")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")

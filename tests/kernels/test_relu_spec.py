@@ -7,11 +7,10 @@ import math
 
 import numpy as np
 import pytest
-
-from kernels import DTYPES, InvalidInput, get_operator, list_operators
-from kernels.limits import NUM_SMS
-from kernels.relu import ReluSpec, mask_words, pack_mask
-from tuner.space import SearchSpace
+from kato.kernels import DTYPES, InvalidInput, get_operator, list_operators
+from kato.kernels.limits import NUM_SMS
+from kato.kernels.relu import ReluSpec, mask_words, pack_mask
+from kato.tuner.space import SearchSpace
 
 SPEC = get_operator("relu")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import rowwise_compile_common as common
 from compile_harness import Outcome
-
-from kernels import get_operator, rowwise
-from tuner.nvcc import nvcc_available
+from kato.kernels import get_operator, rowwise
+from kato.tuner.nvcc import nvcc_available
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
 

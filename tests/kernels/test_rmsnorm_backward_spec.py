@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import math
 
+import kato.kernels.rmsnorm_backward as rb
 import numpy as np
 import pytest
-
-import kernels.rmsnorm_backward as rb
-from kernels import DTYPES, InvalidInput, Launch, Step, get_operator, limits, list_operators
-from kernels.rmsnorm_backward import RMSNormBackwardSpec, rmsnorm_backward_reference
+from kato.kernels import DTYPES, InvalidInput, Launch, Step, get_operator, limits, list_operators
+from kato.kernels.rmsnorm_backward import RMSNormBackwardSpec, rmsnorm_backward_reference
 
 SPEC = get_operator("rmsnorm_backward")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")

@@ -7,9 +7,8 @@ import math
 
 import numpy as np
 import pytest
-
-from kernels import DTYPES, InvalidInput, Launch, get_operator, list_operators
-from kernels.rmsnorm import EPS, RSTD_TOLERANCE, RMSNormSpec, rmsnorm_reference
+from kato.kernels import DTYPES, InvalidInput, Launch, get_operator, list_operators
+from kato.kernels.rmsnorm import EPS, RSTD_TOLERANCE, RMSNormSpec, rmsnorm_reference
 
 SPEC = get_operator("rmsnorm")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")

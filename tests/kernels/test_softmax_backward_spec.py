@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from kernels import DTYPES, InvalidInput, Launch, get_operator, list_operators, rowwise
-from kernels.softmax_backward import DOT_ERROR, SoftmaxBackwardSpec, softmax_backward_reference
+from kato.kernels import DTYPES, InvalidInput, Launch, get_operator, list_operators, rowwise
+from kato.kernels.softmax_backward import DOT_ERROR, SoftmaxBackwardSpec, softmax_backward_reference
 
 SPEC = get_operator("softmax_backward")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")

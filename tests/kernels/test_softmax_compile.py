@@ -31,12 +31,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cuda_emulation import HostBuild
-
-from kernels import DTYPES, Config, get_operator
-from kernels.softmax import register_cap, static_shared_bytes
-from kernels.spec import template_source
-from tuner.nvcc import CompileError, KernelResources, compile_many, nvcc_available
-from tuner.space import SearchSpace
+from kato.kernels import DTYPES, Config, get_operator
+from kato.kernels.softmax import register_cap, static_shared_bytes
+from kato.kernels.spec import template_source
+from kato.tuner.nvcc import CompileError, KernelResources, compile_many, nvcc_available
+from kato.tuner.space import SearchSpace
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
 

@@ -5,15 +5,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import kato.kernels.softmax as softmax_module
 import ml_dtypes
 import numpy as np
 import pytest
-
-import kernels.softmax as softmax_module
-from kernels import DTYPES, InvalidInput, Launch, get_operator, list_operators
-from kernels.softmax import SoftmaxSpec, softmax_reference
-from kernels.spec import template_source
-from tuner.space import SearchSpace
+from kato.kernels import DTYPES, InvalidInput, Launch, get_operator, list_operators
+from kato.kernels.softmax import SoftmaxSpec, softmax_reference
+from kato.kernels.spec import template_source
+from kato.tuner.space import SearchSpace
 
 SPEC = get_operator("softmax")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 from compile_harness import Outcome, compile_variants, distinct_variants
-
-from kernels import get_operator
-from kernels.sort import radix, register_cap
-from tuner.nvcc import CompileError, compile_kernel, nvcc_available
+from kato.kernels import get_operator
+from kato.kernels.sort import radix, register_cap
+from kato.tuner.nvcc import CompileError, compile_kernel, nvcc_available
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
 

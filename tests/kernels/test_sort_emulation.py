@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cuda_emulation import Case, cuda_include_dir, run_cases
-
-from kernels import get_operator
+from kato.kernels import get_operator
 
 pytestmark = pytest.mark.skipif(
     shutil.which("g++") is None or cuda_include_dir() is None,

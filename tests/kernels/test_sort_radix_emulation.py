@@ -18,10 +18,9 @@ import cuda_emulation
 import numpy as np
 import pytest
 from cuda_emulation import Case, run_cases
-
-from kernels import get_operator
-from kernels.sort import Sort1dPairsSpec, Sort1dSpec, radix
-from kernels.spec import Problem
+from kato.kernels import get_operator
+from kato.kernels.sort import Sort1dPairsSpec, Sort1dSpec, radix
+from kato.kernels.spec import Problem
 
 SORT_1D = get_operator("sort_1d")
 PAIRS = get_operator("sort_1d_pairs")

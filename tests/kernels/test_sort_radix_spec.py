@@ -10,10 +10,9 @@ from dataclasses import asdict
 
 import numpy as np
 import pytest
-
-from kernels import InvalidInput, get_operator, list_operators
-from kernels.sort import KEYS_LAYOUT, PAIRS_LAYOUT, radix
-from tuner.space import SearchSpace
+from kato.kernels import InvalidInput, get_operator, list_operators
+from kato.kernels.sort import KEYS_LAYOUT, PAIRS_LAYOUT, radix
+from kato.tuner.space import SearchSpace
 
 SORT_1D = get_operator("sort_1d")
 PAIRS = get_operator("sort_1d_pairs")
@@ -234,7 +233,7 @@ def test_key_order_puts_negative_zero_first_and_keeps_ties() -> None:
 def test_the_radix_template_is_part_of_the_version(tmp_path) -> None:
     """A change to radix.cu changes sort_1d's version although its main template is sort.cu;
     the bitonic source is the same with or without the radix path."""
-    from kernels.sort import Sort1dSpec
+    from kato.kernels.sort import Sort1dSpec
 
     same, changed = tmp_path / "same.cu", tmp_path / "changed.cu"
     same.write_text(radix.TEMPLATE.read_text())

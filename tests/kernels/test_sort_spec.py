@@ -9,9 +9,8 @@ import math
 
 import numpy as np
 import pytest
-
-from kernels import InvalidInput, get_operator, list_operators
-from kernels.sort import (
+from kato.kernels import InvalidInput, get_operator, list_operators
+from kato.kernels.sort import (
     GLOBAL_BLOCK,
     MAX_ROW,
     Sort1dSpec,
@@ -23,7 +22,7 @@ from kernels.sort import (
     shared_bytes,
     sort_reference,
 )
-from tuner.space import SearchSpace
+from kato.tuner.space import SearchSpace
 
 SORT = get_operator("sort")
 SORT_1D = get_operator("sort_1d")

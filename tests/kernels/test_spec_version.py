@@ -10,8 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from kernels.spec import code_fingerprint
+from kato.kernels.spec import code_fingerprint
 
 SOURCE = '''"""Module doc."""
 import math
@@ -49,7 +48,7 @@ def test_the_fingerprint_is_the_same_on_every_python() -> None:
 SPEC_MODULE = """
 from pathlib import Path
 
-from kernels.softmax import SoftmaxSpec
+from kato.kernels.softmax import SoftmaxSpec
 
 
 class Variant(SoftmaxSpec):
@@ -79,7 +78,7 @@ def variants(tmp_path: Path):
 
 
 def test_a_tolerance_change_in_a_spec_module_changes_its_version(variants) -> None:
-    from kernels import get_operator
+    from kato.kernels import get_operator
 
     a, same, looser = variants(0, "1e-4"), variants(1, "1e-4"), variants(2, "1e-3")
     assert a.version == same.version

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 from compile_harness import Outcome, compile_variants, distinct_variants
-
-from kernels import get_operator
-from kernels.transpose import register_cap, static_shared_bytes, threads
-from tuner.nvcc import nvcc_available
+from kato.kernels import get_operator
+from kato.kernels.transpose import register_cap, static_shared_bytes, threads
+from kato.tuner.nvcc import nvcc_available
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
 

@@ -9,9 +9,8 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-
-from kernels import DTYPES, InvalidInput, get_operator, list_operators
-from kernels.transpose import (
+from kato.kernels import DTYPES, InvalidInput, get_operator, list_operators
+from kato.kernels.transpose import (
     MAX_DIM,
     TransposeSpec,
     pack_pairs,
@@ -20,7 +19,7 @@ from kernels.transpose import (
     threads,
     transpose_reference,
 )
-from tuner.space import SearchSpace
+from kato.tuner.space import SearchSpace
 
 SPEC = get_operator("transpose")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")

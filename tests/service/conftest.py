@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from kato.db import tokens
+from kato.service.app import create_app
+from kato.service.settings import Settings
 from sqlalchemy.orm import Session
-
-from db import tokens
-from service.app import create_app
-from service.settings import Settings
 
 
 def bearer(secret: str) -> dict[str, str]:

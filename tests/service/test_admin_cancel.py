@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-
-from db import tokens
-from service.app import create_app
-from service.settings import Settings
+from kato.db import tokens
+from kato.service.app import create_app
+from kato.service.settings import Settings
 
 JOB = {"operator": "softmax", "shape": [4096, 4096], "dtype": "float16", "gpu": "H200"}
 

@@ -9,16 +9,15 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from kato.db import queries, tokens
+from kato.db.ledger import Ledger
+from kato.kernels import get_operator
+from kato.service.app import create_app
+from kato.service.deps import get_session
+from kato.service.settings import Settings
+from kato.tuner.backends.base import TrialResult, TrialStatus
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
-
-from db import queries, tokens
-from db.ledger import Ledger
-from kernels import get_operator
-from service.app import create_app
-from service.deps import get_session
-from service.settings import Settings
-from tuner.backends.base import TrialResult, TrialStatus
 
 SOFTMAX = get_operator("softmax")
 JOB = {"operator": "softmax", "shape": [4096, 4096], "dtype": "float16", "gpu": "H200"}

@@ -13,6 +13,10 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from kato.db import tokens
+from kato.db.models import ApiToken, utcnow
+from kato.service.app import create_app
+from kato.service.settings import Settings
 from sqlalchemy import Engine, update
 from test_database_faults import (
     JOB,
@@ -25,11 +29,6 @@ from test_database_faults import (
     postgres_admin,  # noqa: F401 - a fixture
     unwritable,
 )
-
-from db import tokens
-from db.models import ApiToken, utcnow
-from service.app import create_app
-from service.settings import Settings
 
 READS = ["/v1/jobs", "/v1/operators", "/v1/workers", LOOKUP]
 

@@ -22,8 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-
-from service.strict import MAX_ARRAY_ITEMS, MAX_DEPTH, MAX_ERRORS, MAX_OBJECT_KEYS
+from kato.service.strict import MAX_ARRAY_ITEMS, MAX_DEPTH, MAX_ERRORS, MAX_OBJECT_KEYS
 
 LOOKUP = {"operator": "softmax", "shape": [4096, 4096], "dtype": "float16", "gpu": "H200"}
 JOB = {"operator": "softmax", "shape": [4096, 4096], "dtype": "float16", "gpu": "H200"}
@@ -144,7 +143,7 @@ def server(tmp_path: Path) -> Iterator[str]:
     its base URL."""
     port = _free_port()
     env = {**os.environ, "KATO_DB_URL": str(tmp_path / "kato.db")}
-    command = [sys.executable, "-m", "uvicorn", "--factory", "service.app:create_app_from_env"]
+    command = [sys.executable, "-m", "uvicorn", "--factory", "kato.service.app:create_app_from_env"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     process = subprocess.Popen(command, env=env)
     base = f"http://127.0.0.1:{port}"

@@ -12,9 +12,8 @@ import time
 
 import httpx
 import pytest
+from kato.service.cli import app
 from typer.testing import CliRunner
-
-from service.cli import app
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -44,7 +43,7 @@ def test_serve_without_gpu_answers_and_queues(tmp_path, no_gpu):
         [
             sys.executable,
             "-m",
-            "service.cli",
+            "kato.service.cli",
             "serve",
             "--port",
             str(port),
@@ -281,7 +280,7 @@ def test_lookup_url_of_something_else_is_a_clear_error():
 def test_bogus_db_prints_no_traceback(tmp_path):
     """The real process: one line on stderr, exit status 1, no traceback."""
     proc = subprocess.run(
-        [sys.executable, "-m", "service.cli", "token", "list", "--db", "bogus://x"],
+        [sys.executable, "-m", "kato.service.cli", "token", "list", "--db", "bogus://x"],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": REPO},
         capture_output=True,

@@ -15,14 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
+from kato.db import queries, tokens
+from kato.db.models import ApiToken
+from kato.db.session import init_db, session_factory
+from kato.kernels import get_operator, list_operators
+from kato.service.cli import app
 from sqlalchemy import update
 from typer.testing import CliRunner
-
-from db import queries, tokens
-from db.models import ApiToken
-from db.session import init_db, session_factory
-from kernels import get_operator, list_operators
-from service.cli import app
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDING = REPO / "tests" / "data" / "recorded" / "softmax_H200_4096x4096_float16.json.gz"
@@ -33,7 +32,7 @@ def _kato(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Com
     """``kato ARGS`` as a user runs it: its own process, its own logging set-up."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("KATO_", "PYTHONWARN"))}
     return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args],
+        [sys.executable, "-m", "kato.service.cli", *args],
         env={**clean, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", **(env or {})},
         capture_output=True,
         text=True,
@@ -268,9 +267,8 @@ def test_cancel_takes_a_unique_prefix_of_the_id_as_a_listing_shows_it(sessions, 
 
 
 def test_cancel_with_an_ambiguous_prefix_names_the_jobs(sessions, db: str):
+    from kato.db.models import Job
     from sqlalchemy import update
-
-    from db.models import Job
 
     ids = ["abcd1111" + "0" * 24, "abcd2222" + "0" * 24]
     for new_id in ids:
@@ -298,7 +296,7 @@ def test_cancel_an_unknown_job_exits_2(sessions, db: str, job_id: str) -> None:
 
 
 def test_replay_search_reports_progress() -> None:
-    from tuner.replay_eval import replay_search
+    from kato.tuner.replay_eval import replay_search
 
     seen: list[tuple[int, int]] = []
     report = replay_search(
@@ -324,7 +322,7 @@ def _on_a_terminal(*args: str, tmp_path: Path) -> str:
     master, slave = os.openpty()
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", *args],
+            [sys.executable, "-m", "kato.service.cli", *args],
             env={**os.environ, "PYTHONPATH": str(REPO), "TERM": "xterm", "COLUMNS": "120"},
             stdout=subprocess.DEVNULL,
             stderr=slave,
@@ -357,7 +355,7 @@ RECORDINGS = [RECORDING, RECORDING.with_name("softmax_H200_4096x4096_float32.jso
 
 
 def test_import_reports_progress(sessions) -> None:
-    from db.importer import import_paths
+    from kato.db.importer import import_paths
 
     seen: list[tuple[str, int, int]] = []
     with sessions() as session:
@@ -380,14 +378,14 @@ def test_import_json_output_stays_clean(db: str) -> None:
 
 def test_worker_logs_one_line_per_trial(sessions, db: str, caplog) -> None:
     job = _job(sessions)
-    caplog.set_level(logging.INFO, logger="tuner.worker")
+    caplog.set_level(logging.INFO, logger="kato.tuner.worker")
     result = CliRunner().invoke(
         app,
         ["worker", "--backend", "replay", "--replay", str(RECORDING), "--max-jobs", "1"]
         + ["--db", db],
     )
     assert result.exit_code == 0, result.output
-    lines = [r.getMessage() for r in caplog.records if r.name == "tuner.worker"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "kato.tuner.worker"]
     trials = [line for line in lines if " trial " in line]
     assert len(trials) == 5, lines
     assert lines[-1].startswith(f"job {job.id} done: 5 config(s) measured, best ")
@@ -406,8 +404,7 @@ def test_every_command_has_a_one_line_summary_in_the_command_list():
     breaks: a paragraph over several source lines broke mid-sentence there. A command whose
     first paragraph spans lines sets a one-line short_help."""
     import typer.main
-
-    from service.cli import app as cli_app
+    from kato.service.cli import app as cli_app
 
     def walk(group, prefix=""):
         for name, command in group.commands.items():
@@ -423,7 +420,7 @@ def test_every_command_has_a_one_line_summary_in_the_command_list():
 def test_jobs_lists_progress_and_the_time_left_of_running_jobs(sessions, db: str) -> None:
     from datetime import timedelta
 
-    from db.models import Job, utcnow
+    from kato.db.models import Job, utcnow
 
     version = get_operator("softmax").version
     with sessions() as session:

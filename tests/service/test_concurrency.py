@@ -27,13 +27,12 @@ import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
+from kato.db import tokens
+from kato.service.app import create_app
+from kato.service.settings import Settings
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
-
-from db import tokens
-from service.app import create_app
-from service.settings import Settings
 
 JOB = {"operator": "softmax", "shape": [4096, 4096], "dtype": "float16", "gpu": "H200"}
 POSTGRES_URL = os.environ.get(

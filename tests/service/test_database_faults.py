@@ -25,15 +25,14 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from kato.db import tokens
+from kato.db.session import init_db, make_engine
+from kato.service.app import create_app
+from kato.service.settings import Settings
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from tcp_proxy import TcpProxy
-
-from db import tokens
-from db.session import init_db, make_engine
-from service.app import create_app
-from service.settings import Settings
 
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 JOB = {"operator": "softmax", "shape": [4096, 4096], "dtype": "float16", "gpu": "H200"}

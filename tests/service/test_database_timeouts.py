@@ -18,6 +18,9 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from kato.db.session import make_engine
+from kato.service.app import create_app
+from kato.service.settings import Settings
 from pydantic import ValidationError
 from sqlalchemy import Engine
 from tcp_proxy import TcpProxy
@@ -30,10 +33,6 @@ from test_database_faults import (
     pg_schema,  # noqa: F401 - a fixture
     postgres_admin,  # noqa: F401 - a fixture
 )
-
-from db.session import make_engine
-from service.app import create_app
-from service.settings import Settings
 
 #: Seconds a request may take against a hung database under the limits the tests set (1-2 s
 #: each): a connect, a ping and a statement at most, with room for 2 busy cores.

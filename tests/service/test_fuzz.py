@@ -17,17 +17,16 @@ import pytest
 import schemathesis
 from fastapi import FastAPI
 from hypothesis import HealthCheck, settings
+from kato.db import queries, tokens
+from kato.kernels import get_operator
+from kato.service.app import create_app
+from kato.service.settings import Settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_schema_conformance,
     status_code_conformance,
 )
-
-from db import queries, tokens
-from kernels import get_operator
-from service.app import create_app
-from service.settings import Settings
 
 CHECKS = [
     not_a_server_error,

@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from kato.db import queries
+from kato.db.session import init_db, session_factory
+from kato.service.app import create_app
+from kato.service.cli import app as cli
+from kato.service.settings import Settings
 from paths import RECORDED
 from typer.testing import CliRunner
-
-from db import queries
-from db.session import init_db, session_factory
-from service.app import create_app
-from service.cli import app as cli
-from service.settings import Settings
 
 RECORDING = RECORDED / "softmax_H200_4096x4096_float16.json.gz"  # an H200's recording
 #: softmax float16 whose input and output take 275 GB: more than an H200's 141 GB.
@@ -128,8 +127,8 @@ def test_kato_retune_checks_its_budget_as_the_api_does(db: str) -> None:
 def test_a_device_of_a_gpu_the_catalog_does_not_list_may_still_tune() -> None:
     """A request must name a catalog GPU; a measuring device (``kato tune``, a stored result
     that ``kato retune`` queues again) is what it is: taken by its name, memory unchecked."""
-    from kernels import InvalidInput, get_operator
-    from service.validation import JobRequest, job_fields
+    from kato.kernels import InvalidInput, get_operator
+    from kato.service.validation import JobRequest, job_fields
 
     settings = Settings(db_url="sqlite://")
     request = JobRequest("softmax", TOO_LARGE, "float16", "RTX 3080", budget=4)
@@ -146,8 +145,8 @@ def test_a_device_of_a_gpu_the_catalog_does_not_list_may_still_tune() -> None:
 def test_a_time_budget_that_is_no_number_of_seconds_is_refused(seconds: float) -> None:
     """``kato tune --budget-seconds nan`` parses; no comparison holds for NaN, so the check
     must be written as 'at least', not 'not less than'."""
-    from kernels import InvalidInput
-    from service.validation import JobRequest, job_fields
+    from kato.kernels import InvalidInput
+    from kato.service.validation import JobRequest, job_fields
 
     request = JobRequest("softmax", [4096, 4096], "float16", "H200", 4, budget_seconds=seconds)
     with pytest.raises(InvalidInput, match="budget_seconds must be at least 1, got"):

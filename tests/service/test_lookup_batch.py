@@ -26,15 +26,14 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from kato.db import queries
+from kato.db.models import BestConfig
+from kato.kernels import OperatorSpec, get_operator
+from kato.service import lookup as service_lookup
+from kato.service.app import create_app
+from kato.service.settings import Settings
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
-
-from db import queries
-from db.models import BestConfig
-from kernels import OperatorSpec, get_operator
-from service import lookup as service_lookup
-from service.app import create_app
-from service.settings import Settings
 
 MAX_DISTANCE = 3.0
 SOFTMAX = get_operator("softmax")

@@ -7,14 +7,13 @@ from datetime import datetime
 from pathlib import Path
 
 from fastapi.testclient import TestClient
+from kato.db import queries
+from kato.db.models import BestConfig
+from kato.kernels import get_operator
+from kato.service.app import create_app
+from kato.service.lookup_cache import LookupCache
+from kato.service.settings import Settings
 from sqlalchemy import select
-
-from db import queries
-from db.models import BestConfig
-from kernels import get_operator
-from service.app import create_app
-from service.lookup_cache import LookupCache
-from service.settings import Settings
 
 PARAMS = {"shape": "4096x4096", "dtype": "float16", "gpu": "H200"}
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from kato.db.importer import import_paths
+from kato.kernels import DTYPES, get_operator, list_operators
 
-from db.importer import import_paths
 from kato_client import KatoClient
-from kernels import DTYPES, get_operator, list_operators
 
 REPO = Path(__file__).resolve().parents[2]
 MATMUL_WINNER = sorted((REPO / "data" / "h200").glob("matmul_H200_4096x4096x4096_float32_*.json"))

@@ -8,14 +8,14 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from kato.db import queries
+from kato.db.session import init_db, session_factory
+from kato.kernels import get_operator
+from kato.service.cli import app
 from paths import RECORDED, TABLE_SPACES
 from typer.testing import CliRunner
 
-from db import queries
-from db.session import init_db, session_factory
 from kato.shared.kt_cache import load_cache, save_cache
-from kernels import get_operator
-from service.cli import app
 
 
 def _submit(sessions, operator, shape, dtype, budget=5) -> str:

@@ -8,17 +8,16 @@ import json
 import os
 
 import pytest
+from kato.db import queries
+from kato.db.models import Job
+from kato.db.session import init_db, session_factory
+from kato.db.upgrade import DEFAULT_RETUNE_BUDGET
+from kato.kernels import get_operator
+from kato.service.cli import app
+from kato.tuner.backends.replay import ReplayBackend
+from kato.tuner.worker import Worker
 from test_cli import _assert_clear_error
 from typer.testing import CliRunner
-
-from db import queries
-from db.models import Job
-from db.session import init_db, session_factory
-from db.upgrade import DEFAULT_RETUNE_BUDGET
-from kernels import get_operator
-from service.cli import app
-from tuner.backends.replay import ReplayBackend
-from tuner.worker import Worker
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECORDING = os.path.join(

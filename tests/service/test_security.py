@@ -12,14 +12,13 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from kato.db import queries, tokens
+from kato.db.models import ApiToken, Job
+from kato.service.app import create_app
+from kato.service.cli import app as cli
+from kato.service.settings import Settings
 from sqlalchemy import select
 from typer.testing import CliRunner
-
-from db import queries, tokens
-from db.models import ApiToken, Job
-from service.app import create_app
-from service.cli import app as cli
-from service.settings import Settings
 
 JOB = {"operator": "softmax", "shape": [4096, 4096], "dtype": "float16", "gpu": "H200"}
 

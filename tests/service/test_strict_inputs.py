@@ -14,10 +14,9 @@ from urllib.parse import quote
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-
-from db import tokens
-from service.app import create_app
-from service.settings import Settings
+from kato.db import tokens
+from kato.service.app import create_app
+from kato.service.settings import Settings
 
 JOB = {"operator": "softmax", "shape": [4096, 4096], "dtype": "float16", "gpu": "H200"}
 LOOKUP = {"operator": "softmax", "shape": [4096, 4096], "dtype": "float16", "gpu": "H200"}
@@ -407,9 +406,8 @@ def test_the_openapi_schema_still_describes_the_types(client: TestClient) -> Non
 @pytest.mark.parametrize("name", ["ci\x00", "ci\x1b[2J", "ci\u202eelif", "c\ni"])
 def test_token_names_with_control_characters_are_refused(tmp_path: Any, name: str) -> None:
     # A name is printed by `kato token list`: an escape sequence in it would drive the terminal.
+    from kato.service.cli import app as cli
     from typer.testing import CliRunner
-
-    from service.cli import app as cli
 
     db = str(tmp_path / "kato.db")
     result = CliRunner().invoke(cli, ["token", "create", name, "--db", db])

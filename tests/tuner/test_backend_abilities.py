@@ -7,12 +7,10 @@ from __future__ import annotations
 import threading
 
 import pytest
-from paths import RECORDED
-
-from db import queries
-from db.session import init_db, session_factory
-from kernels import get_operator
-from tuner.backends.abilities import (
+from kato.db import queries
+from kato.db.session import init_db, session_factory
+from kato.kernels import get_operator
+from kato.tuner.backends.abilities import (
     Interruptible,
     Precompiles,
     Prepares,
@@ -22,11 +20,12 @@ from tuner.backends.abilities import (
     abilities_of,
     factory_abilities_of,
 )
-from tuner.backends.base import Backend, TrialResult
-from tuner.backends.isolated import IsolatedBackend, TrialInterrupted
-from tuner.backends.pycuda import PyCudaBackend
-from tuner.backends.replay import ReplayBackend
-from tuner.worker import PyCudaBackends, ReplayBackends, Worker, find_recordings
+from kato.tuner.backends.base import Backend, TrialResult
+from kato.tuner.backends.isolated import IsolatedBackend, TrialInterrupted
+from kato.tuner.backends.pycuda import PyCudaBackend
+from kato.tuner.backends.replay import ReplayBackend
+from kato.tuner.worker import PyCudaBackends, ReplayBackends, Worker, find_recordings
+from paths import RECORDED
 
 RECORDING = RECORDED / "softmax_H200_4096x4096_float16.json.gz"
 

@@ -16,15 +16,14 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from kato.db import queries, tokens
+from kato.db.models import RESERVED, BestConfig
+from kato.db.session import init_db, session_factory
+from kato.kernels import get_operator
+from kato.service.app import create_app
+from kato.service.settings import Settings
+from kato.tuner.worker import Recording, ReplayBackends, Worker, find_recordings
 from paths import RECORDED, SPACES
-
-from db import queries, tokens
-from db.models import RESERVED, BestConfig
-from db.session import init_db, session_factory
-from kernels import get_operator
-from service.app import create_app
-from service.settings import Settings
-from tuner.worker import Recording, ReplayBackends, Worker, find_recordings
 
 
 def current_recordings() -> list[Recording]:

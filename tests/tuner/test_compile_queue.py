@@ -6,8 +6,7 @@ import threading
 import time
 
 import pytest
-
-from tuner.compile_queue import CompileQueue
+from kato.tuner.compile_queue import CompileQueue
 
 
 class FakeCompiler:

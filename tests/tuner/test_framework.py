@@ -9,17 +9,17 @@ import logging
 import threading
 
 import pytest
+from kato.db import queries
+from kato.db.session import init_db, session_factory
+from kato.kernels import get_operator
+from kato.service import lookup as service_lookup
+from kato.tuner import framework
+from kato.tuner.backends.replay import ReplayBackend
+from kato.tuner.framework import FrameworkResult
+from kato.tuner.worker import Worker
 from paths import RECORDED
 
-from db import queries
-from db.session import init_db, session_factory
 from kato.shared.kt_cache import config_key, load_cache
-from kernels import get_operator
-from service import lookup as service_lookup
-from tuner import framework
-from tuner.backends.replay import ReplayBackend
-from tuner.framework import FrameworkResult
-from tuner.worker import Worker
 
 RECORDING = RECORDED / "softmax_H200_4096x4096_float16.json.gz"
 SHAPE, DTYPE = [4096, 4096], "float16"
@@ -97,7 +97,7 @@ def test_a_finished_job_stores_the_framework_and_default_times_beside_its_winner
     ids=["mismatch", "skipped", "failed", "raised"],
 )
 def test_a_baseline_that_is_not_ok_is_logged_not_stored_and_the_job_is_done(db, result, caplog):
-    caplog.set_level(logging.WARNING, logger="tuner.worker")
+    caplog.set_level(logging.WARNING, logger="kato.tuner.worker")
     row = run_job(db, BaselineFactory(result))
     assert (row.framework_ms, row.framework) == (None, None)
     assert row.default_ms == pytest.approx(recorded_default_ms())
@@ -180,7 +180,7 @@ def test_an_operator_without_an_equivalent_is_skipped(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "NVIDIA H100 80GB HBM3")
     other = framework.measure_here("softmax", (64, 100), "float32", gpu_model="H200")
     assert other.status == "skipped" and "is a H100 SXM" in (other.detail or "")
-    from tuner import torch_ops
+    from kato.tuner import torch_ops
 
     monkeypatch.delitem(torch_ops.EQUIVALENTS, "softmax")
     missing = framework.measure_here("softmax", (64, 100), "float32", gpu_model="H100 SXM")
@@ -192,8 +192,8 @@ def test_a_gpu_workers_factory_times_in_a_child_on_its_own_device():
     factory's device index, checked against the job's GPU model (here: no CUDA device)."""
     from types import SimpleNamespace
 
-    from tuner.backends.base import DeviceInfo
-    from tuner.worker import JobRunner, pycuda_backend_factory
+    from kato.tuner.backends.base import DeviceInfo
+    from kato.tuner.worker import JobRunner, pycuda_backend_factory
 
     factory = pycuda_backend_factory(99)
     job = SimpleNamespace(operator="softmax", shape=[64, 100], dtype="float32")

@@ -6,6 +6,7 @@ import dataclasses
 import json
 
 import pytest
+from kato.kernels.spec import InvalidInput
 
 from kato.shared.gpus import (
     GpuSpec,
@@ -17,7 +18,6 @@ from kato.shared.gpus import (
     normalize_gpu_name,
     spec_for_compute_capability,
 )
-from kernels.spec import InvalidInput
 
 KIB = 1024
 MIB = 1024 * KIB

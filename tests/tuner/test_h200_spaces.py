@@ -7,13 +7,13 @@ from __future__ import annotations
 import statistics
 
 import pytest
+from kato.kernels import get_operator
+from kato.tuner.backends.replay import ReplayBackend
+from kato.tuner.replay_eval import replay_search
+from kato.tuner.space import SearchSpace
 from paths import holdout_space_files, missed_space_files, space_files, table_space_files
 
 from kato.shared.kt_cache import load_cache
-from kernels import get_operator
-from tuner.backends.replay import ReplayBackend
-from tuner.replay_eval import replay_search
-from tuner.space import SearchSpace
 
 FILES = space_files()
 IDS = [f"{p.parent.name}/{p.name.rsplit('_', 1)[0]}" for p in FILES]

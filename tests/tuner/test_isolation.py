@@ -9,15 +9,19 @@ import time
 
 import pytest
 from fault_backend import FaultyReplay
+from kato.db import queries
+from kato.db.session import init_db, session_factory
+from kato.kernels import get_operator
+from kato.tuner.backends.base import TrialStatus
+from kato.tuner.backends.isolated import (
+    BackendSpec,
+    ChildStartError,
+    IsolatedBackend,
+    TrialInterrupted,
+)
+from kato.tuner.backends.replay import ReplayBackend
+from kato.tuner.worker import Worker
 from paths import RECORDED
-
-from db import queries
-from db.session import init_db, session_factory
-from kernels import get_operator
-from tuner.backends.base import TrialStatus
-from tuner.backends.isolated import BackendSpec, ChildStartError, IsolatedBackend, TrialInterrupted
-from tuner.backends.replay import ReplayBackend
-from tuner.worker import Worker
 
 RECORDING = RECORDED / "softmax_H200_4096x4096_float16.json.gz"
 MODES = ("abort", "exit", "hang", "raise", "poison")

@@ -9,9 +9,8 @@ import pickle
 from pathlib import Path
 
 import pytest
-
-from tuner import nvcc as nvcc_module
-from tuner.nvcc import (
+from kato.tuner import nvcc as nvcc_module
+from kato.tuner.nvcc import (
     CompiledKernel,
     CompileError,
     CompileJob,

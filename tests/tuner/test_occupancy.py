@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from kato.shared.gpus import get_gpu
-from kernels.spec import InvalidInput
-from tuner.occupancy import (
+from kato.kernels.spec import InvalidInput
+from kato.tuner.occupancy import (
     Occupancy,
     carveout_percent,
     max_dynamic_shared_for,
     occupancy,
     shared_allocated_per_block,
 )
+
+from kato.shared.gpus import get_gpu
 
 H200 = get_gpu("H200")
 KIB = 1024

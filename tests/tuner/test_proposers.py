@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import optuna
 import pytest
-
-from service.schemas import JobCreate
-from tuner import proposers
-from tuner.backends.base import TrialResult, TrialStatus
-from tuner.proposers import DEFAULT_STRATEGY, PROPOSERS, STRATEGIES, Proposer, proposer_class
-from tuner.search import Budget, Search
-from tuner.space import SearchSpace
+from kato.service.schemas import JobCreate
+from kato.tuner import proposers
+from kato.tuner.backends.base import TrialResult, TrialStatus
+from kato.tuner.proposers import DEFAULT_STRATEGY, PROPOSERS, STRATEGIES, Proposer, proposer_class
+from kato.tuner.search import Budget, Search
+from kato.tuner.space import SearchSpace
 
 
 def make_space() -> SearchSpace:
@@ -31,9 +30,9 @@ def test_the_registry_holds_every_strategy_by_its_name_each_in_its_own_module():
     assert DEFAULT_STRATEGY == STRATEGIES[0] == JobCreate.model_fields["strategy"].default
     assert all(PROPOSERS[name].name == name for name in STRATEGIES)
     modules = {name: PROPOSERS[name].__module__ for name in STRATEGIES}
-    assert modules["forest"] == "tuner.proposers.forest"
-    assert modules["grid"] == "tuner.proposers.grid"
-    assert modules["hybrid"] == "tuner.proposers.hybrid"
+    assert modules["forest"] == "kato.tuner.proposers.forest"
+    assert modules["grid"] == "kato.tuner.proposers.grid"
+    assert modules["hybrid"] == "kato.tuner.proposers.hybrid"
     # Only the strategies Optuna proposes for keep a study.
     assert {n for n in STRATEGIES if PROPOSERS[n].uses_study} == {"tpe", "hybrid", "random"}
     with pytest.raises(ValueError, match="unknown strategy 'annealing'"):
@@ -118,14 +117,13 @@ def test_a_forest_job_an_older_kato_began_resumes_and_its_study_holds_each_confi
     configs it lacks."""
     from datetime import UTC, datetime, timedelta
 
+    from kato.db import queries
+    from kato.db.session import init_db, session_factory
+    from kato.kernels import get_operator
+    from kato.tuner.backends.replay import ReplayBackend
+    from kato.tuner.study import FAILED_VALUE, StudyParams, job_attrs, optuna_storage, record_study
+    from kato.tuner.worker import JobRunner, Worker
     from paths import RECORDED
-
-    from db import queries
-    from db.session import init_db, session_factory
-    from kernels import get_operator
-    from tuner.backends.replay import ReplayBackend
-    from tuner.study import FAILED_VALUE, StudyParams, job_attrs, optuna_storage, record_study
-    from tuner.worker import JobRunner, Worker
 
     recording = RECORDED / "softmax_H200_4096x4096_float16.json.gz"
     url = f"sqlite:///{tmp_path}/kato.db"

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from kernels.limits import SHARED_WITHOUT_OPT_IN, needs_shared_opt_in
-from tuner.backends.pycuda import poison_word
+from kato.kernels.limits import SHARED_WITHOUT_OPT_IN, needs_shared_opt_in
+from kato.tuner.backends.pycuda import poison_word
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])

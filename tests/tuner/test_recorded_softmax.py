@@ -8,12 +8,12 @@ import json
 
 import pytest
 from backend_conformance import BackendConformance
+from kato.kernels import get_operator
+from kato.tuner.backends.replay import ReplayBackend
+from kato.tuner.replay_eval import replay_search
 from paths import RECORDED, REPO
 
 from kato.shared.kt_cache import load_cache
-from kernels import get_operator
-from tuner.backends.replay import ReplayBackend
-from tuner.replay_eval import replay_search
 
 FILES = sorted(RECORDED.glob("softmax_H200_*.json.gz"))
 

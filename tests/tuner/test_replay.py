@@ -7,13 +7,13 @@ import json
 
 import pytest
 from backend_conformance import BackendConformance
+from kato.service.cli import app
+from kato.tuner.backends.base import TrialStatus
+from kato.tuner.backends.replay import ReplayBackend
+from kato.tuner.replay_eval import replay_search
 from typer.testing import CliRunner
 
 from kato.shared.kt_cache import KernelTunerCache, load_cache, save_cache
-from service.cli import app
-from tuner.backends.base import TrialStatus
-from tuner.backends.replay import ReplayBackend
-from tuner.replay_eval import replay_search
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import optuna
 import pytest
-
-from tuner.backends.base import TrialResult, TrialStatus
-from tuner.search import DEFAULT_STRATEGY, STRATEGIES, Budget, Search
-from tuner.space import SearchSpace
+from kato.tuner.backends.base import TrialResult, TrialStatus
+from kato.tuner.search import DEFAULT_STRATEGY, STRATEGIES, Budget, Search
+from kato.tuner.space import SearchSpace
 
 
 def make_space() -> SearchSpace:
@@ -89,7 +88,7 @@ def test_same_seed_same_proposals(strategy):
 def test_default_strategy_is_forest_and_first_everywhere():
     from typing import get_args
 
-    from service.schemas import JobCreate, Strategy
+    from kato.service.schemas import JobCreate, Strategy
 
     assert DEFAULT_STRATEGY == STRATEGIES[0] == "forest"
     assert Search(make_space(), Counter()).strategy == "forest"

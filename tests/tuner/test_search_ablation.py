@@ -5,11 +5,11 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from kato.tuner import surrogate
+from kato.tuner.replay_eval import replay_search
 from paths import RECORDED
 
 from benchmarks import search_ablation
-from tuner import surrogate
-from tuner.replay_eval import replay_search
 
 SPACE = str(RECORDED / "softmax_H200_4096x4096_float16.json.gz")
 

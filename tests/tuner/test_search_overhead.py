@@ -15,10 +15,9 @@ import sys
 
 import optuna
 import pytest
+from kato.db import queries
+from kato.db.session import init_db, session_factory
 from paths import REPO, TABLE_SPACES
-
-from db import queries
-from db.session import init_db, session_factory
 
 sys.path.insert(0, str(REPO))
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import random
 
+import kato.tuner.surrogate as surrogate
 import numpy as np
 import pytest
-
-import tuner.surrogate as surrogate
-from tuner.backends.base import TrialResult, TrialStatus
-from tuner.search import Budget, Search
-from tuner.space import SearchSpace
-from tuner.surrogate import ForestProposer
+from kato.tuner.backends.base import TrialResult, TrialStatus
+from kato.tuner.search import Budget, Search
+from kato.tuner.space import SearchSpace
+from kato.tuner.surrogate import ForestProposer
 
 MOVES = ("ei", "local", "gp", "walk", "flip", "ts", "random")
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 import ctypes
 
 import pytest
-
-from kernels.spec import TensorMap
-from tuner import tensor_map
-from tuner.backends.pycuda import argument_format
-from tuner.tensor_map import MAP_BYTES, MapCache, TensorMapError, encode, encode_arguments
+from kato.kernels.spec import TensorMap
+from kato.tuner import tensor_map
+from kato.tuner.backends.pycuda import argument_format
+from kato.tuner.tensor_map import MAP_BYTES, MapCache, TensorMapError, encode, encode_arguments
 
 A = TensorMap(0, "bfloat16", rows=1000, cols=264, box_rows=128, box_cols=64)
 B = TensorMap(1, "float16", rows=264, cols=136, box_rows=64, box_cols=64, swizzle=128)
@@ -118,7 +117,7 @@ def test_driver_arguments_point_at_each_value_and_a_map_at_an_aligned_copy():
     address per argument, holding the value's bytes; a map's 128 bytes 64-byte aligned."""
     import ctypes
 
-    from tuner import cuda_driver
+    from kato.tuner import cuda_driver
 
     encoded = bytes(range(128))
     values = [

@@ -11,9 +11,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kernels import list_operators  # noqa: E402
-from kernels.user import UserOperatorSpec  # noqa: E402
-from tuner import torch_ops  # noqa: E402
+from kato.kernels import list_operators  # noqa: E402
+from kato.kernels.user import UserOperatorSpec  # noqa: E402
+from kato.tuner import torch_ops  # noqa: E402
 
 BUILT_IN = [spec for spec in list_operators() if not isinstance(spec, UserOperatorSpec)]
 #: Awkward shapes per rank: 1, odd, prime, just past a power of two.

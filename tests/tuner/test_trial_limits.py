@@ -9,19 +9,14 @@ import json
 import time
 
 import pytest
-from paths import RECORDED
-from timed_backend import ENV
-from typer.testing import CliRunner
-
-from db import queries
-from db.session import init_db, session_factory
-from kato.shared.gpus import get_gpu
-from kernels import get_operator
-from service.cli import app
-from tuner.backends.base import TrialStatus
-from tuner.backends.isolated import BackendSpec, IsolatedBackend, measuring_backend
-from tuner.backends.replay import ReplayBackend
-from tuner.trial_cost import (
+from kato.db import queries
+from kato.db.session import init_db, session_factory
+from kato.kernels import get_operator
+from kato.service.cli import app
+from kato.tuner.backends.base import TrialStatus
+from kato.tuner.backends.isolated import BackendSpec, IsolatedBackend, measuring_backend
+from kato.tuner.backends.replay import ReplayBackend
+from kato.tuner.trial_cost import (
     CAP_FACTOR,
     MIN_LAUNCHES,
     SLACK,
@@ -32,6 +27,11 @@ from tuner.trial_cost import (
     peak_flops,
     trial_timeout_s,
 )
+from paths import RECORDED
+from timed_backend import ENV
+from typer.testing import CliRunner
+
+from kato.shared.gpus import get_gpu
 
 RECORDING = RECORDED / "softmax_H200_4096x4096_float16.json.gz"
 OTHER_RECORDING = RECORDED / "softmax_H200_4096x4096_float32.json.gz"
@@ -292,7 +292,7 @@ def _vadd(tmp_path, **options):
 def test_tune_kernel_measures_in_the_isolated_child_by_default(tmp_path, monkeypatch):
     """No GPU for the child (CUDA_VISIBLE_DEVICES empty, inherited): the error is the measuring
     process's, as a worker's is, not this process's."""
-    from tuner.backends.isolated import ChildStartError
+    from kato.tuner.backends.isolated import ChildStartError
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(ChildStartError, match="the measuring process could not start"):
@@ -307,7 +307,7 @@ def test_tune_kernel_measures_in_the_isolated_child_by_default(tmp_path, monkeyp
 
 
 def test_tune_kernel_refuses_a_limit_that_is_not_positive(tmp_path):
-    from kernels.spec import InvalidInput
+    from kato.kernels.spec import InvalidInput
 
     with pytest.raises(InvalidInput, match="trial_timeout_s must be more than 0"):
         _vadd(tmp_path, trial_timeout_s=0)

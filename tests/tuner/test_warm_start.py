@@ -7,17 +7,14 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import pytest
-from test_worker import DTYPE, SHAPE, CountingReplay, submit
-
-from db import queries
-from db.ledger import Ledger
-from db.session import init_db, session_factory
-from kato.shared.kt_cache import load_cache
-from kernels import get_operator
-from tuner.backends.replay import ReplayBackend
-from tuner.replay_eval import replay_search, warm_start_seeds
-from tuner.search import Budget, Search
-from tuner.warm_start import (
+from kato.db import queries
+from kato.db.ledger import Ledger
+from kato.db.session import init_db, session_factory
+from kato.kernels import get_operator
+from kato.tuner.backends.replay import ReplayBackend
+from kato.tuner.replay_eval import replay_search, warm_start_seeds
+from kato.tuner.search import Budget, Search
+from kato.tuner.warm_start import (
     MAX_SEEDS,
     OTHER_GPU_DISTANCE,
     OTHER_GPU_MAX_BUDGET,
@@ -30,7 +27,10 @@ from tuner.warm_start import (
     shape_distance,
     warm_start_configs,
 )
-from tuner.worker import Worker
+from kato.tuner.worker import Worker
+from test_worker import DTYPE, SHAPE, CountingReplay, submit
+
+from kato.shared.kt_cache import load_cache
 
 
 def sources_in(session, *, shape, gpu_model, **query):
@@ -251,7 +251,7 @@ def test_after_a_version_change_a_job_seeds_from_its_own_keys_old_winner_first(d
         cfg("256,8,1,2,0"),
         cfg("512,4,1,2,0"),
     )
-    from db.models import BestConfig
+    from kato.db.models import BestConfig
 
     older = store_best(sessions, own_older, version=OLDER, t=0.020)  # faster, but older code
     store_best(sessions, own_old, version=OLD, t=0.025)

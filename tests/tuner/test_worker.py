@@ -7,18 +7,17 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from kato.db import queries
+from kato.db.ledger import RESERVED, JobLedger, Ledger, Seen
+from kato.db.models import Job
+from kato.db.session import init_db, session_factory
+from kato.kernels import get_operator
+from kato.service import lookup as service_lookup
+from kato.tuner.backends.base import TrialResult, TrialStatus
+from kato.tuner.backends.replay import ReplayBackend
+from kato.tuner.worker import JobRunner, SharedResults, Worker
 from paths import RECORDED
 from sqlalchemy import update as sa_update
-
-from db import queries
-from db.ledger import RESERVED, JobLedger, Ledger, Seen
-from db.models import Job
-from db.session import init_db, session_factory
-from kernels import get_operator
-from service import lookup as service_lookup
-from tuner.backends.base import TrialResult, TrialStatus
-from tuner.backends.replay import ReplayBackend
-from tuner.worker import JobRunner, SharedResults, Worker
 
 RECORDING = RECORDED / "softmax_H200_4096x4096_float16.json.gz"
 SHAPE, DTYPE = [4096, 4096], "float16"
@@ -306,9 +305,8 @@ def test_shared_search_leaves_a_just_asked_trial_to_its_worker():
     written right after the ask): a worker joining the study must not fail it, unless it is
     older than the grace period (then its worker died between the two steps)."""
     import optuna
-
-    from tuner.space import SearchSpace
-    from tuner.worker import SharedSearch
+    from kato.tuner.space import SearchSpace
+    from kato.tuner.worker import SharedSearch
 
     storage = optuna.storages.InMemoryStorage()
     space = SearchSpace({"A": (1, 2, 3), "B": (1, 2)}, lambda c: None)
@@ -341,9 +339,8 @@ def test_optuna_storage_retries_when_another_worker_made_the_tables(monkeypatch,
     # sees the version row (IntegrityError) or, on PostgreSQL, a table (ProgrammingError:
     # DuplicateTable) created under it. It must try again, not die (a fleet test lost a worker).
     import optuna
+    from kato.tuner import worker as worker_module
     from sqlalchemy.exc import IntegrityError, ProgrammingError
-
-    from tuner import worker as worker_module
 
     real = optuna.storages.RDBStorage
     calls = []
@@ -521,7 +518,7 @@ def _status(sessions, job_id):
 
 
 def _replay_worker(url, sessions, path, **kw):
-    from tuner.worker import replay_backend_factory
+    from kato.tuner.worker import replay_backend_factory
 
     factory = replay_backend_factory(path)
     return Worker(sessions, url, factory.gpu_models, factory, poll_seconds=0.01, **kw)
@@ -625,7 +622,7 @@ def test_a_recording_without_kato_metadata_is_for_what_its_name_says(db, tmp_pat
 def test_a_gpu_worker_claims_only_registered_operators(db):
     """A job of an operator this code does not have (submitted by newer code, or one removed)
     stays queued for a worker that has it, instead of failing here."""
-    from tuner.worker import pycuda_backend_factory
+    from kato.tuner.worker import pycuda_backend_factory
 
     _url, sessions = db
     unknown = _job_for(sessions, SHAPE, DTYPE, operator="no_such_operator", version="v")
@@ -643,8 +640,8 @@ def test_a_gpu_worker_claims_only_registered_operators(db):
 
 
 def test_replay_backends_refuse_a_recording_of_an_operator_not_registered_here(tmp_path):
-    from tuner.backends.replay import RecordedProblem
-    from tuner.worker import Recording, ReplayBackends
+    from kato.tuner.backends.replay import RecordedProblem
+    from kato.tuner.worker import Recording, ReplayBackends
 
     made_by_hand = Recording(
         RECORDED / "softmax_H200_4096x4096_float16.json.gz",
@@ -657,8 +654,9 @@ def test_replay_backends_refuse_a_recording_of_an_operator_not_registered_here(t
 def test_recordings_are_found_below_a_directory_and_checked_against_their_operator(tmp_path):
     import shutil
 
+    from kato.tuner.worker import find_recordings
+
     from kato.shared.kt_cache import load_cache, save_cache
-    from tuner.worker import find_recordings
 
     source = RECORDED / "softmax_H200_4096x4096_float16.json.gz"
     (tmp_path / "a" / "b").mkdir(parents=True)

@@ -9,10 +9,10 @@ import time
 
 import optuna
 import pytest
+from kato.tuner.search import Budget, Search
+from kato.tuner.write_behind import WriteBehind
 
 from tests.tuner.test_search import Counter, make_space
-from tuner.search import Budget, Search
-from tuner.write_behind import WriteBehind
 
 
 def _disk_full() -> None:
@@ -82,7 +82,7 @@ def test_writes_held_behind_a_failure_still_run():
 def test_close_without_raising_logs_the_failure(caplog):
     writes = WriteBehind(True)
     writes.submit(lambda: 1 / 0)
-    with caplog.at_level(logging.ERROR, logger="tuner.write_behind"):
+    with caplog.at_level(logging.ERROR, logger="kato.tuner.write_behind"):
         writes.close()
     assert "background write failed" in caplog.text
     assert "ZeroDivisionError" in caplog.text

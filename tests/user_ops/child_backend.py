@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernels import get_operator
-from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
-from tuner.space import SearchSpace
+from kato.kernels import get_operator
+from kato.tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
+from kato.tuner.space import SearchSpace
 
 
 class RegistryEcho(Backend):

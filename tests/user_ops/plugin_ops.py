@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-
-from kernels.user import definition, load_folder
-from kernels.user.spec import UserOperatorSpec
+from kato.kernels.user import definition, load_folder
+from kato.kernels.user.spec import UserOperatorSpec
 
 FOLDER = Path(__file__).resolve().parent / "data" / "vector_add"
 

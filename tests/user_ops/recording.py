@@ -8,8 +8,9 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+from kato.kernels.spec import OperatorSpec
+
 from kato.shared.kt_cache import KernelTunerCache, save_cache
-from kernels.spec import OperatorSpec
 
 
 def model_time_ms(spec: OperatorSpec, config: dict, shape: tuple[int, ...]) -> float:

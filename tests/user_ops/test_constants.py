@@ -12,13 +12,13 @@ import subprocess
 
 import numpy as np
 import pytest
+from kato.kernels.spec import InvalidInput
+from kato.kernels.user import definition
+from kato.kernels.user.spec import MAX_CONSTANT_BYTES, UserOperatorSpec
+from kato.tuner.nvcc import compile_kernel
 
 import kato
 from kato.kernel_tuner import operator_from_arguments
-from kernels.spec import InvalidInput
-from kernels.user import definition
-from kernels.user.spec import MAX_CONSTANT_BYTES, UserOperatorSpec
-from tuner.nvcc import compile_kernel
 from user_ops.recording import record
 
 # A row filter from constant memory: out[i] = sum_j in[i + j] * d_filter[j].

@@ -8,9 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-from kernels.spec import InvalidInput
-from kernels.user import spec_from_folder
+from kato.kernels.spec import InvalidInput
+from kato.kernels.user import spec_from_folder
 
 DATA = Path(__file__).parent / "data" / "vector_add"
 

@@ -8,8 +8,7 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from kernels.user.expr import MAX_LENGTH, ExpressionError, parse
+from kato.kernels.user.expr import MAX_LENGTH, ExpressionError, parse
 
 NAMES = ("block_size_x", "tile_size_x", "n", "method")
 

@@ -4,8 +4,7 @@ the API), not a TypeError from a later comparison (a 500)."""
 from __future__ import annotations
 
 import pytest
-
-from kernels.user.expr import ExpressionError, parse
+from kato.kernels.user.expr import ExpressionError, parse
 
 
 @pytest.mark.parametrize("text", ["(-8) ** 0.5 > 1", "max((-1) ** 0.5, 2)", "x ** 0.5 == 2"])

@@ -14,15 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from kato.kernels import get_operator
+from kato.kernels.spec import InvalidInput
+from kato.kernels.user import definition, load_folder, spec_from_folder
+from kato.kernels.user.model import MAX_INLININGS
+from kato.kernels.user.spec import UserOperatorSpec
+from kato.service.app import create_app
+from kato.service.settings import Settings
+from kato.tuner.nvcc import compile_kernel
 
-from kernels import get_operator
-from kernels.spec import InvalidInput
-from kernels.user import definition, load_folder, spec_from_folder
-from kernels.user.model import MAX_INLININGS
-from kernels.user.spec import UserOperatorSpec
-from service.app import create_app
-from service.settings import Settings
-from tuner.nvcc import compile_kernel
 from user_ops.test_stored_operators import _token, bearer
 
 FOLDER = Path(__file__).resolve().parent / "data" / "vector_add_header"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from kernels.registry import register
-from kernels.user import load_folder
-from kernels.user.spec import UserOperatorSpec
-from tuner.backends.isolated import BackendSpec, IsolatedBackend
+from kato.kernels.registry import register
+from kato.kernels.user import load_folder
+from kato.kernels.user.spec import UserOperatorSpec
+from kato.tuner.backends.isolated import BackendSpec, IsolatedBackend
 
 
 def test_user_operator_reaches_the_child(vector_add_dir):

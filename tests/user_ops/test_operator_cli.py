@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import shutil
 
+from kato.db import tokens
+from kato.db.session import init_db, session_factory
+from kato.service import lookup as service_lookup
+from kato.service.cli import app
 from typer.testing import CliRunner
-
-from db import tokens
-from db.session import init_db, session_factory
-from service import lookup as service_lookup
-from service.cli import app
 
 runner = CliRunner()
 
@@ -71,9 +70,10 @@ def test_folder_operator_tuned_on_replay_exported_and_imported(tmp_path, vector_
     and kato import loads that into a second database holding the same operator."""
     import threading
 
-    from db.operators import use_database
-    from kernels import get_operator, registry
-    from tuner.worker import Worker, replay_backend_factory
+    from kato.db.operators import use_database
+    from kato.kernels import get_operator, registry
+    from kato.tuner.worker import Worker, replay_backend_factory
+
     from user_ops.recording import record
 
     db = f"sqlite:///{tmp_path / 'kato.db'}"
@@ -87,7 +87,7 @@ def test_folder_operator_tuned_on_replay_exported_and_imported(tmp_path, vector_
     try:
         op = get_operator("vector_add_test")
         path, best = record(op, (4096,), tmp_path / "rec" / "vector_add_test.json")
-        from db import queries
+        from kato.db import queries
 
         with sessions() as session:
             queries.create_job(
@@ -116,7 +116,7 @@ def test_folder_operator_tuned_on_replay_exported_and_imported(tmp_path, vector_
         engine.dispose()
     engine = init_db(other)
     with session_factory(engine)() as session:
-        from db import queries
+        from kato.db import queries
 
         found, how = service_lookup.lookup_best_config(
             session, operator=op.name, operator_version=op.version, shape=[4096],
@@ -129,9 +129,10 @@ def test_folder_operator_tuned_on_replay_exported_and_imported(tmp_path, vector_
 def test_replay_worker_command_answers_a_stored_operator(tmp_path, vector_add_dir):
     """`kato worker --backend replay` reads the stored operators before checking its
     recordings against them, then tunes the stored operator's job."""
-    from db import queries
-    from kernels import registry
-    from kernels.user import spec_from_folder
+    from kato.db import queries
+    from kato.kernels import registry
+    from kato.kernels.user import spec_from_folder
+
     from user_ops.recording import record
 
     db = f"sqlite:///{tmp_path / 'kato.db'}"

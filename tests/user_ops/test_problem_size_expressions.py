@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kato.kernels.spec import InvalidInput
 
 import kato
 from kato.kernel_tuner import operator_from_arguments, problem_shape
-from kernels.spec import InvalidInput
 from user_ops.recording import record
 
 # Kernel Tuner's examples/cuda/reduction.py kernel: each block writes one partial sum.

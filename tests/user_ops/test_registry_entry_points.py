@@ -7,8 +7,7 @@ import logging
 
 import numpy as np
 import pytest
-
-from kernels import registry
+from kato.kernels import registry
 
 
 @pytest.fixture
@@ -43,7 +42,7 @@ def test_a_package_operator_is_registered_and_broken_ones_skipped(entry_points, 
         "no_such_module_anywhere:thing",
         "user_ops.plugin_ops:operators",
     )
-    with caplog.at_level(logging.WARNING, logger="kernels.registry"):
+    with caplog.at_level(logging.WARNING, logger="kato.kernels.registry"):
         names = [spec.name for spec in registry.list_operators()]
     assert "plugin_vector_add" in names
     assert registry.get_operator("softmax") is softmax  # a package cannot replace a built-in
@@ -74,7 +73,7 @@ def test_a_failing_source_adds_nothing_and_breaks_nothing(caplog):
 
     registry.add_source(source)
     try:
-        with caplog.at_level(logging.WARNING, logger="kernels.registry"):
+        with caplog.at_level(logging.WARNING, logger="kato.kernels.registry"):
             assert registry.get_operator("relu").name == "relu"
         assert "database down" in caplog.text
     finally:

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from kato.db import operators as stored
+from kato.db import tokens
+from kato.db.session import init_db, session_factory
+from kato.kernels import get_operator, list_operators
+from kato.kernels.spec import InvalidInput
+from kato.kernels.user import load_folder
+from kato.service.app import create_app
+from kato.service.settings import Settings
+from kato.tuner.worker import Worker, replay_backend_factory
 
-from db import operators as stored
-from db import tokens
-from db.session import init_db, session_factory
-from kernels import get_operator, list_operators
-from kernels.spec import InvalidInput
-from kernels.user import load_folder
-from service.app import create_app
-from service.settings import Settings
-from tuner.worker import Worker, replay_backend_factory
 from user_ops.recording import record
 
 
@@ -77,7 +77,7 @@ def test_versions_are_kept_and_unchanged_folders_found(tmp_path, vector_add_dir)
         )
         assert "stored_va" in [s.name for s in list_operators()]
     finally:
-        from kernels import registry
+        from kato.kernels import registry
 
         registry.remove_source(source)
     engine.dispose()
@@ -180,9 +180,8 @@ def test_folder_model_refuses_code_in_every_expression_field(vector_add_dir):
 
 def test_migration_0005_upgrades_a_database_with_tokens(tmp_path):
     from alembic import command
+    from kato.db.session import alembic_config, current_revision, head_revision, make_engine
     from sqlalchemy import inspect, text
-
-    from db.session import alembic_config, current_revision, head_revision, make_engine
 
     engine = make_engine(f"sqlite:///{tmp_path / 'old.db'}")
     with engine.begin() as connection:
@@ -222,7 +221,7 @@ def test_a_database_outage_keeps_the_last_operators(tmp_path, vector_add_dir, ca
 
     source = stored.DatabaseOperators(flaky, refresh_s=0.0)
     assert [s.name for s in source()] == ["outage_va"]
-    with caplog.at_level(logging.WARNING, logger="db.operators"):
+    with caplog.at_level(logging.WARNING, logger="kato.db.operators"):
         for _ in range(3):
             assert [s.name for s in source()] == ["outage_va"]
     assert caplog.text.count("database down") == 1  # once per outage, not per lookup

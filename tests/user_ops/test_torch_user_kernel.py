@@ -9,11 +9,12 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="kato_torch needs PyTorch (the torch extra)")
 
+from kato.kernels.spec import InvalidInput  # noqa: E402
+from kato.kernels.user import definition, spec_from_folder  # noqa: E402
+from kato.kernels.user.spec import UserOperatorSpec  # noqa: E402
+
 import kato_torch  # noqa: E402
 from kato_torch import policy  # noqa: E402
-from kernels.spec import InvalidInput  # noqa: E402
-from kernels.user import definition, spec_from_folder  # noqa: E402
-from kernels.user.spec import UserOperatorSpec  # noqa: E402
 
 MATMUL = """
 #include <cuda_fp16.h>

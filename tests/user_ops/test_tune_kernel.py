@@ -10,14 +10,14 @@ import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from kato.db import tokens
+from kato.kernels.spec import InvalidInput
+from kato.service.app import create_app
+from kato.service.settings import Settings
+from kato.tuner.worker import Worker, replay_backend_factory
 
 import kato
-from db import tokens
 from kato.kernel_tuner import operator_from_arguments
-from kernels.spec import InvalidInput
-from service.app import create_app
-from service.settings import Settings
-from tuner.worker import Worker, replay_backend_factory
 from user_ops.recording import record
 
 KERNEL = """

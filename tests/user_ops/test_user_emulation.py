@@ -12,9 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from kernels.user import definition, load_folder
-from kernels.user.spec import UserOperatorSpec
+from kato.kernels.user import definition, load_folder
+from kato.kernels.user.spec import UserOperatorSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 from cuda_emulation import Case, cuda_include_dir, run_cases  # noqa: E402

@@ -10,10 +10,9 @@ from pathlib import Path
 import kernel_tuner.util as kt_util
 import numpy as np
 import pytest
-
-from kernels.spec import InvalidInput
-from kernels.user import definition, load_folder, spec_from_folder
-from kernels.user.spec import UserOperatorSpec
+from kato.kernels.spec import InvalidInput
+from kato.kernels.user import definition, load_folder, spec_from_folder
+from kato.kernels.user.spec import UserOperatorSpec
 
 
 def _spec_dict(folder: Path) -> dict:
@@ -245,7 +244,7 @@ def test_expression_failure_is_an_invalid_config():
 def test_rendered_variants_compile(vector_add_dir, tmp_path):
     """Two variants and the reference kernel go through nvcc and ptxas; a template that does not
     compile is a CompileError (a compile_error trial in the backend), not a crash."""
-    from tuner.nvcc import CompileError, compile_kernel
+    from kato.tuner.nvcc import CompileError, compile_kernel
 
     spec = spec_from_folder(vector_add_dir)
     for config in (
@@ -357,7 +356,7 @@ def test_include_check_is_linear_in_the_text():
     """Templates are up to a megabyte: many '#' or '%:' take one pass, not one per mark."""
     import time
 
-    from kernels.user.model import include_error
+    from kato.kernels.user.model import include_error
 
     start = time.perf_counter()
     text = "#include <cuda_fp16.h> // #x\n" * 30_000 + "%:" * 200_000

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kato.kernels.spec import InvalidInput
 
 import kato
 from kato.kernel_tuner import operator_from_arguments
-from kernels.spec import InvalidInput
 from user_ops.recording import record
 from user_ops.test_problem_size_expressions import SUM_FLOATS, TUNE, N
 

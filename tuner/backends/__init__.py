@@ -5,6 +5,6 @@ Tuner cache file. Import a backend's module only when you need it: ``tuner.backe
 imports pycuda.
 """
 
-from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
+from kato.tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
 
 __all__ = ["Backend", "DeviceInfo", "TrialResult", "TrialStatus"]

@@ -27,12 +27,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from tuner.backends.base import Backend, Config, DeviceInfo
+from kato.tuner.backends.base import Backend, Config, DeviceInfo
 
 if TYPE_CHECKING:
-    from db.models import Job
-    from db.queries import JobScope
-    from tuner import framework
+    from kato.db.models import Job
+    from kato.db.queries import JobScope
+    from kato.tuner import framework
 
 
 @runtime_checkable

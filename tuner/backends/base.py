@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from kato.tuner.space import SearchSpace
+
 from kato.shared.status import TrialStatus
-from tuner.space import SearchSpace
 
 Config = dict[str, Any]
 

@@ -45,14 +45,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kato.tuner.backends.abilities import abilities_of
+from kato.tuner.backends.base import Backend, Config, DeviceInfo, TrialResult, TrialStatus
+from kato.tuner.compile_queue import CompileQueue, CompileStats
+from kato.tuner.space import SearchSpace
+from kato.tuner.trial_cost import check_measurable, launch_lower_bound_s
+from kato.tuner.trial_cost import trial_timeout_s as scaled_trial_timeout_s
+
 from kato.errors import KatoError
 from kato.shared.gpus import find_gpu
-from tuner.backends.abilities import abilities_of
-from tuner.backends.base import Backend, Config, DeviceInfo, TrialResult, TrialStatus
-from tuner.compile_queue import CompileQueue, CompileStats
-from tuner.space import SearchSpace
-from tuner.trial_cost import check_measurable, launch_lower_bound_s
-from tuner.trial_cost import trial_timeout_s as scaled_trial_timeout_s
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +109,8 @@ def build_backend(spec: BackendSpec) -> Backend:
     for module in spec.imports:
         importlib.import_module(module)
     if spec.kind == "pycuda":
-        from kernels import get_operator
-        from tuner.backends.pycuda import PyCudaBackend
+        from kato.kernels import get_operator
+        from kato.tuner.backends.pycuda import PyCudaBackend
 
         assert spec.operator and spec.dtype, "a pycuda spec needs operator, shape and dtype"
         options = {"defer_setup": True, **dict(spec.options)}  # the child prepares it
@@ -121,7 +122,7 @@ def build_backend(spec: BackendSpec) -> Backend:
             **options,
         )
     if spec.kind == "replay":
-        from tuner.backends.replay import ReplayBackend
+        from kato.tuner.backends.replay import ReplayBackend
 
         assert spec.replay_file, "a replay spec needs replay_file"
         return ReplayBackend(spec.replay_file, **dict(spec.options))
@@ -140,9 +141,9 @@ def _user_operators(spec: BackendSpec) -> tuple[Any, ...]:
         return ()
     import pickle
 
-    from kernels import get_operator
-    from kernels.spec import InvalidInput
-    from kernels.user import UserOperatorSpec
+    from kato.kernels import get_operator
+    from kato.kernels.spec import InvalidInput
+    from kato.kernels.user import UserOperatorSpec
 
     try:
         op = get_operator(spec.operator)
@@ -169,7 +170,7 @@ def _child_main(
     the pipe closes. Exits (without closing the CUDA context cleanly: it may be dead) after a
     result whose backend reports itself unhealthy."""
     try:
-        from kernels.registry import register
+        from kato.kernels.registry import register
 
         for op in operators:
             register(op)
@@ -361,8 +362,8 @@ class IsolatedBackend(Backend):
                 shadow.close()
         from functools import partial
 
-        from kernels import get_operator
-        from tuner.backends.pycuda import check_on_gpu, operator_space
+        from kato.kernels import get_operator
+        from kato.tuner.backends.pycuda import check_on_gpu, operator_space
 
         assert self.spec.operator and self.spec.dtype
         op = get_operator(self.spec.operator)
@@ -505,8 +506,8 @@ class IsolatedBackend(Backend):
         if self.spec.kind != "pycuda":
             return None
         if self._queue is None:
-            from kernels import get_operator
-            from tuner.backends.pycuda import compile_config
+            from kato.kernels import get_operator
+            from kato.tuner.backends.pycuda import compile_config
 
             op = get_operator(self.spec.operator or "")
             cache = self.spec.option("compile_cache")

@@ -32,19 +32,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from kato.kernels.limits import needs_shared_opt_in
+from kato.kernels.spec import CUDA_TYPES, Config, Launch, OperatorSpec, Problem, Step, TensorMap
+from kato.tuner import cuda_driver
+from kato.tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
+from kato.tuner.compile_queue import CompileQueue, CompileStats
+from kato.tuner.nvcc import CompiledKernel, CompileError, compile_kernel, cuda_version
+from kato.tuner.occupancy import occupancy
+from kato.tuner.space import SearchSpace
+from kato.tuner.tensor_map import MAP_ALIGN, MapCache
+from kato.tuner.trial_cost import TrialDeadline, launch_lower_bound_s
 
 from kato.errors import KatoError
 from kato.shared.gpus import find_gpu, normalize_gpu_name
-from kernels.limits import needs_shared_opt_in
-from kernels.spec import CUDA_TYPES, Config, Launch, OperatorSpec, Problem, Step, TensorMap
-from tuner import cuda_driver
-from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
-from tuner.compile_queue import CompileQueue, CompileStats
-from tuner.nvcc import CompiledKernel, CompileError, compile_kernel, cuda_version
-from tuner.occupancy import occupancy
-from tuner.space import SearchSpace
-from tuner.tensor_map import MAP_ALIGN, MapCache
-from tuner.trial_cost import TrialDeadline, launch_lower_bound_s
 
 _VERIFY_SOURCE = Path(__file__).resolve().parent.parent / "verify_kernel.cu"
 _SPIN_SOURCE = Path(__file__).resolve().parent.parent / "spin_kernel.cu"

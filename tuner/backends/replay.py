@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kato.tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
+from kato.tuner.space import SearchSpace
+
 from kato.shared.gpus import find_gpu, normalize_gpu_name
 from kato.shared.kt_cache import KernelTunerCache, load_cache
-from tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
-from tuner.space import SearchSpace
 
 #: ``<operator>_<gpu>_<shape>_<dtype>[_<version>].json[.gz]`` (``tests/data/recorded``, and
 #: ``kato export``'s names with a ``.t4``/``.kt`` tag): what a file without Kato's metadata is for.
@@ -121,9 +122,9 @@ def check_recording(
     Raises:
         ValueError: it cannot, saying why.
     """
-    from db.importer import space_outside
-    from kernels import get_operator
-    from kernels.spec import InvalidInput
+    from kato.db.importer import space_outside
+    from kato.kernels import get_operator
+    from kato.kernels.spec import InvalidInput
 
     where = path or cache.kernel_name
     try:

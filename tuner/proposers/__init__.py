@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from tuner.proposers.base import History, Proposer, ProposerContext, SeedQueue
-from tuner.proposers.forest import ForestStrategy
-from tuner.proposers.grid import GridProposer
-from tuner.proposers.hybrid import HybridProposer
-from tuner.proposers.optuna_samplers import RandomProposer, TpeProposer
+from kato.tuner.proposers.base import History, Proposer, ProposerContext, SeedQueue
+from kato.tuner.proposers.forest import ForestStrategy
+from kato.tuner.proposers.grid import GridProposer
+from kato.tuner.proposers.hybrid import HybridProposer
+from kato.tuner.proposers.optuna_samplers import RandomProposer, TpeProposer
 
 Strategy = Literal["forest", "tpe", "hybrid", "random", "grid"]
 #: Every selectable strategy, by name; the first is the default.

@@ -36,10 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import optuna
-
-from tuner.backends.base import TrialResult, TrialStatus
-from tuner.space import Config, SearchSpace
-from tuner.study import StudyParams
+from kato.tuner.backends.base import TrialResult, TrialStatus
+from kato.tuner.space import Config, SearchSpace
+from kato.tuner.study import StudyParams
 
 
 @dataclass

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.proposers.base import History, Proposer
-from tuner.space import Config
-from tuner.surrogate import ForestProposer
+from kato.tuner.proposers.base import History, Proposer
+from kato.tuner.space import Config
+from kato.tuner.surrogate import ForestProposer
 
 
 class ForestStrategy(Proposer):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.proposers.base import History, Proposer
-from tuner.space import Config
+from kato.tuner.proposers.base import History, Proposer
+from kato.tuner.space import Config
 
 
 class GridProposer(Proposer):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tuner.proposers.base import History
-from tuner.proposers.optuna_samplers import TpeProposer
-from tuner.space import Config
+from kato.tuner.proposers.base import History
+from kato.tuner.proposers.optuna_samplers import TpeProposer
+from kato.tuner.space import Config
 
 
 class HybridProposer(TpeProposer):

@@ -7,10 +7,9 @@ import warnings
 from typing import Any
 
 import optuna
-
-from tuner.proposers.base import History, Proposer, ProposerContext
-from tuner.space import Config
-from tuner.study import IndexSampler
+from kato.tuner.proposers.base import History, Proposer, ProposerContext
+from kato.tuner.space import Config
+from kato.tuner.study import IndexSampler
 
 
 class OptunaProposer(Proposer):
