@@ -598,9 +598,19 @@ class JobRunner:
                 for row in rows
             ]
             params = StudyParams(backend.space().params)
-            record_study(self._storage, job_study_name(job.id), job_attrs(job), params, trials)
-        except Exception:
-            log.warning("job %s: its Optuna study was not written", job.id, exc_info=True)
+            # Retried on a transient fault like every other write: record_study skips the
+            # configs the study holds, so a try whose commit landed adds nothing the next time.
+            retry.call(
+                lambda: record_study(
+                    self._storage, job_study_name(job.id), job_attrs(job), params, trials
+                ),
+                what=f"job {job.id}: its Optuna study", logger=log, policy=self.retry_policy,
+                stop=self.shutdown,
+            )  # fmt: skip
+        except Exception as exc:
+            # The study is a view of the stored trials (rebuilt by kato import of an export).
+            log.warning("job %s: its Optuna study was not written (%s)", job.id,
+                        retry.describe(exc) if retry.is_transient(exc) else exc)  # fmt: skip
 
     def _search_until_settled(
         self, job: Job, backend: Backend, state: _JobState, ledger: JobLedger
