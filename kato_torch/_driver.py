@@ -24,6 +24,7 @@ CudaDriverError = cuda_driver.CudaDriverError
 load_module = cuda_driver.load_module
 get_function = cuda_driver.get_function
 launch = cuda_driver.launch
+launch_params = cuda_driver.launch_array
 
 
 _primary: dict[int, ctypes.c_void_p] = {}
@@ -80,23 +81,6 @@ def on_device(device_index: int) -> Iterator[None]:
     finally:
         popped = ctypes.c_void_p()
         _check(lib.cuCtxPopCurrent_v2(ctypes.byref(popped)), "cuCtxPopCurrent_v2")
-
-
-def launch_params(
-    func: ctypes.c_void_p,
-    grid: Sequence[int],
-    block: Sequence[int],
-    shared_bytes: int,
-    stream: int,
-    params: ctypes.Array,
-) -> None:
-    """``cuLaunchKernel`` with a prepared ``void*`` array of argument addresses (see
-    :class:`ArgumentSlots`): the hot path of a bound operator (the driver function's argument
-    types are declared by :func:`tuner.cuda_driver.library`, so ctypes converts in C)."""
-    result = _driver().cuLaunchKernel(func, grid[0], grid[1], grid[2], block[0], block[1],
-                                      block[2], shared_bytes, stream, params, None)  # fmt: skip
-    if result != 0:
-        _check(result, "cuLaunchKernel")
 
 
 class ArgumentSlots:

@@ -125,18 +125,9 @@ def launch_array(
     stream: int,
     params: ctypes.Array,
 ) -> None:
-    """``cuLaunchKernel`` with a prepared :func:`argument_array`."""
-    grid = (*grid, 1, 1)[:3]
-    block = (*block, 1, 1)[:3]
-    check(
-        library().cuLaunchKernel(
-            func,
-            int(grid[0]), int(grid[1]), int(grid[2]),
-            int(block[0]), int(block[1]), int(block[2]),
-            int(shared_bytes),
-            stream,
-            params,
-            None,
-        ),
-        "cuLaunchKernel",
-    )  # fmt: skip
+    """``cuLaunchKernel`` with a prepared :func:`argument_array` (``grid`` and ``block``: three
+    ints each, as :class:`kernels.spec.Launch` holds them). The hot path of kato_torch's bound
+    operators: the argument types are declared once (:func:`library`), so ctypes converts in C."""
+    result = library().cuLaunchKernel(func, *grid, *block, shared_bytes, stream, params, None)
+    if result != 0:
+        check(result, "cuLaunchKernel")
