@@ -14,6 +14,7 @@ import hashlib
 import importlib
 import inspect
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -62,6 +63,8 @@ MAX_CACHED_DEFAULTS = 1024
 #: CUDA's limits on a block's dimensions and a grid's.
 MAX_BLOCK = (1024, 1024, 64)
 MAX_GRID = (limits.MAX_GRID_X, limits.MAX_GRID_Y, limits.MAX_GRID_Y)
+#: Kernel Tuner's marker for a tunable that sets a ``#pragma unroll`` count.
+UNROLL_NAME = "loop_unroll_factor"
 #: Function computing float64 references: ``reference(args, shape, dtype) -> [array per
 #: output]`` (``args`` as :meth:`UserOperatorSpec.make_problem` made them).
 #: The modules whose code decides what a user operator's variants are and how they are checked.
@@ -608,13 +611,26 @@ def _filled(arg: Any, n: int, np_dtype: np.dtype, rng: np.random.Generator) -> n
 
 
 def _render(macros: Mapping[str, Any], name: str, definition: OperatorDefinition) -> str:
-    """The macros, then the file ``name`` of ``definition`` with its headers inlined."""
+    """The macros, then the file ``name`` of ``definition`` with its headers inlined.
+
+    A macro whose name holds ``loop_unroll_factor`` follows Kernel Tuner: a ``constexpr int``
+    rather than a ``#define``, and at 0 the ``#pragma unroll <name>`` lines are dropped."""
     files, headers = definition.files, definition.spec.headers
     try:
         template = inline_headers(name, files[name], files, headers) if headers else files[name]
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
-    lines = [f"#define {k} {v}" for k, v in macros.items()]
+    lines = []
+    for k, v in macros.items():
+        if UNROLL_NAME in k:
+            # nvcc does not expand macros in "#pragma unroll N", so Kernel Tuner's rule holds:
+            # 0 drops the pragma (the compiler decides), any other value is a constexpr int.
+            if str(v) == "0":
+                template = re.sub(rf"\n\s*#pragma\s+unroll\s+{k}\b", "\n", template)
+            else:
+                lines.append(f"constexpr int {k} = {v};")
+        else:
+            lines.append(f"#define {k} {v}")
     body = template if 'extern "C"' in template else f'extern "C" {{\n{template}\n}}'
     source = "\n".join(lines) + "\n" + body + "\n"
     # The template was checked when stored; the macros' values join it here, so what nvcc

@@ -5,6 +5,8 @@ refused."""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 from kato.kernels.spec import InvalidInput
@@ -97,3 +99,34 @@ def test_tuned_in_simulation_mode(tmp_path):
 def test_bad_problem_sizes_are_refused(problem_size, says):
     with pytest.raises(InvalidInput, match=says):
         operator_from_arguments("sum_floats", SUM_FLOATS, problem_size, _args(), TUNE)
+
+
+# Kernel Tuner's reduction example unrolls its loop by a tunable: ``#pragma unroll N`` takes no
+# macro in nvcc, so the value must reach the kernel as a constant, and 0 means "no pragma".
+UNROLLED = """
+__global__ void sum_unrolled(float *out, const float *x, int n) {
+    float s = 0.0f;
+    #pragma unroll loop_unroll_factor_0
+    for (int i = threadIdx.x; i < 256; i += block_size_x) s += x[i % n];
+    out[threadIdx.x] = s;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("factor", [0, 1, 8])
+def test_loop_unroll_factor_follows_kernel_tuner(factor, tmp_path):
+    from kato.tuner.nvcc import compile_kernel
+
+    tune = {"block_size_x": [32, 64], "loop_unroll_factor_0": [0, 1, 8]}
+    args = [np.zeros(64, np.float32), np.ones(256, np.float32), np.int32(256)]
+    op, _ = operator_from_arguments("sum_unrolled", UNROLLED, 64, args, tune)
+    source = op.render({"block_size_x": 32, "loop_unroll_factor_0": factor}, (64,), "float32")
+    assert "#define loop_unroll_factor_0" not in source
+    if factor == 0:
+        assert "#pragma unroll loop_unroll_factor_0" not in source
+        assert "constexpr int loop_unroll_factor_0" not in source
+    else:
+        assert f"constexpr int loop_unroll_factor_0 = {factor};" in source
+        assert "#pragma unroll loop_unroll_factor_0" in source
+    assert compile_kernel(source, "sum_unrolled", arch="sm_90", cache_dir=tmp_path).cubin
