@@ -136,8 +136,13 @@ SHIM = ROOT / "benchmarks" / "kt_examples" / "shim"
 DEFAULT_SCRIPTS = "vector_add.py,stencil.py,spmv.py,matmul.py"  # expdist.py: 960 configs
 
 
-def run_scripts(folder: Path, scripts: list[str], timeout: float) -> dict[str, Any]:
-    """Each Kernel Tuner example script run by Kernel Tuner, then through Kato (the shim)."""
+def run_scripts(
+    folder: Path, scripts: list[str], timeout: float, max_fevals: int = 0,
+    kt_strategy: str = "random_sample",
+) -> dict[str, Any]:  # fmt: skip
+    """Each Kernel Tuner example script run by Kernel Tuner, then through Kato (the shim).
+    ``max_fevals`` > 0 gives every call that names no strategy that budget on both sides
+    (Kernel Tuner's ``kt_strategy``, Kato's default search) instead of a brute force."""
     import os
 
     out: dict[str, Any] = {}
@@ -150,6 +155,8 @@ def run_scripts(folder: Path, scripts: list[str], timeout: float) -> dict[str, A
                 env.update(
                     KATO_KT_SHIM=tool,
                     KATO_KT_SHIM_OUT=str(record),
+                    KATO_KT_SHIM_MAX_FEVALS=str(max_fevals),
+                    KATO_KT_SHIM_KT_STRATEGY=kt_strategy,
                     KATO_DB_URL=f"sqlite:///{tmp}/kato.db",
                     PYTHONPATH=os.pathsep.join([str(SHIM), str(ROOT), env.get("PYTHONPATH", "")]),
                 )
@@ -187,6 +194,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--kt-scripts", type=Path, help="Kernel Tuner's examples/cuda folder")
     parser.add_argument("--scripts", default=DEFAULT_SCRIPTS, help="its scripts to run")
+    parser.add_argument(
+        "--script-budget", type=int, default=0,
+        help="> 0: a script's brute-force calls get this many configs on both sides instead",
+    )  # fmt: skip
+    parser.add_argument(
+        "--script-kt-strategy", default="random_sample",
+        help="Kernel Tuner's strategy for --script-budget",
+    )  # fmt: skip
     parser.add_argument("--one", nargs=2, metavar=("TOOL", "CASE"), help=argparse.SUPPRESS)
     parser.add_argument("--retime", metavar="CASE", help=argparse.SUPPRESS)
     parser.add_argument("--configs", help=argparse.SUPPRESS)
@@ -247,7 +262,9 @@ def main() -> None:
             ))  # fmt: skip
         print(f"{case:<12} verdict: {data['verdict']}")
     if a.kt_scripts is not None:
-        report["scripts"] = run_scripts(a.kt_scripts, a.scripts.split(","), a.timeout)
+        report["scripts"] = run_scripts(
+            a.kt_scripts, a.scripts.split(","), a.timeout, a.script_budget, a.script_kt_strategy
+        )
         for script, runs in report["scripts"].items():
             for run in runs:
                 for call in run["calls"] or [{}]:

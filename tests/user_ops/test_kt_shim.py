@@ -52,3 +52,26 @@ def test_a_kernel_tuner_script_runs_unchanged_through_kato(tmp_path):
         (call,) = run["calls"]
         assert call["measured"] == 23 and call["failed"] == 0
         assert call["best_config"] == best
+
+
+def test_a_script_budget_replaces_the_brute_force_on_both_sides(tmp_path):
+    """``--script-budget``: a script that names no strategy measures that many configs with
+    each tool (Kernel Tuner's random sampling, Kato's default search), not all 23."""
+    args, tune_params, kw = _problem()
+    op, _ = operator_from_arguments("vector_add", KERNEL, N, args, tune_params, **kw)
+    record(op, (N,), tmp_path / "cache.json")
+    (tmp_path / "kernel.cu").write_text(KERNEL)
+    (tmp_path / "script.py").write_text(SCRIPT)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "kt_bench", ROOT / "benchmarks" / "kt_examples.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    runs = module.run_scripts(tmp_path, ["script.py"], timeout=300, max_fevals=10)["script.py"]
+    for run in runs:
+        assert run["returncode"] == 0, run["output_tail"]
+        (call,) = run["calls"]
+        assert call["max_fevals"] == 10
+        assert call["measured"] == 10 and call["failed"] == 0

@@ -5,6 +5,10 @@
 script runs unchanged, as if its import had been changed. ``KATO_KT_SHIM=kt`` keeps Kernel
 Tuner's. Either way every call is recorded (configs measured, wall time, best config and
 time, failures) as a JSON line in ``KATO_KT_SHIM_OUT``.
+
+``KATO_KT_SHIM_MAX_FEVALS=N`` gives a call that names no strategy (Kernel Tuner's brute force)
+a budget of N configs on both sides, for the examples whose spaces no one brute-forces: Kernel
+Tuner's ``KATO_KT_SHIM_KT_STRATEGY`` (default ``random_sample``) and Kato's default search.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import time
 
 _MODE = os.environ.get("KATO_KT_SHIM")
 _OUT = os.environ.get("KATO_KT_SHIM_OUT")
+_MAX_FEVALS = int(os.environ.get("KATO_KT_SHIM_MAX_FEVALS") or 0)
+_KT_STRATEGY = os.environ.get("KATO_KT_SHIM_KT_STRATEGY") or "random_sample"
 
 if _MODE in ("kato", "kt") and _OUT:
     import kernel_tuner
@@ -25,6 +31,10 @@ if _MODE in ("kato", "kt") and _OUT:
     def tune_kernel(kernel_name, *args, **kwargs):
         t0 = time.perf_counter()
         record = {"tool": _MODE, "kernel_name": kernel_name}
+        if _MAX_FEVALS and kwargs.get("strategy") in (None, "brute_force"):
+            kwargs["strategy"] = _KT_STRATEGY if _MODE == "kt" else None
+            kwargs["strategy_options"] = {"max_fevals": _MAX_FEVALS}
+            record["max_fevals"], record["strategy"] = _MAX_FEVALS, kwargs["strategy"] or "kato"
         try:
             if _MODE == "kato":
                 import kato
