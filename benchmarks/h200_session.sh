@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call on the H200 (see ../shared/device/README.md): install the staged wheels, then
 # run the steps named as arguments, writing results under $OUT.
-#   steps: occupancy gputests winners operators throughput mlp spaces
+#   steps: occupancy gputests winners operators throughput mlp spaces ktexamples
 #          (default: occupancy gputests operators)
 #   The whole GPU suite does not fit one device call (600 s) on a fresh machine: `gputests` runs
 #   tests/gpu except the committed winners' check (~460 s), `winners` runs that (~120 s; 230 s
@@ -9,7 +9,8 @@
 #   env: GPU_TESTS (pytest paths, default tests/gpu minus the winners), TUNE_BUDGET, CASES ("relu layernorm:1048576x128 ..."),
 #        TUNE_ONLY=1, MAX_MINUTES, DB (SQLAlchemy URL of the results database; data/h200 is
 #        imported into it first, and the operators step exports it to $OUT/h200),
-#        THROUGHPUT_ARGS, SPACES ("op:shape:dtype ..." to brute-force, each cut after SPACE_TIMEOUT s)
+#        THROUGHPUT_ARGS, SPACES ("op:shape:dtype ..." to brute-force, each cut after SPACE_TIMEOUT s),
+#        KT_EXAMPLES, KT_SCRIPTS, KT_SCRIPT_BUDGET, KT_SCRIPT_TIMEOUT (ktexamples)
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device-wheels/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
@@ -51,6 +52,16 @@ for step in $steps; do
                 --db "sqlite:///$OUT/spaces.db" --json 2>&1 | tail -4
             done
             kato export "$OUT/spaces" --format kt --db "sqlite:///$OUT/spaces.db" | tail -4 ;;
+    ktexamples) # Kernel Tuner's own examples/cuda scripts, unchanged, through Kernel Tuner and
+            # through kato.tune_kernel (KT_EXAMPLES: a copy of that folder; kernel_tuner staged
+            # as a wheel: ../shared/device/stage.sh kernel-tuner). One JSON per script, so a
+            # cut-short call still returns what ran.
+            for script in ${KT_SCRIPTS:-vector_add.py stencil.py matmul.py spmv.py}; do
+              timeout $(( ${KT_SCRIPT_TIMEOUT:-240} * 2 + 30 )) python3 benchmarks/kt_examples.py --cases none \
+                --kt-scripts "${KT_EXAMPLES:-.kt-examples}" --scripts "$script" \
+                --script-budget "${KT_SCRIPT_BUDGET:-0}" --timeout "${KT_SCRIPT_TIMEOUT:-240}" \
+                --out "$OUT/kt_${script%.py}.json" 2>&1 | tail -4
+            done ;;
     *) echo "unknown step $step" ;;
   esac
 done
