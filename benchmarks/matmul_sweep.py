@@ -7,6 +7,7 @@ trial is (CUDA events, inputs rotated past the L2), beside ``torch.matmul`` on t
 compiles once per (operator, dtype). Prints a table, writes JSON after every case.
 
     python3 benchmarks/matmul_sweep.py --out $OUT/matmul_sweep.json [--case matmul:4096x4096x4096]
+        [--where CLUSTER_M=1 --where STAGES=3,4,5,6]
 
 Needs an sm_90 GPU, PyCUDA, PyTorch and nvcc. Issue 32's shapes by default.
 """
@@ -52,7 +53,22 @@ def torch_case(operator: str, shape: tuple[int, int, int], dtype: str):
     return lambda: torch.matmul(a_op, b_op, out=out)
 
 
-def sweep(operator: str, shape: tuple[int, int, int], dtype: str, limit_s: float) -> dict:
+def parse_where(items: list[str] | None) -> dict[str, set[int]]:
+    """``["STAGES=3,4", "CLUSTER_M=1"]`` -> ``{"STAGES": {3, 4}, "CLUSTER_M": {1}}``."""
+    where: dict[str, set[int]] = {}
+    for item in items or []:
+        name, _, values = item.partition("=")
+        where[name] = {int(v) for v in values.split(",")}
+    return where
+
+
+def sweep(
+    operator: str,
+    shape: tuple[int, int, int],
+    dtype: str,
+    limit_s: float,
+    where: dict[str, set[int]] | None = None,
+) -> dict:
     from kato.kernels import get_operator
     from kato.tuner.backends.pycuda import PyCudaBackend
 
@@ -60,7 +76,9 @@ def sweep(operator: str, shape: tuple[int, int, int], dtype: str, limit_s: float
     configs = [
         c
         for c in spec.candidates(shape, dtype)
-        if c["ENGINE"] == "wgmma" and spec.check(c, shape, dtype) is None
+        if c["ENGINE"] == "wgmma"
+        and spec.check(c, shape, dtype) is None
+        and all(c[k] in v for k, v in (where or {}).items())
     ]
     started = time.monotonic()
     backend = PyCudaBackend(spec, shape, dtype, repeats=10, warmup=2, seed=0)
@@ -107,6 +125,11 @@ def main() -> None:
     ap.add_argument("--case", action="append", help="operator:MxNxK (repeatable)")
     ap.add_argument("--dtypes", default=",".join(DTYPES))
     ap.add_argument("--limit-s", type=float, default=60.0, help="per case: stop timing after")
+    ap.add_argument(
+        "--where",
+        action="append",
+        help="PARAM=V1,V2 (repeatable): time only the configs with these values",
+    )
     args = ap.parse_args()
     cases = CASES
     if args.case:
@@ -117,13 +140,16 @@ def main() -> None:
     print(f"{'case':36} {'wgmma TFLOP/s':>14} {'cuBLAS':>8} {'ratio':>6} {'ok/all':>8}  best")
     for operator, shape in cases:
         for dtype in args.dtypes.split(","):
-            case = sweep(operator, shape, dtype, args.limit_s)
+            case = sweep(operator, shape, dtype, args.limit_s, parse_where(args.where))
             report["cases"].append(case)
             Path(args.out).write_text(json.dumps(report, indent=1))
             name = f"{operator} {'x'.join(map(str, shape))} {dtype}"
             best = case["best"]
             tiles = (
-                {k: best["config"][k] for k in ("BM", "BN", "STAGES", "CLUSTER_M", "PERSISTENT")}
+                {
+                    k: best["config"][k]
+                    for k in ("BM", "BN", "STAGES", "CLUSTER_M", "PERSISTENT", "EPILOGUE")
+                }
                 if best
                 else "-"
             )

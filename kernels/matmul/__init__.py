@@ -149,7 +149,7 @@ _TC_PINNED = {"TM": 4, "TN": 4, "PAD": 0}
 #: The mma.sync template's tunables: the only ones an ``ENGINE="mma"`` config renders.
 MMA_PARAMS = ("BM", "BN", "BK", "WM", "WN", "TM", "TN", "VEC", "STAGES", "PAD", "MIN_BLOCKS")
 #: The wgmma path's own tunables, pinned to these values under ``ENGINE="mma"``.
-MMA_PINNED = {"CLUSTER_M": 1, "PERSISTENT": 0}
+MMA_PINNED = {"CLUSTER_M": 1, "PERSISTENT": 0, "EPILOGUE": 0}
 #: The mma.sync tunables a wgmma config does not read, pinned to these values.
 WGMMA_PINNED = {"WM": 64, "WN": 64, "TM": 4, "TN": 4, "VEC": 8, "PAD": 0, "MIN_BLOCKS": 0}
 WGMMA_TEMPLATE = Path(__file__).with_name("matmul_wgmma.cu")
@@ -158,6 +158,11 @@ WGMMA_KERNEL = "kato_matmul_wgmma"
 WGMMA_BK = 64
 #: TMA addresses rows whose pitch is a multiple of 16 bytes: 8 elements of 16 bits.
 WGMMA_PITCH = 8
+#: Pipeline stages of the mma.sync path (cp.async groups) and of the wgmma one (its mbarrier
+#: ring; more stages let the producer run further ahead of short k loops, as far as shared
+#: memory allows).
+MMA_MAX_STAGES = 4
+WGMMA_MAX_STAGES = 6
 #: Accumulator registers one consumer thread may hold (the template's static_assert).
 WGMMA_MAX_ACCUMULATORS = 128
 #: setmaxnreg targets of the producer and of the consumers with two consumer warpgroups (384
@@ -198,9 +203,11 @@ def wgmma_accumulators(config: Config) -> int:
 
 
 def wgmma_shared_bytes(config: Config) -> int:
-    """Dynamic shared memory of a wgmma config: STAGES A and B tiles and 1 KiB of slack to
-    align the stages to 1024 bytes (the swizzle's period)."""
-    return config["STAGES"] * (config["BM"] + config["BN"]) * WGMMA_BK * 2 + 1024
+    """Dynamic shared memory of a wgmma config: STAGES A and B tiles, with ``EPILOGUE`` 1 the
+    BM x BN output tile staged for the TMA stores, and 1 KiB of slack to align the stages to
+    1024 bytes (the swizzle's period)."""
+    c_tile = config["BM"] * config["BN"] * 2 if config.get("EPILOGUE") else 0
+    return config["STAGES"] * (config["BM"] + config["BN"]) * WGMMA_BK * 2 + c_tile + 1024
 
 
 def threads_per_block(config: Config) -> int:
@@ -300,12 +307,13 @@ class MatmulSpec(OperatorSpec):
         "TM": (4, 8),
         "TN": (4, 8),
         "VEC": (1, 4, 8),
-        "STAGES": (1, 2, 3, 4),
+        "STAGES": (1, 2, 3, 4, 5, 6),
         "PAD": (0, 4),
         "MIN_BLOCKS": (0, 2),
         "ENGINE": ("mma", "wgmma"),
         "CLUSTER_M": (1, 2),
         "PERSISTENT": (0, 1),
+        "EPILOGUE": (0, 1),
     }
     template = Path(__file__).with_name("matmul.cu")
     extra_templates = (WGMMA_TEMPLATE,)
@@ -411,7 +419,7 @@ class MatmulSpec(OperatorSpec):
         if config["BK"] != WGMMA_BK:
             return f"ENGINE=wgmma takes BK {WGMMA_BK} (a 128-byte swizzle row), got {config['BK']}"
         if config["STAGES"] < 2:
-            return "ENGINE=wgmma takes STAGES 2, 3 or 4"
+            return f"ENGINE=wgmma takes STAGES 2..{WGMMA_MAX_STAGES}"
         if (acc := wgmma_accumulators(config)) > WGMMA_MAX_ACCUMULATORS:
             return (
                 f"tile {config['BM']}x{config['BN']} needs {acc} accumulators per consumer "
@@ -419,6 +427,8 @@ class MatmulSpec(OperatorSpec):
             )
         if config["CLUSTER_M"] == 2 and config["BN"] == 64:
             return "CLUSTER_M=2 splits B between two CTAs: BN 128 or 256"
+        if config["STAGES"] > WGMMA_MAX_STAGES:
+            return f"ENGINE=wgmma takes STAGES 2..{WGMMA_MAX_STAGES}"
         try:
             m, n, k = _validated(self, tuple(shape), dtype)
         except InvalidInput as exc:
@@ -430,6 +440,11 @@ class MatmulSpec(OperatorSpec):
                     f"ENGINE=wgmma loads {name} by TMA, which needs a row pitch of a multiple of "
                     f"{WGMMA_PITCH} elements; {name}'s is {pitch}"
                 )
+        if config["EPILOGUE"] and n % WGMMA_PITCH:
+            return (
+                f"EPILOGUE=1 stores C by TMA, which needs a row pitch of a multiple of "
+                f"{WGMMA_PITCH} elements; C's is {n}"
+            )
         cluster_tiles = wgmma_cluster_tiles(config, m, n)
         if cluster_tiles * config["CLUSTER_M"] > MAX_GRID_X:
             return f"{cluster_tiles} cluster tiles exceed the grid and the kernel's int index"
@@ -444,16 +459,21 @@ class MatmulSpec(OperatorSpec):
         return None
 
     def candidates(self, shape: Sequence[int], dtype: str) -> list[Config]:
-        """The mma.sync product with the wgmma tunables pinned, and for float16 / bfloat16 the
-        wgmma product (BM, BN, STAGES, CLUSTER_M, PERSISTENT) with the rest pinned: a
-        sixteenth of the whole product, which holds no other valid config."""
+        """The mma.sync product (STAGES up to :data:`MMA_MAX_STAGES`) with the wgmma tunables
+        pinned, and for float16 / bfloat16 the wgmma product (BM, BN, STAGES, CLUSTER_M,
+        PERSISTENT, EPILOGUE) with the rest pinned: a small part of the whole product, which
+        holds no other valid config."""
         names = list(self.params)
+        mma_values = {
+            p: [v for v in self.params[p] if p != "STAGES" or v <= MMA_MAX_STAGES]
+            for p in MMA_PARAMS
+        }
         found = [
             {**dict(zip(MMA_PARAMS, values, strict=True)), "ENGINE": "mma", **MMA_PINNED}
-            for values in itertools.product(*(self.params[p] for p in MMA_PARAMS))
+            for values in itertools.product(*(mma_values[p] for p in MMA_PARAMS))
         ]
         if is_tensor_core(dtype):
-            own = ("BM", "BN", "STAGES", "CLUSTER_M", "PERSISTENT")
+            own = ("BM", "BN", "STAGES", "CLUSTER_M", "PERSISTENT", "EPILOGUE")
             fixed = {**WGMMA_PINNED, "BK": WGMMA_BK, "ENGINE": "wgmma"}
             found += [
                 {**fixed, **dict(zip(own, values, strict=True))}
@@ -521,8 +541,8 @@ class MatmulSpec(OperatorSpec):
             return f"tensor cores take BK 32 or 64, got {bk}"
         if config["VEC"] not in (1, 8):
             return f"tensor cores take VEC 1 or 8 (16-byte cp.async), got {config['VEC']}"
-        if config["STAGES"] < 2:
-            return "tensor cores take STAGES 2, 3 or 4"
+        if not 2 <= config["STAGES"] <= MMA_MAX_STAGES:
+            return f"tensor cores take STAGES 2..{MMA_MAX_STAGES} under ENGINE=mma"
         if config["VEC"] == 1 and config["STAGES"] != 2:
             return "VEC=1 loads are synchronous: STAGES beyond 2 cannot overlap them"
         if not any(aligned[:2]) and config["STAGES"] != 2:
@@ -623,6 +643,7 @@ class MatmulSpec(OperatorSpec):
             "STAGES": config["STAGES"],
             "CONSUMERS": consumers,
             "CLUSTER_M": config["CLUSTER_M"],
+            "EPILOGUE": config["EPILOGUE"],
             "GROUP_M": WGMMA_GROUP_M,
             "INFLIGHT": 1,
             # One consumer (256 threads) may hold 255 registers: no setmaxnreg (a raise below
@@ -669,9 +690,18 @@ class MatmulSpec(OperatorSpec):
         TMA tensor maps (:meth:`tensor_maps`)."""
         if not is_wgmma(config):
             return super().steps(config, shape, dtype)
-        map_a, map_b = self.tensor_maps(config, shape, dtype)
+        maps = self.tensor_maps(config, shape, dtype)
+        if config["EPILOGUE"]:
+            maps += (self.output_map(config, shape, dtype),)
         launch = self._wgmma_launch(config, shape)
-        return [Step(WGMMA_KERNEL, launch, (map_a, map_b, 2, 3, 4, 5))]
+        return [Step(WGMMA_KERNEL, launch, (*maps, 2, 3, 4, 5))]
+
+    def output_map(self, config: Config, shape: Sequence[int], dtype: str) -> TensorMap:
+        """The map of C (argument 2) that ``EPILOGUE`` 1 stores through: boxes of 64 columns (128
+        bytes, the swizzle's row) by one consumer warpgroup's rows of the tile."""
+        m, n, _ = shape
+        rows = config["BM"] // wgmma_consumers(config)
+        return TensorMap(2, dtype, rows=m, cols=n, box_rows=rows, box_cols=64)
 
     def tensor_maps(
         self, config: Config, shape: Sequence[int], dtype: str

@@ -100,6 +100,9 @@
 #ifndef FLIP_TRANSPOSE
 #define FLIP_TRANSPOSE 0
 #endif
+#ifndef EPILOGUE
+#define EPILOGUE 0
+#endif
 #ifndef KATO_WGMMA_DEBUG
 #define KATO_WGMMA_DEBUG 0
 #endif
@@ -151,7 +154,14 @@ static_assert(CONSUMERS == 1 || CONSUMERS == 2, "CONSUMERS must be 1 or 2");
 static_assert(kRowsPerConsumer % 64 == 0, "each consumer needs whole m64 slices");
 static_assert(kMI * kAccPerWgmma <= 128, "more than 128 accumulators per thread");
 static_assert(STAGES >= 2 && STAGES <= 8, "STAGES must be 2..8");
-static_assert(STAGES * kStageBytes + 1024 <= 232448, "stages exceed 227 KiB of shared memory");
+// EPILOGUE 1 stages the output tile in shared memory (BM x BN of DTYPE) for TMA stores: each
+// consumer owns its kRowsPerConsumer rows, as BN / 64 column chunks of kRowsPerConsumer rows of
+// 128 bytes (one TMA store box each, 128-byte swizzle).
+constexpr int kCTileBytes = EPILOGUE ? BM * BN * 2 : 0;
+constexpr int kCChunkBytes = kRowsPerConsumer * 128;
+static_assert(EPILOGUE == 0 || EPILOGUE == 1, "EPILOGUE must be 0 or 1");
+static_assert(STAGES * kStageBytes + kCTileBytes + 1024 <= 232448,
+              "stages (and the output tile) exceed 227 KiB of shared memory");
 static_assert(INFLIGHT == 0 || INFLIGHT == 1, "INFLIGHT must be 0 or 1");
 static_assert(CLUSTER_M == 1 || CLUSTER_M == 2, "CLUSTER_M must be 1 or 2");
 static_assert(CLUSTER_M == 1 || (BN / 64) % 2 == 0, "a 2-CTA cluster splits B: BN 128 or 256");
@@ -258,6 +268,54 @@ __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const Tensor
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
         : "memory");
 }
+
+#if EPILOGUE
+// Stores the box at (c0 innermost, c1) of `map` from shared memory at `src` (TMA clips the
+// parts outside the matrix); completes in this thread's current bulk async-group.
+__device__ __forceinline__ void tma_store_2d(const TensorMap* map, uint32_t src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::
+                     "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(src)
+                 : "memory");
+}
+
+__device__ __forceinline__ void tma_store_commit() {
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// Waits until this thread's committed stores have read their shared memory (it may be
+// rewritten); their global writes may still be in flight.
+__device__ __forceinline__ void tma_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+
+// Waits until this thread's committed stores are complete (before the CTA exits).
+__device__ __forceinline__ void tma_store_wait_all() {
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
+// Makes this thread's generic-proxy writes to shared memory visible to the TMA unit.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// A barrier of the `count` threads of one consumer warpgroup (ids 1, 2: 0 is __syncthreads).
+__device__ __forceinline__ void named_barrier(int id, int count) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ uint32_t pack2(float v0, float v1) {
+#if IS_BF16
+    __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
+#else
+    __half2 h = __floats2half2_rn(v0, v1);
+#endif
+    return *reinterpret_cast<uint32_t*>(&h);
+}
+
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+#endif
 
 // --- clusters -------------------------------------------------------------------------------
 
@@ -475,6 +533,9 @@ __device__ __forceinline__ void store_pair(DTYPE* C, int M, int N, int row, int 
 extern "C" __global__ void __launch_bounds__(KATO_NS::kThreads, 1) KATO_CLUSTER_DIMS
     kato_matmul_wgmma(const __grid_constant__ KATO_NS::TensorMap tmap_a,
                       const __grid_constant__ KATO_NS::TensorMap tmap_b,
+#if EPILOGUE
+                      const __grid_constant__ KATO_NS::TensorMap tmap_c,
+#endif
                       KATO_NS::DTYPE* __restrict__ C, int M, int N, int K) {
     using namespace KATO_NS;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -500,6 +561,9 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kThreads, 1) KATO_CLUSTER_
     if (threadIdx.x == 0) {
         tma_prefetch_map(&tmap_a);
         tma_prefetch_map(&tmap_b);
+#if EPILOGUE
+        tma_prefetch_map(&tmap_c);
+#endif
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(smem_u32(&full_bar[s]), 1);
             // Every consumer warp of every CTA of the cluster: each CTA writes B into all.
@@ -632,6 +696,36 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kThreads, 1) KATO_CLUSTER_
 #endif
             // Epilogue: fragment j of an m64nN accumulator holds rows warp*16 + lane/4 (+8)
             // and columns j*8 + (lane%4)*2 (+1) of its 64-row slice.
+#if EPILOGUE
+            // Through shared memory and TMA stores: the consumer goes on to its next tile while
+            // the TMA unit writes this one. Row r's 16-byte unit u of a chunk lies at unit
+            // u ^ (r % 8) (the 128-byte swizzle), so a warp's 32 words hit 32 banks.
+            const bool leader = threadIdx.x % 128 == 0;
+            const uint32_t c_tile = smem_base + STAGES * kStageBytes +
+                                    consumer * kRowsPerConsumer * BN * 2;
+            if (leader) tma_store_wait_read();  // the previous tile's stores have read c_tile
+            named_barrier(1 + consumer, 128);
+            const int r8 = lane / 4;
+#pragma unroll
+            for (int i = 0; i < kMI; ++i)
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) {
+                    const int r = i * 64 + warp * 16 + r8;
+                    const uint32_t at = c_tile + (j / 8) * kCChunkBytes + r * 128 +
+                                        (((j % 8) ^ r8) << 4) + (lane % 4) * 4;
+                    st_shared_u32(at, pack2(acc[i][4 * j], acc[i][4 * j + 1]));
+                    st_shared_u32(at + 8 * 128, pack2(acc[i][4 * j + 2], acc[i][4 * j + 3]));
+                }
+            fence_proxy_async_smem();
+            named_barrier(1 + consumer, 128);
+            const int row0 = tm * BM + consumer * kRowsPerConsumer;
+            if (leader && row0 < M) {
+#pragma unroll
+                for (int c = 0; c < BN / 64; ++c)
+                    tma_store_2d(&tmap_c, c_tile + c * kCChunkBytes, tn * BN + c * 64, row0);
+                tma_store_commit();
+            }
+#else
             const int row0 = tm * BM + consumer * kRowsPerConsumer + warp * 16 + lane / 4;
             const int col0 = tn * BN + (lane % 4) * 2;
 #pragma unroll
@@ -642,7 +736,11 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kThreads, 1) KATO_CLUSTER_
                     store_pair(C, M, N, row, col, acc[i][4 * j], acc[i][4 * j + 1]);
                     store_pair(C, M, N, row + 8, col, acc[i][4 * j + 2], acc[i][4 * j + 3]);
                 }
+#endif
         }
+#if EPILOGUE
+        if (threadIdx.x % 128 == 0) tma_store_wait_all();
+#endif
     }
 #if CLUSTER_M > 1
     // No CTA may exit while another can still arrive on its barriers or multicast into it.

@@ -171,6 +171,34 @@ def test_every_wgmma_config_verifies(operator, shape, dtype):
     assert not failures, f"{len(failures)} of {len(configs)} failed: {failures[:3]}"
 
 
+#: Shapes for the wgmma variants added for issue 32's training shapes (TMA-store epilogue,
+#: 5 and 6 stages): a persistent grid (2056 x 2048: more tiles than CTAs, so each CTA reuses
+#: its staged C tile), a tile that TMA clips on both sides (8 x 16 x 8), and M, N and K that
+#: are multiples of no tile (1032 x 3080 x 72: one k block and 8 more).
+NEW_VARIANT_SHAPES = [(2056, 2048, 264), (8, 16, 8), (1032, 3080, 72)]
+
+
+def _is_new_variant(config) -> bool:
+    return config["EPILOGUE"] == 1 or config["STAGES"] > 4
+
+
+@sm90
+@pytest.mark.parametrize("dtype", WGMMA_DTYPES)
+@pytest.mark.parametrize("operator", list(WGMMA_SHAPES))
+@pytest.mark.parametrize("shape", NEW_VARIANT_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_new_wgmma_variants_verify(operator, shape, dtype):
+    """Every valid EPILOGUE=1 or 5-6 stage config (persistent or not, clusters or not) passes
+    the backend's verification (poisoned C, float64 reference, twice: the second run shows the
+    staged C tile and the store groups leave nothing behind)."""
+    spec = get_operator(operator)
+    configs = [c for c in _wgmma_configs(spec, shape, dtype) if _is_new_variant(c)]
+    assert {c["EPILOGUE"] for c in configs} == {0, 1}
+    if shape == (2056, 2048, 264):
+        assert {c["PERSISTENT"] for c in configs} == {0, 1}
+    failures = _verify_all(spec, shape, dtype, configs)
+    assert not failures, f"{len(failures)} of {len(configs)} failed: {failures[:3]}"
+
+
 def _verify_all(spec, shape, dtype, configs):
     """(config, error) of every config that fails the backend's checks or verification, on one
     problem (compiles in parallel ahead)."""
@@ -207,9 +235,11 @@ def test_wgmma_configs_are_invalid_where_tma_cannot_address_a_row():
 
 
 @sm90
-def test_a_served_wgmma_config_runs_through_kato_torch():
+@pytest.mark.parametrize("epilogue", [0, 1])
+def test_a_served_wgmma_config_runs_through_kato_torch(epilogue):
     """kato_torch launches a wgmma winner (its tensor maps built per call from the tensors'
-    pointers, cached per buffer) for the forward and both backward layouts of a matmul."""
+    pointers, cached per buffer) for the forward and both backward layouts of a matmul; with
+    EPILOGUE 1, C's map too."""
     import torch
 
     import kato_torch
@@ -218,7 +248,7 @@ def test_a_served_wgmma_config_runs_through_kato_torch():
     served = {
         "BM": 128, "BN": 128, "BK": 64, "WM": 64, "WN": 64, "TM": 4, "TN": 4, "VEC": 8,
         "STAGES": 4, "PAD": 0, "MIN_BLOCKS": 0, "ENGINE": "wgmma", "CLUSTER_M": 2,
-        "PERSISTENT": 0,
+        "PERSISTENT": 0, "EPILOGUE": epilogue,
     }  # fmt: skip
     asked = []
 
@@ -245,6 +275,6 @@ def test_a_served_wgmma_config_runs_through_kato_torch():
         bound = _kernels.bind("matmul", (1000, 136, 264), "bfloat16", 0)
         assert bound.config["ENGINE"] == "wgmma" and bound.source == "exact"
         assert {"matmul", "matmul_nt", "matmul_tn"} <= set(asked)
-        assert len(_kernels._maps) >= 2  # A's and B's maps, encoded from the tensors
+        assert len(_kernels._maps) >= 2 + epilogue  # A's, B's (and C's) maps, from the tensors
     finally:
         kato_torch.configure()

@@ -42,6 +42,7 @@ def wgmma_cfg(**kw):
         "ENGINE": "wgmma",
         "CLUSTER_M": 1,
         "PERSISTENT": 0,
+        "EPILOGUE": 0,
     }
     return {**base, **kw}
 
@@ -73,8 +74,9 @@ def test_every_valid_wgmma_config_fits(spec, dtype):
     configs = wgmma_valid(spec, SHAPE, dtype)
     tiles = {(c["BM"], c["BN"]) for c in configs}
     assert tiles == {(m, n) for m in (64, 128, 256) for n in (64, 128, 256)} - {(256, 256)}
-    assert {c["STAGES"] for c in configs} == {2, 3, 4}
+    assert {c["STAGES"] for c in configs} == {2, 3, 4, 5, 6}
     assert {(c["CLUSTER_M"], c["PERSISTENT"]) for c in configs} == {(1, 0), (1, 1), (2, 0), (2, 1)}
+    assert {c["EPILOGUE"] for c in configs} == {0, 1}
     for c in configs:
         assert {k: c[k] for k in WGMMA_PINNED} == WGMMA_PINNED and c["BK"] == 64
         assert wgmma_accumulators(c) <= 128
@@ -97,7 +99,9 @@ def test_float32_has_no_wgmma_config():
         (wgmma_cfg(BM=256, BN=256), "accumulators"),
         (wgmma_cfg(BN=64, CLUSTER_M=2), "BN 128 or 256"),
         (wgmma_cfg(BK=32), "BK 64"),
-        (wgmma_cfg(STAGES=1), "STAGES 2, 3 or 4"),
+        (wgmma_cfg(STAGES=1), "STAGES 2..6"),
+        (wgmma_cfg(STAGES=5), "shared memory"),  # 5 x 48 KiB
+        (wgmma_cfg(STAGES=4, EPILOGUE=1), "shared memory"),  # 4 x 48 KiB + the 64 KiB C tile
         (wgmma_cfg(VEC=4), "VEC is unused"),
         (wgmma_cfg(WM=32), "WM is unused"),
         (wgmma_cfg(MIN_BLOCKS=2), "MIN_BLOCKS is unused"),
@@ -112,6 +116,8 @@ def test_mma_configs_pin_the_wgmma_tunables():
     assert config["ENGINE"] == "mma"
     assert "CLUSTER_M" in SPEC.check({**config, "CLUSTER_M": 2}, SHAPE, "float16")
     assert "PERSISTENT" in SPEC.check({**config, "PERSISTENT": 1}, SHAPE, "float16")
+    assert "EPILOGUE" in SPEC.check({**config, "EPILOGUE": 1}, SHAPE, "float16")
+    assert "STAGES 2..4" in SPEC.check({**config, "STAGES": 5}, SHAPE, "float16")
 
 
 @pytest.mark.parametrize(
@@ -187,6 +193,8 @@ def test_wgmma_render_is_the_wgmma_template_with_its_macros_and_no_shape():
     # the shape and PERSISTENT change only the launch
     assert src == SPEC.render(config, (8, 16, 8), "bfloat16")
     assert src == SPEC.render({**config, "PERSISTENT": 1}, SHAPE, "bfloat16")
+    assert "#define EPILOGUE 0" in src
+    assert "#define EPILOGUE 1" in SPEC.render({**config, "EPILOGUE": 1}, SHAPE, "bfloat16")
     assert "#define TRANS_A 1" in TN.render(config, SHAPE, "bfloat16")
     assert "#define TRANS_B 1" in NT.render(config, SHAPE, "bfloat16")
 
@@ -197,7 +205,9 @@ def test_mma_sources_render_only_the_mma_tunables():
         src = SPEC.render(config, SHAPE, dtype)
         names = [line.split()[1] for line in src.splitlines() if line.startswith("#define ")]
         assert names[: len(MMA_PARAMS)] == list(MMA_PARAMS)
-        assert not {"ENGINE", "CLUSTER_M", "PERSISTENT"} & set(names[: len(MMA_PARAMS) + 8])
+        assert not {"ENGINE", "CLUSTER_M", "PERSISTENT", "EPILOGUE"} & set(
+            names[: len(MMA_PARAMS) + 8]
+        )
 
 
 @pytest.mark.parametrize(
@@ -209,6 +219,7 @@ def test_mma_sources_render_only_the_mma_tunables():
         (wgmma_cfg(PERSISTENT=1), SHAPE, PERSISTENT_CTAS, 384),
         (wgmma_cfg(PERSISTENT=1, CLUSTER_M=2), SHAPE, PERSISTENT_CTAS // 2 * 2, 384),
         (wgmma_cfg(BM=64, BN=64), (8, 16, 8), 1, 256),
+        (wgmma_cfg(STAGES=3, EPILOGUE=1, PERSISTENT=1), SHAPE, PERSISTENT_CTAS, 384),
     ],
 )
 def test_wgmma_launch(config, shape, grid, threads):
@@ -216,7 +227,8 @@ def test_wgmma_launch(config, shape, grid, threads):
     assert launch.grid == (grid, 1, 1) and launch.block == (threads, 1, 1)
     assert launch.grid[0] % config["CLUSTER_M"] == 0
     stages = config["STAGES"] * (config["BM"] + config["BN"]) * 64 * 2
-    assert launch.shared_bytes == stages + 1024
+    c_tile = config["BM"] * config["BN"] * 2 * config["EPILOGUE"]
+    assert launch.shared_bytes == stages + c_tile + 1024
     (step,) = SPEC.steps(config, shape, "float16")
     assert step.kernel == "kato_matmul_wgmma" and step.launch == launch
 
@@ -277,3 +289,51 @@ def test_default_configs_stay_on_mma_sync():
             for dtype in spec.dtypes:
                 assert spec.default_config(shape, dtype)["ENGINE"] == "mma"
     assert math.ceil(4096 / 128) ** 2 > PERSISTENT_CTAS
+
+
+@pytest.mark.parametrize(
+    ("spec", "config", "box_rows"),
+    [
+        (SPEC, wgmma_cfg(STAGES=3, EPILOGUE=1), 64),  # 2 consumers of 64 rows
+        (NT, wgmma_cfg(BM=256, BN=128, STAGES=3, EPILOGUE=1), 128),  # 2 consumers of 128
+        (TN, wgmma_cfg(BM=64, BN=256, EPILOGUE=1, CLUSTER_M=2), 64),  # 1 consumer
+    ],
+    ids=lambda v: getattr(v, "name", None),
+)
+def test_the_tma_store_epilogue_declares_a_map_of_c(spec, config, box_rows):
+    """EPILOGUE=1: the kernel takes C's map after A's and B's (C, M, N, K still follow); its
+    boxes are 64 columns (one 128-byte swizzle row) by one consumer's rows."""
+    shape = (296, 136, 200)
+    assert spec.check(config, shape, "float16") is None
+    (step,) = spec.steps(config, shape, "float16")
+    a, b, c, *rest = step.args
+    assert rest == [2, 3, 4, 5]
+    assert step.tensor_maps == (a, b, c)
+    assert (c.array, c.rows, c.cols, c.box_rows, c.box_cols, c.swizzle) == (
+        2, 296, 136, box_rows, 64, 128,
+    )  # fmt: skip
+    problem = spec.make_problem(shape, "float16", __import__("numpy").random.default_rng(0))
+    assert problem.args[2].shape == (c.rows, c.cols)
+
+
+def test_the_tma_store_epilogue_needs_a_16_byte_pitch_of_c():
+    """C's pitch is N: NT with N = 50257 keeps its register-epilogue configs only."""
+    shape = (8192, 50257, 768)
+    configs = wgmma_valid(NT, shape, "bfloat16")
+    assert configs and {c["EPILOGUE"] for c in configs} == {0}
+    assert "C's is 50257" in NT.check(wgmma_cfg(STAGES=3, EPILOGUE=1), shape, "bfloat16")
+    assert NT.check(wgmma_cfg(STAGES=3, EPILOGUE=1), (8192, 50264, 768), "bfloat16") is None
+
+
+def test_the_output_tile_counts_against_shared_memory():
+    """The staged C tile takes stages away: 128 x 256 keeps 3 of 48 KiB beside its 64 KiB,
+    128 x 128 all 6 of 32 KiB beside its 32 KiB."""
+
+    def most_stages(**kw):
+        ok = [s for s in range(2, 7) if SPEC.check(wgmma_cfg(STAGES=s, **kw), SHAPE, "float16")
+              is None]  # fmt: skip
+        return max(ok)
+
+    assert most_stages() == 4 and most_stages(EPILOGUE=1) == 3
+    assert most_stages(BN=128) == 6 and most_stages(BN=128, EPILOGUE=1) == 6
+    assert most_stages(BM=256, BN=128, EPILOGUE=1) == 3
