@@ -288,8 +288,14 @@ def main(argv: list[str] | None = None) -> int:
     items = {name: f.item() for name, f in files.items()}
     now = _describe(ROOT, {name: f.item(added) for name, f in files.items()}, args.compare)
     with tempfile.TemporaryDirectory() as tmp:
+        # kernels/ imports as kato.kernels: the archive needs the kato package and the db/
+        # folder by which kato/__init__.py knows a source checkout (else the editable
+        # install's finder answers with the working tree's modules).
         archive = subprocess.run(
-            ["git", "archive", args.base, "kernels"], cwd=ROOT, capture_output=True, check=True
+            ["git", "archive", args.base, "kernels", "kato", "db"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
         ).stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
         then = _describe(Path(tmp), items, args.compare)
