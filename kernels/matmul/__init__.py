@@ -149,7 +149,7 @@ _TC_PINNED = {"TM": 4, "TN": 4, "PAD": 0}
 #: The mma.sync template's tunables: the only ones an ``ENGINE="mma"`` config renders.
 MMA_PARAMS = ("BM", "BN", "BK", "WM", "WN", "TM", "TN", "VEC", "STAGES", "PAD", "MIN_BLOCKS")
 #: The wgmma path's own tunables, pinned to these values under ``ENGINE="mma"``.
-MMA_PINNED = {"CLUSTER_M": 1, "PERSISTENT": 0, "EPILOGUE": 0}
+MMA_PINNED = {"CLUSTER_M": 1, "PERSISTENT": 0, "EPILOGUE": 0, "SPLIT_K": 1}
 #: The mma.sync tunables a wgmma config does not read, pinned to these values.
 WGMMA_PINNED = {"WM": 64, "WN": 64, "TM": 4, "TN": 4, "VEC": 8, "PAD": 0, "MIN_BLOCKS": 0}
 WGMMA_TEMPLATE = Path(__file__).with_name("matmul_wgmma.cu")
@@ -174,6 +174,9 @@ WGMMA_GROUP_M = 8
 #: CTAs of a persistent launch: the SMs of an H200 (and an H100 SXM). The tile loop is correct
 #: for any grid; on an sm_90 GPU with fewer SMs the last wave is only less balanced.
 PERSISTENT_CTAS = 132
+#: SPLIT_K > 1 is kept for problems of fewer cluster tiles than this (two waves of
+#: PERSISTENT_CTAS): with more, every SM already has whole tiles to work on.
+SPLIT_K_MAX_TILES = 2 * PERSISTENT_CTAS
 #: The arch whose wgmma and setmaxnreg a wgmma config needs, and the nvcc target it builds for.
 WGMMA_ARCH = "sm_90"
 WGMMA_TARGET = "sm_90a"
@@ -208,6 +211,16 @@ def wgmma_shared_bytes(config: Config) -> int:
     1024 bytes (the swizzle's period)."""
     c_tile = config["BM"] * config["BN"] * 2 if config.get("EPILOGUE") else 0
     return config["STAGES"] * (config["BM"] + config["BN"]) * WGMMA_BK * 2 + c_tile + 1024
+
+
+def wgmma_split_buffer_bytes(config: Config) -> int:
+    """Shared memory a split-K CTA receives the other CTAs' partial accumulators in (the
+    template's kSplitBufferBytes): for each of the SPLIT_K - 1 others, the accumulators of the
+    consumer warps it owns (warp w belongs to CTA w % SPLIT_K), 32 lanes each."""
+    split = config.get("SPLIT_K", 1)
+    warps = 4 * wgmma_consumers(config)
+    owned = -(-warps // split)
+    return (split - 1) * owned * 32 * wgmma_accumulators(config) * 4
 
 
 def threads_per_block(config: Config) -> int:
@@ -314,6 +327,7 @@ class MatmulSpec(OperatorSpec):
         "CLUSTER_M": (1, 2),
         "PERSISTENT": (0, 1),
         "EPILOGUE": (0, 1),
+        "SPLIT_K": (1, 2, 3, 4),
     }
     template = Path(__file__).with_name("matmul.cu")
     extra_templates = (WGMMA_TEMPLATE,)
@@ -429,6 +443,19 @@ class MatmulSpec(OperatorSpec):
             return "CLUSTER_M=2 splits B between two CTAs: BN 128 or 256"
         if config["STAGES"] > WGMMA_MAX_STAGES:
             return f"ENGINE=wgmma takes STAGES 2..{WGMMA_MAX_STAGES}"
+        split = config["SPLIT_K"]
+        if split > 1:
+            if config["CLUSTER_M"] != 1 or config["PERSISTENT"] or config["EPILOGUE"]:
+                return (
+                    "SPLIT_K > 1 takes CLUSTER_M 1, PERSISTENT 0 and EPILOGUE 0 (a cluster of "
+                    "SPLIT_K CTAs per tile, reducing through the stage memory)"
+                )
+            stage_memory = config["STAGES"] * (config["BM"] + config["BN"]) * WGMMA_BK * 2
+            if (need := wgmma_split_buffer_bytes(config)) > stage_memory:
+                return (
+                    f"SPLIT_K={split} receives {need} bytes of partial sums; the "
+                    f"{config['STAGES']} stages it reuses hold {stage_memory}"
+                )
         try:
             m, n, k = _validated(self, tuple(shape), dtype)
         except InvalidInput as exc:
@@ -446,7 +473,14 @@ class MatmulSpec(OperatorSpec):
                 f"{WGMMA_PITCH} elements; C's is {n}"
             )
         cluster_tiles = wgmma_cluster_tiles(config, m, n)
-        if cluster_tiles * config["CLUSTER_M"] > MAX_GRID_X:
+        if split > 1 and cluster_tiles >= SPLIT_K_MAX_TILES:
+            return (
+                f"SPLIT_K > 1 where {cluster_tiles} tiles already fill two waves of "
+                f"{PERSISTENT_CTAS} SMs: splitting only adds the reduction"
+            )
+        if split > 1 and math.ceil(k / WGMMA_BK) < split:
+            return f"SPLIT_K={split} with {math.ceil(k / WGMMA_BK)} k blocks: a CTA would get none"
+        if cluster_tiles * config["CLUSTER_M"] * split > MAX_GRID_X:
             return f"{cluster_tiles} cluster tiles exceed the grid and the kernel's int index"
         if config["PERSISTENT"] and cluster_tiles <= PERSISTENT_CTAS // config["CLUSTER_M"]:
             return (
@@ -473,7 +507,7 @@ class MatmulSpec(OperatorSpec):
             for values in itertools.product(*(mma_values[p] for p in MMA_PARAMS))
         ]
         if is_tensor_core(dtype):
-            own = ("BM", "BN", "STAGES", "CLUSTER_M", "PERSISTENT", "EPILOGUE")
+            own = ("BM", "BN", "STAGES", "CLUSTER_M", "PERSISTENT", "EPILOGUE", "SPLIT_K")
             fixed = {**WGMMA_PINNED, "BK": WGMMA_BK, "ENGINE": "wgmma"}
             found += [
                 {**fixed, **dict(zip(own, values, strict=True))}
@@ -542,7 +576,7 @@ class MatmulSpec(OperatorSpec):
         if config["VEC"] not in (1, 8):
             return f"tensor cores take VEC 1 or 8 (16-byte cp.async), got {config['VEC']}"
         if not 2 <= config["STAGES"] <= MMA_MAX_STAGES:
-            return f"tensor cores take STAGES 2..{MMA_MAX_STAGES} under ENGINE=mma"
+            return "tensor cores take STAGES 2, 3 or 4"
         if config["VEC"] == 1 and config["STAGES"] != 2:
             return "VEC=1 loads are synchronous: STAGES beyond 2 cannot overlap them"
         if not any(aligned[:2]) and config["STAGES"] != 2:
@@ -644,6 +678,7 @@ class MatmulSpec(OperatorSpec):
             "CONSUMERS": consumers,
             "CLUSTER_M": config["CLUSTER_M"],
             "EPILOGUE": config["EPILOGUE"],
+            "SPLIT_K": config["SPLIT_K"],
             "GROUP_M": WGMMA_GROUP_M,
             "INFLIGHT": 1,
             # One consumer (256 threads) may hold 255 registers: no setmaxnreg (a raise below
@@ -675,7 +710,7 @@ class MatmulSpec(OperatorSpec):
         ``CLUSTER_M * BM`` x BN), or with PERSISTENT at most :data:`PERSISTENT_CTAS` CTAs
         looping over the cluster tiles; 128 threads per warpgroup; the stages' shared memory."""
         m, n, _ = shape
-        cl = config["CLUSTER_M"]
+        cl = config["CLUSTER_M"] * config["SPLIT_K"]  # one of the two is 1
         clusters = wgmma_cluster_tiles(config, m, n)
         if config["PERSISTENT"]:
             clusters = min(clusters, PERSISTENT_CTAS // cl)

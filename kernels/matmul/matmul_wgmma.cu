@@ -103,6 +103,9 @@
 #ifndef EPILOGUE
 #define EPILOGUE 0
 #endif
+#ifndef SPLIT_K
+#define SPLIT_K 1
+#endif
 #ifndef KATO_WGMMA_DEBUG
 #define KATO_WGMMA_DEBUG 0
 #endif
@@ -158,8 +161,25 @@ static_assert(STAGES >= 2 && STAGES <= 8, "STAGES must be 2..8");
 // consumer owns its kRowsPerConsumer rows, as BN / 64 column chunks of kRowsPerConsumer rows of
 // 128 bytes (one TMA store box each, 128-byte swizzle).
 constexpr int kCTileBytes = EPILOGUE ? BM * BN * 2 : 0;
+#if EPILOGUE
 constexpr int kCChunkBytes = kRowsPerConsumer * 128;
+#endif
 static_assert(EPILOGUE == 0 || EPILOGUE == 1, "EPILOGUE must be 0 or 1");
+// SPLIT_K > 1: a cluster of SPLIT_K CTAs shares one output tile, CTA r of it multiplying the
+// r-th of SPLIT_K contiguous ranges of k blocks; the partial accumulators are summed through
+// distributed shared memory (see split_k_reduce), so no global workspace is needed.
+static_assert(SPLIT_K >= 1 && SPLIT_K <= 8, "SPLIT_K must be 1..8 (a portable cluster)");
+static_assert(SPLIT_K == 1 || (CLUSTER_M == 1 && EPILOGUE == 0),
+              "SPLIT_K > 1 takes CLUSTER_M 1 and the register epilogue");
+// Consumer warps, and those of them whose rows one CTA of a split-K cluster sums and stores
+// (warp w belongs to CTA w % SPLIT_K): the receive buffer holds, for each of the other
+// SPLIT_K - 1 CTAs, kOwnedWarps warps' accumulators, in the stage memory the k loop is done with.
+constexpr int kConsumerWarps = 4 * CONSUMERS;
+constexpr int kOwnedWarps = (kConsumerWarps + SPLIT_K - 1) / SPLIT_K;
+constexpr int kWarpAccBytes = 32 * kMI * kAccPerWgmma * 4;
+constexpr int kSplitBufferBytes = (SPLIT_K - 1) * kOwnedWarps * kWarpAccBytes;
+static_assert(kSplitBufferBytes <= STAGES * kStageBytes,
+              "the split-K receive buffer exceeds the stage memory it reuses");
 static_assert(STAGES * kStageBytes + kCTileBytes + 1024 <= 232448,
               "stages (and the output tile) exceed 227 KiB of shared memory");
 static_assert(INFLIGHT == 0 || INFLIGHT == 1, "INFLIGHT must be 0 or 1");
@@ -320,7 +340,7 @@ __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
 // --- clusters -------------------------------------------------------------------------------
 
 __device__ __forceinline__ uint32_t cluster_rank() {
-#if CLUSTER_M > 1
+#if CLUSTER_M > 1 || SPLIT_K > 1
     uint32_t rank;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
     return rank;
@@ -331,7 +351,7 @@ __device__ __forceinline__ uint32_t cluster_rank() {
 
 // Every thread of every CTA of the cluster (a CTA barrier without clusters).
 __device__ __forceinline__ void cluster_sync() {
-#if CLUSTER_M > 1
+#if CLUSTER_M > 1 || SPLIT_K > 1
     asm volatile(
         "barrier.cluster.arrive.release.aligned;\n"
         "barrier.cluster.wait.acquire.aligned;" ::: "memory");
@@ -352,6 +372,31 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
     mbar_arrive(bar);
 #endif
 }
+
+#if SPLIT_K > 1
+// The address of shared-memory address `addr` in CTA `rank` of the cluster.
+__device__ __forceinline__ uint32_t map_shared_rank(uint32_t addr, uint32_t rank) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+    return remote;
+}
+
+__device__ __forceinline__ void st_cluster_v4(uint32_t addr, float a, float b, float c,
+                                              float d) {
+    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(a),
+                 "f"(b), "f"(c), "f"(d)
+                 : "memory");
+}
+
+__device__ __forceinline__ float4 ld_shared_v4(uint32_t addr) {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    return v;
+}
+#endif
 
 // --- wgmma ----------------------------------------------------------------------------------
 
@@ -526,6 +571,8 @@ __device__ __forceinline__ void store_pair(DTYPE* C, int M, int N, int row, int 
 
 #if CLUSTER_M > 1
 #define KATO_CLUSTER_DIMS __cluster_dims__(CLUSTER_M, 1, 1)
+#elif SPLIT_K > 1
+#define KATO_CLUSTER_DIMS __cluster_dims__(SPLIT_K, 1, 1)
 #else
 #define KATO_CLUSTER_DIMS
 #endif
@@ -550,13 +597,30 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kThreads, 1) KATO_CLUSTER_
     // of CLUSTER_M * BM x BN): they share B, which each CTA loads a 1 / CLUSTER_M share of and
     // multicasts to all. Tile-rows past M still take part (their A is zero-filled, their stores
     // are skipped): the other CTA needs their share of B.
+#if SPLIT_K > 1
+    // A split-K cluster: every CTA takes the cluster's tile, CTA kslice its kslice-th range of
+    // k blocks (the host launches one cluster per tile: the k loop's stage memory is reused
+    // for the reduction, which a producer running ahead into a next tile would overwrite).
+    const int rank = 0;
+    const int kslice = static_cast<int>(cluster_rank());
+    const int cluster = blockIdx.x / SPLIT_K;
+    const int clusters = gridDim.x / SPLIT_K;
+#else
     const int rank = static_cast<int>(cluster_rank());
     const int cluster = blockIdx.x / CLUSTER_M;
     const int clusters = gridDim.x / CLUSTER_M;
+#endif
     const int tiles_m = (M + BM * CLUSTER_M - 1) / (BM * CLUSTER_M);
     const int tiles_n = (N + BN - 1) / BN;
     const int num_tiles = tiles_m * tiles_n;
+#if SPLIT_K > 1
+    const int k_all = (K + BK - 1) / BK;
+    const int kt_begin = static_cast<int>(static_cast<long long>(k_all) * kslice / SPLIT_K);
+    const int k_tiles = static_cast<int>(static_cast<long long>(k_all) * (kslice + 1) / SPLIT_K);
+#else
+    const int kt_begin = 0;
     const int k_tiles = (K + BK - 1) / BK;
+#endif
 
     if (threadIdx.x == 0) {
         tma_prefetch_map(&tmap_a);
@@ -585,7 +649,7 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kThreads, 1) KATO_CLUSTER_
                 int tm, tn;
                 tile_coords(tile, tiles_m, tiles_n, tm, tn);
                 const int m0 = (tm * CLUSTER_M + rank) * BM, n0 = tn * BN;
-                for (int kt = 0; kt < k_tiles; ++kt) {
+                for (int kt = kt_begin; kt < k_tiles; ++kt) {
                     const int k0 = kt * BK;
                     const uint32_t full = smem_u32(&full_bar[stage]);
                     // A fresh barrier counts as having completed the phase before phase 0.
@@ -626,6 +690,11 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kThreads, 1) KATO_CLUSTER_
             }
         }
         __syncwarp();
+#if SPLIT_K > 1
+        // The producer's share of split_k's two cluster barriers (every thread arrives).
+        cluster_sync();
+        cluster_sync();
+#endif
     } else {
         setmaxnreg_inc();
         const int consumer = warpgroup - 1;
@@ -645,7 +714,7 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kThreads, 1) KATO_CLUSTER_
 #if INFLIGHT
             int pending = -1;  // the stage whose wgmmas may still be reading it
 #endif
-            for (int kt = 0; kt < k_tiles; ++kt) {
+            for (int kt = kt_begin; kt < k_tiles; ++kt) {
                 mbar_wait(smem_u32(&full_bar[stage]), phase, 0, stage);
                 const uint32_t a_tile =
                     smem_base + stage * kStageBytes + consumer * kMI * kChunkBytes;
@@ -693,6 +762,63 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kThreads, 1) KATO_CLUSTER_
             if (pending >= 0 && lane == 0)
                 for (int r = 0; r < CLUSTER_M; ++r)
                     mbar_arrive_cluster(smem_u32(&empty_bar[pending]), r);
+#endif
+#if SPLIT_K > 1
+            // Split-K reduction through distributed shared memory. Barrier 1: every CTA of the
+            // cluster is done with its k loop (its stage memory is free). Each warp sends its
+            // accumulators to the CTA that owns its rows (warp w: CTA w % SPLIT_K), slot
+            // (source CTA, owned warp), as float4 rows of 32 lanes (512 contiguous bytes).
+            // Barrier 2 (release / acquire) makes them visible; the owner then sums the
+            // partials in CTA order 0, 1, ..., its own from registers: the same order on
+            // every run, whichever CTA finished first.
+            const int wg = consumer * 4 + warp;
+            const int owner = wg % SPLIT_K;
+            const uint32_t owned_base = smem_base + (wg / SPLIT_K) * kWarpAccBytes + lane * 16;
+            constexpr int kSlotBytes = kOwnedWarps * kWarpAccBytes;
+            constexpr int kVecs = kAccPerWgmma / 4;
+            cluster_sync();
+            if (kslice != owner) {
+                const int slot = kslice < owner ? kslice : kslice - 1;
+                const uint32_t dst = map_shared_rank(owned_base + slot * kSlotBytes, owner);
+#pragma unroll
+                for (int i = 0; i < kMI; ++i)
+#pragma unroll
+                    for (int q = 0; q < kVecs; ++q)
+                        st_cluster_v4(dst + (i * kVecs + q) * 512, acc[i][4 * q],
+                                      acc[i][4 * q + 1], acc[i][4 * q + 2], acc[i][4 * q + 3]);
+            }
+            cluster_sync();
+            if (kslice != owner) continue;  // its rows are the owner's to store
+#pragma unroll
+            for (int i = 0; i < kMI; ++i)
+#pragma unroll
+                for (int q = 0; q < kVecs; ++q) {
+                    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+                    for (int src = 0; src < SPLIT_K; ++src) {
+                        float4 part;
+                        if (src == kslice) {
+                            part = make_float4(acc[i][4 * q], acc[i][4 * q + 1],
+                                               acc[i][4 * q + 2], acc[i][4 * q + 3]);
+                        } else {
+                            const int slot = src < kslice ? src : src - 1;
+                            part = ld_shared_v4(owned_base + slot * kSlotBytes +
+                                                (i * kVecs + q) * 512);
+                        }
+                        if (src == 0) {
+                            sum = part;
+                        } else {
+                            sum.x += part.x;
+                            sum.y += part.y;
+                            sum.z += part.z;
+                            sum.w += part.w;
+                        }
+                    }
+                    acc[i][4 * q] = sum.x;
+                    acc[i][4 * q + 1] = sum.y;
+                    acc[i][4 * q + 2] = sum.z;
+                    acc[i][4 * q + 3] = sum.w;
+                }
 #endif
             // Epilogue: fragment j of an m64nN accumulator holds rows warp*16 + lane/4 (+8)
             // and columns j*8 + (lane%4)*2 (+1) of its 64-row slice.

@@ -172,14 +172,15 @@ def test_every_wgmma_config_verifies(operator, shape, dtype):
 
 
 #: Shapes for the wgmma variants added for issue 32's training shapes (TMA-store epilogue,
-#: 5 and 6 stages): a persistent grid (2056 x 2048: more tiles than CTAs, so each CTA reuses
-#: its staged C tile), a tile that TMA clips on both sides (8 x 16 x 8), and M, N and K that
-#: are multiples of no tile (1032 x 3080 x 72: one k block and 8 more).
-NEW_VARIANT_SHAPES = [(2056, 2048, 264), (8, 16, 8), (1032, 3080, 72)]
+#: 5 and 6 stages, split-K clusters): a persistent grid (2056 x 2048: more tiles than CTAs, so
+#: each CTA reuses its staged C tile; 5 k blocks, split up to 4 ways), a tile that TMA clips
+#: on both sides (8 x 16 x 8), M, N and K that are multiples of no tile (1032 x 3080 x 72: one
+#: k block and 8 more), and 16 k blocks, the last ragged, split into unequal ranges (5, 5, 6).
+NEW_VARIANT_SHAPES = [(2056, 2048, 264), (8, 16, 8), (1032, 3080, 72), (264, 1032, 1000)]
 
 
 def _is_new_variant(config) -> bool:
-    return config["EPILOGUE"] == 1 or config["STAGES"] > 4
+    return config["EPILOGUE"] == 1 or config["STAGES"] > 4 or config["SPLIT_K"] > 1
 
 
 @sm90
@@ -187,14 +188,18 @@ def _is_new_variant(config) -> bool:
 @pytest.mark.parametrize("operator", list(WGMMA_SHAPES))
 @pytest.mark.parametrize("shape", NEW_VARIANT_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_new_wgmma_variants_verify(operator, shape, dtype):
-    """Every valid EPILOGUE=1 or 5-6 stage config (persistent or not, clusters or not) passes
-    the backend's verification (poisoned C, float64 reference, twice: the second run shows the
-    staged C tile and the store groups leave nothing behind)."""
+    """Every valid EPILOGUE=1, 5-6 stage or SPLIT_K > 1 config (persistent or not, clusters
+    or not) passes the backend's verification (poisoned C, float64 reference, twice: the
+    second run shows that the staged C tile, the store groups and the split-K exchange leave
+    nothing behind)."""
     spec = get_operator(operator)
     configs = [c for c in _wgmma_configs(spec, shape, dtype) if _is_new_variant(c)]
     assert {c["EPILOGUE"] for c in configs} == {0, 1}
     if shape == (2056, 2048, 264):
         assert {c["PERSISTENT"] for c in configs} == {0, 1}
+        assert {c["SPLIT_K"] for c in configs} == {1, 2, 3, 4}
+    if shape == (264, 1032, 1000):
+        assert {c["SPLIT_K"] for c in configs} == {1, 2, 3, 4}
     failures = _verify_all(spec, shape, dtype, configs)
     assert not failures, f"{len(failures)} of {len(configs)} failed: {failures[:3]}"
 
@@ -248,7 +253,7 @@ def test_a_served_wgmma_config_runs_through_kato_torch(epilogue):
     served = {
         "BM": 128, "BN": 128, "BK": 64, "WM": 64, "WN": 64, "TM": 4, "TN": 4, "VEC": 8,
         "STAGES": 4, "PAD": 0, "MIN_BLOCKS": 0, "ENGINE": "wgmma", "CLUSTER_M": 2,
-        "PERSISTENT": 0, "EPILOGUE": epilogue,
+        "PERSISTENT": 0, "EPILOGUE": epilogue, "SPLIT_K": 1,
     }  # fmt: skip
     asked = []
 

@@ -200,3 +200,58 @@ def test_wgmma_source_does_not_build_for_plain_sm_90():
     (_, dtype, config) = next(c for c in _wgmma_classes() if c[0] is spec)
     with pytest.raises(CompileError):
         compile_kernel(spec.render(config, WGMMA_SHAPE, dtype), spec.main_kernel(config), "sm_90")
+
+
+# --- split-K clusters (SPLIT_K > 1: partial sums through distributed shared memory) ---------
+
+#: Fewer tiles than two waves (72 of 128 x 256), 128 k blocks: every split is valid.
+SPLIT_SHAPE = (768, 3072, 8192)
+
+
+def _split_classes():
+    """(spec, dtype, config): every split of every tile that may split, at its fewest stages
+    (the receive buffer reuses them: the tightest fit), float16 matmul_tn; and 128 x 256 split
+    3 ways in every layout and dtype."""
+    from kato.kernels import get_operator
+
+    specs = [get_operator(n) for n in ("matmul", "matmul_nt", "matmul_tn")]
+    picked = {}
+    for spec in specs:
+        for dtype in ("float16", "bfloat16"):
+            for c in spec.candidates(SPLIT_SHAPE, dtype):
+                if c["ENGINE"] != "wgmma" or c["SPLIT_K"] == 1:
+                    continue
+                if spec.check(c, SPLIT_SHAPE, dtype) is not None:
+                    continue
+                key = (spec.name, dtype, c["BM"], c["BN"], c["SPLIT_K"])
+                every = spec.name == "matmul_tn" and dtype == "float16"
+                wanted = every or (c["BM"], c["BN"], c["SPLIT_K"]) == (128, 256, 3)
+                if wanted and (key not in picked or c["STAGES"] < picked[key][2]["STAGES"]):
+                    picked[key] = (spec, dtype, c)
+    return [picked[k] for k in sorted(picked)]
+
+
+@pytest.fixture(scope="module")
+def split_builds(cubin_cache):
+    from kato.tuner.nvcc import compile_many
+
+    classes = _split_classes()
+    jobs = [
+        (spec.render(c, SPLIT_SHAPE, dtype), spec.main_kernel(c), spec.arch_for(c, "sm_90"), ())
+        for spec, dtype, c in classes
+    ]
+    return list(zip(classes, compile_many(jobs, cache_dir=cubin_cache), strict=True))
+
+
+def test_split_k_configs_build_for_sm_90a_without_spills(split_builds):
+    from kato.kernels.matmul import WGMMA_STATIC_SHARED, threads_per_block
+
+    # 5 tiles x 3 splits in float16 matmul_tn, and 128 x 256 / 3 in the 5 other layouts x dtypes
+    assert len(split_builds) == 5 * 3 + 5
+    for (spec, dtype, config), result in split_builds:
+        where = f"{spec.name} {dtype} {config}"
+        assert not isinstance(result, CompileError), f"{where}: {result}\n{result.log}"
+        assert result.spill_bytes == 0 and result.local_bytes == 0, where
+        assert "Performance Loss" not in result.log, f"{where}: {result.log}"
+        assert result.registers <= min(255, 65536 // threads_per_block(config) // 8 * 8), where
+        assert result.shared_static_bytes == WGMMA_STATIC_SHARED, where

@@ -72,3 +72,69 @@ def test_the_template_uses_this_index_math():
     assert "(j / 8) * kCChunkBytes + r * 128 + (((j % 8) ^ r8) << 4) + (lane % 4) * 4;" in src
     assert "st_shared_u32(at + 8 * 128, pack2(acc[i][4 * j + 2], acc[i][4 * j + 3]));" in src
     assert "constexpr int kCChunkBytes = kRowsPerConsumer * 128;" in src
+
+
+# --- split-K: the partial sums' trip through distributed shared memory (SPLIT_K > 1) -------
+
+
+def split_k_layout(consumers: int, acc: int, split: int):
+    """The template's split-K addresses (split_k_reduce in the consumer branch): consumer warp
+    wg = consumer * 4 + warp belongs to CTA wg % split; CTA r sends float4 v of lane l to that
+    owner's stage memory at slot * kSlotBytes + (wg / split) * kWarpAccBytes + l * 16 + v * 512,
+    slot = r, less one past the owner. Returns {(owner, byte): (source CTA, wg, lane, v)}."""
+    warps = 4 * consumers
+    owned = -(-warps // split)
+    warp_bytes = 32 * acc * 4
+    slot_bytes = owned * warp_bytes
+    placed = {}
+    for r, wg, lane, v in itertools.product(range(split), range(warps), range(32), range(acc // 4)):
+        owner = wg % split
+        if r == owner:
+            continue
+        slot = r if r < owner else r - 1
+        at = slot * slot_bytes + (wg // split) * warp_bytes + lane * 16 + v * 512
+        assert (owner, at) not in placed, "two partials in one place"
+        placed[(owner, at)] = (r, wg, lane, v)
+        assert at + 16 <= (split - 1) * slot_bytes  # kSplitBufferBytes
+    return placed, slot_bytes
+
+
+@pytest.mark.parametrize("split", [2, 3, 4])
+@pytest.mark.parametrize("tile", [(64, 64), (64, 256), (128, 128), (128, 256), (256, 128)])
+def test_split_k_partials_reach_their_owner_once_and_are_read_back_in_cta_order(tile, split):
+    from kato.kernels.matmul import (
+        wgmma_accumulators,
+        wgmma_consumers,
+        wgmma_split_buffer_bytes,
+    )
+
+    config = {"BM": tile[0], "BN": tile[1], "SPLIT_K": split}
+    consumers, acc = wgmma_consumers(config), wgmma_accumulators(config)
+    placed, slot_bytes = split_k_layout(consumers, acc, split)
+    warps = 4 * consumers
+    # every (source CTA, warp, lane, float4) except the owner's own, exactly once
+    assert len(placed) == (split - 1) * warps * 32 * (acc // 4)
+    # the owner's read of source src (slot src, less one past itself) finds src's values
+    for (owner, at), (r, wg, lane, v) in placed.items():
+        slot = r if r < owner else r - 1
+        assert at == slot * slot_bytes + (wg // split) * 32 * acc * 4 + lane * 16 + v * 512
+    # the buffer the spec reserves is what the template's layout needs
+    assert wgmma_split_buffer_bytes(config) == (split - 1) * slot_bytes
+
+
+def test_the_template_uses_this_split_layout():
+    from kato.kernels.matmul import WGMMA_TEMPLATE
+
+    src = " ".join(WGMMA_TEMPLATE.read_text().split())
+    for line in (
+        "const int wg = consumer * 4 + warp;",
+        "const int owner = wg % SPLIT_K;",
+        "const uint32_t owned_base = smem_base + (wg / SPLIT_K) * kWarpAccBytes + lane * 16;",
+        "constexpr int kSlotBytes = kOwnedWarps * kWarpAccBytes;",
+        "const int slot = kslice < owner ? kslice : kslice - 1;",
+        "const int slot = src < kslice ? src : src - 1;",
+        "st_cluster_v4(dst + (i * kVecs + q) * 512,",
+        "constexpr int kWarpAccBytes = 32 * kMI * kAccPerWgmma * 4;",
+        "constexpr int kOwnedWarps = (kConsumerWarps + SPLIT_K - 1) / SPLIT_K;",
+    ):
+        assert line in src, line

@@ -43,6 +43,7 @@ def wgmma_cfg(**kw):
         "CLUSTER_M": 1,
         "PERSISTENT": 0,
         "EPILOGUE": 0,
+        "SPLIT_K": 1,
     }
     return {**base, **kw}
 
@@ -77,6 +78,7 @@ def test_every_valid_wgmma_config_fits(spec, dtype):
     assert {c["STAGES"] for c in configs} == {2, 3, 4, 5, 6}
     assert {(c["CLUSTER_M"], c["PERSISTENT"]) for c in configs} == {(1, 0), (1, 1), (2, 0), (2, 1)}
     assert {c["EPILOGUE"] for c in configs} == {0, 1}
+    assert {c["SPLIT_K"] for c in configs} == {1}  # 512 tiles of 128 x 256: no split
     for c in configs:
         assert {k: c[k] for k in WGMMA_PINNED} == WGMMA_PINNED and c["BK"] == 64
         assert wgmma_accumulators(c) <= 128
@@ -117,7 +119,8 @@ def test_mma_configs_pin_the_wgmma_tunables():
     assert "CLUSTER_M" in SPEC.check({**config, "CLUSTER_M": 2}, SHAPE, "float16")
     assert "PERSISTENT" in SPEC.check({**config, "PERSISTENT": 1}, SHAPE, "float16")
     assert "EPILOGUE" in SPEC.check({**config, "EPILOGUE": 1}, SHAPE, "float16")
-    assert "STAGES 2..4" in SPEC.check({**config, "STAGES": 5}, SHAPE, "float16")
+    assert "STAGES 2, 3 or 4" in SPEC.check({**config, "STAGES": 5}, SHAPE, "float16")
+    assert "SPLIT_K" in SPEC.check({**config, "SPLIT_K": 2}, SHAPE, "float16")
 
 
 @pytest.mark.parametrize(
@@ -220,6 +223,7 @@ def test_mma_sources_render_only_the_mma_tunables():
         (wgmma_cfg(PERSISTENT=1, CLUSTER_M=2), SHAPE, PERSISTENT_CTAS // 2 * 2, 384),
         (wgmma_cfg(BM=64, BN=64), (8, 16, 8), 1, 256),
         (wgmma_cfg(STAGES=3, EPILOGUE=1, PERSISTENT=1), SHAPE, PERSISTENT_CTAS, 384),
+        (wgmma_cfg(SPLIT_K=3), (768, 3072, 8192), 6 * 12 * 3, 384),  # a cluster of 3 per tile
     ],
 )
 def test_wgmma_launch(config, shape, grid, threads):
@@ -337,3 +341,50 @@ def test_the_output_tile_counts_against_shared_memory():
     assert most_stages() == 4 and most_stages(EPILOGUE=1) == 3
     assert most_stages(BN=128) == 6 and most_stages(BN=128, EPILOGUE=1) == 6
     assert most_stages(BM=256, BN=128, EPILOGUE=1) == 3
+
+
+SPLIT_SHAPE = (768, 3072, 8192)  # 72 tiles of 128 x 256: under one wave of 132 SMs
+
+
+@pytest.mark.parametrize(
+    ("config", "shape", "reason"),
+    [
+        (wgmma_cfg(SPLIT_K=2, CLUSTER_M=2), SPLIT_SHAPE, "CLUSTER_M 1, PERSISTENT 0"),
+        (wgmma_cfg(SPLIT_K=2, EPILOGUE=1, STAGES=3), SPLIT_SHAPE, "EPILOGUE 0"),
+        (wgmma_cfg(SPLIT_K=2, PERSISTENT=1), (8192, 3072, 768), "PERSISTENT 0"),
+        (wgmma_cfg(SPLIT_K=2), SHAPE, "two waves"),  # 512 tiles
+        (wgmma_cfg(SPLIT_K=4), (768, 3072, 192), "a CTA would get none"),  # 3 k blocks
+    ],
+)
+def test_check_rejects_split_k_where_it_cannot_run_or_add(config, shape, reason):
+    assert reason in SPEC.check(config, shape, "bfloat16")
+
+
+def test_split_k_configs_of_an_under_one_wave_shape():
+    """matmul_tn 768 x 3072 x 8192 (a weight gradient): every tile class with fewer than two
+    waves of tiles splits 2, 3 and 4 ways; splits render their own source."""
+    configs = wgmma_valid(TN, SPLIT_SHAPE, "bfloat16")
+    split = [c for c in configs if c["SPLIT_K"] > 1]
+    assert {c["SPLIT_K"] for c in split} == {2, 3, 4}
+    assert all(c["CLUSTER_M"] == 1 and not c["PERSISTENT"] and not c["EPILOGUE"] for c in split)
+    # the tiles that leave fewer than two waves: 72 or 144 of them (64 x 128 has 288)
+    tiles = {(c["BM"], c["BN"]) for c in split}
+    assert tiles == {(128, 256), (256, 128), (64, 256), (128, 128), (256, 64)}
+    c = wgmma_cfg(SPLIT_K=3)
+    assert "#define SPLIT_K 3" in TN.render(c, SPLIT_SHAPE, "bfloat16")
+    assert TN.render(c, SPLIT_SHAPE, "bfloat16") != TN.render(
+        {**c, "SPLIT_K": 1}, SPLIT_SHAPE, "bfloat16"
+    )
+
+
+def test_the_split_k_receive_buffer_fits_the_stages_of_every_tile():
+    """The template reuses the stage memory for the partial sums (its static_assert): the
+    largest, 3 others' 256 x 128 halves (96 KiB), fills 2 stages of 48 KiB exactly."""
+    from kato.kernels.matmul import wgmma_split_buffer_bytes
+
+    assert wgmma_split_buffer_bytes(wgmma_cfg(BM=256, BN=128, SPLIT_K=4)) == 2 * 48 * 1024
+    for c in wgmma_valid(TN, SPLIT_SHAPE, "bfloat16"):
+        stages = c["STAGES"] * (c["BM"] + c["BN"]) * 128
+        assert wgmma_split_buffer_bytes(c) <= stages
+    with pytest.raises(KeyError):
+        wgmma_split_buffer_bytes({"BN": 128, "SPLIT_K": 2})  # BM missing: no silent default
