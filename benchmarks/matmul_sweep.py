@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -68,6 +69,7 @@ def sweep(
     dtype: str,
     limit_s: float,
     where: dict[str, set[int]] | None = None,
+    shuffle: bool = False,
 ) -> dict:
     from kato.kernels import get_operator
     from kato.tuner.backends.pycuda import PyCudaBackend
@@ -80,6 +82,8 @@ def sweep(
         and spec.check(c, shape, dtype) is None
         and all(c[k] in v for k, v in (where or {}).items())
     ]
+    if shuffle:  # a time limit then cuts a random sample, not the configs listed last
+        random.Random(0).shuffle(configs)
     started = time.monotonic()
     backend = PyCudaBackend(spec, shape, dtype, repeats=10, warmup=2, seed=0)
     rows = []
@@ -125,6 +129,7 @@ def main() -> None:
     ap.add_argument("--case", action="append", help="operator:MxNxK (repeatable)")
     ap.add_argument("--dtypes", default=",".join(DTYPES))
     ap.add_argument("--limit-s", type=float, default=60.0, help="per case: stop timing after")
+    ap.add_argument("--shuffle", action="store_true", help="time the configs in a random order")
     ap.add_argument(
         "--where",
         action="append",
@@ -140,7 +145,8 @@ def main() -> None:
     print(f"{'case':36} {'wgmma TFLOP/s':>14} {'cuBLAS':>8} {'ratio':>6} {'ok/all':>8}  best")
     for operator, shape in cases:
         for dtype in args.dtypes.split(","):
-            case = sweep(operator, shape, dtype, args.limit_s, parse_where(args.where))
+            where = parse_where(args.where)
+            case = sweep(operator, shape, dtype, args.limit_s, where, args.shuffle)
             report["cases"].append(case)
             Path(args.out).write_text(json.dumps(report, indent=1))
             name = f"{operator} {'x'.join(map(str, shape))} {dtype}"
@@ -148,7 +154,15 @@ def main() -> None:
             tiles = (
                 {
                     k: best["config"][k]
-                    for k in ("BM", "BN", "STAGES", "CLUSTER_M", "PERSISTENT", "EPILOGUE")
+                    for k in (
+                        "BM",
+                        "BN",
+                        "STAGES",
+                        "CLUSTER_M",
+                        "PERSISTENT",
+                        "EPILOGUE",
+                        "SPLIT_K",
+                    )
                 }
                 if best
                 else "-"

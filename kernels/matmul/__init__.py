@@ -45,17 +45,26 @@ check_arch`):
 
 - ``BM``, ``BN`` in {64, 128, 256} but not 256 x 256 (a consumer's accumulators, ``BM /
   consumers / 64 * BN / 2``, must fit 128 registers); ``BK`` 64 (one 128-byte swizzle row);
-  ``STAGES`` 2-4. Consumer warpgroups: 1 for BM 64 (256 threads, no setmaxnreg), else 2 (384
+  ``STAGES`` 2-6 as far as shared memory holds them. Consumer warpgroups: 1 for BM 64 (256 threads, no setmaxnreg), else 2 (384
   threads, 40 / 232 registers: two consumers beat one in the H200 probe, docs/results_h200.md).
 - ``CLUSTER_M``: 2 = clusters of two CTAs on vertically adjacent tiles sharing B, each
   multicasting half of it (BN 128 or 256).
 - ``PERSISTENT``: 1 = one CTA (cluster) per SM of an H200 (:data:`PERSISTENT_CTAS`) looping
   over the tiles, the next tile's loads overlapping this one's stores; only where there are
   more tiles than that (else it is the same launch as 0).
+- ``EPILOGUE``: 0 = each consumer thread stores its accumulators to C; 1 = they go to a
+  swizzled BM x BN tile in shared memory that TMA stores (``cp.async.bulk.tensor``), so the
+  consumers start their next tile at once (with PERSISTENT); C's row pitch N must then be a
+  multiple of 8 and the tile counts against shared memory.
+- ``SPLIT_K``: 1, or 2-4 CTAs in a cluster per output tile, each multiplying a contiguous
+  range of the k blocks, their partial sums added through distributed shared memory in a fixed
+  order (deterministic, no workspace); for problems of fewer than two waves of tiles
+  (:data:`SPLIT_K_MAX_TILES`), with CLUSTER_M 1, PERSISTENT 0, EPILOGUE 0 and at least one k
+  block per CTA.
 - The row pitches of A and B must be multiples of 8 elements (TMA's 16-byte pitch); C's may be
   anything. ``WM``, ``WN``, ``TM``, ``TN``, ``VEC``, ``PAD``, ``MIN_BLOCKS`` are unused and
-  pinned to 64, 64, 4, 4, 8, 0, 0; under ``ENGINE="mma"`` CLUSTER_M and PERSISTENT are pinned to
-  1 and 0 and render nothing, so an mma.sync config's source is what it was before the wgmma
+  pinned to 64, 64, 4, 4, 8, 0, 0; under ``ENGINE="mma"`` CLUSTER_M, PERSISTENT, EPILOGUE and
+  SPLIT_K are pinned to 1, 0, 0, 1 and render nothing, so an mma.sync config's source is what it was before the wgmma
   path. A and B reach the kernel as TMA tensor maps (:class:`kernels.spec.TensorMap` in its
   step's arguments), which every launch path encodes from the operands' pointers.
 
@@ -707,8 +716,9 @@ class MatmulSpec(OperatorSpec):
 
     def _wgmma_launch(self, config: Config, shape: Sequence[int]) -> Launch:
         """One CTA per output tile, in whole clusters (``CLUSTER_M`` CTAs on a cluster tile of
-        ``CLUSTER_M * BM`` x BN), or with PERSISTENT at most :data:`PERSISTENT_CTAS` CTAs
-        looping over the cluster tiles; 128 threads per warpgroup; the stages' shared memory."""
+        ``CLUSTER_M * BM`` x BN, or ``SPLIT_K`` CTAs on one tile), or with PERSISTENT at most
+        :data:`PERSISTENT_CTAS` CTAs looping over the cluster tiles; 128 threads per
+        warpgroup; the stages' (and the staged C tile's) shared memory."""
         m, n, _ = shape
         cl = config["CLUSTER_M"] * config["SPLIT_K"]  # one of the two is 1
         clusters = wgmma_cluster_tiles(config, m, n)

@@ -40,13 +40,18 @@
 // per raster group, counted in cluster tiles of CLUSTER_M * BM rows), INFLIGHT (0: wait for
 // each stage's wgmmas before releasing it; 1: keep one stage's wgmmas in flight, release the
 // previous stage),
+// EPILOGUE (0: consumers store C from registers; 1: through a swizzled tile in shared memory
+// and TMA stores, see the epilogue), SPLIT_K (1, or 2..8 CTAs of a cluster per tile, each on a
+// range of k blocks, partial sums added through distributed shared memory),
 // PRODUCER_REGS / CONSUMER_REGS (setmaxnreg targets; 0 = no setmaxnreg), IS_BF16, TRANS_A,
 // TRANS_B. Diagnostics: MN_SWAP_LBO_SBO = 1 swaps the two offsets of MN-major descriptors;
 // FLIP_TRANSPOSE = 1 inverts both transpose immediates (the smem layouts stay);
 // KATO_WGMMA_DEBUG = 1 records a timed-out wait in kato_wgmma_timeout instead of trapping.
 //
-// Kernel: kato_matmul_wgmma(tmap_a, tmap_b, C, M, N, K); block 128 * (CONSUMERS + 1) threads;
-// dynamic shared memory STAGES * (BM + BN) * BK * 2 + 1024 (alignment slack). The host encodes
+// Kernel: kato_matmul_wgmma(tmap_a, tmap_b, [tmap_c with EPILOGUE 1,] C, M, N, K); block
+// 128 * (CONSUMERS + 1) threads; dynamic shared memory STAGES * (BM + BN) * BK * 2 (+ BM * BN
+// * 2 with EPILOGUE 1) + 1024 (alignment slack). C's map: row-major M x N, box {64, BM /
+// CONSUMERS}, 128-byte swizzle (N a multiple of 8). The host encodes
 // the tensor maps (cuTensorMapEncodeTiled) over the stored matrices, row-major, 128-byte
 // swizzle, zero fill: a K-major operand with box {64, BM} (A) or {64, BN / CLUSTER_M} (B), an
 // MN-major one with box {64, 64}. C must be 4-byte aligned.
@@ -167,7 +172,7 @@ constexpr int kCChunkBytes = kRowsPerConsumer * 128;
 static_assert(EPILOGUE == 0 || EPILOGUE == 1, "EPILOGUE must be 0 or 1");
 // SPLIT_K > 1: a cluster of SPLIT_K CTAs shares one output tile, CTA r of it multiplying the
 // r-th of SPLIT_K contiguous ranges of k blocks; the partial accumulators are summed through
-// distributed shared memory (see split_k_reduce), so no global workspace is needed.
+// distributed shared memory (the consumers' split-K reduction), so no global workspace.
 static_assert(SPLIT_K >= 1 && SPLIT_K <= 8, "SPLIT_K must be 1..8 (a portable cluster)");
 static_assert(SPLIT_K == 1 || (CLUSTER_M == 1 && EPILOGUE == 0),
               "SPLIT_K > 1 takes CLUSTER_M 1 and the register epilogue");

@@ -78,7 +78,7 @@ def test_the_template_uses_this_index_math():
 
 
 def split_k_layout(consumers: int, acc: int, split: int):
-    """The template's split-K addresses (split_k_reduce in the consumer branch): consumer warp
+    """The template's split-K addresses (the consumer branch's split-K reduction): consumer warp
     wg = consumer * 4 + warp belongs to CTA wg % split; CTA r sends float4 v of lane l to that
     owner's stage memory at slot * kSlotBytes + (wg / split) * kWarpAccBytes + l * 16 + v * 512,
     slot = r, less one past the owner. Returns {(owner, byte): (source CTA, wg, lane, v)}."""
