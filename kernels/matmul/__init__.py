@@ -45,8 +45,12 @@ check_arch`):
 
 - ``BM``, ``BN`` in {64, 128, 256} but not 256 x 256 (a consumer's accumulators, ``BM /
   consumers / 64 * BN / 2``, must fit 128 registers); ``BK`` 64 (one 128-byte swizzle row);
-  ``STAGES`` 2-6 as far as shared memory holds them. Consumer warpgroups: 1 for BM 64 (256 threads, no setmaxnreg), else 2 (384
-  threads, 40 / 232 registers: two consumers beat one in the H200 probe, docs/results_h200.md).
+  ``STAGES`` 2-6 as far as shared memory holds them. Consumer warpgroups: 1 for BM 64 (256
+  threads, no setmaxnreg), else 2 (384 threads, 40 / 232 registers: two consumers beat one in
+  the H200 probe, docs/results_h200.md).
+- ``PINGPONG``: 1 = two consumers taking turns at whole tiles (each BM x BN, so at most 128
+  accumulators: 64 x 64..256, 128 x 64/128, 256 x 64), their k loops in order, so that one's
+  epilogue overlaps the other's k loop; persistent only.
 - ``CLUSTER_M``: 2 = clusters of two CTAs on vertically adjacent tiles sharing B, each
   multicasting half of it (BN 128 or 256).
 - ``PERSISTENT``: 1 = one CTA (cluster) per SM of an H200 (:data:`PERSISTENT_CTAS`) looping
@@ -63,10 +67,11 @@ check_arch`):
   block per CTA.
 - The row pitches of A and B must be multiples of 8 elements (TMA's 16-byte pitch); C's may be
   anything. ``WM``, ``WN``, ``TM``, ``TN``, ``VEC``, ``PAD``, ``MIN_BLOCKS`` are unused and
-  pinned to 64, 64, 4, 4, 8, 0, 0; under ``ENGINE="mma"`` CLUSTER_M, PERSISTENT, EPILOGUE and
-  SPLIT_K are pinned to 1, 0, 0, 1 and render nothing, so an mma.sync config's source is what it was before the wgmma
-  path. A and B reach the kernel as TMA tensor maps (:class:`kernels.spec.TensorMap` in its
-  step's arguments), which every launch path encodes from the operands' pointers.
+  pinned to 64, 64, 4, 4, 8, 0, 0; under ``ENGINE="mma"`` CLUSTER_M, PERSISTENT, EPILOGUE,
+  SPLIT_K and PINGPONG are pinned to 1, 0, 0, 1, 0 and render nothing, so an mma.sync config's
+  source is what it was before the wgmma path. A and B reach the kernel as TMA tensor maps
+  (:class:`kernels.spec.TensorMap` in its step's arguments), which every launch path encodes
+  from the operands' pointers.
 
 Both: ``MIN_BLOCKS`` is the min-blocks clause of ``__launch_bounds__`` (0 = none); threads per
 block are ``32 * (BM / WM) * (BN / WN)``. The grid has one block per output tile, visited in groups
@@ -158,7 +163,7 @@ _TC_PINNED = {"TM": 4, "TN": 4, "PAD": 0}
 #: The mma.sync template's tunables: the only ones an ``ENGINE="mma"`` config renders.
 MMA_PARAMS = ("BM", "BN", "BK", "WM", "WN", "TM", "TN", "VEC", "STAGES", "PAD", "MIN_BLOCKS")
 #: The wgmma path's own tunables, pinned to these values under ``ENGINE="mma"``.
-MMA_PINNED = {"CLUSTER_M": 1, "PERSISTENT": 0, "EPILOGUE": 0, "SPLIT_K": 1}
+MMA_PINNED = {"CLUSTER_M": 1, "PERSISTENT": 0, "EPILOGUE": 0, "SPLIT_K": 1, "PINGPONG": 0}
 #: The mma.sync tunables a wgmma config does not read, pinned to these values.
 WGMMA_PINNED = {"WM": 64, "WN": 64, "TM": 4, "TN": 4, "VEC": 8, "PAD": 0, "MIN_BLOCKS": 0}
 WGMMA_TEMPLATE = Path(__file__).with_name("matmul_wgmma.cu")
@@ -205,13 +210,19 @@ def is_wgmma(config: Config) -> bool:
 
 
 def wgmma_consumers(config: Config) -> int:
-    """Consumer warpgroups of a wgmma config: 1 for BM 64, else 2."""
-    return 1 if config["BM"] == 64 else 2
+    """Consumer warpgroups of a wgmma config: 2 with PINGPONG (taking turns at tiles), else 1
+    for BM 64 and 2 for the rest (sharing each tile's rows)."""
+    return 2 if config.get("PINGPONG") or config["BM"] != 64 else 1
+
+
+def wgmma_rows_per_consumer(config: Config) -> int:
+    """Rows of a tile one consumer warpgroup multiplies: all BM with PINGPONG, else its share."""
+    return config["BM"] if config.get("PINGPONG") else config["BM"] // wgmma_consumers(config)
 
 
 def wgmma_accumulators(config: Config) -> int:
-    """float32 accumulators per consumer thread: ``BM / consumers / 64`` m64 slices of BN / 2."""
-    return config["BM"] // wgmma_consumers(config) // 64 * config["BN"] // 2
+    """float32 accumulators per consumer thread: ``rows / 64`` m64 slices of BN / 2."""
+    return wgmma_rows_per_consumer(config) // 64 * config["BN"] // 2
 
 
 def wgmma_shared_bytes(config: Config) -> int:
@@ -219,6 +230,8 @@ def wgmma_shared_bytes(config: Config) -> int:
     BM x BN output tile staged for the TMA stores, and 1 KiB of slack to align the stages to
     1024 bytes (the swizzle's period)."""
     c_tile = config["BM"] * config["BN"] * 2 if config.get("EPILOGUE") else 0
+    if config.get("PINGPONG"):  # one tile per consumer
+        c_tile *= 2
     return config["STAGES"] * (config["BM"] + config["BN"]) * WGMMA_BK * 2 + c_tile + 1024
 
 
@@ -337,6 +350,7 @@ class MatmulSpec(OperatorSpec):
         "PERSISTENT": (0, 1),
         "EPILOGUE": (0, 1),
         "SPLIT_K": (1, 2, 3, 4),
+        "PINGPONG": (0, 1),
     }
     template = Path(__file__).with_name("matmul.cu")
     extra_templates = (WGMMA_TEMPLATE,)
@@ -452,7 +466,11 @@ class MatmulSpec(OperatorSpec):
             return "CLUSTER_M=2 splits B between two CTAs: BN 128 or 256"
         if config["STAGES"] > WGMMA_MAX_STAGES:
             return f"ENGINE=wgmma takes STAGES 2..{WGMMA_MAX_STAGES}"
+        if config["PINGPONG"] and not config["PERSISTENT"]:
+            return "PINGPONG=1 alternates a CTA's tiles between its consumers: PERSISTENT 1"
         split = config["SPLIT_K"]
+        if split > 1 and config["PINGPONG"]:
+            return "SPLIT_K > 1 takes PINGPONG 0 (one tile per cluster)"
         if split > 1:
             if config["CLUSTER_M"] != 1 or config["PERSISTENT"] or config["EPILOGUE"]:
                 return (
@@ -516,7 +534,9 @@ class MatmulSpec(OperatorSpec):
             for values in itertools.product(*(mma_values[p] for p in MMA_PARAMS))
         ]
         if is_tensor_core(dtype):
-            own = ("BM", "BN", "STAGES", "CLUSTER_M", "PERSISTENT", "EPILOGUE", "SPLIT_K")
+            own = (
+                "BM", "BN", "STAGES", "CLUSTER_M", "PERSISTENT", "EPILOGUE", "SPLIT_K", "PINGPONG"
+            )  # fmt: skip
             fixed = {**WGMMA_PINNED, "BK": WGMMA_BK, "ENGINE": "wgmma"}
             found += [
                 {**fixed, **dict(zip(own, values, strict=True))}
@@ -688,6 +708,7 @@ class MatmulSpec(OperatorSpec):
             "CLUSTER_M": config["CLUSTER_M"],
             "EPILOGUE": config["EPILOGUE"],
             "SPLIT_K": config["SPLIT_K"],
+            "PINGPONG": config["PINGPONG"],
             "GROUP_M": WGMMA_GROUP_M,
             "INFLIGHT": 1,
             # One consumer (256 threads) may hold 255 registers: no setmaxnreg (a raise below
@@ -745,7 +766,7 @@ class MatmulSpec(OperatorSpec):
         """The map of C (argument 2) that ``EPILOGUE`` 1 stores through: boxes of 64 columns (128
         bytes, the swizzle's row) by one consumer warpgroup's rows of the tile."""
         m, n, _ = shape
-        rows = config["BM"] // wgmma_consumers(config)
+        rows = wgmma_rows_per_consumer(config)
         return TensorMap(2, dtype, rows=m, cols=n, box_rows=rows, box_cols=64)
 
     def tensor_maps(

@@ -111,6 +111,9 @@
 #ifndef SPLIT_K
 #define SPLIT_K 1
 #endif
+#ifndef PINGPONG
+#define PINGPONG 0
+#endif
 #ifndef KATO_WGMMA_DEBUG
 #define KATO_WGMMA_DEBUG 0
 #endif
@@ -145,7 +148,9 @@ typedef __half2 DTYPE2;
 #endif
 
 constexpr int kThreads = 128 * (CONSUMERS + 1);
-constexpr int kRowsPerConsumer = BM / CONSUMERS;
+// PINGPONG 1: the consumers take turns at whole tiles (consumer c the c-th, c+2-th, ... tile of
+// its CTA), so that one's epilogue overlaps the other's k loop; else they split each tile's rows.
+constexpr int kRowsPerConsumer = PINGPONG ? BM : BM / CONSUMERS;
 constexpr int kMI = kRowsPerConsumer / 64;
 constexpr int kAccPerWgmma = BN / 2;
 constexpr int kATileBytes = BM * BK * 2;
@@ -165,7 +170,7 @@ static_assert(STAGES >= 2 && STAGES <= 8, "STAGES must be 2..8");
 // EPILOGUE 1 stages the output tile in shared memory (BM x BN of DTYPE) for TMA stores: each
 // consumer owns its kRowsPerConsumer rows, as BN / 64 column chunks of kRowsPerConsumer rows of
 // 128 bytes (one TMA store box each, 128-byte swizzle).
-constexpr int kCTileBytes = EPILOGUE ? BM * BN * 2 : 0;
+constexpr int kCTileBytes = EPILOGUE ? (PINGPONG ? CONSUMERS : 1) * BM * BN * 2 : 0;
 #if EPILOGUE
 constexpr int kCChunkBytes = kRowsPerConsumer * 128;
 #endif
@@ -174,8 +179,10 @@ static_assert(EPILOGUE == 0 || EPILOGUE == 1, "EPILOGUE must be 0 or 1");
 // r-th of SPLIT_K contiguous ranges of k blocks; the partial accumulators are summed through
 // distributed shared memory (the consumers' split-K reduction), so no global workspace.
 static_assert(SPLIT_K >= 1 && SPLIT_K <= 8, "SPLIT_K must be 1..8 (a portable cluster)");
-static_assert(SPLIT_K == 1 || (CLUSTER_M == 1 && EPILOGUE == 0),
-              "SPLIT_K > 1 takes CLUSTER_M 1 and the register epilogue");
+static_assert(SPLIT_K == 1 || (CLUSTER_M == 1 && EPILOGUE == 0 && PINGPONG == 0),
+              "SPLIT_K > 1 takes CLUSTER_M 1, the register epilogue and no ping-pong");
+static_assert(PINGPONG == 0 || (PINGPONG == 1 && CONSUMERS == 2),
+              "PINGPONG takes two consumer warpgroups");
 // Consumer warps, and those of them whose rows one CTA of a split-K cluster sums and stores
 // (warp w belongs to CTA w % SPLIT_K): the receive buffer holds, for each of the other
 // SPLIT_K - 1 CTAs, kOwnedWarps warps' accumulators, in the stage memory the k loop is done with.
@@ -323,10 +330,6 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-// A barrier of the `count` threads of one consumer warpgroup (ids 1, 2: 0 is __syncthreads).
-__device__ __forceinline__ void named_barrier(int id, int count) {
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
 
 __device__ __forceinline__ uint32_t pack2(float v0, float v1) {
 #if IS_BF16
@@ -339,6 +342,18 @@ __device__ __forceinline__ uint32_t pack2(float v0, float v1) {
 
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
     asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+#endif
+
+#if EPILOGUE || PINGPONG
+// Named barriers of `count` threads: ids 1, 2 one consumer warpgroup's epilogue, 3, 4 the
+// ping-pong order of the two (0 is __syncthreads).
+__device__ __forceinline__ void named_barrier(int id, int count) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void named_arrive(int id, int count) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
 #endif
 
@@ -636,7 +651,7 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kThreads, 1) KATO_CLUSTER_
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(smem_u32(&full_bar[s]), 1);
             // Every consumer warp of every CTA of the cluster: each CTA writes B into all.
-            mbar_init(smem_u32(&empty_bar[s]), 4 * CONSUMERS * CLUSTER_M);
+            mbar_init(smem_u32(&empty_bar[s]), 4 * (PINGPONG ? 1 : CONSUMERS) * CLUSTER_M);
         }
         // Make the initialised barriers visible to the async proxy (the TMA unit) and to the
         // other CTAs of the cluster.
@@ -705,10 +720,26 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kThreads, 1) KATO_CLUSTER_
         const int consumer = warpgroup - 1;
         const int warp = (threadIdx.x / 32) % 4;
         const int lane = threadIdx.x % 32;
+        // The consumer's rows of a tile: its slice, or with PINGPONG the whole tile.
+        const int row_part = PINGPONG ? 0 : consumer;
         int stage = 0;
         uint32_t phase = 0;
         float acc[kMI][kAccPerWgmma];
+#if PINGPONG
+        int local = -1;  // the CTA's tiles so far; this consumer takes every other one
+#endif
         for (int tile = cluster; tile < num_tiles; tile += clusters) {
+#if PINGPONG
+            if (((++local) & 1) != consumer) continue;
+            {
+                // The producer fills the stage ring with every tile's k blocks in turn: this
+                // tile's first is ring position local * k_tiles.
+                const unsigned long long pos =
+                    static_cast<unsigned long long>(local) * static_cast<unsigned>(k_tiles);
+                stage = static_cast<int>(pos % STAGES);
+                phase = static_cast<uint32_t>((pos / STAGES) & 1);
+            }
+#endif
             int tm, tn;
             tile_coords(tile, tiles_m, tiles_n, tm, tn);
             tm = tm * CLUSTER_M + rank;
@@ -719,10 +750,16 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kThreads, 1) KATO_CLUSTER_
 #if INFLIGHT
             int pending = -1;  // the stage whose wgmmas may still be reading it
 #endif
+#if PINGPONG
+            // The k loops take turns: this one starts once the other consumer's (of the CTA's
+            // previous tile) has seen all its stages full. Without the order, a wait on this
+            // tile's stage could see the parity of an older fill of the same stage.
+            if (local > 0) named_barrier(3 + (1 - consumer), 256);
+#endif
             for (int kt = kt_begin; kt < k_tiles; ++kt) {
                 mbar_wait(smem_u32(&full_bar[stage]), phase, 0, stage);
                 const uint32_t a_tile =
-                    smem_base + stage * kStageBytes + consumer * kMI * kChunkBytes;
+                    smem_base + stage * kStageBytes + row_part * kMI * kChunkBytes;
                 const uint32_t b_tile = smem_base + stage * kStageBytes + kATileBytes;
                 wgmma_fence();
 #pragma unroll
@@ -762,6 +799,11 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kThreads, 1) KATO_CLUSTER_
                     phase ^= 1;
                 }
             }
+#if PINGPONG
+            // Let the other consumer's k loop of the next tile start (if there is one: an
+            // arrival nobody waits for would stay pending).
+            if (tile + clusters < num_tiles) named_arrive(3 + consumer, 256);
+#endif
 #if INFLIGHT
             wgmma_wait<0>();
             if (pending >= 0 && lane == 0)
@@ -849,7 +891,7 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kThreads, 1) KATO_CLUSTER_
                 }
             fence_proxy_async_smem();
             named_barrier(1 + consumer, 128);
-            const int row0 = tm * BM + consumer * kRowsPerConsumer;
+            const int row0 = tm * BM + row_part * kRowsPerConsumer;
             if (leader && row0 < M) {
 #pragma unroll
                 for (int c = 0; c < BN / 64; ++c)
@@ -857,7 +899,7 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kThreads, 1) KATO_CLUSTER_
                 tma_store_commit();
             }
 #else
-            const int row0 = tm * BM + consumer * kRowsPerConsumer + warp * 16 + lane / 4;
+            const int row0 = tm * BM + row_part * kRowsPerConsumer + warp * 16 + lane / 4;
             const int col0 = tn * BN + (lane % 4) * 2;
 #pragma unroll
             for (int i = 0; i < kMI; ++i)

@@ -180,7 +180,8 @@ NEW_VARIANT_SHAPES = [(2056, 2048, 264), (8, 16, 8), (1032, 3080, 72), (264, 103
 
 
 def _is_new_variant(config) -> bool:
-    return config["EPILOGUE"] == 1 or config["STAGES"] > 4 or config["SPLIT_K"] > 1
+    new = config["EPILOGUE"] or config["SPLIT_K"] > 1 or config["PINGPONG"]
+    return bool(new) or config["STAGES"] > 4
 
 
 @sm90
@@ -188,16 +189,17 @@ def _is_new_variant(config) -> bool:
 @pytest.mark.parametrize("operator", list(WGMMA_SHAPES))
 @pytest.mark.parametrize("shape", NEW_VARIANT_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_new_wgmma_variants_verify(operator, shape, dtype):
-    """Every valid EPILOGUE=1, 5-6 stage or SPLIT_K > 1 config (persistent or not, clusters
-    or not) passes the backend's verification (poisoned C, float64 reference, twice: the
-    second run shows that the staged C tile, the store groups and the split-K exchange leave
-    nothing behind)."""
+    """Every valid EPILOGUE=1, 5-6 stage, SPLIT_K > 1 or PINGPONG=1 config (persistent or
+    not, clusters or not) passes the backend's verification (poisoned C, float64 reference,
+    twice: the second run shows that the staged C tile, the store groups and the split-K
+    exchange leave nothing behind)."""
     spec = get_operator(operator)
     configs = [c for c in _wgmma_configs(spec, shape, dtype) if _is_new_variant(c)]
     assert {c["EPILOGUE"] for c in configs} == {0, 1}
     if shape == (2056, 2048, 264):
         assert {c["PERSISTENT"] for c in configs} == {0, 1}
         assert {c["SPLIT_K"] for c in configs} == {1, 2, 3, 4}
+        assert {c["PINGPONG"] for c in configs} == {0, 1}
     if shape == (264, 1032, 1000):
         assert {c["SPLIT_K"] for c in configs} == {1, 2, 3, 4}
     failures = _verify_all(spec, shape, dtype, configs)
@@ -253,7 +255,7 @@ def test_a_served_wgmma_config_runs_through_kato_torch(epilogue):
     served = {
         "BM": 128, "BN": 128, "BK": 64, "WM": 64, "WN": 64, "TM": 4, "TN": 4, "VEC": 8,
         "STAGES": 4, "PAD": 0, "MIN_BLOCKS": 0, "ENGINE": "wgmma", "CLUSTER_M": 2,
-        "PERSISTENT": 0, "EPILOGUE": epilogue, "SPLIT_K": 1,
+        "PERSISTENT": 0, "EPILOGUE": epilogue, "SPLIT_K": 1, "PINGPONG": 0,
     }  # fmt: skip
     asked = []
 

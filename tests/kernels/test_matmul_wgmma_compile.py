@@ -133,14 +133,23 @@ def _wgmma_classes():
     picked = {}
     for c in valid(specs[0], "float16"):
         key = (specs[0].name, "float16", c["BM"], c["BN"], c["CLUSTER_M"], c["EPILOGUE"])
-        if c["PERSISTENT"] == 0 and c["STAGES"] >= picked.get(key, {"STAGES": 0})["STAGES"]:
+        key += (c["PINGPONG"],)
+        first = c["PERSISTENT"] == int(c["PINGPONG"])  # ping-pong is persistent only
+        if first and c["STAGES"] >= picked.get(key, {"STAGES": 0})["STAGES"]:
             picked[key] = c
     heavy = {(128, 256), (256, 128), (64, 256), (128, 128)}
     for spec in specs:
         for dtype in ("float16", "bfloat16"):
             for c in valid(spec, dtype):
                 if (c["BM"], c["BN"]) in heavy and c["STAGES"] == 3 and c["PERSISTENT"] == 0:
-                    key = (spec.name, dtype, c["BM"], c["BN"], c["CLUSTER_M"], c["EPILOGUE"])
+                    key = (spec.name, dtype, c["BM"], c["BN"], c["CLUSTER_M"], c["EPILOGUE"], 0)
+                    picked[key] = c
+                pp = (c["BM"], c["BN"], c["PINGPONG"], c["CLUSTER_M"]) in {
+                    (64, 256, 1, 1),
+                    (128, 128, 1, 1),
+                }
+                if pp and c["STAGES"] == 3:
+                    key = (spec.name, dtype, c["BM"], c["BN"], 1, c["EPILOGUE"], 1)
                     picked[key] = c
     by_name = {s.name: s for s in specs}
     return [(by_name[key[0]], key[1], c) for key, c in sorted(picked.items())]
@@ -170,10 +179,13 @@ def test_every_wgmma_config_class_is_built(wgmma_builds):
         for name in ("matmul", "matmul_nt", "matmul_tn")
         for dtype in ("float16", "bfloat16")
     }
-    tiles = {(c["BM"], c["BN"], c["CLUSTER_M"], c["EPILOGUE"]) for (_, _, c), _ in wgmma_builds}
+    tiles = {
+        (c["BM"], c["BN"], c["CLUSTER_M"], c["EPILOGUE"], c["PINGPONG"])
+        for (_, _, c), _ in wgmma_builds
+    }
     # 8 tiles (not 256 x 256), 2-CTA clusters of the 5 with BN 128 or 256; each with both
-    # epilogues (register stores, TMA stores)
-    assert len(tiles) == (8 + 5) * 2, sorted(tiles)
+    # epilogues (register stores, TMA stores); ping-pong: 6 tiles, 3 of them in clusters
+    assert len(tiles) == (8 + 5) * 2 + (6 + 3) * 2, sorted(tiles)
 
 
 def test_wgmma_configs_build_for_sm_90a_without_spills_within_their_budget(wgmma_builds):

@@ -44,6 +44,7 @@ def wgmma_cfg(**kw):
         "PERSISTENT": 0,
         "EPILOGUE": 0,
         "SPLIT_K": 1,
+        "PINGPONG": 0,
     }
     return {**base, **kw}
 
@@ -79,10 +80,11 @@ def test_every_valid_wgmma_config_fits(spec, dtype):
     assert {(c["CLUSTER_M"], c["PERSISTENT"]) for c in configs} == {(1, 0), (1, 1), (2, 0), (2, 1)}
     assert {c["EPILOGUE"] for c in configs} == {0, 1}
     assert {c["SPLIT_K"] for c in configs} == {1}  # 512 tiles of 128 x 256: no split
+    assert {c["PINGPONG"] for c in configs} == {0, 1}
     for c in configs:
         assert {k: c[k] for k in WGMMA_PINNED} == WGMMA_PINNED and c["BK"] == 64
         assert wgmma_accumulators(c) <= 128
-        assert threads_per_block(c) == (256 if c["BM"] == 64 else 384)
+        assert threads_per_block(c) == (256 if c["BM"] == 64 and not c["PINGPONG"] else 384)
         assert wgmma_shared_bytes(c) + WGMMA_STATIC_SHARED <= 227 * 1024
         assert c["CLUSTER_M"] == 1 or c["BN"] >= 128
     # no two valid configs launch the same kernel the same way
@@ -121,6 +123,7 @@ def test_mma_configs_pin_the_wgmma_tunables():
     assert "EPILOGUE" in SPEC.check({**config, "EPILOGUE": 1}, SHAPE, "float16")
     assert "STAGES 2, 3 or 4" in SPEC.check({**config, "STAGES": 5}, SHAPE, "float16")
     assert "SPLIT_K" in SPEC.check({**config, "SPLIT_K": 2}, SHAPE, "float16")
+    assert "PINGPONG" in SPEC.check({**config, "PINGPONG": 1}, SHAPE, "float16")
 
 
 @pytest.mark.parametrize(
@@ -388,3 +391,29 @@ def test_the_split_k_receive_buffer_fits_the_stages_of_every_tile():
         assert wgmma_split_buffer_bytes(c) <= stages
     with pytest.raises(KeyError):
         wgmma_split_buffer_bytes({"BN": 128, "SPLIT_K": 2})  # BM missing: no silent default
+
+
+def test_pingpong_gives_each_consumer_whole_tiles():
+    """PINGPONG=1: two consumers (also for BM 64) each holding a whole BM x BN tile, so the
+    tiles are those of at most 128 accumulators; persistent only (a CTA needs several tiles);
+    with EPILOGUE 1 a staged C tile per consumer, stored in boxes of BM rows."""
+    from kato.kernels.matmul import wgmma_rows_per_consumer
+
+    configs = [c for c in wgmma_valid(SPEC, SHAPE, "bfloat16") if c["PINGPONG"]]
+    tiles = {(c["BM"], c["BN"]) for c in configs}
+    assert tiles == {(64, 64), (64, 128), (64, 256), (128, 64), (128, 128), (256, 64)}
+    assert all(c["PERSISTENT"] and c["SPLIT_K"] == 1 for c in configs)
+    assert "accumulators" in SPEC.check(wgmma_cfg(PINGPONG=1, PERSISTENT=1), SHAPE, "bfloat16")
+    assert "PERSISTENT 1" in SPEC.check(wgmma_cfg(BN=128, PINGPONG=1), SHAPE, "bfloat16")
+    pp = wgmma_cfg(BM=64, BN=256, PINGPONG=1, PERSISTENT=1, EPILOGUE=1)
+    assert SPEC.check(pp, SHAPE, "bfloat16") is None
+    assert threads_per_block(pp) == 384 and wgmma_accumulators(pp) == 128
+    assert wgmma_rows_per_consumer(pp) == 64
+    assert wgmma_shared_bytes(pp) == 4 * (64 + 256) * 128 + 2 * 64 * 256 * 2 + 1024
+    (step,) = SPEC.steps(pp, SHAPE, "bfloat16")
+    assert step.tensor_maps[2].box_rows == 64
+    big = wgmma_cfg(BM=128, BN=128, STAGES=3, PINGPONG=1, PERSISTENT=1, EPILOGUE=1)
+    assert SPEC.steps(big, SHAPE, "bfloat16")[0].tensor_maps[2].box_rows == 128
+    src = SPEC.render(pp, SHAPE, "bfloat16")
+    assert "#define PINGPONG 1" in src and "#define CONSUMERS 2" in src
+    assert "#define CONSUMER_REGS 232" in src
