@@ -440,6 +440,16 @@ class JobLedger:
             self._held.discard(config_key)
         return stored
 
+    def add_gpu_busy(self, seconds: float) -> None:
+        """Add the seconds this worker held the GPU for the job (:mod:`tuner.gpu_gate`) to its
+        record (:func:`db.queries.add_gpu_busy`). One try: made again after a commit that
+        landed it would count them twice."""
+        self._step(
+            "store its GPU busy time",
+            lambda s: queries.add_gpu_busy(s, self.job_id, seconds),
+            retried=False,
+        )
+
     def release(self, config_key: str) -> bool:
         """Give back this worker's reservation of ``config_key`` (its measurement was
         interrupted) and its unit of budget. ``False`` if there was none."""

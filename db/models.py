@@ -144,6 +144,13 @@ class Job(Base):
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     #: The API token that submitted the job (None: submitted without a token, e.g. by the CLI).
     token_id: Mapped[str | None] = mapped_column(String(32), index=True)
+    #: The batch it was submitted in (``POST /v1/jobs/batch``; None: submitted alone).
+    batch_id: Mapped[str | None] = mapped_column(String(32), index=True)
+    #: Seconds the GPU was held for this job's measurements (verify and timed launches, every
+    #: worker's runs added up: :mod:`tuner.gpu_gate`), and that over the job's wall time
+    #: (``started_at`` to ``finished_at``) once it has ended. None: not measured (older rows).
+    gpu_busy_s: Mapped[float | None] = mapped_column(Float)
+    gpu_busy_fraction: Mapped[float | None] = mapped_column(Float)
 
     trials: Mapped[list[Trial]] = relationship(
         back_populates="job",

@@ -21,6 +21,7 @@ from kato.db.models import (
     Job,
     Trial,
     UTCDateTime,
+    new_job_id,
     result_values,
     utcnow,
 )
@@ -64,6 +65,7 @@ def _new_job(
     strategy: str = "forest",
     seed: int = 0,
     token_id: str | None = None,
+    batch_id: str | None = None,
 ) -> Job:
     return Job(
         operator=operator,
@@ -77,6 +79,7 @@ def _new_job(
         strategy=strategy,
         seed=seed,
         token_id=token_id,
+        batch_id=batch_id,
         status="queued",
         trials_done=0,
         cancel_requested=False,
@@ -122,15 +125,39 @@ def create_jobs(session: Session, jobs: Sequence[Mapping[str, Any]]) -> list[Job
     """Queue several jobs in one transaction (all or none) and commit.
 
     Each item holds the keyword arguments of :func:`create_job`. Their ``created_at`` follow the
-    order given, so workers claim them in that order.
+    order given, so workers claim them in that order. They share one new ``batch_id``
+    (:func:`batch_jobs`).
     """
-    rows = [_new_job(**fields) for fields in jobs]
+    batch_id = new_job_id()
+    rows = [_new_job(**fields, batch_id=batch_id) for fields in jobs]
     start = utcnow()
     for offset, job in enumerate(rows):
         job.created_at = start + timedelta(microseconds=offset)
     session.add_all(rows)
     session.commit()
     return rows
+
+
+def batch_jobs(session: Session, batch_id: str) -> list[Job]:
+    """The jobs of one batch, in the order they were submitted (empty: no such batch)."""
+    stmt = select(Job).where(Job.batch_id == batch_id).order_by(Job.created_at, Job.id)
+    return list(session.scalars(stmt))
+
+
+def add_gpu_busy(session: Session, job_id: str, seconds: float) -> None:
+    """Add ``seconds`` of GPU busy time to a job and, once it has ended, set its busy fraction
+    (busy time over ``started_at`` to ``finished_at``); commits."""
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id)
+        .values(gpu_busy_s=func.coalesce(Job.gpu_busy_s, 0.0) + seconds)
+        .execution_options(synchronize_session=False)
+    )
+    job = get_job(session, job_id)
+    if job is not None and job.started_at is not None and job.finished_at is not None:
+        wall = (job.finished_at - job.started_at).total_seconds()
+        job.gpu_busy_fraction = (job.gpu_busy_s or 0.0) / wall if wall > 0 else None
+    session.commit()
 
 
 def get_job(session: Session, job_id: str) -> Job | None:
@@ -191,11 +218,19 @@ class JobScope:
     any), and, unless ``problems`` is ``None``, only those one of ``problems`` matches (an
     empty set: none); unless ``job_ids`` is ``None``, only those jobs (``kato tune`` runs the
     one job it created, never an older queued one). A job outside every live worker's scope
-    stays queued."""
+    stays queued.
+
+    A worker that holds several jobs at once (:class:`tuner.worker.Worker`'s ``jobs_at_once``)
+    leaves out the jobs it holds (``exclude_job_ids``: also from resuming its own) and every
+    job of a group it holds (``exclude_groups``: (operator, dtype, GPU model), the jobs whose
+    warm start reads each other's results), so a group's jobs still run one after the other in
+    queue order and each starts from what it would alone."""
 
     operators: frozenset[str] | None = None
     problems: frozenset[Problem] | None = None
     job_ids: frozenset[str] | None = None
+    exclude_job_ids: frozenset[str] = frozenset()
+    exclude_groups: frozenset[tuple[str, str, str]] = frozenset()
 
 
 def in_scope(scope: JobScope | None) -> Any:
@@ -228,6 +263,11 @@ def in_scope(scope: JobScope | None) -> Any:
         clauses.append(or_(*matches) if matches else false())
     if scope.job_ids is not None:
         clauses.append(Job.id.in_(sorted(scope.job_ids)) if scope.job_ids else false())
+    if scope.exclude_job_ids:
+        clauses.append(Job.id.not_in(sorted(scope.exclude_job_ids)))
+    if scope.exclude_groups:
+        groups = tuple_(Job.operator, Job.dtype, Job.gpu_model)
+        clauses.append(groups.not_in(sorted(scope.exclude_groups)))
     return and_(true(), *clauses)
 
 

@@ -40,7 +40,7 @@ def test_init_db_creates_the_tables_in_wal_mode(tmp_path: Path) -> None:
         assert connection.execute(text("PRAGMA journal_mode")).scalar() == "wal"
         assert connection.execute(text("PRAGMA foreign_keys")).scalar() == 1
         assert connection.execute(text("PRAGMA busy_timeout")).scalar() == 30_000
-    assert current_revision(engine) == head_revision() == "0007"
+    assert current_revision(engine) == head_revision() == "0008"
 
 
 def test_init_db_twice_is_a_no_op(tmp_path: Path) -> None:
@@ -332,7 +332,7 @@ def test_0007_moves_who_reserved_a_trial_out_of_its_error_text(db_url: str) -> N
                  "status": status, "error": error, "at": f"2026-01-01 00:0{minute}:00+00:00"},
             )  # fmt: skip
     init_db(engine)
-    assert current_revision(engine) == head_revision() == "0007"
+    assert current_revision(engine) == head_revision() == "0008"
     assert_models_match_head(engine)
     sessions = session_factory(engine)
     with sessions() as session:
@@ -367,4 +367,50 @@ def test_0007_moves_who_reserved_a_trial_out_of_its_error_text(db_url: str) -> N
         "k1": f"being measured by worker {live}",
         "k2": None,
     }
+    engine.dispose()
+
+
+def test_0008_adds_a_jobs_batch_and_gpu_busy_time_to_an_existing_database(db_url: str) -> None:
+    """A database at 0007 with a finished job: after the upgrade the job is kept with no batch
+    and no busy figures (NULL); a batch then shares one id and a job's busy time gives its
+    fraction over its wall time; the downgrade drops the columns again."""
+    from kato.db import queries
+    from kato.db.session import session_factory
+
+    engine = make_engine(db_url)
+    _upgrade(engine, "0007")
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO kato_jobs (id, operator, operator_version, shape, shape_key, dtype,"
+                " gpu_model, budget_configs, strategy, seed, status, trials_done, created_at,"
+                " started_at, finished_at, cancel_requested) VALUES ('j1', 'softmax', 'v',"
+                " '[1, 2]', '1x2', 'float32', 'H200', 10, 'forest', 0, 'done', 10,"
+                " '2026-01-01 00:00:00+00:00', '2026-01-01 00:00:00+00:00',"
+                " '2026-01-01 00:00:08+00:00', false)"
+            )
+        )
+    init_db(engine)
+    assert current_revision(engine) == head_revision() == "0008"
+    assert_models_match_head(engine)
+    with session_factory(engine)() as session:
+        old = queries.get_job(session, "j1")
+        assert old is not None
+        assert (old.batch_id, old.gpu_busy_s, old.gpu_busy_fraction) == (None, None, None)
+        queries.add_gpu_busy(session, "j1", 2.0)
+        queries.add_gpu_busy(session, "j1", 4.0)
+        old = queries.get_job(session, "j1")
+        assert old is not None and old.gpu_busy_s == 6.0 and old.gpu_busy_fraction == 0.75
+        fields = dict(
+            operator="softmax", operator_version="v", shape=[4, 8], dtype="float16",
+            gpu_model="H200", budget_configs=5,
+        )  # fmt: skip
+        jobs = queries.create_jobs(session, [fields, {**fields, "shape": [8, 8]}])
+        (batch_id,) = {j.batch_id for j in jobs}
+        assert batch_id is not None
+        assert [j.id for j in queries.batch_jobs(session, batch_id)] == [j.id for j in jobs]
+        assert queries.create_job(session, **fields).batch_id is None
+    _downgrade(engine, "0007")
+    columns = {c["name"] for c in inspect(engine).get_columns("kato_jobs")}
+    assert not columns & {"batch_id", "gpu_busy_s", "gpu_busy_fraction"} and "token_id" in columns
     engine.dispose()
