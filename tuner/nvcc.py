@@ -25,8 +25,9 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -325,6 +326,55 @@ def _nice_prefix() -> tuple[str, ...]:
     return (nice, "-n", str(COMPILE_NICENESS))
 
 
+class _InFlight:
+    """The compiles running in this process, by cache key, so that a second caller of the same
+    key (the same rendered source, name, arch, options: another job's config whose template
+    takes the shape at run time) waits for the first instead of running nvcc again; and a
+    bound on the nvcc processes of the whole process (one per core), however many jobs' compile
+    queues feed it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running: dict[str, threading.Event] = {}
+        self.nvcc_slots = threading.BoundedSemaphore(max(1, os.cpu_count() or 1))
+        self.shared = 0  # compiles answered by another caller's nvcc run (tests, benchmarks)
+        self.runs = 0  # nvcc runs
+
+    @contextlib.contextmanager
+    def leader(self, key: str) -> Iterator[bool]:
+        """True: this caller compiles ``key`` (others wait until the block ends); False: another
+        caller did meanwhile (its result is in the cache, or it failed: compile again)."""
+        with self.lock:
+            event = self.running.get(key)
+            if event is None:
+                event = self.running[key] = threading.Event()
+                leads = True
+            else:
+                leads = False
+        if not leads:
+            event.wait()
+            with self.lock:
+                self.shared += 1
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            with self.lock:
+                self.running.pop(key, None)
+            event.set()
+
+
+_IN_FLIGHT = _InFlight()
+
+
+def compile_stats() -> dict[str, int]:
+    """nvcc runs in this process and compiles answered by another caller's run of the same
+    source (:class:`_InFlight`)."""
+    with _IN_FLIGHT.lock:
+        return {"nvcc_runs": _IN_FLIGHT.runs, "shared": _IN_FLIGHT.shared}
+
+
 def compile_kernel(
     source: str,
     kernel_name: str,
@@ -352,6 +402,9 @@ def compile_kernel(
         use_cache: False to neither read nor write the cache.
         timeout_s: nvcc is killed after this long (reported as a CompileError).
 
+    Two callers in this process compiling the same key at once run nvcc once: the second
+    waits for the first and reads its cubin from the cache.
+
     Raises:
         CompileError: nvcc failed or timed out, or ``kernel_name`` is not in the cubin
             (a C++-mangled name: declare the kernel ``extern "C"``).
@@ -362,10 +415,57 @@ def compile_kernel(
     options = tuple(options)
     key = _cache_key(source, kernel_name, arch, options, _nvcc_version_text(nvcc))
     cache_dir = Path(cache_dir) if cache_dir is not None else compile_cache_dir()
-    if use_cache:
-        hit = _cache_load(cache_dir, key)
-        if hit is not None and hit.kernel_name == kernel_name and hit.arch == arch:
-            return hit
+    if not use_cache:
+        return _run_nvcc(source, kernel_name, arch, options, cache_dir, nvcc, key, False, timeout_s)
+    hit = _cache_load(cache_dir, key)
+    if hit is not None and hit.kernel_name == kernel_name and hit.arch == arch:
+        return hit
+    with _IN_FLIGHT.leader(key) as leads:
+        if leads:
+            hit = _cache_load(cache_dir, key)  # stored between the look and the lead
+            if hit is not None and hit.kernel_name == kernel_name and hit.arch == arch:
+                return hit
+            return _run_nvcc(
+                source, kernel_name, arch, options, cache_dir, nvcc, key, True, timeout_s
+            )
+    # Another caller compiled it: its cubin is in the cache now, unless it failed (then this
+    # caller compiles it and reports the error itself) or the cache is read-only.
+    hit = _cache_load(cache_dir, key)
+    if hit is not None and hit.kernel_name == kernel_name and hit.arch == arch:
+        return hit
+    return _run_nvcc(source, kernel_name, arch, options, cache_dir, nvcc, key, True, timeout_s)
+
+
+def _run_nvcc(
+    source: str,
+    kernel_name: str,
+    arch: str,
+    options: tuple[str, ...],
+    cache_dir: Path,
+    nvcc: str,
+    key: str,
+    use_cache: bool,
+    timeout_s: float,
+) -> CompiledKernel:
+    """Run nvcc for :func:`compile_kernel` (at most one process per core at once)."""
+    with _IN_FLIGHT.nvcc_slots:
+        with _IN_FLIGHT.lock:
+            _IN_FLIGHT.runs += 1
+        return _nvcc_once(source, kernel_name, arch, options, cache_dir, nvcc, key, use_cache,
+                          timeout_s)  # fmt: skip
+
+
+def _nvcc_once(
+    source: str,
+    kernel_name: str,
+    arch: str,
+    options: tuple[str, ...],
+    cache_dir: Path,
+    nvcc: str,
+    key: str,
+    use_cache: bool,
+    timeout_s: float,
+) -> CompiledKernel:
 
     with tempfile.TemporaryDirectory(prefix="kato-nvcc-") as tmp:
         src = Path(tmp) / "kernel.cu"

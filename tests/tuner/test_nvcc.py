@@ -336,3 +336,21 @@ def test_parallel_writers_share_one_cache(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path)) == sorted(
         [f"{kernels[0].source_hash}.cubin", f"{kernels[0].source_hash}.json"]
     )
+
+
+@needs_nvcc
+def test_callers_compiling_one_source_at_once_run_nvcc_once(tmp_path: Path) -> None:
+    """Several jobs of a worker asking for the same rendered source at once (a template that
+    takes the shape at run time): one nvcc run, every caller gets its cubin."""
+    source = TINY.replace("2.0f", "3.0f")  # a source no other test has cached
+    before = nvcc_module.compile_stats()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futures = [
+            pool.submit(compile_kernel, source, "scale", "sm_90", cache_dir=tmp_path)
+            for _ in range(4)
+        ]
+        kernels = [f.result() for f in futures]
+    after = nvcc_module.compile_stats()
+    assert after["nvcc_runs"] - before["nvcc_runs"] == 1
+    assert len({k.cubin for k in kernels}) == 1 and len({k.source_hash for k in kernels}) == 1
+    assert sum(not k.cached for k in kernels) == 1  # the others read the first one's cubin
