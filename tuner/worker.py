@@ -32,6 +32,7 @@ reservations of dead workers are released.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -51,7 +52,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import optuna
 from kato.db import queries, retry
-from kato.db.ledger import JobLedger, Ledger, Seen
+from kato.db.ledger import Claim, JobLedger, Ledger, Seen
 from kato.db.models import Job, utcnow
 from kato.kernels import get_operator, list_operators
 from kato.kernels.spec import InvalidInput
@@ -65,6 +66,7 @@ from kato.tuner.backends.isolated import (
     measuring_backend,
 )
 from kato.tuner.backends.replay import RecordedProblem, recorded_problem
+from kato.tuner.gpu_gate import GpuGate
 from kato.tuner.proposers import proposer_class
 from kato.tuner.search import Budget, Search, SearchResult, best_of
 from kato.tuner.study import (
@@ -381,6 +383,11 @@ class JobRunner:
             a GPU worker's does, a replay worker's not). ``KATO_FRAMEWORK_BASELINE=false``
             turns it off. A baseline that fails or disagrees with the references is logged,
             never stored, and the job is done all the same.
+        gpu_gate: the GPU's gate (:mod:`tuner.gpu_gate`), shared by the runners of a worker
+            that holds several jobs at once (each measurement, device set-up, close and
+            baseline then takes turns, and a config's compile is awaited before its turn, so
+            nvcc never holds the GPU); default: one of its own. It also counts the job's GPU
+            busy time, stored with the job (``gpu_busy_s``, ``gpu_busy_fraction``).
     """
 
     def __init__(
@@ -399,8 +406,12 @@ class JobRunner:
         retry_policy: retry.RetryPolicy | None = None,
         shutdown: threading.Event | None = None,
         framework_timer: FrameworkTimer | None = None,
+        gpu_gate: GpuGate | None = None,
     ):
         self.db_url = db_url
+        #: Whether other runners share the GPU (then compiles are awaited outside its gate).
+        self.shares_gpu = gpu_gate is not None
+        self.gpu_gate = gpu_gate or GpuGate()
         self.backend_factory = backend_factory
         self.worker_id = worker_id
         self.lease_seconds = lease_seconds
@@ -465,10 +476,29 @@ class JobRunner:
             if beat.is_alive():
                 beat.join(5)
             if backend is not None:
-                backend.close()
+                with self._gpu(job_id, counted=False):  # a child's context ends on the GPU
+                    backend.close()
             if interrupted or state.reason == "stopped":
                 ledger.give_back()
+            self._store_gpu_busy(ledger, job_id)
         return outcome
+
+    def _gpu(self, job_id: str, *, counted: bool = True) -> contextlib.AbstractContextManager:
+        """The GPU's turn for ``job_id``'s work (:class:`tuner.gpu_gate.GpuGate`)."""
+        return self.gpu_gate.hold(job_id, counted=counted)
+
+    def _store_gpu_busy(self, ledger: JobLedger, job_id: str) -> None:
+        """Add the seconds this run held the GPU to the job's record (its busy fraction follows
+        once it has ended); a database fault loses the figure, never the job."""
+        busy = self.gpu_gate.forget(job_id)
+        if busy <= 0:
+            return
+        try:
+            ledger.add_gpu_busy(busy)
+        except Exception as exc:
+            if not retry.is_transient(exc):
+                raise
+            log.warning("job %s: its GPU busy time was not stored: %s", job_id, exc)
 
     def _failed(self, ledger: JobLedger, exc: Exception) -> JobOutcome:
         """The run raised ``exc``: a database fault that outlasted the retries leaves the job
@@ -790,10 +820,28 @@ class JobRunner:
             if result is not None:
                 return result
         try:
-            return backend.evaluate(config)
+            if self.shares_gpu:
+                self._await_compile(backend, config, state)
+            with self._gpu(ledger.job_id):
+                return backend.evaluate(config)
         except BaseException:
             ledger.release(key)
             raise
+
+    @staticmethod
+    def _await_compile(backend: Backend, config: dict[str, Any], state: _JobState) -> None:
+        """Wait for ``config``'s compile before taking the GPU's turn, so that another job
+        measures while nvcc runs: it is moved to the front of the compile queue and awaited.
+        A backend that does not compile ahead compiles inside ``evaluate``."""
+        abilities = abilities_of(backend)
+        if abilities.is_compiled is None or abilities.hint is None:
+            return
+        while not state.stop.is_set() and not abilities.is_compiled(config):
+            abilities.hint([config])
+            if abilities.wait_compiled is not None:
+                abilities.wait_compiled([config])  # at once if not started yet: poll again
+            if not abilities.is_compiled(config):
+                state.stop.wait(0.005)
 
     def _record(
         self,
@@ -892,10 +940,12 @@ class JobRunner:
         current = ledger.load()
         if current is None or current.best_time_ms is None:
             return None
-        backend.close()  # safe to call twice: run() closes it again
+        with self._gpu(job.id, counted=False):
+            backend.close()  # safe to call twice: run() closes it again
         t0 = time.monotonic()
         try:
-            result = self.framework_timer(current, device, _Either(state.stop, self.shutdown))
+            with self._gpu(job.id, counted=False):  # PyTorch's op has the GPU to itself
+                result = self.framework_timer(current, device, _Either(state.stop, self.shutdown))
         except Exception:
             log.warning("job %s: the framework baseline failed", job.id, exc_info=True)
             return None
@@ -954,6 +1004,30 @@ def _helper_grace() -> float:
     return float(env.get("KATO_HELPER_GRACE_SECONDS") or DEFAULT_TRIAL_TIMEOUT_S)
 
 
+class _Slots:
+    """What the runner threads of a worker holding several jobs share: how many jobs were
+    ended and are running (for ``max_jobs``), and the first unexpected error."""
+
+    def __init__(self, max_jobs: int | None) -> None:
+        self.max_jobs = max_jobs
+        self.lock = threading.Lock()
+        self.ended = 0
+        self.running = 0
+        self.error: BaseException | None = None
+
+    def take(self) -> bool:
+        """Count one more job running, if ``max_jobs`` allows it."""
+        with self.lock:
+            if self.max_jobs is not None and self.ended + self.running >= self.max_jobs:
+                return False
+            self.running += 1
+            return True
+
+    def finished(self) -> bool:
+        with self.lock:
+            return self.max_jobs is not None and self.ended >= self.max_jobs
+
+
 class Worker:
     """Claims jobs for ``gpu_models`` and runs them one at a time until stopped.
 
@@ -970,6 +1044,17 @@ class Worker:
     loop logs a fault once (and its recovery) and polls less often while it lasts (waits
     doubling from ``poll_seconds`` up to :data:`IDLE_BACKOFF_MAX_SECONDS`). :meth:`stop`
     (:func:`stop_on_signals`: SIGTERM, SIGINT) is honoured by every loop.
+
+    ``jobs_at_once`` > 1: it holds up to that many jobs at once on its one GPU, each run by a
+    :class:`JobRunner` of its own in a thread of its own, their GPU work taking turns at one
+    :class:`tuner.gpu_gate.GpuGate` (one measurement at a time; a config's compile awaited
+    before its turn): while one job waits on nvcc or on its search, another measures. Each
+    job's trials, budget and winner are those it would have run alone: its proposer, seed and
+    budget are its own, nothing of another job enters its search, and the worker never holds
+    two jobs of one (operator, dtype, GPU model) group (:class:`db.queries.JobScope`'s
+    exclusions), so a group's jobs run one after the other in queue order and each warm start
+    reads what it would in a serial run. Only the order of GPU work changes. 1 (the default):
+    one job at a time, as :meth:`run_once` does.
     """
 
     def __init__(
@@ -989,7 +1074,11 @@ class Worker:
         lookahead: int = DEFAULT_LOOKAHEAD,
         scope: queries.JobScope | None = None,
         retry_policy: retry.RetryPolicy | None = None,
+        jobs_at_once: int = 1,
     ):
+        if jobs_at_once < 1:
+            raise ValueError("jobs_at_once must be at least 1")
+        self.jobs_at_once = jobs_at_once
         self.gpu_models = gpu_models
         self.backend_factory = backend_factory
         self._scope = scope
@@ -1001,18 +1090,29 @@ class Worker:
         self.max_workers_per_job = max_workers_per_job
         self.min_configs_per_worker = min_configs_per_worker
         self._stop = threading.Event()
-        self.runner = JobRunner(
-            sessions,
-            db_url,
-            backend_factory,
-            worker_id=self.worker_id,
-            lease_seconds=lease_seconds,
-            on_heartbeat=self.heartbeat,
-            lookahead=lookahead,
-            retry_policy=retry_policy,
-            shutdown=self._stop,
-        )
+        gate = GpuGate() if jobs_at_once > 1 else None
+
+        def runner() -> JobRunner:
+            return JobRunner(
+                sessions,
+                db_url,
+                backend_factory,
+                worker_id=self.worker_id,
+                lease_seconds=lease_seconds,
+                on_heartbeat=self._job_heartbeat,
+                lookahead=lookahead,
+                retry_policy=retry_policy,
+                shutdown=self._stop,
+                gpu_gate=gate,
+            )
+
+        self.runner = runner()
+        #: One runner per job held at once (the first is :attr:`runner`).
+        self.runners = [self.runner] + [runner() for _ in range(jobs_at_once - 1)]
         self.ledger = self.runner.ledger
+        #: The jobs held now: id -> (operator, dtype, GPU model), under ``_held_lock``.
+        self._held: dict[str, tuple[str, str, str]] = {}
+        self._held_lock = threading.Lock()
 
     def stop(self) -> None:
         """Stop: the idle loop exits, a running job stops before its next measurement (an
@@ -1029,6 +1129,15 @@ class Worker:
         if self._scope is not None:
             return self._scope
         return self.runner.factory_abilities.scope()
+
+    def _job_heartbeat(self, status: str, job_id: str | None) -> None:
+        """A running job's heartbeat: its row says busy with that job."""
+        self.heartbeat(status, job_id)
+
+    def held_jobs(self) -> list[str]:
+        """The jobs this worker runs now (several with ``jobs_at_once`` > 1)."""
+        with self._held_lock:
+            return list(self._held)
 
     def heartbeat(self, status: str = "idle", job_id: str | None = None) -> None:
         """Upsert this worker's row: GPU models, devices, status, current job, now."""
@@ -1075,7 +1184,10 @@ class Worker:
         Errors of a poll (a database fault, or a bug) never end it: the first is logged (a
         transient database fault in one line, anything else with its traceback), again only
         when it changes, a ``recovered`` line when polls succeed again, and the polls back off
-        meanwhile (see the class docstring)."""
+        meanwhile (see the class docstring). With ``jobs_at_once`` > 1 each runner polls in a
+        thread of its own (:meth:`_run_slot`)."""
+        if self.jobs_at_once > 1:
+            return self._run_interleaved(max_jobs)
         done = 0
         faults = retry.FaultLog(log, f"worker {self.worker_id}: poll")
         first = self.poll_seconds if self.poll_seconds > 0 else 0.05
@@ -1113,6 +1225,129 @@ class Worker:
                     self.worker_id, retry.describe(exc),
                 )  # fmt: skip
         return done
+
+    def _run_interleaved(self, max_jobs: int | None) -> int:
+        """:meth:`Worker.run_forever` with ``jobs_at_once`` runner threads."""
+        slots = _Slots(max_jobs)
+        threads = [
+            threading.Thread(
+                target=self._run_slot, args=(runner, slots), name=f"kato-job-{i}", daemon=True
+            )
+            for i, runner in enumerate(self.runners)
+        ]
+        try:
+            for thread in threads:
+                thread.start()
+            while any(t.is_alive() for t in threads):
+                if slots.finished() or slots.error is not None:
+                    self._stop.set()
+                for thread in threads:
+                    thread.join(0.1)
+        except KeyboardInterrupt:
+            self._stop.set()
+            for thread in threads:
+                thread.join(STOP_GRACE_SECONDS)
+        finally:
+            try:
+                self.heartbeat("stopped")
+            except Exception as exc:
+                log.warning(
+                    "worker %s: could not mark itself stopped: %s",
+                    self.worker_id, retry.describe(exc),
+                )  # fmt: skip
+        if slots.error is not None:
+            raise slots.error
+        return slots.ended
+
+    def _claim_held(self) -> Claim | None:
+        """Claim a job none of whose group this worker holds, and hold it (one claim at a time:
+        two runners must not take two jobs of one group)."""
+        with self._held_lock:
+            scope = self.scope() or queries.JobScope()
+            scope = dataclasses.replace(
+                scope,
+                exclude_job_ids=scope.exclude_job_ids | frozenset(self._held),
+                exclude_groups=scope.exclude_groups | frozenset(self._held.values()),
+            )
+            claim = self.ledger.claim(
+                self.gpu_models,
+                scope=scope,
+                max_workers_per_job=self.max_workers_per_job,
+                min_configs_per_worker=self.min_configs_per_worker,
+            )
+            if claim is None:
+                return None
+            job = self.ledger.job(claim.job_id, helper=claim.helper).load()
+            if job is None:
+                return None
+            self._held[claim.job_id] = (job.operator, job.dtype, job.gpu_model)
+            return claim
+
+    def _run_slot(self, runner: JobRunner, slots: _Slots) -> None:
+        """One runner thread: claim a job (see :meth:`_claim_held`), run it, until stopped."""
+        faults = retry.FaultLog(log, f"worker {self.worker_id}: poll")
+        first = self.poll_seconds if self.poll_seconds > 0 else 0.05
+        backoff = retry.Backoff(first, max(first, IDLE_BACKOFF_MAX_SECONDS))
+        while not self._stop.is_set():
+            if not slots.take():
+                self._stop.wait(self.poll_seconds or 0.05)
+                continue
+            try:
+                try:
+                    claim = self._claim_held()
+                    outcome = None
+                    if claim is not None:
+                        outcome = self._run_claimed(runner, claim)
+                finally:
+                    with slots.lock:
+                        slots.running -= 1
+            except Exception as exc:
+                if retry.is_interrupt(exc) or self._stop.is_set():
+                    break
+                wait = backoff.next()
+                faults.failed(exc, retry_in=wait)
+                self._stop.wait(wait)
+                continue
+            except BaseException as exc:  # an interrupt in this thread: stop the worker
+                with slots.lock:
+                    slots.error = slots.error or exc
+                self._stop.set()
+                break
+            if outcome is not None and outcome.status == "interrupted":
+                self._stop.wait(backoff.next())
+                continue
+            faults.ok()
+            backoff.reset()
+            if outcome is None:
+                self._stop.wait(self.poll_seconds)
+            elif outcome.status not in ("helped", "stopped"):
+                with slots.lock:
+                    slots.ended += 1
+
+    def _run_claimed(self, runner: JobRunner, claim: Any) -> JobOutcome:
+        """Run a claimed (and held) job to its end, then let go of it."""
+        job_id, helper = claim.job_id, claim.helper
+        try:
+            self.heartbeat("busy", job_id)
+            log.info("worker %s %s job %s", self.worker_id, "helps" if helper else "runs", job_id)
+            outcome = runner.run(job_id, helper=helper)
+        finally:
+            with self._held_lock:
+                self._held.pop(job_id, None)
+                others = list(self._held)
+            if not self._stop.is_set():
+                with contextlib.suppress(Exception):  # the next heartbeat says it again
+                    if others:
+                        self.heartbeat("busy", others[0])
+                    else:
+                        self.heartbeat("idle")
+        best = f"{outcome.best_time_ms:.4f} ms" if outcome.best_time_ms is not None else "-"
+        log.info(
+            "job %s %s: %d config(s) measured, best %s%s",
+            job_id, outcome.status, outcome.measured, best,
+            f" ({outcome.error})" if outcome.error else "",
+        )  # fmt: skip
+        return outcome
 
 
 #: Seconds a signalled worker has to stop by itself before it is interrupted

@@ -1,0 +1,174 @@
+"""A worker holding several jobs at once on one GPU (issue 35): each job's trials, budget and
+winner are exactly those of the same batch tuned one job at a time; only the order of GPU work
+changes, one measurement at a time; every job's GPU busy time is stored."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kato.db import queries
+from kato.db.models import RESERVED
+from kato.db.session import init_db, session_factory
+from kato.kernels import get_operator
+from kato.tuner.backends.base import TrialResult
+from kato.tuner.worker import Recording, ReplayBackends, Worker, find_recordings
+from paths import RECORDED, SPACES
+
+
+def recordings_by_group(per_group: int, groups: int) -> list[Recording]:
+    """H200 recordings at their operator's current version: ``per_group`` shapes of each of
+    ``groups`` (operator, dtype) groups, so that jobs of one group warm-start each other."""
+    by_group: dict[tuple[str, str], list[Recording]] = {}
+    seen: set[tuple[Any, ...]] = set()
+    for r in find_recordings(SPACES) + find_recordings(RECORDED):
+        p = r.problem
+        if p.gpu_model != "H200" or p.operator_version != get_operator(p.operator).version:
+            continue
+        if r.key in seen:
+            continue
+        seen.add(r.key)
+        by_group.setdefault((p.operator, p.dtype), []).append(r)
+    chosen = [g for g in sorted(by_group) if len(by_group[g]) >= per_group][:groups]
+    assert len(chosen) == groups, sorted((g, len(v)) for g, v in by_group.items())
+    return [r for g in chosen for r in by_group[g][:per_group]]
+
+
+class SlowReplay(ReplayBackends):
+    """Replay whose every measurement takes ``delay_s``, and that records which jobs' measurements
+    overlap (they must not: one GPU measures one config at a time)."""
+
+    def __init__(self, recordings: list[Recording], delay_s: float) -> None:
+        super().__init__(recordings)
+        self.delay = delay_s
+        self.lock = threading.Lock()
+        self.measuring = 0
+        self.overlaps = 0
+        self.jobs_alive: set[str] = set()
+        self.most_jobs_alive = 0
+
+    def __call__(self, job):  # type: ignore[no-untyped-def]
+        backend = super().__call__(job)
+        outer = self
+        evaluate, close = backend.evaluate, backend.close
+
+        def timed(config: dict[str, Any]) -> TrialResult:
+            with outer.lock:
+                outer.measuring += 1
+                outer.overlaps += outer.measuring > 1
+            try:
+                time.sleep(outer.delay)
+                return evaluate(config)
+            finally:
+                with outer.lock:
+                    outer.measuring -= 1
+
+        def closed() -> None:
+            with outer.lock:
+                outer.jobs_alive.discard(job.id)
+            close()
+
+        backend.evaluate, backend.close = timed, closed  # type: ignore[method-assign]
+        with self.lock:
+            self.jobs_alive.add(job.id)
+            self.most_jobs_alive = max(self.most_jobs_alive, len(self.jobs_alive))
+        return backend
+
+
+def tune(tmp_path: Path, name: str, recordings: list[Recording], budget: int, at_once: int):
+    """Queue ``recordings`` as one batch, tune it with one worker holding ``at_once`` jobs;
+    per key: (config keys in trial order, trial times, winner time), and the backends."""
+    url = f"sqlite:///{tmp_path / name}"
+    sessions = session_factory(init_db(url))
+    with sessions() as s:
+        jobs = queries.create_jobs(
+            s,
+            [
+                dict(
+                    operator=r.problem.operator, operator_version=r.problem.operator_version,
+                    shape=list(r.problem.shape), dtype=r.problem.dtype, gpu_model="H200",
+                    budget_configs=budget, seed=i,
+                )  # fmt: skip
+                for i, r in enumerate(recordings)
+            ],
+        )
+        ids = [j.id for j in jobs]
+    backends = SlowReplay(recordings, delay_s=0.002)
+    worker = Worker(
+        sessions, url, ["H200"], backends, worker_id=f"w-{name}", poll_seconds=0.01,
+        lease_seconds=30, jobs_at_once=at_once,
+    )  # fmt: skip
+    done = worker.run_forever(max_jobs=len(ids))
+    assert done == len(ids)
+    per_key: dict[tuple[str, str, str], Any] = {}
+    with sessions() as s:
+        for job_id in ids:
+            job = queries.get_job(s, job_id)
+            assert job is not None and job.status == "done", job
+            trials = queries.job_trials(s, job_id)
+            assert job.trials_done == budget and len(trials) == budget
+            assert len({t.config_key for t in trials}) == budget  # nothing measured twice
+            assert not [t for t in trials if t.status == RESERVED]
+            assert job.gpu_busy_s is not None and job.gpu_busy_s > 0
+            assert job.gpu_busy_fraction is not None and 0 < job.gpu_busy_fraction <= 1.0
+            per_key[(job.operator, job.shape_key, job.dtype)] = (
+                [t.config_key for t in sorted(trials, key=lambda t: t.number)],
+                [t.time_ms for t in sorted(trials, key=lambda t: t.number)],
+                job.best_time_ms,
+                job.best_config,
+            )
+    return per_key, backends
+
+
+def test_interleaved_jobs_measure_exactly_what_serial_jobs_do(tmp_path):
+    recordings = recordings_by_group(per_group=3, groups=3)
+    serial, alone = tune(tmp_path, "serial.db", recordings, budget=8, at_once=1)
+    mixed, shared = tune(tmp_path, "interleaved.db", recordings, budget=8, at_once=3)
+    assert alone.most_jobs_alive == 1
+    assert shared.most_jobs_alive >= 2  # the jobs did run at once
+    assert shared.overlaps == 0 and alone.overlaps == 0  # one measurement at a time
+    assert mixed.keys() == serial.keys() and len(mixed) == len(recordings)
+    for key in serial:
+        assert mixed[key] == serial[key], key  # same trials, same order, same winner
+
+
+def test_a_worker_never_holds_two_jobs_of_one_group(tmp_path):
+    """Jobs of one (operator, dtype) warm-start each other: an interleaving worker runs them
+    one after the other, so a job with a single group left runs alone."""
+    recordings = recordings_by_group(per_group=4, groups=1)
+    _, shared = tune(tmp_path, "one-group.db", recordings, budget=5, at_once=3)
+    assert shared.most_jobs_alive == 1
+
+
+def test_jobs_at_once_must_be_positive(tmp_path):
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    with pytest.raises(ValueError, match="jobs_at_once"):
+        Worker(session_factory(init_db(url)), url, ["H200"], lambda job: None, jobs_at_once=0)
+
+
+def test_the_group_exclusion_claims_the_oldest_job_of_another_group(tmp_path):
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    sessions = session_factory(init_db(url))
+    fields = dict(operator="softmax", operator_version="v", gpu_model="H200", budget_configs=3)
+    with sessions() as s:
+        a1, a2, b1 = queries.create_jobs(
+            s,
+            [
+                {**fields, "shape": [64, 64], "dtype": "float16"},
+                {**fields, "shape": [128, 64], "dtype": "float16"},
+                {**fields, "shape": [64, 64], "dtype": "float32"},
+            ],
+        )
+        scope = queries.JobScope(
+            exclude_job_ids=frozenset({a1.id}),
+            exclude_groups=frozenset({("softmax", "float16", "H200")}),
+        )
+        got = queries.claim_next_job(
+            s, gpu_models=["H200"], worker_id="w", lease_seconds=30, scope=scope, resume_own=True
+        )
+        assert got is not None and got.id == b1.id
+        assert Counter(j.status for j in queries.list_jobs(s)) == {"queued": 2, "running": 1}

@@ -1,0 +1,67 @@
+"""One GPU, one measurement at a time: the gate the jobs a worker holds at once take turns at.
+
+A worker may hold several jobs at once (:class:`tuner.worker.Worker`, ``jobs_at_once``): while
+one job waits on nvcc or on its search, another measures. Every piece of GPU work of a job
+(a measurement: verify and timed launches; its device set-up; its backend's close; the
+framework baseline) runs while holding the gate, so no two jobs' GPU work ever overlaps and a
+timing sees the GPU alone, as it would with one job.
+
+Turns are first come, first served (a ticket queue, not a plain lock: a job measuring in a
+tight loop would otherwise take the lock again before a waiting job's thread wakes up).
+
+The gate also keeps what each holder held it for, in seconds (:meth:`GpuGate.busy_s`): the
+GPU's busy time per job, from which the worker stores its busy fraction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+
+
+class GpuGate:
+    """A fair (FIFO) lock over one GPU, with the seconds each holder held it.
+
+    ``hold(holder)`` is not re-entrant: a holder takes it for one piece of work at a time."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next_ticket = 0
+        self._serving = 0
+        self._busy: dict[str, float] = defaultdict(float)
+        self.waits = 0  # turns that had to wait for another holder (tests look at it)
+
+    @contextlib.contextmanager
+    def hold(self, holder: str, *, counted: bool = True) -> Iterator[None]:
+        """Hold the GPU for one piece of work (blocks until every earlier caller is done);
+        the seconds held are added to ``holder``'s busy time unless ``counted`` is False."""
+        with self._cond:
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            if ticket != self._serving:
+                self.waits += 1
+            while ticket != self._serving:
+                self._cond.wait()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            held = time.perf_counter() - t0
+            with self._cond:
+                if counted:
+                    self._busy[holder] += held
+                self._serving += 1
+                self._cond.notify_all()
+
+    def busy_s(self, holder: str) -> float:
+        """Seconds ``holder`` has held the gate (counted holds)."""
+        with self._cond:
+            return self._busy.get(holder, 0.0)
+
+    def forget(self, holder: str) -> float:
+        """Drop ``holder``'s count (its job ended) and return it."""
+        with self._cond:
+            return self._busy.pop(holder, 0.0)
