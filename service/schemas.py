@@ -25,7 +25,7 @@ from kato.kernels.spec import InvalidInput
 from kato.service.strict import parse_shape
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from kato.shared.status import JOB_STATUSES
+from kato.shared.status import JOB_STATUSES, TERMINAL_STATUSES
 
 MAX_DIM = 2**31 - 1
 MAX_RANK = 8
@@ -232,6 +232,19 @@ class JobPublic(BaseModel):
         "times the configs left of its budget, capped by what is left of budget_seconds; null "
         "before its first config, or once it ended",
     )
+    batch_id: str | None = Field(
+        default=None, description="the batch it was submitted in (GET /v1/jobs/batch/{id})"
+    )
+    gpu_busy_s: float | None = Field(
+        default=None,
+        description="seconds the GPU was held for the job's measurements (verify and timed "
+        "launches, every worker's runs added up); null until a run of it ended",
+    )
+    gpu_busy_fraction: float | None = Field(
+        default=None,
+        description="gpu_busy_s over the job's wall time (started_at to finished_at); null "
+        "until it ended",
+    )
 
     @classmethod
     def from_job(cls, job: Job, note: str | None = None, now: datetime | None = None) -> JobPublic:
@@ -259,6 +272,9 @@ class JobPublic(BaseModel):
             note=note,
             elapsed_s=elapsed,
             eta_s=eta,
+            batch_id=job.batch_id,
+            gpu_busy_s=job.gpu_busy_s,
+            gpu_busy_fraction=job.gpu_busy_fraction,
         )
 
 
@@ -281,6 +297,103 @@ def progress_estimate(job: Job, now: datetime | None = None) -> tuple[float | No
     if job.budget_seconds is not None:
         left = min(left, max(job.budget_seconds - elapsed, 0.0))
     return elapsed, left
+
+
+class BatchKey(BaseModel):
+    """One job of a batch, as the batch's progress shows it."""
+
+    job_id: str
+    operator: str
+    shape: list[int]
+    dtype: str
+    status: JobStatus
+    trials_done: int
+    budget: int
+    best_time_ms: float | None
+    gpu_busy_fraction: float | None
+
+
+class BatchProgress(BaseModel):
+    """A batch's progress as one view: trials done of its total budget, the jobs in each
+    status, the best so far per key, its GPU busy time, and the time it has taken and an
+    estimate of what is left."""
+
+    batch_id: str
+    jobs: int
+    status_counts: dict[str, int] = Field(description="jobs per status")
+    trials_done: int
+    budget: int = Field(description="the batch's total budget: the sum of its jobs' budgets")
+    elapsed_s: float | None = Field(
+        description="seconds from its first job's start to now (to its last job's end once "
+        "every job ended); null: none started"
+    )
+    eta_s: float | None = Field(
+        description="estimated seconds left: the batch's mean time per trial so far times the "
+        "trials left of its budget (ended jobs' unused budget left out); null before its "
+        "first trial or once every job ended"
+    )
+    gpu_busy_s: float | None = Field(
+        description="the GPU busy time of its ended jobs, added up; null: none ended yet"
+    )
+    gpu_busy_fraction: float | None = Field(
+        description="gpu_busy_s over elapsed_s once every job ended (one worker's GPU: above "
+        "1 when several GPUs tuned it); null before"
+    )
+    keys: list[BatchKey]
+
+    @classmethod
+    def from_jobs(
+        cls, batch_id: str, jobs: list[Job], now: datetime | None = None
+    ) -> BatchProgress:
+        now = now or utcnow()
+        counts: dict[str, int] = {}
+        for job in jobs:
+            counts[job.status] = counts.get(job.status, 0) + 1
+        ended = [j for j in jobs if j.status in TERMINAL_STATUSES]
+        started = [_aware(j.started_at) for j in jobs if j.started_at is not None]
+        all_ended = len(ended) == len(jobs)
+        elapsed = eta = None
+        done = sum(j.trials_done for j in jobs)
+        # What is left: the unused budget of running and queued jobs (an ended job's is not).
+        left = sum(
+            max(j.budget_configs - j.trials_done, 0)
+            for j in jobs
+            if j.status not in TERMINAL_STATUSES
+        )
+        if started:
+            last = max(_aware(j.finished_at or now) for j in jobs)
+            end = last if all_ended else _aware(now)
+            elapsed = max((end - min(started)).total_seconds(), 0.0)
+            if not all_ended and done > 0:
+                eta = left * elapsed / done
+        busy = [j.gpu_busy_s for j in ended if j.gpu_busy_s is not None]
+        busy_s = sum(busy) if busy else None
+        fraction = busy_s / elapsed if all_ended and busy_s is not None and elapsed else None
+        return cls(
+            batch_id=batch_id,
+            jobs=len(jobs),
+            status_counts=counts,
+            trials_done=done,
+            budget=sum(j.budget_configs for j in jobs),
+            elapsed_s=elapsed,
+            eta_s=eta,
+            gpu_busy_s=busy_s,
+            gpu_busy_fraction=fraction,
+            keys=[
+                BatchKey(
+                    job_id=j.id,
+                    operator=j.operator,
+                    shape=j.shape,
+                    dtype=j.dtype,
+                    status=j.status,  # type: ignore[arg-type]
+                    trials_done=j.trials_done,
+                    budget=j.budget_configs,
+                    best_time_ms=j.best_time_ms,
+                    gpu_busy_fraction=j.gpu_busy_fraction,
+                )  # fmt: skip
+                for j in jobs
+            ],
+        )
 
 
 class TrialPublic(BaseModel):

@@ -87,6 +87,14 @@ class Settings(BaseSettings):
         description="configs a job's search may ask for ahead while the GPU would wait on nvcc "
         "for the one asked before (measured as their compiles finish; 1: ask, measure, ask)",
     )
+    jobs_per_worker: int = Field(
+        default=2,
+        ge=1,
+        le=16,
+        description="jobs a GPU worker holds at once on its one GPU, taking turns measuring "
+        "(one measurement at a time) so the GPU measures while a job waits on nvcc or its "
+        "search; each job's trials are those it would run alone (1: one job at a time)",
+    )
     max_workers_per_job: int = Field(
         default=4,
         ge=1,

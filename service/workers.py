@@ -56,6 +56,7 @@ def build_worker(
     lease_seconds: float | None = None,
     poll_seconds: float = 1.0,
     max_workers_per_job: int | None = None,
+    jobs_at_once: int | None = None,
 ) -> Worker:
     """A worker claiming jobs of ``gpu_models`` and measuring through ``backends``.
 
@@ -78,6 +79,7 @@ def build_worker(
         devices=devices,
         max_workers_per_job=max_workers_per_job or settings.max_workers_per_job,
         lookahead=settings.lookahead,
+        jobs_at_once=jobs_at_once or settings.jobs_per_worker,
     )
 
 

@@ -18,8 +18,11 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterator
+
+#: Holds kept for :meth:`GpuGate.timeline` (the most recent; a benchmark reads them).
+TIMELINE_HOLDS = 200_000
 
 
 class GpuGate:
@@ -32,6 +35,7 @@ class GpuGate:
         self._next_ticket = 0
         self._serving = 0
         self._busy: dict[str, float] = defaultdict(float)
+        self._timeline: deque[tuple[float, float, str]] = deque(maxlen=TIMELINE_HOLDS)
         self.waits = 0  # turns that had to wait for another holder (tests look at it)
 
     @contextlib.contextmanager
@@ -49,10 +53,11 @@ class GpuGate:
         try:
             yield
         finally:
-            held = time.perf_counter() - t0
+            t1 = time.perf_counter()
             with self._cond:
                 if counted:
-                    self._busy[holder] += held
+                    self._busy[holder] += t1 - t0
+                    self._timeline.append((t0, t1, holder))
                 self._serving += 1
                 self._cond.notify_all()
 
@@ -60,6 +65,11 @@ class GpuGate:
         """Seconds ``holder`` has held the gate (counted holds)."""
         with self._cond:
             return self._busy.get(holder, 0.0)
+
+    def timeline(self) -> list[tuple[float, float, str]]:
+        """The counted holds, oldest first: (start, end, holder), ``time.perf_counter`` seconds."""
+        with self._cond:
+            return list(self._timeline)
 
     def forget(self, holder: str) -> float:
         """Drop ``holder``'s count (its job ended) and return it."""

@@ -81,15 +81,23 @@ def jobs(
     limit: Annotated[int, typer.Option(min=1, help="newest jobs shown")] = 20,
     db: DbOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the jobs as JSON")] = False,
+    batch: Annotated[
+        str | None,
+        typer.Option(help="show one batch's progress (its id: a job's batch_id) instead"),
+    ] = None,
 ) -> None:
     """List the newest tuning jobs with their progress: configs measured of the budget, the
     best time so far, the time since each started and, for running ones, the estimated time
-    left (as GET /v1/jobs reports them)."""
+    left, and the GPU's busy fraction of an ended job (as GET /v1/jobs reports them). With
+    --batch, one batch as GET /v1/jobs/batch/{id} reports it."""
     from typing import get_args
 
     from kato.db import queries
     from kato.service.schemas import JobPublic, JobStatus
 
+    if batch is not None:
+        _show_batch(batch, db, as_json)
+        return
     if status is not None and status not in get_args(JobStatus):
         raise typer.BadParameter(f"status must be one of {', '.join(get_args(JobStatus))}")
     _, sessions = open_sessions(load_settings(db).db_url)
@@ -114,8 +122,52 @@ def jobs(
                 "best (ms)": "-" if j.best_time_ms is None else f"{j.best_time_ms:.4f}",
                 "elapsed": duration(j.elapsed_s),
                 "left": duration(j.eta_s),
+                "GPU busy": _percent(j.gpu_busy_fraction),
             }
             for j in found
+        ]
+    )
+
+
+def _percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{100 * fraction:.0f}%"
+
+
+def _show_batch(batch_id: str, db: str | None, as_json: bool) -> None:
+    """``kato jobs --batch ID``: the batch's progress, a summary line and a row per key."""
+    from kato.db import queries
+    from kato.service.schemas import BatchProgress
+
+    _, sessions = open_sessions(load_settings(db).db_url)
+    with sessions() as session:
+        found = queries.batch_jobs(session, batch_id)
+        if not found:
+            fail(f"no batch {batch_id!r} (a batch's id is its jobs' batch_id)")
+        progress = BatchProgress.from_jobs(batch_id, found)
+    if as_json:
+        typer.echo(json.dumps(progress.model_dump(mode="json")))
+        return
+    counts = ", ".join(f"{n} {status}" for status, n in sorted(progress.status_counts.items()))
+    Console().print(
+        f"batch {progress.batch_id}: {progress.trials_done}/{progress.budget} configs, "
+        f"{progress.jobs} job(s) ({counts}); elapsed {duration(progress.elapsed_s)}, "
+        f"left {duration(progress.eta_s)}, GPU busy {_percent(progress.gpu_busy_fraction)}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    print_records(
+        [
+            {
+                "id": key.job_id,
+                "operator": key.operator,
+                "shape": "x".join(map(str, key.shape)),
+                "dtype": key.dtype,
+                "status": key.status,
+                "configs": f"{key.trials_done}/{key.budget}",
+                "best (ms)": "-" if key.best_time_ms is None else f"{key.best_time_ms:.4f}",
+                "GPU busy": _percent(key.gpu_busy_fraction),
+            }
+            for key in progress.keys
         ]
     )
 

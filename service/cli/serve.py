@@ -184,6 +184,14 @@ def worker(
     max_workers_per_job: Annotated[
         int | None, typer.Option(help="most workers sharing a job (KATO_MAX_WORKERS_PER_JOB)")
     ] = None,
+    jobs_at_once: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="jobs held at once on the GPU, taking turns measuring "
+            "(KATO_JOBS_PER_WORKER; 1: one at a time)",
+        ),
+    ] = None,
     worker_id: Annotated[str | None, typer.Option(help="default: host-pid-random")] = None,
 ) -> None:
     """Claim and run queued tuning jobs for this machine's GPU model until interrupted.
@@ -227,6 +235,7 @@ def worker(
         lease_seconds=lease_seconds,
         poll_seconds=poll_seconds,
         max_workers_per_job=max_workers_per_job,
+        jobs_at_once=jobs_at_once,
     )
 
     console.print(

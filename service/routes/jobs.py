@@ -11,6 +11,7 @@ from kato.db.models import Job
 from kato.service.auth import AUTH_RESPONSES, Caller, WriterDep
 from kato.service.deps import SessionDep, SettingsDep
 from kato.service.schemas import (
+    BatchProgress,
     JobBatchCreate,
     JobCreate,
     JobPublic,
@@ -97,6 +98,17 @@ def submit_jobs(
     fields = batch_fields(body.jobs, settings, caller.token_id)
     _check_quota(session, caller, len(fields), settings)
     return _public(session, queries.create_jobs(session, fields), settings)
+
+
+@router.get("/batch/{batch_id}", responses=error_responses(e404="no such batch"))
+def get_batch(batch_id: str, session: SessionDep) -> BatchProgress:
+    """A batch's progress (its id: any of its jobs' ``batch_id``): trials done of its total
+    budget, jobs per status, best so far per key, GPU busy time, elapsed and estimated time
+    left."""
+    jobs = queries.batch_jobs(session, batch_id) if _JOB_ID.fullmatch(batch_id) else []
+    if not jobs:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"batch {batch_id[:64]!r} not found")
+    return BatchProgress.from_jobs(batch_id, jobs)
 
 
 @router.get("", responses=error_responses(e422="bad status filter or limit"))
