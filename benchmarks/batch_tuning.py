@@ -1,0 +1,329 @@
+"""A batch of tuning jobs on one worker's GPU: wall time, configs per minute, GPU busy fraction,
+per-key winners (issue 35).
+
+The batch (default): 32 keys over four operators whose templates take the shape at run time
+(relu, transpose, reduce_sum, cross_entropy: one cubin serves every shape of a config, so the
+batch's compiles are shared), four shapes each, float16 and float32, budget 50 each. Cheap
+shapes (8-70 MB moved per call) so that a run fits a few minutes on the H200. It is queued as
+one batch (queue order: group by group, each group's shapes in the warm-start order of
+``benchmarks/batch_order.py``) and tuned by one worker holding ``--jobs-at-once`` jobs (3),
+which interleaves them on its GPU (``tuner/worker.py``, ``tuner/gpu_gate.py``).
+
+Measured: the batch's wall time (first claim to last job's end), configs measured per minute,
+the GPU's busy fraction (seconds the GPU was held for measurements, verify and timed launches,
+over the wall time; ``after_first_minute``: from 60 s on, the issue's target of 80%), per-key
+winners, and nvcc runs / compiles shared across jobs.
+
+- ``--replay DIR``: the recorded spaces in DIR (H200, current operator versions) instead of the
+  GPU (``--delay`` seconds per measurement stand in for the GPU): checks the scheduling, not
+  the speed (every key tuned once, every budget exact, nothing measured twice); CI runs it
+  (tests/tuner/test_batch_tuning_bench.py).
+- ``--compare-serial``: tunes the same keys again one job at a time (a fresh database and, on
+  the GPU, a fresh compile cache, so neither run inherits the other's cubins) and checks every
+  interleaved winner is within 2% of the serial one (on replay: equal, and every job's trials
+  identical).
+
+    python3 benchmarks/batch_tuning.py --compare-serial --out $OUT/batch_tuning_h200.json
+    python3 benchmarks/batch_tuning.py --replay data/spaces --budget 5 --compare-serial
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT)]
+
+from kato.db import queries  # noqa: E402
+from kato.db.models import RESERVED  # noqa: E402
+from kato.db.session import init_db, session_factory  # noqa: E402
+from kato.kernels import get_operator  # noqa: E402
+from kato.tuner import nvcc  # noqa: E402
+from kato.tuner.worker import (  # noqa: E402
+    Recording,
+    ReplayBackends,
+    Worker,
+    find_recordings,
+    pycuda_backend_factory,
+)
+
+from benchmarks.batch_order import warm_order  # noqa: E402
+
+#: The GPU batch: operator -> shapes (each in float16 and float32).
+GPU_KEYS: dict[str, list[tuple[int, ...]]] = {
+    "relu": [(1 << 20,), (3 << 20,), (1 << 22,), (1 << 24,)],
+    "transpose": [(1024, 1024), (2048, 2048), (4096, 1024), (1024, 4096)],
+    "reduce_sum": [(4096, 1024), (8192, 512), (1024, 4096), (16384, 256)],
+    "cross_entropy": [(4096, 1024), (2048, 4096), (8192, 512), (1024, 8192)],
+}
+DTYPES = ("float16", "float32")
+#: The winners of the interleaved batch must be within this of the serial ones.
+WINNER_TOLERANCE = 0.02
+
+
+@dataclass(frozen=True)
+class Key:
+    operator: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.operator}/{'x'.join(map(str, self.shape))}/{self.dtype}"
+
+
+def batch_order(keys: list[Key]) -> list[Key]:
+    """Group by group ((operator, dtype), in first-seen order), each group's shapes in the
+    nearest-neighbour warm-start order."""
+    groups: dict[tuple[str, str], list[Key]] = {}
+    for key in keys:
+        groups.setdefault((key.operator, key.dtype), []).append(key)
+    ordered: list[Key] = []
+    for members in groups.values():
+        ordered += [members[i] for i in warm_order([k.shape for k in members])]
+    return ordered
+
+
+def gpu_keys() -> list[Key]:
+    return [
+        Key(op, shape, dt) for op, shapes in GPU_KEYS.items() for dt in DTYPES for shape in shapes
+    ]
+
+
+def replay_recordings(directories: list[Path], gpu_model: str) -> list[Recording]:
+    """The recordings in ``directories`` for ``gpu_model`` at their operator's current version,
+    one per problem (the first directory's first)."""
+    kept: dict[tuple[Any, ...], Recording] = {}
+    for r in [r for d in directories for r in find_recordings(d)]:
+        p = r.problem
+        if p.gpu_model == gpu_model and p.operator_version == get_operator(p.operator).version:
+            kept.setdefault(r.key, r)
+    return list(kept.values())
+
+
+def run_batch(
+    keys: list[Key],
+    factory: Any,
+    *,
+    gpu_model: str,
+    budget: int,
+    jobs_at_once: int,
+    workdir: Path,
+    label: str,
+) -> dict[str, Any]:
+    """Queue ``keys`` as one batch in a fresh SQLite database, tune it with one worker holding
+    ``jobs_at_once`` jobs, and report (see the module docstring)."""
+    url = f"sqlite:///{workdir / f'{label}.db'}"
+    sessions = session_factory(init_db(url))
+    with sessions() as s:
+        jobs = queries.create_jobs(
+            s,
+            [
+                dict(
+                    operator=k.operator,
+                    operator_version=get_operator(k.operator).version,
+                    shape=list(k.shape),
+                    dtype=k.dtype,
+                    gpu_model=gpu_model,
+                    budget_configs=budget,
+                    seed=i,
+                )  # fmt: skip
+                for i, k in enumerate(keys)
+            ],
+        )
+        ids = {j.id: k for j, k in zip(jobs, keys, strict=True)}
+    worker = Worker(
+        sessions, url, [gpu_model], factory, worker_id=f"bench-{label}", poll_seconds=0.05,
+        lease_seconds=60, jobs_at_once=jobs_at_once,
+    )  # fmt: skip
+    gate = worker.runner.gpu_gate
+    compiles_before = nvcc.compile_stats()
+    t0 = time.perf_counter()
+    ended = worker.run_forever(max_jobs=len(ids))
+    wall = time.perf_counter() - t0
+    compiles = {k: v - compiles_before[k] for k, v in nvcc.compile_stats().items()}
+    holds = gate.timeline()
+    busy = sum(e - s for s, e, _ in holds if s >= t0)
+    late = t0 + 60.0
+    busy_late = sum(max(0.0, e - max(s, late)) for s, e, _ in holds if e > late)
+    per_key: dict[str, Any] = {}
+    problems: list[str] = []
+    measured = 0
+    with sessions() as s:
+        for job_id, key in ids.items():
+            job = queries.get_job(s, job_id)
+            trials = sorted(queries.job_trials(s, job_id), key=lambda t: t.number)
+            measured += len(trials)
+            distinct = len({t.config_key for t in trials})
+            if job is None or job.status != "done":
+                problems.append(f"{key.name}: {job.status if job else 'missing'}")
+            elif job.trials_done != budget or len(trials) != budget or distinct != budget:
+                problems.append(f"{key.name}: {len(trials)} trials ({distinct} distinct)")
+            if any(t.status == RESERVED for t in trials):
+                problems.append(f"{key.name}: a reservation left")
+            per_key[key.name] = {
+                "job_id": job_id,
+                "status": job.status if job else None,
+                "trials": len(trials),
+                "best_ms": job.best_time_ms if job else None,
+                "best_config": job.best_config if job else None,
+                "gpu_busy_fraction": job.gpu_busy_fraction if job else None,
+                "trial_keys": [t.config_key for t in trials],
+            }
+    return {
+        "label": label,
+        "jobs_at_once": jobs_at_once,
+        "keys": len(keys),
+        "budget": budget,
+        "jobs_ended": ended,
+        "wall_s": wall,
+        "configs_measured": measured,
+        "configs_per_min": measured / wall * 60 if wall > 0 else None,
+        "gpu_busy_s": busy,
+        "gpu_busy_fraction": busy / wall if wall > 0 else None,
+        "gpu_busy_fraction_after_first_minute": busy_late / (wall - 60.0) if wall > 90 else None,
+        "gate_waits": gate.waits,
+        "nvcc": compiles,
+        "problems": problems,
+        "per_key": per_key,
+    }
+
+
+def compare(interleaved: dict[str, Any], serial: dict[str, Any], exact: bool) -> dict[str, Any]:
+    """Per key: the interleaved winner's time over the serial one's; with ``exact`` (replay)
+    also whether the trials were the same, in the same order."""
+    rows, worst = {}, 0.0
+    off, differ = [], []
+    for name, mine in interleaved["per_key"].items():
+        theirs = serial["per_key"][name]
+        if mine["best_ms"] is None or theirs["best_ms"] is None:
+            off.append(name)
+            continue
+        ratio = mine["best_ms"] / theirs["best_ms"]
+        worst = max(worst, ratio)
+        rows[name] = ratio
+        if ratio > 1 + WINNER_TOLERANCE:
+            off.append(name)
+        if exact and mine["trial_keys"] != theirs["trial_keys"]:
+            differ.append(name)
+    return {
+        "winner_ratio": rows,
+        "worst_ratio": worst,
+        "keys_over_tolerance": off,
+        "keys_with_other_trials": differ if exact else None,
+        "wall_speedup": serial["wall_s"] / interleaved["wall_s"],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--replay",
+        type=Path,
+        action="append",
+        help="recorded spaces instead of the GPU (a file or directory; repeatable)",
+    )
+    parser.add_argument("--gpu-model", default="H200", help="replay: the recordings' GPU model")
+    parser.add_argument("--budget", type=int, default=50)
+    parser.add_argument("--jobs-at-once", type=int, default=3)
+    parser.add_argument("--keys", type=int, help="only the first N keys of the batch")
+    parser.add_argument("--compare-serial", action="store_true")
+    parser.add_argument("--delay", type=float, default=0.0, help="replay: seconds per measurement")
+    parser.add_argument("--device", type=int, default=0)
+    parser.add_argument(
+        "--no-isolate", action="store_true", help="GPU: measure in the worker process"
+    )
+    parser.add_argument("--out", type=Path, help="write the report as JSON")
+    args = parser.parse_args(argv)
+
+    if args.replay is not None:
+        recordings = replay_recordings(args.replay, args.gpu_model)
+        if not recordings:
+            parser.error(f"no {args.gpu_model} recordings at current versions in {args.replay}")
+        by_key = {
+            Key(r.problem.operator, tuple(r.problem.shape), r.problem.dtype): r for r in recordings
+        }
+        keys = batch_order(sorted(by_key, key=lambda k: (k.operator, k.dtype, k.shape)))
+        gpu_model = args.gpu_model
+    else:
+        keys = batch_order(gpu_keys())
+        gpu_model = None
+    keys = keys[: args.keys] if args.keys else keys
+
+    def factory() -> Any:
+        if args.replay is not None:
+            return ReplayBackends([by_key[k] for k in keys], delay_s=args.delay)
+        return pycuda_backend_factory(args.device, isolate=not args.no_isolate)
+
+    if gpu_model is None:
+        from kato.tuner.backends.pycuda import describe_device
+
+        gpu_model = describe_device(args.device).model
+    report: dict[str, Any] = {
+        "backend": "replay" if args.replay is not None else "pycuda",
+        "gpu_model": gpu_model,
+        "keys": [k.name for k in keys],
+        "operators": sorted({k.operator for k in keys}),
+    }
+    with tempfile.TemporaryDirectory(prefix="kato-batch-") as tmp:
+        workdir = Path(tmp)
+        runs = [("interleaved", args.jobs_at_once)]
+        if args.compare_serial:
+            runs.append(("serial", 1))
+        for label, at_once in runs:
+            if args.replay is None:  # each run compiles from a cold cache of its own
+                os.environ["KATO_COMPILE_CACHE"] = str(workdir / f"cubins-{label}")
+            report[label] = run_batch(
+                keys, factory(), gpu_model=gpu_model, budget=args.budget, jobs_at_once=at_once,
+                workdir=workdir, label=label,
+            )  # fmt: skip
+            summarize(report[label])
+            if args.out:  # after each run: a run cut short still leaves the first
+                write(args.out, report)
+    if args.compare_serial:
+        report["comparison"] = compare(
+            report["interleaved"], report["serial"], exact=args.replay is not None
+        )
+        c = report["comparison"]
+        print(
+            f"winners: worst interleaved/serial {c['worst_ratio']:.4f}, "
+            f"{len(c['keys_over_tolerance'])} key(s) over {WINNER_TOLERANCE:.0%}"
+            + (
+                f", {len(c['keys_with_other_trials'])} with other trials"
+                if c["keys_with_other_trials"] is not None
+                else ""
+            )
+            + f"; wall speed-up {c['wall_speedup']:.2f}x"
+        )
+    if args.out:
+        write(args.out, report)
+    return report
+
+
+def summarize(run: dict[str, Any]) -> None:
+    late = run["gpu_busy_fraction_after_first_minute"]
+    print(
+        f"{run['label']} ({run['jobs_at_once']} at once): {run['keys']} keys x {run['budget']}, "
+        f"{run['wall_s']:.1f} s, {run['configs_per_min']:.0f} configs/min, GPU busy "
+        f"{run['gpu_busy_fraction']:.1%}"
+        + (f" ({late:.1%} after the first minute)" if late is not None else "")
+        + f"; nvcc runs {run['nvcc']['nvcc_runs']}, shared {run['nvcc']['shared']}"
+        + (f"; PROBLEMS: {run['problems']}" if run["problems"] else "")
+    )
+
+
+def write(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()

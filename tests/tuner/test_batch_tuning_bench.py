@@ -1,0 +1,48 @@
+"""benchmarks/batch_tuning.py on the replay backend (issue 35): the scheduling of a batch tuned
+by one worker holding several jobs at once, not its speed. Every key tuned once, every budget
+exact, nothing measured twice, and each job's trials and winner those of the same batch tuned
+one job at a time."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from paths import RECORDED, SPACES
+
+from benchmarks import batch_tuning
+
+
+def check(tmp_path, budget: int) -> None:
+    out = tmp_path / "batch.json"
+    report = batch_tuning.main(
+        ["--replay", str(SPACES), "--replay", str(RECORDED), "--budget", str(budget),
+         "--jobs-at-once", "3", "--delay", "0.002", "--compare-serial", "--out", str(out)]
+    )  # fmt: skip
+    assert json.loads(out.read_text())["keys"] == report["keys"]
+    keys = report["keys"]
+    assert len(keys) >= 30 and len(report["operators"]) >= 4
+    assert {k.rsplit("/", 1)[1] for k in keys} >= {"float16", "float32"}
+    assert len(set(keys)) == len(keys)  # each key once
+    for label in ("interleaved", "serial"):
+        run = report[label]
+        assert run["problems"] == [], run["problems"]
+        assert run["jobs_ended"] == len(keys) and set(run["per_key"]) == set(keys)
+        for name, row in run["per_key"].items():
+            assert row["status"] == "done" and row["trials"] == budget, name
+            assert len(set(row["trial_keys"])) == budget, name  # nothing measured twice
+            assert row["gpu_busy_fraction"] is not None and row["gpu_busy_fraction"] > 0
+        assert run["configs_measured"] == budget * len(keys)
+    assert report["interleaved"]["gate_waits"] > 0  # the jobs did take turns
+    comparison = report["comparison"]
+    assert comparison["keys_with_other_trials"] == []
+    assert comparison["keys_over_tolerance"] == [] and comparison["worst_ratio"] == 1.0
+
+
+def test_a_replayed_batch_interleaved_tunes_every_key_once_as_serial_does(tmp_path):
+    check(tmp_path, budget=4)
+
+
+@pytest.mark.slow
+def test_the_issue_35_batch_at_budget_50_interleaved_as_serial(tmp_path):
+    check(tmp_path, budget=50)
