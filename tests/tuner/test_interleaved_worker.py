@@ -89,9 +89,13 @@ def tune(tmp_path: Path, name: str, recordings: list[Recording], budget: int, at
             s,
             [
                 dict(
-                    operator=r.problem.operator, operator_version=r.problem.operator_version,
-                    shape=list(r.problem.shape), dtype=r.problem.dtype, gpu_model="H200",
-                    budget_configs=budget, seed=i,
+                    operator=r.problem.operator,
+                    operator_version=r.problem.operator_version,
+                    shape=list(r.problem.shape),
+                    dtype=r.problem.dtype,
+                    gpu_model="H200",
+                    budget_configs=budget,
+                    seed=i,
                 )  # fmt: skip
                 for i, r in enumerate(recordings)
             ],
