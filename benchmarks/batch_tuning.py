@@ -261,7 +261,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     def factory() -> Any:
         if args.replay is not None:
             return ReplayBackends([by_key[k] for k in keys], delay_s=args.delay)
-        return pycuda_backend_factory(args.device, isolate=not args.no_isolate)
+        return pycuda_backend_factory(
+            args.device, isolate=not args.no_isolate, defer_prepare=args.jobs_at_once > 1
+        )
 
     if gpu_model is None:
         from kato.tuner.backends.pycuda import describe_device

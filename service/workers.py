@@ -35,13 +35,18 @@ def gpu_backends(
     *,
     isolate: bool | None = None,
     trial_timeout: float | None = None,
+    jobs_at_once: int | None = None,
 ) -> BackendFactory:
     """The PyCUDA backend factory of CUDA device ``device``, measuring as :func:`measuring`
-    says."""
+    says; for a worker holding several jobs at once (``jobs_at_once``, default
+    ``KATO_JOBS_PER_WORKER``) a job's device set-up waits for its GPU turn."""
     from kato.tuner.worker import pycuda_backend_factory
 
     isolated, timeout = measuring(settings, isolate, trial_timeout)
-    return pycuda_backend_factory(device, isolate=isolated, trial_timeout_s=timeout)
+    shared = (jobs_at_once or settings.jobs_per_worker) > 1
+    return pycuda_backend_factory(
+        device, isolate=isolated, trial_timeout_s=timeout, defer_prepare=shared
+    )
 
 
 def build_worker(

@@ -78,3 +78,27 @@ def make_slow(spec: BackendSpec) -> Backend:
     return SlowToPrepare(
         spec.replay_file, spec.option("prepare_s", 0.0), spec.option("prepare_error")
     )
+
+
+class StagedPrepare(ReplayBackend):
+    """A replay backend whose set-up has a host part (``prepare_inputs``) and a device part
+    (``prepare``), each appending its name and a timestamp to the file ``log``."""
+
+    def __init__(self, replay_file: str, log: str):
+        super().__init__(replay_file)
+        self.log = log
+
+    def _note(self, what: str) -> None:
+        with open(self.log, "a") as f:
+            f.write(f"{what} {time.time()}\n")
+
+    def prepare_inputs(self) -> None:
+        self._note("inputs")
+
+    def prepare(self) -> None:
+        self._note("device")
+
+
+def make_staged(spec: BackendSpec) -> Backend:
+    assert spec.replay_file is not None
+    return StagedPrepare(spec.replay_file, spec.option("log"))

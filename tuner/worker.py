@@ -1408,7 +1408,9 @@ class PyCudaBackends:
     """Backends on CUDA device ``device_index`` for the job's operator, shape and dtype; with
     ``isolate``, measured in a child process (:class:`IsolatedBackend`) that a faulting kernel
     cannot take down with the worker. Answers every operator registered in this process (and by
-    ``imports``, which the child imports too) on the worker's GPU models."""
+    ``imports``, which the child imports too) on the worker's GPU models. With
+    ``defer_prepare`` (a worker holding several jobs on the GPU) a child makes its inputs at
+    once and its device buffers only in its job's first GPU turn."""
 
     runs_current_code = True
 
@@ -1419,9 +1421,11 @@ class PyCudaBackends:
         isolate: bool = False,
         trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
         imports: Sequence[str] = (),
+        defer_prepare: bool = False,
     ):
         self.device_index, self.isolate = device_index, isolate
         self.trial_timeout_s, self.imports = trial_timeout_s, tuple(imports)
+        self.defer_prepare = defer_prepare
 
     @property
     def scope(self) -> queries.JobScope:
@@ -1456,7 +1460,10 @@ class PyCudaBackends:
             device_index=self.device_index,
             imports=self.imports,
         )
-        return measuring_backend(spec, isolate=self.isolate, trial_timeout_s=self.trial_timeout_s)
+        return measuring_backend(
+            spec, isolate=self.isolate, trial_timeout_s=self.trial_timeout_s,
+            defer_prepare=self.defer_prepare,
+        )  # fmt: skip
 
 
 def pycuda_backend_factory(
@@ -1465,11 +1472,13 @@ def pycuda_backend_factory(
     isolate: bool = False,
     trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
     imports: Sequence[str] = (),
+    defer_prepare: bool = False,
 ) -> PyCudaBackends:
     """:class:`PyCudaBackends` (a :data:`BackendFactory` with its scope)."""
     return PyCudaBackends(
-        device_index, isolate=isolate, trial_timeout_s=trial_timeout_s, imports=imports
-    )
+        device_index, isolate=isolate, trial_timeout_s=trial_timeout_s, imports=imports,
+        defer_prepare=defer_prepare,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

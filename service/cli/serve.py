@@ -218,7 +218,10 @@ def worker(
         devices = [{"replay": str(replay)}]
     elif backend == "pycuda":
         models = list(gpu or [gpu_model_of(device)])
-        factory = gpu_backends(settings, device, isolate=isolate, trial_timeout=trial_timeout)
+        factory = gpu_backends(
+            settings, device, isolate=isolate, trial_timeout=trial_timeout,
+            jobs_at_once=jobs_at_once,
+        )  # fmt: skip
         where = f"GPU {device}" + (" (isolated)" if isolated else "")
         devices = [{"index": device, "model": models[0]}]
     else:

@@ -173,3 +173,32 @@ def test_a_child_that_cannot_prepare_fails_the_evaluation_with_its_reason(replay
             backend.evaluate(replay.space().valid_configs()[0])
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize("defer", [False, True])
+def test_a_deferred_child_makes_its_inputs_at_once_and_its_device_part_at_its_turn(
+    replay, tmp_path, defer
+):
+    """A worker sharing its GPU among jobs (issue 35): the child builds the host inputs while
+    another job measures, and touches the device only when its job's first measurement has
+    the GPU; undeferred, it sets everything up at once, as before."""
+    log = tmp_path / "prepare.log"
+    spec = BackendSpec(
+        kind="fault_backend:make_staged", replay_file=str(RECORDING), options=(("log", str(log)),)
+    )
+    backend = IsolatedBackend(spec, defer_prepare=defer)
+    try:
+        deadline = time.monotonic() + 60
+        want = ["inputs"] if defer else ["device"]
+        while time.monotonic() < deadline:
+            if log.exists() and [ln.split()[0] for ln in log.read_text().splitlines()] == want:
+                break
+            time.sleep(0.05)
+        time.sleep(0.5)  # a device part that wrongly follows would be logged by now
+        assert [ln.split()[0] for ln in log.read_text().splitlines()] == want
+        config = replay.space().valid_configs()[0]
+        assert backend.evaluate(config).ok
+        steps = [ln.split()[0] for ln in log.read_text().splitlines()]
+        assert steps == (["inputs", "device"] if defer else ["device"])
+    finally:
+        backend.close()

@@ -31,6 +31,7 @@ measurement at once; :meth:`IsolatedBackend.evaluate` then raises :class:`TrialI
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import multiprocessing
@@ -163,12 +164,18 @@ def _child_main(
     conn: multiprocessing.connection.Connection,
     spec: BackendSpec,
     operators: tuple[Any, ...] = (),
+    defer_prepare: bool = False,
 ) -> None:
     """The child: register ``operators`` (user operators of the parent), build the backend,
     announce its device, make its inputs (``prepare``, while the parent starts compiling; a user
     operator's reference kernel runs here), say so, then answer configs until told to close or
     the pipe closes. Exits (without closing the CUDA context cleanly: it may be dead) after a
-    result whose backend reports itself unhealthy."""
+    result whose backend reports itself unhealthy.
+
+    With ``defer_prepare`` (the GPU is shared with other jobs' children) only the host part
+    of the set-up (``prepare_inputs``: random inputs, float64 references) runs at once; the
+    device part waits for the parent's ``("prepare",)``, sent at its GPU turn, so that it never
+    overlaps another job's timing."""
     try:
         from kato.kernels.registry import register
 
@@ -178,6 +185,14 @@ def _child_main(
         conn.send(("ready", backend.device()))
         prepare = abilities_of(backend).prepare
         if prepare is not None:
+            if defer_prepare:
+                prepare_inputs = getattr(backend, "prepare_inputs", None)
+                if prepare_inputs is not None:
+                    prepare_inputs()
+                message = conn.recv()
+                if message[0] == "close":
+                    backend.close()
+                    return
             prepare()
         conn.send(("prepared",))
     except BaseException as exc:  # report why, then exit: the parent fails the job
@@ -231,6 +246,8 @@ class IsolatedBackend(Backend):
         start_timeout_s: longest a child may take to start.
         compile_workers: parallel nvcc processes for :meth:`precompile` (pycuda; default: one
             per core but one).
+        defer_prepare: the child makes its inputs at once but sets up the device only at the
+            first evaluation (a worker sharing the GPU among jobs evaluates in its GPU turn).
 
     Raises:
         ChildStartError: the first child could not build its backend.
@@ -249,8 +266,10 @@ class IsolatedBackend(Backend):
         trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         compile_workers: int | None = None,
+        defer_prepare: bool = False,
     ):
         self.spec = spec
+        self.defer_prepare = defer_prepare
         self.name = f"isolated-{spec.kind}"
         self.trial_timeout_s = trial_timeout_s
         self.start_timeout_s = start_timeout_s
@@ -284,7 +303,7 @@ class IsolatedBackend(Backend):
         parent_conn, child_conn = self._mp.Pipe()
         process = self._mp.Process(
             target=_child_main,
-            args=(child_conn, self.spec, _user_operators(self.spec)),
+            args=(child_conn, self.spec, _user_operators(self.spec), self.defer_prepare),
             name="kato-measure",
             daemon=True,
         )
@@ -453,6 +472,9 @@ class IsolatedBackend(Backend):
             ChildStartError: the child failed to prepare, died, or took too long.
         """
         if not self._prepared:
+            if self.defer_prepare and self._conn is not None:
+                with contextlib.suppress(OSError):  # the child died: _expect says so
+                    self._conn.send(("prepare",))
             self._expect("prepared", ("prepare", "prepared", "preparing"))
         self._prepared = True
 
@@ -543,7 +565,9 @@ class IsolatedBackend(Backend):
         self._kill()
 
 
-def measuring_backend(spec: BackendSpec, *, isolate: bool, trial_timeout_s: float) -> Backend:
+def measuring_backend(
+    spec: BackendSpec, *, isolate: bool, trial_timeout_s: float, defer_prepare: bool = False
+) -> Backend:
     """The backend every tuning path measures ``spec`` through: with ``isolate``, an
     :class:`IsolatedBackend` (a hung or faulting config is a ``timeout`` / ``crashed`` trial and
     the search goes on); without (for debugging), the backend itself in this process, which
@@ -560,7 +584,9 @@ def measuring_backend(spec: BackendSpec, *, isolate: bool, trial_timeout_s: floa
         Whatever the backend raises for problems of its own (in process).
     """
     if isolate:
-        return IsolatedBackend(spec, trial_timeout_s=trial_timeout_s)
+        return IsolatedBackend(
+            spec, trial_timeout_s=trial_timeout_s, defer_prepare=defer_prepare
+        )
     backend = build_backend(spec)
     launch_s = backend.launch_lower_bound_s()
     try:

@@ -330,8 +330,16 @@ class PyCudaBackend(Backend):
         self._space: SearchSpace | None = None
         self._queue: CompileQueue[CompiledKernel] | None = None
         self._prepared = False
+        self._made: Problem | None = None  # the problem's host arrays (prepare_inputs)
         if not defer_setup:
             self.prepare()
+
+    def prepare_inputs(self) -> None:
+        """The host part of :meth:`prepare`: the problem's random inputs and float64
+        references (seconds of CPU for a large shape, no GPU work), so that they can be made
+        while another job has the GPU (once; idempotent)."""
+        if self._made is None:
+            self._made = self.spec.make_problem(self.shape, self.dtype, self._rng)
 
     def prepare(self) -> None:
         """Make the inputs, references, device buffers, verifier and spin kernel (once;
@@ -347,7 +355,9 @@ class PyCudaBackend(Backend):
 
     def _setup_buffers(self) -> None:
         cuda = self.cuda
-        problem = self.spec.make_problem(self.shape, self.dtype, self._rng)
+        self.prepare_inputs()
+        problem = self._made
+        assert problem is not None
         self.problem = problem
         # A user operator may take its references from a reference kernel, run here once.
         reference = self.spec.device_reference(self.shape, self.dtype)
