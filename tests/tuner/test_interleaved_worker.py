@@ -176,3 +176,78 @@ def test_the_group_exclusion_claims_the_oldest_job_of_another_group(tmp_path):
         )
         assert got is not None and got.id == b1.id
         assert Counter(j.status for j in queries.list_jobs(s)) == {"queued": 2, "running": 1}
+
+
+class CompilingReplay(ReplayBackends):
+    """Replay backends that compile ahead (a compile takes ``compile_s``, started by a hint):
+    each evaluation records whether its config's compile had finished when the GPU turn began,
+    and the seconds the GPU was held while another job's compile ran."""
+
+    def __init__(self, recordings: list[Recording], compile_s: float) -> None:
+        super().__init__(recordings)
+        self.compile_s = compile_s
+        self.lock = threading.Lock()
+        self.evaluated_uncompiled = 0
+        self.evaluations = 0
+
+    def __call__(self, job):  # type: ignore[no-untyped-def]
+        backend = super().__call__(job)
+        outer, done, started = self, set(), {}
+        key = backend.space().key
+        evaluate = backend.evaluate
+
+        def hint(configs) -> None:
+            for c in configs:
+                k = key(c)
+                if k not in started:
+                    timer = threading.Timer(outer.compile_s, done.add, args=(k,))
+                    started[k] = timer
+                    timer.start()
+
+        def is_compiled(config) -> bool:
+            return key(config) in done
+
+        def wait_compiled(configs) -> None:
+            while not any(key(c) in done for c in configs if key(c) in started):
+                if not any(key(c) in started for c in configs):
+                    return
+                time.sleep(0.001)
+
+        def timed(config):
+            with outer.lock:
+                outer.evaluations += 1
+                outer.evaluated_uncompiled += key(config) not in done
+            return evaluate(config)
+
+        backend.hint, backend.is_compiled = hint, is_compiled  # type: ignore[attr-defined]
+        backend.wait_compiled, backend.evaluate = wait_compiled, timed  # type: ignore[attr-defined]
+        return backend
+
+
+def test_a_shared_gpu_turn_starts_only_once_the_configs_compile_is_done(tmp_path):
+    """With several jobs on the GPU, a job waits for its config's compile before its turn, so
+    the GPU measures another job meanwhile instead of waiting on nvcc."""
+    recordings = recordings_by_group(per_group=1, groups=2)
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    sessions = session_factory(init_db(url))
+    with sessions() as s:
+        queries.create_jobs(
+            s,
+            [
+                dict(
+                    operator=r.problem.operator,
+                    operator_version=r.problem.operator_version,
+                    shape=list(r.problem.shape),
+                    dtype=r.problem.dtype,
+                    gpu_model="H200",
+                    budget_configs=5,
+                )  # fmt: skip
+                for r in recordings
+            ],
+        )
+    backends = CompilingReplay(recordings, compile_s=0.05)
+    worker = Worker(
+        sessions, url, ["H200"], backends, worker_id="w", poll_seconds=0.01, jobs_at_once=2
+    )
+    assert worker.run_forever(max_jobs=2) == 2
+    assert backends.evaluations == 10 and backends.evaluated_uncompiled == 0
