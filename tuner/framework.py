@@ -21,12 +21,13 @@ fails (``failed``: an error, a crash, the timeout) or whose outputs disagree wit
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.connection
 import statistics
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -103,9 +104,17 @@ def _child_main(
     gpu_model: str | None,
     imports: tuple[str, ...],
     seed: int | None,
+    wait_turn: bool = False,
 ) -> None:
-    """The measuring child: answers one :class:`FrameworkResult` and exits."""
+    """The measuring child: answers one :class:`FrameworkResult` and exits. With ``wait_turn``
+    it imports torch first, says ``("ready",)`` and waits for the parent's word before it
+    touches the GPU (the parent's GPU turn: :func:`measure_in_child`)."""
     try:
+        if wait_turn:
+            with contextlib.suppress(ImportError):  # measure_here reports it
+                import torch  # noqa: F401 - seconds of import, outside the GPU's turn
+            conn.send(("ready",))
+            conn.recv()
         result = measure_here(
             operator, shape, dtype, device_index=device_index, gpu_model=gpu_model,
             imports=imports, seed=seed,
@@ -175,42 +184,78 @@ def measure_in_child(
     seed: int | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     stop: StopFlag | None = None,
+    turn: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
 ) -> FrameworkResult:
     """:func:`measure_here` in a fresh child process (spawned: no CUDA state is inherited),
     waited for at most ``timeout_s`` and until ``stop`` is set (the child is then killed: a
     ``failed`` result). A child that dies without answering is ``failed`` too. Never raises
-    for the measurement's own faults."""
+    for the measurement's own faults.
+
+    ``turn``: the GPU's turn (a worker sharing its GPU among jobs, :mod:`tuner.gpu_gate`),
+    entered only once the child has imported torch and held until it answers."""
     context = multiprocessing.get_context("spawn")
-    parent_conn, child_conn = context.Pipe(duplex=False)
+    if turn is not None:
+        parent_conn, child_conn = context.Pipe(duplex=True)
+    else:
+        parent_conn, child_conn = context.Pipe(duplex=False)
     process = context.Process(
         target=_child_main,
         args=(child_conn, operator, tuple(shape), dtype, device_index, gpu_model,
-              tuple(imports), seed),
+              tuple(imports), seed, turn is not None),
         name="kato-framework",
         daemon=True,
     )  # fmt: skip
     process.start()
     child_conn.close()  # the child's death closes the pipe for us (EOF)
+    with contextlib.ExitStack() as held:
+        return _answer(parent_conn, process, timeout_s, stop, turn, held)
+
+
+def _answer(
+    parent_conn: Any,
+    process: Any,
+    timeout_s: float,
+    stop: StopFlag | None,
+    turn: Callable[[], contextlib.AbstractContextManager[Any]] | None,
+    held: contextlib.ExitStack,
+) -> FrameworkResult:
+    """The child's answer to :func:`measure_in_child` (its turn entered into ``held`` when it
+    says it is ready)."""
     deadline = time.monotonic() + timeout_s
     try:
-        while not parent_conn.poll(_POLL_S):
-            if stop is not None and stop.is_set():
-                return FrameworkResult(FAILED, detail="stopped: the job ended meanwhile")
-            if time.monotonic() > deadline:
-                return FrameworkResult(FAILED, detail=f"no answer within {timeout_s:g} s")
-            if not process.is_alive() and not parent_conn.poll(0):
-                return FrameworkResult(
-                    FAILED, detail=f"the measuring process died (exit code {process.exitcode})"
-                )
-        try:
-            answer: Any = parent_conn.recv()
-        except (EOFError, OSError):
-            return FrameworkResult(FAILED, detail="the measuring process died while answering")
-        if not isinstance(answer, FrameworkResult):
-            return FrameworkResult(FAILED, detail=f"unexpected answer {answer!r:.200}")
-        return answer
+        while True:
+            answer = _next_message(parent_conn, process, deadline, timeout_s, stop)
+            if isinstance(answer, FrameworkResult) or turn is None or answer != ("ready",):
+                return _checked(answer)
+            held.enter_context(turn())
+            parent_conn.send(("go",))
     finally:
         parent_conn.close()
         if process.is_alive():
             process.kill()
         process.join(10)
+
+
+def _checked(answer: Any) -> FrameworkResult:
+    if not isinstance(answer, FrameworkResult):
+        return FrameworkResult(FAILED, detail=f"unexpected answer {answer!r:.200}")
+    return answer
+
+
+def _next_message(
+    parent_conn: Any, process: Any, deadline: float, timeout_s: float, stop: StopFlag | None
+) -> Any:
+    """The child's next message, or a failed result (stopped, too late, died)."""
+    while not parent_conn.poll(_POLL_S):
+        if stop is not None and stop.is_set():
+            return FrameworkResult(FAILED, detail="stopped: the job ended meanwhile")
+        if time.monotonic() > deadline:
+            return FrameworkResult(FAILED, detail=f"no answer within {timeout_s:g} s")
+        if not process.is_alive() and not parent_conn.poll(0):
+            return FrameworkResult(
+                FAILED, detail=f"the measuring process died (exit code {process.exitcode})"
+            )
+    try:
+        return parent_conn.recv()
+    except (EOFError, OSError):
+        return FrameworkResult(FAILED, detail="the measuring process died while answering")

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import json
 import logging
 import math
@@ -943,9 +944,15 @@ class JobRunner:
         with self._gpu(job.id, counted=False):
             backend.close()  # safe to call twice: run() closes it again
         t0 = time.monotonic()
+        stop = _Either(state.stop, self.shutdown)
         try:
-            with self._gpu(job.id, counted=False):  # PyTorch's op has the GPU to itself
-                result = self.framework_timer(current, device, _Either(state.stop, self.shutdown))
+            if "turn" in inspect.signature(self.framework_timer).parameters:
+                # PyTorch's op has the GPU to itself, torch's import left outside the turn.
+                turn = functools.partial(self._gpu, job.id, counted=False)
+                result = self.framework_timer(current, device, stop, turn=turn)
+            else:
+                with self._gpu(job.id, counted=False):
+                    result = self.framework_timer(current, device, stop)
         except Exception:
             log.warning("job %s: the framework baseline failed", job.id, exc_info=True)
             return None
@@ -1437,10 +1444,15 @@ class PyCudaBackends:
         return queries.JobScope(operators=frozenset(spec.name for spec in list_operators()))
 
     def measure_framework(
-        self, job: Job, device: DeviceInfo, stop: framework.StopFlag
+        self,
+        job: Job,
+        device: DeviceInfo,
+        stop: framework.StopFlag,
+        turn: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     ) -> framework.FrameworkResult:
         """PyTorch's op for ``job`` on this factory's device, in a child process of its own
-        (:func:`tuner.framework.measure_in_child`), stopped when ``stop`` is set."""
+        (:func:`tuner.framework.measure_in_child`), stopped when ``stop`` is set; its GPU work
+        in ``turn`` (torch's import before it)."""
         return framework.measure_in_child(
             job.operator,
             tuple(job.shape),
@@ -1449,6 +1461,7 @@ class PyCudaBackends:
             gpu_model=device.model,
             imports=self.imports,
             stop=stop,
+            turn=turn,
         )
 
     def __call__(self, job: Job) -> Backend:

@@ -166,6 +166,28 @@ def test_without_a_cuda_device_the_child_says_why_it_skipped():
     assert result.framework == f"torch {torch.__version__}"
 
 
+def test_the_child_imports_torch_before_its_gpu_turn_and_answers_inside_it():
+    """A worker sharing its GPU among jobs holds the GPU's turn only for the baseline's GPU
+    work: the child imports torch first, then the turn is entered, then the child answers."""
+    pytest.importorskip("torch")
+    import contextlib
+
+    events: list[str] = []
+
+    @contextlib.contextmanager
+    def turn():
+        events.append("enter")
+        yield
+        events.append("exit")
+
+    result = framework.measure_in_child(
+        "softmax", (64, 100), "float32", device_index=0, gpu_model="H200", timeout_s=120,
+        turn=turn,
+    )  # fmt: skip
+    assert events == ["enter", "exit"]
+    assert result.framework is not None and result.framework.startswith("torch ")
+
+
 def test_a_stop_ends_the_child_at_once():
     stop = threading.Event()
     stop.set()

@@ -168,7 +168,9 @@ class MeasuresFramework(Protocol):
     beside the winner (:mod:`tuner.framework`). Called once per job by its owner, after the
     job's backend is closed, on the worker's thread; returns a result saying whether it is
     ``ok`` (never raises for a failed baseline: an exception is logged and ignored), and stops
-    when ``stop`` is set. Absent: no baseline is stored (a replay worker)."""
+    when ``stop`` is set. It may take a ``turn`` keyword (a context manager factory: the GPU's
+    turn, :mod:`tuner.gpu_gate`) to hold only around its GPU work; one that does not is
+    called inside the turn. Absent: no baseline is stored (a replay worker)."""
 
     def measure_framework(
         self, job: Job, device: DeviceInfo, stop: framework.StopFlag

@@ -584,9 +584,7 @@ def measuring_backend(
         Whatever the backend raises for problems of its own (in process).
     """
     if isolate:
-        return IsolatedBackend(
-            spec, trial_timeout_s=trial_timeout_s, defer_prepare=defer_prepare
-        )
+        return IsolatedBackend(spec, trial_timeout_s=trial_timeout_s, defer_prepare=defer_prepare)
     backend = build_backend(spec)
     launch_s = backend.launch_lower_bound_s()
     try:
