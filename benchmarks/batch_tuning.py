@@ -18,10 +18,14 @@ winners, and nvcc runs / compiles shared across jobs.
   GPU (``--delay`` seconds per measurement stand in for the GPU): checks the scheduling, not
   the speed (every key tuned once, every budget exact, nothing measured twice); CI runs it
   (tests/tuner/test_batch_tuning_bench.py).
-- ``--compare-serial``: tunes the same keys again one job at a time (a fresh database and, on
-  the GPU, a fresh compile cache, so neither run inherits the other's cubins) and checks every
-  interleaved winner is within 2% of the serial one (on replay: equal, and every job's trials
-  identical).
+- ``--compare-serial``: tunes the same keys again one job at a time (a fresh database; on the
+  GPU the interleaved run's compile cache, so that both fit one 10-minute call: the serial wall
+  time is then without nvcc waits, a lower bound; ``--cold-serial`` gives it a cold cache of
+  its own) and checks every interleaved winner is within 2% of the serial one (on replay:
+  equal, and every job's trials identical).
+
+PyTorch's baseline after each job is off (``KATO_FRAMEWORK_BASELINE=false``; it is not tuning)
+unless ``--framework-baseline``.
 
     python3 benchmarks/batch_tuning.py --compare-serial --out $OUT/batch_tuning_h200.json
     python3 benchmarks/batch_tuning.py --replay data/spaces --budget 5 --compare-serial
@@ -224,6 +228,19 @@ def compare(interleaved: dict[str, Any], serial: dict[str, Any], exact: bool) ->
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark (see the module docstring); the environment is given back after it."""
+    saved = {k: os.environ.get(k) for k in ("KATO_FRAMEWORK_BASELINE", "KATO_COMPILE_CACHE")}
+    try:
+        return _main(argv)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _main(argv: list[str] | None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--replay",
@@ -236,6 +253,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--jobs-at-once", type=int, default=3)
     parser.add_argument("--keys", type=int, help="only the first N keys of the batch")
     parser.add_argument("--compare-serial", action="store_true")
+    parser.add_argument("--cold-serial", action="store_true", help="serial: its own nvcc cache")
+    parser.add_argument("--framework-baseline", action="store_true")
     parser.add_argument("--delay", type=float, default=0.0, help="replay: seconds per measurement")
     parser.add_argument("--device", type=int, default=0)
     parser.add_argument(
@@ -271,17 +290,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         gpu_model = describe_device(args.device).model
     report: dict[str, Any] = {
         "backend": "replay" if args.replay is not None else "pycuda",
+        "serial_compile_cache": "cold" if args.cold_serial else "the interleaved run's",
         "gpu_model": gpu_model,
         "keys": [k.name for k in keys],
         "operators": sorted({k.operator for k in keys}),
     }
+    os.environ["KATO_FRAMEWORK_BASELINE"] = "true" if args.framework_baseline else "false"
     with tempfile.TemporaryDirectory(prefix="kato-batch-") as tmp:
         workdir = Path(tmp)
         runs = [("interleaved", args.jobs_at_once)]
         if args.compare_serial:
             runs.append(("serial", 1))
         for label, at_once in runs:
-            if args.replay is None:  # each run compiles from a cold cache of its own
+            if args.replay is None and (label == "interleaved" or args.cold_serial):
                 os.environ["KATO_COMPILE_CACHE"] = str(workdir / f"cubins-{label}")
             report[label] = run_batch(
                 keys, factory(), gpu_model=gpu_model, budget=args.budget, jobs_at_once=at_once,
