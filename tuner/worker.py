@@ -481,7 +481,10 @@ class JobRunner:
                     backend.close()
             if interrupted or state.reason == "stopped":
                 ledger.give_back()
-            self._store_gpu_busy(ledger, job_id)
+            if not interrupted:  # an interrupt does not wait on one more write
+                self._store_gpu_busy(ledger, job_id)
+            else:
+                self.gpu_gate.forget(job_id)
         return outcome
 
     def _gpu(self, job_id: str, *, counted: bool = True) -> contextlib.AbstractContextManager:
