@@ -390,6 +390,13 @@ def test_0008_adds_a_jobs_batch_and_gpu_busy_time_to_an_existing_database(db_url
                 " '2026-01-01 00:00:08+00:00', false)"
             )
         )
+        connection.execute(
+            text(
+                "INSERT INTO kato_trials (id, job_id, number, config, config_key, status,"
+                " times_ms, created_at) VALUES (1, 'j1', 0, '{}', 'k0', 'ok', '[]',"
+                " '2026-01-01 00:00:01+00:00')"
+            )
+        )
     init_db(engine)
     assert current_revision(engine) == head_revision() == "0008"
     assert_models_match_head(engine)
@@ -413,4 +420,6 @@ def test_0008_adds_a_jobs_batch_and_gpu_busy_time_to_an_existing_database(db_url
     _downgrade(engine, "0007")
     columns = {c["name"] for c in inspect(engine).get_columns("kato_jobs")}
     assert not columns & {"batch_id", "gpu_busy_s", "gpu_busy_fraction"} and "token_id" in columns
+    with engine.connect() as connection:  # no job's trials lost on the way up or down
+        assert connection.execute(text("SELECT job_id FROM kato_trials")).scalars().all() == ["j1"]
     engine.dispose()

@@ -19,17 +19,19 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
+#: Plain ALTER TABLE statements, not a batch: on SQLite a batch recreates ``kato_jobs``, and
+#: dropping the old table deletes every trial through ``kato_trials``' ON DELETE CASCADE.
+_COLUMNS = ("batch_id", "gpu_busy_s", "gpu_busy_fraction")
+
+
 def upgrade() -> None:
-    with op.batch_alter_table("kato_jobs") as batch:
-        batch.add_column(sa.Column("batch_id", sa.String(length=32), nullable=True))
-        batch.add_column(sa.Column("gpu_busy_s", sa.Float(), nullable=True))
-        batch.add_column(sa.Column("gpu_busy_fraction", sa.Float(), nullable=True))
-        batch.create_index(batch.f("ix_kato_jobs_batch_id"), ["batch_id"], unique=False)
+    op.add_column("kato_jobs", sa.Column("batch_id", sa.String(length=32), nullable=True))
+    op.add_column("kato_jobs", sa.Column("gpu_busy_s", sa.Float(), nullable=True))
+    op.add_column("kato_jobs", sa.Column("gpu_busy_fraction", sa.Float(), nullable=True))
+    op.create_index("ix_kato_jobs_batch_id", "kato_jobs", ["batch_id"], unique=False)
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("kato_jobs") as batch:
-        batch.drop_index(batch.f("ix_kato_jobs_batch_id"))
-        batch.drop_column("gpu_busy_fraction")
-        batch.drop_column("gpu_busy_s")
-        batch.drop_column("batch_id")
+    op.drop_index("ix_kato_jobs_batch_id", table_name="kato_jobs")
+    for column in reversed(_COLUMNS):  # SQLite 3.35+ drops a column in place
+        op.execute(f"ALTER TABLE kato_jobs DROP COLUMN {column}")
