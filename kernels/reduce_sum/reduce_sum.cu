@@ -212,6 +212,10 @@ __device__ unsigned int split_tickets[kSplitRows];
 
 #if defined(MIN_BLOCKS) && MIN_BLOCKS > 0
 #define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS)
+#elif !ALIGNED_ROWS || ROW_SPLIT
+// Without a minimum, ptxas aims some of these (1024 threads, 8-byte vectors) at two resident
+// blocks, 32 registers, and spills; one block per SM lets it use the 64 it may.
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE, 1)
 #else
 #define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE)
 #endif
