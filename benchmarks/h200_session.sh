@@ -7,7 +7,7 @@
 #   tests/gpu except the committed winners' check (~460 s), `winners` runs that (~120 s; 230 s
 #   before problems were built on every core, kernels/parallel.py), each in a call of its own.
 #   env: GPU_TESTS (pytest paths, default tests/gpu minus the winners), TUNE_BUDGET, CASES ("relu layernorm:1048576x128 ..."),
-#        TUNE_ONLY=1, MAX_MINUTES, DB (SQLAlchemy URL of the results database; data/h200 is
+#        TUNE_ONLY=1, MAX_MINUTES, AWKWARD=1 (operators.py's awkward case set), DB (SQLAlchemy URL of the results database; data/h200 is
 #        imported into it first, and the operators step exports it to $OUT/h200),
 #        THROUGHPUT_ARGS, SPACES ("op:shape:dtype ..." to brute-force, each cut after SPACE_TIMEOUT s),
 #        KT_EXAMPLES, KT_SCRIPTS, KT_SCRIPT_BUDGET, KT_SCRIPT_TIMEOUT (ktexamples)
@@ -35,7 +35,7 @@ for step in $steps; do
     operators) ops=(); for o in ${CASES:-}; do ops+=(--case "$o"); done
                python3 benchmarks/operators.py --db "$DB" \
                  --tune "${TUNE_BUDGET:-0}" ${TUNE_ONLY:+--tune-only} \
-                 ${MAX_MINUTES:+--max-minutes $MAX_MINUTES} "${ops[@]}" \
+                 ${MAX_MINUTES:+--max-minutes $MAX_MINUTES} ${AWKWARD:+--awkward} "${ops[@]}" \
                  --out "$OUT/operators.json" 2>&1 | tee "$OUT/operators.log" | tail -60
                # Whatever was tuned comes back as files to commit under data/h200.
                kato export "$OUT/h200" --db "$DB" | tail -2 ;;

@@ -7,6 +7,13 @@ PyTorch equivalent timed the same way in the same process. The device-to-device 
 (read + write bytes) is measured in the same run.
 
     python benchmarks/operators.py --db sqlite:///kato.db --out results.json [--tune 100]
+    python benchmarks/operators.py --db sqlite:///awkward.db --awkward --tune 20 \
+        --max-minutes 4 --out awkward.json
+
+``--awkward`` runs :data:`AWKWARD_CASES` instead of the torch_ops modules' cases: shapes no tuned
+benchmark names (issue 31), each a launch of 0.05 to 5 ms on the H200. Every row reports Kato's
+and PyTorch's ms, the speedup, the share of the measured copy bandwidth (memory-bound operators)
+and, for matmul, the share of cuBLAS (PyTorch's matmul) as ``pct_cublas``.
 
 Prints a table and writes JSON. Needs a CUDA GPU, PyCUDA and PyTorch.
 """
@@ -20,6 +27,30 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+#: Issue 31's awkward shapes, one launch of 0.05 to 5 ms each on the H200 (tests/tuner/
+#: test_operators_benchmark.py holds that at the catalog's bandwidth and FLOP rate): (operator,
+#: shape, dtype, what makes it awkward). Matmul's FLOP-bound cases are float32, where Kato's
+#: loads must handle N and K that are no multiple of 4.
+AWKWARD_CASES: list[tuple[str, tuple[int, ...], str, str]] = [
+    ("softmax", (2048, 50257), "float16", "odd prime row (a vocabulary)"),
+    ("softmax", (16384, 4099), "float32", "prime row just past 4096"),
+    ("softmax", (4194304, 7), "float32", "many short rows"),
+    ("layernorm", (16384, 4097), "bfloat16", "row just past a power of two"),
+    ("rmsnorm", (16384, 4099), "float16", "prime row"),
+    ("cross_entropy", (4096, 50257), "bfloat16", "odd prime vocabulary"),
+    ("reduce_sum", (4, 16777216), "float32", "few long rows"),
+    ("reduce_sum", (1, 67108863), "float32", "one odd row of 2**26-1"),
+    ("reduce_sum", (8388608, 7), "float32", "many short rows"),
+    ("reduce_sum_all", (2**26 + 1,), "float32", "just past a power of two"),
+    ("relu", (2**27 + 3,), "float16", "odd length"),
+    ("transpose", (8191, 8193), "float32", "odd sides"),
+    ("matmul", (1000, 1001, 999), "float32", "unaligned M, N, K"),
+    ("matmul", (4095, 4097, 1003), "float32", "unaligned M, N, K"),
+]
+
+#: Operators whose PyTorch equivalent is cuBLAS (torch.matmul): their rows get ``pct_cublas``.
+CUBLAS_OPERATORS = ("matmul", "matmul_nt", "matmul_tn")
 
 
 def torch_time_ms(fn, repeats: int = 30, batch: int = 10) -> float:
@@ -91,18 +122,24 @@ def tune_case(sessions, db_url, operator, shape, dtype, budget):
     ).run(job_id)
 
 
-def cases(selectors: list[str] | None) -> list[tuple[str, tuple[int, ...], str]]:
-    """The benchmark cases of the torch_ops modules, all (by operator name) or those matching
-    ``selectors`` in the order given (tuning spends device time in that order). A selector is
-    ``operator``, ``operator:shape`` or ``operator:shape:dtype`` (shape as ``32768x4096``)."""
+def cases(
+    selectors: list[str] | None, awkward: bool = False
+) -> list[tuple[str, tuple[int, ...], str]]:
+    """The benchmark cases of the torch_ops modules (or, with ``awkward``, :data:`AWKWARD_CASES`
+    in their order), all (by operator name) or those matching ``selectors`` in the order given
+    (tuning spends device time in that order). A selector is ``operator``, ``operator:shape``
+    or ``operator:shape:dtype`` (shape as ``32768x4096``)."""
     from benchmarks.torch_ops import modules
 
     available = modules()
-    every = [
-        (name, tuple(shape), dtype)
-        for name in sorted(available)
-        for shape, dtype in available[name].CASES
-    ]
+    if awkward:
+        every = [(name, tuple(shape), dtype) for name, shape, dtype, _ in AWKWARD_CASES]
+    else:
+        every = [
+            (name, tuple(shape), dtype)
+            for name in sorted(available)
+            for shape, dtype in available[name].CASES
+        ]
     if not selectors:
         return every
     found: list[tuple[str, tuple[int, ...], str]] = []
@@ -132,6 +169,9 @@ def main() -> None:
         action="append",
         help="only these cases, in this order: operator[:shape[:dtype]] (repeatable)",
     )
+    ap.add_argument(
+        "--awkward", action="store_true", help="the awkward shapes (AWKWARD_CASES) instead"
+    )
     args = ap.parse_args()
 
     import time
@@ -148,7 +188,8 @@ def main() -> None:
     torch_ops = modules()
     copy_gbs = None if args.tune_only else copy_bandwidth_gbs()
     rows = []
-    for operator, shape, dtype in cases(args.case):
+    kinds = {(o, tuple(s), d): why for o, s, d, why in AWKWARD_CASES} if args.awkward else {}
+    for operator, shape, dtype in cases(args.case, args.awkward):
         spec = get_operator(operator)
         best, source = lookup(sessions, spec, shape, dtype, device.model)
         out_of_time = args.max_minutes and time.monotonic() - started > 60 * args.max_minutes
@@ -167,29 +208,19 @@ def main() -> None:
         result = backend.evaluate(config)
         backend.close()
         torch_ms = torch_time_ms(torch_ops[operator].make(shape, dtype))
-        nbytes = spec.bytes_moved(shape, dtype)
-        flops = spec.flops(shape, dtype)
-        kato_ms = result.time_ms
-        row = {
-            "operator": operator,
-            "shape": list(shape),
-            "dtype": dtype,
-            "source": source,
-            "config": config,
-            "status": result.status.value,
-            "error": result.error,
-            "kato_ms": kato_ms,
-            "torch_ms": torch_ms,
-            "speedup": torch_ms / kato_ms if kato_ms else None,
-            "bytes": nbytes,
-            "flops": flops,
-            "kato_gbs": nbytes / kato_ms / 1e6 if kato_ms else None,
-            "torch_gbs": nbytes / torch_ms / 1e6,
-            "kato_tflops": flops / kato_ms / 1e9 if kato_ms and flops else None,
-            "torch_tflops": flops / torch_ms / 1e9 if flops else None,
-        }
-        row["kato_pct_copy"] = 100 * row["kato_gbs"] / copy_gbs if kato_ms else None
-        row["torch_pct_copy"] = 100 * row["torch_gbs"] / copy_gbs
+        row = make_row(
+            operator,
+            shape,
+            dtype,
+            bytes_moved=spec.bytes_moved(shape, dtype),
+            flops=spec.flops(shape, dtype),
+            kato_ms=result.time_ms,
+            torch_ms=torch_ms,
+            copy_gbs=copy_gbs,
+        )
+        row.update(source=source, config=config, status=result.status.value, error=result.error)
+        if kinds:
+            row["awkward"] = kinds[(operator, tuple(shape), dtype)]
         rows.append(row)
         print_row(row, flush=True)
     if args.tune_only:
@@ -198,6 +229,9 @@ def main() -> None:
         "device": device.name,
         "cuda": device.cuda_version,
         "copy_gbs": copy_gbs,
+        "case_set": "awkward" if args.awkward else "torch_ops",
+        "tune_budget": args.tune,
+        "seconds": time.monotonic() - started,
         "rows": rows,
     }
     Path(args.out).write_text(json.dumps(report, indent=2, default=str))
@@ -205,11 +239,53 @@ def main() -> None:
     print(HEADER)
     for r in rows:
         print_row(r)
+    print("%copy: share of the copy bandwidth; for matmul, Kato's column is its % of cuBLAS")
+
+
+def make_row(
+    operator: str,
+    shape: tuple[int, ...],
+    dtype: str,
+    *,
+    bytes_moved: int,
+    flops: int,
+    kato_ms: float | None,
+    torch_ms: float,
+    copy_gbs: float,
+) -> dict:
+    """One case's figures: both sides' ms, the speedup (PyTorch ms / Kato ms), GB/s and
+    TFLOP/s, each side's share of the copy bandwidth (``*_pct_copy``, memory-bound operators:
+    no FLOPs counted) and, where PyTorch's side is cuBLAS, Kato's share of it (``pct_cublas``).
+    ``kato_ms`` None: Kato's config failed (its figures are None)."""
+    memory_bound = not flops
+    row = {
+        "operator": operator,
+        "shape": list(shape),
+        "dtype": dtype,
+        "kato_ms": kato_ms,
+        "torch_ms": torch_ms,
+        "speedup": torch_ms / kato_ms if kato_ms else None,
+        "bytes": bytes_moved,
+        "flops": flops,
+        "kato_gbs": bytes_moved / kato_ms / 1e6 if kato_ms else None,
+        "torch_gbs": bytes_moved / torch_ms / 1e6,
+        "kato_tflops": flops / kato_ms / 1e9 if kato_ms and flops else None,
+        "torch_tflops": flops / torch_ms / 1e9 if flops else None,
+        "kato_pct_copy": None,
+        "torch_pct_copy": None,
+        "pct_cublas": None,
+    }
+    if memory_bound:
+        row["kato_pct_copy"] = 100 * row["kato_gbs"] / copy_gbs if kato_ms else None
+        row["torch_pct_copy"] = 100 * row["torch_gbs"] / copy_gbs
+    if operator in CUBLAS_OPERATORS and kato_ms:
+        row["pct_cublas"] = 100 * torch_ms / kato_ms
+    return row
 
 
 HEADER = (
     f"{'operator':10} {'shape':>14} {'dtype':8} {'src':7} {'Kato ms':>9} {'torch ms':>9} "
-    f"{'speedup':>7} {'Kato':>13} {'%copy':>6} {'torch':>13} {'%copy':>6}"
+    f"{'speedup':>7} {'Kato':>15} {'%copy':>6} {'torch':>15} {'%copy':>6}"
 )
 
 
@@ -222,10 +298,14 @@ def print_row(r: dict, flush: bool = False) -> None:
         kato, torch = f"{r['kato_tflops']:7.1f} TFLOP/s", f"{r['torch_tflops']:7.1f} TFLOP/s"
     else:
         kato, torch = f"{r['kato_gbs']:8.0f} GB/s", f"{r['torch_gbs']:8.0f} GB/s"
+    # %copy for memory-bound operators; % of cuBLAS (Kato's column) for matmul.
+    kato_pct = r["kato_pct_copy"] if r["pct_cublas"] is None else r["pct_cublas"]
+    kato_pct = "" if kato_pct is None else f"{kato_pct:6.1f}"
+    torch_pct = "" if r["torch_pct_copy"] is None else f"{r['torch_pct_copy']:6.1f}"
     print(
         f"{r['operator']:10} {shape:>14} {r['dtype']:8} {r['source']:7} {r['kato_ms']:9.4f} "
-        f"{r['torch_ms']:9.4f} {r['speedup']:7.2f} {kato:>13} {r['kato_pct_copy']:6.1f} "
-        f"{torch:>13} {r['torch_pct_copy']:6.1f}",
+        f"{r['torch_ms']:9.4f} {r['speedup']:7.2f} {kato:>15} {kato_pct:>6} "
+        f"{torch:>15} {torch_pct:>6}",
         flush=flush,
     )
 

@@ -5,11 +5,19 @@ Parameter space (Kernel Tuner key order):
 - ``BLOCK_SIZE``: threads per block.
 - ``ROW_THREADS``: threads per row: 8 or 32 (an aligned group of lanes in a warp, shuffles
   only: short rows) or 0 (the whole block per row: shuffles, then shared memory across warps).
-- ``VEC``: elements per vector load, at most 16 bytes; ``cols % VEC == 0`` is required (rows
-  start on a vector boundary); ``VEC=1`` serves every ``cols``.
+- ``VEC``: elements per vector load, at most 16 bytes; any ``cols``: where ``cols % VEC != 0``
+  each row is a scalar head up to its first vector boundary, an aligned vector body and a scalar
+  tail (rendered with ``ALIGNED_ROWS=0``; aligned shapes keep the plain whole-vector code).
 - ``UNROLL``: vectors loaded per thread per step (bytes in flight per thread).
+- ``SPLIT``: 0 = one block (or group of lanes) per row, the old behaviour; k > 0 = each row cut
+  into ``parts = ceil(k * 132 / rows)`` pieces, one block per piece (about k blocks per SM of the
+  H200, the largest supported GPU), the row's last block summing the pieces in a fixed order
+  (deterministic). Only where it splits: ``ROW_THREADS=0``, ``rows < k * 132`` and at least
+  ``BLOCK_SIZE`` vectors per piece. For a few long rows, where one block per row leaves most SMs
+  idle (4 rows: 4 of 132 SMs).
 
-No MIN_BLOCKS: every variant needs <= 64 registers (asserted by the compile test), nothing is
+No MIN_BLOCKS: every variant fits the register cap of its ``__launch_bounds__`` without spilling
+(asserted by the compile test; the one combination that spills is refused by ``check``), nothing is
 cached per thread, and bytes in flight are set by UNROLL * VEC directly; a min-blocks clause
 would only trade those loads for spills.
 
@@ -18,7 +26,8 @@ Accuracy: per thread, each step's ``UNROLL * VEC`` values are summed pairwise (e
 the vector sums) and the step sums Kahan-accumulated, then butterflies across the row's threads:
 a few dozen roundings of ``sum |x|`` at most, independent of ``cols`` (``row_sum_model``
 reproduces it bit for bit).
-Problem arguments: ``[x, out (float32[rows]), rows (int32), cols (int32)]``.
+Problem arguments: ``[x, out (float32[rows]), rows (int32), cols (int32)]`` (the split path's
+workspace is the module's own, so every variant takes the same arguments).
 """
 
 from __future__ import annotations
@@ -39,6 +48,10 @@ MAX_COLS = 2**31 - 2**16
 
 _CUDA_FLAGS = {"float32": (0, 0), "float16": (1, 0), "bfloat16": (0, 1)}  # IS_HALF, IS_BF16
 
+#: The split path's workspace holds up to this many rows (and twice as many pieces):
+#: ``kSplitRows`` in reduce_sum.cu, the largest SPLIT times the SM count.
+SPLIT_ROWS = 8 * limits.NUM_SMS
+
 
 def threads_per_row(config: Config) -> int:
     return config["ROW_THREADS"] or config["BLOCK_SIZE"]
@@ -48,8 +61,15 @@ def rows_per_block(config: Config) -> int:
     return config["BLOCK_SIZE"] // threads_per_row(config)
 
 
+def split_parts(config: Config, rows: int) -> int:
+    """Pieces per row: ``ceil(SPLIT * 132 / rows)`` (1 where SPLIT is 0)."""
+    if not config.get("SPLIT"):
+        return 1
+    return math.ceil(config["SPLIT"] * limits.NUM_SMS / rows)
+
+
 def static_shared_bytes(config: Config) -> int:
-    """Block per row: a double-buffered float per warp (``2 * warps * 4`` bytes)."""
+    """Block per row (or per piece): a double-buffered float per warp (``2 * warps * 4``)."""
     if config["ROW_THREADS"] == 0 and config["BLOCK_SIZE"] > 32:
         return 2 * (config["BLOCK_SIZE"] // 32) * 4
     return 0
@@ -68,6 +88,7 @@ class ReduceSumSpec(OperatorSpec):
         "ROW_THREADS": (8, 32, 0),
         "VEC": (1, 2, 4, 8),
         "UNROLL": (2, 4, 8),
+        "SPLIT": (0, 1, 2, 4, 8),
     }
     template = Path(__file__).with_name("reduce_sum.cu")
     kernel_name = "reduce_sum_kernel"
@@ -84,48 +105,100 @@ class ReduceSumSpec(OperatorSpec):
 
     def check(self, config: Config, shape: Sequence[int], dtype: str) -> str | None:
         """Rejects: parameters missing, unknown or outside the space; vectors over 16 bytes;
-        ``cols % VEC != 0``. (Threads, shared memory and registers fit for every config.)"""
+        a SPLIT that does not split (see the module docstring); 1024 threads with 128 bytes of
+        loads in flight where rows have edges or are split (ptxas spills). Any cols works with
+        any VEC. (Threads and shared memory fit for every config.)"""
         reason = self.check_params(config)
         if reason:
             return reason
         try:
-            _, cols = self.validate(shape, dtype)
+            rows, cols = self.validate(shape, dtype)
         except InvalidInput as exc:
             return str(exc)
         vec = config["VEC"]
         vector_bytes = vec * DTYPES[dtype][2]
         if reason := limits.vector_width_error(vec, vector_bytes, dtype):
             return reason
-        if cols % vec != 0:
-            return f"cols={cols} is not a multiple of VEC={vec}: rows would start misaligned"
+        if reason := self._split_error(config, rows, cols):
+            return reason
+        edges = config["SPLIT"] or cols % vec
+        if edges and config["BLOCK_SIZE"] == 1024 and config["UNROLL"] * vector_bytes == 128:
+            # The head, tail and piece bookkeeping beside 128 bytes of loads in flight need
+            # more than the 64 registers a 1024-thread block leaves: ptxas spills.
+            return (
+                "BLOCK_SIZE=1024 with UNROLL * vector bytes = 128 spills registers on rows "
+                "with a scalar head and tail or split rows"
+            )
+        return None
+
+    @staticmethod
+    def _split_error(config: Config, rows: int, cols: int) -> str | None:
+        split = config["SPLIT"]
+        if not split:
+            return None
+        if config["ROW_THREADS"] != 0:
+            return f"SPLIT={split} cuts rows into pieces of a block each: needs ROW_THREADS=0"
+        if rows >= split * limits.NUM_SMS:
+            return (
+                f"rows={rows} already give {split * limits.NUM_SMS} blocks or more: "
+                f"SPLIT={split} would not split them"
+            )
+        per_piece = cols // config["VEC"] // split_parts(config, rows)
+        if per_piece < config["BLOCK_SIZE"]:
+            return (
+                f"SPLIT={split} cuts rows of {cols // config['VEC']} vectors into pieces of "
+                f"{per_piece}, fewer than BLOCK_SIZE={config['BLOCK_SIZE']} threads"
+            )
         return None
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
-        """The widest vector dividing cols; then by vectors per row: <= 64 -> 8 threads per
-        row, <= 1024 -> a warp per row, else a block of 512 per row; UNROLL 4 (8 for a warp)."""
-        _, cols = self.validate(shape, dtype)
+        """16-byte vectors where cols is a multiple of them, else where a row holds at least
+        four (head and tail are scalar), else the widest dividing cols; then by vectors per row:
+        <= 64 -> 8 threads per row, <= 1024 -> a warp per row, else a block of 512 per row;
+        UNROLL 4 (8 for a warp). Rows of a block each that number fewer than two per SM are
+        split (the largest SPLIT of 4, 2, 1 that splits them), so the grid fills the GPU."""
+        rows, cols = self.validate(shape, dtype)
         itemsize = DTYPES[dtype][2]
-        vec = max(v for v in self.params["VEC"] if v * itemsize <= 16 and cols % v == 0)
+        widest = 16 // itemsize
+        vec = widest if cols % widest == 0 or cols >= 4 * widest else 1
+        if vec == 1:
+            vec = max(v for v in self.params["VEC"] if v * itemsize <= 16 and cols % v == 0)
         nvec = cols // vec
         if nvec <= 64:
-            return {"BLOCK_SIZE": 256, "ROW_THREADS": 8, "VEC": vec, "UNROLL": 4}
+            return {"BLOCK_SIZE": 256, "ROW_THREADS": 8, "VEC": vec, "UNROLL": 4, "SPLIT": 0}
         if nvec <= 1024:
-            return {"BLOCK_SIZE": 256, "ROW_THREADS": 32, "VEC": vec, "UNROLL": 8}
-        return {"BLOCK_SIZE": 512, "ROW_THREADS": 0, "VEC": vec, "UNROLL": 4}
+            return {"BLOCK_SIZE": 256, "ROW_THREADS": 32, "VEC": vec, "UNROLL": 8, "SPLIT": 0}
+        config = {"BLOCK_SIZE": 512, "ROW_THREADS": 0, "VEC": vec, "UNROLL": 4, "SPLIT": 0}
+        if rows < 2 * limits.NUM_SMS:
+            for split in (4, 2, 1):
+                if self._split_error({**config, "SPLIT": split}, rows, cols) is None:
+                    return {**config, "SPLIT": split}
+        return config
 
     def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
-        """Tunables (space order), then DTYPE, IS_HALF, IS_BF16: independent of the shape."""
+        """The tunables that shape the code (space order; SPLIT's value is launch geometry:
+        ROW_SPLIT says whether rows are split), ALIGNED_ROWS (1 where no row is split and
+        ``cols % VEC == 0``: whole vectors from each row's start), then DTYPE, IS_HALF,
+        IS_BF16. Depends on the shape only through ALIGNED_ROWS."""
         is_half, is_bf16 = _CUDA_FLAGS[dtype]
-        macros: dict[str, object] = {name: config[name] for name in self.params}
+        _, cols = shape
+        split = int(config["SPLIT"] > 0)
+        macros: dict[str, object] = {name: config[name] for name in self.params if name != "SPLIT"}
+        macros["ROW_SPLIT"] = split
+        macros["ALIGNED_ROWS"] = int(not split and cols % config["VEC"] == 0)
         macros["DTYPE"] = DTYPES[dtype][1]
         macros["IS_HALF"] = is_half
         macros["IS_BF16"] = is_bf16
         return macros
 
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
-        """``ceil(rows / rows_per_block)`` blocks (grid.x, capped at 2**31-1)."""
+        """``ceil(rows / rows_per_block)`` blocks (grid.x, capped at 2**31-1); split rows: a
+        block per piece, ``rows * split_parts`` (under ``2 * SPLIT_ROWS``)."""
         rows, _ = shape
-        grid = min(math.ceil(rows / rows_per_block(config)), limits.MAX_GRID_X)
+        if config["SPLIT"]:
+            grid = rows * split_parts(config, rows)
+        else:
+            grid = min(math.ceil(rows / rows_per_block(config)), limits.MAX_GRID_X)
         return Launch(grid=(grid, 1, 1), block=(config["BLOCK_SIZE"], 1, 1))
 
     def make_problem(self, shape: Sequence[int], dtype: str, rng: np.random.Generator) -> Problem:
@@ -174,13 +247,48 @@ class ReduceSumSpec(OperatorSpec):
         return rows * (cols * DTYPES[dtype][2] + 4)
 
 
-def row_sum_model(x: np.ndarray, config: Config) -> np.ndarray:
-    """The kernel's float32 row sums of ``x`` (2-D, any float dtype), bit for bit."""
+def row_sum_model(x: np.ndarray, config: Config, parts: int | None = None) -> np.ndarray:
+    """The kernel's float32 row sums of ``x`` (2-D, any float dtype, its first element on a
+    16-byte boundary), bit for bit; ``parts``: pieces per split row (default: as launched)."""
     rows, cols = x.shape
-    vec, unroll = config["VEC"], config["UNROLL"]
+    vec = config["VEC"]
+    parts = split_parts(config, rows) if parts is None else parts
+    xf = x.astype(np.float32)
+    out = np.empty(rows, dtype=np.float32)
+    # Row r starts (r * cols) % VEC elements past a vector boundary: its scalar head.
+    heads = np.minimum(-(np.arange(rows, dtype=np.int64) * cols) % vec, cols)
+    for head in np.unique(heads):
+        sel = heads == head
+        xs = xf[sel]
+        nvec = (cols - head) // vec
+        tail = head + nvec * vec
+        body = xs[:, head:tail].reshape(len(xs), nvec, vec)
+        chunk = -(-nvec // parts)
+        pieces = []
+        for part in range(parts):
+            lo = min(part * chunk, nvec)
+            v = _thread_sums(body[:, lo : min(lo + chunk, nvec)], config)
+            if part == 0:
+                v[:, :head] += xs[:, :head]
+                v[:, : cols - tail] += xs[:, tail:]
+            pieces.append(_group_sum(v, config))
+        if parts == 1:
+            out[sel] = pieces[0]
+            continue
+        acc = np.zeros((len(xs), 32), dtype=np.float32)
+        stacked = np.stack(pieces, axis=1)
+        for i in range(0, parts, 32):
+            run = stacked[:, i : i + 32]
+            acc[:, : run.shape[1]] += run
+        out[sel] = butterfly(acc)[:, 0]
+    return out
+
+
+def _thread_sums(xv: np.ndarray, config: Config) -> np.ndarray:
+    """Each of a row's P threads' compensated sum of body vectors ``xv`` (rows, nvec, VEC)."""
+    rows, nvec, vec = xv.shape
+    unroll = config["UNROLL"]
     p = threads_per_row(config)
-    nvec = cols // vec
-    xv = x.astype(np.float32).reshape(rows, nvec, vec)
     s = np.zeros((rows, p), dtype=np.float32)
     c = np.zeros((rows, p), dtype=np.float32)
     lanes = np.arange(p)
@@ -196,7 +304,13 @@ def row_sum_model(x: np.ndarray, config: Config) -> np.ndarray:
         t = s + y
         c = np.where(active, (t - s) - y, c)
         s = np.where(active, t, s)
-    v = s - c
+    return s - c
+
+
+def _group_sum(v: np.ndarray, config: Config) -> np.ndarray:
+    """The row's threads' values ``v`` (rows, P) summed as the kernel does: a butterfly over a
+    group of lanes, or over each warp and then the warp sums."""
+    rows, p = v.shape
     if config["ROW_THREADS"]:
         return butterfly(v, p)[:, 0]
     warps = butterfly(v.reshape(rows, p // 32, 32))[..., 0]
@@ -209,4 +323,11 @@ def row_sum_model(x: np.ndarray, config: Config) -> np.ndarray:
 
 REDUCE_SUM = register(ReduceSumSpec())
 
-__all__ = ["REDUCE_SUM", "ReduceSumSpec", "row_sum_model", "static_shared_bytes"]
+__all__ = [
+    "REDUCE_SUM",
+    "SPLIT_ROWS",
+    "ReduceSumSpec",
+    "row_sum_model",
+    "split_parts",
+    "static_shared_bytes",
+]

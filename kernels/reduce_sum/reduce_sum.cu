@@ -7,21 +7,34 @@
 //   ROW_THREADS  threads that share one row: 8, 16 or 32 (an aligned group of lanes of one
 //                warp; BLOCK_SIZE / ROW_THREADS rows per block, shuffles only, no barrier) or 0
 //                (the whole block per row: shuffles, then a shared array across warps).
-//   VEC          elements per vector load; VEC * sizeof(DTYPE) <= 16 bytes; cols % VEC == 0
-//                (every row starts on a vector boundary).
+//   VEC          elements per vector load; VEC * sizeof(DTYPE) <= 16 bytes.
 //   UNROLL       vectors loaded per thread per step (all issued before any is used).
-// Derived: DTYPE (float, __half, __nv_bfloat16), IS_HALF, IS_BF16.
+// Derived:
+//   ALIGNED_ROWS 1: every row starts on a vector boundary and holds whole vectors (cols % VEC
+//                == 0, x 16-byte aligned); 0: any cols and any base address: each row is a
+//                scalar head up to the first VEC-aligned element, an aligned vector body and a
+//                scalar tail (split_row), so VEC stays free whatever cols is.
+//   ROW_SPLIT    1: each row is cut into `parts` contiguous pieces of its vector body, one block
+//                per piece (ROW_THREADS must be 0), so a few long rows keep every SM busy; parts
+//                = gridDim.x / rows (the spec launches rows * ceil(SPLIT * 132 / rows) blocks).
+//                Every block writes its piece's sum to a module workspace and takes a ticket of
+//                its row; the row's last block sums the pieces in a fixed order (deterministic,
+//                no float atomics) and resets the ticket. The workspace is per loaded module:
+//                launches of one module must not overlap (one stream at a time).
+// DTYPE (float, __half, __nv_bfloat16), IS_HALF, IS_BF16.
 //
 // Summation structure (tests/kernels/test_reduce_sum_spec.py models it exactly in numpy):
 //   thread t of a row's P threads owns, at step k, the vectors s = k*P*UNROLL + u*P + t for
-//   u < UNROLL (vectors >= cols / VEC contribute 0). Each vector's VEC values are summed
+//   u < UNROLL (vectors >= the body's count contribute 0). Each vector's VEC values are summed
 //   pairwise, then the UNROLL vector sums pairwise (see pairwise()); step sums are
-//   Kahan-accumulated; the
-//   thread's value is sum - compensation. Then a butterfly over the group's lanes (xor P/2 .. 1),
-//   or for a block: butterfly over each warp, lane 0s store, warp 0 loads (0 beyond the warp
-//   count) and butterflies over 32 lanes.
+//   Kahan-accumulated; the thread's value is sum - compensation, then (ALIGNED_ROWS 0) plus head
+//   element t if t < head, plus tail element t if t < the tail's length (the first piece of a
+//   split row only). Then a butterfly over the group's lanes (xor P/2 .. 1), or for a block:
+//   butterfly over each warp, lane 0s store, warp 0 loads (0 beyond the warp count) and
+//   butterflies over 32 lanes. A split row's pieces: lane l of warp 0 adds pieces l, l + 32, ...
+//   in order, then a butterfly over 32 lanes.
 //
-// Arguments: x, out (float[rows]), rows (int), cols (int). x 16-byte aligned.
+// Arguments: x, out (float[rows]), rows (int), cols (int). x 16-byte aligned where ALIGNED_ROWS.
 
 #ifndef BLOCK_SIZE
 #error "BLOCK_SIZE must be defined"
@@ -34,6 +47,12 @@
 #endif
 #ifndef UNROLL
 #define UNROLL 4
+#endif
+#ifndef ALIGNED_ROWS
+#define ALIGNED_ROWS 1
+#endif
+#ifndef ROW_SPLIT
+#define ROW_SPLIT 0
 #endif
 #ifndef DTYPE
 #define DTYPE float
@@ -81,25 +100,11 @@ static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC must be 1, 2, 4
 static_assert(kVecBytes <= 16, "a vector must be at most 16 bytes");
 static_assert(UNROLL == 1 || UNROLL == 2 || UNROLL == 4 || UNROLL == 8,
               "UNROLL must be 1, 2, 4 or 8");
+static_assert(ROW_SPLIT == 0 || ROW_THREADS == 0, "a split row needs a block per piece");
 
 #include "../common/kato_vec.cuh"
-
-[[maybe_unused]] __device__ __forceinline__ float to_float(float v) { return v; }
-#if IS_HALF
-[[maybe_unused]] __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-#endif
-#if IS_BF16
-[[maybe_unused]] __device__ __forceinline__ float to_float(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-#endif
-
-__device__ __forceinline__ void unpack(const Raw& r, float* f) {
-  T t[VEC];
-  __builtin_memcpy(t, &r, sizeof(Raw));
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) f[j] = to_float(t[j]);
-}
+#include "../common/kato_convert.cuh"
+#include "../common/kato_rows.cuh"
 
 // Pairwise sum of the UNROLL*VEC values of one step, f[u][j] = element j of vector u: first
 // within each vector (f[u][j] += f[u][j + w], w = VEC/2 .. 1), then across vectors (f[u][0] +=
@@ -173,10 +178,44 @@ __device__ __forceinline__ float group_sum(float v) {
   return v;
 }
 
+#if !ALIGNED_ROWS || ROW_SPLIT
+// Thread t's share of piece `part` of `parts` of a row of n elements at xr: its compensated sum
+// of the piece's contiguous run of body vectors, plus (first piece only) head element t and tail
+// element t where they exist (t < P, and head and tail are shorter than VEC <= 8 <= P). The
+// edge elements are loaded first, so one float, not their addresses, lives across the loop.
+__device__ __forceinline__ float piece_sum(const T* __restrict__ xr, int n, int part, int parts,
+                                           int t) {
+  const Split sp = split_row(xr, n);
+  float edge = 0.0f;
+  if (part == 0) {
+    if (t < sp.head) edge = to_float(xr[t]);
+    if (t < n - sp.tail) edge += to_float(xr[sp.tail + t]);
+  }
+  const int chunk = (sp.nvec + parts - 1) / parts;
+  const int lo = min(part * chunk, sp.nvec);
+  const int hi = min(lo + chunk, sp.nvec);
+  return thread_row_sum(reinterpret_cast<const Raw*>(xr + sp.head) + lo, hi - lo, t) + edge;
+}
+#endif
+
+#if ROW_SPLIT
+// The split path's workspace, sized for the largest split the spec launches: fewer than
+// 8 * 132 rows, rows * parts < 2 * 8 * 132 pieces. Zero at module load; each row's last
+// block resets its ticket, so it is zero again between launches.
+constexpr int kSplitRows = 8 * 132;
+constexpr int kSplitPieces = 2 * kSplitRows;
+__device__ float split_partials[kSplitPieces];
+__device__ unsigned int split_tickets[kSplitRows];
+#endif
+
 }  // namespace KATO_NS
 
 #if defined(MIN_BLOCKS) && MIN_BLOCKS > 0
 #define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS)
+#elif !ALIGNED_ROWS || ROW_SPLIT
+// Without a minimum, ptxas aims some of these (1024 threads, 8-byte vectors) at two resident
+// blocks, 32 registers, and spills; one block per SM lets it use the 64 it may.
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE, 1)
 #else
 #define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE)
 #endif
@@ -188,7 +227,56 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS reduce_sum_kernel(const DTYPE* __r
                                                                 int rows, int cols) {
   namespace ns = KATO_NS;
   using Raw = ns::Raw;
+#if ROW_SPLIT
+  // Pieces of rows: item = row * parts + part, blocks visit items with a grid stride (the spec
+  // launches one block per item); any grid is correct.
+  __shared__ float red[2][ns::kWarps];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  int parts = static_cast<int>(gridDim.x) / rows;
+  parts = parts < 1 ? 1 : parts;
+  parts = parts > ns::kSplitPieces / rows ? ns::kSplitPieces / rows : parts;
+  const long long items = static_cast<long long>(rows) * parts;
+  int parity = 0;
+  for (long long item = blockIdx.x; item < items; item += gridDim.x, parity ^= 1) {
+    const int row = static_cast<int>(item / parts);
+    const int part = static_cast<int>(item - static_cast<long long>(row) * parts);
+    const DTYPE* xr = x + static_cast<size_t>(row) * static_cast<size_t>(cols);
+    float v = ns::piece_sum(xr, cols, part, parts, threadIdx.x);
+    v = ns::group_sum<32>(v);
+    if constexpr (ns::kWarps > 1) {
+      if (lane == 0) red[parity][warp] = v;
+      __syncthreads();
+      if (warp == 0) {
+        v = lane < ns::kWarps ? red[parity][lane] : 0.0f;
+        v = ns::group_sum<32>(v);
+      }
+    }
+    int last = 0;
+    if (threadIdx.x == 0) {
+      ns::split_partials[item] = v;
+      __threadfence();  // the piece's sum is visible device-wide before the ticket is taken
+      last = atomicAdd(&ns::split_tickets[row], 1u) == static_cast<unsigned int>(parts - 1);
+    }
+    // Block-uniform: every thread learns whether this block took the row's last ticket.
+    if (__syncthreads_or(last)) {
+      __threadfence();  // acquire side: every piece of the row is visible
+      if (warp == 0) {
+        const float* pieces = ns::split_partials + static_cast<long long>(row) * parts;
+        float acc = 0.0f;
+        for (int i = lane; i < parts; i += 32) acc += __ldcg(pieces + i);
+        acc = ns::group_sum<32>(acc);
+        if (lane == 0) {
+          out[row] = acc;
+          ns::split_tickets[row] = 0;  // ready for the next launch
+        }
+      }
+    }
+  }
+#else
+#if ALIGNED_ROWS
   const int nvec = cols / VEC;
+#endif
 #if ROW_THREADS == 0
   __shared__ float red[2][ns::kWarps];
   const int lane = threadIdx.x & 31;
@@ -196,7 +284,11 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS reduce_sum_kernel(const DTYPE* __r
   int parity = 0;
   for (long long row = blockIdx.x; row < rows; row += gridDim.x, parity ^= 1) {
     const size_t offset = static_cast<size_t>(row) * static_cast<size_t>(cols);
+#if ALIGNED_ROWS
     float v = ns::thread_row_sum(reinterpret_cast<const Raw*>(x + offset), nvec, threadIdx.x);
+#else
+    float v = ns::piece_sum(x + offset, cols, 0, 1, threadIdx.x);
+#endif
     v = ns::group_sum<32>(v);
     if constexpr (ns::kWarps > 1) {
       // Double-buffered: a warp can only write red[parity] again two rows later, after the
@@ -225,9 +317,14 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS reduce_sum_kernel(const DTYPE* __r
     const long long row = first + lane / ns::kRowThreads;
     const bool valid = row < rows;
     const size_t offset = valid ? static_cast<size_t>(row) * static_cast<size_t>(cols) : 0;
+#if ALIGNED_ROWS
     float v = ns::thread_row_sum(reinterpret_cast<const Raw*>(x + offset), valid ? nvec : 0, t);
+#else
+    float v = ns::piece_sum(x + offset, valid ? cols : 0, 0, 1, t);
+#endif
     v = ns::group_sum<ns::kRowThreads>(v);
     if (valid && t == 0) out[row] = v;
   }
+#endif
 #endif
 }

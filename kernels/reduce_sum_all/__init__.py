@@ -103,10 +103,15 @@ class ReduceSumAllSpec(OperatorSpec):
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
         """16-byte vectors, 4 per thread in flight (64 KiB per SM), 256 threads, 4 blocks per
         SM (one wave: every block resident at once at <= 64 registers), last-block-done finish
-        (one launch, deterministic)."""
+        (one launch, deterministic). Where n gives fewer than those 4 blocks per SM a full step
+        each (under 8 MiB), 128 threads with 2 vectors in flight: 4 times the blocks, so a few
+        MiB still spread over every SM."""
         self.validate(shape, dtype)
         vec = 16 // DTYPES[dtype][2]
-        return {"BLOCK_SIZE": 256, "VEC": vec, "UNROLL": 4, "BLOCKS_PER_SM": 4, "FINISH": 2}
+        config = {"BLOCK_SIZE": 256, "VEC": vec, "UNROLL": 4, "BLOCKS_PER_SM": 4, "FINISH": 2}
+        if self.grid(config, shape) < config["BLOCKS_PER_SM"] * limits.NUM_SMS:
+            config.update(BLOCK_SIZE=128, UNROLL=2)
+        return config
 
     # --- rendering and launching --------------------------------------------------------------
 

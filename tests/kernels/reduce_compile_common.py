@@ -31,8 +31,11 @@ def compile_all(
     shape: Sequence[int],
     awkward: Sequence[Sequence[int]],
     cache_dir,
+    more_shapes: Sequence[Sequence[int]] = (),
 ) -> tuple[list[Variant], list[Outcome]]:
-    cases = [(tuple(shape), d) for d in spec.dtypes]
+    """Every valid config at ``shape`` and at each of ``more_shapes`` (shapes whose sources
+    differ: a code path only some shapes take), plus the defaults at ``awkward``."""
+    cases = [(tuple(s), d) for s in (shape, *more_shapes) for d in spec.dtypes]
     variants = distinct_variants(spec, cases)
     seen = {v.source() for v in variants}
     for dtype in spec.dtypes:

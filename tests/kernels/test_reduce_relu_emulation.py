@@ -94,20 +94,31 @@ def reduce_sum_all_cases() -> list[Case]:
 
 
 def reduce_sum_cases() -> list[Case]:
+    """Every row strategy at aligned and odd row lengths (every VEC: rows off a vector boundary
+    have a scalar head and tail), and split rows: with the grid capped (a block does several
+    pieces), and one case at the spec's own grid (a block per piece, 66 pieces a row)."""
     spec = get_operator("reduce_sum")
     cases, k = [], 0
     for dtype in spec.dtypes:
-        for shape in ((1, 1), (3, 7), (37, 8), (5, 40), (9, 136), (2, 4104)):
+        for shape in ((1, 1), (3, 7), (37, 8), (5, 40), (9, 136), (2, 4104), (5, 4097), (4, 13)):
             for row_threads in (8, 32, 0):
-                vecs = [v for v in _vecs(dtype) if shape[1] % v == 0]
+                vecs = _vecs(dtype)
                 config = {
                     "BLOCK_SIZE": spec.params["BLOCK_SIZE"][k % 4] if row_threads else 128 << k % 3,
                     "ROW_THREADS": row_threads,
                     "VEC": vecs[k % len(vecs)],
                     "UNROLL": spec.params["UNROLL"][k % 3],
+                    "SPLIT": 0,
                 }
                 cases.append(Case(spec, config, shape, dtype, grid_cap=1 + k % 2))
                 k += 1
+        for shape, vec, cap in (((1, 17001), 1, 3), ((2, 70011), 4, 5), ((3, 36864), 2, 7)):
+            vec = min(vec, 16 // DTYPES[dtype][2])
+            config = {"BLOCK_SIZE": 128, "ROW_THREADS": 0, "VEC": vec, "UNROLL": 2, "SPLIT": 1}
+            assert spec.check(config, shape, dtype) is None
+            cases.append(Case(spec, config, shape, dtype, grid_cap=cap))
+    config = {"BLOCK_SIZE": 128, "ROW_THREADS": 0, "VEC": 2, "UNROLL": 2, "SPLIT": 1}
+    cases.append(Case(spec, config, (2, 17001), "float16"))
     return cases
 
 
@@ -202,24 +213,51 @@ def test_summation_models_match_the_kernels_bit_for_bit(extra_header, tmp_path) 
         ),
         Case(
             rs,
-            {"BLOCK_SIZE": 128, "ROW_THREADS": 0, "VEC": 2, "UNROLL": 8},
+            {"BLOCK_SIZE": 128, "ROW_THREADS": 0, "VEC": 2, "UNROLL": 8, "SPLIT": 0},
             (3, 5002),
             "float16",
             grid_cap=2,
         ),
         Case(
             rs,
-            {"BLOCK_SIZE": 128, "ROW_THREADS": 8, "VEC": 4, "UNROLL": 2},
+            {"BLOCK_SIZE": 128, "ROW_THREADS": 8, "VEC": 4, "UNROLL": 2, "SPLIT": 0},
             (37, 1000),
             "float32",
             grid_cap=1,
         ),
         Case(
             rs,
-            {"BLOCK_SIZE": 256, "ROW_THREADS": 32, "VEC": 1, "UNROLL": 4},
+            {"BLOCK_SIZE": 256, "ROW_THREADS": 32, "VEC": 1, "UNROLL": 4, "SPLIT": 0},
             (9, 3001),
             "bfloat16",
             grid_cap=1,
+        ),
+        Case(
+            rs,
+            {"BLOCK_SIZE": 128, "ROW_THREADS": 8, "VEC": 8, "UNROLL": 2, "SPLIT": 0},
+            (11, 1003),
+            "float16",
+            grid_cap=2,
+        ),
+        Case(
+            rs,
+            {"BLOCK_SIZE": 256, "ROW_THREADS": 0, "VEC": 4, "UNROLL": 4, "SPLIT": 0},
+            (3, 5001),
+            "float32",
+            grid_cap=2,
+        ),
+        Case(
+            rs,
+            {"BLOCK_SIZE": 128, "ROW_THREADS": 0, "VEC": 4, "UNROLL": 2, "SPLIT": 1},
+            (3, 70001),
+            "float32",
+            grid_cap=7,  # 2 pieces a row (the kernel's parts = grid // rows)
+        ),
+        Case(
+            rs,
+            {"BLOCK_SIZE": 128, "ROW_THREADS": 0, "VEC": 2, "UNROLL": 2, "SPLIT": 1},
+            (2, 17001),
+            "float16",  # the spec's grid: 66 pieces a row
         ),
     ]
     problems = [c.spec.make_problem(c.shape, c.dtype, rng) for c in cases]
@@ -230,4 +268,8 @@ def test_summation_models_match_the_kernels_bit_for_bit(extra_header, tmp_path) 
             grid = min(rsa.grid(case.config, case.shape), case.grid_cap)
             assert got[1][0] == summation_model(x, case.config, grid), case
         else:
-            np.testing.assert_array_equal(got[1], row_sum_model(x, case.config), err_msg=str(case))
+            rows = case.shape[0]
+            grid = rs.launch(case.config, case.shape, case.dtype).grid[0]
+            parts = max(1, min(grid, case.grid_cap or grid) // rows) if case.config["SPLIT"] else 1
+            expected = row_sum_model(x, case.config, parts=parts)
+            np.testing.assert_array_equal(got[1], expected, err_msg=str(case))

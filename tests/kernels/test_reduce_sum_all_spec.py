@@ -117,6 +117,17 @@ def test_grid_is_bounded_and_never_empty(n) -> None:
         assert (launch.grid[0] - 1) * config["BLOCK_SIZE"] * config["UNROLL"] < max(slots, 1)
 
 
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("n", [2**20 + 1, 1000003 * 3, 2**24 + 1, 67108863, 2**28 + 7])
+def test_default_fills_every_sm_at_any_length_past_a_million(n, dtype) -> None:
+    """Issue 31: the untuned default of an awkward length (prime, odd, just past a power of
+    two) launches a block on every SM of the largest GPU, with 16-byte vectors (the n % VEC
+    tail is the first threads' scalar work, not a narrower vector)."""
+    config = SPEC.default_config((n,), dtype)
+    assert config["VEC"] * DTYPES[dtype][2] == 16
+    assert SPEC.launch(config, (n,), dtype).grid[0] >= NUM_SMS
+
+
 def test_steps_per_finish() -> None:
     shape = (1000003,)
     problem = SPEC.make_problem((64,), "float32", np.random.default_rng(0))

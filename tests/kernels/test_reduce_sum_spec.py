@@ -8,11 +8,13 @@ import math
 
 import numpy as np
 import pytest
-from kato.kernels import DTYPES, InvalidInput, get_operator, list_operators
+from kato.kernels import DTYPES, InvalidInput, get_operator, limits, list_operators
 from kato.kernels.reduce_sum import (
+    SPLIT_ROWS,
     ReduceSumSpec,
     row_sum_model,
     rows_per_block,
+    split_parts,
     static_shared_bytes,
 )
 from kato.kernels.reduce_sum_all import EPS32, ERROR_ROUNDINGS
@@ -34,11 +36,23 @@ SHAPES = [
     (1048576, 128),
     (7, 1000003),
     (2, 2**24),
+    (1, 2**26 + 3),
+    (3, 1000003),
+    (100000, 7),
+    (4, 16777216),
+    (1, 67108863),
+    (300, 50257),
 ]
 
 
-def cfg(block=256, row_threads=32, vec=4, unroll=4):
-    return {"BLOCK_SIZE": block, "ROW_THREADS": row_threads, "VEC": vec, "UNROLL": unroll}
+def cfg(block=256, row_threads=32, vec=4, unroll=4, split=0):
+    return {
+        "BLOCK_SIZE": block,
+        "ROW_THREADS": row_threads,
+        "VEC": vec,
+        "UNROLL": unroll,
+        "SPLIT": split,
+    }
 
 
 def test_registered_with_the_contract_attributes() -> None:
@@ -55,8 +69,16 @@ def test_registered_with_the_contract_attributes() -> None:
     ("config", "shape", "dtype", "reason"),
     [
         (cfg(vec=8), (4, 1024), "float32", "32-byte vector"),
-        (cfg(vec=4), (4, 1022), "float32", "not a multiple of VEC=4"),
-        (cfg(vec=8), (4, 1020), "float16", "not a multiple of VEC=8"),
+        (cfg(split=1), (4, 2**20), "float32", "needs ROW_THREADS=0"),
+        (cfg(row_threads=0, split=1), (132, 2**20), "float32", "would not split"),
+        (cfg(row_threads=0, split=8), (1055, 2**20), "float32", None),
+        (cfg(row_threads=0, split=8), (1056, 2**20), "float32", "would not split"),
+        (cfg(row_threads=0, block=1024, split=8), (1, 4 * 1024 * 1056 - 1), "float32", "fewer"),
+        (cfg(row_threads=0, block=1024, split=8), (1, 4 * 1024 * 1056), "float32", None),
+        (cfg(split=3), (4, 2**20), "float32", "not one of"),
+        (cfg(row_threads=0, block=1024, unroll=8), (4, 4099), "float32", "spills"),
+        (cfg(row_threads=0, block=1024, unroll=8), (4, 4100), "float32", None),
+        (cfg(row_threads=0, block=1024, unroll=8, split=1), (4, 2**24), "float32", "spills"),
         (cfg(row_threads=4), (4, 1024), "float32", "not one of"),
         (cfg(unroll=16), (4, 1024), "float32", "not one of"),
         (cfg(), (4, 1024), "int32", "does not support dtype"),
@@ -68,7 +90,10 @@ def test_registered_with_the_contract_attributes() -> None:
 )
 def test_check_rejects_with_a_reason(config, shape, dtype, reason) -> None:
     why = SPEC.check(config, shape, dtype)
-    assert why is not None and reason in why, why
+    if reason is None:
+        assert why is None, why
+    else:
+        assert why is not None and reason in why, why
 
 
 def test_check_rejects_missing_and_unknown_parameters() -> None:
@@ -80,12 +105,29 @@ def test_check_rejects_missing_and_unknown_parameters() -> None:
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_valid_configs_are_exactly_those_whose_vector_divides_cols(shape, dtype) -> None:
+def test_every_vector_width_is_valid_for_every_cols_and_splits_only_where_they_split(
+    shape, dtype
+) -> None:
+    rows, cols = shape
     valid = SearchSpace(SPEC.params, lambda c: SPEC.check(c, shape, dtype)).valid_configs()
+    vecs = [v for v in SPEC.params["VEC"] if v * DTYPES[dtype][2] <= 16]
+    unsplit = [c for c in valid if c["SPLIT"] == 0]
+    # BLOCK_SIZE x ROW_THREADS x VEC x UNROLL, less 1024 threads x 128 bytes in flight where
+    # rows have a scalar head or tail (they would spill)
+    spilling = sum(1 for v in vecs if cols % v and v * DTYPES[dtype][2] == 16) * 3
+    assert len(unsplit) == 4 * 3 * len(vecs) * 3 - spilling
     for config in valid:
-        assert shape[1] % config["VEC"] == 0 and config["VEC"] * DTYPES[dtype][2] <= 16
-    vecs = [v for v in SPEC.params["VEC"] if v * DTYPES[dtype][2] <= 16 and shape[1] % v == 0]
-    assert len(valid) == SPEC.space_size() // len(SPEC.params["VEC"]) * len(vecs)
+        assert config["VEC"] in vecs
+        in_flight = config["UNROLL"] * config["VEC"] * DTYPES[dtype][2]
+        if config["SPLIT"] or cols % config["VEC"]:
+            assert config["BLOCK_SIZE"] < 1024 or in_flight < 128
+        if config["SPLIT"]:
+            parts = split_parts(config, rows)
+            assert config["ROW_THREADS"] == 0 and parts > 1
+            assert cols // config["VEC"] // parts >= config["BLOCK_SIZE"]
+            assert rows < SPLIT_ROWS and rows * parts < 2 * SPLIT_ROWS
+    if rows <= 4 and cols >= 2**24:  # few long rows: every split value is in the space
+        assert {c["SPLIT"] for c in valid} == set(SPEC.params["SPLIT"])
 
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
@@ -100,13 +142,38 @@ def test_default_picks_the_strategy_by_row_length() -> None:
     assert SPEC.default_config((65536, 1024), "float32")["ROW_THREADS"] == 32
     assert SPEC.default_config((32768, 4096), "float32")["ROW_THREADS"] == 32
     assert SPEC.default_config((8192, 32768), "float32")["ROW_THREADS"] == 0
-    assert SPEC.default_config((3000, 3001), "float16")["VEC"] == 1
+    assert SPEC.default_config((3000, 3001), "float16")["VEC"] == 8  # head and tail scalar
+    assert SPEC.default_config((3000, 3), "float16")["VEC"] == 1
     with pytest.raises(InvalidInput):
         SPEC.default_config((0, 3), "float32")
 
 
-def test_source_does_not_depend_on_the_shape() -> None:
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [((4, 16777216), "float32"), ((1, 67108863), "float16"), ((3, 1000003), "bfloat16")],
+    ids=str,
+)
+def test_the_default_splits_few_long_rows_over_every_sm(shape, dtype) -> None:
+    config = SPEC.default_config(shape, dtype)
+    assert config["SPLIT"] > 0 and config["VEC"] * DTYPES[dtype][2] == 16
+    assert SPEC.launch(config, shape, dtype).grid[0] >= 2 * limits.NUM_SMS
+
+
+def test_the_default_does_not_split_rows_that_fill_the_gpu() -> None:
+    assert SPEC.default_config((264, 2**20), "float32")["SPLIT"] == 0
+    assert SPEC.default_config((100000, 7), "float32")["SPLIT"] == 0
+
+
+def test_source_depends_on_the_shape_only_through_row_alignment() -> None:
     assert SPEC.render(cfg(), (3, 64), "bfloat16") == SPEC.render(cfg(), (70000, 4096), "bfloat16")
+    assert SPEC.render(cfg(), (3, 65), "bfloat16") == SPEC.render(cfg(), (7, 50257), "bfloat16")
+    assert "#define ALIGNED_ROWS 1" in SPEC.render(cfg(), (3, 64), "bfloat16")
+    assert "#define ALIGNED_ROWS 0" in SPEC.render(cfg(), (3, 66), "bfloat16")
+    split = cfg(row_threads=0, split=2)
+    assert SPEC.render(split, (3, 2**20), "float32") == SPEC.render(split, (1, 99999), "float32")
+    assert SPEC.render(split, (3, 2**20), "float32") == SPEC.render(
+        {**split, "SPLIT": 8}, (3, 2**20), "float32"
+    )  # SPLIT's value is launch geometry
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -119,11 +186,19 @@ def test_launch_covers_every_row(shape) -> None:
         launch = SPEC.launch(config, shape, "float32")
         assert launch.grid[0] * rows_per_block(config) >= shape[0]
         assert launch.grid[0] <= 2**31 - 1 and launch.shared_bytes == 0
+    rows = shape[0]
+    for split in SPEC.params["SPLIT"][1:]:
+        config = cfg(row_threads=0, block=128, vec=1, split=split)
+        if SPEC.check(config, shape, "float32") is None:
+            parts = math.ceil(split * limits.NUM_SMS / rows)
+            assert SPEC.launch(config, shape, "float32").grid == (rows * parts, 1, 1)
+            assert split * limits.NUM_SMS <= rows * parts < 2 * SPLIT_ROWS
 
 
 def test_static_shared_model() -> None:
     assert static_shared_bytes(cfg(row_threads=0, block=1024)) == 2 * 32 * 4
     assert static_shared_bytes(cfg(row_threads=32, block=1024)) == 0
+    assert static_shared_bytes(cfg(row_threads=0, block=512, split=4)) == 2 * 16 * 4
 
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
@@ -165,14 +240,49 @@ def test_bytes_moved() -> None:
     ],
     ids=str,
 )
-@pytest.mark.parametrize("shape", [(5, 8), (3, 136), (2, 4104), (2, 40008)], ids=str)
+@pytest.mark.parametrize(
+    "shape",
+    [(5, 8), (3, 136), (2, 4104), (2, 40008), (7, 1), (5, 7), (3, 4097), (2, 40009)],
+    ids=str,
+)
 def test_row_model_matches_float64(shape, config) -> None:
+    """Any cols with any VEC: rows off a vector boundary have a scalar head and tail."""
     x = np.random.default_rng(shape[1]).uniform(0.5, 1.5, size=shape).astype(np.float32)
-    if shape[1] % config["VEC"]:
-        pytest.skip("VEC does not divide cols")
     got = row_sum_model(x, config).astype(np.float64)
     exact = np.array([math.fsum(row) for row in x.astype(np.float64)])
     assert (np.abs(got - exact) <= 8 * EPS32 * exact).all()
+
+
+@pytest.mark.parametrize("parts", [2, 3, 33, 132])
+@pytest.mark.parametrize("shape", [(1, 65536), (3, 100003), (2, 65541)], ids=str)
+def test_split_row_model_matches_float64(shape, parts) -> None:
+    """A row cut into pieces (the first one holding the head and tail) sums as the float64
+    reference does, whatever the number of pieces."""
+    x = np.random.default_rng(parts).uniform(0.5, 1.5, size=shape).astype(np.float32)
+    config = cfg(row_threads=0, block=128, vec=4, unroll=2, split=1)
+    got = row_sum_model(x, config, parts=parts).astype(np.float64)
+    exact = np.array([math.fsum(row) for row in x.astype(np.float64)])
+    assert (np.abs(got - exact) <= 8 * EPS32 * exact).all()
+    # every element counted once: a piece lost or doubled would be off by thousands of EPS
+    one = row_sum_model(np.ones(shape, dtype=np.float32), config, parts=parts)
+    np.testing.assert_array_equal(one, np.full(shape[0], shape[1], dtype=np.float32))
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [((1, 2**26 + 3), "float32"), ((3, 1000003), "float16"), ((100000, 7), "bfloat16")],
+    ids=str,
+)
+def test_default_at_awkward_shapes_is_within_the_problems_tolerance(shape, dtype) -> None:
+    """The kernel's arithmetic (the model, bit for bit) under the default config, against the
+    problem's float64 reference and the tolerance verification applies."""
+    problem = SPEC.make_problem(shape, dtype, np.random.default_rng(31))
+    config = SPEC.default_config(shape, dtype)
+    got = row_sum_model(problem.args[0], config).astype(np.float64)
+    ((atol, _),) = problem.tolerances
+    error = np.abs(got - problem.references[0])
+    assert (error <= atol).all(), (config, error.max(), atol)
+    del problem
 
 
 def test_row_model_beats_naive_float32_on_2_pow_26_elements() -> None:

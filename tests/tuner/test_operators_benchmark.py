@@ -1,0 +1,114 @@
+"""benchmarks/operators.py's CPU side: the awkward case set (issue 31) and the figures each
+row reports. The GPU run itself is the lead's (the report's command)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from kato.kernels import get_operator
+from kato.tuner.trial_cost import launch_lower_bound_s
+
+from benchmarks import operators
+from benchmarks.torch_ops import modules
+from kato.shared.gpus import get_gpu
+
+H200 = get_gpu("H200")
+#: float32 FFMA peak of the H200 (132 SMs x 128 lanes x 2 FLOPs x 1.98 GHz), for matmul's bound.
+FP32_PEAK = 132 * 128 * 2 * 1.98e9
+
+
+def test_every_awkward_case_is_a_valid_problem_with_a_pytorch_equivalent():
+    torch_ops = modules()
+    for operator, shape, dtype, why in operators.AWKWARD_CASES:
+        spec = get_operator(operator)
+        assert tuple(spec.validate(shape, dtype)) == tuple(shape)
+        config = spec.default_config(shape, dtype)
+        assert spec.check(config, shape, dtype) is None, (operator, shape, config)
+        assert operator in torch_ops and why
+
+
+def test_the_awkward_set_covers_the_issues_kinds_of_shape():
+    shapes = {(o, s) for o, s, _, _ in operators.AWKWARD_CASES}
+    assert {"softmax", "layernorm", "rmsnorm", "reduce_sum", "reduce_sum_all", "relu"} <= {
+        o for o, _ in shapes
+    }
+    assert {"transpose", "cross_entropy", "matmul"} <= {o for o, _ in shapes}
+    assert ("softmax", (2048, 50257)) in shapes  # a vocabulary: odd, prime
+    assert ("reduce_sum", (4, 16777216)) in shapes  # few long rows
+    assert ("reduce_sum", (1, 67108863)) in shapes
+    assert any(s[-1] == 7 and s[0] >= 2**20 for _, s in shapes)  # many short rows
+    assert any(o == "reduce_sum_all" and s[0] == 2**26 + 1 for o, s in shapes)
+    assert ("matmul", (1000, 1001, 999)) in shapes and ("matmul", (4095, 4097, 1003)) in shapes
+    for _, shape in shapes:  # every case has a length that is no multiple of a vector
+        assert any(d % 8 for d in shape), shape
+
+
+@pytest.mark.parametrize("case", operators.AWKWARD_CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+def test_each_awkward_launch_is_between_0_05_and_5_ms_on_the_h200(case):
+    """Long enough to time, short enough that 14 cases tune at budget 20 in minutes: bytes at
+    the H200's peak bandwidth for memory-bound operators, FLOPs at float32 FFMA peak for matmul
+    (floors; the real launch is slower, so the 0.045 ms floor is the 0.05 ms target)."""
+    operator, shape, dtype, _ = case
+    spec = get_operator(operator)
+    if operator == "matmul":
+        ms = 1e3 * spec.flops(shape, dtype) / FP32_PEAK
+        assert 0.02 <= ms <= 5.0, ms
+    else:
+        ms = 1e3 * launch_lower_bound_s(spec, shape, dtype, H200)
+        assert 0.045 <= ms <= 5.0, ms
+
+
+def test_awkward_selectors_pick_within_the_awkward_set():
+    every = operators.cases(None, awkward=True)
+    assert every == [(o, tuple(s), d) for o, s, d, _ in operators.AWKWARD_CASES]
+    picked = operators.cases(["reduce_sum", "matmul:1000x1001x999"], awkward=True)
+    assert [c[0] for c in picked] == ["reduce_sum"] * 3 + ["matmul"]
+    assert picked[-1] == ("matmul", (1000, 1001, 999), "float32")
+    assert ("reduce_sum", (4, 16777216), "float32") not in operators.cases(None)
+    with pytest.raises(SystemExit):
+        operators.cases(["no_such_op"], awkward=True)
+
+
+def test_a_memory_bound_row_reports_the_share_of_copy_bandwidth():
+    row = operators.make_row(
+        "reduce_sum",
+        (4, 16777216),
+        "float32",
+        bytes_moved=268435472,
+        flops=0,
+        kato_ms=0.0625,
+        torch_ms=0.125,
+        copy_gbs=4295.0,
+    )
+    assert row["speedup"] == 2.0
+    assert row["kato_gbs"] == pytest.approx(268435472 / 0.0625 / 1e6)
+    assert row["kato_pct_copy"] == pytest.approx(100 * row["kato_gbs"] / 4295.0)
+    assert row["torch_pct_copy"] == pytest.approx(row["kato_pct_copy"] / 2)
+    assert row["pct_cublas"] is None and row["kato_tflops"] is None
+
+
+def test_a_matmul_row_reports_the_share_of_cublas_not_of_copy():
+    flops = 2 * 4095 * 4097 * 1003
+    row = operators.make_row(
+        "matmul",
+        (4095, 4097, 1003),
+        "float32",
+        bytes_moved=10**8,
+        flops=flops,
+        kato_ms=1.0,
+        torch_ms=0.8,
+        copy_gbs=4295.0,
+    )
+    assert row["pct_cublas"] == pytest.approx(80.0)
+    assert row["kato_tflops"] == pytest.approx(flops / 1e9)
+    assert row["kato_pct_copy"] is None and row["torch_pct_copy"] is None
+
+
+def test_a_failed_config_has_no_kato_figures():
+    row = operators.make_row(
+        "matmul", (8, 8, 8), "float32", bytes_moved=768, flops=1024, kato_ms=None,
+        torch_ms=0.01, copy_gbs=4000.0,
+    )  # fmt: skip
+    assert row["speedup"] is None and row["pct_cublas"] is None and row["kato_gbs"] is None
+    assert not math.isnan(row["torch_gbs"])
