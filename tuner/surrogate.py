@@ -43,7 +43,15 @@ neither a global model nor a local search alone decides the job:
   smooth spaces of block sizes and vector widths leave a good basin for a better one.
 
 A neighbourhood with no unmeasured valid config left is widened one parameter at a time (at the
-widest it is the whole space). The model is refitted before every model-based proposal.
+widest it is the whole space).
+
+The models are fitted ahead, off the measuring path: a model move's forest is fitted on the
+results the proposer's previous call was given (:data:`FOREST_LAG`), the GP's hyperparameters
+on those of two calls before (:data:`GP_LAG`) with the GP then conditioned exactly on every
+result. So, with ``background``, the fits a proposal needs start on the proposer's own thread as
+soon as the proposal before it is made, and run while that config is measured; a proposal only
+looks up predictions (and updates the GP's posterior with the results that came in). The best
+configs, the incumbent of expected improvement and what is measured are always the latest.
 
 Contract (``tests/tuner/test_search.py`` and ``tests/tuner/test_surrogate.py`` hold it):
 
@@ -51,7 +59,10 @@ Contract (``tests/tuner/test_search.py`` and ``tests/tuner/test_surrogate.py`` h
   ``results`` (measured, failed, or PENDING: another worker is measuring it) is never proposed;
   PENDING results are not learnt from; failures are imputed as above;
 - reproducible: the same seed and the same sequence of results give the same proposals (a
-  resumed job's new proposer starts its turns afresh from the known results);
+  resumed job's new proposer starts its turns afresh from the known results), with or without
+  ``background`` and however long the caller takes between calls: each model's random draws come
+  from a generator seeded by the seed and the call it is fitted for, and a model not fitted
+  ahead is fitted when needed, the same model;
 - warm-start configs measured before the proposer (``seed_keys``) do not shorten
   its own space-filling design, nor stand in for its config with a rare value;
 - None is returned only when every valid config has a result;
