@@ -1,9 +1,13 @@
-"""Search overhead per trial in the worker: real jobs on recorded spaces, nothing measured.
+"""Search overhead per trial in the worker: real jobs on recorded spaces, replayed.
 
 Each case is one tuning job run as ``kato worker --backend replay`` runs it: a fresh SQLite
 file database, the job queued and claimed, :class:`tuner.worker.JobRunner` with the replay
-backend (in this process, no delay: measuring costs nothing), the default strategy, budget 100.
-What is left of the job's wall time is the worker's own: the search, the database, the loop.
+backend (in this process), the default strategy, budget 100. Each measurement takes
+``--measure-ms`` (the replay backend sleeps, as ``kato serve``'s replay delay does): a GPU's
+time per config, during which the worker's other threads (the fits of the next proposal's
+models, the previous result's records) run; 0 gives the worker's whole CPU cost per trial, as
+if the GPU measured in no time. What is left of the job's wall time is the worker's own: the
+search, the database, the loop.
 
 Per measured config the search loop's wall time (:class:`tuner.search.TrialTiming`) is split
 into
@@ -18,8 +22,10 @@ into
 and ``overhead`` = everything but ``measure``. Mean and p95 over a job's trials, then over the
 cases. The job's wall time (claim to done) is set against the sum of its spans and of its
 measurements: the difference is the job's setup and end (backend, study, warm start, winner).
+CPU time per trial: the process's (every thread) and the search's thread's alone (the work on
+the measuring path, without its waits: on a loaded host the steadier figure).
 
-    python3 benchmarks/search_overhead.py --out data/benchmarks/search_overhead.json
+    python3 benchmarks/search_overhead.py --measure-ms 20 --out data/benchmarks/search_overhead.json
     python3 benchmarks/search_overhead.py data/spaces/h200/softmax_*.json.gz --seeds 3
 
 Results: docs/search.md (Search overhead per trial).
@@ -104,15 +110,22 @@ def per_trial(
 
 
 def run_job(
-    path: Path, *, budget: int, seed: int, workdir: Path, lookahead: int = DEFAULT_LOOKAHEAD
+    path: Path,
+    *,
+    budget: int,
+    seed: int,
+    workdir: Path,
+    lookahead: int = DEFAULT_LOOKAHEAD,
+    measure_s: float = 0.0,
 ) -> dict[str, Any]:
-    """One job on the recording ``path`` in a fresh SQLite database under ``workdir``: the
-    per-trial split (seconds), the job's wall time, the winner against the space's optimum."""
+    """One job on the recording ``path`` in a fresh SQLite database under ``workdir``, each
+    measurement taking ``measure_s``: the per-trial split (seconds), the job's wall time, the
+    winner against the space's optimum."""
     recording = find_recordings(path)[0]
     problem = recording.problem
     url = f"sqlite:///{workdir / f'kato-{seed}.db'}"
     sessions = session_factory(init_db(url))
-    factory = ReplayBackends([recording])
+    factory = ReplayBackends([recording], delay_s=measure_s)
     measured: list[float] = []
     backends: list[Any] = []
 
@@ -140,7 +153,7 @@ def run_job(
         sessions, url, make, worker_id=f"bench-{seed}", lookahead=lookahead, sync_seconds=0.5
     )
     with recorded_searches() as searches:
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
         with sessions() as s:
             claimed = queries.claim_next_job(
                 s, gpu_models=[problem.gpu_model], worker_id=runner.worker_id, lease_seconds=60
@@ -148,6 +161,7 @@ def run_job(
         assert claimed is not None and claimed.id == job_id
         outcome = runner.run(job_id)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        main_cpu = time.thread_time() - m0
     if outcome.status != "done":
         raise RuntimeError(f"{path.name}: the job ended {outcome.status}: {outcome.error}")
     trials = per_trial(searches, measured)
@@ -163,6 +177,7 @@ def run_job(
         "measured": outcome.measured,
         "wall_s": wall,
         "cpu_s": cpu,
+        "main_thread_cpu_s": main_cpu,
         "spans_s": sum(t["overhead"] + t["measure"] for t in trials),
         "measure_s": sum(measured),
         "fraction_of_optimum": optimum / outcome.best_time_ms if outcome.best_time_ms else 0.0,
@@ -203,6 +218,7 @@ def summarise(job: dict[str, Any]) -> dict[str, Any]:
     n = max(job["measured"], 1)
     out["wall_per_trial_ms"] = 1000 * job["wall_s"] / n
     out["cpu_per_trial_ms"] = 1000 * job["cpu_s"] / n
+    out["main_thread_cpu_per_trial_ms"] = 1000 * job["main_thread_cpu_s"] / n
     out["setup_and_end_s"] = job["wall_s"] - job["spans_s"]
     return out
 
@@ -246,7 +262,7 @@ def overall_summary(cases: list[dict[str, Any]]) -> dict[str, Any]:
     for part in PARTS:
         values = [1000 * t[part] for c in cases for t in c["trials"]]
         out[part] = {"mean_ms": statistics.fmean(values), "p95_ms": p95(values)}
-    for key in ("wall_per_trial_ms", "cpu_per_trial_ms"):
+    for key in ("wall_per_trial_ms", "cpu_per_trial_ms", "main_thread_cpu_per_trial_ms"):
         out[key] = statistics.fmean(c["summary"][key] for c in cases)
     out["fraction_of_optimum"] = statistics.fmean(c["fraction_of_optimum"] for c in cases)
     return out
@@ -271,6 +287,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=100)
     parser.add_argument("--seeds", type=int, default=1, help="jobs per space (seeds 0, 1, ...)")
     parser.add_argument("--lookahead", type=int, default=DEFAULT_LOOKAHEAD)
+    parser.add_argument(
+        "--measure-ms",
+        type=float,
+        default=0.0,
+        help="milliseconds each measurement takes (a GPU's time per config; 0: none)",
+    )
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     parser.add_argument("--keep-trials", action="store_true", help="per-trial rows in the JSON")
     args = parser.parse_args(argv)
@@ -282,7 +304,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 workdir = Path(tmp) / f"{path.name}-{seed}"
                 workdir.mkdir()
                 case = run_job(
-                    path, budget=args.budget, seed=seed, workdir=workdir, lookahead=args.lookahead
+                    path,
+                    budget=args.budget,
+                    seed=seed,
+                    workdir=workdir,
+                    lookahead=args.lookahead,
+                    measure_s=args.measure_ms / 1000,
                 )
                 case["summary"] = summarise(case)
                 s = case["summary"]
@@ -290,17 +317,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{path.name} seed {seed}: overhead {s['overhead']['mean_ms']:.1f} ms mean "
                     f"({s['overhead']['p95_ms']:.1f} p95), propose "
                     f"{s['propose']['mean_ms']:.1f}, db {s['db']['mean_ms']:.1f}, CPU "
-                    f"{s['cpu_per_trial_ms']:.1f} ms per trial",
+                    f"{s['cpu_per_trial_ms']:.1f} ms per trial "
+                    f"({s['main_thread_cpu_per_trial_ms']:.1f} on the search's thread)",
                     flush=True,
                 )
                 cases.append(case)
     print(table(cases))
+    load = os.getloadavg()
+    print(f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min) at the end")
     if args.out is not None:
         report = {
             "commit": _commit(),
-            "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "host": {
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "load_average_at_end": [round(x, 1) for x in load],
+            },
             "budget": args.budget,
             "lookahead": args.lookahead,
+            "measure_ms": args.measure_ms,
             "overall": overall_summary(cases),
             "cases": [
                 {k: v for k, v in c.items() if args.keep_trials or k != "trials"} for c in cases

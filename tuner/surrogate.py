@@ -43,7 +43,15 @@ neither a global model nor a local search alone decides the job:
   smooth spaces of block sizes and vector widths leave a good basin for a better one.
 
 A neighbourhood with no unmeasured valid config left is widened one parameter at a time (at the
-widest it is the whole space). The model is refitted before every model-based proposal.
+widest it is the whole space).
+
+The models are fitted ahead, off the measuring path: a model move's forest is fitted on the
+results the proposer's previous call was given (:data:`FOREST_LAG`), the GP's hyperparameters
+on those of two calls before (:data:`GP_LAG`) with the GP then conditioned exactly on every
+result. So, with ``background``, the fits a proposal needs start on the proposer's own thread as
+soon as the proposal before it is made, and run while that config is measured; a proposal only
+looks up predictions (and updates the GP's posterior with the results that came in). The best
+configs, the incumbent of expected improvement and what is measured are always the latest.
 
 Contract (``tests/tuner/test_search.py`` and ``tests/tuner/test_surrogate.py`` hold it):
 
@@ -51,7 +59,10 @@ Contract (``tests/tuner/test_search.py`` and ``tests/tuner/test_surrogate.py`` h
   ``results`` (measured, failed, or PENDING: another worker is measuring it) is never proposed;
   PENDING results are not learnt from; failures are imputed as above;
 - reproducible: the same seed and the same sequence of results give the same proposals (a
-  resumed job's new proposer starts its turns afresh from the known results);
+  resumed job's new proposer starts its turns afresh from the known results), with or without
+  ``background`` and however long the caller takes between calls: each model's random draws come
+  from a generator seeded by the seed and the call it is fitted for, and a model not fitted
+  ahead is fitted when needed, the same model;
 - warm-start configs measured before the proposer (``seed_keys``) do not shorten
   its own space-filling design, nor stand in for its config with a rare value;
 - None is returned only when every valid config has a result;
@@ -64,8 +75,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import warnings
+import weakref
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -108,6 +121,21 @@ N_UPCOMING = 16
 #: and a random draw of the rest (a GP fit costs the cube of its points: 0.1-0.3 s at 128 on
 #: one core, with the kernel's length scales fitted each time).
 GP_MAX = 128
+#: A model move's model is fitted on the results an earlier call of
+#: :meth:`ForestProposer.propose` was given: the forest's on those of the call before
+#: (``FOREST_LAG``: all but the results that came in since, usually the last one), the GP's
+#: length scales and noise on those of ``GP_LAG`` calls before (the GP is then conditioned on
+#: every result, exactly). So the fits for the next proposal start, on a thread, as soon as one is
+#: made, and run while it is measured (:meth:`ForestProposer._prefetch`); the best configs, the
+#: incumbent of expected improvement and what is measured are always the latest. 0 fits on the
+#: call's own results (the proposals wait for their fits). Measured: docs/search.md, "Search
+#: overhead per trial".
+FOREST_LAG = 1
+GP_LAG = 2
+#: A model fitted ahead predicts every config unmeasured when it is fitted, up to this many
+#: (above, a random draw of this many and the neighbourhoods of the best configs): a proposal
+#: then only looks its predictions up.
+COVER_MAX = 20000
 #: Add the threads-per-block feature (block_size_* parameters) and the power-of-two flags.
 DERIVED = True
 POW2 = True
@@ -149,6 +177,9 @@ class ForestProposer:
             of its own (a seed is another shape's best, not a sample of the value).
         hints: fill :attr:`upcoming` after each proposal (a little work per proposal, for a
             caller that compiles ahead; off, it stays empty).
+        background: fit the models the next proposals need on a thread of the proposer's own
+            while the caller measures (:data:`FOREST_LAG`); off, each is fitted when needed.
+            The proposals are the same either way.
     """
 
     def __init__(
@@ -159,6 +190,7 @@ class ForestProposer:
         batch: int = 1,
         seed_keys: Collection[str] = (),
         hints: bool = False,
+        background: bool = False,
     ):
         self.space = space
         self.configs: list[Config] = space.valid_configs()
@@ -196,7 +228,15 @@ class ForestProposer:
         # The features scaled to [0, 1] (the GP's inputs: its length-scale bounds then mean the
         # same in every space).
         self._unit = (X - X.min(axis=0)) / self._scale if n else X
+        self.seed = seed
         self.rng = np.random.default_rng(seed)
+        self.background = background
+        self._calls = 0
+        #: What each of the last calls of :meth:`propose` was given, by call number.
+        self._snapshots: dict[int, _Snapshot] = {}
+        #: Models being fitted ahead on the thread: (kind, source call) -> the fit.
+        self._fits: dict[tuple[str, int], Future[_ForestModel | _GpModel]] = {}
+        self._pool_executor: ThreadPoolExecutor | None = None
         self.batch = max(1, batch)
         self.seeded = len(seed_keys)
         self._queue: list[int] = []
@@ -239,21 +279,28 @@ class ForestProposer:
         return np.array(idx, dtype=np.int64), y, measured
 
     def _fit_predict(
-        self, train: np.ndarray, y: np.ndarray, pool: np.ndarray
+        self,
+        train: np.ndarray,
+        y: np.ndarray,
+        pool: np.ndarray,
+        rng: np.random.Generator | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Mean and spread over the trees of the predicted log-time of ``pool``."""
+        """Mean and spread over the trees of the predicted log-time of ``pool``, and each
+        tree's prediction; the bootstrap samples and the trees' seeds are drawn from ``rng``
+        (the proposer's by default), so the same generator state gives the same trees."""
         from sklearn.tree import DecisionTreeRegressor
 
+        rng = self.rng if rng is None else rng
         Xt, Xp = self.X[train], self.X[pool]
         n = len(train)
         preds = np.empty((N_TREES, len(pool)))
         with _fitting():
             for t in range(N_TREES):
-                boot = self.rng.integers(0, n, n)
+                boot = rng.integers(0, n, n)
                 tree = DecisionTreeRegressor(
                     max_features=MAX_FEATURES,
                     min_samples_leaf=1,
-                    random_state=int(self.rng.integers(2**31)),
+                    random_state=int(rng.integers(2**31)),
                 )
                 # The rows are float32 and C-contiguous already: skip sklearn's input checks (a
                 # third of a fit's time on ~100 rows; the same trees and predictions).
@@ -262,40 +309,20 @@ class ForestProposer:
         return preds.mean(axis=0), preds.std(axis=0), preds
 
     def gp_predict(
-        self, train: np.ndarray, y: np.ndarray, pool: np.ndarray
+        self,
+        train: np.ndarray,
+        y: np.ndarray,
+        pool: np.ndarray,
+        rng: np.random.Generator | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Mean and standard deviation of the predicted log-time of ``pool`` from a Gaussian
-        process fitted to (at most :data:`GP_MAX` of) the measured configs.
-
-        The kernel: a constant times a Matern 5/2 with one length scale per feature (features
-        scaled to [0, 1], so the bounds mean the same in every space), plus white noise for
-        the timing noise and for configs that differ only in what the features do not see.
-        The hyperparameters are fitted by maximum likelihood from one fixed start, so the same
-        data give the same prediction."""
-        from sklearn.exceptions import ConvergenceWarning
-        from sklearn.gaussian_process import GaussianProcessRegressor
-        from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
-
-        if len(train) > GP_MAX:
-            order = np.argsort(y, kind="stable")
-            keep = GP_MAX // 2
-            rest = self.rng.choice(order[keep:], GP_MAX - keep, replace=False)
-            chosen = np.concatenate([order[:keep], rest])
-            train, y = train[chosen], y[chosen]
-        Xs = self._unit
-        kernel = ConstantKernel(1.0, (1e-3, 1e3)) * Matern(
-            length_scale=np.full(Xs.shape[1], 0.5), length_scale_bounds=(1e-2, 1e2), nu=2.5
-        ) + WhiteKernel(1e-3, (1e-6, 1e-1))
-        gp = GaussianProcessRegressor(kernel, normalize_y=True)
-        # One BLAS thread: the matrices are at most GP_MAX square, where threads cost more
-        # than they give, and a GPU host's cores are busy compiling ahead (a fit took 2-6 s
-        # with two contended OpenBLAS threads, 0.3 s with one; the same numbers).
-        with _one_blas_thread(), _fitting(), warnings.catch_warnings():
-            # A length scale at its bound is a feature the data say does not matter: expected.
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            gp.fit(Xs[train], y)
-            mu, sd = gp.predict(Xs[pool], return_std=True)
-        return mu, sd
+        process fitted to (at most :data:`GP_MAX` of) the measured configs (:class:`_GpModel`;
+        a draw of the rest beyond them from ``rng``, the proposer's by default)."""
+        measured = np.zeros(len(self.configs), dtype=bool)
+        measured[train] = True
+        snap = _Snapshot(train, y, measured)
+        model = _GpModel(self, snap, self.rng if rng is None else rng, np.empty(0, np.int64))
+        return model.posterior(pool, snap)
 
     # -- candidates --------------------------------------------------------------------------
 
@@ -408,28 +435,40 @@ class ForestProposer:
         """The next config to measure given ``results`` (config key -> result with ``time_ms``,
         None for a failure); None when every valid config has been measured."""
         train, y, measured = self._training_set(results)
+        call = self._calls
+        self._calls += 1
+        self._snapshots[call] = _Snapshot(train, y, measured)
+        for old in [c for c in self._snapshots if c < call - max(FOREST_LAG, GP_LAG)]:
+            del self._snapshots[old]
+        ok = int(np.sum([r.time_ms is not None for r in results.values()]))
+        pick = self._next(ok, train, y, measured)
+        if pick is not None and self.background:
+            self._prefetch(call, ok)
+        return None if pick is None else self.configs[pick]
+
+    def _next(self, ok: int, train: np.ndarray, y: np.ndarray, measured: np.ndarray) -> int | None:
+        """:meth:`propose`'s pick, by index, given how many results are OK."""
         self.upcoming = []
         while self._queue:
             i = self._queue.pop(0)
             if not measured[i]:
                 if self.hints:
                     self.upcoming = [j for j in self._queue if not measured[j]][:N_UPCOMING]
-                return self.configs[i]
+                return i
         if measured.all():
             return None
-        ok = int(np.sum([r.time_ms is not None for r in results.values()]))
         if ok < N_INITIAL + self.seeded or len(train) < N_INITIAL + self.seeded:
             pick = self._design_pick(measured)
             if self.hints:
                 left = N_INITIAL + self.seeded - ok - 1
                 self.upcoming = self._design_ahead(measured, pick, min(left, N_UPCOMING))
-            return self.configs[pick]
+            return pick
         move = MOVES[self._turn % len(MOVES)]
         self._turn += 1
         pick = self._propose(move, train, y, measured)
         if self.hints:
             self.upcoming = self._likely_next(pick, train, y, measured)
-        return self.configs[pick]
+        return pick
 
     def _design_ahead(self, measured: np.ndarray, pick: int, count: int) -> list[int]:
         """The next ``count`` configs of the space-filling design, as :meth:`propose` will draw
@@ -458,7 +497,9 @@ class ForestProposer:
             self.rng.bit_generator.state = state
 
     def _propose(self, move: str, train: np.ndarray, y: np.ndarray, measured: np.ndarray) -> int:
-        """The index of the config ``move`` proposes (unmeasured and valid)."""
+        """The index of the config ``move`` proposes (unmeasured and valid). A model move's
+        model comes from an earlier call's results (:meth:`_model`); the best configs, the
+        incumbent of expected improvement and what is measured are the latest."""
         if move == "random":
             return self._space_filling(measured, 1)[0]
         ranked = train[np.argsort(y, kind="stable")]
@@ -469,19 +510,20 @@ class ForestProposer:
             move = "walk"
         if move == "walk":
             return int(self.rng.choice(self.local_candidates(measured, [int(ranked[0])])))
+        current = _Snapshot(train, y, measured)
         if move == "local":
             pool = self.local_candidates(measured, [int(i) for i in ranked[:N_LOCAL]])
-            mu, _, _ = self._fit_predict(train, y, pool)
+            mu, _, _ = self._model("forest", current).predict(pool)
             order = np.argsort(mu, kind="stable")
             if self.hints:
                 self._by_mean = pool[order[: 2 * N_UPCOMING]]
             return int(pool[int(order[0])])
         pool = self._pool(measured, train, y)
         if move == "gp":
-            mu, sd = self.gp_predict(train, y, pool)
+            mu, sd = self._model("gp", current).posterior(pool, current)
             score = _expected_improvement(float(y.min()), mu, sd)
         else:
-            mu, sd, preds = self._fit_predict(train, y, pool)
+            mu, sd, preds = self._model("forest", current).predict(pool)
             if move == "ts":
                 score = -preds[int(self.rng.integers(len(preds)))]
             else:
@@ -495,6 +537,84 @@ class ForestProposer:
             by_mean = pool[np.argsort(mu, kind="stable")]
             self._by_mean = by_mean[np.isin(by_mean, near)][: 2 * N_UPCOMING]
         return picks[0]
+
+    # -- models fitted ahead -----------------------------------------------------------------
+
+    def _source(self, kind: str, current: _Snapshot) -> tuple[int, _Snapshot]:
+        """The results a ``kind`` model of the call in progress is fitted on, and the number of
+        the call that was given them: the forest's from the call before, the GP's from
+        :data:`GP_LAG` calls before (the nearest later one where the proposer has made fewer
+        calls), the call's own where none before has at least two training results."""
+        call = max(self._calls - 1, 0)
+        for lag in range(FOREST_LAG if kind == "forest" else GP_LAG, 0, -1):
+            snap = self._snapshots.get(call - lag)
+            if snap is not None and len(snap.train) >= 2:
+                return call - lag, snap
+        return call, current
+
+    def _model(self, kind: str, current: _Snapshot) -> Any:
+        """The ``kind`` model of the call in progress: fitted ahead on the thread when
+        :meth:`_prefetch` foresaw it, else here; the same model either way."""
+        source, snap = self._source(kind, current)
+        pending = self._fits.pop((kind, source), None)
+        if pending is not None:
+            return pending.result()
+        return self._build(kind, source, snap)
+
+    def _build(self, kind: str, source: int, snap: _Snapshot) -> _ForestModel | _GpModel:
+        """A ``kind`` model fitted on ``snap`` (the results call ``source`` was given), with
+        its predictions for every config unmeasured then (:data:`COVER_MAX`) made ahead. Its
+        random draws come from a generator of its own, seeded by the proposer's seed and
+        ``source``: the same model whichever thread fits it, and whenever."""
+        rng = np.random.default_rng((self.seed, source, 0 if kind == "forest" else 1))
+        cover = self._cover(snap, rng)
+        if kind == "forest":
+            return _ForestModel(self, snap, rng, cover)
+        return _GpModel(self, snap, rng, cover)
+
+    def _cover(self, snap: _Snapshot, rng: np.random.Generator) -> np.ndarray:
+        """The configs a model predicts when it is fitted: every config unmeasured in ``snap``,
+        or above :data:`COVER_MAX` of them a random draw of that many and the neighbourhoods of
+        the best configs then (a config needed later that is not covered is predicted then)."""
+        free = np.flatnonzero(~snap.measured)
+        if len(free) <= COVER_MAX:
+            return free
+        ranked = snap.train[np.argsort(snap.y, kind="stable")]
+        near = self.local_candidates(snap.measured, [int(i) for i in ranked[:N_LOCAL]])
+        incumbents = [self.neighbours(int(i)) for i in ranked[:N_INCUMBENTS]]
+        sample = rng.choice(free, COVER_MAX, replace=False)
+        both = np.unique(np.concatenate([sample, near, *incumbents]))
+        return both[~snap.measured[both]]
+
+    def _prefetch(self, call: int, ok: int) -> None:
+        """After call ``call``: start fitting, on the thread, the models the next calls are
+        expected to need (a forest for a model move :data:`FOREST_LAG` calls on, a GP for a
+        ``gp`` move :data:`GP_LAG` calls on, and any nearer one not started yet), and drop the
+        fits no later call can use. Only a guess: a model not started ahead is fitted when it
+        is needed, the same model."""
+        design = max(N_INITIAL + self.seeded - ok - 1, 0)  # design calls expected next
+        for j in range(1, max(FOREST_LAG, GP_LAG) + 1):
+            if j <= design:
+                continue
+            move = MOVES[(self._turn + j - design - 1) % len(MOVES)]
+            kind, lag = ("gp", GP_LAG) if move == "gp" else ("forest", FOREST_LAG)
+            if move not in ("ei", "local", "ts", "gp") or j > lag:
+                continue
+            source = call + j - lag
+            snap = self._snapshots.get(source)
+            if (kind, source) in self._fits or snap is None or len(snap.train) < 2:
+                continue
+            self._fits[(kind, source)] = self._executor().submit(self._build, kind, source, snap)
+        for key in [k for k in self._fits if k[1] < call + 1 - max(FOREST_LAG, GP_LAG)]:
+            self._fits.pop(key).cancel()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        """The one thread this proposer fits its models on, made when first needed and shut
+        down when the proposer is collected."""
+        if self._pool_executor is None:
+            self._pool_executor = ThreadPoolExecutor(1, thread_name_prefix="kato-fit")
+            weakref.finalize(self, _shutdown, self._pool_executor)
+        return self._pool_executor
 
     def _likely_next(
         self, pick: int, train: np.ndarray, y: np.ndarray, measured: np.ndarray
@@ -529,6 +649,186 @@ class ForestProposer:
         ]
         out = [i for i in dict.fromkeys(merged) if not ahead[i]]
         return out[:N_UPCOMING]
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """What one call of :meth:`ForestProposer.propose` was given: the training set (config
+    indices, log-times with failures imputed) and which configs had a result (or a
+    reservation). Never changed once made: a model fitted on it may run on another thread."""
+
+    train: np.ndarray
+    y: np.ndarray
+    measured: np.ndarray
+
+
+class _Cover:
+    """Where a model's predictions made ahead are: config index -> column (-1: none)."""
+
+    def __init__(self, n_configs: int, cover: np.ndarray) -> None:
+        self.cover = cover
+        self.column = np.full(n_configs, -1, dtype=np.int64)
+        self.column[cover] = np.arange(len(cover))
+
+    def split(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The columns of ``idx`` and the mask of those that have none."""
+        cols = self.column[idx]
+        return cols, cols < 0
+
+
+class _ForestModel:
+    """The bag of trees fitted on a snapshot (:meth:`ForestProposer._fit_predict`), with every
+    tree's prediction for its cover made when it is fitted. A config outside the cover is
+    predicted when asked by the same trees, fitted again from the same generator state."""
+
+    def __init__(
+        self,
+        proposer: ForestProposer,
+        snap: _Snapshot,
+        rng: np.random.Generator,
+        cover: np.ndarray,
+    ) -> None:
+        self._proposer, self._snap = proposer, snap
+        self._state = rng.bit_generator.state
+        self._cover = _Cover(len(proposer.configs), cover)
+        _, _, self._preds = proposer._fit_predict(snap.train, snap.y, cover, rng=rng)
+
+    def predict(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Mean and spread over the trees of the predicted log-time of ``idx``, and each tree's
+        prediction (the same numbers whether made ahead or now)."""
+        cols, missing = self._cover.split(idx)
+        preds = np.empty((self._preds.shape[0], len(idx)))
+        preds[:, ~missing] = self._preds[:, cols[~missing]]
+        if missing.any():
+            rng = np.random.default_rng()
+            rng.bit_generator.state = self._state
+            snap = self._snap
+            _, _, extra = self._proposer._fit_predict(snap.train, snap.y, idx[missing], rng=rng)
+            preds[:, missing] = extra
+        return preds.mean(axis=0), preds.std(axis=0), preds
+
+
+class _GpModel:
+    """A Gaussian process on the features scaled to [0, 1] and the log-times of a snapshot (at
+    most :data:`GP_MAX` of them: the best half of that many and a random draw of the rest).
+
+    The kernel: a constant times a Matern 5/2 with one length scale per feature (the scaled
+    features make the bounds mean the same in every space), plus white noise for the timing
+    noise and for configs that differ only in what the features do not see. The
+    hyperparameters are fitted by maximum likelihood (L-BFGS, as scikit-learn's fit does) from
+    one fixed start, so the same data give the same model; the log-times are normalised by the
+    snapshot's mean and spread (scikit-learn's ``normalize_y``).
+
+    :meth:`posterior` conditions the process, with those hyperparameters, on every result
+    the snapshot lacks as well: exactly, by a block update of the snapshot's posterior (made
+    ahead for the cover), not a refit. Only the hyperparameters lag."""
+
+    def __init__(
+        self,
+        proposer: ForestProposer,
+        snap: _Snapshot,
+        rng: np.random.Generator,
+        cover: np.ndarray,
+    ) -> None:
+        train, y = snap.train, snap.y
+        if len(train) > GP_MAX:
+            order = np.argsort(y, kind="stable")
+            keep = GP_MAX // 2
+            rest = rng.choice(order[keep:], GP_MAX - keep, replace=False)
+            chosen = np.concatenate([order[:keep], rest])
+            train, y = train[chosen], y[chosen]
+        self._unit = proposer._unit
+        #: Configs whose results the snapshot held (those beyond GP_MAX included): a result
+        #: of one of them is not new.
+        self._known = np.zeros(len(proposer.configs), dtype=bool)
+        self._known[snap.train] = True
+        self._mean = float(y.mean())
+        spread = float(y.std())
+        self._scale = spread if spread > 10 * np.finfo(float).eps else 1.0
+        self._Xs = self._unit[train]
+        self._cover = _Cover(len(proposer.configs), cover)
+        # One BLAS thread: the matrices are at most GP_MAX square, where threads cost more
+        # than they give, and a GPU host's cores are busy compiling ahead (a fit took 2-6 s
+        # with two contended OpenBLAS threads, 0.3 s with one; the same numbers).
+        with _one_blas_thread(), _fitting():
+            self._fit((y - self._mean) / self._scale)
+            self._ahead = self._prior(self._unit[cover])
+
+    def _fit(self, yn: np.ndarray) -> None:
+        """The hyperparameters, as ``GaussianProcessRegressor.fit`` with its L-BFGS optimiser
+        finds them (the same start, bounds and objective), without its warnings: a length
+        scale at its bound is a feature the data say does not matter, expected here, and
+        silencing a warning is not thread-safe (the fit may run on the proposer's thread)."""
+        from scipy.optimize import minimize
+        from sklearn.gaussian_process import GaussianProcessRegressor
+        from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
+
+        kernel = ConstantKernel(1.0, (1e-3, 1e3)) * Matern(
+            length_scale=np.full(self._Xs.shape[1], 0.5), length_scale_bounds=(1e-2, 1e2), nu=2.5
+        ) + WhiteKernel(1e-3, (1e-6, 1e-1))
+        start = GaussianProcessRegressor(kernel, optimizer=None).fit(self._Xs, yn)
+
+        def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
+            lml, grad = start.log_marginal_likelihood(theta, eval_gradient=True, clone_kernel=False)
+            return -lml, -grad
+
+        theta = start.kernel_.theta
+        found = minimize(objective, theta, method="L-BFGS-B", jac=True, bounds=start.kernel_.bounds)
+        gp = GaussianProcessRegressor(start.kernel_.clone_with_theta(found.x), optimizer=None)
+        gp.fit(self._Xs, yn)
+        self._kernel, self._L, self._alpha = gp.kernel_, gp.L_, gp.alpha_
+        self._jitter = gp.alpha  # added to the training points' variance, as fit does
+
+    def _prior(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The snapshot's posterior at the rows ``X`` (normalised units): mean, variance (the
+        noise included, as scikit-learn's predicted standard deviation has it), and
+        ``L^-1 k(train, X)``, which a later result's update needs."""
+        from scipy.linalg import solve_triangular
+
+        K = self._kernel(X, self._Xs)
+        mu = K @ self._alpha
+        V = solve_triangular(self._L, K.T, lower=True, check_finite=False)
+        var = self._kernel.diag(X) - np.einsum("ij,ij->j", V, V)
+        return mu, var, V
+
+    def _at(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`_prior` at the configs ``idx``: the cover's from the fit, the rest now."""
+        cols, missing = self._cover.split(idx)
+        mu0, var0, V0 = self._ahead
+        mu, var = np.empty(len(idx)), np.empty(len(idx))
+        V = np.empty((self._Xs.shape[0], len(idx)))
+        hit = ~missing
+        mu[hit], var[hit], V[:, hit] = mu0[cols[hit]], var0[cols[hit]], V0[:, cols[hit]]
+        if missing.any():
+            mu[missing], var[missing], V[:, missing] = self._prior(self._unit[idx[missing]])
+        return mu, var, V
+
+    def posterior(self, idx: np.ndarray, current: _Snapshot) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and standard deviation of the log-time of the configs ``idx`` given the
+        snapshot's results and every result of ``current`` it lacked (exact for the fitted
+        hyperparameters)."""
+        mu, var, V = self._at(idx)
+        fresh = ~self._known[current.train]
+        if fresh.any():
+            new = current.train[fresh]
+            yz = (current.y[fresh] - self._mean) / self._scale
+            mz, _, Vz = self._at(new)
+            Xz = self._unit[new]
+            # Covariances given the snapshot: new results with each other (their noise and
+            # the fit's jitter on the diagonal) and with the configs asked about.
+            czz = self._kernel(Xz) - np.einsum("ki,kj->ij", Vz, Vz)
+            czz[np.diag_indices_from(czz)] += self._jitter
+            cxz = self._kernel(self._unit[idx], Xz) - np.einsum("kp,kj->pj", V, Vz)
+            gain = np.linalg.solve(czz, cxz.T).T  # cxz czz^-1, one row per config
+            mu = mu + gain @ (yz - mz)
+            var = var - np.einsum("pj,pj->p", gain, cxz)
+        sd = np.sqrt(np.maximum(var, 0.0))
+        return mu * self._scale + self._mean, sd * self._scale
+
+
+def _shutdown(executor: ThreadPoolExecutor) -> None:
+    """A collected proposer's thread: the fits not started are dropped, the one running ends."""
+    executor.shutdown(wait=False, cancel_futures=True)
 
 
 @contextlib.contextmanager

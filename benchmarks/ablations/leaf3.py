@@ -19,19 +19,21 @@ import numpy as np
 MSL = int(os.environ.get("MSL", "3"))
 
 
-def fit_predict(self, train, y, pool):
+def fit_predict(self, train, y, pool, rng=None):
     """``ForestProposer._fit_predict`` with ``min_samples_leaf=MSL``."""
     from sklearn.tree import DecisionTreeRegressor
+
+    rng = self.rng if rng is None else rng
 
     Xt, Xp = self.X[train], self.X[pool]
     n = len(train)
     preds = np.empty((surrogate.N_TREES, len(pool)))
     for t in range(surrogate.N_TREES):
-        boot = self.rng.integers(0, n, n)
+        boot = rng.integers(0, n, n)
         tree = DecisionTreeRegressor(
             max_features=surrogate.MAX_FEATURES,
             min_samples_leaf=MSL,
-            random_state=int(self.rng.integers(2**31)),
+            random_state=int(rng.integers(2**31)),
         )
         tree.fit(Xt[boot], y[boot], check_input=False)
         preds[t] = tree.predict(Xp, check_input=False)

@@ -35,11 +35,11 @@ def init(self, *args, **kwargs):
     self._model_X = np.ascontiguousarray(np.column_stack([self.X, *cols]), dtype=np.float32)
 
 
-def fit_predict(self, train, y, pool):
+def fit_predict(self, train, y, pool, rng=None):
     """``ForestProposer._fit_predict`` on the features with the indicators."""
     features, self.X = self.X, self._model_X
     try:
-        return _fit_predict(self, train, y, pool)
+        return _fit_predict(self, train, y, pool, rng)
     finally:
         self.X = features
 

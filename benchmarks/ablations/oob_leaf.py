@@ -20,7 +20,7 @@ CHOICES = tuple(int(x) for x in os.environ.get("CV_MSL", "1,3").split(","))
 FAST = float(os.environ.get("CV_FAST", "0.5"))
 
 
-def forest(self, Xt, y, leaf):
+def forest(self, Xt, y, leaf, rng):
     """The bag of trees with leaves of ``leaf`` samples, and its mean absolute out-of-bag
     error on the fast configs."""
     from sklearn.tree import DecisionTreeRegressor
@@ -29,11 +29,11 @@ def forest(self, Xt, y, leaf):
     trees = []
     total, count = np.zeros(n), np.zeros(n)
     for _ in range(surrogate.N_TREES):
-        boot = self.rng.integers(0, n, n)
+        boot = rng.integers(0, n, n)
         tree = DecisionTreeRegressor(
             max_features=surrogate.MAX_FEATURES,
             min_samples_leaf=leaf,
-            random_state=int(self.rng.integers(2**31)),
+            random_state=int(rng.integers(2**31)),
         )
         tree.fit(Xt[boot], y[boot], check_input=False)
         out = np.ones(n, dtype=bool)
@@ -48,11 +48,12 @@ def forest(self, Xt, y, leaf):
     return trees, float(np.mean(np.abs(total[fast] / count[fast] - y[fast])))
 
 
-def fit_predict(self, train, y, pool):
+def fit_predict(self, train, y, pool, rng=None):
+    rng = self.rng if rng is None else rng
     Xt, Xp = self.X[train], self.X[pool]
     best_trees, best_error = None, np.inf
     for leaf in CHOICES:
-        trees, error = forest(self, Xt, y, leaf)
+        trees, error = forest(self, Xt, y, leaf, rng)
         if best_trees is None or error < best_error:
             best_trees, best_error = trees, error
     preds = np.array([t.predict(Xp, check_input=False) for t in best_trees])

@@ -41,7 +41,7 @@ def codes(self):
     return self._te_codes
 
 
-def fit_predict(self, train, y, pool):
+def fit_predict(self, train, y, pool, rng=None):
     cols_train, cols_pool = [], []
     yc = y - y.mean()
     for code in codes(self):
@@ -53,7 +53,7 @@ def fit_predict(self, train, y, pool):
         cp = code[pool]
         cols_pool.append(s[cp] / (n[cp] + M))
     if not cols_train:
-        return _fit(self, train, y, pool)
+        return _fit(self, train, y, pool, rng)
     X0 = self.X
     try:
         extra = np.zeros((len(X0), len(cols_train)), dtype=np.float32)
@@ -62,7 +62,7 @@ def fit_predict(self, train, y, pool):
             extra[pool, j] = b
             extra[train, j] = a
         self.X = np.ascontiguousarray(np.column_stack([X0, extra]).astype(np.float32))
-        return _fit(self, train, y, pool)
+        return _fit(self, train, y, pool, rng)
     finally:
         self.X = X0
 

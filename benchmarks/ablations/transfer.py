@@ -66,12 +66,12 @@ def init(self, space, seed=0, **kwargs):
     self._with_source = np.column_stack([self.X, column]).astype(np.float32)
 
 
-def fit_predict(self, train, y, pool):
+def fit_predict(self, train, y, pool, rng=None):
     """The trees see the source column; the design and the neighbourhoods do not."""
     plain = self.X
     self.X = getattr(self, "_with_source", plain)
     try:
-        return _fit_predict(self, train, y, pool)
+        return _fit_predict(self, train, y, pool, rng)
     finally:
         self.X = plain
 

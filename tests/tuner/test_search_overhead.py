@@ -56,3 +56,15 @@ def test_a_forest_jobs_study_is_written_at_its_end_each_measured_config_once_in_
     assert [t.params for t in done] == [r.config for r in rows]  # trial number order
     assert [t.value for t in done] == [r.time_ms for r in rows]
     assert {t.user_attrs.get("kato_worker") for t in done} == {"bench-3"}
+
+
+@pytest.mark.slow  # a timing bound: meant for an idle host (a loaded one starves the fit thread)
+def test_while_each_config_is_measured_the_next_proposals_models_are_fitted(tmp_path):
+    """Each measurement taking 20 ms (a GPU's time per config), the default strategy's fits
+    run on the proposer's thread meanwhile: the proposals' share of the loop is at most 5 ms a
+    trial, and most of the job's CPU time is not on the search's thread."""
+    job = run_job(SOFTMAX, budget=100, seed=0, workdir=tmp_path, measure_s=0.02)
+    summary = summarise(job)
+    assert job["measured"] == 100 and job["fraction_of_optimum"] >= 0.98
+    assert summary["propose"]["mean_ms"] <= 5.0, summary
+    assert summary["main_thread_cpu_per_trial_ms"] < 0.7 * summary["cpu_per_trial_ms"], summary

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import threading
+import time
 
 import kato.tuner.surrogate as surrogate
 import numpy as np
@@ -328,3 +330,124 @@ def test_search_passes_upcoming_configs_on_and_measures_the_same():
         runs.append(list(search.run(Budget(max_configs=30)).results))
     assert runs[0] == runs[1]
     assert len(seen) >= 20 and all(space.is_valid(c) for batch in seen for c in batch)
+
+
+def test_models_fitted_ahead_on_a_thread_give_the_proposals_of_models_fitted_when_needed(
+    monkeypatch,
+):
+    """The fits for the next proposal start on the proposer's thread as soon as one is made
+    (``background``); the proposals are those of fitting each model when it is needed, with
+    every move taking its turns (``gp`` among them) and failures in the history."""
+    threads: list[str] = []
+    fit = ForestProposer._fit_predict
+
+    def recorded(self, *args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return fit(self, *args, **kwargs)
+
+    monkeypatch.setattr(ForestProposer, "_fit_predict", recorded)
+    space = constrained_space()
+    orders = []
+    for background in (False, True):
+        threads.clear()
+        proposer = ForestProposer(space, seed=3, background=background)
+        results: dict = {}
+        for _ in range(60):
+            config = proposer.propose(results)
+            time.sleep(0.002)  # the measurement, while the thread fits
+            results[space.key(config)] = timing(config)
+        orders.append(list(results))
+        on_thread = sum(name.startswith("kato-fit") for name in threads)
+        assert on_thread == (len(threads) if background else 0) and len(threads) >= 20
+    assert orders[0] == orders[1]
+
+
+def test_a_model_move_learns_from_the_results_of_an_earlier_call(monkeypatch):
+    """The forest of a proposal is fitted on the results the call before was given (all but
+    the last one here, measured between the two calls), the GP's hyperparameters on those of
+    two calls before; the model's incumbent is the latest best."""
+    space = constrained_space()
+    fitted: list[tuple[int, int]] = []
+    fit = ForestProposer._fit_predict
+
+    def recorded(self, train, y, pool, rng=None):
+        fitted.append((len(results), len(train)))
+        return fit(self, train, y, pool, rng)
+
+    monkeypatch.setattr(ForestProposer, "_fit_predict", recorded)
+    monkeypatch.setattr(surrogate, "MOVES", ("ei", "local"))
+    proposer = ForestProposer(space, seed=0)
+    results: dict = {}
+    for _ in range(surrogate.N_INITIAL + 10):
+        config = proposer.propose(results)
+        results[space.key(config)] = timing(config)
+    # One fit per model turn, on one result fewer than the call holds.
+    assert len(fitted) == proposer._turn >= 5
+    assert all(known - trained == 1 for known, trained in fitted)
+
+    seen: list[int] = []
+    gp_init = surrogate._GpModel.__init__
+
+    def gp_recorded(self, proposer, snap, rng, cover):
+        seen.append(len(snap.train))
+        gp_init(self, proposer, snap, rng, cover)
+
+    monkeypatch.setattr(surrogate._GpModel, "__init__", gp_recorded)
+    monkeypatch.setattr(surrogate, "MOVES", ("gp",))
+    proposer = ForestProposer(space, seed=0)
+    results = {}
+    sizes = []
+    for _ in range(surrogate.N_INITIAL + 8):
+        turn, known = proposer._turn, len(results)
+        config = proposer.propose(results)
+        if proposer._turn > turn:  # a gp turn: its model from two calls before
+            sizes.append(known - 2)
+        results[space.key(config)] = timing(config)
+    assert seen == sizes and len(sizes) >= 5
+
+
+def test_the_gp_is_conditioned_exactly_on_the_results_its_fit_lacked():
+    """The GP's posterior given its snapshot's results and later ones, by the block update, is
+    scikit-learn's for the same kernel on all of them (no refit of the hyperparameters)."""
+    from sklearn.gaussian_process import GaussianProcessRegressor
+
+    space = SearchSpace(params={"a": (1, 2, 4, 8, 16, 32, 64, 128), "b": (1, 2, 4, 8, 16)})
+    proposer = ForestProposer(space, seed=0)
+    rng = np.random.default_rng(1)
+    order = rng.permutation(len(proposer.configs))
+    train, pool = order[:24], order[24:]
+    y = np.array([np.log(1 + c["a"] % 7 + 0.5 * c["b"]) for c in proposer.configs])[train]
+    measured = np.zeros(len(proposer.configs), dtype=bool)
+    measured[train[:18]] = True
+    snap = surrogate._Snapshot(train[:18], y[:18], measured)
+    # Predictions ahead for part of the pool only: the rest are made when asked, the same way.
+    model = surrogate._GpModel(proposer, snap, np.random.default_rng(0), pool[:5])
+    measured = measured.copy()
+    measured[train] = True
+    mu, sd = model.posterior(pool, surrogate._Snapshot(train, y, measured))
+    direct = GaussianProcessRegressor(model._kernel, optimizer=None)
+    direct.fit(proposer._unit[train], (y - model._mean) / model._scale)
+    mu2, sd2 = direct.predict(proposer._unit[pool], return_std=True)
+    assert np.allclose(mu, mu2 * model._scale + model._mean, atol=1e-9)
+    assert np.allclose(sd, sd2 * model._scale, atol=1e-9)
+    # The snapshot's results alone: the model says what a fit on them says.
+    alone, _ = model.posterior(pool, snap)
+    refit, _ = proposer.gp_predict(train[:18], y[:18], pool)
+    assert np.allclose(alone, refit, atol=1e-9) and not np.allclose(alone, mu, atol=1e-3)
+
+
+def test_a_search_proposes_the_same_whatever_its_measurements_take():
+    """A search of the default strategy fits ahead on a thread while measuring: how long each
+    measurement takes (so how far each fit got) never changes what is proposed."""
+    space, _, evaluate = rugged_space()
+    delays = random.Random(7)
+
+    def slow(config):
+        time.sleep(delays.choice((0.0, 0.001, 0.004)))
+        return evaluate(config)
+
+    runs = [
+        list(Search(space, measure, seed=11).run(Budget(max_configs=45)).results)
+        for measure in (evaluate, slow)
+    ]
+    assert runs[0] == runs[1]

@@ -32,6 +32,7 @@ class ForestStrategy(Proposer):
                 context.seed,
                 seed_keys=context.seeds.keys,
                 hints=context.on_upcoming is not None,
+                background=True,
             )
         point = self._model.propose(history.with_pending())
         if point is None:
