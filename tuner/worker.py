@@ -477,8 +477,7 @@ class JobRunner:
             if beat.is_alive():
                 beat.join(5)
             if backend is not None:
-                with self._gpu(job_id, counted=False):  # a child's context ends on the GPU
-                    backend.close()
+                self._close(backend, job_id)
             if interrupted or state.reason == "stopped":
                 ledger.give_back()
             if not interrupted:  # an interrupt does not wait on one more write
@@ -486,6 +485,15 @@ class JobRunner:
             else:
                 self.gpu_gate.forget(job_id)
         return outcome
+
+    def _close(self, backend: Backend, job_id: str) -> None:
+        """Close ``backend`` in a GPU turn (a child's context ends on the GPU), its compiles
+        ahead ended before the turn: waiting on nvcc never holds the GPU another job shares."""
+        close_compiles = abilities_of(backend).close_compiles
+        if close_compiles is not None:
+            close_compiles()
+        with self._gpu(job_id, counted=False):
+            backend.close()
 
     def _gpu(self, job_id: str, *, counted: bool = True) -> contextlib.AbstractContextManager:
         """The GPU's turn for ``job_id``'s work (:class:`tuner.gpu_gate.GpuGate`)."""
@@ -944,8 +952,7 @@ class JobRunner:
         current = ledger.load()
         if current is None or current.best_time_ms is None:
             return None
-        with self._gpu(job.id, counted=False):
-            backend.close()  # safe to call twice: run() closes it again
+        self._close(backend, job.id)  # safe to call twice: run() closes it again
         t0 = time.monotonic()
         stop = _Either(state.stop, self.shutdown)
         try:

@@ -4,6 +4,7 @@ changes, one measurement at a time; every job's GPU busy time is stored."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -16,6 +17,7 @@ from kato.db.models import RESERVED
 from kato.db.session import init_db, session_factory
 from kato.kernels import get_operator
 from kato.tuner.backends.base import TrialResult
+from kato.tuner.gpu_gate import GpuGate
 from kato.tuner.worker import Recording, ReplayBackends, Worker, find_recordings
 from paths import RECORDED, SPACES
 
@@ -251,3 +253,86 @@ def test_a_shared_gpu_turn_starts_only_once_the_configs_compile_is_done(tmp_path
     )
     assert worker.run_forever(max_jobs=2) == 2
     assert backends.evaluations == 10 and backends.evaluated_uncompiled == 0
+
+
+class TrackingGate(GpuGate):
+    """A GPU gate that knows whether the calling thread holds it."""
+
+    made: list[TrackingGate] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._here = threading.local()
+        TrackingGate.made.append(self)
+
+    @contextlib.contextmanager
+    def hold(self, holder: str, *, counted: bool = True):  # type: ignore[override]
+        with super().hold(holder, counted=counted):
+            self._here.held = True
+            try:
+                yield
+            finally:
+                self._here.held = False
+
+    def held_here(self) -> bool:
+        return getattr(self._here, "held", False)
+
+
+class DrainingReplay(ReplayBackends):
+    """Replay backends with compiles still running at the end of a job, as a GPU backend that
+    compiles ahead has: they are drained by ``close_compiles`` or else by ``close``. Records,
+    per drain, whether the draining thread held the GPU gate."""
+
+    def __init__(self, recordings: list[Recording], drain_s: float) -> None:
+        super().__init__(recordings)
+        self.drain_s = drain_s
+        self.drains_holding_gate: list[bool] = []
+
+    def __call__(self, job):  # type: ignore[no-untyped-def]
+        backend = super().__call__(job)
+        outer, close, drained = self, backend.close, []
+
+        def drain() -> None:
+            if not drained:
+                drained.append(True)
+                outer.drains_holding_gate.append(TrackingGate.made[-1].held_here())
+                time.sleep(outer.drain_s)  # nvcc finishing the compiles in flight
+
+        def closed() -> None:
+            drain()
+            close()
+
+        backend.close_compiles, backend.close = drain, closed  # type: ignore[attr-defined]
+        return backend
+
+
+def test_a_job_ending_waits_on_its_compiles_outside_the_gpu_turn(tmp_path, monkeypatch):
+    """Closing a backend waits for the nvcc runs in flight: that wait must not hold the GPU,
+    which another job could measure on meanwhile (nvcc never holds the GPU)."""
+    from kato.tuner import worker as worker_module
+
+    monkeypatch.setattr(worker_module, "GpuGate", TrackingGate)
+    recordings = recordings_by_group(per_group=1, groups=2)
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    sessions = session_factory(init_db(url))
+    with sessions() as s:
+        queries.create_jobs(
+            s,
+            [
+                dict(
+                    operator=r.problem.operator,
+                    operator_version=r.problem.operator_version,
+                    shape=list(r.problem.shape),
+                    dtype=r.problem.dtype,
+                    gpu_model="H200",
+                    budget_configs=3,
+                )  # fmt: skip
+                for r in recordings
+            ],
+        )
+    backends = DrainingReplay(recordings, drain_s=0.05)
+    worker = Worker(
+        sessions, url, ["H200"], backends, worker_id="w", poll_seconds=0.01, jobs_at_once=2
+    )
+    assert worker.run_forever(max_jobs=2) == 2
+    assert backends.drains_holding_gate == [False, False]

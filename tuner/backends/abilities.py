@@ -17,6 +17,7 @@ ability                  PyCudaBackend   IsolatedBackend  Replay
 :class:`ReportsCompiled` yes             yes              no
 :class:`WaitsCompiled`   yes             yes              no
 :class:`Interruptible`   no              yes              no
+:class:`DrainsCompiles`  yes             yes              no
 =======================  ==============  ===============  ========
 """
 
@@ -112,6 +113,17 @@ class Interruptible(Protocol):
     def interrupt(self) -> None: ...
 
 
+@runtime_checkable
+class DrainsCompiles(Protocol):
+    """A backend whose compiles ahead can be ended apart from :meth:`close`:
+    :meth:`close_compiles` drops those queued and waits for those running (nvcc only, no GPU
+    work). A worker sharing its GPU among jobs calls it before the GPU turn in which it closes
+    the backend, so that no turn waits on nvcc; nothing is compiled ahead after it. Absent:
+    ``close`` ends them, inside that turn."""
+
+    def close_compiles(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class Abilities:
     """What one backend can do beyond the :class:`~tuner.backends.base.Backend` contract: the
@@ -124,6 +136,7 @@ class Abilities:
     is_compiled: Callable[[Config], bool] | None = None
     wait_compiled: Callable[[Sequence[Config]], None] | None = None
     interrupt: Callable[[], None] | None = None
+    close_compiles: Callable[[], None] | None = None
     measures_out_of_process: bool = False
 
 
@@ -136,6 +149,7 @@ def abilities_of(backend: Any) -> Abilities:
         is_compiled=backend.is_compiled if isinstance(backend, ReportsCompiled) else None,
         wait_compiled=backend.wait_compiled if isinstance(backend, WaitsCompiled) else None,
         interrupt=backend.interrupt if isinstance(backend, Interruptible) else None,
+        close_compiles=backend.close_compiles if isinstance(backend, DrainsCompiles) else None,
         measures_out_of_process=isinstance(backend, Backend) and backend.measures_out_of_process,
     )
 

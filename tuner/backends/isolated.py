@@ -552,6 +552,11 @@ class IsolatedBackend(Backend):
         if queue is not None:
             queue.wait(config, stop=self._interrupted)
 
+    def close_compiles(self) -> None:
+        """Drop the compiles queued ahead and wait for the running ones (no GPU work)."""
+        if self._queue is not None:
+            self._queue.close()
+
     def close(self) -> None:
         """Stop the child (politely, then by force) and the compile pool. Safe to call twice."""
         if self._queue is not None:

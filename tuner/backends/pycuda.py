@@ -829,6 +829,11 @@ class PyCudaBackend(Backend):
             return False
         return True
 
+    def close_compiles(self) -> None:
+        """Drop the compiles queued ahead and wait for the running ones (no GPU work)."""
+        if self._queue is not None:
+            self._queue.close()
+
     def close(self) -> None:
         if self._queue is not None:
             self._queue.close()  # its stats stay readable
