@@ -202,3 +202,18 @@ def test_a_deferred_child_makes_its_inputs_at_once_and_its_device_part_at_its_tu
         assert steps == (["inputs", "device"] if defer else ["device"])
     finally:
         backend.close()
+
+
+def test_a_deferred_child_of_a_backend_without_a_set_up_measures_every_config(replay):
+    """``defer_prepare`` on a backend with no ``prepare`` (a replay): the parent's word to set
+    up, sent at the first measurement, is not mistaken for a config to measure."""
+    backend = IsolatedBackend(
+        BackendSpec(kind="replay", replay_file=str(RECORDING)), defer_prepare=True
+    )
+    try:
+        for config in replay.space().valid_configs()[:3]:
+            result = backend.evaluate(config)
+            assert result.ok, result.error
+        assert backend.restarts == 0
+    finally:
+        backend.close()

@@ -184,15 +184,17 @@ def _child_main(
         backend = build_backend(spec)
         conn.send(("ready", backend.device()))
         prepare = abilities_of(backend).prepare
+        if defer_prepare:
+            # The parent sends ("prepare",) at its first GPU turn whatever the backend: take
+            # it here, with or without a set-up to run, so the loop below sees only configs.
+            prepare_inputs = getattr(backend, "prepare_inputs", None)
+            if prepare is not None and prepare_inputs is not None:
+                prepare_inputs()
+            message = conn.recv()
+            if message[0] == "close":
+                backend.close()
+                return
         if prepare is not None:
-            if defer_prepare:
-                prepare_inputs = getattr(backend, "prepare_inputs", None)
-                if prepare_inputs is not None:
-                    prepare_inputs()
-                message = conn.recv()
-                if message[0] == "close":
-                    backend.close()
-                    return
             prepare()
         conn.send(("prepared",))
     except BaseException as exc:  # report why, then exit: the parent fails the job
