@@ -1068,10 +1068,10 @@ class Worker:
     before its turn): while one job waits on nvcc or on its search, another measures. Each
     job's trials, budget and winner are those it would have run alone: its proposer, seed and
     budget are its own, nothing of another job enters its search, and the worker never holds
-    two jobs of one (operator, dtype, GPU model) group (:class:`db.queries.JobScope`'s
-    exclusions), so a group's jobs run one after the other in queue order and each warm start
-    reads what it would in a serial run. Only the order of GPU work changes. 1 (the default):
-    one job at a time, as :meth:`run_once` does.
+    two jobs of one (operator, dtype), whatever their GPU models (:class:`db.queries.JobScope`'s
+    exclusions; a warm start reads every model's results), so a group's jobs run one after the
+    other in queue order and each warm start reads what it would in a serial run. Only the
+    order of GPU work changes. 1 (the default): one job at a time, as :meth:`run_once` does.
     """
 
     def __init__(
@@ -1281,10 +1281,17 @@ class Worker:
         two runners must not take two jobs of one group)."""
         with self._held_lock:
             scope = self.scope() or queries.JobScope()
+            # A warm start reads its operator and dtype on every GPU model: a held job's
+            # (operator, dtype) is left out for each model this worker serves.
+            groups = frozenset(
+                (operator, dtype, model)
+                for operator, dtype, held_model in self._held.values()
+                for model in {held_model, *self.gpu_models}
+            )
             scope = dataclasses.replace(
                 scope,
                 exclude_job_ids=scope.exclude_job_ids | frozenset(self._held),
-                exclude_groups=scope.exclude_groups | frozenset(self._held.values()),
+                exclude_groups=scope.exclude_groups | groups,
             )
             claim = self.ledger.claim(
                 self.gpu_models,

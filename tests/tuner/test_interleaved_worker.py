@@ -336,3 +336,41 @@ def test_a_job_ending_waits_on_its_compiles_outside_the_gpu_turn(tmp_path, monke
     )
     assert worker.run_forever(max_jobs=2) == 2
     assert backends.drains_holding_gate == [False, False]
+
+
+def test_a_worker_of_several_gpu_models_never_holds_two_jobs_of_one_operator_and_dtype(
+    tmp_path,
+):
+    """A job's warm start reads its operator and dtype on every GPU model, so two jobs of one
+    (operator, dtype) for two models must not run at once either: the second would start
+    without the first's results, which a serial run gives it."""
+    import dataclasses
+
+    first, second = recordings_by_group(per_group=2, groups=1)
+    second = dataclasses.replace(
+        second, problem=dataclasses.replace(second.problem, gpu_model="H100")
+    )
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    sessions = session_factory(init_db(url))
+    with sessions() as s:
+        queries.create_jobs(
+            s,
+            [
+                dict(
+                    operator=r.problem.operator,
+                    operator_version=r.problem.operator_version,
+                    shape=list(r.problem.shape),
+                    dtype=r.problem.dtype,
+                    gpu_model=r.problem.gpu_model,
+                    budget_configs=4,
+                )  # fmt: skip
+                for r in (first, second)
+            ],
+        )
+    backends = SlowReplay([first, second], delay_s=0.02)
+    worker = Worker(
+        sessions, url, ["H200", "H100"], backends, worker_id="w", poll_seconds=0.01,
+        jobs_at_once=2,
+    )  # fmt: skip
+    assert worker.run_forever(max_jobs=2) == 2
+    assert backends.most_jobs_alive == 1
