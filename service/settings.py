@@ -88,7 +88,9 @@ class Settings(BaseSettings):
         "for the one asked before (measured as their compiles finish; 1: ask, measure, ask)",
     )
     jobs_per_worker: int = Field(
-        default=2,
+        # 1 until a memory admission exists: each held job keeps its device buffers (up to
+        # half the free memory), so two large jobs held together can fail the second's set-up.
+        default=1,
         ge=1,
         le=16,
         description="jobs a GPU worker holds at once on its one GPU, taking turns measuring "
