@@ -82,6 +82,7 @@ def test_the_version_follows_the_shared_headers(
 
 # --- the families' shared preludes (issue 33: the last copies moved into kernels/common) ------
 
+CHANNEL = COMMON_HEADERS / "kato_channel.cuh"
 ROW_WISE = (
     "rmsnorm",
     "add_rmsnorm",
@@ -92,6 +93,7 @@ ROW_WISE = (
     "cross_entropy",
     "cross_entropy_backward",
 )
+PER_CHANNEL = ("batchnorm_stats", "batchnorm", "batchnorm_backward")
 #: What a row-wise template must define for the preprocessor (the element type's headers off:
 #: they need the CUDA include path, which is not what these checks are about).
 ROW_MACROS = {"VEC": 4, "ROW_THREADS": 32, "CACHE": 0, "IS_HALF": 0, "IS_BF16": 0}
@@ -163,3 +165,23 @@ KERNEL_LB = {
     "cross_entropy": {"cross_entropy_fwd"},
     "cross_entropy_backward": {"cross_entropy_bwd"},
 }
+
+
+@pytest.mark.parametrize("name", PER_CHANNEL)
+def test_per_channel_templates_take_their_prelude_from_the_headers(name: str) -> None:
+    template = get_operator(name).template
+    expected = [DTYPE_HEADER, CHANNEL]
+    if name != "batchnorm_stats":  # the two with an elementwise pass
+        expected.append(COMMON_HEADERS / "kato_channel_apply.cuh")
+    assert included_headers(template)[: len(expected)] == expected
+    text = template.read_text()
+    for held in ("#define UNROLL", "#define DTYPE", "#define APPLY", "kFinalizeThreads = 256"):
+        assert held not in text, held
+    macros = {"BLOCK_SIZE": 128, "VEC": 4, "IS_HALF": 0, "IS_BF16": 0}
+    missing = _preprocess(template, {k: v for k, v in macros.items() if k != "BLOCK_SIZE"})
+    assert missing.returncode != 0 and "BLOCK_SIZE must be defined" in missing.stderr
+    done = _preprocess(template, macros)
+    assert done.returncode == 0, done.stderr
+    # kato_channel.cuh's UNROLL default (4) sizes the loads in flight of the channel pass.
+    assert re.search(r"\bRaw \w+\[4\]", done.stdout)
+    assert not re.search(r"\bRaw \w+\[UNROLL\]", done.stdout)
