@@ -54,6 +54,7 @@ static_assert(CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in
 #include "../common/kato_vec.cuh"
 #include "../common/kato_convert.cuh"
 #include "../common/kato_rows.cuh"
+#include "../common/kato_row_sum.cuh"
 
 // y = ((s - K) - mean_s) * rstd * w + b per vector lane (K: the row's pivot, mean_s: the mean
 // of s - K).

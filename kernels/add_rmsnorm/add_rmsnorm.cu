@@ -48,6 +48,7 @@ static_assert(CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in
 #include "../common/kato_vec.cuh"
 #include "../common/kato_convert.cuh"
 #include "../common/kato_rows.cuh"
+#include "../common/kato_row_sum.cuh"
 
 __device__ __forceinline__ Raw normalise(const Raw& sv, const Raw& wv, float rstd) {
   float f[VEC], w[VEC];

@@ -43,6 +43,7 @@ constexpr int kUnroll = 32 / kVecBytes < 4 ? 32 / kVecBytes : 4;
 #include "../common/kato_vec.cuh"
 #include "../common/kato_convert.cuh"
 #include "../common/kato_rows.cuh"
+#include "../common/kato_row_sum.cuh"
 #include "../common/kato_row_chunks.cuh"
 
 // The max exp_from takes: a max of -inf (nothing seen yet, or a row of -inf) is replaced by 0

@@ -67,6 +67,7 @@ static_assert(WB_REGS == 0 || DW_ACC == 0, "WB_REGS needs the fixed columns of D
 #include "../common/kato_vec.cuh"
 #include "../common/kato_convert.cuh"
 #include "../common/kato_rows.cuh"
+#include "../common/kato_row_sum.cuh"
 
 // Every thread of a row group ends with the row's two sums. Block mode: `red` is this row's
 // slot of a double-buffered shared array of float2 (one barrier per row; every warp merges the

@@ -64,6 +64,7 @@ static_assert(WB_REGS == 0 || DW_ACC == 0, "WB_REGS needs the fixed columns of D
 #include "../common/kato_vec.cuh"
 #include "../common/kato_convert.cuh"
 #include "../common/kato_rows.cuh"
+#include "../common/kato_row_sum.cuh"
 
 // s += w dy x per vector lane; dw[j] += dy x rstd (dw: a thread's registers or a row of shared
 // memory).

@@ -43,6 +43,7 @@ static_assert(CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in
 #include "../common/kato_vec.cuh"
 #include "../common/kato_convert.cuh"
 #include "../common/kato_rows.cuh"
+#include "../common/kato_row_sum.cuh"
 
 __device__ __forceinline__ Raw grad(const Raw& yv, const Raw& dyv, float dot) {
   float fy[VEC], fd[VEC];

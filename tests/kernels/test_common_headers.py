@@ -40,6 +40,7 @@ def test_included_headers_are_the_common_ones_in_order() -> None:
         VEC_HEADER,
         CONVERT_HEADER,
         ROWS_HEADER,
+        COMMON_HEADERS / "kato_row_sum.cuh",
     ]
 
 
