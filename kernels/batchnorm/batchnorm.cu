@@ -44,65 +44,15 @@
 #ifndef KATO_NS
 #define KATO_NS kato_batchnorm
 #endif
-#ifndef BLOCK_SIZE
-#error "BLOCK_SIZE must be defined"
-#endif
-#ifndef VEC
-#error "VEC must be defined"
-#endif
-#ifndef UNROLL
-#define UNROLL 4
-#endif
-#ifndef MIN_BLOCKS
-#define MIN_BLOCKS 0
-#endif
-#ifndef APPLY
-#define APPLY 0
-#endif
-#ifndef APPLY_VEC
-#define APPLY_VEC VEC
-#endif
-#ifndef DTYPE
-#define DTYPE float
-#endif
-#if !defined(IS_HALF) && !defined(IS_BF16)
-#define IS_HALF 1
-#define IS_BF16 1
-#endif
-#ifndef IS_HALF
-#define IS_HALF 0
-#endif
-#ifndef IS_BF16
-#define IS_BF16 0
-#endif
-
-#if IS_HALF
-#include <cuda_fp16.h>
-#endif
-#if IS_BF16
-#include <cuda_bf16.h>
-#endif
+#include "../common/kato_dtype.cuh"
 
 namespace KATO_NS {
 
-using T = DTYPE;
+#include "../common/kato_channel.cuh"
+#include "../common/kato_channel_apply.cuh"
 
-[[maybe_unused]] constexpr int kVecBytes = VEC * static_cast<int>(sizeof(T));
-[[maybe_unused]] constexpr int kApplyBytes = APPLY_VEC * static_cast<int>(sizeof(T));
-[[maybe_unused]] constexpr int kWarps = BLOCK_SIZE / 32;
-//: Threads per block of the finalize kernel (a warp per channel).
-constexpr int kFinalizeThreads = 256;
 //: The most partials per channel (SPLIT <= 256): the workspace's layout.
 constexpr int kMaxSplit = 256;
-
-static_assert(BLOCK_SIZE % 32 == 0 && BLOCK_SIZE >= 32 && BLOCK_SIZE <= 1024,
-              "BLOCK_SIZE must be a multiple of 32 in [32, 1024]");
-static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC must be 1, 2, 4 or 8");
-static_assert(APPLY_VEC == 1 || APPLY_VEC == 2 || APPLY_VEC == 4 || APPLY_VEC == 8,
-              "APPLY_VEC must be 1, 2, 4 or 8");
-static_assert(kVecBytes <= 16 && kApplyBytes <= 16, "a vector must be at most 16 bytes");
-static_assert(UNROLL >= 1 && UNROLL <= 8, "UNROLL must be in [1, 8]");
-static_assert(APPLY == 0 || APPLY == 1, "APPLY must be 0 or 1");
 
 #include "../common/kato_vec.cuh"
 using ApplyRaw = typename RawOf<kApplyBytes>::type;
@@ -111,35 +61,6 @@ using ApplyRaw = typename RawOf<kApplyBytes>::type;
 // x is read with __ldg: the normalise pass reads it again and should find it in L2.
 #define KATO_STATS_LOAD __ldg
 #include "../common/kato_welford.cuh"
-
-// The `split` partials of channel c merged by one warp (lane l takes l, l + 32, ..., then the
-// butterfly): every lane gets the same. All 32 lanes must call it. `Coherent` loads go through
-// L2 (ld.global.cg): partials written by other blocks of the same kernel.
-template <bool Coherent>
-__device__ __forceinline__ Stats merge_partials(const float* __restrict__ partials, int c,
-                                                int split) {
-  const int lane = threadIdx.x & 31;
-  Stats s = empty_stats();
-  for (int p = lane; p < split; p += 32) {
-    const float* w = partials + (static_cast<size_t>(c) * split + p) * 3;
-    Stats o;
-    if constexpr (Coherent) {
-      o.n = __ldcg(w);
-      o.mean = __ldcg(w + 1);
-      o.m2 = __ldcg(w + 2);
-    } else {
-      o.n = w[0];
-      o.mean = w[1];
-      o.m2 = w[2];
-    }
-    s = merge(s, o);
-  }
-  return warp_allreduce(s);
-}
-
-__device__ __forceinline__ float channel_pivot(const T* __restrict__ x, int c, int HW) {
-  return to_float(x[static_cast<size_t>(c) * static_cast<size_t>(HW)]);
-}
 
 // Everything that follows from channel c's merged statistics s (about `pivot`), by one thread:
 // the saved mean and invstd, the running statistics, and the coefficients (scale, shift) of
@@ -230,14 +151,6 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, T* __restric
 }
 
 }  // namespace KATO_NS
-
-// Without MIN_BLOCKS, one resident block is promised explicitly: with __launch_bounds__(B) alone
-// ptxas may aim at two (64 registers for B = 512) and spill.
-#if MIN_BLOCKS > 0
-#define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS)
-#else
-#define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE, 1)
-#endif
 
 #define KATO_BN_FWD_PARAMS                                                                  \
   const DTYPE *__restrict__ x, const float *__restrict__ weight, const float *__restrict__ bias, \

@@ -43,63 +43,12 @@
 #ifndef KATO_NS
 #define KATO_NS kato_batchnorm_backward
 #endif
-#ifndef BLOCK_SIZE
-#error "BLOCK_SIZE must be defined"
-#endif
-#ifndef VEC
-#error "VEC must be defined"
-#endif
-#ifndef UNROLL
-#define UNROLL 4
-#endif
-#ifndef MIN_BLOCKS
-#define MIN_BLOCKS 0
-#endif
-#ifndef APPLY
-#define APPLY 0
-#endif
-#ifndef APPLY_VEC
-#define APPLY_VEC VEC
-#endif
-#ifndef DTYPE
-#define DTYPE float
-#endif
-#if !defined(IS_HALF) && !defined(IS_BF16)
-#define IS_HALF 1
-#define IS_BF16 1
-#endif
-#ifndef IS_HALF
-#define IS_HALF 0
-#endif
-#ifndef IS_BF16
-#define IS_BF16 0
-#endif
-
-#if IS_HALF
-#include <cuda_fp16.h>
-#endif
-#if IS_BF16
-#include <cuda_bf16.h>
-#endif
+#include "../common/kato_dtype.cuh"
 
 namespace KATO_NS {
 
-using T = DTYPE;
-
-[[maybe_unused]] constexpr int kVecBytes = VEC * static_cast<int>(sizeof(T));
-[[maybe_unused]] constexpr int kApplyBytes = APPLY_VEC * static_cast<int>(sizeof(T));
-[[maybe_unused]] constexpr int kWarps = BLOCK_SIZE / 32;
-//: Threads per block of the finalize kernel (a warp per channel).
-constexpr int kFinalizeThreads = 256;
-
-static_assert(BLOCK_SIZE % 32 == 0 && BLOCK_SIZE >= 32 && BLOCK_SIZE <= 1024,
-              "BLOCK_SIZE must be a multiple of 32 in [32, 1024]");
-static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC must be 1, 2, 4 or 8");
-static_assert(APPLY_VEC == 1 || APPLY_VEC == 2 || APPLY_VEC == 4 || APPLY_VEC == 8,
-              "APPLY_VEC must be 1, 2, 4 or 8");
-static_assert(kVecBytes <= 16 && kApplyBytes <= 16, "a vector must be at most 16 bytes");
-static_assert(UNROLL >= 1 && UNROLL <= 8, "UNROLL must be in [1, 8]");
-static_assert(APPLY == 0 || APPLY == 1, "APPLY must be 0 or 1");
+#include "../common/kato_channel.cuh"
+#include "../common/kato_channel_apply.cuh"
 
 #include "../common/kato_vec.cuh"
 #include "../common/kato_convert.cuh"
@@ -323,14 +272,6 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, const T* __r
 }
 
 }  // namespace KATO_NS
-
-// Without MIN_BLOCKS, one resident block is promised explicitly: with __launch_bounds__(B) alone
-// ptxas may aim at two (64 registers for B = 512) and spill.
-#if MIN_BLOCKS > 0
-#define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS)
-#else
-#define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE, 1)
-#endif
 
 #define KATO_BN_BWD_PARAMS                                                                   \
   const DTYPE *__restrict__ x, const DTYPE *__restrict__ dy, const float *__restrict__ mean,     \

@@ -38,85 +38,28 @@
 #ifndef KATO_NS
 #define KATO_NS kato_batchnorm_stats
 #endif
-#ifndef BLOCK_SIZE
-#error "BLOCK_SIZE must be defined"
-#endif
-#ifndef VEC
-#error "VEC must be defined"
-#endif
-#ifndef UNROLL
-#define UNROLL 4
-#endif
-#ifndef MIN_BLOCKS
-#define MIN_BLOCKS 0
-#endif
-#ifndef DTYPE
-#define DTYPE float
-#endif
-#if !defined(IS_HALF) && !defined(IS_BF16)
-#define IS_HALF 1
-#define IS_BF16 1
-#endif
-#ifndef IS_HALF
-#define IS_HALF 0
-#endif
-#ifndef IS_BF16
-#define IS_BF16 0
-#endif
-
-#if IS_HALF
-#include <cuda_fp16.h>
-#endif
-#if IS_BF16
-#include <cuda_bf16.h>
-#endif
+#include "../common/kato_dtype.cuh"
 
 namespace KATO_NS {
 
-using T = DTYPE;
-
-[[maybe_unused]] constexpr int kVecBytes = VEC * static_cast<int>(sizeof(T));
-[[maybe_unused]] constexpr int kWarps = BLOCK_SIZE / 32;
-//: Threads per block of the finalize kernel (a warp per channel).
-constexpr int kFinalizeThreads = 256;
-
-static_assert(BLOCK_SIZE % 32 == 0 && BLOCK_SIZE >= 32 && BLOCK_SIZE <= 1024,
-              "BLOCK_SIZE must be a multiple of 32 in [32, 1024]");
-static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC must be 1, 2, 4 or 8");
-static_assert(kVecBytes <= 16, "a vector must be at most 16 bytes");
-static_assert(UNROLL >= 1 && UNROLL <= 8, "UNROLL must be in [1, 8]");
+#include "../common/kato_channel.cuh"
 
 #include "../common/kato_vec.cuh"
-
-[[maybe_unused]] __device__ __forceinline__ float to_float(float v) { return v; }
-#if IS_HALF
-[[maybe_unused]] __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-#endif
-#if IS_BF16
-[[maybe_unused]] __device__ __forceinline__ float to_float(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-#endif
-
-__device__ __forceinline__ void unpack(const Raw& r, float (&f)[VEC]) {
-  T t[VEC];
-  __builtin_memcpy(t, &r, sizeof(Raw));
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) f[j] = to_float(t[j]);
-}
+#include "../common/kato_convert.cuh"
 
 #define KATO_STATS_LOAD __ldcs  // x is read once
 #include "../common/kato_welford.cuh"
 
-// One warp merges the `split` partials of channel c (lane l takes l, l + 32, ...; then the
-// butterfly) and lane 0 writes the outputs. All 32 lanes must call it. `coherent` loads go
-// through L2 (ld.global.cg): partials written by other blocks of the same kernel.
+// One warp merges the `split` partials of channel c and lane 0 writes the outputs. All 32 lanes
+// must call it; `Coherent` as merge_partials says. The merge is kato_welford.cuh's
+// merge_partials written out: calling it gives the same program but renames registers in the
+// finalize kernel's PTX, the text the recorded spaces are carried over by.
 template <bool Coherent>
-__device__ __forceinline__ void merge_partials(const float* __restrict__ ws, int c, int split,
-                                               float pivot, float count, float eps,
-                                               float* __restrict__ mean_out,
-                                               float* __restrict__ var_out,
-                                               float* __restrict__ invstd_out) {
+__device__ __forceinline__ void write_merged(const float* __restrict__ ws, int c, int split,
+                                             float pivot, float count, float eps,
+                                             float* __restrict__ mean_out,
+                                             float* __restrict__ var_out,
+                                             float* __restrict__ invstd_out) {
   const int lane = threadIdx.x & 31;
   Stats s = empty_stats();
   for (int p = lane; p < split; p += 32) {
@@ -155,10 +98,6 @@ __device__ __forceinline__ void write_final(const Stats& s, int c, float pivot, 
 // Elements per channel as a float (exact up to 2^24, correctly rounded beyond).
 __device__ __forceinline__ float channel_count(int N, int HW) {
   return static_cast<float>(static_cast<double>(N) * static_cast<double>(HW));
-}
-
-__device__ __forceinline__ float channel_pivot(const T* __restrict__ x, int c, int HW) {
-  return to_float(x[static_cast<size_t>(c) * static_cast<size_t>(HW)]);
 }
 
 }  // namespace KATO_NS
@@ -208,8 +147,8 @@ extern "C" __global__ void __launch_bounds__(256) batchnorm_stats_finalize(
   for (long long c = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + warp; c < C;
        c += static_cast<long long>(gridDim.x) * kWarpsPerBlock) {
     const int ch = static_cast<int>(c);
-    kb::merge_partials<false>(workspace, ch, split, kb::channel_pivot(x, ch, HW), count, eps,
-                              mean_out, var_out, invstd_out);
+    kb::write_merged<false>(workspace, ch, split, kb::channel_pivot(x, ch, HW), count, eps,
+                            mean_out, var_out, invstd_out);
   }
 }
 
@@ -244,7 +183,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_stats_fused(
   __syncthreads();  // not divergent: every thread of the block reaches it
   if (is_last && threadIdx.x < 32) {
     __threadfence();
-    kb::merge_partials<true>(workspace, c, split, pivot, count, eps, mean_out, var_out,
-                             invstd_out);
+    kb::write_merged<true>(workspace, c, split, pivot, count, eps, mean_out, var_out,
+                           invstd_out);
   }
 }

@@ -2,7 +2,7 @@
 // statistics): Welford partials of a channel of an NCHW tensor, merged with Chan's formula, by
 // warp butterflies and through shared memory across a block. A fragment included inside the
 // template's `namespace KATO_NS { ... }` after kato_vec.cuh and kato_convert.cuh (it uses T,
-// VEC, Raw, unpack), with BLOCK_SIZE, UNROLL and kWarps defined, and
+// VEC, Raw, to_float, unpack), after kato_channel.cuh (BLOCK_SIZE, UNROLL, kWarps), and
 //   KATO_STATS_LOAD  the load of one vector of x: __ldcs (streaming: x is read once) or __ldg
 //                    (x is read again by the normalise pass and should stay in L2).
 // No include guard and inlined by OperatorSpec.render, as kato_vec.cuh says.
@@ -149,4 +149,35 @@ __device__ __forceinline__ Stats block_partial(const T* __restrict__ x, int C, i
   (void)red;
 #endif
   return s;
+}
+
+// The `split` partials of channel c merged by one warp (lane l takes l, l + 32, ..., then the
+// butterfly): every lane gets the same. All 32 lanes must call it. `Coherent` loads go through
+// L2 (ld.global.cg): partials written by other blocks of the same kernel.
+template <bool Coherent>
+__device__ __forceinline__ Stats merge_partials(const float* __restrict__ partials, int c,
+                                                int split) {
+  const int lane = threadIdx.x & 31;
+  Stats s = empty_stats();
+  for (int p = lane; p < split; p += 32) {
+    const float* w = partials + (static_cast<size_t>(c) * split + p) * 3;
+    Stats o;
+    if constexpr (Coherent) {
+      o.n = __ldcg(w);
+      o.mean = __ldcg(w + 1);
+      o.m2 = __ldcg(w + 2);
+    } else {
+      o.n = w[0];
+      o.mean = w[1];
+      o.m2 = w[2];
+    }
+    s = merge(s, o);
+  }
+  return warp_allreduce(s);
+}
+
+// The pivot K of channel c: its first element (x - K keeps float32's accuracy for channels far
+// from 0).
+__device__ __forceinline__ float channel_pivot(const T* __restrict__ x, int c, int HW) {
+  return to_float(x[static_cast<size_t>(c) * static_cast<size_t>(HW)]);
 }

@@ -30,84 +30,25 @@
 #ifndef KATO_NS
 #define KATO_NS kato_cross_entropy
 #endif
-#ifndef VEC
-#error "VEC must be defined"
-#endif
-#ifndef ROW_THREADS
-#error "ROW_THREADS must be defined"
-#endif
-#ifndef SPLIT
-#define SPLIT 1
-#endif
-#if ROW_THREADS == 0 && !defined(BLOCK_SIZE)
-#error "BLOCK_SIZE must be defined for ROW_THREADS 0"
-#endif
-#ifndef LB_THREADS
-#define LB_THREADS BLOCK_SIZE
-#endif
-#ifndef LB_MIN_BLOCKS
-#define LB_MIN_BLOCKS 0
-#endif
-#ifndef DTYPE
-#define DTYPE float
-#endif
-#if !defined(IS_HALF) && !defined(IS_BF16)
-#define IS_HALF 1
-#define IS_BF16 1
-#endif
-#ifndef IS_HALF
-#define IS_HALF 0
-#endif
-#ifndef IS_BF16
-#define IS_BF16 0
-#endif
-
-#if IS_HALF
-#include <cuda_fp16.h>
-#endif
-#if IS_BF16
-#include <cuda_bf16.h>
-#endif
+#include "../common/kato_dtype.cuh"
 
 namespace KATO_NS {
 
-using T = DTYPE;
-constexpr int kVecBytes = VEC * static_cast<int>(sizeof(T));
-#if ROW_THREADS == 0
-constexpr int kThreadsPerRow = BLOCK_SIZE;
-constexpr int kWarps = BLOCK_SIZE / 32;
-static_assert(BLOCK_SIZE % 32 == 0 && BLOCK_SIZE >= 32 && BLOCK_SIZE <= 1024,
-              "BLOCK_SIZE must be a multiple of 32 in [32, 1024]");
-#else
-constexpr int kThreadsPerRow = ROW_THREADS;
-[[maybe_unused]] constexpr int kWarps = 1;
-#endif
-constexpr int kLanes = kThreadsPerRow < 32 ? kThreadsPerRow : 32;
-[[maybe_unused]] constexpr int kRowsPerWarp = 32 / kLanes;
+#include "../common/kato_row_layout.cuh"
+
 // Vectors loaded per thread per step: 32 bytes in flight, at most 4 vectors; one rescale of the
 // running sum per step.
 constexpr int kUnroll = 32 / kVecBytes < 4 ? 32 / kVecBytes : 4;
-constexpr float kLog2e = 1.4426950408889634f;
-
-static_assert(LB_THREADS % 32 == 0 && LB_THREADS >= 32 && LB_THREADS <= 1024,
-              "LB_THREADS must be a multiple of 32 in [32, 1024]");
-static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC must be 1, 2, 4 or 8");
-static_assert(kVecBytes <= 16, "a vector must be at most 16 bytes");
-static_assert(ROW_THREADS == 0 || ROW_THREADS == 8 || ROW_THREADS == 16 || ROW_THREADS == 32,
-              "ROW_THREADS must be 0 (block), 8, 16 or 32");
-static_assert(kThreadsPerRow >= VEC, "head and tail need one thread per element");
-static_assert(SPLIT >= 1 && SPLIT <= 64 && (SPLIT & (SPLIT - 1)) == 0,
-              "SPLIT must be a power of two in [1, 64]");
 
 #include "../common/kato_vec.cuh"
 #include "../common/kato_convert.cuh"
 #include "../common/kato_rows.cuh"
+#include "../common/kato_row_sum.cuh"
+#include "../common/kato_row_chunks.cuh"
 
-// exp(x - m) as exp2 of a difference taken first: x - m is exact for nearby values, so a large
-// common offset (logits around 100) costs no accuracy. A max of -inf (nothing seen yet, or a
-// row of -inf) is replaced by 0 so that -inf - -inf never makes a NaN.
+// The max exp_from takes: a max of -inf (nothing seen yet, or a row of -inf) is replaced by 0
+// so that -inf - -inf never makes a NaN.
 __device__ __forceinline__ float safe_max(float m) { return m == -INFINITY ? 0.0f : m; }
-__device__ __forceinline__ float exp_from(float x, float mb) { return exp2f((x - mb) * kLog2e); }
 
 // s = s * r + step with Neumaier's compensation `comp` (rescaled with s): a thread adds one
 // step sum per U vectors, thousands in a long row, and 16-bit logits repeat a few values, so a
@@ -141,8 +82,6 @@ __device__ __forceinline__ void warp_merge(float& m, float& s) {
   }
 }
 
-[[maybe_unused]] constexpr int kWarpsPow2 = next_pow2(kWarps);
-
 // Every thread of a row group ends with the group's (m, s). Block mode: `red` is this item's
 // slot of a double-buffered shared array (one barrier per item; every warp merges the per-warp
 // pairs itself, in the same order, so all agree bitwise).
@@ -170,28 +109,7 @@ __device__ __forceinline__ float row_loss(const T* x, long long label, int cols,
   return lse - to_float(x[label]);
 }
 
-// Column range [c0, c1) of chunk `chunk` of a row of cols: chunks of ceil(cols / SPLIT) columns
-// rounded up to a multiple of 8 (trailing chunks may be short or empty).
-__device__ __forceinline__ void chunk_range(int chunk, int cols, int& c0, int& c1) {
-  if (SPLIT == 1) {
-    c0 = 0;
-    c1 = cols;
-    return;
-  }
-  const int per = ((cols + SPLIT - 1) / SPLIT + 7) & ~7;
-  const long long lo = static_cast<long long>(chunk) * per;
-  const long long hi = lo + per;
-  c0 = lo < cols ? static_cast<int>(lo) : cols;
-  c1 = hi < cols ? static_cast<int>(hi) : cols;
-}
-
 }  // namespace KATO_NS
-
-#if LB_MIN_BLOCKS > 0
-#define KATO_LAUNCH_BOUNDS __launch_bounds__(LB_THREADS, LB_MIN_BLOCKS)
-#else
-#define KATO_LAUNCH_BOUNDS __launch_bounds__(LB_THREADS)
-#endif
 
 // Grid: ceil(rows * SPLIT / rows_per_block) blocks (the spec's launch); any grid is correct:
 // every row group loops over its work items (row, chunk) with a grid stride, uniform per warp in

@@ -41,26 +41,7 @@
 #ifndef UNROLL
 #define UNROLL 2
 #endif
-#ifndef DTYPE
-#define DTYPE float
-#endif
-#if !defined(IS_HALF) && !defined(IS_BF16)
-#define IS_HALF 1
-#define IS_BF16 1
-#endif
-#ifndef IS_HALF
-#define IS_HALF 0
-#endif
-#ifndef IS_BF16
-#define IS_BF16 0
-#endif
-
-#if IS_HALF
-#include <cuda_fp16.h>
-#endif
-#if IS_BF16
-#include <cuda_bf16.h>
-#endif
+#include "../common/kato_dtype.cuh"
 
 #ifndef KATO_NS
 #define KATO_NS kato_relu

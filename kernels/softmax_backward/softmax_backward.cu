@@ -24,98 +24,26 @@
 #ifndef KATO_NS
 #define KATO_NS kato_softmax_backward
 #endif
-#ifndef VEC
-#error "VEC must be defined"
-#endif
-#ifndef ROW_THREADS
-#error "ROW_THREADS must be defined"
-#endif
 #ifndef CACHE
 #error "CACHE must be defined"
 #endif
-#if ROW_THREADS == 0 && !defined(BLOCK_SIZE)
-#error "BLOCK_SIZE must be defined for ROW_THREADS 0"
-#endif
-#ifndef LB_THREADS
-#define LB_THREADS BLOCK_SIZE
-#endif
-#ifndef LB_MIN_BLOCKS
-#define LB_MIN_BLOCKS 0
-#endif
-#ifndef DTYPE
-#define DTYPE float
-#endif
-#if !defined(IS_HALF) && !defined(IS_BF16)
-#define IS_HALF 1
-#define IS_BF16 1
-#endif
-#ifndef IS_HALF
-#define IS_HALF 0
-#endif
-#ifndef IS_BF16
-#define IS_BF16 0
-#endif
-#ifndef ITEMS
-#define ITEMS 1
-#endif
-
-#if IS_HALF
-#include <cuda_fp16.h>
-#endif
-#if IS_BF16
-#include <cuda_bf16.h>
-#endif
+#include "../common/kato_dtype.cuh"
 
 namespace KATO_NS {
 
-using T = DTYPE;
-constexpr int kVecBytes = VEC * static_cast<int>(sizeof(T));
-#if ROW_THREADS == 0
-constexpr int kThreadsPerRow = BLOCK_SIZE;
-constexpr int kWarps = BLOCK_SIZE / 32;
-static_assert(BLOCK_SIZE % 32 == 0 && BLOCK_SIZE >= 32 && BLOCK_SIZE <= 1024,
-              "BLOCK_SIZE must be a multiple of 32 in [32, 1024]");
-#else
-constexpr int kThreadsPerRow = ROW_THREADS;
-[[maybe_unused]] constexpr int kWarps = 1;
-#endif
-constexpr int kLanes = kThreadsPerRow < 32 ? kThreadsPerRow : 32;
-[[maybe_unused]] constexpr int kRowsPerWarp = 32 / kLanes;
+#include "../common/kato_row_layout.cuh"
+
 // Vectors of each array loaded per thread per step of the streaming passes: 32 bytes of each in
 // flight, at most 4 vectors (more spills under a 64-register cap with two arrays).
 [[maybe_unused]] constexpr int kUnroll = 32 / kVecBytes < 4 ? 32 / kVecBytes : 4;
 
-static_assert(LB_THREADS % 32 == 0 && LB_THREADS >= 32 && LB_THREADS <= 1024,
-              "LB_THREADS must be a multiple of 32 in [32, 1024]");
-static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC must be 1, 2, 4 or 8");
-static_assert(kVecBytes <= 16, "a vector must be at most 16 bytes");
-static_assert(ROW_THREADS == 0 || ROW_THREADS == 8 || ROW_THREADS == 16 || ROW_THREADS == 32,
-              "ROW_THREADS must be 0 (block), 8, 16 or 32");
-static_assert(kThreadsPerRow >= VEC, "head and tail need one thread per element");
 static_assert(CACHE >= 0 && CACHE <= 2, "CACHE must be 0, 1 or 2");
 static_assert(CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in [1, 64]");
 
 #include "../common/kato_vec.cuh"
 #include "../common/kato_convert.cuh"
 #include "../common/kato_rows.cuh"
-[[maybe_unused]] constexpr int kWarpsPow2 = next_pow2(kWarps);
-
-// Every thread of a row group ends with the row's sum. Block mode: `red` is this row's slot of
-// a double-buffered shared array (one barrier per row; every warp merges the per-warp partials
-// itself, in the same order, so all agree bitwise).
-__device__ __forceinline__ float row_sum(float s, float* red) {
-  s = warp_sum<kLanes>(s);
-#if ROW_THREADS == 0 && BLOCK_SIZE > 32
-  const int lane = threadIdx.x & 31;
-  if (lane == 0) red[threadIdx.x >> 5] = s;
-  __syncthreads();
-  const int slot = lane & (kWarpsPow2 - 1);
-  s = warp_sum<kWarpsPow2>(slot < kWarps ? red[slot] : 0.0f);
-#else
-  (void)red;
-#endif
-  return s;
-}
+#include "../common/kato_row_sum.cuh"
 
 __device__ __forceinline__ Raw grad(const Raw& yv, const Raw& dyv, float dot) {
   float fy[VEC], fd[VEC];
@@ -127,12 +55,6 @@ __device__ __forceinline__ Raw grad(const Raw& yv, const Raw& dyv, float dot) {
 }
 
 }  // namespace KATO_NS
-
-#if LB_MIN_BLOCKS > 0
-#define KATO_LAUNCH_BOUNDS __launch_bounds__(LB_THREADS, LB_MIN_BLOCKS)
-#else
-#define KATO_LAUNCH_BOUNDS __launch_bounds__(LB_THREADS)
-#endif
 
 // Grid: ceil(rows / rows_per_block) blocks (the spec's launch); any grid is correct: every row
 // group loops over rows with a grid stride, uniform per warp in warp mode (rows past the end are

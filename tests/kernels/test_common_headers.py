@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
 from pathlib import Path
 
 import kato.kernels.spec  # noqa: F401
@@ -15,6 +17,8 @@ RMSNORM = get_operator("rmsnorm")
 VEC_HEADER = COMMON_HEADERS / "kato_vec.cuh"
 CONVERT_HEADER = COMMON_HEADERS / "kato_convert.cuh"
 ROWS_HEADER = COMMON_HEADERS / "kato_rows.cuh"
+ROW_LAYOUT = COMMON_HEADERS / "kato_row_layout.cuh"
+DTYPE_HEADER = COMMON_HEADERS / "kato_dtype.cuh"
 
 
 def test_render_inlines_the_shared_headers_in_place_of_their_includes() -> None:
@@ -30,7 +34,14 @@ def test_render_inlines_the_shared_headers_in_place_of_their_includes() -> None:
 
 
 def test_included_headers_are_the_common_ones_in_order() -> None:
-    assert included_headers(RMSNORM.template) == [VEC_HEADER, CONVERT_HEADER, ROWS_HEADER]
+    assert included_headers(RMSNORM.template) == [
+        DTYPE_HEADER,
+        ROW_LAYOUT,
+        VEC_HEADER,
+        CONVERT_HEADER,
+        ROWS_HEADER,
+        COMMON_HEADERS / "kato_row_sum.cuh",
+    ]
 
 
 def test_other_includes_are_left_to_the_compiler(tmp_path: Path) -> None:
@@ -58,7 +69,7 @@ def test_the_version_follows_the_shared_headers(
     (tmp_path / "op").mkdir()
     template = tmp_path / "op" / "rmsnorm.cu"
     template.write_text(RMSNORM.template.read_text())
-    for header in (VEC_HEADER, CONVERT_HEADER, ROWS_HEADER):
+    for header in included_headers(RMSNORM.template):
         (common / header.name).write_text(header.read_text())
     monkeypatch.setattr(kernels.spec, "COMMON_HEADERS", common)
     copy = type(RMSNORM)()
@@ -68,3 +79,110 @@ def test_the_version_follows_the_shared_headers(
     changed = type(RMSNORM)()
     monkeypatch.setattr(changed, "template", template)
     assert changed.version != expected
+
+
+# --- the families' shared preludes (issue 33: the last copies moved into kernels/common) ------
+
+CHANNEL = COMMON_HEADERS / "kato_channel.cuh"
+ROW_WISE = (
+    "rmsnorm",
+    "add_rmsnorm",
+    "add_layernorm",
+    "rmsnorm_backward",
+    "layernorm_backward",
+    "softmax_backward",
+    "cross_entropy",
+    "cross_entropy_backward",
+)
+PER_CHANNEL = ("batchnorm_stats", "batchnorm", "batchnorm_backward")
+#: What a row-wise template must define for the preprocessor (the element type's headers off:
+#: they need the CUDA include path, which is not what these checks are about).
+ROW_MACROS = {"VEC": 4, "ROW_THREADS": 32, "CACHE": 0, "IS_HALF": 0, "IS_BF16": 0}
+
+
+_BOUNDED_KERNEL = re.compile(r'extern "C" __global__ void (__launch_bounds__\([^)]*\)) (\w+)\(')
+
+
+def _preprocess(template: Path, macros: dict[str, object]) -> subprocess.CompletedProcess[str]:
+    """``template`` through the C preprocessor as nvcc compiles the file itself: its
+    ``#include "../common/..."`` lines resolve relative to its folder."""
+    flags = [f"-D{name}={value}" for name, value in macros.items()]
+    return subprocess.run(
+        ["cpp", "-P", "-x", "c++", "-D__CUDACC__", *flags, str(template)],
+        capture_output=True,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("name", ROW_WISE)
+def test_row_wise_templates_take_their_prelude_from_the_headers(name: str) -> None:
+    template = get_operator(name).template
+    headers = included_headers(template)
+    assert headers[:5] == [DTYPE_HEADER, ROW_LAYOUT, VEC_HEADER, CONVERT_HEADER, ROWS_HEADER]
+    text = template.read_text()
+    # The template holds none of what the headers hold: its own code only.
+    for held in (
+        "#define IS_HALF",
+        "#define LB_THREADS",
+        "#define KATO_LAUNCH_BOUNDS",
+        "constexpr int kThreadsPerRow",
+        "float row_sum(float s, float* red)",
+        "Raw load_cols(",
+        "void chunk_range(",
+    ):
+        assert held not in text, held
+    rendered = template_source(template)
+    assert rendered.count("#define KATO_LAUNCH_BOUNDS __launch_bounds__(LB_THREADS)") == 1
+    assert rendered.count("__device__ __forceinline__ float row_sum(") == 1
+
+
+@pytest.mark.parametrize("name", ROW_WISE)
+def test_the_row_layout_checks_and_defaults_hold_for_every_row_wise_template(name: str) -> None:
+    template = get_operator(name).template
+    macros = {**ROW_MACROS, "SPLIT": 1} if name.startswith("cross_entropy") else ROW_MACROS
+    missing = _preprocess(template, {k: v for k, v in macros.items() if k != "VEC"})
+    assert missing.returncode != 0 and "VEC must be defined" in missing.stderr
+    block = _preprocess(template, {**macros, "ROW_THREADS": 0})
+    assert block.returncode != 0 and "BLOCK_SIZE must be defined for ROW_THREADS 0" in block.stderr
+    bounds = _preprocess(template, {**macros, "LB_THREADS": 256, "LB_MIN_BLOCKS": 3})
+    assert bounds.returncode == 0, bounds.stderr
+    # KATO_LAUNCH_BOUNDS from kato_row_layout.cuh, on the kernels with tuned bounds.
+    found = _BOUNDED_KERNEL.findall(bounds.stdout)
+    tuned = {bound for bound, kernel in found if kernel in KERNEL_LB[name]}
+    assert tuned == {"__launch_bounds__(256, 3)"}, found
+    default = _preprocess(template, macros)
+    assert "__launch_bounds__(BLOCK_SIZE)" in default.stdout  # LB_THREADS defaults to BLOCK_SIZE
+
+
+#: The kernels of each row-wise template that take KATO_LAUNCH_BOUNDS (the others have fixed
+#: bounds: the backward passes' column reductions, cross_entropy's combine).
+KERNEL_LB = {
+    "rmsnorm": {"rmsnorm_fwd"},
+    "add_rmsnorm": {"add_rmsnorm_fwd"},
+    "add_layernorm": {"add_layernorm_fwd"},
+    "rmsnorm_backward": {"rmsnorm_bwd"},
+    "layernorm_backward": {"layernorm_bwd"},
+    "softmax_backward": {"softmax_backward_kernel"},
+    "cross_entropy": {"cross_entropy_fwd"},
+    "cross_entropy_backward": {"cross_entropy_bwd"},
+}
+
+
+@pytest.mark.parametrize("name", PER_CHANNEL)
+def test_per_channel_templates_take_their_prelude_from_the_headers(name: str) -> None:
+    template = get_operator(name).template
+    expected = [DTYPE_HEADER, CHANNEL]
+    if name != "batchnorm_stats":  # the two with an elementwise pass
+        expected.append(COMMON_HEADERS / "kato_channel_apply.cuh")
+    assert included_headers(template)[: len(expected)] == expected
+    text = template.read_text()
+    for held in ("#define UNROLL", "#define DTYPE", "#define APPLY", "kFinalizeThreads = 256"):
+        assert held not in text, held
+    macros = {"BLOCK_SIZE": 128, "VEC": 4, "IS_HALF": 0, "IS_BF16": 0}
+    missing = _preprocess(template, {k: v for k, v in macros.items() if k != "BLOCK_SIZE"})
+    assert missing.returncode != 0 and "BLOCK_SIZE must be defined" in missing.stderr
+    done = _preprocess(template, macros)
+    assert done.returncode == 0, done.stderr
+    # kato_channel.cuh's UNROLL default (4) sizes the loads in flight of the channel pass.
+    assert re.search(r"\bRaw \w+\[4\]", done.stdout)
+    assert not re.search(r"\bRaw \w+\[UNROLL\]", done.stdout)
