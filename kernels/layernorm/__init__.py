@@ -11,8 +11,11 @@ Kernel arguments (:attr:`Problem.args` order): ``x, weight, bias, y, mean, rstd,
 Parameter space (Kernel Tuner key order):
 
 - ``BLOCK_SIZE``: threads per block.
-- ``VEC``: elements per vector load/store, at most 16 bytes; ``cols % VEC == 0`` (rows start on a
-  vector boundary). ``VEC=1`` serves every ``cols``.
+- ``VEC``: elements per vector load/store, at most 16 bytes; any ``cols`` (issue 31). Where
+  ``cols % VEC != 0`` the source is rendered with ``ROW_SPLIT=1``: each row is a scalar head up
+  to its first aligned address, aligned vectors and a scalar tail, weight and bias read as
+  vectors where their address allows. Shapes with ``cols % VEC == 0`` render without it and
+  compile to the program they compiled to before it existed.
 - ``ROW_THREADS``: threads sharing one row: 8, 16 or 32 lanes of a warp (several rows per warp
   for short rows, shuffles only), or 0 = the whole block (one row per block at a time).
 - ``CACHE``: 0 = the output pass re-reads x; 1 = the row is kept in dynamic shared memory
@@ -48,6 +51,9 @@ MAX_ITEMS = 16
 REGISTER_OVERHEAD = 40
 #: The same for CACHE=2 with weight and bias in registers too (see :func:`wb_regs`).
 WB_REGISTER_OVERHEAD = 48
+#: Registers split rows (``cols % VEC != 0``) hold besides: head and tail values, the split and
+#: the weight's and bias's alignment (fit to ptxas reports like REGISTER_OVERHEAD).
+SPLIT_REGISTERS = 8
 #: Column indices run up to cols + one unrolled step (<= 8 * 1024 vectors) past the end.
 MAX_COLS = 2**31 - 2**16
 EPS = 1e-5
@@ -162,10 +168,11 @@ class LayerNormSpec(OperatorSpec):
         """Why ``config`` cannot run correctly for ``shape``/``dtype``, or None if it can.
 
         Rejects: parameters missing, unknown or outside the space; vectors over 16 bytes;
-        ``cols % VEC != 0``; ``MIN_BLOCKS * BLOCK_SIZE`` over 2048 threads per SM; CACHE=1
+        ``MIN_BLOCKS * BLOCK_SIZE`` over 2048 threads per SM; CACHE=1
         needing more than 227 KiB of shared memory per block; CACHE=2 needing more than 16
         vectors per thread or more registers for the row than the launch bounds leave
-        (``row registers + REGISTER_OVERHEAD > register_cap``: it would spill).
+        (``row registers + REGISTER_OVERHEAD > register_cap``, plus SPLIT_REGISTERS for
+        split rows: it would spill). Any ``cols`` works with any ``VEC``.
         """
         reason = self.check_params(config)
         if reason:
@@ -181,8 +188,6 @@ class LayerNormSpec(OperatorSpec):
         vector_bytes = vec * itemsize
         if reason := limits.vector_width_error(vec, vector_bytes, dtype):
             return reason
-        if cols % vec != 0:
-            return f"cols={cols} is not a multiple of VEC={vec}: rows would start misaligned"
         if reason := limits.resident_threads_error(min_blocks, block):
             return reason
         if cache == 1:
@@ -201,6 +206,8 @@ class LayerNormSpec(OperatorSpec):
                     f"({threads_per_row(config)} threads per row, VEC={vec}); at most {MAX_ITEMS}"
                 )
             regs = cache_registers(config, cols, itemsize)
+            if cols % vec != 0:
+                regs += SPLIT_REGISTERS
             cap = register_cap(config)
             if regs + REGISTER_OVERHEAD > cap:
                 return (
@@ -210,17 +217,17 @@ class LayerNormSpec(OperatorSpec):
         return None
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
-        """A valid config for any valid shape. The widest vector that divides cols and still
-        gives 16 lanes a vector each; then the row in registers over the fewest threads that
-        hold at most 16 vectors each, at least 16 (16 or 32 lanes of a warp in blocks of 256
-        with MIN_BLOCKS=2 where the registers allow, else a block of 128 .. 1024 per row);
-        shared memory or streaming for rows too long for that. Many short rows: each group
-        handles 4 rows so that weight/bias registers are reused. How close this comes to
-        each recorded optimum: docs/defaults.md.
+        """A valid config for any valid shape. The widest vector (of at most 16 bytes and ``cols``
+        elements) that still gives 16 lanes a vector each; then the row in registers over the fewest
+        threads that hold at most 16 vectors each, at least 16 (16 or 32 lanes of a warp in blocks
+        of 256 with MIN_BLOCKS=2 where the registers allow, else a block of 128 .. 1024 per row);
+        shared memory or streaming for rows too long for that. Many short rows: each group handles 4
+        rows so that weight/bias registers are reused. How close this comes to each recorded
+        optimum: docs/defaults.md.
         """
         rows, cols = self.validate(shape, dtype)
         itemsize = DTYPES[dtype][2]
-        fitting = [v for v in self.params["VEC"] if v * itemsize <= 16 and cols % v == 0]
+        fitting = [v for v in self.params["VEC"] if v * itemsize <= 16 and v <= cols]
         vec = max([v for v in fitting if v * 16 <= cols] or fitting)
 
         def grouped(config: Config) -> Config:
@@ -262,7 +269,9 @@ class LayerNormSpec(OperatorSpec):
 
     def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
         """BLOCK_SIZE (block mode only), VEC, ROW_THREADS, CACHE, the launch bounds
-        (:func:`launch_bounds`), DTYPE, IS_HALF, IS_BF16, ITEMS and WB_REGS.
+        (:func:`launch_bounds`), DTYPE, IS_HALF, IS_BF16, ITEMS and WB_REGS; ROW_SPLIT=1 where
+        ``cols % VEC != 0`` (then WB_REGS=0: each row has its own head, so a thread's columns
+        change from row to row), absent otherwise.
 
         GROUP_ROWS only changes the grid and is not rendered; ITEMS and WB_REGS are 0 unless
         CACHE=2, so a CACHE=0/1 source does not depend on the shape (one compile serves every
@@ -280,7 +289,11 @@ class LayerNormSpec(OperatorSpec):
         macros["IS_HALF"] = is_half
         macros["IS_BF16"] = is_bf16
         macros["ITEMS"] = items_per_thread(config, cols) if config["CACHE"] == 2 else 0
-        macros["WB_REGS"] = wb_regs(config, cols, itemsize)
+        if cols % config["VEC"] != 0:
+            macros["WB_REGS"] = 0
+            macros["ROW_SPLIT"] = 1
+        else:
+            macros["WB_REGS"] = wb_regs(config, cols, itemsize)
         return macros
 
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:

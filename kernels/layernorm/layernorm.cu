@@ -34,10 +34,17 @@
 //   ITEMS        CACHE == 2 only: ceil(cols / (threads per row * VEC)); 0 otherwise.
 //   WB_REGS      CACHE == 2 only: 1 = weight and bias vectors are loaded into registers once
 //                and reused for every row the thread's group processes (the grid-stride loop
-//                over rows); 0 = re-read per row (L1 hits).
+//                over rows); 0 = re-read per row (L1 hits). Never with ROW_SPLIT.
+//   ROW_SPLIT    1 where cols % VEC != 0: each row is a scalar head up to its first aligned
+//                address, aligned vectors, and a scalar tail (kato_split.cuh; head and tail
+//                element t go to thread t of the row group); weight and bias are read as
+//                vectors where their address allows. 0 (the default): rows are whole vectors,
+//                and the program is the one compiled before ROW_SPLIT existed.
 //
-// Contract (kernels.layernorm.LayerNormSpec.check enforces it): all pointers 16-byte aligned
-// (cudaMalloc gives 256), cols % VEC == 0 (every row starts on a vector boundary), CACHE == 2
+// Contract (kernels.layernorm.LayerNormSpec.check enforces the static part): ROW_SPLIT 0 needs
+// every pointer aligned to VEC * sizeof(DTYPE) bytes (cudaMalloc gives 256) and cols % VEC == 0;
+// ROW_SPLIT 1 needs x and y congruent modulo VEC * sizeof(DTYPE) bytes, every pointer aligned to
+// its element; CACHE == 2
 // needs cols <= ITEMS * threads_per_row * VEC, CACHE == 1 needs the launch to pass
 // rows_per_block * cols * sizeof(DTYPE) bytes of dynamic shared memory, rows < 2^31,
 // cols <= 2^31 - 2^16 (column indices run one unrolled step past cols).
@@ -88,6 +95,9 @@
 #ifndef WB_REGS
 #define WB_REGS 0
 #endif
+#ifndef ROW_SPLIT
+#define ROW_SPLIT 0
+#endif
 
 #if IS_HALF
 #include <cuda_fp16.h>
@@ -124,9 +134,16 @@ static_assert(ROW_THREADS == 0 || ROW_THREADS == 8 || ROW_THREADS == 16 || ROW_T
               "ROW_THREADS must be 0 (block), 8, 16 or 32");
 static_assert(CACHE >= 0 && CACHE <= 2, "CACHE must be 0, 1 or 2");
 static_assert(CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in [1, 64]");
+#if ROW_SPLIT
+static_assert(VEC > 1 && !WB_REGS, "ROW_SPLIT: rows not whole vectors, a head per row");
+static_assert(kThreadsPerRow >= VEC, "head and tail need one thread per element");
+#endif
 
 #include "../common/kato_vec.cuh"
 #include "../common/kato_convert.cuh"
+#if ROW_SPLIT
+#include "../common/kato_split.cuh"
+#endif
 
 // A Welford partial: count, mean and M2 (sum of squared deviations from the mean) of some
 // elements of x - K. Counts are floats (exact up to 2^24 elements per partial).
@@ -251,6 +268,29 @@ __device__ __forceinline__ Raw normalise(const Raw& xv, const Raw& wv, const Raw
   return pack(f);
 }
 
+#if ROW_SPLIT
+// Statistics of a thread's head and tail elements of x - K (each one present or not), exactly.
+__device__ __forceinline__ Stats edge_stats(bool has_a, float a, bool has_b, float b) {
+  Stats s;
+  s.n = static_cast<float>(has_a) + static_cast<float>(has_b);
+  s.mean = ((has_a ? a : 0.0f) + (has_b ? b : 0.0f)) / fmaxf(s.n, 1.0f);
+  const float da = has_a ? a - s.mean : 0.0f;
+  const float db = has_b ? b - s.mean : 0.0f;
+  s.m2 = fmaf(da, da, db * db);
+  return s;
+}
+
+// y of one head or tail element: x at column c, the row's statistics.
+__device__ __forceinline__ T normalise_one(float x, const T* __restrict__ w,
+                                           const T* __restrict__ b, int c, const RowNorm& rn) {
+  T out;
+  from_float(fmaf((x - rn.pivot) - rn.mean_s, rn.rstd * to_float(__ldg(w + c)),
+                  to_float(__ldg(b + c))),
+             out);
+  return out;
+}
+#endif
+
 }  // namespace KATO_NS
 
 #if LB_MIN_BLOCKS > 0
@@ -273,6 +313,12 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_fwd(
   const int nvec = cols / VEC;
   const Raw* __restrict__ wv = reinterpret_cast<const Raw*>(weight);
   const Raw* __restrict__ bv = reinterpret_cast<const Raw*>(bias);
+#if ROW_SPLIT
+  // Split rows read weight and bias through load_cols; nvec is the CACHE 1 row slots' stride.
+  (void)wv;
+  (void)bv;
+  (void)nvec;
+#endif
 
 #if ROW_THREADS == 0
   const int t = threadIdx.x;
@@ -319,10 +365,25 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_fwd(
     const long long row = base + group;
     const bool valid = row < rows;
     // An empty row past the end: no loads, no stores, but it joins the shuffles.
+#if ROW_SPLIT
+    const int cols_here = valid ? cols : 0;
+    const size_t offset = valid ? static_cast<size_t>(row) * static_cast<size_t>(cols) : 0;
+    const kn::RowSplit split = kn::row_split(x + offset, cols_here);
+    const int n_here = (split.tail - split.head) / VEC;
+    const Raw* __restrict__ xr = reinterpret_cast<const Raw*>(x + offset + split.head);
+    Raw* __restrict__ yr = reinterpret_cast<Raw*>(y + offset + split.head);
+    const bool w_vec = kn::cols_aligned(weight, split.head);
+    const bool b_vec = kn::cols_aligned(bias, split.head);
+    const bool has_head = t < split.head;
+    const bool has_tail = split.tail + t < cols_here;
+    const float hx = has_head ? kn::to_float(__ldg(x + offset + t)) : 0.0f;
+    const float tx = has_tail ? kn::to_float(__ldg(x + offset + split.tail + t)) : 0.0f;
+#else
     const int n_here = valid ? nvec : 0;
     const size_t offset = valid ? static_cast<size_t>(row) * static_cast<size_t>(cols) : 0;
     const Raw* __restrict__ xr = reinterpret_cast<const Raw*>(x + offset);
     Raw* __restrict__ yr = reinterpret_cast<Raw*>(y + offset);
+#endif
 #if ROW_THREADS == 0 && BLOCK_SIZE > 32
     kn::Stats* const slot = red[parity];
 #else
@@ -330,11 +391,15 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_fwd(
 #endif
     // Pivot K: the row's first element (a broadcast load every thread of the group makes).
     float pivot = 0.0f;
+#if ROW_SPLIT
+    if (valid) pivot = kn::to_float(__ldg(x + offset));
+#else
     if (valid) {
       float f0[VEC];
       kn::unpack(__ldg(xr), f0);
       pivot = f0[0];
     }
+#endif
 
 #if CACHE == 2
     Raw r[ITEMS];
@@ -374,13 +439,19 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_fwd(
       }
     }
     s.m2 = m2;
+#if ROW_SPLIT
+    s = kn::merge(s, kn::edge_stats(has_head, hx - pivot, has_tail, tx - pivot));
+#endif
     s = kn::row_allreduce(s, slot);
     const kn::RowNorm rn = kn::finish(s, pivot, cols, eps);
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int idx = t + i * P;
       if (idx < n_here) {
-#if WB_REGS
+#if ROW_SPLIT
+        const Raw wi = kn::load_cols(weight, split.head + idx * VEC, w_vec);
+        const Raw bi = kn::load_cols(bias, split.head + idx * VEC, b_vec);
+#elif WB_REGS
         const Raw wi = wr[i];
         const Raw bi = br[i];
 #else
@@ -431,6 +502,9 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_fwd(
       }
       s = kn::merge(s, st);
     }
+#if ROW_SPLIT
+    s = kn::merge(s, kn::edge_stats(has_head, hx - pivot, has_tail, tx - pivot));
+#endif
     s = kn::row_allreduce(s, slot);
     const kn::RowNorm rn = kn::finish(s, pivot, cols, eps);
     for (int b0 = t; b0 < n_here; b0 += kStep) {
@@ -444,8 +518,13 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_fwd(
 #else
           r[u] = __ldcs(xr + idx);  // last use of x: evict first
 #endif
+#if ROW_SPLIT
+          wi[u] = kn::load_cols(weight, split.head + idx * VEC, w_vec);
+          bi[u] = kn::load_cols(bias, split.head + idx * VEC, b_vec);
+#else
           wi[u] = __ldg(wv + idx);
           bi[u] = __ldg(bv + idx);
+#endif
         }
       }
 #pragma unroll
@@ -455,6 +534,12 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_fwd(
       }
     }
 #endif  // CACHE
+#if ROW_SPLIT
+    if (has_head) y[offset + t] = kn::normalise_one(hx, weight, bias, t, rn);
+    if (has_tail) {
+      y[offset + split.tail + t] = kn::normalise_one(tx, weight, bias, split.tail + t, rn);
+    }
+#endif
     if (valid && t == 0) {
       mean_out[row] = rn.pivot + rn.mean_s;
       rstd_out[row] = rn.rstd;

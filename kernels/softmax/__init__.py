@@ -3,8 +3,11 @@
 Parameter space (Kernel Tuner key order):
 
 - ``BLOCK_SIZE``: threads per block.
-- ``VEC``: elements per vector load/store. A vector is at most 16 bytes, and ``cols % VEC == 0``
-  is required (rows must start on a vector boundary); ``VEC=1`` serves every ``cols``.
+- ``VEC``: elements per vector load/store, at most 16 bytes; any ``cols`` (issue 31). Where
+  ``cols % VEC != 0`` rows start at different offsets from a vector boundary, and the source is
+  rendered with ``ROW_SPLIT=1``: each row is a scalar head up to its first aligned address,
+  aligned vectors, and a scalar tail. Shapes with ``cols % VEC == 0`` render without it and
+  compile to the program they compiled to before it existed.
 - ``STRATEGY``: 0 = one warp per row (``BLOCK_SIZE/32`` rows per block, warp shuffles only);
   1 = one block per row (warp shuffles, then a shared array across warps).
 - ``CACHE``: 0 = online (max, sum) pass, then a second pass that re-reads x (from L2 if lucky);
@@ -106,10 +109,11 @@ class SoftmaxSpec(OperatorSpec):
         """Why ``config`` cannot run correctly for ``shape``/``dtype``, or None if it can.
 
         Rejects: parameters missing, unknown or outside the space; vectors over 16 bytes;
-        ``cols % VEC != 0``; ``MIN_BLOCKS * BLOCK_SIZE`` over 2048 threads per SM; CACHE=1
+        ``MIN_BLOCKS * BLOCK_SIZE`` over 2048 threads per SM; CACHE=1
         needing more than 227 KiB of shared memory per block; CACHE=2 needing more than 16
         vectors per thread, or more registers for its cache than the launch bounds leave
         (``ITEMS * vector bytes / 4 + REGISTER_OVERHEAD > register_cap``: it would spill).
+        Any ``cols`` works with any ``VEC`` (rows split into head, vectors and tail).
         """
         reason = self.check_params(config)
         if reason:
@@ -125,8 +129,6 @@ class SoftmaxSpec(OperatorSpec):
         vector_bytes = vec * itemsize
         if reason := limits.vector_width_error(vec, vector_bytes, dtype):
             return reason
-        if cols % vec != 0:
-            return f"cols={cols} is not a multiple of VEC={vec}: rows would start misaligned"
         if reason := limits.resident_threads_error(min_blocks, block):
             return reason
         if cache == 1:
@@ -155,19 +157,19 @@ class SoftmaxSpec(OperatorSpec):
         return None
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
-        """A valid config for any valid shape. The widest vector that divides cols and still
-        gives each of a warp's 32 lanes a vector (a 128-column float16 row takes VEC=4, not 8:
-        with 8, half the lanes would idle); then the row in registers over the fewest threads
-        that hold at most 8 vectors each (a warp per row, else a block of 64 .. 1024), with
-        MIN_BLOCKS=2 where the registers allow; shared memory or streaming for rows too long
-        for that. How close this comes to each recorded optimum: docs/defaults.md.
+        """A valid config for any valid shape. The widest vector (of at most 16 bytes and ``cols``
+        elements) that still gives each of a warp's 32 lanes a vector (a 128-column float16 row
+        takes VEC=4, not 8: with 8, half the lanes would idle); then the row in registers over the
+        fewest threads that hold at most 8 vectors each (a warp per row, else a block of 64 ..
+        1024), with MIN_BLOCKS=2 where the registers allow; shared memory or streaming for rows too
+        long for that. How close this comes to each recorded optimum: docs/defaults.md.
 
         Raises:
             InvalidInput: the shape or dtype is invalid (see :meth:`validate`).
         """
         _, cols = self.validate(shape, dtype)
         itemsize = DTYPES[dtype][2]
-        fitting = [v for v in self.params["VEC"] if v * itemsize <= 16 and cols % v == 0]
+        fitting = [v for v in self.params["VEC"] if v * itemsize <= 16 and v <= cols]
         vec = max([v for v in fitting if v * 32 <= cols] or fitting)
         vectors = cols // vec
         for threads in (32, 64, 128, 256, 512, 1024):
@@ -188,16 +190,19 @@ class SoftmaxSpec(OperatorSpec):
             config["MIN_BLOCKS"] = 0
             if self.check(config, shape, dtype) is None:
                 return config
-        # Unreachable for a valid shape: streaming with VEC dividing cols has no limit.
+        # Unreachable for a valid shape: streaming has no limit on cols.
         raise AssertionError(f"no default softmax config for {tuple(shape)} {dtype}")
 
     # --- rendering and launching --------------------------------------------------------------
 
     def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
-        """Tunables (in space order), then DTYPE, IS_HALF, IS_BF16 and ITEMS.
+        """Tunables (in space order), then DTYPE, IS_HALF, IS_BF16, ITEMS, and ROW_SPLIT=1
+        where ``cols % VEC != 0`` (absent otherwise: the source of a shape whose rows are whole
+        vectors is what it was before rows could be split).
 
         ITEMS is only meaningful for CACHE=2; it is 0 otherwise so that the source of a
-        CACHE=0/1 variant does not depend on the shape (one compile serves every shape).
+        CACHE=0/1 variant does not depend on the shape (one compile serves every shape of its
+        ROW_SPLIT).
         """
         _, cols = shape
         is_half, is_bf16 = _CUDA_FLAGS[dtype]
@@ -206,6 +211,8 @@ class SoftmaxSpec(OperatorSpec):
         macros["IS_HALF"] = is_half
         macros["IS_BF16"] = is_bf16
         macros["ITEMS"] = items_per_thread(config, cols) if config["CACHE"] == 2 else 0
+        if cols % config["VEC"] != 0:
+            macros["ROW_SPLIT"] = 1
         return macros
 
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:

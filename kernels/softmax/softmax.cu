@@ -18,11 +18,17 @@
 //   IS_HALF, IS_BF16   1 to include cuda_fp16.h / cuda_bf16.h (only what the type needs;
 //               with neither defined, both are included).
 //   ITEMS       CACHE == 2 only: ceil(cols / (threads per row * VEC)); 0 (unused) otherwise.
+//   ROW_SPLIT   1 where cols % VEC != 0: every row starts at another offset from a vector
+//               boundary, so each row is a scalar head up to its first aligned address, aligned
+//               vectors, and a scalar tail of fewer than VEC elements (head and tail element t
+//               go to thread t of the row). 0 (the default): every row is whole vectors, and
+//               the program is the one compiled before ROW_SPLIT existed.
 //
-// Contract (kernels.softmax.SoftmaxSpec.check enforces it): x and y are 16-byte aligned
-// (cudaMalloc gives 256), cols % VEC == 0 so that every row starts on a vector boundary,
-// CACHE == 2 needs cols <= ITEMS * threads_per_row * VEC, CACHE == 1 needs the launch to pass
-// (rows per block) * cols * sizeof(DTYPE) bytes of dynamic shared memory.
+// Contract (kernels.softmax.SoftmaxSpec.check enforces the static part): ROW_SPLIT 0 needs x
+// and y aligned to VEC * sizeof(DTYPE) bytes (cudaMalloc gives 256) and cols % VEC == 0;
+// ROW_SPLIT 1 needs x and y congruent modulo VEC * sizeof(DTYPE) bytes and aligned to
+// sizeof(DTYPE); CACHE == 2 needs cols <= ITEMS * threads_per_row * VEC, CACHE == 1 needs the
+// launch to pass (rows per block) * cols * sizeof(DTYPE) bytes of dynamic shared memory.
 //
 // Numerics: exp is ex2.approx.ftz on (x - max) * log2(e), ~2 ulp; results below 2^-126 flush
 // to zero. The running max starts at a finite sentinel (-1e38) instead of -inf so that merging
@@ -59,6 +65,9 @@
 #endif
 #ifndef ITEMS
 #define ITEMS 1
+#endif
+#ifndef ROW_SPLIT
+#define ROW_SPLIT 0
 #endif
 
 #if IS_HALF
@@ -97,6 +106,9 @@ static_assert(kVecBytes <= 16, "a vector must be at most 16 bytes");
 static_assert(STRATEGY == 0 || STRATEGY == 1, "STRATEGY must be 0 (warp) or 1 (block)");
 static_assert(CACHE >= 0 && CACHE <= 2, "CACHE must be 0, 1 or 2");
 static_assert(CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in [1, 64]");
+#if ROW_SPLIT
+static_assert(VEC > 1, "ROW_SPLIT is for rows that are not whole vectors");
+#endif
 
 #include "../common/kato_vec.cuh"
 
@@ -126,6 +138,66 @@ __device__ __forceinline__ void merge(float& m, float& s, float om, float os) {
   s = fmaf(s_lo, fast_exp2((lo - hi) * kLog2e), s_hi);
   m = hi;
 }
+
+#if ROW_SPLIT
+#include "../common/kato_split.cuh"
+
+// The scalar ends of one row (kato_split.cuh): the row's first element is at x, the head is
+// [0, head), the aligned vectors start at head, the tail is [tail, cols). Thread t of the row
+// holds head element t and tail element tail + t, where those exist.
+struct Edges {
+  const T* x;
+  T* y;
+  int head;
+  int tail;
+  int cols;
+};
+
+__device__ __forceinline__ Edges row_edges(const T* x, T* y, int cols) {
+  const RowSplit split = row_split(x, cols);
+  Edges e;
+  e.x = x;
+  e.y = y;
+  e.head = split.head;
+  e.tail = split.tail;
+  e.cols = cols;
+  return e;
+}
+
+// softmax_row's last parameter, then the row's edges. ROW_SPLIT 0 preprocesses to the text it
+// had before rows could be split, token for token (benchmarks/relabel_results.py proves the
+// committed results unchanged that way).
+#define KATO_AND_EDGES(last) last, const Edges& edges
+#else
+#define KATO_AND_EDGES(last) last
+#endif
+
+#if ROW_SPLIT
+// Loads thread t's head and tail elements (a missing one reads as -inf, which adds nothing).
+__device__ __forceinline__ void load_edges(const Edges& e, int t, float& hx, float& tx) {
+  hx = t < e.head ? to_float(__ldg(e.x + t)) : neg_inf();
+  tx = e.tail + t < e.cols ? to_float(__ldg(e.x + e.tail + t)) : neg_inf();
+}
+
+__device__ __forceinline__ void merge_edges(float& m, float& s, float hx, float tx, const Edges& e,
+                                            int t) {
+  if (t < e.head) merge(m, s, hx, 1.0f);
+  if (e.tail + t < e.cols) merge(m, s, tx, 1.0f);
+}
+
+__device__ __forceinline__ void store_edges(const Edges& e, int t, float hx, float tx, float m,
+                                            float inv_sum) {
+  T out;
+  if (t < e.head) {
+    from_float(fast_exp2((hx - m) * kLog2e) * inv_sum, out);
+    e.y[t] = out;
+  }
+  if (e.tail + t < e.cols) {
+    from_float(fast_exp2((tx - m) * kLog2e) * inv_sum, out);
+    e.y[e.tail + t] = out;
+  }
+}
+#endif
 
 // Butterfly all-reduce over groups of `Width` lanes: every lane ends with the merged pair.
 template <int Width>
@@ -167,7 +239,11 @@ __device__ __forceinline__ void row_allreduce(float& m, float& s, float2* red) {
 // The row lives in registers: thread t holds vectors t, t + P, ..., t + (ITEMS - 1) P of it
 // (P threads per row), so each load instruction of a warp covers 32 consecutive vectors.
 __device__ __forceinline__ void softmax_row(const Raw* __restrict__ xr, Raw* __restrict__ yr,
-                                            int nvec, int t, float2* red, Raw* /*srow*/) {
+                                            int nvec, int t, float2* red, KATO_AND_EDGES(Raw*) /**/) {
+#if ROW_SPLIT
+  float hx, tx;
+  load_edges(edges, t, hx, tx);
+#endif
   Raw r[ITEMS];
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
@@ -213,10 +289,17 @@ __device__ __forceinline__ void softmax_row(const Raw* __restrict__ xr, Raw* __r
 #pragma unroll
   for (int j = 1; j < VEC; ++j) s += sj[j];
 
+  // The cached exps are relative to the max of the thread's vectors, taken before the edges.
   const float thread_max = m;
+#if ROW_SPLIT
+  merge_edges(m, s, hx, tx, edges, t);
+#endif
   row_allreduce(m, s, red);
   const float inv_sum = 1.0f / s;
   const float scale = kFloatElements ? fast_exp2((thread_max - m) * kLog2e) * inv_sum : 0.0f;
+#if ROW_SPLIT
+  store_edges(edges, t, hx, tx, m, inv_sum);
+#endif
 
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
@@ -237,8 +320,12 @@ __device__ __forceinline__ void softmax_row(const Raw* __restrict__ xr, Raw* __r
 
 __device__ __forceinline__ void softmax_row(const Raw* __restrict__ xr, Raw* __restrict__ yr,
                                             int nvec, int t, float2* red,
-                                            Raw* __restrict__ srow) {
+                                            KATO_AND_EDGES(Raw* __restrict__ srow)) {
   constexpr int kStep = kThreadsPerRow * kUnroll;
+#if ROW_SPLIT
+  float hx, tx;
+  load_edges(edges, t, hx, tx);
+#endif
   // Pass 1: online (max, sum). Each step loads kUnroll vectors, then rescales the running sum
   // once for the step's max: one extra exp2 per step instead of one per element.
   float m = kNegSentinel;
@@ -283,9 +370,15 @@ __device__ __forceinline__ void softmax_row(const Raw* __restrict__ xr, Raw* __r
     for (int j = 1; j < VEC; ++j) s += acc[j];
     m = step_max;
   }
+#if ROW_SPLIT
+  merge_edges(m, s, hx, tx, edges, t);
+#endif
 
   row_allreduce(m, s, red);
   const float inv_sum = 1.0f / s;
+#if ROW_SPLIT
+  store_edges(edges, t, hx, tx, m, inv_sum);
+#endif
 
   // Pass 2: normalise. CACHE 0 re-reads x (last use: evict-first), CACHE 1 reads shared.
   for (int base = t; base < nvec; base += kStep) {
@@ -333,7 +426,11 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS softmax_kernel(const DTYPE* __rest
                                                              int cols) {
   namespace ks = kato_softmax;
   using Raw = ks::Raw;
+  // Vectors per row (ROW_SPLIT: at most, the stride of the CACHE 1 row slots).
   const int nvec = cols / VEC;
+#if ROW_SPLIT
+  (void)nvec;  // split rows count their own vectors
+#endif
 #if CACHE == 1
   extern __shared__ __align__(16) unsigned char kato_smem[];
   Raw* const smem_rows = reinterpret_cast<Raw*>(kato_smem);
@@ -350,8 +447,15 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS softmax_kernel(const DTYPE* __rest
   for (long long row = static_cast<long long>(blockIdx.x) * ks::kRowsPerBlock + warp; row < rows;
        row += stride) {
     const size_t offset = static_cast<size_t>(row) * static_cast<size_t>(cols);
+#if ROW_SPLIT
+    const ks::Edges edges = ks::row_edges(x + offset, y + offset, cols);
+    ks::softmax_row(reinterpret_cast<const Raw*>(x + offset + edges.head),
+                    reinterpret_cast<Raw*>(y + offset + edges.head),
+                    (edges.tail - edges.head) / VEC, lane, nullptr, srow, edges);
+#else
     ks::softmax_row(reinterpret_cast<const Raw*>(x + offset), reinterpret_cast<Raw*>(y + offset),
                     nvec, lane, nullptr, srow);
+#endif
   }
 #else
 #if BLOCK_SIZE > 32
@@ -365,8 +469,15 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS softmax_kernel(const DTYPE* __rest
 #else
     float2* const slot = nullptr;
 #endif
+#if ROW_SPLIT
+    const ks::Edges edges = ks::row_edges(x + offset, y + offset, cols);
+    ks::softmax_row(reinterpret_cast<const Raw*>(x + offset + edges.head),
+                    reinterpret_cast<Raw*>(y + offset + edges.head),
+                    (edges.tail - edges.head) / VEC, threadIdx.x, slot, smem_rows, edges);
+#else
     ks::softmax_row(reinterpret_cast<const Raw*>(x + offset), reinterpret_cast<Raw*>(y + offset),
                     nvec, threadIdx.x, slot, smem_rows);
+#endif
   }
   (void)parity;
 #endif

@@ -23,9 +23,10 @@ AWKWARD = [
     (7, 1000003),
     (64, 32768),
 ]
-#: Sampled variants: VEC 2 only, odd widths, everything up to VEC 8, a register-cache edge
-#: (4104 = 8 * 513 columns), short rows.
-VARIANT_SHAPES = [(64, 130), (37, 1000), (9, 4104), (301, 128)]
+#: Sampled variants: rows split at VEC 4 and 8 (130), everything up to VEC 8, a register-cache
+#: edge (4104 = 8 * 513 columns), short rows; odd and prime rows split at every VEC > 1 (issue
+#: 31): a vocabulary of 50257, 127, 3.
+VARIANT_SHAPES = [(64, 130), (37, 1000), (9, 4104), (301, 128), (9, 50257), (33, 127), (40, 3)]
 
 
 @pytest.fixture(scope="module")

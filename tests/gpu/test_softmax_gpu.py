@@ -19,8 +19,9 @@ def spec():
     return get_operator("softmax")
 
 
-def run_on_device(spec, config, shape, dtype, seed=0):
-    """Launch once outside the backend and return (output as float64, float64 reference)."""
+def run_on_device(spec, config, shape, dtype, seed=0, offset=0):
+    """Launch once outside the backend and return (output as float64, float64 reference);
+    x and y ``offset`` elements past their allocation's start (a view's data pointer)."""
     import pycuda.autoprimaryctx  # noqa: F401 - a context for this process
     import pycuda.driver as cuda
     from kato.tuner.backends.pycuda import describe_device
@@ -38,16 +39,19 @@ def run_on_device(spec, config, shape, dtype, seed=0):
     args, bufs = [], []
     for a in problem.args:
         if isinstance(a, np.ndarray):
-            buf = cuda.mem_alloc(a.nbytes)
-            cuda.memcpy_htod(buf, a)
+            buf = cuda.mem_alloc(a.nbytes + 16)
             bufs.append(buf)
-            args.append(buf)
+            at = int(buf) + offset * a.itemsize
+            cuda.memcpy_htod(at, a)
+            args.append(at)
         else:
             args.append(a)
     out_index = problem.outputs[0]
     out = np.empty_like(problem.args[out_index])
     cuda.memset_d8(args[out_index], 0xFF, out.nbytes)  # poison: NaN everywhere
-    fn(*args, block=launch.block, grid=launch.grid, shared=launch.shared_bytes)
+    given = zip(args, problem.args, strict=True)
+    pointers = [np.uintp(a) if isinstance(p, np.ndarray) else a for a, p in given]
+    fn(*pointers, block=launch.block, grid=launch.grid, shared=launch.shared_bytes)
     cuda.Context.synchronize()
     cuda.memcpy_dtoh(out, args[out_index])
     return out.astype(np.float64), problem.references[0]
@@ -66,7 +70,8 @@ def test_default_config_matches_float64_reference(spec, shape, dtype):
 @pytest.mark.parametrize(
     # 12288 columns: float32 CACHE=1 rows of exactly 48 KiB, plus the static reduction array
     "shape",
-    [(3000, 3001), (257, 4096), (64, 130), (64, 12288)],
+    # Odd, prime and just-past-2^k row lengths split rows at every VEC > 1 (issue 31).
+    [(3000, 3001), (257, 4096), (64, 130), (64, 12288), (9, 50257), (33, 127), (40, 3)],
     ids=lambda s: "x".join(map(str, s)),
 )
 def test_every_valid_variant_verifies(spec, shape, dtype):
@@ -90,6 +95,29 @@ def test_every_valid_variant_verifies(spec, shape, dtype):
         assert (stats.ahead, stats.inline) == (len(valid), 0) and stats.wait_s >= 0
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("offset", [1, 3])
+def test_split_rows_from_a_shifted_pointer(spec, dtype, offset):
+    """x and y a few elements past a 16-byte boundary (congruent, as a view and its output
+    shifted alike): every VEC > 1 on odd rows, streaming and cached, verifies."""
+    itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
+    shape = (37, 1001)
+    checked = 0
+    for vec in (2, 4, 8):
+        if vec * itemsize > 16:
+            continue
+        for strategy, cache in ((0, 0), (0, 2), (1, 1), (1, 2)):
+            config = {"BLOCK_SIZE": 256, "VEC": vec, "STRATEGY": strategy, "CACHE": cache}
+            config["MIN_BLOCKS"] = 0
+            if spec.check(config, shape, dtype) is not None:
+                continue
+            y, ref = run_on_device(spec, config, shape, dtype, seed=vec, offset=offset)
+            atol, rtol = spec.tolerance(dtype)
+            assert np.allclose(y, ref, atol=atol, rtol=rtol), (config, np.nanmax(abs(y - ref)))
+            checked += 1
+    assert checked >= 8
 
 
 BROKEN = r"""

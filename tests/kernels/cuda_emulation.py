@@ -69,9 +69,18 @@ template <class V> inline V __shfl_xor_sync(unsigned, V v, int offset) {
   std::memcpy(&other, &bits, sizeof(V));
   return other;
 }
-template <class V> inline V __ldg(const V* p) { return *p; }
-template <class V> inline V __ldcs(const V* p) { return *p; }
-template <class V> inline void __stcs(V* p, V v) { *p = v; }
+// Global loads and stores through these fault on a misaligned address, as on the GPU (a
+// 16-byte vector must be 16-byte aligned): exit 88.
+template <class V> inline const V* emu_aligned(const V* p) {
+  if (reinterpret_cast<uintptr_t>(p) % alignof(V) != 0) {
+    std::fprintf(stderr, "misaligned %zu-byte access at %p\n", sizeof(V), (const void*)p);
+    std::_Exit(88);
+  }
+  return p;
+}
+template <class V> inline V __ldg(const V* p) { return *emu_aligned(p); }
+template <class V> inline V __ldcs(const V* p) { return *emu_aligned(p); }
+template <class V> inline void __stcs(V* p, V v) { *const_cast<V*>(emu_aligned(p)) = v; }
 inline unsigned __byte_perm(unsigned a, unsigned b, unsigned s) {
   const unsigned long long bytes = a | (static_cast<unsigned long long>(b) << 32);
   unsigned r = 0;
@@ -169,17 +178,21 @@ _CTYPES = {np.dtype(np.int32): "int", np.dtype(np.int64): "long long"}
 
 @dataclass
 class Case:
-    """One variant at one shape and dtype, run with ``grid_cap`` blocks at most per step."""
+    """One variant at one shape and dtype, run with ``grid_cap`` blocks at most per step, every
+    array argument ``offset`` of its elements past a 16-byte boundary (a view's data pointer:
+    the row arrays stay congruent)."""
 
     spec: OperatorSpec
     config: Config
     shape: tuple[int, ...]
     dtype: str
     grid_cap: int | None = None
+    offset: int = 0
 
     def __str__(self) -> str:
         cap = f" grid<={self.grid_cap}" if self.grid_cap else ""
-        return f"{self.spec.name} {self.dtype} {self.shape} {self.config}{cap}"
+        off = f" offset={self.offset}" if self.offset else ""
+        return f"{self.spec.name} {self.dtype} {self.shape} {self.config}{cap}{off}"
 
 
 def cuda_include_dir() -> Path | None:
@@ -330,7 +343,8 @@ def emulation_source(cases: Sequence[Case], problems: Sequence[Problem]) -> str:
             for k in indices:
                 a = problem.args[k]
                 if isinstance(a, np.ndarray):
-                    args.append(f"AnyPtr{{buf[{k}].data()}}")
+                    at = case.offset * a.itemsize
+                    args.append(f"AnyPtr{{buf[{k}].data() + kEmuPad + {at}}}")
                 else:
                     args.append(_literal(a))
             grid = step.launch.grid[0]
@@ -342,8 +356,23 @@ def emulation_source(cases: Sequence[Case], problems: Sequence[Problem]) -> str:
                 f"    launch([&] {{ {step.kernel}_{i}({', '.join(args)}); }}, {grid}, {bx}, {by}, "
                 f"{shared});"
             )
-        dispatch.append(f"  case {i}:\n" + "\n".join(calls) + "\n    break;")
+        # Shifted arrays: moved up by their offset for the launches, and back for the output.
+        moves = [
+            (
+                f"buf[{k}].data() + kEmuPad",
+                f"buf[{k}].data() + kEmuPad + {case.offset * a.itemsize}",
+                a.nbytes,
+            )
+            for k, a in enumerate(problem.args)
+            if isinstance(a, np.ndarray) and case.offset
+        ]
+        before = [f"    std::memmove({dst}, {src}, {n});" for src, dst, n in moves]
+        after = [f"    std::memmove({src}, {dst}, {n});" for src, dst, n in moves]
+        dispatch.append(f"  case {i}:\n" + "\n".join(before + calls + after) + "\n    break;")
     parts.append(
+        "// Arrays start kEmuPad bytes into their buffer (malloc's 16-byte alignment kept), so\n"
+        "// that a case may shift them by a few elements.\n"
+        "constexpr long kEmuPad = 64;\n"
         "int main(int argc, char** argv) {\n"
         "  std::vector<std::vector<unsigned char>> buf(128);\n"
         "  char path[4096];\n"
@@ -352,9 +381,8 @@ def emulation_source(cases: Sequence[Case], problems: Sequence[Problem]) -> str:
         '    FILE* f = std::fopen(path, "rb");\n'
         "    if (!f) continue;\n"
         "    std::fseek(f, 0, SEEK_END); long n = std::ftell(f); std::fseek(f, 0, SEEK_SET);\n"
-        "    buf[k].resize(n + 16);\n"
-        "    if (std::fread(buf[k].data(), 1, n, f) != (size_t)n) return 2;\n"
-        "    buf[k].resize(n);\n"
+        "    buf[k].resize(kEmuPad + n + 64);\n"
+        "    if (std::fread(buf[k].data() + kEmuPad, 1, n, f) != (size_t)n) return 2;\n"
         "    std::fclose(f);\n"
         "  }\n"
         "  switch (std::atoi(argv[1])) {\n" + "\n".join(dispatch) + "\n  default: return 3;\n  }\n"
@@ -362,7 +390,8 @@ def emulation_source(cases: Sequence[Case], problems: Sequence[Problem]) -> str:
         "    if (buf[k].empty()) continue;\n"
         '    std::snprintf(path, sizeof path, "%s/a%d.bin", argv[2], k);\n'
         '    FILE* f = std::fopen(path, "wb");\n'
-        "    std::fwrite(buf[k].data(), 1, buf[k].size(), f); std::fclose(f);\n"
+        "    std::fwrite(buf[k].data() + kEmuPad, 1, buf[k].size() - kEmuPad - 64, f);\n"
+        "    std::fclose(f);\n"
         "  }\n"
         "  return 0;\n}\n"
     )

@@ -76,3 +76,50 @@ def test_long_rows_keep_the_variance(tmp_path, norm_emulation, dtype) -> None:
     expected = 1.0 / np.sqrt(x.var(axis=1) + EPS)
     error = np.abs(rstd / expected - 1.0)
     assert (error < 3e-6).all(), error
+
+
+#: Odd, prime and just-past-a-power-of-two row lengths: with VEC > 1 every row is a scalar head,
+#: aligned vectors and a scalar tail, each row at another offset (issue 31).
+SPLIT_SHAPES = ((5, 3), (4, 127), (3, 1001), (9, 97), (2, 4097), (2, 50257))
+
+
+def split_cases() -> list[Case]:
+    """Every (dtype, ROW_THREADS, CACHE) on split rows: the first shape and VEC tried cycling
+    (through SPLIT_SHAPES and 8, 4, 2; the first that fits the dtype and the registers), block
+    sizes and grid caps cycling, and every array shifted 0, 1 or 3 elements off its 16-byte
+    boundary."""
+    blocks = SPEC.params["BLOCK_SIZE"]
+    cases: list[Case] = []
+    for dtype, row_threads, cache in itertools.product(SPEC.dtypes, (8, 16, 32, 0), (0, 1, 2)):
+        n = len(cases)
+        shapes = SPLIT_SHAPES[n % len(SPLIT_SHAPES) :] + SPLIT_SHAPES[: n % len(SPLIT_SHAPES)]
+        vecs = (8, 4, 2)[n % 3 :] + (8, 4, 2)[: n % 3]
+        for shape, attempt, vec in itertools.product(shapes, range(len(blocks)), vecs):
+            config = {
+                "BLOCK_SIZE": blocks[(n + attempt) % len(blocks)],
+                "VEC": vec,
+                "ROW_THREADS": row_threads,
+                "CACHE": cache,
+                "MIN_BLOCKS": 0,
+                "GROUP_ROWS": (1, 4)[n % 2],
+            }
+            if shape[1] % vec and SPEC.check(config, shape, dtype) is None:
+                cap = 2 if (n // 3) % 2 == 0 else None
+                offset = (0, 1, 3)[(n + n // 3) % 3]  # not tied to CACHE (n % 3)
+                cases.append(Case(SPEC, config, shape, dtype, cap, offset=offset))
+                break
+    return cases
+
+
+def test_split_rows_on_the_cpu(tmp_path, norm_emulation) -> None:
+    """Rows that are not whole vectors (ROW_SPLIT) at every VEC, on shifted base pointers: the
+    emulation faults on any misaligned vector access, as the GPU does."""
+    cases = split_cases()
+    assert {(c.dtype, c.config["ROW_THREADS"], c.config["CACHE"]) for c in cases} == set(
+        itertools.product(SPEC.dtypes, (8, 16, 32, 0), (0, 1, 2))
+    )
+    assert {c.config["VEC"] for c in cases} == {2, 4, 8}
+    assert {c.offset for c in cases} == {0, 1, 3}
+    assert all(SPEC.defines(c.config, c.shape, c.dtype).get("ROW_SPLIT") == 1 for c in cases)
+    failures = run_cases(cases, tmp_path, np.random.default_rng(31))
+    assert not failures, "\n".join(failures[:20])

@@ -75,7 +75,6 @@ def test_registered_with_the_contract_attributes() -> None:
     ("config", "shape", "dtype", "reason"),
     [
         (cfg(vec=8), (64, 1024), "float32", "32-byte vector"),
-        (cfg(vec=4), (64, 1022), "float32", "not a multiple of VEC=4"),
         (cfg(block=1024, min_blocks=4), (64, 1024), "float32", "not one of"),
         (cfg(cache=1, vec=4), (64, 65536), "float32", "shared memory"),
         (cfg(cache=1, row_threads=32, block=1024, vec=8), (64, 4096), "float16", "32 row(s)"),
@@ -178,7 +177,12 @@ def test_default_config_choices() -> None:
     assert (medium["ROW_THREADS"], medium["CACHE"], medium["MIN_BLOCKS"]) == (32, 2, 2)
     long = SPEC.default_config((8192, 32768), "float32")  # a block of 512, 16 vectors each
     assert (long["ROW_THREADS"], long["BLOCK_SIZE"], long["CACHE"]) == (0, 512, 2)
-    assert SPEC.default_config((3000, 3001), "float32")["VEC"] == 1
+    # Rows that are not whole vectors split (head, vectors, tail) at the widest vector too.
+    odd = SPEC.default_config((3000, 3001), "float32")
+    assert odd["VEC"] == 4
+    assert SPEC.defines(odd, (3000, 3001), "float32")["ROW_SPLIT"] == 1
+    assert SPEC.defines(odd, (3000, 3001), "float32")["WB_REGS"] == 0
+    assert SPEC.default_config((8192, 50257), "bfloat16")["VEC"] == 8
     huge = SPEC.default_config((7, 1000003), "float32")
     assert (huge["ROW_THREADS"], huge["CACHE"]) == (0, 0)
     assert SPEC.default_config((4, 4), "float32")["GROUP_ROWS"] == 1

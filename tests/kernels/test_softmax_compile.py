@@ -3,8 +3,10 @@
 "Every variant" means every config ``check`` accepts for one representative shape per dtype
 (4096 x 4096): the source of a CACHE=0/1 variant does not depend on the shape at all, and a
 CACHE=2 variant only through ITEMS, so more shapes would multiply the compile time without
-reaching new code paths. The default configs of a few awkward shapes (odd sizes, 1e6 columns)
-are compiled as well.
+reaching new code paths. Rows that are not whole vectors compile another program (ROW_SPLIT:
+scalar head and tail around the aligned vectors), so every VEC > 1 variant of 4096 x 4097 is
+compiled too (sm_90 only: the code path is the same on sm_80). The default configs of a few
+awkward shapes (odd sizes, 1e6 columns) are compiled as well.
 
 Speed: a standalone nvcc run costs ~0.7 s, mostly nvcc start-up and parsing the CUDA headers,
 and there are ~1200 variants per arch. The test therefore compiles them in batches: one
@@ -41,6 +43,9 @@ pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
 
 SPEC = get_operator("softmax")
 SHAPE = (4096, 4096)
+#: Rows of an odd length: every VEC > 1 renders ROW_SPLIT=1.
+SPLIT_SHAPE = (4096, 4097)
+SPLIT_ARCH = "sm_90"
 AWKWARD_SHAPES = ((1, 1), (3000, 3001), (7, 1000003), (65536, 128), (8192, 32768))
 #: Override with e.g. KATO_COMPILE_TEST_ARCHS=sm_90 to halve the time of the exhaustive part.
 ARCHS = tuple(os.environ.get("KATO_COMPILE_TEST_ARCHS", "sm_80,sm_90").split(","))
@@ -69,17 +74,24 @@ class Outcome:
     error: str | None = None
 
 
-def variants(dtype: str) -> list[Variant]:
-    """The valid configs for SHAPE, one per distinct rendered source."""
-    space = SearchSpace(SPEC.params, lambda config: SPEC.check(config, SHAPE, dtype))
+def variants(dtype: str, shape: tuple[int, int] = SHAPE) -> list[Variant]:
+    """The valid configs for ``shape``, one per distinct rendered source."""
+    space = SearchSpace(SPEC.params, lambda config: SPEC.check(config, shape, dtype))
     seen: set[str] = set()
     found = []
     for config in space.valid_configs():
-        variant = Variant(config, dtype)
+        variant = Variant(config, dtype, shape)
         source = variant.source()
         if source not in seen:
             seen.add(source)
             found.append(variant)
+    return found
+
+
+def split_variants(dtype: str) -> list[Variant]:
+    """The valid configs of SPLIT_SHAPE that split rows (VEC > 1), one per distinct source."""
+    found = [v for v in variants(dtype, SPLIT_SHAPE) if v.config["VEC"] > 1]
+    assert all(SPEC.defines(v.config, v.shape, dtype).get("ROW_SPLIT") == 1 for v in found)
     return found
 
 
@@ -142,6 +154,9 @@ def outcomes(cubin_cache: Path) -> list[Outcome]:
         todo = sorted(variants(dtype), key=_cost, reverse=True) + awkward_defaults(dtype)
         for arch in ARCHS:
             batches += [(arch, todo[i : i + BATCH]) for i in range(0, len(todo), BATCH)]
+        if SPLIT_ARCH in ARCHS:
+            split = sorted(split_variants(dtype), key=_cost, reverse=True)
+            batches += [(SPLIT_ARCH, split[i : i + BATCH]) for i in range(0, len(split), BATCH)]
     # Longest jobs first, so that the workers finish together.
     batches.sort(key=lambda job: sum(map(_cost, job[1])), reverse=True)
 
@@ -162,9 +177,11 @@ def test_space_has_variants_for_every_dtype_and_arch(outcomes: list[Outcome]) ->
     for dtype in SPEC.dtypes:
         expected = len(variants(dtype)) + len(AWKWARD_SHAPES)
         assert expected > 100
+        split = len(split_variants(dtype))
+        assert split > 100
         for arch in ARCHS:
             got = [o for o in outcomes if o.variant.dtype == dtype and o.arch == arch]
-            assert len(got) == expected
+            assert len(got) == expected + (split if arch == SPLIT_ARCH else 0)
 
 
 def test_every_variant_compiles(outcomes: list[Outcome]) -> None:
@@ -248,6 +265,7 @@ def test_batched_resources_match_standalone(outcomes: list[Outcome], tmp_path: P
 EMULATION_HEADER = r"""
 #include <barrier>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -273,9 +291,18 @@ inline float __shfl_xor_sync(unsigned, float v, int offset) {
   this_warp->sync.arrive_and_wait();
   return other;
 }
-template <class V> inline V __ldg(const V* p) { return *p; }
-template <class V> inline V __ldcs(const V* p) { return *p; }
-template <class V> inline void __stcs(V* p, V v) { *p = v; }
+// Global loads and stores fault on a misaligned address, as on the GPU (a vector of 16 bytes
+// must be 16-byte aligned): exit 88.
+template <class V> inline const V* aligned(const V* p) {
+  if (reinterpret_cast<std::uintptr_t>(p) % alignof(V) != 0) {
+    std::fprintf(stderr, "misaligned %zu-byte access at %p\n", sizeof(V), (const void*)p);
+    std::_Exit(88);
+  }
+  return p;
+}
+template <class V> inline V __ldg(const V* p) { return *aligned(p); }
+template <class V> inline V __ldcs(const V* p) { return *aligned(p); }
+template <class V> inline void __stcs(V* p, V v) { *const_cast<V*>(aligned(p)) = v; }
 inline float __int_as_float(unsigned v) { float f; std::memcpy(&f, &v, 4); return f; }
 alignas(16) unsigned char kato_smem[232448];
 template <class F> void launch(F kernel, unsigned grid, unsigned block) {
@@ -298,6 +325,12 @@ template <class F> void launch(F kernel, unsigned grid, unsigned block) {
 #include <cuda_bf16.h>
 """
 EMULATED_SHAPES = ((7, 31), (6, 200), (3, 98), (2, 4104), (40, 8), (1, 1))
+#: Odd, prime and just-past-a-power-of-two row lengths: with VEC > 1 every row is split into a
+#: scalar head, aligned vectors and a scalar tail, each row at another offset (issue 31).
+SPLIT_SHAPES = ((5, 3), (4, 127), (3, 1000), (9, 97), (2, 4097), (2, 50257))
+#: Element offsets of x and y from a 16-byte boundary that split cases cycle through (a view's
+#: data pointer, as kato_torch may pass it; x and y congruent): 0 is cudaMalloc's.
+SPLIT_OFFSETS = (0, 1, 3)
 _DYNAMIC_SHARED = "extern __shared__ __align__(16) unsigned char kato_smem[];"
 
 
@@ -313,18 +346,24 @@ def _cuda_include_dir() -> Path | None:
     return Path(match.group(1).strip()) if match else None
 
 
-def emulated_cases() -> list[tuple[Variant, int]]:
-    """Every (dtype, strategy, cache) on every shape, widest valid vector, block sizes cycling
-    through the space; every other case runs on a 2-block grid to exercise the row loops."""
+def emulated_cases() -> list[tuple[Variant, int, int]]:
+    """``(variant, grid, offset)``: every (dtype, strategy, cache) on every shape, block sizes
+    cycling through the space; every other case runs on a 2-block grid to exercise the row
+    loops. EMULATED_SHAPES take the widest valid vector at offset 0; SPLIT_SHAPES cycle the
+    first vector tried through every VEC and x and y through SPLIT_OFFSETS."""
     blocks = SPEC.params["BLOCK_SIZE"]
     cases = []
     for dtype in SPEC.dtypes:
-        for shape in EMULATED_SHAPES:
+        for shape in EMULATED_SHAPES + SPLIT_SHAPES:
+            split = shape in SPLIT_SHAPES
             for strategy, cache in itertools.product((0, 1), (0, 1, 2)):
+                vecs = (8, 4, 2, 1)
+                if split:  # a different first VEC for every case
+                    vecs = vecs[len(cases) % 4 :] + vecs[: len(cases) % 4]
                 for attempt in range(len(blocks) * 4):
                     config = {
                         "BLOCK_SIZE": blocks[(len(cases) + attempt) % len(blocks)],
-                        "VEC": (8, 4, 2, 1)[attempt // len(blocks)],
+                        "VEC": vecs[attempt // len(blocks)],
                         "STRATEGY": strategy,
                         "CACHE": cache,
                         "MIN_BLOCKS": 0,
@@ -332,18 +371,22 @@ def emulated_cases() -> list[tuple[Variant, int]]:
                     if SPEC.check(config, shape, dtype) is None:
                         full_grid = SPEC.launch(config, shape, dtype).grid[0]
                         grid = full_grid if len(cases) % 2 else min(full_grid, 2)
-                        cases.append((Variant(config, dtype, shape), grid))
+                        # A shifted base is for split rows only: whole-vector rows
+                        # (ROW_SPLIT=0) need x and y aligned to the vector.
+                        whole = shape[1] % config["VEC"] == 0
+                        offset = 0 if whole or not split else SPLIT_OFFSETS[len(cases) % 3]
+                        cases.append((Variant(config, dtype, shape), grid, offset))
                         break
     return cases
 
 
-def emulation_source(cases: list[tuple[Variant, int]]) -> str:
+def emulation_source(cases: list[tuple[Variant, int, int]]) -> str:
     template = template_source(SPEC.template)  # the shared headers inlined
     assert _DYNAMIC_SHARED in template  # the emulation provides kato_smem itself
     host_template = template.replace(_DYNAMIC_SHARED, "").replace("__shared__", "static")
     parts = [EMULATION_HEADER]
     dispatch = []
-    for i, (variant, grid) in enumerate(cases):
+    for i, (variant, grid, _) in enumerate(cases):
         macros = SPEC.defines(variant.config, variant.shape, variant.dtype)
         parts += [
             f"#define {SPEC.kernel_name} {SPEC.kernel_name}_{i}",
@@ -358,19 +401,21 @@ def emulation_source(cases: list[tuple[Variant, int]]) -> str:
         ctype = DTYPES[variant.dtype][1]
         rows, cols = variant.shape
         dispatch.append(
-            f"case {i}: launch([&] {{ {SPEC.kernel_name}_{i}(({ctype}*)x.data(), "
-            f"({ctype}*)y.data(), {rows}, {cols}); }}, {grid}, {variant.config['BLOCK_SIZE']}); "
+            f"case {i}: launch([&] {{ {SPEC.kernel_name}_{i}(({ctype}*)(x.data() + off), "
+            f"({ctype}*)(y.data() + off), {rows}, {cols}); }}, {grid}, "
+            f"{variant.config['BLOCK_SIZE']}); "
             "break;"
         )
     parts.append(
         "int main(int argc, char** argv) {\n"
         '  FILE* f = std::fopen(argv[2], "rb");\n'
         "  std::fseek(f, 0, SEEK_END); long n = std::ftell(f); std::fseek(f, 0, SEEK_SET);\n"
-        "  std::vector<unsigned char> x(n), y(n, 0xff);\n"
-        "  if (std::fread(x.data(), 1, n, f) != (size_t)n) return 2;\n"
+        "  const long off = std::atol(argv[4]);  // bytes past a 16-byte boundary (malloc's)\n"
+        "  std::vector<unsigned char> x(n + off), y(n + off, 0xff);\n"
+        "  if (std::fread(x.data() + off, 1, n, f) != (size_t)n) return 2;\n"
         "  std::fclose(f);\n"
         "  switch (std::atoi(argv[1])) {\n" + "\n".join(dispatch) + "\n  default: return 3;\n  }\n"
-        '  f = std::fopen(argv[3], "wb"); std::fwrite(y.data(), 1, n, f); std::fclose(f);\n'
+        '  f = std::fopen(argv[3], "wb"); std::fwrite(y.data() + off, 1, n, f); std::fclose(f);\n'
         "  return 0;\n}\n"
     )
     return "\n".join(parts)
@@ -384,10 +429,18 @@ def test_kernel_logic_on_the_cpu(tmp_path: Path) -> None:
     cases = emulated_cases()
     # Every code path is covered (not every shape admits every path: 4104 columns do not fit
     # a warp's registers).
-    covered = {(v.dtype, v.config["STRATEGY"], v.config["CACHE"]) for v, _ in cases}
+    covered = {(v.dtype, v.config["STRATEGY"], v.config["CACHE"]) for v, _, _ in cases}
     assert len(covered) == len(SPEC.dtypes) * 2 * 3
-    assert {v.config["VEC"] for v, _ in cases} == set(SPEC.params["VEC"])
-    assert {v.config["BLOCK_SIZE"] for v, _ in cases} == set(SPEC.params["BLOCK_SIZE"])
+    assert {v.config["VEC"] for v, _, _ in cases} == set(SPEC.params["VEC"])
+    assert {v.config["BLOCK_SIZE"] for v, _, _ in cases} == set(SPEC.params["BLOCK_SIZE"])
+    # Split rows: every (dtype, VEC > 1) and every (strategy, cache) at a shifted base.
+    split = [(v, off) for v, _, off in cases if v.shape[1] % v.config["VEC"]]
+    assert {(v.dtype, v.config["VEC"]) for v, _ in split} >= {
+        (d, vec) for d in SPEC.dtypes for vec in (2, 4, 8) if vec * DTYPES[d][2] <= 16
+    }
+    assert {(v.config["STRATEGY"], v.config["CACHE"]) for v, off in split if off} == set(
+        itertools.product((0, 1), (0, 1, 2))
+    )
     # Two binaries built in parallel (2 cores); each holds every other case.
     halves = [cases[0::2], cases[1::2]]
     builds = []
@@ -403,20 +456,24 @@ def test_kernel_logic_on_the_cpu(tmp_path: Path) -> None:
     rng = np.random.default_rng(2024)
     failures = []
     for k, half in enumerate(halves):
-        for i, (variant, grid) in enumerate(half):
+        for i, (variant, grid, offset) in enumerate(half):
             problem = SPEC.make_problem(variant.shape, variant.dtype, rng)
             x = problem.args[0]
             x.tofile(tmp_path / "x.bin")
-            subprocess.run(
-                [str(tmp_path / f"emu{k}"), str(i), "x.bin", "y.bin"],
+            run = subprocess.run(
+                [str(tmp_path / f"emu{k}"), str(i), "x.bin", "y.bin", str(offset * x.itemsize)],
                 cwd=tmp_path,
-                check=True,
+                capture_output=True,
+                text=True,
                 timeout=120,
             )
+            if run.returncode != 0:
+                failures.append(f"{variant} offset={offset}: exit {run.returncode} {run.stderr}")
+                continue
             y = np.fromfile(tmp_path / "y.bin", dtype=x.dtype).reshape(variant.shape)
             atol, rtol = SPEC.tolerance(variant.dtype)
             reference = problem.references[0]
             if not np.allclose(y.astype(np.float64), reference, atol=atol, rtol=rtol):
                 error = np.nanmax(np.abs(y.astype(np.float64) - reference))
-                failures.append(f"{variant} grid={grid}: max error {error}")
+                failures.append(f"{variant} grid={grid} offset={offset}: max error {error}")
     assert not failures, "\n".join(failures)

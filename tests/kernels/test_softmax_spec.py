@@ -90,8 +90,6 @@ def test_version_follows_the_template(tmp_path: Path, monkeypatch: pytest.Monkey
     ("config", "shape", "dtype", "reason"),
     [
         (cfg(vec=8), (64, 1024), "float32", "32-byte vector"),
-        (cfg(vec=4), (64, 1022), "float32", "not a multiple of VEC=4"),
-        (cfg(vec=8), (64, 1020), "float16", "not a multiple of VEC=8"),
         (cfg(block=1024, min_blocks=4), (64, 1024), "float32", "2048 threads per SM"),
         (cfg(block=512, min_blocks=8), (64, 1024), "float32", "not one of"),
         (cfg(block=48), (64, 1024), "float32", "not one of"),
@@ -190,14 +188,33 @@ def test_default_config_is_valid_for_every_shape(shape, dtype) -> None:
 def test_default_config_picks_the_widest_vector_and_sensible_strategy() -> None:
     assert SPEC.default_config((4096, 4096), "float16")["VEC"] == 8
     assert SPEC.default_config((4096, 4096), "float32")["VEC"] == 4
-    assert SPEC.default_config((4096, 4098), "float16")["VEC"] == 2
-    assert SPEC.default_config((3000, 3001), "float32")["VEC"] == 1
+    # Rows that are not whole vectors split (head, vectors, tail) at the widest vector too.
+    assert SPEC.default_config((4096, 4098), "float16")["VEC"] == 8
+    assert SPEC.default_config((3000, 3001), "float32")["VEC"] == 4
+    assert SPEC.default_config((8192, 50257), "bfloat16")["VEC"] == 8
+    assert SPEC.default_config((16, 3), "float16")["VEC"] == 2  # not wider than the row
     short = SPEC.default_config((65536, 128), "float32")
     assert (short["STRATEGY"], short["CACHE"]) == (0, 2)  # a warp per row, in registers
     medium = SPEC.default_config((32768, 4096), "float16")
     assert (medium["STRATEGY"], medium["CACHE"]) == (1, 2)
     huge = SPEC.default_config((7, 1000003), "float32")
-    assert (huge["STRATEGY"], huge["CACHE"], huge["VEC"]) == (1, 0, 1)
+    assert (huge["STRATEGY"], huge["CACHE"], huge["VEC"]) == (1, 0, 4)
+
+
+@pytest.mark.parametrize("cols", [1, 3, 127, 1000, 4097, 50257])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_every_vec_is_valid_on_any_row_length(cols, dtype) -> None:
+    """VEC is a free tunable on every shape (issue 31): rows that are not whole vectors render
+    ROW_SPLIT=1 (scalar head and tail around aligned vectors), whole-vector rows do not."""
+    itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
+    for vec in (1, 2, 4, 8):
+        config = cfg(vec=vec, cache=0)
+        if vec * itemsize > 16:
+            assert "vector" in SPEC.check(config, (64, cols), dtype)
+            continue
+        assert SPEC.check(config, (64, cols), dtype) is None
+        split = SPEC.defines(config, (64, cols), dtype).get("ROW_SPLIT")
+        assert split == (1 if cols % vec else None)
 
 
 def test_default_config_rejects_invalid_shapes() -> None:
