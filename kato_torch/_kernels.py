@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 from kato.kernels import InvalidInput, get_operator
-from kato.kernels.spec import Launch, OperatorSpec, TensorMap
+from kato.kernels.spec import DTYPES, Launch, OperatorSpec, TensorMap
 from kato.tuner.nvcc import compile_kernel
 from kato.tuner.tensor_map import MAP_BYTES, MapCache
 
@@ -196,12 +196,56 @@ def prepare(keys: Sequence[Any], device_index: int = 0, workers: int | None = No
     return len(chosen)
 
 
-def bind(operator: str, shape: Sequence[int], dtype: str, device_index: int) -> BoundOperator:
-    """The operator compiled for ``shape``/``dtype`` on ``device_index`` (cached)."""
+#: Bytes of the widest vector a template loads (16: ``uint4``); what cudaMalloc and torch's
+#: allocator align every tensor to.
+MAX_VECTOR_BYTES = 16
+
+
+def pointer_alignment(tensors: Sequence[Any]) -> int:
+    """The largest power of two, at most :data:`MAX_VECTOR_BYTES`, that divides the data
+    pointer of every tensor in ``tensors`` (other values are skipped): 16 for any fresh
+    allocation, less for a view that starts a few elements into its storage."""
+    alignment = MAX_VECTOR_BYTES
+    for t in tensors:
+        pointer = t.data_ptr() if hasattr(t, "data_ptr") else 0
+        if pointer:
+            alignment = min(alignment, pointer & -pointer)
+    return alignment
+
+
+def fit_alignment(
+    spec: OperatorSpec, config: dict[str, Any], shape: tuple[int, ...], dtype: str, alignment: int
+) -> dict[str, Any] | None:
+    """``config`` with its ``VEC`` narrowed so that a vector of ``VEC`` elements is no wider
+    than ``alignment`` bytes (a narrower vector is a valid variant of every operator whose
+    template has VEC: any VEC runs on any row length); None if that config is not valid."""
+    if "VEC" not in config or alignment >= MAX_VECTOR_BYTES:
+        return config
+    itemsize = DTYPES[dtype][2]
+    vec = config["VEC"]
+    while vec > 1 and vec * itemsize > alignment:
+        vec //= 2
+    narrowed = {**config, "VEC": vec}
+    return narrowed if spec.check(narrowed, shape, dtype) is None else None
+
+
+def bind(
+    operator: str,
+    shape: Sequence[int],
+    dtype: str,
+    device_index: int,
+    alignment: int = MAX_VECTOR_BYTES,
+) -> BoundOperator:
+    """The operator compiled for ``shape``/``dtype`` on ``device_index`` (cached), for arrays
+    whose data pointers are ``alignment``-byte aligned (:func:`pointer_alignment`): where that
+    is less than a vector of the served config, the same config with a narrower VEC (else the
+    default config's), so that a view a few elements into its storage runs a valid variant
+    instead of faulting on a misaligned vector."""
     import torch
 
     shape = tuple(int(s) for s in shape)
-    key = (operator, shape, dtype, device_index)
+    alignment = min(alignment, MAX_VECTOR_BYTES)
+    key = (operator, shape, dtype, device_index, alignment)
     bound = _bound.get(key)
     if bound is not None:
         return bound
@@ -214,6 +258,17 @@ def bind(operator: str, shape: Sequence[int], dtype: str, device_index: int) -> 
         major, minor = torch.cuda.get_device_capability(device_index)
         arch = f"sm_{major}{minor}"
         config, source = _lookup(spec, shape, dtype, arch)
+        if alignment < MAX_VECTOR_BYTES:
+            fitted = fit_alignment(spec, config, shape, dtype, alignment)
+            if fitted is None:
+                default = spec.default_config(shape, dtype)
+                fitted = fit_alignment(spec, default, shape, dtype, alignment)
+                source = "default"
+            if fitted is None:
+                raise InvalidInput(
+                    f"{operator}: no valid config for arrays aligned to {alignment} bytes"
+                )
+            config = fitted
         compiled = compile_kernel(
             spec.render(config, shape, dtype),
             spec.main_kernel(config),

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from kato_torch import policy as _policy
 from kato_torch._fallbacks import chose_kato, remembers_fallbacks
-from kato_torch._kernels import bind
+from kato_torch._kernels import bind, pointer_alignment
 from kato_torch._op import KatoOp
 
 _DTYPES = {
@@ -100,7 +100,9 @@ def _use(operator: str, shape: Sequence[int], t: Tensor) -> bool:
 
 
 def _run(operator: str, shape: Sequence[int], t: Tensor, args: list) -> None:
-    bind(operator, shape, _DTYPES[t.dtype], t.device.index).run(args)
+    # A contiguous view may start a few elements into its storage: bound for that alignment.
+    alignment = pointer_alignment(args)
+    bind(operator, shape, _DTYPES[t.dtype], t.device.index, alignment).run(args)
 
 
 def _rows_cols(x: Tensor) -> tuple[int, int]:

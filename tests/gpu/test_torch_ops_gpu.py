@@ -342,3 +342,26 @@ def test_rms_norm_with_only_one_side_on_kato_runs_torchs_fused_op_on_the_other(d
         assert torch.equal(y, torch.nn.functional.rms_norm(x.detach(), (130,), w.detach(), 1e-6))
     check(lambda x, w: kato_torch.rms_norm(x, (130,), w, 1e-6),
           lambda x, w: torch.nn.functional.rms_norm(x, (130,), w, 1e-6), [x, w], dtype)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shift", [1, 3])
+@pytest.mark.parametrize("cols", [4096, 50257])
+def test_views_that_start_off_a_vector_boundary(dtype, shift, cols):
+    """A contiguous view a few elements into its storage (its data pointer 2, 4, 6 or 12 bytes
+    past a 16-byte boundary): softmax and layer_norm bind a variant with a narrower VEC for it
+    (issue 31) and match PyTorch, where the aligned config would fault on a misaligned vector."""
+    storage = torch.randn(8 * cols + shift, device="cuda", dtype=torch.float64).to(dtype)
+    x = storage[shift:].view(8, cols)
+    assert x.is_contiguous() and x.data_ptr() % 16 != 0
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(
+        kato_torch.softmax(x, -1).double(), torch.softmax(x.double(), -1), rtol=rtol, atol=atol
+    )
+    weight = torch.randn(cols, device="cuda", dtype=dtype)
+    bias = torch.randn(cols, device="cuda", dtype=dtype)
+    got = kato_torch.layer_norm(x, (cols,), weight, bias)
+    want = torch.nn.functional.layer_norm(x.double(), (cols,), weight.double(), bias.double())
+    torch.testing.assert_close(got.double(), want, rtol=4 * rtol, atol=4 * atol)
+    # The aligned tensor still runs the widest vector.
+    assert kato_torch.softmax(x.clone(), -1).shape == x.shape
