@@ -671,16 +671,19 @@ def _relu(x: Tensor) -> tuple[Tensor, Tensor]:
     words = (n + 31) // 32
     if not x.is_cuda or n == 0:
         return torch.relu(x), torch.zeros(words, device=x.device, dtype=torch.int32)
-    bound = bind("relu", (n,), _DTYPES[x.dtype], x.device.index)
     # A plain config writes no mask: zeros, so the output is defined either way.
-    masked = bound.config.get("MASK", 1)
+    masked = _relu_masked(n, x)
     mask = (
         torch.empty(words, device=x.device, dtype=torch.int32)
         if masked
         else torch.zeros(words, device=x.device, dtype=torch.int32)
     )
     y = torch.empty_like(x)
-    bound.run([x, None, y, mask, None, n], steps=[0])
+    args = [x, None, y, mask, None, n]
+    # x may be a contiguous view a few elements into its storage (as _run binds for): a narrower
+    # VEC of the same config, the same MASK (narrowing never invalidates a relu config).
+    bound = bind("relu", (n,), _DTYPES[x.dtype], x.device.index, pointer_alignment(args))
+    bound.run(args, steps=[0])
     return y, mask
 
 
@@ -699,7 +702,8 @@ def _relu_backward(x: Tensor, mask: Tensor, dy: Tensor) -> Tensor:
     dx = torch.empty_like(dy)
     masked = _relu_masked(n, dy)
     args = [None, dy, None, mask, dx, n] if masked else [x, dy, None, None, dx, n]
-    bind("relu", (n,), _DTYPES[dy.dtype], dy.device.index).run(args, steps=[1])
+    alignment = pointer_alignment(args)  # dy or x may be a view off a vector boundary
+    bind("relu", (n,), _DTYPES[dy.dtype], dy.device.index, alignment).run(args, steps=[1])
     return dx
 
 
