@@ -34,7 +34,7 @@ from torch import Tensor
 
 from kato_torch import policy as _policy
 from kato_torch._fallbacks import chose_kato, remembers_fallbacks
-from kato_torch._kernels import bind, pointer_alignment
+from kato_torch._kernels import MAX_VECTOR_BYTES, bind, pointer_alignment
 from kato_torch._op import KatoOp
 
 _DTYPES = {
@@ -102,7 +102,21 @@ def _use(operator: str, shape: Sequence[int], t: Tensor) -> bool:
 def _run(operator: str, shape: Sequence[int], t: Tensor, args: list) -> None:
     # A contiguous view may start a few elements into its storage: bound for that alignment.
     alignment = pointer_alignment(args)
-    bind(operator, shape, _DTYPES[t.dtype], t.device.index, alignment).run(args)
+    dtype = _DTYPES[t.dtype]
+    try:
+        bound = bind(operator, shape, dtype, t.device.index, alignment)
+    except InvalidInput:
+        if alignment >= MAX_VECTOR_BYTES:
+            raise
+        # No variant runs on these pointers (a tensor-core GEMM needs 16-byte vectors): the
+        # views off a boundary are copied to fresh, aligned storage. Only inputs can be such
+        # views: every op here is functional, its outputs fresh allocations.
+        args = [
+            a.clone() if isinstance(a, Tensor) and a.data_ptr() % MAX_VECTOR_BYTES else a
+            for a in args
+        ]
+        bound = bind(operator, shape, dtype, t.device.index)
+    bound.run(args)
 
 
 def _rows_cols(x: Tensor) -> tuple[int, int]:
