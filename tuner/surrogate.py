@@ -609,6 +609,19 @@ class ForestProposer:
         for key in [k for k in self._fits if k[1] < call + 1 - max(FOREST_LAG, GP_LAG)]:
             self._fits.pop(key).cancel()
 
+    def close(self) -> None:
+        """Drop the fits started ahead and end the fitting thread without waiting for the one
+        running (it ends on its own). A search that stops (budget, cancelled, interrupted)
+        calls it, so that its fits do not run on into the next job's compiles; proposing
+        again afterwards fits each model when it is needed (the same models), and a later
+        prefetch starts another thread."""
+        fits, self._fits = self._fits, {}
+        for fit in fits.values():
+            fit.cancel()
+        executor, self._pool_executor = self._pool_executor, None
+        if executor is not None:
+            _shutdown(executor)
+
     def _executor(self) -> ThreadPoolExecutor:
         """The one thread this proposer fits its models on, made when first needed and shut
         down when the proposer is collected."""

@@ -476,3 +476,27 @@ def test_overlapping_blas_limits_restore_the_process_limit_whoever_leaves_last()
     assert blas_threads() == [1] * len(before)  # the second is still fitting
     second.__exit__(None, None, None)
     assert blas_threads() == before
+
+
+def test_a_search_that_stops_ends_its_fitting_thread_and_can_run_on():
+    """The forest's fits ran on after its search stopped (budget used, job cancelled or
+    interrupted), on a thread kept until the proposer was collected, into the next job's
+    compiles. A run now closes the proposer: fits not started are dropped, the thread ends;
+    a later run fits again, and proposes what one uninterrupted run would."""
+    space = constrained_space()
+
+    def kato_fit_threads() -> int:
+        return sum(t.name.startswith("kato-fit") and t.is_alive() for t in threading.enumerate())
+
+    before = kato_fit_threads()
+    search = Search(space, timing, seed=5)
+    search.run(Budget(max_configs=30))
+    model = search.proposer._model
+    assert model is not None and model._pool_executor is None and not model._fits
+    deadline = time.monotonic() + 30
+    while kato_fit_threads() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert kato_fit_threads() == before
+    resumed = list(search.run(Budget(max_configs=45)).results)
+    whole = list(Search(space, timing, seed=5).run(Budget(max_configs=45)).results)
+    assert resumed == whole
