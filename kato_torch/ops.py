@@ -34,7 +34,7 @@ from torch import Tensor
 
 from kato_torch import policy as _policy
 from kato_torch._fallbacks import chose_kato, remembers_fallbacks
-from kato_torch._kernels import bind, pointer_alignment
+from kato_torch._kernels import MAX_VECTOR_BYTES, bind, pointer_alignment
 from kato_torch._op import KatoOp
 
 _DTYPES = {
@@ -102,7 +102,21 @@ def _use(operator: str, shape: Sequence[int], t: Tensor) -> bool:
 def _run(operator: str, shape: Sequence[int], t: Tensor, args: list) -> None:
     # A contiguous view may start a few elements into its storage: bound for that alignment.
     alignment = pointer_alignment(args)
-    bind(operator, shape, _DTYPES[t.dtype], t.device.index, alignment).run(args)
+    dtype = _DTYPES[t.dtype]
+    try:
+        bound = bind(operator, shape, dtype, t.device.index, alignment)
+    except InvalidInput:
+        if alignment >= MAX_VECTOR_BYTES:
+            raise
+        # No variant runs on these pointers (a tensor-core GEMM needs 16-byte vectors): the
+        # views off a boundary are copied to fresh, aligned storage. Only inputs can be such
+        # views: every op here is functional, its outputs fresh allocations.
+        args = [
+            a.clone() if isinstance(a, Tensor) and a.data_ptr() % MAX_VECTOR_BYTES else a
+            for a in args
+        ]
+        bound = bind(operator, shape, dtype, t.device.index)
+    bound.run(args)
 
 
 def _rows_cols(x: Tensor) -> tuple[int, int]:
@@ -671,16 +685,19 @@ def _relu(x: Tensor) -> tuple[Tensor, Tensor]:
     words = (n + 31) // 32
     if not x.is_cuda or n == 0:
         return torch.relu(x), torch.zeros(words, device=x.device, dtype=torch.int32)
-    bound = bind("relu", (n,), _DTYPES[x.dtype], x.device.index)
     # A plain config writes no mask: zeros, so the output is defined either way.
-    masked = bound.config.get("MASK", 1)
+    masked = _relu_masked(n, x)
     mask = (
         torch.empty(words, device=x.device, dtype=torch.int32)
         if masked
         else torch.zeros(words, device=x.device, dtype=torch.int32)
     )
     y = torch.empty_like(x)
-    bound.run([x, None, y, mask, None, n], steps=[0])
+    args = [x, None, y, mask, None, n]
+    # x may be a contiguous view a few elements into its storage (as _run binds for): a narrower
+    # VEC of the same config, the same MASK (narrowing never invalidates a relu config).
+    bound = bind("relu", (n,), _DTYPES[x.dtype], x.device.index, pointer_alignment(args))
+    bound.run(args, steps=[0])
     return y, mask
 
 
@@ -699,7 +716,8 @@ def _relu_backward(x: Tensor, mask: Tensor, dy: Tensor) -> Tensor:
     dx = torch.empty_like(dy)
     masked = _relu_masked(n, dy)
     args = [None, dy, None, mask, dx, n] if masked else [x, dy, None, None, dx, n]
-    bind("relu", (n,), _DTYPES[dy.dtype], dy.device.index).run(args, steps=[1])
+    alignment = pointer_alignment(args)  # dy or x may be a view off a vector boundary
+    bind("relu", (n,), _DTYPES[dy.dtype], dy.device.index, alignment).run(args, steps=[1])
     return dx
 
 

@@ -323,6 +323,15 @@ class Search:
             log.exception("closing the trials in flight failed")
             self._inflight.clear()
 
+    def _close_proposer(self) -> None:
+        """The strategy's background work ends with the run (the forest's model fits)."""
+        close = getattr(self.proposer, "close", None)
+        try:
+            if close is not None:
+                close()
+        except Exception:
+            log.exception("closing the strategy failed")
+
     def run(self, budget: Budget) -> SearchResult:
         """Measure until ``budget`` is used, the strategy has nothing left, or ``should_stop``;
         every result is recorded (``on_result``, the study) when it returns or raises."""
@@ -330,6 +339,7 @@ class Search:
         try:
             outcome = self._run(budget)
         except Exception as stop:
+            self._close_proposer()
             # A stop (budget used, job cancelled) or a failure: a failed write outranks it, so
             # that a job never ends as if a result it lost had been stored.
             self._abandon_inflight_quietly()
@@ -339,9 +349,11 @@ class Search:
                 raise write_error from stop
             raise
         except BaseException:
+            self._close_proposer()
             self._abandon_inflight_quietly()
             self._writes.close()  # interrupted: failed writes are logged, the interrupt raised
             raise
+        self._close_proposer()
         t0 = time.perf_counter()
         self._writes.close(raise_errors=True)
         if self.timings:  # the last result's records are written on the path

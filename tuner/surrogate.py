@@ -75,6 +75,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import threading
 import weakref
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -608,6 +609,19 @@ class ForestProposer:
         for key in [k for k in self._fits if k[1] < call + 1 - max(FOREST_LAG, GP_LAG)]:
             self._fits.pop(key).cancel()
 
+    def close(self) -> None:
+        """Drop the fits started ahead and end the fitting thread without waiting for the one
+        running (it ends on its own). A search that stops (budget, cancelled, interrupted)
+        calls it, so that its fits do not run on into the next job's compiles; proposing
+        again afterwards fits each model when it is needed (the same models), and a later
+        prefetch starts another thread."""
+        fits, self._fits = self._fits, {}
+        for fit in fits.values():
+            fit.cancel()
+        executor, self._pool_executor = self._pool_executor, None
+        if executor is not None:
+            _shutdown(executor)
+
     def _executor(self) -> ThreadPoolExecutor:
         """The one thread this proposer fits its models on, made when first needed and shut
         down when the proposer is collected."""
@@ -843,17 +857,38 @@ def _fitting() -> Iterator[None]:
 
 
 _blas: Any = None
+#: The BLAS limit of :func:`_one_blas_thread`, shared by the threads inside it (the limit is
+#: process-wide): made by the first to enter, undone by the last to leave.
+_blas_lock = threading.Lock()
+_blas_users = 0
+_blas_limiter: Any = None
 
 
-def _one_blas_thread() -> contextlib.AbstractContextManager[Any]:
+@contextlib.contextmanager
+def _one_blas_thread() -> Iterator[None]:
     """BLAS limited to one thread (threadpoolctl), through one controller made once: making
-    one per call looks up the loaded libraries again, 1.4 ms."""
-    global _blas
-    if _blas is None:
-        from threadpoolctl import ThreadpoolController
+    one per call looks up the loaded libraries again, 1.4 ms. The limit is process-wide and
+    a fit may run on the proposer's thread while another runs on the caller's (or another
+    proposer's): nested per-thread limits would each restore what they saw on entry, and
+    one leaving after another that entered before it would leave BLAS at one thread for the
+    rest of the process. So it is counted: set once, restored when the last user leaves."""
+    global _blas, _blas_users, _blas_limiter
+    with _blas_lock:
+        if _blas is None:
+            from threadpoolctl import ThreadpoolController
 
-        _blas = ThreadpoolController()
-    return _blas.limit(limits=1)
+            _blas = ThreadpoolController()
+        if _blas_users == 0:
+            _blas_limiter = _blas.limit(limits=1)
+        _blas_users += 1
+    try:
+        yield
+    finally:
+        with _blas_lock:
+            _blas_users -= 1
+            if _blas_users == 0:
+                _blas_limiter.restore_original_limits()
+                _blas_limiter = None
 
 
 def import_models() -> None:

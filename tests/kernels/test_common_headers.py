@@ -186,3 +186,67 @@ def test_per_channel_templates_take_their_prelude_from_the_headers(name: str) ->
     # kato_channel.cuh's UNROLL default (4) sizes the loads in flight of the channel pass.
     assert re.search(r"\bRaw \w+\[4\]", done.stdout)
     assert not re.search(r"\bRaw \w+\[UNROLL\]", done.stdout)
+
+
+def _checks_and_defaults(source: str) -> tuple[set[str], dict[str, str]]:
+    """The static_asserts (condition and message, whitespace folded) and the ``#ifndef X /
+    #define X value`` defaults of a rendered source, comments dropped."""
+    text = re.sub(r"//[^\n]*", "", source)
+    asserts = {re.sub(r"\s+", " ", m) for m in re.findall(r"static_assert\((.*?)\);", text, re.S)}
+    defaults = dict(re.findall(r"#ifndef (\w+)\s*\n\s*#define \1[ \t]+([^\n]*?)\s*\n", text))
+    return asserts, defaults
+
+
+_VEC_ASSERT = 'VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC must be 1, 2, 4 or 8"'
+_BLOCK_ASSERT = (
+    'BLOCK_SIZE % 32 == 0 && BLOCK_SIZE >= 32 && BLOCK_SIZE <= 1024, "BLOCK_SIZE must be a '
+    'multiple of 32 in [32, 1024]"'
+)
+#: What every row-wise template checked and defaulted in its own prelude before issue 33 moved
+#: the preludes into kato_row_layout.cuh (each template's text at b454b9f, headers inlined): a
+#: header that drops one of them passes the preprocessor tests above but not this one.
+ROW_ASSERTS = {
+    _VEC_ASSERT,
+    _BLOCK_ASSERT,
+    'kVecBytes <= 16, "a vector must be at most 16 bytes"',
+    'LB_THREADS % 32 == 0 && LB_THREADS >= 32 && LB_THREADS <= 1024, "LB_THREADS must be a '
+    'multiple of 32 in [32, 1024]"',
+    "ROW_THREADS == 0 || ROW_THREADS == 8 || ROW_THREADS == 16 || ROW_THREADS == 32, "
+    '"ROW_THREADS must be 0 (block), 8, 16 or 32"',
+    'kThreadsPerRow >= VEC, "head and tail need one thread per element"',
+}
+ROW_DEFAULTS = {"DTYPE": "float", "LB_THREADS": "BLOCK_SIZE", "LB_MIN_BLOCKS": "0"}
+#: The register cache's defaults, in the templates that had them.
+ROW_CACHE_DEFAULTS = {"ITEMS": "1", "WB_REGS": "0"}
+CHANNEL_ASSERTS = {
+    _VEC_ASSERT,
+    _BLOCK_ASSERT,
+    'UNROLL >= 1 && UNROLL <= 8, "UNROLL must be in [1, 8]"',
+    'kVecBytes <= 16, "a vector must be at most 16 bytes"',
+}
+CHANNEL_DEFAULTS = {"DTYPE": "float", "UNROLL": "4", "MIN_BLOCKS": "0"}
+APPLY_ASSERTS = {
+    'APPLY == 0 || APPLY == 1, "APPLY must be 0 or 1"',
+    'APPLY_VEC == 1 || APPLY_VEC == 2 || APPLY_VEC == 4 || APPLY_VEC == 8, "APPLY_VEC must be '
+    '1, 2, 4 or 8"',
+    'kApplyBytes <= 16, "a vector must be at most 16 bytes"',
+}
+APPLY_DEFAULTS = {"APPLY": "0", "APPLY_VEC": "VEC"}
+
+
+@pytest.mark.parametrize("name", ROW_WISE + PER_CHANNEL)
+def test_no_template_lost_a_check_or_a_default_its_prelude_had(name: str) -> None:
+    asserts, defaults = _checks_and_defaults(template_source(get_operator(name).template))
+    if name in ROW_WISE:
+        want_asserts, want_defaults = set(ROW_ASSERTS), dict(ROW_DEFAULTS)
+        if not name.startswith(("cross_entropy", "softmax_backward")):
+            want_defaults.update(ROW_CACHE_DEFAULTS)
+        if name == "softmax_backward":
+            want_defaults["ITEMS"] = "1"
+    else:
+        want_asserts, want_defaults = set(CHANNEL_ASSERTS), dict(CHANNEL_DEFAULTS)
+        if name != "batchnorm_stats":
+            want_asserts |= APPLY_ASSERTS
+            want_defaults.update(APPLY_DEFAULTS)
+    assert want_asserts <= asserts, want_asserts - asserts
+    assert {k: defaults.get(k) for k in want_defaults} == want_defaults

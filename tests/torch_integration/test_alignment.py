@@ -35,3 +35,77 @@ def test_fit_alignment_narrows_vec_only_where_the_pointers_need_it() -> None:
     cached = {"BLOCK_SIZE": 32, "VEC": 8, "STRATEGY": 0, "CACHE": 2, "MIN_BLOCKS": 0}
     assert spec.check(cached, (4, 4096), dtype) is None
     assert fit_alignment(spec, cached, (4, 4096), dtype, 2) is None
+
+
+class _OnGpu(torch.Tensor):
+    """A CPU tensor that says it is on the GPU, so that the op takes its kernel path."""
+
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+
+def test_relu_binds_for_the_alignment_of_a_view_like_every_other_op(monkeypatch) -> None:
+    """relu bound its kernel for 16-byte pointers whatever it was given: a contiguous view one
+    element into its storage got the served config's 16-byte vectors (a misaligned-address
+    fault, which poisons the CUDA context). Its forward and backward now bind as _run does."""
+    import kato_torch.ops as ops
+
+    bound: list[int] = []
+
+    class Bound:
+        config = {"MASK": 1}
+
+        def run(self, args, steps=None) -> None:
+            pass
+
+    def fake_bind(operator, shape, dtype, device_index, alignment=16):
+        bound.append(alignment)
+        return Bound()
+
+    monkeypatch.setattr(ops, "bind", fake_bind)
+    storage = torch.zeros(65, dtype=torch.float16)
+    view = storage[1:].as_subclass(_OnGpu)
+    assert view.is_contiguous() and view.data_ptr() % 16 == 2
+    ops._relu.impl(view)
+    assert bound[-1] == 2
+    mask = torch.zeros(2, dtype=torch.int32)
+    ops._relu_backward.impl(view, mask, view)
+    assert bound[-1] == 2
+    whole = storage[:64].as_subclass(_OnGpu)
+    ops._relu.impl(whole)
+    assert bound[-1] == 16
+
+
+def test_an_op_with_no_variant_for_a_views_alignment_runs_on_an_aligned_copy(monkeypatch) -> None:
+    """A tensor-core GEMM has no VEC narrower than 16 bytes: bind raised InvalidInput for a
+    float16 view one element into its storage, and kato_torch.matmul raised where torch runs.
+    The misaligned inputs are now copied to fresh storage and the served config runs."""
+    from kato.kernels import InvalidInput
+
+    import kato_torch.ops as ops
+
+    spec = get_operator("matmul")
+    shape = (64, 64, 64)
+    default = spec.default_config(shape, "float16")
+    assert fit_alignment(spec, default, shape, "float16", 8) is None  # no narrower variant
+    ran: list[list] = []
+
+    class Bound:
+        def run(self, args) -> None:
+            ran.append(args)
+
+    def fake_bind(operator, shape, dtype, device_index, alignment=16):
+        if alignment < 16:
+            raise InvalidInput(f"{operator}: no valid config for arrays aligned to {alignment}")
+        return Bound()
+
+    monkeypatch.setattr(ops, "bind", fake_bind)
+    storage = torch.arange(64 * 64 + 1, dtype=torch.float16)
+    a = storage[1:].view(64, 64)
+    b = torch.ones(64, 64, dtype=torch.float16)
+    c = torch.empty(64, 64, dtype=torch.float16)
+    ops._run("matmul", shape, a, [a, b, c, 64, 64, 64])
+    (args,) = ran
+    assert args[0] is not a and torch.equal(args[0], a) and args[0].data_ptr() % 16 == 0
+    assert args[1] is b and args[2] is c and args[3:] == [64, 64, 64]

@@ -451,3 +451,52 @@ def test_a_search_proposes_the_same_whatever_its_measurements_take():
         for measure in (evaluate, slow)
     ]
     assert runs[0] == runs[1]
+
+
+def test_overlapping_blas_limits_restore_the_process_limit_whoever_leaves_last():
+    """A GP fit limits BLAS to one thread, process-wide; one on the proposer's thread and one on
+    the caller's may overlap, the first in leaving first. BLAS is then as it was before either
+    entered (each limit restoring what it saw on entry left it at one thread for the rest of
+    the process). The interleaving is made here on one thread: OpenBLAS's reported count is
+    only reliable from the thread that set it."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+
+    def blas_threads() -> list[int]:
+        info = threadpoolctl.threadpool_info()
+        return [i["num_threads"] for i in info if i["user_api"] == "blas"]
+
+    before = blas_threads()
+    if not before or max(before) < 2:
+        pytest.skip("BLAS runs one thread here already")
+    first, second = surrogate._one_blas_thread(), surrogate._one_blas_thread()
+    first.__enter__()
+    second.__enter__()
+    assert blas_threads() == [1] * len(before)
+    first.__exit__(None, None, None)
+    assert blas_threads() == [1] * len(before)  # the second is still fitting
+    second.__exit__(None, None, None)
+    assert blas_threads() == before
+
+
+def test_a_search_that_stops_ends_its_fitting_thread_and_can_run_on():
+    """The forest's fits ran on after its search stopped (budget used, job cancelled or
+    interrupted), on a thread kept until the proposer was collected, into the next job's
+    compiles. A run now closes the proposer: fits not started are dropped, the thread ends;
+    a later run fits again, and proposes what one uninterrupted run would."""
+    space = constrained_space()
+
+    def kato_fit_threads() -> int:
+        return sum(t.name.startswith("kato-fit") and t.is_alive() for t in threading.enumerate())
+
+    before = kato_fit_threads()
+    search = Search(space, timing, seed=5)
+    search.run(Budget(max_configs=30))
+    model = search.proposer._model
+    assert model is not None and model._pool_executor is None and not model._fits
+    deadline = time.monotonic() + 30
+    while kato_fit_threads() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert kato_fit_threads() == before
+    resumed = list(search.run(Budget(max_configs=45)).results)
+    whole = list(Search(space, timing, seed=5).run(Budget(max_configs=45)).results)
+    assert resumed == whole

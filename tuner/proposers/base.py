@@ -128,6 +128,10 @@ class Proposer(ABC):
         """The proposal of ``ticket`` was measured by this search: its objective ``value``
         (:func:`tuner.search.objective_value`)."""
 
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """The search has stopped (for now: it may run again): end any work the strategy
+        does in the background."""
+
     def discard(self, ticket: Any, value: float | None = None) -> None:  # noqa: B027
         """The proposal of ``ticket`` is not measured by this search: told ``value`` (invalid:
         the failed value; measured already, by anyone: its value) or none (a repeat of a config

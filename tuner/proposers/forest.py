@@ -43,3 +43,7 @@ class ForestStrategy(Proposer):
         if context.on_upcoming is not None and upcoming:
             context.on_upcoming(upcoming)
         return None, point
+
+    def close(self) -> None:
+        if self._model is not None:
+            self._model.close()
