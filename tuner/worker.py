@@ -1045,6 +1045,16 @@ class _Slots:
             return self.max_jobs is not None and self.ended >= self.max_jobs
 
 
+def _log_outcome(job_id: str, outcome: JobOutcome) -> None:
+    """The log line of a job's end, the same for the serial and the interleaved loop."""
+    best = f"{outcome.best_time_ms:.4f} ms" if outcome.best_time_ms is not None else "-"
+    log.info(
+        "job %s %s: %d config(s) measured, best %s%s",
+        job_id, outcome.status, outcome.measured, best,
+        f" ({outcome.error})" if outcome.error else "",
+    )  # fmt: skip
+
+
 class Worker:
     """Claims jobs for ``gpu_models`` and runs them one at a time until stopped.
 
@@ -1186,12 +1196,7 @@ class Worker:
             outcome = self.runner.run(job_id, helper=helper)
         finally:
             self.heartbeat("idle")
-        best = f"{outcome.best_time_ms:.4f} ms" if outcome.best_time_ms is not None else "-"
-        log.info(
-            "job %s %s: %d config(s) measured, best %s%s",
-            job_id, outcome.status, outcome.measured, best,
-            f" ({outcome.error})" if outcome.error else "",
-        )  # fmt: skip
+        _log_outcome(job_id, outcome)
         return outcome
 
     def run_forever(self, *, max_jobs: int | None = None) -> int:
@@ -1365,12 +1370,7 @@ class Worker:
                         self.heartbeat("busy", others[0])
                     else:
                         self.heartbeat("idle")
-        best = f"{outcome.best_time_ms:.4f} ms" if outcome.best_time_ms is not None else "-"
-        log.info(
-            "job %s %s: %d config(s) measured, best %s%s",
-            job_id, outcome.status, outcome.measured, best,
-            f" ({outcome.error})" if outcome.error else "",
-        )  # fmt: skip
+        _log_outcome(job_id, outcome)
         return outcome
 
 
