@@ -27,7 +27,10 @@ def emulated_cases() -> list[Case]:
         for k, shape in enumerate(SHAPES[len(cases) % 3 :] + SHAPES[: len(cases) % 3]):
             if found == 2:
                 break
-            for vec in (8, 4, 2, 1):
+            # Every VEC is valid on every length now (split rows), so the widest-first order
+            # turns with the cases to keep every width covered.
+            turn = len(cases) % 4
+            for vec in (8, 4, 2, 1)[turn:] + (8, 4, 2, 1)[:turn]:
                 config = {
                     "BLOCK_SIZE": blocks[(len(cases) + k) % len(blocks)],
                     "VEC": vec,
