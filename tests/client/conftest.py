@@ -27,14 +27,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def seed_best(app: FastAPI, rows=SEEDED, gpu: str = "H200") -> None:
-    """Store best configs the way a worker would."""
-    version = get_operator("softmax").version
+def seed_best(app: FastAPI, rows=SEEDED, gpu: str = "H200", operator: str = "softmax") -> None:
+    """Store best configs of ``operator`` the way a worker would."""
+    version = get_operator(operator).version
     with app.state.session_factory() as session:
         for shape, dtype, config, time_ms in rows:
             queries.upsert_best_config(
                 session,
-                operator="softmax",
+                operator=operator,
                 operator_version=version,
                 shape=list(shape),
                 dtype=dtype,
@@ -62,11 +62,13 @@ class LiveServer:
         self.thread.join(10)
         assert not self.thread.is_alive(), "uvicorn did not stop"
 
-    def set_best(self, shape, dtype, config, time_ms, drop_cache: bool = True) -> None:
+    def set_best(
+        self, shape, dtype, config, time_ms, drop_cache: bool = True, operator: str = "softmax"
+    ) -> None:
         """Store a winner; ``drop_cache=False`` leaves the service's answer cache as it is, as
         between a worker's write and the API's watcher noticing it (this server has no
         lifespan, so its watcher never runs)."""
-        seed_best(self.app, [(shape, dtype, config, time_ms)])
+        seed_best(self.app, [(shape, dtype, config, time_ms)], operator=operator)
         cache = getattr(self.app.state, "lookup_cache", None)
         if cache is not None and drop_cache:  # the service's own short-lived answer cache
             cache.clear()

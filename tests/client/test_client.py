@@ -195,7 +195,6 @@ def test_wait_idle_returns_only_once_the_new_answer_is_served(tmp_path, monkeypa
 
 
 def test_bucket_policy_rounds_up_and_checks_the_actual_shape(live_server, tmp_path):
-    spec = get_operator("softmax")
     assert bucket_shape((3000, 4000)) == (4096, 4096)
     assert bucket_shape((1, 2, 5)) == (1, 2, 8)
     with client_for(live_server.url, tmp_path, policy="bucket") as kato:
@@ -204,11 +203,18 @@ def test_bucket_policy_rounds_up_and_checks_the_actual_shape(live_server, tmp_pa
         assert (answer.shape, answer.source) == ((4096, 4096), "exact")
         assert kato.config("softmax", (2049, 3912), "float16") == TUNED_4K
         assert kato.http_requests == 1  # one lookup for the whole bucket
-        # 4001 columns: VEC=8 does not divide them, so the actual shape is asked for.
-        odd = kato.lookup("softmax", (3000, 4001), "float16")
+        # Softmax's limits only grow with the row, so a bucket's winner fits every shape in it;
+        # a reduce_sum row split over blocks does not: pieces of a shorter row can be too small.
+        split = {"BLOCK_SIZE": 256, "ROW_THREADS": 0, "VEC": 4, "UNROLL": 2, "SPLIT": 1}
+        live_server.set_best((4, 65536), "float32", split, 0.05, operator="reduce_sum")
+        reduce_sum = get_operator("reduce_sum")
+        assert kato.config("reduce_sum", (4, 60000), "float32") == split
         assert kato.http_requests == 2
-        assert odd.shape == (3000, 4001) and odd.config != TUNED_4K
-        assert spec.check(odd.config, [3000, 4001], "float16") is None
+        assert reduce_sum.check(split, [3, 40000], "float32") is not None
+        odd = kato.lookup("reduce_sum", (3, 40000), "float32")
+        assert kato.http_requests == 3  # the bucket's answer, then the actual shape's
+        assert odd.shape == (3, 40000) and odd.config != split
+        assert reduce_sum.check(odd.config, [3, 40000], "float32") is None
 
 
 def test_prefetch_sends_one_request_for_many_keys(live_server, tmp_path):

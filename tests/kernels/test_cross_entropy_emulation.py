@@ -78,9 +78,9 @@ def run_problems(
     source = emulation_source(cases, problems)
     if alias is not None:
         k, j = alias
-        passed = f"AnyPtr{{buf[{k}].data()}}"
+        passed = f"AnyPtr{{buf[{k}].data() + kEmuPad"
         assert passed in source
-        source = source.replace(passed, f"AnyPtr{{buf[{j}].data()}}")
+        source = source.replace(passed, f"AnyPtr{{buf[{j}].data() + kEmuPad")
     (workdir / "emu.cpp").write_text(source)
     returncode, err = HostBuild(workdir, "emu.cpp", "emu", include).wait()
     assert returncode == 0, err[:4000]
