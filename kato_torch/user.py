@@ -39,7 +39,7 @@ from kato.kernels.user.model import ArgumentModel, numpy_dtype
 from kato.kernels.user.spec import MAX_ELEMENTS, UserOperatorSpec
 
 from kato_torch import policy as _policy
-from kato_torch._kernels import bind
+from kato_torch._kernels import MAX_VECTOR_BYTES, bind
 
 _TORCH_DTYPES = {
     name: getattr(torch, name)
@@ -127,7 +127,9 @@ class UserKernel:
     ) -> UserCall:
         """Check ``args`` (the non-output arguments, in order), read the shape and dtype from
         them (or take ``shape`` / ``dtype``), and allocate the outputs on their device (or
-        ``device``, where no argument is a tensor; default the current CUDA device).
+        ``device``, where no argument is a tensor; default the current CUDA device). An input
+        tensor whose data pointer is not 16-byte aligned (a view into its storage) is passed as
+        an aligned copy: the kernel was verified on aligned buffers and may load 16-byte vectors.
         ``constants``: the values of the spec's constant-memory arrays, by name (tensors,
         arrays or sequences; copied to the device), required where the spec declares any.
 
@@ -215,6 +217,11 @@ class UserKernel:
                 if arg.size is None:  # a Python number, as the launch's ctypes take it
                     kind = numpy_dtype(arg.dtype, dtype).kind
                     value = int(value) if kind in "iu" else float(value)
+                elif value.data_ptr() % MAX_VECTOR_BYTES:
+                    # A view a few elements into its storage: a user kernel may load vectors of
+                    # up to 16 bytes (it was verified on fresh, aligned buffers), and nothing
+                    # says which of its parameters could be narrowed, so it gets aligned copies.
+                    value = value.clone()
                 arguments.append(value)
                 continue
             dims = self._output_dims(size, env)

@@ -76,6 +76,17 @@ def test_outputs_are_allocated_from_the_spec(vector_add):
     assert call.arguments[3] == 1009 and type(call.arguments[3]) is int
 
 
+def test_a_view_off_a_vector_boundary_is_passed_as_an_aligned_copy(vector_add):
+    storage = torch.randn(2 * 1009 + 3)
+    a, b = storage[1:1010], storage[1010 + 1 : 2019 + 1]  # 4 and 8 bytes past a 16-byte boundary
+    assert a.data_ptr() % 16 and b.data_ptr() % 16
+    call = vector_add.plan(a, b, 1009)
+    for given, passed in zip((a, b), call.arguments[1:3], strict=True):
+        assert passed.data_ptr() % 16 == 0 and torch.equal(passed, given)
+    aligned = torch.randn(1009)
+    assert vector_add.plan(aligned, aligned, 1009).arguments[1] is aligned  # no copy
+
+
 def test_a_product_of_shape_names_reads_and_gives_dimensions():
     mm = kato_torch.user_kernel(_matmul())
     a = torch.randn(7, 5, dtype=torch.float16)
