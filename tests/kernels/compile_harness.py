@@ -22,8 +22,12 @@ Template conventions this relies on (every operator in ``kernels/`` follows them
 from __future__ import annotations
 
 import hashlib
+import itertools
+import os
+import random
 import re
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +36,14 @@ from kato.tuner.nvcc import CompileError, KernelResources, compile_many
 from kato.tuner.space import SearchSpace
 
 _DEFINE = re.compile(r"^\s*#\s*define\s+(\w+)", re.MULTILINE)
+
+#: The archs the compile tests build for; the first one takes the whole sample, the others every
+#: other variant of it (all of it with :data:`FULL`).
+ARCHS = tuple(os.environ.get("KATO_COMPILE_TEST_ARCHS", "sm_90,sm_80").split(","))
+#: ``KATO_COMPILE_FULL=1`` compiles every distinct variant (the device host's session does, on
+#: 16 cores); otherwise the compile tests take :func:`covering_sample`, which a cold run on CI's
+#: 2 cores affords.
+FULL = os.environ.get("KATO_COMPILE_FULL") == "1"
 
 
 def kernel_names(spec: OperatorSpec) -> tuple[str, ...]:
@@ -90,6 +102,56 @@ def distinct_variants(
     return found
 
 
+def _features(v: Variant, shapes: dict[tuple[int, ...], int]) -> set[tuple]:
+    """What a variant exercises: its dtype, shape and every parameter's value, every pair of
+    those, and each macro the spec renders for it (derived switches such as a split row)."""
+    axes = [("dtype", v.dtype), ("shape", shapes[v.shape]), *sorted(v.config.items())]
+    found: set[tuple] = set(axes)
+    found.update(itertools.combinations(axes, 2))
+    for name, value in v.spec.defines(v.config, v.shape, v.dtype).items():
+        found.add(("define", name, str(value)))
+    return found
+
+
+def covering_sample(
+    variants: Sequence[Variant],
+    *,
+    heaviest: Callable[[Variant], tuple[Hashable, float] | None] | None = None,
+    seed: int = 2026,
+    full: bool | None = None,
+) -> list[Variant]:
+    """The variants a compile test compiles: every one where ``full`` (default
+    :data:`FULL`), else a covering sample, in a seeded order, of each variant that reaches
+    something none before it did: a value of the dtype, the shape or a parameter, a pair of
+    those (every two parameters' values meet at least once), or a rendered macro's value.
+    ``heaviest(v)`` -> ``(key, score)`` adds, per key, the variant of highest score: the
+    module's resource boundary (the most registers a launch bound must hold), which pairs
+    alone would reach only by chance. Typically 3-10% of a space's sources; the full set is
+    compiled on the device host (``KATO_COMPILE_FULL=1``)."""
+    if full is None:
+        full = FULL
+    if full:
+        return list(variants)
+    shapes = {shape: i for i, shape in enumerate(dict.fromkeys(v.shape for v in variants))}
+    order = list(variants)
+    random.Random(seed).shuffle(order)
+    chosen, covered = [], set()
+    for v in order:
+        features = _features(v, shapes)
+        if not features <= covered:
+            covered |= features
+            chosen.append(v)
+    if heaviest is not None:
+        best: dict[Hashable, tuple[float, int]] = {}
+        for i, v in enumerate(order):
+            scored = heaviest(v)
+            if scored is not None and scored[1] > best.get(scored[0], (float("-inf"), -1))[0]:
+                best[scored[0]] = (scored[1], i)
+        taken = {id(v) for v in chosen}
+        chosen += [order[i] for _, i in best.values() if id(order[i]) not in taken]
+    return chosen
+
+
 def batch_source(batch: Sequence[Variant]) -> str:
     """One translation unit holding every variant of ``batch``; variant i's kernels are
     renamed ``<name>_<i>``."""
@@ -145,3 +207,33 @@ def _one_by_one(chunk: list[Variant], arch: str, cache_dir: Path, workers: int) 
             names = variant_kernels(variant)
             found.append(Outcome(variant, arch, {n: result.resources(n) for n in names}))
     return found
+
+
+def compile_covering(
+    name: str,
+    variants: Sequence[Variant],
+    cache_dir: Path,
+    *,
+    heaviest: Callable[[Variant], tuple[Hashable, float] | None] | None = None,
+    extra: Sequence[Variant] = (),
+    batch: int = 48,
+) -> list[Outcome]:
+    """Compile :func:`covering_sample` of ``variants`` plus ``extra`` (defaults of awkward
+    shapes, always compiled) for ``ARCHS[0]``, and every other one of them for the other archs
+    (all with :data:`FULL`). Prints what it compiled and how long it took."""
+    chosen = covering_sample(variants, heaviest=heaviest)
+    seen = {v.source() for v in chosen}
+    for v in extra:
+        if v.source() not in seen:
+            seen.add(v.source())
+            chosen.append(v)
+    start = time.perf_counter()
+    outcomes = compile_variants(chosen, ARCHS[:1], cache_dir, batch=batch)
+    rest = (chosen if FULL else chosen[::2]) if ARCHS[1:] else []
+    if rest:
+        outcomes += compile_variants(rest, ARCHS[1:], cache_dir, batch=batch)
+    print(
+        f"\n{name}: {len(chosen)} of {len(variants) + len(extra)} variants on {ARCHS[0]}, "
+        f"{len(rest)} on {','.join(ARCHS[1:]) or '-'} in {time.perf_counter() - start:.0f} s"
+    )
+    return outcomes

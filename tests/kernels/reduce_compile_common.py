@@ -1,23 +1,24 @@
 """Shared body of the compile tests of reduce_sum, reduce_sum_all and relu (one module each).
 
-Every distinct rendered source of the operator's space (the sources do not depend on the shape,
-so one representative shape per dtype reaches every variant) plus the defaults of awkward
-shapes, compiled for sm_80 and sm_90 (``KATO_COMPILE_TEST_ARCHS`` overrides) in batches through
-``tests/kernels/compile_harness.py``. Checks: everything compiles; at most ~150 distinct sources
-per dtype; registers within the ``__launch_bounds__`` cap; no spills and no stack frame at all
-(none of these kernels keeps anything in local memory); static shared memory as modelled.
+The distinct rendered sources of the operator's space (the sources do not depend on the shape,
+so one representative shape per dtype reaches every variant): a covering sample of them
+(``compile_harness.covering_sample``: every parameter value and pair of values, every rendered
+switch, and per dtype and block size the variant with the most bytes in flight a thread, the
+register boundary), all with ``KATO_COMPILE_FULL=1``; plus the defaults of awkward shapes.
+Compiled for sm_90 and every other one for sm_80 (all with FULL; ``KATO_COMPILE_TEST_ARCHS``
+overrides) in batches through ``tests/kernels/compile_harness.py``. Checks: everything
+compiles; at most ~150 distinct sources per dtype; registers within the ``__launch_bounds__``
+cap; no spills and no stack frame at all (none of these kernels keeps anything in local
+memory); static shared memory as modelled.
 """
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Callable, Sequence
 
-from compile_harness import Outcome, Variant, compile_variants, distinct_variants, kernel_names
-from kato.kernels.spec import Config, OperatorSpec
+from compile_harness import Outcome, Variant, compile_covering, distinct_variants, kernel_names
+from kato.kernels.spec import DTYPES, Config, OperatorSpec
 
-ARCHS = tuple(os.environ.get("KATO_COMPILE_TEST_ARCHS", "sm_80,sm_90").split(","))
 MAX_SOURCES_PER_DTYPE = 150
 
 
@@ -32,25 +33,26 @@ def compile_all(
     awkward: Sequence[Sequence[int]],
     cache_dir,
     more_shapes: Sequence[Sequence[int]] = (),
-) -> tuple[list[Variant], list[Outcome]]:
-    """Every valid config at ``shape`` and at each of ``more_shapes`` (shapes whose sources
-    differ: a code path only some shapes take), plus the defaults at ``awkward``."""
+) -> list[Outcome]:
+    """The valid configs at ``shape`` and at each of ``more_shapes`` (shapes whose sources
+    differ: a code path only some shapes take), sampled, plus the defaults at ``awkward``."""
     cases = [(tuple(s), d) for s in (shape, *more_shapes) for d in spec.dtypes]
-    variants = distinct_variants(spec, cases)
-    seen = {v.source() for v in variants}
-    for dtype in spec.dtypes:
-        for s in awkward:
-            variant = Variant(spec, spec.default_config(s, dtype), tuple(s), dtype)
-            if variant.source() not in seen:  # defaults are usually in the space already
-                seen.add(variant.source())
-                variants.append(variant)
-    start = time.perf_counter()
-    outcomes = compile_variants(variants, ARCHS, cache_dir, batch=48, workers=2)
-    print(
-        f"\n{spec.name}: {len(variants)} variants x {len(ARCHS)} archs in "
-        f"{time.perf_counter() - start:.0f} s"
+    defaults = [
+        Variant(spec, spec.default_config(s, d), tuple(s), d) for d in spec.dtypes for s in awkward
+    ]
+    return compile_covering(
+        spec.name,
+        distinct_variants(spec, cases),
+        cache_dir,
+        heaviest=_bytes_in_flight,
+        extra=defaults,
     )
-    return variants, outcomes
+
+
+def _bytes_in_flight(v: Variant) -> tuple[tuple, float]:
+    """Per (dtype, block size, shape): bytes a thread loads per step, the register boundary."""
+    c = v.config
+    return (v.dtype, c["BLOCK_SIZE"], v.shape), c.get("UNROLL", 1) * c["VEC"] * DTYPES[v.dtype][2]
 
 
 def source_counts(spec: OperatorSpec, shape: Sequence[int]) -> dict[str, int]:
