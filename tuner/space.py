@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from kato.errors import InvalidInput
+
 Config = dict[str, Any]
 #: Combinations filtered per call of ``screen`` (bounded memory: a few arrays of this length).
 CHUNK = 1 << 18
@@ -39,7 +41,7 @@ MIN_POOL = 200
 POOL_SEED = 0x6B61746F
 
 
-class SpaceTooSparse(ValueError):
+class SpaceTooSparse(InvalidInput):
     """Rejection sampling found too few valid configs: the restrictions reject nearly every
     combination of a space too large to filter whole."""
 
