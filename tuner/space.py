@@ -29,10 +29,12 @@ Config = dict[str, Any]
 CHUNK = 1 << 18
 #: Most combinations filtered whole (a mask of one byte each); a larger product is sampled.
 FILTER_MAX = 1 << 26
-#: Most valid configs enumerated for the search; more make a sampled space.
-ENUMERATE_MAX = 200_000
-#: Valid configs in a sampled space's pool.
-POOL_SIZE = 50_000
+#: Most valid configs enumerated for the search; more make a sampled space. The default
+#: search ranks every config it holds each trial: its overhead grows with them.
+ENUMERATE_MAX = 100_000
+#: Valid configs in a sampled space's pool: the convolution space's 1.87M valid through a 20k
+#: pool cost 0.09-0.16 s a trial of search overhead, a 50k pool 0.2 s (a shared 2-core CPU).
+POOL_SIZE = 20_000
 #: Random combinations drawn at most when sampling a space too large to filter whole.
 MAX_DRAWS = 1 << 23
 #: Fewest valid configs rejection sampling must find in :data:`MAX_DRAWS` draws.
@@ -91,7 +93,7 @@ class SearchSpace:
                 self._valid = self._pool()
             else:
                 assert self._mask is not None
-                self._valid = self._configs(np.flatnonzero(self._mask))
+                self._valid = self.configs_at(np.flatnonzero(self._mask))
         elif self._valid is None:
             self._valid = [c for c in self.all_configs() if self.check(c) is None]
         return self._valid
@@ -154,7 +156,7 @@ class SearchSpace:
             valid = np.flatnonzero(self.filter_mask())
             if len(valid) > count:
                 valid = np.sort(rng.choice(valid, count, replace=False))
-            return self._configs(valid)
+            return self.configs_at(valid)
         found = np.empty(0, dtype=np.int64)
         drawn = 0
         while len(found) < count and drawn < MAX_DRAWS:
@@ -172,7 +174,7 @@ class SearchSpace:
             )
         if len(found) > count:
             found = np.sort(rng.choice(found, count, replace=False))
-        return self._configs(found)
+        return self.configs_at(found)
 
     def include(self, configs: Iterable[Config], *, neighbours: bool = False) -> None:
         """Add valid ``configs`` (and, with ``neighbours``, every valid config one parameter
@@ -249,8 +251,9 @@ class SearchSpace:
         indices = np.unravel_index(flat, self._dims()) if len(flat) else [flat] * len(self.params)
         return np.asarray(self.screen(self._columns(indices)), dtype=bool)
 
-    def _configs(self, flat: np.ndarray) -> list[Config]:
-        """The configs at these product positions, as Python values."""
+    def configs_at(self, flat: np.ndarray) -> list[Config]:
+        """The configs at these positions of the product (``itertools.product`` order, as
+        :meth:`filter_mask` indexes it), as Python values."""
         names = list(self.params)
         values = [list(v) for v in self.params.values()]
         if not len(flat):

@@ -41,7 +41,8 @@ def evaluate(
         NotVectorised: see the module docstring.
     """
     walker = _Walker(columns, n)
-    values, failed = walker.visit(expression.tree.body)
+    with np.errstate(all="ignore"):  # overflows and domain errors are read from the results
+        values, failed = walker.visit(expression.tree.body)
     return np.broadcast_to(values, (n,)), np.broadcast_to(failed, (n,))
 
 
