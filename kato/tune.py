@@ -18,6 +18,7 @@ service's workers fill the inputs at random and the ``answer`` is not checked th
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from kato.kernel_tuner import operator_from_arguments, operator_name, problem_di
 from kato.kernels.spec import InvalidInput
 from kato.shared.gpus import normalize_gpu_name
 from kato.shared.kt_cache import KernelTunerCache, config_key, save_cache
+from kato.tuner.space import ENUMERATE_MAX, SearchSpace
 
 #: Kernel Tuner's markers for a config that did not give a time.
 _MARKERS = {
@@ -190,6 +192,17 @@ def tune_kernel(
     shape, _ = problem_shape(problem_size, arguments)
     dtype = op.dtypes[0]
     kt_strategy, budget, seconds = _strategy(strategy, strategy_options, op.space_size())
+    if kt_strategy == "grid" and _too_large_to_walk(op, shape, dtype):
+        # Kernel Tuner would measure every one of millions of configs (days on a GPU); Kato
+        # searches them at a budget instead, and says so.
+        budget = int(dict(strategy_options or {}).get("max_fevals", DEFAULT_BUDGET))
+        kt_strategy = "forest"
+        warnings.warn(
+            f"{kernel_name}: the space has over {ENUMERATE_MAX} valid configs, too many to "
+            f"measure every one (brute_force): Kato's default search ('forest') measures "
+            f"{budget} of them (strategy_options={{'max_fevals': N}} sets how many)",
+            stacklevel=2,
+        )
     if service is not None:
         from kato.remote import tune_on_service
 
@@ -205,6 +218,18 @@ def tune_kernel(
         )  # fmt: skip
     _add_metrics(results, metrics)
     return results, env
+
+
+def _too_large_to_walk(op: Any, shape: Sequence[int], dtype: str) -> bool:
+    """Whether the operator's valid configs are too many to enumerate (a sampled space,
+    :mod:`tuner.space`): filtered here, in seconds, to decide."""
+    if op.space_size() <= ENUMERATE_MAX:
+        return False
+    screen = op.screen(shape, dtype)
+    if screen is None:
+        return False
+    check = lambda config: op.check(config, shape, dtype)  # noqa: E731
+    return SearchSpace(op.params, check=check, screen=screen).sampled
 
 
 def _local_verify(verify: Any, service: str | None) -> Any:

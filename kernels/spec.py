@@ -15,7 +15,7 @@ import json
 import re
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -384,6 +384,22 @@ class OperatorSpec(ABC):
         dtype (others too, maybe), in the product order of :attr:`params`; None: the whole
         product. A space whose code paths pin each other's parameters lists each path's own
         product, many times smaller than the whole (the tuner still checks every config)."""
+        return None
+
+    def screen(
+        self,
+        shape: Sequence[int],
+        dtype: str,
+        *,
+        max_threads: int | None = None,
+        max_shared: int | None = None,
+    ) -> Callable[[Mapping[str, np.ndarray]], np.ndarray] | None:
+        """:meth:`check` for many configs at once, or None (the default: the tuner checks one
+        config at a time). Where given: a function of columns (parameter -> array of values,
+        one element per config) answering a bool array, true exactly where :meth:`check`
+        accepts and the launch fits ``max_threads`` threads and ``max_shared`` bytes of
+        dynamic shared memory (where given). A space of millions of combinations is filtered
+        (and a larger one sampled) through it: :mod:`tuner.space`."""
         return None
 
     @abstractmethod

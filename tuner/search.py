@@ -198,6 +198,11 @@ class Search:
         self.evaluate = evaluate
         self.strategy = strategy
         self.results: dict[str, TrialResult] = dict(known or {})
+        # A sampled space's pool (tuner.space) must hold what this search starts from: the
+        # warm-start configs with their one-step neighbours (to search around them) and the
+        # configs measured before (to learn from them).
+        space.include(seed_configs or [], neighbours=True)
+        space.include(r.config for r in self.results.values() if r.config)
         self.on_result = on_result
         self.should_stop = should_stop
         self.on_upcoming = on_upcoming

@@ -194,7 +194,8 @@ class ForestProposer:
         background: bool = False,
     ):
         self.space = space
-        self.configs: list[Config] = space.valid_configs()
+        # A copy: a sampled space's pool may grow later (SearchSpace.include); these rows stay.
+        self.configs: list[Config] = list(space.valid_configs())
         self.index: dict[str, int] = {space.key(c): i for i, c in enumerate(self.configs)}
         maps = _feature_maps(space.params)
         self.names = list(maps)

@@ -37,8 +37,10 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.(cu|cuh)$")
 #: A header beside the template, included by a quoted name (``#include "my_header.h"``).
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.(h|cuh|hpp|hh|inc)$")
-#: Most combinations of ``tune_params`` (the search enumerates the valid ones).
-MAX_SPACE = 1_000_000
+#: Most combinations of ``tune_params``: positions in the product are int64. Up to
+#: ``tuner.space.FILTER_MAX`` (67M) the product is filtered whole (vectorised), beyond it the
+#: search samples valid configs (``tuner.space``).
+MAX_SPACE = 10**18
 #: Most values of one tunable, tunables, arguments, dimensions.
 MAX_VALUES = 1024
 MAX_TUNABLES = 32

@@ -32,6 +32,7 @@ from kato.kernels.spec import (
     Problem,
     code_fingerprint,
 )
+from kato.kernels.user import vector
 from kato.kernels.user.expr import ExpressionError
 from kato.kernels.user.model import (
     DEFAULT_BLOCK_SIZE_NAMES,
@@ -73,6 +74,7 @@ _HASHED_MODULES = (
     "kato.kernels.user.expr",
     "kato.kernels.user.model",
     "kato.kernels.user.spec",
+    "kato.kernels.user.vector",
 )
 PythonReference = Callable[[list[Any], tuple[int, ...], str], Sequence[np.ndarray]]
 #: Kernel Tuner's custom verification: ``verify(answer, result_host, atol=None) -> bool``.
@@ -337,6 +339,141 @@ class UserOperatorSpec(OperatorSpec):
             return str(exc)
         return None
 
+    def screen(
+        self,
+        shape: Sequence[int],
+        dtype: str,
+        *,
+        max_threads: int | None = None,
+        max_shared: int | None = None,
+    ) -> Callable[[Mapping[str, np.ndarray]], np.ndarray]:
+        """:meth:`check` for many configs at once: a function of columns (tunable -> array of
+        values, one element per config, every tunable) answering a bool array, true where
+        :meth:`check` accepts the config and, where given, its block has at most
+        ``max_threads`` threads and at most ``max_shared`` bytes of dynamic shared memory (a
+        GPU's limits, as :func:`tuner.backends.pycuda.check_on_gpu` judges them).
+
+        The expressions are walked on numpy arrays (:mod:`kernels.user.vector`), about a
+        microsecond a config instead of a couple of hundred; columns it cannot evaluate with
+        Python's exact semantics (mixed types, huge integers) are checked one config at a
+        time, with the same answers."""
+        try:
+            shape = self.validate(shape, dtype)
+        except InvalidInput:
+            return lambda columns: np.zeros(len(next(iter(columns.values()))), dtype=bool)
+        base = self._env(None, shape, dtype)
+
+        def one_by_one(columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+            out = np.zeros(n, dtype=bool)
+            names = list(self.params)
+            for i in range(n):
+                config = {k: _python(columns[k][i]) for k in names}
+                if self.check(config, shape, dtype) is None:
+                    launch = self.launch(config, shape, dtype)
+                    out[i] = (max_threads is None or launch.threads_per_block <= max_threads) and (
+                        max_shared is None or launch.shared_bytes <= max_shared
+                    )
+            return out
+
+        def mask(columns: Mapping[str, np.ndarray]) -> np.ndarray:
+            n = len(next(iter(columns.values())))
+            try:
+                return self._screen(columns, n, shape, dtype, base, max_threads, max_shared)
+            except vector.NotVectorised:
+                return one_by_one(columns, n)
+
+        return mask
+
+    def _screen(
+        self,
+        columns: Mapping[str, np.ndarray],
+        n: int,
+        shape: Sequence[int],
+        dtype: str,
+        base: Mapping[str, Any],
+        max_threads: int | None,
+        max_shared: int | None,
+    ) -> np.ndarray:
+        env = {**base, **columns}
+        ok = np.ones(n, dtype=bool)
+
+        def value(e: Any) -> tuple[np.ndarray, np.ndarray]:
+            return vector.evaluate(e, env, n)
+
+        def truncated(e: Any) -> tuple[np.ndarray, np.ndarray]:  # _truncated, on arrays
+            if vector.may_be_bool(e, env):
+                raise vector.NotVectorised("a size that may be a bool")
+            v, failed = value(e)
+            if v.dtype.kind == "U":
+                return np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool)
+            if v.dtype.kind == "f":
+                bad = ~np.isfinite(v)
+                v = np.trunc(np.where(bad, 0.0, v))
+                if np.abs(v).max(initial=0) > vector.EXACT:
+                    raise vector.NotVectorised("a size beyond 2**53")
+                return v.astype(np.int64), failed | bad
+            return v.astype(np.int64), failed
+
+        for restriction in self._expr["restrictions"]:
+            v, failed = value(restriction)
+            ok &= vector.truthy(v) & ~failed
+        threads = np.ones(n, dtype=np.int64)
+        for dim, (name, default) in enumerate(zip(self.block_size_names, (256, 1, 1), strict=True)):
+            if name in columns:
+                b = columns[name]
+                if b.dtype.kind not in "iub":
+                    raise vector.NotVectorised(f"block size {name} of dtype {b.dtype}")
+                b = b.astype(np.int64)
+            else:
+                b = np.full(n, default, dtype=np.int64)
+            ok &= (b >= 1) & (b <= MAX_BLOCK[dim])
+            threads = threads * np.clip(b, 0, 1 << 20)
+        ok &= threads <= (1024 if max_threads is None else min(1024, max_threads))
+        exprs = self._expr["problem_size"]
+        if exprs is None:
+            sizes = [np.full(n, s, dtype=np.int64) for s in self.problem_size({}, shape, dtype)]
+        else:
+            sizes = []
+            for e in exprs:
+                v, failed = truncated(e)
+                ok &= ~failed
+                sizes.append(v)
+            sizes += [np.ones(n, dtype=np.int64)] * (3 - len(sizes))
+        for dim, exprs in enumerate(self._expr["grid_div"]):
+            if exprs is None:
+                name = self.block_size_names[dim]
+                divisor = (
+                    columns[name].astype(np.int64) if name in columns else np.ones(n, np.int64)
+                )
+            else:
+                divisor = np.ones(n, dtype=np.int64)
+                for e in exprs:
+                    v, failed = truncated(e)
+                    ok &= ~failed
+                    divisor = divisor * np.where(failed, 1, v)
+                    if np.abs(divisor).max(initial=0) > vector.EXACT:
+                        raise vector.NotVectorised("a grid divisor beyond 2**53")
+            good = divisor >= 1
+            ok &= good
+            grid = np.maximum(1, -(-sizes[dim] // np.where(good, divisor, 1)))
+            ok &= grid <= MAX_GRID[dim]
+        e = self._expr["shared_memory"]
+        if e:
+            if vector.may_be_bool(e, env):
+                raise vector.NotVectorised("shared memory that may be a bool")
+            v, failed = value(e)
+            if v.dtype.kind == "U":
+                return np.zeros(n, dtype=bool)
+            failed = failed | ~vector.is_finite_int(v)
+            shared = np.where(failed, 0, v)
+            limit = limits.MAX_SHARED_PER_BLOCK
+            ok &= ~failed & (shared >= 0) & (shared <= limit)
+            if max_shared is not None:
+                ok &= shared <= max_shared
+        for define in self._expr["defines"].values():
+            ok &= ~value(define)[1]
+        return ok
+
     def _shared(self, env: Mapping[str, Any]) -> int:
         e = self._expr["shared_memory"]
         return self._int(e, env, "shared_memory") if e else 0
@@ -589,6 +726,11 @@ class UserOperatorSpec(OperatorSpec):
             else:
                 out.append(np.array(value, dtype=np_dtype).ravel())
         return out
+
+
+def _python(value: Any) -> Any:
+    """A numpy scalar of a column as the Python value a config holds."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _filled(arg: Any, n: int, np_dtype: np.dtype, rng: np.random.Generator) -> np.ndarray:

@@ -392,7 +392,7 @@ class IsolatedBackend(Backend):
         check = partial(check_on_gpu, op, self.spec.shape, self.spec.dtype, gpu)
         arch = self._info.arch
         space = operator_space(
-            op, self.spec.shape, self.spec.dtype, lambda config: check(config, arch)
+            op, self.spec.shape, self.spec.dtype, lambda config: check(config, arch), gpu
         )
         return space, launch_lower_bound_s(op, self.spec.shape, self.spec.dtype, gpu)
 

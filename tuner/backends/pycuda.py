@@ -164,9 +164,21 @@ def argument_format(formats: Sequence[str], args: Sequence[int]) -> str:
     return "".join(formats[arg] for arg in args)
 
 
-def operator_space(spec: OperatorSpec, shape: Sequence[int], dtype: str, check: Any) -> SearchSpace:
+def operator_space(
+    spec: OperatorSpec, shape: Sequence[int], dtype: str, check: Any, gpu: Any = None
+) -> SearchSpace:
     """The task's space: ``spec.params`` under ``check``, enumerated from the spec's
-    :meth:`~kernels.spec.OperatorSpec.candidates` where it lists them."""
+    :meth:`~kernels.spec.OperatorSpec.candidates` where it lists them, filtered by its
+    vectorised :meth:`~kernels.spec.OperatorSpec.screen` where it has one (``check`` being
+    :func:`check_on_gpu` on ``gpu``, a catalog entry or None, whose limits it applies too)."""
+    screen = spec.screen(
+        shape,
+        dtype,
+        max_threads=gpu.max_threads_per_block if gpu is not None else None,
+        max_shared=gpu.shared_per_block_optin_bytes if gpu is not None else None,
+    )
+    if screen is not None:
+        return SearchSpace(spec.params, check=check, screen=screen)
     enumerate_valid = None
     if type(spec).candidates is not OperatorSpec.candidates:
 
@@ -495,7 +507,7 @@ class PyCudaBackend(Backend):
 
     def space(self) -> SearchSpace:
         if self._space is None:  # one instance, so its valid-config list is computed once
-            self._space = operator_space(self.spec, self.shape, self.dtype, self.check)
+            self._space = operator_space(self.spec, self.shape, self.dtype, self.check, self.gpu)
         return self._space
 
     def check(self, config: dict[str, Any]) -> str | None:
