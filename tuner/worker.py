@@ -1366,7 +1366,7 @@ class Worker:
             left = list(self._held.items())
         for job_id, held in left:
             log.warning(
-                "worker %s: job %s did not stop within %.0f s: given back from here",
+                "worker %s: job %s did not stop within %g s: given back from here",
                 self.worker_id, job_id, STOP_GRACE_SECONDS,
             )  # fmt: skip
             self.ledger.job(job_id, helper=held.helper).give_back(every_reservation=True)
