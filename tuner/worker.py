@@ -84,7 +84,7 @@ from kato.tuner.surrogate import import_models
 from kato.tuner.warm_start import SourceReader, warm_start_configs
 
 from kato import env
-from kato.shared.gpus import normalize_gpu_name
+from kato.shared.gpus import find_gpu, normalize_gpu_name
 from kato.shared.kt_cache import config_key, load_cache
 
 if TYPE_CHECKING:
@@ -104,6 +104,11 @@ PRECOMPILE_MAX_CONFIGS = 2000
 #: -> 0.965 / 61 (A4000), 0.977 / 18 -> 0.977 / 15 (gemm). 1 keeps the replayed search's quality
 #: per measurement, at the cost of the GPU's idle time.
 DEFAULT_LOOKAHEAD = 4
+
+#: Device memory a measuring child's CUDA context takes, counted in a job's need when a worker
+#: holds several (:mod:`tuner.admission`): a Hopper context with the CUDA 12/13 runtime takes
+#: a few hundred MB; an estimate, to be read on the H200 (busy-fraction session).
+CHILD_CONTEXT_BYTES = 512 << 20
 
 #: Builds the backend that measures one job: (job) -> Backend.
 BackendFactory = Callable[[Job], Backend]
@@ -1621,6 +1626,16 @@ class PyCudaBackends:
             stop=stop,
             turn=turn,
         )
+
+    def device_bytes(self, job: Job) -> int:
+        """The device memory ``job``'s backend takes at most
+        (:class:`tuner.backends.abilities.EstimatesMemory`): its set-up's buffers
+        (:func:`tuner.backends.pycuda.setup_bytes`) and, isolated, its child's CUDA context."""
+        from kato.tuner.backends.pycuda import setup_bytes  # no PyCUDA import: no driver needed
+
+        spec = get_operator(job.operator)
+        buffers = setup_bytes(spec, tuple(job.shape), job.dtype, find_gpu(job.gpu_model))
+        return buffers + (CHILD_CONTEXT_BYTES if self.isolate else 0)
 
     def __call__(self, job: Job) -> Backend:
         spec = BackendSpec(

@@ -497,3 +497,28 @@ def test_held_jobs_are_admitted_only_when_they_fit_the_gpus_memory_together(tmp_
             key = (job.operator, job.shape_key, job.dtype)
             assert [t.config_key for t in trials] == serial[key][0]
             assert job.best_time_ms == serial[key][2]
+
+
+def test_a_gpu_workers_estimate_of_a_jobs_device_memory():
+    """What a GPU worker counts for a job it may hold beside others: every argument copy the
+    set-up times over, the pristine set, float32 references (twice a 16-bit argument's bytes
+    at most) and, measuring in a child, the child's context."""
+    from types import SimpleNamespace
+
+    from kato.tuner.worker import CHILD_CONTEXT_BYTES, pycuda_backend_factory
+
+    from kato.shared.gpus import find_gpu
+
+    softmax = get_operator("softmax")
+    big = SimpleNamespace(
+        operator="softmax", shape=[32768, 4096], dtype="float16", gpu_model="H200"
+    )
+    args = softmax.buffer_bytes((32768, 4096), "float16")
+    assert softmax.bytes_moved((32768, 4096), "float16") > 2 * find_gpu("H200").l2_bytes
+    isolated, in_process = pycuda_backend_factory(isolate=True), pycuda_backend_factory()
+    assert in_process.device_bytes(big) == (1 + 1) * args + 2 * args
+    assert isolated.device_bytes(big) == in_process.device_bytes(big) + CHILD_CONTEXT_BYTES
+    small = SimpleNamespace(operator="softmax", shape=[64, 64], dtype="float32", gpu_model="H200")
+    copies = -(-2 * find_gpu("H200").l2_bytes // softmax.bytes_moved((64, 64), "float32"))
+    per_set = softmax.buffer_bytes((64, 64), "float32")
+    assert in_process.device_bytes(small) == (min(copies, 200) + 1) * per_set + per_set
