@@ -67,6 +67,7 @@ from kato.tuner.backends.isolated import (
     TrialInterrupted,
     measuring_backend,
 )
+from kato.tuner.backends.pycuda import setup_bytes
 from kato.tuner.backends.replay import RecordedProblem, recorded_problem
 from kato.tuner.gpu_gate import GpuGate
 from kato.tuner.proposers import proposer_class
@@ -1631,8 +1632,6 @@ class PyCudaBackends:
         """The device memory ``job``'s backend takes at most
         (:class:`tuner.backends.abilities.EstimatesMemory`): its set-up's buffers
         (:func:`tuner.backends.pycuda.setup_bytes`) and, isolated, its child's CUDA context."""
-        from kato.tuner.backends.pycuda import setup_bytes  # no PyCUDA import: no driver needed
-
         spec = get_operator(job.operator)
         buffers = setup_bytes(spec, tuple(job.shape), job.dtype, find_gpu(job.gpu_model))
         return buffers + (CHILD_CONTEXT_BYTES if self.isolate else 0)
