@@ -260,6 +260,18 @@ class Ledger:
 
         return self.step("claim", claim, retried=False)
 
+    def next_job(
+        self, gpu_models: Sequence[str], *, scope: queries.JobScope | None = None
+    ) -> Job | None:
+        """The job :meth:`claim` would take now, not claimed (a detached copy), or ``None``
+        (:func:`db.queries.next_claimable_job`); one try."""
+
+        return self.step(
+            "look at the next job",
+            lambda s: queries.next_claimable_job(s, gpu_models=gpu_models, scope=scope),
+            retried=False,
+        )
+
     def live_workers(self) -> set[str]:
         """The ids of the live workers (heartbeat younger than a lease, not stopped), this one
         included."""
@@ -667,12 +679,28 @@ class JobLedger:
 
         return self._step(f"mark {status}", end)
 
-    def give_back(self) -> None:
+    def give_back(self, *, every_reservation: bool = False) -> None:
         """The worker stops mid-job: its reservations are released and (owner) its lease
         ended, so that the next claim resumes the job at once. One try each (a stopping worker
         does not wait on the database); a failure is logged, and the lease then runs out by
-        itself."""
+        itself.
+
+        ``every_reservation``: release every reservation the job's rows hold in this worker's
+        name, also those this ledger did not make: a worker gives back a job whose runner
+        (another thread, another ledger) did not stop (:class:`tuner.worker.Worker`)."""
         self.release_mine()
+        if every_reservation:
+            try:
+                self._step(
+                    "release this worker's reservations",
+                    lambda s: _release_all_of(s, self.job_id, self.worker_id),
+                    retried=False,
+                )
+            except Exception as exc:
+                log.warning(
+                    "job %s: releasing this worker's reservations failed: %s",
+                    self.job_id, retry.describe(exc),
+                )  # fmt: skip
         if self.helper:
             return
         try:
@@ -829,6 +857,16 @@ def _fill(
         )
     session.commit()
     return filled.rowcount == 1
+
+
+def _release_all_of(session: Session, job_id: str, worker_id: str) -> int:
+    """:func:`_release` of every reservation of ``job_id`` held by ``worker_id``."""
+    keys = session.scalars(
+        select(Trial.config_key).where(
+            Trial.job_id == job_id, Trial.status == RESERVED, Trial.reserved_by == worker_id
+        )
+    ).all()
+    return _release(session, job_id, [(key, worker_id) for key in keys])
 
 
 def _lock_job(session: Session, job_id: str) -> None:

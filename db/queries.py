@@ -379,6 +379,22 @@ def claim_next_job(
         # Every candidate went to another worker between our read and our write: look again.
 
 
+def next_claimable_job(
+    session: Session, *, gpu_models: Sequence[str], scope: JobScope | None = None
+) -> Job | None:
+    """The job :func:`claim_next_job` would take now (its own running jobs aside), read
+    without claiming it: a worker decides whether it can hold the job before it takes it
+    (:mod:`tuner.admission`). Another worker may claim it meanwhile."""
+    if not gpu_models:
+        return None
+    return session.scalars(
+        select(Job)
+        .where(_claimable(gpu_models, utcnow(), scope))
+        .order_by(Job.created_at, Job.id)
+        .limit(1)
+    ).first()
+
+
 def _renew_own(
     session: Session,
     gpu_models: Sequence[str],

@@ -88,14 +88,18 @@ class Settings(BaseSettings):
         "for the one asked before (measured as their compiles finish; 1: ask, measure, ask)",
     )
     jobs_per_worker: int = Field(
-        # 1 until a memory admission exists: each held job keeps its device buffers (up to
-        # half the free memory), so two large jobs held together can fail the second's set-up.
-        default=1,
+        # 2: on the replay benchmark (benchmarks/batch_tuning.py --replay; docs/design.md) jobs
+        # held at once cut a batch's wall time 1.15-1.5x with every trial and winner unchanged;
+        # 2 takes that with the least memory held while the context estimate is unmeasured.
+        # Held jobs are admitted by memory (tuner/admission.py); an interrupted worker gives
+        # them all back at once.
+        default=2,
         ge=1,
         le=16,
         description="jobs a GPU worker holds at once on its one GPU, taking turns measuring "
         "(one measurement at a time) so the GPU measures while a job waits on nvcc or its "
-        "search; each job's trials are those it would run alone (1: one job at a time)",
+        "search; each job's trials are those it would run alone; a job is taken only if the "
+        "jobs held fit the GPU's memory together (1: one job at a time)",
     )
     max_workers_per_job: int = Field(
         default=4,

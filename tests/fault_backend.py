@@ -17,7 +17,7 @@ import os
 import time
 from typing import Any
 
-from kato.tuner.backends.base import Backend, TrialResult, TrialStatus
+from kato.tuner.backends.base import Backend, DeviceMemory, TrialResult, TrialStatus
 from kato.tuner.backends.isolated import BackendSpec
 from kato.tuner.backends.replay import ReplayBackend
 
@@ -97,6 +97,12 @@ class StagedPrepare(ReplayBackend):
 
     def prepare(self) -> None:
         self._note("device")
+        self.set_up = True
+
+    def memory(self) -> DeviceMemory:
+        """A 1000-byte device of which the set-up takes 400 bytes."""
+        return DeviceMemory(free_bytes=600 if getattr(self, "set_up", False) else 1000,
+                            total_bytes=1000)  # fmt: skip
 
 
 def make_staged(spec: BackendSpec) -> Backend:

@@ -58,6 +58,7 @@ from kato.db.models import Job, utcnow
 from kato.kernels import get_operator, list_operators
 from kato.kernels.spec import InvalidInput
 from kato.tuner import framework
+from kato.tuner.admission import MemoryAdmission
 from kato.tuner.backends.abilities import abilities_of, factory_abilities_of
 from kato.tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
 from kato.tuner.backends.isolated import (
@@ -66,6 +67,7 @@ from kato.tuner.backends.isolated import (
     TrialInterrupted,
     measuring_backend,
 )
+from kato.tuner.backends.pycuda import setup_bytes
 from kato.tuner.backends.replay import RecordedProblem, recorded_problem
 from kato.tuner.gpu_gate import GpuGate
 from kato.tuner.proposers import proposer_class
@@ -83,7 +85,7 @@ from kato.tuner.surrogate import import_models
 from kato.tuner.warm_start import SourceReader, warm_start_configs
 
 from kato import env
-from kato.shared.gpus import normalize_gpu_name
+from kato.shared.gpus import find_gpu, normalize_gpu_name
 from kato.shared.kt_cache import config_key, load_cache
 
 if TYPE_CHECKING:
@@ -103,6 +105,11 @@ PRECOMPILE_MAX_CONFIGS = 2000
 #: -> 0.965 / 61 (A4000), 0.977 / 18 -> 0.977 / 15 (gemm). 1 keeps the replayed search's quality
 #: per measurement, at the cost of the GPU's idle time.
 DEFAULT_LOOKAHEAD = 4
+
+#: Device memory a measuring child's CUDA context takes, counted in a job's need when a worker
+#: holds several (:mod:`tuner.admission`): a Hopper context with the CUDA 12/13 runtime takes
+#: a few hundred MB; an estimate, to be read on the H200 (busy-fraction session).
+CHILD_CONTEXT_BYTES = 512 << 20
 
 #: Builds the backend that measures one job: (job) -> Backend.
 BackendFactory = Callable[[Job], Backend]
@@ -389,6 +396,10 @@ class JobRunner:
             baseline then takes turns, and a config's compile is awaited before its turn, so
             nvcc never holds the GPU); default: one of its own. It also counts the job's GPU
             busy time, stored with the job (``gpu_busy_s``, ``gpu_busy_fraction``).
+        admission: the memory ledger of a worker holding several jobs at once
+            (:mod:`tuner.admission`): the job's device set-up then runs in a GPU turn of its
+            own before its search, right after its backend reads the device's free memory
+            for it, and the job leaves it when its run ends.
     """
 
     def __init__(
@@ -408,8 +419,12 @@ class JobRunner:
         shutdown: threading.Event | None = None,
         framework_timer: FrameworkTimer | None = None,
         gpu_gate: GpuGate | None = None,
+        admission: MemoryAdmission | None = None,
     ):
         self.db_url = db_url
+        self.admission = admission
+        #: The state of the job running now (:meth:`interrupt` reads it from another thread).
+        self._state: _JobState | None = None
         #: Whether other runners share the GPU (then compiles are awaited outside its gate).
         self.shares_gpu = gpu_gate is not None
         self.gpu_gate = gpu_gate or GpuGate()
@@ -451,6 +466,7 @@ class JobRunner:
         if not helper:  # a resumed job: dead workers' measurements will never finish
             ledger.release_stale()
         state = _JobState()
+        self._state = state
         beat = threading.Thread(
             target=self._heartbeat, args=(ledger, state), name="kato-heartbeat", daemon=True
         )
@@ -484,7 +500,21 @@ class JobRunner:
                 self._store_gpu_busy(ledger, job_id)
             else:
                 self.gpu_gate.forget(job_id)
+            self._state = None
         return outcome
+
+    def interrupt(self) -> None:
+        """Stop the job running now, from any thread (a worker stopping at once): its search
+        stops before its next measurement, an interruptible backend's measurement ends now,
+        and the run gives its reservations and lease back (``stopped``)."""
+        state = self._state
+        if state is None:
+            return
+        state.reason = state.reason or "stopped"
+        state.stop.set()
+        interrupt = abilities_of(state.backend).interrupt if state.backend is not None else None
+        if interrupt is not None:
+            interrupt()
 
     def _close(self, backend: Backend, job_id: str) -> None:
         """Close ``backend`` in a GPU turn (a child's context ends on the GPU), its compiles
@@ -494,6 +524,23 @@ class JobRunner:
             close_compiles()
         with self._gpu(job_id, counted=False):
             backend.close()
+
+    def _set_up(self, job_id: str, backend: Backend) -> None:
+        """A worker holding several jobs (:mod:`tuner.admission`): in one GPU turn, read the
+        device's free memory (every held job set up before this one has its buffers on the
+        device by now: each did so in a turn of its own) and then set the job's device up,
+        so the next admission sees its buffers too. Raises what the set-up raises."""
+        assert self.admission is not None
+        abilities = abilities_of(backend)
+        with self._gpu(job_id):
+            memory = abilities.memory() if abilities.memory is not None else None
+            self.admission.set_up(
+                job_id,
+                memory.free_bytes if memory is not None else None,
+                memory.total_bytes if memory is not None else None,
+            )
+            if abilities.prepare is not None:
+                abilities.prepare()
 
     def _gpu(self, job_id: str, *, counted: bool = True) -> contextlib.AbstractContextManager:
         """The GPU's turn for ``job_id``'s work (:class:`tuner.gpu_gate.GpuGate`)."""
@@ -672,6 +719,8 @@ class JobRunner:
             valid = space.valid_configs()
             if len(valid) <= PRECOMPILE_MAX_CONFIGS:
                 precompile([c for c in valid if space.key(c) not in known])
+        if self.admission is not None and not state.stop.is_set():
+            self._set_up(job.id, backend)
         if self._storage is None:
             # Once per runner: opening Optuna's storage checks its schema (alembic), about
             # 0.3 s that every job of a batch paid again.
@@ -1021,6 +1070,16 @@ def _helper_grace() -> float:
     return float(env.get("KATO_HELPER_GRACE_SECONDS") or DEFAULT_TRIAL_TIMEOUT_S)
 
 
+@dataclass(frozen=True)
+class _HeldJob:
+    """A job a worker holds: its group (see :meth:`Worker._claim_held`) and its part in it."""
+
+    operator: str
+    dtype: str
+    gpu_model: str
+    helper: bool = False
+
+
 class _Slots:
     """What the runner threads of a worker holding several jobs share: how many jobs were
     ended and are running (for ``max_jobs``), and the first unexpected error."""
@@ -1081,7 +1140,16 @@ class Worker:
     two jobs of one (operator, dtype), whatever their GPU models (:class:`db.queries.JobScope`'s
     exclusions; a warm start reads every model's results), so a group's jobs run one after the
     other in queue order and each warm start reads what it would in a serial run. Only the
-    order of GPU work changes. 1 (the default): one job at a time, as :meth:`run_once` does.
+    order of GPU work changes. 1: one job at a time, as :meth:`run_once` does.
+
+    Holding several, it takes another job only if the jobs fit the GPU's memory together
+    (:mod:`tuner.admission`); one that does not is left queued, and nothing else is taken,
+    until enough of the held jobs have ended. A worker interrupted (a second signal, or the
+    first's grace over: :func:`stop_on_signals`) or whose runner fails with an interrupt of
+    its own gives back every job it holds at once (:meth:`_give_back_held`), the runners that
+    did not stop by themselves within :data:`STOP_GRACE_SECONDS` included: each job's
+    reservations released and its lease ended, so that another worker resumes it from its
+    stored trials now rather than after the lease.
     """
 
     def __init__(
@@ -1118,6 +1186,10 @@ class Worker:
         self.min_configs_per_worker = min_configs_per_worker
         self._stop = threading.Event()
         gate = GpuGate() if jobs_at_once > 1 else None
+        #: The memory ledger of the jobs held at once (:mod:`tuner.admission`).
+        self.admission = MemoryAdmission() if jobs_at_once > 1 else None
+        #: The job a claim left queued for want of memory (logged once per job).
+        self._waiting: str | None = None
 
         def runner() -> JobRunner:
             return JobRunner(
@@ -1131,14 +1203,15 @@ class Worker:
                 retry_policy=retry_policy,
                 shutdown=self._stop,
                 gpu_gate=gate,
+                admission=self.admission,
             )
 
         self.runner = runner()
         #: One runner per job held at once (the first is :attr:`runner`).
         self.runners = [self.runner] + [runner() for _ in range(jobs_at_once - 1)]
         self.ledger = self.runner.ledger
-        #: The jobs held now: id -> (operator, dtype, GPU model), under ``_held_lock``.
-        self._held: dict[str, tuple[str, str, str]] = {}
+        #: The jobs held now: id -> what the worker knows of it, under ``_held_lock``.
+        self._held: dict[str, _HeldJob] = {}
         self._held_lock = threading.Lock()
 
     def stop(self) -> None:
@@ -1261,14 +1334,15 @@ class Worker:
             for thread in threads:
                 thread.start()
             while any(t.is_alive() for t in threads):
-                if slots.finished() or slots.error is not None:
+                if slots.error is not None:
+                    self._give_back_held(threads)  # a runner's interrupt stops them all
+                    break
+                if slots.finished():
                     self._stop.set()
                 for thread in threads:
                     thread.join(0.1)
         except KeyboardInterrupt:
-            self._stop.set()
-            for thread in threads:
-                thread.join(STOP_GRACE_SECONDS)
+            self._give_back_held(threads)
         finally:
             try:
                 self.heartbeat("stopped")
@@ -1281,23 +1355,83 @@ class Worker:
             raise slots.error
         return slots.ended
 
+    def _give_back_held(self, threads: Sequence[threading.Thread]) -> None:
+        """Stop at once: every runner is interrupted (:meth:`JobRunner.interrupt`) and has
+        :data:`STOP_GRACE_SECONDS` in all to give its job back by itself; every job still held
+        after that (a runner blocked in a measurement nothing can stop, or in a database call)
+        is given back from this thread: its reservations in this worker's name released and
+        its lease ended (:meth:`db.ledger.JobLedger.give_back`). A runner that goes on later
+        finds its lease gone and stores nothing another worker has taken since."""
+        self._stop.set()
+        for runner in self.runners:
+            runner.interrupt()
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        with self._held_lock:
+            left = list(self._held.items())
+        for job_id, held in left:
+            log.warning(
+                "worker %s: job %s did not stop within %g s: given back from here",
+                self.worker_id, job_id, STOP_GRACE_SECONDS,
+            )  # fmt: skip
+            self.ledger.job(job_id, helper=held.helper).give_back(every_reservation=True)
+
+    def _job_device_bytes(self, job: Job) -> int:
+        """The device memory ``job`` will take here (:mod:`tuner.admission`): the backend
+        factory's estimate, else the operator's buffers
+        (:meth:`kernels.spec.OperatorSpec.buffer_bytes`), else 0 (an operator unknown here)."""
+        estimate = self.runner.factory_abilities.device_bytes
+        try:
+            if estimate is not None:
+                return int(estimate(job))
+            return int(get_operator(job.operator).buffer_bytes(tuple(job.shape), job.dtype))
+        except Exception:
+            log.warning("job %s: its device memory cannot be estimated", job.id, exc_info=True)
+            return 0
+
+    def _admits(self, job: Job) -> tuple[bool, int]:
+        """(whether ``job`` fits beside the jobs held, its estimated device bytes); logs a
+        job left queued for want of memory, once."""
+        need = self._job_device_bytes(job)
+        if self.admission is None or self.admission.fits(need):
+            return True, need
+        if self._waiting != job.id:
+            self._waiting = job.id
+            log.info(
+                "worker %s: job %s (%s %s %s, about %.2f GB of device memory) waits until "
+                "the %d job(s) held here (%.2f GB) leave it room",
+                self.worker_id, job.id, job.operator, job.shape_key, job.dtype, need / 1e9,
+                len(self._held), self.admission.held_bytes() / 1e9,
+            )  # fmt: skip
+        return False, need
+
     def _claim_held(self) -> Claim | None:
-        """Claim a job none of whose group this worker holds, and hold it (one claim at a time:
-        two runners must not take two jobs of one group)."""
+        """Claim a job none of whose group this worker holds and that fits the GPU's memory
+        beside the jobs held (:mod:`tuner.admission`), and hold it (one claim at a time: two
+        runners must not take two jobs of one group). The next job is looked at before it is
+        claimed: one that does not fit stays queued, untouched, and nothing is claimed."""
         with self._held_lock:
             scope = self.scope() or queries.JobScope()
             # A warm start reads its operator and dtype on every GPU model: a held job's
             # (operator, dtype) is left out for each model this worker serves.
             groups = frozenset(
-                (operator, dtype, model)
-                for operator, dtype, held_model in self._held.values()
-                for model in {held_model, *self.gpu_models}
+                (held.operator, held.dtype, model)
+                for held in self._held.values()
+                for model in {held.gpu_model, *self.gpu_models}
             )
             scope = dataclasses.replace(
                 scope,
                 exclude_job_ids=scope.exclude_job_ids | frozenset(self._held),
                 exclude_groups=scope.exclude_groups | groups,
             )
+            if self._held and self.admission is not None:
+                upcoming = self.ledger.next_job(self.gpu_models, scope=scope)
+                if upcoming is not None:
+                    if not self._admits(upcoming)[0]:
+                        return None
+                    # That job only: an older one may have come back since (its lease ended).
+                    scope = dataclasses.replace(scope, job_ids=frozenset({upcoming.id}))
             claim = self.ledger.claim(
                 self.gpu_models,
                 scope=scope,
@@ -1306,10 +1440,21 @@ class Worker:
             )
             if claim is None:
                 return None
-            job = self.ledger.job(claim.job_id, helper=claim.helper).load()
+            ledger = self.ledger.job(claim.job_id, helper=claim.helper)
+            job = ledger.load()
             if job is None:
                 return None
-            self._held[claim.job_id] = (job.operator, job.dtype, job.gpu_model)
+            admitted, need = self._admits(job)  # a job helped, or this worker's own resumed
+            if not admitted:
+                ledger.give_back()
+                return None
+            if self._waiting == job.id:
+                self._waiting = None
+            self._held[claim.job_id] = _HeldJob(
+                job.operator, job.dtype, job.gpu_model, helper=claim.helper
+            )
+            if self.admission is not None:
+                self.admission.hold(claim.job_id, need)
             return claim
 
     def _run_slot(self, runner: JobRunner, slots: _Slots) -> None:
@@ -1364,6 +1509,8 @@ class Worker:
             with self._held_lock:
                 self._held.pop(job_id, None)
                 others = list(self._held)
+                if self.admission is not None:
+                    self.admission.release(job_id)
             if not self._stop.is_set():
                 with contextlib.suppress(Exception):  # the next heartbeat says it again
                     if others:
@@ -1480,6 +1627,14 @@ class PyCudaBackends:
             stop=stop,
             turn=turn,
         )
+
+    def device_bytes(self, job: Job) -> int:
+        """The device memory ``job``'s backend takes at most
+        (:class:`tuner.backends.abilities.EstimatesMemory`): its set-up's buffers
+        (:func:`tuner.backends.pycuda.setup_bytes`) and, isolated, its child's CUDA context."""
+        spec = get_operator(job.operator)
+        buffers = setup_bytes(spec, tuple(job.shape), job.dtype, find_gpu(job.gpu_model))
+        return buffers + (CHILD_CONTEXT_BYTES if self.isolate else 0)
 
     def __call__(self, job: Job) -> Backend:
         spec = BackendSpec(

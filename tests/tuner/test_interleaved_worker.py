@@ -374,3 +374,151 @@ def test_a_worker_of_several_gpu_models_never_holds_two_jobs_of_one_operator_and
     )  # fmt: skip
     assert worker.run_forever(max_jobs=2) == 2
     assert backends.most_jobs_alive == 1
+
+
+GiB = 1 << 30
+
+
+class SimulatedDevice:
+    """A GPU's memory as the test backends see it: ``total`` bytes, ``other`` of them held by
+    another process; each job's set-up takes its need until its backend closes, and a set-up
+    that does not fit fails as ``cudaMalloc`` would."""
+
+    def __init__(self, total: int, other: int) -> None:
+        self.total, self.other = total, other
+        self.lock = threading.Lock()
+        self.used: dict[str, int] = {}
+        self.peak = 0
+        self.most_set_up = 0
+        self.together: list[frozenset[str]] = []  # the jobs set up, after each set-up
+
+    def allocate(self, job_id: str, need: int) -> None:
+        with self.lock:
+            if self.other + sum(self.used.values()) + need > self.total:
+                raise RuntimeError(f"out of memory setting up job {job_id}")
+            self.used[job_id] = need
+            self.peak = max(self.peak, self.other + sum(self.used.values()))
+            self.most_set_up = max(self.most_set_up, len(self.used))
+            self.together.append(frozenset(self.used))
+
+    def free(self, job_id: str) -> None:
+        with self.lock:
+            self.used.pop(job_id, None)
+
+    def free_bytes(self) -> int:
+        with self.lock:
+            return self.total - self.other - sum(self.used.values())
+
+
+class MemoryReplay(ReplayBackends):
+    """Replay backends on a :class:`SimulatedDevice`: each reports the device's memory
+    (``memory``), sets its job up by taking ``need[(operator, shape_key, dtype)]`` bytes
+    (``prepare``) and gives them back on ``close``; the factory estimates each job's need
+    exactly (``device_bytes``)."""
+
+    def __init__(self, recordings, device: SimulatedDevice, need: dict[tuple, int]) -> None:
+        super().__init__(recordings)
+        self.device, self.need = device, need
+
+    def device_bytes(self, job) -> int:  # type: ignore[no-untyped-def]
+        return self.need[(job.operator, job.shape_key, job.dtype)]
+
+    def __call__(self, job):  # type: ignore[no-untyped-def]
+        from kato.tuner.backends.base import DeviceMemory
+
+        backend = super().__call__(job)
+        device, need, close = self.device, self.device_bytes(job), backend.close
+
+        def memory() -> DeviceMemory:
+            return DeviceMemory(device.free_bytes(), device.total)
+
+        def closed() -> None:
+            device.free(job.id)
+            close()
+
+        backend.memory = memory  # type: ignore[attr-defined]
+        backend.prepare = lambda: device.allocate(job.id, need)  # type: ignore[attr-defined]
+        backend.close = closed  # type: ignore[method-assign]
+        return backend
+
+
+def test_held_jobs_are_admitted_only_when_they_fit_the_gpus_memory_together(tmp_path):
+    """Jobs of two big groups (6 GiB each) never share a 10 GiB GPU (1 GiB of it another
+    process's): each waits for the other to end instead of failing its set-up; a small group's
+    jobs (1 GiB) are held beside either. Every job ends done with its exact budget, its trials
+    those of a serial run."""
+    recordings = recordings_by_group(per_group=2, groups=3)
+    groups = sorted({(r.problem.operator, r.problem.dtype) for r in recordings})
+    size = {groups[0]: 6 * GiB, groups[1]: 6 * GiB, groups[2]: 1 * GiB}
+    need = {
+        (r.problem.operator, r.problem.shape_key, r.problem.dtype): size[
+            (r.problem.operator, r.problem.dtype)
+        ]
+        for r in recordings
+    }
+    device = SimulatedDevice(total=10 * GiB, other=1 * GiB)
+    assert 6 * GiB + 6 * GiB > device.total - device.other  # the two big ones cannot share it
+    serial, _ = tune(tmp_path, "serial.db", recordings, budget=4, at_once=1)
+
+    url = f"sqlite:///{tmp_path / 'memory.db'}"
+    sessions = session_factory(init_db(url))
+    with sessions() as s:
+        jobs = queries.create_jobs(
+            s,
+            [
+                dict(
+                    operator=r.problem.operator,
+                    operator_version=r.problem.operator_version,
+                    shape=list(r.problem.shape),
+                    dtype=r.problem.dtype,
+                    gpu_model="H200",
+                    budget_configs=4,
+                    seed=i,
+                )  # fmt: skip
+                for i, r in enumerate(recordings)
+            ],
+        )
+        ids = {j.id: (j.operator, j.dtype) for j in jobs}
+    worker = Worker(
+        sessions, url, ["H200"], MemoryReplay(recordings, device, need), worker_id="w",
+        poll_seconds=0.01, jobs_at_once=3,
+    )  # fmt: skip
+    assert worker.run_forever(max_jobs=len(ids)) == len(ids)
+    assert device.peak <= device.total
+    big = {job_id for job_id, group in ids.items() if size[group] > GiB}
+    assert all(len(set_up & big) <= 1 for set_up in device.together)
+    assert device.most_set_up >= 2  # a small job was held beside a big one
+    assert worker.admission is not None and worker.admission.held_bytes() == 0
+    with sessions() as s:
+        for job_id in ids:
+            job = queries.get_job(s, job_id)
+            assert job is not None and job.status == "done", (job.status, job.error)
+            trials = sorted(queries.job_trials(s, job_id), key=lambda t: t.number)
+            key = (job.operator, job.shape_key, job.dtype)
+            assert [t.config_key for t in trials] == serial[key][0]
+            assert job.best_time_ms == serial[key][2]
+
+
+def test_a_gpu_workers_estimate_of_a_jobs_device_memory():
+    """What a GPU worker counts for a job it may hold beside others: every argument copy the
+    set-up times over, the pristine set, float32 references (twice a 16-bit argument's bytes
+    at most) and, measuring in a child, the child's context."""
+    from types import SimpleNamespace
+
+    from kato.tuner.worker import CHILD_CONTEXT_BYTES, pycuda_backend_factory
+
+    from kato.shared.gpus import find_gpu
+
+    softmax = get_operator("softmax")
+    big = SimpleNamespace(
+        operator="softmax", shape=[32768, 4096], dtype="float16", gpu_model="H200"
+    )
+    args = softmax.buffer_bytes((32768, 4096), "float16")
+    assert softmax.bytes_moved((32768, 4096), "float16") > 2 * find_gpu("H200").l2_bytes
+    isolated, in_process = pycuda_backend_factory(isolate=True), pycuda_backend_factory()
+    assert in_process.device_bytes(big) == (1 + 1) * args + 2 * args
+    assert isolated.device_bytes(big) == in_process.device_bytes(big) + CHILD_CONTEXT_BYTES
+    small = SimpleNamespace(operator="softmax", shape=[64, 64], dtype="float32", gpu_model="H200")
+    copies = -(-2 * find_gpu("H200").l2_bytes // softmax.bytes_moved((64, 64), "float32"))
+    per_set = softmax.buffer_bytes((64, 64), "float32")
+    assert in_process.device_bytes(small) == (min(copies, 200) + 1) * per_set + per_set

@@ -217,3 +217,28 @@ def test_a_deferred_child_of_a_backend_without_a_set_up_measures_every_config(re
         assert backend.restarts == 0
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize("defer", [True, False], ids=["deferred", "at-once"])
+def test_the_child_reports_the_devices_memory_before_and_after_its_set_up(replay, tmp_path, defer):
+    """A worker holding several jobs reads the device's memory through a job's child right
+    before the child's device set-up, then has it set up (``prepare``): the two readings
+    differ by what the set-up took; a child that set up at once answers all the same."""
+    from kato.tuner.backends.base import DeviceMemory
+
+    spec = BackendSpec(
+        kind="fault_backend:make_staged",
+        replay_file=str(RECORDING),
+        options=(("log", str(tmp_path / "prepare.log")),),
+    )
+    backend = IsolatedBackend(spec, defer_prepare=defer)
+    try:
+        before = backend.memory()
+        backend.prepare()
+        after = backend.memory()
+        assert before == DeviceMemory(600 if not defer else 1000, 1000)
+        assert after == DeviceMemory(600, 1000)
+        assert backend.evaluate(replay.space().valid_configs()[0]).ok
+        assert backend.restarts == 0
+    finally:
+        backend.close()

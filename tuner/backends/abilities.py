@@ -11,13 +11,14 @@ Which backends implement what:
 =======================  ==============  ===============  ========
 ability                  PyCudaBackend   IsolatedBackend  Replay
 =======================  ==============  ===============  ========
-:class:`Prepares`        yes             (in its child)   no
+:class:`Prepares`        yes             yes (its child)  no
 :class:`Precompiles`     yes             yes              no
 :class:`TakesHints`      yes             yes              no
 :class:`ReportsCompiled` yes             yes              no
 :class:`WaitsCompiled`   yes             yes              no
 :class:`Interruptible`   no              yes              no
 :class:`DrainsCompiles`  yes             yes              no
+:class:`ReportsMemory`   yes             yes (its child)  no
 =======================  ==============  ===============  ========
 """
 
@@ -28,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from kato.tuner.backends.base import Backend, Config, DeviceInfo
+from kato.tuner.backends.base import Backend, Config, DeviceInfo, DeviceMemory
 
 if TYPE_CHECKING:
     from kato.db.models import Job
@@ -46,6 +47,11 @@ class Prepares(Protocol):
     :meth:`~tuner.backends.base.Backend.evaluate`. Must be idempotent (``evaluate`` may call it
     too). Raises for a problem of the backend itself (the job then fails). Absent: the backend
     sets itself up in its constructor or on its first evaluation.
+
+    An :class:`~tuner.backends.isolated.IsolatedBackend`'s ``prepare`` has its child finish its
+    set-up and waits for it: a worker holding several jobs on one GPU calls it in the job's
+    GPU turn, right after reading the device's memory (:class:`ReportsMemory`), so that each
+    job's buffers are on the device before the next job is admitted (:mod:`tuner.admission`).
     """
 
     def prepare(self) -> None: ...
@@ -124,6 +130,20 @@ class DrainsCompiles(Protocol):
     def close_compiles(self) -> None: ...
 
 
+@runtime_checkable
+class ReportsMemory(Protocol):
+    """A backend that reports its device's free and total memory now
+    (:class:`~tuner.backends.base.DeviceMemory`, the driver's ``cuMemGetInfo``: what every
+    process holds counts as used, this backend's own context and buffers included), or None
+    where it cannot tell (a measuring child that died). A driver query, no GPU work: it takes
+    no GPU turn. Called from the thread that evaluates, between evaluations. A worker holding
+    several jobs on one GPU reads it before each job's device set-up to admit jobs by memory
+    (:mod:`tuner.admission`). Absent: the device's memory is unknown and no job is held back
+    for it (a replay has no device)."""
+
+    def memory(self) -> DeviceMemory | None: ...
+
+
 @dataclass(frozen=True)
 class Abilities:
     """What one backend can do beyond the :class:`~tuner.backends.base.Backend` contract: the
@@ -137,6 +157,7 @@ class Abilities:
     wait_compiled: Callable[[Sequence[Config]], None] | None = None
     interrupt: Callable[[], None] | None = None
     close_compiles: Callable[[], None] | None = None
+    memory: Callable[[], DeviceMemory | None] | None = None
     measures_out_of_process: bool = False
 
 
@@ -150,6 +171,7 @@ def abilities_of(backend: Any) -> Abilities:
         wait_compiled=backend.wait_compiled if isinstance(backend, WaitsCompiled) else None,
         interrupt=backend.interrupt if isinstance(backend, Interruptible) else None,
         close_compiles=backend.close_compiles if isinstance(backend, DrainsCompiles) else None,
+        memory=backend.memory if isinstance(backend, ReportsMemory) else None,
         measures_out_of_process=isinstance(backend, Backend) and backend.measures_out_of_process,
     )
 
@@ -191,6 +213,19 @@ class MeasuresFramework(Protocol):
     ) -> framework.FrameworkResult: ...
 
 
+@runtime_checkable
+class EstimatesMemory(Protocol):
+    """A factory that says how much device memory a job's backend will take: its device
+    set-up's buffers (every copy it allocates) and, measuring in a child process, that child's
+    CUDA context; an upper bound, from the job's operator, shape and dtype alone (no backend is
+    built, nothing touches the GPU). Called on the worker's thread before it claims another job
+    while holding some (:mod:`tuner.admission`). Absent: the worker estimates the job's buffers
+    by its operator's :meth:`kernels.spec.OperatorSpec.buffer_bytes` (the figure the service
+    checks a shape against the GPU's memory with)."""
+
+    def device_bytes(self, job: Job) -> int: ...
+
+
 @dataclass(frozen=True)
 class FactoryAbilities:
     """What a backend factory declares (see the protocols above)."""
@@ -198,6 +233,7 @@ class FactoryAbilities:
     scoped: Scoped | None = None
     runs_current_code: bool = True
     measure_framework: Callable[..., Any] | None = None
+    device_bytes: Callable[[Job], int] | None = None
 
     def scope(self) -> JobScope | None:
         """The factory's scope now (read anew: see :class:`Scoped`), or None: every job."""
@@ -214,4 +250,5 @@ def factory_abilities_of(factory: Any) -> FactoryAbilities:
         measure_framework=factory.measure_framework
         if isinstance(factory, MeasuresFramework)
         else None,
+        device_bytes=factory.device_bytes if isinstance(factory, EstimatesMemory) else None,
     )

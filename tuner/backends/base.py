@@ -84,6 +84,15 @@ class DeviceInfo:
         return f"sm_{self.compute_capability[0]}{self.compute_capability[1]}"
 
 
+@dataclass(frozen=True)
+class DeviceMemory:
+    """A device's memory as its driver reports it at one moment (``cuMemGetInfo``), in bytes:
+    ``free`` excludes what every process holds on it (this one's context and buffers too)."""
+
+    free_bytes: int
+    total_bytes: int
+
+
 class Backend(ABC):
     """Evaluates configs of one tuning task on one device (real or recorded).
 

@@ -47,7 +47,14 @@ from pathlib import Path
 from typing import Any
 
 from kato.tuner.backends.abilities import abilities_of
-from kato.tuner.backends.base import Backend, Config, DeviceInfo, TrialResult, TrialStatus
+from kato.tuner.backends.base import (
+    Backend,
+    Config,
+    DeviceInfo,
+    DeviceMemory,
+    TrialResult,
+    TrialStatus,
+)
 from kato.tuner.compile_queue import CompileQueue, CompileStats
 from kato.tuner.space import SearchSpace
 from kato.tuner.trial_cost import check_measurable, launch_lower_bound_s
@@ -191,6 +198,9 @@ def _child_main(
             if prepare is not None and prepare_inputs is not None:
                 prepare_inputs()
             message = conn.recv()
+            while message[0] == "memory":  # read before the set-up, to admit the job by it
+                conn.send(("memory", _memory_of(backend)))
+                message = conn.recv()
             if message[0] == "close":
                 backend.close()
                 return
@@ -208,6 +218,9 @@ def _child_main(
         if message[0] == "close":
             backend.close()
             break
+        if message[0] == "memory":
+            conn.send(("memory", _memory_of(backend)))
+            continue
         config = message[1]
         backend.trial_limit_s = message[2] if len(message) > 2 else None
         try:
@@ -224,6 +237,19 @@ def _child_main(
         if not healthy:
             os._exit(0)  # a dead CUDA context: the parent starts a fresh child
     conn.close()
+
+
+def _memory_of(backend: Backend) -> DeviceMemory | None:
+    """The child's answer to ``("memory",)``: its backend's report, None if it has none or
+    the query fails (a dead context: the parent then knows nothing of the device's memory)."""
+    memory = abilities_of(backend).memory
+    if memory is None:
+        return None
+    try:
+        return memory()
+    except Exception:
+        log.warning("the device's memory could not be read", exc_info=True)
+        return None
 
 
 def _describe_exit(code: int | None) -> str:
@@ -464,6 +490,42 @@ class IsolatedBackend(Backend):
             f"; the limit of {self.trial_timeout_s:g} s scaled to one launch's predicted "
             f"minimum of {self._launch_s:.3g} s"
         )
+
+    def prepare(self) -> None:
+        """Have the child finish its set-up now (with ``defer_prepare``, its device buffers)
+        and wait for it, instead of at the first evaluation; idempotent
+        (:class:`tuner.backends.abilities.Prepares`). Raises as :meth:`_await_prepared`."""
+        if self._process is None:
+            self._start()
+        self._await_prepared()
+
+    def memory(self) -> DeviceMemory | None:
+        """The device's memory as the child's backend reports it
+        (:class:`tuner.backends.abilities.ReportsMemory`); None if it cannot tell, or the
+        child is gone or does not answer within ``start_timeout_s`` (then it is replaced at
+        the next evaluation). Before :meth:`prepare` with ``defer_prepare``, the child's
+        buffers are not on the device yet."""
+        conn, process = self._conn, self._process
+        if conn is None or process is None:
+            return None
+        deadline = time.monotonic() + self.start_timeout_s
+        try:
+            conn.send(("memory",))
+            while True:
+                while not conn.poll(_POLL_S):
+                    if time.monotonic() > deadline or not process.is_alive():
+                        self._kill()
+                        return None
+                kind, *answer = conn.recv()
+                if kind == "memory":
+                    return answer[0]
+                if kind != "prepared":  # its set-up failed: the next evaluation says why
+                    self._kill()
+                    return None
+                self._prepared = True  # a child that sets up at once said so first
+        except (EOFError, OSError):
+            self._kill()
+            return None
 
     def _await_prepared(self) -> None:
         """Wait (up to ``start_timeout_s``, not a trial's limit) until the child has made its

@@ -33,9 +33,18 @@ from typing import Any
 
 import numpy as np
 from kato.kernels.limits import needs_shared_opt_in
-from kato.kernels.spec import CUDA_TYPES, Config, Launch, OperatorSpec, Problem, Step, TensorMap
+from kato.kernels.spec import (
+    CUDA_TYPES,
+    DTYPES,
+    Config,
+    Launch,
+    OperatorSpec,
+    Problem,
+    Step,
+    TensorMap,
+)
 from kato.tuner import cuda_driver
-from kato.tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
+from kato.tuner.backends.base import Backend, DeviceInfo, DeviceMemory, TrialResult, TrialStatus
 from kato.tuner.compile_queue import CompileQueue, CompileStats
 from kato.tuner.nvcc import CompiledKernel, CompileError, compile_kernel, cuda_version
 from kato.tuner.occupancy import occupancy
@@ -120,6 +129,27 @@ def describe_device(index: int = 0) -> DeviceInfo:
         sm_count=dev.get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT),
         memory_bytes=dev.total_memory(),
     )
+
+
+def timing_copies(spec: OperatorSpec, shape: Sequence[int], dtype: str, gpu: Any) -> int:
+    """Input copies a backend rotates while timing, before the cap of half the free memory:
+    enough that one timed batch streams more than twice the L2 from memory, counted in the
+    bytes a call touches (not scratch it leaves alone)."""
+    l2 = gpu.l2_bytes if gpu is not None and gpu.l2_bytes else 64 << 20
+    touched = max(spec.bytes_moved(shape, dtype), 1)
+    return max(1, min(_MAX_COPIES, math.ceil(2 * l2 / touched)))
+
+
+def setup_bytes(spec: OperatorSpec, shape: Sequence[int], dtype: str, gpu: Any) -> int:
+    """Device bytes a :class:`PyCudaBackend`'s set-up allocates at most for ``spec`` at
+    ``shape``/``dtype`` on ``gpu`` (a catalog entry, or None): the argument copies it times
+    over (:func:`timing_copies`), one pristine set, and the references, float32 copies of
+    the outputs (at most 4 bytes per element of ``dtype`` over the arguments' bytes). An
+    upper bound: the set-up may keep fewer copies where free memory is short."""
+    args = spec.buffer_bytes(shape, dtype)
+    itemsize = DTYPES[dtype][2] if dtype in DTYPES else 4
+    references = args * max(1, 4 // itemsize)
+    return (timing_copies(spec, shape, dtype, gpu) + 1) * args + references
 
 
 def poison_word(dtype: np.dtype, reference: np.ndarray) -> int:
@@ -378,11 +408,7 @@ class PyCudaBackend(Backend):
         self._arg_formats = [
             "P" if isinstance(a, np.ndarray) else _ARG_FORMATS[type(a)] for a in problem.args
         ]
-        # Enough copies that one timed batch streams more than twice the L2 from memory, counted
-        # in the bytes a call touches (not scratch it leaves alone), within half the free memory.
-        l2 = self.gpu.l2_bytes if self.gpu else 64 << 20
-        touched = max(self.spec.bytes_moved(self.shape, self.dtype), 1)
-        copies = max(1, min(_MAX_COPIES, math.ceil(2 * l2 / touched)))
+        copies = timing_copies(self.spec, self.shape, self.dtype, self.gpu)
         free, _ = cuda.mem_get_info()
         fit = int(0.5 * free // max(problem.nbytes, 1))
         # One more set where it fits: the pristine buffers every verification starts from (a
@@ -840,6 +866,12 @@ class PyCudaBackend(Backend):
         except self.cuda.Error:
             return False
         return True
+
+    def memory(self) -> DeviceMemory:
+        """The device's free and total memory now (``cuMemGetInfo``, in this backend's
+        context: :class:`tuner.backends.abilities.ReportsMemory`)."""
+        free, total = self.cuda.mem_get_info()
+        return DeviceMemory(free_bytes=int(free), total_bytes=int(total))
 
     def close_compiles(self) -> None:
         """Drop the compiles queued ahead and wait for the running ones (no GPU work)."""
