@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kato.kernels.spec import Config, OperatorSpec
+from kato.tuner.backends.pycuda import operator_space
 from kato.tuner.nvcc import CompileError, KernelResources, compile_many
-from kato.tuner.space import SearchSpace
 
 _DEFINE = re.compile(r"^\s*#\s*define\s+(\w+)", re.MULTILINE)
 
@@ -87,12 +87,14 @@ class Outcome:
 def distinct_variants(
     spec: OperatorSpec, cases: Iterable[tuple[Sequence[int], str]]
 ) -> list[Variant]:
-    """Every valid config of every (shape, dtype) case, one per distinct rendered source."""
+    """Every valid config of every (shape, dtype) case, one per distinct rendered source.
+    Enumerated as the backends do (``operator_space``: the spec's ``candidates`` where it lists
+    them; walking matmul's whole product of 12 million takes minutes a case)."""
     seen: set[str] = set()
     found = []
     for shape, dtype in cases:
         shape = tuple(shape)
-        space = SearchSpace(spec.params, lambda c, s=shape, d=dtype: spec.check(c, s, d))
+        space = operator_space(spec, shape, dtype, lambda c, s=shape, d=dtype: spec.check(c, s, d))
         for config in [*space.valid_configs(), spec.default_config(shape, dtype)]:
             variant = Variant(spec, dict(config), shape, dtype)
             digest = hashlib.sha256(variant.source().encode()).hexdigest()
