@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # One device call on the H200 (see ../shared/device/README.md): install the staged wheels, then
 # run the steps named as arguments, writing results under $OUT.
-#   steps: occupancy gputests winners operators throughput mlp spaces ktexamples
+#   steps: occupancy gputests winners operators throughput mlp spaces ktexamples compile
 #          (default: occupancy gputests operators)
+#   `compile` runs every tests/kernels/*_compile.py module over every distinct variant
+#   (KATO_COMPILE_FULL=1, both archs, 16 workers; CI compiles only a covering sample of them),
+#   cut after COMPILE_TIMEOUT s (default 560); COMPILE_TESTS: other test paths.
 #   The whole GPU suite does not fit one device call (600 s) on a fresh machine: `gputests` runs
 #   tests/gpu except the committed winners' check (~460 s), `winners` runs that (~120 s; 230 s
 #   before problems were built on every core, kernels/parallel.py), each in a call of its own.
@@ -30,6 +33,10 @@ for step in $steps; do
     gputests) python3 -m pytest -q -p no:cacheprovider --durations=15 \
                  ${GPU_TESTS:-tests/gpu --ignore=tests/gpu/test_committed_winners_gpu.py} 2>&1 \
                  | tee "$OUT/gpu_tests.log" | tail -40 ;;
+    compile) KATO_COMPILE_FULL=1 KATO_COMPILE_WORKERS=16 timeout "${COMPILE_TIMEOUT:-560}" \
+                 python3 -m pytest -q -p no:cacheprovider --durations=15 -n 8 \
+                 ${COMPILE_TESTS:-tests/kernels/test_*_compile.py} 2>&1 \
+                 | tee "$OUT/compile_full.log" | tail -30 ;;
     winners) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_committed_winners_gpu.py \
                  2>&1 | tee "$OUT/gpu_winners.log" | tail -20 ;;
     operators) ops=(); for o in ${CASES:-}; do ops+=(--case "$o"); done

@@ -40,6 +40,8 @@ _DEFINE = re.compile(r"^\s*#\s*define\s+(\w+)", re.MULTILINE)
 #: The archs the compile tests build for; the first one takes the whole sample, the others every
 #: other variant of it (all of it with :data:`FULL`).
 ARCHS = tuple(os.environ.get("KATO_COMPILE_TEST_ARCHS", "sm_90,sm_80").split(","))
+#: nvcc processes at once (CI runners have 2 cores; the device host's session sets 16).
+WORKERS = int(os.environ.get("KATO_COMPILE_WORKERS") or 2)
 #: ``KATO_COMPILE_FULL=1`` compiles every distinct variant (the device host's session does, on
 #: 16 cores); otherwise the compile tests take :func:`covering_sample`, which a cold run on CI's
 #: 2 cores affords.
@@ -175,7 +177,7 @@ def compile_variants(
     cache_dir: Path,
     *,
     batch: int = 48,
-    workers: int = 2,
+    workers: int = WORKERS,
 ) -> list[Outcome]:
     """Compile ``variants`` for every arch in batches; a failing batch is recompiled variant by
     variant so that the culprits are named. Returns one outcome per (variant, arch)."""
