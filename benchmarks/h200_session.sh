@@ -4,7 +4,7 @@
 #   steps: occupancy gputests winners operators throughput mlp spaces ktexamples compile
 #          (default: occupancy gputests operators)
 #   `compile` runs every tests/kernels/*_compile.py module over every distinct variant
-#   (KATO_COMPILE_FULL=1, both archs, 16 workers; CI compiles only a covering sample of them),
+#   (KATO_COMPILE_FULL=1, both archs, 4 modules at once x 4 nvcc; CI compiles only a covering sample of them),
 #   cut after COMPILE_TIMEOUT s (default 560); COMPILE_TESTS: other test paths.
 #   The whole GPU suite does not fit one device call (600 s) on a fresh machine: `gputests` runs
 #   tests/gpu except the committed winners' check (~460 s), `winners` runs that (~120 s; 230 s
@@ -33,8 +33,8 @@ for step in $steps; do
     gputests) python3 -m pytest -q -p no:cacheprovider --durations=15 \
                  ${GPU_TESTS:-tests/gpu --ignore=tests/gpu/test_committed_winners_gpu.py} 2>&1 \
                  | tee "$OUT/gpu_tests.log" | tail -40 ;;
-    compile) KATO_COMPILE_FULL=1 KATO_COMPILE_WORKERS=16 timeout "${COMPILE_TIMEOUT:-560}" \
-                 python3 -m pytest -q -p no:cacheprovider --durations=15 -n 8 \
+    compile) KATO_COMPILE_FULL=1 KATO_COMPILE_WORKERS=4 timeout "${COMPILE_TIMEOUT:-560}" \
+                 python3 -m pytest -q -p no:cacheprovider --durations=15 -n 4 \
                  ${COMPILE_TESTS:-tests/kernels/test_*_compile.py} 2>&1 \
                  | tee "$OUT/compile_full.log" | tail -30 ;;
     winners) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_committed_winners_gpu.py \
