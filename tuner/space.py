@@ -9,7 +9,9 @@ there are at most :data:`ENUMERATE_MAX`. Beyond either, the space is *sampled*: 
 drawn uniformly (from the filtered mask, or by rejection sampling through ``screen``), the
 same pool in every process (a fixed seed), with the configs the search brings
 (:meth:`SearchSpace.include`: warm-start configs and their one-step neighbours, results known
-from before) added to it.
+from before) added to it. The default search's proposer adds more to its own copy during a
+job: the valid one-step neighbours of the best configs (:meth:`SearchSpace.neighbours`,
+:meth:`tuner.surrogate.ForestProposer.grow`).
 """
 
 from __future__ import annotations

@@ -55,7 +55,8 @@ configs, the incumbent of expected improvement and what is measured are always t
 
 Contract (``tests/tuner/test_search.py`` and ``tests/tuner/test_surrogate.py`` hold it):
 
-- only valid configs (enumerated from the space) are proposed, and a config with a result in
+- only valid configs (enumerated from the space; on a sampled space its pool and the rows
+  :meth:`ForestProposer.grow` adds) are proposed, and a config with a result in
   ``results`` (measured, failed, or PENDING: another worker is measuring it) is never proposed;
   PENDING results are not learnt from; failures are imputed as above;
 - reproducible: the same seed and the same sequence of results give the same proposals (a
@@ -296,9 +297,10 @@ class ForestProposer:
         they would only skew its draws.)
 
         Rows are only appended (an index stays the config it was) and what is added depends on
-        ``results`` alone, in their order (no random draw): workers sharing a job, and a job
-        resumed from its results, add the same rows. Returns how many were added; on a space
-        that is not sampled (every valid config a row already) none, at no cost."""
+        ``results`` alone, in their order (no random draw): workers sharing a job add the same
+        rows for the same results, and a resumed job's proposer grows around the best of the
+        results it resumes from. Returns how many were added; on a space that is not sampled
+        (every valid config a row already) none, at no cost."""
         if not self._grows:
             return 0
         added: dict[str, Config] = {}
