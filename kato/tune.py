@@ -192,20 +192,27 @@ def tune_kernel(
     shape, _ = problem_shape(problem_size, arguments)
     dtype = op.dtypes[0]
     kt_strategy, budget, seconds = _strategy(strategy, strategy_options, op.space_size())
-    if kt_strategy == "grid" and _too_large_to_walk(op, shape, dtype):
-        # Kernel Tuner would measure every one of millions of configs (days on a GPU); Kato
-        # searches them at a budget instead, and says so.
+
+    def instead_of_walking() -> tuple[str, int]:
+        """Kernel Tuner would measure every one of millions of configs (days on a GPU); Kato
+        searches them at a budget instead, and says so."""
         budget = int(dict(strategy_options or {}).get("max_fevals", DEFAULT_BUDGET))
-        kt_strategy = "forest"
         warnings.warn(
             f"{kernel_name}: the space has over {ENUMERATE_MAX} valid configs, too many to "
             f"measure every one (brute_force): Kato's default search ('forest') measures "
             f"{budget} of them (strategy_options={{'max_fevals': N}} sets how many)",
-            stacklevel=2,
+            stacklevel=4 if service is None else 3,  # the caller of tune_kernel
         )
+        return "forest", budget
+
     if service is not None:
         from kato.remote import tune_on_service
 
+        # Filtered here (seconds for millions of combinations) to choose the strategy before
+        # the job is submitted; the service's worker filters again, under its GPU's limits,
+        # in its own process: nothing here could be handed to it.
+        if kt_strategy == "grid" and _too_large_to_walk(op, shape, dtype):
+            kt_strategy, budget = instead_of_walking()
         results, env = tune_on_service(
             service, token, op, spec_dict, shape, dtype, gpu or "H200", kt_strategy, budget,
             seconds, seed, timeout_s,
@@ -214,7 +221,7 @@ def tune_kernel(
         results, env = _tune_locally(
             op, shape, dtype, kt_strategy, budget, seconds, seed, iterations, device, db,
             cache, bool(simulation_mode), quiet,
-            _measuring(_isolate_with(op, isolate, quiet), trial_timeout_s),
+            _measuring(_isolate_with(op, isolate, quiet), trial_timeout_s), instead_of_walking,
         )  # fmt: skip
     _add_metrics(results, metrics)
     return results, env
@@ -306,7 +313,7 @@ def _measuring(isolate: bool | None, trial_timeout_s: float | None) -> tuple[boo
 
 def _tune_locally(
     op, shape, dtype, strategy, budget, seconds, seed, iterations, device, db, cache,
-    simulation, quiet, measuring,
+    simulation, quiet, measuring, instead_of_walking,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
     from kato.db import queries
     from kato.db.session import default_db_url, init_db, session_factory
@@ -341,8 +348,14 @@ def _tune_locally(
     sessions = session_factory(engine)
     info = backend.device()
     worker_id = default_worker_id()
-    space = len(backend.space().valid_configs()) if strategy == "grid" else None
-    budget = min(budget, space) if space else budget
+    if strategy == "grid":
+        # The backend's space is the job's (the runner searches this object): filtered once,
+        # here, under the device's limits, and not again by the job.
+        walked = backend.space()
+        if walked.sampled:
+            strategy, budget = instead_of_walking()
+        else:
+            budget = min(budget, len(walked.valid_configs()) or budget)
     settings = Settings(db_url=db_url)
     fields = dict(
         operator=op.name, operator_version=op.version, shape=list(shape), dtype=dtype,

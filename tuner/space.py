@@ -9,7 +9,9 @@ there are at most :data:`ENUMERATE_MAX`. Beyond either, the space is *sampled*: 
 drawn uniformly (from the filtered mask, or by rejection sampling through ``screen``), the
 same pool in every process (a fixed seed), with the configs the search brings
 (:meth:`SearchSpace.include`: warm-start configs and their one-step neighbours, results known
-from before) added to it.
+from before) added to it. The default search's proposer adds more to its own copy during a
+job: the valid one-step neighbours of the best configs (:meth:`SearchSpace.neighbours`,
+:meth:`tuner.surrogate.ForestProposer.grow`).
 """
 
 from __future__ import annotations
@@ -190,7 +192,7 @@ class SearchSpace:
                 continue
             wanted.append(dict(config))
             if neighbours:
-                wanted.extend(self._neighbours(config))
+                wanted.extend(self.neighbours([config]))
         pool = self.valid_configs()
         keys = {self.key(c) for c in pool}
         for config in wanted:
@@ -209,22 +211,27 @@ class SearchSpace:
                 return f"{name}={config[name]!r} is not one of its values"
         return None
 
-    def _neighbours(self, config: Config) -> list[Config]:
-        """The valid configs one parameter away from ``config`` (screened together)."""
-        candidates = [
-            {**config, name: value}
-            for name, values in self.params.items()
-            for value in values
-            if value != config[name]
-        ]
+    def neighbours(self, configs: Iterable[Config]) -> list[Config]:
+        """The valid configs one parameter away from any of ``configs`` (points of
+        :attr:`params`), each once, in order: the first config's by parameter and value, then
+        the next's. Needs ``screen`` (all are checked in one call of it)."""
+        if self.screen is None:
+            raise ValueError("only a space with a vectorised check (screen) lists neighbours")
+        candidates: dict[str, Config] = {}
+        for config in configs:
+            for name, values in self.params.items():
+                for value in values:
+                    if value != config[name]:
+                        other = {**config, name: value}
+                        candidates.setdefault(self.key(other), other)
         if not candidates:
             return []
+        rows = list(candidates.values())
         index = np.array(
-            [[self.params[k].index(c[k]) for k in self.params] for c in candidates],
-            dtype=np.int64,
+            [[self.params[k].index(c[k]) for k in self.params] for c in rows], dtype=np.int64
         )
-        keep = self.screen(self._columns(index.T)) if self.screen is not None else []
-        return [c for c, ok in zip(candidates, keep, strict=True) if ok]
+        keep = np.asarray(self.screen(self._columns(index.T)), dtype=bool)
+        return [c for c, ok in zip(rows, keep, strict=True) if ok]
 
     def _pool(self) -> list[Config]:
         return self.sample(POOL_SIZE, POOL_SEED) + list(self._extra)

@@ -55,7 +55,8 @@ configs, the incumbent of expected improvement and what is measured are always t
 
 Contract (``tests/tuner/test_search.py`` and ``tests/tuner/test_surrogate.py`` hold it):
 
-- only valid configs (enumerated from the space) are proposed, and a config with a result in
+- only valid configs (enumerated from the space; on a sampled space its pool and the rows
+  :meth:`ForestProposer.grow` adds) are proposed, and a config with a result in
   ``results`` (measured, failed, or PENDING: another worker is measuring it) is never proposed;
   PENDING results are not learnt from; failures are imputed as above;
 - reproducible: the same seed and the same sequence of results give the same proposals (a
@@ -137,6 +138,14 @@ GP_LAG = 2
 #: (above, a random draw of this many and the neighbourhoods of the best configs): a proposal
 #: then only looks its predictions up.
 COVER_MAX = 20000
+#: On a sampled space (:mod:`tuner.space`: a pool of valid configs drawn from a larger space),
+#: the valid configs one parameter away from each of this many best configs join the rows as
+#: the job finds them (:meth:`ForestProposer.grow`), so that the local moves reach past the pool.
+N_GROW = N_LOCAL
+#: Most rows :meth:`ForestProposer.grow` adds around the best configs in one job (a config
+#: has up to a few dozen valid neighbours; the pool is 20 000): the models rank every row,
+#: so the overhead per trial grows with them. 0 keeps the pool fixed.
+GROW_MAX = 4096
 #: Add the threads-per-block feature (block_size_* parameters) and the power-of-two flags.
 DERIVED = True
 POW2 = True
@@ -198,20 +207,18 @@ class ForestProposer:
         self.configs: list[Config] = list(space.valid_configs())
         self.index: dict[str, int] = {space.key(c): i for i, c in enumerate(self.configs)}
         maps = _feature_maps(space.params)
+        self._maps = maps
         self.names = list(maps)
         self._flags = [j for j, name in enumerate(self.names) if len(maps[name]) == 2]
         self._logscale = [_is_log(space.params[name]) for name in self.names]
         n = len(self.configs)
-        X = np.zeros((n, max(1, len(self.names))), dtype=np.float32)
-        for j, name in enumerate(self.names):
-            m = maps[name]
-            X[:, j] = [m[c[name]] for c in self.configs]
         # Kernel Tuner's convention names the thread-block dimensions block_size_x/y/z: their
         # product (threads per block) drives occupancy, and trees cannot add features themselves.
         blocks = [j for j, name in enumerate(self.names) if name.startswith("block_size")]
-        extra = []
-        if DERIVED and len(blocks) >= 2 and all(self._logscale[j] for j in blocks):
-            extra.append(X[:, blocks].sum(axis=1))
+        derived = DERIVED and len(blocks) >= 2 and all(self._logscale[j] for j in blocks)
+        self._blocks = blocks if derived else []
+        #: Per integer parameter with other values too, value -> whether a power of two.
+        self._pow2: list[tuple[str, dict[Any, float]]] = []
         if POW2:
             # Powers of two (and multiples of the warp size) often behave differently from
             # their neighbours on a GPU: a flag per integer parameter with other values too.
@@ -220,16 +227,23 @@ class ForestProposer:
                 flags = {v: float(v > 0 and v & (v - 1) == 0) for v in vals}
                 mixed = 0 < sum(flags.values()) < len(vals)
                 if len(vals) == len(maps[name]) and mixed and max(vals) > 2:
-                    column = [flags[c[name]] for c in self.configs]
-                    extra.append(np.array(column, dtype=np.float32))
-        if extra:
-            X = np.column_stack([X, *extra]).astype(np.float32)
+                    self._pow2.append((name, flags))
+        X = self._encode(self.configs)
         self.X = X
         span = X.max(axis=0) - X.min(axis=0) if n else np.ones(X.shape[1])
         self._scale = np.where(span > 0, span, 1.0).astype(np.float32)
+        self._low = X.min(axis=0) if n else np.zeros(X.shape[1], dtype=np.float32)
         # The features scaled to [0, 1] (the GP's inputs: its length-scale bounds then mean the
         # same in every space).
-        self._unit = (X - X.min(axis=0)) / self._scale if n else X
+        self._unit = (X - self._low) / self._scale if n else X
+        #: Rows enumerated from the space; :meth:`grow` appends others after them.
+        self._base_rows = n
+        self._grows = space.sampled
+        #: Keys of the configs whose neighbours joined the rows; rows added around them; keys
+        #: of results that are no valid config of the space.
+        self._expanded: set[str] = set()
+        self._grown = 0
+        self._foreign: set[str] = set()
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.background = background
@@ -255,6 +269,91 @@ class ForestProposer:
         # and near the best configs by predicted mean.
         self._by_score: np.ndarray = np.empty(0, dtype=np.int64)
         self._by_mean: np.ndarray = np.empty(0, dtype=np.int64)
+
+    def _encode(self, configs: Sequence[Config]) -> np.ndarray:
+        """The feature rows of ``configs`` (see the module docstring), float32."""
+        X = np.zeros((len(configs), max(1, len(self.names))), dtype=np.float32)
+        for j, name in enumerate(self.names):
+            m = self._maps[name]
+            X[:, j] = [m[c[name]] for c in configs]
+        extra = []
+        if self._blocks:
+            extra.append(X[:, self._blocks].sum(axis=1))
+        for name, flags in self._pow2:
+            extra.append(np.array([flags[c[name]] for c in configs], dtype=np.float32))
+        if extra:
+            X = np.column_stack([X, *extra]).astype(np.float32)
+        return X
+
+    # -- a sampled space's rows grow ---------------------------------------------------------
+
+    def grow(self, results: Mapping[str, TrialResult]) -> int:
+        """On a sampled space, add rows for what the pool lacks: every valid config of
+        ``results`` (another worker's measurement or reservation of a config this proposer's
+        pool lacks: learnt from, never proposed), then, once the space-filling design is
+        measured, the valid one-step neighbours of each of the :data:`N_GROW` best configs not
+        grown around yet (at most :data:`GROW_MAX` rows in all), so that ``local``, ``walk``
+        and ``ei`` search past the pool around the best. (Around the design's random configs
+        they would only skew its draws.)
+
+        Rows are only appended (an index stays the config it was) and what is added depends on
+        ``results`` alone, in their order (no random draw): workers sharing a job add the same
+        rows for the same results, and a resumed job's proposer grows around the best of the
+        results it resumes from. Returns how many were added; on a space that is not sampled
+        (every valid config a row already) none, at no cost."""
+        if not self._grows:
+            return 0
+        added: dict[str, Config] = {}
+        for key, result in results.items():
+            if key in self.index or key in self._foreign:
+                continue
+            config = result.config
+            if (
+                config
+                and self.space.key(config) == key
+                and self.space.check_params(config) is None
+                and self.space.is_valid(config)
+            ):
+                added[key] = dict(config)
+            else:
+                self._foreign.add(key)
+        centres: list[Config] = []
+        timed = [
+            (t, key)
+            for key, r in results.items()
+            if (t := r.time_ms) is not None and math.isfinite(t)
+            if key in self.index or key in added
+        ]
+        if self._grown < GROW_MAX and len(timed) >= N_INITIAL + self.seeded:
+            timed.sort(key=lambda pair: pair[0])  # stable: ties in the results' order
+            for _, key in timed[:N_GROW]:
+                if key not in self._expanded:
+                    self._expanded.add(key)
+                    i = self.index.get(key)
+                    centres.append(self.configs[i] if i is not None else added[key])
+        if centres:
+            for config in self.space.neighbours(centres):
+                key = self.space.key(config)
+                if key not in self.index and key not in added:
+                    if self._grown >= GROW_MAX:
+                        break
+                    added[key] = config
+                    self._grown += 1
+        if added:
+            self._append(list(added.values()))
+        return len(added)
+
+    def _append(self, configs: list[Config]) -> None:
+        """New rows after the others. The arrays are replaced, not resized: a model fitted on
+        the thread meanwhile reads the old rows from either."""
+        start = len(self.configs)
+        rows = self._encode(configs)
+        self.configs.extend(configs)
+        for i, config in enumerate(configs, start):
+            self.index[self.space.key(config)] = i
+        self.X = np.concatenate([self.X, rows])
+        self._unit = np.concatenate([self._unit, (rows - self._low) / self._scale])
+        self._seeds = np.concatenate([self._seeds, np.zeros(len(configs), dtype=bool)])
 
     # -- model -------------------------------------------------------------------------------
 
@@ -328,14 +427,16 @@ class ForestProposer:
 
     # -- candidates --------------------------------------------------------------------------
 
-    def hamming(self, i: int) -> np.ndarray:
-        """For every valid config, how many parameters differ from config ``i``."""
-        base = self.X[:, : len(self.names)]
+    def hamming(self, i: int, rows: int | None = None) -> np.ndarray:
+        """For every valid config (the first ``rows``: those a snapshot knew), how many
+        parameters differ from config ``i``."""
+        base = self.X[:rows, : len(self.names)]
         return (base != base[i]).sum(axis=1)
 
-    def neighbours(self, i: int) -> np.ndarray:
-        """Valid configs that differ from config ``i`` in exactly one parameter."""
-        return np.flatnonzero(self.hamming(i) == 1)
+    def neighbours(self, i: int, rows: int | None = None) -> np.ndarray:
+        """Valid configs (the first ``rows``) that differ from config ``i`` in exactly one
+        parameter."""
+        return np.flatnonzero(self.hamming(i, rows) == 1)
 
     def _pool(self, measured: np.ndarray, train: np.ndarray, y: np.ndarray) -> np.ndarray:
         free = np.flatnonzero(~measured)
@@ -365,7 +466,8 @@ class ForestProposer:
         """The rare parameter values (see :data:`RARE_SHARE`) as (feature column, value), rarest
         first, at most half the design's size; the same for every call (no random state)."""
         if self._rare is None:
-            base = self.X[:, : len(self.names)]
+            # The space's own rows: those grown around the best configs are no sample of it.
+            base = self.X[: self._base_rows, : len(self.names)]
             rare: list[tuple[int, int, float]] = []
             for j in range(base.shape[1]):
                 values, counts = np.unique(base[:, j], return_counts=True)
@@ -407,10 +509,10 @@ class ForestProposer:
     def local_candidates(self, measured: np.ndarray, centres: Sequence[int]) -> np.ndarray:
         """Unmeasured valid configs within Hamming distance :data:`LOCAL_RADIUS` (parameters
         that differ) of any of ``centres``; the radius grows until there is one (at the widest,
-        every unmeasured valid config)."""
-        dist = np.full(len(self.configs), len(self.names) + 1)
+        every unmeasured valid config). The configs are the first ``len(measured)`` rows."""
+        dist = np.full(len(measured), len(self.names) + 1)
         for c in centres:
-            dist = np.minimum(dist, self.hamming(c))
+            dist = np.minimum(dist, self.hamming(c, len(measured)))
         for radius in range(LOCAL_RADIUS, len(self.names) + 1):
             near = np.flatnonzero((dist <= radius) & ~measured)
             if len(near):
@@ -436,6 +538,7 @@ class ForestProposer:
     def propose(self, results: Mapping[str, TrialResult]) -> Config | None:
         """The next config to measure given ``results`` (config key -> result with ``time_ms``,
         None for a failure); None when every valid config has been measured."""
+        self.grow(results)
         train, y, measured = self._training_set(results)
         call = self._calls
         self._calls += 1
@@ -577,13 +680,15 @@ class ForestProposer:
     def _cover(self, snap: _Snapshot, rng: np.random.Generator) -> np.ndarray:
         """The configs a model predicts when it is fitted: every config unmeasured in ``snap``,
         or above :data:`COVER_MAX` of them a random draw of that many and the neighbourhoods of
-        the best configs then (a config needed later that is not covered is predicted then)."""
+        the best configs then (a config needed later that is not covered is predicted then).
+        Only the rows ``snap`` knew: rows grown since are predicted when needed."""
         free = np.flatnonzero(~snap.measured)
         if len(free) <= COVER_MAX:
             return free
+        rows = len(snap.measured)
         ranked = snap.train[np.argsort(snap.y, kind="stable")]
         near = self.local_candidates(snap.measured, [int(i) for i in ranked[:N_LOCAL]])
-        incumbents = [self.neighbours(int(i)) for i in ranked[:N_INCUMBENTS]]
+        incumbents = [self.neighbours(int(i), rows) for i in ranked[:N_INCUMBENTS]]
         sample = rng.choice(free, COVER_MAX, replace=False)
         both = np.unique(np.concatenate([sample, near, *incumbents]))
         return both[~snap.measured[both]]
@@ -686,15 +791,19 @@ class _Cover:
         self.column[cover] = np.arange(len(cover))
 
     def split(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The columns of ``idx`` and the mask of those that have none."""
-        cols = self.column[idx]
+        """The columns of ``idx`` and the mask of those that have none (a row added after the
+        cover was made has none)."""
+        inside = idx < len(self.column)
+        cols = np.full(len(idx), -1, dtype=np.int64)
+        cols[inside] = self.column[idx[inside]]
         return cols, cols < 0
 
 
 class _ForestModel:
     """The bag of trees fitted on a snapshot (:meth:`ForestProposer._fit_predict`), with every
     tree's prediction for its cover made when it is fitted. A config outside the cover is
-    predicted when asked by the same trees, fitted again from the same generator state."""
+    predicted when asked by the same trees, fitted again from the same generator state (a row
+    grown since the fit, :meth:`ForestProposer.grow`, is outside it)."""
 
     def __init__(
         self,
@@ -705,7 +814,7 @@ class _ForestModel:
     ) -> None:
         self._proposer, self._snap = proposer, snap
         self._state = rng.bit_generator.state
-        self._cover = _Cover(len(proposer.configs), cover)
+        self._cover = _Cover(len(snap.measured), cover)
         _, _, self._preds = proposer._fit_predict(snap.train, snap.y, cover, rng=rng)
 
     def predict(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -752,22 +861,27 @@ class _GpModel:
             rest = rng.choice(order[keep:], GP_MAX - keep, replace=False)
             chosen = np.concatenate([order[:keep], rest])
             train, y = train[chosen], y[chosen]
-        self._unit = proposer._unit
+        self._proposer = proposer
         #: Configs whose results the snapshot held (those beyond GP_MAX included): a result
         #: of one of them is not new.
-        self._known = np.zeros(len(proposer.configs), dtype=bool)
+        self._known = np.zeros(len(snap.measured), dtype=bool)
         self._known[snap.train] = True
         self._mean = float(y.mean())
         spread = float(y.std())
         self._scale = spread if spread > 10 * np.finfo(float).eps else 1.0
         self._Xs = self._unit[train]
-        self._cover = _Cover(len(proposer.configs), cover)
+        self._cover = _Cover(len(snap.measured), cover)
         # One BLAS thread: the matrices are at most GP_MAX square, where threads cost more
         # than they give, and a GPU host's cores are busy compiling ahead (a fit took 2-6 s
         # with two contended OpenBLAS threads, 0.3 s with one; the same numbers).
         with _one_blas_thread(), _fitting():
             self._fit((y - self._mean) / self._scale)
             self._ahead = self._prior(self._unit[cover])
+
+    @property
+    def _unit(self) -> np.ndarray:
+        """The proposer's scaled features, read when used: rows may have grown since."""
+        return self._proposer._unit
 
     def _fit(self, yn: np.ndarray) -> None:
         """The hyperparameters, as ``GaussianProcessRegressor.fit`` with its L-BFGS optimiser
@@ -823,7 +937,10 @@ class _GpModel:
         snapshot's results and every result of ``current`` it lacked (exact for the fitted
         hyperparameters)."""
         mu, var, V = self._at(idx)
-        fresh = ~self._known[current.train]
+        known = self._known
+        fresh = np.ones(len(current.train), dtype=bool)
+        inside = current.train < len(known)
+        fresh[inside] = ~known[current.train[inside]]
         if fresh.any():
             new = current.train[fresh]
             yz = (current.y[fresh] - self._mean) / self._scale

@@ -56,9 +56,17 @@ DEFAULT_TOLERANCES = {
 MAX_ELEMENTS = 1 << 34
 #: CUDA's constant memory: the most bytes a module's ``__constant__`` globals hold together.
 MAX_CONSTANT_BYTES = 64 << 10
-#: Combinations ``default_config`` checks at most when the spec declares no valid default
-#: (about 0.2 s of restriction checks).
+#: Combinations ``default_config`` checks one at a time at most when the spec declares no
+#: valid default and its expressions cannot be screened on numpy columns (about 0.2 s).
 MAX_DEFAULT_SCAN = 10_000
+#: Combinations ``default_config`` screens (:meth:`UserOperatorSpec.screen`, about a
+#: microsecond each on a loaded 2-core host) in ``tune_params`` order, then as many more drawn
+#: at random from the rest (a fixed seed: every host serves the same default): 0.5 s at most.
+DEFAULT_SCREEN = 1 << 18
+#: The first chunk screened for a default, grown eightfold after each chunk without one: the
+#: first combination is valid in most spaces, answered in well under a millisecond.
+DEFAULT_CHUNK = 1 << 10
+DEFAULT_SEED = 0x6B61746F
 #: (shape, dtype) answers of ``default_config`` kept per operator.
 MAX_CACHED_DEFAULTS = 1024
 #: CUDA's limits on a block's dimensions and a grid's.
@@ -480,16 +488,20 @@ class UserOperatorSpec(OperatorSpec):
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
         """The spec's ``default`` where it is valid for the shape, else the first valid
-        combination in ``tune_params`` order among the first :data:`MAX_DEFAULT_SCAN`.
+        combination in ``tune_params`` order among the first :data:`DEFAULT_SCREEN`, else the
+        first in that order among :data:`DEFAULT_SCREEN` more drawn at random from the rest
+        (a fixed seed: the same answer on every host).
 
         A lookup of an untuned shape serves this, on the API host and for anyone who may read:
-        the scan is bounded so that one request cannot cost seconds of checks (a space of a
-        million combinations, nearly all refused by a restriction, took 17 s to scan), and the
-        answer is kept per (shape, dtype).
+        the combinations are screened on numpy columns (:meth:`screen`, about a
+        microsecond each), so a space of 10^12 combinations with valid ones only far from the
+        first is answered in well under a second; where the expressions cannot be screened
+        (mixed types, huge integers) at most :data:`MAX_DEFAULT_SCAN` combinations are checked
+        one at a time. The answer is kept per (shape, dtype).
 
         Raises:
-            InvalidInput: nothing valid among the combinations scanned (the message says to
-                declare a ``default`` in the spec).
+            InvalidInput: nothing valid: the message says whether every combination was
+                refused, or how many were tried and to declare a ``default`` in the spec.
         """
         self.validate(shape, dtype)
         key = (tuple(int(s) for s in shape), dtype)
@@ -516,17 +528,66 @@ class UserOperatorSpec(OperatorSpec):
             dict(self.model.default), shape, dtype
         ):
             return dict(self.model.default)
-        for count, values in enumerate(self.model.combinations()):
-            if count >= MAX_DEFAULT_SCAN:
-                raise InvalidInput(
-                    f"operator {self.name!r}: none of the first {MAX_DEFAULT_SCAN} combinations "
-                    f"of its tune_params is valid at shape {tuple(shape)} {dtype}; declare a "
-                    "valid `default` config in its spec"
-                )
-            config = dict(zip(self.params, values, strict=True))
-            if self.check(config, shape, dtype) is None:
-                return config
-        raise InvalidInput(f"operator {self.name!r} has no valid config at shape {shape}")
+        shape = self.validate(shape, dtype)
+        values = [list(v) for v in self.params.values()]
+        dims = tuple(len(v) for v in values)
+        total = math.prod(dims)
+        typed = [_column_values(v) for v in values]
+        base = self._env(None, shape, dtype)
+        scalar = [0]  # combinations checked one at a time so far
+
+        def first_valid(flat: np.ndarray) -> int | None:
+            """The first position of ``flat`` (ascending) holding a valid combination."""
+            index = np.unravel_index(flat, dims)
+            columns = {k: typed[j][index[j]] for j, k in enumerate(self.params)}
+            try:
+                ok = self._screen(columns, len(flat), shape, dtype, base, None, None)
+            except vector.NotVectorised:
+                for position in flat.tolist():
+                    if scalar[0] >= MAX_DEFAULT_SCAN:
+                        raise InvalidInput(
+                            f"operator {self.name!r}: none of the {MAX_DEFAULT_SCAN} "
+                            f"combinations of its tune_params checked is valid at shape "
+                            f"{tuple(shape)} {dtype}; declare a valid `default` config in its "
+                            "spec"
+                        ) from None
+                    scalar[0] += 1
+                    if self.check(self._combination(position, dims), shape, dtype) is None:
+                        return position
+                return None
+            hits = np.flatnonzero(ok)
+            return int(flat[hits[0]]) if len(hits) else None
+
+        start, chunk = 0, DEFAULT_CHUNK
+        while start < min(total, DEFAULT_SCREEN):
+            flat = np.arange(start, min(total, DEFAULT_SCREEN, start + chunk), dtype=np.int64)
+            if (found := first_valid(flat)) is not None:
+                return self._combination(found, dims)
+            start, chunk = start + len(flat), chunk * 8
+        if total <= DEFAULT_SCREEN:
+            raise InvalidInput(
+                f"operator {self.name!r} has no valid config at shape {tuple(shape)} {dtype}: "
+                f"its restrictions (or launch limits) refuse all {total} combinations of its "
+                "tune_params"
+            )
+        rng = np.random.default_rng(DEFAULT_SEED)
+        # Sorted, so the first valid one found is the first in tune_params order (a repeat
+        # draw costs one more check; numpy's unique took longer than the screen).
+        drawn = np.sort(rng.integers(DEFAULT_SCREEN, total, DEFAULT_SCREEN, dtype=np.int64))
+        for i in range(0, len(drawn), 1 << 16):
+            if (found := first_valid(drawn[i : i + (1 << 16)])) is not None:
+                return self._combination(found, dims)
+        raise InvalidInput(
+            f"operator {self.name!r}: none of the first {DEFAULT_SCREEN} combinations of its "
+            f"{total} (tune_params order), nor of {len(drawn)} drawn at random from the rest, is "
+            f"valid at shape {tuple(shape)} {dtype}; declare a valid `default` config in its "
+            "spec (or narrow tune_params to the values the restrictions allow)"
+        )
+
+    def _combination(self, position: int, dims: Sequence[int]) -> Config:
+        """The combination at ``position`` of the product of ``tune_params`` (its order)."""
+        index = np.unravel_index(position, dims)
+        return {k: v[int(i)] for (k, v), i in zip(self.params.items(), index, strict=True)}
 
     def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, Any]:
         """Kernel Tuner's macros (``grid_size_x/y/z``, the block size names, every tunable,
@@ -726,6 +787,14 @@ class UserOperatorSpec(OperatorSpec):
             else:
                 out.append(np.array(value, dtype=np_dtype).ravel())
         return out
+
+
+def _column_values(values: Sequence[Any]) -> np.ndarray:
+    """A tunable's values as an array: of one numpy type where they share one Python type, else
+    of objects (which the screen checks one config at a time), as ``tuner.space`` makes them."""
+    kinds = {type(v) for v in values}
+    typed = len(kinds) == 1 and kinds <= {int, float, str, bool}
+    return np.array(values, dtype=None if typed else object)
 
 
 def _python(value: Any) -> Any:

@@ -500,3 +500,92 @@ def test_a_search_that_stops_ends_its_fitting_thread_and_can_run_on():
     resumed = list(search.run(Budget(max_configs=45)).results)
     whole = list(Search(space, timing, seed=5).run(Budget(max_configs=45)).results)
     assert resumed == whole
+
+
+# --- a sampled space: the rows grow around the best configs ---------------------------------
+
+
+def sampled_space(monkeypatch) -> SearchSpace:
+    """12 x 12 x 8 x 2 = 2304 combinations, 1536 valid, searched through a pool of 150."""
+    from kato.tuner import space as space_module
+
+    monkeypatch.setattr(space_module, "ENUMERATE_MAX", 500)
+    monkeypatch.setattr(space_module, "POOL_SIZE", 150)
+    space = SearchSpace(
+        params={"a": tuple(range(12)), "b": tuple(range(12)), "c": tuple(range(8)), "d": (0, 1)},
+        check=lambda c: "a + b divisible by 3" if (c["a"] + c["b"]) % 3 == 0 else None,
+        screen=lambda cols: (cols["a"] + cols["b"]) % 3 != 0,
+    )
+    assert space.sampled and len(space.valid_configs()) == 150
+    return space
+
+
+def sampled_timing(config) -> TrialResult:
+    """One smooth basin, its best (a=7, b=9, c=5, d=1) outside the pool."""
+    t = 1 + 0.1 * (abs(config["a"] - 7) + abs(config["b"] - 9) + abs(config["c"] - 5))
+    return TrialResult(config=config, status=TrialStatus.OK, times_ms=[t + 0.2 * (1 - config["d"])])
+
+
+def grown_run(space, seed: int, budget: int, background: bool = False):
+    proposer = ForestProposer(space, seed=seed, background=background)
+    results: dict = {}
+    for _ in range(budget):
+        config = proposer.propose(results)
+        assert space.is_valid(config) and space.key(config) not in results
+        results[space.key(config)] = sampled_timing(config)
+    proposer.close()
+    return proposer, results
+
+
+def test_on_a_sampled_space_the_search_reaches_past_the_pool_to_the_best(monkeypatch):
+    space = sampled_space(monkeypatch)
+    pool = {space.key(c) for c in space.valid_configs()}
+    best = {"a": 7, "b": 9, "c": 5, "d": 1}
+    assert space.key(best) not in pool
+    in_pool = min(sampled_timing(c).time_ms for c in space.valid_configs())
+    proposer, results = grown_run(space, seed=0, budget=60)
+    assert space.key(best) in results  # found by steps from the best configs
+    outside = [k for k in results if k not in pool]
+    assert len(outside) > 10 and min(r.time_ms for r in results.values()) < in_pool
+    # The rows: the pool, then only valid one-step neighbours of measured configs.
+    rows = proposer.configs
+    assert [space.key(c) for c in rows[:150]] == [space.key(c) for c in space.valid_configs()]
+    measured = [r.config for r in results.values()]
+    for config in rows[150:]:
+        assert space.is_valid(config)
+        assert any(sum(config[k] != m[k] for k in config) == 1 for m in measured)
+    # A fixed pool (GROW_MAX 0) never leaves it.
+    monkeypatch.setattr(surrogate, "GROW_MAX", 0)
+    proposer, results = grown_run(space, seed=0, budget=60)
+    assert len(proposer.configs) == 150 and set(results) <= pool
+
+
+def test_grown_rows_are_the_same_with_models_fitted_ahead_and_bounded(monkeypatch):
+    space = sampled_space(monkeypatch)
+    now, results_now = grown_run(space, seed=2, budget=45)
+    ahead, results_ahead = grown_run(space, seed=2, budget=45, background=True)
+    assert list(results_now) == list(results_ahead)
+    assert [space.key(c) for c in now.configs] == [space.key(c) for c in ahead.configs]
+    monkeypatch.setattr(surrogate, "GROW_MAX", 20)
+    bounded, _ = grown_run(space, seed=2, budget=45)
+    assert 150 < len(bounded.configs) <= 150 + 20
+
+
+def test_another_workers_results_outside_the_pool_become_rows_never_proposed(monkeypatch):
+    space = sampled_space(monkeypatch)
+    pool = {space.key(c) for c in space.valid_configs()}
+    theirs = next(
+        c for c in ({"a": a, "b": b, "c": 5, "d": 1} for a in range(12) for b in range(12))
+        if space.is_valid(c) and space.key(c) not in pool
+    )  # fmt: skip
+    invalid = {"a": 0, "b": 3, "c": 0, "d": 0}
+    proposer = ForestProposer(space, seed=1)
+    results = {
+        space.key(theirs): TrialResult(config=theirs, status=TrialStatus.PENDING),
+        space.key(invalid): sampled_timing(invalid),
+    }
+    for _ in range(30):
+        config = proposer.propose(results)
+        assert space.key(config) not in results
+        results[space.key(config)] = sampled_timing(config)
+    assert space.key(theirs) in proposer.index and space.key(invalid) not in proposer.index

@@ -230,3 +230,42 @@ def test_a_job_tunes_a_sampled_space_within_its_budget(conv_space, tmp_path):
     assert len(trials) == 16 and len({t.config_key for t in trials}) == 16
     assert all(t.status == "ok" for t in trials)
     assert job.best_time_ms == min(t.time_ms for t in trials)
+
+
+def test_brute_force_on_a_sampled_space_is_a_budgeted_search_filtered_once(tmp_path, monkeypatch):
+    """``kato.tune_kernel``'s default (brute_force) on a space of over ENUMERATE_MAX valid
+    configs runs the default search at ``max_fevals``, with a warning; the space is filtered
+    once, by the backend the job runs on (not first by tune_kernel to decide)."""
+    from kato.kernels import get_operator
+    from kato.tuner.backends import isolated
+
+    import kato
+
+    screened: list[int] = []
+    screen = UserOperatorSpec.screen
+
+    def counted(self, *args, **kwargs):
+        screened.append(1)
+        return screen(self, *args, **kwargs)
+
+    def synthetic_backend(spec, isolate, trial_timeout_s):
+        op, gpu = get_operator(spec.operator), find_gpu("H200")
+        check = lambda c: check_on_gpu(op, spec.shape, spec.dtype, gpu, c, "sm_90")  # noqa: E731
+        return SyntheticBackend(lambda: operator_space(op, spec.shape, spec.dtype, check, gpu))
+
+    monkeypatch.setattr(UserOperatorSpec, "screen", counted)
+    monkeypatch.setattr(isolated, "measuring_backend", synthetic_backend)
+    n = 1 << 16
+    tune_params = {
+        "block_size_x": [32 * i for i in range(1, 33)], "block_size_y": [1, 2, 4, 8],
+        "tile_size_x": list(range(1, 9)), "f": list(range(256)),
+    }  # fmt: skip
+    restrictions = ["block_size_x * block_size_y <= 1024"]  # 122,880 valid of 262,144
+    with pytest.warns(UserWarning, match="too many to measure every one"):
+        results, env = kato.tune_kernel(
+            "k", TEMPLATE, n, [np.zeros(n, np.float32)], tune_params,
+            restrictions=restrictions, strategy_options={"max_fevals": 6},
+            db=f"sqlite:///{tmp_path / 'kato.db'}", name="sampled_brute_force", quiet=True,
+        )  # fmt: skip
+    assert env["strategy"] == "forest" and env["budget"] == 6 and len(results) == 6
+    assert env["status"] == "done" and screened == [1]
