@@ -61,6 +61,7 @@ using ApplyRaw = typename RawOf<kApplyBytes>::type;
 // x is read with __ldg: the normalise pass reads it again and should find it in L2.
 #define KATO_STATS_LOAD __ldg
 #include "../common/kato_welford.cuh"
+#include "../common/kato_channel_stats.cuh"
 
 // Everything that follows from channel c's merged statistics s (about `pivot`), by one thread:
 // the saved mean and invstd, the running statistics, and the coefficients (scale, shift) of

@@ -49,6 +49,7 @@ namespace KATO_NS {
 
 #define KATO_STATS_LOAD __ldcs  // x is read once
 #include "../common/kato_welford.cuh"
+#include "../common/kato_channel_stats.cuh"
 
 // One warp merges the `split` partials of channel c and lane 0 writes the outputs. All 32 lanes
 // must call it; `Coherent` as merge_partials says. The merge is kato_welford.cuh's
