@@ -6,8 +6,9 @@
 // as torch.nn.functional.batch_norm(training=True) does; mean and invstd (float32) are saved
 // for the backward (kernels/batchnorm_backward). float32 arithmetic for every element type.
 //
-// Statistics: batchnorm_stats.cu's Welford partials (kernels/common/kato_welford.cuh, with x
-// read by __ldg: the normalise pass reads it again and should find it in L2), SPLIT blocks
+// Statistics: batchnorm_stats.cu's Welford partials (kernels/common/kato_welford.cuh and
+// kato_channel_stats.cuh, with x read by __ldg: the normalise pass reads it again and should
+// find it in L2), SPLIT blocks
 // per channel (grid = C * SPLIT), merged either by a finalize kernel (STRATEGY 0) or by the last
 // block of each channel, found with atomicInc on counters[c] (STRATEGY 1; the counter wraps
 // back to 0, so counters are 0 again after every call). The thread that merges a channel writes
@@ -61,6 +62,7 @@ using ApplyRaw = typename RawOf<kApplyBytes>::type;
 // x is read with __ldg: the normalise pass reads it again and should find it in L2.
 #define KATO_STATS_LOAD __ldg
 #include "../common/kato_welford.cuh"
+#include "../common/kato_channel_stats.cuh"
 
 // Everything that follows from channel c's merged statistics s (about `pivot`), by one thread:
 // the saved mean and invstd, the running statistics, and the coefficients (scale, shift) of

@@ -49,9 +49,10 @@ namespace KATO_NS {
 
 #define KATO_STATS_LOAD __ldcs  // x is read once
 #include "../common/kato_welford.cuh"
+#include "../common/kato_channel_stats.cuh"
 
 // One warp merges the `split` partials of channel c and lane 0 writes the outputs. All 32 lanes
-// must call it; `Coherent` as merge_partials says. The merge is kato_welford.cuh's
+// must call it; `Coherent` as merge_partials says. The merge is kato_channel_stats.cuh's
 // merge_partials written out: calling it gives the same program but renames registers in the
 // finalize kernel's PTX, the text the recorded spaces are carried over by.
 template <bool Coherent>

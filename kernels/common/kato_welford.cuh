@@ -1,15 +1,9 @@
-// Shared device helpers of the batchnorm templates (batchnorm_stats.cu, and batchnorm.cu's
-// statistics): Welford partials of a channel of an NCHW tensor, merged with Chan's formula, by
-// warp butterflies and through shared memory across a block. A fragment included inside the
-// template's `namespace KATO_NS { ... }` after kato_vec.cuh and kato_convert.cuh (it uses T,
-// VEC, Raw, to_float, unpack), after kato_channel.cuh (BLOCK_SIZE, UNROLL, kWarps), and
-//   KATO_STATS_LOAD  the load of one vector of x: __ldcs (streaming: x is read once) or __ldg
-//                    (x is read again by the normalise pass and should stay in L2).
-// No include guard and inlined by OperatorSpec.render, as kato_vec.cuh says.
-
-#ifndef KATO_STATS_LOAD
-#error "KATO_STATS_LOAD must be defined (__ldcs or __ldg)"
-#endif
+// Welford partials of the templates that take a mean and a variance in one pass (layernorm over
+// a row; batchnorm_stats.cu and batchnorm.cu over a channel, with kato_channel_stats.cuh): a
+// partial's count, mean and M2 of some elements, merged with Chan's formula, by a butterfly over
+// a group of lanes, and one vector's statistics exactly. A fragment included inside the
+// template's `namespace KATO_NS { ... }` after kato_vec.cuh (it uses VEC); no include guard and
+// inlined by OperatorSpec.render, as kato_vec.cuh says.
 
 // A Welford partial of some elements of x - K: count (float, exact to 2^24), mean, M2.
 struct Stats {
@@ -43,12 +37,14 @@ __device__ __forceinline__ Stats merge(const Stats& a, const Stats& b) {
   return r;
 }
 
-// Butterfly all-reduce over the 32 lanes (all must call it). The lower lane of each pair is the
-// left operand, so partners compute bitwise identical merges: every lane ends with the same.
+// Butterfly all-reduce over aligned groups of `Width` lanes (all 32 must call it). The lower
+// lane of each pair is the left operand, so partners compute bitwise identical merges: every
+// lane of a group ends with the same.
+template <int Width = 32>
 __device__ __forceinline__ Stats warp_allreduce(Stats s) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
+  for (int offset = Width / 2; offset > 0; offset >>= 1) {
     Stats o;
     o.n = __shfl_xor_sync(0xffffffffu, s.n, offset);
     o.mean = __shfl_xor_sync(0xffffffffu, s.mean, offset);
@@ -83,101 +79,4 @@ __device__ __forceinline__ Stats vector_stats(const float (&v)[VEC]) {
   }
   s.m2 = m2;
   return s;
-}
-
-// The block's partial over part `part` of `split` of channel c (every thread gets it; one
-// barrier). Thread t handles vectors start + t, start + t + BLOCK_SIZE, ... of the channel,
-// vector v being element VEC * (v % hwv) of plane (v / hwv, c).
-__device__ __forceinline__ Stats block_partial(const T* __restrict__ x, int C, int hwv, int N,
-                                               int c, int part, int split, float pivot,
-                                               Stats* red) {
-  const Raw* __restrict__ xv = reinterpret_cast<const Raw*>(x);
-  const long long total = static_cast<long long>(N) * hwv;  // vectors in the channel
-  // Balanced split without overflow: the first (total % split) parts get one vector more.
-  const long long per = total / split;
-  const long long extra = total % split;
-  const long long start = part * per + (part < extra ? part : extra);
-  const long long end = start + per + (part < extra ? 1 : 0);
-  long long v = start + threadIdx.x;
-  // (n, j) of vector v, then advanced by BLOCK_SIZE = q * hwv + r without dividing again.
-  int n = static_cast<int>(v / hwv);
-  int j = static_cast<int>(v - static_cast<long long>(n) * hwv);
-  const int q = BLOCK_SIZE / hwv;
-  const int r = BLOCK_SIZE - q * hwv;
-
-  Stats s = empty_stats();
-  while (v < end) {
-    Raw buf[UNROLL];
-    bool in[UNROLL];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      in[u] = v + static_cast<long long>(u) * BLOCK_SIZE < end;
-      if (in[u]) {
-        buf[u] = KATO_STATS_LOAD(xv + ((static_cast<long long>(n) * C + c) * hwv + j));
-      }
-      j += r;
-      n += q;
-      if (j >= hwv) {
-        j -= hwv;
-        ++n;
-      }
-    }
-    // One Chan merge per vector (its VEC values' mean and M2 exactly, from registers): only the
-    // raw vectors in flight and one vector of floats are live at a time.
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      if (in[u]) {
-        float e[VEC];
-        unpack(buf[u], e);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) e[k] -= pivot;
-        s = merge(s, vector_stats(e));
-      }
-    }
-    v += static_cast<long long>(UNROLL) * BLOCK_SIZE;
-  }
-
-  s = warp_allreduce(s);
-#if BLOCK_SIZE > 32
-  const int lane = threadIdx.x & 31;
-  if (lane == 0) red[threadIdx.x >> 5] = s;
-  __syncthreads();
-  // Every warp merges the per-warp partials in the same order (lanes >= kWarps are empty).
-  s = lane < kWarps ? red[lane] : empty_stats();
-  s = warp_allreduce(s);
-#else
-  (void)red;
-#endif
-  return s;
-}
-
-// The `split` partials of channel c merged by one warp (lane l takes l, l + 32, ..., then the
-// butterfly): every lane gets the same. All 32 lanes must call it. `Coherent` loads go through
-// L2 (ld.global.cg): partials written by other blocks of the same kernel.
-template <bool Coherent>
-__device__ __forceinline__ Stats merge_partials(const float* __restrict__ partials, int c,
-                                                int split) {
-  const int lane = threadIdx.x & 31;
-  Stats s = empty_stats();
-  for (int p = lane; p < split; p += 32) {
-    const float* w = partials + (static_cast<size_t>(c) * split + p) * 3;
-    Stats o;
-    if constexpr (Coherent) {
-      o.n = __ldcg(w);
-      o.mean = __ldcg(w + 1);
-      o.m2 = __ldcg(w + 2);
-    } else {
-      o.n = w[0];
-      o.mean = w[1];
-      o.m2 = w[2];
-    }
-    s = merge(s, o);
-  }
-  return warp_allreduce(s);
-}
-
-// The pivot K of channel c: its first element (x - K keeps float32's accuracy for channels far
-// from 0).
-__device__ __forceinline__ float channel_pivot(const T* __restrict__ x, int c, int HW) {
-  return to_float(x[static_cast<size_t>(c) * static_cast<size_t>(HW)]);
 }

@@ -26,9 +26,9 @@
 //   CACHE        0: the statistics pass streams x, the output pass re-reads it (L1/L2 hits if
 //                lucky). 1: the row is kept in dynamic shared memory as DTYPE between the passes.
 //                2: the row is kept in registers, ITEMS vectors per thread.
-//   MIN_BLOCKS   __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS); 0 = no min-blocks clause.
-//   LB_THREADS, LB_MIN_BLOCKS  the launch bounds actually used (default BLOCK_SIZE, MIN_BLOCKS);
-//                the spec renders these two instead of BLOCK_SIZE/MIN_BLOCKS in warp mode.
+//   LB_THREADS, LB_MIN_BLOCKS  __launch_bounds__ (default BLOCK_SIZE and 0): the spec renders
+//                BLOCK_SIZE and MIN_BLOCKS (the space's min-blocks clause) in block mode, the
+//                canonical bounds of the config's register cap in warp mode.
 // Derived macros (the spec computes them; defaults let the template compile standalone):
 //   DTYPE        float, __half or __nv_bfloat16; IS_HALF, IS_BF16 select the headers.
 //   ITEMS        CACHE == 2 only: ceil(cols / (threads per row * VEC)); 0 otherwise.
@@ -36,7 +36,7 @@
 //                and reused for every row the thread's group processes (the grid-stride loop
 //                over rows); 0 = re-read per row (L1 hits). Never with ROW_SPLIT.
 //   ROW_SPLIT    1 where cols % VEC != 0: each row is a scalar head up to its first aligned
-//                address, aligned vectors, and a scalar tail (kato_split.cuh; head and tail
+//                address, aligned vectors, and a scalar tail (kato_rows.cuh; head and tail
 //                element t go to thread t of the row group); weight and bias are read as
 //                vectors where their address allows. 0 (the default): rows are whole vectors,
 //                and the program is the one compiled before ROW_SPLIT existed.
@@ -48,154 +48,39 @@
 // needs cols <= ITEMS * threads_per_row * VEC, CACHE == 1 needs the launch to pass
 // rows_per_block * cols * sizeof(DTYPE) bytes of dynamic shared memory, rows < 2^31,
 // cols <= 2^31 - 2^16 (column indices run one unrolled step past cols).
+//
+// The prelude (macros, thread layout, checks, KATO_LAUNCH_BOUNDS), the vector and element-type
+// helpers, row splits, weight loads and the Welford partials come from kernels/common.
 
 #ifndef KATO_NS
 #define KATO_NS kato_layernorm
 #endif
-#ifndef VEC
-#error "VEC must be defined"
-#endif
-#ifndef ROW_THREADS
-#error "ROW_THREADS must be defined"
-#endif
 #ifndef CACHE
 #error "CACHE must be defined"
-#endif
-#if ROW_THREADS == 0 && !defined(BLOCK_SIZE)
-#error "BLOCK_SIZE must be defined for ROW_THREADS 0"
-#endif
-#ifndef MIN_BLOCKS
-#define MIN_BLOCKS 0
-#endif
-// __launch_bounds__(LB_THREADS, LB_MIN_BLOCKS). Warp mode does not depend on the block size
-// otherwise (rows per block = blockDim.x / ROW_THREADS at run time), so the spec renders the
-// canonical bounds of the config's register cap there and configs of equal cap share a compile.
-#ifndef LB_THREADS
-#define LB_THREADS BLOCK_SIZE
-#endif
-#ifndef LB_MIN_BLOCKS
-#define LB_MIN_BLOCKS MIN_BLOCKS
-#endif
-#ifndef DTYPE
-#define DTYPE float
-#endif
-#if !defined(IS_HALF) && !defined(IS_BF16)
-#define IS_HALF 1
-#define IS_BF16 1
-#endif
-#ifndef IS_HALF
-#define IS_HALF 0
-#endif
-#ifndef IS_BF16
-#define IS_BF16 0
-#endif
-#ifndef ITEMS
-#define ITEMS 1
-#endif
-#ifndef WB_REGS
-#define WB_REGS 0
 #endif
 #ifndef ROW_SPLIT
 #define ROW_SPLIT 0
 #endif
-
-#if IS_HALF
-#include <cuda_fp16.h>
-#endif
-#if IS_BF16
-#include <cuda_bf16.h>
-#endif
+#include "../common/kato_dtype.cuh"
 
 namespace KATO_NS {
 
-using T = DTYPE;
+#include "../common/kato_row_layout.cuh"
 
-[[maybe_unused]] constexpr int kVecBytes = VEC * static_cast<int>(sizeof(T));
-#if ROW_THREADS == 0
-[[maybe_unused]] constexpr int kWarps = BLOCK_SIZE / 32;
-[[maybe_unused]] constexpr int kThreadsPerRow = BLOCK_SIZE;
-static_assert(BLOCK_SIZE % 32 == 0 && BLOCK_SIZE >= 32 && BLOCK_SIZE <= 1024,
-              "BLOCK_SIZE must be a multiple of 32 in [32, 1024]");
-#else
-[[maybe_unused]] constexpr int kWarps = 1;  // unused: no cross-warp reduction
-[[maybe_unused]] constexpr int kThreadsPerRow = ROW_THREADS;
-#endif
-// Lanes of a warp that share one row (the shuffle width).
-[[maybe_unused]] constexpr int kLanes = kThreadsPerRow < 32 ? kThreadsPerRow : 32;
-[[maybe_unused]] constexpr int kRowsPerWarp = 32 / kLanes;
 // Vectors loaded per thread per step of the streaming passes (CACHE 0/1): 64 bytes in flight.
 [[maybe_unused]] constexpr int kUnroll = 64 / kVecBytes < 8 ? 64 / kVecBytes : 8;
 
-static_assert(LB_THREADS % 32 == 0 && LB_THREADS >= 32 && LB_THREADS <= 1024,
-              "LB_THREADS must be a multiple of 32 in [32, 1024]");
-static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC must be 1, 2, 4 or 8");
-static_assert(kVecBytes <= 16, "a vector must be at most 16 bytes");
-static_assert(ROW_THREADS == 0 || ROW_THREADS == 8 || ROW_THREADS == 16 || ROW_THREADS == 32,
-              "ROW_THREADS must be 0 (block), 8, 16 or 32");
 static_assert(CACHE >= 0 && CACHE <= 2, "CACHE must be 0, 1 or 2");
 static_assert(CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in [1, 64]");
 #if ROW_SPLIT
 static_assert(VEC > 1 && !WB_REGS, "ROW_SPLIT: rows not whole vectors, a head per row");
-static_assert(kThreadsPerRow >= VEC, "head and tail need one thread per element");
 #endif
 
 #include "../common/kato_vec.cuh"
 #include "../common/kato_convert.cuh"
-#if ROW_SPLIT
-#include "../common/kato_split.cuh"
-#endif
-
-// A Welford partial: count, mean and M2 (sum of squared deviations from the mean) of some
-// elements of x - K. Counts are floats (exact up to 2^24 elements per partial).
-struct Stats {
-  float n;
-  float mean;
-  float m2;
-};
-
-// Chan et al.: merge partial b into a. A count of 0 on either side is the identity (an empty
-// partial never divides by zero: nb / max(n, 1) is 0 when both are empty).
-__device__ __forceinline__ Stats merge(const Stats& a, const Stats& b) {
-  const float n = a.n + b.n;
-  const float f = __fdividef(b.n, fmaxf(n, 1.0f));  // nb / n
-  const float delta = b.mean - a.mean;
-  Stats r;
-  r.n = n;
-  r.mean = fmaf(delta, f, a.mean);
-  // + delta^2 * na * nb / n, the small terms first (as in batchnorm_stats.cu): adding b's M2 to
-  // a large running M2 alone rounds once more, with a bias where the inputs are quantized.
-  r.m2 = a.m2 + fmaf(delta * delta, a.n * f, b.m2);
-  return r;
-}
-
-// Butterfly all-reduce over aligned groups of `Width` lanes. The lower lane of each pair is
-// always the left operand, so both partners compute the bitwise identical merge and every
-// lane of a group ends with the same statistics. All 32 lanes must call it (full mask).
-template <int Width>
-__device__ __forceinline__ Stats warp_allreduce(Stats s) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int offset = Width / 2; offset > 0; offset >>= 1) {
-    Stats o;
-    o.n = __shfl_xor_sync(0xffffffffu, s.n, offset);
-    o.mean = __shfl_xor_sync(0xffffffffu, s.mean, offset);
-    o.m2 = __shfl_xor_sync(0xffffffffu, s.m2, offset);
-    const bool lower = (lane & offset) == 0;
-    // Operands ordered by lane first, then one merge (not two merges and a select).
-    Stats left, right;
-    left.n = lower ? s.n : o.n;
-    left.mean = lower ? s.mean : o.mean;
-    left.m2 = lower ? s.m2 : o.m2;
-    right.n = lower ? o.n : s.n;
-    right.mean = lower ? o.mean : s.mean;
-    right.m2 = lower ? o.m2 : s.m2;
-    s = merge(left, right);
-  }
-  return s;
-}
-
-constexpr int next_pow2(int n) { return n <= 1 ? 1 : 2 * next_pow2((n + 1) / 2); }
-[[maybe_unused]] constexpr int kWarpsPow2 = next_pow2(kWarps);
+#include "../common/kato_rows.cuh"
+#include "../common/kato_row_sum.cuh"
+#include "../common/kato_welford.cuh"
 
 // All threads of a row group end with the row's statistics. For ROW_THREADS == 0, `red` is this
 // row's slot of a double-buffered shared array (see the kernel): one barrier per row.
@@ -208,36 +93,10 @@ __device__ __forceinline__ Stats row_allreduce(Stats s, Stats* red) {
   // Every warp merges the per-warp partials itself (broadcast reads, then shuffles): the same
   // data in the same order, so every warp gets the same result, and no second barrier.
   const int slot = lane & (kWarpsPow2 - 1);
-  Stats p;
-  if (slot < kWarps) {
-    p = red[slot];
-  } else {
-    p.n = 0.0f;
-    p.mean = 0.0f;
-    p.m2 = 0.0f;
-  }
-  s = warp_allreduce<kWarpsPow2>(p);
+  s = warp_allreduce<kWarpsPow2>(slot < kWarps ? red[slot] : empty_stats());
 #else
   (void)red;
 #endif
-  return s;
-}
-
-// Statistics of one vector of values (all valid), exactly: the mean, then M2 about it.
-__device__ __forceinline__ Stats vector_stats(const float (&v)[VEC]) {
-  float sum = 0.0f;
-#pragma unroll
-  for (int k = 0; k < VEC; ++k) sum += v[k];
-  Stats s;
-  s.n = static_cast<float>(VEC);
-  s.mean = sum * (1.0f / VEC);
-  float m2 = 0.0f;
-#pragma unroll
-  for (int k = 0; k < VEC; ++k) {
-    const float d = v[k] - s.mean;
-    m2 = fmaf(d, d, m2);
-  }
-  s.m2 = m2;
   return s;
 }
 
@@ -283,21 +142,12 @@ __device__ __forceinline__ Stats edge_stats(bool has_a, float a, bool has_b, flo
 // y of one head or tail element: x at column c, the row's statistics.
 __device__ __forceinline__ T normalise_one(float x, const T* __restrict__ w,
                                            const T* __restrict__ b, int c, const RowNorm& rn) {
-  T out;
-  from_float(fmaf((x - rn.pivot) - rn.mean_s, rn.rstd * to_float(__ldg(w + c)),
-                  to_float(__ldg(b + c))),
-             out);
-  return out;
+  return to_elem(fmaf((x - rn.pivot) - rn.mean_s, rn.rstd * to_float(__ldg(w + c)),
+                      to_float(__ldg(b + c))));
 }
 #endif
 
 }  // namespace KATO_NS
-
-#if LB_MIN_BLOCKS > 0
-#define KATO_LAUNCH_BOUNDS __launch_bounds__(LB_THREADS, LB_MIN_BLOCKS)
-#else
-#define KATO_LAUNCH_BOUNDS __launch_bounds__(LB_THREADS)
-#endif
 
 // Grid: ceil(rows / rows_per_block / GROUP_ROWS) blocks (the spec's launch); any grid is
 // correct: every row group loops over rows with a grid stride. In warp mode the loop is uniform
@@ -368,8 +218,8 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_fwd(
 #if ROW_SPLIT
     const int cols_here = valid ? cols : 0;
     const size_t offset = valid ? static_cast<size_t>(row) * static_cast<size_t>(cols) : 0;
-    const kn::RowSplit split = kn::row_split(x + offset, cols_here);
-    const int n_here = (split.tail - split.head) / VEC;
+    const kn::Split split = kn::split_row(x + offset, cols_here);
+    const int n_here = split.nvec;
     const Raw* __restrict__ xr = reinterpret_cast<const Raw*>(x + offset + split.head);
     Raw* __restrict__ yr = reinterpret_cast<Raw*>(y + offset + split.head);
     const bool w_vec = kn::cols_aligned(weight, split.head);
@@ -464,10 +314,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_fwd(
 #else   // CACHE 0 or 1: stream the row, kUnroll vectors per thread per step.
     constexpr int U = kn::kUnroll;
     constexpr int kStep = P * U;
-    kn::Stats s;
-    s.n = 0.0f;
-    s.mean = 0.0f;
-    s.m2 = 0.0f;
+    kn::Stats s = kn::empty_stats();
     for (int b0 = t; b0 < n_here; b0 += kStep) {
       Raw r[U];
 #pragma unroll
@@ -482,10 +329,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_fwd(
       // threads per row (131072 merges each) the float32 rounding of the running mean and M2
       // added up to 1.4e-5 of rstd, past its tolerance; merged per step it stays near 4e-7
       // (tests/kernels/test_layernorm_emulation.py).
-      kn::Stats st;
-      st.n = 0.0f;
-      st.mean = 0.0f;
-      st.m2 = 0.0f;
+      kn::Stats st = kn::empty_stats();
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int idx = b0 + u * P;

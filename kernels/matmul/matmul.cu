@@ -106,22 +106,13 @@
 #ifndef ALIGN_C
 #define ALIGN_C 1
 #endif
-#ifndef DTYPE
-#define DTYPE float
-#endif
-#ifndef IS_HALF
+// IS_HALF and IS_BF16 pick the code path (at most one is set), so a source compiled on its own
+// is float32, not kato_dtype.cuh's "both headers".
+#if !defined(IS_HALF) && !defined(IS_BF16)
 #define IS_HALF 0
-#endif
-#ifndef IS_BF16
 #define IS_BF16 0
 #endif
-
-#if IS_HALF
-#include <cuda_fp16.h>
-#endif
-#if IS_BF16
-#include <cuda_bf16.h>
-#endif
+#include "../common/kato_dtype.cuh"
 
 #define KATO_THREADS (32 * (BM / WM) * (BN / WN))
 #if MIN_BLOCKS > 0

@@ -54,26 +54,7 @@
 #ifndef ROW_SPLIT
 #define ROW_SPLIT 0
 #endif
-#ifndef DTYPE
-#define DTYPE float
-#endif
-#if !defined(IS_HALF) && !defined(IS_BF16)
-#define IS_HALF 1
-#define IS_BF16 1
-#endif
-#ifndef IS_HALF
-#define IS_HALF 0
-#endif
-#ifndef IS_BF16
-#define IS_BF16 0
-#endif
-
-#if IS_HALF
-#include <cuda_fp16.h>
-#endif
-#if IS_BF16
-#include <cuda_bf16.h>
-#endif
+#include "../common/kato_dtype.cuh"
 
 #ifndef KATO_NS
 #define KATO_NS kato_reduce_sum
@@ -105,40 +86,7 @@ static_assert(ROW_SPLIT == 0 || ROW_THREADS == 0, "a split row needs a block per
 #include "../common/kato_vec.cuh"
 #include "../common/kato_convert.cuh"
 #include "../common/kato_rows.cuh"
-
-// Pairwise sum of the UNROLL*VEC values of one step, f[u][j] = element j of vector u: first
-// within each vector (f[u][j] += f[u][j + w], w = VEC/2 .. 1), then across vectors (f[u][0] +=
-// f[u + w][0], w = UNROLL/2 .. 1). Vector by vector, so at most one unpacked vector plus UNROLL
-// partial sums are live next to the raw loads (no spills at UNROLL 8 x 16 bytes).
-__device__ __forceinline__ float vector_sum(float (&f)[VEC]) {
-#pragma unroll
-  for (int w = VEC / 2; w > 0; w >>= 1) {
-#pragma unroll
-    for (int j = 0; j < VEC / 2; ++j) {
-      if (j < w) f[j] += f[j + w];
-    }
-  }
-  return f[0];
-}
-
-__device__ __forceinline__ float pairwise(float (&v)[UNROLL]) {
-#pragma unroll
-  for (int w = UNROLL / 2; w > 0; w >>= 1) {
-#pragma unroll
-    for (int u = 0; u < (UNROLL + 1) / 2; ++u) {
-      if (u < w) v[u] += v[u + w];
-    }
-  }
-  return v[0];
-}
-
-// Kahan step (s, c) += v. No multiplications: nothing to contract into an FMA.
-__device__ __forceinline__ void kahan_add(float& s, float& c, float v) {
-  const float y = v - c;
-  const float t = s + y;
-  c = (t - s) - y;
-  s = t;
-}
+#include "../common/kato_pairwise.cuh"
 
 // This thread's compensated sum of a row's vectors t, t + P, ... (P = kRowThreads) below nvec.
 __device__ __forceinline__ float thread_row_sum(const Raw* __restrict__ xr, int nvec, int t) {
@@ -166,16 +114,6 @@ __device__ __forceinline__ float thread_row_sum(const Raw* __restrict__ xr, int 
     kahan_add(s, c, pairwise(v));
   }
   return s - c;
-}
-
-// Butterfly over aligned groups of Width lanes; all 32 lanes must call it.
-template <int Width>
-__device__ __forceinline__ float group_sum(float v) {
-#pragma unroll
-  for (int offset = Width / 2; offset > 0; offset >>= 1) {
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
-  }
-  return v;
 }
 
 #if !ALIGNED_ROWS || ROW_SPLIT
@@ -243,13 +181,13 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS reduce_sum_kernel(const DTYPE* __r
     const int part = static_cast<int>(item - static_cast<long long>(row) * parts);
     const DTYPE* xr = x + static_cast<size_t>(row) * static_cast<size_t>(cols);
     float v = ns::piece_sum(xr, cols, part, parts, threadIdx.x);
-    v = ns::group_sum<32>(v);
+    v = ns::warp_sum<32>(v);
     if constexpr (ns::kWarps > 1) {
       if (lane == 0) red[parity][warp] = v;
       __syncthreads();
       if (warp == 0) {
         v = lane < ns::kWarps ? red[parity][lane] : 0.0f;
-        v = ns::group_sum<32>(v);
+        v = ns::warp_sum<32>(v);
       }
     }
     int last = 0;
@@ -265,7 +203,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS reduce_sum_kernel(const DTYPE* __r
         const float* pieces = ns::split_partials + static_cast<long long>(row) * parts;
         float acc = 0.0f;
         for (int i = lane; i < parts; i += 32) acc += __ldcg(pieces + i);
-        acc = ns::group_sum<32>(acc);
+        acc = ns::warp_sum<32>(acc);
         if (lane == 0) {
           out[row] = acc;
           ns::split_tickets[row] = 0;  // ready for the next launch
@@ -289,7 +227,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS reduce_sum_kernel(const DTYPE* __r
 #else
     float v = ns::piece_sum(x + offset, cols, 0, 1, threadIdx.x);
 #endif
-    v = ns::group_sum<32>(v);
+    v = ns::warp_sum<32>(v);
     if constexpr (ns::kWarps > 1) {
       // Double-buffered: a warp can only write red[parity] again two rows later, after the
       // next row's barrier, which warp 0 reaches only once it has read this row's slots.
@@ -297,7 +235,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS reduce_sum_kernel(const DTYPE* __r
       __syncthreads();
       if (warp == 0) {
         v = lane < ns::kWarps ? red[parity][lane] : 0.0f;
-        v = ns::group_sum<32>(v);
+        v = ns::warp_sum<32>(v);
       }
     }
     if (threadIdx.x == 0) out[row] = v;
@@ -322,7 +260,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS reduce_sum_kernel(const DTYPE* __r
 #else
     float v = ns::piece_sum(x + offset, valid ? cols : 0, 0, 1, t);
 #endif
-    v = ns::group_sum<ns::kRowThreads>(v);
+    v = ns::warp_sum<ns::kRowThreads>(v);
     if (valid && t == 0) out[row] = v;
   }
 #endif

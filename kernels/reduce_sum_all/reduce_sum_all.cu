@@ -48,26 +48,7 @@
 #ifndef FINISH
 #define FINISH 0
 #endif
-#ifndef DTYPE
-#define DTYPE float
-#endif
-#if !defined(IS_HALF) && !defined(IS_BF16)
-#define IS_HALF 1
-#define IS_BF16 1
-#endif
-#ifndef IS_HALF
-#define IS_HALF 0
-#endif
-#ifndef IS_BF16
-#define IS_BF16 0
-#endif
-
-#if IS_HALF
-#include <cuda_fp16.h>
-#endif
-#if IS_BF16
-#include <cuda_bf16.h>
-#endif
+#include "../common/kato_dtype.cuh"
 
 #ifndef KATO_NS
 #define KATO_NS kato_reduce_sum_all
@@ -89,70 +70,14 @@ static_assert(UNROLL == 1 || UNROLL == 2 || UNROLL == 4 || UNROLL == 8,
 static_assert(FINISH >= 0 && FINISH <= 2, "FINISH must be 0, 1 or 2");
 
 #include "../common/kato_vec.cuh"
-
-[[maybe_unused]] __device__ __forceinline__ float to_float(float v) { return v; }
-#if IS_HALF
-[[maybe_unused]] __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-#endif
-#if IS_BF16
-[[maybe_unused]] __device__ __forceinline__ float to_float(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-#endif
-
-__device__ __forceinline__ void unpack(const Raw& r, float* f) {
-  T t[VEC];
-  __builtin_memcpy(t, &r, sizeof(Raw));
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) f[j] = to_float(t[j]);
-}
-
-// Pairwise sum of the UNROLL*VEC values of one step, f[u][j] = element j of vector u: first
-// within each vector (f[u][j] += f[u][j + w], w = VEC/2 .. 1), then across vectors (f[u][0] +=
-// f[u + w][0], w = UNROLL/2 .. 1). Vector by vector, so at most one unpacked vector plus UNROLL
-// partial sums are live next to the raw loads (no spills at UNROLL 8 x 16 bytes).
-__device__ __forceinline__ float vector_sum(float (&f)[VEC]) {
-#pragma unroll
-  for (int w = VEC / 2; w > 0; w >>= 1) {
-#pragma unroll
-    for (int j = 0; j < VEC / 2; ++j) {
-      if (j < w) f[j] += f[j + w];
-    }
-  }
-  return f[0];
-}
-
-__device__ __forceinline__ float pairwise(float (&v)[UNROLL]) {
-#pragma unroll
-  for (int w = UNROLL / 2; w > 0; w >>= 1) {
-#pragma unroll
-    for (int u = 0; u < (UNROLL + 1) / 2; ++u) {
-      if (u < w) v[u] += v[u + w];
-    }
-  }
-  return v[0];
-}
-
-// Kahan step: (s, c) += v. No multiplications, so nothing can be contracted into an FMA, and
-// nvcc does not reassociate float arithmetic without fast-math.
-__device__ __forceinline__ void kahan_add(float& s, float& c, float v) {
-  const float y = v - c;
-  const float t = s + y;
-  c = (t - s) - y;
-  s = t;
-}
-
-// Butterfly over the full warp: every lane ends with the same sum (float + is commutative).
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
+#include "../common/kato_convert.cuh"
+#include "../common/kato_rows.cuh"
+#include "../common/kato_pairwise.cuh"
 
 // Block sum; the result is valid in warp 0 (every lane of it). `red` holds kWarps floats.
 // Contains one __syncthreads(): call it from block-uniform control flow only.
 __device__ __forceinline__ float block_sum(float v, float* red) {
-  v = warp_sum(v);
+  v = warp_sum<32>(v);
   if constexpr (kWarps == 1) {
     return v;
   } else {
@@ -163,7 +88,7 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
     float w = 0.0f;
     if (warp == 0) {
       w = lane < kWarps ? red[lane] : 0.0f;
-      w = warp_sum(w);
+      w = warp_sum<32>(w);
     }
     return w;
   }

@@ -57,7 +57,9 @@ def test_every_template_including_a_common_header_renders_without_it() -> None:
     assert RMSNORM in users
     for spec in users:
         text = template_source(spec.template)
-        assert '#include "../common/' not in text and "struct RawOf;" in text, spec.name
+        assert '#include "../common/' not in text, spec.name
+        for header in included_headers(spec.template):
+            assert header.read_text().rstrip("\n") in text, (spec.name, header.name)
 
 
 def test_the_version_follows_the_shared_headers(
@@ -85,6 +87,7 @@ def test_the_version_follows_the_shared_headers(
 
 CHANNEL = COMMON_HEADERS / "kato_channel.cuh"
 ROW_WISE = (
+    "layernorm",
     "rmsnorm",
     "add_rmsnorm",
     "add_layernorm",
@@ -157,6 +160,7 @@ def test_the_row_layout_checks_and_defaults_hold_for_every_row_wise_template(nam
 #: The kernels of each row-wise template that take KATO_LAUNCH_BOUNDS (the others have fixed
 #: bounds: the backward passes' column reductions, cross_entropy's combine).
 KERNEL_LB = {
+    "layernorm": {"layernorm_fwd"},
     "rmsnorm": {"rmsnorm_fwd"},
     "add_rmsnorm": {"add_rmsnorm_fwd"},
     "add_layernorm": {"add_layernorm_fwd"},
@@ -250,3 +254,44 @@ def test_no_template_lost_a_check_or_a_default_its_prelude_had(name: str) -> Non
             want_defaults.update(APPLY_DEFAULTS)
     assert want_asserts <= asserts, want_asserts - asserts
     assert {k: defaults.get(k) for k in want_defaults} == want_defaults
+
+
+def test_layernorm_takes_the_welford_partials_from_the_header() -> None:
+    template = get_operator("layernorm").template
+    assert COMMON_HEADERS / "kato_welford.cuh" in included_headers(template)
+    text = template.read_text()
+    for held in ("struct Stats {", "Stats merge(", "Stats vector_stats(", "struct RowSplit"):
+        assert held not in text, held
+    # The row-group butterfly is the header's, at the row's and the warps' widths.
+    assert "warp_allreduce<kLanes>(" in text and "warp_allreduce<kWarpsPow2>(" in text
+
+
+@pytest.mark.parametrize("name", ["reduce_sum", "reduce_sum_all"])
+def test_the_sum_templates_share_their_summation_steps(name: str) -> None:
+    template = get_operator(name).template
+    headers = included_headers(template)
+    assert headers[0] == DTYPE_HEADER
+    assert headers[-4:] == [
+        VEC_HEADER,
+        CONVERT_HEADER,
+        ROWS_HEADER,
+        COMMON_HEADERS / "kato_pairwise.cuh",
+    ]
+    text = template.read_text()
+    for held in ("#define IS_HALF", "float to_float(", "float vector_sum(", "void kahan_add("):
+        assert held not in text, held
+    rendered = template_source(template)
+    assert rendered.count("__device__ __forceinline__ float pairwise(") == 1
+
+
+def test_matmul_compiled_on_its_own_is_float32() -> None:
+    """matmul's IS_HALF / IS_BF16 pick its code path: with neither given, neither 16-bit header
+    is taken (cpp without the CUDA include path finds no cuda_fp16.h), unlike kato_dtype.cuh's
+    default of both; a rendered source names both, as before."""
+    template = get_operator("matmul").template
+    assert DTYPE_HEADER in included_headers(template)
+    tile = {"BM": 128, "BN": 128, "BK": 32, "WM": 64, "WN": 64}
+    alone = _preprocess(template, tile)
+    assert alone.returncode == 0, alone.stderr
+    bf16 = _preprocess(template, {**tile, "IS_BF16": 1})
+    assert bf16.returncode != 0 and "cuda_bf16.h" in bf16.stderr

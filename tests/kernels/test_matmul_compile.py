@@ -42,6 +42,7 @@ from kato.kernels.matmul import (
     static_shared_bytes,
     threads_per_block,
 )
+from kato.kernels.spec import template_source
 from kato.tuner.nvcc import nvcc_available
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
@@ -466,7 +467,7 @@ EMULATED = [
 
 
 def emulation_source(cases) -> str:
-    template = SPEC.template.read_text()
+    template = template_source(SPEC.template)  # the shared headers inlined
     assert all(spec.template == SPEC.template for spec, *_ in cases)
     assert _DYNAMIC_SHARED in template  # the emulation provides kato_smem itself
     host_template = template.replace(_DYNAMIC_SHARED, "")
