@@ -6,8 +6,13 @@
 // convention; kernels/softmax/__init__.py renders them):
 //   BLOCK_SIZE  threads per block: a multiple of 32, at most 1024.
 //   VEC         elements per vector load/store; VEC * sizeof(DTYPE) <= 16 bytes.
-//   STRATEGY    0: one warp per row, BLOCK_SIZE / 32 rows per block, no block barrier at all.
+//   STRATEGY    0: a group of LANES lanes of a warp per row, BLOCK_SIZE / LANES rows per
+//                  block, shuffles within the group only, no block barrier at all.
 //               1: one block per row; warp shuffles, then a small shared array across warps.
+//   LANES       STRATEGY 0: lanes per row, 4, 8, 16 or 32 (32 / LANES rows per warp, so that
+//               rows shorter than a warp's vectors keep every lane busy); at least VEC (a split
+//               row's head and tail go one element per lane). STRATEGY 1: 32 (a whole warp's
+//               shuffles before the block's). 32 unless rendered: the program of a warp per row.
 //   CACHE       0: one online pass computes (max, sum) together, a second pass re-reads x.
 //               1: the row is kept in dynamic shared memory, stored as DTYPE (not float32), so
 //                  a block needs cols * sizeof(DTYPE) bytes per row it holds.
@@ -34,6 +39,10 @@
 // to zero. The running max starts at a finite sentinel (-1e38) instead of -inf so that merging
 // two empty partial rows never computes (-inf) - (-inf); an x of -inf contributes exactly 0.
 
+// The helper namespace: a translation unit may hold several renamed copies of the template.
+#ifndef KATO_NS
+#define KATO_NS kato_softmax
+#endif
 #ifndef BLOCK_SIZE
 #error "BLOCK_SIZE must be defined"
 #endif
@@ -48,6 +57,19 @@
 #endif
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 0
+#endif
+#ifndef LANES
+#define LANES 32
+#endif
+// Directives, not static_asserts: LANES 32 preprocesses to the program it was before LANES.
+#if LANES != 4 && LANES != 8 && LANES != 16 && LANES != 32
+#error "LANES must be 4, 8, 16 or 32"
+#endif
+#if STRATEGY == 1 && LANES != 32
+#error "STRATEGY 1 (a block per row) takes LANES 32"
+#endif
+#if LANES < VEC
+#error "LANES must be at least VEC (a split row's head and tail go one element per lane)"
 #endif
 #ifndef DTYPE
 #define DTYPE float
@@ -77,15 +99,20 @@
 #include <cuda_bf16.h>
 #endif
 
-namespace kato_softmax {
+namespace KATO_NS {
 
 using T = DTYPE;
 
 [[maybe_unused]] constexpr int kVecBytes = VEC * static_cast<int>(sizeof(T));
 [[maybe_unused]] constexpr int kWarps = BLOCK_SIZE / 32;
 #if STRATEGY == 0
-[[maybe_unused]] constexpr int kThreadsPerRow = 32;
+[[maybe_unused]] constexpr int kThreadsPerRow = LANES;
+#if LANES == 32
 [[maybe_unused]] constexpr int kRowsPerBlock = kWarps;
+#else
+[[maybe_unused]] constexpr int kRowsPerWarp = 32 / LANES;
+[[maybe_unused]] constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
+#endif
 #else
 [[maybe_unused]] constexpr int kThreadsPerRow = BLOCK_SIZE;
 [[maybe_unused]] constexpr int kRowsPerBlock = 1;
@@ -199,7 +226,8 @@ __device__ __forceinline__ void store_edges(const Edges& e, int t, float hx, flo
 }
 #endif
 
-// Butterfly all-reduce over groups of `Width` lanes: every lane ends with the merged pair.
+// Butterfly all-reduce over aligned groups of `Width` lanes: every lane ends with its group's
+// merged pair (xor offsets below Width stay in the group). All 32 lanes must call it.
 template <int Width>
 __device__ __forceinline__ void warp_allreduce(float& m, float& s) {
 #pragma unroll
@@ -217,7 +245,7 @@ constexpr int next_pow2(int n) { return n <= 1 ? 1 : 2 * next_pow2((n + 1) / 2);
 // row's slot of a double-buffered shared array: the barrier of row i + 1 is only passed once
 // every thread has read row i's slot, so alternating slots need a single barrier per row.
 __device__ __forceinline__ void row_allreduce(float& m, float& s, float2* red) {
-  warp_allreduce<32>(m, s);
+  warp_allreduce<LANES>(m, s);
 #if STRATEGY == 1 && BLOCK_SIZE > 32
   const int lane = threadIdx.x & 31;
   if (lane == 0) red[threadIdx.x >> 5] = make_float2(m, s);
@@ -237,7 +265,7 @@ __device__ __forceinline__ void row_allreduce(float& m, float& s, float2* red) {
 
 #if CACHE == 2
 // The row lives in registers: thread t holds vectors t, t + P, ..., t + (ITEMS - 1) P of it
-// (P threads per row), so each load instruction of a warp covers 32 consecutive vectors.
+// (P threads per row), so each load instruction of a row group covers P consecutive vectors.
 __device__ __forceinline__ void softmax_row(const Raw* __restrict__ xr, Raw* __restrict__ yr,
                                             int nvec, int t, float2* red, KATO_AND_EDGES(Raw*) /**/) {
 #if ROW_SPLIT
@@ -409,7 +437,7 @@ __device__ __forceinline__ void softmax_row(const Raw* __restrict__ xr, Raw* __r
 }
 #endif  // CACHE
 
-}  // namespace kato_softmax
+}  // namespace KATO_NS
 
 #if MIN_BLOCKS > 0
 #define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS)
@@ -417,14 +445,14 @@ __device__ __forceinline__ void softmax_row(const Raw* __restrict__ xr, Raw* __r
 #define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE)
 #endif
 
-// Grid: STRATEGY 0: ceil(rows / (BLOCK_SIZE / 32)) blocks; STRATEGY 1: rows blocks. Both loop
+// Grid: STRATEGY 0: ceil(rows / (BLOCK_SIZE / LANES)) blocks; STRATEGY 1: rows blocks. Both loop
 // over rows with a grid stride, so any smaller grid is also correct. Names from the helper
 // namespace are qualified (no using-directive) so that several renamed copies of this template
 // can share one translation unit, which the compile test uses to build variants in batches.
 extern "C" __global__ void KATO_LAUNCH_BOUNDS softmax_kernel(const DTYPE* __restrict__ x,
                                                              DTYPE* __restrict__ y, int rows,
                                                              int cols) {
-  namespace ks = kato_softmax;
+  namespace ks = KATO_NS;
   using Raw = ks::Raw;
   // Vectors per row (ROW_SPLIT: at most, the stride of the CACHE 1 row slots).
   const int nvec = cols / VEC;
@@ -441,6 +469,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS softmax_kernel(const DTYPE* __rest
 #if STRATEGY == 0
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
+#if LANES == 32
   Raw* const srow = smem_rows == nullptr ? nullptr : smem_rows + static_cast<size_t>(warp) * nvec;
   // 64-bit row index: blockIdx.x * rows-per-block + warp can pass INT_MAX on the last block.
   const long long stride = static_cast<long long>(gridDim.x) * ks::kRowsPerBlock;
@@ -457,6 +486,31 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS softmax_kernel(const DTYPE* __rest
                     nvec, lane, nullptr, srow);
 #endif
   }
+#else
+  // 32 / LANES rows per warp. The loop runs per warp, not per row group: a row past the end is
+  // an empty row (no loads, no stores) whose lanes still join the group's full-mask shuffles.
+  const int t = lane & (LANES - 1);
+  const int group = lane / LANES;
+  Raw* const srow =
+      smem_rows == nullptr ? nullptr : smem_rows + static_cast<size_t>(threadIdx.x / LANES) * nvec;
+  const long long stride = static_cast<long long>(gridDim.x) * ks::kRowsPerBlock;
+  for (long long base = static_cast<long long>(blockIdx.x) * ks::kRowsPerBlock +
+                        warp * ks::kRowsPerWarp;
+       base < rows; base += stride) {
+    const long long row = base + group;
+    const bool valid = row < rows;
+    const size_t offset = valid ? static_cast<size_t>(row) * static_cast<size_t>(cols) : 0;
+#if ROW_SPLIT
+    const ks::Edges edges = ks::row_edges(x + offset, y + offset, valid ? cols : 0);
+    ks::softmax_row(reinterpret_cast<const Raw*>(x + offset + edges.head),
+                    reinterpret_cast<Raw*>(y + offset + edges.head),
+                    (edges.tail - edges.head) / VEC, t, nullptr, srow, edges);
+#else
+    ks::softmax_row(reinterpret_cast<const Raw*>(x + offset), reinterpret_cast<Raw*>(y + offset),
+                    valid ? nvec : 0, t, nullptr, srow);
+#endif
+  }
+#endif
 #else
 #if BLOCK_SIZE > 32
   __shared__ float2 red[2][ks::kWarps];
