@@ -63,6 +63,8 @@ CAPS = ((256, 0), (256, 2), (1024, 0), (1024, 2))
 #: Override with e.g. KATO_COMPILE_TEST_ARCHS=sm_90 to halve the time of the exhaustive part.
 ARCHS = tuple(os.environ.get("KATO_COMPILE_TEST_ARCHS", "sm_80,sm_90").split(","))
 BATCH = 64
+#: Every macro a rendered source defines: a batch undefines them between its variants.
+_DEFINE = re.compile(r"^\s*#\s*define\s+(\w+)", re.MULTILINE)
 WORKERS = 2  # CI runners have 2 cores
 
 
@@ -132,15 +134,14 @@ def batch_source(batch: list[Variant]) -> str:
     """One translation unit holding every variant of ``batch``, kernel i as softmax_kernel_i."""
     parts = []
     for i, variant in enumerate(batch):
-        macros = SPEC.defines(variant.config, variant.shape, variant.dtype)
+        source = variant.source()
         parts += [
             f"#define {SPEC.kernel_name} {SPEC.kernel_name}_{i}",
             f"#define KATO_NS kato_softmax_{i}",
-            variant.source(),
+            source,
             f"#undef {SPEC.kernel_name}",
             "#undef KATO_NS",
-            "#undef KATO_LAUNCH_BOUNDS",
-            *(f"#undef {name}" for name in macros),
+            *(f"#undef {name}" for name in sorted(set(_DEFINE.findall(source)))),
         ]
     return "\n".join(parts) + "\n"
 
@@ -422,6 +423,7 @@ def emulation_source(cases: list[tuple[Variant, int, int]]) -> str:
     host_template = template.replace(_DYNAMIC_SHARED, "").replace("__shared__", "static")
     parts = [EMULATION_HEADER]
     dispatch = []
+    template_macros = set(_DEFINE.findall(host_template))
     for i, (variant, grid, _) in enumerate(cases):
         macros = SPEC.defines(variant.config, variant.shape, variant.dtype)
         parts += [
@@ -431,8 +433,7 @@ def emulation_source(cases: list[tuple[Variant, int, int]]) -> str:
             host_template,
             f"#undef {SPEC.kernel_name}",
             "#undef KATO_NS",
-            "#undef KATO_LAUNCH_BOUNDS",
-            *(f"#undef {name}" for name in macros),
+            *(f"#undef {name}" for name in sorted(template_macros | set(macros))),
         ]
         ctype = DTYPES[variant.dtype][1]
         rows, cols = variant.shape
