@@ -47,11 +47,11 @@ from kato_client import KatoClient  # noqa: E402
 
 SEEDED = [
     ((4096, 4096), "float16", {"BLOCK_SIZE": 128, "VEC": 8, "STRATEGY": 1, "CACHE": 2,
-                               "MIN_BLOCKS": 4}, 0.020),
+                               "MIN_BLOCKS": 4, "LANES": 32}, 0.020),
     ((65536, 1024), "float16", {"BLOCK_SIZE": 32, "VEC": 8, "STRATEGY": 0, "CACHE": 2,
-                                "MIN_BLOCKS": 0}, 0.070),
+                                "MIN_BLOCKS": 0, "LANES": 32}, 0.070),
     ((1024, 1024), "float32", {"BLOCK_SIZE": 256, "VEC": 4, "STRATEGY": 0, "CACHE": 0,
-                               "MIN_BLOCKS": 0}, 0.010),
+                               "MIN_BLOCKS": 0, "LANES": 32}, 0.010),
 ]  # fmt: skip
 
 

@@ -8,13 +8,18 @@ Parameter space (Kernel Tuner key order):
   rendered with ``ROW_SPLIT=1``: each row is a scalar head up to its first aligned address,
   aligned vectors, and a scalar tail. Shapes with ``cols % VEC == 0`` render without it and
   compile to the program they compiled to before it existed.
-- ``STRATEGY``: 0 = one warp per row (``BLOCK_SIZE/32`` rows per block, warp shuffles only);
-  1 = one block per row (warp shuffles, then a shared array across warps).
+- ``STRATEGY``: 0 = a group of ``LANES`` lanes of a warp per row (``BLOCK_SIZE/LANES`` rows per
+  block, shuffles within the group only); 1 = one block per row (warp shuffles, then a shared
+  array across warps).
 - ``CACHE``: 0 = online (max, sum) pass, then a second pass that re-reads x (from L2 if lucky);
   1 = the row is kept in dynamic shared memory between the passes, stored in the element type
   (``cols * itemsize`` bytes per row held); 2 = the row is kept in registers, ``ITEMS`` vectors
   per thread (``ITEMS = ceil(cols / (threads_per_row * VEC))``, at most 16).
 - ``MIN_BLOCKS``: the min-blocks clause of ``__launch_bounds__`` (0 = none).
+- ``LANES``: STRATEGY 0's lanes per row, 4, 8, 16 or 32 (issue 31: with a warp per row, a row
+  of 7 elements left 25 of 32 lanes idle; 32 / LANES rows per warp keep them busy), at least
+  ``VEC``. STRATEGY 1 takes 32. ``LANES=32`` is the program of a warp per row as it was before
+  the parameter existed.
 
 Accumulation is float32 for every element type. Inputs and outputs are float32, float16 or
 bfloat16 (the CUDA types ``float``, ``__half``, ``__nv_bfloat16``).
@@ -45,12 +50,12 @@ _CUDA_FLAGS = {"float32": (0, 0), "float16": (1, 0), "bfloat16": (0, 1)}  # IS_H
 
 
 def threads_per_row(config: Config) -> int:
-    """Threads that share one row: a warp (STRATEGY 0) or the whole block (STRATEGY 1)."""
-    return 32 if config["STRATEGY"] == 0 else config["BLOCK_SIZE"]
+    """Threads that share one row: LANES lanes of a warp (STRATEGY 0) or the whole block."""
+    return config["LANES"] if config["STRATEGY"] == 0 else config["BLOCK_SIZE"]
 
 
 def rows_per_block(config: Config) -> int:
-    return config["BLOCK_SIZE"] // 32 if config["STRATEGY"] == 0 else 1
+    return config["BLOCK_SIZE"] // threads_per_row(config)
 
 
 def items_per_thread(config: Config, cols: int) -> int:
@@ -89,6 +94,7 @@ class SoftmaxSpec(OperatorSpec):
         "STRATEGY": (0, 1),
         "CACHE": (0, 1, 2),
         "MIN_BLOCKS": (0, 1, 2, 4),
+        "LANES": (4, 8, 16, 32),
     }
     template = Path(__file__).with_name("softmax.cu")
     kernel_name = "softmax_kernel"
@@ -109,7 +115,9 @@ class SoftmaxSpec(OperatorSpec):
         """Why ``config`` cannot run correctly for ``shape``/``dtype``, or None if it can.
 
         Rejects: parameters missing, unknown or outside the space; vectors over 16 bytes;
-        ``MIN_BLOCKS * BLOCK_SIZE`` over 2048 threads per SM; CACHE=1
+        LANES other than 32 with STRATEGY=1 (a block per row has no sub-warp groups); LANES
+        below VEC (a split row's head and tail elements go one per lane; the template asserts
+        it for every row); ``MIN_BLOCKS * BLOCK_SIZE`` over 2048 threads per SM; CACHE=1
         needing more than 227 KiB of shared memory per block; CACHE=2 needing more than 16
         vectors per thread, or more registers for its cache than the launch bounds leave
         (``ITEMS * vector bytes / 4 + REGISTER_OVERHEAD > register_cap``: it would spill).
@@ -126,9 +134,17 @@ class SoftmaxSpec(OperatorSpec):
         itemsize = DTYPES[dtype][2]
         block, vec = config["BLOCK_SIZE"], config["VEC"]
         cache, min_blocks = config["CACHE"], config["MIN_BLOCKS"]
+        lanes = config["LANES"]
         vector_bytes = vec * itemsize
         if reason := limits.vector_width_error(vec, vector_bytes, dtype):
             return reason
+        if config["STRATEGY"] == 1 and lanes != 32:
+            return f"LANES={lanes} groups lanes of a warp per row: STRATEGY=1 takes LANES=32"
+        if lanes < vec:
+            return (
+                f"LANES={lanes} < VEC={vec}: a row group needs a lane per element of a split "
+                "row's head and tail"
+            )
         if reason := limits.resident_threads_error(min_blocks, block):
             return reason
         if cache == 1:
@@ -157,12 +173,19 @@ class SoftmaxSpec(OperatorSpec):
         return None
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
-        """A valid config for any valid shape. The widest vector (of at most 16 bytes and ``cols``
-        elements) that still gives each of a warp's 32 lanes a vector (a 128-column float16 row
-        takes VEC=4, not 8: with 8, half the lanes would idle); then the row in registers over the
-        fewest threads that hold at most 8 vectors each (a warp per row, else a block of 64 ..
-        1024), with MIN_BLOCKS=2 where the registers allow; shared memory or streaming for rows too
-        long for that. How close this comes to each recorded optimum: docs/defaults.md.
+        """A valid config for any valid shape. Rows of at least 32 elements: the widest vector
+        (of at most 16 bytes) that still gives each of a warp's 32 lanes a vector (a 128-column
+        float16 row takes VEC=4, not 8: with 8, half the lanes would idle). Shorter rows, where
+        a warp per row idles lanes at any VEC: the widest vector that divides the row into at
+        least 4 vectors (no split row's scalar ends), and the smallest group of 4, 8, 16 or 32
+        lanes that holds it in one vector per lane (7 float32 columns: VEC=1 over 8 lanes, 4
+        rows per warp). Then the row in registers over the fewest threads that hold at most 8
+        vectors each (that lane group, else a block of 64 .. 1024), with MIN_BLOCKS=2 where the
+        registers allow; shared memory or streaming for rows too long for that.
+
+        The short-row choice is not measured yet (no recorded space has rows under 128
+        elements): it follows the principle of layernorm's default, every lane of a row group
+        holds a vector. How close the rest comes to each recorded optimum: docs/defaults.md.
 
         Raises:
             InvalidInput: the shape or dtype is invalid (see :meth:`validate`).
@@ -170,24 +193,30 @@ class SoftmaxSpec(OperatorSpec):
         _, cols = self.validate(shape, dtype)
         itemsize = DTYPES[dtype][2]
         fitting = [v for v in self.params["VEC"] if v * itemsize <= 16 and v <= cols]
-        vec = max([v for v in fitting if v * 32 <= cols] or fitting)
+        if cols >= 32:
+            vec, lanes = max(v for v in fitting if v * 32 <= cols), 32
+        else:
+            vec = max(v for v in fitting if cols % v == 0 and (cols // v >= 4 or v == 1))
+            lanes = min(g for g in self.params["LANES"] if g * vec >= cols and g >= vec)
         vectors = cols // vec
-        for threads in (32, 64, 128, 256, 512, 1024):
+        for threads in (lanes, 64, 128, 256, 512, 1024):
             if math.ceil(vectors / threads) > 8:
                 continue
             for min_blocks in (2, 0):
                 config = {
-                    "BLOCK_SIZE": 256 if threads == 32 else threads,
+                    "BLOCK_SIZE": 256 if threads == lanes else threads,
                     "VEC": vec,
-                    "STRATEGY": 0 if threads == 32 else 1,
+                    "STRATEGY": 0 if threads == lanes else 1,
                     "CACHE": 2,
                     "MIN_BLOCKS": min_blocks,
+                    "LANES": threads if threads == lanes else 32,
                 }
                 if self.check(config, shape, dtype) is None:
                     return config
         for cache in (1, 0):  # rows too long for registers
             config = {"BLOCK_SIZE": 1024, "VEC": vec, "STRATEGY": 1, "CACHE": cache}
             config["MIN_BLOCKS"] = 0
+            config["LANES"] = 32
             if self.check(config, shape, dtype) is None:
                 return config
         # Unreachable for a valid shape: streaming has no limit on cols.
@@ -216,7 +245,7 @@ class SoftmaxSpec(OperatorSpec):
         return macros
 
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
-        """STRATEGY 0: ``ceil(rows / (BLOCK_SIZE/32))`` blocks; STRATEGY 1: ``rows`` blocks
+        """STRATEGY 0: ``ceil(rows / (BLOCK_SIZE/LANES))`` blocks; STRATEGY 1: ``rows`` blocks
         (grid.x, capped at 2**31-1: the kernel loops over rows with a grid stride). Dynamic
         shared memory only for CACHE=1: ``rows_per_block * cols * itemsize``."""
         rows, cols = shape

@@ -6,17 +6,20 @@
 // convention; kernels/softmax/__init__.py renders them):
 //   BLOCK_SIZE  threads per block: a multiple of 32, at most 1024.
 //   VEC         elements per vector load/store; VEC * sizeof(DTYPE) <= 16 bytes.
-//   STRATEGY    0: one warp per row, BLOCK_SIZE / 32 rows per block, no block barrier at all.
+//   STRATEGY    0: a group of LANES lanes of a warp per row, BLOCK_SIZE / LANES rows per
+//                  block, shuffles within the group only, no block barrier at all.
 //               1: one block per row; warp shuffles, then a small shared array across warps.
+//   LANES       STRATEGY 0: lanes per row, 4, 8, 16 or 32 (32 / LANES rows per warp, so that
+//               rows shorter than a warp's vectors keep every lane busy); at least VEC (a split
+//               row's head and tail go one element per lane). STRATEGY 1: 32 (a whole warp's
+//               shuffles before the block's). 32 unless rendered: the program of a warp per row.
 //   CACHE       0: one online pass computes (max, sum) together, a second pass re-reads x.
 //               1: the row is kept in dynamic shared memory, stored as DTYPE (not float32), so
 //                  a block needs cols * sizeof(DTYPE) bytes per row it holds.
 //               2: the row is kept in registers, ITEMS vectors per thread.
 //   MIN_BLOCKS  __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS); 0 = no min-blocks clause.
-// Derived macros (the spec computes them; defaults here let the template compile standalone):
-//   DTYPE       float, __half or __nv_bfloat16.
-//   IS_HALF, IS_BF16   1 to include cuda_fp16.h / cuda_bf16.h (only what the type needs;
-//               with neither defined, both are included).
+// Derived macros (the spec computes them; defaults let the template compile standalone):
+//   DTYPE, IS_HALF, IS_BF16   the element type and its CUDA headers (kato_dtype.cuh).
 //   ITEMS       CACHE == 2 only: ceil(cols / (threads per row * VEC)); 0 (unused) otherwise.
 //   ROW_SPLIT   1 where cols % VEC != 0: every row starts at another offset from a vector
 //               boundary, so each row is a scalar head up to its first aligned address, aligned
@@ -33,12 +36,17 @@
 // Numerics: exp is ex2.approx.ftz on (x - max) * log2(e), ~2 ulp; results below 2^-126 flush
 // to zero. The running max starts at a finite sentinel (-1e38) instead of -inf so that merging
 // two empty partial rows never computes (-inf) - (-inf); an x of -inf contributes exactly 0.
+//
+// The prelude every row-wise template shares is kernels/common's: kato_dtype.cuh, then
+// kato_row_layout.cuh (VEC and the row group's checks, T, kThreadsPerRow, kLanes, kWarps,
+// KATO_LAUNCH_BOUNDS), kato_vec.cuh, kato_convert.cuh and kato_rows.cuh; kato_split.cuh for
+// split rows.
 
+#ifndef KATO_NS
+#define KATO_NS kato_softmax
+#endif
 #ifndef BLOCK_SIZE
 #error "BLOCK_SIZE must be defined"
-#endif
-#ifndef VEC
-#error "VEC must be defined"
 #endif
 #ifndef STRATEGY
 #error "STRATEGY must be defined"
@@ -49,47 +57,33 @@
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 0
 #endif
-#ifndef DTYPE
-#define DTYPE float
+#ifndef LANES
+#define LANES 32
 #endif
-#if !defined(IS_HALF) && !defined(IS_BF16)
-// Standalone use (say Kernel Tuner with -DDTYPE=__half): include both headers.
-#define IS_HALF 1
-#define IS_BF16 1
+#if STRATEGY == 1 && LANES != 32
+#error "STRATEGY 1 (a block per row) takes LANES 32"
 #endif
-#ifndef IS_HALF
-#define IS_HALF 0
+// kato_row_layout.cuh's terms: a row group is LANES lanes of a warp (STRATEGY 0) or the block
+// (ROW_THREADS 0), under __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS).
+#if STRATEGY == 0
+#define ROW_THREADS LANES
+#else
+#define ROW_THREADS 0
 #endif
-#ifndef IS_BF16
-#define IS_BF16 0
-#endif
-#ifndef ITEMS
-#define ITEMS 1
+#ifndef LB_MIN_BLOCKS
+#define LB_MIN_BLOCKS MIN_BLOCKS
 #endif
 #ifndef ROW_SPLIT
 #define ROW_SPLIT 0
 #endif
+#include "../common/kato_dtype.cuh"
 
-#if IS_HALF
-#include <cuda_fp16.h>
-#endif
-#if IS_BF16
-#include <cuda_bf16.h>
-#endif
+namespace KATO_NS {
 
-namespace kato_softmax {
+#include "../common/kato_row_layout.cuh"
 
-using T = DTYPE;
-
-[[maybe_unused]] constexpr int kVecBytes = VEC * static_cast<int>(sizeof(T));
-[[maybe_unused]] constexpr int kWarps = BLOCK_SIZE / 32;
-#if STRATEGY == 0
-[[maybe_unused]] constexpr int kThreadsPerRow = 32;
-[[maybe_unused]] constexpr int kRowsPerBlock = kWarps;
-#else
-[[maybe_unused]] constexpr int kThreadsPerRow = BLOCK_SIZE;
-[[maybe_unused]] constexpr int kRowsPerBlock = 1;
-#endif
+// BLOCK_SIZE / LANES rows (STRATEGY 0) or one row (STRATEGY 1) per block at a time.
+[[maybe_unused]] constexpr int kRowsPerBlock = BLOCK_SIZE / kThreadsPerRow;
 // Vectors loaded per thread per step of the streaming passes (CACHE 0/1): 64 bytes in flight
 // per thread at 16-byte vectors, 8 loads otherwise, enough to cover HBM latency at any
 // occupancy without blowing up registers.
@@ -99,10 +93,6 @@ using T = DTYPE;
 // float32 rows cached in registers keep exp(x - max) in place (see softmax_row, CACHE 2).
 [[maybe_unused]] constexpr bool kFloatElements = sizeof(T) == 4;
 
-static_assert(BLOCK_SIZE % 32 == 0 && BLOCK_SIZE >= 32 && BLOCK_SIZE <= 1024,
-              "BLOCK_SIZE must be a multiple of 32 in [32, 1024]");
-static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC must be 1, 2, 4 or 8");
-static_assert(kVecBytes <= 16, "a vector must be at most 16 bytes");
 static_assert(STRATEGY == 0 || STRATEGY == 1, "STRATEGY must be 0 (warp) or 1 (block)");
 static_assert(CACHE >= 0 && CACHE <= 2, "CACHE must be 0, 1 or 2");
 static_assert(CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in [1, 64]");
@@ -111,6 +101,8 @@ static_assert(VEC > 1, "ROW_SPLIT is for rows that are not whole vectors");
 #endif
 
 #include "../common/kato_vec.cuh"
+#include "../common/kato_convert.cuh"
+#include "../common/kato_rows.cuh"
 
 // 2^v in one MUFU.EX2 (exp2f without -ftz adds denormal handling around it).
 __device__ __forceinline__ float fast_exp2(float v) {
@@ -124,8 +116,6 @@ __device__ __forceinline__ float fast_exp2(float v) {
 }
 
 [[maybe_unused]] __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-
-#include "../common/kato_convert.cuh"
 
 // Merge partial row (om, os) into (m, s), where s is a sum of exp(x - m). Rescales only the
 // side with the smaller max: one exp2 per merge, and branch-free so shuffle partners agree.
@@ -187,19 +177,16 @@ __device__ __forceinline__ void merge_edges(float& m, float& s, float hx, float 
 
 __device__ __forceinline__ void store_edges(const Edges& e, int t, float hx, float tx, float m,
                                             float inv_sum) {
-  T out;
-  if (t < e.head) {
-    from_float(fast_exp2((hx - m) * kLog2e) * inv_sum, out);
-    e.y[t] = out;
-  }
-  if (e.tail + t < e.cols) {
-    from_float(fast_exp2((tx - m) * kLog2e) * inv_sum, out);
-    e.y[e.tail + t] = out;
-  }
+  if (t < e.head) e.y[t] = to_elem(fast_exp2((hx - m) * kLog2e) * inv_sum);
+  if (e.tail + t < e.cols) e.y[e.tail + t] = to_elem(fast_exp2((tx - m) * kLog2e) * inv_sum);
 }
 #endif
 
-// Butterfly all-reduce over groups of `Width` lanes: every lane ends with the merged pair.
+// kato_row_sum.cuh has it too, but its weight loads would clash with kato_split.cuh's.
+[[maybe_unused]] constexpr int kWarpsPow2 = next_pow2(kWarps);
+
+// Butterfly all-reduce over aligned groups of `Width` lanes: every lane ends with its group's
+// merged pair (xor offsets below Width stay in the group). All 32 lanes must call it.
 template <int Width>
 __device__ __forceinline__ void warp_allreduce(float& m, float& s) {
 #pragma unroll
@@ -210,14 +197,11 @@ __device__ __forceinline__ void warp_allreduce(float& m, float& s) {
   }
 }
 
-constexpr int next_pow2(int n) { return n <= 1 ? 1 : 2 * next_pow2((n + 1) / 2); }
-[[maybe_unused]] constexpr int kWarpsPow2 = next_pow2(kWarps);
-
 // All threads of a row group end with the row's (max, sum). For STRATEGY 1 `red` is this
 // row's slot of a double-buffered shared array: the barrier of row i + 1 is only passed once
 // every thread has read row i's slot, so alternating slots need a single barrier per row.
 __device__ __forceinline__ void row_allreduce(float& m, float& s, float2* red) {
-  warp_allreduce<32>(m, s);
+  warp_allreduce<kLanes>(m, s);
 #if STRATEGY == 1 && BLOCK_SIZE > 32
   const int lane = threadIdx.x & 31;
   if (lane == 0) red[threadIdx.x >> 5] = make_float2(m, s);
@@ -237,7 +221,7 @@ __device__ __forceinline__ void row_allreduce(float& m, float& s, float2* red) {
 
 #if CACHE == 2
 // The row lives in registers: thread t holds vectors t, t + P, ..., t + (ITEMS - 1) P of it
-// (P threads per row), so each load instruction of a warp covers 32 consecutive vectors.
+// (P threads per row), so each load instruction of a row group covers P consecutive vectors.
 __device__ __forceinline__ void softmax_row(const Raw* __restrict__ xr, Raw* __restrict__ yr,
                                             int nvec, int t, float2* red, KATO_AND_EDGES(Raw*) /**/) {
 #if ROW_SPLIT
@@ -409,22 +393,16 @@ __device__ __forceinline__ void softmax_row(const Raw* __restrict__ xr, Raw* __r
 }
 #endif  // CACHE
 
-}  // namespace kato_softmax
+}  // namespace KATO_NS
 
-#if MIN_BLOCKS > 0
-#define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS)
-#else
-#define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK_SIZE)
-#endif
-
-// Grid: STRATEGY 0: ceil(rows / (BLOCK_SIZE / 32)) blocks; STRATEGY 1: rows blocks. Both loop
+// Grid: STRATEGY 0: ceil(rows / (BLOCK_SIZE / LANES)) blocks; STRATEGY 1: rows blocks. Both loop
 // over rows with a grid stride, so any smaller grid is also correct. Names from the helper
 // namespace are qualified (no using-directive) so that several renamed copies of this template
 // can share one translation unit, which the compile test uses to build variants in batches.
 extern "C" __global__ void KATO_LAUNCH_BOUNDS softmax_kernel(const DTYPE* __restrict__ x,
                                                              DTYPE* __restrict__ y, int rows,
                                                              int cols) {
-  namespace ks = kato_softmax;
+  namespace ks = KATO_NS;
   using Raw = ks::Raw;
   // Vectors per row (ROW_SPLIT: at most, the stride of the CACHE 1 row slots).
   const int nvec = cols / VEC;
@@ -441,6 +419,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS softmax_kernel(const DTYPE* __rest
 #if STRATEGY == 0
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
+#if LANES == 32
   Raw* const srow = smem_rows == nullptr ? nullptr : smem_rows + static_cast<size_t>(warp) * nvec;
   // 64-bit row index: blockIdx.x * rows-per-block + warp can pass INT_MAX on the last block.
   const long long stride = static_cast<long long>(gridDim.x) * ks::kRowsPerBlock;
@@ -457,6 +436,31 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS softmax_kernel(const DTYPE* __rest
                     nvec, lane, nullptr, srow);
 #endif
   }
+#else
+  // 32 / LANES rows per warp. The loop runs per warp, not per row group: a row past the end is
+  // an empty row (no loads, no stores) whose lanes still join the group's full-mask shuffles.
+  const int t = lane & (LANES - 1);
+  const int group = lane / LANES;
+  Raw* const srow =
+      smem_rows == nullptr ? nullptr : smem_rows + static_cast<size_t>(threadIdx.x / LANES) * nvec;
+  const long long stride = static_cast<long long>(gridDim.x) * ks::kRowsPerBlock;
+  for (long long base = static_cast<long long>(blockIdx.x) * ks::kRowsPerBlock +
+                        warp * ks::kRowsPerWarp;
+       base < rows; base += stride) {
+    const long long row = base + group;
+    const bool valid = row < rows;
+    const size_t offset = valid ? static_cast<size_t>(row) * static_cast<size_t>(cols) : 0;
+#if ROW_SPLIT
+    const ks::Edges edges = ks::row_edges(x + offset, y + offset, valid ? cols : 0);
+    ks::softmax_row(reinterpret_cast<const Raw*>(x + offset + edges.head),
+                    reinterpret_cast<Raw*>(y + offset + edges.head),
+                    (edges.tail - edges.head) / VEC, t, nullptr, srow, edges);
+#else
+    ks::softmax_row(reinterpret_cast<const Raw*>(x + offset), reinterpret_cast<Raw*>(y + offset),
+                    valid ? nvec : 0, t, nullptr, srow);
+#endif
+  }
+#endif
 #else
 #if BLOCK_SIZE > 32
   __shared__ float2 red[2][ks::kWarps];

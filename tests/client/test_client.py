@@ -146,7 +146,7 @@ def test_two_processes_share_the_disk_cache(live_server, tmp_path):
 
 
 def test_a_stale_entry_is_served_then_revalidated_in_the_background(live_server, tmp_path):
-    faster = {"BLOCK_SIZE": 256, "VEC": 8, "STRATEGY": 1, "CACHE": 2, "MIN_BLOCKS": 0}
+    faster = {"BLOCK_SIZE": 256, "VEC": 8, "STRATEGY": 1, "CACHE": 2, "MIN_BLOCKS": 0, "LANES": 32}
     with client_for(live_server.url, tmp_path, ttl=0.3) as kato:
         assert kato.config("softmax", (4096, 4096), "float16") == TUNED_4K
         live_server.set_best((4096, 4096), "float16", faster, 0.015)
@@ -325,7 +325,7 @@ def test_after_invalidate_the_next_lookup_skips_the_services_cache(live_server, 
     answer cache drops the old answer only on its watcher's next check: the lookups that
     follow ``wait()`` (which calls ``invalidate``) must not be answered from it, or the client
     would keep the old config for its whole ``ttl``."""
-    faster = {"BLOCK_SIZE": 256, "VEC": 8, "STRATEGY": 1, "CACHE": 2, "MIN_BLOCKS": 0}
+    faster = {"BLOCK_SIZE": 256, "VEC": 8, "STRATEGY": 1, "CACHE": 2, "MIN_BLOCKS": 0, "LANES": 32}
     with client_for(live_server.url, tmp_path) as kato:
         assert kato.config("softmax", (4096, 4096), "float16") == TUNED_4K
         # The service's cache still holds the old answer (its watcher has not run).

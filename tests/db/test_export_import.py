@@ -26,12 +26,30 @@ from kato.shared.kt_cache import config_key, load_cache
 
 SPEC = get_operator("softmax")
 FAILURES = [  # configs recorded as failed in job A, on top of the recorded measurements
-    ({"BLOCK_SIZE": 1024, "VEC": 8, "STRATEGY": 1, "CACHE": 1, "MIN_BLOCKS": 4}, "compile_error"),
-    ({"BLOCK_SIZE": 32, "VEC": 1, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 4}, "verify_error"),
-    ({"BLOCK_SIZE": 64, "VEC": 1, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 4}, "invalid"),
-    ({"BLOCK_SIZE": 128, "VEC": 1, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 4}, "crashed"),
-    ({"BLOCK_SIZE": 256, "VEC": 1, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 4}, "launch_error"),
-    ({"BLOCK_SIZE": 512, "VEC": 1, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 4}, "timeout"),
+    (
+        {"BLOCK_SIZE": 1024, "VEC": 8, "STRATEGY": 1, "CACHE": 1, "MIN_BLOCKS": 4, "LANES": 32},
+        "compile_error",
+    ),
+    (
+        {"BLOCK_SIZE": 32, "VEC": 1, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 4, "LANES": 32},
+        "verify_error",
+    ),
+    (
+        {"BLOCK_SIZE": 64, "VEC": 1, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 4, "LANES": 32},
+        "invalid",
+    ),
+    (
+        {"BLOCK_SIZE": 128, "VEC": 1, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 4, "LANES": 32},
+        "crashed",
+    ),
+    (
+        {"BLOCK_SIZE": 256, "VEC": 1, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 4, "LANES": 32},
+        "launch_error",
+    ),
+    (
+        {"BLOCK_SIZE": 512, "VEC": 1, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 4, "LANES": 32},
+        "timeout",
+    ),
 ]
 KEYS = [
     (shape, dtype)
@@ -217,10 +235,10 @@ def test_kernel_tuner_simulation_replays_an_exported_job_as_it_is(source, tmp_pa
         best_config, best_time = job.best_config, job.best_time_ms
     path = tmp_path / "softmax.json"
     path.write_text(json.dumps(cache.to_json()))
-    assert len(cache.entries) == SPEC.space_size() == 576
+    assert len(cache.entries) == SPEC.space_size() == 2304
     results = _kernel_tuner_replay(path)
     ok = [r for r in results if "__error__" not in r]
-    assert len(results) == 576 and len(ok) == 100
+    assert len(results) == 2304 and len(ok) == 100
     best = min(ok, key=lambda r: r["time"])
     assert {k: best[k] for k in cache.tune_params} == best_config
     assert best["time"] == best_time
@@ -344,7 +362,7 @@ def test_cli_export_and_import(source, tmp_path):
     assert "Kernel Tuner reads only plain .json" in done.output  # a gzipped cache is for Kato
     with gzip.open(out, "rt") as f:
         entries = json.load(f)["cache"].values()
-    assert (len(entries), sum("kato_job" in e for e in entries)) == (576, 106)
+    assert (len(entries), sum("kato_job" in e for e in entries)) == (2304, 106)
 
     first = runner.invoke(cli, ["import", str(out), "--db", dst_url, "--json"])
     assert first.exit_code == 0, first.output
@@ -368,7 +386,14 @@ def test_a_config_being_measured_is_not_exported(tmp_path, fmt):
     """A running shared job's reservation rows (db.ledger) are not results: exporting that job
     writes its measured trials only, and the file imports."""
     factory = _db(tmp_path / "source.db")
-    measured = {"BLOCK_SIZE": 128, "VEC": 1, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 4}
+    measured = {
+        "BLOCK_SIZE": 128,
+        "VEC": 1,
+        "STRATEGY": 0,
+        "CACHE": 0,
+        "MIN_BLOCKS": 4,
+        "LANES": 32,
+    }
     reserved = {**measured, "BLOCK_SIZE": 256}
     key = lambda c: ",".join(str(c[p]) for p in SPEC.params)  # noqa: E731
     with factory() as session:

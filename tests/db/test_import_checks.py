@@ -26,9 +26,9 @@ from typer.testing import CliRunner
 SPEC = get_operator("softmax")
 SHAPE, DTYPE = [4096, 4096], "float16"
 #: A point of softmax's space that its constraints reject for 4096x4096 float16.
-REJECTED = {"BLOCK_SIZE": 32, "VEC": 1, "STRATEGY": 0, "CACHE": 2, "MIN_BLOCKS": 0}
+REJECTED = {"BLOCK_SIZE": 32, "VEC": 1, "STRATEGY": 0, "CACHE": 2, "MIN_BLOCKS": 0, "LANES": 32}
 #: A valid config that the exported job did not measure.
-UNMEASURED = {"BLOCK_SIZE": 1024, "VEC": 4, "STRATEGY": 1, "CACHE": 1, "MIN_BLOCKS": 0}
+UNMEASURED = {"BLOCK_SIZE": 1024, "VEC": 4, "STRATEGY": 1, "CACHE": 1, "MIN_BLOCKS": 0, "LANES": 32}
 
 
 def _db(path: Path) -> sessionmaker[Session]:

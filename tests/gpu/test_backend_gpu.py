@@ -31,7 +31,7 @@ def test_a_config_whose_static_and_dynamic_shared_memory_pass_48k_launches():
     dynamic plus the block reduction's static array. Opting in on the dynamic part alone left
     it a launch_error."""
     spec = get_operator("softmax")
-    config = {"BLOCK_SIZE": 1024, "VEC": 4, "STRATEGY": 1, "CACHE": 1, "MIN_BLOCKS": 0}
+    config = {"BLOCK_SIZE": 1024, "VEC": 4, "STRATEGY": 1, "CACHE": 1, "MIN_BLOCKS": 0, "LANES": 32}
     launch = spec.launch(config, (64, 12288), "float32")
     assert launch.shared_bytes == SHARED_WITHOUT_OPT_IN and softmax_static(config) > 0
     backend = _backend(spec, (64, 12288), "float32")

@@ -10,7 +10,16 @@ from backend_conformance import BackendConformance
 from kato.kernels import get_operator
 from kato.kernels.limits import needs_shared_opt_in
 
-AWKWARD = [(1, 1), (1, 4097), (3000, 3001), (65536, 128), (17, 333), (5, 1000003), (1, 32768)]
+AWKWARD = [
+    (1, 1),
+    (1, 4097),
+    (3000, 3001),
+    (65536, 128),
+    (17, 333),
+    (5, 1000003),
+    (1, 32768),
+    (4097, 7),
+]
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
 
 
@@ -71,7 +80,7 @@ def test_default_config_matches_float64_reference(spec, shape, dtype):
     # 12288 columns: float32 CACHE=1 rows of exactly 48 KiB, plus the static reduction array
     "shape",
     # Odd, prime and just-past-2^k row lengths split rows at every VEC > 1 (issue 31).
-    [(3000, 3001), (257, 4096), (64, 130), (64, 12288), (9, 50257), (33, 127), (40, 3)],
+    [(3000, 3001), (257, 4096), (64, 130), (64, 12288), (9, 50257), (33, 127), (40, 3), (4097, 7)],
     ids=lambda s: "x".join(map(str, s)),
 )
 def test_every_valid_variant_verifies(spec, shape, dtype):
@@ -111,6 +120,7 @@ def test_split_rows_from_a_shifted_pointer(spec, dtype, offset):
         for strategy, cache in ((0, 0), (0, 2), (1, 1), (1, 2)):
             config = {"BLOCK_SIZE": 256, "VEC": vec, "STRATEGY": strategy, "CACHE": cache}
             config["MIN_BLOCKS"] = 0
+            config["LANES"] = 32
             if spec.check(config, shape, dtype) is not None:
                 continue
             y, ref = run_on_device(spec, config, shape, dtype, seed=vec, offset=offset)

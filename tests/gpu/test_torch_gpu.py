@@ -131,7 +131,14 @@ def test_config_comes_from_the_client_once_per_shape():
     class Client:
         def config(self, operator, shape, dtype, gpu=None):
             calls.append((operator, tuple(shape), dtype))
-            return {"BLOCK_SIZE": 128, "VEC": 4, "STRATEGY": 1, "CACHE": 0, "MIN_BLOCKS": 0}
+            return {
+                "BLOCK_SIZE": 128,
+                "VEC": 4,
+                "STRATEGY": 1,
+                "CACHE": 0,
+                "MIN_BLOCKS": 0,
+                "LANES": 32,
+            }
 
     kato_torch.configure(client=Client(), policy="kato")
     x = torch.randn(64, 1024, device="cuda")

@@ -157,6 +157,47 @@ def test_the_row_layout_checks_and_defaults_hold_for_every_row_wise_template(nam
     assert "__launch_bounds__(BLOCK_SIZE)" in default.stdout  # LB_THREADS defaults to BLOCK_SIZE
 
 
+def test_softmax_maps_its_strategy_and_lanes_onto_the_row_layout() -> None:
+    """softmax takes the row-wise prelude too: STRATEGY 0 is a row group of LANES lanes,
+    STRATEGY 1 the block (ROW_THREADS 0), under __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS)."""
+    template = get_operator("softmax").template
+    assert included_headers(template) == [
+        DTYPE_HEADER,
+        ROW_LAYOUT,
+        VEC_HEADER,
+        CONVERT_HEADER,
+        ROWS_HEADER,
+        COMMON_HEADERS / "kato_split.cuh",
+    ]
+    text = template.read_text()
+    for held in (
+        "#define IS_HALF",
+        "#define LB_THREADS",
+        "#define KATO_LAUNCH_BOUNDS",
+        "constexpr int kThreadsPerRow",
+        "constexpr int next_pow2",
+        "kVecBytes <= 16",
+    ):
+        assert held not in text, held
+    macros = {"BLOCK_SIZE": 256, "VEC": 4, "CACHE": 0, "IS_HALF": 0, "IS_BF16": 0}
+    warp = _preprocess(template, {**macros, "STRATEGY": 0, "LANES": 8, "MIN_BLOCKS": 2})
+    assert warp.returncode == 0, warp.stderr
+    assert "constexpr int kThreadsPerRow = 8;" in warp.stdout
+    assert "__launch_bounds__(256, 2) softmax_kernel(" in warp.stdout
+    block = _preprocess(template, {**macros, "STRATEGY": 1})
+    assert block.returncode == 0, block.stderr
+    assert "constexpr int kThreadsPerRow = 256;" in block.stdout
+    assert "__launch_bounds__(256) softmax_kernel(" in block.stdout
+    mixed = _preprocess(template, {**macros, "STRATEGY": 1, "LANES": 8})
+    assert mixed.returncode != 0 and "STRATEGY 1 (a block per row) takes LANES 32" in mixed.stderr
+    # Every check and default softmax's own prelude had, from the layout or the template.
+    asserts, defaults = _checks_and_defaults(template_source(template))
+    assert asserts >= ROW_ASSERTS, ROW_ASSERTS - asserts
+    assert 'STRATEGY == 0 || STRATEGY == 1, "STRATEGY must be 0 (warp) or 1 (block)"' in asserts
+    want = {"DTYPE": "float", "MIN_BLOCKS": "0", "LANES": "32", "ITEMS": "1", "ROW_SPLIT": "0"}
+    assert {k: defaults.get(k) for k in want} == want
+
+
 #: The kernels of each row-wise template that take KATO_LAUNCH_BOUNDS (the others have fixed
 #: bounds: the backward passes' column reductions, cross_entropy's combine).
 KERNEL_LB = {
@@ -215,8 +256,9 @@ ROW_ASSERTS = {
     'kVecBytes <= 16, "a vector must be at most 16 bytes"',
     'LB_THREADS % 32 == 0 && LB_THREADS >= 32 && LB_THREADS <= 1024, "LB_THREADS must be a '
     'multiple of 32 in [32, 1024]"',
-    "ROW_THREADS == 0 || ROW_THREADS == 8 || ROW_THREADS == 16 || ROW_THREADS == 32, "
-    '"ROW_THREADS must be 0 (block), 8, 16 or 32"',
+    # 4 lanes since softmax's LANES (issue 31): the other operators' spaces stop at 8.
+    "ROW_THREADS == 0 || ROW_THREADS == 4 || ROW_THREADS == 8 || ROW_THREADS == 16 || "
+    'ROW_THREADS == 32, "ROW_THREADS must be 0 (block), 4, 8, 16 or 32"',
     'kThreadsPerRow >= VEC, "head and tail need one thread per element"',
 }
 ROW_DEFAULTS = {"DTYPE": "float", "LB_THREADS": "BLOCK_SIZE", "LB_MIN_BLOCKS": "0"}

@@ -6,7 +6,13 @@ CACHE=2 variant only through ITEMS, so more shapes would multiply the compile ti
 reaching new code paths. Rows that are not whole vectors compile another program (ROW_SPLIT:
 scalar head and tail around the aligned vectors), so every VEC > 1 variant of 4096 x 4097 is
 compiled too (sm_90 only: the code path is the same on sm_80). The default configs of a few
-awkward shapes (odd sizes, 1e6 columns) are compiled as well.
+awkward shapes (odd sizes, 1e6 columns, rows shorter than a warp) are compiled as well.
+
+"Every variant" is the warp-per-row and block-per-row programs (LANES=32). Sub-warp row groups
+(LANES 4, 8, 16) differ from them only in the row loop and the shuffle width, so they are
+compiled for sm_90 at 256 columns (the register cache up to its 16 vectors per thread) and at
+257 (split rows), with two block sizes and two MIN_BLOCKS that give four register caps (255,
+128, 64, 32): about 400 variants instead of the whole product's 3000.
 
 Speed: a standalone nvcc run costs ~0.7 s, mostly nvcc start-up and parsing the CUDA headers,
 and there are ~1200 variants per arch. The test therefore compiles them in batches: one
@@ -46,10 +52,19 @@ SHAPE = (4096, 4096)
 #: Rows of an odd length: every VEC > 1 renders ROW_SPLIT=1.
 SPLIT_SHAPE = (4096, 4097)
 SPLIT_ARCH = "sm_90"
-AWKWARD_SHAPES = ((1, 1), (3000, 3001), (7, 1000003), (65536, 128), (8192, 32768))
+AWKWARD_SHAPES = (
+    (1, 1), (3000, 3001), (7, 1000003), (65536, 128), (8192, 32768), (4194304, 7), (99, 24)
+)  # fmt: skip
+#: Sub-warp row groups: whole-vector rows up to ITEMS=16 at LANES=4, and split rows.
+SUB_WARP_SHAPE = (4096, 256)
+SUB_WARP_SPLIT_SHAPE = (4096, 257)
+#: (BLOCK_SIZE, MIN_BLOCKS) of the sub-warp variants: register caps 255, 128, 64 and 32.
+CAPS = ((256, 0), (256, 2), (1024, 0), (1024, 2))
 #: Override with e.g. KATO_COMPILE_TEST_ARCHS=sm_90 to halve the time of the exhaustive part.
 ARCHS = tuple(os.environ.get("KATO_COMPILE_TEST_ARCHS", "sm_80,sm_90").split(","))
 BATCH = 64
+#: Every macro a rendered source defines: a batch undefines them between its variants.
+_DEFINE = re.compile(r"^\s*#\s*define\s+(\w+)", re.MULTILINE)
 WORKERS = 2  # CI runners have 2 cores
 
 
@@ -74,12 +89,17 @@ class Outcome:
     error: str | None = None
 
 
-def variants(dtype: str, shape: tuple[int, int] = SHAPE) -> list[Variant]:
-    """The valid configs for ``shape``, one per distinct rendered source."""
+def variants(dtype: str, shape: tuple[int, int] = SHAPE, sub_warp: bool = False) -> list[Variant]:
+    """The valid configs for ``shape`` with LANES=32 (or, ``sub_warp``, LANES < 32 with the
+    block sizes and MIN_BLOCKS of four register caps), one per distinct rendered source."""
     space = SearchSpace(SPEC.params, lambda config: SPEC.check(config, shape, dtype))
     seen: set[str] = set()
     found = []
     for config in space.valid_configs():
+        if sub_warp != (config["LANES"] < 32):
+            continue
+        if sub_warp and (config["BLOCK_SIZE"], config["MIN_BLOCKS"]) not in CAPS:
+            continue
         variant = Variant(config, dtype, shape)
         source = variant.source()
         if source not in seen:
@@ -95,6 +115,17 @@ def split_variants(dtype: str) -> list[Variant]:
     return found
 
 
+def sub_warp_variants(dtype: str) -> list[Variant]:
+    """LANES < 32 at SUB_WARP_SHAPE, and the split ones (VEC > 1, 256 threads, no MIN_BLOCKS)
+    at SUB_WARP_SPLIT_SHAPE."""
+    split = [
+        v
+        for v in variants(dtype, SUB_WARP_SPLIT_SHAPE, sub_warp=True)
+        if v.config["VEC"] > 1 and v.config["BLOCK_SIZE"] == 256 and v.config["MIN_BLOCKS"] == 0
+    ]
+    return variants(dtype, SUB_WARP_SHAPE, sub_warp=True) + split
+
+
 def awkward_defaults(dtype: str) -> list[Variant]:
     return [Variant(SPEC.default_config(s, dtype), dtype, s) for s in AWKWARD_SHAPES]
 
@@ -103,15 +134,14 @@ def batch_source(batch: list[Variant]) -> str:
     """One translation unit holding every variant of ``batch``, kernel i as softmax_kernel_i."""
     parts = []
     for i, variant in enumerate(batch):
-        macros = SPEC.defines(variant.config, variant.shape, variant.dtype)
+        source = variant.source()
         parts += [
             f"#define {SPEC.kernel_name} {SPEC.kernel_name}_{i}",
-            f"#define kato_softmax kato_softmax_{i}",
-            variant.source(),
+            f"#define KATO_NS kato_softmax_{i}",
+            source,
             f"#undef {SPEC.kernel_name}",
-            "#undef kato_softmax",
-            "#undef KATO_LAUNCH_BOUNDS",
-            *(f"#undef {name}" for name in macros),
+            "#undef KATO_NS",
+            *(f"#undef {name}" for name in sorted(set(_DEFINE.findall(source)))),
         ]
     return "\n".join(parts) + "\n"
 
@@ -155,7 +185,7 @@ def outcomes(cubin_cache: Path) -> list[Outcome]:
         for arch in ARCHS:
             batches += [(arch, todo[i : i + BATCH]) for i in range(0, len(todo), BATCH)]
         if SPLIT_ARCH in ARCHS:
-            split = sorted(split_variants(dtype), key=_cost, reverse=True)
+            split = sorted(split_variants(dtype) + sub_warp_variants(dtype), key=_cost)[::-1]
             batches += [(SPLIT_ARCH, split[i : i + BATCH]) for i in range(0, len(split), BATCH)]
     # Longest jobs first, so that the workers finish together.
     batches.sort(key=lambda job: sum(map(_cost, job[1])), reverse=True)
@@ -179,6 +209,11 @@ def test_space_has_variants_for_every_dtype_and_arch(outcomes: list[Outcome]) ->
         assert expected > 100
         split = len(split_variants(dtype))
         assert split > 100
+        sub_warp = sub_warp_variants(dtype)
+        assert {v.config["LANES"] for v in sub_warp} == {4, 8, 16}
+        assert {v.config["CACHE"] for v in sub_warp} == {0, 1, 2}
+        assert any(SPEC.defines(v.config, v.shape, dtype).get("ROW_SPLIT") for v in sub_warp)
+        split += len(sub_warp)
         for arch in ARCHS:
             got = [o for o in outcomes if o.variant.dtype == dtype and o.arch == arch]
             assert len(got) == expected + (split if arch == SPLIT_ARCH else 0)
@@ -239,6 +274,7 @@ def test_batched_resources_match_standalone(outcomes: list[Outcome], tmp_path: P
         picks = sorted({0, len(pool) // 3, 2 * len(pool) // 3, len(pool) - 1})
         sample += [(pool[i], "sm_90") for i in picks]
         sample.append((awkward_defaults(dtype)[1], "sm_80"))
+        sample.append((sub_warp_variants(dtype)[-1], "sm_90"))
     jobs = [(v.source(), SPEC.kernel_name, arch, ()) for v, arch in sample]
     results = compile_many(jobs, max_workers=WORKERS, cache_dir=tmp_path)
     for (variant, arch), result in zip(sample, results, strict=True):
@@ -259,8 +295,8 @@ def test_batched_resources_match_standalone(outcomes: list[Outcome], tmp_path: P
 # __syncthreads and for warp shuffles, a static array for shared memory. Its output is then
 # verified against the float64 reference with the spec's tolerances, as the GPU backend does.
 # This runs the real indexing, guards, reductions and grid-stride loops on every code path
-# (strategy x cache x vector width x dtype) on awkward shapes; only exp2 (libm instead of
-# ex2.approx) and the memory hierarchy differ from the GPU.
+# (strategy x cache x vector width x dtype; sub-warp row groups: test_softmax_emulation.py) on
+# awkward shapes; only exp2 (libm instead of ex2.approx) and the memory hierarchy differ.
 
 EMULATION_HEADER = r"""
 #include <barrier>
@@ -367,6 +403,7 @@ def emulated_cases() -> list[tuple[Variant, int, int]]:
                         "STRATEGY": strategy,
                         "CACHE": cache,
                         "MIN_BLOCKS": 0,
+                        "LANES": 32,
                     }
                     if SPEC.check(config, shape, dtype) is None:
                         full_grid = SPEC.launch(config, shape, dtype).grid[0]
@@ -386,17 +423,17 @@ def emulation_source(cases: list[tuple[Variant, int, int]]) -> str:
     host_template = template.replace(_DYNAMIC_SHARED, "").replace("__shared__", "static")
     parts = [EMULATION_HEADER]
     dispatch = []
+    template_macros = set(_DEFINE.findall(host_template))
     for i, (variant, grid, _) in enumerate(cases):
         macros = SPEC.defines(variant.config, variant.shape, variant.dtype)
         parts += [
             f"#define {SPEC.kernel_name} {SPEC.kernel_name}_{i}",
-            f"#define kato_softmax kato_softmax_{i}",
+            f"#define KATO_NS kato_softmax_{i}",
             *(f"#define {name} {value}" for name, value in macros.items()),
             host_template,
             f"#undef {SPEC.kernel_name}",
-            "#undef kato_softmax",
-            "#undef KATO_LAUNCH_BOUNDS",
-            *(f"#undef {name}" for name in macros),
+            "#undef KATO_NS",
+            *(f"#undef {name}" for name in sorted(template_macros | set(macros))),
         ]
         ctype = DTYPES[variant.dtype][1]
         rows, cols = variant.shape

@@ -38,13 +38,21 @@ SHAPES = [
 ]
 
 
-def cfg(block: int = 256, vec: int = 4, strategy: int = 1, cache: int = 0, min_blocks: int = 0):
+def cfg(
+    block: int = 256,
+    vec: int = 4,
+    strategy: int = 1,
+    cache: int = 0,
+    min_blocks: int = 0,
+    lanes: int = 32,
+):
     return {
         "BLOCK_SIZE": block,
         "VEC": vec,
         "STRATEGY": strategy,
         "CACHE": cache,
         "MIN_BLOCKS": min_blocks,
+        "LANES": lanes,
     }
 
 
@@ -59,9 +67,9 @@ def test_registered_with_the_contract_attributes() -> None:
     assert SPEC.rank == 2
     assert SPEC.shape_names == ("rows", "cols")
     assert SPEC.dtypes == DTYPE_NAMES
-    assert list(SPEC.params) == ["BLOCK_SIZE", "VEC", "STRATEGY", "CACHE", "MIN_BLOCKS"]
+    assert list(SPEC.params) == ["BLOCK_SIZE", "VEC", "STRATEGY", "CACHE", "MIN_BLOCKS", "LANES"]
     assert all(isinstance(v, int) for values in SPEC.params.values() for v in values)
-    assert SPEC.space_size() == 6 * 4 * 2 * 3 * 4
+    assert SPEC.space_size() == 6 * 4 * 2 * 3 * 4 * 4
     assert SPEC.template.is_file()
     assert 'extern "C" __global__' in SPEC.template.read_text()
 
@@ -104,6 +112,11 @@ def test_version_follows_the_template(tmp_path: Path, monkeypatch: pytest.Monkey
         (cfg(), (64, 2**31 - 2**16 + 1), "float32", "2**31-2**16 columns"),
         (cfg(), (2**31, 64), "float32", "2**31-1 rows"),
         (cfg(), (64, 1024, 1), "float32", "rank 2"),
+        (cfg(lanes=2), (64, 1024), "float32", "not one of"),
+        (cfg(strategy=1, lanes=8), (64, 1024), "float32", "STRATEGY=1 takes LANES=32"),
+        (cfg(strategy=0, lanes=4, vec=8), (64, 1024), "float16", "LANES=4 < VEC=8"),
+        (cfg(strategy=0, lanes=4, vec=1, block=1024, cache=1), (64, 256), "float32", "256 row"),
+        (cfg(strategy=0, lanes=4, vec=4, cache=2), (64, 257), "float32", "4 threads per row"),
     ],
 )
 def test_check_rejects_with_a_reason(config, shape, dtype, reason) -> None:
@@ -131,6 +144,9 @@ def test_check_rejects_missing_and_unknown_parameters() -> None:
         (cfg(cache=1, strategy=0, block=64, vec=8), (64, 32768), "float16"),  # 2 rows x 64 KiB
         (cfg(cache=2, strategy=0, vec=8), (64, 4096), "float16"),  # ITEMS = 16 exactly
         (cfg(cache=2, block=1024, vec=4), (64, 32768), "float32"),  # 32 data registers
+        (cfg(strategy=0, lanes=4, vec=4, cache=2), (64, 256), "float32"),  # ITEMS = 16 exactly
+        (cfg(strategy=0, lanes=8, vec=8, cache=0), (64, 7), "bfloat16"),  # all head and tail
+        (cfg(strategy=0, lanes=4, vec=1, block=1024, cache=1), (64, 221), "float32"),
     ],
 )
 def test_check_accepts(config, shape, dtype) -> None:
@@ -168,7 +184,17 @@ def test_valid_variants_for_a_representative_shape() -> None:
         )
         for dtype in DTYPE_NAMES
     }
-    assert valid == {"float32": 297, "float16": 441, "bfloat16": 441}
+    warp_or_block = {
+        dtype: len(
+            SearchSpace(
+                SPEC.params,
+                lambda c, d=dtype: SPEC.check(c, shape, d) if c["LANES"] == 32 else "sub-warp",
+            ).valid_configs()
+        )
+        for dtype in DTYPE_NAMES
+    }
+    assert warp_or_block == {"float32": 297, "float16": 441, "bfloat16": 441}  # as before LANES
+    assert valid == {"float32": 576, "float16": 830, "bfloat16": 830}
 
 
 # --- default config ---------------------------------------------------------------------------
@@ -192,13 +218,37 @@ def test_default_config_picks_the_widest_vector_and_sensible_strategy() -> None:
     assert SPEC.default_config((4096, 4098), "float16")["VEC"] == 8
     assert SPEC.default_config((3000, 3001), "float32")["VEC"] == 4
     assert SPEC.default_config((8192, 50257), "bfloat16")["VEC"] == 8
-    assert SPEC.default_config((16, 3), "float16")["VEC"] == 2  # not wider than the row
+    assert SPEC.default_config((16, 3), "float16")["VEC"] == 1  # short rows: a divisor
     short = SPEC.default_config((65536, 128), "float32")
     assert (short["STRATEGY"], short["CACHE"]) == (0, 2)  # a warp per row, in registers
     medium = SPEC.default_config((32768, 4096), "float16")
     assert (medium["STRATEGY"], medium["CACHE"]) == (1, 2)
     huge = SPEC.default_config((7, 1000003), "float32")
     assert (huge["STRATEGY"], huge["CACHE"], huge["VEC"]) == (1, 0, 4)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "vec", "lanes"),
+    [
+        ((4194304, 7), "float32", 1, 8),  # issue 31's case: 7 of 8 lanes busy, 4 rows a warp
+        ((1024, 1), "float16", 1, 4),
+        ((1024, 3), "float32", 1, 4),
+        ((1024, 9), "bfloat16", 1, 16),
+        ((99, 16), "float32", 4, 4),  # 4 vectors of 16 bytes, 8 rows a warp
+        ((99, 24), "float16", 4, 8),  # 8-wide vectors would make only 3 of them
+        ((99, 30), "float32", 2, 16),
+        ((99, 31), "float32", 1, 32),
+        ((99, 32), "float32", 1, 32),  # from 32 elements on: a warp per row, as before LANES
+        ((65536, 128), "float16", 4, 32),
+    ],
+)
+def test_default_config_gives_short_rows_sub_warp_groups(shape, dtype, vec, lanes) -> None:
+    """Rows shorter than 32 elements: the widest vector dividing the row into at least 4, and
+    the smallest group of lanes holding it in one vector per lane (issue 31)."""
+    config = SPEC.default_config(shape, dtype)
+    assert (config["STRATEGY"], config["CACHE"]) == (0, 2)
+    assert (config["VEC"], config["LANES"]) == (vec, lanes)
+    assert SPEC.defines(config, shape, dtype)["ITEMS"] == 1
 
 
 @pytest.mark.parametrize("cols", [1, 3, 127, 1000, 4097, 50257])
@@ -233,12 +283,13 @@ def test_render_puts_defines_first_tunables_in_key_order() -> None:
     config = cfg(block=128, vec=8, strategy=0, cache=2, min_blocks=2)
     source = SPEC.render(config, (100, 1000), "float16")
     lines = source.splitlines()
-    assert lines[:9] == [
+    assert lines[:10] == [
         "#define BLOCK_SIZE 128",
         "#define VEC 8",
         "#define STRATEGY 0",
         "#define CACHE 2",
         "#define MIN_BLOCKS 2",
+        "#define LANES 32",
         "#define DTYPE __half",
         "#define IS_HALF 1",
         "#define IS_BF16 0",
@@ -281,6 +332,16 @@ def test_launch_warp_per_row() -> None:
     assert launch == Launch(grid=(125, 1, 1), block=(256, 1, 1), shared_bytes=0)
     ragged = SPEC.launch(cfg(block=128, strategy=0, cache=2), (1001, 64), "float16")
     assert ragged.grid == (math.ceil(1001 / 4), 1, 1)
+
+
+def test_launch_sub_warp_groups() -> None:
+    """LANES=8: 4 rows per warp, 32 per block of 256 threads; CACHE=1 holds all 32 rows."""
+    config = cfg(block=256, strategy=0, cache=1, lanes=8, vec=1)
+    launch = SPEC.launch(config, (1000, 7), "float32")
+    assert launch == Launch(grid=(32, 1, 1), block=(256, 1, 1), shared_bytes=32 * 7 * 4)
+    assert softmax_module.rows_per_block(config) == 32
+    assert softmax_module.threads_per_row(config) == 8
+    assert softmax_module.items_per_thread({**config, "CACHE": 2}, 100) == 13
 
 
 def test_launch_block_per_row() -> None:
@@ -429,5 +490,5 @@ def test_bytes_moved_and_buffer_bytes() -> None:
 def test_describe_is_json_ready() -> None:
     description = SPEC.describe()
     assert description["name"] == "softmax"
-    assert description["space_size"] == 576
+    assert description["space_size"] == 2304
     assert description["params"]["VEC"] == [1, 2, 4, 8]

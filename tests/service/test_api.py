@@ -41,7 +41,14 @@ def store_best(session: Session, shape: list[int], time_ms: float, **overrides: 
         "gpu_model": "H200",
         "compute_capability": "9.0",
         "cuda_version": "13.0",
-        "config": {"BLOCK_SIZE": 512, "VEC": 8, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 1},
+        "config": {
+            "BLOCK_SIZE": 512,
+            "VEC": 8,
+            "STRATEGY": 0,
+            "CACHE": 0,
+            "MIN_BLOCKS": 1,
+            "LANES": 32,
+        },
         "time_ms": time_ms,
         "job_id": None,
         # Twice as fast as the default config there: served for other shapes too.
@@ -206,7 +213,7 @@ def test_nearest_config_invalid_for_the_shape_is_not_served(
     client: TestClient, session: Session
 ) -> None:
     # The row in registers: 16 vectors a thread hold 4096 columns, 4100 would need 17.
-    cached = {"BLOCK_SIZE": 512, "VEC": 8, "STRATEGY": 0, "CACHE": 2, "MIN_BLOCKS": 0}
+    cached = {"BLOCK_SIZE": 512, "VEC": 8, "STRATEGY": 0, "CACHE": 2, "MIN_BLOCKS": 0, "LANES": 32}
     store_best(session, [4096, 4096], 0.05, config=cached)
     body = lookup(client, "4096x4100").json()
     assert body["source"] == "default"

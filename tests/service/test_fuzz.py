@@ -62,7 +62,14 @@ def fuzzed_app() -> Iterator[FastAPI]:
             gpu_model="H200",
             compute_capability="9.0",
             cuda_version="13.0",
-            config={"BLOCK_SIZE": 256, "VEC": 8, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 1},
+            config={
+                "BLOCK_SIZE": 256,
+                "VEC": 8,
+                "STRATEGY": 0,
+                "CACHE": 0,
+                "MIN_BLOCKS": 1,
+                "LANES": 32,
+            },
             time_ms=0.05,
             job_id=None,
         )

@@ -42,13 +42,13 @@ RELU = get_operator("relu")
 
 #: softmax configs: valid for every shape; only for cols % 8 == 0 (float16) and cols up to
 #: 16384; the same and small cols only (CACHE=1 shared memory); a config of an older space.
-ANY = {"BLOCK_SIZE": 256, "VEC": 1, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 0}
-VEC8 = {"BLOCK_SIZE": 128, "VEC": 8, "STRATEGY": 1, "CACHE": 2, "MIN_BLOCKS": 4}
-SHARED = {"BLOCK_SIZE": 1024, "VEC": 8, "STRATEGY": 0, "CACHE": 1, "MIN_BLOCKS": 2}
-STALE = {"BLOCK_SIZE": 48, "VEC": 1, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 0}
+ANY = {"BLOCK_SIZE": 256, "VEC": 1, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 0, "LANES": 32}
+VEC8 = {"BLOCK_SIZE": 128, "VEC": 8, "STRATEGY": 1, "CACHE": 2, "MIN_BLOCKS": 4, "LANES": 32}
+SHARED = {"BLOCK_SIZE": 1024, "VEC": 8, "STRATEGY": 0, "CACHE": 1, "MIN_BLOCKS": 2, "LANES": 32}
+STALE = {"BLOCK_SIZE": 48, "VEC": 1, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 0, "LANES": 32}
 #: float32 softmax configs: any shape; cols % 4 == 0 only.
-ANY32 = {"BLOCK_SIZE": 512, "VEC": 1, "STRATEGY": 1, "CACHE": 0, "MIN_BLOCKS": 0}
-VEC4 = {"BLOCK_SIZE": 256, "VEC": 4, "STRATEGY": 1, "CACHE": 2, "MIN_BLOCKS": 2}
+ANY32 = {"BLOCK_SIZE": 512, "VEC": 1, "STRATEGY": 1, "CACHE": 0, "MIN_BLOCKS": 0, "LANES": 32}
+VEC4 = {"BLOCK_SIZE": 256, "VEC": 4, "STRATEGY": 1, "CACHE": 2, "MIN_BLOCKS": 2, "LANES": 32}
 
 
 @pytest.fixture

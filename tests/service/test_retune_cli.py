@@ -26,7 +26,7 @@ RECORDING = os.path.join(
 #: The version of the operators' code before the "upgrade".
 OLD = "0ld0ld0ld0ld"
 #: A config in the recording, far from its fastest: the old winner the new job must try first.
-OLD_WINNER = {"BLOCK_SIZE": 32, "VEC": 2, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 0}
+OLD_WINNER = {"BLOCK_SIZE": 32, "VEC": 2, "STRATEGY": 0, "CACHE": 0, "MIN_BLOCKS": 0, "LANES": 32}
 
 
 def store_best(sessions, operator, shape, dtype, gpu, version, time_ms=0.025):

@@ -24,7 +24,7 @@ def test_pointer_alignment_is_the_common_power_of_two() -> None:
 def test_fit_alignment_narrows_vec_only_where_the_pointers_need_it() -> None:
     spec = get_operator("softmax")
     shape, dtype = (37, 1001), "float16"
-    config = {"BLOCK_SIZE": 256, "VEC": 8, "STRATEGY": 1, "CACHE": 0, "MIN_BLOCKS": 0}
+    config = {"BLOCK_SIZE": 256, "VEC": 8, "STRATEGY": 1, "CACHE": 0, "MIN_BLOCKS": 0, "LANES": 32}
     assert fit_alignment(spec, config, shape, dtype, 16) == config
     assert fit_alignment(spec, config, shape, dtype, 8)["VEC"] == 4
     assert fit_alignment(spec, config, shape, dtype, 4)["VEC"] == 2
@@ -32,7 +32,7 @@ def test_fit_alignment_narrows_vec_only_where_the_pointers_need_it() -> None:
     assert narrowed == {**config, "VEC": 1}
     assert spec.check(narrowed, shape, dtype) is None
     # A narrower vector that no longer fits the register cache is not offered.
-    cached = {"BLOCK_SIZE": 32, "VEC": 8, "STRATEGY": 0, "CACHE": 2, "MIN_BLOCKS": 0}
+    cached = {"BLOCK_SIZE": 32, "VEC": 8, "STRATEGY": 0, "CACHE": 2, "MIN_BLOCKS": 0, "LANES": 32}
     assert spec.check(cached, (4, 4096), dtype) is None
     assert fit_alignment(spec, cached, (4, 4096), dtype, 2) is None
 

@@ -190,9 +190,9 @@ OLD, OLDER = "0ld0ld0ld0ld", "01de501de501"
 
 
 def cfg(key: str) -> dict:
-    """A softmax config from its Kernel Tuner key ("128,8,1,2,4")."""
+    """A softmax config from its Kernel Tuner key ("128,8,1,2,4"), at LANES=32 (a warp per row)."""
     names = ("BLOCK_SIZE", "VEC", "STRATEGY", "CACHE", "MIN_BLOCKS")
-    return dict(zip(names, map(int, key.split(",")), strict=True))
+    return {**dict(zip(names, map(int, key.split(",")), strict=True)), "LANES": 32}
 
 
 def store_best(sessions, config, *, version, shape=SHAPE, gpu="H200", dtype="float16", t=0.03):
@@ -336,7 +336,7 @@ def test_an_old_config_that_no_longer_validates_is_skipped(db):
     source's fastest config valid now is; the replay space's check raises on it (KeyError),
     which rejects that config only, not the whole warm start."""
     url, sessions = db
-    renamed = {"THREADS": 128, "VEC": 8, "STRATEGY": 1, "CACHE": 2, "MIN_BLOCKS": 4}
+    renamed = {"THREADS": 128, "VEC": 8, "STRATEGY": 1, "CACHE": 2, "MIN_BLOCKS": 4, "LANES": 32}
     valid = cfg("32,8,1,1,2")
     store_best(sessions, renamed, version=OLD, t=0.01)
     old_job_with_trials(sessions, [(renamed, 0.01), (valid, 0.02)], version=OLD)
