@@ -584,9 +584,9 @@ def test_a_reading_taken_after_a_held_job_closed_does_not_count_its_memory_twice
 
     @event.listens_for(engine, "before_cursor_execute")
     def hold_busy_time(conn, cursor, statement, *args):  # type: ignore[no-untyped-def]
-        if "gpu_busy_s" in statement and statement.lstrip().upper().startswith("UPDATE"):
-            if backends.first_closed.is_set():
-                backends.second_read.wait(10)
+        update = statement.lstrip().upper().startswith("UPDATE")
+        if update and "gpu_busy_s" in statement and backends.first_closed.is_set():
+            backends.second_read.wait(10)
 
     with sessions() as s:
         jobs = queries.create_jobs(
