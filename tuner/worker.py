@@ -527,9 +527,9 @@ class JobRunner:
                 backend.close()
             finally:
                 # In the same turn: a reading taken after the close, its memory free, must
-                # not count the job as held too (tuner.admission).
+                # not add the job's need to it too (tuner.admission).
                 if self.admission is not None:
-                    self.admission.release(job_id)
+                    self.admission.closed(job_id)
 
     def _set_up(self, job_id: str, backend: Backend) -> None:
         """A worker holding several jobs (:mod:`tuner.admission`): in one GPU turn, read the

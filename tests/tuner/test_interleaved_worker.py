@@ -613,3 +613,92 @@ def test_a_reading_taken_after_a_held_job_closed_does_not_count_its_memory_twice
             job = queries.get_job(s, job_id)
             assert job is not None and job.status == "done", (job.status, job.error)
     assert device.peak <= device.total
+
+
+class BaselineReplay(MemoryReplay):
+    """:class:`MemoryReplay` whose factory also times the framework's op for a finished job
+    (:class:`tuner.backends.abilities.MeasuresFramework`), as a torch child would: in a GPU
+    turn, taking the job's memory again. The first job's baseline starts once another job has
+    set up since it closed, or after a second; baselines that ran out of memory are counted.
+    The second job measures slowly: it is still held then."""
+
+    def __init__(self, recordings, device, need, first, second) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(recordings, device, need)
+        self.first, self.second = first, second
+        self.set_up_later = threading.Event()
+        self.first_closed = threading.Event()
+        self.out_of_memory: list[str] = []
+
+    def __call__(self, job):  # type: ignore[no-untyped-def]
+        backend = super().__call__(job)
+        key = (job.operator, job.shape_key, job.dtype)
+        prepare, close = backend.prepare, backend.close
+
+        def prepared() -> None:
+            prepare()
+            if self.first_closed.is_set():
+                self.set_up_later.set()
+
+        def closed() -> None:
+            close()
+            if key == self.first:
+                self.first_closed.set()
+
+        backend.prepare, backend.close = prepared, closed  # type: ignore[attr-defined]
+        if key == self.second:
+            evaluate = backend.evaluate
+
+            def slow(config):  # type: ignore[no-untyped-def]
+                time.sleep(0.05)
+                return evaluate(config)
+
+            backend.evaluate = slow  # type: ignore[method-assign]
+        return backend
+
+    def measure_framework(self, job, device, stop, turn=None):  # type: ignore[no-untyped-def]
+        from kato.tuner.framework import FrameworkResult
+
+        if (job.operator, job.shape_key, job.dtype) == self.first:
+            self.set_up_later.wait(1.0)
+        with turn():
+            try:
+                self.device.allocate(f"baseline-{job.id}", self.device_bytes(job))
+            except RuntimeError as exc:
+                self.out_of_memory.append(str(exc))
+                return FrameworkResult("failed", detail=str(exc))
+            self.device.free(f"baseline-{job.id}")
+        return FrameworkResult("ok", "torch", "op", (1.0,))
+
+
+def test_a_finished_jobs_memory_stays_held_for_its_framework_baseline(tmp_path):
+    """Job A (5 GiB) closes its backend, then times PyTorch's op (about as much memory again);
+    meanwhile job C (3.5 GiB) must not take A's room beside job B (1 GiB) on a 10 GiB GPU
+    (1 GiB of it another process's): every baseline runs without running out of memory."""
+    recordings = recordings_by_group(per_group=1, groups=3)
+    keys = [(r.problem.operator, r.problem.shape_key, r.problem.dtype) for r in recordings]
+    need = dict(zip(keys, [5 * GiB, 1 * GiB, int(3.5 * GiB)], strict=True))
+    device = SimulatedDevice(total=10 * GiB, other=1 * GiB)
+    backends = BaselineReplay(recordings, device, need, first=keys[0], second=keys[1])
+    url = f"sqlite:///{tmp_path / 'baseline.db'}"
+    sessions = session_factory(init_db(url))
+    with sessions() as s:
+        queries.create_jobs(
+            s,
+            [
+                dict(
+                    operator=r.problem.operator,
+                    operator_version=r.problem.operator_version,
+                    shape=list(r.problem.shape),
+                    dtype=r.problem.dtype,
+                    gpu_model="H200",
+                    budget_configs=b,
+                )  # fmt: skip
+                for r, b in zip(recordings, [3, 12, 3], strict=True)
+            ],
+        )
+    worker = Worker(
+        sessions, url, ["H200"], backends, worker_id="w", poll_seconds=0.01, jobs_at_once=3
+    )
+    assert worker.run_forever(max_jobs=3) == 3
+    assert backends.out_of_memory == []
+    assert device.peak <= device.total
