@@ -11,9 +11,11 @@ the worker takes another job while it holds some, it estimates the job's need
 where the memory free for its jobs is read from the device by each job's backend right before
 the job's device set-up (:class:`tuner.backends.abilities.ReportsMemory`, in the job's GPU turn,
 when every earlier held job's buffers are on the device), plus the needs of the jobs then set
-up: what the GPU leaves to this worker's jobs, other processes' use counted out. The margin
-(:func:`margin_bytes`) covers what the estimate leaves out: loaded modules, local memory the
-driver reserves for a kernel that spills, a context larger than assumed.
+up whose backends have not closed since: what the GPU leaves to this worker's jobs, other
+processes' use counted out. A job stays held from its backend's close (its memory free on the
+device, the next reading sees it) until its run ends: its framework baseline runs between. The
+margin (:func:`margin_bytes`) covers what the estimate leaves out: loaded modules, local memory
+the driver reserves for a kernel that spills, a context larger than assumed.
 
 A job that does not fit is not taken (it stays queued: another worker may take it) and the
 worker takes nothing else meanwhile, so the job comes next, first in queue order, once enough
@@ -42,6 +44,7 @@ def margin_bytes(total_bytes: int) -> int:
 class _Held:
     need: int
     set_up: bool = False
+    closed: bool = False
 
 
 class MemoryAdmission:
@@ -82,10 +85,25 @@ class MemoryAdmission:
             if held is None:
                 return
             if free_bytes is not None and total_bytes is not None:  # else the last reading holds
-                set_up = sum(h.need for j, h in self._held.items() if h.set_up and j != job_id)
+                # A closed job's memory is in free_bytes already; its need stays held (the
+                # framework baseline that follows the close takes about as much).
+                set_up = sum(
+                    h.need
+                    for j, h in self._held.items()
+                    if h.set_up and not h.closed and j != job_id
+                )
                 self._available = free_bytes + set_up
                 self._total = total_bytes
             held.set_up = True
+
+    def closed(self, job_id: str) -> None:
+        """``job_id``'s backend closed (in a GPU turn: no reading is taken meanwhile): its
+        buffers are off the device, which the next reading shows, but it stays held (its
+        need counted) until :meth:`release`."""
+        with self._lock:
+            held = self._held.get(job_id)
+            if held is not None:
+                held.closed = True
 
     def release(self, job_id: str) -> None:
         """``job_id`` ended here (its backend closed): its memory is free again."""

@@ -523,7 +523,13 @@ class JobRunner:
         if close_compiles is not None:
             close_compiles()
         with self._gpu(job_id, counted=False):
-            backend.close()
+            try:
+                backend.close()
+            finally:
+                # In the same turn: a reading taken after the close, its memory free, must
+                # not add the job's need to it too (tuner.admission).
+                if self.admission is not None:
+                    self.admission.closed(job_id)
 
     def _set_up(self, job_id: str, backend: Backend) -> None:
         """A worker holding several jobs (:mod:`tuner.admission`): in one GPU turn, read the

@@ -247,6 +247,12 @@ def _check_node(node: ast.AST, text: str, what: str, allowed: frozenset[str], us
         return
     if isinstance(node, ast.Compare):
         for op, right in zip(node.ops, node.comparators, strict=True):
+            if isinstance(op, ast.In | ast.NotIn) and right is not node.comparators[-1]:
+                # Python would compare the literal tuple itself with what follows.
+                raise refuse(
+                    "'in' must end its chain of comparisons; put it in parentheses, e.g. "
+                    f"(x in (1, 2)) == y, not {_segment(text, node)!r}"
+                )
             if isinstance(op, ast.In | ast.NotIn):
                 if not isinstance(right, ast.Tuple | ast.List | ast.Set) or not all(
                     isinstance(e, ast.Constant) for e in right.elts

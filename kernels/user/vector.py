@@ -64,6 +64,8 @@ def may_be_bool(expression: Expression, columns: Mapping[str, Any]) -> bool:
             return True
         if isinstance(node, ast.BoolOp):
             return any(walk(v) for v in node.values)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitAnd | ast.BitOr | ast.BitXor):
+            return walk(node.left) and walk(node.right)  # True & True is True
         if isinstance(node, ast.IfExp):
             return walk(node.body) or walk(node.orelse)
         if isinstance(node, ast.Call) and node.func.id in ("min", "max"):  # type: ignore[attr-defined]
@@ -138,7 +140,7 @@ class _Walker:
             value = _numeric(value)
             if isinstance(node.op, ast.Invert):
                 if kind == "f":
-                    return self.constant(0), ~self.none
+                    return self.int_only(failed, value)
                 return ~value, failed
             return (-value if isinstance(node.op, ast.USub) else value), failed
         if isinstance(node, ast.BoolOp):
@@ -216,10 +218,11 @@ class _Walker:
             value = args[0]
             for a in args[1:]:  # the first extreme, as Python's min() and max() return
                 value = _where(pick(a, value), a, value)
-            return value, failed
+            return value, failed | _infinite(value)
         x = _numeric(args[0])
         if name == "abs":
-            return np.abs(x), failed
+            value = np.abs(x)
+            return value, failed | _infinite(value)
         if name in ("ceil", "floor", "int"):
             if _kind(x) == "i":
                 return x, failed
@@ -236,7 +239,7 @@ class _Walker:
         value = np.log2(safe) if name == "log2" else np.sqrt(safe)
         if _kind(args[0]) == "i" and np.abs(args[0]).max(initial=0) > EXACT:
             raise NotVectorised("an integer beyond 2**53")
-        return value, failed | bad
+        return value, failed | bad | _infinite(value)
 
     def binary(self, node: ast.BinOp) -> tuple[np.ndarray, np.ndarray]:
         left, f_left = self.visit(node.left)
@@ -250,7 +253,7 @@ class _Walker:
         op = node.op
         if isinstance(op, ast.LShift | ast.RShift | ast.BitAnd | ast.BitOr | ast.BitXor):
             if not ints:
-                return self.constant(0), ~self.none
+                return self.int_only(failed, a, b)
             if isinstance(op, ast.LShift | ast.RShift):
                 bad = (b < 0) | (b > MAX_EXPONENT)
                 b = np.where(bad, 0, b)
@@ -291,14 +294,35 @@ class _Walker:
             bad |= (af < 0) & (bf != np.floor(bf))  # a complex result
             with np.errstate(all="ignore"):
                 value = np.power(np.where(bad, 1.0, af), np.where(bad, 1.0, bf))
+            if ints:  # an int where the exponent is not negative: exact in Python
+                self.exact(np.where(bad | (bf < 0), 0.0, value))
             return value, failed | bad | np.isinf(value)
         raise NotVectorised(type(op).__name__)
+
+    def int_only(self, failed: np.ndarray, *operands: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """An operator that takes integers (``~ << >> & | ^``) given a float column: the
+        scalar walk raises for each config where an operand is a float, but a whole value may
+        have been an int in that config (``(f or 1) << b``, ``2 ** (a - 1)``: numpy keeps one
+        type per column, Python one per value), so such columns go to the scalar walk."""
+        maybe_ints = ~failed
+        for value in operands:
+            maybe_ints &= is_finite_int(value)
+        if maybe_ints.any():
+            raise NotVectorised("an integer operator on a column of ints and floats")
+        return self.constant(0), ~self.none
 
     def exact(self, approx: np.ndarray) -> None:
         """An integer result must stay where int64 and float64 agree with Python's ints."""
         with np.errstate(all="ignore"):
             if approx.size and not (np.abs(approx) <= EXACT).all():
                 raise NotVectorised("an integer beyond 2**53")
+
+
+def _infinite(values: np.ndarray) -> np.ndarray:
+    """Where a function's result is infinite: the scalar walk's bound refuses it."""
+    if values.dtype.kind != "f":
+        return np.zeros(values.shape, dtype=bool)
+    return np.isinf(values)
 
 
 def _where(take: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -522,3 +522,183 @@ def test_a_gpu_workers_estimate_of_a_jobs_device_memory():
     copies = -(-2 * find_gpu("H200").l2_bytes // softmax.bytes_moved((64, 64), "float32"))
     per_set = softmax.buffer_bytes((64, 64), "float32")
     assert in_process.device_bytes(small) == (min(copies, 200) + 1) * per_set + per_set
+
+
+class ClosingRace(MemoryReplay):
+    """:class:`MemoryReplay` where the second job's set-up reads the device right after the
+    first job's backend closed (its memory is free), before the first job's run has ended:
+    the first job's last database write (its GPU busy time) waits until that reading is
+    taken. The second job measures slowly, so a third is looked at while it runs."""
+
+    def __init__(self, recordings, device, need, first: str, second: str) -> None:
+        super().__init__(recordings, device, need)
+        self.first, self.second = first, second
+        self.first_closed = threading.Event()
+        self.second_read = threading.Event()
+
+    def __call__(self, job):  # type: ignore[no-untyped-def]
+        key = (job.operator, job.shape_key, job.dtype)
+        if key == self.second:
+            assert self.first_closed.wait(10), "the first job never ended"
+        backend = super().__call__(job)
+        if key == self.first:
+            close = backend.close
+
+            def closed() -> None:
+                close()
+                self.first_closed.set()
+
+            backend.close = closed  # type: ignore[method-assign]
+        elif key == self.second:
+            memory, evaluate = backend.memory, backend.evaluate
+
+            def read():  # type: ignore[no-untyped-def]
+                try:
+                    return memory()
+                finally:
+                    self.second_read.set()
+
+            def slow(config):  # type: ignore[no-untyped-def]
+                time.sleep(0.05)
+                return evaluate(config)
+
+            backend.memory, backend.evaluate = read, slow  # type: ignore[attr-defined]
+        return backend
+
+
+def test_a_reading_taken_after_a_held_job_closed_does_not_count_its_memory_twice(tmp_path):
+    """Job A (5 GiB) ends while job B (1 GiB) waits to set up: B's reading, taken once A's
+    backend closed, already has A's memory free. Job C (8.5 GiB) does not fit beside B on a
+    10 GiB GPU (1 GiB of it another process's) and must wait for B to end: admitted with A
+    counted as still held, its set-up runs out of memory."""
+    from sqlalchemy import event
+
+    recordings = recordings_by_group(per_group=1, groups=3)
+    keys = [(r.problem.operator, r.problem.shape_key, r.problem.dtype) for r in recordings]
+    need = dict(zip(keys, [5 * GiB, 1 * GiB, int(8.5 * GiB)], strict=True))
+    device = SimulatedDevice(total=10 * GiB, other=1 * GiB)
+    backends = ClosingRace(recordings, device, need, first=keys[0], second=keys[1])
+    url = f"sqlite:///{tmp_path / 'race.db'}"
+    engine = init_db(url)
+    sessions = session_factory(engine)
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def hold_busy_time(conn, cursor, statement, *args):  # type: ignore[no-untyped-def]
+        update = statement.lstrip().upper().startswith("UPDATE")
+        if update and "gpu_busy_s" in statement and backends.first_closed.is_set():
+            backends.second_read.wait(10)
+
+    with sessions() as s:
+        jobs = queries.create_jobs(
+            s,
+            [
+                dict(
+                    operator=r.problem.operator,
+                    operator_version=r.problem.operator_version,
+                    shape=list(r.problem.shape),
+                    dtype=r.problem.dtype,
+                    gpu_model="H200",
+                    budget_configs=4,
+                )  # fmt: skip
+                for r in recordings
+            ],
+        )
+        ids = [j.id for j in jobs]
+    worker = Worker(
+        sessions, url, ["H200"], backends, worker_id="w", poll_seconds=0.01, jobs_at_once=2
+    )
+    assert worker.run_forever(max_jobs=3) == 3
+    with sessions() as s:
+        for job_id in ids:
+            job = queries.get_job(s, job_id)
+            assert job is not None and job.status == "done", (job.status, job.error)
+    assert device.peak <= device.total
+
+
+class BaselineReplay(MemoryReplay):
+    """:class:`MemoryReplay` whose factory also times the framework's op for a finished job
+    (:class:`tuner.backends.abilities.MeasuresFramework`), as a torch child would: in a GPU
+    turn, taking the job's memory again. The first job's baseline starts once another job has
+    set up since it closed, or after a second; baselines that ran out of memory are counted.
+    The second job measures slowly: it is still held then."""
+
+    def __init__(self, recordings, device, need, first, second) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(recordings, device, need)
+        self.first, self.second = first, second
+        self.set_up_later = threading.Event()
+        self.first_closed = threading.Event()
+        self.out_of_memory: list[str] = []
+
+    def __call__(self, job):  # type: ignore[no-untyped-def]
+        backend = super().__call__(job)
+        key = (job.operator, job.shape_key, job.dtype)
+        prepare, close = backend.prepare, backend.close
+
+        def prepared() -> None:
+            prepare()
+            if self.first_closed.is_set():
+                self.set_up_later.set()
+
+        def closed() -> None:
+            close()
+            if key == self.first:
+                self.first_closed.set()
+
+        backend.prepare, backend.close = prepared, closed  # type: ignore[attr-defined]
+        if key == self.second:
+            evaluate = backend.evaluate
+
+            def slow(config):  # type: ignore[no-untyped-def]
+                time.sleep(0.05)
+                return evaluate(config)
+
+            backend.evaluate = slow  # type: ignore[method-assign]
+        return backend
+
+    def measure_framework(self, job, device, stop, turn=None):  # type: ignore[no-untyped-def]
+        from kato.tuner.framework import FrameworkResult
+
+        if (job.operator, job.shape_key, job.dtype) == self.first:
+            self.set_up_later.wait(1.0)
+        with turn():
+            try:
+                self.device.allocate(f"baseline-{job.id}", self.device_bytes(job))
+            except RuntimeError as exc:
+                self.out_of_memory.append(str(exc))
+                return FrameworkResult("failed", detail=str(exc))
+            self.device.free(f"baseline-{job.id}")
+        return FrameworkResult("ok", "torch", "op", (1.0,))
+
+
+def test_a_finished_jobs_memory_stays_held_for_its_framework_baseline(tmp_path):
+    """Job A (5 GiB) closes its backend, then times PyTorch's op (about as much memory again);
+    meanwhile job C (3.5 GiB) must not take A's room beside job B (1 GiB) on a 10 GiB GPU
+    (1 GiB of it another process's): every baseline runs without running out of memory."""
+    recordings = recordings_by_group(per_group=1, groups=3)
+    keys = [(r.problem.operator, r.problem.shape_key, r.problem.dtype) for r in recordings]
+    need = dict(zip(keys, [5 * GiB, 1 * GiB, int(3.5 * GiB)], strict=True))
+    device = SimulatedDevice(total=10 * GiB, other=1 * GiB)
+    backends = BaselineReplay(recordings, device, need, first=keys[0], second=keys[1])
+    url = f"sqlite:///{tmp_path / 'baseline.db'}"
+    sessions = session_factory(init_db(url))
+    with sessions() as s:
+        queries.create_jobs(
+            s,
+            [
+                dict(
+                    operator=r.problem.operator,
+                    operator_version=r.problem.operator_version,
+                    shape=list(r.problem.shape),
+                    dtype=r.problem.dtype,
+                    gpu_model="H200",
+                    budget_configs=b,
+                )  # fmt: skip
+                for r, b in zip(recordings, [3, 12, 3], strict=True)
+            ],
+        )
+    worker = Worker(
+        sessions, url, ["H200"], backends, worker_id="w", poll_seconds=0.01, jobs_at_once=3
+    )
+    assert worker.run_forever(max_jobs=3) == 3
+    assert backends.out_of_memory == []
+    assert device.peak <= device.total

@@ -173,3 +173,12 @@ def test_any_text_parses_or_is_refused_cleanly(text):
         return
     with contextlib.suppress(ExpressionError):
         e.evaluate({"n": 7, "method": "abc", "block_size_x": 128, "tile_size_x": 2})
+
+
+@pytest.mark.parametrize("text", ["n in (1, 2) < 3", "n not in (1,) == 0", "n in (1,) in (True,)"])
+def test_a_comparison_after_in_is_refused_when_parsed(text):
+    """Python compares the literal tuple itself with what follows ``in`` (an error, or always
+    false): refused at parse, never a TypeError when a config is checked."""
+    with pytest.raises(ExpressionError, match="'in'"):
+        parse(text, NAMES)
+    assert parse("n < 3 in (True,)", NAMES).evaluate({"n": 1}) is False  # 3 in (True,)

@@ -47,6 +47,10 @@ EXPRESSIONS = [
     "int(f * 3)", "log2(a)", "log2(b)", "sqrt(a)", "sqrt(f)", "ceil(s)",
     "a if b else f", "b // a if a else -1", "True + True", "(a > 1) * 3", "a * 10**15 * b",
     "b * 1e308 * 10", "2 ** 60 + a",
+    # Python's type is per config: an int here, a float there.
+    "(f or 1) << b", "~(2 ** (a - 1))", "(f and 2) & a", "(2.5 if a > 1 else 2) | 1",
+    "(a > 1) & (b > 1)", "max(f, 1e999) > a", "abs(-1e999) > a", "sqrt(1e999 * a) > 0",
+    "log2(abs(-1e999)) > 0", "3 ** (a - 1) * 7 ** 19 > 0",
 ]  # fmt: skip
 
 
@@ -61,9 +65,12 @@ def test_vectorised_expressions_answer_as_the_scalar_walk(text):
     try:
         values, failed = vector.evaluate(parsed, columns, len(combos))
     except vector.NotVectorised:
-        assert text in ("a ** b", "1 << b", "a * 10**15 * b", "2 ** 60 + a", "min(a, f)"), (
-            text
-        )  # past 2**53
+        # Past 2**53, or an int-only operator on a value that may be an int or a float.
+        assert text in (
+            "a ** b", "1 << b", "a * 10**15 * b", "2 ** 60 + a", "min(a, f)", "f & 1",
+            "~f", "(f or 1) << b", "~(2 ** (a - 1))", "(f and 2) & a",
+            "(2.5 if a > 1 else 2) | 1", "3 ** (a - 1) * 7 ** 19 > 0",
+        ), text  # fmt: skip
         return
     for i, combo in enumerate(combos):
         env = dict(zip(names, combo, strict=True))
@@ -103,6 +110,21 @@ def conv_op() -> UserOperatorSpec:
         grid_div_x=["block_size_x", "tile_size_x"],
         shared_memory="(block_size_x * tile_size_x + filter_width - 1) * 4 * read_only",
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        {"problem_size": ["(x > 1) & (n > 2)"]},  # a bool: not a size
+        {"grid_div_x": ["(x > 1) | (x > 2)"]},
+        {"grid_div_x": ["(x > 1) ^ 1"]},  # an int: a size
+    ],
+)
+def test_the_screen_refuses_a_size_that_is_a_bool_as_the_check_does(sizes):
+    op = make_op({"x": [1, 2, 4]}, **sizes)
+    mask = op.screen((64,), "float32")({"x": np.array([1, 2, 4])})
+    expected = [op.check({"x": x}, (64,), "float32") is None for x in (1, 2, 4)]
+    assert mask.tolist() == expected
 
 
 def test_a_3_4m_space_is_filtered_whole_as_the_per_config_check_counts():
