@@ -1398,9 +1398,12 @@ class Worker:
 
     def _admits(self, job: Job) -> tuple[bool, int]:
         """(whether ``job`` fits beside the jobs held, its estimated device bytes); logs a
-        job left queued for want of memory, once."""
+        job left queued for want of memory, once. Without admission (a backend that does not
+        report its memory: replay, CPU stand-ins) nothing is estimated."""
+        if self.admission is None:
+            return True, 0
         need = self._job_device_bytes(job)
-        if self.admission is None or self.admission.fits(need):
+        if self.admission.fits(need):
             return True, need
         if self._waiting != job.id:
             self._waiting = job.id
