@@ -51,13 +51,13 @@ from kato.db.models import RESERVED  # noqa: E402
 from kato.db.session import init_db, session_factory  # noqa: E402
 from kato.kernels import get_operator  # noqa: E402
 from kato.tuner import nvcc  # noqa: E402
-from kato.tuner.worker import (  # noqa: E402
+from kato.tuner.factories import (  # noqa: E402
     Recording,
     ReplayBackends,
-    Worker,
     find_recordings,
     pycuda_backend_factory,
 )
+from kato.tuner.worker import Worker  # noqa: E402
 
 from benchmarks.batch_order import warm_order  # noqa: E402
 

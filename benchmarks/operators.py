@@ -100,7 +100,8 @@ def tune_case(sessions, db_url, operator, shape, dtype, budget):
     from kato.db import queries
     from kato.kernels import get_operator
     from kato.tuner.backends.pycuda import describe_device
-    from kato.tuner.worker import JobRunner, default_worker_id, pycuda_backend_factory
+    from kato.tuner.factories import pycuda_backend_factory
+    from kato.tuner.worker import JobRunner, default_worker_id
 
     spec = get_operator(operator)
     model = describe_device(0).model

@@ -54,8 +54,9 @@ from kato.db import queries  # noqa: E402 - after the path insert
 from kato.db.session import init_db, session_factory  # noqa: E402
 from kato.kernels import get_operator  # noqa: E402
 from kato.tuner import worker as worker_module  # noqa: E402
+from kato.tuner.factories import ReplayBackends, find_recordings  # noqa: E402
 from kato.tuner.search import SearchResult, TrialTiming  # noqa: E402
-from kato.tuner.worker import DEFAULT_LOOKAHEAD, JobRunner, ReplayBackends, find_recordings  # noqa: E402
+from kato.tuner.worker import DEFAULT_LOOKAHEAD, JobRunner  # noqa: E402
 
 #: The recorded H200 spaces (``h200_session.sh spaces``).
 DEFAULT_SPACES = (REPO / "data" / "spaces" / "h200",)

@@ -64,7 +64,8 @@ def run_kato(
     from kato.db.session import init_db, session_factory
     from kato.kernels import get_operator
     from kato.tuner.backends.pycuda import describe_device
-    from kato.tuner.worker import JobRunner, default_worker_id, pycuda_backend_factory
+    from kato.tuner.factories import pycuda_backend_factory
+    from kato.tuner.worker import JobRunner, default_worker_id
 
     spec = get_operator(operator)
     tmp = Path(tempfile.mkdtemp(prefix="kato-throughput-"))

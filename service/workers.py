@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 from kato.service.settings import Settings
 
 if TYPE_CHECKING:  # the tuner is imported by the functions, when a worker is built
-    from kato.tuner.worker import BackendFactory, JobRunner, Worker
+    from kato.tuner.factories import BackendFactory
+    from kato.tuner.worker import JobRunner, Worker
     from sqlalchemy.orm import Session, sessionmaker
 
 
@@ -40,7 +41,7 @@ def gpu_backends(
     """The PyCUDA backend factory of CUDA device ``device``, measuring as :func:`measuring`
     says; for a worker holding several jobs at once (``jobs_at_once``, default
     ``KATO_JOBS_PER_WORKER``) a job's device set-up waits for its GPU turn."""
-    from kato.tuner.worker import pycuda_backend_factory
+    from kato.tuner.factories import pycuda_backend_factory
 
     isolated, timeout = measuring(settings, isolate, trial_timeout)
     shared = (jobs_at_once or settings.jobs_per_worker) > 1

@@ -30,7 +30,7 @@ def _replay_backends(path: Path, gpu: list[str] | None, **options):
     the recordings of these GPU models."""
     from kato.kernels.spec import InvalidInput
     from kato.tuner.backends.replay import recorded_problem
-    from kato.tuner.worker import Recording, ReplayBackends, recording_files
+    from kato.tuner.factories import Recording, ReplayBackends, recording_files
 
     files = recording_files(path)
     if not files:

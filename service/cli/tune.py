@@ -49,7 +49,7 @@ def _tune_backends(
     from kato.kernels import get_operator
     from kato.kernels.spec import InvalidInput
     from kato.tuner.backends.isolated import BackendSpec, build_backend, measuring_backend
-    from kato.tuner.worker import pycuda_backend_factory
+    from kato.tuner.factories import pycuda_backend_factory
 
     if kind == "pycuda":
         model = gpu_model_of(device)

@@ -19,7 +19,8 @@ from kato.db import queries, retry
 from kato.db.ledger import RESERVED, Ledger
 from kato.db.models import Trial
 from kato.db.session import DbTimeouts, init_db, make_engine, session_factory
-from kato.tuner.worker import Worker, replay_backend_factory
+from kato.tuner.factories import replay_backend_factory
+from kato.tuner.worker import Worker
 from paths import RECORDED
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url

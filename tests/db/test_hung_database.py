@@ -18,8 +18,9 @@ import pytest
 from fleet_helpers import job, submit, wait_for
 from kato.db import retry
 from kato.db.session import DbTimeouts, init_db, make_engine, session_factory, unlimited
+from kato.tuner.factories import replay_backend_factory
 from kato.tuner.study import optuna_storage
-from kato.tuner.worker import Worker, replay_backend_factory
+from kato.tuner.worker import Worker
 from paths import RECORDED
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url

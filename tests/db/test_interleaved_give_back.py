@@ -18,7 +18,8 @@ from kato.db.models import RESERVED, utcnow
 from kato.db.session import init_db, session_factory
 from kato.kernels import get_operator
 from kato.tuner import worker as worker_module
-from kato.tuner.worker import ReplayBackends, Worker, find_recordings, stop_on_signals
+from kato.tuner.factories import ReplayBackends, find_recordings
+from kato.tuner.worker import Worker, stop_on_signals
 from paths import SPACES
 
 BUDGET = 8

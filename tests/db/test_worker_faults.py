@@ -18,7 +18,8 @@ from fleet_helpers import job, sessions_for, start_worker, stop, submit, wait_fo
 from kato.db import fleet, queries
 from kato.db.models import RESERVED, utcnow
 from kato.db.session import init_db, session_factory
-from kato.tuner.worker import Worker, replay_backend_factory
+from kato.tuner.factories import replay_backend_factory
+from kato.tuner.worker import Worker
 from paths import RECORDED
 from sqlalchemy import create_engine, event, text
 

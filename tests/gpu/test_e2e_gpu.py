@@ -12,7 +12,8 @@ from kato.service.settings import Settings
 
 def test_tune_softmax_through_the_rest_api(tmp_path):
     from kato.tuner.backends.pycuda import describe_device
-    from kato.tuner.worker import Worker, pycuda_backend_factory
+    from kato.tuner.factories import pycuda_backend_factory
+    from kato.tuner.worker import Worker
 
     model = describe_device(0).model
     db_url = f"sqlite:///{tmp_path}/kato.db"

@@ -10,7 +10,8 @@ import time
 from kato.db import queries
 from kato.db.session import init_db, session_factory
 from kato.tuner.backends.isolated import IsolatedBackend
-from kato.tuner.worker import Worker, pycuda_backend_factory
+from kato.tuner.factories import pycuda_backend_factory
+from kato.tuner.worker import Worker
 
 N = 1 << 22
 TRIAL_TIMEOUT_S = 8.0

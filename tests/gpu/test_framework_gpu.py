@@ -76,7 +76,8 @@ def test_the_child_measures_on_the_jobs_gpu_and_skips_another_model():
 
 def test_a_tuning_job_stores_the_baseline_and_the_api_reports_the_speedup(tmp_path):
     from kato.tuner.backends.pycuda import describe_device
-    from kato.tuner.worker import Worker, pycuda_backend_factory
+    from kato.tuner.factories import pycuda_backend_factory
+    from kato.tuner.worker import Worker
 
     model = describe_device(0).model
     db_url = f"sqlite:///{tmp_path}/kato.db"

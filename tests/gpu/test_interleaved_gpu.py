@@ -8,7 +8,8 @@ from kato.db import queries
 from kato.db.session import init_db, session_factory
 from kato.kernels import get_operator
 from kato.tuner.backends.pycuda import describe_device
-from kato.tuner.worker import Worker, pycuda_backend_factory
+from kato.tuner.factories import pycuda_backend_factory
+from kato.tuner.worker import Worker
 
 KEYS = [
     ("relu", [1 << 20], "float16"),

@@ -177,7 +177,8 @@ def test_a_worker_tunes_a_stored_operator_in_its_isolated_child(tmp_path):
     from kato.db.session import init_db, session_factory
     from kato.kernels import get_operator, registry
     from kato.tuner.backends.pycuda import describe_device
-    from kato.tuner.worker import Worker, pycuda_backend_factory
+    from kato.tuner.factories import pycuda_backend_factory
+    from kato.tuner.worker import Worker
 
     db_url = f"sqlite:///{tmp_path}/kato.db"
     engine = init_db(db_url)

@@ -24,7 +24,8 @@ from kato.tuner.backends.base import Backend, TrialResult
 from kato.tuner.backends.isolated import IsolatedBackend, TrialInterrupted
 from kato.tuner.backends.pycuda import PyCudaBackend
 from kato.tuner.backends.replay import ReplayBackend
-from kato.tuner.worker import PyCudaBackends, ReplayBackends, Worker, find_recordings
+from kato.tuner.factories import PyCudaBackends, ReplayBackends, find_recordings
+from kato.tuner.worker import Worker
 from paths import RECORDED
 
 RECORDING = RECORDED / "softmax_H200_4096x4096_float16.json.gz"

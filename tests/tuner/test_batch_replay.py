@@ -22,7 +22,8 @@ from kato.db.session import init_db, session_factory
 from kato.kernels import get_operator
 from kato.service.app import create_app
 from kato.service.settings import Settings
-from kato.tuner.worker import Recording, ReplayBackends, Worker, find_recordings
+from kato.tuner.factories import Recording, ReplayBackends, find_recordings
+from kato.tuner.worker import Worker
 from paths import RECORDED, SPACES
 
 

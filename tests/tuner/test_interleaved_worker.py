@@ -17,8 +17,9 @@ from kato.db.models import RESERVED
 from kato.db.session import init_db, session_factory
 from kato.kernels import get_operator
 from kato.tuner.backends.base import TrialResult
+from kato.tuner.factories import Recording, ReplayBackends, find_recordings
 from kato.tuner.gpu_gate import GpuGate
-from kato.tuner.worker import Recording, ReplayBackends, Worker, find_recordings
+from kato.tuner.worker import Worker
 from paths import RECORDED, SPACES
 
 
@@ -505,7 +506,7 @@ def test_a_gpu_workers_estimate_of_a_jobs_device_memory():
     at most) and, measuring in a child, the child's context."""
     from types import SimpleNamespace
 
-    from kato.tuner.worker import CHILD_CONTEXT_BYTES, pycuda_backend_factory
+    from kato.tuner.factories import CHILD_CONTEXT_BYTES, pycuda_backend_factory
 
     from kato.shared.gpus import find_gpu
 

@@ -518,7 +518,7 @@ def _status(sessions, job_id):
 
 
 def _replay_worker(url, sessions, path, **kw):
-    from kato.tuner.worker import replay_backend_factory
+    from kato.tuner.factories import replay_backend_factory
 
     factory = replay_backend_factory(path)
     return Worker(sessions, url, factory.gpu_models, factory, poll_seconds=0.01, **kw)
@@ -622,7 +622,7 @@ def test_a_recording_without_kato_metadata_is_for_what_its_name_says(db, tmp_pat
 def test_a_gpu_worker_claims_only_registered_operators(db):
     """A job of an operator this code does not have (submitted by newer code, or one removed)
     stays queued for a worker that has it, instead of failing here."""
-    from kato.tuner.worker import pycuda_backend_factory
+    from kato.tuner.factories import pycuda_backend_factory
 
     _url, sessions = db
     unknown = _job_for(sessions, SHAPE, DTYPE, operator="no_such_operator", version="v")
@@ -641,7 +641,7 @@ def test_a_gpu_worker_claims_only_registered_operators(db):
 
 def test_replay_backends_refuse_a_recording_of_an_operator_not_registered_here(tmp_path):
     from kato.tuner.backends.replay import RecordedProblem
-    from kato.tuner.worker import Recording, ReplayBackends
+    from kato.tuner.factories import Recording, ReplayBackends
 
     made_by_hand = Recording(
         RECORDED / "softmax_H200_4096x4096_float16.json.gz",
@@ -654,7 +654,7 @@ def test_replay_backends_refuse_a_recording_of_an_operator_not_registered_here(t
 def test_recordings_are_found_below_a_directory_and_checked_against_their_operator(tmp_path):
     import shutil
 
-    from kato.tuner.worker import find_recordings
+    from kato.tuner.factories import find_recordings
 
     from kato.shared.kt_cache import load_cache, save_cache
 

@@ -72,7 +72,8 @@ def test_folder_operator_tuned_on_replay_exported_and_imported(tmp_path, vector_
 
     from kato.db.operators import use_database
     from kato.kernels import get_operator, registry
-    from kato.tuner.worker import Worker, replay_backend_factory
+    from kato.tuner.factories import replay_backend_factory
+    from kato.tuner.worker import Worker
 
     from user_ops.recording import record
 

@@ -17,7 +17,8 @@ from kato.kernels.spec import InvalidInput
 from kato.kernels.user import load_folder
 from kato.service.app import create_app
 from kato.service.settings import Settings
-from kato.tuner.worker import Worker, replay_backend_factory
+from kato.tuner.factories import replay_backend_factory
+from kato.tuner.worker import Worker
 
 from user_ops.recording import record
 

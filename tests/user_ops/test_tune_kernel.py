@@ -14,7 +14,8 @@ from kato.db import tokens
 from kato.kernels.spec import InvalidInput
 from kato.service.app import create_app
 from kato.service.settings import Settings
-from kato.tuner.worker import Worker, replay_backend_factory
+from kato.tuner.factories import replay_backend_factory
+from kato.tuner.worker import Worker
 
 import kato
 from kato.kernel_tuner import operator_from_arguments

@@ -176,7 +176,7 @@ def abilities_of(backend: Any) -> Abilities:
     )
 
 
-# --- backend factories (:data:`tuner.worker.BackendFactory`: (job) -> Backend) ----------------
+# --- backend factories (:data:`tuner.factories.BackendFactory`: (job) -> Backend) ----------------
 
 
 class Scoped(Protocol):

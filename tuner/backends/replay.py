@@ -4,7 +4,7 @@ It makes the whole tuning path run without a GPU (CI, search-quality benchmarks)
 space is the file's ``tune_params``; a combination absent from the file violated the kernel's
 restrictions and is invalid; an entry whose time is a failure marker is a failed trial.
 :func:`recorded_problem` says which problem a recording was measured for: the only jobs it may
-answer (``tuner.worker.ReplayBackends``).
+answer (``tuner.factories.ReplayBackends``).
 """
 
 from __future__ import annotations
