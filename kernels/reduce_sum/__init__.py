@@ -3,8 +3,10 @@
 Parameter space (Kernel Tuner key order):
 
 - ``BLOCK_SIZE``: threads per block.
-- ``ROW_THREADS``: threads per row: 8 or 32 (an aligned group of lanes in a warp, shuffles
-  only: short rows) or 0 (the whole block per row: shuffles, then shared memory across warps).
+- ``ROW_THREADS``: threads per row: 1, 2, 4, 8, 16 or 32 (an aligned group of lanes in a warp,
+  shuffles only: short rows; 1 is a thread per row, no shuffles, for rows of a few elements,
+  issue 31) or 0 (the whole block per row: shuffles, then shared memory across warps). A group
+  smaller than a vector's elements takes a split row's scalar head and tail in turns.
 - ``VEC``: elements per vector load, at most 16 bytes; any ``cols``: where ``cols % VEC != 0``
   each row is a scalar head up to its first vector boundary, an aligned vector body and a scalar
   tail (rendered with ``ALIGNED_ROWS=0``; aligned shapes keep the plain whole-vector code).
@@ -92,7 +94,7 @@ class ReduceSumSpec(OperatorSpec):
     shape_names = ("rows", "cols")
     params = {
         "BLOCK_SIZE": (128, 256, 512, 1024),
-        "ROW_THREADS": (8, 32, 0),
+        "ROW_THREADS": (1, 2, 4, 8, 16, 32, 0),
         "VEC": (1, 2, 4, 8),
         "UNROLL": (2, 4, 8),
         "SPLIT": (0, 1, 2, 4, 8),
@@ -160,10 +162,13 @@ class ReduceSumSpec(OperatorSpec):
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
         """16-byte vectors where cols is a multiple of them, else where a row holds at least
-        four (head and tail are scalar), else the widest dividing cols; then by vectors per row:
-        <= 64 -> 8 threads per row, <= 1024 -> a warp per row, else a block of 512 per row;
-        UNROLL 4 (8 for a warp). Rows of a block each that number fewer than two per SM are
-        split (the largest SPLIT of 4, 2, 1 that splits them), so the grid fills the GPU."""
+        four (head and tail are scalar), else the widest dividing cols. Rows of fewer than 32
+        elements: the fewest of 1, 2 or 4 threads per row that hold at most 8 vectors each,
+        UNROLL 8 (the row in one step; a thread per row spends no shuffles), a rule not measured
+        on a GPU yet (docs/defaults.md). Longer rows, by vectors per row: <= 64 -> 8 threads per
+        row, <= 1024 -> a warp per row, else a block of 512 per row; UNROLL 4 (8 for a warp).
+        Rows of a block each that number fewer than two per SM are split (the largest SPLIT of
+        4, 2, 1 that splits them), so the grid fills the GPU."""
         rows, cols = self.validate(shape, dtype)
         itemsize = DTYPES[dtype][2]
         widest = 16 // itemsize
@@ -171,6 +176,9 @@ class ReduceSumSpec(OperatorSpec):
         if vec == 1:
             vec = max(v for v in self.params["VEC"] if v * itemsize <= 16 and cols % v == 0)
         nvec = cols // vec
+        if cols < 32:
+            threads = min(p for p in (1, 2, 4) if nvec <= 8 * p)
+            return {"BLOCK_SIZE": 256, "ROW_THREADS": threads, "VEC": vec, "UNROLL": 8, "SPLIT": 0}
         if nvec <= 64:
             return {"BLOCK_SIZE": 256, "ROW_THREADS": 8, "VEC": vec, "UNROLL": 4, "SPLIT": 0}
         if nvec <= 1024:
@@ -276,8 +284,7 @@ def row_sum_model(x: np.ndarray, config: Config, parts: int | None = None) -> np
             lo = min(part * chunk, nvec)
             v = _thread_sums(body[:, lo : min(lo + chunk, nvec)], config)
             if part == 0:
-                v[:, :head] += xs[:, :head]
-                v[:, : cols - tail] += xs[:, tail:]
+                v += _edge_sums(xs[:, :head], xs[:, tail:], v.shape[1])
             pieces.append(_group_sum(v, config))
         if parts == 1:
             out[sel] = pieces[0]
@@ -312,6 +319,19 @@ def _thread_sums(xv: np.ndarray, config: Config) -> np.ndarray:
         c = np.where(active, (t - s) - y, c)
         s = np.where(active, t, s)
     return s - c
+
+
+def _edge_sums(head: np.ndarray, tail: np.ndarray, p: int) -> np.ndarray:
+    """Each of a row's P threads' sum of the row's scalar ends (float32, as the kernel adds
+    them): head element t, plus tail element t, then for k = 1, 2, ... (P below the vector
+    width) plus head element t + kP, plus tail element t + kP, where each exists."""
+    rows = head.shape[0]
+    edge = np.zeros((rows, p), dtype=np.float32)
+    for k in range(0, max(head.shape[1], tail.shape[1]), p):
+        for ends in (head, tail):
+            part = ends[:, k : k + p]
+            edge[:, : part.shape[1]] += part
+    return edge
 
 
 def _group_sum(v: np.ndarray, config: Config) -> np.ndarray:

@@ -4,9 +4,10 @@
 // Tunable parameters arrive as `#define NAME value` lines before this template (rendered by
 // kernels/reduce_sum/__init__.py):
 //   BLOCK_SIZE   threads per block: a multiple of 32 in [32, 1024].
-//   ROW_THREADS  threads that share one row: 8, 16 or 32 (an aligned group of lanes of one
-//                warp; BLOCK_SIZE / ROW_THREADS rows per block, shuffles only, no barrier) or 0
-//                (the whole block per row: shuffles, then a shared array across warps).
+//   ROW_THREADS  threads that share one row: 1, 2, 4, 8, 16 or 32 (an aligned group of lanes
+//                of one warp; BLOCK_SIZE / ROW_THREADS rows per block, shuffles only, no
+//                barrier; 1: a thread per row, no shuffles at all, for rows of a few elements)
+//                or 0 (the whole block per row: shuffles, then a shared array across warps).
 //   VEC          elements per vector load; VEC * sizeof(DTYPE) <= 16 bytes.
 //   UNROLL       vectors loaded per thread per step (all issued before any is used).
 // Derived:
@@ -27,9 +28,10 @@
 //   thread t of a row's P threads owns, at step k, the vectors s = k*P*UNROLL + u*P + t for
 //   u < UNROLL (vectors >= the body's count contribute 0). Each vector's VEC values are summed
 //   pairwise, then the UNROLL vector sums pairwise (see pairwise()); step sums are
-//   Kahan-accumulated; the thread's value is sum - compensation, then (ALIGNED_ROWS 0) plus head
-//   element t if t < head, plus tail element t if t < the tail's length (the first piece of a
-//   split row only). Then a butterfly over the group's lanes (xor P/2 .. 1), or for a block:
+//   Kahan-accumulated; the thread's value is sum - compensation, then (ALIGNED_ROWS 0) plus its
+//   edge sum (the first piece of a split row only): head element t if t < head, plus tail
+//   element t if t < the tail's length, then (P < VEC only) for k = 1, 2, ...: plus head
+//   element t + kP, plus tail element t + kP, where they exist. Then a butterfly over the group's lanes (xor P/2 .. 1), or for a block:
 //   butterfly over each warp, lane 0s store, warp 0 loads (0 beyond the warp count) and
 //   butterflies over 32 lanes. A split row's pieces: lane l of warp 0 adds pieces l, l + 32, ...
 //   in order, then a butterfly over 32 lanes.
@@ -75,8 +77,9 @@ constexpr int kRowsPerBlock = BLOCK_SIZE / kRowThreads;
 
 static_assert(BLOCK_SIZE % 32 == 0 && BLOCK_SIZE >= 32 && BLOCK_SIZE <= 1024,
               "BLOCK_SIZE must be a multiple of 32 in [32, 1024]");
-static_assert(ROW_THREADS == 0 || ROW_THREADS == 8 || ROW_THREADS == 16 || ROW_THREADS == 32,
-              "ROW_THREADS must be 0 (block), 8, 16 or 32");
+static_assert(ROW_THREADS == 0 || ROW_THREADS == 1 || ROW_THREADS == 2 || ROW_THREADS == 4 ||
+                  ROW_THREADS == 8 || ROW_THREADS == 16 || ROW_THREADS == 32,
+              "ROW_THREADS must be 0 (block), 1, 2, 4, 8, 16 or 32");
 static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC must be 1, 2, 4 or 8");
 static_assert(kVecBytes <= 16, "a vector must be at most 16 bytes");
 static_assert(UNROLL == 1 || UNROLL == 2 || UNROLL == 4 || UNROLL == 8,
@@ -118,9 +121,9 @@ __device__ __forceinline__ float thread_row_sum(const Raw* __restrict__ xr, int 
 
 #if !ALIGNED_ROWS || ROW_SPLIT
 // Thread t's share of piece `part` of `parts` of a row of n elements at xr: its compensated sum
-// of the piece's contiguous run of body vectors, plus (first piece only) head element t and tail
-// element t where they exist (t < P, and head and tail are shorter than VEC <= 8 <= P). The
-// edge elements are loaded first, so one float, not their addresses, lives across the loop.
+// of the piece's contiguous run of body vectors, plus (first piece only) head and tail elements
+// t, t + P, ... where they exist (head and tail are shorter than VEC: one each unless P < VEC).
+// The edge elements are loaded first, so one float, not their addresses, lives across the loop.
 __device__ __forceinline__ float piece_sum(const T* __restrict__ xr, int n, int part, int parts,
                                            int t) {
   const Split sp = split_row(xr, n);
@@ -128,6 +131,15 @@ __device__ __forceinline__ float piece_sum(const T* __restrict__ xr, int n, int 
   if (part == 0) {
     if (t < sp.head) edge = to_float(xr[t]);
     if (t < n - sp.tail) edge += to_float(xr[sp.tail + t]);
+    if constexpr (kRowThreads < VEC) {
+      // Fewer threads than a vector's elements: each takes every P-th one of the edges too.
+#pragma unroll
+      for (int k = 1; k < (VEC + kRowThreads - 1) / kRowThreads; ++k) {
+        const int e = t + k * kRowThreads;
+        if (e < sp.head) edge += to_float(xr[e]);
+        if (e < n - sp.tail) edge += to_float(xr[sp.tail + e]);
+      }
+    }
   }
   const int chunk = (sp.nvec + parts - 1) / parts;
   const int lo = min(part * chunk, sp.nvec);

@@ -93,15 +93,34 @@ def reduce_sum_all_cases() -> list[Case]:
     return cases
 
 
+#: reduce_sum's row lengths: aligned and odd, rows of a few elements (the case of 1, 2 and 4
+#: threads per row, issue 31) with odd row counts, and long ones.
+REDUCE_SUM_SHAPES = (
+    (1, 1),
+    (3, 7),
+    (37, 8),
+    (5, 40),
+    (33, 3),
+    (67, 5),
+    (19, 31),
+    (9, 136),
+    (2, 4104),
+    (5, 4097),
+    (4, 13),
+)
+
+
 def reduce_sum_cases() -> list[Case]:
-    """Every row strategy at aligned and odd row lengths (every VEC: rows off a vector boundary
-    have a scalar head and tail), and split rows: with the grid capped (a block does several
-    pieces), and one case at the spec's own grid (a block per piece, 66 pieces a row)."""
+    """Every row strategy (every ROW_THREADS) at aligned and odd row lengths (every VEC: rows
+    off a vector boundary have a scalar head and tail, which a group smaller than VEC takes in
+    turns; every other such case with x shifted off a 16-byte boundary), and split rows: with
+    the grid capped (a block does several pieces), and one case at the spec's own grid (a block
+    per piece, 66 pieces a row)."""
     spec = get_operator("reduce_sum")
     cases, k = [], 0
     for dtype in spec.dtypes:
-        for shape in ((1, 1), (3, 7), (37, 8), (5, 40), (9, 136), (2, 4104), (5, 4097), (4, 13)):
-            for row_threads in (8, 32, 0):
+        for shape in REDUCE_SUM_SHAPES:
+            for row_threads in spec.params["ROW_THREADS"]:
                 vecs = _vecs(dtype)
                 config = {
                     "BLOCK_SIZE": spec.params["BLOCK_SIZE"][k % 4] if row_threads else 128 << k % 3,
@@ -110,7 +129,8 @@ def reduce_sum_cases() -> list[Case]:
                     "UNROLL": spec.params["UNROLL"][k % 3],
                     "SPLIT": 0,
                 }
-                cases.append(Case(spec, config, shape, dtype, grid_cap=1 + k % 2))
+                offset = (1 + k % 3) * (k % 2) if shape[1] % config["VEC"] else 0
+                cases.append(Case(spec, config, shape, dtype, grid_cap=1 + k % 2, offset=offset))
                 k += 1
         for shape, vec, cap in (((1, 17001), 1, 3), ((2, 70011), 4, 5), ((3, 36864), 2, 7)):
             vec = min(vec, 16 // DTYPES[dtype][2])
@@ -244,6 +264,28 @@ def test_summation_models_match_the_kernels_bit_for_bit(extra_header, tmp_path) 
             {"BLOCK_SIZE": 256, "ROW_THREADS": 0, "VEC": 4, "UNROLL": 4, "SPLIT": 0},
             (3, 5001),
             "float32",
+            grid_cap=2,
+        ),
+        # Fewer threads per row than a vector's elements: the edges taken in turns.
+        Case(
+            rs,
+            {"BLOCK_SIZE": 128, "ROW_THREADS": 1, "VEC": 4, "UNROLL": 8, "SPLIT": 0},
+            (41, 7),
+            "float32",
+            grid_cap=1,
+        ),
+        Case(
+            rs,
+            {"BLOCK_SIZE": 128, "ROW_THREADS": 2, "VEC": 8, "UNROLL": 2, "SPLIT": 0},
+            (23, 37),
+            "bfloat16",
+            grid_cap=1,
+        ),
+        Case(
+            rs,
+            {"BLOCK_SIZE": 256, "ROW_THREADS": 4, "VEC": 8, "UNROLL": 4, "SPLIT": 0},
+            (13, 29),
+            "float16",
             grid_cap=2,
         ),
         Case(
