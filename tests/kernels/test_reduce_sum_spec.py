@@ -79,7 +79,7 @@ def test_registered_with_the_contract_attributes() -> None:
         (cfg(row_threads=0, block=1024, unroll=8), (4, 4099), "float32", "spills"),
         (cfg(row_threads=0, block=1024, unroll=8), (4, 4100), "float32", None),
         (cfg(row_threads=0, block=1024, unroll=8, split=1), (4, 2**24), "float32", "spills"),
-        (cfg(row_threads=4), (4, 1024), "float32", "not one of"),
+        (cfg(row_threads=3), (4, 1024), "float32", "not one of"),
         (cfg(unroll=16), (4, 1024), "float32", "not one of"),
         (cfg(), (4, 1024), "int32", "does not support dtype"),
         (cfg(), (0, 4), "float32", "at least 1"),
@@ -114,8 +114,9 @@ def test_every_vector_width_is_valid_for_every_cols_and_splits_only_where_they_s
     unsplit = [c for c in valid if c["SPLIT"] == 0]
     # BLOCK_SIZE x ROW_THREADS x VEC x UNROLL, less 1024 threads x 128 bytes in flight where
     # rows have a scalar head or tail (they would spill)
-    spilling = sum(1 for v in vecs if cols % v and v * DTYPES[dtype][2] == 16) * 3
-    assert len(unsplit) == 4 * 3 * len(vecs) * 3 - spilling
+    groups = len(SPEC.params["ROW_THREADS"])
+    spilling = sum(1 for v in vecs if cols % v and v * DTYPES[dtype][2] == 16) * groups
+    assert len(unsplit) == 4 * groups * len(vecs) * 3 - spilling
     for config in valid:
         assert config["VEC"] in vecs
         in_flight = config["UNROLL"] * config["VEC"] * DTYPES[dtype][2]
@@ -135,6 +136,35 @@ def test_every_vector_width_is_valid_for_every_cols_and_splits_only_where_they_s
 def test_default_config_is_valid(shape, dtype) -> None:
     config = SPEC.default_config(shape, dtype)
     assert SPEC.check(config, shape, dtype) is None
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "row_threads", "vec"),
+    [
+        ((8388608, 7), "float32", 1, 1),  # issue 31's case: a thread per row, no shuffles
+        ((1000, 1), "float16", 1, 1),
+        ((1000, 16), "float32", 1, 4),  # 4 vectors a thread
+        ((1000, 13), "bfloat16", 2, 1),  # 13 scalars over 2 threads
+        ((1000, 31), "float16", 4, 1),
+        ((1000, 32), "float32", 8, 4),  # from 32 elements on: as before
+    ],
+)
+def test_default_gives_rows_of_a_few_elements_a_thread_or_a_few(
+    shape, dtype, row_threads, vec
+) -> None:
+    config = SPEC.default_config(shape, dtype)
+    assert (config["ROW_THREADS"], config["VEC"]) == (row_threads, vec)
+    assert SPEC.check(config, shape, dtype) is None
+    rows_per_block = config["BLOCK_SIZE"] // row_threads
+    assert SPEC.launch(config, shape, dtype).grid[0] == -(-shape[0] // rows_per_block)
+
+
+def test_groups_smaller_than_a_vector_are_valid_on_split_rows() -> None:
+    """A thread per row takes a split row's head and tail itself: any VEC on any cols."""
+    for vec in (1, 2, 4):
+        config = cfg(row_threads=1, vec=vec)
+        assert SPEC.check(config, (1001, 7), "float32") is None
+        assert SPEC.defines(config, (1001, 7), "float32")["ALIGNED_ROWS"] == int(vec == 1)
 
 
 def test_default_picks_the_strategy_by_row_length() -> None:
