@@ -14,7 +14,6 @@ from kato.kernels import DTYPES, get_operator
 from kato.kernels.reduce_sum import static_shared_bytes
 from kato.tuner.nvcc import nvcc_available
 from reduce_compile_common import (
-    MAX_SOURCES_PER_DTYPE,
     compile_all,
     failures,
     resource_problems,
@@ -50,8 +49,11 @@ def compiled(cubin_cache):
 
 @pytest.mark.parametrize("shape", [SHAPE, MORE_SHAPES[0]], ids=str)
 def test_distinct_sources_per_dtype_are_bounded(shape) -> None:
+    """At most one source per (BLOCK_SIZE, ROW_THREADS, VEC, UNROLL) of an unsplit row (336
+    with the 7 row groups of issue 31's short rows; the covering sample compiles a few)."""
     counts = source_counts(SPEC, shape)
-    assert all(10 < c <= MAX_SOURCES_PER_DTYPE for c in counts.values()), counts
+    bound = len(SPEC.params["BLOCK_SIZE"]) * len(SPEC.params["ROW_THREADS"]) * 4 * 3
+    assert all(10 < c <= bound for c in counts.values()), counts
 
 
 def test_every_split_value_shares_one_source() -> None:
