@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -62,6 +61,7 @@ class StuckReplay(ReplayBackends):
         self.first_waits = threading.Event()
         self.release = threading.Event()
         self.stuck = threading.Event()
+        self.stuck_thread: threading.Thread | None = None
 
     def __call__(self, job):  # type: ignore[no-untyped-def]
         backend = super().__call__(job)
@@ -89,6 +89,7 @@ class StuckReplay(ReplayBackends):
                 assert interrupted.wait(WAIT_S), "the first job's runner was never interrupted"
             else:
                 assert outer.first_waits.wait(WAIT_S), "the first job never waited"
+                outer.stuck_thread = threading.current_thread()
                 outer.stuck.set()
                 outer.release.wait(WAIT_S)
 
@@ -135,6 +136,13 @@ def assert_given_back(sessions, ids: list[str]) -> dict[str, set[str]]:
     return stored
 
 
+def assert_still_stuck(backends: StuckReplay) -> None:
+    """The worker returned without waiting for the stuck runner: it is still stuck (its wait
+    ends only at ``release``, or after :data:`WAIT_S`), no clock involved."""
+    assert backends.stuck_thread is not None and backends.stuck_thread.is_alive()
+    assert not backends.release.is_set()
+
+
 def resume_and_check(url, sessions, recordings, ids, stored, backends: StuckReplay) -> None:
     """Let the stuck runner go, then another worker resumes both jobs from their trials."""
     backends.release.set()
@@ -172,11 +180,9 @@ def test_a_runners_fatal_error_gives_back_every_job_the_worker_holds(db_url, qui
         sessions, db_url, ["H200"], backends, worker_id="w", poll_seconds=0.01,
         lease_seconds=120, jobs_at_once=2,
     )  # fmt: skip
-    t0 = time.monotonic()
     with pytest.raises(Fatal):
         worker.run_forever(max_jobs=2)
-    assert time.monotonic() - t0 < 8
-    assert backends.stuck.is_set()  # the second job's runner was still measuring
+    assert_still_stuck(backends)
     stored = assert_given_back(sessions, ids)
     resume_and_check(db_url, sessions, recordings, ids, stored, backends)
 
@@ -184,7 +190,7 @@ def test_a_runners_fatal_error_gives_back_every_job_the_worker_holds(db_url, qui
 def test_an_interrupted_worker_gives_back_every_job_at_once(db_url, quick_grace):
     """SIGTERM, then its grace over (KeyboardInterrupt in the main thread, as
     :func:`stop_on_signals` raises it): the runner that can stop gives its job back itself,
-    the stuck one's is given back by the worker; it returns within about a second."""
+    the stuck one's is given back by the worker, which returns without waiting for it."""
     recordings = two_groups()
     sessions = session_factory(init_db(db_url))
     ids = queue(sessions, recordings)
@@ -201,11 +207,8 @@ def test_an_interrupted_worker_gives_back_every_job_at_once(db_url, quick_grace)
     killer = threading.Thread(target=terminate, daemon=True)
     killer.start()
     with stop_on_signals(worker, grace_seconds=0.2):
-        t0 = time.monotonic()
         worker.run_forever(max_jobs=2)
-        took = time.monotonic() - t0
-    killer.join(1)
-    assert backends.stuck.is_set() and not backends.release.is_set()
-    assert took < 8
+    killer.join(WAIT_S)
+    assert_still_stuck(backends)
     stored = assert_given_back(sessions, ids)
     resume_and_check(db_url, sessions, recordings, ids, stored, backends)
