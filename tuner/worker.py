@@ -39,6 +39,7 @@ import json
 import logging
 import math
 import os
+import queue
 import signal
 import socket
 import threading
@@ -441,10 +442,16 @@ class JobRunner:
         self._storage: optuna.storages.RDBStorage | None = None
         import_models()  # now, not in the first job's search
 
-    def run(self, job_id: str, *, helper: bool = False) -> JobOutcome:
+    def run(
+        self, job_id: str, *, helper: bool = False, ledger: JobLedger | None = None
+    ) -> JobOutcome:
         """Run ``job_id``: as its owner (claimed: the lease is ours) or, with ``helper``, as an
-        extra worker on a job another worker owns."""
-        ledger = self.ledger.job(job_id, helper=helper)
+        extra worker on a job another worker owns. ``ledger``: the job's ledger made at its
+        claim (default: a new one), shared with a thread that may give the job back while this
+        run goes on (:meth:`Worker._give_back_held`); once given back, the run reserves and
+        renews nothing more (:meth:`db.ledger.JobLedger.give_back`)."""
+        if ledger is None:
+            ledger = self.ledger.job(job_id, helper=helper)
         if self.shutdown.is_set():  # stopped between the claim and the run
             ledger.give_back()
             return JobOutcome(job_id, "stopped", 0, None, "the worker stopped")
@@ -455,6 +462,8 @@ class JobRunner:
             ledger.release_stale()
         state = _JobState()
         self._state = state
+        if self.shutdown.is_set():  # stopped before interrupt() could see this run's state
+            self.interrupt()
         beat = threading.Thread(
             target=self._heartbeat, args=(ledger, state), name="kato-heartbeat", daemon=True
         )
@@ -887,7 +896,11 @@ class JobRunner:
     def _await_compile(backend: Backend, config: dict[str, Any], state: _JobState) -> None:
         """Wait for ``config``'s compile before taking the GPU's turn, so that another job
         measures while nvcc runs: it is moved to the front of the compile queue and awaited.
-        A backend that does not compile ahead compiles inside ``evaluate``."""
+        A backend that does not compile ahead compiles inside ``evaluate``.
+
+        Raises:
+            TrialInterrupted: the job stopped (``state.stop``) while it waited.
+        """
         abilities = abilities_of(backend)
         if abilities.is_compiled is None or abilities.hint is None:
             return
@@ -897,6 +910,8 @@ class JobRunner:
                 abilities.wait_compiled([config])  # at once if not started yet: poll again
             if not abilities.is_compiled(config):
                 state.stop.wait(0.005)
+        if state.stop.is_set():  # a job stopped while it waited measures nothing more
+            raise TrialInterrupted("the job stopped")
 
     def _record(
         self,
@@ -1066,36 +1081,25 @@ def _helper_grace() -> float:
 
 @dataclass(frozen=True)
 class _HeldJob:
-    """A job a worker holds: its group (see :meth:`Worker._claim_held`) and its part in it."""
+    """A job a worker holds: its group (see :meth:`Worker._claim_held`), its part in it, and
+    the ledger of its claim (its runner's, and the one it is given back through)."""
 
     operator: str
     dtype: str
     gpu_model: str
+    ledger: JobLedger = field(compare=False)
     helper: bool = False
 
 
-class _Slots:
-    """What the runner threads of a worker holding several jobs share: how many jobs were
-    ended and are running (for ``max_jobs``), and the first unexpected error."""
+@dataclass(frozen=True)
+class _RunEnded:
+    """What a runner thread reports when the job it was handed ends: the runner's slot, and
+    the outcome or the interrupt the run raised (``KeyboardInterrupt``, a library's error
+    wrapping one, or a ``BaseException`` of the backend's)."""
 
-    def __init__(self, max_jobs: int | None) -> None:
-        self.max_jobs = max_jobs
-        self.lock = threading.Lock()
-        self.ended = 0
-        self.running = 0
-        self.error: BaseException | None = None
-
-    def take(self) -> bool:
-        """Count one more job running, if ``max_jobs`` allows it."""
-        with self.lock:
-            if self.max_jobs is not None and self.ended + self.running >= self.max_jobs:
-                return False
-            self.running += 1
-            return True
-
-    def finished(self) -> bool:
-        with self.lock:
-            return self.max_jobs is not None and self.ended >= self.max_jobs
+    slot: int
+    outcome: JobOutcome | None = None
+    interrupt: BaseException | None = None
 
 
 def _log_outcome(job_id: str, outcome: JobOutcome) -> None:
@@ -1116,9 +1120,10 @@ class Worker:
     every job of ``gpu_models``): the others stay queued for workers that can answer them.
 
     Its ``kato_workers`` row is refreshed on every idle poll and every heartbeat of a running
-    job, and marked ``stopped`` when :meth:`run_forever` returns. With nothing to claim and
-    ``max_workers_per_job`` > 1 it helps with a running job of its GPU model that has at least
-    ``min_configs_per_worker`` configs of budget left per worker.
+    job, and marked ``stopped`` when :meth:`run_forever` returns (nothing of this worker writes
+    it after that). With nothing to claim and ``max_workers_per_job`` > 1 it helps with a
+    running job of its GPU model that has at least ``min_configs_per_worker`` configs of budget
+    left per worker.
 
     Database faults never stop it: a running job retries them (:class:`JobRunner`), the idle
     loop logs a fault once (and its recovery) and polls less often while it lasts (waits
@@ -1136,14 +1141,23 @@ class Worker:
     other in queue order and each warm start reads what it would in a serial run. Only the
     order of GPU work changes. 1: one job at a time, as :meth:`run_once` does.
 
-    Holding several, it takes another job only if the jobs fit the GPU's memory together
-    (:mod:`tuner.admission`); one that does not is left queued, and nothing else is taken,
-    until enough of the held jobs have ended. A worker interrupted (a second signal, or the
-    first's grace over: :func:`stop_on_signals`) or whose runner fails with an interrupt of
-    its own gives back every job it holds at once (:meth:`_give_back_held`), the runners that
-    did not stop by themselves within :data:`STOP_GRACE_SECONDS` included: each job's
-    reservations released and its lease ended, so that another worker resumes it from its
-    stored trials now rather than after the lease.
+    Holding several, one loop (the thread of :meth:`run_forever`) polls, claims and hands each
+    job to a free runner, as the serial loop does: one presence row refreshed per poll, one
+    log line per poll fault, one backoff; runner threads only run the jobs they are handed, and
+    a runner whose job ends wakes the loop at once to claim the next. It takes another job only
+    if the jobs fit the GPU's memory together (:mod:`tuner.admission`); one that does not is
+    left queued, and nothing else is taken, until enough of the held jobs have ended.
+
+    Stopping while holding several: :meth:`stop` (a first signal) interrupts every runner at
+    once (:meth:`JobRunner.interrupt`: its search stops before its next measurement, an
+    interruptible measurement ends, and the runner gives its job back), and :meth:`run_forever`
+    returns once each has. Interrupted (a second signal, the first's grace over:
+    :func:`stop_on_signals`), or a runner's run raising an interrupt of its own, it gives back
+    every job it holds at once from the loop's thread (:meth:`_give_back_held`): each job's
+    reservations released and its lease ended through the ledger of its claim, which then
+    reserves and renews nothing more (:meth:`db.ledger.JobLedger.give_back`), so that another
+    worker resumes it from its stored trials now, also when its runner is stuck in a
+    measurement or a compile wait nothing can stop.
     """
 
     def __init__(
@@ -1179,6 +1193,11 @@ class Worker:
         self.max_workers_per_job = max_workers_per_job
         self.min_configs_per_worker = min_configs_per_worker
         self._stop = threading.Event()
+        #: Set by :meth:`stop` and by a runner whose job ended: the claiming loop looks again.
+        self._wake = threading.Event()
+        #: Held while a running job's heartbeat refreshes the presence row, and while the row
+        #: is marked stopped: no heartbeat in flight lands after that mark.
+        self._presence = threading.Lock()
         gate = GpuGate() if jobs_at_once > 1 else None
         #: The memory ledger of the jobs held at once (:mod:`tuner.admission`).
         self.admission = MemoryAdmission() if jobs_at_once > 1 else None
@@ -1211,8 +1230,10 @@ class Worker:
     def stop(self) -> None:
         """Stop: the idle loop exits, a running job stops before its next measurement (an
         isolated one is interrupted) and gives its reservations and lease back. Safe to call
-        from a signal handler or another thread."""
+        from another thread (:func:`stop_on_signals` calls it from one of its own: it takes
+        locks, which a signal handler must not)."""
         self._stop.set()
+        self._wake.set()
 
     @property
     def stopping(self) -> bool:
@@ -1225,8 +1246,23 @@ class Worker:
         return self.runner.factory_abilities.scope()
 
     def _job_heartbeat(self, status: str, job_id: str | None) -> None:
-        """A running job's heartbeat: its row says busy with that job."""
-        self.heartbeat(status, job_id)
+        """A running job's heartbeat: its row says busy with that job (never once the worker
+        stops: the row then says stopped)."""
+        with self._presence:
+            if not self._stop.is_set():
+                self.heartbeat(status, job_id)
+
+    def _mark_stopped(self) -> None:
+        """The presence row's last word, after every heartbeat in flight (one try: a stopping
+        worker does not wait)."""
+        with self._presence:
+            try:
+                self.heartbeat("stopped")
+            except Exception as exc:
+                log.warning(
+                    "worker %s: could not mark itself stopped: %s",
+                    self.worker_id, retry.describe(exc),
+                )  # fmt: skip
 
     def held_jobs(self) -> list[str]:
         """The jobs this worker runs now (several with ``jobs_at_once`` > 1)."""
@@ -1273,8 +1309,10 @@ class Worker:
         Errors of a poll (a database fault, or a bug) never end it: the first is logged (a
         transient database fault in one line, anything else with its traceback), again only
         when it changes, a ``recovered`` line when polls succeed again, and the polls back off
-        meanwhile (see the class docstring). With ``jobs_at_once`` > 1 each runner polls in a
-        thread of its own (:meth:`_run_slot`)."""
+        meanwhile (see the class docstring). With ``jobs_at_once`` > 1 one loop polls and
+        hands the jobs to runner threads (:meth:`_run_interleaved`); a ``BaseException`` a
+        runner's job raised (not an interrupt) is raised here once every held job is given
+        back."""
         if self.jobs_at_once > 1:
             return self._run_interleaved(max_jobs)
         done = 0
@@ -1306,70 +1344,134 @@ class Worker:
         except KeyboardInterrupt:
             self._stop.set()
         finally:
-            try:
-                self.heartbeat("stopped")  # one try: a stopping worker does not wait
-            except Exception as exc:
-                log.warning(
-                    "worker %s: could not mark itself stopped: %s",
-                    self.worker_id, retry.describe(exc),
-                )  # fmt: skip
+            self._mark_stopped()
         return done
 
     def _run_interleaved(self, max_jobs: int | None) -> int:
-        """:meth:`Worker.run_forever` with ``jobs_at_once`` runner threads."""
-        slots = _Slots(max_jobs)
+        """:meth:`Worker.run_forever` with ``jobs_at_once`` runner threads: this thread polls,
+        claims and hands each job to a free runner (:meth:`_run_slot`); then stops them."""
+        inboxes: list[queue.SimpleQueue[Claim | None]] = [queue.SimpleQueue() for _ in self.runners]
+        ended: queue.SimpleQueue[_RunEnded] = queue.SimpleQueue()
         threads = [
             threading.Thread(
-                target=self._run_slot, args=(runner, slots), name=f"kato-job-{i}", daemon=True
-            )
+                target=self._run_slot,
+                args=(i, runner, inboxes[i], ended),
+                name=f"kato-job-{i}",
+                daemon=True,
+            )  # fmt: skip
             for i, runner in enumerate(self.runners)
         ]
+        for thread in threads:
+            thread.start()
+        free = list(range(len(self.runners)))
+        running = done = 0
+        fatal: BaseException | None = None
+        interrupted = False
+        faults = retry.FaultLog(log, f"worker {self.worker_id}: poll")
+        first = self.poll_seconds if self.poll_seconds > 0 else 0.05
+        backoff = retry.Backoff(first, max(first, IDLE_BACKOFF_MAX_SECONDS))
         try:
-            for thread in threads:
-                thread.start()
-            while any(t.is_alive() for t in threads):
-                if slots.error is not None:
-                    self._give_back_held(threads)  # a runner's interrupt stops them all
+            while True:
+                self._wake.clear()  # before looking: a wake-up from now on is not lost
+                pause = False
+                while not ended.empty():
+                    report = ended.get()
+                    free.append(report.slot)
+                    running -= 1
+                    if isinstance(report.interrupt, Exception):  # one a library wrapped
+                        interrupted = True
+                    elif report.interrupt is not None:
+                        fatal = fatal or report.interrupt
+                    elif report.outcome is not None and report.outcome.status == "interrupted":
+                        pause = True  # the job's database failed for too long: back off
+                    elif report.outcome is not None and report.outcome.status not in (
+                        "helped", "stopped"
+                    ):  # fmt: skip
+                        done += 1
+                if fatal is not None or interrupted or self._stop.is_set():
                     break
-                if slots.finished():
-                    self._stop.set()
-                for thread in threads:
-                    thread.join(0.1)
+                if max_jobs is not None and done >= max_jobs:
+                    break
+                if not free or (max_jobs is not None and done + running >= max_jobs):
+                    self._wake.wait()  # a runner's end (or a stop) sets it
+                    continue
+                if pause:
+                    self._stop.wait(backoff.next())
+                    continue
+                try:
+                    self._announce_held()
+                    claim = self._claim_held()
+                except Exception as exc:
+                    if retry.is_interrupt(exc) or self._stop.is_set():
+                        interrupted = retry.is_interrupt(exc)
+                        break  # a signal that landed inside a database call
+                    wait = backoff.next()
+                    faults.failed(exc, retry_in=wait)
+                    self._stop.wait(wait)
+                    continue
+                faults.ok()
+                backoff.reset()
+                if claim is None:
+                    self._wake.wait(self.poll_seconds)
+                    continue
+                running += 1
+                inboxes[free.pop()].put(claim)
         except KeyboardInterrupt:
+            interrupted = True
+        try:
+            if fatal is not None or interrupted:
+                self._give_back_held(threads)
+            elif running:
+                self._stop_runners(threads)
+        except KeyboardInterrupt:  # the grace of stop_on_signals is over
             self._give_back_held(threads)
         finally:
-            try:
-                self.heartbeat("stopped")
-            except Exception as exc:
-                log.warning(
-                    "worker %s: could not mark itself stopped: %s",
-                    self.worker_id, retry.describe(exc),
-                )  # fmt: skip
-        if slots.error is not None:
-            raise slots.error
-        return slots.ended
+            for inbox in inboxes:
+                inbox.put(None)  # a runner that is free (or frees up) ends
+            self._mark_stopped()
+        if fatal is not None:
+            raise fatal
+        return done
 
-    def _give_back_held(self, threads: Sequence[threading.Thread]) -> None:
-        """Stop at once: every runner is interrupted (:meth:`JobRunner.interrupt`) and has
-        :data:`STOP_GRACE_SECONDS` in all to give its job back by itself; every job still held
-        after that (a runner blocked in a measurement nothing can stop, or in a database call)
-        is given back from this thread: its reservations in this worker's name released and
-        its lease ended (:meth:`db.ledger.JobLedger.give_back`). A runner that goes on later
-        finds its lease gone and stores nothing another worker has taken since."""
+    def _stop_runners(self, threads: Sequence[threading.Thread]) -> None:
+        """A stop with jobs running: interrupt every runner now (:meth:`JobRunner.interrupt`),
+        each giving its job back, and return once every runner thread has ended its run.
+        A ``KeyboardInterrupt`` (the grace of :func:`stop_on_signals`) ends the wait."""
         self._stop.set()
         for runner in self.runners:
             runner.interrupt()
+        while self.held_jobs():
+            # Timed: a KeyboardInterrupt from _thread.interrupt_main is raised only once this
+            # thread runs Python code again; a runner's end wakes it at once.
+            self._wake.wait(0.1)
+            self._wake.clear()
+
+    def _give_back_held(self, threads: Sequence[threading.Thread]) -> None:
+        """Stop at once: every runner is interrupted (:meth:`JobRunner.interrupt`) and every
+        job held is given back from this thread through the ledger of its claim, also the job
+        of a runner blocked in a measurement nothing can stop, or in a database call: its
+        reservations in this worker's name released and its lease ended
+        (:meth:`db.ledger.JobLedger.give_back`), after which that ledger reserves and renews
+        nothing more, so the give-back holds whatever the runner does later (a result it
+        measured is still stored). Then the runners' threads have up to
+        :data:`STOP_GRACE_SECONDS` in all to end (their backends closed); one still blocked
+        is left behind (a daemon thread)."""
+        self._stop.set()
+        for runner in self.runners:
+            runner.interrupt()
+        with self._held_lock:
+            held = list(self._held.items())
+        for job_id, job in held:
+            log.info("worker %s: interrupted; job %s given back", self.worker_id, job_id)
+            job.ledger.give_back(every_reservation=True)
         deadline = time.monotonic() + STOP_GRACE_SECONDS
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        with self._held_lock:
-            left = list(self._held.items())
-        for job_id, held in left:
-            log.warning(
-                "worker %s: job %s did not stop within %g s: given back from here",
-                self.worker_id, job_id, STOP_GRACE_SECONDS,
-            )  # fmt: skip
-            self.ledger.job(job_id, helper=held.helper).give_back(every_reservation=True)
+
+    def _announce_held(self) -> None:
+        """The claiming loop's presence heartbeat: busy with a held job, or idle."""
+        held = self.held_jobs()
+        self.heartbeat("busy" if held else "idle", held[0] if held else None)
 
     def _job_device_bytes(self, job: Job) -> int:
         """The device memory ``job`` will take here (:mod:`tuner.admission`): the backend
@@ -1399,126 +1501,110 @@ class Worker:
                 "worker %s: job %s (%s %s %s, about %.2f GB of device memory) waits until "
                 "the %d job(s) held here (%.2f GB) leave it room",
                 self.worker_id, job.id, job.operator, job.shape_key, job.dtype, need / 1e9,
-                len(self._held), self.admission.held_bytes() / 1e9,
+                len(self.held_jobs()), self.admission.held_bytes() / 1e9,
             )  # fmt: skip
         return False, need
 
     def _claim_held(self) -> Claim | None:
         """Claim a job none of whose group this worker holds and that fits the GPU's memory
-        beside the jobs held (:mod:`tuner.admission`), and hold it (one claim at a time: two
-        runners must not take two jobs of one group). The next job is looked at before it is
-        claimed: one that does not fit stays queued, untouched, and nothing is claimed."""
+        beside the jobs held (:mod:`tuner.admission`), and hold it. Called from the claiming
+        loop only (jobs are added to the held ones there alone; runners only remove theirs,
+        which at worst leaves out a group that just ended until the next poll). The next job
+        is looked at before it is claimed: one that does not fit stays queued, untouched, and
+        nothing is claimed."""
         with self._held_lock:
-            scope = self.scope() or queries.JobScope()
-            # A warm start reads its operator and dtype on every GPU model: a held job's
-            # (operator, dtype) is left out for each model this worker serves.
-            groups = frozenset(
-                (held.operator, held.dtype, model)
-                for held in self._held.values()
-                for model in {held.gpu_model, *self.gpu_models}
-            )
-            scope = dataclasses.replace(
-                scope,
-                exclude_job_ids=scope.exclude_job_ids | frozenset(self._held),
-                exclude_groups=scope.exclude_groups | groups,
-            )
-            if self._held and self.admission is not None:
-                upcoming = self.ledger.next_job(self.gpu_models, scope=scope)
-                if upcoming is not None:
-                    if not self._admits(upcoming)[0]:
-                        return None
-                    # That job only: an older one may have come back since (its lease ended).
-                    scope = dataclasses.replace(scope, job_ids=frozenset({upcoming.id}))
-            claim = self.ledger.claim(
-                self.gpu_models,
-                scope=scope,
-                max_workers_per_job=self.max_workers_per_job,
-                min_configs_per_worker=self.min_configs_per_worker,
-            )
-            if claim is None:
-                return None
-            ledger = self.ledger.job(claim.job_id, helper=claim.helper)
-            job = ledger.load()
-            if job is None:
-                return None
-            admitted, need = self._admits(job)  # a job helped, or this worker's own resumed
-            if not admitted:
-                ledger.give_back()
-                return None
-            if self._waiting == job.id:
-                self._waiting = None
+            held = list(self._held.items())
+        scope = self.scope() or queries.JobScope()
+        # A warm start reads its operator and dtype on every GPU model: a held job's
+        # (operator, dtype) is left out for each model this worker serves.
+        groups = frozenset(
+            (job.operator, job.dtype, model)
+            for _, job in held
+            for model in {job.gpu_model, *self.gpu_models}
+        )
+        scope = dataclasses.replace(
+            scope,
+            exclude_job_ids=scope.exclude_job_ids | frozenset(job_id for job_id, _ in held),
+            exclude_groups=scope.exclude_groups | groups,
+        )
+        if held and self.admission is not None:
+            upcoming = self.ledger.next_job(self.gpu_models, scope=scope)
+            if upcoming is not None:
+                if not self._admits(upcoming)[0]:
+                    return None
+                # That job only: an older one may have come back since (its lease ended).
+                scope = dataclasses.replace(scope, job_ids=frozenset({upcoming.id}))
+        claim = self.ledger.claim(
+            self.gpu_models,
+            scope=scope,
+            max_workers_per_job=self.max_workers_per_job,
+            min_configs_per_worker=self.min_configs_per_worker,
+        )
+        if claim is None:
+            return None
+        ledger = self.ledger.job(claim.job_id, helper=claim.helper)
+        job = ledger.load()
+        if job is None:
+            return None
+        admitted, need = self._admits(job)  # a job helped, or this worker's own resumed
+        if not admitted:
+            ledger.give_back()
+            return None
+        if self._waiting == job.id:
+            self._waiting = None
+        with self._held_lock:
             self._held[claim.job_id] = _HeldJob(
-                job.operator, job.dtype, job.gpu_model, helper=claim.helper
+                job.operator, job.dtype, job.gpu_model, ledger, helper=claim.helper
             )
             if self.admission is not None:
                 self.admission.hold(claim.job_id, need)
-            return claim
+        return claim
 
-    def _run_slot(self, runner: JobRunner, slots: _Slots) -> None:
-        """One runner thread: claim a job (see :meth:`_claim_held`), run it, until stopped."""
-        faults = retry.FaultLog(log, f"worker {self.worker_id}: poll")
-        first = self.poll_seconds if self.poll_seconds > 0 else 0.05
-        backoff = retry.Backoff(first, max(first, IDLE_BACKOFF_MAX_SECONDS))
-        while not self._stop.is_set():
-            if not slots.take():
-                self._stop.wait(self.poll_seconds or 0.05)
-                continue
+    def _run_slot(
+        self,
+        slot: int,
+        runner: JobRunner,
+        inbox: queue.SimpleQueue[Claim | None],
+        ended: queue.SimpleQueue[_RunEnded],
+    ) -> None:
+        """One runner thread: run each job handed to it (``None``: end), report its end and
+        wake the claiming loop. Never raises: a run's interrupt (any ``BaseException``, or a
+        library's error wrapping one) is reported, and the loop stops the worker."""
+        while (claim := inbox.get()) is not None:
+            report = _RunEnded(slot)
             try:
-                try:
-                    claim = self._claim_held()
-                    outcome = None
-                    if claim is not None:
-                        outcome = self._run_claimed(runner, claim)
-                finally:
-                    with slots.lock:
-                        slots.running -= 1
+                report = _RunEnded(slot, outcome=self._run_claimed(runner, claim))
             except Exception as exc:
-                if retry.is_interrupt(exc) or self._stop.is_set():
-                    break
-                wait = backoff.next()
-                faults.failed(exc, retry_in=wait)
-                self._stop.wait(wait)
-                continue
-            except BaseException as exc:  # an interrupt in this thread: stop the worker
-                with slots.lock:
-                    slots.error = slots.error or exc
-                self._stop.set()
-                break
-            if outcome is not None and outcome.status == "interrupted":
-                self._stop.wait(backoff.next())
-                continue
-            faults.ok()
-            backoff.reset()
-            if outcome is None:
-                self._stop.wait(self.poll_seconds)
-            elif outcome.status not in ("helped", "stopped"):
-                with slots.lock:
-                    slots.ended += 1
+                if retry.is_interrupt(exc):
+                    report = _RunEnded(slot, interrupt=exc)
+                else:  # a bug: JobRunner.run fails a job rather than raise
+                    log.exception("job %s: its run raised", claim.job_id)
+            except BaseException as exc:
+                report = _RunEnded(slot, interrupt=exc)
+            finally:
+                ended.put(report)
+                self._wake.set()
 
-    def _run_claimed(self, runner: JobRunner, claim: Any) -> JobOutcome:
+    def _run_claimed(self, runner: JobRunner, claim: Claim) -> JobOutcome:
         """Run a claimed (and held) job to its end, then let go of it."""
         job_id, helper = claim.job_id, claim.helper
+        with self._held_lock:
+            ledger = self._held[job_id].ledger
         try:
-            self.heartbeat("busy", job_id)
             log.info("worker %s %s job %s", self.worker_id, "helps" if helper else "runs", job_id)
-            outcome = runner.run(job_id, helper=helper)
+            outcome = runner.run(job_id, helper=helper, ledger=ledger)
         finally:
             with self._held_lock:
                 self._held.pop(job_id, None)
-                others = list(self._held)
                 if self.admission is not None:
                     self.admission.release(job_id)
-            if not self._stop.is_set():
-                with contextlib.suppress(Exception):  # the next heartbeat says it again
-                    if others:
-                        self.heartbeat("busy", others[0])
-                    else:
-                        self.heartbeat("idle")
         _log_outcome(job_id, outcome)
         return outcome
 
 
-#: Seconds a signalled worker has to stop by itself before it is interrupted
+#: Seconds an interrupted worker holding several jobs waits for its runner threads to end
+#: (their backends closed) once it has given their jobs back (:meth:`Worker._give_back_held`),
+#: and the default grace of a signalled worker before it is interrupted
 #: (:func:`stop_on_signals`).
 STOP_GRACE_SECONDS = 3.0
 
@@ -1533,32 +1619,48 @@ def stop_on_signals(
     """While in the block, ``signals`` stop ``worker`` (enter it in the main thread, around
     :meth:`Worker.run_forever`); the previous handlers are put back after.
 
-    The first signal only sets the worker's stop flag (:meth:`Worker.stop`): every loop ends at
+    The first signal only asks for the worker's stop (:meth:`Worker.stop`): every loop ends at
     its next check, a running job after the measurement in flight (an isolated one is
     interrupted), giving back its reservations and lease. Nothing is interrupted half-way: an
     interrupt raised at a random point lands inside a database call, where a library may turn
     it into an error of its own (psycopg does, in SQLAlchemy's connection check) or leave a
     transaction open in a cleanup it cut short. Only if the worker is still running
     ``grace_seconds`` later (a call that blocks), or on a second signal, is ``KeyboardInterrupt``
-    raised in the main thread; a wrapped one is recognised (:func:`db.retry.is_interrupt`)."""
+    raised in the main thread; a wrapped one is recognised (:func:`db.retry.is_interrupt`).
+
+    The handler takes no lock: it writes a byte to a pipe, and a thread of this block calls
+    :meth:`Worker.stop` and starts the grace. A lock taken in a handler (an ``Event``'s) may be
+    held by the very code the signal interrupted in the main thread, and never be released."""
     import _thread
 
     timers: list[threading.Timer] = []
+    signalled = [False]  # written by the handler only (the main thread): no lock needed
+    read_end, write_end = os.pipe()
 
     def handler(signum: int, frame: Any) -> None:
-        if worker.stopping:
+        if signalled[0] or worker.stopping:
             raise KeyboardInterrupt  # asked again, or the grace is over: now
-        worker.stop()
-        timer = threading.Timer(grace_seconds, _thread.interrupt_main)
-        timer.daemon = True
-        timers.append(timer)
-        timer.start()
+        signalled[0] = True
+        os.write(write_end, b"s")
 
+    def stopper() -> None:
+        if os.read(read_end, 1):  # empty: the block ended without a signal
+            worker.stop()
+            timer = threading.Timer(grace_seconds, _thread.interrupt_main)
+            timer.daemon = True
+            timers.append(timer)
+            timer.start()
+
+    thread = threading.Thread(target=stopper, name="kato-stop-on-signal", daemon=True)
+    thread.start()
     previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield
     finally:
-        for timer in timers:
-            timer.cancel()
         for sig, old in previous.items():
             signal.signal(sig, old)
+        os.close(write_end)
+        thread.join()
+        os.close(read_end)
+        for timer in timers:
+            timer.cancel()
