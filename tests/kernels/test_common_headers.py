@@ -337,3 +337,17 @@ def test_matmul_compiled_on_its_own_is_float32() -> None:
     assert alone.returncode == 0, alone.stderr
     bf16 = _preprocess(template, {**tile, "IS_BF16": 1})
     assert bf16.returncode != 0 and "cuda_bf16.h" in bf16.stderr
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_backward", "layernorm_backward"])
+def test_the_norm_backward_templates_take_their_column_reduce_from_the_header(name: str) -> None:
+    """Stage 2 (the partial rows summed per column) is kato_partials.cuh's, rendered once."""
+    template = get_operator(name).template
+    assert COMMON_HEADERS / "kato_partials.cuh" in included_headers(template)
+    text = template.read_text()
+    for held in ("sums[threadIdx.y][threadIdx.x] = sum;", "#pragma unroll 4"):
+        assert held not in text, held
+    rendered = template_source(template)
+    assert rendered.count("__device__ __forceinline__ void reduce_partials(") == 1
+    # The kernel keeps its own shared tile (its PTX name is the kernel's, as before).
+    assert "__shared__ float sums[32][33];" in text
