@@ -41,6 +41,7 @@ def test_included_headers_are_the_common_ones_in_order() -> None:
         CONVERT_HEADER,
         ROWS_HEADER,
         COMMON_HEADERS / "kato_row_sum.cuh",
+        COMMON_HEADERS / "kato_row_walk.cuh",
     ]
 
 
@@ -351,3 +352,39 @@ def test_the_norm_backward_templates_take_their_column_reduce_from_the_header(na
     assert rendered.count("__device__ __forceinline__ void reduce_partials(") == 1
     # The kernel keeps its own shared tile (its PTX name is the kernel's, as before).
     assert "__shared__ float sums[32][33];" in text
+
+
+#: The row-wise templates whose kernels walk the rows with kato_row_walk.cuh's row_walk().
+ROW_WALKERS = (
+    "rmsnorm",
+    "add_rmsnorm",
+    "add_layernorm",
+    "softmax_backward",
+    "cross_entropy",
+)
+
+
+@pytest.mark.parametrize("name", ROW_WALKERS)
+def test_the_row_walk_is_the_headers(name: str) -> None:
+    template = get_operator(name).template
+    assert COMMON_HEADERS / "kato_row_walk.cuh" in included_headers(template)
+    text = template.read_text()
+    for held in ("const int group = lane / kn::kLanes;", "const long long stride = gridDim.x;"):
+        assert held not in text, held
+    assert text.count("= kn::row_walk();") == 1
+
+
+@pytest.mark.parametrize("row_threads", [0, 8, 32])
+def test_the_row_walk_keeps_each_mode_s_geometry(row_threads: int) -> None:
+    """Block mode: one row group of BLOCK_SIZE threads per block, a block per step; warp mode:
+    kLanes lanes per group, the warp's groups on consecutive rows."""
+    macros = {**ROW_MACROS, "ROW_THREADS": row_threads, "BLOCK_SIZE": 256}
+    done = _preprocess(get_operator("rmsnorm").template, macros)
+    assert done.returncode == 0, done.stderr
+    walk = done.stdout[done.stdout.index("RowWalk row_walk()") :]
+    walk = walk[: walk.index("return w;")]
+    if row_threads == 0:
+        assert "w.groups = 1;" in walk and "w.stride = gridDim.x;" in walk
+    else:
+        assert "w.group = lane / kLanes;" in walk
+        assert "w.groups = static_cast<int>(blockDim.x) / kLanes;" in walk
