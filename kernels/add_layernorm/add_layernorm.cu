@@ -34,9 +34,6 @@
 #ifndef KATO_NS
 #define KATO_NS kato_add_layernorm
 #endif
-#ifndef CACHE
-#error "CACHE must be defined"
-#endif
 #include "../common/kato_dtype.cuh"
 
 namespace KATO_NS {
@@ -48,14 +45,12 @@ namespace KATO_NS {
 // 64-register cap).
 [[maybe_unused]] constexpr int kUnroll = 16 / kVecBytes < 4 ? 16 / kVecBytes : 4;
 
-static_assert(CACHE >= 0 && CACHE <= 2, "CACHE must be 0, 1 or 2");
-static_assert(CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in [1, 64]");
-
 #include "../common/kato_vec.cuh"
 #include "../common/kato_convert.cuh"
 #include "../common/kato_rows.cuh"
 #include "../common/kato_row_sum.cuh"
 #include "../common/kato_row_walk.cuh"
+#include "../common/kato_row_cache.cuh"
 
 // y = ((s - K) - mean_s) * rstd * w + b per vector lane (K: the row's pivot, mean_s: the mean
 // of s - K).

@@ -27,9 +27,6 @@
 #ifndef KATO_NS
 #define KATO_NS kato_rmsnorm
 #endif
-#ifndef CACHE
-#error "CACHE must be defined"
-#endif
 #include "../common/kato_dtype.cuh"
 
 namespace KATO_NS {
@@ -40,14 +37,12 @@ namespace KATO_NS {
 // 32 bytes of x in flight, at most 4 vectors (more spills under a 64-register cap).
 [[maybe_unused]] constexpr int kUnroll = 32 / kVecBytes < 4 ? 32 / kVecBytes : 4;
 
-static_assert(CACHE >= 0 && CACHE <= 2, "CACHE must be 0, 1 or 2");
-static_assert(CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in [1, 64]");
-
 #include "../common/kato_vec.cuh"
 #include "../common/kato_convert.cuh"
 #include "../common/kato_rows.cuh"
 #include "../common/kato_row_sum.cuh"
 #include "../common/kato_row_walk.cuh"
+#include "../common/kato_row_cache.cuh"
 
 __device__ __forceinline__ Raw normalise(const Raw& xv, const Raw& wv, float rstd) {
   float f[VEC], w[VEC];

@@ -38,9 +38,6 @@
 #ifndef KATO_NS
 #define KATO_NS kato_rmsnorm_backward
 #endif
-#ifndef CACHE
-#error "CACHE must be defined"
-#endif
 #ifndef DW_ACC
 #define DW_ACC 1
 #endif
@@ -55,8 +52,6 @@ namespace KATO_NS {
 // arrays unpacked to float32 at once).
 [[maybe_unused]] constexpr int kUnroll = 16 / kVecBytes < 4 ? 16 / kVecBytes : 4;
 
-static_assert(CACHE >= 0 && CACHE <= 2, "CACHE must be 0, 1 or 2");
-static_assert(CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in [1, 64]");
 static_assert(DW_ACC >= 0 && DW_ACC <= 2, "DW_ACC must be 0, 1 or 2");
 static_assert(DW_ACC != 2 || ROW_THREADS == 0, "DW_ACC 2 needs one row group per block");
 static_assert(WB_REGS == 0 || DW_ACC == 0, "WB_REGS needs the fixed columns of DW_ACC 0");
@@ -66,6 +61,7 @@ static_assert(WB_REGS == 0 || DW_ACC == 0, "WB_REGS needs the fixed columns of D
 #include "../common/kato_rows.cuh"
 #include "../common/kato_row_sum.cuh"
 #include "../common/kato_partials.cuh"
+#include "../common/kato_row_cache.cuh"
 
 // s += w dy x per vector lane; dw[j] += dy x rstd (dw: a thread's registers or a row of shared
 // memory).

@@ -24,9 +24,6 @@
 #ifndef KATO_NS
 #define KATO_NS kato_softmax_backward
 #endif
-#ifndef CACHE
-#error "CACHE must be defined"
-#endif
 #include "../common/kato_dtype.cuh"
 
 namespace KATO_NS {
@@ -37,14 +34,12 @@ namespace KATO_NS {
 // flight, at most 4 vectors (more spills under a 64-register cap with two arrays).
 [[maybe_unused]] constexpr int kUnroll = 32 / kVecBytes < 4 ? 32 / kVecBytes : 4;
 
-static_assert(CACHE >= 0 && CACHE <= 2, "CACHE must be 0, 1 or 2");
-static_assert(CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in [1, 64]");
-
 #include "../common/kato_vec.cuh"
 #include "../common/kato_convert.cuh"
 #include "../common/kato_rows.cuh"
 #include "../common/kato_row_sum.cuh"
 #include "../common/kato_row_walk.cuh"
+#include "../common/kato_row_cache.cuh"
 
 __device__ __forceinline__ Raw grad(const Raw& yv, const Raw& dyv, float dot) {
   float fy[VEC], fd[VEC];

@@ -42,6 +42,7 @@ def test_included_headers_are_the_common_ones_in_order() -> None:
         ROWS_HEADER,
         COMMON_HEADERS / "kato_row_sum.cuh",
         COMMON_HEADERS / "kato_row_walk.cuh",
+        COMMON_HEADERS / "kato_row_cache.cuh",
     ]
 
 
@@ -388,3 +389,25 @@ def test_the_row_walk_keeps_each_mode_s_geometry(row_threads: int) -> None:
     else:
         assert "w.group = lane / kLanes;" in walk
         assert "w.groups = static_cast<int>(blockDim.x) / kLanes;" in walk
+
+
+ROW_CACHERS = (
+    "rmsnorm",
+    "add_rmsnorm",
+    "add_layernorm",
+    "softmax_backward",
+    "rmsnorm_backward",
+    "layernorm_backward",
+)
+
+
+@pytest.mark.parametrize("name", ROW_CACHERS)
+def test_the_row_cache_is_checked_by_the_header(name: str) -> None:
+    template = get_operator(name).template
+    assert COMMON_HEADERS / "kato_row_cache.cuh" in included_headers(template)
+    assert "CACHE must be" not in template.read_text()
+    missing = _preprocess(template, {k: v for k, v in ROW_MACROS.items() if k != "CACHE"})
+    assert missing.returncode != 0 and "CACHE must be defined" in missing.stderr
+    asserts, _ = _checks_and_defaults(template_source(template))
+    assert 'CACHE >= 0 && CACHE <= 2, "CACHE must be 0, 1 or 2"' in asserts
+    assert 'CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in [1, 64]"' in asserts
