@@ -341,7 +341,10 @@ def test_matmul_compiled_on_its_own_is_float32() -> None:
     assert bf16.returncode != 0 and "cuda_bf16.h" in bf16.stderr
 
 
-@pytest.mark.parametrize("name", ["rmsnorm_backward", "layernorm_backward"])
+NORM_BACKWARDS = ("rmsnorm_backward", "layernorm_backward")
+
+
+@pytest.mark.parametrize("name", NORM_BACKWARDS)
 def test_the_norm_backward_templates_take_their_column_reduce_from_the_header(name: str) -> None:
     """Stage 2 (the partial rows summed per column) is kato_partials.cuh's, rendered once."""
     template = get_operator(name).template
@@ -391,14 +394,9 @@ def test_the_row_walk_keeps_each_mode_s_geometry(row_threads: int) -> None:
         assert "w.groups = static_cast<int>(blockDim.x) / kLanes;" in walk
 
 
-ROW_CACHERS = (
-    "rmsnorm",
-    "add_rmsnorm",
-    "add_layernorm",
-    "softmax_backward",
-    "rmsnorm_backward",
-    "layernorm_backward",
-)
+#: The templates that keep a row between passes (CACHE): the walkers but cross_entropy, and the
+#: norm backwards.
+ROW_CACHERS = (*(n for n in ROW_WALKERS if n != "cross_entropy"), *NORM_BACKWARDS)
 
 
 @pytest.mark.parametrize("name", ROW_CACHERS)
