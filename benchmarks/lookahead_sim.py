@@ -1,7 +1,8 @@
 """Asking ahead, simulated: nvcc waits, wall time and fraction of optimum on recorded spaces.
 
 A worker compiles configs in parallel (a bounded queue; hinted configs first; a space of at most
-``tuner.job_runner.PRECOMPILE_MAX_CONFIGS`` queued whole when the job starts) while the GPU measures;
+``tuner.job_runner.PRECOMPILE_MAX_CONFIGS`` queued whole when the job starts) while the GPU
+measures;
 with ``lookahead`` above 1 the search asks for more configs while the one it asked for compiles
 (``Search(ahead=, ready=, wait_ready=)``). This drives the real ``Search`` (default strategy) on
 a recorded space with a simulated clock: each config compiles for its recorded ``compile_time``
