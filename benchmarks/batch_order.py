@@ -4,7 +4,7 @@ A job's warm start seeds it with the winners of already-tuned shapes of the same
 dtype and GPU (``tuner/warm_start.py``), so the order of a batch decides what each job can start
 from. This replays every group of whole spaces Kato recorded on the H200 (``data/spaces``; a
 group: one operator, operator version and dtype, at least two shapes) as one batch, job after
-job, each job measuring what the worker measures (``tuner.worker.first_configs``: the
+job, each job measuring what the worker measures (``tuner.job_runner.first_configs``: the
 operator's default config, then the seeds ranked from the jobs before it, then Kato's default
 search), and counts the configs each job measures until its best is within ``--target`` (0.98)
 of its space's optimum (the budget + 1 where it never gets there). Orders compared:

@@ -1,7 +1,8 @@
 """Asking ahead, simulated: nvcc waits, wall time and fraction of optimum on recorded spaces.
 
 A worker compiles configs in parallel (a bounded queue; hinted configs first; a space of at most
-``tuner.worker.PRECOMPILE_MAX_CONFIGS`` queued whole when the job starts) while the GPU measures;
+``tuner.job_runner.PRECOMPILE_MAX_CONFIGS`` queued whole when the job starts) while the GPU
+measures;
 with ``lookahead`` above 1 the search asks for more configs while the one it asked for compiles
 (``Search(ahead=, ready=, wait_ready=)``). This drives the real ``Search`` (default strategy) on
 a recorded space with a simulated clock: each config compiles for its recorded ``compile_time``
@@ -29,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kato.tuner.proposers.forest as forest_module  # noqa: E402 - after the path insert
 from kato.tuner.backends.replay import ReplayBackend  # noqa: E402
+from kato.tuner.job_runner import PRECOMPILE_MAX_CONFIGS  # noqa: E402
 from kato.tuner.search import Budget, Search  # noqa: E402
 from kato.tuner.surrogate import ForestProposer  # noqa: E402
-from kato.tuner.worker import PRECOMPILE_MAX_CONFIGS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASETS = ROOT / "data" / "datasets" / "benchmark_hub" / "cachefiles"

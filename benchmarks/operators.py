@@ -101,7 +101,7 @@ def tune_case(sessions, db_url, operator, shape, dtype, budget):
     from kato.kernels import get_operator
     from kato.tuner.backends.pycuda import describe_device
     from kato.tuner.factories import pycuda_backend_factory
-    from kato.tuner.worker import JobRunner, default_worker_id
+    from kato.tuner.job_runner import JobRunner, default_worker_id
 
     spec = get_operator(operator)
     model = describe_device(0).model

@@ -1,7 +1,7 @@
 """Search overhead per trial in the worker: real jobs on recorded spaces, replayed.
 
 Each case is one tuning job run as ``kato worker --backend replay`` runs it: a fresh SQLite
-file database, the job queued and claimed, :class:`tuner.worker.JobRunner` with the replay
+file database, the job queued and claimed, :class:`tuner.job_runner.JobRunner` with the replay
 backend (in this process), the default strategy, budget 100. Each measurement takes
 ``--measure-ms`` (the replay backend sleeps, as ``kato serve``'s replay delay does): a GPU's
 time per config, during which the worker's other threads (the fits of the next proposal's
@@ -53,10 +53,10 @@ sys.path.insert(0, str(REPO))
 from kato.db import queries  # noqa: E402 - after the path insert
 from kato.db.session import init_db, session_factory  # noqa: E402
 from kato.kernels import get_operator  # noqa: E402
-from kato.tuner import worker as worker_module  # noqa: E402
+from kato.tuner import job_runner as job_runner_module  # noqa: E402
 from kato.tuner.factories import ReplayBackends, find_recordings  # noqa: E402
+from kato.tuner.job_runner import DEFAULT_LOOKAHEAD, JobRunner  # noqa: E402
 from kato.tuner.search import SearchResult, TrialTiming  # noqa: E402
-from kato.tuner.worker import DEFAULT_LOOKAHEAD, JobRunner  # noqa: E402
 
 #: The recorded H200 spaces (``h200_session.sh spaces``).
 DEFAULT_SPACES = (REPO / "data" / "spaces" / "h200",)
@@ -83,9 +83,9 @@ class _TimedBackend:
 @contextlib.contextmanager
 def recorded_searches() -> Iterator[list[SearchResult]]:
     """While inside, every worker search's outcome (with its per-trial timings) is appended to
-    the list yielded: :class:`tuner.worker.SharedSearch` is wrapped, nothing else changes."""
+    the list yielded: :class:`tuner.job_runner.SharedSearch` is wrapped, nothing else changes."""
     searches: list[SearchResult] = []
-    base = worker_module.SharedSearch
+    base = job_runner_module.SharedSearch
 
     class Recorded(base):  # type: ignore[misc,valid-type]
         def run(self, budget: Any) -> SearchResult:
@@ -93,11 +93,11 @@ def recorded_searches() -> Iterator[list[SearchResult]]:
             searches.append(outcome)
             return outcome
 
-    worker_module.SharedSearch = Recorded  # type: ignore[misc]
+    job_runner_module.SharedSearch = Recorded  # type: ignore[misc]
     try:
         yield searches
     finally:
-        worker_module.SharedSearch = base  # type: ignore[misc]
+        job_runner_module.SharedSearch = base  # type: ignore[misc]
 
 
 def per_trial(

@@ -7,7 +7,7 @@ What it does, in one run:
    (no worker here runs L4 jobs, so they stay queued) and an API token without a queue limit;
 2. ``kato serve --no-workers --api-workers N`` in a subprocess on a free loopback port
    (``--api-threads``: ``KATO_API_THREADS``, each process's thread limit and pool size);
-3. a tuning writer in another subprocess: replay-backed jobs (``tuner.worker.JobRunner`` on the
+3. a tuning writer in another subprocess: replay-backed jobs (``tuner.job_runner.JobRunner`` on the
    recorded softmax space in ``tests/data/recorded``, ``--trial-delay`` seconds per trial, as a
    GPU would take) run back to back for the whole run, storing trials, Optuna studies and
    winners in the same database;
@@ -153,7 +153,7 @@ def run_writer(db_url: str, trial_delay: float) -> None:
     from kato.db.session import init_db, session_factory
     from kato.kernels import get_operator
     from kato.tuner.backends.replay import ReplayBackend
-    from kato.tuner.worker import JobRunner, default_worker_id
+    from kato.tuner.job_runner import JobRunner, default_worker_id
 
     class SlowReplay(ReplayBackend):
         def evaluate(self, config: dict[str, Any]) -> Any:

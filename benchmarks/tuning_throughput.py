@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 DEFAULT_KT_STRATEGIES = ("genetic_algorithm", "greedy_ils", "dual_annealing")
 
-from kato.tuner.worker import DEFAULT_LOOKAHEAD  # noqa: E402 - after the path insert
+from kato.tuner.job_runner import DEFAULT_LOOKAHEAD  # noqa: E402 - after the path insert
 
 
 def run_kato(
@@ -65,7 +65,7 @@ def run_kato(
     from kato.kernels import get_operator
     from kato.tuner.backends.pycuda import describe_device
     from kato.tuner.factories import pycuda_backend_factory
-    from kato.tuner.worker import JobRunner, default_worker_id
+    from kato.tuner.job_runner import JobRunner, default_worker_id
 
     spec = get_operator(operator)
     tmp = Path(tempfile.mkdtemp(prefix="kato-throughput-"))

@@ -57,7 +57,15 @@ Contracts:
   :meth:`JobLedger.record` reserves the config again to store the result, unless another worker
   has taken it since, the budget is used up or the job stopped.
 - **Threads.** A :class:`JobLedger` may be used from several threads at once (the search, its
-  write-behind thread, the heartbeat): every step opens its own session.
+  write-behind thread, the heartbeat, the worker's thread that gives a held job back): every
+  step opens its own session.
+- **Given back is final.** Once :meth:`JobLedger.give_back` has begun, that ledger takes
+  nothing more: :meth:`JobLedger.reserve` answers ``stopped`` and :meth:`JobLedger.renew`
+  ``"stopped"`` without a database call, and a reservation or renewal in flight in another
+  thread commits before the give-back releases anything. So a worker may give back a job whose
+  runner is still going (stuck in a measurement) at once, without waiting for it, and that
+  runner cannot take the lease or a reservation again afterwards; a result it measured before
+  is still stored (:meth:`JobLedger.record` leaves no reservation behind).
 - **Upgrades.** Placeholders of workers older than migration 0007 (a fleet half-way through
   a rolling upgrade) have no ``reserved_by``; their ``error`` text names the worker. They are
   released only once that worker is not live and the placeholder is older than a lease, never
@@ -107,7 +115,8 @@ T = TypeVar("T")
 
 #: What :meth:`JobLedger.reserve` answers: ``reserved`` (measure it), ``taken`` (recorded
 #: already, or another worker measures it), ``budget`` (every unit of the budget is reserved),
-#: ``stopped`` (the job is no longer running, or a cancel was requested).
+#: ``stopped`` (the job is no longer running, a cancel was requested, or this worker gave the
+#: job back: :meth:`JobLedger.give_back`).
 Reservation = Literal["reserved", "taken", "budget", "stopped"]
 
 #: What :meth:`JobLedger.adopt_version` answers: ``moved`` (the job is at the new version now),
@@ -298,6 +307,10 @@ class JobLedger:
         self.worker_id = ledger.worker_id
         self._held: set[str] = set()
         self._lock = threading.Lock()
+        #: Held across each reservation and renewal, and while :meth:`give_back` marks the job
+        #: given back: those in flight commit first, none starts after.
+        self._fence = threading.Lock()
+        self._given_back = False
 
     def _step(self, what: str, work: Callable[[Session], T], *, retried: bool = True) -> T:
         return self.ledger.step(f"job {self.job_id}: {what}", work, retried=retried)
@@ -316,8 +329,9 @@ class JobLedger:
         """One heartbeat's check; one try (a fault is raised: the caller tries on its next
         beat). ``None`` while the job goes on (the owner's lease renewed for a lease), else why
         this worker must stop: ``"cancelled"`` (a cancel was requested, or the job was
-        cancelled) or ``"lost"`` (the job runs under another worker's lease, ended, or is gone;
-        a helper's is the owner's to hold, so only the job's end stops a helper)."""
+        cancelled), ``"lost"`` (the job runs under another worker's lease, ended, or is gone;
+        a helper's is the owner's to hold, so only the job's end stops a helper) or
+        ``"stopped"`` (this ledger gave the job back: nothing is renewed)."""
 
         def beat(session: Session) -> str | None:
             if not self.helper and queries.renew_lease(
@@ -331,7 +345,10 @@ class JobLedger:
                 return "cancelled"
             return "lost"
 
-        return self._step("heartbeat", beat, retried=False)
+        with self._fence:
+            if self._given_back:
+                return "stopped"
+            return self._step("heartbeat", beat, retried=False)
 
     def adopt_version(self, old_version: str, new_version: str) -> Adoption:
         """Owner: move the job from ``old_version`` of its operator to ``new_version`` if it
@@ -403,14 +420,18 @@ class JobLedger:
         """Reserve ``config`` for this worker to measure (see :data:`Reservation`); then
         :meth:`record` its result or :meth:`release` it. ``reserved`` also when this worker
         holds the reservation already (a try whose commit landed made again). The placeholder
-        takes the job's lowest free trial number."""
-        answer = self._step(
-            "reserve a trial",
-            lambda s: _reserve(s, self.job_id, config, config_key, self.worker_id),
-        )
-        if answer == "reserved":
-            with self._lock:
-                self._held.add(config_key)
+        takes the job's lowest free trial number. ``stopped`` at once after :meth:`give_back`.
+        """
+        with self._fence:
+            if self._given_back:
+                return "stopped"
+            answer = self._step(
+                "reserve a trial",
+                lambda s: _reserve(s, self.job_id, config, config_key, self.worker_id),
+            )
+            if answer == "reserved":
+                with self._lock:
+                    self._held.add(config_key)
         return answer
 
     def await_result(
@@ -686,8 +707,14 @@ class JobLedger:
         itself.
 
         ``every_reservation``: release every reservation the job's rows hold in this worker's
-        name, also those this ledger did not make: a worker gives back a job whose runner
-        (another thread, another ledger) did not stop (:class:`tuner.worker.Worker`)."""
+        name, also those this ledger did not make (one whose answer a fault lost).
+
+        Safe to call from any thread, more than once, while another thread still uses this
+        ledger: from its start nothing more is reserved or renewed through it (the module
+        docstring, "Given back is final"), so a worker gives back a job whose runner has not
+        stopped (:class:`tuner.worker.Worker`) at once and for good."""
+        with self._fence:  # a reservation or renewal in flight lands first, none after
+            self._given_back = True
         self.release_mine()
         if every_reservation:
             try:

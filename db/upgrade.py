@@ -153,7 +153,7 @@ def find_stale_keys(
         at_current = version == current_versions.get(op)
         if status in LIVE_STATUSES:
             # A job of another version counts when the worker that claims it next will move
-            # it to the current version (tuner.worker._check_operator_version): it has
+            # it to the current version (tuner.job_runner._check_operator_version): it has
             # measured nothing and is queued, or its worker died (the lease expired).
             claimable = status == "queued" or (lease is not None and lease < now)
             if at_current or (claimable and not has_trials):

@@ -62,7 +62,7 @@ VARIABLES: dict[str, Variable] = {
         ),
         Variable(
             "KATO_HELPER_GRACE_SECONDS",
-            "kato.tuner.worker",
+            "kato.tuner.job_runner",
             "how long a job's owner waits beyond a lease for its helpers' last measurements "
             "(default: the per-trial limit's default, 60 s)",
         ),

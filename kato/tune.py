@@ -3,7 +3,7 @@ database and service.
 
 Locally (no ``service``) the operator is registered in this process, a job is queued in Kato's
 database (``db``: default the ``KATO_DB_URL`` / SQLite default) and run at once by a
-:class:`tuner.worker.JobRunner` on this machine's GPU (the PyCUDA backend, measured as a
+:class:`tuner.job_runner.JobRunner` on this machine's GPU (the PyCUDA backend, measured as a
 worker measures, :func:`tuner.backends.isolated.measuring_backend`: in a child process under
 the per-trial limit, so a config that hangs or faults is a ``timeout`` or ``crashed`` result
 and the search goes on), or on the replay backend with ``simulation_mode`` (the ``cache``
@@ -320,7 +320,7 @@ def _tune_locally(
     from kato.kernels.registry import register
     from kato.service.settings import Settings
     from kato.service.workers import build_runner, queue_and_claim
-    from kato.tuner.worker import default_worker_id
+    from kato.tuner.job_runner import default_worker_id
 
     register(op)  # before a measuring child starts: it is sent this process's operator
     if simulation:

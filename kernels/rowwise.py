@@ -124,6 +124,21 @@ def row_cache_bytes(config: Config, cols: int, itemsize: int, arrays: int) -> in
     return rows_per_block(config) * arrays * body_vectors(cols, config["VEC"]) * vec_bytes
 
 
+def weight_registers_fit(
+    config: Config, cols: int, itemsize: int, arrays: int, overhead: int
+) -> int:
+    """1 if CACHE=2 keeps the weight (and a bias) in registers too (WB_REGS): every row must have
+    the same head (``cols % VEC == 0``) and ``arrays`` row-sized register sets (the cached row,
+    the loads of its first pass, the weight, a bias: :func:`vector_registers` each), ITEM_REGISTERS
+    per item and ``overhead`` must fit under the register cap."""
+    if config["CACHE"] != 2 or cols % config["VEC"] != 0:
+        return 0
+    items = items_per_thread(config, cols)
+    need = arrays * vector_registers(config, cols, itemsize) + overhead
+    need += ITEM_REGISTERS * items
+    return int(need <= register_cap(config))
+
+
 class RowwiseSpec(OperatorSpec):
     """The part of a row-wise operator's spec the three share; subclasses set the class
     attributes of :class:`~kernels.spec.OperatorSpec` plus:
@@ -295,3 +310,37 @@ class RowwiseSpec(OperatorSpec):
 
     #: ``(atol, rtol)`` of the main output per dtype (see each spec's docstring for why).
     TOLERANCES: dict[str, tuple[float, float]] = {}
+
+
+class GroupedRowsSpec(RowwiseSpec):
+    """A row-wise norm forward (``rmsnorm``, ``add_rmsnorm``, ``add_layernorm``): GROUP_ROWS row
+    groups per block (launch geometry only; each subclass lists it in its :attr:`params`) and,
+    with CACHE=2, the weight kept in registers where :meth:`wb_regs` says it fits."""
+
+    def wb_regs(self, config: Config, cols: int, itemsize: int) -> int:
+        """1 if CACHE=2 keeps the weight in registers too (the WB_REGS macro), else 0."""
+        raise NotImplementedError
+
+    def default_config(self, shape: Sequence[int], dtype: str) -> Config:
+        """:meth:`RowwiseSpec.base_default`, then 4 rows per group where the grid still has at
+        least 4 waves of 132 SMs x 8 blocks (weight loads shared by 4 rows)."""
+        rows, _ = self.validate(shape, dtype)
+        config = self.base_default(shape, dtype, {"GROUP_ROWS": 1})
+        if math.ceil(rows / rows_per_block(config)) >= 4 * (4 * limits.NUM_SMS * 8):
+            config["GROUP_ROWS"] = 4
+        return config
+
+    def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
+        """The row-wise macros (:meth:`RowwiseSpec.defines`) and WB_REGS (:meth:`wb_regs`);
+        GROUP_ROWS is launch geometry only."""
+        macros = super().defines(config, shape, dtype)
+        macros["WB_REGS"] = self.wb_regs(config, shape[1], DTYPES[dtype][2])
+        return macros
+
+    def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
+        """``ceil(rows / (rows_per_block * GROUP_ROWS))`` blocks (grid-stride over rows)."""
+        rows, cols = shape
+        groups = rows_per_block(config) * config["GROUP_ROWS"]
+        grid = min(math.ceil(rows / groups), limits.MAX_GRID_X)
+        shared = self.dynamic_shared_bytes(config, cols, DTYPES[dtype][2])
+        return Launch(grid=(grid, 1, 1), block=(config["BLOCK_SIZE"], 1, 1), shared_bytes=shared)

@@ -16,7 +16,8 @@ from kato.service.settings import Settings
 
 if TYPE_CHECKING:  # the tuner is imported by the functions, when a worker is built
     from kato.tuner.factories import BackendFactory
-    from kato.tuner.worker import JobRunner, Worker
+    from kato.tuner.job_runner import JobRunner
+    from kato.tuner.worker import Worker
     from sqlalchemy.orm import Session, sessionmaker
 
 
@@ -103,7 +104,7 @@ def build_runner(
         ValueError: ``KATO_DB_RETRY_SECONDS`` is not a number of seconds >= 0.
     """
     from kato.db.retry import RetryPolicy
-    from kato.tuner.worker import JobRunner
+    from kato.tuner.job_runner import JobRunner
 
     return JobRunner(
         sessions,

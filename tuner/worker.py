@@ -2,1100 +2,73 @@
 
 It claims only jobs its backends can answer (the factory's ``scope``, :class:`db.queries.JobScope`:
 a GPU worker's every registered operator, a replay worker's the problems of its recordings);
-the others stay queued for workers that can.
-
-A job's life on a worker: claim (with a lease) -> build a backend for (operator, shape, dtype) ->
-run the search with the job's Optuna study stored in the same database -> record every trial as
-it is measured -> write the winner to ``best_configs`` -> mark the job done.
-
-While a job runs, a heartbeat thread renews the lease (every ``min(lease/3, 1 s)``, so a trial
-longer than the lease keeps it) and refreshes the worker's ``kato_workers`` row. When the renewal
-fails (a cancel was requested, or the lease went to another worker) it interrupts the backend:
-an isolated measurement (:mod:`tuner.backends.isolated`) is killed at once, and the search stops
-before its next trial. ``DELETE /v1/jobs/{id}`` therefore stops a running job within about a
-second.
-
-Everything the worker asks of the job database goes through its ledger (:mod:`db.ledger`:
-claims, heartbeats, reservations, results, the job's end; sessions and retries are the
-ledger's). Every config is reserved before it is measured (:meth:`db.ledger.JobLedger.reserve`:
-a placeholder row under the unique ``(job_id, config_key)`` constraint that also takes one unit
-of the budget), so nothing is measured twice, also when several workers share one job: an idle
-worker joins a running job with budget left as a *helper*; owner and helpers ask the same Optuna
-study (``kato-job-<id>``), see each other's results and reservations before every proposal, and
-the owner finishes the job once the budget is used and the helpers' last measurements are in.
-
-A job interrupted half-way (worker killed, host gone) is claimed again once its lease expires;
-the trials already recorded are loaded as known results and never measured again, and the
-reservations of dead workers are released.
+the others stay queued for workers that can. Each claimed job is run by a
+:class:`tuner.job_runner.JobRunner` (the job's life, heartbeats, reservations, resumption); a
+worker holding several jobs at once hands them to runner threads and gives every held job back
+when it is interrupted. Claims, presence rows and give-backs go through the ledger
+(:mod:`db.ledger`); backends come from a factory (:mod:`tuner.factories`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import inspect
-import json
 import logging
-import math
 import os
+import queue
 import signal
 import socket
 import threading
 import time
-import uuid
-import zlib
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-import optuna
 from kato.db import queries, retry
-from kato.db.ledger import Claim, JobLedger, Ledger, Seen
-from kato.db.models import Job, utcnow
+from kato.db.ledger import Claim, JobLedger
+from kato.db.models import Job
 from kato.kernels import get_operator
-from kato.kernels.spec import InvalidInput
-from kato.tuner import framework
 from kato.tuner.admission import MemoryAdmission
-from kato.tuner.backends.abilities import abilities_of, factory_abilities_of
-from kato.tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
-from kato.tuner.backends.isolated import (
-    DEFAULT_TRIAL_TIMEOUT_S,
-    TrialInterrupted,
-)
 from kato.tuner.factories import BackendFactory
 from kato.tuner.gpu_gate import GpuGate
-from kato.tuner.proposers import proposer_class
-from kato.tuner.search import Budget, Search, SearchResult, best_of
-from kato.tuner.study import (
-    FAILED_VALUE,
-    StudyParams,
-    describe_study,
-    job_attrs,
-    job_study_name,
-    optuna_storage,
-    record_study,
+from kato.tuner.job_runner import (
+    DEFAULT_LOOKAHEAD,
+    JobOutcome,
+    JobRunner,
+    default_worker_id,
 )
-from kato.tuner.surrogate import import_models
-from kato.tuner.warm_start import SourceReader, warm_start_configs
-
-from kato import env
-from kato.shared.kt_cache import config_key
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger(__name__)
 
-#: Spaces up to this many valid configs are compiled ahead in full when a job starts.
-PRECOMPILE_MAX_CONFIGS = 2000
-
-#: Configs a job's search may have asked for and not measured yet while the GPU would otherwise
-#: wait on nvcc (``Search(ahead=...)``). On the H200 (softmax 32768x4096 float16, budget 100) the
-#: GPU waited 4.9-5.5 s per job with 1 and 0.65-0.93 s with 4 (docs/results_h200.md). Each
-#: proposal made ahead misses the results in flight: ``benchmarks/lookahead_sim.py`` (the
-#: recorded spaces on a simulated clock, 40 seeds, budget 100) gives fraction of optimum / wall
-#: seconds for 1 -> 4 of 0.896 / 66 -> 0.900 / 51 (convolution A100, 2.7 s compiles), 0.979 / 74
-#: -> 0.965 / 61 (A4000), 0.977 / 18 -> 0.977 / 15 (gemm). 1 keeps the replayed search's quality
-#: per measurement, at the cost of the GPU's idle time.
-DEFAULT_LOOKAHEAD = 4
-
-#: Times the framework's own op for a finished job on the device it ran on, stopping when the
-#: event is set: (job, device, stop) -> FrameworkResult (:mod:`tuner.framework`).
-FrameworkTimer = Callable[[Job, DeviceInfo, framework.StopFlag], framework.FrameworkResult]
-
 #: Longest wait between two polls of an idle worker whose database keeps failing (the waits
 #: double from ``poll_seconds`` up to this).
 IDLE_BACKOFF_MAX_SECONDS = 15.0
 
-T = TypeVar("T")
-
-
-def default_worker_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-def first_configs(read_sources: SourceReader, job: Job, space: Any) -> list[dict[str, Any]]:
-    """What a job measures first: the operator's default config for the job's shape (what a
-    lookup serves before tuning, so every job records how far its winner beats it:
-    docs/defaults.md), then the warm start's configs from what ``read_sources`` finds
-    (:meth:`db.ledger.JobLedger.warm_start_sources`), each once."""
-    first: list[dict[str, Any]] = []
-    try:
-        default = get_operator(job.operator).default_config(list(job.shape), job.dtype)
-        if space.is_valid(default):  # a replay space may not hold it
-            first.append(default)
-    except Exception:  # an operator without a default for this shape still tunes
-        log.warning("job %s: no default config to measure first", job.id, exc_info=True)
-    seen = {space.key(c) for c in first}
-    # The warm start's configs are valid already (it checks them with space.is_valid).
-    first += [
-        c for c in warm_start_configs(read_sources, job, space.is_valid) if space.key(c) not in seen
-    ]
-    return first
-
-
-@dataclass
-class JobOutcome:
-    job_id: str
-    status: str
-    measured: int
-    best_time_ms: float | None
-    error: str | None = None
-
-
-def _check_operator_version(job: Job, ledger: JobLedger) -> None:
-    """Make sure ``job`` (a detached copy) is tuned for its operator's current code.
-
-    A job submitted for an older version of its operator (before an upgrade of Kato) that has
-    measured nothing is moved to the current version by its owner
-    (:meth:`db.ledger.JobLedger.adopt_version`, and on the copy): its results then describe
-    the kernel that runs. A worker of older code than the job's (a fleet half-way through an
-    upgrade) must not move a newer job back to its own version.
-
-    Raises:
-        RuntimeError: the job is at another version and cannot be moved, saying why.
-    """
-    try:
-        spec = get_operator(job.operator)
-    except InvalidInput:
-        return  # not a registered operator (e.g. a replayed Kernel Tuner space)
-    if spec.version == job.operator_version:
-        return
-    old, new = job.operator_version, spec.version
-    changed = f"operator {job.operator!r} is at version {new} here, the job at {old}"
-    if ledger.helper:
-        raise RuntimeError(f"{changed}: left to its owner")
-    answer = ledger.adopt_version(old, new)
-    if answer != "moved":
-        raise RuntimeError(
-            {
-                "newer": f"{changed}, a newer version (submitted by newer Kato code): upgrade "
-                "this worker, then submit the job again",
-                "gone": f"{changed}, and the job is gone",
-                "lost": f"{changed}, and the job went to another worker",
-                "measured": f"{changed}, and the job has measured configs of the old version; "
-                "submit the job again",
-            }[answer]
-        )
-    log.info(
-        "job %s: operator %s changed since it was submitted; tuning version %s (was %s)",
-        job.id, job.operator, new, old,
-    )  # fmt: skip
-    job.operator_version = new
-
-
-def _log_trial(ledger: JobLedger, job: Job, key: str, result: TrialResult, measured: int) -> None:
-    """One INFO line for a trial this worker measured and stored: job, trial number, how many
-    of the budget are measured, status, time (or the error's first line), the job's best so far
-    (every worker's), config."""
-    number, best = ledger.trial_number(key)
-    if result.time_ms is not None:
-        outcome = f"{result.time_ms:.4f} ms"
-    else:
-        outcome = ((result.error or "").strip().splitlines() or ["-"])[0][:120]
-    log.info(
-        "job %s trial %s (%d/%d): %s %s, best %s; config %s",
-        job.id, "?" if number is None else number, measured, job.budget_configs,
-        result.status.value, outcome, f"{best:.4f} ms" if best is not None else "-",
-        json.dumps(result.config, sort_keys=True),
-    )  # fmt: skip
-
-
-class _SharedStudy:
-    """The job's Optuna study as seen by one worker: each asked or added trial carries the
-    worker's id (user attribute ``kato_worker``), and telling a trial another worker already
-    failed is skipped instead of raising (a restarted owner fails the orphans of dead workers).
-
-    Its storage calls are retried on a transient database fault (:func:`db.retry.call`), each
-    safe to make again: a tell of a finished trial is skipped. An ask whose answer was lost
-    leaves a RUNNING trial without an owner, failed as an orphan when the job's search next
-    starts. Any other call that fails
-    ends the search, which the runner starts again from the stored trials."""
-
-    def __init__(
-        self,
-        study: optuna.Study,
-        worker_id: str,
-        *,
-        policy: retry.RetryPolicy | None = None,
-        stop: threading.Event | None = None,
-    ):
-        self._study, self._worker_id = study, worker_id
-        self._policy, self._stop = policy, stop
-
-    def _retried(self, what: str, step: Callable[[], T]) -> T:
-        return retry.call(
-            step, what=f"study {self._study.study_name}: {what}", logger=log,
-            policy=self._policy, stop=self._stop,
-        )  # fmt: skip
-
-    def ask(self, *args: Any, **kwargs: Any) -> optuna.Trial:
-        trial = self._retried("ask", lambda: self._study.ask(*args, **kwargs))
-        self._retried("ask", lambda: trial.set_user_attr("kato_worker", self._worker_id))
-        return trial
-
-    def tell(self, *args: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("skip_if_finished", True)
-        return self._retried("tell", lambda: self._study.tell(*args, **kwargs))
-
-    def enqueue_trial(self, *args: Any, **kwargs: Any) -> None:
-        # A repeat (an enqueue whose answer was lost) is asked for once more and then
-        # answered from the results or the configs in flight: it is never measured twice.
-        self._retried("enqueue", lambda: self._study.enqueue_trial(*args, **kwargs))
-
-    def get_trials(self, *args: Any, **kwargs: Any) -> list[optuna.trial.FrozenTrial]:
-        return self._retried("read", lambda: self._study.get_trials(*args, **kwargs))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._study, name)
-
-
-class SharedSearch(Search):
-    """:class:`Search` on a study that several workers may use at once (for a strategy that asks
-    Optuna; one that does not has no study to share): on start it fails only the RUNNING trials
-    of workers that are not live (``is_live(worker_id)``), not those other workers are
-    measuring now. A RUNNING trial with no worker yet is one another worker has just asked for
-    (its owner is written right after the ask): it is failed only once it is older than
-    ``orphan_grace_seconds``."""
-
-    def __init__(
-        self,
-        *args: Any,
-        worker_id: str,
-        is_live: Callable[[str], bool],
-        orphan_grace_seconds: float = 60.0,
-        retry_policy: retry.RetryPolicy | None = None,
-        shutdown: threading.Event | None = None,
-        **kwargs: Any,
-    ):
-        self._starting = True
-        super().__init__(*args, **kwargs)
-        self._starting = False
-        if self.study is None:
-            return
-        self.study = _SharedStudy(self.study, worker_id, policy=retry_policy, stop=shutdown)
-        running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-        now = datetime.now()  # Optuna stamps trials with naive local time
-        for t in running:
-            owner = t.user_attrs.get("kato_worker")
-            if owner is None:
-                started = t.datetime_start
-                age = (now - started).total_seconds() if started is not None else math.inf
-                orphaned = age > orphan_grace_seconds
-            else:
-                # This worker's own: left by a search of this worker that ended (a database
-                # fault ended it, or the process it had before a restart under the same id).
-                orphaned = owner == worker_id or not is_live(owner)
-            if orphaned:
-                self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-
-    def _fail_orphaned_trials(self) -> None:
-        if not self._starting:  # pragma: no cover - the base class calls it from __init__ only
-            super()._fail_orphaned_trials()
-
-
-class _BudgetUsed(Exception):
-    """Every unit of the job's budget is reserved (by this worker or others)."""
-
-
-class SharedResults:
-    """What one worker's search knows of the other workers on its job, and how a
-    :meth:`db.ledger.JobLedger.sync` changes the search's results.
-
-    ``final``: config keys whose recorded result the search holds (never read again);
-    ``pending``: keys other workers were measuring at the last sync (a ``PENDING`` placeholder
-    in the search's results, so the search neither proposes them nor overruns the budget)."""
-
-    def __init__(self, known: Collection[str] = ()) -> None:
-        self.final: set[str] = set(known)
-        self.pending: set[str] = set()
-
-    def apply(self, seen: Seen, results: dict[str, TrialResult], held: Collection[str]) -> None:
-        """Bring ``seen`` into the search's ``results``: other workers' results, and their
-        reservations as ``PENDING``. A key pending before and neither pending nor recorded now
-        was released (its worker died): it leaves ``results``, measurable again, unless this
-        worker ``held`` it since (reserved it: its result may be in the search while its row
-        waits on the write-behind) or its result is known."""
-        for key, stored in seen.results.items():
-            results[key] = TrialResult.from_dict(stored)
-            self.final.add(key)
-        for key, config in seen.pending.items():
-            if key not in results:
-                results[key] = TrialResult(config=dict(config), status=TrialStatus.PENDING)
-        for key in self.pending - set(seen.pending) - self.final - set(held):
-            results.pop(key, None)
-        self.pending = set(seen.pending)
-
-
-@dataclass
-class _JobState:
-    """What the heartbeat thread and the search share while one job runs."""
-
-    stop: threading.Event = field(default_factory=threading.Event)
-    reason: str | None = None  # cancelled | lost | stopped (the worker is shutting down)
-    shared: SharedResults = field(default_factory=SharedResults)
-    last_sync: float = 0.0
-    stored: int = 0  # results this worker stored (a search that stores one made progress)
-    backend: Any = None  # interrupted by the heartbeat on a cancel or a lost lease
-
-
-class _DatabaseUnavailable(Exception):
-    """The database kept failing for longer than the retry policy allows: the job is left
-    running under its lease, for a resume once the database answers."""
-
-
-class JobRunner:
-    """Runs one claimed job to its end, as its owner or as a helper. Never raises an
-    ``Exception``: failures end as a failed job (owner) or a failed outcome (helper); an
-    interrupt (``KeyboardInterrupt``, also wrapped in a library's error) is raised after the
-    job's reservations and lease are given back.
-
-    A database fault does not fail the job (:mod:`db.retry`): each step is retried with
-    backoff; a search that a fault ends anyway starts again from the stored trials (as a
-    resumed job does); after ``retry_policy.max_seconds`` of faults without a trial stored the
-    run ends as ``interrupted`` and the job is left running under its lease for a resume.
-    Only the job's own work (its backend, kernels, search) fails it.
-
-    Args:
-        lease_seconds: lease length; renewed every ``heartbeat_seconds`` (default
-            ``min(lease/3, 1)``) by a background thread. Also how long a worker's heartbeat
-            may be silent before it counts as dead (its reservations are released).
-        on_heartbeat: called with ``(status, job_id)`` on every heartbeat (the worker refreshes
-            its ``kato_workers`` row); exceptions are logged.
-        sync_seconds: how often the search reads the other workers' results and reservations.
-        lookahead: most configs the search asks for ahead while the GPU would wait on the
-            compiler (``Search(ahead=...)``; 1: never). Only backends that compile ahead
-            (:class:`tuner.backends.abilities.ReportsCompiled`) are asked ahead for.
-        retry_policy: how database faults are retried (default
-            :meth:`db.retry.RetryPolicy.from_env`).
-        shutdown: set when the worker stops (a signal): the search stops before its next
-            measurement, database steps are no longer retried, and the run ends ``stopped``
-            with its reservations and lease given back.
-        framework_timer: times PyTorch's own op for a job the owner is about to finish
-            (:mod:`tuner.framework`), stored beside the winner; default: the backend
-            factory's, if it has one (:class:`tuner.backends.abilities.MeasuresFramework`:
-            a GPU worker's does, a replay worker's not). ``KATO_FRAMEWORK_BASELINE=false``
-            turns it off. A baseline that fails or disagrees with the references is logged,
-            never stored, and the job is done all the same.
-        gpu_gate: the GPU's gate (:mod:`tuner.gpu_gate`), shared by the runners of a worker
-            that holds several jobs at once (each measurement, device set-up, close and
-            baseline then takes turns, and a config's compile is awaited before its turn, so
-            nvcc never holds the GPU); default: one of its own. It also counts the job's GPU
-            busy time, stored with the job (``gpu_busy_s``, ``gpu_busy_fraction``).
-        admission: the memory ledger of a worker holding several jobs at once
-            (:mod:`tuner.admission`): the job's device set-up then runs in a GPU turn of its
-            own before its search, right after its backend reads the device's free memory
-            for it, and the job leaves it when its run ends.
-    """
-
-    def __init__(
-        self,
-        sessions: sessionmaker[Session],
-        db_url: str,
-        backend_factory: BackendFactory,
-        *,
-        worker_id: str,
-        lease_seconds: float = 60.0,
-        on_progress: Callable[[TrialResult, int, int], None] | None = None,
-        on_heartbeat: Callable[[str, str | None], None] | None = None,
-        heartbeat_seconds: float | None = None,
-        sync_seconds: float = 0.5,
-        lookahead: int = DEFAULT_LOOKAHEAD,
-        retry_policy: retry.RetryPolicy | None = None,
-        shutdown: threading.Event | None = None,
-        framework_timer: FrameworkTimer | None = None,
-        gpu_gate: GpuGate | None = None,
-        admission: MemoryAdmission | None = None,
-    ):
-        self.db_url = db_url
-        self.admission = admission
-        #: The state of the job running now (:meth:`interrupt` reads it from another thread).
-        self._state: _JobState | None = None
-        #: Whether other runners share the GPU (then compiles are awaited outside its gate).
-        self.shares_gpu = gpu_gate is not None
-        self.gpu_gate = gpu_gate or GpuGate()
-        self.backend_factory = backend_factory
-        self.worker_id = worker_id
-        self.lease_seconds = lease_seconds
-        self.on_progress = on_progress
-        self.on_heartbeat = on_heartbeat
-        self.heartbeat_seconds = heartbeat_seconds or max(0.05, min(lease_seconds / 3, 1.0))
-        self.sync_seconds = sync_seconds
-        self.lookahead = lookahead
-        self.retry_policy = retry_policy or retry.RetryPolicy.from_env()
-        self.shutdown = shutdown or threading.Event()
-        #: What the backend factory declares beyond building backends (:mod:`.abilities`).
-        self.factory_abilities = factory_abilities_of(backend_factory)
-        self.framework_timer = framework_timer or self.factory_abilities.measure_framework
-        #: Everything this worker asks of the job database (:mod:`db.ledger`).
-        self.ledger = Ledger(
-            sessions,
-            worker_id,
-            lease_seconds=lease_seconds,
-            retry_policy=self.retry_policy,
-            stop=self.shutdown,
-        )
-        #: The job database's Optuna storage, opened by the first job (:func:`optuna_storage`).
-        self._storage: optuna.storages.RDBStorage | None = None
-        import_models()  # now, not in the first job's search
-
-    def run(self, job_id: str, *, helper: bool = False) -> JobOutcome:
-        """Run ``job_id``: as its owner (claimed: the lease is ours) or, with ``helper``, as an
-        extra worker on a job another worker owns."""
-        ledger = self.ledger.job(job_id, helper=helper)
-        if self.shutdown.is_set():  # stopped between the claim and the run
-            ledger.give_back()
-            return JobOutcome(job_id, "stopped", 0, None, "the worker stopped")
-        job = ledger.load()
-        if job is None:
-            return JobOutcome(job_id, "missing", 0, None, "job not found")
-        if not helper:  # a resumed job: dead workers' measurements will never finish
-            ledger.release_stale()
-        state = _JobState()
-        self._state = state
-        beat = threading.Thread(
-            target=self._heartbeat, args=(ledger, state), name="kato-heartbeat", daemon=True
-        )
-        backend: Backend | None = None
-        interrupted = False
-        try:
-            if self.factory_abilities.runs_current_code:
-                _check_operator_version(job, ledger)
-            backend = self.backend_factory(job)
-            state.backend = backend
-            beat.start()
-            outcome = self._search(job, backend, state, ledger)
-        except BaseException as exc:
-            interrupted = not isinstance(exc, Exception) or retry.is_interrupt(exc)
-            if interrupted:
-                raise  # given back below, once the heartbeat has stopped
-            if self.shutdown.is_set():  # say, a retry given up because the worker stops
-                interrupted = True
-                outcome = JobOutcome(job_id, "stopped", 0, None, "the worker stopped")
-            else:
-                outcome = self._failed(ledger, exc)
-        finally:
-            state.stop.set()
-            if beat.is_alive():
-                beat.join(5)
-            if backend is not None:
-                self._close(backend, job_id)
-            if interrupted or state.reason == "stopped":
-                ledger.give_back()
-            if not interrupted:  # an interrupt does not wait on one more write
-                self._store_gpu_busy(ledger, job_id)
-            else:
-                self.gpu_gate.forget(job_id)
-            self._state = None
-        return outcome
-
-    def interrupt(self) -> None:
-        """Stop the job running now, from any thread (a worker stopping at once): its search
-        stops before its next measurement, an interruptible backend's measurement ends now,
-        and the run gives its reservations and lease back (``stopped``)."""
-        state = self._state
-        if state is None:
-            return
-        state.reason = state.reason or "stopped"
-        state.stop.set()
-        interrupt = abilities_of(state.backend).interrupt if state.backend is not None else None
-        if interrupt is not None:
-            interrupt()
-
-    def _close(self, backend: Backend, job_id: str) -> None:
-        """Close ``backend`` in a GPU turn (a child's context ends on the GPU), its compiles
-        ahead ended before the turn: waiting on nvcc never holds the GPU another job shares."""
-        close_compiles = abilities_of(backend).close_compiles
-        if close_compiles is not None:
-            close_compiles()
-        with self._gpu(job_id, counted=False):
-            try:
-                backend.close()
-            finally:
-                # In the same turn: a reading taken after the close, its memory free, must
-                # not add the job's need to it too (tuner.admission).
-                if self.admission is not None:
-                    self.admission.closed(job_id)
-
-    def _set_up(self, job_id: str, backend: Backend) -> None:
-        """A worker holding several jobs (:mod:`tuner.admission`): in one GPU turn, read the
-        device's free memory (every held job set up before this one has its buffers on the
-        device by now: each did so in a turn of its own) and then set the job's device up,
-        so the next admission sees its buffers too. Raises what the set-up raises."""
-        assert self.admission is not None
-        abilities = abilities_of(backend)
-        with self._gpu(job_id):
-            memory = abilities.memory() if abilities.memory is not None else None
-            self.admission.set_up(
-                job_id,
-                memory.free_bytes if memory is not None else None,
-                memory.total_bytes if memory is not None else None,
-            )
-            if abilities.prepare is not None:
-                abilities.prepare()
-
-    def _gpu(self, job_id: str, *, counted: bool = True) -> contextlib.AbstractContextManager:
-        """The GPU's turn for ``job_id``'s work (:class:`tuner.gpu_gate.GpuGate`)."""
-        return self.gpu_gate.hold(job_id, counted=counted)
-
-    def _store_gpu_busy(self, ledger: JobLedger, job_id: str) -> None:
-        """Add the seconds this run held the GPU to the job's record (its busy fraction follows
-        once it has ended); a database fault loses the figure, never the job."""
-        busy = self.gpu_gate.forget(job_id)
-        if busy <= 0:
-            return
-        try:
-            ledger.add_gpu_busy(busy)
-        except Exception as exc:
-            if not retry.is_transient(exc):
-                raise
-            log.warning("job %s: its GPU busy time was not stored: %s", job_id, exc)
-
-    def _failed(self, ledger: JobLedger, exc: Exception) -> JobOutcome:
-        """The run raised ``exc``: a database fault that outlasted the retries leaves the job
-        for a resume (``interrupted``); anything else (a broken backend or kernel) fails the
-        job, not the worker."""
-        job_id = ledger.job_id
-        error = f"{type(exc).__name__}: {exc}"
-        if isinstance(exc, _DatabaseUnavailable) or retry.is_transient(exc):
-            log.warning(
-                "job %s: left for a resume: the database failed for too long (%s)",
-                job_id, retry.describe(exc),
-            )  # fmt: skip
-            ledger.release_mine()
-            return JobOutcome(job_id, "interrupted", 0, None, retry.describe(exc))
-        log.exception("job %s failed", job_id)
-        ledger.release_mine()
-        if ledger.helper:
-            return JobOutcome(job_id, "failed", 0, None, error)
-        try:
-            if not ledger.fail(error):
-                # The lease went to another worker (say, a write failed in a network
-                # partition longer than the lease): the job is that worker's now.
-                return JobOutcome(job_id, "lost", 0, None, error)
-        except Exception as db_error:
-            if not retry.is_transient(db_error):
-                raise
-            log.warning("job %s: could not be marked failed: %s", job_id, retry.describe(db_error))
-            return JobOutcome(job_id, "interrupted", 0, None, error)
-        return JobOutcome(job_id, "failed", 0, None, str(exc))
-
-    # --- heartbeat ------------------------------------------------------------------------
-
-    def _heartbeat(self, ledger: JobLedger, state: _JobState) -> None:
-        """Renew the lease (owner) or check the job is still on (helper) until the job ends;
-        on a cancel, a lost lease or a shutdown, stop the search and interrupt the backend. A
-        database fault is logged once (and its recovery), and tried again on the next beat."""
-        faults = retry.FaultLog(log, f"job {ledger.job_id}: heartbeat")
-        while not state.stop.wait(self.heartbeat_seconds):
-            if self.shutdown.is_set():
-                reason = "stopped"
-            else:
-                try:
-                    reason = self._beat(ledger)
-                except Exception as exc:  # database hiccup: try again on the next beat
-                    faults.failed(exc)
-                    continue
-                faults.ok()
-                if reason is None:
-                    continue
-            state.reason = reason
-            state.stop.set()
-            interrupt = abilities_of(state.backend).interrupt
-            if interrupt is not None:
-                interrupt()
-            return
-
-    def _beat(self, ledger: JobLedger) -> str | None:
-        """One heartbeat: ``None`` while the job goes on, else why this worker must stop."""
-        if self.on_heartbeat is not None:
-            # Before the lease: a heartbeat never outlives the lease it came with, so
-            # a worker whose lease expired is never taken for live.
-            self.on_heartbeat("busy", ledger.job_id)
-        return ledger.renew()
-
-    # --- the search -----------------------------------------------------------------------
-
-    def _sync(self, ledger: JobLedger, search: Search, state: _JobState) -> None:
-        """Bring other workers' results and reservations into the search (they count towards
-        the budget and are never proposed to this worker's backend)."""
-        seen = ledger.sync(state.shared.final)
-        state.shared.apply(seen, search.results, ledger.held())
-
-    def _await_result(self, ledger: JobLedger, key: str, state: _JobState) -> TrialResult | None:
-        """Wait for another worker's measurement of ``key``; ``None`` if it was released."""
-        stored = ledger.await_result(key, state.stop)
-        if stored is not None:
-            state.shared.final.add(key)
-            return TrialResult.from_dict(stored)
-        if state.stop.is_set():
-            raise TrialInterrupted("the job stopped")
-        return None
-
-    def _search(
-        self, job: Job, backend: Backend, state: _JobState, ledger: JobLedger
-    ) -> JobOutcome:
-        outcome = self._search_until_settled(job, backend, state, ledger)
-        helper = ledger.helper
-        if state.reason == "stopped":
-            return JobOutcome(job.id, "stopped", outcome.measured, None, "the worker stopped")
-        if state.reason is not None or outcome.stopped == "cancelled":
-            current = ledger.load()
-            cancelled = current is not None and (
-                current.cancel_requested or current.status == "cancelled"
-            )
-            if helper or not cancelled:
-                # A helper leaves the job to its owner; an owner whose lease went to another
-                # worker leaves it to that worker.
-                status = "helped" if helper else "lost"
-                return JobOutcome(job.id, status, outcome.measured, None, state.reason)
-            self._write_study_view(job, backend, ledger)
-            if not ledger.cancel():  # claimed by another worker since: the job is its
-                return JobOutcome(job.id, "lost", outcome.measured, None, state.reason)
-            return JobOutcome(job.id, "cancelled", outcome.measured, None, None)
-        if helper:
-            return JobOutcome(job.id, "helped", len(outcome.new), None, None)
-        self._write_study_view(job, backend, ledger)
-        return self._finish(job, backend, state, ledger)
-
-    def _write_study_view(self, job: Job, backend: Backend, ledger: JobLedger) -> None:
-        """Owner, the job ending (done or cancelled): a strategy that proposes without Optuna
-        (:attr:`tuner.proposers.Proposer.uses_study` False) keeps no study while it runs, so
-        the job's study for optuna-dashboard is written now from its stored trials, each
-        tagged with the worker that measured it (:func:`tuner.study.record_study`: a config
-        the study holds already, say from an older Kato that wrote it per trial, is skipped).
-        Never fails the job: a failure is logged."""
-        if self._storage is None or proposer_class(job.strategy).uses_study:
-            return
-        try:
-            rows = ledger.measured_trials()
-            trials = [
-                (
-                    row.config,
-                    row.time_ms if row.time_ms is not None else FAILED_VALUE,
-                    row.created_at,
-                    {"kato_worker": row.reserved_by} if row.reserved_by else {},
-                )
-                for row in rows
-            ]
-            params = StudyParams(backend.space().params)
-            # Retried on a transient fault like every other write: record_study skips the
-            # configs the study holds, so a try whose commit landed adds nothing the next time.
-            retry.call(
-                lambda: record_study(
-                    self._storage, job_study_name(job.id), job_attrs(job), params, trials
-                ),
-                what=f"job {job.id}: its Optuna study", logger=log, policy=self.retry_policy,
-                stop=self.shutdown,
-            )  # fmt: skip
-        except Exception as exc:
-            # The study is a view of the stored trials (rebuilt by kato import of an export).
-            log.warning("job %s: its Optuna study was not written (%s)", job.id,
-                        retry.describe(exc) if retry.is_transient(exc) else exc)  # fmt: skip
-
-    def _search_until_settled(
-        self, job: Job, backend: Backend, state: _JobState, ledger: JobLedger
-    ) -> SearchResult:
-        """The job's search, run until its budget is used and settled (owner), or it stops.
-
-        A transient database fault that ends the search (one its retries did not absorb) does
-        not end the run: this worker's unfilled reservations are released and, after a
-        backoff, the search starts again from the stored trials and study, as a resumed job
-        does. Faults for longer than the retry policy's ``max_seconds`` without a result stored
-        raise :class:`_DatabaseUnavailable`."""
-        space = backend.space()
-        known = self._known(ledger, state)
-        precompile = abilities_of(backend).precompile
-        if precompile is not None:
-            # Compile ahead: small spaces entirely, in parallel, while the GPU measures.
-            valid = space.valid_configs()
-            if len(valid) <= PRECOMPILE_MAX_CONFIGS:
-                precompile([c for c in valid if space.key(c) not in known])
-        if self.admission is not None and not state.stop.is_set():
-            self._set_up(job.id, backend)
-        if self._storage is None:
-            # Once per runner: opening Optuna's storage checks its schema (alembic), about
-            # 0.3 s that every job of a batch paid again.
-            self._storage = retry.call(
-                lambda: optuna_storage(self.db_url), what=f"job {job.id}: open the study storage",
-                logger=log, policy=self.retry_policy, stop=self.shutdown,
-            )  # fmt: skip
-        storage = self._storage
-        try:
-            return self._search_resumed(job, backend, space, known, storage, state, ledger)
-        finally:
-            storage.engine.dispose()  # its connections, now: not when the collector runs
-
-    def _search_resumed(
-        self,
-        job: Job,
-        backend: Backend,
-        space: Any,
-        known: dict[str, TrialResult],
-        storage: optuna.storages.BaseStorage,
-        state: _JobState,
-        ledger: JobLedger,
-    ) -> SearchResult:
-        """:meth:`_search_once` until it ends other than by a transient database fault; after
-        one, from the stored results again (see :meth:`_search_until_settled`)."""
-        backoff = self.retry_policy.backoff()
-        failing_since: float | None = None
-        while True:
-            stored = state.stored
-            try:
-                return self._search_once(job, backend, space, known, storage, state, ledger)
-            except Exception as exc:
-                if not retry.is_transient(exc) or retry.is_interrupt(exc):
-                    raise
-                error = exc
-            now = time.monotonic()
-            if failing_since is None or state.stored > stored:
-                failing_since = now  # the last search stored results: a new fault
-                backoff.reset()
-            if self.shutdown.is_set():
-                raise error
-            if now - failing_since >= self.retry_policy.max_seconds:
-                raise _DatabaseUnavailable(retry.describe(error)) from error
-            wait = backoff.next()
-            log.warning(
-                "job %s: a database fault ended the search (%s); starting it again from the "
-                "stored trials in %.1f s",
-                job.id, retry.describe(error), wait,
-            )  # fmt: skip
-            ledger.release_mine()
-            if state.stop.wait(wait):
-                return SearchResult(best_of(known), known, stopped="cancelled")
-            try:
-                known = self._known(ledger, state)
-            except Exception as exc:
-                if not retry.is_transient(exc) or retry.is_interrupt(exc):
-                    raise
-                continue  # still failing: counted from failing_since, tried again
-
-    def _known(self, ledger: JobLedger, state: _JobState) -> dict[str, TrialResult]:
-        """The job's stored results (key -> result; reservations left out); they become the
-        search's known results and what ``state.shared`` holds final."""
-        stored = ledger.stored_results()
-        known = {key: TrialResult.from_dict(result) for key, result in stored.items()}
-        state.shared = SharedResults(known)
-        state.last_sync = 0.0
-        return known
-
-    def _search_once(
-        self,
-        job: Job,
-        backend: Backend,
-        space: Any,
-        known: dict[str, TrialResult],
-        storage: optuna.storages.BaseStorage,
-        state: _JobState,
-        ledger: JobLedger,
-    ) -> SearchResult:
-        """One search of the job from ``known`` (the stored results) to its settled end."""
-        helper = ledger.helper
-
-        search: Search | None = None
-
-        def should_stop() -> bool:
-            if state.stop.is_set() or self.shutdown.is_set():
-                return True
-            now = time.monotonic()
-            if search is not None and now - state.last_sync >= self.sync_seconds:
-                state.last_sync = now
-                self._sync(ledger, search, state)
-            return False
-
-        # Helpers draw their own proposals (another seed), so that workers sharing a job rarely
-        # propose the same config at once; a collision costs a wait, never a second measurement.
-        seed = job.seed if not helper else job.seed + zlib.crc32(self.worker_id.encode()) % 9973
-        live = self.ledger.live_workers()
-        abilities = abilities_of(backend)
-        search = SharedSearch(
-            space,
-            functools.partial(self._measure, ledger, backend, state, space),
-            strategy=job.strategy,
-            seed=seed,
-            storage=storage,
-            study_name=job_study_name(job.id),
-            known=known,
-            seed_configs=first_configs(ledger.warm_start_sources, job, space),
-            on_result=functools.partial(self._record, ledger, job, state, space),
-            should_stop=should_stop,
-            on_upcoming=abilities.hint,  # compile the likely next ones first
-            ahead=self.lookahead,
-            ready=abilities.is_compiled,
-            wait_ready=abilities.wait_compiled,
-            write_behind=abilities.measures_out_of_process,
-            worker_id=self.worker_id,
-            is_live=live.__contains__,
-            orphan_grace_seconds=self.lease_seconds,
-            retry_policy=self.retry_policy,
-            shutdown=self.shutdown,
-        )
-        if search.study is not None:  # what optuna-dashboard shows of the job
-            describe_study(search.study, job_attrs(job))
-        while True:
-            budget = Budget(max_configs=job.budget_configs, max_seconds=_seconds_left(job))
-            try:
-                outcome = search.run(budget)
-            except (TrialInterrupted, _BudgetUsed) as exc:
-                stopped = "budget" if isinstance(exc, _BudgetUsed) else "cancelled"
-                outcome = SearchResult(best_of(search.results), search.results, stopped=stopped)
-            if self.shutdown.is_set() and state.reason is None:
-                state.reason = "stopped"
-            if helper or state.reason is not None or outcome.stopped == "cancelled":
-                return outcome
-            # The owner settles every reservation first, whatever stopped the search.
-            if not self._budget_given_back(ledger, search, state) or outcome.stopped != "budget":
-                return outcome
-
-    def _measure(
-        self,
-        ledger: JobLedger,
-        backend: Backend,
-        state: _JobState,
-        space: Any,
-        config: dict[str, Any],
-    ) -> TrialResult:
-        """The search's ``evaluate``: reserve ``config``, then measure it; a config another
-        worker holds is awaited and answered from its result (measured again only if that
-        worker's reservation is released)."""
-        key = space.key(config)
-        while True:
-            reservation = ledger.reserve(config, key)
-            if reservation == "reserved":
-                break
-            if reservation == "budget":
-                raise _BudgetUsed
-            if reservation == "stopped":
-                raise TrialInterrupted("the job is no longer running")
-            result = self._await_result(ledger, key, state)  # taken: another worker's
-            if result is not None:
-                return result
-        try:
-            if self.shares_gpu:
-                self._await_compile(backend, config, state)
-            with self._gpu(ledger.job_id):
-                return backend.evaluate(config)
-        except BaseException:
-            ledger.release(key)
-            raise
-
-    @staticmethod
-    def _await_compile(backend: Backend, config: dict[str, Any], state: _JobState) -> None:
-        """Wait for ``config``'s compile before taking the GPU's turn, so that another job
-        measures while nvcc runs: it is moved to the front of the compile queue and awaited.
-        A backend that does not compile ahead compiles inside ``evaluate``."""
-        abilities = abilities_of(backend)
-        if abilities.is_compiled is None or abilities.hint is None:
-            return
-        while not state.stop.is_set() and not abilities.is_compiled(config):
-            abilities.hint([config])
-            if abilities.wait_compiled is not None:
-                abilities.wait_compiled([config])  # at once if not started yet: poll again
-            if not abilities.is_compiled(config):
-                state.stop.wait(0.005)
-
-    def _record(
-        self,
-        ledger: JobLedger,
-        job: Job,
-        state: _JobState,
-        space: Any,
-        result: TrialResult,
-        measured: int,
-    ) -> None:
-        """The search's ``on_result``: store a result this worker holds the reservation of.
-
-        On the search's write-behind thread where the backend measures out of process: only
-        set operations (atomic under the GIL) on the state the main thread reads."""
-        key = space.key(result.config)
-        # Final before the ledger stops holding the key: a sync skips a key in either.
-        state.shared.final.add(key)
-        if ledger.holds(key):
-            stored = ledger.record(key, result.to_dict())
-            if stored:
-                state.stored += 1
-                self._log_trial(ledger, job, key, result, measured)
-            else:
-                log.warning(
-                    "job %s: reservation of %s was released and taken since; not stored",
-                    job.id,
-                    key,
-                )
-        if self.on_progress is not None:
-            self.on_progress(result, measured, job.budget_configs)
-
-    def _log_trial(
-        self, ledger: JobLedger, job: Job, key: str, result: TrialResult, measured: int
-    ) -> None:
-        """The INFO line of a trial stored (:func:`_log_trial`); skipped on a database fault
-        (a log line is not worth a retry)."""
-        if not log.isEnabledFor(logging.INFO):
-            return
-        try:
-            _log_trial(ledger, job, key, result, measured)
-        except Exception as exc:
-            if not retry.is_transient(exc):
-                raise
-            log.info("job %s: trial of %s stored", job.id, json.dumps(result.config))
-
-    def _budget_given_back(self, ledger: JobLedger, search: Search, state: _JobState) -> bool:
-        """Owner, search stopped: wait for the other workers' last measurements, releasing the
-        reservations of dead workers. True when a release gave budget back (a worker died
-        mid-trial): the search goes on, so the job ends with its whole budget measured."""
-        deadline = time.monotonic() + self.lease_seconds + _helper_grace()
-        while not state.stop.is_set() and time.monotonic() < deadline:
-            if ledger.settle():
-                break
-            state.stop.wait(0.1)
-        current = ledger.load()
-        if current is None or current.status != "running" or current.cancel_requested:
-            return False
-        if current.trials_done >= current.budget_configs:
-            return False
-        self._sync(ledger, search, state)  # forget the released keys: measurable again
-        return len(search.results) < current.budget_configs
-
-    def _finish(
-        self, job: Job, backend: Backend, state: _JobState, ledger: JobLedger
-    ) -> JobOutcome:
-        """Owner, every reservation settled (:meth:`_budget_given_back`): store the job's best
-        (over every worker's trials) and mark the job done (:meth:`JobLedger.finish`: one
-        retried step; a try whose commit landed answers what it stored)."""
-        device = backend.device()
-        baseline = self._framework_baseline(job, backend, device, state, ledger)
-        ending = ledger.finish(
-            gpu_model=device.model,
-            compute_capability="{}.{}".format(*device.compute_capability),
-            cuda_version=device.cuda_version,
-            default_key=_default_key(job),
-            framework_ms=baseline.time_ms if baseline is not None else None,
-            framework=baseline.framework if baseline is not None else None,
-        )
-        return JobOutcome(job.id, ending.status, ending.measured, ending.best_time_ms, ending.error)
-
-    def _framework_baseline(
-        self, job: Job, backend: Backend, device: DeviceInfo, state: _JobState, ledger: JobLedger
-    ) -> framework.FrameworkResult | None:
-        """PyTorch's op timed for ``job`` (:attr:`framework_timer`), or None: no timer, turned
-        off, the job has no winner to store it beside, or the baseline is not ``ok`` (logged
-        with its reason). The job's backend is closed first, so the baseline has the GPU (and
-        its memory) to itself; every measurement of the job has been settled by now."""
-        if self.framework_timer is None or state.stop.is_set():
-            return None
-        try:
-            if not framework.enabled():
-                return None
-        except ValueError as exc:
-            log.warning("job %s: no framework baseline: %s", job.id, exc)
-            return None
-        current = ledger.load()
-        if current is None or current.best_time_ms is None:
-            return None
-        self._close(backend, job.id)  # safe to call twice: run() closes it again
-        t0 = time.monotonic()
-        stop = _Either(state.stop, self.shutdown)
-        try:
-            if "turn" in inspect.signature(self.framework_timer).parameters:
-                # PyTorch's op has the GPU to itself, torch's import left outside the turn.
-                turn = functools.partial(self._gpu, job.id, counted=False)
-                result = self.framework_timer(current, device, stop, turn=turn)
-            else:
-                with self._gpu(job.id, counted=False):
-                    result = self.framework_timer(current, device, stop)
-        except Exception:
-            log.warning("job %s: the framework baseline failed", job.id, exc_info=True)
-            return None
-        took = time.monotonic() - t0
-        if not result.ok:
-            log.warning(
-                "job %s: no framework baseline stored (%s, %.1f s): %s",
-                job.id, result.status, took, result.detail,
-            )  # fmt: skip
-            return None
-        time_ms = result.time_ms or 0.0
-        log.info(
-            "job %s: %s %s: %.4f ms, Kato's winner %.4f ms (%.2fx; %.1f s)",
-            job.id, result.framework, result.op, time_ms, current.best_time_ms,
-            time_ms / current.best_time_ms, took,
-        )  # fmt: skip
-        return result
-
-
-class _Either:
-    """Set when either event is: the job's stop (a cancel, a lost lease) or the worker's."""
-
-    def __init__(self, *events: threading.Event) -> None:
-        self.events = events
-
-    def is_set(self) -> bool:
-        return any(event.is_set() for event in self.events)
-
-
-def _default_key(job: Job) -> str | None:
-    """The config key of ``job``'s operator's default config at its shape (every job measures
-    it first: :func:`first_configs`; its time is stored beside the winner), or None."""
-    try:
-        spec = get_operator(job.operator)
-        default = spec.default_config(list(job.shape), job.dtype)
-        return config_key(list(spec.params), default)
-    except Exception:  # an operator gone, or without a default here: nothing to report
-        return None
-
-
-def _seconds_left(job: Job) -> float | None:
-    """What is left of the job's ``budget_seconds``, counted from its first start
-    (``started_at``): a helper that joins late, a resumed job and the owner's run after a
-    helper's budget unit came back all share the job's one clock, instead of each starting
-    a full budget of its own (the job then ran past it, waiting on the helpers). At least a
-    millisecond: the search then stops at its first check, with ``stopped == "time"``."""
-    if job.budget_seconds is None:
-        return None
-    started = job.started_at or utcnow()
-    elapsed = (utcnow() - started).total_seconds()
-    return max(job.budget_seconds - elapsed, 1e-3)
-
-
-def _helper_grace() -> float:
-    """How long an owner waits beyond a lease for helpers' last measurements."""
-    return float(env.get("KATO_HELPER_GRACE_SECONDS") or DEFAULT_TRIAL_TIMEOUT_S)
-
 
 @dataclass(frozen=True)
 class _HeldJob:
-    """A job a worker holds: its group (see :meth:`Worker._claim_held`) and its part in it."""
+    """A job a worker holds: its group (see :meth:`Worker._claim_held`), its part in it, and
+    the ledger of its claim (its runner's, and the one it is given back through)."""
 
     operator: str
     dtype: str
     gpu_model: str
+    ledger: JobLedger = field(compare=False)
     helper: bool = False
 
 
-class _Slots:
-    """What the runner threads of a worker holding several jobs share: how many jobs were
-    ended and are running (for ``max_jobs``), and the first unexpected error."""
+@dataclass(frozen=True)
+class _RunEnded:
+    """What a runner thread reports when the job it was handed ends: the runner's slot, and
+    the outcome or the interrupt the run raised (``KeyboardInterrupt``, a library's error
+    wrapping one, or a ``BaseException`` of the backend's)."""
 
-    def __init__(self, max_jobs: int | None) -> None:
-        self.max_jobs = max_jobs
-        self.lock = threading.Lock()
-        self.ended = 0
-        self.running = 0
-        self.error: BaseException | None = None
-
-    def take(self) -> bool:
-        """Count one more job running, if ``max_jobs`` allows it."""
-        with self.lock:
-            if self.max_jobs is not None and self.ended + self.running >= self.max_jobs:
-                return False
-            self.running += 1
-            return True
-
-    def finished(self) -> bool:
-        with self.lock:
-            return self.max_jobs is not None and self.ended >= self.max_jobs
+    slot: int
+    outcome: JobOutcome | None = None
+    interrupt: BaseException | None = None
 
 
 def _log_outcome(job_id: str, outcome: JobOutcome) -> None:
@@ -1116,9 +89,10 @@ class Worker:
     every job of ``gpu_models``): the others stay queued for workers that can answer them.
 
     Its ``kato_workers`` row is refreshed on every idle poll and every heartbeat of a running
-    job, and marked ``stopped`` when :meth:`run_forever` returns. With nothing to claim and
-    ``max_workers_per_job`` > 1 it helps with a running job of its GPU model that has at least
-    ``min_configs_per_worker`` configs of budget left per worker.
+    job, and marked ``stopped`` when :meth:`run_forever` returns (nothing of this worker writes
+    it after that). With nothing to claim and ``max_workers_per_job`` > 1 it helps with a
+    running job of its GPU model that has at least ``min_configs_per_worker`` configs of budget
+    left per worker.
 
     Database faults never stop it: a running job retries them (:class:`JobRunner`), the idle
     loop logs a fault once (and its recovery) and polls less often while it lasts (waits
@@ -1136,14 +110,23 @@ class Worker:
     other in queue order and each warm start reads what it would in a serial run. Only the
     order of GPU work changes. 1: one job at a time, as :meth:`run_once` does.
 
-    Holding several, it takes another job only if the jobs fit the GPU's memory together
-    (:mod:`tuner.admission`); one that does not is left queued, and nothing else is taken,
-    until enough of the held jobs have ended. A worker interrupted (a second signal, or the
-    first's grace over: :func:`stop_on_signals`) or whose runner fails with an interrupt of
-    its own gives back every job it holds at once (:meth:`_give_back_held`), the runners that
-    did not stop by themselves within :data:`STOP_GRACE_SECONDS` included: each job's
-    reservations released and its lease ended, so that another worker resumes it from its
-    stored trials now rather than after the lease.
+    Holding several, one loop (the thread of :meth:`run_forever`) polls, claims and hands each
+    job to a free runner, as the serial loop does: one presence row refreshed per poll, one
+    log line per poll fault, one backoff; runner threads only run the jobs they are handed, and
+    a runner whose job ends wakes the loop at once to claim the next. It takes another job only
+    if the jobs fit the GPU's memory together (:mod:`tuner.admission`); one that does not is
+    left queued, and nothing else is taken, until enough of the held jobs have ended.
+
+    Stopping while holding several: :meth:`stop` (a first signal) interrupts every runner at
+    once (:meth:`JobRunner.interrupt`: its search stops before its next measurement, an
+    interruptible measurement ends, and the runner gives its job back), and :meth:`run_forever`
+    returns once each has. Interrupted (a second signal, the first's grace over:
+    :func:`stop_on_signals`), or a runner's run raising an interrupt of its own, it gives back
+    every job it holds at once from the loop's thread (:meth:`_give_back_held`): each job's
+    reservations released and its lease ended through the ledger of its claim, which then
+    reserves and renews nothing more (:meth:`db.ledger.JobLedger.give_back`), so that another
+    worker resumes it from its stored trials now, also when its runner is stuck in a
+    measurement or a compile wait nothing can stop.
     """
 
     def __init__(
@@ -1179,6 +162,11 @@ class Worker:
         self.max_workers_per_job = max_workers_per_job
         self.min_configs_per_worker = min_configs_per_worker
         self._stop = threading.Event()
+        #: Set by :meth:`stop` and by a runner whose job ended: the claiming loop looks again.
+        self._wake = threading.Event()
+        #: Held while a running job's heartbeat refreshes the presence row, and while the row
+        #: is marked stopped: no heartbeat in flight lands after that mark.
+        self._presence = threading.Lock()
         gate = GpuGate() if jobs_at_once > 1 else None
         #: The memory ledger of the jobs held at once (:mod:`tuner.admission`).
         self.admission = MemoryAdmission() if jobs_at_once > 1 else None
@@ -1211,8 +199,10 @@ class Worker:
     def stop(self) -> None:
         """Stop: the idle loop exits, a running job stops before its next measurement (an
         isolated one is interrupted) and gives its reservations and lease back. Safe to call
-        from a signal handler or another thread."""
+        from another thread (:func:`stop_on_signals` calls it from one of its own: it takes
+        locks, which a signal handler must not)."""
         self._stop.set()
+        self._wake.set()
 
     @property
     def stopping(self) -> bool:
@@ -1225,8 +215,23 @@ class Worker:
         return self.runner.factory_abilities.scope()
 
     def _job_heartbeat(self, status: str, job_id: str | None) -> None:
-        """A running job's heartbeat: its row says busy with that job."""
-        self.heartbeat(status, job_id)
+        """A running job's heartbeat: its row says busy with that job (never once the worker
+        stops: the row then says stopped)."""
+        with self._presence:
+            if not self._stop.is_set():
+                self.heartbeat(status, job_id)
+
+    def _mark_stopped(self) -> None:
+        """The presence row's last word, after every heartbeat in flight (one try: a stopping
+        worker does not wait)."""
+        with self._presence:
+            try:
+                self.heartbeat("stopped")
+            except Exception as exc:
+                log.warning(
+                    "worker %s: could not mark itself stopped: %s",
+                    self.worker_id, retry.describe(exc),
+                )  # fmt: skip
 
     def held_jobs(self) -> list[str]:
         """The jobs this worker runs now (several with ``jobs_at_once`` > 1)."""
@@ -1273,8 +278,10 @@ class Worker:
         Errors of a poll (a database fault, or a bug) never end it: the first is logged (a
         transient database fault in one line, anything else with its traceback), again only
         when it changes, a ``recovered`` line when polls succeed again, and the polls back off
-        meanwhile (see the class docstring). With ``jobs_at_once`` > 1 each runner polls in a
-        thread of its own (:meth:`_run_slot`)."""
+        meanwhile (see the class docstring). With ``jobs_at_once`` > 1 one loop polls and
+        hands the jobs to runner threads (:meth:`_run_interleaved`); a ``BaseException`` a
+        runner's job raised (not an interrupt) is raised here once every held job is given
+        back."""
         if self.jobs_at_once > 1:
             return self._run_interleaved(max_jobs)
         done = 0
@@ -1306,70 +313,134 @@ class Worker:
         except KeyboardInterrupt:
             self._stop.set()
         finally:
-            try:
-                self.heartbeat("stopped")  # one try: a stopping worker does not wait
-            except Exception as exc:
-                log.warning(
-                    "worker %s: could not mark itself stopped: %s",
-                    self.worker_id, retry.describe(exc),
-                )  # fmt: skip
+            self._mark_stopped()
         return done
 
     def _run_interleaved(self, max_jobs: int | None) -> int:
-        """:meth:`Worker.run_forever` with ``jobs_at_once`` runner threads."""
-        slots = _Slots(max_jobs)
+        """:meth:`Worker.run_forever` with ``jobs_at_once`` runner threads: this thread polls,
+        claims and hands each job to a free runner (:meth:`_run_slot`); then stops them."""
+        inboxes: list[queue.SimpleQueue[Claim | None]] = [queue.SimpleQueue() for _ in self.runners]
+        ended: queue.SimpleQueue[_RunEnded] = queue.SimpleQueue()
         threads = [
             threading.Thread(
-                target=self._run_slot, args=(runner, slots), name=f"kato-job-{i}", daemon=True
-            )
+                target=self._run_slot,
+                args=(i, runner, inboxes[i], ended),
+                name=f"kato-job-{i}",
+                daemon=True,
+            )  # fmt: skip
             for i, runner in enumerate(self.runners)
         ]
+        for thread in threads:
+            thread.start()
+        free = list(range(len(self.runners)))
+        running = done = 0
+        fatal: BaseException | None = None
+        interrupted = False
+        faults = retry.FaultLog(log, f"worker {self.worker_id}: poll")
+        first = self.poll_seconds if self.poll_seconds > 0 else 0.05
+        backoff = retry.Backoff(first, max(first, IDLE_BACKOFF_MAX_SECONDS))
         try:
-            for thread in threads:
-                thread.start()
-            while any(t.is_alive() for t in threads):
-                if slots.error is not None:
-                    self._give_back_held(threads)  # a runner's interrupt stops them all
+            while True:
+                self._wake.clear()  # before looking: a wake-up from now on is not lost
+                pause = False
+                while not ended.empty():
+                    report = ended.get()
+                    free.append(report.slot)
+                    running -= 1
+                    if isinstance(report.interrupt, Exception):  # one a library wrapped
+                        interrupted = True
+                    elif report.interrupt is not None:
+                        fatal = fatal or report.interrupt
+                    elif report.outcome is not None and report.outcome.status == "interrupted":
+                        pause = True  # the job's database failed for too long: back off
+                    elif report.outcome is not None and report.outcome.status not in (
+                        "helped", "stopped"
+                    ):  # fmt: skip
+                        done += 1
+                if fatal is not None or interrupted or self._stop.is_set():
                     break
-                if slots.finished():
-                    self._stop.set()
-                for thread in threads:
-                    thread.join(0.1)
+                if max_jobs is not None and done >= max_jobs:
+                    break
+                if not free or (max_jobs is not None and done + running >= max_jobs):
+                    self._wake.wait()  # a runner's end (or a stop) sets it
+                    continue
+                if pause:
+                    self._stop.wait(backoff.next())
+                    continue
+                try:
+                    self._announce_held()
+                    claim = self._claim_held()
+                except Exception as exc:
+                    if retry.is_interrupt(exc) or self._stop.is_set():
+                        interrupted = retry.is_interrupt(exc)
+                        break  # a signal that landed inside a database call
+                    wait = backoff.next()
+                    faults.failed(exc, retry_in=wait)
+                    self._stop.wait(wait)
+                    continue
+                faults.ok()
+                backoff.reset()
+                if claim is None:
+                    self._wake.wait(self.poll_seconds)
+                    continue
+                running += 1
+                inboxes[free.pop()].put(claim)
         except KeyboardInterrupt:
+            interrupted = True
+        try:
+            if fatal is not None or interrupted:
+                self._give_back_held(threads)
+            elif running:
+                self._stop_runners(threads)
+        except KeyboardInterrupt:  # the grace of stop_on_signals is over
             self._give_back_held(threads)
         finally:
-            try:
-                self.heartbeat("stopped")
-            except Exception as exc:
-                log.warning(
-                    "worker %s: could not mark itself stopped: %s",
-                    self.worker_id, retry.describe(exc),
-                )  # fmt: skip
-        if slots.error is not None:
-            raise slots.error
-        return slots.ended
+            for inbox in inboxes:
+                inbox.put(None)  # a runner that is free (or frees up) ends
+            self._mark_stopped()
+        if fatal is not None:
+            raise fatal
+        return done
 
-    def _give_back_held(self, threads: Sequence[threading.Thread]) -> None:
-        """Stop at once: every runner is interrupted (:meth:`JobRunner.interrupt`) and has
-        :data:`STOP_GRACE_SECONDS` in all to give its job back by itself; every job still held
-        after that (a runner blocked in a measurement nothing can stop, or in a database call)
-        is given back from this thread: its reservations in this worker's name released and
-        its lease ended (:meth:`db.ledger.JobLedger.give_back`). A runner that goes on later
-        finds its lease gone and stores nothing another worker has taken since."""
+    def _stop_runners(self, threads: Sequence[threading.Thread]) -> None:
+        """A stop with jobs running: interrupt every runner now (:meth:`JobRunner.interrupt`),
+        each giving its job back, and return once every runner thread has ended its run.
+        A ``KeyboardInterrupt`` (the grace of :func:`stop_on_signals`) ends the wait."""
         self._stop.set()
         for runner in self.runners:
             runner.interrupt()
+        while self.held_jobs():
+            # Timed: a KeyboardInterrupt from _thread.interrupt_main is raised only once this
+            # thread runs Python code again; a runner's end wakes it at once.
+            self._wake.wait(0.1)
+            self._wake.clear()
+
+    def _give_back_held(self, threads: Sequence[threading.Thread]) -> None:
+        """Stop at once: every runner is interrupted (:meth:`JobRunner.interrupt`) and every
+        job held is given back from this thread through the ledger of its claim, also the job
+        of a runner blocked in a measurement nothing can stop, or in a database call: its
+        reservations in this worker's name released and its lease ended
+        (:meth:`db.ledger.JobLedger.give_back`), after which that ledger reserves and renews
+        nothing more, so the give-back holds whatever the runner does later (a result it
+        measured is still stored). Then the runners' threads have up to
+        :data:`STOP_GRACE_SECONDS` in all to end (their backends closed); one still blocked
+        is left behind (a daemon thread)."""
+        self._stop.set()
+        for runner in self.runners:
+            runner.interrupt()
+        with self._held_lock:
+            held = list(self._held.items())
+        for job_id, job in held:
+            log.info("worker %s: interrupted; job %s given back", self.worker_id, job_id)
+            job.ledger.give_back(every_reservation=True)
         deadline = time.monotonic() + STOP_GRACE_SECONDS
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        with self._held_lock:
-            left = list(self._held.items())
-        for job_id, held in left:
-            log.warning(
-                "worker %s: job %s did not stop within %g s: given back from here",
-                self.worker_id, job_id, STOP_GRACE_SECONDS,
-            )  # fmt: skip
-            self.ledger.job(job_id, helper=held.helper).give_back(every_reservation=True)
+
+    def _announce_held(self) -> None:
+        """The claiming loop's presence heartbeat: busy with a held job, or idle."""
+        held = self.held_jobs()
+        self.heartbeat("busy" if held else "idle", held[0] if held else None)
 
     def _job_device_bytes(self, job: Job) -> int:
         """The device memory ``job`` will take here (:mod:`tuner.admission`): the backend
@@ -1399,126 +470,110 @@ class Worker:
                 "worker %s: job %s (%s %s %s, about %.2f GB of device memory) waits until "
                 "the %d job(s) held here (%.2f GB) leave it room",
                 self.worker_id, job.id, job.operator, job.shape_key, job.dtype, need / 1e9,
-                len(self._held), self.admission.held_bytes() / 1e9,
+                len(self.held_jobs()), self.admission.held_bytes() / 1e9,
             )  # fmt: skip
         return False, need
 
     def _claim_held(self) -> Claim | None:
         """Claim a job none of whose group this worker holds and that fits the GPU's memory
-        beside the jobs held (:mod:`tuner.admission`), and hold it (one claim at a time: two
-        runners must not take two jobs of one group). The next job is looked at before it is
-        claimed: one that does not fit stays queued, untouched, and nothing is claimed."""
+        beside the jobs held (:mod:`tuner.admission`), and hold it. Called from the claiming
+        loop only (jobs are added to the held ones there alone; runners only remove theirs,
+        which at worst leaves out a group that just ended until the next poll). The next job
+        is looked at before it is claimed: one that does not fit stays queued, untouched, and
+        nothing is claimed."""
         with self._held_lock:
-            scope = self.scope() or queries.JobScope()
-            # A warm start reads its operator and dtype on every GPU model: a held job's
-            # (operator, dtype) is left out for each model this worker serves.
-            groups = frozenset(
-                (held.operator, held.dtype, model)
-                for held in self._held.values()
-                for model in {held.gpu_model, *self.gpu_models}
-            )
-            scope = dataclasses.replace(
-                scope,
-                exclude_job_ids=scope.exclude_job_ids | frozenset(self._held),
-                exclude_groups=scope.exclude_groups | groups,
-            )
-            if self._held and self.admission is not None:
-                upcoming = self.ledger.next_job(self.gpu_models, scope=scope)
-                if upcoming is not None:
-                    if not self._admits(upcoming)[0]:
-                        return None
-                    # That job only: an older one may have come back since (its lease ended).
-                    scope = dataclasses.replace(scope, job_ids=frozenset({upcoming.id}))
-            claim = self.ledger.claim(
-                self.gpu_models,
-                scope=scope,
-                max_workers_per_job=self.max_workers_per_job,
-                min_configs_per_worker=self.min_configs_per_worker,
-            )
-            if claim is None:
-                return None
-            ledger = self.ledger.job(claim.job_id, helper=claim.helper)
-            job = ledger.load()
-            if job is None:
-                return None
-            admitted, need = self._admits(job)  # a job helped, or this worker's own resumed
-            if not admitted:
-                ledger.give_back()
-                return None
-            if self._waiting == job.id:
-                self._waiting = None
+            held = list(self._held.items())
+        scope = self.scope() or queries.JobScope()
+        # A warm start reads its operator and dtype on every GPU model: a held job's
+        # (operator, dtype) is left out for each model this worker serves.
+        groups = frozenset(
+            (job.operator, job.dtype, model)
+            for _, job in held
+            for model in {job.gpu_model, *self.gpu_models}
+        )
+        scope = dataclasses.replace(
+            scope,
+            exclude_job_ids=scope.exclude_job_ids | frozenset(job_id for job_id, _ in held),
+            exclude_groups=scope.exclude_groups | groups,
+        )
+        if held and self.admission is not None:
+            upcoming = self.ledger.next_job(self.gpu_models, scope=scope)
+            if upcoming is not None:
+                if not self._admits(upcoming)[0]:
+                    return None
+                # That job only: an older one may have come back since (its lease ended).
+                scope = dataclasses.replace(scope, job_ids=frozenset({upcoming.id}))
+        claim = self.ledger.claim(
+            self.gpu_models,
+            scope=scope,
+            max_workers_per_job=self.max_workers_per_job,
+            min_configs_per_worker=self.min_configs_per_worker,
+        )
+        if claim is None:
+            return None
+        ledger = self.ledger.job(claim.job_id, helper=claim.helper)
+        job = ledger.load()
+        if job is None:
+            return None
+        admitted, need = self._admits(job)  # a job helped, or this worker's own resumed
+        if not admitted:
+            ledger.give_back()
+            return None
+        if self._waiting == job.id:
+            self._waiting = None
+        with self._held_lock:
             self._held[claim.job_id] = _HeldJob(
-                job.operator, job.dtype, job.gpu_model, helper=claim.helper
+                job.operator, job.dtype, job.gpu_model, ledger, helper=claim.helper
             )
             if self.admission is not None:
                 self.admission.hold(claim.job_id, need)
-            return claim
+        return claim
 
-    def _run_slot(self, runner: JobRunner, slots: _Slots) -> None:
-        """One runner thread: claim a job (see :meth:`_claim_held`), run it, until stopped."""
-        faults = retry.FaultLog(log, f"worker {self.worker_id}: poll")
-        first = self.poll_seconds if self.poll_seconds > 0 else 0.05
-        backoff = retry.Backoff(first, max(first, IDLE_BACKOFF_MAX_SECONDS))
-        while not self._stop.is_set():
-            if not slots.take():
-                self._stop.wait(self.poll_seconds or 0.05)
-                continue
+    def _run_slot(
+        self,
+        slot: int,
+        runner: JobRunner,
+        inbox: queue.SimpleQueue[Claim | None],
+        ended: queue.SimpleQueue[_RunEnded],
+    ) -> None:
+        """One runner thread: run each job handed to it (``None``: end), report its end and
+        wake the claiming loop. Never raises: a run's interrupt (any ``BaseException``, or a
+        library's error wrapping one) is reported, and the loop stops the worker."""
+        while (claim := inbox.get()) is not None:
+            report = _RunEnded(slot)
             try:
-                try:
-                    claim = self._claim_held()
-                    outcome = None
-                    if claim is not None:
-                        outcome = self._run_claimed(runner, claim)
-                finally:
-                    with slots.lock:
-                        slots.running -= 1
+                report = _RunEnded(slot, outcome=self._run_claimed(runner, claim))
             except Exception as exc:
-                if retry.is_interrupt(exc) or self._stop.is_set():
-                    break
-                wait = backoff.next()
-                faults.failed(exc, retry_in=wait)
-                self._stop.wait(wait)
-                continue
-            except BaseException as exc:  # an interrupt in this thread: stop the worker
-                with slots.lock:
-                    slots.error = slots.error or exc
-                self._stop.set()
-                break
-            if outcome is not None and outcome.status == "interrupted":
-                self._stop.wait(backoff.next())
-                continue
-            faults.ok()
-            backoff.reset()
-            if outcome is None:
-                self._stop.wait(self.poll_seconds)
-            elif outcome.status not in ("helped", "stopped"):
-                with slots.lock:
-                    slots.ended += 1
+                if retry.is_interrupt(exc):
+                    report = _RunEnded(slot, interrupt=exc)
+                else:  # a bug: JobRunner.run fails a job rather than raise
+                    log.exception("job %s: its run raised", claim.job_id)
+            except BaseException as exc:
+                report = _RunEnded(slot, interrupt=exc)
+            finally:
+                ended.put(report)
+                self._wake.set()
 
-    def _run_claimed(self, runner: JobRunner, claim: Any) -> JobOutcome:
+    def _run_claimed(self, runner: JobRunner, claim: Claim) -> JobOutcome:
         """Run a claimed (and held) job to its end, then let go of it."""
         job_id, helper = claim.job_id, claim.helper
+        with self._held_lock:
+            ledger = self._held[job_id].ledger
         try:
-            self.heartbeat("busy", job_id)
             log.info("worker %s %s job %s", self.worker_id, "helps" if helper else "runs", job_id)
-            outcome = runner.run(job_id, helper=helper)
+            outcome = runner.run(job_id, helper=helper, ledger=ledger)
         finally:
             with self._held_lock:
                 self._held.pop(job_id, None)
-                others = list(self._held)
                 if self.admission is not None:
                     self.admission.release(job_id)
-            if not self._stop.is_set():
-                with contextlib.suppress(Exception):  # the next heartbeat says it again
-                    if others:
-                        self.heartbeat("busy", others[0])
-                    else:
-                        self.heartbeat("idle")
         _log_outcome(job_id, outcome)
         return outcome
 
 
-#: Seconds a signalled worker has to stop by itself before it is interrupted
+#: Seconds an interrupted worker holding several jobs waits for its runner threads to end
+#: (their backends closed) once it has given their jobs back (:meth:`Worker._give_back_held`),
+#: and the default grace of a signalled worker before it is interrupted
 #: (:func:`stop_on_signals`).
 STOP_GRACE_SECONDS = 3.0
 
@@ -1533,32 +588,48 @@ def stop_on_signals(
     """While in the block, ``signals`` stop ``worker`` (enter it in the main thread, around
     :meth:`Worker.run_forever`); the previous handlers are put back after.
 
-    The first signal only sets the worker's stop flag (:meth:`Worker.stop`): every loop ends at
+    The first signal only asks for the worker's stop (:meth:`Worker.stop`): every loop ends at
     its next check, a running job after the measurement in flight (an isolated one is
     interrupted), giving back its reservations and lease. Nothing is interrupted half-way: an
     interrupt raised at a random point lands inside a database call, where a library may turn
     it into an error of its own (psycopg does, in SQLAlchemy's connection check) or leave a
     transaction open in a cleanup it cut short. Only if the worker is still running
     ``grace_seconds`` later (a call that blocks), or on a second signal, is ``KeyboardInterrupt``
-    raised in the main thread; a wrapped one is recognised (:func:`db.retry.is_interrupt`)."""
+    raised in the main thread; a wrapped one is recognised (:func:`db.retry.is_interrupt`).
+
+    The handler takes no lock: it writes a byte to a pipe, and a thread of this block calls
+    :meth:`Worker.stop` and starts the grace. A lock taken in a handler (an ``Event``'s) may be
+    held by the very code the signal interrupted in the main thread, and never be released."""
     import _thread
 
     timers: list[threading.Timer] = []
+    signalled = [False]  # written by the handler only (the main thread): no lock needed
+    read_end, write_end = os.pipe()
 
     def handler(signum: int, frame: Any) -> None:
-        if worker.stopping:
+        if signalled[0] or worker.stopping:
             raise KeyboardInterrupt  # asked again, or the grace is over: now
-        worker.stop()
-        timer = threading.Timer(grace_seconds, _thread.interrupt_main)
-        timer.daemon = True
-        timers.append(timer)
-        timer.start()
+        signalled[0] = True
+        os.write(write_end, b"s")
 
+    def stopper() -> None:
+        if os.read(read_end, 1):  # empty: the block ended without a signal
+            worker.stop()
+            timer = threading.Timer(grace_seconds, _thread.interrupt_main)
+            timer.daemon = True
+            timers.append(timer)
+            timer.start()
+
+    thread = threading.Thread(target=stopper, name="kato-stop-on-signal", daemon=True)
+    thread.start()
     previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield
     finally:
-        for timer in timers:
-            timer.cancel()
         for sig, old in previous.items():
             signal.signal(sig, old)
+        os.close(write_end)
+        thread.join()
+        os.close(read_end)
+        for timer in timers:
+            timer.cancel()

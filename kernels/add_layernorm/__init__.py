@@ -30,16 +30,15 @@ Parameter space (Kernel Tuner key order; the row model is :mod:`kernels.rowwise`
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from kato.kernels import limits, rowwise
+from kato.kernels import rowwise
 from kato.kernels.layernorm import STATS_TOLERANCE, layernorm_reference
 from kato.kernels.parallel import fill_rows
 from kato.kernels.registry import register
-from kato.kernels.spec import DTYPES, Config, Launch, Problem
+from kato.kernels.spec import DTYPES, Config, Problem
 
 #: Registers a CACHE=2 kernel needs besides its cache of s and the loads of its first pass (fit
 #: to ptxas reports on sm_90, tests/kernels/test_add_layernorm_compile.py).
@@ -60,15 +59,10 @@ def load_registers(config: Config, cols: int, itemsize: int) -> int:
 def wb_regs(config: Config, cols: int, itemsize: int) -> int:
     """1 if CACHE=2 keeps weight and bias in registers too: every row must have the same head
     (``cols % VEC == 0``) and s, its loads, weight, bias and WB_REGISTER_OVERHEAD must fit."""
-    if config["CACHE"] != 2 or cols % config["VEC"] != 0:
-        return 0
-    items = rowwise.items_per_thread(config, cols)
-    need = 4 * rowwise.vector_registers(config, cols, itemsize) + WB_REGISTER_OVERHEAD
-    need += rowwise.ITEM_REGISTERS * items
-    return int(need <= rowwise.register_cap(config))
+    return rowwise.weight_registers_fit(config, cols, itemsize, 4, WB_REGISTER_OVERHEAD)
 
 
-class AddLayerNormSpec(rowwise.RowwiseSpec):
+class AddLayerNormSpec(rowwise.GroupedRowsSpec):
     """Residual add + row-wise LayerNorm with weight and bias; outputs the sum, y, mean and
     rstd."""
 
@@ -101,29 +95,8 @@ class AddLayerNormSpec(rowwise.RowwiseSpec):
     def extra_registers(self, config: Config, cols: int, itemsize: int) -> int:
         return load_registers(config, cols, itemsize)
 
-    def default_config(self, shape: Sequence[int], dtype: str) -> Config:
-        """:meth:`RowwiseSpec.base_default`, then 4 rows per group where the grid still has at
-        least 4 waves of 132 SMs x 8 blocks (weight and bias loads shared by 4 rows)."""
-        rows, _ = self.validate(shape, dtype)
-        config = self.base_default(shape, dtype, {"GROUP_ROWS": 1})
-        if math.ceil(rows / rowwise.rows_per_block(config)) >= 4 * (4 * limits.NUM_SMS * 8):
-            config["GROUP_ROWS"] = 4
-        return config
-
-    def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
-        """The row-wise macros (:meth:`RowwiseSpec.defines`) and WB_REGS (:func:`wb_regs`);
-        GROUP_ROWS is launch geometry only."""
-        macros = super().defines(config, shape, dtype)
-        macros["WB_REGS"] = wb_regs(config, shape[1], DTYPES[dtype][2])
-        return macros
-
-    def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
-        """``ceil(rows / (rows_per_block * GROUP_ROWS))`` blocks (grid-stride over rows)."""
-        rows, cols = shape
-        groups = rowwise.rows_per_block(config) * config["GROUP_ROWS"]
-        grid = min(math.ceil(rows / groups), limits.MAX_GRID_X)
-        shared = self.dynamic_shared_bytes(config, cols, DTYPES[dtype][2])
-        return Launch(grid=(grid, 1, 1), block=(config["BLOCK_SIZE"], 1, 1), shared_bytes=shared)
+    def wb_regs(self, config: Config, cols: int, itemsize: int) -> int:
+        return wb_regs(config, cols, itemsize)
 
     def make_problem(self, shape: Sequence[int], dtype: str, rng: np.random.Generator) -> Problem:
         """x = U(0.1, 4) N(0, 1) + U(-5, 5) per row, residual = N(0, 1); rows 0, 4, 8, ... have

@@ -45,6 +45,7 @@ constexpr int kUnroll = 32 / kVecBytes < 4 ? 32 / kVecBytes : 4;
 #include "../common/kato_rows.cuh"
 #include "../common/kato_row_sum.cuh"
 #include "../common/kato_row_chunks.cuh"
+#include "../common/kato_row_walk.cuh"
 
 // The max exp_from takes: a max of -inf (nothing seen yet, or a row of -inf) is replaced by 0
 // so that -inf - -inf never makes a NaN.
@@ -126,23 +127,9 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS cross_entropy_fwd(
   constexpr int kStep = P * U;
   const long long items = static_cast<long long>(rows) * SPLIT;
 
-#if ROW_THREADS == 0
-  const int t = threadIdx.x;
-  const int group = 0;
-  const long long first = blockIdx.x;
-  const long long stride = gridDim.x;
-#if BLOCK_SIZE > 32
+  [[maybe_unused]] const auto [t, group, groups, first, stride] = kn::row_walk();
+#if ROW_THREADS == 0 && BLOCK_SIZE > 32
   __shared__ float2 red[2][kn::kWarps];
-#endif
-#else
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int t = lane & (kn::kLanes - 1);
-  const int group = lane / kn::kLanes;
-  const int rows_per_block = static_cast<int>(blockDim.x) / kn::kLanes;
-  const long long first =
-      static_cast<long long>(blockIdx.x) * rows_per_block + warp * kn::kRowsPerWarp;
-  const long long stride = static_cast<long long>(gridDim.x) * rows_per_block;
 #endif
 
   int parity = 0;

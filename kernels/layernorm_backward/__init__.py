@@ -39,18 +39,16 @@ column reduction :mod:`kernels.rmsnorm_backward`'s with two accumulated columns 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from kato.kernels import limits, rowwise
+from kato.kernels import column_partials, limits, rowwise
+from kato.kernels.column_partials import MAX_SPLIT, partial_rows
 from kato.kernels.parallel import fill_rows
 from kato.kernels.registry import register
-from kato.kernels.spec import DTYPES, Config, Launch, Problem, Step
+from kato.kernels.spec import DTYPES, Config, Problem
 
-#: The largest SPLIT of the space: the partials buffer holds MAX_SPLIT * NUM_SMS rows at most.
-MAX_SPLIT = 8
 #: Registers a kernel with register caches or accumulators needs besides them (pointers, the
 #: row's head and tail, mean, rstd, the sums; fit to ptxas reports on sm_90,
 #: tests/kernels/test_layernorm_backward_compile.py).
@@ -73,50 +71,14 @@ def reduction_shared_bytes(config: Config) -> int:
     return 2 * rowwise.reduction_shared_bytes(config)
 
 
-def dw_shared_bytes(config: Config, cols: int) -> int:
-    """Dynamic shared memory of the dweight and dbias rows: ``2 * cols`` floats per row group
-    with DW_ACC=1, and with DW_ACC=0 where several row groups share a block (summed there)."""
-    groups = rowwise.rows_per_block(config)
-    if config["DW_ACC"] == 1 or (config["DW_ACC"] == 0 and groups > 1):
-        return groups * 2 * cols * 4
-    return 0
-
-
 def accumulator_registers(config: Config, cols: int) -> int:
     """DW_ACC=0's registers per thread: ITEMS vectors of VEC float accumulators for dweight and
     as many for dbias, and with CACHE 0/1 the x and dy vectors of its fully unrolled pass as
     well (ptxas issues all of their loads first, as in rmsnorm_backward)."""
-    if config["DW_ACC"] != 0:
-        return 0
-    elements = rowwise.items_per_thread(config, cols) * config["VEC"]
-    return 2 * elements if config["CACHE"] == 2 else 4 * elements
+    return column_partials.accumulator_registers(config, cols, 2)
 
 
-def wb_regs(config: Config, cols: int, itemsize: int) -> int:
-    """1 if DW_ACC=0 keeps the weight in registers too: caches, accumulators and the weight's
-    ITEMS vectors within the register cap (WB_REGISTER_OVERHEAD to spare)."""
-    if config["DW_ACC"] != 0:
-        return 0
-    vector = rowwise.vector_registers(config, cols, itemsize)
-    need = accumulator_registers(config, cols) + vector + WB_REGISTER_OVERHEAD
-    need += rowwise.ITEM_REGISTERS * rowwise.items_per_thread(config, cols)
-    if config["CACHE"] == 2:
-        need += 2 * vector
-    return int(need <= rowwise.register_cap(config))
-
-
-def stage1_grid(config: Config, rows: int) -> int:
-    """Stage-1 blocks (and partial rows): one per row group of rows, at most SPLIT per SM."""
-    groups = math.ceil(rows / rowwise.rows_per_block(config))
-    return min(groups, config["SPLIT"] * limits.NUM_SMS)
-
-
-def partial_rows(rows: int) -> int:
-    """Rows of the partials buffer: the most stage-1 blocks any config launches."""
-    return min(rows, MAX_SPLIT * limits.NUM_SMS)
-
-
-class LayerNormBackwardSpec(rowwise.RowwiseSpec):
+class LayerNormBackwardSpec(column_partials.ColumnPartialsSpec):
     """LayerNorm backward: dx in one pass over each row, dweight and dbias by two-stage column
     reduction."""
 
@@ -136,6 +98,8 @@ class LayerNormBackwardSpec(rowwise.RowwiseSpec):
     kernel_name = "layernorm_bwd"
     kernel_names = ("layernorm_bwd", "layernorm_bwd_reduce")
     cached_arrays = 2
+    sums = 2
+    wb_register_overhead = WB_REGISTER_OVERHEAD
     register_overhead = REGISTER_OVERHEAD
     #: dx against the float64 reference. |dx| ~ rstd |w dy| is 0.1 to 10 (:meth:`make_problem`).
     #: float32: a few roundings (rtol 1e-5); where w dy, mean(w dy) and xhat mean(w dy xhat)
@@ -147,13 +111,6 @@ class LayerNormBackwardSpec(rowwise.RowwiseSpec):
         "float16": (2e-5, 2e-3),
         "bfloat16": (2e-5, 8e-3),
     }
-
-    def extra_registers(self, config: Config, cols: int, itemsize: int) -> int:
-        return accumulator_registers(config, cols)
-
-    def dynamic_shared_bytes(self, config: Config, cols: int, itemsize: int) -> int:
-        cache = rowwise.row_cache_bytes(config, cols, itemsize, self.cached_arrays)
-        return cache + dw_shared_bytes(config, cols)
 
     def check(self, config: Config, shape: Sequence[int], dtype: str) -> str | None:
         """:meth:`RowwiseSpec.check` (with the float2 row reduction's static shared memory),
@@ -171,63 +128,7 @@ class LayerNormBackwardSpec(rowwise.RowwiseSpec):
                 f"needs {total} bytes of shared memory per block ({rowwise.rows_per_block(config)}"
                 f" row group(s) of {cols} columns); at most {limits.MAX_SHARED_PER_BLOCK}"
             )
-        if config["DW_ACC"] == 0 and cols % config["VEC"] != 0:
-            return (
-                f"DW_ACC=0 needs cols % VEC == 0 (cols={cols}, VEC={config['VEC']}): rows would "
-                "start at different offsets of a vector and a thread's columns would move"
-            )
-        if config["DW_ACC"] == 2 and config["ROW_THREADS"] != 0:
-            return "DW_ACC=2 sums into the block's partial row: it needs ROW_THREADS=0"
-        return None
-
-    def default_config(self, shape: Sequence[int], dtype: str) -> Config:
-        """:meth:`RowwiseSpec.base_default` with dweight and dbias in registers where
-        ``cols % VEC == 0``, else in shared memory, else (rows too long for it) in global
-        memory; 2 blocks per SM of partials, 16 reduce lanes."""
-        _, cols = self.validate(shape, dtype)
-        vec = self.widest_vec(cols, dtype)
-        for dw_acc in (0, 1, 2) if cols % vec == 0 else (1, 2):
-            try:
-                return self.base_default(
-                    shape, dtype, {"DW_ACC": dw_acc, "SPLIT": 2, "REDUCE_LANES": 16}
-                )
-            except AssertionError:
-                continue
-        raise AssertionError(f"no default layernorm_backward config for {tuple(shape)} {dtype}")
-
-    def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
-        """The row-wise macros with ITEMS also for DW_ACC=0 (its accumulators), DW_ACC and
-        WB_REGS (:func:`wb_regs`); SPLIT and REDUCE_LANES are launch geometry only."""
-        macros = super().defines(config, shape, dtype)
-        cols = shape[1]
-        if config["DW_ACC"] == 0:
-            macros["ITEMS"] = rowwise.items_per_thread(config, cols)
-        macros["DW_ACC"] = config["DW_ACC"]
-        macros["WB_REGS"] = wb_regs(config, cols, DTYPES[dtype][2])
-        return macros
-
-    def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
-        """Stage 1: :func:`stage1_grid` blocks of BLOCK_SIZE threads, dynamic shared memory of
-        CACHE=1's rows and the dweight/dbias rows (:meth:`dynamic_shared_bytes`)."""
-        rows, cols = shape
-        shared = self.dynamic_shared_bytes(config, cols, DTYPES[dtype][2])
-        return Launch(
-            grid=(stage1_grid(config, rows), 1, 1),
-            block=(config["BLOCK_SIZE"], 1, 1),
-            shared_bytes=shared,
-        )
-
-    def steps(self, config: Config, shape: Sequence[int], dtype: str) -> list[Step]:
-        """Stage 1, then the reduce: ``ceil(2 * cols / 32)`` blocks of (32, REDUCE_LANES)."""
-        cols = shape[1]
-        reduce = Launch(
-            grid=(min(math.ceil(2 * cols / 32), limits.MAX_GRID_X), 1, 1),
-            block=(32, config["REDUCE_LANES"], 1),
-        )
-        return [
-            Step("layernorm_bwd", self.launch(config, shape, dtype)),
-            Step("layernorm_bwd_reduce", reduce),
-        ]
+        return self.check_partials(config, cols)
 
     def make_problem(self, shape: Sequence[int], dtype: str, rng: np.random.Generator) -> Problem:
         """x = U(0.25, 4) N(0, 1) + U(-5, 5) per row (rows 0, 4, ... 1e3 + 8 N(0, 1): x - mean
@@ -338,11 +239,6 @@ class LayerNormBackwardSpec(rowwise.RowwiseSpec):
         rows, cols = shape
         itemsize = DTYPES[dtype][2]
         return 3 * rows * cols * itemsize + 3 * cols * itemsize + 8 * rows
-
-    def buffer_bytes(self, shape: Sequence[int], dtype: str) -> int:
-        """What :meth:`bytes_moved` counts, plus the partials buffer and nparts."""
-        rows, cols = shape
-        return self.bytes_moved(shape, dtype) + 8 * partial_rows(rows) * cols + 4
 
 
 def layernorm_backward_reference(

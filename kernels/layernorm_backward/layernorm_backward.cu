@@ -41,9 +41,6 @@
 #ifndef KATO_NS
 #define KATO_NS kato_layernorm_backward
 #endif
-#ifndef CACHE
-#error "CACHE must be defined"
-#endif
 #ifndef DW_ACC
 #define DW_ACC 1
 #endif
@@ -58,8 +55,6 @@ namespace KATO_NS {
 // arrays unpacked to float32 at once).
 [[maybe_unused]] constexpr int kUnroll = 16 / kVecBytes < 4 ? 16 / kVecBytes : 4;
 
-static_assert(CACHE >= 0 && CACHE <= 2, "CACHE must be 0, 1 or 2");
-static_assert(CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in [1, 64]");
 static_assert(DW_ACC >= 0 && DW_ACC <= 2, "DW_ACC must be 0, 1 or 2");
 static_assert(DW_ACC != 2 || ROW_THREADS == 0, "DW_ACC 2 needs one row group per block");
 static_assert(WB_REGS == 0 || DW_ACC == 0, "WB_REGS needs the fixed columns of DW_ACC 0");
@@ -68,6 +63,8 @@ static_assert(WB_REGS == 0 || DW_ACC == 0, "WB_REGS needs the fixed columns of D
 #include "../common/kato_convert.cuh"
 #include "../common/kato_rows.cuh"
 #include "../common/kato_row_sum.cuh"
+#include "../common/kato_partials.cuh"
+#include "../common/kato_row_cache.cuh"
 
 // Every thread of a row group ends with the row's two sums. Block mode: `red` is this row's
 // slot of a double-buffered shared array of float2 (one barrier per row; every warp merges the
@@ -453,9 +450,8 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_bwd(
 }
 
 // Stage 2. Grid: ceil(2 * cols / 32) blocks of (32, L) threads, L <= 32 (any grid is correct:
-// the blocks loop over 32-column tiles of the 2 * cols partial columns with a grid stride):
-// thread (c, l) sums partial rows l, l + L, ... of column c (coalesced across c), then lane
-// l = 0 adds the L sums in order and writes dw[c] (c < cols) or db[c - cols].
+// the blocks loop over 32-column tiles of the 2 * cols partial columns with a grid stride);
+// kato_partials.cuh's reduce_partials, writing dw[c] (c < cols) or db[c - cols].
 extern "C" __global__ void __launch_bounds__(1024) layernorm_bwd_reduce(
     const DTYPE* __restrict__ x, const DTYPE* __restrict__ weight,
     const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
@@ -465,30 +461,5 @@ extern "C" __global__ void __launch_bounds__(1024) layernorm_bwd_reduce(
   namespace kn = KATO_NS;
   (void)x, (void)weight, (void)mean_in, (void)rstd_in, (void)dy, (void)dx, (void)rows;
   __shared__ float sums[32][33];
-  const int lanes = static_cast<int>(blockDim.y);
-  const int n = *nparts;
-  const long long width = 2 * static_cast<long long>(cols);
-  for (long long c0 = static_cast<long long>(blockIdx.x) * 32; c0 < width;
-       c0 += static_cast<long long>(gridDim.x) * 32) {
-    const long long c = c0 + static_cast<long long>(threadIdx.x);
-    float sum = 0.0f;
-    if (c < width) {
-#pragma unroll 4
-      for (int p = threadIdx.y; p < n; p += lanes) {
-        sum += __ldcs(partials + static_cast<size_t>(p) * static_cast<size_t>(width) + c);
-      }
-    }
-    sums[threadIdx.y][threadIdx.x] = sum;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < width) {
-      float total = sums[0][threadIdx.x];
-      for (int l = 1; l < lanes; ++l) total += sums[l][threadIdx.x];
-      if (c < cols) {
-        dweight[c] = kn::to_elem(total);
-      } else {
-        dbias[c - cols] = kn::to_elem(total);
-      }
-    }
-    __syncthreads();  // sums is rewritten by the next tile
-  }
+  kn::reduce_partials<long long, 2>(partials, nparts, cols, sums, dweight, dbias);
 }

@@ -21,15 +21,14 @@ Parameter space (Kernel Tuner key order; the row model is :mod:`kernels.rowwise`
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from kato.kernels import limits, rowwise
+from kato.kernels import rowwise
 from kato.kernels.parallel import fill_rows
 from kato.kernels.registry import register
-from kato.kernels.spec import DTYPES, Config, Launch, Problem
+from kato.kernels.spec import DTYPES, Config, Problem
 
 #: Registers a CACHE=2 kernel needs besides its row cache (one per element,
 #: :func:`kernels.rowwise.vector_registers`; fit to ptxas reports on sm_90,
@@ -48,15 +47,10 @@ RSTD_TOLERANCE = (0.0, 1e-5)
 def wb_regs(config: Config, cols: int, itemsize: int) -> int:
     """1 if CACHE=2 keeps the weight in registers too: every row must have the same head
     (``cols % VEC == 0``) and the row plus the weight plus WB_REGISTER_OVERHEAD must fit."""
-    if config["CACHE"] != 2 or cols % config["VEC"] != 0:
-        return 0
-    items = rowwise.items_per_thread(config, cols)
-    need = 2 * rowwise.vector_registers(config, cols, itemsize) + WB_REGISTER_OVERHEAD
-    need += rowwise.ITEM_REGISTERS * items
-    return int(need <= rowwise.register_cap(config))
+    return rowwise.weight_registers_fit(config, cols, itemsize, 2, WB_REGISTER_OVERHEAD)
 
 
-class RMSNormSpec(rowwise.RowwiseSpec):
+class RMSNormSpec(rowwise.GroupedRowsSpec):
     """Row-wise RMSNorm forward with a weight; outputs y and rstd."""
 
     name = "rmsnorm"
@@ -80,29 +74,8 @@ class RMSNormSpec(rowwise.RowwiseSpec):
         "bfloat16": (1e-6, 8e-3),
     }
 
-    def default_config(self, shape: Sequence[int], dtype: str) -> Config:
-        """:meth:`RowwiseSpec.base_default`, then 4 rows per group where the grid still has at
-        least 4 waves of 132 SMs x 8 blocks (weight loads shared by 4 rows)."""
-        rows, _ = self.validate(shape, dtype)
-        config = self.base_default(shape, dtype, {"GROUP_ROWS": 1})
-        if math.ceil(rows / rowwise.rows_per_block(config)) >= 4 * (4 * limits.NUM_SMS * 8):
-            config["GROUP_ROWS"] = 4
-        return config
-
-    def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
-        """The row-wise macros (:meth:`RowwiseSpec.defines`) and WB_REGS (:func:`wb_regs`);
-        GROUP_ROWS is launch geometry only."""
-        macros = super().defines(config, shape, dtype)
-        macros["WB_REGS"] = wb_regs(config, shape[1], DTYPES[dtype][2])
-        return macros
-
-    def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
-        """``ceil(rows / (rows_per_block * GROUP_ROWS))`` blocks (grid-stride over rows)."""
-        rows, cols = shape
-        groups = rowwise.rows_per_block(config) * config["GROUP_ROWS"]
-        grid = min(math.ceil(rows / groups), limits.MAX_GRID_X)
-        shared = self.dynamic_shared_bytes(config, cols, DTYPES[dtype][2])
-        return Launch(grid=(grid, 1, 1), block=(config["BLOCK_SIZE"], 1, 1), shared_bytes=shared)
+    def wb_regs(self, config: Config, cols: int, itemsize: int) -> int:
+        return wb_regs(config, cols, itemsize)
 
     def make_problem(self, shape: Sequence[int], dtype: str, rng: np.random.Generator) -> Problem:
         """x = U(0.1, 4) N(0, 1) + U(-2, 2) per row; rows 0, 4, 8, ... are 1e3 + 8 N(0, 1) (their

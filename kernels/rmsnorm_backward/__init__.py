@@ -36,18 +36,16 @@ Parameter space (Kernel Tuner key order; the row model is :mod:`kernels.rowwise`
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from kato.kernels import limits, rowwise
+from kato.kernels import column_partials, rowwise
+from kato.kernels.column_partials import MAX_SPLIT, partial_rows
 from kato.kernels.parallel import fill_rows
 from kato.kernels.registry import register
-from kato.kernels.spec import DTYPES, Config, Launch, Problem, Step
+from kato.kernels.spec import DTYPES, Config, Problem
 
-#: The largest SPLIT of the space: the partials buffer holds MAX_SPLIT * NUM_SMS rows at most.
-MAX_SPLIT = 8
 #: Registers a kernel with register caches or accumulators needs besides them (pointers, the
 #: row's head and tail, rstd, the sums; fit to ptxas reports on sm_90,
 #: tests/kernels/test_rmsnorm_backward_compile.py: with 40, float32 rows of 12 vectors of 2 per
@@ -64,51 +62,15 @@ DW_SUM_ERROR = 2.0**-18
 DW_RTOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 8e-3}
 
 
-def dw_shared_bytes(config: Config, cols: int) -> int:
-    """Dynamic shared memory of the dweight rows: one float row per row group with DW_ACC=1,
-    and with DW_ACC=0 where several row groups share a block (summed there at the end)."""
-    groups = rowwise.rows_per_block(config)
-    if config["DW_ACC"] == 1 or (config["DW_ACC"] == 0 and groups > 1):
-        return groups * cols * 4
-    return 0
-
-
 def accumulator_registers(config: Config, cols: int) -> int:
     """DW_ACC=0's registers per thread: ITEMS vectors of VEC float accumulators, and with CACHE
     0/1 the x and dy vectors of its fully unrolled pass as well (ptxas issues all of their loads
     first: compile tests, where counting the accumulators alone let 16 vectors per lane spill
     hundreds of bytes)."""
-    if config["DW_ACC"] != 0:
-        return 0
-    elements = rowwise.items_per_thread(config, cols) * config["VEC"]
-    return elements if config["CACHE"] == 2 else 3 * elements
+    return column_partials.accumulator_registers(config, cols, 1)
 
 
-def wb_regs(config: Config, cols: int, itemsize: int) -> int:
-    """1 if DW_ACC=0 keeps the weight in registers too: caches, accumulators and the weight's
-    ITEMS vectors within the register cap (WB_REGISTER_OVERHEAD to spare)."""
-    if config["DW_ACC"] != 0:
-        return 0
-    vector = rowwise.vector_registers(config, cols, itemsize)
-    need = accumulator_registers(config, cols) + vector + WB_REGISTER_OVERHEAD
-    need += rowwise.ITEM_REGISTERS * rowwise.items_per_thread(config, cols)
-    if config["CACHE"] == 2:
-        need += 2 * vector
-    return int(need <= rowwise.register_cap(config))
-
-
-def stage1_grid(config: Config, rows: int) -> int:
-    """Stage-1 blocks (and partial rows): one per row group of rows, at most SPLIT per SM."""
-    groups = math.ceil(rows / rowwise.rows_per_block(config))
-    return min(groups, config["SPLIT"] * limits.NUM_SMS)
-
-
-def partial_rows(rows: int) -> int:
-    """Rows of the partials buffer: the most stage-1 blocks any config launches."""
-    return min(rows, MAX_SPLIT * limits.NUM_SMS)
-
-
-class RMSNormBackwardSpec(rowwise.RowwiseSpec):
+class RMSNormBackwardSpec(column_partials.ColumnPartialsSpec):
     """RMSNorm backward: dx in one pass over each row, dweight by two-stage column reduction."""
 
     name = "rmsnorm_backward"
@@ -127,6 +89,8 @@ class RMSNormBackwardSpec(rowwise.RowwiseSpec):
     kernel_name = "rmsnorm_bwd"
     kernel_names = ("rmsnorm_bwd", "rmsnorm_bwd_reduce")
     cached_arrays = 2
+    sums = 1
+    wb_register_overhead = WB_REGISTER_OVERHEAD
     register_overhead = REGISTER_OVERHEAD
     #: dx against the float64 reference. |dx| ~ rstd |w dy| is 0.1 to 10 (:meth:`make_problem`).
     #: float32: a few roundings (rtol 1e-5); where w dy and x rstd^2 mean(w dy x) cancel, the
@@ -139,13 +103,6 @@ class RMSNormBackwardSpec(rowwise.RowwiseSpec):
         "bfloat16": (1e-5, 8e-3),
     }
 
-    def extra_registers(self, config: Config, cols: int, itemsize: int) -> int:
-        return accumulator_registers(config, cols)
-
-    def dynamic_shared_bytes(self, config: Config, cols: int, itemsize: int) -> int:
-        cache = rowwise.row_cache_bytes(config, cols, itemsize, self.cached_arrays)
-        return cache + dw_shared_bytes(config, cols)
-
     def check(self, config: Config, shape: Sequence[int], dtype: str) -> str | None:
         """:meth:`RowwiseSpec.check`, plus: DW_ACC=0 needs ``cols % VEC == 0`` (a thread keeps
         the same columns in every row only if every row has the same head) and DW_ACC=2 one row
@@ -154,63 +111,7 @@ class RMSNormBackwardSpec(rowwise.RowwiseSpec):
         if reason:
             return reason
         cols = shape[1]
-        if config["DW_ACC"] == 0 and cols % config["VEC"] != 0:
-            return (
-                f"DW_ACC=0 needs cols % VEC == 0 (cols={cols}, VEC={config['VEC']}): rows would "
-                "start at different offsets of a vector and a thread's columns would move"
-            )
-        if config["DW_ACC"] == 2 and config["ROW_THREADS"] != 0:
-            return "DW_ACC=2 sums into the block's partial row: it needs ROW_THREADS=0"
-        return None
-
-    def default_config(self, shape: Sequence[int], dtype: str) -> Config:
-        """:meth:`RowwiseSpec.base_default` with dweight in registers where ``cols % VEC == 0``,
-        else in shared memory, else (rows too long for it) in global memory; 2 blocks per SM
-        of partials, 16 reduce lanes."""
-        _, cols = self.validate(shape, dtype)
-        vec = self.widest_vec(cols, dtype)
-        for dw_acc in (0, 1, 2) if cols % vec == 0 else (1, 2):
-            try:
-                return self.base_default(
-                    shape, dtype, {"DW_ACC": dw_acc, "SPLIT": 2, "REDUCE_LANES": 16}
-                )
-            except AssertionError:
-                continue
-        raise AssertionError(f"no default rmsnorm_backward config for {tuple(shape)} {dtype}")
-
-    def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
-        """The row-wise macros with ITEMS also for DW_ACC=0 (its accumulators), DW_ACC and
-        WB_REGS (:func:`wb_regs`); SPLIT and REDUCE_LANES are launch geometry only."""
-        macros = super().defines(config, shape, dtype)
-        cols = shape[1]
-        if config["DW_ACC"] == 0:
-            macros["ITEMS"] = rowwise.items_per_thread(config, cols)
-        macros["DW_ACC"] = config["DW_ACC"]
-        macros["WB_REGS"] = wb_regs(config, cols, DTYPES[dtype][2])
-        return macros
-
-    def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
-        """Stage 1: :func:`stage1_grid` blocks of BLOCK_SIZE threads, dynamic shared memory of
-        CACHE=1's rows and the dweight rows (:meth:`dynamic_shared_bytes`)."""
-        rows, cols = shape
-        shared = self.dynamic_shared_bytes(config, cols, DTYPES[dtype][2])
-        return Launch(
-            grid=(stage1_grid(config, rows), 1, 1),
-            block=(config["BLOCK_SIZE"], 1, 1),
-            shared_bytes=shared,
-        )
-
-    def steps(self, config: Config, shape: Sequence[int], dtype: str) -> list[Step]:
-        """Stage 1, then the reduce: ``ceil(cols / 32)`` blocks of (32, REDUCE_LANES)."""
-        cols = shape[1]
-        reduce = Launch(
-            grid=(min(math.ceil(cols / 32), limits.MAX_GRID_X), 1, 1),
-            block=(32, config["REDUCE_LANES"], 1),
-        )
-        return [
-            Step("rmsnorm_bwd", self.launch(config, shape, dtype)),
-            Step("rmsnorm_bwd_reduce", reduce),
-        ]
+        return self.check_partials(config, cols)
 
     def make_problem(self, shape: Sequence[int], dtype: str, rng: np.random.Generator) -> Problem:
         """x = U(0.1, 4) N(0, 1) + U(-2, 2) per row (rows 0, 4, ... 8 + 0.25 N(0, 1): a large
@@ -302,11 +203,6 @@ class RMSNormBackwardSpec(rowwise.RowwiseSpec):
         rows, cols = shape
         itemsize = DTYPES[dtype][2]
         return 3 * rows * cols * itemsize + 2 * cols * itemsize + 4 * rows
-
-    def buffer_bytes(self, shape: Sequence[int], dtype: str) -> int:
-        """What :meth:`bytes_moved` counts, plus the partials buffer and nparts."""
-        rows, cols = shape
-        return self.bytes_moved(shape, dtype) + 4 * partial_rows(rows) * cols + 4
 
 
 def rmsnorm_backward_reference(

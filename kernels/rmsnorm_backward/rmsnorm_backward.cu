@@ -38,9 +38,6 @@
 #ifndef KATO_NS
 #define KATO_NS kato_rmsnorm_backward
 #endif
-#ifndef CACHE
-#error "CACHE must be defined"
-#endif
 #ifndef DW_ACC
 #define DW_ACC 1
 #endif
@@ -55,8 +52,6 @@ namespace KATO_NS {
 // arrays unpacked to float32 at once).
 [[maybe_unused]] constexpr int kUnroll = 16 / kVecBytes < 4 ? 16 / kVecBytes : 4;
 
-static_assert(CACHE >= 0 && CACHE <= 2, "CACHE must be 0, 1 or 2");
-static_assert(CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in [1, 64]");
 static_assert(DW_ACC >= 0 && DW_ACC <= 2, "DW_ACC must be 0, 1 or 2");
 static_assert(DW_ACC != 2 || ROW_THREADS == 0, "DW_ACC 2 needs one row group per block");
 static_assert(WB_REGS == 0 || DW_ACC == 0, "WB_REGS needs the fixed columns of DW_ACC 0");
@@ -65,6 +60,8 @@ static_assert(WB_REGS == 0 || DW_ACC == 0, "WB_REGS needs the fixed columns of D
 #include "../common/kato_convert.cuh"
 #include "../common/kato_rows.cuh"
 #include "../common/kato_row_sum.cuh"
+#include "../common/kato_partials.cuh"
+#include "../common/kato_row_cache.cuh"
 
 // s += w dy x per vector lane; dw[j] += dy x rstd (dw: a thread's registers or a row of shared
 // memory).
@@ -388,8 +385,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS rmsnorm_bwd(
 }
 
 // Stage 2. Grid: ceil(cols / 32) blocks of (32, L) threads, L <= 32 (any grid is correct: the
-// blocks loop over 32-column tiles with a grid stride): thread (c, l) sums partial rows l,
-// l + L, ... of column c (coalesced across c), then lane l = 0 adds the L sums in order.
+// blocks loop over 32-column tiles with a grid stride); kato_partials.cuh's reduce_partials.
 extern "C" __global__ void __launch_bounds__(1024) rmsnorm_bwd_reduce(
     const DTYPE* __restrict__ x, const DTYPE* __restrict__ weight,
     const float* __restrict__ rstd_in, const DTYPE* __restrict__ dy, DTYPE* __restrict__ dx,
@@ -398,25 +394,5 @@ extern "C" __global__ void __launch_bounds__(1024) rmsnorm_bwd_reduce(
   namespace kn = KATO_NS;
   (void)x, (void)weight, (void)rstd_in, (void)dy, (void)dx, (void)rows;
   __shared__ float sums[32][33];
-  const int lanes = static_cast<int>(blockDim.y);
-  const int n = *nparts;
-  for (long long c0 = static_cast<long long>(blockIdx.x) * 32; c0 < cols;
-       c0 += static_cast<long long>(gridDim.x) * 32) {
-    const int c = static_cast<int>(c0) + static_cast<int>(threadIdx.x);
-    float sum = 0.0f;
-    if (c < cols) {
-#pragma unroll 4
-      for (int p = threadIdx.y; p < n; p += lanes) {
-        sum += __ldcs(partials + static_cast<size_t>(p) * static_cast<size_t>(cols) + c);
-      }
-    }
-    sums[threadIdx.y][threadIdx.x] = sum;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < cols) {
-      float total = sums[0][threadIdx.x];
-      for (int l = 1; l < lanes; ++l) total += sums[l][threadIdx.x];
-      dweight[c] = kn::to_elem(total);
-    }
-    __syncthreads();  // sums is rewritten by the next tile
-  }
+  kn::reduce_partials<int, 1>(partials, nparts, cols, sums, dweight, dweight);
 }

@@ -24,9 +24,6 @@
 #ifndef KATO_NS
 #define KATO_NS kato_softmax_backward
 #endif
-#ifndef CACHE
-#error "CACHE must be defined"
-#endif
 #include "../common/kato_dtype.cuh"
 
 namespace KATO_NS {
@@ -37,13 +34,12 @@ namespace KATO_NS {
 // flight, at most 4 vectors (more spills under a 64-register cap with two arrays).
 [[maybe_unused]] constexpr int kUnroll = 32 / kVecBytes < 4 ? 32 / kVecBytes : 4;
 
-static_assert(CACHE >= 0 && CACHE <= 2, "CACHE must be 0, 1 or 2");
-static_assert(CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in [1, 64]");
-
 #include "../common/kato_vec.cuh"
 #include "../common/kato_convert.cuh"
 #include "../common/kato_rows.cuh"
 #include "../common/kato_row_sum.cuh"
+#include "../common/kato_row_walk.cuh"
+#include "../common/kato_row_cache.cuh"
 
 __device__ __forceinline__ Raw grad(const Raw& yv, const Raw& dyv, float dot) {
   float fy[VEC], fd[VEC];
@@ -66,23 +62,9 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS softmax_backward_kernel(
   using Raw = kn::Raw;
   constexpr int P = kn::kThreadsPerRow;
 
-#if ROW_THREADS == 0
-  const int t = threadIdx.x;
-  const int group = 0;
-  const long long first = blockIdx.x;
-  const long long stride = gridDim.x;
-#if BLOCK_SIZE > 32
+  [[maybe_unused]] const auto [t, group, groups, first, stride] = kn::row_walk();
+#if ROW_THREADS == 0 && BLOCK_SIZE > 32
   __shared__ float red[2][kn::kWarps];
-#endif
-#else
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int t = lane & (kn::kLanes - 1);
-  const int group = lane / kn::kLanes;
-  const int rows_per_block = static_cast<int>(blockDim.x) / kn::kLanes;
-  const long long first =
-      static_cast<long long>(blockIdx.x) * rows_per_block + warp * kn::kRowsPerWarp;
-  const long long stride = static_cast<long long>(gridDim.x) * rows_per_block;
 #endif
 
 #if CACHE == 1

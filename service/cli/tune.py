@@ -161,8 +161,8 @@ def tune(
     from kato.kernels.spec import InvalidInput
     from kato.service.validation import JobRequest, check_budget, check_seed, job_fields
     from kato.service.workers import build_runner, measuring, queue_and_claim
+    from kato.tuner.job_runner import default_worker_id
     from kato.tuner.search import STRATEGIES
-    from kato.tuner.worker import default_worker_id
 
     settings = load_settings(db)
     if trial_timeout is not None and not trial_timeout > 0:

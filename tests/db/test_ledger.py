@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 from fleet_helpers import sessions_for, submit
 from kato.db import fleet, queries
+from kato.db import ledger as ledger_module
 from kato.db.ledger import LEGACY_RESERVED_BY, JobLedger, Ledger
 from kato.db.models import RESERVED, BestConfig, Job, Trial, Worker, utcnow
 from kato.db.retry import RetryPolicy
@@ -181,6 +182,42 @@ def test_a_stopping_worker_gives_back_its_reservations_and_its_lease(job):
     found = owner.load()
     assert owner.reservations() == [] and found.trials_done == 0
     assert found.status == "running" and found.lease_expires_at <= utcnow()  # claimable now
+    assert Ledger(sessions, "next").claim(["H200"]).job_id == job_id
+
+
+def test_a_job_given_back_stays_given_back_whatever_its_runner_does_next(job, monkeypatch):
+    """A worker gives back the job of a runner that is still going (another thread, the same
+    ledger): a reservation in flight lands first and is released with the rest, and after the
+    give-back the runner reserves and renews nothing (the lease stays ended)."""
+    sessions, job_id = job
+    owner = _ledger(sessions, "owner", job_id)
+    assert owner.reserve({"k": 1}, "k1") == "reserved"
+    in_flight, go_on = threading.Event(), threading.Event()
+    real = ledger_module._reserve
+
+    def slow_reserve(*args, **kwargs):  # type: ignore[no-untyped-def]
+        in_flight.set()
+        assert go_on.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ledger_module, "_reserve", slow_reserve)
+    answers = []
+    runner = threading.Thread(target=lambda: answers.append(owner.reserve({"k": 2}, "k2")))
+    runner.start()
+    assert in_flight.wait(30)
+    giver = threading.Thread(target=owner.give_back)
+    giver.start()
+    giver.join(0.3)
+    assert giver.is_alive(), "the give-back did not wait for the reservation in flight"
+    go_on.set()
+    runner.join(30)
+    giver.join(30)
+    assert answers == ["reserved"] and not giver.is_alive()
+    assert owner.reservations() == []  # k1 and the one in flight, both released
+    assert owner.reserve({"k": 3}, "k3") == "stopped" and owner.renew() == "stopped"
+    found = owner.load()
+    assert found.status == "running" and found.trials_done == 0
+    assert found.lease_expires_at <= utcnow()  # not renewed: claimable now
     assert Ledger(sessions, "next").claim(["H200"]).job_id == job_id
 
 

@@ -41,6 +41,8 @@ def test_included_headers_are_the_common_ones_in_order() -> None:
         CONVERT_HEADER,
         ROWS_HEADER,
         COMMON_HEADERS / "kato_row_sum.cuh",
+        COMMON_HEADERS / "kato_row_walk.cuh",
+        COMMON_HEADERS / "kato_row_cache.cuh",
     ]
 
 
@@ -337,3 +339,73 @@ def test_matmul_compiled_on_its_own_is_float32() -> None:
     assert alone.returncode == 0, alone.stderr
     bf16 = _preprocess(template, {**tile, "IS_BF16": 1})
     assert bf16.returncode != 0 and "cuda_bf16.h" in bf16.stderr
+
+
+NORM_BACKWARDS = ("rmsnorm_backward", "layernorm_backward")
+
+
+@pytest.mark.parametrize("name", NORM_BACKWARDS)
+def test_the_norm_backward_templates_take_their_column_reduce_from_the_header(name: str) -> None:
+    """Stage 2 (the partial rows summed per column) is kato_partials.cuh's, rendered once."""
+    template = get_operator(name).template
+    assert COMMON_HEADERS / "kato_partials.cuh" in included_headers(template)
+    text = template.read_text()
+    for held in ("sums[threadIdx.y][threadIdx.x] = sum;", "#pragma unroll 4"):
+        assert held not in text, held
+    rendered = template_source(template)
+    assert rendered.count("__device__ __forceinline__ void reduce_partials(") == 1
+    # The kernel keeps its own shared tile (its PTX name is the kernel's, as before).
+    assert "__shared__ float sums[32][33];" in text
+
+
+#: The row-wise templates whose kernels walk the rows with kato_row_walk.cuh's row_walk().
+ROW_WALKERS = (
+    "rmsnorm",
+    "add_rmsnorm",
+    "add_layernorm",
+    "softmax_backward",
+    "cross_entropy",
+)
+
+
+@pytest.mark.parametrize("name", ROW_WALKERS)
+def test_the_row_walk_is_the_headers(name: str) -> None:
+    template = get_operator(name).template
+    assert COMMON_HEADERS / "kato_row_walk.cuh" in included_headers(template)
+    text = template.read_text()
+    for held in ("const int group = lane / kn::kLanes;", "const long long stride = gridDim.x;"):
+        assert held not in text, held
+    assert text.count("= kn::row_walk();") == 1
+
+
+@pytest.mark.parametrize("row_threads", [0, 8, 32])
+def test_the_row_walk_keeps_each_mode_s_geometry(row_threads: int) -> None:
+    """Block mode: one row group of BLOCK_SIZE threads per block, a block per step; warp mode:
+    kLanes lanes per group, the warp's groups on consecutive rows."""
+    macros = {**ROW_MACROS, "ROW_THREADS": row_threads, "BLOCK_SIZE": 256}
+    done = _preprocess(get_operator("rmsnorm").template, macros)
+    assert done.returncode == 0, done.stderr
+    walk = done.stdout[done.stdout.index("RowWalk row_walk()") :]
+    walk = walk[: walk.index("return w;")]
+    if row_threads == 0:
+        assert "w.groups = 1;" in walk and "w.stride = gridDim.x;" in walk
+    else:
+        assert "w.group = lane / kLanes;" in walk
+        assert "w.groups = static_cast<int>(blockDim.x) / kLanes;" in walk
+
+
+#: The templates that keep a row between passes (CACHE): the walkers but cross_entropy, and the
+#: norm backwards.
+ROW_CACHERS = (*(n for n in ROW_WALKERS if n != "cross_entropy"), *NORM_BACKWARDS)
+
+
+@pytest.mark.parametrize("name", ROW_CACHERS)
+def test_the_row_cache_is_checked_by_the_header(name: str) -> None:
+    template = get_operator(name).template
+    assert COMMON_HEADERS / "kato_row_cache.cuh" in included_headers(template)
+    assert "CACHE must be" not in template.read_text()
+    missing = _preprocess(template, {k: v for k, v in ROW_MACROS.items() if k != "CACHE"})
+    assert missing.returncode != 0 and "CACHE must be defined" in missing.stderr
+    asserts, _ = _checks_and_defaults(template_source(template))
+    assert 'CACHE >= 0 && CACHE <= 2, "CACHE must be 0, 1 or 2"' in asserts
+    assert 'CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in [1, 64]"' in asserts

@@ -216,7 +216,7 @@ def test_a_gpu_workers_factory_times_in_a_child_on_its_own_device():
 
     from kato.tuner.backends.base import DeviceInfo
     from kato.tuner.factories import pycuda_backend_factory
-    from kato.tuner.worker import JobRunner
+    from kato.tuner.job_runner import JobRunner
 
     factory = pycuda_backend_factory(99)
     job = SimpleNamespace(operator="softmax", shape=[64, 100], dtype="float32")

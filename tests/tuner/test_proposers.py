@@ -121,8 +121,9 @@ def test_a_forest_job_an_older_kato_began_resumes_and_its_study_holds_each_confi
     from kato.db.session import init_db, session_factory
     from kato.kernels import get_operator
     from kato.tuner.backends.replay import ReplayBackend
+    from kato.tuner.job_runner import JobRunner
     from kato.tuner.study import FAILED_VALUE, StudyParams, job_attrs, optuna_storage, record_study
-    from kato.tuner.worker import JobRunner, Worker
+    from kato.tuner.worker import Worker
     from paths import RECORDED
 
     recording = RECORDED / "softmax_H200_4096x4096_float16.json.gz"

@@ -47,7 +47,7 @@ def _reader(sessions, job):
 
 def _default_key(space) -> str:
     """The key of softmax's default config for this module's shape: what every job measures
-    before its warm start (tuner.worker.first_configs)."""
+    before its warm start (tuner.job_runner.first_configs)."""
     default = get_operator("softmax").default_config(SHAPE, DTYPE)
     assert space.is_valid(default), "the recorded space holds the default config"
     return space.key(default)

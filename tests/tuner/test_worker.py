@@ -15,7 +15,8 @@ from kato.kernels import get_operator
 from kato.service import lookup as service_lookup
 from kato.tuner.backends.base import TrialResult, TrialStatus
 from kato.tuner.backends.replay import ReplayBackend
-from kato.tuner.worker import JobRunner, SharedResults, Worker
+from kato.tuner.job_runner import JobRunner, SharedResults
+from kato.tuner.worker import Worker
 from paths import RECORDED
 from sqlalchemy import update as sa_update
 
@@ -305,8 +306,8 @@ def test_shared_search_leaves_a_just_asked_trial_to_its_worker():
     written right after the ask): a worker joining the study must not fail it, unless it is
     older than the grace period (then its worker died between the two steps)."""
     import optuna
+    from kato.tuner.job_runner import SharedSearch
     from kato.tuner.space import SearchSpace
-    from kato.tuner.worker import SharedSearch
 
     storage = optuna.storages.InMemoryStorage()
     space = SearchSpace({"A": (1, 2, 3), "B": (1, 2)}, lambda c: None)
@@ -339,7 +340,7 @@ def test_optuna_storage_retries_when_another_worker_made_the_tables(monkeypatch,
     # sees the version row (IntegrityError) or, on PostgreSQL, a table (ProgrammingError:
     # DuplicateTable) created under it. It must try again, not die (a fleet test lost a worker).
     import optuna
-    from kato.tuner import worker as worker_module
+    from kato.tuner.study import optuna_storage
     from sqlalchemy.exc import IntegrityError, ProgrammingError
 
     real = optuna.storages.RDBStorage
@@ -353,7 +354,7 @@ def test_optuna_storage_retries_when_another_worker_made_the_tables(monkeypatch,
         return real(*args, **kwargs)
 
     monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
-    storage = worker_module.optuna_storage(f"sqlite:///{tmp_path}/jobs.db")
+    storage = optuna_storage(f"sqlite:///{tmp_path}/jobs.db")
     assert len(calls) == 2 and storage.get_all_studies() == []
 
 

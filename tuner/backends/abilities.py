@@ -68,7 +68,7 @@ class Prepares(Protocol):
 class Precompiles(Protocol):
     """A backend that compiles a list of configs in the background. :meth:`precompile` queues
     ``configs`` (valid ones), in order, and returns at once; called once when a job starts, with
-    every unmeasured config of a small space (:data:`tuner.worker.PRECOMPILE_MAX_CONFIGS`).
+    every unmeasured config of a small space (:data:`tuner.job_runner.PRECOMPILE_MAX_CONFIGS`).
     Absent: nothing is compiled before the search asks for it."""
 
     def precompile(self, configs: Sequence[Config]) -> None: ...
