@@ -5,7 +5,7 @@
 // A fragment included first inside the template's `namespace KATO_NS { ... }` (before
 // kato_vec.cuh, which uses T and kVecBytes), after kato_dtype.cuh and the template's own macros
 // (CACHE, SPLIT, DW_ACC, ...) at file scope; the template's own constants and checks follow it.
-//   VEC, ROW_THREADS  required (ROW_THREADS: 1, 2, 4, 8, 16 or 32 lanes of a warp, or 0); BLOCK_SIZE
+//   VEC, ROW_THREADS  required (ROW_THREADS: 4, 8, 16 or 32 lanes of a warp, or 0); BLOCK_SIZE
 //                too for ROW_THREADS 0 (the block is one row group);
 //   LB_THREADS, LB_MIN_BLOCKS  __launch_bounds__ (BLOCK_SIZE and 0 unless rendered), which
 //                the kernels take as KATO_LAUNCH_BOUNDS;
@@ -60,7 +60,7 @@ static_assert(LB_THREADS % 32 == 0 && LB_THREADS >= 32 && LB_THREADS <= 1024,
               "LB_THREADS must be a multiple of 32 in [32, 1024]");
 static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC must be 1, 2, 4 or 8");
 static_assert(kVecBytes <= 16, "a vector must be at most 16 bytes");
-static_assert(ROW_THREADS == 0 || ROW_THREADS == 1 || ROW_THREADS == 2 || ROW_THREADS == 4 ||
-                  ROW_THREADS == 8 || ROW_THREADS == 16 || ROW_THREADS == 32,
-              "ROW_THREADS must be 0 (block), 1, 2, 4, 8, 16 or 32");
+static_assert(ROW_THREADS == 0 || ROW_THREADS == 4 || ROW_THREADS == 8 || ROW_THREADS == 16 ||
+                  ROW_THREADS == 32,
+              "ROW_THREADS must be 0 (block), 4, 8, 16 or 32");
 static_assert(kThreadsPerRow >= VEC, "head and tail need one thread per element");

@@ -16,9 +16,8 @@ Parameter space (Kernel Tuner key order):
   (``cols * itemsize`` bytes per row held); 2 = the row is kept in registers, ``ITEMS`` vectors
   per thread (``ITEMS = ceil(cols / (threads_per_row * VEC))``, at most 16).
 - ``MIN_BLOCKS``: the min-blocks clause of ``__launch_bounds__`` (0 = none).
-- ``LANES``: STRATEGY 0's lanes per row, 1, 2, 4, 8, 16 or 32 (issue 31: with a warp per row, a
-  row of 7 elements left 25 of 32 lanes idle; 32 / LANES rows per warp keep them busy; 1 and 2,
-  a thread or two per row, spend no or one shuffle round on rows of a few elements), at least
+- ``LANES``: STRATEGY 0's lanes per row, 4, 8, 16 or 32 (issue 31: with a warp per row, a row
+  of 7 elements left 25 of 32 lanes idle; 32 / LANES rows per warp keep them busy), at least
   ``VEC``. STRATEGY 1 takes 32. ``LANES=32`` is the program of a warp per row as it was before
   the parameter existed.
 
@@ -95,7 +94,7 @@ class SoftmaxSpec(OperatorSpec):
         "STRATEGY": (0, 1),
         "CACHE": (0, 1, 2),
         "MIN_BLOCKS": (0, 1, 2, 4),
-        "LANES": (1, 2, 4, 8, 16, 32),
+        "LANES": (4, 8, 16, 32),
     }
     template = Path(__file__).with_name("softmax.cu")
     kernel_name = "softmax_kernel"
@@ -176,22 +175,17 @@ class SoftmaxSpec(OperatorSpec):
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
         """A valid config for any valid shape. Rows of at least 32 elements: the widest vector
         (of at most 16 bytes) that still gives each of a warp's 32 lanes a vector (a 128-column
-        float16 row takes VEC=4, not 8: with 8, half the lanes would idle). Rows of at most 8
-        elements: a thread per row (LANES=1, VEC=1: no shuffles; a group of lanes would spend
-        more on its shuffle rounds than on the row); of 9 to 16: two lanes per row (VEC=2 where
-        cols is even, else 1). Other rows shorter than 32, where a warp per row idles lanes at
-        any VEC: the widest vector that divides the row into at least 4 vectors (no split row's
-        scalar ends), and the smallest group of 4, 8, 16 or 32 lanes that holds it in one vector
-        per lane (20 float32 columns: VEC=4 over 8 lanes, 4 rows per warp). Then the row in
-        registers over the fewest threads that hold at most 8 vectors each (that lane group,
-        else a block of 64 .. 1024), with MIN_BLOCKS=2 where the registers allow; shared memory
-        or streaming for rows too long for that.
+        float16 row takes VEC=4, not 8: with 8, half the lanes would idle). Shorter rows, where
+        a warp per row idles lanes at any VEC: the widest vector that divides the row into at
+        least 4 vectors (no split row's scalar ends), and the smallest group of 4, 8, 16 or 32
+        lanes that holds it in one vector per lane (7 float32 columns: VEC=1 over 8 lanes, 4
+        rows per warp). Then the row in registers over the fewest threads that hold at most 8
+        vectors each (that lane group, else a block of 64 .. 1024), with MIN_BLOCKS=2 where the
+        registers allow; shared memory or streaming for rows too long for that.
 
-        The short-row choices are not measured yet (no recorded space has rows under 128
-        elements): rows of over 16 follow the principle of layernorm's default, every lane of a
-        row group holds a vector; the thread or two per row of shorter ones is a rule from
-        instruction counts, to be checked on a GPU. How close the rest comes to each recorded
-        optimum: docs/defaults.md.
+        The short-row choice is not measured yet (no recorded space has rows under 128
+        elements): it follows the principle of layernorm's default, every lane of a row group
+        holds a vector. How close the rest comes to each recorded optimum: docs/defaults.md.
 
         Raises:
             InvalidInput: the shape or dtype is invalid (see :meth:`validate`).
@@ -201,9 +195,6 @@ class SoftmaxSpec(OperatorSpec):
         fitting = [v for v in self.params["VEC"] if v * itemsize <= 16 and v <= cols]
         if cols >= 32:
             vec, lanes = max(v for v in fitting if v * 32 <= cols), 32
-        elif cols <= 16:
-            lanes = 1 if cols <= 8 else 2
-            vec = 2 if lanes == 2 and cols % 2 == 0 else 1
         else:
             vec = max(v for v in fitting if cols % v == 0 and (cols // v >= 4 or v == 1))
             lanes = min(g for g in self.params["LANES"] if g * vec >= cols and g >= vec)

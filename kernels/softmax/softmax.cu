@@ -9,9 +9,8 @@
 //   STRATEGY    0: a group of LANES lanes of a warp per row, BLOCK_SIZE / LANES rows per
 //                  block, shuffles within the group only, no block barrier at all.
 //               1: one block per row; warp shuffles, then a small shared array across warps.
-//   LANES       STRATEGY 0: lanes per row, 1, 2, 4, 8, 16 or 32 (32 / LANES rows per warp, so
-//               that rows shorter than a warp's vectors keep every lane busy; 1: a thread per
-//               row, no shuffles at all, for rows of a few elements); at least VEC (a split
+//   LANES       STRATEGY 0: lanes per row, 4, 8, 16 or 32 (32 / LANES rows per warp, so that
+//               rows shorter than a warp's vectors keep every lane busy); at least VEC (a split
 //               row's head and tail go one element per lane). STRATEGY 1: 32 (a whole warp's
 //               shuffles before the block's). 32 unless rendered: the program of a warp per row.
 //   CACHE       0: one online pass computes (max, sum) together, a second pass re-reads x.

@@ -13,12 +13,10 @@ compiled too (sm_90 only: the code path is the same on sm_80). The default confi
 awkward shapes (odd sizes, 1e6 columns, rows shorter than a warp) are compiled as well.
 
 "Every variant" is the warp-per-row and block-per-row programs (LANES=32). Sub-warp row groups
-(LANES 1, 2, 4, 8, 16) differ from them only in the row loop and the shuffle width, so they
-are compiled for sm_90 at 256 columns (the register cache up to its 16 vectors per thread) and
-at 257 (split rows), with two block sizes and two MIN_BLOCKS that give four register caps (255,
-128, 64, 32): about 400 variants instead of the whole product's 3000. A thread or two per row
-hold 256 columns in registers at no VEC, so LANES 1 and 2 are also compiled at 16 columns (the
-register cache at 16 vectors a thread) and 17 (LANES=2's split rows).
+(LANES 4, 8, 16) differ from them only in the row loop and the shuffle width, so they are
+compiled for sm_90 at 256 columns (the register cache up to its 16 vectors per thread) and at
+257 (split rows), with two block sizes and two MIN_BLOCKS that give four register caps (255,
+128, 64, 32): about 400 variants instead of the whole product's 3000.
 
 Speed: a standalone nvcc run costs ~0.7 s, mostly nvcc start-up and parsing the CUDA headers,
 and there are ~1200 variants per arch. The test therefore compiles them in batches: one
@@ -65,9 +63,6 @@ AWKWARD_SHAPES = (
 #: Sub-warp row groups: whole-vector rows up to ITEMS=16 at LANES=4, and split rows.
 SUB_WARP_SHAPE = (4096, 256)
 SUB_WARP_SPLIT_SHAPE = (4096, 257)
-#: A thread or two per row: the register cache's 16 vectors a thread, and LANES=2's split rows.
-SHORT_SHAPE = (4096, 16)
-SHORT_SPLIT_SHAPE = (4096, 17)
 #: (BLOCK_SIZE, MIN_BLOCKS) of the sub-warp variants: register caps 255, 128, 64 and 32.
 CAPS = ((256, 0), (256, 2), (1024, 0), (1024, 2))
 #: Override with e.g. KATO_COMPILE_TEST_ARCHS=sm_90 to halve the time of the exhaustive part.
@@ -130,16 +125,14 @@ def split_variants(dtype: str) -> list[Variant]:
 
 
 def sub_warp_variants(dtype: str) -> list[Variant]:
-    """LANES < 32 at SUB_WARP_SHAPE, LANES 1 and 2 at SHORT_SHAPE too, and the split ones
-    (VEC > 1, 256 threads, no MIN_BLOCKS) at SUB_WARP_SPLIT_SHAPE and SHORT_SPLIT_SHAPE."""
+    """LANES < 32 at SUB_WARP_SHAPE, and the split ones (VEC > 1, 256 threads, no MIN_BLOCKS)
+    at SUB_WARP_SPLIT_SHAPE."""
     split = [
         v
-        for shape in (SUB_WARP_SPLIT_SHAPE, SHORT_SPLIT_SHAPE)
-        for v in variants(dtype, shape, sub_warp=True)
+        for v in variants(dtype, SUB_WARP_SPLIT_SHAPE, sub_warp=True)
         if v.config["VEC"] > 1 and v.config["BLOCK_SIZE"] == 256 and v.config["MIN_BLOCKS"] == 0
     ]
-    short = [v for v in variants(dtype, SHORT_SHAPE, sub_warp=True) if v.config["LANES"] <= 2]
-    return variants(dtype, SUB_WARP_SHAPE, sub_warp=True) + short + split
+    return variants(dtype, SUB_WARP_SHAPE, sub_warp=True) + split
 
 
 def awkward_defaults(dtype: str) -> list[Variant]:
@@ -243,9 +236,7 @@ def test_space_has_variants_for_every_dtype_and_arch(outcomes: list[Outcome]) ->
         split = len(split_variants(dtype))
         assert split > 100
         sub_warp = sub_warp_variants(dtype)
-        assert {v.config["LANES"] for v in sub_warp} == {1, 2, 4, 8, 16}
-        short = {(v.config["LANES"], v.config["CACHE"]) for v in sub_warp if v.shape[1] < 32}
-        assert {(n, c) for n in (1, 2) for c in (0, 1, 2)} <= short, short
+        assert {v.config["LANES"] for v in sub_warp} == {4, 8, 16}
         assert {v.config["CACHE"] for v in sub_warp} == {0, 1, 2}
         assert any(SPEC.defines(v.config, v.shape, dtype).get("ROW_SPLIT") for v in sub_warp)
         split += len(sub_warp)
@@ -257,8 +248,7 @@ def test_space_has_variants_for_every_dtype_and_arch(outcomes: list[Outcome]) ->
                 assert len(got) >= 10
                 if arch == SPLIT_ARCH:
                     reached = {(o.variant.config["LANES"], o.variant.config["CACHE"]) for o in got}
-                    lanes = SPEC.params["LANES"]
-                    assert reached == {(n, c) for n in lanes for c in (0, 1, 2)}
+                    assert reached == {(n, c) for n in (4, 8, 16, 32) for c in (0, 1, 2)}
 
 
 def test_every_variant_compiles(outcomes: list[Outcome]) -> None:

@@ -1,7 +1,6 @@
-"""Softmax's sub-warp row groups (``LANES`` 1, 2, 4, 8, 16: several rows per warp, 1 a thread
-per row, issue 31) on the CPU: the real template compiled as host C++ against
-tests/kernels/cuda_emulation.py, every (dtype, LANES, CACHE) on short and awkward rows (1, 2,
-3, 7, 9 and 31 columns, odd row counts, a
+"""Softmax's sub-warp row groups (``LANES`` 4, 8, 16: several rows per warp, issue 31) on the
+CPU: the real template compiled as host C++ against tests/kernels/cuda_emulation.py, every
+(dtype, LANES, CACHE) on short and awkward rows (1, 3, 7, 9 and 31 columns, odd row counts, a
 split row whose head moves from row to row, x and y shifted off a 16-byte boundary), a third of
 the cases on a one-block grid (the grid-stride loop, and row groups of a warp past the last
 row), verified against the float64 reference with the spec's tolerances as the GPU backend
@@ -20,10 +19,10 @@ from cuda_emulation import Case, run_cases
 from kato.kernels import get_operator
 
 SPEC = get_operator("softmax")
-SUB_WARP = (1, 2, 4, 8, 16)
+SUB_WARP = (4, 8, 16)
 #: Odd row counts; rows shorter than a warp (the case LANES is for), and longer ones whose
 #: streaming loop takes several steps per row group.
-SHAPES = ((7, 7), (5, 1), (9, 3), (33, 9), (3, 31), (13, 7), (41, 2), (11, 203), (3, 1031))
+SHAPES = ((7, 7), (5, 1), (9, 3), (33, 9), (3, 31), (13, 7), (11, 203), (3, 1031))
 #: Element offsets of x and y past a 16-byte boundary for split rows (congruent, as a view's).
 OFFSETS = (1, 3)
 #: Device functions the template uses beyond cuda_emulation.HEADER and NORM_EXTRA.
@@ -77,11 +76,7 @@ def test_sub_warp_row_groups_on_the_cpu(tmp_path, monkeypatch) -> None:
     for lanes in SUB_WARP:
         mine = [c for c in found if c.config["LANES"] == lanes]
         assert {1, 3, 7, 9, 31} <= {c.shape[1] for c in mine}, lanes
-        assert any(c.grid_cap for c in mine), lanes
-        # LANES >= VEC (a split row's head and tail go one element per lane): a thread per row
-        # takes VEC=1, whose rows are never split.
-        assert lanes == 1 or any(c.offset for c in mine), lanes
-        assert len({c.config["VEC"] for c in mine}) >= min(lanes, 2), lanes
-        assert all(c.config["VEC"] <= lanes for c in mine), lanes
+        assert any(c.grid_cap for c in mine) and any(c.offset for c in mine), lanes
+        assert len({c.config["VEC"] for c in mine}) >= 2, lanes
     failures = run_cases(found, tmp_path, np.random.default_rng(31))
     assert not failures, "\n".join(failures[:20])
