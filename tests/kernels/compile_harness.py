@@ -213,6 +213,23 @@ def _one_by_one(chunk: list[Variant], arch: str, cache_dir: Path, workers: int) 
     return found
 
 
+def sample_with_extra(
+    variants: Sequence[Variant],
+    *,
+    heaviest: Callable[[Variant], tuple[Hashable, float] | None] | None = None,
+    extra: Sequence[Variant] = (),
+) -> list[Variant]:
+    """What :func:`compile_covering` compiles: :func:`covering_sample` of ``variants``, then
+    each of ``extra`` (defaults of awkward shapes, always compiled) whose source is new."""
+    chosen = covering_sample(variants, heaviest=heaviest)
+    seen = {v.source() for v in chosen}
+    for v in extra:
+        if v.source() not in seen:
+            seen.add(v.source())
+            chosen.append(v)
+    return chosen
+
+
 def compile_covering(
     name: str,
     variants: Sequence[Variant],
@@ -222,15 +239,10 @@ def compile_covering(
     extra: Sequence[Variant] = (),
     batch: int = 48,
 ) -> list[Outcome]:
-    """Compile :func:`covering_sample` of ``variants`` plus ``extra`` (defaults of awkward
-    shapes, always compiled) for ``ARCHS[0]``, and every other one of them for the other archs
-    (all with :data:`FULL`). Prints what it compiled and how long it took."""
-    chosen = covering_sample(variants, heaviest=heaviest)
-    seen = {v.source() for v in chosen}
-    for v in extra:
-        if v.source() not in seen:
-            seen.add(v.source())
-            chosen.append(v)
+    """Compile :func:`sample_with_extra` of ``variants`` and ``extra`` for ``ARCHS[0]``, and
+    every other one of them for the other archs (all with :data:`FULL`). Prints what it
+    compiled and how long it took."""
+    chosen = sample_with_extra(variants, heaviest=heaviest, extra=extra)
     start = time.perf_counter()
     outcomes = compile_variants(chosen, ARCHS[:1], cache_dir, batch=batch)
     rest = (chosen if FULL else chosen[::2]) if ARCHS[1:] else []
