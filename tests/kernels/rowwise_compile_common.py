@@ -12,6 +12,9 @@ variant holding the most registers, where a spill would show), plus the default 
 awkward shapes; for sm_90, and every other one of them for sm_80. ``KATO_COMPILE_FULL=1``
 compiles every distinct variant instead (the H200 session does: benchmarks/h200_training_ops.sh),
 and ``KATO_COMPILE_TEST_ARCHS`` overrides the archs.
+
+The norms' modules share their checks: each subclasses :class:`NormCompileChecks` (or
+:class:`BackwardCompileChecks`) as ``Test<Operator>Compile``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,15 @@ import functools
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
-from compile_harness import Outcome, Variant, compile_covering, distinct_variants, sample_with_extra
+import pytest
+from compile_harness import (
+    FULL,
+    Outcome,
+    Variant,
+    compile_covering,
+    distinct_variants,
+    sample_with_extra,
+)
 from kato.kernels import get_operator, rowwise
 from kato.kernels.spec import DTYPES, OperatorSpec
 
@@ -153,3 +164,106 @@ def static_shared(
 
 def itemsize(v: Variant) -> int:
     return DTYPES[v.dtype][2]
+
+
+class NormCompileChecks:
+    """The checks of a row-wise operator that may keep rows in registers: a module subclasses
+    it as ``Test...`` with :attr:`SPEC`, :attr:`MAX_SAMPLE` and, where they differ,
+    :meth:`holds_registers`, :attr:`WEIGHT_IN_REGISTERS` and :meth:`static_shared_bytes`."""
+
+    SPEC: OperatorSpec
+    #: The most variants CI's sample may hold (awkward defaults included).
+    MAX_SAMPLE: int
+    #: Whether the weight (WB_REGS) sits in registers in some variant of every dtype.
+    WEIGHT_IN_REGISTERS = True
+
+    @staticmethod
+    def holds_registers(v: Variant) -> bool:
+        """Keeps rows (CACHE=2) in registers: check() must reject whatever would spill."""
+        return v.config["CACHE"] == 2
+
+    def static_shared_bytes(self, v: Variant, kernel: str) -> int:
+        """Static shared memory of ``kernel``: the block-wide row reduction's."""
+        return rowwise.reduction_shared_bytes(v.config)
+
+    def sample(self) -> list[Variant]:
+        return sample(self.SPEC, register_boundary(self.holds_registers))
+
+    @pytest.fixture(scope="class")
+    def outcomes(self, cubin_cache: Path) -> list[Outcome]:
+        return compile_sample(self.SPEC, register_boundary(self.holds_registers), cubin_cache)
+
+    def test_the_sample_covers_every_code_path(self) -> None:
+        variants = self.sample()
+        reached = coverage(variants)
+        dtypes = self.SPEC.dtypes
+        assert reached["vec"] == {(d, v) for d in dtypes for v in (1, 2, 4, 8)} - {("float32", 8)}
+        assert reached["cap"] == {255, 128, 64}
+        assert reached["row_threads"] == {8, 16, 32, 0} and reached["cache"] == {0, 1, 2}
+        if self.WEIGHT_IN_REGISTERS:
+            weight = {v.dtype for v in variants if _defines(v).get("WB_REGS")}
+            assert weight == set(dtypes)
+        assert len(variants) <= self.MAX_SAMPLE or FULL
+
+    def test_every_variant_compiles(self, outcomes: list[Outcome]) -> None:
+        bad = errors(outcomes)
+        assert not bad, f"{len(bad)} failed:\n" + "\n".join(bad[:5])
+
+    def test_registers_respect_the_launch_bounds(self, outcomes: list[Outcome]) -> None:
+        bad = over_cap(outcomes)
+        assert not bad, "\n".join(bad[:10])
+
+    def test_register_caches_never_spill(self, outcomes: list[Outcome]) -> None:
+        """check() rejects configs whose register-held rows (or columns) cannot stay there, and
+        WB_REGS is only set where the weight fits beside them."""
+        bad = spills(outcomes, self.holds_registers)
+        assert not bad, "\n".join(bad[:10])
+
+    def test_streaming_spills_stay_small(self, outcomes: list[Outcome]) -> None:
+        bad = streaming_spills([o for o in outcomes if not self.holds_registers(o.variant)])
+        assert not bad, "\n".join(bad[:10])
+
+    def test_static_shared_memory_matches_the_spec(self, outcomes: list[Outcome]) -> None:
+        bad = static_shared(outcomes, self.static_shared_bytes)
+        assert not bad, "\n".join(bad[:10])
+
+
+class BackwardCompileChecks(NormCompileChecks):
+    """:class:`NormCompileChecks` for the two-kernel backwards (stage 1 and the reduce of
+    dweight's partial columns, :attr:`REDUCE_KERNEL`): dweight columns (DW_ACC=0) may sit in
+    registers too, and every (warp or block mode, DW_ACC) path is sampled."""
+
+    REDUCE_KERNEL: str
+
+    @staticmethod
+    def holds_registers(v: Variant) -> bool:
+        """Rows (CACHE=2) or dweight columns (DW_ACC=0) kept in registers."""
+        return v.config["CACHE"] == 2 or v.config["DW_ACC"] == 0
+
+    @staticmethod
+    def stage1_shared_bytes(config: dict) -> int:
+        """Stage 1's static shared memory: the row reduction's array."""
+        return rowwise.reduction_shared_bytes(config)
+
+    def static_shared_bytes(self, v: Variant, kernel: str) -> int:
+        """Stage 1: :meth:`stage1_shared_bytes`; the reduce: its 32 x 33 float tile."""
+        if kernel == self.REDUCE_KERNEL:
+            return 32 * 33 * 4
+        return self.stage1_shared_bytes(v.config)
+
+    def test_every_dweight_path_is_sampled(self) -> None:
+        paths = {(v.config["ROW_THREADS"] == 0, v.config["DW_ACC"]) for v in self.sample()}
+        assert paths == {(True, 0), (True, 1), (True, 2), (False, 0), (False, 1)}
+
+    def test_the_reduce_kernel_keeps_registers_low(self, outcomes: list[Outcome]) -> None:
+        """The reduce launches up to 32 x 16 threads; it must stay under 64 registers."""
+        bad = [
+            f"{o.arch} {o.variant}: {r.registers}"
+            for o in outcomes
+            if o.error is None and (r := o.resources[self.REDUCE_KERNEL]).registers > 64
+        ]
+        assert not bad, "\n".join(bad[:5])
+
+
+def _defines(v: Variant) -> dict[str, object]:
+    return v.spec.defines(v.config, v.shape, v.dtype)
