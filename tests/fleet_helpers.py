@@ -7,8 +7,9 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from kato.db import queries
 from kato.db.models import Job
@@ -38,6 +39,37 @@ def submit(sessions, budget: int, *, strategy: str = "grid", seed: int = 0) -> s
             strategy=strategy,
             seed=seed,
         ).id
+
+
+def queue_recordings(
+    sessions,
+    recordings: Sequence[Any],
+    budget: int | Sequence[int],
+    *,
+    seeded: bool = False,
+    gpu_model: str | None = "H200",
+) -> list[str]:
+    """Queue one job per recording (its problem's operator, version, shape and dtype) in one
+    ``create_jobs`` batch, on ``gpu_model`` (``None``: the recording's own). ``budget``: the
+    configs of every job, or one per recording; ``seeded``: job i gets seed i, else seed 0.
+    Returns the job ids in the recordings' order."""
+    budgets = [budget] * len(recordings) if isinstance(budget, int) else list(budget)
+    if len(budgets) != len(recordings):
+        raise ValueError(f"{len(budgets)} budgets for {len(recordings)} recordings")
+    fields = [
+        dict(
+            operator=r.problem.operator,
+            operator_version=r.problem.operator_version,
+            shape=list(r.problem.shape),
+            dtype=r.problem.dtype,
+            gpu_model=gpu_model or r.problem.gpu_model,
+            budget_configs=b,
+            seed=i if seeded else 0,
+        )
+        for i, (r, b) in enumerate(zip(recordings, budgets, strict=True))
+    ]
+    with sessions() as s:
+        return [job.id for job in queries.create_jobs(s, fields)]
 
 
 def start_worker(

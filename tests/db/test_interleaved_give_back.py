@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from fleet_helpers import queue_recordings
 from kato.db import queries
 from kato.db.models import RESERVED, utcnow
 from kato.db.session import init_db, session_factory
@@ -103,23 +104,7 @@ class StuckReplay(ReplayBackends):
 
 
 def queue(sessions, recordings) -> list[str]:
-    with sessions() as s:
-        jobs = queries.create_jobs(
-            s,
-            [
-                dict(
-                    operator=r.problem.operator,
-                    operator_version=r.problem.operator_version,
-                    shape=list(r.problem.shape),
-                    dtype=r.problem.dtype,
-                    gpu_model="H200",
-                    budget_configs=BUDGET,
-                    seed=i,
-                )  # fmt: skip
-                for i, r in enumerate(recordings)
-            ],
-        )
-        return [j.id for j in jobs]
+    return queue_recordings(sessions, recordings, BUDGET, seeded=True)
 
 
 def assert_given_back(sessions, ids: list[str]) -> dict[str, set[str]]:

@@ -21,6 +21,7 @@ Template conventions this relies on (every operator in ``kernels/`` follows them
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import os
@@ -87,23 +88,49 @@ class Outcome:
 
 
 def distinct_variants(
-    spec: OperatorSpec, cases: Iterable[tuple[Sequence[int], str]]
+    spec: OperatorSpec,
+    cases: Iterable[tuple[Sequence[int], str]],
+    candidates: Callable[[str], Sequence[Config]] | None = None,
 ) -> list[Variant]:
     """Every valid config of every (shape, dtype) case, one per distinct rendered source.
     Enumerated as the backends do (``operator_space``: the spec's ``candidates`` where it lists
-    them; walking matmul's whole product of 12 million takes minutes a case)."""
-    seen: set[str] = set()
+    them; walking matmul's whole product of 12 million takes minutes a case), or from
+    ``candidates(dtype)`` where given (a spec whose listing does not depend on the shape, listed
+    once for every case). Valid configs are kept per (spec, shape, dtype) for the process."""
+    seen: set[Hashable] = set()
     found = []
     for shape, dtype in cases:
         shape = tuple(shape)
-        space = operator_space(spec, shape, dtype, lambda c, s=shape, d=dtype: spec.check(c, s, d))
-        for config in [*space.valid_configs(), spec.default_config(shape, dtype)]:
+        if candidates is None:
+            valid = _valid_configs(spec, shape, dtype)
+        else:
+            valid = [c for c in candidates(dtype) if spec.check(c, shape, dtype) is None]
+        for config in [*valid, spec.default_config(shape, dtype)]:
             variant = Variant(spec, dict(config), shape, dtype)
-            digest = hashlib.sha256(variant.source().encode()).hexdigest()
-            if digest not in seen:
-                seen.add(digest)
+            key = _source_key(variant)
+            if key not in seen:
+                seen.add(key)
                 found.append(variant)
     return found
+
+
+@functools.cache
+def _valid_configs(spec: OperatorSpec, shape: tuple[int, ...], dtype: str) -> tuple[Config, ...]:
+    space = operator_space(spec, shape, dtype, lambda c: spec.check(c, shape, dtype))
+    return tuple(space.valid_configs())
+
+
+def _source_key(v: Variant) -> Hashable:
+    """Equal for two variants exactly when their rendered sources are. ``OperatorSpec.render``
+    is the ``#define`` lines of ``defines`` then the config's template, so those stand for the
+    source (rendering inlines the shared headers: batchnorm's 68,000 valid configs took a
+    minute); a spec that renders otherwise is hashed in full."""
+    if type(v.spec).render is not OperatorSpec.render:
+        return hashlib.sha256(v.source().encode()).hexdigest()
+    defines = tuple(
+        (k, str(value)) for k, value in v.spec.defines(v.config, v.shape, v.dtype).items()
+    )
+    return v.spec.template_for(v.config), defines
 
 
 def _features(v: Variant, shapes: dict[tuple[int, ...], int]) -> set[tuple]:
@@ -213,6 +240,23 @@ def _one_by_one(chunk: list[Variant], arch: str, cache_dir: Path, workers: int) 
     return found
 
 
+def sample_with_extra(
+    variants: Sequence[Variant],
+    *,
+    heaviest: Callable[[Variant], tuple[Hashable, float] | None] | None = None,
+    extra: Sequence[Variant] = (),
+) -> list[Variant]:
+    """What :func:`compile_covering` compiles: :func:`covering_sample` of ``variants``, then
+    each of ``extra`` (defaults of awkward shapes, always compiled) whose source is new."""
+    chosen = covering_sample(variants, heaviest=heaviest)
+    seen = {v.source() for v in chosen}
+    for v in extra:
+        if v.source() not in seen:
+            seen.add(v.source())
+            chosen.append(v)
+    return chosen
+
+
 def compile_covering(
     name: str,
     variants: Sequence[Variant],
@@ -222,15 +266,10 @@ def compile_covering(
     extra: Sequence[Variant] = (),
     batch: int = 48,
 ) -> list[Outcome]:
-    """Compile :func:`covering_sample` of ``variants`` plus ``extra`` (defaults of awkward
-    shapes, always compiled) for ``ARCHS[0]``, and every other one of them for the other archs
-    (all with :data:`FULL`). Prints what it compiled and how long it took."""
-    chosen = covering_sample(variants, heaviest=heaviest)
-    seen = {v.source() for v in chosen}
-    for v in extra:
-        if v.source() not in seen:
-            seen.add(v.source())
-            chosen.append(v)
+    """Compile :func:`sample_with_extra` of ``variants`` and ``extra`` for ``ARCHS[0]``, and
+    every other one of them for the other archs (all with :data:`FULL`). Prints what it
+    compiled and how long it took."""
+    chosen = sample_with_extra(variants, heaviest=heaviest, extra=extra)
     start = time.perf_counter()
     outcomes = compile_variants(chosen, ARCHS[:1], cache_dir, batch=batch)
     rest = (chosen if FULL else chosen[::2]) if ARCHS[1:] else []

@@ -1,27 +1,38 @@
-"""Shared body of the compile tests of the row-wise operators (rmsnorm, rmsnorm_backward,
-softmax_backward; one test module each).
+"""Shared body of the compile tests of the row-wise operators (rmsnorm, add_rmsnorm,
+add_layernorm, rmsnorm_backward, layernorm_backward, softmax_backward, cross_entropy and its
+backward; one test module each).
 
-Their spaces have 300 to 1700 distinct sources per operator over the two representative shapes
+Their spaces have 440 to 880 distinct sources per operator over the two representative shapes
 (an odd width, where every row's head differs, and a multiple of every VEC, where register
 caches of the weight and of dweight apply), more than CI's 2 cores can compile in a minute. CI
-therefore compiles a covering sample: for every (dtype, ROW_THREADS, CACHE and the operator's own
-source switches) one variant, the variants drawn in a seeded order so that every VEC and every
-register cap appears (:func:`coverage` checks it), plus the default configs of awkward shapes; for
-sm_90, and every other one of them for sm_80. ``KATO_COMPILE_FULL=1`` compiles every distinct
-variant instead (the H200 session does: benchmarks/h200_training_ops.sh), and
-``KATO_COMPILE_TEST_ARCHS`` overrides the archs.
+therefore compiles ``compile_harness.covering_sample`` of them (every dtype, shape and parameter
+value and every pair of those, every rendered macro's value) plus, per module, the variants of
+its ``heaviest`` key (:func:`register_boundary`: per dtype, register cap and WB_REGS, the
+variant holding the most registers, where a spill would show), plus the default configs of
+awkward shapes; for sm_90, and every other one of them for sm_80. ``KATO_COMPILE_FULL=1``
+compiles every distinct variant instead (the H200 session does: benchmarks/h200_training_ops.sh),
+and ``KATO_COMPILE_TEST_ARCHS`` overrides the archs.
+
+The norms' modules share their checks: each subclasses :class:`NormCompileChecks` (or
+:class:`BackwardCompileChecks`) as ``Test<Operator>Compile``.
 """
 
 from __future__ import annotations
 
-import os
-import random
-import time
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
-from compile_harness import Outcome, Variant, compile_variants, distinct_variants
-from kato.kernels import rowwise
+import pytest
+from compile_harness import (
+    FULL,
+    Outcome,
+    Variant,
+    compile_covering,
+    distinct_variants,
+    sample_with_extra,
+)
+from kato.kernels import get_operator, rowwise
 from kato.kernels.spec import DTYPES, OperatorSpec
 
 SHAPES = ((37, 1031), (64, 4096))
@@ -35,51 +46,49 @@ AWKWARD = (
     (8192, 50257),
     (64, 32768),
 )
-FULL = os.environ.get("KATO_COMPILE_FULL") == "1"
-ARCHS = tuple(os.environ.get("KATO_COMPILE_TEST_ARCHS", "sm_90,sm_80").split(","))
 
-#: What distinguishes one code path of a variant from another: its dtype and rendered switches.
-KeyFn = Callable[[Variant], tuple]
+#: ``heaviest`` of ``compile_harness.covering_sample``: ``(key, score)`` or ``None``.
+Heaviest = Callable[[Variant], tuple[Hashable, float] | None]
 
 
-def base_key(v: Variant) -> tuple:
-    macros = v.spec.defines(v.config, v.shape, v.dtype)
-    return (v.dtype, v.config["ROW_THREADS"], v.config["CACHE"], macros.get("WB_REGS", 0))
+@functools.cache
+def _variants(name: str) -> tuple[Variant, ...]:
+    spec = get_operator(name)
+    return tuple(distinct_variants(spec, [(s, d) for s in SHAPES for d in spec.dtypes]))
 
 
-def sample(spec: OperatorSpec, key: KeyFn = base_key) -> list[Variant]:
-    """The variants to compile: every distinct one with FULL, else one per ``key`` (seeded
-    order), plus the defaults of :data:`AWKWARD`."""
-    every = distinct_variants(spec, [(s, d) for s in SHAPES for d in spec.dtypes])
-    if FULL:
-        chosen = list(every)
-    else:
-        order = list(every)
-        random.Random(2026).shuffle(order)
-        chosen, seen = [], set()
-        for variant in order:
-            k = key(variant)
-            if k not in seen:
-                seen.add(k)
-                chosen.append(variant)
-        # Top up: a variant for every (dtype, VEC) and every register cap the sample missed.
-        for aspect in (
-            lambda v: (v.dtype, v.config["VEC"]),
-            lambda v: rowwise.register_cap(v.config),
-        ):
-            reached = {aspect(v) for v in chosen}
-            for variant in order:
-                if aspect(variant) not in reached:
-                    reached.add(aspect(variant))
-                    chosen.append(variant)
-    sources = {v.source() for v in chosen}
-    for dtype in spec.dtypes:
-        for shape in AWKWARD:
-            v = Variant(spec, spec.default_config(shape, dtype), shape, dtype)
-            if v.source() not in sources:
-                sources.add(v.source())
-                chosen.append(v)
-    return chosen
+def awkward_defaults(spec: OperatorSpec) -> list[Variant]:
+    """The default config of every :data:`AWKWARD` shape and dtype."""
+    return [Variant(spec, spec.default_config(s, d), s, d) for d in spec.dtypes for s in AWKWARD]
+
+
+def register_boundary(holds_registers: Callable[[Variant], bool]) -> Heaviest:
+    """``heaviest`` for operators that keep rows or accumulators in registers
+    (``holds_registers``): per dtype, register cap and whether the weight sits in registers
+    too (WB_REGS), the variant with the most registers per array, where a spill would show."""
+
+    def heaviest(v: Variant) -> tuple[Hashable, float] | None:
+        if not holds_registers(v):
+            return None
+        c = v.config
+        weight = v.spec.defines(c, v.shape, v.dtype).get("WB_REGS", 0)
+        key = (v.dtype, rowwise.register_cap(c), weight)
+        return key, rowwise.vector_registers(c, v.shape[1], itemsize(v))
+
+    return heaviest
+
+
+def sample(spec: OperatorSpec, heaviest: Heaviest | None) -> list[Variant]:
+    """The variants :func:`compile_sample` compiles (every distinct one with FULL)."""
+    return sample_with_extra(_variants(spec.name), heaviest=heaviest, extra=awkward_defaults(spec))
+
+
+def compile_sample(spec: OperatorSpec, heaviest: Heaviest | None, cache_dir: Path) -> list[Outcome]:
+    """Compile :func:`sample` for the first arch, and every other one of it (all with FULL) for
+    the rest."""
+    return compile_covering(
+        spec.name, _variants(spec.name), cache_dir, heaviest=heaviest, extra=awkward_defaults(spec)
+    )
 
 
 def coverage(variants: Sequence[Variant]) -> dict[str, set]:
@@ -90,23 +99,6 @@ def coverage(variants: Sequence[Variant]) -> dict[str, set]:
         "row_threads": {v.config["ROW_THREADS"] for v in variants},
         "cache": {v.config["CACHE"] for v in variants},
     }
-
-
-def compile_sample(
-    spec: OperatorSpec, variants: Sequence[Variant], cache_dir: Path
-) -> list[Outcome]:
-    """Compile ``variants`` for the first arch, and every other one (all with FULL) for the
-    rest."""
-    start = time.perf_counter()
-    outcomes = compile_variants(variants, ARCHS[:1], cache_dir, batch=48, workers=2)
-    rest = (list(variants) if FULL else list(variants)[::2]) if ARCHS[1:] else []
-    if rest:
-        outcomes += compile_variants(rest, ARCHS[1:], cache_dir, batch=48, workers=2)
-    print(
-        f"\n{spec.name}: {len(variants)} variants on {ARCHS[0]}, {len(rest)} on "
-        f"{','.join(ARCHS[1:]) or '-'} in {time.perf_counter() - start:.0f} s"
-    )
-    return outcomes
 
 
 def errors(outcomes: Sequence[Outcome]) -> list[str]:
@@ -172,3 +164,106 @@ def static_shared(
 
 def itemsize(v: Variant) -> int:
     return DTYPES[v.dtype][2]
+
+
+class NormCompileChecks:
+    """The checks of a row-wise operator that may keep rows in registers: a module subclasses
+    it as ``Test...`` with :attr:`SPEC`, :attr:`MAX_SAMPLE` and, where they differ,
+    :meth:`holds_registers`, :attr:`WEIGHT_IN_REGISTERS` and :meth:`static_shared_bytes`."""
+
+    SPEC: OperatorSpec
+    #: The most variants CI's sample may hold (awkward defaults included).
+    MAX_SAMPLE: int
+    #: Whether the weight (WB_REGS) sits in registers in some variant of every dtype.
+    WEIGHT_IN_REGISTERS = True
+
+    @staticmethod
+    def holds_registers(v: Variant) -> bool:
+        """Keeps rows (CACHE=2) in registers: check() must reject whatever would spill."""
+        return v.config["CACHE"] == 2
+
+    def static_shared_bytes(self, v: Variant, kernel: str) -> int:
+        """Static shared memory of ``kernel``: the block-wide row reduction's."""
+        return rowwise.reduction_shared_bytes(v.config)
+
+    def sample(self) -> list[Variant]:
+        return sample(self.SPEC, register_boundary(self.holds_registers))
+
+    @pytest.fixture(scope="class")
+    def outcomes(self, cubin_cache: Path) -> list[Outcome]:
+        return compile_sample(self.SPEC, register_boundary(self.holds_registers), cubin_cache)
+
+    def test_the_sample_covers_every_code_path(self) -> None:
+        variants = self.sample()
+        reached = coverage(variants)
+        dtypes = self.SPEC.dtypes
+        assert reached["vec"] == {(d, v) for d in dtypes for v in (1, 2, 4, 8)} - {("float32", 8)}
+        assert reached["cap"] == {255, 128, 64}
+        assert reached["row_threads"] == {8, 16, 32, 0} and reached["cache"] == {0, 1, 2}
+        if self.WEIGHT_IN_REGISTERS:
+            weight = {v.dtype for v in variants if _defines(v).get("WB_REGS")}
+            assert weight == set(dtypes)
+        assert len(variants) <= self.MAX_SAMPLE or FULL
+
+    def test_every_variant_compiles(self, outcomes: list[Outcome]) -> None:
+        bad = errors(outcomes)
+        assert not bad, f"{len(bad)} failed:\n" + "\n".join(bad[:5])
+
+    def test_registers_respect_the_launch_bounds(self, outcomes: list[Outcome]) -> None:
+        bad = over_cap(outcomes)
+        assert not bad, "\n".join(bad[:10])
+
+    def test_register_caches_never_spill(self, outcomes: list[Outcome]) -> None:
+        """check() rejects configs whose register-held rows (or columns) cannot stay there, and
+        WB_REGS is only set where the weight fits beside them."""
+        bad = spills(outcomes, self.holds_registers)
+        assert not bad, "\n".join(bad[:10])
+
+    def test_streaming_spills_stay_small(self, outcomes: list[Outcome]) -> None:
+        bad = streaming_spills([o for o in outcomes if not self.holds_registers(o.variant)])
+        assert not bad, "\n".join(bad[:10])
+
+    def test_static_shared_memory_matches_the_spec(self, outcomes: list[Outcome]) -> None:
+        bad = static_shared(outcomes, self.static_shared_bytes)
+        assert not bad, "\n".join(bad[:10])
+
+
+class BackwardCompileChecks(NormCompileChecks):
+    """:class:`NormCompileChecks` for the two-kernel backwards (stage 1 and the reduce of
+    dweight's partial columns, :attr:`REDUCE_KERNEL`): dweight columns (DW_ACC=0) may sit in
+    registers too, and every (warp or block mode, DW_ACC) path is sampled."""
+
+    REDUCE_KERNEL: str
+
+    @staticmethod
+    def holds_registers(v: Variant) -> bool:
+        """Rows (CACHE=2) or dweight columns (DW_ACC=0) kept in registers."""
+        return v.config["CACHE"] == 2 or v.config["DW_ACC"] == 0
+
+    @staticmethod
+    def stage1_shared_bytes(config: dict) -> int:
+        """Stage 1's static shared memory: the row reduction's array."""
+        return rowwise.reduction_shared_bytes(config)
+
+    def static_shared_bytes(self, v: Variant, kernel: str) -> int:
+        """Stage 1: :meth:`stage1_shared_bytes`; the reduce: its 32 x 33 float tile."""
+        if kernel == self.REDUCE_KERNEL:
+            return 32 * 33 * 4
+        return self.stage1_shared_bytes(v.config)
+
+    def test_every_dweight_path_is_sampled(self) -> None:
+        paths = {(v.config["ROW_THREADS"] == 0, v.config["DW_ACC"]) for v in self.sample()}
+        assert paths == {(True, 0), (True, 1), (True, 2), (False, 0), (False, 1)}
+
+    def test_the_reduce_kernel_keeps_registers_low(self, outcomes: list[Outcome]) -> None:
+        """The reduce launches up to 32 x 16 threads; it must stay under 64 registers."""
+        bad = [
+            f"{o.arch} {o.variant}: {r.registers}"
+            for o in outcomes
+            if o.error is None and (r := o.resources[self.REDUCE_KERNEL]).registers > 64
+        ]
+        assert not bad, "\n".join(bad[:5])
+
+
+def _defines(v: Variant) -> dict[str, object]:
+    return v.spec.defines(v.config, v.shape, v.dtype)

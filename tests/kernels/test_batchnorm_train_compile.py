@@ -16,6 +16,7 @@ overrides the archs.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from pathlib import Path
@@ -51,7 +52,9 @@ def pressure(v: Variant) -> int:
     )
 
 
+@functools.cache
 def sample(spec) -> list[Variant]:
+    """The variants compiled for ``spec`` (built once, on first use: not at collection)."""
     every = distinct_variants(spec, [(SHAPE, d) for d in spec.dtypes])
     if FULL:
         chosen = list(every)
@@ -80,12 +83,9 @@ def sample(spec) -> list[Variant]:
     return chosen
 
 
-VARIANTS = {spec.name: sample(spec) for spec in SPECS}
-
-
 @pytest.fixture(scope="module")
 def outcomes(cubin_cache: Path) -> list[Outcome]:
-    variants = [v for spec in SPECS for v in VARIANTS[spec.name]]
+    variants = [v for spec in SPECS for v in sample(spec)]
     start = time.perf_counter()
     found = compile_variants(variants, ARCHS, cubin_cache, batch=32)
     print(
@@ -100,7 +100,7 @@ def test_distinct_sources_are_bounded_and_the_sample_covers_them() -> None:
         for dtype in spec.dtypes:
             every = distinct_variants(spec, [(SHAPE, dtype)])
             assert 100 < len(every) <= 400, (spec.name, dtype, len(every))
-        chosen = VARIANTS[spec.name]
+        chosen = sample(spec)
         assert {(v.dtype, v.config["APPLY"]) for v in chosen} == {
             (d, a) for d in spec.dtypes for a in (0, 1)
         }

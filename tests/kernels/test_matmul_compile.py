@@ -24,6 +24,7 @@ compiles nothing), plus ~1 min CPU for the emulation's g++ builds and runs.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -44,7 +45,7 @@ from kato.kernels.matmul import (
     static_shared_bytes,
     threads_per_block,
 )
-from kato.kernels.spec import template_source
+from kato.kernels.spec import Config, template_source
 from kato.tuner.nvcc import nvcc_available
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
@@ -71,10 +72,27 @@ def _by_class(spec, variants: list[Variant]) -> dict[tuple, list[Variant]]:
     return groups
 
 
+@functools.cache
+def _mma_candidates(spec, dtype: str) -> tuple[Config, ...]:
+    """``spec.candidates``' mma.sync configs, listed once per dtype rather than once per shape
+    (62,000 configs, seconds a listing): MatmulSpec lists them by dtype alone
+    (test_candidates_depend_on_the_dtype_alone)."""
+    return tuple(c for c in spec.candidates(SHAPE, dtype) if c["ENGINE"] == "mma")
+
+
 def mma_variants(spec, cases) -> list[Variant]:
     """The distinct mma.sync variants of the cases (the wgmma ones, sm_90a only, are
     test_matmul_wgmma_compile.py's)."""
-    return [v for v in distinct_variants(spec, cases) if v.config["ENGINE"] == "mma"]
+    found = distinct_variants(spec, cases, lambda dtype: _mma_candidates(spec, dtype))
+    return [v for v in found if v.config["ENGINE"] == "mma"]
+
+
+def test_candidates_depend_on_the_dtype_alone() -> None:
+    """What :func:`_mma_candidates` relies on: the three layouts share MatmulSpec's listing,
+    and it is the same list at an awkward shape as at SHAPE."""
+    assert all(type(spec).candidates is type(SPEC).candidates for spec in SPECS)
+    for dtype in ("float32", "float16"):
+        assert SPEC.candidates((127, 129, 131), dtype) == SPEC.candidates(SHAPE, dtype), dtype
 
 
 def class_sample(spec) -> list[Variant]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fleet_helpers import queue_recordings
 from kato.db import queries
 from kato.db.models import RESERVED
 from kato.db.session import init_db, session_factory
@@ -87,23 +88,7 @@ def tune(tmp_path: Path, name: str, recordings: list[Recording], budget: int, at
     per key: (config keys in trial order, trial times, winner time), and the backends."""
     url = f"sqlite:///{tmp_path / name}"
     sessions = session_factory(init_db(url))
-    with sessions() as s:
-        jobs = queries.create_jobs(
-            s,
-            [
-                dict(
-                    operator=r.problem.operator,
-                    operator_version=r.problem.operator_version,
-                    shape=list(r.problem.shape),
-                    dtype=r.problem.dtype,
-                    gpu_model="H200",
-                    budget_configs=budget,
-                    seed=i,
-                )  # fmt: skip
-                for i, r in enumerate(recordings)
-            ],
-        )
-        ids = [j.id for j in jobs]
+    ids = queue_recordings(sessions, recordings, budget, seeded=True)
     backends = SlowReplay(recordings, delay_s=0.002)
     worker = Worker(
         sessions, url, ["H200"], backends, worker_id=f"w-{name}", poll_seconds=0.01,
@@ -233,21 +218,7 @@ def test_a_shared_gpu_turn_starts_only_once_the_configs_compile_is_done(tmp_path
     recordings = recordings_by_group(per_group=1, groups=2)
     url = f"sqlite:///{tmp_path / 'k.db'}"
     sessions = session_factory(init_db(url))
-    with sessions() as s:
-        queries.create_jobs(
-            s,
-            [
-                dict(
-                    operator=r.problem.operator,
-                    operator_version=r.problem.operator_version,
-                    shape=list(r.problem.shape),
-                    dtype=r.problem.dtype,
-                    gpu_model="H200",
-                    budget_configs=5,
-                )  # fmt: skip
-                for r in recordings
-            ],
-        )
+    queue_recordings(sessions, recordings, 5)
     backends = CompilingReplay(recordings, compile_s=0.05)
     worker = Worker(
         sessions, url, ["H200"], backends, worker_id="w", poll_seconds=0.01, jobs_at_once=2
@@ -316,21 +287,7 @@ def test_a_job_ending_waits_on_its_compiles_outside_the_gpu_turn(tmp_path, monke
     recordings = recordings_by_group(per_group=1, groups=2)
     url = f"sqlite:///{tmp_path / 'k.db'}"
     sessions = session_factory(init_db(url))
-    with sessions() as s:
-        queries.create_jobs(
-            s,
-            [
-                dict(
-                    operator=r.problem.operator,
-                    operator_version=r.problem.operator_version,
-                    shape=list(r.problem.shape),
-                    dtype=r.problem.dtype,
-                    gpu_model="H200",
-                    budget_configs=3,
-                )  # fmt: skip
-                for r in recordings
-            ],
-        )
+    queue_recordings(sessions, recordings, 3)
     backends = DrainingReplay(recordings, drain_s=0.05)
     worker = Worker(
         sessions, url, ["H200"], backends, worker_id="w", poll_seconds=0.01, jobs_at_once=2
@@ -353,21 +310,7 @@ def test_a_worker_of_several_gpu_models_never_holds_two_jobs_of_one_operator_and
     )
     url = f"sqlite:///{tmp_path / 'k.db'}"
     sessions = session_factory(init_db(url))
-    with sessions() as s:
-        queries.create_jobs(
-            s,
-            [
-                dict(
-                    operator=r.problem.operator,
-                    operator_version=r.problem.operator_version,
-                    shape=list(r.problem.shape),
-                    dtype=r.problem.dtype,
-                    gpu_model=r.problem.gpu_model,
-                    budget_configs=4,
-                )  # fmt: skip
-                for r in (first, second)
-            ],
-        )
+    queue_recordings(sessions, [first, second], 4, gpu_model=None)
     backends = SlowReplay([first, second], delay_s=0.02)
     worker = Worker(
         sessions, url, ["H200", "H100"], backends, worker_id="w", poll_seconds=0.01,
@@ -463,30 +406,15 @@ def test_held_jobs_are_admitted_only_when_they_fit_the_gpus_memory_together(tmp_
 
     url = f"sqlite:///{tmp_path / 'memory.db'}"
     sessions = session_factory(init_db(url))
-    with sessions() as s:
-        jobs = queries.create_jobs(
-            s,
-            [
-                dict(
-                    operator=r.problem.operator,
-                    operator_version=r.problem.operator_version,
-                    shape=list(r.problem.shape),
-                    dtype=r.problem.dtype,
-                    gpu_model="H200",
-                    budget_configs=4,
-                    seed=i,
-                )  # fmt: skip
-                for i, r in enumerate(recordings)
-            ],
-        )
-        ids = {j.id: (j.operator, j.dtype) for j in jobs}
+    ids = queue_recordings(sessions, recordings, 4, seeded=True)
     worker = Worker(
         sessions, url, ["H200"], MemoryReplay(recordings, device, need), worker_id="w",
         poll_seconds=0.01, jobs_at_once=3,
     )  # fmt: skip
     assert worker.run_forever(max_jobs=len(ids)) == len(ids)
     assert device.peak <= device.total
-    big = {job_id for job_id, group in ids.items() if size[group] > GiB}
+    kinds = [(r.problem.operator, r.problem.dtype) for r in recordings]
+    big = {job_id for job_id, kind in zip(ids, kinds, strict=True) if size[kind] > GiB}
     assert all(len(set_up & big) <= 1 for set_up in device.together)
     assert device.most_set_up >= 2  # a small job was held beside a big one
     assert worker.admission is not None and worker.admission.held_bytes() == 0
@@ -589,22 +517,7 @@ def test_a_reading_taken_after_a_held_job_closed_does_not_count_its_memory_twice
         if update and "gpu_busy_s" in statement and backends.first_closed.is_set():
             backends.second_read.wait(10)
 
-    with sessions() as s:
-        jobs = queries.create_jobs(
-            s,
-            [
-                dict(
-                    operator=r.problem.operator,
-                    operator_version=r.problem.operator_version,
-                    shape=list(r.problem.shape),
-                    dtype=r.problem.dtype,
-                    gpu_model="H200",
-                    budget_configs=4,
-                )  # fmt: skip
-                for r in recordings
-            ],
-        )
-        ids = [j.id for j in jobs]
+    ids = queue_recordings(sessions, recordings, 4)
     worker = Worker(
         sessions, url, ["H200"], backends, worker_id="w", poll_seconds=0.01, jobs_at_once=2
     )
@@ -682,21 +595,7 @@ def test_a_finished_jobs_memory_stays_held_for_its_framework_baseline(tmp_path):
     backends = BaselineReplay(recordings, device, need, first=keys[0], second=keys[1])
     url = f"sqlite:///{tmp_path / 'baseline.db'}"
     sessions = session_factory(init_db(url))
-    with sessions() as s:
-        queries.create_jobs(
-            s,
-            [
-                dict(
-                    operator=r.problem.operator,
-                    operator_version=r.problem.operator_version,
-                    shape=list(r.problem.shape),
-                    dtype=r.problem.dtype,
-                    gpu_model="H200",
-                    budget_configs=b,
-                )  # fmt: skip
-                for r, b in zip(recordings, [3, 12, 3], strict=True)
-            ],
-        )
+    queue_recordings(sessions, recordings, [3, 12, 3])
     worker = Worker(
         sessions, url, ["H200"], backends, worker_id="w", poll_seconds=0.01, jobs_at_once=3
     )
