@@ -307,8 +307,8 @@ class JobLedger:
         self.worker_id = ledger.worker_id
         self._held: set[str] = set()
         self._lock = threading.Lock()
-        #: Held across each reservation and renewal, and while :meth:`give_back` marks the job
-        #: given back: those in flight commit first, none starts after.
+        #: Held across each reservation's try and each renewal, and while :meth:`give_back`
+        #: marks the job given back: those in flight commit first, none starts after.
         self._fence = threading.Lock()
         self._given_back = False
 
@@ -422,17 +422,22 @@ class JobLedger:
         holds the reservation already (a try whose commit landed made again). The placeholder
         takes the job's lowest free trial number. ``stopped`` at once after :meth:`give_back`.
         """
-        with self._fence:
-            if self._given_back:
-                return "stopped"
-            answer = self._step(
-                "reserve a trial",
-                lambda s: _reserve(s, self.job_id, config, config_key, self.worker_id),
-            )
-            if answer == "reserved":
-                with self._lock:
-                    self._held.add(config_key)
-        return answer
+
+        # Fenced per try, not across the retries' waits: a renewal (the heartbeat) or a
+        # give-back never waits out a reservation's backoff during a database outage.
+        def fenced(session: Session) -> Reservation:
+            with self._fence:
+                if self._given_back:
+                    return "stopped"
+                answer = _reserve(session, self.job_id, config, config_key, self.worker_id)
+                if answer == "reserved":
+                    with self._lock:
+                        self._held.add(config_key)
+                return answer
+
+        if self._given_back:  # no session opened; fenced() decides a race
+            return "stopped"
+        return self._step("reserve a trial", fenced)
 
     def await_result(
         self, config_key: str, stop: threading.Event, *, poll_seconds: float = 0.1

@@ -16,6 +16,7 @@ from kato.db.ledger import LEGACY_RESERVED_BY, JobLedger, Ledger
 from kato.db.models import RESERVED, BestConfig, Job, Trial, Worker, utcnow
 from kato.db.retry import RetryPolicy
 from sqlalchemy import update
+from sqlalchemy.exc import DisconnectionError
 
 NO_RETRY = RetryPolicy(max_seconds=0)
 
@@ -219,6 +220,61 @@ def test_a_job_given_back_stays_given_back_whatever_its_runner_does_next(job, mo
     assert found.status == "running" and found.trials_done == 0
     assert found.lease_expires_at <= utcnow()  # not renewed: claimable now
     assert Ledger(sessions, "next").claim(["H200"]).job_id == job_id
+
+
+def test_a_reservation_waiting_to_retry_blocks_neither_the_renewal_nor_a_give_back(
+    job, monkeypatch
+):
+    """A reservation retrying a database fault holds the ledger's fence only during each try:
+    while it waits to try again, the heartbeat renews the lease and another thread gives the
+    job back; the try after the wait then answers ``stopped`` and reserves nothing."""
+    sessions, job_id = job
+    waiting, go_on = threading.Event(), threading.Event()
+
+    class RetryWait(threading.Event):  # the retries' wait, held until the test goes on
+        def wait(self, timeout: float | None = None) -> bool:
+            waiting.set()
+            assert go_on.wait(30)
+            return self.is_set()
+
+    ledger = Ledger(
+        sessions, "owner", lease_seconds=60, retry_policy=RetryPolicy(), stop=RetryWait()
+    )
+    owner = ledger.job(job_id)
+    real, tries = ledger_module._reserve, []
+
+    def fails_once(*args, **kwargs):  # type: ignore[no-untyped-def]
+        tries.append(args[3])
+        if len(tries) == 1:
+            raise DisconnectionError("the connection was lost")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ledger_module, "_reserve", fails_once)
+    answers: list[str] = []
+    runner = threading.Thread(target=lambda: answers.append(owner.reserve({"k": 1}, "k1")))
+    runner.start()
+    try:
+        _renew_and_give_back_while_waiting(owner, waiting)
+    finally:
+        go_on.set()
+        runner.join(30)
+    assert answers == ["stopped"] and tries == ["k1"]  # the second try reserved nothing
+    assert owner.reservations() == [] and owner.renew() == "stopped"
+    assert Ledger(sessions, "next").claim(["H200"]).job_id == job_id
+
+
+def _renew_and_give_back_while_waiting(owner: JobLedger, waiting: threading.Event) -> None:
+    assert waiting.wait(30)
+    renewals: list[str | None] = []
+    beat = threading.Thread(target=lambda: renewals.append(owner.renew()))
+    beat.start()
+    beat.join(10)
+    assert not beat.is_alive(), "the renewal waited out the reservation's retry wait"
+    assert renewals == [None]  # the lease renewed: the job goes on
+    giver = threading.Thread(target=owner.give_back)
+    giver.start()
+    giver.join(10)
+    assert not giver.is_alive(), "the give-back waited out the reservation's retry wait"
 
 
 def test_a_job_measured_nothing_moves_to_the_current_version_and_says_why_not_otherwise(db_url):
