@@ -586,7 +586,8 @@ def stop_on_signals(
     grace_seconds: float = STOP_GRACE_SECONDS,
 ) -> Iterator[None]:
     """While in the block, ``signals`` stop ``worker`` (enter it in the main thread, around
-    :meth:`Worker.run_forever`); the previous handlers are put back after.
+    :meth:`Worker.run_forever`); the previous handlers are put back after. Entered in another
+    thread it raises ``ValueError`` (:func:`signal.signal`'s), leaving nothing behind.
 
     The first signal only asks for the worker's stop (:meth:`Worker.stop`): every loop ends at
     its next check, a running job after the measurement in flight (an isolated one is
@@ -622,8 +623,11 @@ def stop_on_signals(
 
     thread = threading.Thread(target=stopper, name="kato-stop-on-signal", daemon=True)
     thread.start()
-    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    previous: dict[int, Any] = {}
     try:
+        # Inside the try: a handler refused (not the main thread) leaves no thread or pipe.
+        for sig in signals:
+            previous[sig] = signal.signal(sig, handler)
         yield
     finally:
         for sig, old in previous.items():

@@ -3,6 +3,9 @@ life, resume after an interruption without re-measuring, cancel, failures, versi
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -16,7 +19,7 @@ from kato.service import lookup as service_lookup
 from kato.tuner.backends.base import TrialResult, TrialStatus
 from kato.tuner.backends.replay import ReplayBackend
 from kato.tuner.job_runner import JobRunner, SharedResults
-from kato.tuner.worker import Worker
+from kato.tuner.worker import Worker, stop_on_signals
 from paths import RECORDED
 from sqlalchemy import update as sa_update
 
@@ -137,6 +140,33 @@ def test_cancel_stops_a_running_job(db):
     assert len(backend.measured) <= 6
     with sessions() as s:
         assert queries.get_job(s, job_id).status == "cancelled"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files in /proc")
+def test_stop_on_signals_outside_the_main_thread_refuses_and_leaves_nothing_behind(db):
+    """signal.signal's ValueError comes through, and the block's stopper thread and pipe end
+    with it (a thread left blocked on the pipe for good, and two open files, before)."""
+    url, sessions = db
+    worker = Worker(sessions, url, ["H200"], lambda job: CountingReplay())
+    handler_before = signal.getsignal(signal.SIGTERM)
+    files_before = len(os.listdir("/proc/self/fd"))
+    errors: list[BaseException] = []
+
+    def enter() -> None:
+        try:
+            with stop_on_signals(worker):
+                pass
+        except ValueError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=enter)
+    thread.start()
+    thread.join(30)
+    assert [type(e) for e in errors] == [ValueError] and "main thread" in str(errors[0])
+    assert [t.name for t in threading.enumerate() if t.name == "kato-stop-on-signal"] == []
+    assert len(os.listdir("/proc/self/fd")) == files_before
+    assert signal.getsignal(signal.SIGTERM) is handler_before
+    assert not worker.stopping
 
 
 def test_jobs_for_other_gpus_are_not_claimed(db):
