@@ -6,10 +6,11 @@
 #   `compile` runs every tests/kernels/*_compile.py module over every distinct variant
 #   (KATO_COMPILE_FULL=1, both archs, 4 modules at once x 4 nvcc; CI compiles only a covering sample of them),
 #   cut after COMPILE_TIMEOUT s (default 560); COMPILE_TESTS: other test paths.
-#   The whole GPU suite does not fit one device call (600 s) on a fresh machine: `gputests` runs
-#   tests/gpu except the committed winners' check (~460 s), `winners` runs that (~120 s; 230 s
-#   before problems were built on every core, kernels/parallel.py), each in a call of its own.
-#   env: GPU_TESTS (pytest paths, default tests/gpu minus the winners), TUNE_BUDGET, CASES ("relu layernorm:1048576x128 ..."),
+#   The whole GPU suite (about 1,500 tests) does not fit one device call (600 s): on 2026-12-06
+#   its first 283 tests (add_layernorm .. batchnorm_train) took the whole call on an H100. Split
+#   it: GPU_SHARD=i/n runs every n-th test file from the i-th (1-based) of tests/gpu; `winners`
+#   runs the committed winners' check, each in a call of its own.
+#   env: GPU_TESTS (pytest paths, default tests/gpu minus the winners), GPU_SHARD (i/n), TUNE_BUDGET, CASES ("relu layernorm:1048576x128 ..."),
 #        TUNE_ONLY=1, MAX_MINUTES, AWKWARD=1 (operators.py's awkward case set), DB (SQLAlchemy URL of the results database; data/h200 is
 #        imported into it first, and the operators step exports it to $OUT/h200),
 #        THROUGHPUT_ARGS, SPACES ("op:shape:dtype ..." to brute-force, each cut after SPACE_TIMEOUT s),
@@ -30,8 +31,12 @@ for step in $steps; do
   case $step in
     occupancy) python3 benchmarks/occupancy_check.py --cache-dir /tmp/kato-cubin \
                  --out "$OUT/occupancy_h200.json" 2>&1 | tail -25 ;;
-    gputests) python3 -m pytest -q -p no:cacheprovider --durations=15 \
-                 ${GPU_TESTS:-tests/gpu --ignore=tests/gpu/test_committed_winners_gpu.py} 2>&1 \
+    gputests) tests=${GPU_TESTS:-tests/gpu --ignore=tests/gpu/test_committed_winners_gpu.py}
+              if [ -n "${GPU_SHARD:-}" ]; then
+                tests=$(ls tests/gpu/test_*_gpu.py | grep -v committed_winners \
+                        | awk -v i="${GPU_SHARD%/*}" -v n="${GPU_SHARD#*/}" '(NR - i) % n == 0')
+              fi
+              python3 -m pytest -q -p no:cacheprovider --durations=15 $tests 2>&1 \
                  | tee "$OUT/gpu_tests.log" | tail -40 ;;
     compile) KATO_COMPILE_FULL=1 KATO_COMPILE_WORKERS=4 timeout "${COMPILE_TIMEOUT:-560}" \
                  python3 -m pytest -q -p no:cacheprovider --durations=15 -n 4 \
