@@ -46,3 +46,27 @@ def test_a_replayed_batch_interleaved_tunes_every_key_once_as_serial_does(tmp_pa
 @pytest.mark.slow
 def test_the_issue_35_batch_at_budget_50_interleaved_as_serial(tmp_path):
     check(tmp_path, budget=50)
+
+
+def _run(per_key: dict[str, tuple[float, dict]]) -> dict:
+    return {
+        "wall_s": 10.0,
+        "per_key": {
+            name: {"best_ms": ms, "best_config": config, "trial_keys": []}
+            for name, (ms, config) in per_key.items()
+        },
+    }
+
+
+def test_winners_re_timed_side_by_side_decide_the_tolerance():
+    interleaved = _run({"a": (1.03, {"VEC": 8}), "b": (1.03, {"VEC": 2}), "c": (1.0, {"VEC": 1})})
+    serial = _run({"a": (1.0, {"VEC": 4}), "b": (1.0, {"VEC": 4}), "c": (1.0, {"VEC": 1})})
+    # As stored, a and b are 3% slower; re-timed side by side, a is within 2% and b is not.
+    stored = batch_tuning.compare(interleaved, serial, exact=False)
+    assert stored["keys_over_tolerance"] == ["a", "b"] and stored["retimed_ratio"] is None
+    retimed = batch_tuning.compare(
+        interleaved, serial, exact=False, retimed={"a": 1.005, "b": 1.03, "c": 1.0}
+    )
+    assert retimed["keys_over_tolerance"] == ["b"]
+    assert retimed["worst_ratio"] == pytest.approx(1.03)
+    assert retimed["winner_ratio"]["a"] == pytest.approx(1.03)  # the stored ratio stays reported
