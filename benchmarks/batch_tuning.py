@@ -159,6 +159,7 @@ def run_batch(
     busy = sum(e - s for s, e, _ in holds if s >= t0)
     late = t0 + 60.0
     busy_late = sum(max(0.0, e - max(s, late)) for s, e, _ in holds if e > late)
+    idle = idle_breakdown(holds, t0, t0 + wall, jobs_at_once)
     per_key: dict[str, Any] = {}
     problems: list[str] = []
     measured = 0
@@ -196,10 +197,41 @@ def run_batch(
         "gpu_busy_fraction": busy / wall if wall > 0 else None,
         "gpu_busy_fraction_after_first_minute": busy_late / (wall - 60.0) if wall > 90 else None,
         "gate_waits": gate.waits,
+        "gpu_idle_s": {k: v for k, v in idle.items() if k != "busy_s"},
         "nvcc": compiles,
         "problems": problems,
         "per_key": per_key,
     }
+
+
+def idle_breakdown(
+    holds: list[tuple[float, float, str]], start: float, end: float, jobs_at_once: int
+) -> dict[str, float]:
+    """Where the GPU sat idle between ``start`` and ``end`` (seconds), from the gate's holds
+    (start, end, holder): ``turnover``, while fewer than ``jobs_at_once`` jobs were between
+    their first and last hold (a job setting up or ending, the queue draining: the next job's
+    set-up did not overlap), and ``steady``, while that many were (every held job busy on the
+    host: verification, its search, the database, nvcc). ``busy`` is the holds' union."""
+    spans: dict[str, list[float]] = {}
+    for s, e, holder in holds:
+        span = spans.setdefault(holder, [s, e])
+        span[0], span[1] = min(span[0], s), max(span[1], e)
+    # Every moment where something changes; between two of them the state is constant.
+    edges = sorted(
+        {start, end}
+        | {t for s, e, _ in holds for t in (s, e) if start < t < end}
+        | {t for s, e in spans.values() for t in (s, e) if start < t < end}
+    )
+    busy = turnover = steady = 0.0
+    for a, b in zip(edges, edges[1:], strict=False):
+        mid = (a + b) / 2
+        if any(s <= mid < e for s, e, _ in holds):
+            busy += b - a
+        elif sum(s <= mid < e for s, e in spans.values()) < jobs_at_once:
+            turnover += b - a
+        else:
+            steady += b - a
+    return {"busy_s": busy, "idle_turnover_s": turnover, "idle_steady_s": steady}
 
 
 def compare(
@@ -403,6 +435,8 @@ def summarize(run: dict[str, Any]) -> None:
         f"{run['wall_s']:.1f} s, {run['configs_per_min']:.0f} configs/min, GPU busy "
         f"{run['gpu_busy_fraction']:.1%}"
         + (f" ({late:.1%} after the first minute)" if late is not None else "")
+        + f"; idle {run['gpu_idle_s']['idle_turnover_s']:.1f} s at job turnover, "
+        f"{run['gpu_idle_s']['idle_steady_s']:.1f} s with every slot held"
         + f"; nvcc runs {run['nvcc']['nvcc_runs']}, shared {run['nvcc']['shared']}"
         + (f"; PROBLEMS: {run['problems']}" if run["problems"] else "")
     )

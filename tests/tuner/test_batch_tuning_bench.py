@@ -70,3 +70,14 @@ def test_winners_re_timed_side_by_side_decide_the_tolerance():
     assert retimed["keys_over_tolerance"] == ["b"]
     assert retimed["worst_ratio"] == pytest.approx(1.03)
     assert retimed["winner_ratio"]["a"] == pytest.approx(1.03)  # the stored ratio stays reported
+
+
+def test_idle_time_is_split_into_job_turnover_and_steady_state():
+    # Two slots. Job a holds [1, 2) and [4, 5), b [2, 3) and [8, 9), c [6, 7): a spans [1, 5),
+    # b [2, 9), c [6, 7). Idle with both slots spanned: [3, 4) (steady); with fewer: [0, 1),
+    # [5, 6), [7, 8) and [9, 10) (turnover).
+    holds = [(1, 2, "a"), (2, 3, "b"), (4, 5, "a"), (6, 7, "c"), (8, 9, "b")]
+    idle = batch_tuning.idle_breakdown(holds, 0.0, 10.0, jobs_at_once=2)
+    assert idle["busy_s"] == pytest.approx(5.0)
+    assert idle["idle_steady_s"] == pytest.approx(1.0)  # [3, 4)
+    assert idle["idle_turnover_s"] == pytest.approx(4.0)  # [0, 1), [5, 6), [7, 8), [9, 10)
