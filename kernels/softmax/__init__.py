@@ -10,12 +10,21 @@ Parameter space (Kernel Tuner key order):
   compile to the program they compiled to before it existed.
 - ``STRATEGY``: 0 = a group of ``LANES`` lanes of a warp per row (``BLOCK_SIZE/LANES`` rows per
   block, shuffles within the group only); 1 = one block per row (warp shuffles, then a shared
-  array across warps).
+  array across warps); 2 = few long rows (issue 31): each row cut into
+  ``parts = (max(MIN_BLOCKS, 1) * 132) // rows`` contiguous pieces, one block per piece, so that
+  the grid is ``MIN_BLOCKS`` blocks (at least one) on each of the H200's 132 SMs where one block
+  per row would leave all but ``rows`` of them idle. Two launches (:meth:`SoftmaxSpec.steps`):
+  ``softmax_split_stats`` writes each piece's (max, sum), then ``softmax_kernel`` merges its
+  row's partials in a fixed order (deterministic) and writes the piece's y, re-reading x (3
+  passes over memory instead of 2, the first launch's last reads served from L2). CACHE 0 and
+  LANES 32 only; only where it splits (at least 2 pieces of at least ``BLOCK_SIZE`` vectors).
 - ``CACHE``: 0 = online (max, sum) pass, then a second pass that re-reads x (from L2 if lucky);
   1 = the row is kept in dynamic shared memory between the passes, stored in the element type
   (``cols * itemsize`` bytes per row held); 2 = the row is kept in registers, ``ITEMS`` vectors
   per thread (``ITEMS = ceil(cols / (threads_per_row * VEC))``, at most 16).
-- ``MIN_BLOCKS``: the min-blocks clause of ``__launch_bounds__`` (0 = none).
+- ``MIN_BLOCKS``: the min-blocks clause of ``__launch_bounds__`` (0 = none); for STRATEGY 2
+  also the blocks per SM the grid is sized for (0 counts as 1), so that the grid is one wave of
+  blocks the launch bounds keep resident together.
 - ``LANES``: STRATEGY 0's lanes per row, 4, 8, 16 or 32 (issue 31: with a warp per row, a row
   of 7 elements left 25 of 32 lanes idle; 32 / LANES rows per warp keep them busy), at least
   ``VEC``. STRATEGY 1 takes 32. ``LANES=32`` is the program of a warp per row as it was before
@@ -23,6 +32,14 @@ Parameter space (Kernel Tuner key order):
 
 Accumulation is float32 for every element type. Inputs and outputs are float32, float16 or
 bfloat16 (the CUDA types ``float``, ``__half``, ``__nv_bfloat16``).
+
+Known limit of STRATEGY 2: the partials live in a global of the loaded module (``kSplitPieces``
+= :data:`SPLIT_PIECES` of them; the arguments stay ``x, y, rows, cols`` for every config, as
+kato_torch passes them), so two launches of one loaded module that overlap (two streams, or a
+graph replayed beside an eager call) mix their partials. Kato measures on one stream and
+kato_torch runs an operator's steps in order on one stream; a caller that launches a served
+split config concurrently must load one module per stream (reduce_sum's SPLIT has the same
+limit).
 """
 
 from __future__ import annotations
@@ -35,7 +52,7 @@ import numpy as np
 from kato.kernels import limits
 from kato.kernels.parallel import fill_rows
 from kato.kernels.registry import register
-from kato.kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
+from kato.kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem, Step
 
 #: CACHE=2 holds at most this many vectors per thread.
 MAX_ITEMS = 16
@@ -45,12 +62,18 @@ REGISTER_OVERHEAD = 28
 #: The kernel takes rows and cols as ``int``; column indices run up to cols + 8192 (one step of
 #: the streaming loop past the end), so cols keeps 64 Ki of headroom below INT32_MAX.
 MAX_COLS = 2**31 - 2**16
+#: STRATEGY 2's partials workspace (``kSplitPieces`` in softmax.cu): one per piece, for the
+#: largest grid the spec launches, the largest MIN_BLOCKS on each of 132 SMs.
+SPLIT_PIECES = 4 * limits.NUM_SMS
+#: The split path's second kernel is ``softmax_kernel`` (it writes y, as in every strategy).
+SPLIT_STATS_KERNEL = "softmax_split_stats"
 
 _CUDA_FLAGS = {"float32": (0, 0), "float16": (1, 0), "bfloat16": (0, 1)}  # IS_HALF, IS_BF16
 
 
 def threads_per_row(config: Config) -> int:
-    """Threads that share one row: LANES lanes of a warp (STRATEGY 0) or the whole block."""
+    """Threads that share one row (or piece): LANES lanes of a warp (STRATEGY 0) or the whole
+    block."""
     return config["LANES"] if config["STRATEGY"] == 0 else config["BLOCK_SIZE"]
 
 
@@ -73,9 +96,18 @@ def register_cap(config: Config) -> int:
     return limits.launch_bounds_register_cap(config["BLOCK_SIZE"], config["MIN_BLOCKS"])
 
 
+def split_parts(config: Config, rows: int) -> int:
+    """STRATEGY 2's pieces per row: ``(max(MIN_BLOCKS, 1) * 132) // rows`` (floor: the grid
+    never exceeds the one wave the launch bounds promise); 1 for the other strategies."""
+    if config["STRATEGY"] != 2:
+        return 1
+    return max(config["MIN_BLOCKS"], 1) * limits.NUM_SMS // rows
+
+
 def static_shared_bytes(config: Config) -> int:
-    """Static shared memory of the kernel: the block reduction's double-buffered float2 array."""
-    if config["STRATEGY"] == 1 and config["BLOCK_SIZE"] > 32:
+    """Static shared memory of each kernel: the block reduction's double-buffered float2
+    array (a block per row or piece)."""
+    if config["STRATEGY"] != 0 and config["BLOCK_SIZE"] > 32:
         return 2 * (config["BLOCK_SIZE"] // 32) * 8
     return 0
 
@@ -91,13 +123,14 @@ class SoftmaxSpec(OperatorSpec):
     params = {
         "BLOCK_SIZE": (32, 64, 128, 256, 512, 1024),
         "VEC": (1, 2, 4, 8),
-        "STRATEGY": (0, 1),
+        "STRATEGY": (0, 1, 2),
         "CACHE": (0, 1, 2),
         "MIN_BLOCKS": (0, 1, 2, 4),
         "LANES": (4, 8, 16, 32),
     }
     template = Path(__file__).with_name("softmax.cu")
     kernel_name = "softmax_kernel"
+    kernel_names = ("softmax_kernel", SPLIT_STATS_KERNEL)
 
     # --- validation ---------------------------------------------------------------------------
 
@@ -115,7 +148,8 @@ class SoftmaxSpec(OperatorSpec):
         """Why ``config`` cannot run correctly for ``shape``/``dtype``, or None if it can.
 
         Rejects: parameters missing, unknown or outside the space; vectors over 16 bytes;
-        LANES other than 32 with STRATEGY=1 (a block per row has no sub-warp groups); LANES
+        LANES other than 32 with STRATEGY=1 or 2 (a block per row or piece has no sub-warp
+        groups); STRATEGY=2 where it does not split (see :meth:`split_error`); LANES
         below VEC (a split row's head and tail elements go one per lane; the template asserts
         it for every row); ``MIN_BLOCKS * BLOCK_SIZE`` over 2048 threads per SM; CACHE=1
         needing more than 227 KiB of shared memory per block; CACHE=2 needing more than 16
@@ -138,8 +172,13 @@ class SoftmaxSpec(OperatorSpec):
         vector_bytes = vec * itemsize
         if reason := limits.vector_width_error(vec, vector_bytes, dtype):
             return reason
-        if config["STRATEGY"] == 1 and lanes != 32:
-            return f"LANES={lanes} groups lanes of a warp per row: STRATEGY=1 takes LANES=32"
+        if config["STRATEGY"] != 0 and lanes != 32:
+            return (
+                f"LANES={lanes} groups lanes of a warp per row: "
+                f"STRATEGY={config['STRATEGY']} takes LANES=32"
+            )
+        if reason := self.split_error(config, rows, cols):
+            return reason
         if lanes < vec:
             return (
                 f"LANES={lanes} < VEC={vec}: a row group needs a lane per element of a split "
@@ -170,6 +209,34 @@ class SoftmaxSpec(OperatorSpec):
                     f"CACHE=2 keeps {cache_registers} registers of row data per thread, but the "
                     f"launch bounds allow {cap} registers per thread: it would spill"
                 )
+        return None
+
+    @staticmethod
+    def split_error(config: Config, rows: int, cols: int) -> str | None:
+        """Why STRATEGY 2 makes no sense for ``config`` at rows x cols, or None (also for the
+        other strategies): CACHE other than 0 (pieces are streamed: the two launches share
+        nothing but the partials); fewer than 2 pieces per row (``rows`` over half of
+        ``max(MIN_BLOCKS, 1) * 132``: STRATEGY 1 runs the same blocks in one launch); pieces of
+        fewer than ``BLOCK_SIZE`` vectors (threads of every block would idle)."""
+        if config["STRATEGY"] != 2:
+            return None
+        if config["CACHE"] != 0:
+            return f"STRATEGY=2 streams its pieces: CACHE=0, got CACHE={config['CACHE']}"
+        parts = split_parts(config, rows)
+        if parts < 2:
+            blocks = max(config["MIN_BLOCKS"], 1) * limits.NUM_SMS
+            return (
+                f"STRATEGY=2 with MIN_BLOCKS={config['MIN_BLOCKS']} sizes the grid for {blocks} "
+                f"blocks: {rows} rows would not be split"
+            )
+        vec = config["VEC"]
+        # The aligned body of a row whose head takes up to VEC - 1 elements.
+        nvec = cols // vec if cols % vec == 0 else (cols - vec + 1) // vec
+        if nvec // parts < config["BLOCK_SIZE"]:
+            return (
+                f"STRATEGY=2 cuts rows of {nvec} vectors into {parts} pieces of "
+                f"{nvec // parts} or more, fewer than BLOCK_SIZE={config['BLOCK_SIZE']} threads"
+            )
         return None
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
@@ -246,12 +313,25 @@ class SoftmaxSpec(OperatorSpec):
 
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
         """STRATEGY 0: ``ceil(rows / (BLOCK_SIZE/LANES))`` blocks; STRATEGY 1: ``rows`` blocks
-        (grid.x, capped at 2**31-1: the kernel loops over rows with a grid stride). Dynamic
-        shared memory only for CACHE=1: ``rows_per_block * cols * itemsize``."""
+        (grid.x, capped at 2**31-1: the kernel loops over rows with a grid stride); STRATEGY 2:
+        ``rows * split_parts`` blocks (at most :data:`SPLIT_PIECES`), each of its two launches.
+        Dynamic shared memory only for CACHE=1: ``rows_per_block * cols * itemsize``."""
         rows, cols = shape
-        grid = min(math.ceil(rows / rows_per_block(config)), limits.MAX_GRID_X)
+        if config["STRATEGY"] == 2:
+            grid = rows * split_parts(config, rows)
+        else:
+            grid = min(math.ceil(rows / rows_per_block(config)), limits.MAX_GRID_X)
         shared = self._dynamic_shared_bytes(config, cols, DTYPES[dtype][2])
         return Launch(grid=(grid, 1, 1), block=(config["BLOCK_SIZE"], 1, 1), shared_bytes=shared)
+
+    def steps(self, config: Config, shape: Sequence[int], dtype: str) -> list[Step]:
+        """STRATEGY 2: ``softmax_split_stats`` (each piece's (max, sum)), then ``softmax_kernel``
+        (merge the row's partials, write y), both on the same grid and all four arguments.
+        Otherwise ``softmax_kernel`` alone."""
+        main = Step(self.kernel_name, self.launch(config, shape, dtype))
+        if config["STRATEGY"] == 2:
+            return [Step(SPLIT_STATS_KERNEL, main.launch), main]
+        return [main]
 
     @staticmethod
     def _dynamic_shared_bytes(config: Config, cols: int, itemsize: int) -> int:
@@ -334,4 +414,4 @@ def softmax_reference(x: np.ndarray) -> np.ndarray:
 
 SOFTMAX = register(SoftmaxSpec())
 
-__all__ = ["SOFTMAX", "SoftmaxSpec", "softmax_reference"]
+__all__ = ["SOFTMAX", "SPLIT_PIECES", "SoftmaxSpec", "softmax_reference", "split_parts"]
