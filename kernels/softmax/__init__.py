@@ -36,10 +36,12 @@ bfloat16 (the CUDA types ``float``, ``__half``, ``__nv_bfloat16``).
 Known limit of STRATEGY 2: the partials live in a global of the loaded module (``kSplitPieces``
 = :data:`SPLIT_PIECES` of them; the arguments stay ``x, y, rows, cols`` for every config, as
 kato_torch passes them), so two launches of one loaded module that overlap (two streams, or a
-graph replayed beside an eager call) mix their partials. Kato measures on one stream and
-kato_torch runs an operator's steps in order on one stream; a caller that launches a served
-split config concurrently must load one module per stream (reduce_sum's SPLIT has the same
-limit).
+graph replayed beside an eager call) mix their partials. Kato measures on one stream. kato_torch
+launches a bound operator's steps in order on the caller's current stream, but binds one module
+per (shape, dtype, device): softmax of one few-long-rows shape running on two streams at once
+must not be served a STRATEGY 2 config (or kato_torch must bind per stream). reduce_sum's SPLIT
+has the same limit; moving the partials into the arguments is the fix, at the cost of another
+argument list for these configs.
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ MAX_COLS = 2**31 - 2**16
 SPLIT_PIECES = 4 * limits.NUM_SMS
 #: The split path's second kernel is ``softmax_kernel`` (it writes y, as in every strategy).
 SPLIT_STATS_KERNEL = "softmax_split_stats"
+#: The default splits rows of at least this many bytes where they are fewer than half the SMs:
+#: one block streams about this much in the time of a second launch (a few microseconds).
+SPLIT_MIN_ROW_BYTES = 128 * 1024
 
 _CUDA_FLAGS = {"float32": (0, 0), "float16": (1, 0), "bfloat16": (0, 1)}  # IS_HALF, IS_BF16
 
@@ -217,11 +222,18 @@ class SoftmaxSpec(OperatorSpec):
         other strategies): CACHE other than 0 (pieces are streamed: the two launches share
         nothing but the partials); fewer than 2 pieces per row (``rows`` over half of
         ``max(MIN_BLOCKS, 1) * 132``: STRATEGY 1 runs the same blocks in one launch); pieces of
-        fewer than ``BLOCK_SIZE`` vectors (threads of every block would idle)."""
+        fewer than ``BLOCK_SIZE`` vectors (threads of every block would idle); launch bounds
+        that leave 32 registers a thread (``BLOCK_SIZE * MIN_BLOCKS = 2048``: ptxas spills 48
+        to 368 bytes of the streaming step at every VEC and dtype on sm_90)."""
         if config["STRATEGY"] != 2:
             return None
         if config["CACHE"] != 0:
             return f"STRATEGY=2 streams its pieces: CACHE=0, got CACHE={config['CACHE']}"
+        if register_cap(config) < 64:
+            return (
+                f"STRATEGY=2 under launch bounds of {register_cap(config)} registers a thread "
+                f"(BLOCK_SIZE={config['BLOCK_SIZE']}, MIN_BLOCKS={config['MIN_BLOCKS']}) spills"
+            )
         parts = split_parts(config, rows)
         if parts < 2:
             blocks = max(config["MIN_BLOCKS"], 1) * limits.NUM_SMS
@@ -250,6 +262,11 @@ class SoftmaxSpec(OperatorSpec):
         vectors each (that lane group, else a block of 64 .. 1024), with MIN_BLOCKS=2 where the
         registers allow; shared memory or streaming for rows too long for that.
 
+        Few long rows (issue 31: fewer than half of the 132 SMs, at least
+        :data:`SPLIT_MIN_ROW_BYTES` a row), where a block per row leaves most SMs idle:
+        STRATEGY 2 at 16-byte vectors, 2 blocks of 512 threads per SM (256 or 128 threads
+        where pieces would be shorter than the block).
+
         The short-row choice is not measured yet (no recorded space has rows under 128
         elements): it follows the principle of layernorm's default, every lane of a row group
         holds a vector. How close the rest comes to each recorded optimum: docs/defaults.md.
@@ -257,8 +274,14 @@ class SoftmaxSpec(OperatorSpec):
         Raises:
             InvalidInput: the shape or dtype is invalid (see :meth:`validate`).
         """
-        _, cols = self.validate(shape, dtype)
+        rows, cols = self.validate(shape, dtype)
         itemsize = DTYPES[dtype][2]
+        if 2 * rows <= limits.NUM_SMS and cols * itemsize >= SPLIT_MIN_ROW_BYTES:
+            for block in (512, 256, 128):
+                config = {"BLOCK_SIZE": block, "VEC": 16 // itemsize, "STRATEGY": 2, "CACHE": 0}
+                config.update(MIN_BLOCKS=2, LANES=32)
+                if self.check(config, shape, dtype) is None:
+                    return config
         fitting = [v for v in self.params["VEC"] if v * itemsize <= 16 and v <= cols]
         if cols >= 32:
             vec, lanes = max(v for v in fitting if v * 32 <= cols), 32

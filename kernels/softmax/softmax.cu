@@ -105,9 +105,12 @@ namespace KATO_NS {
 // float32 rows cached in registers keep exp(x - max) in place (see softmax_row, CACHE 2).
 [[maybe_unused]] constexpr bool kFloatElements = sizeof(T) == 4;
 
-static_assert(STRATEGY == 0 || STRATEGY == 1 || STRATEGY == 2,
-              "STRATEGY must be 0 (warp), 1 (block) or 2 (block per piece)");
-static_assert(STRATEGY != 2 || CACHE == 0, "STRATEGY 2 streams its pieces: CACHE 0");
+// STRATEGY 2's checks under #if: STRATEGY 0 and 1 preprocess to the text they had before it.
+#if STRATEGY == 2
+static_assert(CACHE == 0, "STRATEGY 2 streams its pieces: CACHE 0");
+#else
+static_assert(STRATEGY == 0 || STRATEGY == 1, "STRATEGY must be 0 (warp) or 1 (block)");
+#endif
 static_assert(CACHE >= 0 && CACHE <= 2, "CACHE must be 0, 1 or 2");
 static_assert(CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in [1, 64]");
 #if ROW_SPLIT

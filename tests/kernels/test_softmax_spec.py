@@ -120,7 +120,9 @@ def test_version_follows_the_template(tmp_path: Path, monkeypatch: pytest.Monkey
         (cfg(strategy=2, cache=2), (8, 2**20), "float32", "CACHE=0, got CACHE=2"),
         # 67 rows of a grid sized for 132 blocks: 1 piece each, nothing to split.
         (cfg(strategy=2), (67, 2**20), "float32", "67 rows would not be split"),
-        (cfg(strategy=2, min_blocks=4, block=512), (265, 2**20), "float32", "528 blocks"),
+        (cfg(strategy=2, min_blocks=4, block=256), (265, 2**20), "float32", "528 blocks"),
+        (cfg(strategy=2, min_blocks=4, block=512), (8, 2**20), "float32", "32 registers"),
+        (cfg(strategy=2, min_blocks=2, block=1024), (8, 2**20), "float32", "32 registers"),
         # 8 rows of 16 pieces: 16 * 256 * 4 elements per row at least.
         (cfg(strategy=2, block=256, vec=4), (8, 16 * 256 * 4 - 4), "float32", "pieces of 255"),
         (cfg(strategy=2, block=256, vec=4), (8, 16 * 256 * 4 + 1), "float32", "pieces of 255"),
@@ -159,7 +161,8 @@ def test_check_rejects_missing_and_unknown_parameters() -> None:
         (cfg(strategy=0, lanes=4, vec=1, block=1024, cache=1), (64, 221), "float32"),
         (cfg(strategy=2, block=256, vec=4), (8, 16 * 256 * 4), "float32"),  # 16 x 256 vectors
         (cfg(strategy=2, block=256, vec=4), (8, 16 * 256 * 4 + 3), "float32"),  # head 0: 3 left
-        (cfg(strategy=2, min_blocks=4, block=512), (264, 2**20), "float32"),  # 2 pieces a row
+        (cfg(strategy=2, min_blocks=4, block=256), (264, 2**20), "float32"),  # 2 pieces a row
+        (cfg(strategy=2, min_blocks=1, block=1024), (8, 2**20), "float32"),  # 64 registers
         (cfg(strategy=2, block=1024, vec=8), (1, 2**24), "bfloat16"),
         (cfg(strategy=2, block=32, vec=1), (66, 64), "float16"),  # 2 pieces of 32
     ],
@@ -239,7 +242,39 @@ def test_default_config_picks_the_widest_vector_and_sensible_strategy() -> None:
     medium = SPEC.default_config((32768, 4096), "float16")
     assert (medium["STRATEGY"], medium["CACHE"]) == (1, 2)
     huge = SPEC.default_config((7, 1000003), "float32")
-    assert (huge["STRATEGY"], huge["CACHE"], huge["VEC"]) == (1, 0, 4)
+    assert (huge["STRATEGY"], huge["CACHE"], huge["VEC"]) == (2, 0, 4)  # few long rows: split
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "block"),
+    [
+        ((8, 4194304), "float32", 512),
+        ((1, 2**24), "float32", 512),
+        ((64, 1048573), "bfloat16", 512),
+        ((66, 65536), "float16", 512),  # 4 pieces of 2048 vectors
+        ((8, 32768), "float32", 128),  # 33 pieces of 248 vectors: 128 threads
+        ((1, 32768), "float32", 128),  # 264 pieces of 31 vectors: too short, not split
+    ],
+)
+def test_default_config_splits_few_long_rows(shape, dtype, block) -> None:
+    """Rows fewer than half the SMs, of 128 KiB or more: STRATEGY 2, 2 blocks per SM, the
+    largest block whose pieces hold a vector per thread (else not split)."""
+    config = SPEC.default_config(shape, dtype)
+    assert SPEC.check(config, shape, dtype) is None
+    if shape == (1, 32768):
+        assert config["STRATEGY"] == 1
+        return
+    assert (config["STRATEGY"], config["CACHE"], config["MIN_BLOCKS"]) == (2, 0, 2)
+    assert (config["BLOCK_SIZE"], config["VEC"] * DTYPES[dtype][2]) == (block, 16)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [((67, 2**20), "float32"), ((8, 32767), "float32"), ((8, 65535), "bfloat16")],
+)
+def test_default_config_keeps_a_block_per_row_beyond_few_long_rows(shape, dtype) -> None:
+    """67 rows (more than half the SMs) or rows under 128 KiB: no split."""
+    assert SPEC.default_config(shape, dtype)["STRATEGY"] != 2
 
 
 @pytest.mark.parametrize(
