@@ -36,6 +36,8 @@ AWKWARD_CASES: list[tuple[str, tuple[int, ...], str, str]] = [
     ("softmax", (2048, 50257), "float16", "odd prime row (a vocabulary)"),
     ("softmax", (16384, 4099), "float32", "prime row just past 4096"),
     ("softmax", (4194304, 7), "float32", "many short rows"),
+    ("softmax", (8, 4194301), "float32", "few long rows"),
+    ("softmax", (64, 1048573), "bfloat16", "few long odd rows"),
     ("layernorm", (16384, 4097), "bfloat16", "row just past a power of two"),
     ("rmsnorm", (16384, 4099), "float16", "prime row"),
     ("cross_entropy", (4096, 50257), "bfloat16", "odd prime vocabulary"),

@@ -10,12 +10,21 @@ Parameter space (Kernel Tuner key order):
   compile to the program they compiled to before it existed.
 - ``STRATEGY``: 0 = a group of ``LANES`` lanes of a warp per row (``BLOCK_SIZE/LANES`` rows per
   block, shuffles within the group only); 1 = one block per row (warp shuffles, then a shared
-  array across warps).
+  array across warps); 2 = few long rows (issue 31): each row cut into
+  ``parts = (max(MIN_BLOCKS, 1) * 132) // rows`` contiguous pieces, one block per piece, so that
+  the grid is ``MIN_BLOCKS`` blocks (at least one) on each of the H200's 132 SMs where one block
+  per row would leave all but ``rows`` of them idle. Two launches (:meth:`SoftmaxSpec.steps`):
+  ``softmax_split_stats`` writes each piece's (max, sum), then ``softmax_kernel`` merges its
+  row's partials in a fixed order (deterministic) and writes the piece's y, re-reading x (3
+  passes over memory instead of 2, the first launch's last reads served from L2). CACHE 0 and
+  LANES 32 only; only where it splits (at least 2 pieces of at least ``BLOCK_SIZE`` vectors).
 - ``CACHE``: 0 = online (max, sum) pass, then a second pass that re-reads x (from L2 if lucky);
   1 = the row is kept in dynamic shared memory between the passes, stored in the element type
   (``cols * itemsize`` bytes per row held); 2 = the row is kept in registers, ``ITEMS`` vectors
   per thread (``ITEMS = ceil(cols / (threads_per_row * VEC))``, at most 16).
-- ``MIN_BLOCKS``: the min-blocks clause of ``__launch_bounds__`` (0 = none).
+- ``MIN_BLOCKS``: the min-blocks clause of ``__launch_bounds__`` (0 = none); for STRATEGY 2
+  also the blocks per SM the grid is sized for (0 counts as 1), so that the grid is one wave of
+  blocks the launch bounds keep resident together.
 - ``LANES``: STRATEGY 0's lanes per row, 4, 8, 16 or 32 (issue 31: with a warp per row, a row
   of 7 elements left 25 of 32 lanes idle; 32 / LANES rows per warp keep them busy), at least
   ``VEC``. STRATEGY 1 takes 32. ``LANES=32`` is the program of a warp per row as it was before
@@ -23,6 +32,16 @@ Parameter space (Kernel Tuner key order):
 
 Accumulation is float32 for every element type. Inputs and outputs are float32, float16 or
 bfloat16 (the CUDA types ``float``, ``__half``, ``__nv_bfloat16``).
+
+Known limit of STRATEGY 2: the partials live in a global of the loaded module (``kSplitPieces``
+= :data:`SPLIT_PIECES` of them; the arguments stay ``x, y, rows, cols`` for every config, as
+kato_torch passes them), so two launches of one loaded module that overlap (two streams, or a
+graph replayed beside an eager call) mix their partials. Kato measures on one stream. kato_torch
+launches a bound operator's steps in order on the caller's current stream, but binds one module
+per (shape, dtype, device): softmax of one few-long-rows shape running on two streams at once
+must not be served a STRATEGY 2 config (or kato_torch must bind per stream). reduce_sum's SPLIT
+has the same limit; moving the partials into the arguments is the fix, at the cost of another
+argument list for these configs.
 """
 
 from __future__ import annotations
@@ -35,7 +54,7 @@ import numpy as np
 from kato.kernels import limits
 from kato.kernels.parallel import fill_rows
 from kato.kernels.registry import register
-from kato.kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
+from kato.kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem, Step
 
 #: CACHE=2 holds at most this many vectors per thread.
 MAX_ITEMS = 16
@@ -45,12 +64,21 @@ REGISTER_OVERHEAD = 28
 #: The kernel takes rows and cols as ``int``; column indices run up to cols + 8192 (one step of
 #: the streaming loop past the end), so cols keeps 64 Ki of headroom below INT32_MAX.
 MAX_COLS = 2**31 - 2**16
+#: STRATEGY 2's partials workspace (``kSplitPieces`` in softmax.cu): one per piece, for the
+#: largest grid the spec launches, the largest MIN_BLOCKS on each of 132 SMs.
+SPLIT_PIECES = 4 * limits.NUM_SMS
+#: The split path's second kernel is ``softmax_kernel`` (it writes y, as in every strategy).
+SPLIT_STATS_KERNEL = "softmax_split_stats"
+#: The default splits rows of at least this many bytes where they are fewer than half the SMs:
+#: one block streams about this much in the time of a second launch (a few microseconds).
+SPLIT_MIN_ROW_BYTES = 128 * 1024
 
 _CUDA_FLAGS = {"float32": (0, 0), "float16": (1, 0), "bfloat16": (0, 1)}  # IS_HALF, IS_BF16
 
 
 def threads_per_row(config: Config) -> int:
-    """Threads that share one row: LANES lanes of a warp (STRATEGY 0) or the whole block."""
+    """Threads that share one row (or piece): LANES lanes of a warp (STRATEGY 0) or the whole
+    block."""
     return config["LANES"] if config["STRATEGY"] == 0 else config["BLOCK_SIZE"]
 
 
@@ -73,9 +101,18 @@ def register_cap(config: Config) -> int:
     return limits.launch_bounds_register_cap(config["BLOCK_SIZE"], config["MIN_BLOCKS"])
 
 
+def split_parts(config: Config, rows: int) -> int:
+    """STRATEGY 2's pieces per row: ``(max(MIN_BLOCKS, 1) * 132) // rows`` (floor: the grid
+    never exceeds the one wave the launch bounds promise); 1 for the other strategies."""
+    if config["STRATEGY"] != 2:
+        return 1
+    return max(config["MIN_BLOCKS"], 1) * limits.NUM_SMS // rows
+
+
 def static_shared_bytes(config: Config) -> int:
-    """Static shared memory of the kernel: the block reduction's double-buffered float2 array."""
-    if config["STRATEGY"] == 1 and config["BLOCK_SIZE"] > 32:
+    """Static shared memory of each kernel: the block reduction's double-buffered float2
+    array (a block per row or piece)."""
+    if config["STRATEGY"] != 0 and config["BLOCK_SIZE"] > 32:
         return 2 * (config["BLOCK_SIZE"] // 32) * 8
     return 0
 
@@ -91,13 +128,14 @@ class SoftmaxSpec(OperatorSpec):
     params = {
         "BLOCK_SIZE": (32, 64, 128, 256, 512, 1024),
         "VEC": (1, 2, 4, 8),
-        "STRATEGY": (0, 1),
+        "STRATEGY": (0, 1, 2),
         "CACHE": (0, 1, 2),
         "MIN_BLOCKS": (0, 1, 2, 4),
         "LANES": (4, 8, 16, 32),
     }
     template = Path(__file__).with_name("softmax.cu")
     kernel_name = "softmax_kernel"
+    kernel_names = ("softmax_kernel", SPLIT_STATS_KERNEL)
 
     # --- validation ---------------------------------------------------------------------------
 
@@ -115,7 +153,8 @@ class SoftmaxSpec(OperatorSpec):
         """Why ``config`` cannot run correctly for ``shape``/``dtype``, or None if it can.
 
         Rejects: parameters missing, unknown or outside the space; vectors over 16 bytes;
-        LANES other than 32 with STRATEGY=1 (a block per row has no sub-warp groups); LANES
+        LANES other than 32 with STRATEGY=1 or 2 (a block per row or piece has no sub-warp
+        groups); STRATEGY=2 where it does not split (see :meth:`split_error`); LANES
         below VEC (a split row's head and tail elements go one per lane; the template asserts
         it for every row); ``MIN_BLOCKS * BLOCK_SIZE`` over 2048 threads per SM; CACHE=1
         needing more than 227 KiB of shared memory per block; CACHE=2 needing more than 16
@@ -138,8 +177,13 @@ class SoftmaxSpec(OperatorSpec):
         vector_bytes = vec * itemsize
         if reason := limits.vector_width_error(vec, vector_bytes, dtype):
             return reason
-        if config["STRATEGY"] == 1 and lanes != 32:
-            return f"LANES={lanes} groups lanes of a warp per row: STRATEGY=1 takes LANES=32"
+        if config["STRATEGY"] != 0 and lanes != 32:
+            return (
+                f"LANES={lanes} groups lanes of a warp per row: "
+                f"STRATEGY={config['STRATEGY']} takes LANES=32"
+            )
+        if reason := self.split_error(config, rows, cols):
+            return reason
         if lanes < vec:
             return (
                 f"LANES={lanes} < VEC={vec}: a row group needs a lane per element of a split "
@@ -172,6 +216,41 @@ class SoftmaxSpec(OperatorSpec):
                 )
         return None
 
+    @staticmethod
+    def split_error(config: Config, rows: int, cols: int) -> str | None:
+        """Why STRATEGY 2 makes no sense for ``config`` at rows x cols, or None (also for the
+        other strategies): CACHE other than 0 (pieces are streamed: the two launches share
+        nothing but the partials); fewer than 2 pieces per row (``rows`` over half of
+        ``max(MIN_BLOCKS, 1) * 132``: STRATEGY 1 runs the same blocks in one launch); pieces of
+        fewer than ``BLOCK_SIZE`` vectors (threads of every block would idle); launch bounds
+        that leave 32 registers a thread (``BLOCK_SIZE * MIN_BLOCKS = 2048``: ptxas spills 48
+        to 368 bytes of the streaming step at every VEC and dtype on sm_90)."""
+        if config["STRATEGY"] != 2:
+            return None
+        if config["CACHE"] != 0:
+            return f"STRATEGY=2 streams its pieces: CACHE=0, got CACHE={config['CACHE']}"
+        if register_cap(config) < 64:
+            return (
+                f"STRATEGY=2 under launch bounds of {register_cap(config)} registers a thread "
+                f"(BLOCK_SIZE={config['BLOCK_SIZE']}, MIN_BLOCKS={config['MIN_BLOCKS']}) spills"
+            )
+        parts = split_parts(config, rows)
+        if parts < 2:
+            blocks = max(config["MIN_BLOCKS"], 1) * limits.NUM_SMS
+            return (
+                f"STRATEGY=2 with MIN_BLOCKS={config['MIN_BLOCKS']} sizes the grid for {blocks} "
+                f"blocks: {rows} rows would not be split"
+            )
+        vec = config["VEC"]
+        # The aligned body of a row whose head takes up to VEC - 1 elements.
+        nvec = cols // vec if cols % vec == 0 else (cols - vec + 1) // vec
+        if nvec // parts < config["BLOCK_SIZE"]:
+            return (
+                f"STRATEGY=2 cuts rows of {nvec} vectors into {parts} pieces of "
+                f"{nvec // parts} or more, fewer than BLOCK_SIZE={config['BLOCK_SIZE']} threads"
+            )
+        return None
+
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
         """A valid config for any valid shape. Rows of at least 32 elements: the widest vector
         (of at most 16 bytes) that still gives each of a warp's 32 lanes a vector (a 128-column
@@ -183,6 +262,11 @@ class SoftmaxSpec(OperatorSpec):
         vectors each (that lane group, else a block of 64 .. 1024), with MIN_BLOCKS=2 where the
         registers allow; shared memory or streaming for rows too long for that.
 
+        Few long rows (issue 31: fewer than half of the 132 SMs, at least
+        :data:`SPLIT_MIN_ROW_BYTES` a row), where a block per row leaves most SMs idle:
+        STRATEGY 2 at 16-byte vectors, 2 blocks of 512 threads per SM (256 or 128 threads
+        where pieces would be shorter than the block).
+
         The short-row choice is not measured yet (no recorded space has rows under 128
         elements): it follows the principle of layernorm's default, every lane of a row group
         holds a vector. How close the rest comes to each recorded optimum: docs/defaults.md.
@@ -190,8 +274,14 @@ class SoftmaxSpec(OperatorSpec):
         Raises:
             InvalidInput: the shape or dtype is invalid (see :meth:`validate`).
         """
-        _, cols = self.validate(shape, dtype)
+        rows, cols = self.validate(shape, dtype)
         itemsize = DTYPES[dtype][2]
+        if 2 * rows <= limits.NUM_SMS and cols * itemsize >= SPLIT_MIN_ROW_BYTES:
+            for block in (512, 256, 128):
+                config = {"BLOCK_SIZE": block, "VEC": 16 // itemsize, "STRATEGY": 2, "CACHE": 0}
+                config.update(MIN_BLOCKS=2, LANES=32)
+                if self.check(config, shape, dtype) is None:
+                    return config
         fitting = [v for v in self.params["VEC"] if v * itemsize <= 16 and v <= cols]
         if cols >= 32:
             vec, lanes = max(v for v in fitting if v * 32 <= cols), 32
@@ -246,12 +336,25 @@ class SoftmaxSpec(OperatorSpec):
 
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
         """STRATEGY 0: ``ceil(rows / (BLOCK_SIZE/LANES))`` blocks; STRATEGY 1: ``rows`` blocks
-        (grid.x, capped at 2**31-1: the kernel loops over rows with a grid stride). Dynamic
-        shared memory only for CACHE=1: ``rows_per_block * cols * itemsize``."""
+        (grid.x, capped at 2**31-1: the kernel loops over rows with a grid stride); STRATEGY 2:
+        ``rows * split_parts`` blocks (at most :data:`SPLIT_PIECES`), each of its two launches.
+        Dynamic shared memory only for CACHE=1: ``rows_per_block * cols * itemsize``."""
         rows, cols = shape
-        grid = min(math.ceil(rows / rows_per_block(config)), limits.MAX_GRID_X)
+        if config["STRATEGY"] == 2:
+            grid = rows * split_parts(config, rows)
+        else:
+            grid = min(math.ceil(rows / rows_per_block(config)), limits.MAX_GRID_X)
         shared = self._dynamic_shared_bytes(config, cols, DTYPES[dtype][2])
         return Launch(grid=(grid, 1, 1), block=(config["BLOCK_SIZE"], 1, 1), shared_bytes=shared)
+
+    def steps(self, config: Config, shape: Sequence[int], dtype: str) -> list[Step]:
+        """STRATEGY 2: ``softmax_split_stats`` (each piece's (max, sum)), then ``softmax_kernel``
+        (merge the row's partials, write y), both on the same grid and all four arguments.
+        Otherwise ``softmax_kernel`` alone."""
+        main = Step(self.kernel_name, self.launch(config, shape, dtype))
+        if config["STRATEGY"] == 2:
+            return [Step(SPLIT_STATS_KERNEL, main.launch), main]
+        return [main]
 
     @staticmethod
     def _dynamic_shared_bytes(config: Config, cols: int, itemsize: int) -> int:
@@ -334,4 +437,4 @@ def softmax_reference(x: np.ndarray) -> np.ndarray:
 
 SOFTMAX = register(SoftmaxSpec())
 
-__all__ = ["SOFTMAX", "SoftmaxSpec", "softmax_reference"]
+__all__ = ["SOFTMAX", "SPLIT_PIECES", "SoftmaxSpec", "softmax_reference", "split_parts"]

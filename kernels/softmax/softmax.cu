@@ -9,6 +9,17 @@
 //   STRATEGY    0: a group of LANES lanes of a warp per row, BLOCK_SIZE / LANES rows per
 //                  block, shuffles within the group only, no block barrier at all.
 //               1: one block per row; warp shuffles, then a small shared array across warps.
+//               2: few long rows (issue 31): each row cut into `parts` contiguous pieces of its
+//                  vector body, one block per piece, so that rows * parts blocks fill the GPU
+//                  where `rows` blocks would leave most SMs idle. Two launches on one stream:
+//                  softmax_split_stats writes each piece's (max, sum) to a module workspace,
+//                  then softmax_kernel merges its row's partials in a fixed order (every block
+//                  of a row gets the same bits: deterministic) and writes the piece's y,
+//                  reading it backwards so that it starts on what the first launch left in L2.
+//                  parts = gridDim.x / rows (the spec launches rows * parts blocks; see
+//                  SoftmaxSpec.split_parts). CACHE 0 only; LANES 32. The workspace belongs to
+//                  the loaded module: launches of one module must not overlap (one stream at a
+//                  time), or their partials mix.
 //   LANES       STRATEGY 0: lanes per row, 4, 8, 16 or 32 (32 / LANES rows per warp, so that
 //               rows shorter than a warp's vectors keep every lane busy); at least VEC (a split
 //               row's head and tail go one element per lane). STRATEGY 1: 32 (a whole warp's
@@ -27,7 +38,8 @@
 //               go to thread t of the row). 0 (the default): every row is whole vectors, and
 //               the program is the one compiled before ROW_SPLIT existed.
 //
-// Contract (kernels.softmax.SoftmaxSpec.check enforces the static part): ROW_SPLIT 0 needs x
+// Contract (kernels.softmax.SoftmaxSpec.check enforces the static part; STRATEGY 2 also
+// needs rows * parts <= kSplitPieces): ROW_SPLIT 0 needs x
 // and y aligned to VEC * sizeof(DTYPE) bytes (cudaMalloc gives 256) and cols % VEC == 0;
 // ROW_SPLIT 1 needs x and y congruent modulo VEC * sizeof(DTYPE) bytes and aligned to
 // sizeof(DTYPE); CACHE == 2 needs cols <= ITEMS * threads_per_row * VEC, CACHE == 1 needs the
@@ -60,8 +72,8 @@
 #ifndef LANES
 #define LANES 32
 #endif
-#if STRATEGY == 1 && LANES != 32
-#error "STRATEGY 1 (a block per row) takes LANES 32"
+#if STRATEGY != 0 && LANES != 32
+#error "STRATEGY 1 and 2 (a block per row or piece) take LANES 32"
 #endif
 // kato_row_layout.cuh's terms: a row group is LANES lanes of a warp (STRATEGY 0) or the block
 // (ROW_THREADS 0), under __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS).
@@ -93,7 +105,12 @@ namespace KATO_NS {
 // float32 rows cached in registers keep exp(x - max) in place (see softmax_row, CACHE 2).
 [[maybe_unused]] constexpr bool kFloatElements = sizeof(T) == 4;
 
+// STRATEGY 2's checks under #if: STRATEGY 0 and 1 preprocess to the text they had before it.
+#if STRATEGY == 2
+static_assert(CACHE == 0, "STRATEGY 2 streams its pieces: CACHE 0");
+#else
 static_assert(STRATEGY == 0 || STRATEGY == 1, "STRATEGY must be 0 (warp) or 1 (block)");
+#endif
 static_assert(CACHE >= 0 && CACHE <= 2, "CACHE must be 0, 1 or 2");
 static_assert(CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in [1, 64]");
 #if ROW_SPLIT
@@ -202,7 +219,7 @@ __device__ __forceinline__ void warp_allreduce(float& m, float& s) {
 // every thread has read row i's slot, so alternating slots need a single barrier per row.
 __device__ __forceinline__ void row_allreduce(float& m, float& s, float2* red) {
   warp_allreduce<kLanes>(m, s);
-#if STRATEGY == 1 && BLOCK_SIZE > 32
+#if STRATEGY != 0 && BLOCK_SIZE > 32
   const int lane = threadIdx.x & 31;
   if (lane == 0) red[threadIdx.x >> 5] = make_float2(m, s);
   __syncthreads();
@@ -393,8 +410,126 @@ __device__ __forceinline__ void softmax_row(const Raw* __restrict__ xr, Raw* __r
 }
 #endif  // CACHE
 
+#if STRATEGY == 2
+// Split rows: the partials workspace, one (max, sum) per piece, sized for the largest grid the
+// spec launches (MIN_BLOCKS <= 4 blocks per SM of 132: rows * parts <= 4 * 132). Written by
+// softmax_split_stats, read by the softmax_kernel launched after it on the same stream.
+constexpr int kSplitPieces = 4 * 132;
+__device__ float2 split_partials[kSplitPieces];
+
+// Vectors a block covers per step of a piece (kUnroll per thread, as the streaming passes).
+constexpr int kSplitStep = BLOCK_SIZE * kUnroll;
+
+// Pieces per row as launched: gridDim.x / rows, within [1, kSplitPieces / rows]. Both launches
+// derive it from the same grid, so they agree on it whatever the grid.
+__device__ __forceinline__ int split_parts(int rows) {
+  int parts = static_cast<int>(gridDim.x) / rows;
+  const int room = kSplitPieces / rows;
+  parts = parts < room ? parts : room;
+  return parts < 1 ? 1 : parts;
+}
+
+// One block's piece of a row: its run of the row's aligned vectors (lengths differ by one
+// vector at most). The row's scalar head and tail (ROW_SPLIT) belong to its first piece; the
+// kernels take them after the vectors, so that nothing of them lives across the stream.
+struct Piece {
+  const Raw* x;
+  Raw* y;
+  int nvec;
+};
+
+__device__ __forceinline__ Piece piece_of(const T* x, T* y, size_t offset, int cols, int part,
+                                          int parts) {
+  Piece p;
+#if ROW_SPLIT
+  const RowSplit split = row_split(x + offset, cols);
+  const int head = split.head;
+  const int nvec = (split.tail - head) / VEC;
+#else
+  const int head = 0;
+  const int nvec = cols / VEC;
+#endif
+  const int lo = static_cast<int>(static_cast<long long>(nvec) * part / parts);
+  const int hi = static_cast<int>(static_cast<long long>(nvec) * (part + 1) / parts);
+  p.x = reinterpret_cast<const Raw*>(x + offset + head) + lo;
+  p.y = reinterpret_cast<Raw*>(y + offset + head) + lo;
+  p.nvec = hi - lo;
+  return p;
+}
+
+// The online (max, sum) of vectors t, t + P, ... below nvec merged into (m, s): softmax_row's
+// pass 1 for CACHE 0, kept apart so that STRATEGY 0 and 1 compile to the PTX they were measured
+// with. Loads keep the default caching: the second launch reads the piece again.
+__device__ __forceinline__ void piece_stats(const Raw* __restrict__ xr, int nvec, int t, float& m,
+                                            float& s) {
+  for (int base = t; base < nvec; base += kSplitStep) {
+    Raw r[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int idx = base + u * BLOCK_SIZE;
+      if (idx < nvec) r[u] = __ldg(xr + idx);
+    }
+    float f[kUnroll][VEC];
+    float step_max = m;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (base + u * BLOCK_SIZE < nvec) {
+        unpack(r[u], f[u]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) f[u][j] = neg_inf();
+      }
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) step_max = fmaxf(step_max, f[u][j]);
+    }
+    float acc[VEC];
+    acc[0] = s * fast_exp2((m - step_max) * kLog2e);
+#pragma unroll
+    for (int j = 1; j < VEC; ++j) acc[j] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (base + u * BLOCK_SIZE < nvec) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[j] += fast_exp2((f[u][j] - step_max) * kLog2e);
+      }
+    }
+    s = acc[0];
+#pragma unroll
+    for (int j = 1; j < VEC; ++j) s += acc[j];
+    m = step_max;
+  }
+}
+
+// y = exp(x - m) * inv_sum over vectors t, t + P, ... below nvec, the last step first: the
+// first launch read every piece front to back, so the ends of the pieces are what L2 holds.
+__device__ __forceinline__ void piece_apply(const Raw* __restrict__ xr, Raw* __restrict__ yr,
+                                            int nvec, int t, float m, float inv_sum) {
+  for (int step = (nvec + kSplitStep - 1) / kSplitStep - 1; step >= 0; --step) {
+    const int base = step * kSplitStep + t;
+    Raw r[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int idx = base + u * BLOCK_SIZE;
+      if (idx < nvec) r[u] = __ldcs(xr + idx);  // last use: evict-first
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int idx = base + u * BLOCK_SIZE;
+      if (idx < nvec) {
+        float f[VEC];
+        unpack(r[u], f);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) f[j] = fast_exp2((f[j] - m) * kLog2e) * inv_sum;
+        __stcs(yr + idx, pack(f));
+      }
+    }
+  }
+}
+#endif  // STRATEGY 2
+
 }  // namespace KATO_NS
 
+#if STRATEGY != 2
 // Grid: STRATEGY 0: ceil(rows / (BLOCK_SIZE / LANES)) blocks; STRATEGY 1: rows blocks. Both loop
 // over rows with a grid stride, so any smaller grid is also correct. Names from the helper
 // namespace are qualified (no using-directive) so that several renamed copies of this template
@@ -486,3 +621,92 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS softmax_kernel(const DTYPE* __rest
   (void)parity;
 #endif
 }
+#else  // STRATEGY 2: a block per piece of a row, two launches
+
+// Launch 1 of 2: each block's piece's online (max, sum), merged over the block, to
+// split_partials[row * parts + part]. Items (row * parts + part) are visited with a grid stride:
+// the spec launches one block per item; any grid is correct as long as launch 2 has the same.
+extern "C" __global__ void KATO_LAUNCH_BOUNDS softmax_split_stats(const DTYPE* __restrict__ x,
+                                                                  DTYPE* __restrict__ y, int rows,
+                                                                  int cols) {
+  namespace ks = KATO_NS;
+#if BLOCK_SIZE > 32
+  __shared__ float2 red[2][ks::kWarps];
+#endif
+  const int t = threadIdx.x;
+  const int parts = ks::split_parts(rows);
+  const long long items = static_cast<long long>(rows) * parts;
+  int parity = 0;
+  for (long long item = blockIdx.x; item < items; item += gridDim.x, parity ^= 1) {
+    const long long row = item / parts;
+    const int part = static_cast<int>(item - row * parts);
+#if BLOCK_SIZE > 32
+    float2* const slot = red[parity];
+#else
+    float2* const slot = nullptr;
+#endif
+    const size_t offset = static_cast<size_t>(row) * static_cast<size_t>(cols);
+    const ks::Piece p = ks::piece_of(x, y, offset, cols, part, parts);
+    float m = ks::kNegSentinel;
+    float s = 0.0f;
+    ks::piece_stats(p.x, p.nvec, t, m, s);
+#if ROW_SPLIT
+    if (part == 0) {  // block-uniform
+      const ks::Edges edges = ks::row_edges(x + offset, y + offset, cols);
+      float hx, tx;
+      ks::load_edges(edges, t, hx, tx);
+      ks::merge_edges(m, s, hx, tx, edges, t);
+    }
+#endif
+    ks::row_allreduce(m, s, slot);
+    if (t == 0) ks::split_partials[item] = make_float2(m, s);
+  }
+  (void)parity;
+}
+
+// Launch 2 of 2: every block merges its row's partials (thread t: pieces t, t + BLOCK_SIZE, ...
+// in order, then the block's butterflies, so every block of a row gets the same bits) and
+// writes y for its piece.
+extern "C" __global__ void KATO_LAUNCH_BOUNDS softmax_kernel(const DTYPE* __restrict__ x,
+                                                             DTYPE* __restrict__ y, int rows,
+                                                             int cols) {
+  namespace ks = KATO_NS;
+#if BLOCK_SIZE > 32
+  __shared__ float2 red[2][ks::kWarps];
+#endif
+  const int t = threadIdx.x;
+  const int parts = ks::split_parts(rows);
+  const long long items = static_cast<long long>(rows) * parts;
+  int parity = 0;
+  for (long long item = blockIdx.x; item < items; item += gridDim.x, parity ^= 1) {
+    const long long row = item / parts;
+    const int part = static_cast<int>(item - row * parts);
+#if BLOCK_SIZE > 32
+    float2* const slot = red[parity];
+#else
+    float2* const slot = nullptr;
+#endif
+    const float2* const partials = ks::split_partials + (item - part);
+    float m = ks::kNegSentinel;
+    float s = 0.0f;
+    for (int i = t; i < parts; i += BLOCK_SIZE) {
+      const float2 v = partials[i];
+      ks::merge(m, s, v.x, v.y);
+    }
+    ks::row_allreduce(m, s, slot);
+    const float inv_sum = 1.0f / s;
+    const size_t offset = static_cast<size_t>(row) * static_cast<size_t>(cols);
+    const ks::Piece p = ks::piece_of(x, y, offset, cols, part, parts);
+    ks::piece_apply(p.x, p.y, p.nvec, t, m, inv_sum);
+#if ROW_SPLIT
+    if (part == 0) {  // block-uniform
+      const ks::Edges edges = ks::row_edges(x + offset, y + offset, cols);
+      float hx, tx;
+      ks::load_edges(edges, t, hx, tx);
+      ks::store_edges(edges, t, hx, tx, m, inv_sum);
+    }
+#endif
+  }
+  (void)parity;
+}
+#endif  // STRATEGY

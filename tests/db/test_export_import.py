@@ -235,10 +235,10 @@ def test_kernel_tuner_simulation_replays_an_exported_job_as_it_is(source, tmp_pa
         best_config, best_time = job.best_config, job.best_time_ms
     path = tmp_path / "softmax.json"
     path.write_text(json.dumps(cache.to_json()))
-    assert len(cache.entries) == SPEC.space_size() == 2304
+    assert len(cache.entries) == SPEC.space_size() == 3456
     results = _kernel_tuner_replay(path)
     ok = [r for r in results if "__error__" not in r]
-    assert len(results) == 2304 and len(ok) == 100
+    assert len(results) == 3456 and len(ok) == 100
     best = min(ok, key=lambda r: r["time"])
     assert {k: best[k] for k in cache.tune_params} == best_config
     assert best["time"] == best_time
@@ -362,7 +362,7 @@ def test_cli_export_and_import(source, tmp_path):
     assert "Kernel Tuner reads only plain .json" in done.output  # a gzipped cache is for Kato
     with gzip.open(out, "rt") as f:
         entries = json.load(f)["cache"].values()
-    assert (len(entries), sum("kato_job" in e for e in entries)) == (2304, 106)
+    assert (len(entries), sum("kato_job" in e for e in entries)) == (3456, 106)
 
     first = runner.invoke(cli, ["import", str(out), "--db", dst_url, "--json"])
     assert first.exit_code == 0, first.output

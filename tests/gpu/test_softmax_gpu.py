@@ -1,4 +1,5 @@
-"""Softmax on a real GPU: every dtype, awkward shapes, every valid variant verified."""
+"""Softmax on a real GPU: every dtype, awkward shapes, every valid variant verified; few long
+rows split over blocks (STRATEGY 2) verify through the backend and beat a block per row."""
 
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ def spec():
 
 
 def run_on_device(spec, config, shape, dtype, seed=0, offset=0):
-    """Launch once outside the backend and return (output as float64, float64 reference);
-    x and y ``offset`` elements past their allocation's start (a view's data pointer)."""
+    """Launch every step once outside the backend and return (output as float64, float64
+    reference); x and y ``offset`` elements past their allocation's start (a view's data
+    pointer)."""
     import pycuda.autoprimaryctx  # noqa: F401 - a context for this process
     import pycuda.driver as cuda
     from kato.tuner.backends.pycuda import describe_device
@@ -40,11 +42,15 @@ def run_on_device(spec, config, shape, dtype, seed=0, offset=0):
     problem = spec.make_problem(shape, dtype, np.random.default_rng(seed))
     compiled = compile_kernel(spec.render(config, shape, dtype), spec.kernel_name, arch=arch)
     module = cuda.module_from_buffer(compiled.cubin)
-    fn = module.get_function(spec.kernel_name)
-    launch = spec.launch(config, shape, dtype)
-    static = fn.get_attribute(cuda.function_attribute.SHARED_SIZE_BYTES)
-    if needs_shared_opt_in(static, launch.shared_bytes):
-        fn.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, launch.shared_bytes)
+    calls = []
+    for step in spec.steps(config, shape, dtype):  # STRATEGY 2: two kernels, in order
+        fn = module.get_function(step.kernel)
+        launch = step.launch
+        static = fn.get_attribute(cuda.function_attribute.SHARED_SIZE_BYTES)
+        if needs_shared_opt_in(static, launch.shared_bytes):
+            attribute = cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES
+            fn.set_attribute(attribute, launch.shared_bytes)
+        calls.append((fn, launch))
     args, bufs = [], []
     for a in problem.args:
         if isinstance(a, np.ndarray):
@@ -60,7 +66,8 @@ def run_on_device(spec, config, shape, dtype, seed=0, offset=0):
     cuda.memset_d8(args[out_index], 0xFF, out.nbytes)  # poison: NaN everywhere
     given = zip(args, problem.args, strict=True)
     pointers = [np.uintp(a) if isinstance(p, np.ndarray) else a for a, p in given]
-    fn(*pointers, block=launch.block, grid=launch.grid, shared=launch.shared_bytes)
+    for fn, launch in calls:
+        fn(*pointers, block=launch.block, grid=launch.grid, shared=launch.shared_bytes)
     cuda.Context.synchronize()
     cuda.memcpy_dtoh(out, args[out_index])
     return out.astype(np.float64), problem.references[0]
@@ -128,6 +135,75 @@ def test_split_rows_from_a_shifted_pointer(spec, dtype, offset):
             assert np.allclose(y, ref, atol=atol, rtol=rtol), (config, np.nanmax(abs(y - ref)))
             checked += 1
     assert checked >= 8
+
+
+#: Few long rows (issue 31): a block per row keeps 8 (64) of the GPU's SMs busy.
+FEW_LONG_ROWS = [((8, 4194304), "float32"), ((64, 1048573), "bfloat16")]
+#: How much faster the best split variant must be than the best block-per-row one.
+SPLIT_MARGIN = 2.0
+
+
+def _configs(spec, shape, dtype, strategy):
+    """The widest vector's STRATEGY 1 variants (CACHE 0, 1, 2 on 512 and 1024 threads, with
+    and without MIN_BLOCKS=1) or STRATEGY 2 variants (256 to 1024 threads, 1 to 4 blocks per SM)
+    that check() admits."""
+    vec = 16 // {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
+    found = []
+    for block in (256, 512, 1024):
+        for cache in (0, 1, 2) if strategy == 1 else (0,):
+            for min_blocks in (0, 1) if strategy == 1 else (0, 2, 4):
+                config = {"BLOCK_SIZE": block, "VEC": vec, "STRATEGY": strategy, "CACHE": cache}
+                config.update(MIN_BLOCKS=min_blocks, LANES=32)
+                if spec.check(config, shape, dtype) is None:
+                    found.append(config)
+    return found
+
+
+@pytest.mark.parametrize(("shape", "dtype"), FEW_LONG_ROWS, ids=lambda s: str(s))
+def test_split_rows_verify_and_beat_a_block_per_row(spec, shape, dtype):
+    """Through the backend (verified against the float64 reference, then timed): every split
+    variant tried is correct, the best is SPLIT_MARGIN times faster than the best block per
+    row, and the default config is a split one within 25% of that best."""
+    from kato.tuner.backends.pycuda import PyCudaBackend
+
+    backend = PyCudaBackend(spec, shape, dtype, repeats=10, seed=31)
+    try:
+        times = {}
+        for strategy in (1, 2):
+            configs = _configs(spec, shape, dtype, strategy)
+            assert len(configs) >= 3, (strategy, configs)
+            results = [backend.evaluate(c) for c in configs]
+            bad = [(r.config, r.status, r.error) for r in results if not r.ok]
+            assert not bad, bad[:3]
+            times[strategy] = min(r.time_ms for r in results)
+        assert times[2] * SPLIT_MARGIN < times[1], times
+        default = spec.default_config(shape, dtype)
+        assert default["STRATEGY"] == 2
+        result = backend.evaluate(default)
+        assert result.ok, result.error
+        assert result.time_ms < 1.25 * times[2], (result.time_ms, times)
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+def test_split_rows_are_deterministic_and_take_any_pointer(spec, dtype):
+    """The row's partials merge in a fixed order: two launches give the same bits; x and y off
+    a 16-byte boundary (split rows' head in the first piece) verify at every VEC."""
+    itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
+    shape = (3, 1000003)
+    atol, rtol = spec.tolerance(dtype)
+    for vec in (1, 2, 4, 8):
+        if vec * itemsize > 16:
+            continue
+        config = {"BLOCK_SIZE": 256, "VEC": vec, "STRATEGY": 2, "CACHE": 0, "MIN_BLOCKS": 2}
+        config["LANES"] = 32
+        assert spec.check(config, shape, dtype) is None
+        for offset in (0, 3):
+            y, ref = run_on_device(spec, config, shape, dtype, seed=vec, offset=offset)
+            again, _ = run_on_device(spec, config, shape, dtype, seed=vec, offset=offset)
+            assert np.allclose(y, ref, atol=atol, rtol=rtol), (config, offset)
+            assert np.array_equal(y, again), (config, offset)
 
 
 BROKEN = r"""

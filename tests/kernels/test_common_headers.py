@@ -161,7 +161,8 @@ def test_the_row_layout_checks_and_defaults_hold_for_every_row_wise_template(nam
 
 def test_softmax_maps_its_strategy_and_lanes_onto_the_row_layout() -> None:
     """softmax takes the row-wise prelude too: STRATEGY 0 is a row group of LANES lanes,
-    STRATEGY 1 the block (ROW_THREADS 0), under __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS)."""
+    STRATEGY 1 and 2 the block (ROW_THREADS 0; 2: both kernels), under
+    __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS)."""
     template = get_operator("softmax").template
     assert included_headers(template) == [
         DTYPE_HEADER,
@@ -190,8 +191,15 @@ def test_softmax_maps_its_strategy_and_lanes_onto_the_row_layout() -> None:
     assert block.returncode == 0, block.stderr
     assert "constexpr int kThreadsPerRow = 256;" in block.stdout
     assert "__launch_bounds__(256) softmax_kernel(" in block.stdout
-    mixed = _preprocess(template, {**macros, "STRATEGY": 1, "LANES": 8})
-    assert mixed.returncode != 0 and "STRATEGY 1 (a block per row) takes LANES 32" in mixed.stderr
+    pieces = _preprocess(template, {**macros, "STRATEGY": 2, "MIN_BLOCKS": 2})
+    assert pieces.returncode == 0, pieces.stderr
+    assert "constexpr int kThreadsPerRow = 256;" in pieces.stdout  # a block per piece of a row
+    for kernel in ("softmax_split_stats(", "softmax_kernel("):
+        assert f"__launch_bounds__(256, 2) {kernel}" in pieces.stdout, kernel
+    for strategy in (1, 2):
+        mixed = _preprocess(template, {**macros, "STRATEGY": strategy, "LANES": 8})
+        assert mixed.returncode != 0
+        assert "STRATEGY 1 and 2 (a block per row or piece) take LANES 32" in mixed.stderr
     # Every check and default softmax's own prelude had, from the layout or the template.
     asserts, defaults = _checks_and_defaults(template_source(template))
     assert asserts >= ROW_ASSERTS, ROW_ASSERTS - asserts

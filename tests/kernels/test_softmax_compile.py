@@ -42,10 +42,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from compile_harness import FULL, covering_sample
+from compile_harness import ARCHS as HARNESS_ARCHS
+from compile_harness import FULL, compile_covering, covering_sample, distinct_variants
 from cuda_emulation import HostBuild
 from kato.kernels import DTYPES, Config, get_operator
-from kato.kernels.softmax import items_per_thread, register_cap, static_shared_bytes
+from kato.kernels.softmax import (
+    SPLIT_STATS_KERNEL,
+    items_per_thread,
+    register_cap,
+    static_shared_bytes,
+)
 from kato.kernels.spec import template_source
 from kato.tuner.nvcc import CompileError, KernelResources, compile_many, nvcc_available
 from kato.tuner.space import SearchSpace
@@ -140,15 +146,16 @@ def awkward_defaults(dtype: str) -> list[Variant]:
 
 
 def batch_source(batch: list[Variant]) -> str:
-    """One translation unit holding every variant of ``batch``, kernel i as softmax_kernel_i."""
+    """One translation unit holding every variant of ``batch``, kernel i as softmax_kernel_i
+    (and a split variant's softmax_split_stats_i)."""
     parts = []
     for i, variant in enumerate(batch):
         source = variant.source()
         parts += [
-            f"#define {SPEC.kernel_name} {SPEC.kernel_name}_{i}",
+            *(f"#define {name} {name}_{i}" for name in SPEC.kernel_names),
             f"#define KATO_NS kato_softmax_{i}",
             source,
-            f"#undef {SPEC.kernel_name}",
+            *(f"#undef {name}" for name in SPEC.kernel_names),
             "#undef KATO_NS",
             *(f"#undef {name}" for name in sorted(set(_DEFINE.findall(source)))),
         ]
@@ -319,6 +326,58 @@ def test_batched_resources_match_standalone(outcomes: list[Outcome], tmp_path: P
             batched.spill_bytes,
             batched.shared_static_bytes,
         ), f"{arch} {variant}"
+
+
+# --- few long rows: STRATEGY 2 (a block per piece, two kernels) ------------------------------
+#
+# Split variants are valid only where rows are few and long, so they are enumerated at two such
+# shapes per dtype: whole-vector rows, and rows with a scalar head and tail (ROW_SPLIT). Their
+# source depends on the shape only through ROW_SPLIT. compile_harness's covering sample (every
+# one with FULL), both kernels of each, for every arch of KATO_COMPILE_TEST_ARCHS.
+
+SPLIT_ROW_SHAPES = ((8, 2**20), (8, 2**20 + 1))
+
+
+def split_row_variants() -> list:
+    """Every distinct STRATEGY 2 source of SPLIT_ROW_SHAPES, every dtype."""
+    cases = [(shape, dtype) for dtype in SPEC.dtypes for shape in SPLIT_ROW_SHAPES]
+    return [v for v in distinct_variants(SPEC, cases) if v.config["STRATEGY"] == 2]
+
+
+@pytest.fixture(scope="module")
+def split_outcomes(cubin_cache: Path) -> list:
+    return compile_covering("softmax STRATEGY 2", split_row_variants(), cubin_cache)
+
+
+def test_split_variants_cover_the_space(split_outcomes: list) -> None:
+    found = split_row_variants()
+    # One source per (dtype, BLOCK_SIZE, VEC, MIN_BLOCKS, ROW_SPLIT) that check() admits.
+    assert len(found) > 200
+    got = {o.variant.dtype for o in split_outcomes}
+    assert got == set(SPEC.dtypes)
+    assert {o.arch for o in split_outcomes} == set(HARNESS_ARCHS)
+    for key in ("BLOCK_SIZE", "VEC", "MIN_BLOCKS"):
+        assert {o.variant.config[key] for o in split_outcomes} == set(SPEC.params[key]), key
+    assert {bool(o.variant.shape[1] % o.variant.config["VEC"]) for o in split_outcomes} == {
+        True,
+        False,
+    }
+
+
+def test_split_variants_compile_both_kernels_within_bounds(split_outcomes: list) -> None:
+    """Both kernels of every split variant compile, within the register cap of their launch
+    bounds, with the static shared memory the spec counts; spills are printed (a streaming
+    pass holds no row data: a few spilled bytes cost little there, as for STRATEGY 1)."""
+    bad = [f"{o.arch} {o.variant}: {o.error}" for o in split_outcomes if o.error]
+    assert not bad, f"{len(bad)} failed:\n" + "\n".join(bad[:5])
+    for o in split_outcomes:
+        assert set(o.resources) == {SPEC.kernel_name, SPLIT_STATS_KERNEL}, o.variant
+        for name, res in o.resources.items():
+            cap = register_cap(o.variant.config)
+            assert 1 <= res.registers <= cap, f"{o.arch} {o.variant} {name}: {res.registers}"
+            assert res.shared_static_bytes == static_shared_bytes(o.variant.config), o.variant
+            if res.spill_bytes:
+                print(f"  {o.arch} {o.variant} {name}: {res.spill_bytes} spill bytes")
 
 
 # --- the kernel's logic, run on the CPU -------------------------------------------------------

@@ -9,7 +9,7 @@ import kato.kernels.softmax as softmax_module
 import ml_dtypes
 import numpy as np
 import pytest
-from kato.kernels import DTYPES, InvalidInput, Launch, get_operator, list_operators
+from kato.kernels import DTYPES, InvalidInput, Launch, get_operator, limits, list_operators
 from kato.kernels.softmax import SoftmaxSpec, softmax_reference
 from kato.kernels.spec import template_source
 from kato.tuner.space import SearchSpace
@@ -69,7 +69,8 @@ def test_registered_with_the_contract_attributes() -> None:
     assert SPEC.dtypes == DTYPE_NAMES
     assert list(SPEC.params) == ["BLOCK_SIZE", "VEC", "STRATEGY", "CACHE", "MIN_BLOCKS", "LANES"]
     assert all(isinstance(v, int) for values in SPEC.params.values() for v in values)
-    assert SPEC.space_size() == 6 * 4 * 2 * 3 * 4 * 4
+    assert SPEC.space_size() == 6 * 4 * 3 * 3 * 4 * 4
+    assert SPEC.kernel_names == ("softmax_kernel", "softmax_split_stats")
     assert SPEC.template.is_file()
     assert 'extern "C" __global__' in SPEC.template.read_text()
 
@@ -114,6 +115,17 @@ def test_version_follows_the_template(tmp_path: Path, monkeypatch: pytest.Monkey
         (cfg(), (64, 1024, 1), "float32", "rank 2"),
         (cfg(lanes=2), (64, 1024), "float32", "not one of"),
         (cfg(strategy=1, lanes=8), (64, 1024), "float32", "STRATEGY=1 takes LANES=32"),
+        (cfg(strategy=2, lanes=8), (8, 2**20), "float32", "STRATEGY=2 takes LANES=32"),
+        (cfg(strategy=2, cache=1), (8, 2**20), "float32", "CACHE=0, got CACHE=1"),
+        (cfg(strategy=2, cache=2), (8, 2**20), "float32", "CACHE=0, got CACHE=2"),
+        # 67 rows of a grid sized for 132 blocks: 1 piece each, nothing to split.
+        (cfg(strategy=2), (67, 2**20), "float32", "67 rows would not be split"),
+        (cfg(strategy=2, min_blocks=4, block=256), (265, 2**20), "float32", "528 blocks"),
+        (cfg(strategy=2, min_blocks=4, block=512), (8, 2**20), "float32", "32 registers"),
+        (cfg(strategy=2, min_blocks=2, block=1024), (8, 2**20), "float32", "32 registers"),
+        # 8 rows of 16 pieces: 16 * 256 * 4 elements per row at least.
+        (cfg(strategy=2, block=256, vec=4), (8, 16 * 256 * 4 - 4), "float32", "pieces of 255"),
+        (cfg(strategy=2, block=256, vec=4), (8, 16 * 256 * 4 + 1), "float32", "pieces of 255"),
         (cfg(strategy=0, lanes=4, vec=8), (64, 1024), "float16", "LANES=4 < VEC=8"),
         (cfg(strategy=0, lanes=4, vec=1, block=1024, cache=1), (64, 256), "float32", "256 row"),
         (cfg(strategy=0, lanes=4, vec=4, cache=2), (64, 257), "float32", "4 threads per row"),
@@ -147,6 +159,12 @@ def test_check_rejects_missing_and_unknown_parameters() -> None:
         (cfg(strategy=0, lanes=4, vec=4, cache=2), (64, 256), "float32"),  # ITEMS = 16 exactly
         (cfg(strategy=0, lanes=8, vec=8, cache=0), (64, 7), "bfloat16"),  # all head and tail
         (cfg(strategy=0, lanes=4, vec=1, block=1024, cache=1), (64, 221), "float32"),
+        (cfg(strategy=2, block=256, vec=4), (8, 16 * 256 * 4), "float32"),  # 16 x 256 vectors
+        (cfg(strategy=2, block=256, vec=4), (8, 16 * 256 * 4 + 3), "float32"),  # head 0: 3 left
+        (cfg(strategy=2, min_blocks=4, block=256), (264, 2**20), "float32"),  # 2 pieces a row
+        (cfg(strategy=2, min_blocks=1, block=1024), (8, 2**20), "float32"),  # 64 registers
+        (cfg(strategy=2, block=1024, vec=8), (1, 2**24), "bfloat16"),
+        (cfg(strategy=2, block=32, vec=1), (66, 64), "float16"),  # 2 pieces of 32
     ],
 )
 def test_check_accepts(config, shape, dtype) -> None:
@@ -224,7 +242,39 @@ def test_default_config_picks_the_widest_vector_and_sensible_strategy() -> None:
     medium = SPEC.default_config((32768, 4096), "float16")
     assert (medium["STRATEGY"], medium["CACHE"]) == (1, 2)
     huge = SPEC.default_config((7, 1000003), "float32")
-    assert (huge["STRATEGY"], huge["CACHE"], huge["VEC"]) == (1, 0, 4)
+    assert (huge["STRATEGY"], huge["CACHE"], huge["VEC"]) == (2, 0, 4)  # few long rows: split
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "block"),
+    [
+        ((8, 4194304), "float32", 512),
+        ((1, 2**24), "float32", 512),
+        ((64, 1048573), "bfloat16", 512),
+        ((66, 65536), "float16", 512),  # 4 pieces of 2048 vectors
+        ((8, 32768), "float32", 128),  # 33 pieces of 248 vectors: 128 threads
+        ((1, 32768), "float32", 128),  # 264 pieces of 31 vectors: too short, not split
+    ],
+)
+def test_default_config_splits_few_long_rows(shape, dtype, block) -> None:
+    """Rows fewer than half the SMs, of 128 KiB or more: STRATEGY 2, 2 blocks per SM, the
+    largest block whose pieces hold a vector per thread (else not split)."""
+    config = SPEC.default_config(shape, dtype)
+    assert SPEC.check(config, shape, dtype) is None
+    if shape == (1, 32768):
+        assert config["STRATEGY"] == 1
+        return
+    assert (config["STRATEGY"], config["CACHE"], config["MIN_BLOCKS"]) == (2, 0, 2)
+    assert (config["BLOCK_SIZE"], config["VEC"] * DTYPES[dtype][2]) == (block, 16)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [((67, 2**20), "float32"), ((8, 32767), "float32"), ((8, 65535), "bfloat16")],
+)
+def test_default_config_keeps_a_block_per_row_beyond_few_long_rows(shape, dtype) -> None:
+    """67 rows (more than half the SMs) or rows under 128 KiB: no split."""
+    assert SPEC.default_config(shape, dtype)["STRATEGY"] != 2
 
 
 @pytest.mark.parametrize(
@@ -355,6 +405,45 @@ def test_launch_shared_memory_for_the_shared_cache() -> None:
     warp_rows = SPEC.launch(cfg(block=128, strategy=0, cache=1), (10, 1000), "float32")
     assert warp_rows.shared_bytes == 4 * 1000 * 4  # 4 rows per block
     assert warp_rows.grid == (3, 1, 1)
+
+
+def test_split_rows_launch_twice_on_a_grid_of_one_wave() -> None:
+    """STRATEGY 2: rows * (MIN_BLOCKS * 132 // rows) blocks (0 counts as 1), never more than
+    the one wave of MIN_BLOCKS per SM: the stats kernel, then softmax_kernel, same geometry and
+    every argument."""
+    for rows, min_blocks, parts in ((8, 0, 16), (8, 1, 16), (8, 2, 33), (1, 4, 528), (64, 1, 2)):
+        config = cfg(block=256, strategy=2, min_blocks=min_blocks)
+        assert softmax_module.split_parts(config, rows) == parts
+        launch = Launch(grid=(rows * parts, 1, 1), block=(256, 1, 1), shared_bytes=0)
+        assert SPEC.launch(config, (rows, 2**20), "float32") == launch
+        assert rows * parts <= max(min_blocks, 1) * 132 <= softmax_module.SPLIT_PIECES
+        steps = SPEC.steps(config, (rows, 2**20), "float32")
+        assert [(s.kernel, s.launch, s.args) for s in steps] == [
+            ("softmax_split_stats", launch, None),
+            ("softmax_kernel", launch, None),
+        ]
+    # The other strategies: one launch of softmax_kernel, as before STRATEGY 2.
+    (only,) = SPEC.steps(cfg(strategy=1), (8, 2**20), "float32")
+    assert (only.kernel, only.launch.grid) == ("softmax_kernel", (8, 1, 1))
+    assert softmax_module.split_parts(cfg(strategy=1), 8) == 1
+
+
+def test_split_workspace_size_matches_the_template() -> None:
+    """kSplitPieces in softmax.cu holds the largest grid check() admits (MIN_BLOCKS 4)."""
+    text = SPEC.template.read_text()
+    assert f"constexpr int kSplitPieces = 4 * {limits.NUM_SMS};" in text
+    assert max(SPEC.params["MIN_BLOCKS"]) * limits.NUM_SMS == softmax_module.SPLIT_PIECES
+    for rows in (1, 2, 3, 7, 64, 131, 263, 264):
+        for min_blocks in SPEC.params["MIN_BLOCKS"]:
+            config = cfg(block=32, vec=1, strategy=2, min_blocks=min_blocks)
+            if SPEC.check(config, (rows, 2**22), "float32") is None:
+                assert SPEC.launch(config, (rows, 2**22), "float32").grid[0] <= 4 * 132
+
+
+def test_split_rows_static_shared_memory() -> None:
+    """A block per piece reduces over warps as a block per row does."""
+    assert softmax_module.static_shared_bytes(cfg(strategy=2, block=1024)) == 2 * 32 * 8
+    assert softmax_module.static_shared_bytes(cfg(strategy=2, block=32)) == 0
 
 
 def test_launch_grid_is_capped() -> None:
@@ -490,5 +579,5 @@ def test_bytes_moved_and_buffer_bytes() -> None:
 def test_describe_is_json_ready() -> None:
     description = SPEC.describe()
     assert description["name"] == "softmax"
-    assert description["space_size"] == 2304
+    assert description["space_size"] == 3456
     assert description["params"]["VEC"] == [1, 2, 4, 8]
