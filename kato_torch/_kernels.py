@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from kato.kernels import InvalidInput, get_operator
 from kato.kernels.spec import DTYPES, Launch, OperatorSpec, TensorMap
+from kato.tuner.cubin import has_device_globals
 from kato.tuner.nvcc import compile_kernel
 from kato.tuner.tensor_map import MAP_BYTES, MapCache
 
@@ -69,7 +70,13 @@ class _Call:
 
 @dataclass
 class BoundOperator:
-    """An operator compiled for one shape and dtype, ready to launch on torch tensors."""
+    """An operator compiled for one shape and dtype, ready to launch on torch tensors.
+
+    ``calls`` are the steps' functions in the module loaded at bind time. A module with
+    ``__device__`` variables (``per_stream``: :func:`kato.tuner.cubin.has_device_globals`, a
+    split row's partials, say) keeps per-call state in them, so calls on two streams at once
+    must not share it: each stream that launches gets a module of its own (``cubin`` loaded
+    again, once per stream; :meth:`calls_on`). Calls on one stream are ordered by it."""
 
     spec: OperatorSpec
     shape: tuple[int, ...]
@@ -79,9 +86,40 @@ class BoundOperator:
     calls: list[_Call]
     signature: list[type[ctypes._SimpleCData] | None]  # None = a device pointer
     device_index: int
+    cubin: bytes = field(default=b"", repr=False)
+    per_stream: bool = False
     _slots_by_thread: dict[int, _driver.ArgumentSlots] = field(
         default_factory=dict, repr=False, compare=False
     )
+    _calls_by_stream: dict[int, list[_Call]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    def calls_on(self, stream: int) -> list[_Call]:
+        """The steps' functions to launch on ``stream`` (a ``cudaStream_t`` handle): those of
+        the module loaded at bind time, or for a ``per_stream`` operator the module of that
+        stream (loaded at its first call there, the first stream taking the bind-time one)."""
+        if not self.per_stream:
+            return self.calls
+        calls = self._calls_by_stream.get(stream)
+        if calls is not None:
+            return calls
+        with _lock:
+            calls = self._calls_by_stream.get(stream)
+            if calls is None:
+                if not self._calls_by_stream:
+                    calls = self.calls
+                else:
+                    with _driver.on_device(self.device_index):
+                        module = _driver.load_module(self.cubin)
+                        calls = [
+                            _Call(c.kernel, _driver.get_function(module, c.kernel,
+                                                                 c.launch.shared_bytes),
+                                  c.launch, c.args)
+                            for c in self.calls
+                        ]  # fmt: skip
+                self._calls_by_stream[stream] = calls
+        return calls
 
     def run(self, args: Sequence[Any], steps: Sequence[int] | None = None) -> None:
         """Launch the steps (all, or those whose indices are in ``steps``) on the current torch
@@ -95,6 +133,8 @@ class BoundOperator:
                 f"{self.spec.name} takes {len(self.signature)} arguments, got {len(args)}"
             )
         slots = self._slots()
+        stream = torch.cuda.current_stream(self.device_index).cuda_stream
+        calls = self.calls_on(stream)
         given = []
         for value, arg, ctype in zip(slots.values, args, self.signature, strict=True):
             if arg is None:
@@ -103,7 +143,7 @@ class BoundOperator:
             given.append(True)
             value.value = arg.data_ptr() if ctype is None else arg
         launches = []
-        for index, call in enumerate(self.calls):
+        for index, call in enumerate(calls):
             if steps is not None and index not in steps:
                 continue
             if not all(given[a.array if isinstance(a, TensorMap) else a] for a in call.args):
@@ -114,7 +154,6 @@ class BoundOperator:
                 pointer = slots.values[declaration.array].value or 0
                 ctypes.memmove(address, _maps.get(declaration, pointer), MAP_BYTES)
             launches.append((call, slots.params[index]))
-        stream = torch.cuda.current_stream(self.device_index).cuda_stream
         # Autograd's backward threads have no context current, a multi-GPU process may have
         # another device's: launch in this device's (PyTorch's), where the module was loaded.
         with _driver.on_device(self.device_index):
@@ -282,6 +321,9 @@ def bind(
                 func = _driver.get_function(module, step.kernel, step.launch.shared_bytes)
                 indices = step.args if step.args is not None else tuple(range(len(signature)))
                 calls.append(_Call(step.kernel, func, step.launch, indices))
-        bound = BoundOperator(spec, shape, dtype, config, source, calls, signature, device_index)
+        bound = BoundOperator(
+            spec, shape, dtype, config, source, calls, signature, device_index,
+            cubin=compiled.cubin, per_stream=has_device_globals(compiled.cubin),
+        )  # fmt: skip
         _bound[key] = bound
         return bound

@@ -434,19 +434,22 @@ def _device_of(args: Sequence[Any]) -> torch.device:
 
 
 def _upload_constants(bound: Any, constants: Mapping[str, torch.Tensor], index: int) -> None:
-    """Copy ``constants`` into the ``__constant__`` globals of ``bound``'s module, on torch's
-    current stream (the module found from a loaded function: cuFuncGetModule)."""
+    """Copy ``constants`` into the ``__constant__`` globals of ``bound``'s module for torch's
+    current stream (:meth:`BoundOperator.calls_on`; the module found from a loaded function:
+    cuFuncGetModule), on that stream."""
     import ctypes
 
     from kato_torch import _driver
 
     lib = _driver._driver()
     _driver.ensure_context(index)
+    handle = torch.cuda.current_stream(index).cuda_stream
     module = ctypes.c_void_p()
     _driver._check(
-        lib.cuFuncGetModule(ctypes.byref(module), bound.calls[0].func), "cuFuncGetModule"
+        lib.cuFuncGetModule(ctypes.byref(module), bound.calls_on(handle)[0].func),
+        "cuFuncGetModule",
     )
-    stream = ctypes.c_void_p(torch.cuda.current_stream(index).cuda_stream)
+    stream = ctypes.c_void_p(handle)
     for name, values in constants.items():
         pointer, size = ctypes.c_uint64(), ctypes.c_size_t()
         found = lib.cuModuleGetGlobal_v2(

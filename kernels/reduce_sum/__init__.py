@@ -31,12 +31,12 @@ reproduces it bit for bit).
 Problem arguments: ``[x, out (float32[rows]), rows (int32), cols (int32)]`` (the split path's
 workspace is the module's own, so every variant takes the same arguments).
 
-Known limit of ``SPLIT > 0``: that workspace (pieces and per-row tickets) is a global of the
-loaded module, so two launches of one loaded module that overlap (two streams, or a graph
-replayed beside an eager call) mix their pieces. Kato measures on one stream and kato_torch does
-not serve reduce_sum; a caller that launches a served split config concurrently must load one
-module per stream. Moving the workspace into the arguments (as reduce_sum_all does) is the fix,
-at the cost of a new version and a re-tune of the committed winners.
+``SPLIT > 0``'s workspace (pieces and per-row tickets) is a global of the loaded module, so
+two calls on one loaded module must not overlap. Kato measures on one stream; a caller that
+launches on several streams at once loads such a module once per stream, as kato_torch does
+for every module with ``__device__`` globals (:func:`kato.tuner.cubin.has_device_globals`).
+Moving the workspace into the arguments (as reduce_sum_all does) would lift that, at the cost
+of a new version and a re-tune of the committed winners.
 """
 
 from __future__ import annotations

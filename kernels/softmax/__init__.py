@@ -33,15 +33,12 @@ Parameter space (Kernel Tuner key order):
 Accumulation is float32 for every element type. Inputs and outputs are float32, float16 or
 bfloat16 (the CUDA types ``float``, ``__half``, ``__nv_bfloat16``).
 
-Known limit of STRATEGY 2: the partials live in a global of the loaded module (``kSplitPieces``
-= :data:`SPLIT_PIECES` of them; the arguments stay ``x, y, rows, cols`` for every config, as
-kato_torch passes them), so two launches of one loaded module that overlap (two streams, or a
-graph replayed beside an eager call) mix their partials. Kato measures on one stream. kato_torch
-launches a bound operator's steps in order on the caller's current stream, but binds one module
-per (shape, dtype, device): softmax of one few-long-rows shape running on two streams at once
-must not be served a STRATEGY 2 config (or kato_torch must bind per stream). reduce_sum's SPLIT
-has the same limit; moving the partials into the arguments is the fix, at the cost of another
-argument list for these configs.
+STRATEGY 2's partials live in a global of the loaded module (``kSplitPieces`` =
+:data:`SPLIT_PIECES` of them; the arguments stay ``x, y, rows, cols`` for every config, as
+kato_torch passes them), so two calls on one loaded module must not overlap. Kato measures on
+one stream; kato_torch sees the module's ``__device__`` globals in its cubin
+(:func:`kato.tuner.cubin.has_device_globals`) and loads it once per stream that launches it.
+Still shared: one CUDA graph replayed on two streams at once.
 """
 
 from __future__ import annotations

@@ -365,3 +365,26 @@ def test_views_that_start_off_a_vector_boundary(dtype, shift, cols):
     torch.testing.assert_close(got.double(), want, rtol=4 * rtol, atol=4 * atol)
     # The aligned tensor still runs the widest vector.
     assert kato_torch.softmax(x.clone(), -1).shape == x.shape
+
+
+def test_split_row_softmax_on_two_streams_at_once_keeps_each_calls_partials():
+    """Few long rows run softmax's STRATEGY 2, whose pieces' partials live in its module's
+    ``__device__`` globals: kato_torch loads that module once per stream, so two calls on two
+    streams at once do not mix them (one shared module would give wrong rows here)."""
+    from kato.kernels import get_operator
+
+    rows, cols = 8, 1 << 20
+    assert get_operator("softmax").default_config((rows, cols), "float32")["STRATEGY"] == 2
+    xs = [torch.randn(rows, cols, device="cuda") * scale for scale in (1.0, 4.0)]
+    refs = [torch.softmax(x.double(), -1) for x in xs]
+    streams = [torch.cuda.Stream() for _ in xs]
+    for stream in streams:
+        stream.wait_stream(torch.cuda.current_stream())
+    outs: list = [None] * len(xs)
+    for _ in range(30):  # calls of both streams interleave on the GPU
+        for i, (x, stream) in enumerate(zip(xs, streams, strict=True)):
+            with torch.cuda.stream(stream):
+                outs[i] = kato_torch.softmax(x)
+    torch.cuda.synchronize()
+    for out, ref in zip(outs, refs, strict=True):
+        torch.testing.assert_close(out.double(), ref, rtol=2e-5, atol=1e-9)
