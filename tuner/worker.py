@@ -98,7 +98,9 @@ class Worker:
 
     Database faults never stop it: a running job retries them (:class:`JobRunner`), the idle
     loop logs a fault once (and its recovery) and polls less often while it lasts (waits
-    doubling from ``poll_seconds`` up to :data:`IDLE_BACKOFF_MAX_SECONDS`). :meth:`stop`
+    doubling from ``poll_seconds`` up to :data:`IDLE_BACKOFF_MAX_SECONDS`). A job claimed is
+    given back at once when its load then fails (in the poll, or at its run's start), so the
+    next claim, this worker's or another's, takes it without waiting out its lease. :meth:`stop`
     (:func:`stop_on_signals`: SIGTERM, SIGINT) is honoured by every loop.
 
     One loop (the thread of :meth:`run_forever`) polls, claims and hands each job to a free
@@ -452,7 +454,9 @@ class Worker:
         loop only (jobs are added to the held ones there alone; runners only remove theirs,
         which at worst leaves out a group that just ended until the next poll). The next job
         is looked at before it is claimed: one that does not fit stays queued, untouched, and
-        nothing is claimed."""
+        nothing is claimed. A fault after the claim (the job's load) gives the job back
+        (:meth:`db.ledger.JobLedger.give_back`: the next claim, this worker's or another's,
+        takes it at once) and is raised."""
         with self._held_lock:
             held = list(self._held.items())
         scope = self.scope() or queries.JobScope()
@@ -484,7 +488,13 @@ class Worker:
         if claim is None:
             return None
         ledger = self.ledger.job(claim.job_id, helper=claim.helper)
-        job = ledger.load()
+        try:
+            job = ledger.load()
+        except BaseException:
+            # Claimed, not held: unless given back now, it would wait out its lease.
+            log.info("worker %s: job %s given back: its load failed", self.worker_id, claim.job_id)
+            ledger.give_back()
+            raise
         if job is None:
             return None
         admitted, need = self._admits(job)  # a job helped, or this worker's own resumed
