@@ -362,6 +362,8 @@ class Worker:
         except KeyboardInterrupt:
             interrupted = True
         try:
+            for inbox in inboxes:
+                inbox.put(None)  # a runner that is free (or frees up) ends: none is waited for
             if fatal is not None or interrupted:
                 self._give_back_held(threads)
             elif running:
@@ -369,8 +371,6 @@ class Worker:
         except KeyboardInterrupt:  # the grace of stop_on_signals is over
             self._give_back_held(threads)
         finally:
-            for inbox in inboxes:
-                inbox.put(None)  # a runner that is free (or frees up) ends
             self._mark_stopped()
         if fatal is not None:
             raise fatal
