@@ -349,7 +349,10 @@ class JobRunner:
     backoff; a search that a fault ends anyway starts again from the stored trials (as a
     resumed job does); after ``retry_policy.max_seconds`` of faults without a trial stored the
     run ends as ``interrupted`` and the job is left running under its lease for a resume.
-    Only the job's own work (its backend, kernels, search) fails it.
+    A fault at the run's start, before the job is read (its load, the release of dead workers'
+    reservations), gives the job back instead (its lease ended: any worker's next claim takes
+    it) and ends the run ``interrupted``. Only the job's own work (its backend, kernels,
+    search) fails it.
 
     Args:
         lease_seconds: lease length; renewed every ``heartbeat_seconds`` (default
@@ -447,11 +450,18 @@ class JobRunner:
         if self.shutdown.is_set():  # stopped between the claim and the run
             ledger.give_back()
             return JobOutcome(job_id, "stopped", 0, None, "the worker stopped")
-        job = ledger.load()
+        try:
+            job = ledger.load()
+            if job is not None and not helper:  # resumed: dead workers' trials never finish
+                ledger.release_stale()
+        except BaseException as exc:
+            ledger.give_back()  # not left to wait out its lease
+            if not isinstance(exc, Exception) or retry.is_interrupt(exc):
+                raise
+            log.warning("job %s: given back: its start failed: %s", job_id, retry.describe(exc))
+            return JobOutcome(job_id, "interrupted", 0, None, retry.describe(exc))
         if job is None:
             return JobOutcome(job_id, "missing", 0, None, "job not found")
-        if not helper:  # a resumed job: dead workers' measurements will never finish
-            ledger.release_stale()
         state = _JobState()
         self._state = state
         if self.shutdown.is_set():  # stopped before interrupt() could see this run's state

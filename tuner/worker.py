@@ -62,9 +62,10 @@ class _HeldJob:
 
 @dataclass(frozen=True)
 class _RunEnded:
-    """What a runner thread reports when the job it was handed ends: the runner's slot, and
-    the outcome or the interrupt the run raised (``KeyboardInterrupt``, a library's error
-    wrapping one, or a ``BaseException`` of the backend's)."""
+    """What a runner reports when the job it was handed ends (:meth:`Worker._run_ended`): the
+    runner's slot, and the outcome, or the interrupt the run raised (``KeyboardInterrupt``, a
+    library's error wrapping one, or a ``BaseException`` of the backend's), or neither (the
+    run raised an error: a bug, logged)."""
 
     slot: int
     outcome: JobOutcome | None = None
@@ -72,7 +73,7 @@ class _RunEnded:
 
 
 def _log_outcome(job_id: str, outcome: JobOutcome) -> None:
-    """The log line of a job's end, the same for the serial and the interleaved loop."""
+    """The log line of a job's end, whichever runner ran it."""
     best = f"{outcome.best_time_ms:.4f} ms" if outcome.best_time_ms is not None else "-"
     log.info(
         "job %s %s: %d config(s) measured, best %s%s",
@@ -82,7 +83,8 @@ def _log_outcome(job_id: str, outcome: JobOutcome) -> None:
 
 
 class Worker:
-    """Claims jobs for ``gpu_models`` and runs them one at a time until stopped.
+    """Claims jobs for ``gpu_models`` and runs up to ``jobs_at_once`` of them at a time (by
+    default one) until stopped.
 
     It claims (and helps with) only jobs in ``scope`` (:class:`db.queries.JobScope`; default:
     the backend factory's, :class:`tuner.backends.abilities.Scoped`, read at every claim, else
@@ -96,26 +98,29 @@ class Worker:
 
     Database faults never stop it: a running job retries them (:class:`JobRunner`), the idle
     loop logs a fault once (and its recovery) and polls less often while it lasts (waits
-    doubling from ``poll_seconds`` up to :data:`IDLE_BACKOFF_MAX_SECONDS`). :meth:`stop`
+    doubling from ``poll_seconds`` up to :data:`IDLE_BACKOFF_MAX_SECONDS`). A job claimed is
+    given back at once when its load then fails (in the poll, or at its run's start), so the
+    next claim, this worker's or another's, takes it without waiting out its lease. :meth:`stop`
     (:func:`stop_on_signals`: SIGTERM, SIGINT) is honoured by every loop.
 
-    ``jobs_at_once`` > 1: it holds up to that many jobs at once on its one GPU, each run by a
-    :class:`JobRunner` of its own in a thread of its own, their GPU work taking turns at one
-    :class:`tuner.gpu_gate.GpuGate` (one measurement at a time; a config's compile awaited
-    before its turn): while one job waits on nvcc or on its search, another measures. Each
-    job's trials, budget and winner are those it would have run alone: its proposer, seed and
-    budget are its own, nothing of another job enters its search, and the worker never holds
-    two jobs of one (operator, dtype), whatever their GPU models (:class:`db.queries.JobScope`'s
-    exclusions; a warm start reads every model's results), so a group's jobs run one after the
-    other in queue order and each warm start reads what it would in a serial run. Only the
-    order of GPU work changes. 1: one job at a time, as :meth:`run_once` does.
+    One loop (the thread of :meth:`run_forever`) polls, claims and hands each job to a free
+    runner (:class:`JobRunner`), whatever ``jobs_at_once``: one presence row refreshed per
+    poll, one log line per poll fault, one backoff. With 1 (:meth:`run_once` is one of its
+    polls) the job runs in the loop's thread; with more, each runner has a thread of its own
+    that only runs the jobs it is handed, and a runner whose job ends wakes the loop at once
+    to claim the next.
 
-    Holding several, one loop (the thread of :meth:`run_forever`) polls, claims and hands each
-    job to a free runner, as the serial loop does: one presence row refreshed per poll, one
-    log line per poll fault, one backoff; runner threads only run the jobs they are handed, and
-    a runner whose job ends wakes the loop at once to claim the next. It takes another job only
-    if the jobs fit the GPU's memory together (:mod:`tuner.admission`); one that does not is
-    left queued, and nothing else is taken, until enough of the held jobs have ended.
+    ``jobs_at_once`` > 1: it holds up to that many jobs at once on its one GPU, their GPU work
+    taking turns at one :class:`tuner.gpu_gate.GpuGate` (one measurement at a time; a
+    config's compile awaited before its turn): while one job waits on nvcc or on its search,
+    another measures. Each job's trials, budget and winner are those it would have run alone:
+    its proposer, seed and budget are its own, nothing of another job enters its search, and
+    the worker never holds two jobs of one (operator, dtype), whatever their GPU models
+    (:class:`db.queries.JobScope`'s exclusions; a warm start reads every model's results), so
+    a group's jobs run one after the other in queue order and each warm start reads what it
+    would in a serial run. Only the order of GPU work changes. It takes another job only if
+    the jobs fit the GPU's memory together (:mod:`tuner.admission`); one that does not is left
+    queued, and nothing else is taken, until enough of the held jobs have ended.
 
     Stopping while holding several: :meth:`stop` (a first signal) interrupts every runner at
     once (:meth:`JobRunner.interrupt`: its search stops before its next measurement, an
@@ -126,7 +131,10 @@ class Worker:
     reservations released and its lease ended through the ledger of its claim, which then
     reserves and renews nothing more (:meth:`db.ledger.JobLedger.give_back`), so that another
     worker resumes it from its stored trials now, also when its runner is stuck in a
-    measurement or a compile wait nothing can stop.
+    measurement or a compile wait nothing can stop. Running one job in the loop's thread, a
+    stop reaches it through the runner's ``shutdown`` event (the same: its search stops before
+    its next measurement, an isolated measurement is interrupted by its heartbeat), and an
+    interrupt lands in its run, which gives the job back before the loop returns.
     """
 
     def __init__(
@@ -251,84 +259,47 @@ class Worker:
         )
 
     def run_once(self) -> JobOutcome | None:
-        """Claim and run one job (or help with one); None when there is nothing to do."""
-        self.heartbeat("idle")
-        claim = self.ledger.claim(
-            self.gpu_models,
-            scope=self.scope(),
-            max_workers_per_job=self.max_workers_per_job,
-            min_configs_per_worker=self.min_configs_per_worker,
-        )
+        """One poll of :meth:`run_forever`'s loop, its job run in this thread: announce,
+        claim a job (or help with one, :meth:`_claim_held`) and run it to its end; None when
+        there is nothing to do. A fault of the poll is raised (a job it had claimed already
+        given back)."""
+        self._announce_held()
+        claim = self._claim_held()
         if claim is None:
             return None
-        job_id, helper = claim.job_id, claim.helper
-        self.heartbeat("busy", job_id)
-        log.info("worker %s %s job %s", self.worker_id, "helps" if helper else "runs", job_id)
-        try:
-            outcome = self.runner.run(job_id, helper=helper)
-        finally:
-            self.heartbeat("idle")
-        _log_outcome(job_id, outcome)
-        return outcome
+        return self._run_claimed(self.runner, claim)
 
     def run_forever(self, *, max_jobs: int | None = None) -> int:
         """Run jobs until :meth:`stop`, an interrupt (``KeyboardInterrupt``, also one a
         library wrapped in its own error) or ``max_jobs`` ended; returns the number ended.
 
+        One loop, this thread's, polls, claims and hands each job to a free runner, whatever
+        ``jobs_at_once``: with 1 the job runs in this thread (where a signal's
+        ``KeyboardInterrupt`` lands, in the job's measurement if need be), with more each runner
+        has a thread of its own and a runner whose job ends wakes the loop at once.
+
         Errors of a poll (a database fault, or a bug) never end it: the first is logged (a
         transient database fault in one line, anything else with its traceback), again only
         when it changes, a ``recovered`` line when polls succeed again, and the polls back off
-        meanwhile (see the class docstring). With ``jobs_at_once`` > 1 one loop polls and
-        hands the jobs to runner threads (:meth:`_run_interleaved`); a ``BaseException`` a
-        runner's job raised (not an interrupt) is raised here once every held job is given
-        back."""
-        if self.jobs_at_once > 1:
-            return self._run_interleaved(max_jobs)
-        done = 0
-        faults = retry.FaultLog(log, f"worker {self.worker_id}: poll")
-        first = self.poll_seconds if self.poll_seconds > 0 else 0.05
-        backoff = retry.Backoff(first, max(first, IDLE_BACKOFF_MAX_SECONDS))
-        try:
-            while not self._stop.is_set() and (max_jobs is None or done < max_jobs):
-                try:
-                    outcome = self.run_once()
-                except Exception as exc:
-                    if retry.is_interrupt(exc) or self._stop.is_set():
-                        break  # a signal that landed inside a database call
-                    wait = backoff.next()
-                    faults.failed(exc, retry_in=wait)
-                    self._stop.wait(wait)
-                    continue
-                if outcome is not None and outcome.status == "interrupted":
-                    # The job's database failed for too long: poll it as a failing one.
-                    wait = backoff.next()
-                    self._stop.wait(wait)
-                    continue
-                faults.ok()
-                backoff.reset()
-                if outcome is None:
-                    self._stop.wait(self.poll_seconds)
-                elif outcome.status not in ("helped", "stopped"):
-                    done += 1
-        except KeyboardInterrupt:
-            self._stop.set()
-        finally:
-            self._mark_stopped()
-        return done
-
-    def _run_interleaved(self, max_jobs: int | None) -> int:
-        """:meth:`Worker.run_forever` with ``jobs_at_once`` runner threads: this thread polls,
-        claims and hands each job to a free runner (:meth:`_run_slot`); then stops them."""
-        inboxes: list[queue.SimpleQueue[Claim | None]] = [queue.SimpleQueue() for _ in self.runners]
+        meanwhile (see the class docstring), as they do after a job's run that ends
+        ``interrupted`` (its database failed for too long) or raised (a bug, logged with the
+        job). A stop with jobs running interrupts their runners and waits for each to give its
+        job back; an interrupt gives back every held job at once (:meth:`_give_back_held`).
+        A ``BaseException`` a job raised that is not an interrupt is raised here once every
+        held job is given back."""
+        inline = self.jobs_at_once == 1
+        inboxes: list[queue.SimpleQueue[Claim | None]] = [
+            queue.SimpleQueue() for _ in (() if inline else self.runners)
+        ]
         ended: queue.SimpleQueue[_RunEnded] = queue.SimpleQueue()
         threads = [
             threading.Thread(
                 target=self._run_slot,
-                args=(i, runner, inboxes[i], ended),
+                args=(i, self.runners[i], inbox, ended),
                 name=f"kato-job-{i}",
                 daemon=True,
             )  # fmt: skip
-            for i, runner in enumerate(self.runners)
+            for i, inbox in enumerate(inboxes)
         ]
         for thread in threads:
             thread.start()
@@ -347,15 +318,14 @@ class Worker:
                     report = ended.get()
                     free.append(report.slot)
                     running -= 1
-                    if isinstance(report.interrupt, Exception):  # one a library wrapped
-                        interrupted = True
-                    elif report.interrupt is not None:
-                        fatal = fatal or report.interrupt
-                    elif report.outcome is not None and report.outcome.status == "interrupted":
-                        pause = True  # the job's database failed for too long: back off
-                    elif report.outcome is not None and report.outcome.status not in (
-                        "helped", "stopped"
-                    ):  # fmt: skip
+                    if report.interrupt is not None:
+                        if isinstance(report.interrupt, Exception | KeyboardInterrupt):
+                            interrupted = True  # a KeyboardInterrupt, or one a library wrapped
+                        else:
+                            fatal = fatal or report.interrupt
+                    elif report.outcome is None or report.outcome.status == "interrupted":
+                        pause = True  # a run that raised, or whose database failed too long
+                    elif report.outcome.status not in ("helped", "stopped"):
                         done += 1
                 if fatal is not None or interrupted or self._stop.is_set():
                     break
@@ -384,10 +354,16 @@ class Worker:
                     self._wake.wait(self.poll_seconds)
                     continue
                 running += 1
-                inboxes[free.pop()].put(claim)
+                slot = free.pop()
+                if inline:
+                    ended.put(self._run_ended(slot, self.runners[slot], claim))
+                else:
+                    inboxes[slot].put(claim)
         except KeyboardInterrupt:
             interrupted = True
         try:
+            for inbox in inboxes:
+                inbox.put(None)  # a runner that is free (or frees up) ends: none is waited for
             if fatal is not None or interrupted:
                 self._give_back_held(threads)
             elif running:
@@ -395,8 +371,6 @@ class Worker:
         except KeyboardInterrupt:  # the grace of stop_on_signals is over
             self._give_back_held(threads)
         finally:
-            for inbox in inboxes:
-                inbox.put(None)  # a runner that is free (or frees up) ends
             self._mark_stopped()
         if fatal is not None:
             raise fatal
@@ -480,7 +454,9 @@ class Worker:
         loop only (jobs are added to the held ones there alone; runners only remove theirs,
         which at worst leaves out a group that just ended until the next poll). The next job
         is looked at before it is claimed: one that does not fit stays queued, untouched, and
-        nothing is claimed."""
+        nothing is claimed. A fault after the claim (the job's load) gives the job back
+        (:meth:`db.ledger.JobLedger.give_back`: the next claim, this worker's or another's,
+        takes it at once) and is raised."""
         with self._held_lock:
             held = list(self._held.items())
         scope = self.scope() or queries.JobScope()
@@ -512,7 +488,13 @@ class Worker:
         if claim is None:
             return None
         ledger = self.ledger.job(claim.job_id, helper=claim.helper)
-        job = ledger.load()
+        try:
+            job = ledger.load()
+        except BaseException:
+            # Claimed, not held: unless given back now, it would wait out its lease.
+            log.info("worker %s: job %s given back: its load failed", self.worker_id, claim.job_id)
+            ledger.give_back()
+            raise
         if job is None:
             return None
         admitted, need = self._admits(job)  # a job helped, or this worker's own resumed
@@ -536,30 +518,41 @@ class Worker:
         inbox: queue.SimpleQueue[Claim | None],
         ended: queue.SimpleQueue[_RunEnded],
     ) -> None:
-        """One runner thread: run each job handed to it (``None``: end), report its end and
-        wake the claiming loop. Never raises: a run's interrupt (any ``BaseException``, or a
-        library's error wrapping one) is reported, and the loop stops the worker."""
+        """One runner thread: run each job handed to it (``None``: end), report its end
+        (:meth:`_run_ended`) and wake the claiming loop."""
         while (claim := inbox.get()) is not None:
             report = _RunEnded(slot)
             try:
-                report = _RunEnded(slot, outcome=self._run_claimed(runner, claim))
-            except Exception as exc:
-                if retry.is_interrupt(exc):
-                    report = _RunEnded(slot, interrupt=exc)
-                else:  # a bug: JobRunner.run fails a job rather than raise
-                    log.exception("job %s: its run raised", claim.job_id)
-            except BaseException as exc:
-                report = _RunEnded(slot, interrupt=exc)
+                report = self._run_ended(slot, runner, claim)
             finally:
                 ended.put(report)
                 self._wake.set()
 
+    def _run_ended(self, slot: int, runner: JobRunner, claim: Claim) -> _RunEnded:
+        """Run a claimed job on ``runner`` (:meth:`_run_claimed`) and say how it ended, in the
+        loop's thread or a runner's. Never raises: an interrupt (any ``BaseException``, or a
+        library's error wrapping one) is reported, and the loop stops the worker; an error
+        (a bug: :meth:`JobRunner.run` fails a job rather than raise) is logged and reported
+        without an outcome, and the loop backs off."""
+        try:
+            return _RunEnded(slot, outcome=self._run_claimed(runner, claim))
+        except Exception as exc:
+            if retry.is_interrupt(exc):
+                return _RunEnded(slot, interrupt=exc)
+            log.exception("job %s: its run raised", claim.job_id)
+            return _RunEnded(slot)
+        except BaseException as exc:
+            return _RunEnded(slot, interrupt=exc)
+
     def _run_claimed(self, runner: JobRunner, claim: Claim) -> JobOutcome:
-        """Run a claimed (and held) job to its end, then let go of it."""
+        """Run a claimed (and held) job to its end, then let go of it. The presence row says
+        busy with it from the start (one try: the job's heartbeats say it again)."""
         job_id, helper = claim.job_id, claim.helper
         with self._held_lock:
             ledger = self._held[job_id].ledger
         try:
+            with contextlib.suppress(Exception):
+                self._job_heartbeat("busy", job_id)
             log.info("worker %s %s job %s", self.worker_id, "helps" if helper else "runs", job_id)
             outcome = runner.run(job_id, helper=helper, ledger=ledger)
         finally:

@@ -5,9 +5,11 @@ poll, with a line when it clears, and the polls back off meanwhile. Soaks are ``
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 import signal
+import sqlite3
 import subprocess
 import threading
 import time
@@ -16,12 +18,17 @@ from datetime import timedelta
 import pytest
 from fleet_helpers import job, sessions_for, start_worker, stop, submit, wait_for
 from kato.db import fleet, queries
+from kato.db.ledger import JobLedger
 from kato.db.models import RESERVED, utcnow
 from kato.db.session import init_db, session_factory
 from kato.tuner.factories import replay_backend_factory
 from kato.tuner.worker import Worker
 from paths import RECORDED
 from sqlalchemy import create_engine, event, text
+from sqlalchemy.exc import OperationalError
+
+#: The worker's log channel (tuner/worker.py, tuner/job_runner.py).
+WORKER_LOG = "kato.tuner.worker"
 
 #: How long a worker may take from SIGTERM to its exit (it starts in about 3 s on 2 busy cores;
 #: a stop takes well under a second: anything near this bound is a worker that did not stop).
@@ -119,6 +126,60 @@ def test_an_interrupt_that_comes_back_as_a_database_error_stops_the_worker(db_ur
     assert stopped, "the worker went on polling after the interrupt"
     assert len(statements) < 10
     assert _row(sessions, "w-int").status == "stopped"
+
+
+@pytest.mark.parametrize("jobs_at_once", [1, 2])
+@pytest.mark.parametrize("failing", [1, 2], ids=["claims-load", "runs-load"])
+def test_a_job_whose_load_fails_after_its_claim_is_given_back_at_once(
+    db_url, monkeypatch, caplog, jobs_at_once, failing
+):
+    """A claimed job whose row then cannot be read (the worker's ``failing``-th load of it: the
+    claim's, or its run's) is given back at once: another worker takes it now, not after the
+    120 s lease, and the worker that failed logs the fault and goes on polling."""
+    sessions = session_factory(init_db(db_url))
+    job_id = submit(sessions, 3)
+    load, loads = JobLedger.load, []
+    failed = threading.Event()
+
+    def flaky(ledger):  # type: ignore[no-untyped-def]
+        if ledger.worker_id == "w-load":
+            loads.append(ledger.job_id)
+            if len(loads) == failing:
+                failed.set()
+                raise OperationalError("SELECT", {}, sqlite3.OperationalError("database is locked"))
+        return load(ledger)
+
+    monkeypatch.setattr(JobLedger, "load", flaky)
+    caplog.set_level(logging.INFO, logger="kato.tuner.worker")
+    factory = replay_backend_factory(RECORDED)
+    worker = Worker(
+        sessions, db_url, ["H200"], factory, worker_id="w-load", poll_seconds=60,
+        lease_seconds=120, jobs_at_once=jobs_at_once,
+    )  # fmt: skip
+    # max_jobs=1: holding the job, it polls no more until the job ends and its backoff has
+    # passed (else it may retake the job it gave back before the other worker does).
+    thread = threading.Thread(target=worker.run_forever, kwargs={"max_jobs": 1}, daemon=True)
+    thread.start()
+    try:
+        # The worker's first warning or error comes after its give-back (or without one).
+        wait_for(
+            lambda: failed.is_set()
+            and any(r.levelno >= logging.WARNING for r in caplog.records if r.name == WORKER_LOG),
+            60, "the fault logged",
+        )  # fmt: skip
+        other = Worker(sessions, db_url, ["H200"], factory, worker_id="w-other")
+        outcome = other.run_once()
+        alive = thread.is_alive()
+    finally:
+        worker.stop()
+        thread.join(10)
+    assert outcome is not None and (outcome.job_id, outcome.status) == (job_id, "done")
+    assert alive and not thread.is_alive()
+    assert loads == [job_id] * failing
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    said = "worker w-load: poll failed" if failing == 1 else f"job {job_id}: given back"
+    assert any(said in w and "database is locked" in w for w in warnings), warnings
+    assert _row(sessions, "w-load").status == "stopped"
 
 
 @pytest.mark.slow

@@ -10,12 +10,13 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from kato.db import queries
+from kato.db import fleet, queries
 from kato.db.ledger import RESERVED, JobLedger, Ledger, Seen
-from kato.db.models import Job
+from kato.db.models import Job, utcnow
 from kato.db.session import init_db, session_factory
 from kato.kernels import get_operator
 from kato.service import lookup as service_lookup
+from kato.tuner import worker as worker_module
 from kato.tuner.backends.base import TrialResult, TrialStatus
 from kato.tuner.backends.replay import ReplayBackend
 from kato.tuner.job_runner import JobRunner, SharedResults
@@ -143,6 +144,47 @@ def test_cancel_stops_a_running_job(db):
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files in /proc")
+@pytest.mark.parametrize("jobs_at_once", [1, 2])
+def test_an_interrupt_inside_a_job_stops_the_worker_and_gives_the_job_back(
+    db, monkeypatch, jobs_at_once
+):
+    """A ``KeyboardInterrupt`` raised in a job's measurement (where a signal's lands when the
+    worker runs one job, in its loop's thread) ends ``run_forever`` without raising, at once:
+    the job is given back (lease ended, no reservation left, its trials kept), the worker's
+    row says stopped, and another worker resumes the job from its trials."""
+    # Only a worker that waits out its runners' grace (an idle runner's thread too) nears it.
+    monkeypatch.setattr(worker_module, "STOP_GRACE_SECONDS", 60.0)
+    url, sessions = db
+    job_id = submit(sessions, budget=12)
+
+    def interrupt():
+        raise KeyboardInterrupt
+
+    backend = CountingReplay(stop_after=5, on_stop=interrupt)
+    worker = Worker(
+        sessions, url, ["H200"], lambda job: backend, worker_id="w", poll_seconds=0.01,
+        lease_seconds=120, jobs_at_once=jobs_at_once,
+    )  # fmt: skip
+    start = time.monotonic()
+    assert worker.run_forever() == 0
+    took = time.monotonic() - start
+    with sessions() as s:
+        job = queries.get_job(s, job_id)
+        trials = queries.job_trials(s, job_id)
+        (row,) = fleet.list_workers(s)
+    assert job.status == "running" and job.lease_expires_at <= utcnow() + timedelta(seconds=1)
+    assert job.trials_done == len(trials) <= 4
+    assert not [t for t in trials if t.status == RESERVED]
+    assert (row.id, row.status) == ("w", "stopped")
+    assert took < 30, took
+    second = CountingReplay()
+    assert Worker(sessions, url, ["H200"], lambda job: second).run_once().status == "done"
+    with sessions() as s:
+        keys = [t.config_key for t in queries.job_trials(s, job_id)]
+    assert len(keys) == len(set(keys)) == 12
+    assert not {t.config_key for t in trials} & set(second.measured)  # kept, not measured again
+
+
 def test_stop_on_signals_outside_the_main_thread_refuses_and_leaves_nothing_behind(db):
     """signal.signal's ValueError comes through, and the block's stopper thread and pipe end
     with it (a thread left blocked on the pipe for good, and two open files, before)."""
