@@ -88,12 +88,9 @@ class Settings(BaseSettings):
         "for the one asked before (measured as their compiles finish; 1: ask, measure, ask)",
     )
     jobs_per_worker: int = Field(
-        # 1 until measured on a GPU: held jobs are admitted by memory (tuner/admission.py) and
-        # given back at once on an interrupt, and on the replay benchmark 2-3 at once cut a
-        # batch's wall time 1.15-1.5x with every trial unchanged (docs/design.md), but the
-        # context-size estimate, the busy fraction and the idle worker's signal paths with
-        # several runners are not yet shown on the device.
-        default=1,
+        # 3: measured to keep the GPU busier than one job at a time with the same winners
+        # (docs/design.md, "Default 3"); jobs are admitted by GPU memory (tuner/admission.py).
+        default=3,
         ge=1,
         le=16,
         description="jobs a GPU worker holds at once on its one GPU, taking turns measuring "
