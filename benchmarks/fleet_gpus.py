@@ -844,14 +844,26 @@ def nvidia_smi(*args: str) -> str:
     ).stdout
 
 
-def gpu_uuids() -> dict[int, str]:
-    """Physical index -> uuid (``nvidia-smi -L``: "GPU 1: NVIDIA H200 (UUID: GPU-...)")."""
+def parse_gpu_list(text: str) -> dict[int, str]:
+    """Physical index -> uuid from ``nvidia-smi -L`` ("GPU 1: NVIDIA H200 (UUID: GPU-...)";
+    MIG lines, indented, left out)."""
     found = {}
-    for line in nvidia_smi("-L").splitlines():
-        if line.startswith("GPU ") and "UUID: " in line:
+    for line in text.splitlines():
+        if line.startswith("GPU ") and "(UUID: " in line:
             index = int(line.split(":", 1)[0].split()[1])
-            found[index] = line.split("UUID: ", 1)[1].rstrip(")").strip()
+            found[index] = line.rsplit("(UUID: ", 1)[1].rstrip().rstrip(")").strip()
     return found
+
+
+def apps_of(text: str, pids: set[int] | None) -> Counter[str]:
+    """GPU uuid -> how many of ``pids`` (``None``: any) hold a context on it, from ``nvidia-smi
+    --query-compute-apps=pid,gpu_uuid --format=csv,noheader`` ("1234, GPU-...")."""
+    seen: Counter[str] = Counter()
+    for line in text.splitlines():
+        pid, _, gpu_uuid = (part.strip() for part in line.partition(","))
+        if pid.isdigit() and (pids is None or int(pid) in pids) and gpu_uuid:
+            seen[gpu_uuid] += 1
+    return seen
 
 
 def step_device(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
@@ -862,7 +874,7 @@ def step_device(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
         return {"skipped": "no nvidia-smi on this machine", "problems": []}
     if len(fleet.devices) < 2:
         return {"skipped": "needs a second GPU", "problems": []}
-    uuids = gpu_uuids()
+    uuids = parse_gpu_list(nvidia_smi("-L"))
     target = fleet.devices[1]
     result: dict[str, Any] = {"gpu_uuids": {str(k): v for k, v in uuids.items()}, "runs": {}}
     problems: list[str] = []
@@ -872,7 +884,8 @@ def step_device(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
         problems += [f"bind {bind}: {p}" for p in run["problems"]]
         print(
             f"device ({'--device 1' if bind == 'device' else 'CUDA_VISIBLE_DEVICES=1'}): "
-            f"{run['samples']} samples, the worker's processes seen on {run['seen_on']}"
+            f"{run['samples']} samples, {run['judged_by']} seen on "
+            f"{run['seen_on'] or run['any_process_seen_on']}"
         )
     result["problems"] = problems
     for p in problems:
@@ -893,6 +906,7 @@ def bound_run(
         job_id = queries.create_job(s, **bound.job_fields(key, args.faults_budget, 5)).id
     worker = bound.start(1, url, f"device-{bind}-gpu1", helpers=1)
     seen: Counter[str] = Counter()
+    anyone: Counter[str] = Counter()  # every process's contexts: this run is the GPUs' only user
     samples, problems = 0, []
     try:
         deadline = time.monotonic() + args.step_timeout
@@ -900,10 +914,8 @@ def bound_run(
             ours = {worker.proc.pid, *descendants(worker.proc.pid)}
             out = nvidia_smi("--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader")
             samples += 1
-            for line in out.splitlines():
-                pid, _, gpu_uuid = (part.strip() for part in line.partition(","))
-                if pid.isdigit() and int(pid) in ours:
-                    seen[gpu_uuid] += 1
+            seen.update(apps_of(out, ours))
+            anyone.update(apps_of(out, None))
             time.sleep(0.3)
     finally:
         stop([worker])
@@ -911,11 +923,22 @@ def bound_run(
     problems += wrong
     names = {v: k for k, v in uuids.items()}
     seen_on = {f"GPU {names.get(u, u)}": n for u, n in seen.items()}
-    if not seen:
-        problems.append("the worker's processes never seen on a GPU (too short a job?)")
-    elif set(seen) != {uuids.get(target)}:
-        problems.append(f"seen on {seen_on}, expected GPU {target} only")
-    return {"samples": samples, "seen_on": seen_on, "job": row, "problems": problems}
+    anyone_on = {f"GPU {names.get(u, u)}": n for u, n in anyone.items()}
+    # In a container nvidia-smi may list the host's pids, none of them ours: then every
+    # context seen (nothing else uses these GPUs during the run) must be on the target.
+    judged, by = (seen, "the worker's processes") if seen else (anyone, "every process")
+    if not judged:
+        problems.append("no process seen on any GPU during the run (too short a job?)")
+    elif set(judged) != {uuids.get(target)}:
+        problems.append(f"{by} seen on {seen_on or anyone_on}, expected GPU {target} only")
+    return {
+        "samples": samples,
+        "seen_on": seen_on,
+        "any_process_seen_on": anyone_on,
+        "judged_by": by,
+        "job": row,
+        "problems": problems,
+    }
 
 
 def replay_subset(fleet: Fleet, directory: Path) -> Path:

@@ -7,6 +7,9 @@ needs a GPU (re-timing, planted faulty kernels, nvidia-smi) is reported as skipp
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 
 from paths import SPACES
 
@@ -78,3 +81,42 @@ def test_the_batch_takes_sixteen_keys_operator_by_operator(tmp_path):
     linked = sorted(p.name for p in fleet.replay.iterdir())
     shared = fleet_gpus.shared_key(fleet, keys)
     assert len(linked) == len({*keys, shared})  # the workers load only these
+
+
+def test_nvidia_smi_outputs_are_read_into_uuids_and_contexts_per_gpu():
+    listing = (
+        "GPU 0: NVIDIA H200 (UUID: GPU-aaaa-0000)\n"
+        "GPU 1: NVIDIA H200 (UUID: GPU-bbbb-1111)\n"
+        "  MIG 1g.18gb     Device  0: (UUID: MIG-cccc)\n"
+    )
+    assert fleet_gpus.parse_gpu_list(listing) == {0: "GPU-aaaa-0000", 1: "GPU-bbbb-1111"}
+    apps = "101, GPU-bbbb-1111\n102, GPU-bbbb-1111\n900, GPU-aaaa-0000\nNo running processes\n"
+    assert fleet_gpus.apps_of(apps, {101, 102}) == {"GPU-bbbb-1111": 2}
+    assert fleet_gpus.apps_of(apps, {900}) == {"GPU-aaaa-0000": 1}
+    assert fleet_gpus.apps_of(apps, None) == {"GPU-bbbb-1111": 2, "GPU-aaaa-0000": 1}
+    assert fleet_gpus.apps_of("", None) == {}
+
+
+def test_a_workers_measuring_children_are_found_as_its_descendants():
+    import subprocess
+    import sys
+
+    # A process whose child starts a grandchild (a worker, its measuring child, nvcc): both.
+    def starting(code: str) -> str:
+        return f"import subprocess, sys; subprocess.run([sys.executable, '-c', {code!r}])"
+
+    top = subprocess.Popen(
+        [sys.executable, "-c", starting(starting("import time; time.sleep(30)"))]
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while len(fleet_gpus.descendants(top.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        found = fleet_gpus.descendants(top.pid)
+        assert len(found) == 2 and top.pid not in found
+        assert fleet_gpus.descendants(found[-1]) == []  # the grandchild has none
+    finally:
+        for pid in fleet_gpus.descendants(top.pid):
+            os.kill(pid, signal.SIGKILL)
+        top.kill()
+        top.wait(10)
