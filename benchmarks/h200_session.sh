@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # One device call on the H200 (see ../shared/device/README.md): install the staged wheels, then
 # run the steps named as arguments, writing results under $OUT.
-#   steps: occupancy gputests winners operators throughput mlp spaces ktexamples compile
+#   steps: occupancy gputests winners operators throughput mlp spaces ktexamples compile fleet
 #          (default: occupancy gputests operators)
+#   `fleet` runs benchmarks/fleet_gpus.py on every visible GPU (a machine with several:
+#   nvidia-h200-x2 or larger; issue 36): a batch on N GPUs and on 1, a shared job, kill -9 and
+#   planted faults, device binding; FLEET_ARGS: more options (--gpus 2, --db URL, budgets).
 #   `compile` runs every tests/kernels/*_compile.py module over every distinct variant
 #   (KATO_COMPILE_FULL=1, both archs, 4 modules at once x 4 nvcc; CI compiles only a covering sample of them),
 #   cut after COMPILE_TIMEOUT s (default 560); COMPILE_TESTS: other test paths.
@@ -51,6 +54,8 @@ for step in $steps; do
                  --out "$OUT/operators.json" 2>&1 | tee "$OUT/operators.log" | tail -60
                # Whatever was tuned comes back as files to commit under data/h200.
                kato export "$OUT/h200" --db "$DB" | tail -2 ;;
+    fleet) python3 benchmarks/fleet_gpus.py --out "$OUT/fleet_gpus.json" ${FLEET_ARGS:-} 2>&1 \
+                 | tee "$OUT/fleet_gpus.log" | tail -60 ;;
     mlp) python3 benchmarks/torch_mlp.py --db "$DB" --out "$OUT/torch_mlp.json" 2>&1 \
                  | tee "$OUT/torch_mlp.log" | tail -10 ;;
     throughput) python3 benchmarks/tuning_throughput.py --out "$OUT/tuning_throughput.json" \
