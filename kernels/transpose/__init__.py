@@ -162,16 +162,24 @@ class TransposeSpec(OperatorSpec):
         return None
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
-        """Padded 64x64 tiles of 4 vectors per thread (the widest vector, up to 16 bytes, that
-        divides both sizes), else 8 vectors, else 32x32 and smaller tiles where the shape or
-        the block's thread count rules the larger out. 64x64 tiles move twice the bytes per
-        block barrier (measured against 32x32: docs/defaults.md)."""
+        """Padded 64x64 tiles of 4 vectors per thread, else 8 vectors, else 32x32 and smaller
+        tiles where the block's thread count or registers rule the larger out. 64x64 tiles move
+        twice the bytes per block barrier (measured against 32x32: docs/defaults.md).
+
+        The vector: the widest (up to 16 bytes) that divides both sizes where it is at least 8
+        bytes wide (aligned rows; float16's packed pairs), else the widest there is, rows split
+        at vector boundaries (issue 31): a split tile row moves its TILE elements in
+        TILE/VEC + 1 vector loads and TILE/VEC - 1 vector stores plus VEC single elements, where
+        the 4-byte or scalar vectors that divide an odd shape take 4 to 16 times the loads and
+        stores (VEC=1 ran the 8191 x 8193 float32 case at 70% of copy bandwidth on the H100).
+        Every recorded space is a shape of the first kind, so its default is unchanged; the
+        split choice is not measured yet."""
         rows, cols = self.validate(shape, dtype)
         itemsize = DTYPES[dtype][2]
-        vecs = [v for v in (4, 2, 1) if v * itemsize <= 16 and rows % v == 0 and cols % v == 0]
-        if itemsize == 2:
-            vecs = [v for v in (8, 4, 2, 1) if rows % v == 0 and cols % v == 0]
-        for vec in vecs:
+        widths = [v for v in self.params["VEC"] if v * itemsize <= 16]
+        dividing = max(v for v in widths if rows % v == 0 and cols % v == 0)
+        first = dividing if dividing * itemsize >= 8 else max(widths)
+        for vec in dict.fromkeys((first, dividing, 1)):
             for tile, rpt in ((64, 4), (64, 8), (32, 4), (32, 2), (32, 1), (16, 2), (16, 1)):
                 config = {"TILE": tile, "VEC": vec, "RPT": rpt, "SMEM": 1, "MIN_BLOCKS": 0}
                 if self.check(config, shape, dtype) is None:

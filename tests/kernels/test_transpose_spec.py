@@ -74,6 +74,21 @@ def test_default_uses_wide_vectors_on_the_benchmark_shapes(dtype) -> None:
         assert config["VEC"] * DTYPES[dtype][2] == 16
 
 
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+def test_default_vector_rule(dtype) -> None:
+    """The widest dividing vector where it is at least 8 bytes (aligned rows), else the widest
+    of all with rows split (odd, 1 x n, n x 1, and float16 sizes only even)."""
+    widest = 16 // DTYPES[dtype][2]
+    for shape in ((8191, 8193), (1, 4097), (4097, 1), (17, 333), (4096, 1001), (1, 1)):
+        config = SPEC.default_config(shape, dtype)
+        assert config["VEC"] == widest and not aligned(config, shape), shape
+        assert SPEC.defines(config, shape, dtype)["ALIGNED"] == 0
+    # Sizes even but not multiples of 4: float32 pairs are 8 bytes (aligned VEC=2), float16
+    # pairs 4 (split VEC=8); multiples of 4: float16's packed VEC=4 is 8 bytes.
+    assert SPEC.default_config((8190, 8194), dtype)["VEC"] == (2 if widest == 4 else 8)
+    assert SPEC.default_config((1000, 1004), dtype)["VEC"] == 4
+
+
 def test_validate() -> None:
     with pytest.raises(InvalidInput, match="rank"):
         SPEC.validate((4,), "float32")
