@@ -3,19 +3,25 @@
 Parameter space (Kernel Tuner key order):
 
 - ``TILE``: edge of the square tile staged in shared memory (16, 32, 64 elements).
-- ``VEC``: elements per global vector load/store, at most 16 bytes; ``rows % VEC == 0`` and
-  ``cols % VEC == 0`` are required (input rows and output rows must start on a vector
-  boundary); ``VEC=1`` serves every shape. For float16/bfloat16 with ``VEC >= 2`` the kernel
-  transposes 2x2 sub-blocks in registers (``__byte_perm``) so that shared memory holds 32-bit
-  words of two output-adjacent elements and the stores are vectors too.
+- ``VEC``: elements per global vector load/store, at most 16 bytes; any shape (issue 31).
+  Where ``rows % VEC == 0`` and ``cols % VEC == 0`` every input and output row starts on a
+  vector boundary; for float16/bfloat16 with ``VEC >= 2`` the kernel then transposes 2x2
+  sub-blocks in registers (``__byte_perm``) so that shared memory holds 32-bit words of two
+  output-adjacent elements and the stores are vectors too. Other shapes render with
+  ``ALIGNED=0`` (:func:`aligned`): rows start at offsets from a vector boundary that vary by
+  row, so each tile row is read as the aligned vectors covering it (one more where it is
+  misaligned) and written as whole aligned vectors with an element-by-element head and tail;
+  2-byte elements stay single 16-bit units there. Aligned shapes render without the macro and
+  compile to the program they compiled to before it existed.
 - ``RPT``: vectors each thread loads and stores per tile; the block is
   ``(TILE / VEC) x (TILE / RPT)`` threads, 32 to 1024 of them.
 - ``SMEM``: shared-memory layout: 0 plain ``[TILE][TILE]``, 1 padded by one word per row,
   2 XOR swizzle (column ``c ^ row``) against bank conflicts without padding.
 - ``MIN_BLOCKS``: the min-blocks clause of ``__launch_bounds__`` (0 = none).
 
-The source does not depend on the shape (sizes are kernel arguments), so one compile per
-(config, dtype) serves every shape. The grid is 1-D over the tiles with a grid stride.
+The source depends on the shape only through ``ALIGNED`` (sizes are kernel arguments), so
+two compiles per (config, dtype) serve every shape. The grid is 1-D over the tiles with a grid
+stride.
 """
 
 from __future__ import annotations
@@ -44,9 +50,18 @@ def threads(config: Config) -> int:
     return (config["TILE"] // config["VEC"]) * (config["TILE"] // config["RPT"])
 
 
-def pack_pairs(config: Config, dtype: str) -> int:
-    """Elements per shared-memory unit: 2 when 2-byte elements are packed in 2x2 blocks."""
-    return 2 if DTYPES[dtype][2] == 2 and config["VEC"] >= 2 else 1
+def aligned(config: Config, shape: Sequence[int]) -> bool:
+    """Whether every input and output row of ``shape`` is whole vectors of ``VEC`` elements
+    (the kernel's ``ALIGNED`` path); else rows are split at vector boundaries."""
+    rows, cols = shape
+    return rows % config["VEC"] == 0 and cols % config["VEC"] == 0
+
+
+def pack_pairs(config: Config, dtype: str, is_aligned: bool = True) -> int:
+    """Elements per shared-memory unit: 2 when 2-byte elements are packed in 2x2 blocks
+    (``VEC >= 2`` on an aligned shape: a pair's rows must share their offset from a vector
+    boundary)."""
+    return 2 if DTYPES[dtype][2] == 2 and config["VEC"] >= 2 and is_aligned else 1
 
 
 def register_cap(config: Config) -> int:
@@ -54,16 +69,23 @@ def register_cap(config: Config) -> int:
     return limits.launch_bounds_register_cap(threads(config), config["MIN_BLOCKS"])
 
 
-def static_shared_bytes(config: Config, dtype: str) -> int:
+def static_shared_bytes(config: Config, dtype: str, is_aligned: bool = True) -> int:
     """The shared tile: ``TILE / E`` rows of ``TILE + pad`` units of ``E * itemsize`` bytes."""
-    e = pack_pairs(config, dtype)
+    e = pack_pairs(config, dtype, is_aligned)
     pad = 1 if config["SMEM"] == 1 else 0
     return (config["TILE"] // e) * (config["TILE"] + pad) * e * DTYPES[dtype][2]
 
 
-def data_registers(config: Config, dtype: str) -> int:
-    """32-bit registers holding the RPT loaded vectors."""
-    return math.ceil(config["RPT"] * config["VEC"] * DTYPES[dtype][2] / 4)
+def edge_vectors(config: Config) -> int:
+    """Misaligned tile rows' extra (edge) vectors each thread loads: ``ceil(TILE / threads)``."""
+    return math.ceil(config["TILE"] / threads(config))
+
+
+def data_registers(config: Config, dtype: str, is_aligned: bool = True) -> int:
+    """32-bit registers holding the RPT loaded vectors, and the edge vectors where rows are
+    split (not ``is_aligned``)."""
+    vectors = config["RPT"] + (0 if is_aligned else edge_vectors(config))
+    return math.ceil(vectors * config["VEC"] * DTYPES[dtype][2] / 4)
 
 
 class TransposeSpec(OperatorSpec):
@@ -99,10 +121,15 @@ class TransposeSpec(OperatorSpec):
         """Why ``config`` cannot run correctly for ``shape``/``dtype``, or None if it can.
 
         Rejects: parameters missing, unknown or outside the space; vectors over 16 bytes;
-        ``VEC`` or ``RPT`` not dividing ``TILE``; rows or cols not a multiple of ``VEC``; blocks
-        outside 32..1024 threads; an odd ``RPT`` with packed 2-byte pairs; ``MIN_BLOCKS`` blocks
-        over 2048 threads per SM; loaded vectors that would not fit the registers the launch
-        bounds leave (they would spill).
+        ``VEC`` or ``RPT`` not dividing ``TILE``; blocks outside 32..1024 threads; an odd
+        ``RPT`` with packed 2-byte pairs; ``MIN_BLOCKS`` blocks over 2048 threads per SM;
+        loaded vectors that would not fit the registers the launch bounds leave (they would
+        spill). Any rows and cols: where they are not multiples of ``VEC`` the kernel splits
+        rows at vector boundaries (:func:`aligned`).
+
+        Assumed, not checked (no addresses here): x and y aligned to ``VEC`` elements where the
+        shape is aligned (the backends' cudaMalloc gives 256 bytes), to one element otherwise
+        (the split path takes each row's offset from the addresses).
         """
         reason = self.check_params(config)
         if reason:
@@ -117,34 +144,42 @@ class TransposeSpec(OperatorSpec):
             return reason
         if vec > tile or rpt > tile:
             return f"VEC={vec} and RPT={rpt} must divide TILE={tile}"
-        if rows % vec or cols % vec:
-            return f"rows={rows} and cols={cols} must be multiples of VEC={vec} (alignment)"
         n_threads = threads(config)
         if not 32 <= n_threads <= MAX_THREADS_PER_BLOCK:
             return f"(TILE/VEC) x (TILE/RPT) = {n_threads} threads; must be 32..1024"
-        if rpt % pack_pairs(config, dtype):
+        is_aligned = aligned(config, (rows, cols))
+        if rpt % pack_pairs(config, dtype, is_aligned):
             return f"{dtype} with VEC>=2 packs row pairs: RPT={rpt} must be even"
         if reason := limits.resident_threads_error(config["MIN_BLOCKS"], n_threads):
             return reason
         cap = register_cap(config)
-        if data_registers(config, dtype) + REGISTER_OVERHEAD > cap:
+        data = data_registers(config, dtype, is_aligned)
+        if data + REGISTER_OVERHEAD > cap:
             return (
-                f"{data_registers(config, dtype)} registers of loaded data per thread, but the "
-                f"launch bounds allow {cap}: it would spill"
+                f"{data} registers of loaded data per thread, but the launch bounds allow "
+                f"{cap}: it would spill"
             )
         return None
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
-        """Padded 64x64 tiles of 4 vectors per thread (the widest vector, up to 16 bytes, that
-        divides both sizes), else 8 vectors, else 32x32 and smaller tiles where the shape or
-        the block's thread count rules the larger out. 64x64 tiles move twice the bytes per
-        block barrier (measured against 32x32: docs/defaults.md)."""
+        """Padded 64x64 tiles of 4 vectors per thread, else 8 vectors, else 32x32 and smaller
+        tiles where the block's thread count or registers rule the larger out. 64x64 tiles move
+        twice the bytes per block barrier (measured against 32x32: docs/defaults.md).
+
+        The vector: the widest (up to 16 bytes) that divides both sizes where it is at least 8
+        bytes wide (aligned rows; float16's packed pairs), else the widest there is, rows split
+        at vector boundaries (issue 31): a split tile row moves its TILE elements in
+        TILE/VEC + 1 vector loads and TILE/VEC - 1 vector stores plus VEC single elements, where
+        the 4-byte or scalar vectors that divide an odd shape take 4 to 16 times the loads and
+        stores (VEC=1 ran the 8191 x 8193 float32 case at 70% of copy bandwidth on the H100).
+        Every recorded space is a shape of the first kind, so its default is unchanged; the
+        split choice is not measured yet."""
         rows, cols = self.validate(shape, dtype)
         itemsize = DTYPES[dtype][2]
-        vecs = [v for v in (4, 2, 1) if v * itemsize <= 16 and rows % v == 0 and cols % v == 0]
-        if itemsize == 2:
-            vecs = [v for v in (8, 4, 2, 1) if rows % v == 0 and cols % v == 0]
-        for vec in vecs:
+        widths = [v for v in self.params["VEC"] if v * itemsize <= 16]
+        dividing = max(v for v in widths if rows % v == 0 and cols % v == 0)
+        first = dividing if dividing * itemsize >= 8 else max(widths)
+        for vec in dict.fromkeys((first, dividing, 1)):
             for tile, rpt in ((64, 4), (64, 8), (32, 4), (32, 2), (32, 1), (16, 2), (16, 1)):
                 config = {"TILE": tile, "VEC": vec, "RPT": rpt, "SMEM": 1, "MIN_BLOCKS": 0}
                 if self.check(config, shape, dtype) is None:
@@ -153,9 +188,13 @@ class TransposeSpec(OperatorSpec):
 
     def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
         """Tunables, then ELEM_BYTES: the kernel moves bits, so float16 and bfloat16 render
-        (and compile) the same source."""
+        (and compile) the same source; ALIGNED=0 where rows or cols is not a multiple of
+        ``VEC`` (absent otherwise: an aligned shape's source is what it was before rows could
+        be split, and every shape of a split config shares one compile)."""
         macros: dict[str, object] = {name: config[name] for name in self.params}
         macros["ELEM_BYTES"] = DTYPES[dtype][2]
+        if not aligned(config, shape):
+            macros["ALIGNED"] = 0
         return macros
 
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:

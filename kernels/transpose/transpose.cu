@@ -8,17 +8,26 @@
 //               (TILE / VEC) x (TILE / RPT) threads
 //   SMEM        shared-memory layout: 0 plain, 1 one padding word per tile row, 2 XOR swizzle
 //   MIN_BLOCKS  min-blocks clause of __launch_bounds__ (0 = none)
+// Derived macro (the spec computes it):
+//   ALIGNED     0 where rows % VEC != 0 or cols % VEC != 0 (issue 31): input and output rows
+//               start at offsets from a vector boundary that vary by row, so each tile row is
+//               read as the aligned vectors covering it (one more vector where it is
+//               misaligned, elements outside the tile or the matrix dropped) and written as its
+//               whole aligned vectors with an element-by-element head and tail. 1 (the
+//               default): every vector is aligned, and the program is the one compiled before
+//               ALIGNED existed.
 //
 // Shared memory holds 32-bit words ("units") for 4-byte elements and, for 2-byte elements with
 // VEC >= 2, packed pairs: the unit at (p, c) is (x[2p][c], x[2p+1][c]), a 2x2 sub-block already
 // transposed in registers with __byte_perm. One unit is then two consecutive elements of the
 // output row c, so both the global loads and the global stores are vectors and every shared
-// memory access is a 32-bit word. 2-byte elements with VEC == 1 (odd shapes) keep single 16-bit
-// units (E == 1).
+// memory access is a 32-bit word. 2-byte elements with VEC == 1 or ALIGNED 0 keep single
+// 16-bit units (E == 1): pairs need rows r and r+1 at the same offset from a vector boundary.
 //
-// Preconditions (kernels.transpose.TransposeSpec.check enforces them): rows % VEC == 0 and
-// cols % VEC == 0 (every vector is aligned and entirely inside or outside the matrix),
-// RPT % E == 0, x and y 16-byte aligned (cudaMalloc gives 256).
+// Preconditions (kernels.transpose.TransposeSpec.check enforces the static part): ALIGNED 1
+// needs rows % VEC == 0 and cols % VEC == 0 (every vector is aligned and entirely inside or
+// outside the matrix), RPT % E == 0, x and y aligned to VEC elements (cudaMalloc gives 256
+// bytes); ALIGNED 0 needs x and y aligned to one element only (offsets come from the addresses).
 //
 // Tiles are numbered row-major over the (ceil(rows/TILE), ceil(cols/TILE)) tile grid and the
 // 1-D grid loops over them with a grid stride, so any grid size is correct (no grid.y limit).
@@ -44,6 +53,9 @@
 #ifndef ELEM_BYTES
 #define ELEM_BYTES 4
 #endif
+#ifndef ALIGNED
+#define ALIGNED 1
+#endif
 
 // Only bits move: elements are handled as unsigned integers of their size, so float16 and
 // bfloat16 share one compiled kernel (and no CUDA half headers are needed).
@@ -59,14 +71,16 @@ using T = KATO_ELEM;
 
 constexpr int kElemBytes = static_cast<int>(sizeof(T));
 // Elements per shared-memory unit: 2 when 2-byte elements are packed in pairs.
-constexpr int kE = (kElemBytes == 2 && VEC >= 2) ? 2 : 1;
+constexpr int kE = (kElemBytes == 2 && VEC >= 2 && ALIGNED) ? 2 : 1;
 constexpr int kBX = TILE / VEC;                   // threads along a tile row (vectors per row)
 constexpr int kBY = TILE / RPT;                   // thread rows
 constexpr int kThreads = kBX * kBY;
 constexpr int kUnitRows = TILE / kE;              // unit rows of the shared tile
 constexpr int kPad = SMEM == 1 ? 1 : 0;
 constexpr int kVecBytes = VEC * kElemBytes;
+#if ALIGNED
 constexpr int kUnitsPerVec = VEC / kE;            // units of one global vector
+#endif
 
 static_assert(TILE == 16 || TILE == 32 || TILE == 64, "TILE must be 16, 32 or 64");
 static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC must be 1, 2, 4 or 8");
@@ -75,6 +89,11 @@ static_assert(RPT >= 1 && TILE % RPT == 0 && TILE % VEC == 0, "RPT and VEC must 
 static_assert(RPT % kE == 0, "packed pairs need an even RPT");
 static_assert(kThreads >= 32 && kThreads <= 1024, "32..1024 threads per block");
 static_assert(SMEM >= 0 && SMEM <= 2, "SMEM must be 0, 1 or 2");
+#if !ALIGNED
+static_assert(VEC > 1, "ALIGNED 0 is for rows that are not whole vectors");
+// Rows of the tile whose misaligned edge vector each thread also moves (at most 2: 32+ threads).
+constexpr int kEdges = (TILE + kThreads - 1) / kThreads;
+#endif
 
 // A shared-memory unit: a 32-bit word, or one 16-bit element (E == 1 with 2-byte elements).
 template <int Bytes>
@@ -101,6 +120,43 @@ __device__ __forceinline__ unsigned int perm(unsigned int a, unsigned int b, uns
   return __byte_perm(a, b, s);
 }
 
+#if !ALIGNED
+// The aligned vector x[a .. a + VEC) of which the elements at tile columns j0 + j in
+// [0, lim) are needed: one vector load where it lies inside the matrix's n elements, else only
+// the needed elements (never reading outside x).
+__device__ __forceinline__ Raw load(const T* __restrict__ x, long long a, long long n, int j0,
+                                    int lim) {
+  Raw r;
+  if (a >= 0 && a + VEC <= n) return __ldcs(reinterpret_cast<const Raw*>(x + a));
+  T e[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) e[j] = (j0 + j >= 0 && j0 + j < lim) ? __ldcs(x + a + j) : T(0);
+  __builtin_memcpy(&r, e, sizeof(Raw));
+  return r;
+}
+
+// Writes the elements of vector v at tile columns j0 + j in [0, lim) into tile row p.
+template <class Row>
+__device__ __forceinline__ void put(Row& row, int p, const Raw& v, int j0, int lim) {
+  Unit u[VEC];
+  __builtin_memcpy(u, &v, sizeof(Raw));
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    if (j0 + j >= 0 && j0 + j < lim) row[phys(p, j0 + j)] = u[j];
+  }
+}
+
+// Stores tile rows q .. q + VEC - 1 of tile column cl that lie in [0, lim) to out[q ..], one
+// element at a time (a vector's head or tail outside the tile belongs to another block).
+template <class Tile>
+__device__ __forceinline__ void store_elements(T* out, Tile& tile, int cl, int q, int lim) {
+#pragma unroll
+  for (int m = 0; m < VEC; ++m) {
+    if (q + m >= 0 && q + m < lim) __stcs(out + q + m, tile[q + m][phys(q + m, cl)]);
+  }
+}
+#endif
+
 }  // namespace KATO_NS
 
 #if MIN_BLOCKS > 0
@@ -116,8 +172,10 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS transpose_kernel(const KATO_ELEM* 
   namespace kt = KATO_NS;
   using Unit = kt::Unit;
   using Raw = kt::Raw;
+#if ALIGNED
   constexpr int E = kt::kE;
   constexpr int NU = kt::kUnitsPerVec;
+#endif
   __shared__ __align__(16) Unit tile[kt::kUnitRows][TILE + kt::kPad];
 
   const int tx = threadIdx.x;
@@ -125,11 +183,18 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS transpose_kernel(const KATO_ELEM* 
   const long long tiles_c = (cols + TILE - 1) / TILE;
   const long long tiles_r = (rows + TILE - 1) / TILE;
   const long long ntiles = tiles_r * tiles_c;
+#if !ALIGNED
+  const long long n = static_cast<long long>(rows) * cols;
+  const long long xbase = static_cast<long long>(reinterpret_cast<size_t>(x) / sizeof(KATO_ELEM));
+  const long long ybase = static_cast<long long>(reinterpret_cast<size_t>(y) / sizeof(KATO_ELEM));
+  const int tid = ty * kt::kBX + tx;
+#endif
 
   for (long long t = blockIdx.x; t < ntiles; t += gridDim.x) {
     const long long r0 = (t / tiles_c) * TILE;  // first input row of the tile
     const long long c0 = (t % tiles_c) * TILE;  // first input column of the tile
 
+#if ALIGNED
     // Load: thread (tx, ty) reads the vector at columns c0 + tx*VEC of E rows per unit row
     // p = ty + k * kBY; all loads are issued before any shared-memory store.
     const long long col = c0 + tx * VEC;
@@ -185,6 +250,79 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS transpose_kernel(const KATO_ELEM* 
         __stcs(reinterpret_cast<Raw*>(y + out_row * rows + out_col), r);
       }
     }
+#else
+    // Load: tile row p is x[r0 + p][c0 .. c0 + lim_c), which starts `mis` elements past a
+    // vector boundary; thread tx reads the aligned vector holding tile columns tx*VEC - mis ..
+    // tx*VEC - mis + VEC - 1, and the vector after the last (tile columns TILE - mis ..) is an
+    // edge, read by thread `tid` for tile rows tid, tid + kThreads, ...
+    const int lim_r = static_cast<int>(rows - r0 < TILE ? rows - r0 : TILE);
+    const int lim_c = static_cast<int>(cols - c0 < TILE ? cols - c0 : TILE);
+    Raw v[RPT];
+    int mis[RPT];
+#pragma unroll
+    for (int k = 0; k < RPT; ++k) {
+      const int p = ty + k * kt::kBY;
+      const long long g = (r0 + p) * cols + c0;
+      mis[k] = static_cast<int>((xbase + g) & (VEC - 1));
+      if (p < lim_r && tx * VEC - mis[k] < lim_c) v[k] = kt::load(x, g - mis[k] + tx * VEC, n,
+                                                                    tx * VEC - mis[k], lim_c);
+    }
+    Raw w[kt::kEdges];
+    int wmis[kt::kEdges];
+#pragma unroll
+    for (int k = 0; k < kt::kEdges; ++k) {
+      const int p = tid + k * kt::kThreads;
+      const long long g = (r0 + p) * cols + c0;
+      wmis[k] = static_cast<int>((xbase + g) & (VEC - 1));
+      if (p < lim_r && wmis[k] != 0 && TILE - wmis[k] < lim_c) {
+        w[k] = kt::load(x, g - wmis[k] + TILE, n, TILE - wmis[k], lim_c);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < RPT; ++k) {
+      const int p = ty + k * kt::kBY;
+      if (p < lim_r) kt::put(tile[p], p, v[k], tx * VEC - mis[k], lim_c);
+    }
+#pragma unroll
+    for (int k = 0; k < kt::kEdges; ++k) {
+      const int p = tid + k * kt::kThreads;
+      if (p < lim_r && wmis[k] != 0) kt::put(tile[p], p, w[k], TILE - wmis[k], lim_c);
+    }
+    __syncthreads();
+
+    // Store: output row c0 + cl is y[c0 + cl][r0 .. r0 + lim_r), `ms` elements past a vector
+    // boundary; thread tx writes the aligned vector holding tile rows tx*VEC - ms .., whole
+    // where it lies inside the tile and the matrix, else element by element (never an element
+    // of another tile), and the edge after the last as with the loads.
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) {
+      const int cl = ty + i * kt::kBY;
+      const long long g = (c0 + cl) * rows + r0;
+      const int ms = static_cast<int>((ybase + g) & (VEC - 1));
+      const int q = tx * VEC - ms;  // tile row of the vector's first element
+      if (cl < lim_c && q < lim_r) {
+        if (q >= 0 && q + VEC <= lim_r) {
+          Unit u[VEC];
+#pragma unroll
+          for (int m = 0; m < VEC; ++m) u[m] = tile[q + m][kt::phys(q + m, cl)];
+          Raw r;
+          __builtin_memcpy(&r, u, sizeof(Raw));
+          __stcs(reinterpret_cast<Raw*>(y + g + q), r);
+        } else {
+          kt::store_elements(y + g, tile, cl, q, lim_r);
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kt::kEdges; ++k) {
+      const int cl = tid + k * kt::kThreads;
+      const long long g = (c0 + cl) * rows + r0;
+      const int ms = static_cast<int>((ybase + g) & (VEC - 1));
+      if (cl < lim_c && ms != 0 && TILE - ms < lim_r) {
+        kt::store_elements(y + g, tile, cl, TILE - ms, lim_r);
+      }
+    }
+#endif
     __syncthreads();  // the next tile overwrites the shared tile
   }
 }

@@ -69,12 +69,24 @@ template <class V> inline V __shfl_xor_sync(unsigned, V v, int offset) {
   std::memcpy(&other, &bits, sizeof(V));
   return other;
 }
+// The array arguments of a case run with Case.bounds (empty otherwise): a global access
+// outside all of them exits 89, although the buffers' padding would not fault.
+struct EmuRange { uintptr_t begin, end; };
+std::vector<EmuRange> emu_ranges;
 // Global loads and stores through these fault on a misaligned address, as on the GPU (a
 // 16-byte vector must be 16-byte aligned): exit 88.
 template <class V> inline const V* emu_aligned(const V* p) {
-  if (reinterpret_cast<uintptr_t>(p) % alignof(V) != 0) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  if (at % alignof(V) != 0) {
     std::fprintf(stderr, "misaligned %zu-byte access at %p\n", sizeof(V), (const void*)p);
     std::_Exit(88);
+  }
+  bool inside = emu_ranges.empty();
+  for (const EmuRange& r : emu_ranges) inside |= at >= r.begin && at + sizeof(V) <= r.end;
+  if (!inside) {
+    std::fprintf(stderr, "%zu-byte access at %p outside every array\n", sizeof(V),
+                 (const void*)p);
+    std::_Exit(89);
   }
   return p;
 }
@@ -180,7 +192,8 @@ _CTYPES = {np.dtype(np.int32): "int", np.dtype(np.int64): "long long"}
 class Case:
     """One variant at one shape and dtype, run with ``grid_cap`` blocks at most per step, every
     array argument ``offset`` of its elements past a 16-byte boundary (a view's data pointer:
-    the row arrays stay congruent)."""
+    the row arrays stay congruent). With ``bounds``, a global load or store (``__ldg``,
+    ``__ldcs``, ``__stcs``) outside every array argument fails the case (exit 89)."""
 
     spec: OperatorSpec
     config: Config
@@ -188,10 +201,12 @@ class Case:
     dtype: str
     grid_cap: int | None = None
     offset: int = 0
+    bounds: bool = False
 
     def __str__(self) -> str:
         cap = f" grid<={self.grid_cap}" if self.grid_cap else ""
         off = f" offset={self.offset}" if self.offset else ""
+        off += " bounds" if self.bounds else ""
         return f"{self.spec.name} {self.dtype} {self.shape} {self.config}{cap}{off}"
 
 
@@ -368,6 +383,15 @@ def emulation_source(cases: Sequence[Case], problems: Sequence[Problem]) -> str:
         ]
         before = [f"    std::memmove({dst}, {src}, {n});" for src, dst, n in moves]
         after = [f"    std::memmove({src}, {dst}, {n});" for src, dst, n in moves]
+        if case.bounds:
+            ranges = [
+                f"{{(uintptr_t)(buf[{k}].data() + kEmuPad + {case.offset * a.itemsize}), "
+                f"(uintptr_t)(buf[{k}].data() + kEmuPad + {case.offset * a.itemsize + a.nbytes})}}"
+                for k, a in enumerate(problem.args)
+                if isinstance(a, np.ndarray)
+            ]
+            before.append(f"    emu_ranges = {{{', '.join(ranges)}}};")
+            after.insert(0, "    emu_ranges.clear();")
         dispatch.append(f"  case {i}:\n" + "\n".join(before + calls + after) + "\n    break;")
     parts.append(
         "// Arrays start kEmuPad bytes into their buffer (malloc's 16-byte alignment kept), so\n"

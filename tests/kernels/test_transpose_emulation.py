@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from cuda_emulation import Case, cuda_include_dir, run_cases
 from kato.kernels import get_operator
+from kato.kernels.transpose import aligned
 
 pytestmark = pytest.mark.skipif(
     shutil.which("g++") is None or cuda_include_dir() is None,
@@ -52,4 +53,70 @@ def test_kernel_logic_on_the_cpu(tmp_path: Path) -> None:
     cases = emulated_cases()
     assert len({(c.dtype, c.config["SMEM"], c.config["TILE"]) for c in cases}) >= 18
     failures = run_cases(cases, tmp_path, np.random.default_rng(7))
+    assert not failures, "\n".join(failures)
+
+
+#: Shapes no vector width divides: odd x odd, primes, 1 x n and n x 1, sizes just past a tile
+#: of 16, 32 and 64, and one side aligned with the other not (each path's offsets on one side).
+SPLIT_SHAPES = [
+    (37, 53),
+    (31, 67),
+    (1, 37),
+    (41, 1),
+    (33, 65),
+    (65, 17),
+    (17, 19),
+    (40, 37),
+    (37, 40),
+    (3, 5),
+]
+
+#: (TILE, VEC, RPT, SMEM) with VEC 2, 4 and 8 over every tile and layout.
+SPLIT_CONFIGS = [
+    (32, 4, 4, 1),
+    (64, 2, 8, 2),
+    (16, 2, 2, 0),
+    (32, 8, 4, 2),
+    (64, 4, 4, 1),
+    (16, 4, 1, 2),
+    (64, 8, 8, 0),
+    (32, 2, 1, 1),
+    (16, 8, 1, 1),
+    (64, 4, 2, 0),
+]
+
+
+def split_cases() -> list[Case]:
+    """Every dtype x split config on a shape no VEC divides (cycling through SPLIT_SHAPES),
+    arrays shifted by 0 to 3 elements from a 16-byte boundary (the offsets come from the
+    addresses), capped grids, global accesses checked against the arrays' bounds; then the
+    default config of every split shape."""
+    cases = []
+    for d, dtype in enumerate(("float32", "float16", "bfloat16")):
+        for n, (tile, vec, rpt, smem) in enumerate(SPLIT_CONFIGS):
+            config = {"TILE": tile, "VEC": vec, "RPT": rpt, "SMEM": smem, "MIN_BLOCKS": 0}
+            for m in range(len(SPLIT_SHAPES)):
+                shape = SPLIT_SHAPES[(n + 3 * d + m) % len(SPLIT_SHAPES)]
+                if SPEC.check(config, shape, dtype) is None and not aligned(config, shape):
+                    offset, cap = (n + d) % 4, 2 if n % 3 == 0 else None
+                    cases.append(Case(SPEC, config, shape, dtype, cap, offset, bounds=True))
+                    break
+        for shape in SPLIT_SHAPES[d::3]:
+            config = SPEC.default_config(shape, dtype)
+            cases.append(Case(SPEC, config, shape, dtype, offset=d, bounds=True))
+    return cases
+
+
+def test_split_rows_on_the_cpu(tmp_path: Path) -> None:
+    """Shapes whose rows are not whole vectors, at every vector width: exact transposes, no
+    access outside x and y, none misaligned."""
+    cases = split_cases()
+    split = [c for c in cases if not aligned(c.config, c.shape)]
+    for dtype in ("float32", "float16", "bfloat16"):
+        widths = {c.config["VEC"] for c in split if c.dtype == dtype}
+        assert widths == ({2, 4} if dtype == "float32" else {2, 4, 8}), (dtype, widths)
+        shapes = {c.shape for c in split if c.dtype == dtype}
+        assert len(shapes) >= 6, (dtype, shapes)
+    assert {c.offset for c in split} == {0, 1, 2, 3}
+    failures = run_cases(cases, tmp_path, np.random.default_rng(11))
     assert not failures, "\n".join(failures)

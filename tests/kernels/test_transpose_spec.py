@@ -13,6 +13,9 @@ from kato.kernels import DTYPES, InvalidInput, get_operator, list_operators
 from kato.kernels.transpose import (
     MAX_DIM,
     TransposeSpec,
+    aligned,
+    data_registers,
+    edge_vectors,
     pack_pairs,
     register_cap,
     static_shared_bytes,
@@ -71,6 +74,21 @@ def test_default_uses_wide_vectors_on_the_benchmark_shapes(dtype) -> None:
         assert config["VEC"] * DTYPES[dtype][2] == 16
 
 
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+def test_default_vector_rule(dtype) -> None:
+    """The widest dividing vector where it is at least 8 bytes (aligned rows), else the widest
+    of all with rows split (odd, 1 x n, n x 1, and float16 sizes only even)."""
+    widest = 16 // DTYPES[dtype][2]
+    for shape in ((8191, 8193), (1, 4097), (4097, 1), (17, 333), (4096, 1001), (1, 1)):
+        config = SPEC.default_config(shape, dtype)
+        assert config["VEC"] == widest and not aligned(config, shape), shape
+        assert SPEC.defines(config, shape, dtype)["ALIGNED"] == 0
+    # Sizes even but not multiples of 4: float32 pairs are 8 bytes (aligned VEC=2), float16
+    # pairs 4 (split VEC=8); multiples of 4: float16's packed VEC=4 is 8 bytes.
+    assert SPEC.default_config((8190, 8194), dtype)["VEC"] == (2 if widest == 4 else 8)
+    assert SPEC.default_config((1000, 1004), dtype)["VEC"] == 4
+
+
 def test_validate() -> None:
     with pytest.raises(InvalidInput, match="rank"):
         SPEC.validate((4,), "float32")
@@ -87,11 +105,10 @@ def test_check_rejects_what_cannot_work() -> None:
     shape = (64, 64)
     assert SPEC.check(cfg(), shape, "float32") is None
     assert "16 bytes" in SPEC.check(cfg(vec=8), shape, "float32")
-    assert "multiples of VEC" in SPEC.check(cfg(vec=4), (64, 66), "float32")
-    assert "multiples of VEC" in SPEC.check(cfg(vec=2), (63, 64), "float16")
     assert "threads" in SPEC.check(cfg(tile=16, vec=4, rpt=4), shape, "float32")  # 16 threads
     assert "threads" in SPEC.check(cfg(tile=64, vec=1, rpt=2), shape, "float32")  # 2048 threads
     assert "even" in SPEC.check(cfg(tile=32, vec=2, rpt=1), shape, "float16")
+    assert SPEC.check(cfg(tile=32, vec=2, rpt=1), (63, 64), "float16") is None  # no pairs: split
     assert SPEC.check(cfg(tile=32, vec=1, rpt=1), shape, "float16") is None  # no pairs at VEC 1
     assert "per SM" in SPEC.check(cfg(tile=32, vec=1, rpt=1, min_blocks=4), shape, "float32")
     assert "missing" in SPEC.check({"TILE": 32}, shape, "float32")
@@ -104,6 +121,35 @@ def test_register_model() -> None:
     config = cfg(tile=64, vec=4, rpt=8, min_blocks=4)
     assert threads(config) == 128 and register_cap(config) == 128
     assert SPEC.check(config, (64, 64), "float32") is None
+    # Split rows add the edge vectors: ceil(TILE / threads) each.
+    assert edge_vectors(config) == 1 and edge_vectors(cfg(tile=64, vec=8, rpt=8)) == 1
+    assert edge_vectors({"TILE": 64, "VEC": 8, "RPT": 16}) == 2  # 32 threads, 64 tile rows
+    assert data_registers(config, "float32") == 32
+    assert data_registers(config, "float32", is_aligned=False) == 36
+    assert SPEC.check(config, (63, 65), "float32") is None
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+def test_any_shape_takes_every_vector_width(dtype) -> None:
+    """Issue 31: odd, prime, 1 x n and n x 1 shapes admit the configs of an aligned shape
+    (2-byte ones more: split rows use single 16-bit units, so no even RPT is needed), and
+    render ALIGNED=0 exactly where a size is not a multiple of VEC."""
+
+    def valid(shape):
+        space = SearchSpace(SPEC.params, lambda c, s=shape: SPEC.check(c, s, dtype))
+        return space.valid_configs()
+
+    wide = valid((8192, 8192))
+    for shape in ((8191, 8193), (1, 4099), (4099, 1), (8192, 8190), (4093, 8192)):
+        configs = valid(shape)
+        assert {c["VEC"] for c in configs} == {c["VEC"] for c in wide}, shape
+        assert len(configs) >= len(wide), shape
+        for c in configs:
+            split = shape[0] % c["VEC"] != 0 or shape[1] % c["VEC"] != 0
+            assert aligned(c, shape) is not split
+            assert SPEC.defines(c, shape, dtype).get("ALIGNED", 1) == (0 if split else 1)
+    for c in wide:
+        assert "ALIGNED" not in SPEC.defines(c, (8192, 8192), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
@@ -117,14 +163,22 @@ def test_space_sizes_and_shape_independent_sources(dtype) -> None:
         sources |= {SPEC.render(c, shape, dtype) for c in valid}
     assert 100 <= sizes[(8192, 8192)] <= 170
     assert sizes[(8192, 8192)] == sizes[(32768, 4096)]
-    assert sizes[(3, 5)] >= 30  # VEC=1 configs serve odd shapes
-    assert len(sources) == sizes[(8192, 8192)]  # odd-shape sources are a subset: no new ones
+    assert sizes[(3, 5)] >= sizes[(8192, 8192)]  # every vector width serves odd shapes
+    # Odd shapes add one split source per VEC > 1 config; VEC=1 ones are the aligned sources.
+    split = sum(
+        c["VEC"] > 1
+        for c in SearchSpace(SPEC.params, lambda c: SPEC.check(c, (3, 5), dtype)).valid_configs()
+    )
+    assert len(sources) == sizes[(8192, 8192)] + split
 
 
 def test_static_shared_model() -> None:
     assert static_shared_bytes(cfg(tile=32, vec=4, smem=1), "float32") == 32 * 33 * 4
     assert static_shared_bytes(cfg(tile=64, vec=8, rpt=8, smem=2), "float16") == 32 * 64 * 4
     assert static_shared_bytes(cfg(tile=64, vec=1, rpt=8, smem=1), "bfloat16") == 64 * 65 * 2
+    # Split rows: single 16-bit units at any VEC.
+    assert static_shared_bytes(cfg(tile=64, vec=8, rpt=8, smem=2), "float16", False) == 64 * 64 * 2
+    assert pack_pairs(cfg(vec=8), "float16", is_aligned=False) == 1
 
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
