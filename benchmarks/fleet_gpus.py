@@ -244,6 +244,30 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def start_times(pids: list[int]) -> dict[int, str]:
+    """Each of ``pids`` still running -> its start time (``/proc/<pid>/stat`` field 22), which
+    tells it from a later process that was given its pid."""
+    found = {}
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        found[pid] = text.rsplit(")", 1)[1].split()[19]
+    return found
+
+
+def kill_left(started: dict[int, str]) -> list[int]:
+    """SIGKILL those of ``started`` (:func:`start_times`) that still run as the same processes;
+    which they were. A killed worker's measuring child should end once its pipe closes: one
+    left behind would hold its GPU through the steps that follow."""
+    left = [pid for pid, at in start_times(list(started)).items() if started[pid] == at]
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
 def wait_until(
     check: Callable[[], bool], timeout: float, what: str, workers: list[Worker]
 ) -> float:
@@ -635,13 +659,16 @@ def step_faults(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
 def kill_and_resume(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
     """A worker on each of GPU 0 and 1, two jobs queued, one each; ``kill -9`` the worker of
     the first once a third of it is measured; a new worker on its GPU (unless
-    ``--no-restart``) or the other GPU's worker resumes it after its lease."""
+    ``--no-restart``) or the other GPU's worker resumes it after its lease. A process of the
+    killed worker still running when the step ends (its measuring child) is a problem, and
+    killed."""
     keys = batch_keys(fleet)
     budget = args.faults_budget
     url = fleet.database("faults")
     sessions = session_factory(init_db(url))
     result: dict[str, Any] = {"budget": budget, "keys": [keys[0].name, keys[1].name]}
     problems: list[str] = []
+    orphans: dict[int, str] = {}  # the killed worker's processes (start_times)
     workers = start_all(fleet, [0, 1], url, "faults", args.step_timeout, helpers=1)
     try:
         with sessions() as s:
@@ -662,7 +689,7 @@ def kill_and_resume(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
             owner_id = queries.get_job(s, victim).worker_id
         (killed,) = [w for w in workers if w.worker_id == owner_id]
         (survivor,) = [w for w in workers if w is not killed]
-        children = descendants(killed.proc.pid)
+        orphans = start_times(descendants(killed.proc.pid))
         os.kill(killed.proc.pid, signal.SIGKILL)
         killed.proc.wait(10)
         killed_at = time.time()
@@ -683,7 +710,9 @@ def kill_and_resume(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
         if state.status != "running" or len(kept) >= budget:
             problems.append(f"the killed worker's job was not mid-job: {result['at_kill']}")
         time.sleep(1.0)
-        result["children_left_1s_after_kill"] = [p for p in children if Path(f"/proc/{p}").exists()]
+        result["children_left_1s_after_kill"] = [
+            pid for pid, at in start_times(list(orphans)).items() if orphans[pid] == at
+        ]
         if not args.no_restart:
             restarted = f"faults-gpu{killed.gpu}-restarted"
             workers.append(fleet.start(killed.gpu, url, restarted, helpers=1))
@@ -700,6 +729,8 @@ def kill_and_resume(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
         return {**result, "problems": problems}
     finally:
         stop(workers)
+        if left := kill_left(orphans):
+            problems.append(f"the killed worker's processes {left} outlived the step: killed")
     victim_row, wrong = check_job(sessions, victim, budget, "killed worker's job")
     problems += wrong
     other_row, wrong = check_job(sessions, other, budget, "other GPU's job")

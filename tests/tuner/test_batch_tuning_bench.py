@@ -6,6 +6,7 @@ one job at a time."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 from paths import RECORDED, SPACES
@@ -81,3 +82,30 @@ def test_idle_time_is_split_into_job_turnover_and_steady_state():
     assert idle["busy_s"] == pytest.approx(5.0)
     assert idle["idle_steady_s"] == pytest.approx(1.0)  # [3, 4)
     assert idle["idle_turnover_s"] == pytest.approx(4.0)  # [0, 1), [5, 6), [7, 8), [9, 10)
+
+
+def test_idle_breakdown_matches_the_state_at_every_moment_on_random_timelines():
+    """Against the state sampled at the middle of every elementary interval (holds that
+    overlap, spans past the window, zero-length holds), on 200 random timelines."""
+    rng = random.Random(3)
+    for _ in range(200):
+        holds = []
+        for _ in range(rng.randint(0, 11)):
+            s = float(rng.randint(-3, 13))
+            holds.append((s, s + float(rng.randint(0, 3)), f"j{rng.randint(0, 3)}"))
+        start, end, slots = 0.0, 10.0, rng.randint(1, 3)
+        spans: dict[str, list[float]] = {}
+        for s, e, h in holds:
+            spans.setdefault(h, [s, e])
+            spans[h] = [min(spans[h][0], s), max(spans[h][1], e)]
+        want = {"busy_s": 0.0, "idle_turnover_s": 0.0, "idle_steady_s": 0.0}
+        for k in range(40):  # quarter units: every hold and span edge is a whole unit
+            mid = start + (k + 0.5) / 4
+            if any(s <= mid < e for s, e, _ in holds):
+                want["busy_s"] += 0.25
+            elif sum(s <= mid < e for s, e in spans.values()) < slots:
+                want["idle_turnover_s"] += 0.25
+            else:
+                want["idle_steady_s"] += 0.25
+        got = batch_tuning.idle_breakdown(holds, start, end, slots)
+        assert got == pytest.approx(want), (holds, slots)

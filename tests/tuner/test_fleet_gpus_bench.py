@@ -120,3 +120,22 @@ def test_a_workers_measuring_children_are_found_as_its_descendants():
             os.kill(pid, signal.SIGKILL)
         top.kill()
         top.wait(10)
+
+
+def test_processes_left_by_a_killed_worker_are_killed_and_only_they():
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        started = fleet_gpus.start_times([child.pid, 2**22 + 1])  # no such pid: left out
+        assert list(started) == [child.pid]
+        # A pid given to another process since (another start time) is not touched.
+        assert fleet_gpus.kill_left({child.pid: started[child.pid] + "0"}) == []
+        assert child.poll() is None
+        assert fleet_gpus.kill_left(started) == [child.pid]
+        assert child.wait(10) == -signal.SIGKILL
+        assert fleet_gpus.kill_left(started) == []  # gone
+    finally:
+        child.kill()
+        child.wait(10)
