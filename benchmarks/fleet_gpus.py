@@ -669,7 +669,10 @@ def kill_and_resume(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"budget": budget, "keys": [keys[0].name, keys[1].name]}
     problems: list[str] = []
     orphans: dict[int, str] = {}  # the killed worker's processes (start_times)
-    workers = start_all(fleet, [0, 1], url, "faults", args.step_timeout, helpers=1)
+    # One job per worker, whatever the fleet's --jobs-at-once: the check below needs the two
+    # jobs on two GPUs (a worker holding both would lose both to the kill).
+    single = Fleet(**{**fleet.__dict__, "jobs_at_once": 1, "_schemas": fleet._schemas})
+    workers = start_all(single, [0, 1], url, "faults", args.step_timeout, helpers=1)
     try:
         with sessions() as s:
             victim, other = (
@@ -715,7 +718,7 @@ def kill_and_resume(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
         ]
         if not args.no_restart:
             restarted = f"faults-gpu{killed.gpu}-restarted"
-            workers.append(fleet.start(killed.gpu, url, restarted, helpers=1))
+            workers.append(single.start(killed.gpu, url, restarted, helpers=1))
         alive = [w for w in workers if w is not killed]
         wait_until(
             lambda: jobs_ended(sessions, [victim, other]), args.step_timeout, "faults", alive

@@ -76,7 +76,14 @@ class BoundOperator:
     ``__device__`` variables (``per_stream``: :func:`kato.tuner.cubin.has_device_globals`, a
     split row's partials, say) keeps per-call state in them, so calls on two streams at once
     must not share it: each stream that launches gets a module of its own (``cubin`` loaded
-    again, once per stream; :meth:`calls_on`). Calls on one stream are ordered by it."""
+    again, once per stream; :meth:`calls_on`). Calls on one stream are ordered by it.
+
+    Limits of that: modules are kept for the process's life and keyed by the stream's handle
+    (a stream destroyed with work in flight, whose handle a new stream gets, shares its
+    module); CUDA graphs captured on one stream (``torch.cuda.graph``'s default capture stream
+    is one per process) share its module, so two such graphs replayed at once on two streams
+    mix their state; and the first call on a capture stream loads its module during the
+    capture (module loading is capture-safe from CUDA 12.3's driver on)."""
 
     spec: OperatorSpec
     shape: tuple[int, ...]
@@ -94,6 +101,8 @@ class BoundOperator:
     _calls_by_stream: dict[int, list[_Call]] = field(
         default_factory=dict, repr=False, compare=False
     )
+    # Its own lock: bind's module lock is held across nvcc compiles of other operators.
+    _stream_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def calls_on(self, stream: int) -> list[_Call]:
         """The steps' functions to launch on ``stream`` (a ``cudaStream_t`` handle): those of
@@ -104,7 +113,7 @@ class BoundOperator:
         calls = self._calls_by_stream.get(stream)
         if calls is not None:
             return calls
-        with _lock:
+        with self._stream_lock:
             calls = self._calls_by_stream.get(stream)
             if calls is None:
                 if not self._calls_by_stream:

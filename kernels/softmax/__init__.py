@@ -38,7 +38,8 @@ STRATEGY 2's partials live in a global of the loaded module (``kSplitPieces`` =
 kato_torch passes them), so two calls on one loaded module must not overlap. Kato measures on
 one stream; kato_torch sees the module's ``__device__`` globals in its cubin
 (:func:`kato.tuner.cubin.has_device_globals`) and loads it once per stream that launches it.
-Still shared: one CUDA graph replayed on two streams at once.
+Still shared: graphs captured on one stream (torch's default capture stream is one per
+process) replayed at once on two streams (:class:`kato_torch._kernels.BoundOperator`).
 """
 
 from __future__ import annotations
