@@ -16,9 +16,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from compile_harness import ARCHS as HARNESS_ARCHS
 from compile_harness import Outcome, Variant, compile_covering, distinct_variants
 from kato.kernels import DTYPES, get_operator
-from kato.kernels.layernorm import cache_registers, register_cap, static_shared_bytes
+from kato.kernels.layernorm import (
+    SPLIT_STATS_KERNEL,
+    cache_registers,
+    register_cap,
+    static_shared_bytes,
+)
 from kato.tuner.nvcc import nvcc_available
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
