@@ -26,7 +26,21 @@ Parameter space (Kernel Tuner key order):
   it implies reaches the source (:func:`launch_bounds`): equivalent variants share one compile.
 - ``GROUP_ROWS``: rows each row group processes (grid = ``ceil(rows / rows_per_block /
   GROUP_ROWS)``, grid-stride loop): more rows per group amortise the weight/bias loads. Launch
-  geometry only; it does not change the source.
+  geometry only; it does not change the source. 0 = less than a row per block, for few long
+  rows (issue 31; rendered ``ROW_PIECES=1``): each row cut into ``parts = (max(MIN_BLOCKS, 1) *
+  132) // rows`` contiguous pieces, one block per piece, so that the grid is ``MIN_BLOCKS``
+  blocks (at least one) on each of the H200's 132 SMs where a block per row would leave all but
+  ``rows`` of them idle. Two launches (:meth:`LayerNormSpec.steps`): ``layernorm_split_stats``
+  writes each piece's Welford partial (count, mean, M2), then ``layernorm_fwd`` merges its row's
+  partials in a fixed order (deterministic: every block of a row gets the same bits) and writes
+  the piece's y (the first piece: a split row's head and tail, the row's mean and rstd),
+  re-reading x (3 passes over memory instead of 2, the first launch's last reads served from
+  L2). ROW_THREADS 0 and CACHE 0 only; only where it splits (:meth:`LayerNormSpec.split_error`).
+
+The split's partials live in a global of the loaded module (:data:`SPLIT_PIECES` of them; the
+arguments stay those of every config, as kato_torch passes them), so two calls on one loaded
+module must not overlap: kato_torch loads a module with ``__device__`` globals once per stream
+(:func:`kato.tuner.cubin.has_device_globals`), as for softmax's STRATEGY 2.
 
 Accumulation is float32 for every element type (float32, float16, bfloat16).
 """
@@ -41,7 +55,7 @@ import numpy as np
 from kato.kernels import limits
 from kato.kernels.parallel import fill_rows
 from kato.kernels.registry import register
-from kato.kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem
+from kato.kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem, Step
 
 #: CACHE=2 holds at most this many vectors per thread.
 MAX_ITEMS = 16
@@ -57,6 +71,15 @@ SPLIT_REGISTERS = 8
 #: Column indices run up to cols + one unrolled step (<= 8 * 1024 vectors) past the end.
 MAX_COLS = 2**31 - 2**16
 EPS = 1e-5
+#: GROUP_ROWS=0's partials workspace (``kSplitPieces`` in layernorm.cu): one per piece, for the
+#: largest grid the spec launches, the largest MIN_BLOCKS (2) on each of 132 SMs.
+SPLIT_PIECES = 2 * limits.NUM_SMS
+#: GROUP_ROWS=0's first kernel; the second is ``layernorm_fwd`` (it writes y, as every config).
+SPLIT_STATS_KERNEL = "layernorm_split_stats"
+#: The default splits rows of at least this many bytes where they are fewer than half the SMs:
+#: one block streams about this much in the time of a second launch (a few microseconds), as
+#: softmax's rule.
+SPLIT_MIN_ROW_BYTES = 128 * 1024
 
 _CUDA_FLAGS = {"float32": (0, 0), "float16": (1, 0), "bfloat16": (0, 1)}  # IS_HALF, IS_BF16
 
@@ -123,6 +146,14 @@ def wb_regs(config: Config, cols: int, itemsize: int) -> int:
     return int(need <= register_cap(config))
 
 
+def split_parts(config: Config, rows: int) -> int:
+    """GROUP_ROWS=0's pieces per row: ``(max(MIN_BLOCKS, 1) * 132) // rows`` (floor: the grid
+    never exceeds the one wave the launch bounds promise); 1 for the other configs."""
+    if config["GROUP_ROWS"] != 0:
+        return 1
+    return max(config["MIN_BLOCKS"], 1) * limits.NUM_SMS // rows
+
+
 def static_shared_bytes(config: Config) -> int:
     """Static shared memory: block mode's double-buffered (n, mean, M2) per warp."""
     if config["ROW_THREADS"] == 0 and config["BLOCK_SIZE"] > 32:
@@ -147,10 +178,11 @@ class LayerNormSpec(OperatorSpec):
         "ROW_THREADS": (8, 16, 32, 0),
         "CACHE": (0, 1, 2),
         "MIN_BLOCKS": (0, 2),
-        "GROUP_ROWS": (1, 4, 16),
+        "GROUP_ROWS": (1, 4, 16, 0),
     }
     template = Path(__file__).with_name("layernorm.cu")
     kernel_name = "layernorm_fwd"
+    kernel_names = ("layernorm_fwd", SPLIT_STATS_KERNEL)
 
     # --- validation ---------------------------------------------------------------------------
 
@@ -172,7 +204,8 @@ class LayerNormSpec(OperatorSpec):
         needing more than 227 KiB of shared memory per block; CACHE=2 needing more than 16
         vectors per thread or more registers for the row than the launch bounds leave
         (``row registers + REGISTER_OVERHEAD > register_cap``, plus SPLIT_REGISTERS for
-        split rows: it would spill). Any ``cols`` works with any ``VEC``.
+        split rows: it would spill); GROUP_ROWS=0 where it makes no sense (:meth:`split_error`).
+        Any ``cols`` works with any ``VEC``.
         """
         reason = self.check_params(config)
         if reason:
@@ -189,6 +222,8 @@ class LayerNormSpec(OperatorSpec):
         if reason := limits.vector_width_error(vec, vector_bytes, dtype):
             return reason
         if reason := limits.resident_threads_error(min_blocks, block):
+            return reason
+        if reason := self.split_error(config, rows, cols):
             return reason
         if cache == 1:
             total = self._dynamic_shared_bytes(config, cols, itemsize) + static_shared_bytes(config)
@@ -216,17 +251,71 @@ class LayerNormSpec(OperatorSpec):
                 )
         return None
 
+    @staticmethod
+    def split_error(config: Config, rows: int, cols: int) -> str | None:
+        """Why GROUP_ROWS=0 makes no sense for ``config`` at rows x cols, or None (also for the
+        other GROUP_ROWS): ROW_THREADS other than 0 (a block per piece); CACHE other than 0
+        (pieces are streamed: the two launches share nothing but the partials); fewer than 2
+        pieces per row (``rows`` over half of ``max(MIN_BLOCKS, 1) * 132``: a block per row runs
+        the same blocks in one launch); pieces of fewer than ``BLOCK_SIZE`` vectors (threads of
+        every block would idle); launch bounds that leave fewer than 64 registers a thread (as
+        softmax's split: its streaming step spills there)."""
+        if config["GROUP_ROWS"] != 0:
+            return None
+        if config["ROW_THREADS"] != 0:
+            return (
+                f"GROUP_ROWS=0 takes a block per piece: ROW_THREADS=0, got {config['ROW_THREADS']}"
+            )
+        if config["CACHE"] != 0:
+            return f"GROUP_ROWS=0 streams its pieces: CACHE=0, got CACHE={config['CACHE']}"
+        if register_cap(config) < 64:
+            return (
+                f"GROUP_ROWS=0 under launch bounds of {register_cap(config)} registers a thread "
+                f"(BLOCK_SIZE={config['BLOCK_SIZE']}, MIN_BLOCKS={config['MIN_BLOCKS']}) spills"
+            )
+        parts = split_parts(config, rows)
+        if parts < 2:
+            blocks = max(config["MIN_BLOCKS"], 1) * limits.NUM_SMS
+            return (
+                f"GROUP_ROWS=0 with MIN_BLOCKS={config['MIN_BLOCKS']} sizes the grid for {blocks} "
+                f"blocks: {rows} rows would not be split"
+            )
+        vec = config["VEC"]
+        # The aligned body of a row whose head takes up to VEC - 1 elements.
+        nvec = cols // vec if cols % vec == 0 else (cols - vec + 1) // vec
+        if nvec // parts < config["BLOCK_SIZE"]:
+            return (
+                f"GROUP_ROWS=0 cuts rows of {nvec} vectors into {parts} pieces of "
+                f"{nvec // parts} or more, fewer than BLOCK_SIZE={config['BLOCK_SIZE']} threads"
+            )
+        return None
+
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
         """A valid config for any valid shape. The widest vector (of at most 16 bytes and ``cols``
         elements) that still gives 16 lanes a vector each; then the row in registers over the fewest
         threads that hold at most 16 vectors each, at least 16 (16 or 32 lanes of a warp in blocks
         of 256 with MIN_BLOCKS=2 where the registers allow, else a block of 128 .. 1024 per row);
         shared memory or streaming for rows too long for that. Many short rows: each group handles 4
-        rows so that weight/bias registers are reused. How close this comes to each recorded
-        optimum: docs/defaults.md.
+        rows so that weight/bias registers are reused. Few long rows (issue 31: fewer than half
+        of the 132 SMs, at least :data:`SPLIT_MIN_ROW_BYTES` a row), where a block per row
+        leaves most SMs idle: GROUP_ROWS=0 (rows cut into pieces) at 16-byte vectors, 2 blocks
+        of 512 threads per SM (256 or 128 threads where pieces would be shorter than the block),
+        as softmax's rule. How close this comes to each recorded optimum: docs/defaults.md.
         """
         rows, cols = self.validate(shape, dtype)
         itemsize = DTYPES[dtype][2]
+        if 2 * rows <= limits.NUM_SMS and cols * itemsize >= SPLIT_MIN_ROW_BYTES:
+            for block in (512, 256, 128):
+                config = {
+                    "BLOCK_SIZE": block,
+                    "VEC": 16 // itemsize,
+                    "ROW_THREADS": 0,
+                    "CACHE": 0,
+                    "MIN_BLOCKS": 2,
+                    "GROUP_ROWS": 0,
+                }
+                if self.check(config, shape, dtype) is None:
+                    return config
         fitting = [v for v in self.params["VEC"] if v * itemsize <= 16 and v <= cols]
         vec = max([v for v in fitting if v * 16 <= cols] or fitting)
 
@@ -271,11 +360,12 @@ class LayerNormSpec(OperatorSpec):
         """BLOCK_SIZE (block mode only), VEC, ROW_THREADS, CACHE, the launch bounds
         (:func:`launch_bounds`), DTYPE, IS_HALF, IS_BF16, ITEMS and WB_REGS; ROW_SPLIT=1 where
         ``cols % VEC != 0`` (then WB_REGS=0: each row has its own head, so a thread's columns
-        change from row to row), absent otherwise.
+        change from row to row), absent otherwise; ROW_PIECES=1 for GROUP_ROWS=0, absent
+        otherwise (the other configs render the source they rendered before it existed).
 
-        GROUP_ROWS only changes the grid and is not rendered; ITEMS and WB_REGS are 0 unless
-        CACHE=2, so a CACHE=0/1 source does not depend on the shape (one compile serves every
-        shape).
+        GROUP_ROWS other than 0 only changes the grid and is not rendered; ITEMS and WB_REGS
+        are 0 unless CACHE=2, so a CACHE=0/1 source does not depend on the shape (one compile
+        serves every shape).
         """
         _, cols = shape
         itemsize = DTYPES[dtype][2]
@@ -294,17 +384,34 @@ class LayerNormSpec(OperatorSpec):
             macros["ROW_SPLIT"] = 1
         else:
             macros["WB_REGS"] = wb_regs(config, cols, itemsize)
+        if config["GROUP_ROWS"] == 0:
+            macros["ROW_PIECES"] = 1
         return macros
 
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
-        """``ceil(rows / (rows_per_block * GROUP_ROWS))`` blocks (grid-stride over rows), dynamic
-        shared memory only for CACHE=1: ``rows_per_block * cols * itemsize``."""
+        """``ceil(rows / (rows_per_block * GROUP_ROWS))`` blocks (grid-stride over rows);
+        GROUP_ROWS=0: ``rows * split_parts`` blocks (at most :data:`SPLIT_PIECES`), each of its
+        two launches. Dynamic shared memory only for CACHE=1: ``rows_per_block * cols *
+        itemsize``."""
         rows, cols = shape
-        grid = min(
-            math.ceil(rows / (rows_per_block(config) * config["GROUP_ROWS"])), limits.MAX_GRID_X
-        )
+        if config["GROUP_ROWS"] == 0:
+            grid = rows * split_parts(config, rows)
+        else:
+            grid = min(
+                math.ceil(rows / (rows_per_block(config) * config["GROUP_ROWS"])),
+                limits.MAX_GRID_X,
+            )
         shared = self._dynamic_shared_bytes(config, cols, DTYPES[dtype][2])
         return Launch(grid=(grid, 1, 1), block=(config["BLOCK_SIZE"], 1, 1), shared_bytes=shared)
+
+    def steps(self, config: Config, shape: Sequence[int], dtype: str) -> list[Step]:
+        """GROUP_ROWS=0: ``layernorm_split_stats`` (each piece's Welford partial), then
+        ``layernorm_fwd`` (merge the row's partials, write y, mean and rstd), both on the same
+        grid and all nine arguments. Otherwise ``layernorm_fwd`` alone."""
+        main = Step(self.kernel_name, self.launch(config, shape, dtype))
+        if config["GROUP_ROWS"] == 0:
+            return [Step(SPLIT_STATS_KERNEL, main.launch), main]
+        return [main]
 
     @staticmethod
     def _dynamic_shared_bytes(config: Config, cols: int, itemsize: int) -> int:

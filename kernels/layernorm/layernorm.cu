@@ -40,6 +40,16 @@
 //                element t go to thread t of the row group); weight and bias are read as
 //                vectors where their address allows. 0 (the default): rows are whole vectors,
 //                and the program is the one compiled before ROW_SPLIT existed.
+//   ROW_PIECES   1 for few long rows (the spec's GROUP_ROWS 0; ROW_THREADS 0 and CACHE 0 only):
+//                each row is cut into parts = gridDim.x / rows contiguous runs of its aligned
+//                vectors, a block per piece, in two launches. layernorm_split_stats writes each
+//                piece's Welford partial (count, mean, M2 of x - K) to a module workspace;
+//                layernorm_fwd then merges its row's partials in a fixed order (every block of a
+//                row gets the same bits: deterministic) and writes the piece's y, re-reading x
+//                from its end (what the first launch left in L2). A split row's scalar head and
+//                tail, and the row's mean and rstd, belong to its first piece. The workspace
+//                belongs to the loaded module: launches of one module must not overlap (one
+//                stream at a time). 0 (the default): one launch, as before ROW_PIECES existed.
 //
 // Contract (kernels.layernorm.LayerNormSpec.check enforces the static part): ROW_SPLIT 0 needs
 // every pointer aligned to VEC * sizeof(DTYPE) bytes (cudaMalloc gives 256) and cols % VEC == 0;
@@ -61,6 +71,9 @@
 #ifndef ROW_SPLIT
 #define ROW_SPLIT 0
 #endif
+#ifndef ROW_PIECES
+#define ROW_PIECES 0
+#endif
 #include "../common/kato_dtype.cuh"
 
 namespace KATO_NS {
@@ -74,6 +87,9 @@ static_assert(CACHE >= 0 && CACHE <= 2, "CACHE must be 0, 1 or 2");
 static_assert(CACHE != 2 || (ITEMS >= 1 && ITEMS <= 64), "CACHE 2 needs ITEMS in [1, 64]");
 #if ROW_SPLIT
 static_assert(VEC > 1 && !WB_REGS, "ROW_SPLIT: rows not whole vectors, a head per row");
+#endif
+#if ROW_PIECES
+static_assert(ROW_THREADS == 0 && CACHE == 0, "ROW_PIECES: a block streams each piece");
 #endif
 
 #include "../common/kato_vec.cuh"
@@ -147,8 +163,122 @@ __device__ __forceinline__ T normalise_one(float x, const T* __restrict__ w,
 }
 #endif
 
+#if ROW_PIECES
+// Split rows: the partials workspace, one per piece, sized for the largest grid the spec
+// launches (MIN_BLOCKS <= 2 blocks per SM of 132: rows * parts <= 2 * 132). Written by
+// layernorm_split_stats, read by the layernorm_fwd launched after it on the same stream.
+constexpr int kSplitPieces = 2 * 132;
+__device__ Stats split_partials[kSplitPieces];
+
+// Vectors a block covers per step of a piece (kUnroll per thread, as the streaming passes).
+constexpr int kSplitStep = BLOCK_SIZE * kUnroll;
+
+// Pieces per row as launched: gridDim.x / rows, within [1, kSplitPieces / rows]. Both launches
+// derive it from the same grid, so they agree on it whatever the grid.
+__device__ __forceinline__ int split_parts(int rows) {
+  int parts = static_cast<int>(gridDim.x) / rows;
+  const int room = kSplitPieces / rows;
+  parts = parts < room ? parts : room;
+  return parts < 1 ? 1 : parts;
+}
+
+// One block's piece of a row: its run of the row's aligned vectors (lengths differ by one
+// vector at most), starting at column col of the row.
+struct Piece {
+  const Raw* x;
+  Raw* y;
+  int col;
+  int nvec;
+};
+
+__device__ __forceinline__ Piece piece_of(const T* x, T* y, size_t offset, int cols, int part,
+                                          int parts) {
+#if ROW_SPLIT
+  const Split split = split_row(x + offset, cols);
+  const int head = split.head;
+  const int nvec = split.nvec;
+#else
+  const int head = 0;
+  const int nvec = cols / VEC;
+#endif
+  const int lo = static_cast<int>(static_cast<long long>(nvec) * part / parts);
+  const int hi = static_cast<int>(static_cast<long long>(nvec) * (part + 1) / parts);
+  Piece p;
+  p.x = reinterpret_cast<const Raw*>(x + offset + head) + lo;
+  p.y = reinterpret_cast<Raw*>(y + offset + head) + lo;
+  p.col = head + lo * VEC;
+  p.nvec = hi - lo;
+  return p;
+}
+
+// The thread's Welford partial of x - pivot over vectors t, t + BLOCK_SIZE, ... of a piece:
+// the CACHE 0 statistics pass (a merge per vector into the step's partial, one per step into
+// the running one). Loads keep the default caching: the second launch reads the piece again.
+__device__ __forceinline__ Stats piece_stats(const Raw* __restrict__ xr, int nvec, int t,
+                                             float pivot) {
+  Stats s = empty_stats();
+  for (int b0 = t; b0 < nvec; b0 += kSplitStep) {
+    Raw r[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int idx = b0 + u * BLOCK_SIZE;
+      if (idx < nvec) r[u] = __ldg(xr + idx);
+    }
+    Stats st = empty_stats();
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (b0 + u * BLOCK_SIZE < nvec) {
+        float f[VEC];
+        unpack(r[u], f);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) f[j] -= pivot;
+        st = merge(st, vector_stats(f));
+      }
+    }
+    s = merge(s, st);
+  }
+  return s;
+}
+
+// y of vectors t, t + BLOCK_SIZE, ... of a piece, the last step first: the first launch read
+// every piece front to back, so the ends of the pieces are what L2 holds. Weight and bias of
+// the piece's columns: vector loads where their address allows (always without ROW_SPLIT).
+__device__ __forceinline__ void piece_apply(const Piece& p, const T* __restrict__ weight,
+                                            const T* __restrict__ bias, int t,
+                                            const RowNorm& rn) {
+#if ROW_SPLIT
+  const bool w_vec = cols_aligned(weight, p.col);
+  const bool b_vec = cols_aligned(bias, p.col);
+#endif
+  for (int step = (p.nvec + kSplitStep - 1) / kSplitStep - 1; step >= 0; --step) {
+    const int b0 = step * kSplitStep + t;
+    Raw r[kUnroll], wi[kUnroll], bi[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int idx = b0 + u * BLOCK_SIZE;
+      if (idx < p.nvec) {
+        r[u] = __ldcs(p.x + idx);  // last use of x: evict first
+#if ROW_SPLIT
+        wi[u] = load_cols(weight, p.col + idx * VEC, w_vec);
+        bi[u] = load_cols(bias, p.col + idx * VEC, b_vec);
+#else
+        wi[u] = __ldg(reinterpret_cast<const Raw*>(weight + p.col) + idx);
+        bi[u] = __ldg(reinterpret_cast<const Raw*>(bias + p.col) + idx);
+#endif
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int idx = b0 + u * BLOCK_SIZE;
+      if (idx < p.nvec) __stcs(p.y + idx, normalise(r[u], wi[u], bi[u], rn));
+    }
+  }
+}
+#endif  // ROW_PIECES
+
 }  // namespace KATO_NS
 
+#if !ROW_PIECES
 // Grid: ceil(rows / rows_per_block / GROUP_ROWS) blocks (the spec's launch); any grid is
 // correct: every row group loops over rows with a grid stride. In warp mode the loop is uniform
 // per warp (rows past the end are processed as empty rows and not stored), so the full-mask
@@ -391,3 +521,106 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_fwd(
   }
   (void)parity;
 }
+#else  // ROW_PIECES: a block per piece of a row, two launches
+
+// Launch 1 of 2: each block's piece's Welford partial of x - K (K the row's first element),
+// merged over the block, to split_partials[row * parts + part]; the first piece also takes a
+// split row's head and tail. Items (row * parts + part) are visited with a grid stride: the
+// spec launches one block per item; any grid is correct as long as launch 2 has the same.
+extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_split_stats(
+    const DTYPE* __restrict__ x, const DTYPE* __restrict__ weight, const DTYPE* __restrict__ bias,
+    DTYPE* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out, int rows,
+    int cols, float eps) {
+  namespace kn = KATO_NS;
+  (void)weight;
+  (void)bias;
+  (void)mean_out;
+  (void)rstd_out;
+  (void)eps;
+#if BLOCK_SIZE > 32
+  __shared__ kn::Stats red[2][kn::kWarps];
+#endif
+  const int t = threadIdx.x;
+  const int parts = kn::split_parts(rows);
+  const long long items = static_cast<long long>(rows) * parts;
+  int parity = 0;
+  for (long long item = blockIdx.x; item < items; item += gridDim.x, parity ^= 1) {
+    const long long row = item / parts;
+    const int part = static_cast<int>(item - row * parts);
+#if BLOCK_SIZE > 32
+    kn::Stats* const slot = red[parity];
+#else
+    kn::Stats* const slot = nullptr;
+#endif
+    const size_t offset = static_cast<size_t>(row) * static_cast<size_t>(cols);
+    const float pivot = kn::to_float(__ldg(x + offset));
+    const kn::Piece p = kn::piece_of(x, y, offset, cols, part, parts);
+    kn::Stats s = kn::piece_stats(p.x, p.nvec, t, pivot);
+#if ROW_SPLIT
+    if (part == 0) {  // block-uniform
+      const kn::Split split = kn::split_row(x + offset, cols);
+      const bool has_head = t < split.head;
+      const bool has_tail = split.tail + t < cols;
+      const float hx = has_head ? kn::to_float(__ldg(x + offset + t)) : 0.0f;
+      const float tx = has_tail ? kn::to_float(__ldg(x + offset + split.tail + t)) : 0.0f;
+      s = kn::merge(s, kn::edge_stats(has_head, hx - pivot, has_tail, tx - pivot));
+    }
+#endif
+    s = kn::row_allreduce(s, slot);
+    if (t == 0) kn::split_partials[item] = s;
+  }
+  (void)parity;
+}
+
+// Launch 2 of 2: every block merges its row's partials (thread t: pieces t, t + BLOCK_SIZE, ...
+// in order, then the block's merges, so every block of a row gets the same bits) and writes y
+// for its piece; the first piece also a split row's head and tail, and the row's mean and rstd.
+extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_fwd(
+    const DTYPE* __restrict__ x, const DTYPE* __restrict__ weight, const DTYPE* __restrict__ bias,
+    DTYPE* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out, int rows,
+    int cols, float eps) {
+  namespace kn = KATO_NS;
+#if BLOCK_SIZE > 32
+  __shared__ kn::Stats red[2][kn::kWarps];
+#endif
+  const int t = threadIdx.x;
+  const int parts = kn::split_parts(rows);
+  const long long items = static_cast<long long>(rows) * parts;
+  int parity = 0;
+  for (long long item = blockIdx.x; item < items; item += gridDim.x, parity ^= 1) {
+    const long long row = item / parts;
+    const int part = static_cast<int>(item - row * parts);
+#if BLOCK_SIZE > 32
+    kn::Stats* const slot = red[parity];
+#else
+    kn::Stats* const slot = nullptr;
+#endif
+    const kn::Stats* const partials = kn::split_partials + (item - part);
+    kn::Stats s = kn::empty_stats();
+    for (int i = t; i < parts; i += BLOCK_SIZE) s = kn::merge(s, partials[i]);
+    s = kn::row_allreduce(s, slot);
+    const size_t offset = static_cast<size_t>(row) * static_cast<size_t>(cols);
+    const float pivot = kn::to_float(__ldg(x + offset));
+    const kn::RowNorm rn = kn::finish(s, pivot, cols, eps);
+    const kn::Piece p = kn::piece_of(x, y, offset, cols, part, parts);
+    kn::piece_apply(p, weight, bias, t, rn);
+    if (part == 0) {  // block-uniform
+#if ROW_SPLIT
+      const kn::Split split = kn::split_row(x + offset, cols);
+      if (t < split.head) {
+        y[offset + t] = kn::normalise_one(kn::to_float(__ldg(x + offset + t)), weight, bias, t, rn);
+      }
+      const int c = split.tail + t;
+      if (c < cols) {
+        y[offset + c] = kn::normalise_one(kn::to_float(__ldg(x + offset + c)), weight, bias, c, rn);
+      }
+#endif
+      if (t == 0) {
+        mean_out[row] = rn.pivot + rn.mean_s;
+        rstd_out[row] = rn.rstd;
+      }
+    }
+  }
+  (void)parity;
+}
+#endif  // ROW_PIECES

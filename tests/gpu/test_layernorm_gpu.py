@@ -98,3 +98,52 @@ def test_rows_past_2_to_the_24_columns_verify(spec, dtype, row_threads):
     assert verify_config(spec, shape, dtype, config) is None
     default = spec.default_config(shape, dtype)
     assert verify_config(spec, shape, dtype, default) is None, default
+
+
+#: Few long rows (issue 31): a block per row keeps 8 (16) of the GPU's SMs busy.
+FEW_LONG_ROWS = [((8, 4194304), "float32"), ((16, 1048573), "bfloat16")]
+#: How much faster the best split variant must be than the best block-per-row one.
+SPLIT_MARGIN = 2.0
+
+
+def _row_configs(spec, shape, dtype, group_rows):
+    """The widest vector's block-per-row variants (CACHE 0, 1, 2 on 512 and 1024 threads, with
+    and without MIN_BLOCKS=2; GROUP_ROWS 1) or split ones (GROUP_ROWS 0: 128 to 1024 threads, 1
+    or 2 blocks per SM) that check() admits."""
+    vec = 16 // {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
+    found = []
+    for block in (128, 256, 512, 1024):
+        for cache in (0, 1, 2) if group_rows else (0,):
+            for min_blocks in (0, 2):
+                config = {"BLOCK_SIZE": block, "VEC": vec, "ROW_THREADS": 0, "CACHE": cache}
+                config.update(MIN_BLOCKS=min_blocks, GROUP_ROWS=group_rows)
+                if spec.check(config, shape, dtype) is None:
+                    found.append(config)
+    return found
+
+
+@pytest.mark.parametrize(("shape", "dtype"), FEW_LONG_ROWS, ids=lambda s: str(s))
+def test_split_rows_verify_and_beat_a_block_per_row(spec, shape, dtype):
+    """Through the backend (y, mean and rstd verified against the float64 reference, then
+    timed): every split variant tried is correct, the best is SPLIT_MARGIN times faster than
+    the best block per row, and the default config is a split one within 25% of that best."""
+    from kato.tuner.backends.pycuda import PyCudaBackend
+
+    backend = PyCudaBackend(spec, shape, dtype, repeats=10, seed=31)
+    try:
+        times = {}
+        for group_rows in (1, 0):
+            configs = _row_configs(spec, shape, dtype, group_rows)
+            assert len(configs) >= 3, (group_rows, configs)
+            results = [backend.evaluate(c) for c in configs]
+            bad = [(r.config, r.status, r.error) for r in results if not r.ok]
+            assert not bad, bad[:3]
+            times[group_rows] = min(r.time_ms for r in results)
+        assert times[0] * SPLIT_MARGIN < times[1], times
+        default = spec.default_config(shape, dtype)
+        assert default["GROUP_ROWS"] == 0
+        result = backend.evaluate(default)
+        assert result.ok, result.error
+        assert result.time_ms < 1.25 * times[0], (result.time_ms, times)
+    finally:
+        backend.close()

@@ -16,9 +16,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from compile_harness import ARCHS as HARNESS_ARCHS
 from compile_harness import Outcome, Variant, compile_covering, distinct_variants
 from kato.kernels import DTYPES, get_operator
-from kato.kernels.layernorm import cache_registers, register_cap, static_shared_bytes
+from kato.kernels.layernorm import (
+    SPLIT_STATS_KERNEL,
+    cache_registers,
+    register_cap,
+    static_shared_bytes,
+)
 from kato.tuner.nvcc import nvcc_available
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
@@ -113,3 +119,54 @@ def test_streaming_spills_stay_small(outcomes: list[Outcome]) -> None:
         and (r := o.resources[SPEC.kernel_name]).spill_bytes > 64
     ]
     assert not bad, "\n".join(bad[:10])
+
+
+# --- few long rows: GROUP_ROWS=0 (a block per piece, two kernels) -----------------------------
+#
+# Split variants are valid only where rows are few and long, so they are enumerated at two such
+# shapes per dtype: whole-vector rows, and rows with a scalar head and tail (ROW_SPLIT). Their
+# source depends on the shape only through ROW_SPLIT. compile_harness's covering sample (every
+# one with FULL), both kernels of each, for every arch of KATO_COMPILE_TEST_ARCHS.
+
+SPLIT_ROW_SHAPES = ((8, 2**20), (8, 2**20 + 1))
+
+
+def split_row_variants() -> list[Variant]:
+    """Every distinct GROUP_ROWS=0 source of SPLIT_ROW_SHAPES, every dtype."""
+    cases = [(shape, dtype) for dtype in SPEC.dtypes for shape in SPLIT_ROW_SHAPES]
+    return [v for v in distinct_variants(SPEC, cases) if v.config["GROUP_ROWS"] == 0]
+
+
+@pytest.fixture(scope="module")
+def split_outcomes(cubin_cache: Path) -> list[Outcome]:
+    return compile_covering("layernorm GROUP_ROWS=0", split_row_variants(), cubin_cache)
+
+
+def test_split_variants_cover_the_space(split_outcomes: list[Outcome]) -> None:
+    found = split_row_variants()
+    # One source per (dtype, BLOCK_SIZE, VEC, launch bounds, ROW_SPLIT) that check() admits.
+    assert len(found) > 40
+    assert {o.variant.dtype for o in split_outcomes} == set(SPEC.dtypes)
+    assert {o.arch for o in split_outcomes} == set(HARNESS_ARCHS)
+    for key in ("BLOCK_SIZE", "VEC"):
+        assert {o.variant.config[key] for o in split_outcomes} == set(SPEC.params[key]), key
+    assert {bool(o.variant.shape[1] % o.variant.config["VEC"]) for o in split_outcomes} == {
+        True,
+        False,
+    }
+
+
+def test_split_variants_compile_both_kernels_within_bounds(split_outcomes: list[Outcome]) -> None:
+    """Both kernels of every split variant compile, within the register cap of their launch
+    bounds, with the static shared memory the spec counts; spills are printed (a streaming
+    pass holds no row data: a few spilled bytes cost little there, as for block mode)."""
+    bad = [f"{o.arch} {o.variant}: {o.error}" for o in split_outcomes if o.error]
+    assert not bad, f"{len(bad)} failed:\n" + "\n".join(bad[:5])
+    for o in split_outcomes:
+        assert set(o.resources) == {SPEC.kernel_name, SPLIT_STATS_KERNEL}, o.variant
+        for name, res in o.resources.items():
+            cap = register_cap(o.variant.config)
+            assert 1 <= res.registers <= cap, f"{o.arch} {o.variant} {name}: {res.registers}"
+            assert res.shared_static_bytes == static_shared_bytes(o.variant.config), o.variant
+            if res.spill_bytes:
+                print(f"  {o.arch} {o.variant} {name}: {res.spill_bytes} spill bytes")

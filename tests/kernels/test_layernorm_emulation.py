@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from cuda_emulation import Case, run_cases, stored_values
 from kato.kernels import get_operator
-from kato.kernels.layernorm import EPS
+from kato.kernels.layernorm import EPS, split_parts
 
 SPEC = get_operator("layernorm")
 
@@ -125,4 +125,68 @@ def test_split_rows_on_the_cpu(tmp_path, norm_emulation) -> None:
     assert {c.offset for c in cases} == {0, 1, 3}
     assert all(SPEC.defines(c.config, c.shape, c.dtype).get("ROW_SPLIT") == 1 for c in cases)
     failures = run_cases(cases, tmp_path, np.random.default_rng(31))
+    assert not failures, "\n".join(failures[:20])
+
+
+#: Few long rows for GROUP_ROWS=0 (a block per piece of a row, two launches): 1 row (132 or 264
+#: pieces), 3 and 5 rows (pieces that do not divide the row's vectors), whole-vector rows (2 x
+#: 65536), 64 rows of 2 to 4 pieces. Lengths are odd or prime elsewhere, so VEC > 1 gives every
+#: row a scalar head and tail.
+PIECE_SHAPES = ((1, 40009), (3, 34501), (5, 26003), (2, 65536), (64, 1031))
+
+
+def piece_cases() -> list[Case]:
+    """One GROUP_ROWS=0 case per dtype and shape of :data:`PIECE_SHAPES`: MIN_BLOCKS alternating,
+    the first valid VEC of a rotating order (1 last) at 128 threads (host threads); split rows
+    shifted by 1 or 3 elements; a few on a grid capped below rows * parts (fewer pieces per row,
+    or fewer blocks than rows: the grid-stride loop)."""
+    found: list[Case] = []
+    for dtype in SPEC.dtypes:
+        for shape in PIECE_SHAPES:
+            n = len(found)
+            vecs = (8, 4, 2)[n % 3 :] + (8, 4, 2)[: n % 3] + (1,)
+            config = None
+            for vec in vecs:
+                trial = {
+                    "BLOCK_SIZE": 128,
+                    "VEC": vec,
+                    "ROW_THREADS": 0,
+                    "CACHE": 0,
+                    "MIN_BLOCKS": (0, 2)[n % 2],
+                    "GROUP_ROWS": 0,
+                }
+                if SPEC.check(trial, shape, dtype) is None:
+                    config = trial
+                    break
+            assert config is not None, (shape, dtype)
+            offset = (1, 3)[n % 2] if shape[1] % config["VEC"] else 0
+            cap = (None, 7, None, 2)[n % 4]
+            found.append(Case(SPEC, config, shape, dtype, cap, offset=offset))
+    return found
+
+
+def test_rows_in_pieces_on_the_cpu(tmp_path, norm_emulation) -> None:
+    """GROUP_ROWS=0 on awkward few-row shapes, every dtype, both launches as ``spec.steps``
+    gives them, verified with the spec's tolerances (y, mean and rstd)."""
+    found = piece_cases()
+    assert {c.dtype for c in found} == set(SPEC.dtypes)
+    assert {c.shape[0] for c in found} >= {1, 3, 5}
+    assert {c.config["MIN_BLOCKS"] for c in found} == {0, 2}
+    assert any(c.offset for c in found) and any(c.shape[1] % c.config["VEC"] for c in found)
+    assert any(c.config["VEC"] > 1 and c.shape[1] % c.config["VEC"] == 0 for c in found)
+    for case in found:
+        steps = SPEC.steps(case.config, case.shape, case.dtype)
+        assert [s.kernel for s in steps] == ["layernorm_split_stats", "layernorm_fwd"]
+        parts = split_parts(case.config, case.shape[0])
+        assert steps[0].launch.grid[0] == case.shape[0] * parts >= 2 * case.shape[0]
+    # Pieces of unequal length: a row's vectors not a multiple of its pieces.
+    uneven = [
+        c
+        for c in found
+        if (c.shape[1] // c.config["VEC"]) % split_parts(c.config, c.shape[0]) and not c.grid_cap
+    ]
+    assert {c.shape[0] for c in uneven} >= {1, 3}
+    assert any(c.grid_cap and c.grid_cap < c.shape[0] for c in found)
+    assert any(c.grid_cap and c.grid_cap >= 2 * c.shape[0] for c in found)
+    failures = run_cases(found, tmp_path, np.random.default_rng(31))
     assert not failures, "\n".join(failures[:20])

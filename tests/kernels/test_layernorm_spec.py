@@ -62,7 +62,7 @@ def test_registered_with_the_contract_attributes() -> None:
         "MIN_BLOCKS",
         "GROUP_ROWS",
     ]
-    assert SPEC.space_size() == 4 * 4 * 4 * 3 * 2 * 3
+    assert SPEC.space_size() == 4 * 4 * 4 * 3 * 2 * 4
     text = SPEC.template.read_text()
     assert 'extern "C" __global__' in text and "namespace KATO_NS" in text
     assert "#pragma once" not in text
@@ -184,8 +184,8 @@ def test_default_config_choices() -> None:
     assert SPEC.defines(odd, (3000, 3001), "float32")["ROW_SPLIT"] == 1
     assert SPEC.defines(odd, (3000, 3001), "float32")["WB_REGS"] == 0
     assert SPEC.default_config((8192, 50257), "bfloat16")["VEC"] == 8
-    huge = SPEC.default_config((7, 1000003), "float32")
-    assert (huge["ROW_THREADS"], huge["CACHE"]) == (0, 0)
+    huge = SPEC.default_config((7, 1000003), "float32")  # few long rows: cut into pieces
+    assert (huge["ROW_THREADS"], huge["CACHE"], huge["GROUP_ROWS"]) == (0, 0, 0)
     assert SPEC.default_config((4, 4), "float32")["GROUP_ROWS"] == 1
 
 
@@ -407,3 +407,108 @@ def test_welford_with_pivot_keeps_offset_rows_accurate(lanes, vec, cols) -> None
     naive_var = (x32 * x32).mean(axis=1, dtype=np.float32) - x32.mean(axis=1, dtype=np.float32) ** 2
     true_var = 1 / rstd_ref[0::4].astype(np.float64) ** 2 - 1e-5
     assert np.max(np.abs(naive_var - true_var) / true_var) > 0.5
+
+
+# --- few long rows: GROUP_ROWS=0 (a block per piece of a row, two launches) -------------------
+
+
+def split(block=512, vec=4, min_blocks=2, **kw):
+    return cfg(block=block, vec=vec, min_blocks=min_blocks, group_rows=0, **kw)
+
+
+@pytest.mark.parametrize(
+    "config, shape, reason",
+    [
+        (split(row_threads=32), (8, 2**20), "ROW_THREADS=0"),
+        (split(cache=1), (8, 2**20), "CACHE=0"),
+        (split(cache=2), (8, 2**20), "CACHE=0"),
+        (split(block=1024, min_blocks=2), (8, 2**22), "32 registers"),
+        (split(), (133, 2**20), "would not be split"),  # 264 // 133 = 1 piece
+        (split(min_blocks=0), (67, 2**20), "would not be split"),
+        # 264 pieces of 2**17 / 4 / 264 = 124 vectors < 512 threads
+        (split(), (1, 2**17), "fewer than BLOCK_SIZE=512"),
+        # split rows: (2**17 + 1 - 3) // 4 = 32768 vectors; 33 pieces of 992 < 1024
+        (split(block=1024, min_blocks=0), (4, 2**17 + 1), "fewer than BLOCK_SIZE=1024"),
+    ],
+)
+def test_split_error_rejects_what_makes_no_sense(config, shape, reason) -> None:
+    assert reason in SPEC.check(config, shape, "float32")
+    assert reason in LayerNormSpec.split_error(config, *shape)
+
+
+def test_split_error_accepts_few_long_rows() -> None:
+    assert SPEC.check(split(), (8, 2**22), "float32") is None
+    assert SPEC.check(split(block=1024, min_blocks=0), (4, 2**18 + 5), "float32") is None
+    assert SPEC.check(split(vec=8), (16, 1048573), "bfloat16") is None
+    assert SPEC.check(split(), (66, 2**20), "float32") is None  # 2 pieces a row
+    # Only GROUP_ROWS=0 is judged by it.
+    assert LayerNormSpec.split_error(cfg(row_threads=32, cache=2), 1, 1) is None
+
+
+def test_split_launches_two_kernels_on_rows_times_parts_blocks() -> None:
+    for config, rows, parts in ((split(), 8, 33), (split(min_blocks=0), 8, 16), (split(), 1, 264)):
+        assert ln.split_parts(config, rows) == parts
+        steps = SPEC.steps(config, (rows, 2**22), "float32")
+        assert [s.kernel for s in steps] == ["layernorm_split_stats", "layernorm_fwd"]
+        assert steps[0].launch == steps[1].launch
+        assert steps[0].args is None and steps[1].args is None  # all nine arguments
+        assert steps[0].launch.grid == (rows * parts, 1, 1)
+        assert steps[0].launch.block == (config["BLOCK_SIZE"], 1, 1)
+        assert steps[0].launch.shared_bytes == 0
+        assert rows * parts <= ln.SPLIT_PIECES
+    assert ln.split_parts(cfg(), 8) == 1
+    assert [s.kernel for s in SPEC.steps(cfg(), (8, 4096), "float32")] == ["layernorm_fwd"]
+    assert set(SPEC.kernel_names) == {"layernorm_fwd", "layernorm_split_stats"}
+
+
+def test_split_workspace_matches_the_template() -> None:
+    text = template_source(SPEC.template)
+    assert f"constexpr int kSplitPieces = 2 * {ln.limits.NUM_SMS};" in text
+    assert max(SPEC.params["MIN_BLOCKS"]) * ln.limits.NUM_SMS == ln.SPLIT_PIECES
+
+
+def test_split_renders_row_pieces_and_nothing_else_does() -> None:
+    macros = SPEC.defines(split(), (8, 2**22), "float32")
+    assert macros["ROW_PIECES"] == 1
+    assert (macros["ITEMS"], macros["WB_REGS"]) == (0, 0)
+    assert "ROW_SPLIT" not in macros
+    assert SPEC.defines(split(), (8, 2**22 + 1), "float32")["ROW_SPLIT"] == 1
+    for group_rows in (1, 4, 16):
+        for row_threads, cache in ((0, 0), (0, 1), (16, 2), (32, 0)):
+            config = cfg(row_threads=row_threads, cache=cache, group_rows=group_rows)
+            assert "ROW_PIECES" not in SPEC.defines(config, (4096, 4096), "float32")
+    # A split source does not depend on the shape beyond ROW_SPLIT.
+    assert SPEC.render(split(), (8, 2**22), "float32") == SPEC.render(
+        split(), (3, 2**20), "float32"
+    )
+
+
+@pytest.mark.parametrize(
+    "shape, dtype, block, vec",
+    [
+        ((8, 4194304), "float32", 512, 4),
+        ((16, 1048573), "bfloat16", 512, 8),
+        ((1, 2**20), "float32", 512, 4),  # 264 pieces of 992 vectors
+        ((2, 2**18), "float16", 128, 8),  # 132 pieces of 248 vectors: 128 threads, not 256
+        ((66, 32768), "float32", 512, 4),  # 128 KiB rows, 2 pieces each
+    ],
+)
+def test_default_splits_few_long_rows(shape, dtype, block, vec) -> None:
+    config = SPEC.default_config(shape, dtype)
+    expected = {"ROW_THREADS": 0, "CACHE": 0, "MIN_BLOCKS": 2, "GROUP_ROWS": 0}
+    assert {k: config[k] for k in expected} == expected, config
+    assert (config["BLOCK_SIZE"], config["VEC"]) == (block, vec)
+
+
+@pytest.mark.parametrize(
+    "shape, dtype",
+    [
+        ((67, 2**20), "float32"),
+        ((8, 32767), "float32"),
+        ((8, 65535), "float16"),
+        ((1, 1), "float32"),
+    ],
+)
+def test_default_keeps_a_block_per_row_otherwise(shape, dtype) -> None:
+    """More than 66 rows, or rows under 128 KiB: no split."""
+    assert SPEC.default_config(shape, dtype)["GROUP_ROWS"] != 0
