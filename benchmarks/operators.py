@@ -39,6 +39,7 @@ AWKWARD_CASES: list[tuple[str, tuple[int, ...], str, str]] = [
     ("softmax", (8, 4194301), "float32", "few long rows"),
     ("softmax", (64, 1048573), "bfloat16", "few long odd rows"),
     ("layernorm", (16384, 4097), "bfloat16", "row just past a power of two"),
+    ("layernorm", (64, 1048573), "float32", "few long odd rows"),
     ("rmsnorm", (16384, 4099), "float16", "prime row"),
     ("cross_entropy", (4096, 50257), "bfloat16", "odd prime vocabulary"),
     ("reduce_sum", (4, 16777216), "float32", "few long rows"),
