@@ -34,7 +34,7 @@ from pathlib import Path
 
 from kato.kernels.spec import Config, OperatorSpec
 from kato.tuner.backends.pycuda import operator_space
-from kato.tuner.nvcc import CompileError, KernelResources, compile_many
+from kato.tuner.nvcc import CompiledKernel, CompileError, KernelResources, compile_many
 
 _DEFINE = re.compile(r"^\s*#\s*define\s+(\w+)", re.MULTILINE)
 
@@ -59,6 +59,22 @@ def variant_kernels(variant: Variant) -> tuple[str, ...]:
     configs choose between templates has some kernels in each)."""
     source = variant.source()
     return tuple(n for n in kernel_names(variant.spec) if re.search(rf"\b{n}\s*\(", source))
+
+
+def variant_resources(
+    variant: Variant, result: CompiledKernel, suffix: str = ""
+) -> dict[str, KernelResources]:
+    """The ptxas report of each of :func:`variant_kernels` in ``result`` (its names plus
+    ``suffix``). A kernel the source defines under a condition the config leaves out (a split
+    row's stats kernel) is absent from the cubin and skipped, unless the variant's steps launch
+    it: then its absence is an error (KeyError)."""
+    launched = {s.kernel for s in variant.spec.steps(variant.config, variant.shape, variant.dtype)}
+    present = {entry.name for entry in result.entries}
+    return {
+        n: result.resources(f"{n}{suffix}")
+        for n in variant_kernels(variant)
+        if n in launched or f"{n}{suffix}" in present
+    }
 
 
 @dataclass(frozen=True)
@@ -221,10 +237,7 @@ def compile_variants(
             outcomes += _one_by_one(chunk, arch, cache_dir, workers)
             continue
         for i, variant in enumerate(chunk):
-            names = variant_kernels(variant)
-            outcomes.append(
-                Outcome(variant, arch, {n: result.resources(f"{n}_{i}") for n in names})
-            )
+            outcomes.append(Outcome(variant, arch, variant_resources(variant, result, f"_{i}")))
     return outcomes
 
 
@@ -235,8 +248,7 @@ def _one_by_one(chunk: list[Variant], arch: str, cache_dir: Path, workers: int) 
         if isinstance(result, CompileError):
             found.append(Outcome(variant, arch, error=f"{result}\n{result.log[:1500]}"))
         else:
-            names = variant_kernels(variant)
-            found.append(Outcome(variant, arch, {n: result.resources(n) for n in names}))
+            found.append(Outcome(variant, arch, variant_resources(variant, result)))
     return found
 
 
