@@ -146,8 +146,12 @@ class Fleet:
             "KATO_FRAMEWORK_BASELINE": "false",  # PyTorch's baseline is not tuning
             "PYTHONUNBUFFERED": "1",
         }
-        if self.backend == "pycuda" and self.bind == "visible":
-            env["CUDA_VISIBLE_DEVICES"] = str(self.devices[gpu])
+        if self.backend == "pycuda":
+            # CUDA's own order may differ from nvidia-smi's on mixed hosts: the fleet's GPU i
+            # is nvidia-smi's GPU i, which the device step checks against.
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+            if self.bind == "visible":
+                env["CUDA_VISIBLE_DEVICES"] = str(self.devices[gpu])
         return env
 
     def device_option(self, gpu: int) -> str:
@@ -904,6 +908,13 @@ def step_device(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
     if fleet.backend != "pycuda":
         return {"skipped": "needs a GPU and nvidia-smi (replay workers use no device)",
                 "problems": []}  # fmt: skip
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible and [v.strip() for v in visible.split(",")] != [
+        str(i) for i in range(len(visible.split(",")))
+    ]:
+        # CUDA's indices are then not nvidia-smi's, which the uuids below are read by.
+        return {"skipped": f"CUDA_VISIBLE_DEVICES={visible} renumbers the GPUs: run the device "
+                "step without it", "problems": []}  # fmt: skip
     if shutil.which("nvidia-smi") is None:
         return {"skipped": "no nvidia-smi on this machine", "problems": []}
     if len(fleet.devices) < 2:

@@ -139,3 +139,22 @@ def test_processes_left_by_a_killed_worker_are_killed_and_only_they():
     finally:
         child.kill()
         child.wait(10)
+
+
+def test_gpu_workers_number_devices_as_nvidia_smi_does(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+    by_index = fleet_gpus.Fleet("pycuda", [0, 1], "H200", tmp_path)
+    env = by_index.env(1)
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and "CUDA_VISIBLE_DEVICES" not in env
+    assert by_index.device_option(1) == "1"
+    visible = fleet_gpus.Fleet("pycuda", [0, 1], "H200", tmp_path, bind="visible")
+    assert visible.env(1)["CUDA_VISIBLE_DEVICES"] == "1" and visible.device_option(1) == "0"
+    # The device step reads uuids by nvidia-smi's indices: a renumbering environment is
+    # refused, the identity (a container's "0,1") is not.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    step = fleet_gpus.step_device(by_index, None)
+    assert step["problems"] == [] and "renumbers" in step.get("skipped", "")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setattr(fleet_gpus.shutil, "which", lambda name: None)
+    step = fleet_gpus.step_device(by_index, None)
+    assert step["skipped"] == "no nvidia-smi on this machine"
