@@ -52,7 +52,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from kato.kernels import limits
+from kato.kernels import limits, split_rows
 from kato.kernels.parallel import fill_rows
 from kato.kernels.registry import register
 from kato.kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem, Step
@@ -151,7 +151,7 @@ def split_parts(config: Config, rows: int) -> int:
     never exceeds the one wave the launch bounds promise); 1 for the other configs."""
     if config["GROUP_ROWS"] != 0:
         return 1
-    return max(config["MIN_BLOCKS"], 1) * limits.NUM_SMS // rows
+    return split_rows.pieces_per_row(config, rows)
 
 
 def static_shared_bytes(config: Config) -> int:
@@ -254,41 +254,15 @@ class LayerNormSpec(OperatorSpec):
     @staticmethod
     def split_error(config: Config, rows: int, cols: int) -> str | None:
         """Why GROUP_ROWS=0 makes no sense for ``config`` at rows x cols, or None (also for the
-        other GROUP_ROWS): ROW_THREADS other than 0 (a block per piece); CACHE other than 0
-        (pieces are streamed: the two launches share nothing but the partials); fewer than 2
-        pieces per row (``rows`` over half of ``max(MIN_BLOCKS, 1) * 132``: a block per row runs
-        the same blocks in one launch); pieces of fewer than ``BLOCK_SIZE`` vectors (threads of
-        every block would idle); launch bounds that leave fewer than 64 registers a thread (as
-        softmax's split: its streaming step spills there)."""
+        other GROUP_ROWS): ROW_THREADS other than 0 (a block per piece), then
+        :func:`kernels.split_rows.split_error`."""
         if config["GROUP_ROWS"] != 0:
             return None
         if config["ROW_THREADS"] != 0:
             return (
                 f"GROUP_ROWS=0 takes a block per piece: ROW_THREADS=0, got {config['ROW_THREADS']}"
             )
-        if config["CACHE"] != 0:
-            return f"GROUP_ROWS=0 streams its pieces: CACHE=0, got CACHE={config['CACHE']}"
-        if register_cap(config) < 64:
-            return (
-                f"GROUP_ROWS=0 under launch bounds of {register_cap(config)} registers a thread "
-                f"(BLOCK_SIZE={config['BLOCK_SIZE']}, MIN_BLOCKS={config['MIN_BLOCKS']}) spills"
-            )
-        parts = split_parts(config, rows)
-        if parts < 2:
-            blocks = max(config["MIN_BLOCKS"], 1) * limits.NUM_SMS
-            return (
-                f"GROUP_ROWS=0 with MIN_BLOCKS={config['MIN_BLOCKS']} sizes the grid for {blocks} "
-                f"blocks: {rows} rows would not be split"
-            )
-        vec = config["VEC"]
-        # The aligned body of a row whose head takes up to VEC - 1 elements.
-        nvec = cols // vec if cols % vec == 0 else (cols - vec + 1) // vec
-        if nvec // parts < config["BLOCK_SIZE"]:
-            return (
-                f"GROUP_ROWS=0 cuts rows of {nvec} vectors into {parts} pieces of "
-                f"{nvec // parts} or more, fewer than BLOCK_SIZE={config['BLOCK_SIZE']} threads"
-            )
-        return None
+        return split_rows.split_error("GROUP_ROWS=0", config, rows, cols)
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
         """A valid config for any valid shape. The widest vector (of at most 16 bytes and ``cols``

@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from kato.kernels import limits
+from kato.kernels import limits, split_rows
 from kato.kernels.parallel import fill_rows
 from kato.kernels.registry import register
 from kato.kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Problem, Step
@@ -104,7 +104,7 @@ def split_parts(config: Config, rows: int) -> int:
     never exceeds the one wave the launch bounds promise); 1 for the other strategies."""
     if config["STRATEGY"] != 2:
         return 1
-    return max(config["MIN_BLOCKS"], 1) * limits.NUM_SMS // rows
+    return split_rows.pieces_per_row(config, rows)
 
 
 def static_shared_bytes(config: Config) -> int:
@@ -217,37 +217,10 @@ class SoftmaxSpec(OperatorSpec):
     @staticmethod
     def split_error(config: Config, rows: int, cols: int) -> str | None:
         """Why STRATEGY 2 makes no sense for ``config`` at rows x cols, or None (also for the
-        other strategies): CACHE other than 0 (pieces are streamed: the two launches share
-        nothing but the partials); fewer than 2 pieces per row (``rows`` over half of
-        ``max(MIN_BLOCKS, 1) * 132``: STRATEGY 1 runs the same blocks in one launch); pieces of
-        fewer than ``BLOCK_SIZE`` vectors (threads of every block would idle); launch bounds
-        that leave 32 registers a thread (``BLOCK_SIZE * MIN_BLOCKS = 2048``: ptxas spills 48
-        to 368 bytes of the streaming step at every VEC and dtype on sm_90)."""
+        other strategies): :func:`kernels.split_rows.split_error`."""
         if config["STRATEGY"] != 2:
             return None
-        if config["CACHE"] != 0:
-            return f"STRATEGY=2 streams its pieces: CACHE=0, got CACHE={config['CACHE']}"
-        if register_cap(config) < 64:
-            return (
-                f"STRATEGY=2 under launch bounds of {register_cap(config)} registers a thread "
-                f"(BLOCK_SIZE={config['BLOCK_SIZE']}, MIN_BLOCKS={config['MIN_BLOCKS']}) spills"
-            )
-        parts = split_parts(config, rows)
-        if parts < 2:
-            blocks = max(config["MIN_BLOCKS"], 1) * limits.NUM_SMS
-            return (
-                f"STRATEGY=2 with MIN_BLOCKS={config['MIN_BLOCKS']} sizes the grid for {blocks} "
-                f"blocks: {rows} rows would not be split"
-            )
-        vec = config["VEC"]
-        # The aligned body of a row whose head takes up to VEC - 1 elements.
-        nvec = cols // vec if cols % vec == 0 else (cols - vec + 1) // vec
-        if nvec // parts < config["BLOCK_SIZE"]:
-            return (
-                f"STRATEGY=2 cuts rows of {nvec} vectors into {parts} pieces of "
-                f"{nvec // parts} or more, fewer than BLOCK_SIZE={config['BLOCK_SIZE']} threads"
-            )
-        return None
+        return split_rows.split_error("STRATEGY=2", config, rows, cols)
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
         """A valid config for any valid shape. Rows of at least 32 elements: the widest vector
