@@ -41,9 +41,10 @@
 // Fixed by the operator, not tunable (kernels/batchnorm_relu):
 //   BN_RELU     0 (batchnorm, the default): y as above; 1 (batchnorm_relu): y = relu(bn(x));
 //               2 (batchnorm_add_relu): y = relu(bn(x) + residual), residual an NCHW tensor of
-//               x's shape and type, the kernels' second argument (after x). bn(x) (float32)
-//               and the sum stay in float32: y is rounded once to the element type. relu keeps
-//               NaN (v < 0 ? 0 : v, as torch's).
+//               x's shape and type, the kernels' second argument (after x). Roundings as
+//               torch's unfused relu(bn(x) + r): bn(x) (float32) rounded to the element type,
+//               the residual added in float32, the sum rounded to the element type (relu is
+//               exact). relu keeps NaN (v < 0 ? 0 : v, as torch's).
 // Contract (kernels.batchnorm.BatchNormSpec.check): x and y 16-byte aligned, HW % VEC == 0,
 // HW % APPLY_VEC == 0, statistics grid exactly C * SPLIT blocks, apply grid a multiple of C,
 // N, C, HW <= 2^30, N * HW >= 2; APPLY 1 needs SPLIT 1 or STRATEGY 1.
@@ -177,10 +178,16 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, KATO_BN_RES_
 #pragma unroll
         for (int k = 0; k < APPLY_VEC; ++k) e[k] = fmaf(e[k] - pivot, scale, shift);
 #if BN_RELU == 2
+        // bn(x) rounded to the element type before the add, as torch's unfused sequence
+        // (batch norm's output, then add): the same values as the model without fusion.
         float r[APPLY_VEC];
         unpack_apply(rbuf[u], r);
 #pragma unroll
-        for (int k = 0; k < APPLY_VEC; ++k) e[k] += r[k];
+        for (int k = 0; k < APPLY_VEC; ++k) {
+          T t;
+          from_float(e[k], t);
+          e[k] = to_float(t) + r[k];
+        }
 #endif
 #if BN_RELU != 0
 #pragma unroll
