@@ -27,10 +27,12 @@ Nothing outside this package imports torch.
 
 from kato_torch import nn
 from kato_torch._kernels import BoundOperator, bind, configure, prepare
+from kato_torch.fuse import fuse
 from kato_torch.ops import (
     add_layer_norm,
     add_rms_norm,
     batch_norm,
+    batch_norm_relu,
     cross_entropy,
     layer_norm,
     layernorm,
@@ -53,9 +55,11 @@ __all__ = [
     "add_layer_norm",
     "add_rms_norm",
     "batch_norm",
+    "batch_norm_relu",
     "bind",
     "configure",
     "cross_entropy",
+    "fuse",
     "layer_norm",
     "layernorm",
     "linear",
