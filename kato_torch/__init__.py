@@ -5,6 +5,7 @@ and nvcc).
     from kato_client import KatoClient
     kato_torch.configure(client=KatoClient("http://kato:8000"))   # policy="auto" by default
     kato_torch.patch(model)                  # nn.LayerNorm -> kato_torch.nn.LayerNorm, ...
+    kato_torch.fuse(model)                   # BatchNorm2d -> [add ->] ReLU: one fused op
     with kato_torch.record() as rec:         # which (operator, shape, dtype) a step runs
         train_step(model, batch)
     rec.submit(budget=50)                    # tune them as one batch job
