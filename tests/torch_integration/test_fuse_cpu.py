@@ -50,6 +50,25 @@ def test_opcheck_and_autograd_of_the_fused_op_are_the_unfused_sequence(residual)
         torch.testing.assert_close(g, h, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("residual", [False, True])
+def test_the_eager_path_of_the_fused_op_is_the_unfused_sequence(residual):
+    """The direct eager call (KatoOp's autograd.Function, not the dispatcher) with the same
+    setup_context and backward: torch's values and gradients exactly."""
+    from kato_torch.ops import _batch_norm_relu
+
+    x, w, b = _rand(3, 4, 5, 2), _rand(4, offset=1), _rand(4)
+    r = _rand(3, 4, 5, 2) if residual else None
+    y, *_ = _batch_norm_relu(x, r, w, b, torch.zeros(4), torch.ones(4), 1e-5, 0.1)
+    z = F.batch_norm(x, torch.zeros(4), torch.ones(4), w, b, True, 0.1, 1e-5)
+    y_ref = torch.relu(z + r if residual else z)
+    assert torch.equal(y, y_ref)
+    leaves = [x, w, b] + ([r] if residual else [])
+    dy = torch.randn(y.shape)
+    for g, h in zip(torch.autograd.grad(y, leaves, dy), torch.autograd.grad(y_ref, leaves, dy),
+                    strict=True):  # fmt: skip
+        assert torch.equal(g, h)
+
+
 def test_opcheck_of_the_backward_ops():
     x, dy = _rand(3, 4, 5, 5, grad=False), _rand(3, 4, 5, 5, grad=False)
     y = torch.relu(_rand(3, 4, 5, 5, grad=False))
