@@ -5,8 +5,11 @@ four ways on the same weights and inputs:
 
 - ``eager``: plain PyTorch;
 - ``compile``: ``torch.compile(model)`` (Inductor);
-- ``kato``: the model after ``kato_torch.patch`` (LayerNorm, Linear, ReLU, CrossEntropyLoss,
-  BatchNorm2d, RMSNorm, Softmax swapped for Kato's drop-ins), eager;
+- ``kato``: the model as ``kato_torch.fuse(kato_torch.patch(model))`` makes it: LayerNorm,
+  Linear, ReLU, CrossEntropyLoss, BatchNorm2d, RMSNorm, Softmax swapped for Kato's drop-ins,
+  then every ``BatchNorm2d -> ReLU`` and ``BatchNorm2d -> add -> ReLU`` of a module's forward
+  rewritten into Kato's fused ``batch_norm_relu`` (batchnorm_relu / batchnorm_add_relu and their
+  backwards), eager;
 - ``kato+compile``: the patched model compiled (Kato's custom ops stay in the graph).
 
 Loss and every gradient are checked against eager PyTorch first (relative error of each
@@ -236,7 +239,7 @@ def capture(name, dtype, batch):
     """The (operator, shape, dtype) keys of one Kato step of this model (PyTorch runs it:
     capture needs no compile)."""
     base, inputs, _ = build(name, dtype, batch)
-    model = kato_torch.patch(base)
+    model = kato_torch.fuse(kato_torch.patch(base))
     kato_torch.configure(client=None, policy="torch")
     with kato_torch.record() as rec:
         step(model, inputs)
@@ -325,7 +328,7 @@ def main() -> None:
         for dtype_name in args.dtypes.split(","):
             dtype = getattr(torch, dtype_name)
             base, inputs, batch = build(name, dtype, args.batch)
-            kato_model = kato_torch.patch(copy.deepcopy(base))
+            kato_model = kato_torch.fuse(kato_torch.patch(copy.deepcopy(base)))
             # Capture every key of the step (PyTorch runs it: no compiles), tune what is missing.
             kato_torch.configure(client=client, policy="torch")
             with kato_torch.record() as rec:

@@ -5,6 +5,7 @@ and nvcc).
     from kato_client import KatoClient
     kato_torch.configure(client=KatoClient("http://kato:8000"))   # policy="auto" by default
     kato_torch.patch(model)                  # nn.LayerNorm -> kato_torch.nn.LayerNorm, ...
+    kato_torch.fuse(model)                   # BatchNorm2d -> [add ->] ReLU: one fused op
     with kato_torch.record() as rec:         # which (operator, shape, dtype) a step runs
         train_step(model, batch)
     rec.submit(budget=50)                    # tune them as one batch job
@@ -27,10 +28,12 @@ Nothing outside this package imports torch.
 
 from kato_torch import nn
 from kato_torch._kernels import BoundOperator, bind, configure, prepare
+from kato_torch.fuse import fuse
 from kato_torch.ops import (
     add_layer_norm,
     add_rms_norm,
     batch_norm,
+    batch_norm_relu,
     cross_entropy,
     layer_norm,
     layernorm,
@@ -53,9 +56,11 @@ __all__ = [
     "add_layer_norm",
     "add_rms_norm",
     "batch_norm",
+    "batch_norm_relu",
     "bind",
     "configure",
     "cross_entropy",
+    "fuse",
     "layer_norm",
     "layernorm",
     "linear",

@@ -878,6 +878,222 @@ def batch_norm(
     return y
 
 
+# --- batch norm + relu (training), and + residual add + relu -----------------------------------
+
+
+def _unfused_bn_relu(x, weight, bias, running_mean, running_var, eps, momentum, residual):
+    """torch's unfused sequence on the running statistics' copies: native_batch_norm, then the
+    add, then relu (as a model runs them); (y, mean, invstd, new_mean, new_var)."""
+    new_mean, new_var = running_mean.clone(), running_var.clone()
+    y, mean, invstd = torch.native_batch_norm(
+        x, weight, bias, new_mean, new_var, True, momentum, eps
+    )
+    if residual is not None:
+        y = y + residual
+    return torch.relu(y), mean.float(), invstd.float(), new_mean, new_var
+
+
+@KatoOp.define("batch_norm_relu")
+def _batch_norm_relu(
+    x: Tensor,
+    residual: Tensor | None,
+    weight: Tensor,
+    bias: Tensor,
+    running_mean: Tensor,
+    running_var: Tensor,
+    eps: float,
+    momentum: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Training-mode (relu(bn(x) [+ residual]), mean, invstd, new running_mean, new
+    running_var) of a contiguous NCHW x (residual: x's shape and type, contiguous, or None);
+    as :func:`_batch_norm` otherwise. Kato's ``batchnorm_relu`` / ``batchnorm_add_relu`` where
+    the policy picks it, else torch's unfused sequence."""
+    n, c, h, w = x.shape
+    operator = "batchnorm_relu" if residual is None else "batchnorm_add_relu"
+    if not _use(operator, (n, c, h, w), x) or x.numel() == 0:
+        return _unfused_bn_relu(x, weight, bias, running_mean, running_var, eps, momentum,
+                                residual)  # fmt: skip
+    y = torch.empty_like(x)
+    mean, invstd, new_mean, new_var = (x.new_empty(c, dtype=torch.float32) for _ in range(4))
+    workspace = x.new_empty(bn_forward.workspace_floats(c), dtype=torch.float32)
+    counters = torch.zeros(c + 1, device=x.device, dtype=torch.int32)  # uint32 zeros
+    inputs = [x] if residual is None else [x, residual]
+    _run(operator, (n, c, h, w), x,
+         [*inputs, weight, bias, running_mean, running_var, y, mean, invstd, new_mean, new_var,
+          workspace, counters, n, c, h * w, eps, momentum])  # fmt: skip
+    return y, mean, invstd, new_mean, new_var
+
+
+@_batch_norm_relu.register_fake
+def _(x, residual, weight, bias, running_mean, running_var, eps, momentum):
+    c = x.shape[1]
+    return torch.empty_like(x), *(x.new_empty(c, dtype=torch.float32) for _ in range(4))
+
+
+def _unfused_bn_relu_backward(x, dy, y, mean, invstd, weight, eps):
+    """torch's unfused backward: threshold_backward on relu's output y, then
+    native_batch_norm_backward; (dx, dweight, dbias, g)."""
+    g = torch.ops.aten.threshold_backward(dy, y, 0)
+    dx, dw, db = torch.ops.aten.native_batch_norm_backward(
+        g, x, weight, None, None, mean, invstd, True, eps, (True, True, True)
+    )
+    return dx, dw.float(), db.float(), g
+
+
+@KatoOp.define("batch_norm_relu_backward")
+def _batch_norm_relu_backward(
+    x: Tensor,
+    dy: Tensor,
+    y: Tensor,
+    mean: Tensor,
+    invstd: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    eps: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(dx, dweight, dbias) of y = relu(bn(x)). Kato's kernel recomputes relu's mask from x
+    (it does not read y); torch's sequence (the fallback) takes it from y."""
+    n, c, h, w = x.shape
+    if not _use("batchnorm_relu_backward", (n, c, h, w), x) or x.numel() == 0:
+        return _unfused_bn_relu_backward(x, dy, y, mean, invstd, weight, eps)[:3]
+    dx, dw, db = torch.empty_like(x), torch.empty_like(weight), torch.empty_like(weight)
+    workspace = x.new_empty(bn_backward.workspace_floats(c), dtype=torch.float32)
+    counters = torch.zeros(c + 1, device=x.device, dtype=torch.int32)
+    _run("batchnorm_relu_backward", (n, c, h, w), x,
+         [x, dy, mean, invstd, weight, bias, dx, dw, db, workspace, counters, n, c,
+          h * w])  # fmt: skip
+    return dx, dw, db
+
+
+@_batch_norm_relu_backward.register_fake
+def _(x, dy, y, mean, invstd, weight, bias, eps):
+    return torch.empty_like(x), torch.empty_like(weight), torch.empty_like(weight)
+
+
+@KatoOp.define("batch_norm_add_relu_backward")
+def _batch_norm_add_relu_backward(
+    x: Tensor, dy: Tensor, y: Tensor, mean: Tensor, invstd: Tensor, weight: Tensor, eps: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dx, dweight, dbias, dresidual) of y = relu(bn(x) + residual), relu's mask from y."""
+    n, c, h, w = x.shape
+    if not _use("batchnorm_add_relu_backward", (n, c, h, w), x) or x.numel() == 0:
+        return _unfused_bn_relu_backward(x, dy, y, mean, invstd, weight, eps)
+    dx, dres = torch.empty_like(x), torch.empty_like(x)
+    dw, db = torch.empty_like(weight), torch.empty_like(weight)
+    workspace = x.new_empty(bn_backward.workspace_floats(c), dtype=torch.float32)
+    counters = torch.zeros(c + 1, device=x.device, dtype=torch.int32)
+    _run("batchnorm_add_relu_backward", (n, c, h, w), x,
+         [x, dy, y, mean, invstd, weight, dx, dw, db, dres, workspace, counters, n, c,
+          h * w])  # fmt: skip
+    return dx, dw, db, dres
+
+
+@_batch_norm_add_relu_backward.register_fake
+def _(x, dy, y, mean, invstd, weight, eps):
+    return (torch.empty_like(x), torch.empty_like(weight), torch.empty_like(weight),
+            torch.empty_like(x))  # fmt: skip
+
+
+def _batch_norm_relu_setup(ctx, inputs, output):
+    x, residual, weight, bias, _, _, eps, _ = inputs
+    y, mean, invstd, new_mean, new_var = output
+    ctx.mark_non_differentiable(mean, invstd, new_mean, new_var)
+    # y: relu's mask for torch's backward (and Kato's add-relu kernel); the next layer holds it
+    # anyway, so saving it costs no memory.
+    ctx.save_for_backward(x, y, mean, invstd, weight, bias)
+    ctx.eps = eps
+    ctx.residual = residual is not None
+
+
+def _batch_norm_relu_grad(ctx, dy, _dmean, _dinvstd, _dnew_mean, _dnew_var):
+    x, y, mean, invstd, weight, bias = ctx.saved_tensors
+    dy = dy.contiguous()
+    if ctx.residual:
+        dx, dw, db, dres = _batch_norm_add_relu_backward(x, dy, y, mean, invstd, weight, ctx.eps)
+    else:
+        dx, dw, db = _batch_norm_relu_backward(x, dy, y, mean, invstd, weight, bias, ctx.eps)
+        dres = None
+    return dx, dres, dw, db, None, None, None, None
+
+
+_batch_norm_relu.register_autograd(_batch_norm_relu_grad, setup_context=_batch_norm_relu_setup)
+
+
+def _torch_batch_norm_relu(
+    input: Tensor,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    residual: Tensor | None = None,
+) -> Tensor:
+    """torch's own ``relu(batch_norm(input, ...) [+ residual])``: what the unfused model runs."""
+    y = torch.nn.functional.batch_norm(
+        input, running_mean, running_var, weight, bias, training, momentum, eps
+    )
+    if residual is not None:
+        y = y + residual
+    return torch.relu(y)
+
+
+@remembers_fallbacks(_torch_batch_norm_relu, ignore=("momentum", "eps"))
+def batch_norm_relu(
+    input: Tensor,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    residual: Tensor | None = None,
+) -> Tensor:
+    """``relu(torch.nn.functional.batch_norm(input, ...) + residual)`` (no add where
+    ``residual`` is None) in one pass each way: Kato's ``batchnorm_relu`` /
+    ``batchnorm_add_relu`` forward and their backwards for training-mode NCHW batch norm with
+    affine parameters and running statistics (updated in place), where the policy picks them;
+    torch's unfused sequence otherwise (other arguments, a residual of another shape or type,
+    CPU tensors), which gives exactly the unfused model's values and gradients.
+
+    Kato's forward rounds as torch's sequence does (bn(x) to the element type, then the sum);
+    its ``batchnorm_relu`` backward recomputes relu's mask from x, which can differ from the
+    forward's where bn(x) is within float32 rounding of 0 (relu's gradient is ambiguous
+    there)."""
+    if (
+        not training
+        or input.dim() != 4
+        or weight is None
+        or bias is None
+        or running_mean is None
+        or running_var is None
+        or input.dtype not in _FLOATS
+        or (
+            residual is not None
+            and (residual.shape != input.shape or residual.dtype != input.dtype)
+        )
+    ):
+        return _torch_batch_norm_relu(
+            input, running_mean, running_var, weight, bias, training, momentum, eps, residual
+        )
+    shape = tuple(input.shape)
+    forward = "batchnorm_relu" if residual is None else "batchnorm_add_relu"
+    if not (_use(forward, shape, input) | _use(f"{forward}_backward", shape, input)):
+        return _torch_batch_norm_relu(
+            input, running_mean, running_var, weight, bias, training, momentum, eps, residual
+        )
+    y, _, _, new_mean, new_var = _batch_norm_relu(
+        input.contiguous(), None if residual is None else residual.contiguous(), weight.float(),
+        bias.float(), running_mean.float(), running_var.float(), float(eps), float(momentum),
+    )  # fmt: skip
+    with torch.no_grad():
+        running_mean.copy_(new_mean)
+        running_var.copy_(new_var)
+    return y
+
+
 # --- matmul and linear ------------------------------------------------------------------------
 
 #: Kato's GEMM operator per layout: C = A @ B ("nn"), A @ B^T ("nt"), A^T @ B ("tn").
@@ -1076,6 +1292,7 @@ __all__ = [
     "add_layer_norm",
     "add_rms_norm",
     "batch_norm",
+    "batch_norm_relu",
     "cross_entropy",
     "layer_norm",
     "layernorm",

@@ -51,6 +51,8 @@ _BUILTIN_MODULES = (
     "kato.kernels.add_layernorm",
     "kato.kernels.batchnorm",
     "kato.kernels.batchnorm_backward",
+    "kato.kernels.batchnorm_relu",
+    "kato.kernels.batchnorm_relu_backward",
 )
 
 

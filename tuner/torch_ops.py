@@ -104,6 +104,44 @@ def _batchnorm_backward_state(a: list[Value]) -> tuple[Any, ...]:
     return impl, x, dy, weight, None, None, mean, invstd, True, 1e-5, mask, reserve
 
 
+def _batchnorm_relu(s: tuple[Any, ...]) -> tuple[Any, ...]:
+    """torch's unfused batch norm + [add +] relu, as a model runs them (F.batch_norm's
+    implementation, then ``y + residual``, then ``relu``)."""
+    *bn, residual = s
+    y, mean, invstd, running_mean, running_var = _batchnorm(tuple(bn))
+    if residual is not None:
+        y = y + residual
+    return torch.relu(y), mean, invstd, running_mean, running_var
+
+
+def _batchnorm_relu_backward_state(a: list[Value], residual: bool) -> tuple[Any, ...]:
+    """What autograd holds for the unfused sequence's backward: relu's output y (the problem's
+    own for the add variant; else relu of one untimed forward on x with weight and bias), and
+    batch norm's implementation and reserve with Kato's saved mean and invstd (as
+    :func:`_batchnorm_backward_state`)."""
+    if residual:
+        x, dy, y, mean, invstd, weight = a[:6]
+        bias = torch.zeros_like(weight)
+    else:
+        x, dy, mean, invstd, weight, bias = a[:6]
+    out, _, _, reserve, impl = torch._batch_norm_impl_index(
+        x, weight, bias, None, None, True, 0.1, 1e-5, torch.backends.cudnn.enabled,
+    )  # fmt: skip
+    if not residual:
+        y = torch.relu(out)
+    mask = [True, True, True]
+    return y, (impl, x, dy, weight, None, None, mean, invstd, True, 1e-5, mask, reserve), residual
+
+
+def _batchnorm_relu_backward(s: tuple[Any, ...]) -> tuple[Any, ...]:
+    """threshold_backward on relu's output, then batch norm's backward of that gradient (and
+    the gradient itself: the residual's, for the add variant)."""
+    y, (impl, x, dy, *rest), residual = s
+    g = torch.ops.aten.threshold_backward(dy, y, 0)
+    dx, dw, db = torch.ops.aten._batch_norm_impl_index_backward(impl, x, g, *rest)
+    return (dx, dw, db, g) if residual else (dx, dw, db)
+
+
 def _ce_backward_rtol(problem: Problem, dtype: str) -> float:
     """Torch saves the log-softmax in the logits' type: an error of ``u * |logp|`` in logp is
     one of ``u * |logp|`` relative in ``p = exp(logp)``, so in dlogits; plus dloss and the
@@ -230,6 +268,37 @@ EQUIVALENTS: dict[str, Equivalent] = {
         lambda s: torch.ops.aten._batch_norm_impl_index_backward(*s),
         "torch._batch_norm_impl_index_backward (autograd of F.batch_norm(training=True))",
         prepare=_batchnorm_backward_state,
+    ),
+    # args: x, weight, bias, running_mean_in, running_var_in, y, mean, invstd, running_mean,
+    # running_var, workspace, counters, N, C, HW, eps, momentum
+    "batchnorm_relu": Equivalent(
+        _batchnorm_relu,
+        "torch._batch_norm_impl_index(x, weight, bias, running_mean, running_var, True, "
+        "momentum, eps, cudnn), then torch.relu (the unfused F.batch_norm -> relu)",
+        prepare=lambda a: (a[0], a[1], a[2], a[3].clone(), a[4].clone(), a[16], a[15], None),
+    ),
+    # args: x, residual, weight, bias, running_mean_in, running_var_in, y, mean, invstd,
+    # running_mean, running_var, workspace, counters, N, C, HW, eps, momentum
+    "batchnorm_add_relu": Equivalent(
+        _batchnorm_relu,
+        "torch._batch_norm_impl_index(x, weight, bias, running_mean, running_var, True, "
+        "momentum, eps, cudnn), then y + residual, then torch.relu (the unfused sequence)",
+        prepare=lambda a: (a[0], a[2], a[3], a[4].clone(), a[5].clone(), a[17], a[16], a[1]),
+    ),
+    # args: x, dy, mean, invstd, weight, bias, dx, dweight, dbias, workspace, counters, N, C, HW
+    "batchnorm_relu_backward": Equivalent(
+        _batchnorm_relu_backward,
+        "torch.ops.aten.threshold_backward(dy, relu's output, 0), then "
+        "torch._batch_norm_impl_index_backward (autograd of relu(F.batch_norm(...)))",
+        prepare=lambda a: _batchnorm_relu_backward_state(a, residual=False),
+    ),
+    # args: x, dy, y, mean, invstd, weight, dx, dweight, dbias, dresidual, workspace, counters,
+    # N, C, HW
+    "batchnorm_add_relu_backward": Equivalent(
+        _batchnorm_relu_backward,
+        "torch.ops.aten.threshold_backward(dy, y, 0), then "
+        "torch._batch_norm_impl_index_backward (autograd of relu(F.batch_norm(...) + r))",
+        prepare=lambda a: _batchnorm_relu_backward_state(a, residual=True),
     ),
     # args: x, y, rows, cols, ...
     "sort": Equivalent(lambda s: (torch.sort(s[0], dim=-1).values,), "torch.sort(x, dim=-1)"),

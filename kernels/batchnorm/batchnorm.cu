@@ -38,12 +38,35 @@
 //   APPLY_VEC   elements per vector of the normalise pass; HW % APPLY_VEC == 0.
 // STRATEGY, SPLIT and the apply kernel's block size are not macros (steps and grids).
 // Derived: DTYPE (float, __half, __nv_bfloat16), IS_HALF, IS_BF16.
+// Fixed by the operator, not tunable (kernels/batchnorm_relu):
+//   BN_RELU     0 (batchnorm, the default): y as above; 1 (batchnorm_relu): y = relu(bn(x));
+//               2 (batchnorm_add_relu): y = relu(bn(x) + residual), residual an NCHW tensor of
+//               x's shape and type, the kernels' second argument (after x). Roundings as
+//               torch's unfused relu(bn(x) + r): bn(x) (float32) rounded to the element type,
+//               the residual added in float32, the sum rounded to the element type (relu is
+//               exact). relu keeps NaN (v < 0 ? 0 : v, as torch's).
 // Contract (kernels.batchnorm.BatchNormSpec.check): x and y 16-byte aligned, HW % VEC == 0,
 // HW % APPLY_VEC == 0, statistics grid exactly C * SPLIT blocks, apply grid a multiple of C,
 // N, C, HW <= 2^30, N * HW >= 2; APPLY 1 needs SPLIT 1 or STRATEGY 1.
 
 #ifndef KATO_NS
 #define KATO_NS kato_batchnorm
+#endif
+#ifndef BN_RELU
+#define BN_RELU 0
+#endif
+#if BN_RELU != 0 && BN_RELU != 1 && BN_RELU != 2
+#error "BN_RELU must be 0, 1 or 2"
+#endif
+// The residual's parameter and argument of apply_part (BN_RELU 2 only).
+#if BN_RELU == 2
+#define KATO_BN_RES_PARAM const T *__restrict__ residual,
+#define KATO_BN_RES_ARG residual,
+#define KATO_BN_RES_KERNEL_PARAM const DTYPE *__restrict__ residual,
+#else
+#define KATO_BN_RES_PARAM
+#define KATO_BN_RES_ARG
+#define KATO_BN_RES_KERNEL_PARAM
 #endif
 #include "../common/kato_dtype.cuh"
 
@@ -106,12 +129,15 @@ __device__ __forceinline__ ApplyRaw pack_apply(const float (&f)[APPLY_VEC]) {
 
 // y = (x - pivot) * scale + shift over part `part` of `split` of channel c (the same balanced
 // split into APPLY_VEC-vectors as block_partial's), by `threads` threads numbered `tid`.
-__device__ __forceinline__ void apply_part(const T* __restrict__ x, T* __restrict__ y, int C,
+__device__ __forceinline__ void apply_part(const T* __restrict__ x, KATO_BN_RES_PARAM T* __restrict__ y, int C,
                                            int hwv, int N, int c, int part, int split,
                                            float pivot, float scale, float shift, int tid,
                                            int threads) {
   const ApplyRaw* __restrict__ xv = reinterpret_cast<const ApplyRaw*>(x);
   ApplyRaw* __restrict__ yv = reinterpret_cast<ApplyRaw*>(y);
+#if BN_RELU == 2
+  const ApplyRaw* __restrict__ rv = reinterpret_cast<const ApplyRaw*>(residual);
+#endif
   const long long total = static_cast<long long>(N) * hwv;
   const long long per = total / split;
   const long long extra = total % split;
@@ -124,6 +150,9 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, T* __restric
   const int r = threads - q * hwv;
   while (v < end) {
     ApplyRaw buf[UNROLL];
+#if BN_RELU == 2
+    ApplyRaw rbuf[UNROLL];
+#endif
     long long at[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -131,6 +160,9 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, T* __restric
                   ? (static_cast<long long>(n) * C + c) * hwv + j
                   : -1;
       if (at[u] >= 0) buf[u] = __ldcs(xv + at[u]);
+#if BN_RELU == 2
+      if (at[u] >= 0) rbuf[u] = __ldcs(rv + at[u]);
+#endif
       j += r;
       n += q;
       if (j >= hwv) {
@@ -145,6 +177,22 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, T* __restric
         unpack_apply(buf[u], e);
 #pragma unroll
         for (int k = 0; k < APPLY_VEC; ++k) e[k] = fmaf(e[k] - pivot, scale, shift);
+#if BN_RELU == 2
+        // bn(x) rounded to the element type before the add, as torch's unfused sequence
+        // (batch norm's output, then add): the same values as the model without fusion.
+        float r[APPLY_VEC];
+        unpack_apply(rbuf[u], r);
+#pragma unroll
+        for (int k = 0; k < APPLY_VEC; ++k) {
+          T t;
+          from_float(e[k], t);
+          e[k] = to_float(t) + r[k];
+        }
+#endif
+#if BN_RELU != 0
+#pragma unroll
+        for (int k = 0; k < APPLY_VEC; ++k) e[k] = e[k] < 0.0f ? 0.0f : e[k];
+#endif
         __stcs(yv + at[u], pack_apply(e));
       }
     }
@@ -155,7 +203,8 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, T* __restric
 }  // namespace KATO_NS
 
 #define KATO_BN_FWD_PARAMS                                                                  \
-  const DTYPE *__restrict__ x, const float *__restrict__ weight, const float *__restrict__ bias, \
+  const DTYPE *__restrict__ x, KATO_BN_RES_KERNEL_PARAM const float *__restrict__ weight,       \
+      const float *__restrict__ bias,                                                          \
       const float *running_mean_in, const float *running_var_in, DTYPE *__restrict__ y,         \
       float *__restrict__ mean_out, float *__restrict__ invstd_out, float *running_mean,        \
       float *running_var, float *__restrict__ workspace, unsigned int *counters, int N, int C,   \
@@ -180,7 +229,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_fwd_partial(KATO_BN_FWD_
     }
 #if APPLY
     __syncthreads();
-    kb::apply_part(x, y, C, HW / APPLY_VEC, N, c, 0, 1, pivot, coef_s[0], coef_s[1],
+    kb::apply_part(x, KATO_BN_RES_ARG y, C, HW / APPLY_VEC, N, c, 0, 1, pivot, coef_s[0], coef_s[1],
                    static_cast<int>(threadIdx.x), BLOCK_SIZE);
 #endif
     return;
@@ -251,7 +300,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_fwd_fused(KATO_BN_FWD_PA
   }
 #if APPLY
   __syncthreads();
-  kb::apply_part(x, y, C, HW / APPLY_VEC, N, c, 0, 1, pivot, coef_s[0], coef_s[1],
+  kb::apply_part(x, KATO_BN_RES_ARG y, C, HW / APPLY_VEC, N, c, 0, 1, pivot, coef_s[0], coef_s[1],
                  static_cast<int>(threadIdx.x), BLOCK_SIZE);
 #endif
 }
@@ -265,7 +314,7 @@ extern "C" __global__ void __launch_bounds__(1024) batchnorm_fwd_apply(KATO_BN_F
   const int c = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
   const int part = static_cast<int>(blockIdx.x - static_cast<unsigned>(c) * split);
   const float* coef = workspace + 2 * static_cast<size_t>(c);
-  kb::apply_part(x, y, C, HW / APPLY_VEC, N, c, part, split, kb::channel_pivot(x, c, HW), coef[0],
+  kb::apply_part(x, KATO_BN_RES_ARG y, C, HW / APPLY_VEC, N, c, part, split, kb::channel_pivot(x, c, HW), coef[0],
                  coef[1], static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
 #endif
 }

@@ -36,12 +36,41 @@
 //   APPLY_VEC   elements per vector of the dx pass; HW % APPLY_VEC == 0.
 // STRATEGY, SPLIT and the apply kernel's block size are not macros (steps and grids).
 // Derived: DTYPE (float, __half, __nv_bfloat16), IS_HALF, IS_BF16.
+// Fixed by the operator, not tunable (kernels/batchnorm_relu_backward): the gradient g that
+// enters the formulas above in place of dy,
+//   BN_RELU  0 (batchnorm_backward, the default): g = dy;
+//            1 (batchnorm_relu_backward, the forward y = relu(bn(x))): g = (bn(x) > 0) ? dy : 0,
+//              bn(x) recomputed in float32 as (x - mean_c) * (invstd_c weight_c) + bias_c, bias
+//              the argument after weight: (x, dy, mean, invstd, weight, bias, dx, ...);
+//            2 (batchnorm_add_relu_backward, y = relu(bn(x) + residual)): g = (y > 0) ? dy : 0
+//              from the forward's output y, the argument after dy, and g written to dresidual,
+//              the argument after dbias: (x, dy, y, mean, invstd, weight, dx, dweight, dbias,
+//              dresidual, workspace, counters, N, C, HW).
+//   (torch's threshold_backward: a select, so a NaN dy where the mask is 0 gives 0.)
 // Contract (kernels.batchnorm_backward.BatchNormBackwardSpec.check): x, dy and dx 16-byte
 // aligned, HW % VEC == 0, HW % APPLY_VEC == 0, reduction grid exactly C * SPLIT blocks, apply
 // grid a multiple of C, N, C, HW <= 2^30; APPLY 1 needs SPLIT 1 or STRATEGY 1.
 
 #ifndef KATO_NS
 #define KATO_NS kato_batchnorm_backward
+#endif
+#ifndef BN_RELU
+#define BN_RELU 0
+#endif
+#if BN_RELU != 0 && BN_RELU != 1 && BN_RELU != 2
+#error "BN_RELU must be 0, 1 or 2"
+#endif
+// The relu mask's parameter of block_sums and apply_part, and its argument in a kernel
+// (BN_RELU 1 and 2 only; see ReluMask).
+#if BN_RELU == 1
+#define KATO_BN_MASK_PARAM , ReluMask mask
+#define KATO_BN_MASK_ARG(c) , kb::ReluMask{invstd[c] * weight[c], bias[c]}
+#elif BN_RELU == 2
+#define KATO_BN_MASK_PARAM , ReluMask mask
+#define KATO_BN_MASK_ARG(c) , kb::ReluMask{y, dresidual}
+#else
+#define KATO_BN_MASK_PARAM
+#define KATO_BN_MASK_ARG(c)
 #endif
 #include "../common/kato_dtype.cuh"
 
@@ -79,6 +108,20 @@ struct Sums {
   float dyx;
 };
 
+#if BN_RELU == 1
+// relu's mask recomputed from x: bn(x) = (x - mean) * a + b > 0, a = invstd weight, b = bias.
+struct ReluMask {
+  float a;
+  float b;
+};
+#elif BN_RELU == 2
+// relu's mask from the forward's output y (y > 0); g is written to dresidual by the dx pass.
+struct ReluMask {
+  const T* __restrict__ y;
+  T* __restrict__ dresidual;
+};
+#endif
+
 // Butterfly all-reduce over the 32 lanes (all must call it): float addition is commutative, so
 // partners compute bitwise identical sums and every lane ends with the same.
 __device__ __forceinline__ Sums warp_allreduce(Sums s) {
@@ -112,10 +155,13 @@ __device__ __forceinline__ Range part_range(int N, int hwv, int part, int split)
 // vector v being element VEC * (v % hwv) of plane (v / hwv, c).
 __device__ __forceinline__ Sums block_sums(const T* __restrict__ x, const T* __restrict__ dy,
                                            int C, int hwv, int N, int c, int part, int split,
-                                           float mean, Sums* red) {
+                                           float mean, Sums* red KATO_BN_MASK_PARAM) {
   using Raw = typename RawOf<kVecBytes>::type;
   const Raw* __restrict__ xv = reinterpret_cast<const Raw*>(x);
   const Raw* __restrict__ gv = reinterpret_cast<const Raw*>(dy);
+#if BN_RELU == 2
+  const Raw* __restrict__ yv = reinterpret_cast<const Raw*>(mask.y);
+#endif
   const Range range = part_range(N, hwv, part, split);
   long long v = range.start + threadIdx.x;
   int n = static_cast<int>(v / hwv);
@@ -127,6 +173,9 @@ __device__ __forceinline__ Sums block_sums(const T* __restrict__ x, const T* __r
   s.dyx = 0.0f;
   while (v < range.end) {
     Raw bx[UNROLL], bg[UNROLL];
+#if BN_RELU == 2
+    Raw by[UNROLL];
+#endif
     bool in[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -135,6 +184,9 @@ __device__ __forceinline__ Sums block_sums(const T* __restrict__ x, const T* __r
         const long long at = (static_cast<long long>(n) * C + c) * hwv + j;
         bx[u] = __ldg(xv + at);
         bg[u] = __ldg(gv + at);
+#if BN_RELU == 2
+        by[u] = __ldg(yv + at);
+#endif
       }
       j += r;
       n += q;
@@ -150,6 +202,15 @@ __device__ __forceinline__ Sums block_sums(const T* __restrict__ x, const T* __r
         float ex[VEC], eg[VEC];
         unpack<VEC>(bx[u], ex);
         unpack<VEC>(bg[u], eg);
+#if BN_RELU == 1
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) eg[k] = fmaf(ex[k] - mean, mask.a, mask.b) > 0.0f ? eg[k] : 0.0f;
+#elif BN_RELU == 2
+        float ey[VEC];
+        unpack<VEC>(by[u], ey);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) eg[k] = ey[k] > 0.0f ? eg[k] : 0.0f;
+#endif
         float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
@@ -226,11 +287,15 @@ __device__ __forceinline__ Coef dx_coef(float dweight, float dbias, float invstd
 __device__ __forceinline__ void apply_part(const T* __restrict__ x, const T* __restrict__ dy,
                                            T* __restrict__ dx, int C, int hwv, int N, int c,
                                            int part, int split, float mean, Coef f, int tid,
-                                           int threads) {
+                                           int threads KATO_BN_MASK_PARAM) {
   using Raw = typename RawOf<kApplyBytes>::type;
   const Raw* __restrict__ xv = reinterpret_cast<const Raw*>(x);
   const Raw* __restrict__ gv = reinterpret_cast<const Raw*>(dy);
   Raw* __restrict__ ov = reinterpret_cast<Raw*>(dx);
+#if BN_RELU == 2
+  const Raw* __restrict__ yv = reinterpret_cast<const Raw*>(mask.y);
+  Raw* __restrict__ rv = reinterpret_cast<Raw*>(mask.dresidual);
+#endif
   const Range range = part_range(N, hwv, part, split);
   long long v = range.start + tid;
   int n = static_cast<int>(v / hwv);
@@ -239,6 +304,9 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, const T* __r
   const int r = threads - q * hwv;
   while (v < range.end) {
     Raw bx[UNROLL], bg[UNROLL];
+#if BN_RELU == 2
+    Raw by[UNROLL];
+#endif
     long long at[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -248,6 +316,9 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, const T* __r
       if (at[u] >= 0) {
         bx[u] = __ldcs(xv + at[u]);
         bg[u] = __ldcs(gv + at[u]);
+#if BN_RELU == 2
+        by[u] = __ldcs(yv + at[u]);
+#endif
       }
       j += r;
       n += q;
@@ -262,6 +333,18 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, const T* __r
         float ex[APPLY_VEC], eg[APPLY_VEC];
         unpack<APPLY_VEC>(bx[u], ex);
         unpack<APPLY_VEC>(bg[u], eg);
+#if BN_RELU == 1
+#pragma unroll
+        for (int k = 0; k < APPLY_VEC; ++k) {
+          eg[k] = fmaf(ex[k] - mean, mask.a, mask.b) > 0.0f ? eg[k] : 0.0f;
+        }
+#elif BN_RELU == 2
+        float ey[APPLY_VEC];
+        unpack<APPLY_VEC>(by[u], ey);
+#pragma unroll
+        for (int k = 0; k < APPLY_VEC; ++k) eg[k] = ey[k] > 0.0f ? eg[k] : 0.0f;
+        __stcs(rv + at[u], pack<APPLY_VEC>(eg));  // dresidual = g (exact: dy's values or 0)
+#endif
 #pragma unroll
         for (int k = 0; k < APPLY_VEC; ++k) eg[k] = fmaf(eg[k], f.k, fmaf(ex[k] - mean, f.kx, f.k0));
         __stcs(ov + at[u], pack<APPLY_VEC>(eg));
@@ -273,11 +356,27 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, const T* __r
 
 }  // namespace KATO_NS
 
+#if BN_RELU == 1
+#define KATO_BN_BWD_PARAMS                                                                   \
+  const DTYPE *__restrict__ x, const DTYPE *__restrict__ dy, const float *__restrict__ mean,     \
+      const float *__restrict__ invstd, const float *__restrict__ weight,                        \
+      const float *__restrict__ bias, DTYPE *__restrict__ dx, float *__restrict__ dweight,       \
+      float *__restrict__ dbias, float *__restrict__ workspace, unsigned int *counters, int N,   \
+      int C, int HW
+#elif BN_RELU == 2
+#define KATO_BN_BWD_PARAMS                                                                   \
+  const DTYPE *__restrict__ x, const DTYPE *__restrict__ dy, const DTYPE *__restrict__ y,        \
+      const float *__restrict__ mean, const float *__restrict__ invstd,                          \
+      const float *__restrict__ weight, DTYPE *__restrict__ dx, float *__restrict__ dweight,     \
+      float *__restrict__ dbias, DTYPE *__restrict__ dresidual, float *__restrict__ workspace,    \
+      unsigned int *counters, int N, int C, int HW
+#else
 #define KATO_BN_BWD_PARAMS                                                                   \
   const DTYPE *__restrict__ x, const DTYPE *__restrict__ dy, const float *__restrict__ mean,     \
       const float *__restrict__ invstd, const float *__restrict__ weight, DTYPE *__restrict__ dx, \
       float *__restrict__ dweight, float *__restrict__ dbias, float *__restrict__ workspace,      \
       unsigned int *counters, int N, int C, int HW
+#endif
 
 // Reductions, phase 1 (and, with SPLIT == 1, the whole channel: dweight, dbias, and with
 // APPLY 1 its dx). Grid: exactly C * SPLIT blocks.
@@ -288,7 +387,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_bwd_partial(KATO_BN_BWD_
   const int c = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
   const int part = static_cast<int>(blockIdx.x - static_cast<unsigned>(c) * split);
   const float mu = mean[c];
-  const kb::Sums s = kb::block_sums(x, dy, C, HW / VEC, N, c, part, split, mu, red);
+  const kb::Sums s = kb::block_sums(x, dy, C, HW / VEC, N, c, part, split, mu, red KATO_BN_MASK_ARG(c));
   if (split == 1) {  // uniform per launch; every thread holds the block's sums
     const float dw = s.dyx * invstd[c];
     if (threadIdx.x == 0) {
@@ -298,7 +397,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_bwd_partial(KATO_BN_BWD_
 #if APPLY
     kb::apply_part(x, dy, dx, C, HW / APPLY_VEC, N, c, 0, 1, mu,
                    kb::dx_coef(dw, s.dy, invstd[c], weight[c], N, HW),
-                   static_cast<int>(threadIdx.x), BLOCK_SIZE);
+                   static_cast<int>(threadIdx.x), BLOCK_SIZE KATO_BN_MASK_ARG(c));
 #endif
     return;
   }
@@ -339,7 +438,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_bwd_fused(KATO_BN_BWD_PA
   const int c = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
   const int part = static_cast<int>(blockIdx.x - static_cast<unsigned>(c) * split);
   const float mu = mean[c];
-  kb::Sums s = kb::block_sums(x, dy, C, HW / VEC, N, c, part, split, mu, red);
+  kb::Sums s = kb::block_sums(x, dy, C, HW / VEC, N, c, part, split, mu, red KATO_BN_MASK_ARG(c));
   if (split > 1) {  // uniform per launch
     if (threadIdx.x == 0) {
       float* w = workspace + (static_cast<size_t>(c) * split + part) * 2;
@@ -369,7 +468,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_bwd_fused(KATO_BN_BWD_PA
 #if APPLY
   kb::apply_part(x, dy, dx, C, HW / APPLY_VEC, N, c, 0, 1, mu,
                  kb::dx_coef(dw, s.dy, invstd[c], weight[c], N, HW), static_cast<int>(threadIdx.x),
-                 BLOCK_SIZE);
+                 BLOCK_SIZE KATO_BN_MASK_ARG(c));
 #endif
 }
 
@@ -384,6 +483,6 @@ extern "C" __global__ void __launch_bounds__(1024) batchnorm_bwd_apply(KATO_BN_B
   const int part = static_cast<int>(blockIdx.x - static_cast<unsigned>(c) * split);
   kb::apply_part(x, dy, dx, C, HW / APPLY_VEC, N, c, part, split, mean[c],
                  kb::dx_coef(dweight[c], dbias[c], invstd[c], weight[c], N, HW),
-                 static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
+                 static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x) KATO_BN_MASK_ARG(c));
 #endif
 }

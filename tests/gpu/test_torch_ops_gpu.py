@@ -192,6 +192,49 @@ def test_batch_norm_training(dtype, shape):
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("residual", [False, True], ids=["relu", "add_relu"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(2, 3, 1, 7), (8, 64, 14, 14), (16, 32, 28, 28)])
+def test_batch_norm_relu_training(residual, dtype, shape):
+    """kato_torch.batch_norm_relu (Kato's fused kernels both ways) against torch's float64
+    relu(batch_norm(x) [+ r]) and its autograd: y, the running statistics, and the gradients
+    of x, weight, bias [, residual] for a dy that is 0 where relu's input is within rounding of
+    0 (there relu's gradient depends on who rounds: bn(x) is rounded to the element type before
+    the add, as in torch's own sequence)."""
+    c = shape[1]
+    x = rand(*shape, dtype=dtype, scale=2, offset=3)
+    w, b = rand(c, offset=1), rand(c)
+    r = rand(*shape, dtype=dtype, scale=2) if residual else None
+    stats = [torch.rand(c, device="cuda"), torch.rand(c, device="cuda") + 0.5]
+    stats_ref = [t.clone().double() for t in stats]
+    y = kato_torch.batch_norm_relu(x, *stats, w, b, True, 0.1, 1e-5, residual=r)
+    leaves = [x, w, b] + ([r] if residual else [])
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    z = torch.nn.functional.batch_norm(ref_leaves[0], *stats_ref, ref_leaves[1], ref_leaves[2],
+                                       True, 0.1, 1e-5)  # fmt: skip
+    bn_max = float(z.detach().abs().max())
+    if residual:
+        z = z + ref_leaves[3]
+    y_ref = torch.relu(z)
+    rtol, atol = TOL[dtype]
+    unit = {torch.float32: 0.0, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}[dtype]
+    atol_y = atol + (unit * bn_max if residual else 0.0)
+    assert y.dtype == dtype
+    torch.testing.assert_close(y.double(), y_ref.detach(), rtol=rtol, atol=atol_y)
+    for got, want in zip(stats, stats_ref, strict=True):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    dy = torch.randn(shape, device="cuda", dtype=torch.float64, generator=gen)
+    dy[z.detach().abs() < max(1e-3, 2 * atol_y)] = 0
+    dy = dy.to(dtype)
+    grads = torch.autograd.grad(y, leaves, dy)
+    grads_ref = torch.autograd.grad(y_ref, ref_leaves, dy.double())
+    for g, want in zip(grads, grads_ref, strict=True):
+        bound = float(want.abs().max()) if want.numel() else 1.0
+        torch.testing.assert_close(g.double(), want, rtol=rtol * 16,
+                                   atol=atol * 16 * max(1.0, bound))  # fmt: skip
+
+
 OPCHECKS = {
     "softmax": lambda d: (rand(33, 1031, dtype=d),),
     "layer_norm": lambda d: (rand(33, 130, dtype=d), rand(130, dtype=d), rand(130, dtype=d), 1e-5),
@@ -204,6 +247,9 @@ OPCHECKS = {
     "relu": lambda d: (rand(1000, dtype=d),),
     "batch_norm": lambda d: (rand(4, 8, 5, 5, dtype=d), rand(8), rand(8), torch.zeros(8,
                              device="cuda"), torch.ones(8, device="cuda"), 1e-5, 0.1),
+    "batch_norm_relu": lambda d: (rand(4, 8, 5, 5, dtype=d), rand(4, 8, 5, 5, dtype=d), rand(8),
+                                  rand(8), torch.zeros(8, device="cuda"),
+                                  torch.ones(8, device="cuda"), 1e-5, 0.1),
     "mm": lambda d: (rand(64, 32, dtype=d), rand(32, 48, dtype=d), "nn"),
     "transpose": lambda d: (rand(33, 65, dtype=d),),
 }  # fmt: skip
@@ -248,6 +294,57 @@ def test_compiled_model_keeps_kato_ops_and_matches_eager():
     loss_c, grads_c = _step(compiled, x, labels)
     torch.testing.assert_close(loss_c, loss, rtol=1e-4, atol=1e-4)
     for g, r in zip(grads_c, grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-3, atol=1e-4)
+
+
+class ConvBlock(torch.nn.Module):
+    """A ResNet basic block (torchvision's forward: in-place ReLU, ``+=``) and a head."""
+
+    def __init__(self, width=32, classes=10):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(width, width, 3, 1, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(width)
+        self.conv2 = torch.nn.Conv2d(width, width, 3, 1, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(width)
+        self.relu = torch.nn.ReLU(inplace=True)
+        self.fc = torch.nn.Linear(width, classes)
+        self.loss = torch.nn.CrossEntropyLoss()
+
+    def forward(self, x, labels):
+        y = self.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        y += x
+        y = self.relu(y)
+        return self.loss(self.fc(y.mean(dim=(2, 3))), labels)
+
+
+def test_fused_model_runs_the_fused_kernels_eager_and_compiled():
+    """kato_torch.fuse(patch(model)) in float32 with Kato's kernels (policy "kato"): the step
+    records the fused operators (and no plain batchnorm), matches the unfused eager model
+    (loss, every gradient, the running statistics), and compiles with the fused custom ops in
+    one graph (fullgraph) to the same values."""
+    torch.manual_seed(0)
+    model = ConvBlock().cuda()
+    fused = kato_torch.fuse(kato_torch.patch(ConvBlock().cuda()))
+    fused.load_state_dict(model.state_dict())
+    x = torch.randn(16, 32, 14, 14, device="cuda")
+    labels = torch.randint(0, 10, (16,), device="cuda")
+    with kato_torch.record() as rec:
+        loss, grads = _step(fused, x, labels)
+    ops = {k.operator for k in rec.keys}
+    assert {"batchnorm_relu", "batchnorm_relu_backward", "batchnorm_add_relu",
+            "batchnorm_add_relu_backward"} <= ops and "batchnorm" not in ops  # fmt: skip
+    loss_ref, grads_ref = _step(model, x, labels)
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-4, atol=1e-4)
+    for g, r in zip(grads, grads_ref, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-3, atol=1e-4)
+    for a, b in zip(fused.state_dict().values(), model.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    compiled = torch.compile(fused, fullgraph=True)
+    loss_c, grads_c = _step(compiled, x, labels)
+    loss_e, grads_e = _step(fused, x, labels)
+    torch.testing.assert_close(loss_c, loss_e, rtol=1e-4, atol=1e-4)
+    for g, r in zip(grads_c, grads_e, strict=True):
         torch.testing.assert_close(g, r, rtol=1e-3, atol=1e-4)
 
 

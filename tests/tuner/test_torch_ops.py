@@ -33,6 +33,8 @@ CPU_INEXACT = {
     ("layernorm_backward", "float16"),
     ("layernorm_backward", "bfloat16"),
     ("batchnorm", "float32"),
+    ("batchnorm_relu", "float32"),
+    ("batchnorm_add_relu", "float32"),
 }
 
 
