@@ -262,7 +262,8 @@ class BestConfig(Base):
     #: more than ``service.lookup.NEAREST_MIN_GAIN``. None: not measured (rows before 0006).
     default_ms: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
     #: PyTorch's own op on the same inputs (:mod:`tuner.framework`), and which framework it
-    #: was ("torch 2.13.0+cu130"). None: not measured (no torch, turned off, a mismatch).
+    #: was ("torch 2.13.0+cu130"). None: not measured (no torch, turned off, a failure); a
+    #: mismatch's time is stored (tuner.framework).
     framework_ms: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
     framework: Mapped[str | None] = mapped_column(String(64), nullable=True, default=None)
 

@@ -13,8 +13,11 @@ does (:mod:`tuner.backends.isolated`): torch's CUDA context, its memory and any 
 kernels stay out of the worker, and it is bounded by a timeout. This module does not import
 torch; the child does. A baseline that cannot be taken (torch missing, no CUDA device seen by
 torch, another GPU model at that index, an operator without an equivalent: ``skipped``), that
-fails (``failed``: an error, a crash, the timeout) or whose outputs disagree with the references
-(``mismatch``) is logged by the worker and not stored; the job is ``done`` all the same.
+fails (``failed``: an error, a crash, the timeout) is logged by the worker and not stored; the
+job is ``done`` all the same. One whose outputs disagree with the references (``mismatch``: torch's
+bfloat16 batch-norm backward, say, is outside Kato's tolerance on some elements) is timed and
+stored all the same, with a warning: PyTorch's op is what a user runs in place of Kato's
+(verified) kernel whatever its accuracy, so its time is still the never-slower policy's bar.
 
 ``KATO_FRAMEWORK_BASELINE`` (true by default; false, 0, no or off) turns it off.
 """
@@ -70,9 +73,14 @@ class FrameworkResult:
         return self.status == OK and bool(self.times_ms)
 
     @property
+    def timed(self) -> bool:
+        """Whether the op was timed: ``ok``, or a ``mismatch`` (timed all the same)."""
+        return self.status in (OK, MISMATCH) and bool(self.times_ms)
+
+    @property
     def time_ms(self) -> float | None:
-        """The median per-call time (None unless ``ok``)."""
-        return statistics.median(self.times_ms) if self.ok else None
+        """The median per-call time (None unless :attr:`timed`)."""
+        return statistics.median(self.times_ms) if self.timed else None
 
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:

@@ -373,8 +373,9 @@ class JobRunner:
             (:mod:`tuner.framework`), stored beside the winner; default: the backend
             factory's, if it has one (:class:`tuner.backends.abilities.MeasuresFramework`:
             a GPU worker's does, a replay worker's not). ``KATO_FRAMEWORK_BASELINE=false``
-            turns it off. A baseline that fails or disagrees with the references is logged,
-            never stored, and the job is done all the same.
+            turns it off. A baseline that fails is logged, never stored, and the job is done
+            all the same; one whose outputs disagree with the references is stored, with a
+            warning (PyTorch's op is what would run instead, accurate or not).
         gpu_gate: the GPU's gate (:mod:`tuner.gpu_gate`), shared by the runners of a worker
             that holds several jobs at once (each measurement, device set-up, close and
             baseline then takes turns, and a config's compile is awaited before its turn, so
@@ -998,9 +999,10 @@ class JobRunner:
         self, job: Job, backend: Backend, device: DeviceInfo, state: _JobState, ledger: JobLedger
     ) -> framework.FrameworkResult | None:
         """PyTorch's op timed for ``job`` (:attr:`framework_timer`), or None: no timer, turned
-        off, the job has no winner to store it beside, or the baseline is not ``ok`` (logged
-        with its reason). The job's backend is closed first, so the baseline has the GPU (and
-        its memory) to itself; every measurement of the job has been settled by now."""
+        off, the job has no winner to store it beside, or the baseline was not timed (logged
+        with its reason; a timed ``mismatch`` is stored, with a warning). The job's backend is
+        closed first, so the baseline has the GPU (and its memory) to itself; every
+        measurement of the job has been settled by now."""
         if self.framework_timer is None or state.stop.is_set():
             return None
         try:
@@ -1027,12 +1029,17 @@ class JobRunner:
             log.warning("job %s: the framework baseline failed", job.id, exc_info=True)
             return None
         took = time.monotonic() - t0
-        if not result.ok:
+        if not result.timed:
             log.warning(
                 "job %s: no framework baseline stored (%s, %.1f s): %s",
                 job.id, result.status, took, result.detail,
             )  # fmt: skip
             return None
+        if not result.ok:
+            log.warning(
+                "job %s: framework baseline stored, but %s's outputs are outside Kato's "
+                "tolerance (%s): %s", job.id, result.framework, result.status, result.detail,
+            )  # fmt: skip
         time_ms = result.time_ms or 0.0
         log.info(
             "job %s: %s %s: %.4f ms, Kato's winner %.4f ms (%.2fx; %.1f s)",

@@ -612,8 +612,9 @@ def measure(
 ) -> FrameworkResult:
     """Torch's op for ``spec`` at ``shape``/``dtype`` on CUDA device ``device_index``: made
     from ``problem`` (default: ``spec.make_problem`` with a fresh generator from ``seed``),
-    checked with :func:`check_outputs` (a disagreement is a ``mismatch``, not timed), then
-    timed by :func:`time_calls` over input copies (within half the device's free memory).
+    checked with :func:`check_outputs`, then timed by :func:`time_calls` over input copies
+    (within half the device's free memory). Outputs outside Kato's tolerance make the result a
+    ``mismatch`` that is timed all the same (see :mod:`tuner.framework`).
 
     Raises:
         LookupError: the operator has no torch equivalent.
@@ -626,8 +627,6 @@ def measure(
     with torch.cuda.device(device), torch.no_grad():
         state = eq.prepare(problem_values(problem, device))
         error = check_outputs(spec, dtype, problem, tuple(eq.run(state)))
-        if error:
-            return FrameworkResult(MISMATCH, framework, eq.what, detail=error)
         if l2_bytes is None:
             gpu = find_gpu(normalize_gpu_name(torch.cuda.get_device_name(device)))
             l2_bytes = gpu.l2_bytes if gpu is not None and gpu.l2_bytes else DEFAULT_L2_BYTES
@@ -638,6 +637,8 @@ def measure(
         del problem  # the host copies and references: not needed for timing
         times = time_calls(eq.run, states, repeats=repeats, warmup=warmup, device=device)
     torch.cuda.empty_cache()
+    if error:
+        return FrameworkResult(MISMATCH, framework, eq.what, tuple(times), detail=error)
     return FrameworkResult(
         OK, framework, eq.what, tuple(times), detail=f"verified; {len(states)} input copies"
     )

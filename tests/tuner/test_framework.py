@@ -94,9 +94,9 @@ def test_a_finished_job_stores_the_framework_and_default_times_beside_its_winner
         FrameworkResult("failed", detail="no answer within 300 s"),
         RuntimeError("the timer broke"),
     ],
-    ids=["mismatch", "skipped", "failed", "raised"],
+    ids=["untimed mismatch", "skipped", "failed", "raised"],
 )
-def test_a_baseline_that_is_not_ok_is_logged_not_stored_and_the_job_is_done(db, result, caplog):
+def test_a_baseline_that_is_not_timed_is_logged_not_stored_and_the_job_is_done(db, result, caplog):
     caplog.set_level(logging.WARNING, logger="kato.tuner.worker")
     row = run_job(db, BaselineFactory(result))
     assert (row.framework_ms, row.framework) == (None, None)
@@ -104,6 +104,16 @@ def test_a_baseline_that_is_not_ok_is_logged_not_stored_and_the_job_is_done(db, 
     text = caplog.text
     expected = str(result) if isinstance(result, Exception) else result.detail
     assert "framework baseline" in text and expected in text
+
+
+def test_a_timed_mismatch_is_stored_with_a_warning(db, caplog):
+    """PyTorch's op out of Kato's tolerance is still what runs in Kato's place: its time is
+    the policy's bar, stored beside the winner, and the disagreement is logged."""
+    caplog.set_level(logging.WARNING, logger="kato.tuner.worker")
+    result = FrameworkResult("mismatch", "torch 2.13.0", "op", (0.08, 0.07, 0.09), "output 6: 2%")
+    row = run_job(db, BaselineFactory(result))
+    assert (row.framework_ms, row.framework) == (0.08, "torch 2.13.0")
+    assert "outside Kato's tolerance" in caplog.text and "output 6: 2%" in caplog.text
 
 
 def test_the_baseline_can_be_turned_off(db, monkeypatch):
