@@ -82,6 +82,10 @@ def remembers_fallbacks(
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
+            if torch.compiler.is_compiling():
+                # A traced call takes the full path; skipping the bookkeeping also keeps dynamo
+                # from guarding on this thread's choice counter (a recompile on every call).
+                return fn(*args, **kwargs)
             if ignored:  # by keyword, so that they leave the key whichever way they came
                 cut = min((positions[p] for p in ignored if positions[p] < len(args)),
                           default=len(args))  # fmt: skip

@@ -403,3 +403,25 @@ def test_a_cumulative_batch_norm_matches_pytorch_on_every_step():
         torch.testing.assert_close(ours(x), theirs(x))
     torch.testing.assert_close(ours[0].running_mean, theirs[0].running_mean)
     torch.testing.assert_close(ours[0].running_var, theirs[0].running_var)
+
+
+def test_a_patched_batch_norm_compiles_once_in_one_graph():
+    """A drop-in whose fallback memory ignores some arguments (batch norm's momentum and eps)
+    traces in one graph, and later calls reuse it: no guard on the eager path's bookkeeping
+    (before, dynamo refused its ``min(..., default=)`` under fullgraph and, without it,
+    recompiled on every call until its limit)."""
+    torch.manual_seed(0)
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    ours = kato_torch.patch(torch.nn.Sequential(torch.nn.BatchNorm2d(3), torch.nn.ReLU()))
+    theirs = torch.nn.Sequential(torch.nn.BatchNorm2d(3), torch.nn.ReLU())
+    compiled = torch.compile(ours, fullgraph=True, backend=counting)
+    for _ in range(4):
+        x = torch.randn(2, 3, 4, 4)
+        torch.testing.assert_close(compiled(x), theirs(x))
+    assert len(graphs) == 1
+    torch.testing.assert_close(ours[0].running_mean, theirs[0].running_mean)
