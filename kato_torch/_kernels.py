@@ -229,7 +229,9 @@ def prepare(keys: Sequence[Any], device_index: int = 0, workers: int | None = No
 
     major, minor = torch.cuda.get_device_capability(device_index)
     arch = f"sm_{major}{minor}"
-    chosen = [k for k in keys if _policy.decide(k.operator, k.shape, k.dtype, "cuda")]
+    chosen = [
+        k for k in keys if _policy.verdict(k.operator, k.shape, k.dtype, "cuda") != _policy.TORCH
+    ]
 
     def build(key: Any) -> None:
         spec = get_operator(key.operator)

@@ -53,22 +53,22 @@ def _dtype_name(t: Tensor) -> str:
 @torch.compiler.assume_constant_result
 def _decide(
     operator: str, shape: tuple[int, ...], dtype: str, device: str, compiled: bool = False
-) -> bool:
-    """The policy's answer for this key; False for an operator, dtype or shape Kato does not
-    have (a shape the operator's spec refuses, e.g. past its kernels' int indices: binding it
-    would raise inside the custom op). A constant for ``torch.compile`` (shapes are static in
-    a compiled graph)."""
+) -> int:
+    """The policy's verdict for this key (:func:`kato_torch.policy.verdict`); ``TORCH`` for an
+    operator, dtype or shape Kato does not have (a shape the operator's spec refuses, e.g.
+    past its kernels' int indices: binding it would raise inside the custom op). A constant
+    for ``torch.compile`` (shapes are static in a compiled graph)."""
     try:
         spec = get_operator(operator)
     except InvalidInput:  # not in this installation (e.g. a layout added later)
-        return False
+        return _policy.TORCH
     if dtype not in spec.dtypes:
-        return False
+        return _policy.TORCH
     try:
         spec.validate(shape, dtype)
     except InvalidInput:
-        return False
-    return _policy.decide(operator, shape, dtype, device, compiled)
+        return _policy.TORCH
+    return _policy.verdict(operator, shape, dtype, device, compiled)
 
 
 #: (operator, shape, dtype, device type) -> decision, valid for :func:`policy.generation`
@@ -84,7 +84,7 @@ def _use(operator: str, shape: Sequence[int], t: Tensor) -> bool:
         # operator.index specializes a dynamic dimension (a guard on its value): a decision is
         # per shape, and assume_constant_result takes constants only (a SymInt breaks the graph).
         key = tuple(_operator.index(d) for d in shape)
-        return _decide(operator, key, _dtype_name(t), t.device.type, True)
+        return _decide(operator, key, _dtype_name(t), t.device.type, True) == _policy.KATO
     shape = tuple(int(d) for d in shape)
     key = (operator, shape, t.dtype, t.device.type)
     if _fast_generation != _policy.generation():
@@ -94,9 +94,19 @@ def _use(operator: str, shape: Sequence[int], t: Tensor) -> bool:
     if decision is None or _policy.recording():
         decision = _decide(operator, shape, _dtype_name(t), t.device.type)
         _fast[key] = decision
-    if decision:
-        chose_kato()
-    return decision
+    if decision == _policy.TORCH:
+        return False
+    # A WHEN_BUSY call may go either way next time: never remembered as a fallback.
+    chose_kato()
+    if decision == _policy.WHEN_BUSY:
+        # Work still queued: the GPU, not the host, bounds the step, and the kernel's saving
+        # counts in full. An empty queue: the host bounds it, and PyTorch's cheaper call wins.
+        # A graph being captured replays without the host: its saving always counts (and a
+        # capturing stream may not be queried).
+        return torch.cuda.is_current_stream_capturing() or not (
+            torch.cuda.current_stream(t.device).query()
+        )
+    return True
 
 
 def _run(operator: str, shape: Sequence[int], t: Tensor, args: list) -> None:

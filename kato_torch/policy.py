@@ -9,7 +9,11 @@ device) from what the configured client serves:
   default answers, an old service that reports no framework time, no client, the service down)
   runs PyTorch's op, so an untuned shape never makes a step slower than plain PyTorch. Inside
   a ``torch.compile`` graph the bar is :data:`MIN_SPEEDUP_COMPILED` (Inductor's fusions); the
-  winner must also save :data:`MIN_SAVING_MS` per call (the host's cost of a Kato call).
+  winner must also save :data:`MIN_SAVING_MS` per call (the host's cost of a Kato call). A
+  winner over the bar that saves less is :data:`WHEN_BUSY` in eager mode (:func:`verdict`): its
+  kernel runs while the GPU still has work queued on the caller's stream (a step bound by the
+  GPU, where the host's extra cost hides behind the queue), PyTorch's op when the queue is
+  empty (a step bound by the host).
 - ``"kato"``: always Kato's kernel (the served config, else the operator's default).
 - ``"torch"``: always PyTorch's op.
 
@@ -47,6 +51,10 @@ MIN_SPEEDUP_COMPILED = 2.0
 #: forward + backward on the H200 host, docs/results_h200.md), which a launch-bound step pays
 #: in full; one saving a few microseconds of GPU time makes such a step slower.
 MIN_SAVING_MS = 0.1
+
+#: Verdicts of :func:`verdict`: PyTorch's op; Kato's kernel; Kato's kernel only while the
+#: caller's stream has work queued (decided per call by the caller).
+TORCH, KATO, WHEN_BUSY = 0, 1, 2
 
 _lock = threading.Lock()
 _settings: dict[str, Any] = {"client": None, "gpu": None, "policy": {"*": "auto"}}
@@ -145,52 +153,71 @@ def served_config(answer: Any) -> tuple[dict[str, Any], str]:
     return dict(getattr(answer, "config", None) or {}), str(getattr(answer, "source", "client"))
 
 
-def known_faster(answer: Any, compiled: bool = False) -> bool:
-    """Whether ``answer`` is a winner tuned for this very shape that beat the framework: by
-    :data:`MIN_SPEEDUP` (:data:`MIN_SPEEDUP_COMPILED` for a call in a compiled graph) and,
-    where the answer reports ``time_ms`` and ``framework_ms``, by at least
-    :data:`MIN_SAVING_MS` of GPU time per call."""
+def judge(answer: Any, compiled: bool = False) -> int:
+    """:data:`KATO` where ``answer`` is a winner tuned for this very shape that beat the
+    framework by :data:`MIN_SPEEDUP` (:data:`MIN_SPEEDUP_COMPILED` for a call in a compiled
+    graph) and, where the answer reports ``time_ms`` and ``framework_ms``, saves at least
+    :data:`MIN_SAVING_MS` of GPU time per call; :data:`WHEN_BUSY` where it beat the bar but
+    saves less, for an eager call; else :data:`TORCH`."""
     if answer is None or _field(answer, "source") != "exact":
-        return False
+        return TORCH
     speedup = _field(answer, "speedup")
     bar = MIN_SPEEDUP_COMPILED if compiled else MIN_SPEEDUP
     if speedup is None or float(speedup) < bar:
-        return False
-    # The saving rule holds in both modes: a compiled graph's "yes" must also be the eager
-    # "yes" that the op's implementation decides again when the graph runs.
+        return TORCH
     time_ms, framework_ms = _field(answer, "time_ms"), _field(answer, "framework_ms")
     if time_ms is None or framework_ms is None:
-        return True
-    return float(framework_ms) - float(time_ms) >= MIN_SAVING_MS
+        return KATO
+    if float(framework_ms) - float(time_ms) >= MIN_SAVING_MS:
+        return KATO
+    # A compiled graph's "yes" must also be the eager one that the op's implementation
+    # decides again when the graph runs, and a graph cannot ask the queue at trace time.
+    return TORCH if compiled else WHEN_BUSY
 
 
-def _decide(operator: str, shape: tuple[int, ...], dtype: str, device: str, compiled: bool) -> bool:
+def known_faster(answer: Any, compiled: bool = False) -> bool:
+    """Whether :func:`judge` says :data:`KATO` for ``answer``."""
+    return judge(answer, compiled) == KATO
+
+
+def _verdict(operator: str, shape: tuple[int, ...], dtype: str, device: str, compiled: bool) -> int:
     for recorder in list(_recorders):
         recorder.add(operator, shape, dtype)
     if device != "cuda":
-        return False
+        return TORCH
     key = (operator, shape, dtype, compiled)
     decision = _decisions.get(key)
     if decision is None:
         policy = policy_for(operator)
         if policy == "auto":
-            decision = operator in _without_equivalent or known_faster(
-                served(operator, shape, dtype), compiled
+            decision = (
+                KATO
+                if operator in _without_equivalent
+                else judge(served(operator, shape, dtype), compiled)
             )
         else:
-            decision = policy == "kato"
+            decision = KATO if policy == "kato" else TORCH
         _decisions[key] = decision
     return decision
+
+
+def verdict(
+    operator: str, shape: tuple[int, ...], dtype: str, device: str, compiled: bool = False
+) -> int:
+    """:data:`KATO`: run Kato's ``operator`` kernel for this key; :data:`TORCH`: PyTorch's op;
+    :data:`WHEN_BUSY`: Kato's kernel while the caller's CUDA stream has work queued, else
+    PyTorch's op (the caller asks the stream on every call; eager calls only). ``device`` is
+    the tensor's device type (anything but ``"cuda"`` is always PyTorch); ``compiled``: the
+    call is being traced into a ``torch.compile`` graph. Records the key in every active
+    :func:`record`."""
+    return _verdict(operator, tuple(int(d) for d in shape), dtype, device, compiled)
 
 
 def decide(
     operator: str, shape: tuple[int, ...], dtype: str, device: str, compiled: bool = False
 ) -> bool:
-    """True: run Kato's ``operator`` kernel for this key; False: PyTorch's op. ``device`` is
-    the tensor's device type (anything but ``"cuda"`` is always PyTorch); ``compiled``: the
-    call is being traced into a ``torch.compile`` graph. Records the key in every active
-    :func:`record`."""
-    return _decide(operator, tuple(int(d) for d in shape), dtype, device, compiled)
+    """Whether :func:`verdict` is :data:`KATO` (Kato's kernel on every call)."""
+    return verdict(operator, shape, dtype, device, compiled) == KATO
 
 
 @dataclass(frozen=True, order=True)

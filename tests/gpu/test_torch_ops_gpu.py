@@ -494,3 +494,43 @@ def test_split_row_softmax_on_two_streams_at_once_keeps_each_calls_partials():
     for calls, ref in zip(outs, refs, strict=True):
         for out in calls:  # every call: any of them may be the one whose partials mixed
             torch.testing.assert_close(out.double(), ref, rtol=2e-5, atol=1e-9)
+
+
+def test_a_small_saving_runs_kato_while_the_stream_is_busy_and_torch_when_idle():
+    """A winner 2x faster than PyTorch's op that saves less than MIN_SAVING_MS a call is
+    WHEN_BUSY: Kato's kernel runs while the caller's stream still has work queued (a step bound
+    by the GPU), PyTorch's op when the stream is idle (bound by the host); either way the
+    result is the layer norm."""
+    from kato.kernels import get_operator
+    from torch.profiler import ProfilerActivity, profile
+
+    rows, cols = 64, 768
+
+    class SmallSaving:
+        def lookup(self, operator, shape, dtype, gpu=None):
+            config = get_operator(operator).default_config(shape, dtype)
+            return {"config": config, "source": "exact", "speedup": 2.0, "time_ms": 0.002,
+                    "framework_ms": 0.004}  # fmt: skip
+
+    kato_torch.configure(client=SmallSaving())
+    x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+    w, b = torch.randn(cols, device="cuda"), torch.randn(cols, device="cuda")
+    w_lo, b_lo = w.bfloat16(), b.bfloat16()
+    ref = torch.nn.functional.layer_norm(x.float(), (cols,), w_lo.float(), b_lo.float())
+    assert kato_torch.policy.verdict("layernorm", (rows, cols), "bfloat16", "cuda") == (
+        kato_torch.policy.WHEN_BUSY
+    )
+
+    def kernels(busy):
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            if busy:
+                torch.cuda._sleep(50_000_000)  # tens of milliseconds of queued work
+            y = kato_torch.layer_norm(x, (cols,), w_lo, b_lo)
+            torch.cuda.synchronize()
+        torch.testing.assert_close(y.float(), ref, rtol=1.6e-2, atol=3e-2)
+        return [e.key for e in prof.key_averages()]
+
+    for _ in range(2):  # the second call of each kind: not remembered as a fallback
+        assert "layernorm_fwd" in kernels(busy=True)  # Kato's kernel (extern "C")
+        assert "layernorm_fwd" not in kernels(busy=False)

@@ -100,6 +100,10 @@ def test_auto_in_eager_mode_asks_a_saving_worth_the_host_cost():
     assert policy.decide("cross_entropy", (8192, 50257), "bfloat16", "cuda", compiled=True)
     assert policy.decide("cross_entropy", (8192, 50257), "bfloat16", "cuda") is True
     assert policy.decide("softmax", (8, 4096), "float16", "cuda") is True
+    # The small saving is worth a call while the GPU has work queued (decided per call).
+    assert policy.verdict("layernorm", (8192, 768), "bfloat16", "cuda") == policy.WHEN_BUSY
+    assert policy.verdict("layernorm", (8192, 768), "bfloat16", "cuda", True) == policy.TORCH
+    assert policy.verdict("cross_entropy", (8192, 50257), "bfloat16", "cuda") == policy.KATO
 
 
 def test_auto_without_a_client_or_with_a_failing_one_runs_pytorch():
