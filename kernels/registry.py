@@ -51,6 +51,8 @@ _BUILTIN_MODULES = (
     "kato.kernels.add_layernorm",
     "kato.kernels.batchnorm",
     "kato.kernels.batchnorm_backward",
+    "kato.kernels.layernorm_relu",
+    "kato.kernels.layernorm_relu_backward",
 )
 
 
