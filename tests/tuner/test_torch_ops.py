@@ -32,6 +32,9 @@ CPU_INEXACT = {
     ("layernorm", "float32"),
     ("layernorm_backward", "float16"),
     ("layernorm_backward", "bfloat16"),
+    ("layernorm_relu", "float32"),
+    ("layernorm_relu_backward", "float16"),
+    ("layernorm_relu_backward", "bfloat16"),
     ("batchnorm", "float32"),
 }
 
