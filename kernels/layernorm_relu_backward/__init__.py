@@ -20,8 +20,10 @@ reference's mask is unambiguous.
 
 Kernel arguments (:attr:`Problem.args` order, the same for both kernels): ``x, weight, bias,
 mean, rstd, dy, dx, dweight, dbias, partials, nparts, rows, cols``: layernorm_backward's with
-the bias after the weight. Parameter space, checks, defaults and launches: layernorm_backward's
-(:class:`kernels.layernorm_backward.LayerNormBackwardSpec`).
+the bias after the weight. Parameter space, defaults and launches: layernorm_backward's
+(:class:`kernels.layernorm_backward.LayerNormBackwardSpec`); its checks too, but for CACHE=2
+configs at the edge of the register cap, which the bias loads would make spill
+(:meth:`LayerNormReluBackwardSpec.extra_registers`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from kato.kernels import rowwise
 from kato.kernels.layernorm_backward import (
     DW_RTOL,
     DW_SUM_ERROR,
@@ -84,6 +87,17 @@ class LayerNormReluBackwardSpec(LayerNormBackwardSpec):
         "x, weight, bias, the forward's mean and rstd, and dy: the relu mask recomputed from x, "
         "then layernorm's dx, dweight and dbias; float32 accumulation"
     )
+
+    def extra_registers(self, config: Config, cols: int, itemsize: int) -> int:
+        """Layernorm_backward's, plus with CACHE=2 one more row-sized register set: the bias
+        vectors the mask reads in the first pass, which ptxas loads ahead with x's and dy's
+        (compile tests: a float32 VEC=1 row of 16 items under a 128-register cap, at the plain
+        kernel's limit, spilled 80 bytes without it). Only :meth:`check` reads it: the fused
+        space rejects the register-cache configs at the plain one's edge."""
+        extra = super().extra_registers(config, cols, itemsize)
+        if config["CACHE"] == 2:
+            extra += rowwise.vector_registers(config, cols, itemsize)
+        return extra
 
     def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
         """Layernorm_backward's macros and ``EPILOGUE_RELU=1``."""
