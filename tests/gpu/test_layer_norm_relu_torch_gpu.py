@@ -55,7 +55,8 @@ def _check(x, w, b, dy, dtype):
     for g, g_ref in zip(grads, grads_ref, strict=True):
         assert g.dtype == dtype
         torch.testing.assert_close(g.double(), g_ref, rtol=scale * rtol, atol=scale * atol)
-    assert (y == 0).any() and (y > 0).any()
+    if x.shape[-1] >= 100:  # both sides of the ReLU exercised
+        assert (y == 0).any() and (y > 0).any()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
