@@ -45,6 +45,10 @@ from kato.kernels.spec import DTYPES, Config, Problem
 #: of zero: float32's recomputation from the stored inputs is good to a few 2**-24 of that, so
 #: the mask is the float64 reference's everywhere else (a margin 2**12 times wider).
 MASK_MARGIN = 2.0**-12
+#: ... and within this fraction of |mean| rstd |w| more: a forward (Kato's through the row's
+#: pivot, or torch's) computes y from a mean it rounds to float32 only when saving it, half an
+#: ulp (2**-24 |mean|) from the one the mask is recomputed from; 4x that.
+MEAN_ROUNDING = 2.0**-22
 #: Rows of the reference per chunk (bounds its float64 temporaries to a few 2**22 elements).
 _CHUNK_ELEMENTS = 2**22
 
@@ -52,14 +56,17 @@ _CHUNK_ELEMENTS = 2**22
 def pre_activation(
     x: np.ndarray, weight: np.ndarray, bias: np.ndarray, mean: np.ndarray, rstd: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Float64 ``(xhat * w + b, |xhat w| + |b|)`` from the inputs as stored (mean and rstd
-    float32): the value the ReLU's mask tests, and its scale."""
-    xhat = (x.astype(np.float64) - mean.astype(np.float64)[:, None]) * rstd.astype(np.float64)[
-        :, None
-    ]
-    xw = xhat * weight.astype(np.float64)
+    """Float64 ``(xhat * w + b, edge)`` from the inputs as stored (mean and rstd float32): the
+    value the ReLU's mask tests, and the width of the band around zero where a float32
+    recomputation, or a forward's y, may fall on the other side (:data:`MASK_MARGIN`
+    ``(|xhat w| + |b|) +`` :data:`MEAN_ROUNDING` ``|mean| rstd |w|``)."""
+    r = rstd.astype(np.float64)[:, None]
+    m = mean.astype(np.float64)[:, None]
+    w = weight.astype(np.float64)
     b64 = bias.astype(np.float64)
-    return xw + b64, np.abs(xw) + np.abs(b64)
+    xw = (x.astype(np.float64) - m) * r * w
+    edge = MASK_MARGIN * (np.abs(xw) + np.abs(b64)) + MEAN_ROUNDING * np.abs(m) * r * np.abs(w)
+    return xw + b64, edge
 
 
 def layernorm_relu_backward_reference(
@@ -106,8 +113,9 @@ class LayerNormReluBackwardSpec(LayerNormBackwardSpec):
     def make_problem(self, shape: Sequence[int], dtype: str, rng: np.random.Generator) -> Problem:
         """Layernorm_backward's problem (:meth:`LayerNormBackwardSpec.make_problem`: x, weight,
         mean, rstd, dy and the NaN-filled outputs) with a bias ~ U(-1, 1) (about half of each
-        row clipped), and dy zeroed where the pre-activation is within :data:`MASK_MARGIN` of
-        zero (relative to |xhat w| + |b|), where float32 may round to the other side. dx,
+        row clipped), and dy zeroed where the pre-activation is within the band around zero
+        where float32, or a forward's y, may fall on the other side (:func:`pre_activation`:
+        a few 1e-4 relative, from the float32 rounding of the saved mean besides). dx,
         dweight, dbias and their tolerances from the masked gradient (float64, the inputs as
         stored), dweight's and dbias's atol scaled as layernorm_backward's by the sums of |g
         xhat| and |g|."""
@@ -121,8 +129,8 @@ class LayerNormReluBackwardSpec(LayerNormBackwardSpec):
         step = max(1, _CHUNK_ELEMENTS // cols)
         for start in range(0, rows, step):  # a fixed order: the same sums on every run
             chunk = slice(start, min(rows, start + step))
-            pre, scale = pre_activation(x[chunk], weight, bias, mean[chunk], rstd[chunk])
-            dy[chunk][np.abs(pre) <= MASK_MARGIN * scale] = 0
+            pre, edge = pre_activation(x[chunk], weight, bias, mean[chunk], rstd[chunk])
+            dy[chunk][np.abs(pre) <= edge] = 0
             ref_dx[chunk], dw, db, dw_abs, db_abs = layernorm_relu_backward_reference(
                 x[chunk], weight, bias, mean[chunk], rstd[chunk], dy[chunk]
             )
@@ -155,6 +163,7 @@ LAYERNORM_RELU_BACKWARD = register(LayerNormReluBackwardSpec())
 __all__ = [
     "LAYERNORM_RELU_BACKWARD",
     "MASK_MARGIN",
+    "MEAN_ROUNDING",
     "LayerNormReluBackwardSpec",
     "layernorm_relu_backward_reference",
     "pre_activation",

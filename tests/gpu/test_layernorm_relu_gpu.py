@@ -11,11 +11,7 @@ import numpy as np
 import pytest
 from kato.kernels import DTYPES, get_operator
 from kato.kernels.layernorm_backward import DW_RTOL, DW_SUM_ERROR
-from kato.kernels.layernorm_relu_backward import (
-    MASK_MARGIN,
-    layernorm_relu_backward_reference,
-    pre_activation,
-)
+from kato.kernels.layernorm_relu_backward import layernorm_relu_backward_reference, pre_activation
 from rowwise_harness import run_arrays, run_offset, verify_all
 from verify_harness import verify_variants
 
@@ -110,24 +106,18 @@ def test_backward_row_arrays_off_a_vector_boundary(backward, dtype, offset):
 def test_backward_of_the_forward_kernels_output(forward, backward, dtype, shape):
     """The forward kernel's mean and rstd fed to the backward kernel (the pair kato_torch runs):
     dx, dweight and dbias within tolerance of the float64 reference from those statistics
-    (dy zeroed within MASK_MARGIN of the mask's edge), and the forward's y positive exactly
-    where the mask recomputed from the saved statistics passes dy, outside the band where the
-    float32 rounding of the saved mean may move the pre-activation across zero."""
+    (dy zeroed in pre_activation's band around zero), and the forward's y positive exactly
+    where the mask recomputed from the saved statistics passes dy outside that band (which
+    covers the float32 rounding of the saved mean the forward normalised without)."""
     rng = np.random.default_rng(7)
     fwd_problem = forward.make_problem(shape, dtype, rng)
     fwd = run_arrays(forward, forward.default_config(shape, dtype), shape, dtype, fwd_problem.args)
     x, weight, bias, y, mean, rstd = fwd[:6]
     problem = backward.make_problem(shape, dtype, rng)
     dy = problem.args[5].copy()
-    pre, scale = pre_activation(x, weight, bias, mean, rstd)
-    dy[np.abs(pre) <= MASK_MARGIN * scale] = 0
-    # The forward normalised through the row's pivot, unrounded; the saved mean is rounded to
-    # float32 (half an ulp: 2**-24 |mean|, times rstd |w| in y), so y's sign is the
-    # recomputed one's outside that much more.
-    edge = MASK_MARGIN * scale + 2.0**-22 * np.abs(mean)[:, None] * rstd[:, None] * np.abs(
-        weight.astype(np.float64)
-    )
+    pre, edge = pre_activation(x, weight, bias, mean, rstd)
     outside = np.abs(pre) > edge
+    dy[~outside] = 0
     assert outside.mean() > 0.99
     assert ((y.astype(np.float64) > 0) == (pre > 0))[outside].all()
     args = [x, weight, bias, mean, rstd, dy, *problem.args[6:]]
