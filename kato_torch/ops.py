@@ -321,6 +321,126 @@ def layernorm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Ten
     return layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
+# --- layer norm + ReLU ------------------------------------------------------------------------
+
+
+@KatoOp.define("layer_norm_relu")
+def _layer_norm_relu(
+    x: Tensor, weight: Tensor, bias: Tensor, eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(relu(layer_norm(x)), mean, rstd) of a contiguous (rows, cols) x; mean and rstd float32
+    per row, as :func:`_layer_norm`'s."""
+    rows, cols = _rows_cols(x)
+    if not _use("layernorm_relu", (rows, cols), x) or x.numel() == 0:
+        y, mean, rstd = torch.native_layer_norm(x, (cols,), weight, bias, eps)
+        return torch.relu(y), mean.reshape(rows).float(), rstd.reshape(rows).float()
+    y, mean, rstd = torch.empty_like(x), _empty_rows(x, rows), _empty_rows(x, rows)
+    _run("layernorm_relu", (rows, cols), x, [x, weight, bias, y, mean, rstd, rows, cols, eps])
+    return y, mean, rstd
+
+
+@_layer_norm_relu.register_fake
+def _(x, weight, bias, eps):
+    rows, _ = _rows_cols(x)
+    return (
+        torch.empty_like(x),
+        x.new_empty(rows, dtype=torch.float32),
+        x.new_empty(rows, dtype=torch.float32),
+    )
+
+
+@KatoOp.define("layer_norm_relu_backward")
+def _layer_norm_relu_backward(
+    x: Tensor, weight: Tensor, bias: Tensor, mean: Tensor, rstd: Tensor, y: Tensor, dy: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(dx, dweight, dbias) from the forward's input, statistics and output. Kato's kernel
+    recomputes the ReLU's mask from x (it reads x anyway) and never reads y; torch's sequence
+    (threshold_backward on y, then native_layer_norm_backward) is autograd's for
+    ``relu(layer_norm(x))``."""
+    rows, cols = _rows_cols(x)
+    if not _use("layernorm_relu_backward", (rows, cols), x) or x.numel() == 0:
+        g = torch.ops.aten.threshold_backward(dy, y, 0)
+        dx, dw, db = torch.ops.aten.native_layer_norm_backward(
+            g, x, (cols,), mean.reshape(rows, 1), rstd.reshape(rows, 1), weight, bias,
+            (True, True, True),
+        )  # fmt: skip
+        return dx, dw, db
+    dx, dw, db = torch.empty_like(x), torch.empty_like(weight), torch.empty_like(weight)
+    partials = torch.empty(
+        layernorm_partial_rows(rows) * 2 * cols, device=x.device, dtype=torch.float32
+    )
+    nparts = torch.empty(1, device=x.device, dtype=torch.int32)
+    _run("layernorm_relu_backward", (rows, cols), x,
+         [x, weight, bias, mean, rstd, dy, dx, dw, db, partials, nparts, rows, cols])  # fmt: skip
+    return dx, dw, db
+
+
+@_layer_norm_relu_backward.register_fake
+def _(x, weight, bias, mean, rstd, y, dy):
+    return torch.empty_like(x), torch.empty_like(weight), torch.empty_like(weight)
+
+
+def _layer_norm_relu_setup(ctx, inputs, output):
+    x, weight, bias, _ = inputs
+    y, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    # y is what torch's relu saves too (and the next layer's input, which it keeps anyway).
+    ctx.save_for_backward(x, weight, bias, mean, rstd, y)
+
+
+def _layer_norm_relu_grad(ctx, dy, _dmean, _drstd):
+    x, weight, bias, mean, rstd, y = ctx.saved_tensors
+    dx, dw, db = _layer_norm_relu_backward(x, weight, bias, mean, rstd, y, dy.contiguous())
+    return dx, dw, db, None
+
+
+_layer_norm_relu.register_autograd(_layer_norm_relu_grad, setup_context=_layer_norm_relu_setup)
+
+
+def _layer_norm_relu_torch(
+    x: Tensor,
+    normalized_shape: Sequence[int],
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    return torch.relu(torch.nn.functional.layer_norm(x, tuple(normalized_shape), weight, bias, eps))
+
+
+@remembers_fallbacks(_layer_norm_relu_torch)
+def layer_norm_relu(
+    x: Tensor,
+    normalized_shape: Sequence[int],
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """``torch.relu(torch.nn.functional.layer_norm(x, normalized_shape, weight, bias, eps))``
+    in one kernel forward and one backward (the ReLU's mask recomputed from x), where the
+    policy picks Kato's ``layernorm_relu`` or ``layernorm_relu_backward`` for the key; the
+    same conditions as :func:`layer_norm` (last dim, ``weight`` and ``bias`` given). Otherwise,
+    and for each of the two the policy leaves to PyTorch, torch's own sequence
+    (``native_layer_norm`` then ``relu``; ``threshold_backward`` then
+    ``native_layer_norm_backward``)."""
+    normalized_shape = tuple(normalized_shape)
+    if (
+        len(normalized_shape) != 1
+        or x.dim() == 0
+        or normalized_shape[0] != x.shape[-1]
+        or weight is None
+        or bias is None
+        or x.dtype not in _FLOATS
+    ):
+        return _layer_norm_relu_torch(x, normalized_shape, weight, bias, eps)
+    x, weight, bias = _autocast("float32", x, weight, bias)
+    rows, cols = _rows_cols(x)
+    if _use("layernorm_relu", (rows, cols), x) | _use("layernorm_relu_backward", (rows, cols), x):
+        x2, (w, b) = _norm_inputs(x, weight, bias)
+        y, _, _ = _layer_norm_relu(x2, w, b, float(eps))
+        return y
+    return _layer_norm_relu_torch(x, normalized_shape, weight, bias, eps)
+
+
 # --- RMS norm ---------------------------------------------------------------------------------
 
 

@@ -53,6 +53,8 @@ _BUILTIN_MODULES = (
     "kato.kernels.batchnorm_backward",
     "kato.kernels.batchnorm_relu",
     "kato.kernels.batchnorm_relu_backward",
+    "kato.kernels.layernorm_relu",
+    "kato.kernels.layernorm_relu_backward",
 )
 
 

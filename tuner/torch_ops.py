@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from kato.kernels.layernorm import EPS as LAYERNORM_EPS
 from kato.kernels.spec import OperatorSpec, Problem
 from kato.tuner.framework import MISMATCH, OK, FrameworkResult
 
@@ -155,6 +156,30 @@ def _ce_backward_rtol(problem: Problem, dtype: str) -> float:
     return u * (worst + 2)
 
 
+def _layernorm_relu(s: tuple[Any, ...]) -> tuple[Any, Any, Any]:
+    """relu(layer_norm(x)) as eager PyTorch runs it: native_layer_norm, then relu."""
+    y, mean, rstd = torch.native_layer_norm(s[0], (s[7],), s[1], s[2], s[8])
+    return torch.relu(y), mean, rstd
+
+
+def _layernorm_relu_backward_state(a: list[Value]) -> tuple[Any, ...]:
+    """What autograd holds for relu(layer_norm(x))'s backward: relu's output (from one forward
+    on x, weight and bias, untimed) for threshold_backward, then layer norm's x, Kato's saved
+    mean and rstd, weight and bias."""
+    x, weight, bias, mean, rstd, dy = a[:6]
+    cols = a[12]
+    y = torch.relu(torch.native_layer_norm(x, (cols,), weight, bias, LAYERNORM_EPS)[0])
+    return dy, y, x, [cols], *_saved_stats(x, mean, rstd), weight, bias
+
+
+def _layernorm_relu_backward(s: tuple[Any, ...]) -> tuple[Any, ...]:
+    dy, y, x, shape, mean, rstd, weight, bias = s
+    g = torch.ops.aten.threshold_backward(dy, y, 0)
+    return torch.ops.aten.native_layer_norm_backward(
+        g, x, shape, mean, rstd, weight, bias, [True, True, True]
+    )
+
+
 def _ce_backward(s: tuple[Any, ...]) -> tuple[Any]:
     dloss, logp, labels, ignore, total_weight = s
     grad = torch.ops.aten.nll_loss_backward(dloss, logp, labels, None, 0, ignore, total_weight)
@@ -186,6 +211,18 @@ EQUIVALENTS: dict[str, Equivalent] = {
             a[1],
             torch.zeros_like(a[1]),
         ),
+    ),
+    # args: x, weight, bias, y, mean, rstd, rows, cols, eps
+    "layernorm_relu": Equivalent(
+        _layernorm_relu,
+        "torch.native_layer_norm(x, (cols,), weight, bias, eps), then torch.relu(y)",
+    ),
+    # args: x, weight, bias, mean, rstd, dy, dx, dweight, dbias, partials, nparts, rows, cols
+    "layernorm_relu_backward": Equivalent(
+        _layernorm_relu_backward,
+        "g = threshold_backward(dy, relu's y, 0); native_layer_norm_backward(g, x, (cols,), "
+        "mean, rstd, weight, bias)",
+        prepare=_layernorm_relu_backward_state,
     ),
     # args: x, weight, y, rstd, rows, cols, eps
     "rmsnorm": Equivalent(

@@ -50,6 +50,10 @@
 //                tail, and the row's mean and rstd, belong to its first piece. The workspace
 //                belongs to the loaded module: launches of one module must not overlap (one
 //                stream at a time). 0 (the default): one launch, as before ROW_PIECES existed.
+// Fixed by the operator, not tunable:
+//   EPILOGUE_RELU 1: y = relu(layer_norm(x)) (kernels/layernorm_relu), applied where every path
+//                writes y (normalise and normalise_one); NaN stays NaN, as torch.relu. 0 (the
+//                default): plain layernorm, the program compiled before the macro existed.
 //
 // Contract (kernels.layernorm.LayerNormSpec.check enforces the static part): ROW_SPLIT 0 needs
 // every pointer aligned to VEC * sizeof(DTYPE) bytes (cudaMalloc gives 256) and cols % VEC == 0;
@@ -73,6 +77,9 @@
 #endif
 #ifndef ROW_PIECES
 #define ROW_PIECES 0
+#endif
+#ifndef EPILOGUE_RELU
+#define EPILOGUE_RELU 0
 #endif
 #include "../common/kato_dtype.cuh"
 
@@ -116,6 +123,11 @@ __device__ __forceinline__ Stats row_allreduce(Stats s, Stats* red) {
   return s;
 }
 
+#if EPILOGUE_RELU
+// max(v, 0) that keeps a NaN (torch.relu does; fmaxf would turn it into 0).
+__device__ __forceinline__ float relu(float v) { return v < 0.0f ? 0.0f : v; }
+#endif
+
 // What a row group needs to normalise: (x - K - mean_s) * (rstd * w) + b.
 struct RowNorm {
   float pivot;   // K
@@ -140,6 +152,10 @@ __device__ __forceinline__ Raw normalise(const Raw& xv, const Raw& wv, const Raw
   unpack(bv, b);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) f[j] = fmaf((f[j] - rn.pivot) - rn.mean_s, rn.rstd * w[j], b[j]);
+#if EPILOGUE_RELU
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) f[j] = relu(f[j]);
+#endif
   return pack(f);
 }
 
@@ -158,8 +174,13 @@ __device__ __forceinline__ Stats edge_stats(bool has_a, float a, bool has_b, flo
 // y of one head or tail element: x at column c, the row's statistics.
 __device__ __forceinline__ T normalise_one(float x, const T* __restrict__ w,
                                            const T* __restrict__ b, int c, const RowNorm& rn) {
+#if EPILOGUE_RELU
+  return to_elem(relu(fmaf((x - rn.pivot) - rn.mean_s, rn.rstd * to_float(__ldg(w + c)),
+                           to_float(__ldg(b + c)))));
+#else
   return to_elem(fmaf((x - rn.pivot) - rn.mean_s, rn.rstd * to_float(__ldg(w + c)),
                       to_float(__ldg(b + c))));
+#endif
 }
 #endif
 

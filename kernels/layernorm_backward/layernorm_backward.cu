@@ -28,6 +28,14 @@
 //   LB_THREADS, LB_MIN_BLOCKS  __launch_bounds__ (the spec renders canonical ones in warp mode).
 // Derived: DTYPE, IS_HALF, IS_BF16, ITEMS (CACHE 2 or DW_ACC 0), WB_REGS (DW_ACC 0: the weight
 //   stays in registers across rows where the launch bounds leave room).
+// Fixed by the operator, not tunable:
+//   EPILOGUE_RELU 1: the backward of y = relu(layer_norm(x)) (kernels/layernorm_relu_backward):
+//                both kernels take the forward's bias after the weight, and every path replaces
+//                dy by g = dy * (xhat * w + b > 0), xhat * w + b recomputed in float32 from x,
+//                the saved mean and rstd as it reads them (mask_dy), before any sum or dx
+//                uses it; dx, dw and db are then layernorm's backward of g. No extra pass:
+//                only the bias (a weight-sized vector) is read besides. 0 (the default): plain
+//                layernorm backward, the program compiled before the macro existed.
 // Launch-only parameters (the spec's steps): SPLIT (stage 1 has at most SPLIT blocks per SM of
 // the largest GPU: the number of partial rows) and REDUCE_LANES (blockDim.y of stage 2).
 //
@@ -43,6 +51,9 @@
 #endif
 #ifndef DW_ACC
 #define DW_ACC 1
+#endif
+#ifndef EPILOGUE_RELU
+#define EPILOGUE_RELU 0
 #endif
 #include "../common/kato_dtype.cuh"
 
@@ -115,6 +126,29 @@ __device__ __forceinline__ float grad_elem(float x, float d, float w, float mu, 
   return rstd * fmaf(-xh, b, g - a);
 }
 
+#if EPILOGUE_RELU
+// The ReLU's mask on dy: g = dy where the forward's pre-activation xhat * w + b, recomputed
+// here, is positive, else 0 (torch's threshold_backward(dy, y, 0)). Rounded explicitly (no
+// contraction chosen by the compiler), so every pass that re-reads a row masks it alike.
+__device__ __forceinline__ float mask_elem(float x, float d, float w, float b, float mu,
+                                           float rstd) {
+  const float xh = __fmul_rn(__fsub_rn(x, mu), rstd);
+  return fmaf(xh, w, b) > 0.0f ? d : 0.0f;
+}
+
+__device__ __forceinline__ Raw mask_dy(const Raw& xv, const Raw& dv, const Raw& wv,
+                                       const Raw& bv, float mu, float rstd) {
+  float fx[VEC], fd[VEC], fw[VEC], fb[VEC];
+  unpack(xv, fx);
+  unpack(dv, fd);
+  unpack(wv, fw);
+  unpack(bv, fb);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) fd[j] = mask_elem(fx[j], fd[j], fw[j], fb[j], mu, rstd);
+  return pack(fd);
+}
+#endif
+
 __device__ __forceinline__ Raw grad(const Raw& xv, const Raw& dv, const Raw& wv, float mu,
                                     float rstd, float a, float b) {
   float fx[VEC], fd[VEC], fw[VEC];
@@ -133,6 +167,9 @@ __device__ __forceinline__ Raw grad(const Raw& xv, const Raw& dv, const Raw& wv,
 // mode) as long as partials has gridDim.x rows.
 extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_bwd(
     const DTYPE* __restrict__ x, const DTYPE* __restrict__ weight,
+#if EPILOGUE_RELU
+    const DTYPE* __restrict__ bias,
+#endif
     const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
     const DTYPE* __restrict__ dy, DTYPE* __restrict__ dx, DTYPE* __restrict__ dweight,
     DTYPE* __restrict__ dbias, float* __restrict__ partials, int* __restrict__ nparts, int rows,
@@ -236,6 +273,9 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_bwd(
     Raw* __restrict__ dxv = reinterpret_cast<Raw*>(dxr + sp.head);
     const int nvec = sp.nvec;
     const bool w_vec = kn::cols_aligned(weight, sp.head);
+#if EPILOGUE_RELU
+    const bool b_vec = kn::cols_aligned(bias, sp.head);
+#endif
 
     const bool has_head = t < sp.head;
     const int tail_col = sp.tail + t;
@@ -246,11 +286,17 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_bwd(
       hx = kn::to_float(__ldg(xr + t));
       hd = kn::to_float(__ldg(dyr + t));
       hw = kn::to_float(__ldg(weight + t));
+#if EPILOGUE_RELU
+      hd = kn::mask_elem(hx, hd, hw, kn::to_float(__ldg(bias + t)), mu, r);
+#endif
     }
     if (has_tail) {
       tx = kn::to_float(__ldg(xr + tail_col));
       td = kn::to_float(__ldg(dyr + tail_col));
       tw = kn::to_float(__ldg(weight + tail_col));
+#if EPILOGUE_RELU
+      td = kn::mask_elem(tx, td, tw, kn::to_float(__ldg(bias + tail_col)), mu, r);
+#endif
     }
     const float hxh = (hx - mu) * r, txh = (tx - mu) * r;
     float sa = fmaf(hd, hw, td * tw);
@@ -283,10 +329,12 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_bwd(
 #if CACHE == 2
         rx[i] = __ldcs(xv + idx);
         rd[i] = __ldcs(dyv + idx);
-        const Raw xi = rx[i], di = rd[i];
+        const Raw xi = rx[i];
+        Raw di = rd[i];
 #else
-        const Raw xi = __ldg(xv + idx), di = __ldg(dyv + idx);
-#if CACHE == 1
+        const Raw xi = __ldg(xv + idx);
+        Raw di = __ldg(dyv + idx);
+#if CACHE == 1 && !EPILOGUE_RELU
         sx[idx] = xi;  // the same thread reads them back in the dx pass: no barrier
         sdy[idx] = di;
 #endif
@@ -295,6 +343,16 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_bwd(
         const Raw wi = wr[i];
 #else
         const Raw wi = kn::load_cols(weight, sp.head + idx * VEC, w_vec);
+#endif
+#if EPILOGUE_RELU
+        // The masked dy is what the cache keeps: the dx pass reads g, not dy.
+        di = kn::mask_dy(xi, di, wi, kn::load_cols(bias, sp.head + idx * VEC, b_vec), mu, r);
+#if CACHE == 2
+        rd[i] = di;
+#elif CACHE == 1
+        sx[idx] = xi;
+        sdy[idx] = di;
+#endif
 #endif
 #if DW_ACC == 0
         kn::accumulate(xi, di, wi, mu, r, sa, sb, dwr[i], dbr[i]);
@@ -309,6 +367,9 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_bwd(
     constexpr int kStep = P * U;
     for (int b0 = t; b0 < nvec; b0 += kStep) {
       Raw rx[U], rd[U], rw[U];
+#if EPILOGUE_RELU
+      Raw rb[U];
+#endif
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int idx = b0 + u * P;
@@ -316,12 +377,18 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_bwd(
           rx[u] = __ldg(xv + idx);
           rd[u] = __ldg(dyv + idx);
           rw[u] = kn::load_cols(weight, sp.head + idx * VEC, w_vec);
+#if EPILOGUE_RELU
+          rb[u] = kn::load_cols(bias, sp.head + idx * VEC, b_vec);
+#endif
         }
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int idx = b0 + u * P;
         if (idx < nvec) {
+#if EPILOGUE_RELU
+          rd[u] = kn::mask_dy(rx[u], rd[u], rw[u], rb[u], mu, r);
+#endif
 #if CACHE == 1
           sx[idx] = rx[u];
           sdy[idx] = rd[u];
@@ -349,12 +416,16 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_bwd(
 #elif CACHE == 1
         const Raw xi = sx[idx], di = sdy[idx];
 #else
-        const Raw xi = __ldcs(xv + idx), di = __ldcs(dyv + idx);
+        const Raw xi = __ldcs(xv + idx);
+        Raw di = __ldcs(dyv + idx);
 #endif
 #if WB_REGS
         const Raw wi = wr[i];
 #else
         const Raw wi = kn::load_cols(weight, sp.head + idx * VEC, w_vec);
+#endif
+#if EPILOGUE_RELU && CACHE == 0
+        di = kn::mask_dy(xi, di, wi, kn::load_cols(bias, sp.head + idx * VEC, b_vec), mu, r);
 #endif
         __stcs(dxv + idx, kn::grad(xi, di, wi, mu, r, a, b));
       }
@@ -374,6 +445,10 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_bwd(
           rd[u] = __ldcs(dyv + idx);
 #endif
           rw[u] = kn::load_cols(weight, sp.head + idx * VEC, w_vec);
+#if EPILOGUE_RELU && CACHE == 0
+          rd[u] = kn::mask_dy(rx[u], rd[u], rw[u], kn::load_cols(bias, sp.head + idx * VEC, b_vec),
+                              mu, r);
+#endif
         }
       }
 #pragma unroll
@@ -454,12 +529,18 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS layernorm_bwd(
 // kato_partials.cuh's reduce_partials, writing dw[c] (c < cols) or db[c - cols].
 extern "C" __global__ void __launch_bounds__(1024) layernorm_bwd_reduce(
     const DTYPE* __restrict__ x, const DTYPE* __restrict__ weight,
+#if EPILOGUE_RELU
+    const DTYPE* __restrict__ bias,
+#endif
     const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
     const DTYPE* __restrict__ dy, DTYPE* __restrict__ dx, DTYPE* __restrict__ dweight,
     DTYPE* __restrict__ dbias, const float* __restrict__ partials,
     const int* __restrict__ nparts, int rows, int cols) {
   namespace kn = KATO_NS;
   (void)x, (void)weight, (void)mean_in, (void)rstd_in, (void)dy, (void)dx, (void)rows;
+#if EPILOGUE_RELU
+  (void)bias;
+#endif
   __shared__ float sums[32][33];
   kn::reduce_partials<long long, 2>(partials, nparts, cols, sums, dweight, dbias);
 }
