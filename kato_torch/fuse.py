@@ -11,8 +11,8 @@ on tensor values, unsupported Python) or has nothing to fuse is left alone. :fun
 restores the original forwards.
 
 The table is :data:`FUSIONS`: a norm matcher, whether the add is part of the pattern, the
-activation matcher and the fused call. ``BatchNorm2d -> ReLU`` and ``BatchNorm2d -> add -> ReLU``
-are its entries; another norm (``LayerNorm -> ReLU``) is one more entry with its own call.
+activation matcher and the fused call. Its entries: ``BatchNorm2d -> ReLU``, ``BatchNorm2d ->
+add -> ReLU`` and ``LayerNorm -> ReLU``; another pattern is one more entry with its own call.
 """
 
 from __future__ import annotations
@@ -58,6 +58,13 @@ def batch_norm_relu_module(bn: torch.nn.BatchNorm2d, x: Tensor, residual: Tensor
         bn.eps,
         residual,
     )
+
+
+def layer_norm_relu_module(ln: torch.nn.LayerNorm, x: Tensor, residual: None = None) -> Tensor:
+    """``relu(ln(x))`` for a LayerNorm module with :func:`kato_torch.layer_norm_relu` (which
+    runs torch's exact sequence where the module has no affine parameters or the policy says
+    so). ``residual``: the table's signature; this pattern has none."""
+    return ops.layer_norm_relu(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
 
 
 # --- the pattern table ------------------------------------------------------------------------
@@ -118,10 +125,15 @@ def _is_batch_norm_2d(m: torch.nn.Module) -> bool:
     return type(m) in (torch.nn.BatchNorm2d, kato_nn.BatchNorm2d) and not _hooked(m)
 
 
+def _is_layer_norm(m: torch.nn.Module) -> bool:
+    return type(m) in (torch.nn.LayerNorm, kato_nn.LayerNorm) and not _hooked(m)
+
+
 #: The patterns, tried in order for each norm call (the longer one first).
 FUSIONS: list[Fusion] = [
     Fusion("batchnorm_add_relu", _is_batch_norm_2d, _is_relu, True, batch_norm_relu_module),
     Fusion("batchnorm_relu", _is_batch_norm_2d, _is_relu, False, batch_norm_relu_module),
+    Fusion("layernorm_relu", _is_layer_norm, _is_relu, False, layer_norm_relu_module),
 ]
 
 
@@ -222,4 +234,12 @@ def unfuse(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-__all__ = ["FUSIONS", "Fusion", "batch_norm_relu_module", "fuse", "fused", "unfuse"]
+__all__ = [
+    "FUSIONS",
+    "Fusion",
+    "batch_norm_relu_module",
+    "fuse",
+    "fused",
+    "layer_norm_relu_module",
+    "unfuse",
+]

@@ -292,3 +292,31 @@ def test_fused_model_compiles_and_matches():
     torch.testing.assert_close(loss, loss_ref)
     for g, r in zip(grads, grads_ref, strict=True):
         torch.testing.assert_close(g, r)
+
+
+def test_fuse_rewrites_layer_norm_then_relu_and_keeps_values_and_gradients():
+    """An MLP's ``Linear -> LayerNorm -> ReLU`` (a Sequential, patched or not): both norms call
+    the fused function, a norm whose output feeds something else stays, and on the CPU (torch's
+    sequence) the values and every gradient are the unfused model's exactly."""
+    torch.manual_seed(0)
+
+    def mlp():
+        return torch.nn.Sequential(
+            torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.ReLU(),
+            torch.nn.Linear(16, 16), torch.nn.LayerNorm(16), torch.nn.ReLU(),
+            torch.nn.Linear(16, 4), torch.nn.LayerNorm(4),
+        )  # fmt: skip
+
+    ref = mlp()
+    for model in (kato_torch.fuse(copy.deepcopy(ref)),
+                  kato_torch.fuse(kato_torch.patch(copy.deepcopy(ref)))):  # fmt: skip
+        code = fused(model)
+        assert code is not None and code.count("= kato_torch_fuse_layer_norm_relu_module(") == 2
+        x = _rand(5, 8)
+        y, y_ref = model(x), ref(x)
+        assert torch.equal(y, y_ref)
+        dy = torch.randn(y.shape)
+        got = torch.autograd.grad(y, [x, *model.parameters()], dy)
+        want = torch.autograd.grad(y_ref, [x, *ref.parameters()], dy)
+        for g, h in zip(got, want, strict=True):
+            assert torch.equal(g, h)
