@@ -33,6 +33,7 @@ from kato.kernels.rmsnorm_backward import partial_rows as rmsnorm_partial_rows
 from torch import Tensor
 
 from kato_torch import policy as _policy
+from kato_torch._backlog import Backlog
 from kato_torch._fallbacks import chose_kato, remembers_fallbacks
 from kato_torch._kernels import MAX_VECTOR_BYTES, bind, pointer_alignment
 from kato_torch._op import KatoOp
@@ -71,6 +72,9 @@ def _decide(
     return _policy.verdict(operator, shape, dtype, device, compiled)
 
 
+#: The GPU's lag behind the host that hides a Kato call's extra host cost (WHEN_BUSY calls).
+_backlog = Backlog(_policy.MIN_SAVING_MS)
+
 #: (operator, shape, dtype, device type) -> decision, valid for :func:`policy.generation`
 #: ``_fast_generation``: one dictionary read per call instead of the registry and the policy.
 _fast: dict[tuple, bool] = {}
@@ -99,12 +103,12 @@ def _use(operator: str, shape: Sequence[int], t: Tensor) -> bool:
     # A WHEN_BUSY call may go either way next time: never remembered as a fallback.
     chose_kato()
     if decision == _policy.WHEN_BUSY:
-        # Work still queued: the GPU, not the host, bounds the step, and the kernel's saving
-        # counts in full. An empty queue: the host bounds it, and PyTorch's cheaper call wins.
-        # A graph being captured replays without the host: its saving always counts (and a
-        # capturing stream may not be queried).
-        return torch.cuda.is_current_stream_capturing() or not (
-            torch.cuda.current_stream(t.device).query()
+        # The GPU far enough behind the host: it bounds the step, and the kernel's saving counts
+        # in full. Else the host bounds it, and PyTorch's cheaper call wins. A graph being
+        # captured replays without the host: its saving always counts (and a capturing stream
+        # may not be queried).
+        return torch.cuda.is_current_stream_capturing() or _backlog.deep(
+            torch.cuda.current_stream(t.device)
         )
     return True
 

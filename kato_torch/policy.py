@@ -11,9 +11,9 @@ device) from what the configured client serves:
   a ``torch.compile`` graph the bar is :data:`MIN_SPEEDUP_COMPILED` (Inductor's fusions); the
   winner must also save :data:`MIN_SAVING_MS` per call (the host's cost of a Kato call). A
   winner over the bar that saves less is :data:`WHEN_BUSY` in eager mode (:func:`verdict`): its
-  kernel runs while the GPU still has work queued on the caller's stream (a step bound by the
-  GPU, where the host's extra cost hides behind the queue), PyTorch's op when the queue is
-  empty (a step bound by the host).
+  kernel runs while the GPU is at least :data:`MIN_SAVING_MS` behind the host on the caller's
+  stream (a step bound by the GPU, where the host's extra cost hides behind the queue;
+  :mod:`kato_torch._backlog`), PyTorch's op otherwise (a step bound by the host).
 - ``"kato"``: always Kato's kernel (the served config, else the operator's default).
 - ``"torch"``: always PyTorch's op.
 
@@ -52,8 +52,8 @@ MIN_SPEEDUP_COMPILED = 2.0
 #: in full; one saving a few microseconds of GPU time makes such a step slower.
 MIN_SAVING_MS = 0.1
 
-#: Verdicts of :func:`verdict`: PyTorch's op; Kato's kernel; Kato's kernel only while the
-#: caller's stream has work queued (decided per call by the caller).
+#: Verdicts of :func:`verdict`: PyTorch's op; Kato's kernel; Kato's kernel only while the GPU
+#: runs far enough behind the host on the caller's stream (decided per call by the caller).
 TORCH, KATO, WHEN_BUSY = 0, 1, 2
 
 _lock = threading.Lock()
@@ -205,8 +205,9 @@ def verdict(
     operator: str, shape: tuple[int, ...], dtype: str, device: str, compiled: bool = False
 ) -> int:
     """:data:`KATO`: run Kato's ``operator`` kernel for this key; :data:`TORCH`: PyTorch's op;
-    :data:`WHEN_BUSY`: Kato's kernel while the caller's CUDA stream has work queued, else
-    PyTorch's op (the caller asks the stream on every call; eager calls only). ``device`` is
+    :data:`WHEN_BUSY`: Kato's kernel while the GPU is :data:`MIN_SAVING_MS` or more behind the
+    host on the caller's CUDA stream, else PyTorch's op (the caller measures on every call;
+    eager calls only). ``device`` is
     the tensor's device type (anything but ``"cuda"`` is always PyTorch); ``compiled``: the
     call is being traced into a ``torch.compile`` graph. Records the key in every active
     :func:`record`."""
