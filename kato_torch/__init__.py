@@ -5,7 +5,7 @@ and nvcc).
     from kato_client import KatoClient
     kato_torch.configure(client=KatoClient("http://kato:8000"))   # policy="auto" by default
     kato_torch.patch(model)                  # nn.LayerNorm -> kato_torch.nn.LayerNorm, ...
-    kato_torch.fuse(model)                   # BatchNorm2d -> [add ->] ReLU: one fused op
+    kato_torch.fuse(model)                   # norm -> [add ->] ReLU: one fused op
     with kato_torch.record() as rec:         # which (operator, shape, dtype) a step runs
         train_step(model, batch)
     rec.submit(budget=50)                    # tune them as one batch job
@@ -28,7 +28,7 @@ Nothing outside this package imports torch.
 
 from kato_torch import nn
 from kato_torch._kernels import BoundOperator, bind, configure, prepare
-from kato_torch.fuse import fuse
+from kato_torch.fuse import fuse, unfuse
 from kato_torch.ops import (
     add_layer_norm,
     add_rms_norm,
@@ -62,6 +62,7 @@ __all__ = [
     "configure",
     "cross_entropy",
     "fuse",
+    "unfuse",
     "layer_norm",
     "layer_norm_relu",
     "layernorm",
