@@ -215,6 +215,45 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
 # --- layer norm -------------------------------------------------------------------------------
 
 
+def _native_layer_norm(
+    x: Tensor, weight: Tensor, bias: Tensor, eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """torch's (y, mean, rstd), the statistics flat and float32 as Kato's kernels write them."""
+    rows, cols = _rows_cols(x)
+    y, mean, rstd = torch.native_layer_norm(x, (cols,), weight, bias, eps)
+    return y, mean.reshape(rows).float(), rstd.reshape(rows).float()
+
+
+def _launch_layer_norm(
+    operator: str, x: Tensor, weight: Tensor, bias: Tensor, eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(y, mean, rstd) from Kato's ``layernorm`` or ``layernorm_relu`` (the same arguments)."""
+    rows, cols = _rows_cols(x)
+    y, mean, rstd = torch.empty_like(x), _empty_rows(x, rows), _empty_rows(x, rows)
+    _run(operator, (rows, cols), x, [x, weight, bias, y, mean, rstd, rows, cols, eps])
+    return y, mean, rstd
+
+
+def _layer_norm_fake(x, weight, bias, eps):
+    rows, _ = _rows_cols(x)
+    return (
+        torch.empty_like(x),
+        x.new_empty(rows, dtype=torch.float32),
+        x.new_empty(rows, dtype=torch.float32),
+    )
+
+
+def _layer_norm_grads(x: Tensor, weight: Tensor) -> tuple[Tensor, ...]:
+    """(dx, dweight, dbias, partials, nparts): the outputs and workspace of Kato's layer-norm
+    backwards (``layernorm_backward``, ``layernorm_relu_backward``)."""
+    rows, cols = _rows_cols(x)
+    partials = torch.empty(
+        layernorm_partial_rows(rows) * 2 * cols, device=x.device, dtype=torch.float32
+    )
+    nparts = torch.empty(1, device=x.device, dtype=torch.int32)
+    return torch.empty_like(x), torch.empty_like(weight), torch.empty_like(weight), partials, nparts
+
+
 @KatoOp.define("layer_norm")
 def _layer_norm(
     x: Tensor, weight: Tensor, bias: Tensor, eps: float
@@ -222,21 +261,11 @@ def _layer_norm(
     """(y, mean, rstd) of a contiguous (rows, cols) x; mean and rstd float32 per row."""
     rows, cols = _rows_cols(x)
     if not _use("layernorm", (rows, cols), x) or x.numel() == 0:
-        y, mean, rstd = torch.native_layer_norm(x, (cols,), weight, bias, eps)
-        return y, mean.reshape(rows).float(), rstd.reshape(rows).float()
-    y, mean, rstd = torch.empty_like(x), _empty_rows(x, rows), _empty_rows(x, rows)
-    _run("layernorm", (rows, cols), x, [x, weight, bias, y, mean, rstd, rows, cols, eps])
-    return y, mean, rstd
+        return _native_layer_norm(x, weight, bias, eps)
+    return _launch_layer_norm("layernorm", x, weight, bias, eps)
 
 
-@_layer_norm.register_fake
-def _(x, weight, bias, eps):
-    rows, _ = _rows_cols(x)
-    return (
-        torch.empty_like(x),
-        x.new_empty(rows, dtype=torch.float32),
-        x.new_empty(rows, dtype=torch.float32),
-    )
+_layer_norm.register_fake(_layer_norm_fake)
 
 
 @KatoOp.define("layer_norm_backward")
@@ -251,11 +280,7 @@ def _layer_norm_backward(
             (True, True, True),
         )  # fmt: skip
         return dx, dw, db
-    dx, dw, db = torch.empty_like(x), torch.empty_like(weight), torch.empty_like(weight)
-    partials = torch.empty(
-        layernorm_partial_rows(rows) * 2 * cols, device=x.device, dtype=torch.float32
-    )
-    nparts = torch.empty(1, device=x.device, dtype=torch.int32)
+    dx, dw, db, partials, nparts = _layer_norm_grads(x, weight)
     _run("layernorm_backward", (rows, cols), x,
          [x, weight, mean, rstd, dy, dx, dw, db, partials, nparts, rows, cols])  # fmt: skip
     return dx, dw, db
@@ -336,21 +361,12 @@ def _layer_norm_relu(
     per row, as :func:`_layer_norm`'s."""
     rows, cols = _rows_cols(x)
     if not _use("layernorm_relu", (rows, cols), x) or x.numel() == 0:
-        y, mean, rstd = torch.native_layer_norm(x, (cols,), weight, bias, eps)
-        return torch.relu(y), mean.reshape(rows).float(), rstd.reshape(rows).float()
-    y, mean, rstd = torch.empty_like(x), _empty_rows(x, rows), _empty_rows(x, rows)
-    _run("layernorm_relu", (rows, cols), x, [x, weight, bias, y, mean, rstd, rows, cols, eps])
-    return y, mean, rstd
+        y, mean, rstd = _native_layer_norm(x, weight, bias, eps)
+        return torch.relu(y), mean, rstd
+    return _launch_layer_norm("layernorm_relu", x, weight, bias, eps)
 
 
-@_layer_norm_relu.register_fake
-def _(x, weight, bias, eps):
-    rows, _ = _rows_cols(x)
-    return (
-        torch.empty_like(x),
-        x.new_empty(rows, dtype=torch.float32),
-        x.new_empty(rows, dtype=torch.float32),
-    )
+_layer_norm_relu.register_fake(_layer_norm_fake)
 
 
 @KatoOp.define("layer_norm_relu_backward")
@@ -369,11 +385,7 @@ def _layer_norm_relu_backward(
             (True, True, True),
         )  # fmt: skip
         return dx, dw, db
-    dx, dw, db = torch.empty_like(x), torch.empty_like(weight), torch.empty_like(weight)
-    partials = torch.empty(
-        layernorm_partial_rows(rows) * 2 * cols, device=x.device, dtype=torch.float32
-    )
-    nparts = torch.empty(1, device=x.device, dtype=torch.int32)
+    dx, dw, db, partials, nparts = _layer_norm_grads(x, weight)
     _run("layernorm_relu_backward", (rows, cols), x,
          [x, weight, bias, mean, rstd, dy, dx, dw, db, partials, nparts, rows, cols])  # fmt: skip
     return dx, dw, db
