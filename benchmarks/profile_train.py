@@ -90,18 +90,18 @@ def main():
         from kato_torch import policy
 
         decided = []
-        decide = policy.decide
+        verdict = policy.verdict  # what kato_torch.ops asks, traced calls included
 
         def logged(operator, shape, dtype, device, compiled=False):
-            answer = decide(operator, shape, dtype, device, compiled)
-            decided.append((operator, tuple(shape), dtype, compiled, answer))
+            answer = verdict(operator, shape, dtype, device, compiled)
+            decided.append((operator, tuple(shape), dtype, compiled, answer == policy.KATO))
             return answer
 
-        policy.decide = logged
+        policy.verdict = logged
         run("compile", torch.compile(base), inputs, args.steps, args.top)
         run("kato+compile", torch.compile(kato_model), inputs, args.steps, args.top)
-        policy.decide = decide
-        chosen = sorted({d for d in decided if d[4]})
+        policy.verdict = verdict
+        chosen = sorted({d for d in decided if d[4] and d[3]})
         print(f"== traced decisions: {len(decided)}, Kato's kernel for {len(chosen)}: {chosen}")
 
 

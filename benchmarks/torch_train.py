@@ -366,6 +366,10 @@ def main() -> None:
                 "prepare_s": round(prepare_s, 1),
                 "kato_keys": sum(kato_torch.policy.decide(k.operator, k.shape, k.dtype, "cuda")
                                  for k in rec.keys),
+                # Kato's kernel while the GPU lags the host (kato_torch.policy.WHEN_BUSY)
+                "when_busy_keys": sum(
+                    kato_torch.policy.verdict(k.operator, k.shape, k.dtype, "cuda")
+                    == kato_torch.policy.WHEN_BUSY for k in rec.keys),
                 "loss_torch": float(loss_ref), "loss_kato": float(loss),
                 "max_rel_grad_err": grad_error(grads, grads_ref),
             }  # fmt: skip

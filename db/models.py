@@ -263,7 +263,7 @@ class BestConfig(Base):
     default_ms: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
     #: PyTorch's own op on the same inputs (:mod:`tuner.framework`), and which framework it
     #: was ("torch 2.13.0+cu130"). None: not measured (no torch, turned off, a failure); a
-    #: mismatch's time is stored (tuner.framework).
+    #: mismatch's time is stored, its framework marked " (mismatch)" (tuner.framework).
     framework_ms: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
     framework: Mapped[str | None] = mapped_column(String(64), nullable=True, default=None)
 

@@ -8,8 +8,11 @@ every call. :func:`remembers_fallbacks` wraps such a function: a call whose key 
 every tensor's shape, dtype and device, the other arguments, autocast and its dtype, the
 policy's generation) ran PyTorch's op before runs it at once. A call is a fallback when it made no
 choice for Kato: :func:`chose_kato` is called wherever one is made (a policy decision for Kato,
-a padded GEMM). Traced calls (``torch.compile``) and calls inside a :func:`kato_torch.record`
-block always take the full path, so compiled graphs and recorded keys are what they were.
+a padded GEMM). A fallback that a ``WHEN_BUSY`` verdict made (:func:`waited`: the GPU kept up
+with the host that time) asks :func:`kato_torch._backlog.lagging` again before it runs
+PyTorch's op, and takes the full path when the GPU has fallen behind. Traced calls
+(``torch.compile``) and calls inside a :func:`kato_torch.record` block always take the full
+path, so compiled graphs and recorded keys are what they were.
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ import torch
 from torch import Tensor
 
 from kato_torch import policy as _policy
+from kato_torch._backlog import lagging
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _local = threading.local()
-_keys: set[tuple] = set()
+#: Key of a remembered fallback -> whether a WHEN_BUSY verdict made it (see :func:`waited`).
+_keys: dict[tuple, bool] = {}
 _generation = -1
 #: Keys kept at most (an argument that changes every call, a cumulative batch-norm momentum,
 #: would grow the set without end): past it the set starts again.
@@ -38,6 +43,19 @@ MAX_KEYS = 4096
 def chose_kato() -> None:
     """Mark the current call as one that runs something of Kato's (not a fallback)."""
     _local.choices = getattr(_local, "choices", 0) + 1
+
+
+def waited() -> None:
+    """Mark the current call as one where a ``WHEN_BUSY`` verdict ran PyTorch's op because the
+    GPU kept up with the host: remembered, it asks the backlog again on its next call."""
+    _local.waits = getattr(_local, "waits", 0) + 1
+
+
+def _cuda_tensor(args: tuple, kwargs: dict) -> Tensor | None:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, Tensor) and value.is_cuda:
+            return value
+    return None
 
 
 def _describe(value: Any) -> Any:
@@ -96,13 +114,18 @@ def remembers_fallbacks(
             except TypeError:  # an unhashable argument: decide afresh
                 key = None
             if key is not None and key in _keys:
-                return torch_op(*args, **kwargs)
+                if not _keys[key]:
+                    return torch_op(*args, **kwargs)
+                t = _cuda_tensor(args, kwargs)
+                if t is None or not lagging(t):
+                    return torch_op(*args, **kwargs)
             before = getattr(_local, "choices", 0)
+            waits = getattr(_local, "waits", 0)
             out = fn(*args, **kwargs)
             if key is not None and getattr(_local, "choices", 0) == before:
                 if len(_keys) >= MAX_KEYS:
                     _keys.clear()
-                _keys.add(key)
+                _keys[key] = getattr(_local, "waits", 0) != waits
             return out
 
         return call  # type: ignore[return-value]

@@ -3,12 +3,13 @@
 :func:`fuse` traces the ``forward`` of every module of a model that has a fusable norm as a
 direct child (``torch.fx``, one level: its child modules stay calls), finds each norm call whose
 output feeds only an activation, or only an add whose result feeds only the activation, and
-calls the fused function in their place (:data:`FUSIONS`). The module keeps its class,
-parameters, buffers, submodules and state dict (the same objects); only its ``forward`` is
-replaced, by the rewritten graph's code run on the module itself, so ``.to()``, optimizers and
-``torch.compile`` see the module they saw. A module whose forward does not trace (control flow
-on tensor values, unsupported Python) or has nothing to fuse is left alone. :func:`unfuse`
-restores the original forwards.
+calls the fused function in their place (:data:`FUSIONS`). The module keeps its parameters,
+buffers, submodules and state dict (the same objects); its class becomes a subclass of its own
+whose ``forward`` is the rewritten graph's code, so ``.to()``, optimizers, ``deepcopy``,
+``nn.DataParallel``'s replicas and ``torch.compile`` see the module they saw. A module whose
+forward does not trace (control flow on tensor values, unsupported Python), traces differently
+in training and eval mode, takes defaulted or variadic arguments, or has nothing to fuse is left
+alone. :func:`unfuse` restores the original classes. A fused model pickles by its state dict.
 
 The table is :data:`FUSIONS`: a norm matcher, whether the add is part of the pattern, the
 activation matcher and the fused call. Its entries: ``BatchNorm2d -> ReLU``, ``BatchNorm2d ->
@@ -17,8 +18,8 @@ add -> ReLU`` and ``LayerNorm -> ReLU``; another pattern is one more entry with 
 
 from __future__ import annotations
 
+import inspect
 import operator
-import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,8 +29,10 @@ from torch import Tensor, fx
 from kato_torch import nn as kato_nn
 from kato_torch import ops
 
-#: The attribute a fused module keeps its rewritten graph's code in (see :func:`fused`).
+#: Attributes of a fused module's class: the rewritten graph's code (see :func:`fused`) and the
+#: class it was (see :func:`unfuse`).
 _MARK = "_kato_fused_code"
+_UNFUSED = "_kato_unfused_class"
 
 
 # --- what the rewritten graphs call -----------------------------------------------------------
@@ -38,25 +41,11 @@ _MARK = "_kato_fused_code"
 def batch_norm_relu_module(bn: torch.nn.BatchNorm2d, x: Tensor, residual: Tensor | None = None):
     """``relu(bn(x) [+ residual])`` for a BatchNorm2d module, with torch's
     ``_BatchNorm.forward`` bookkeeping (num_batches_tracked, the cumulative momentum, eval mode
-    and untracked statistics) and :func:`kato_torch.batch_norm_relu` for the rest."""
-    bn._check_input_dim(x)
-    factor = 0.0 if bn.momentum is None else bn.momentum
-    if bn.training and bn.track_running_stats and bn.num_batches_tracked is not None:
-        bn.num_batches_tracked.add_(1)
-        if bn.momentum is None:  # a cumulative moving average
-            factor = 1.0 / float(bn.num_batches_tracked)
-    use_batch = bn.training or (bn.running_mean is None and bn.running_var is None)
-    track = not bn.training or bn.track_running_stats
+    and untracked statistics: :func:`kato_torch.nn.batch_norm_step`) and
+    :func:`kato_torch.batch_norm_relu` for the rest."""
+    running_mean, running_var, use_batch, factor = kato_nn.batch_norm_step(bn, x)
     return ops.batch_norm_relu(
-        x,
-        bn.running_mean if track else None,
-        bn.running_var if track else None,
-        bn.weight,
-        bn.bias,
-        use_batch,
-        factor,
-        bn.eps,
-        residual,
+        x, running_mean, running_var, bn.weight, bn.bias, use_batch, factor, bn.eps, residual
     )
 
 
@@ -94,6 +83,13 @@ def _is_add(node: fx.Node) -> bool:
     if node.op == "call_function":
         return node.target in _ADD_FUNCTIONS
     return node.op == "call_method" and node.target in ("add", "add_")
+
+
+def _in_place(node: fx.Node) -> bool:
+    """An add that writes its first argument (``+=``, ``a.add_(b)``)."""
+    return (node.op == "call_function" and node.target is operator.iadd) or (
+        node.op == "call_method" and node.target == "add_"
+    )
 
 
 def _hooked(m: torch.nn.Module) -> bool:
@@ -174,6 +170,8 @@ def _rewrite(graph: fx.Graph, modules: dict[str, torch.nn.Module]) -> list[str]:
                 other = b if a is node else a
                 if not isinstance(other, fx.Node) or other is node:
                     continue
+                if _in_place(after) and a is not node:
+                    continue  # `r += bn(x)` changes r, which later code may read
                 residual, add, act = other, after, _only_user(after)
                 if act is None:
                     continue
@@ -192,45 +190,89 @@ def _rewrite(graph: fx.Graph, modules: dict[str, torch.nn.Module]) -> list[str]:
     return done
 
 
+def _plain_forward(module: torch.nn.Module) -> bool:
+    """Whether ``module.forward`` takes only required positional arguments: fx fixes a
+    defaulted argument (``scale=None``) to its default and ``*args`` to what it traced."""
+    try:
+        parameters = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return all(
+        p.default is inspect.Parameter.empty
+        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        for p in parameters
+    )
+
+
+def _trace(module: torch.nn.Module) -> fx.Graph | None:
+    """``module``'s own forward traced one level deep, or None where the trace would not hold
+    for every call: it does not trace, or its Python branches on ``self.training`` (fx runs
+    them once) trace differently in training and in eval mode. Every submodule's mode is
+    restored."""
+    modes = [(m, m.training) for m in module.modules()]
+    try:
+        graphs = []
+        for training in (True, False):
+            module.train(training)
+            graphs.append(_OneLevel().trace(module))
+    except Exception:  # noqa: BLE001 - any untraceable forward: leave the module alone
+        return None
+    finally:
+        for m, training in modes:
+            m.training = training
+    if graphs[0].python_code("self").src != graphs[1].python_code("self").src:
+        return None
+    return graphs[0]
+
+
 def fuse(model: torch.nn.Module) -> torch.nn.Module:
     """Run :data:`FUSIONS`' fused functions in place of their unfused sequences in every module
     of ``model`` whose own forward has one (see the module docstring); returns ``model``.
     Idempotent; values and gradients are those of the fused functions, which fall back to the
-    exact unfused sequence wherever Kato's policy does not pick its kernels."""
+    exact unfused sequence wherever Kato's policy does not pick its kernels.
+
+    A fused module's class becomes a subclass of its own whose ``forward`` is the rewritten
+    graph's code (so replicas, copies and ``torch.compile`` run it on their own module). Left
+    alone: modules whose forward does not trace, branches on ``self.training``, or takes
+    defaulted, ``*args`` or ``**kwargs`` arguments (fx would fix them to what it traced).
+    Other Python-level branches (on a flag set at construction) are fixed as traced: change
+    such a flag on an unfused model."""
     for module in list(model.modules()):
-        if _MARK in module.__dict__:
+        if _MARK in type(module).__dict__:
             continue
         children = dict(module.named_children())
         if not any(f.norm(c) for c in children.values() for f in FUSIONS):
             continue
-        try:
-            graph = _OneLevel().trace(module)
-        except Exception:  # noqa: BLE001 - any untraceable forward: leave the module alone
+        if not _plain_forward(module):
+            continue
+        graph = _trace(module)
+        if graph is None:
             continue
         modules = dict(module.named_modules())
         if not _rewrite(graph, modules):
             continue
         graph.lint()
         gm = fx.GraphModule(module, graph)
-        # The generated forward reads every attribute through `self`: bound to the module
-        # itself, it always sees the module's current parameters, buffers and children.
-        forward = types.MethodType(type(gm).forward, module)
-        object.__setattr__(module, "forward", forward)
-        object.__setattr__(module, _MARK, gm.code)
+        cls = type(module)
+        # The generated forward reads every attribute through `self`: on the module itself,
+        # it always sees the module's current parameters, buffers and children.
+        module.__class__ = type(cls.__name__, (cls,), {
+            "forward": type(gm).forward, _MARK: gm.code, _UNFUSED: cls,
+            "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+        })  # fmt: skip
     return model
 
 
 def fused(module: torch.nn.Module) -> str | None:
     """The code of the rewritten forward :func:`fuse` gave ``module``, or None."""
-    return module.__dict__.get(_MARK)
+    return type(module).__dict__.get(_MARK)
 
 
 def unfuse(model: torch.nn.Module) -> torch.nn.Module:
-    """Undo :func:`fuse`: every module of ``model`` runs its class's forward again."""
+    """Undo :func:`fuse`: every module of ``model`` is of its own class again."""
     for module in model.modules():
-        if _MARK in module.__dict__:
-            del module.__dict__["forward"]
-            del module.__dict__[_MARK]
+        if _MARK in type(module).__dict__:
+            module.__class__ = type(module).__dict__[_UNFUSED]
     return model
 
 

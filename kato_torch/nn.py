@@ -65,25 +65,29 @@ class BatchNorm2d(torch.nn.BatchNorm2d):
     normalise, affine, running-statistics update; dx, dweight, dbias)."""
 
     def forward(self, input: Tensor) -> Tensor:
-        self._check_input_dim(input)
-        # torch's _BatchNorm.forward: the update factor and whether batch statistics are used.
-        factor = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked.add_(1)
-            if self.momentum is None:  # a cumulative moving average
-                factor = 1.0 / float(self.num_batches_tracked)
-        use_batch = self.training or (self.running_mean is None and self.running_var is None)
-        track = not self.training or self.track_running_stats
+        running_mean, running_var, use_batch, factor = batch_norm_step(self, input)
         return ops.batch_norm(
-            input,
-            self.running_mean if track else None,
-            self.running_var if track else None,
-            self.weight,
-            self.bias,
-            use_batch,
-            factor,
-            self.eps,
+            input, running_mean, running_var, self.weight, self.bias, use_batch, factor, self.eps
         )
+
+
+def batch_norm_step(
+    bn: torch.nn.modules.batchnorm._BatchNorm, input: Tensor
+) -> tuple[Tensor | None, Tensor | None, bool, float]:
+    """torch's ``_BatchNorm.forward`` bookkeeping for one call of ``bn`` on ``input``: checks the
+    input's rank, counts the batch (``num_batches_tracked``), and returns the running statistics
+    to use (None where untracked), whether batch statistics are used, and the update factor
+    (the cumulative average's where ``momentum`` is None)."""
+    bn._check_input_dim(input)
+    factor = 0.0 if bn.momentum is None else bn.momentum
+    if bn.training and bn.track_running_stats and bn.num_batches_tracked is not None:
+        bn.num_batches_tracked.add_(1)
+        if bn.momentum is None:  # a cumulative moving average
+            factor = 1.0 / float(bn.num_batches_tracked)
+    use_batch = bn.training or (bn.running_mean is None and bn.running_var is None)
+    track = not bn.training or bn.track_running_stats
+    return (bn.running_mean if track else None, bn.running_var if track else None, use_batch,
+            factor)  # fmt: skip
 
 
 #: torch class -> Kato drop-in, for :func:`kato_torch.patch`.

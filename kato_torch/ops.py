@@ -33,8 +33,8 @@ from kato.kernels.rmsnorm_backward import partial_rows as rmsnorm_partial_rows
 from torch import Tensor
 
 from kato_torch import policy as _policy
-from kato_torch._backlog import Backlog
-from kato_torch._fallbacks import chose_kato, remembers_fallbacks
+from kato_torch._backlog import lagging
+from kato_torch._fallbacks import chose_kato, remembers_fallbacks, waited
 from kato_torch._kernels import MAX_VECTOR_BYTES, bind, pointer_alignment
 from kato_torch._op import KatoOp
 
@@ -72,17 +72,16 @@ def _decide(
     return _policy.verdict(operator, shape, dtype, device, compiled)
 
 
-#: The GPU's lag behind the host that hides a Kato call's extra host cost (WHEN_BUSY calls).
-_backlog = Backlog(_policy.MIN_SAVING_MS)
-
-#: (operator, shape, dtype, device type) -> decision, valid for :func:`policy.generation`
-#: ``_fast_generation``: one dictionary read per call instead of the registry and the policy.
-_fast: dict[tuple, bool] = {}
+#: (operator, shape, dtype, device type) -> verdict (kato_torch.policy.KATO, ...), valid for
+#: :func:`policy.generation` ``_fast_generation``: one dictionary read per call instead of the
+#: registry and the policy.
+_fast: dict[tuple, int] = {}
 _fast_generation = -1
 
 
 def _use(operator: str, shape: Sequence[int], t: Tensor) -> bool:
-    """Whether Kato's ``operator`` runs for this key (see :func:`_decide`)."""
+    """Whether Kato's ``operator`` runs for this key (see :func:`_decide`); a ``WHEN_BUSY``
+    verdict runs it while ``t``'s GPU lags the host (:func:`kato_torch._backlog.lagging`)."""
     global _fast_generation
     if torch.compiler.is_compiling():  # folded to a constant at trace time
         # operator.index specializes a dynamic dimension (a guard on its value): a decision is
@@ -100,16 +99,13 @@ def _use(operator: str, shape: Sequence[int], t: Tensor) -> bool:
         _fast[key] = decision
     if decision == _policy.TORCH:
         return False
-    # A WHEN_BUSY call may go either way next time: never remembered as a fallback.
+    if decision == _policy.WHEN_BUSY and not lagging(t):
+        # The host bounds the step: PyTorch's cheaper call wins. Remembered as a fallback
+        # that asks the backlog again before it runs PyTorch's op (kato_torch._fallbacks).
+        waited()
+        return False
+    # The GPU far enough behind the host (or the verdict KATO): the kernel's saving counts.
     chose_kato()
-    if decision == _policy.WHEN_BUSY:
-        # The GPU far enough behind the host: it bounds the step, and the kernel's saving counts
-        # in full. Else the host bounds it, and PyTorch's cheaper call wins. A graph being
-        # captured replays without the host: its saving always counts (and a capturing stream
-        # may not be queried).
-        return torch.cuda.is_current_stream_capturing() or _backlog.deep(
-            torch.cuda.current_stream(t.device)
-        )
     return True
 
 
@@ -437,7 +433,10 @@ def layer_norm_relu(
     same conditions as :func:`layer_norm` (last dim, ``weight`` and ``bias`` given). Otherwise,
     and for each of the two the policy leaves to PyTorch, torch's own sequence
     (``native_layer_norm`` then ``relu``; ``threshold_backward`` then
-    ``native_layer_norm_backward``)."""
+    ``native_layer_norm_backward``). Kato's backward recomputes the ReLU's mask from x and the
+    saved float32 mean and rstd, which can differ from the forward's where the pre-activation
+    is within their rounding of 0 (about 2**-24 |mean| rstd |w|; relu's gradient is ambiguous
+    there)."""
     normalized_shape = tuple(normalized_shape)
     if (
         len(normalized_shape) != 1

@@ -58,7 +58,7 @@ TORCH, KATO, WHEN_BUSY = 0, 1, 2
 
 _lock = threading.Lock()
 _settings: dict[str, Any] = {"client": None, "gpu": None, "policy": {"*": "auto"}}
-_decisions: dict[tuple[Any, ...], bool] = {}
+_decisions: dict[tuple[Any, ...], int] = {}
 _recorders: list[Recorder] = []
 #: Operators with no PyTorch op to fall back on (users' kernels): "auto" runs Kato's for them.
 _without_equivalent: set[str] = set()

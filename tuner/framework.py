@@ -60,7 +60,8 @@ class StopFlag(Protocol):
 class FrameworkResult:
     """One baseline measurement. ``framework`` names torch and its version (``"torch 2.13.0"``),
     ``op`` what ran (``"torch.softmax(x, dim=-1)"``), ``times_ms`` the per-call time of every
-    timed batch (``ok`` only), ``detail`` why a baseline is not ``ok`` (or the checks passed)."""
+    timed batch (``ok`` and ``mismatch`` only), ``detail`` why a baseline is not ``ok`` (or the
+    checks passed)."""
 
     status: str
     framework: str | None = None
@@ -81,6 +82,15 @@ class FrameworkResult:
     def time_ms(self) -> float | None:
         """The median per-call time (None unless :attr:`timed`)."""
         return statistics.median(self.times_ms) if self.timed else None
+
+
+def stored_label(result: FrameworkResult) -> str | None:
+    """What a best-config row stores as its ``framework``: the name and version, marked
+    ``" (mismatch)"`` where the op's outputs were outside Kato's tolerance, so that a lookup
+    (and a reader of an export) sees which baselines did not verify."""
+    if result.framework is None or result.status != MISMATCH:
+        return result.framework
+    return f"{result.framework} ({MISMATCH})"
 
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:

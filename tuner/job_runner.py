@@ -991,7 +991,7 @@ class JobRunner:
             cuda_version=device.cuda_version,
             default_key=_default_key(job),
             framework_ms=baseline.time_ms if baseline is not None else None,
-            framework=baseline.framework if baseline is not None else None,
+            framework=framework.stored_label(baseline) if baseline is not None else None,
         )
         return JobOutcome(job.id, ending.status, ending.measured, ending.best_time_ms, ending.error)
 

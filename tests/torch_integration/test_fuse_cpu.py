@@ -320,3 +320,75 @@ def test_fuse_rewrites_layer_norm_then_relu_and_keeps_values_and_gradients():
         want = torch.autograd.grad(y_ref, [x, *ref.parameters()], dy)
         for g, h in zip(got, want, strict=True):
             assert torch.equal(g, h)
+
+
+class _Branchy(torch.nn.Module):
+    """A block whose forward branches on Python values fx would fix at trace time."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.bn = torch.nn.BatchNorm2d(3)
+
+    def forward(self, x, scale=None):
+        y = torch.relu(self.bn(x))
+        if self.kind == "training" and self.training:
+            y = y * 2
+        if scale is not None:
+            y = y * scale
+        return y
+
+
+class _PlainBranchy(_Branchy):
+    def forward(self, x):
+        y = torch.relu(self.bn(x))
+        return y * 2 if self.training else y
+
+
+class _InPlaceResidual(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = torch.nn.BatchNorm2d(3)
+
+    def forward(self, x, idt):
+        out = idt.add_(self.bn(x))  # writes idt, which the return reads again
+        return torch.relu(out) + idt
+
+
+def test_fuse_leaves_alone_forwards_whose_trace_would_not_hold():
+    """fx runs Python branches once: a forward that branches on self.training, or takes a
+    defaulted argument, is left alone (its outputs stay the unfused ones in both modes)."""
+    torch.manual_seed(0)
+    for model in (_Branchy("training"), _PlainBranchy("training")):
+        ref = copy.deepcopy(model)
+        kato_torch.fuse(model)
+        assert fused(model) is None
+        for mode in (True, False):
+            model.train(mode), ref.train(mode)
+            x = _rand(2, 3, 4, 4, grad=False)
+            assert torch.equal(model(x), ref(x))
+    model = kato_torch.fuse(_Branchy("none"))
+    assert fused(model) is None  # a defaulted argument
+    x = _rand(2, 3, 4, 4, grad=False)
+    assert torch.equal(model(x, 2.0), 2.0 * model(x))
+
+
+def test_fuse_keeps_its_forward_on_copies_of_the_module():
+    """A copy that shares the module's __dict__ (copy.copy, DataParallel's replicas) runs the
+    fused forward on itself, not on the module it was copied from."""
+    model = kato_torch.fuse(torch.nn.Sequential(torch.nn.BatchNorm2d(3), torch.nn.ReLU()))
+    replica = copy.copy(model)
+    assert fused(replica) is not None
+    assert replica.forward.__self__ is replica
+    kato_torch.unfuse(model)
+    assert fused(model) is None and type(model) is torch.nn.Sequential
+
+
+def test_an_in_place_add_into_the_residual_is_not_fused():
+    torch.manual_seed(0)
+    model, ref = _InPlaceResidual(), _InPlaceResidual()
+    ref.load_state_dict(model.state_dict())
+    kato_torch.fuse(model)
+    assert fused(model) is None
+    x, idt = _rand(2, 3, 4, 4, grad=False), _rand(2, 3, 4, 4, grad=False)
+    assert torch.equal(model(x, idt.clone()), ref(x, idt.clone()))
