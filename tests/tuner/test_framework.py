@@ -112,7 +112,7 @@ def test_a_timed_mismatch_is_stored_with_a_warning(db, caplog):
     caplog.set_level(logging.WARNING, logger="kato.tuner.worker")
     result = FrameworkResult("mismatch", "torch 2.13.0", "op", (0.08, 0.07, 0.09), "output 6: 2%")
     row = run_job(db, BaselineFactory(result))
-    assert (row.framework_ms, row.framework) == (0.08, "torch 2.13.0")
+    assert (row.framework_ms, row.framework) == (0.08, "torch 2.13.0 (mismatch)")
     assert "outside Kato's tolerance" in caplog.text and "output 6: 2%" in caplog.text
 
 
