@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kato.db import retry
 from kato.db.queries import MeasuredSource
 from kato.tuner.space import Config
 
@@ -197,8 +198,14 @@ def warm_start_configs(
         return rank_seed_configs(
             sources, limit=seed_limit(budget), accept=accept, per_source=SEEDS_PER_SOURCE
         )
-    except Exception:  # a warm start is a bonus: never fail the job over it
-        log.exception("warm start for job %s failed; searching without it", job.id)
+    except Exception as exc:  # a warm start is a bonus: never fail the job over it
+        if retry.is_transient(exc):  # a database blip (the read is not retried): no traceback
+            log.warning(
+                "warm start for job %s: the database read failed (%s); searching without it",
+                job.id, retry.describe(exc),
+            )  # fmt: skip
+        else:
+            log.exception("warm start for job %s failed; searching without it", job.id)
         return []
 
 

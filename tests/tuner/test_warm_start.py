@@ -411,3 +411,31 @@ def test_a_broken_database_gives_no_seeds_never_a_failed_job():
         raise RuntimeError("database gone")
 
     assert warm_start_configs(broken, job) == []
+
+
+def test_a_database_blip_is_a_warning_and_a_bug_a_traceback(caplog):
+    """A transient fault of the (not retried) read logs one line: a connection cut is expected
+    in a fleet and no reason for a traceback in the worker's log; any other error keeps its
+    traceback (a bug in the ranking must be seen)."""
+    import sqlalchemy.exc
+
+    job = SimpleNamespace(
+        id="x", operator="softmax", operator_version="v", dtype=DTYPE, shape=SHAPE,
+        gpu_model="H200", budget_configs=10,
+    )  # fmt: skip
+
+    def cut(**_query):
+        raise sqlalchemy.exc.OperationalError(
+            "SELECT 1", {}, Exception("server closed"), connection_invalidated=True
+        )
+
+    def bug(**_query):
+        raise KeyError("time_ms")
+
+    caplog.set_level("WARNING", logger="kato.tuner.warm_start")
+    assert warm_start_configs(cut, job) == []
+    assert "the database read failed" in caplog.text and "Traceback" not in caplog.text
+    assert not any(r.exc_info for r in caplog.records)
+    caplog.clear()
+    assert warm_start_configs(bug, job) == []
+    assert any(r.exc_info for r in caplog.records)
