@@ -903,6 +903,23 @@ def relu(x: Tensor, inplace: bool = False) -> Tensor:
 # --- batch norm (training) -------------------------------------------------------------------
 
 
+def _bn_forward_buffers(x: Tensor) -> tuple[Tensor, ...]:
+    """(mean, invstd, new running mean, new running var, workspace, counters) of Kato's batch
+    norm forwards on NCHW ``x``: float32 per channel, the kernels' workspace, and the
+    last-block counters (uint32 zeros)."""
+    c = x.shape[1]
+    stats = [x.new_empty(c, dtype=torch.float32) for _ in range(4)]
+    workspace = x.new_empty(bn_forward.workspace_floats(c), dtype=torch.float32)
+    return (*stats, workspace, torch.zeros(c + 1, device=x.device, dtype=torch.int32))
+
+
+def _bn_backward_buffers(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(workspace, counters) of Kato's batch norm backwards on NCHW ``x``."""
+    c = x.shape[1]
+    workspace = x.new_empty(bn_backward.workspace_floats(c), dtype=torch.float32)
+    return workspace, torch.zeros(c + 1, device=x.device, dtype=torch.int32)
+
+
 @KatoOp.define("batch_norm")
 def _batch_norm(
     x: Tensor,
@@ -925,9 +942,7 @@ def _batch_norm(
         )
         return y, mean.float(), invstd.float(), new_mean, new_var
     y = torch.empty_like(x)
-    mean, invstd, new_mean, new_var = (x.new_empty(c, dtype=torch.float32) for _ in range(4))
-    workspace = x.new_empty(bn_forward.workspace_floats(c), dtype=torch.float32)
-    counters = torch.zeros(c + 1, device=x.device, dtype=torch.int32)  # uint32 zeros
+    mean, invstd, new_mean, new_var, workspace, counters = _bn_forward_buffers(x)
     _run("batchnorm", (n, c, h, w), x,
          [x, weight, bias, running_mean, running_var, y, mean, invstd, new_mean, new_var,
           workspace, counters, n, c, h * w, eps, momentum])  # fmt: skip
@@ -952,8 +967,7 @@ def _batch_norm_backward(
         )
         return dx, dw.float(), db.float()
     dx, dw, db = torch.empty_like(x), torch.empty_like(weight), torch.empty_like(weight)
-    workspace = x.new_empty(bn_backward.workspace_floats(c), dtype=torch.float32)
-    counters = torch.zeros(c + 1, device=x.device, dtype=torch.int32)
+    workspace, counters = _bn_backward_buffers(x)
     _run("batchnorm_backward", (n, c, h, w), x,
          [x, dy, mean, invstd, weight, dx, dw, db, workspace, counters, n, c, h * w])  # fmt: skip
     return dx, dw, db
@@ -1059,9 +1073,7 @@ def _batch_norm_relu(
         return _unfused_bn_relu(x, weight, bias, running_mean, running_var, eps, momentum,
                                 residual)  # fmt: skip
     y = torch.empty_like(x)
-    mean, invstd, new_mean, new_var = (x.new_empty(c, dtype=torch.float32) for _ in range(4))
-    workspace = x.new_empty(bn_forward.workspace_floats(c), dtype=torch.float32)
-    counters = torch.zeros(c + 1, device=x.device, dtype=torch.int32)  # uint32 zeros
+    mean, invstd, new_mean, new_var, workspace, counters = _bn_forward_buffers(x)
     inputs = [x] if residual is None else [x, residual]
     _run(operator, (n, c, h, w), x,
          [*inputs, weight, bias, running_mean, running_var, y, mean, invstd, new_mean, new_var,
@@ -1102,8 +1114,7 @@ def _batch_norm_relu_backward(
     if not _use("batchnorm_relu_backward", (n, c, h, w), x) or x.numel() == 0:
         return _unfused_bn_relu_backward(x, dy, y, mean, invstd, weight, eps)[:3]
     dx, dw, db = torch.empty_like(x), torch.empty_like(weight), torch.empty_like(weight)
-    workspace = x.new_empty(bn_backward.workspace_floats(c), dtype=torch.float32)
-    counters = torch.zeros(c + 1, device=x.device, dtype=torch.int32)
+    workspace, counters = _bn_backward_buffers(x)
     _run("batchnorm_relu_backward", (n, c, h, w), x,
          [x, dy, mean, invstd, weight, bias, dx, dw, db, workspace, counters, n, c,
           h * w])  # fmt: skip
@@ -1125,8 +1136,7 @@ def _batch_norm_add_relu_backward(
         return _unfused_bn_relu_backward(x, dy, y, mean, invstd, weight, eps)
     dx, dres = torch.empty_like(x), torch.empty_like(x)
     dw, db = torch.empty_like(weight), torch.empty_like(weight)
-    workspace = x.new_empty(bn_backward.workspace_floats(c), dtype=torch.float32)
-    counters = torch.zeros(c + 1, device=x.device, dtype=torch.int32)
+    workspace, counters = _bn_backward_buffers(x)
     _run("batchnorm_add_relu_backward", (n, c, h, w), x,
          [x, dy, y, mean, invstd, weight, dx, dw, db, dres, workspace, counters, n, c,
           h * w])  # fmt: skip
