@@ -115,3 +115,5 @@ class ArgumentSlots:
                     addresses.append(ctypes.addressof(self.values[arg]))
             self.maps.append(maps)
             self.params.append((ctypes.c_void_p * len(addresses))(*addresses))
+        #: Whether any step takes a tensor map (encoded per launch from its array's pointer).
+        self.has_maps = any(self.maps)

@@ -44,6 +44,17 @@ def _tensors(args: Iterable[Any]) -> Iterable[Tensor]:
             yield from (a for a in arg if isinstance(a, Tensor))
 
 
+def _zero_specs(ctx: Any, output: Any) -> list[tuple[torch.Size, torch.dtype, torch.device] | None]:
+    """Per output: (shape, dtype, device) of the zeros its gradient defaults to, or None for
+    an output marked non-differentiable in ``ctx`` (its backward argument stays None)."""
+    outputs = output if isinstance(output, tuple) else (output,)
+    fixed = {id(t) for t in getattr(ctx, "non_differentiable", None) or ()}
+    return [
+        (o.shape, o.dtype, o.device) if isinstance(o, Tensor) and id(o) not in fixed else None
+        for o in outputs
+    ]
+
+
 class KatoOp:
     """``torch.library.custom_op(f"kato::{name}")`` of ``impl``, plus the direct eager path.
 
@@ -82,10 +93,22 @@ class KatoOp:
             def forward(ctx: Any, *args: Any) -> Any:
                 output = impl(*args)
                 setup_context(ctx, args, output)
+                # Autograd would hand the backward a zero tensor for every output without a
+                # gradient, statistics and masks included (an allocation and a fill kernel
+                # each, every step): only a differentiable output gets one, when unused.
+                ctx.set_materialize_grads(False)
+                ctx.kato_zeros = _zero_specs(ctx, output)
                 return output
 
             @staticmethod
             def backward(ctx: Any, *grads: Any) -> Any:
+                if None in grads:
+                    grads = tuple(
+                        torch.zeros(spec[0], dtype=spec[1], device=spec[2])
+                        if grad is None and spec is not None
+                        else grad
+                        for grad, spec in zip(grads, ctx.kato_zeros, strict=True)
+                    )
                 return backward(ctx, *grads)
 
         Function.__name__ = Function.__qualname__ = f"Kato_{self.name}"

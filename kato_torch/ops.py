@@ -72,7 +72,7 @@ def _decide(
     return _policy.verdict(operator, shape, dtype, device, compiled)
 
 
-#: (operator, shape, dtype, device type) -> verdict (kato_torch.policy.KATO, ...), valid for
+#: (operator, shape, dtype, is_cuda) -> verdict (kato_torch.policy.KATO, ...), valid for
 #: :func:`policy.generation` ``_fast_generation``: one dictionary read per call instead of the
 #: registry and the policy.
 _fast: dict[tuple, int] = {}
@@ -88,13 +88,16 @@ def _use(operator: str, shape: Sequence[int], t: Tensor) -> bool:
         # per shape, and assume_constant_result takes constants only (a SymInt breaks the graph).
         key = tuple(_operator.index(d) for d in shape)
         return _decide(operator, key, _dtype_name(t), t.device.type, True) == _policy.KATO
-    shape = tuple(int(d) for d in shape)
-    key = (operator, shape, t.dtype, t.device.type)
+    # The hot path of every call: a key of cheap attributes (is_cuda, not device.type).
+    if type(shape) is not tuple:
+        shape = tuple(int(d) for d in shape)
+    key = (operator, shape, t.dtype, t.is_cuda)
     if _fast_generation != _policy.generation():
         _fast.clear()
         _fast_generation = _policy.generation()
     decision = _fast.get(key)
     if decision is None or _policy.recording():
+        shape = tuple(int(d) for d in shape)
         decision = _decide(operator, shape, _dtype_name(t), t.device.type)
         _fast[key] = decision
     if decision == _policy.TORCH:
@@ -304,7 +307,11 @@ _layer_norm.register_autograd(_layer_norm_grad, setup_context=_layer_norm_setup)
 
 
 def _norm_inputs(x: Tensor, *params: Tensor | None) -> tuple[Tensor, list[Tensor | None]]:
-    return x.contiguous(), [None if p is None else p.to(x.dtype).contiguous() for p in params]
+    # .to() costs microseconds of dispatch even when it has nothing to do: ask first.
+    return x.contiguous(), [
+        None if p is None else (p if p.dtype == x.dtype else p.to(x.dtype)).contiguous()
+        for p in params
+    ]
 
 
 @remembers_fallbacks(

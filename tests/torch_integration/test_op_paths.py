@@ -87,3 +87,44 @@ def test_a_tensor_subclass_goes_through_the_registered_op():
     y = _opaque_double(x)
     assert any("_test_opaque_double" in name for name in _Recording.seen), _Recording.seen
     assert torch.equal(y.as_subclass(torch.Tensor), torch.tensor([0.0, 2.0, 4.0]))
+
+
+@KatoOp.define("_test_scale_and_stat")
+def _scale_and_stat(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(3x, -x, max|x|): two differentiable outputs and a statistic, as a norm returns."""
+    return 3 * x, -x, x.abs().max()
+
+
+@_scale_and_stat.register_fake
+def _(x):
+    return torch.empty_like(x), torch.empty_like(x), x.new_empty(())
+
+
+_received: list[tuple] = []
+
+
+def _scale_setup(ctx, inputs, output):
+    ctx.mark_non_differentiable(output[2])
+
+
+def _scale_grad(ctx, dy, dz, dstat):
+    _received.append((dy, dz, dstat))
+    return 3 * dy - dz
+
+
+_scale_and_stat.register_autograd(_scale_grad, setup_context=_scale_setup)
+
+
+def test_a_statistic_output_gets_no_zero_gradient_and_an_unused_output_gets_zeros():
+    """The eager backward receives None for an output marked non-differentiable (no zero
+    tensor allocated and filled every step) and zeros for a differentiable output the loss did
+    not use, so the formula sees what the registered custom op's would."""
+    x = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    _received.clear()
+    y, _, stat = _scale_and_stat(x)
+    (g,) = torch.autograd.grad((y * torch.tensor([1.0, 2.0, 3.0])).sum(), x)
+    assert torch.equal(g, torch.tensor([3.0, 6.0, 9.0]))
+    ((dy, dz, dstat),) = _received
+    assert dstat is None
+    assert torch.equal(dz, torch.zeros(3)) and torch.equal(dy, torch.tensor([1.0, 2.0, 3.0]))
+    assert not stat.requires_grad
