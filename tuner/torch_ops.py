@@ -689,7 +689,10 @@ def compile_equivalent(
     """``eq.run`` compiled by ``torch.compile`` (``backend``, default mode, ``dynamic=False``:
     the key's shapes are static) and called once on ``state`` (which compiles it): the
     compiled function, its outputs and what it ran. ``fullgraph=True`` first; an op dynamo
-    cannot trace whole is compiled again with graph breaks (``what`` then says so).
+    cannot trace whole is compiled again with graph breaks (``what`` then says so). The
+    function answered raises rather than compile again (``fail_on_recompile``): a copy of the
+    state that missed the first graph's guards would otherwise time another graph, or eager
+    torch once dynamo's recompile limit is reached.
 
     Raises:
         CompileUnavailable: Inductor has no Triton for the state's CUDA device, or compiling
@@ -703,14 +706,15 @@ def compile_equivalent(
         if not has_triton():
             raise CompileUnavailable("torch.compile: Inductor has no Triton for this device")
     what = f"torch.compile({eq.what})"
+    pinned = torch.compiler.set_stance("fail_on_recompile")
     try:
         try:
             run = torch.compile(eq.run, backend=backend, dynamic=False, fullgraph=True)
-            return run, tuple(run(state)), what
+            return pinned(run), tuple(run(state)), what
         except torch._dynamo.exc.Unsupported:
             torch._dynamo.reset()  # the failed fullgraph attempt's cache entries
             run = torch.compile(eq.run, backend=backend, dynamic=False)
-            return run, tuple(run(state)), f"{what} (graph breaks)"
+            return pinned(run), tuple(run(state)), f"{what} (graph breaks)"
     except Exception as exc:  # any compiler fault: the baseline is unavailable, not the job's
         reason = f"torch.compile raised {type(exc).__name__}: {exc}"
         raise CompileUnavailable(reason[:2000]) from exc

@@ -174,7 +174,12 @@ def test_a_compiled_equivalent_is_traced_whole_and_agrees_with_the_references(fr
     )
     assert what == "torch.compile(torch.softmax(x, dim=-1))"
     assert torch_ops.check_outputs(spec, "float32", made, outputs) is None
-    assert torch.equal(run(state)[0], outputs[0])
+    copy = tuple(v.clone() if isinstance(v, torch.Tensor) else v for v in state)
+    assert torch.equal(run(copy)[0], outputs[0])  # a copy of the state: the same graph
+    # A state the graph was not compiled for is refused, never timed as another graph.
+    other = torch_ops.problem_values(problem(spec, "float32", (9, 129)), "cpu")
+    with pytest.raises(RuntimeError, match="fail_on_recompile"):
+        run(torch_ops.equivalent("softmax").prepare(other))
 
 
 def test_an_op_dynamo_cannot_trace_whole_is_compiled_with_graph_breaks(fresh_dynamo):
