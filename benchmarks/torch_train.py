@@ -223,7 +223,8 @@ def float32_reference(base, inputs):
 class DbLookups:
     """What the service would answer for this GPU, read from the results database directly
     (:class:`service.lookup.Lookups`, the service's own selection under its settings): the
-    config, its source and its stored speedup over PyTorch."""
+    config, its source and its stored speedups over PyTorch's op, eager and compiled by
+    torch.compile (the policy's bar inside a compiled graph)."""
 
     def __init__(self, db_url):
         from kato.db.session import init_db, session_factory
@@ -249,7 +250,9 @@ class DbLookups:
         row = answer.row
         return {"config": answer.config, "source": answer.source, "speedup": answer.speedup,
                 "time_ms": getattr(row, "time_ms", None),
-                "framework_ms": getattr(row, "framework_ms", None)}  # fmt: skip
+                "framework_ms": getattr(row, "framework_ms", None),
+                "compiled_speedup": answer.compiled_speedup,
+                "compiled_ms": getattr(row, "compiled_ms", None)}  # fmt: skip
 
 
 def capture(name, dtype, batch):

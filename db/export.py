@@ -26,7 +26,8 @@ another Kato installation can import them (:mod:`db.importer`)::
     {"format": 1, "operator", "operator_version", "shape", "dtype", "gpu_model", "params",
      "jobs": [{"id", "status", "budget_configs", ...}],
      "best": [{"compute_capability", "cuda_version", "config", "time_ms", "job_id",
-               "updated_at", "default_ms"?, "framework_ms"?, "framework"?}]}
+               "updated_at", "default_ms"?, "framework_ms"?, "framework"?,
+               "compiled_ms"?, "compiled"?}]}
 
 and each trial its job, number and Kato status (KT: ``kato_job``, ``kato_number``,
 ``kato_status`` in the entry; T4: a ``kato`` object in the result).
@@ -159,7 +160,7 @@ def _best_record(row: BestConfig) -> BestRecord:
         "updated_at": row.updated_at,
     }
     # The figures beside the winner, where measured (older readers ignore unknown fields).
-    for name in ("default_ms", "framework_ms", "framework"):
+    for name in ("default_ms", "framework_ms", "framework", "compiled_ms", "compiled"):
         if getattr(row, name) is not None:
             fields[name] = getattr(row, name)
     return BestRecord.model_construct(**fields)

@@ -290,6 +290,9 @@ class BestRecord(_Record):
     default_ms: Positive | None = None
     framework_ms: Positive | None = None
     framework: Name | None = None
+    #: The same op compiled by torch.compile and what that was (migration 0009).
+    compiled_ms: Positive | None = None
+    compiled: Name | None = None
 
 
 class KatoBlock(_Record):

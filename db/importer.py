@@ -723,7 +723,8 @@ def _upsert_best(
 def _figures(
     session: Session, bundle: ParsedBundle, best: BestRecord, job_id: str | None
 ) -> dict[str, Any]:
-    """The figures a best record brings (``default_ms``, ``framework_ms`` with ``framework``),
+    """The figures a best record brings (``default_ms``, ``framework_ms`` with ``framework``,
+    ``compiled_ms`` with ``compiled``),
     only those it has. A file without ``default_ms`` (older than migration 0006, or Kernel
     Tuner's) gets it from its own measurements where it can: the best's job's trial of the
     operator's default config for the shape, at the current version of the operator (an older
@@ -732,6 +733,9 @@ def _figures(
     if best.framework_ms is not None:
         figures["framework_ms"] = best.framework_ms
         figures["framework"] = best.framework
+    if best.compiled_ms is not None:
+        figures["compiled_ms"] = best.compiled_ms
+        figures["compiled"] = best.compiled
     default_ms = best.default_ms
     if default_ms is None and job_id is not None:
         try:

@@ -613,15 +613,17 @@ class JobLedger:
         default_key: str | None = None,
         framework_ms: float | None = None,
         framework: str | None = None,
+        compiled_ms: float | None = None,
+        compiled: str | None = None,
     ) -> Ending:
         """Owner, every reservation settled: store the job's best over every worker's trials
         as the winner of its result key (with the default config's time, the trial of
-        ``default_key``, and the framework's) and mark the job ``done`` (``failed`` when no
-        config ran correctly), in one transaction. A cancel requested meanwhile ends it
-        ``cancelled``. The job is ended only while it runs under this worker's lease (a
-        conditional update): one claimed by another worker, or ended by one, is left alone
-        (``lost``; ``cancelled`` for a cancelled one), so a done job stays done. A try made
-        again after its commit landed answers what it stored."""
+        ``default_key``, and the framework's, eager and compiled) and mark the job ``done``
+        (``failed`` when no config ran correctly), in one transaction. A cancel requested
+        meanwhile ends it ``cancelled``. The job is ended only while it runs under this
+        worker's lease (a conditional update): one claimed by another worker, or ended by one,
+        is left alone (``lost``; ``cancelled`` for a cancelled one), so a done job stays done.
+        A try made again after its commit landed answers what it stored."""
         self._owner_only("finish it")
 
         def finish(session: Session) -> Ending:
@@ -662,6 +664,7 @@ class JobLedger:
                     compute_capability=compute_capability, cuda_version=cuda_version,
                     config=best_config, time_ms=best_time, job_id=self.job_id,
                     default_ms=default_ms, framework_ms=framework_ms, framework=framework,
+                    compiled_ms=compiled_ms, compiled=compiled,
                 )  # fmt: skip
                 ended = queries.get_job(session, self.job_id)
                 if ended is not None and self._ended_by_me(ended):

@@ -266,6 +266,12 @@ class BestConfig(Base):
     #: mismatch's time is stored, its framework marked " (mismatch)" (tuner.framework).
     framework_ms: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
     framework: Mapped[str | None] = mapped_column(String(64), nullable=True, default=None)
+    #: The same op compiled by ``torch.compile`` (Inductor), timed in the same child after the
+    #: eager one, and what it was ("torch.compile 2.14.1 inductor"): the bar for a call inside
+    #: a compiled graph (kato_torch.policy). None: not measured (rows before 0009, turned
+    #: off, torch.compile unavailable or failed); a mismatch is stored marked as above.
+    compiled_ms: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
+    compiled: Mapped[str | None] = mapped_column(String(64), nullable=True, default=None)
 
     def __repr__(self) -> str:
         return (

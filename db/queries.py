@@ -627,6 +627,8 @@ def upsert_best_config(
     default_ms: float | None = None,
     framework_ms: float | None = None,
     framework: str | None = None,
+    compiled_ms: float | None = None,
+    compiled: str | None = None,
 ) -> BestConfig:
     """Store a winner for its result key and commit; an existing row is replaced only by a
     strictly faster ``time_ms``. Returns the row now stored for the key (the faster of the two).
@@ -635,7 +637,8 @@ def upsert_best_config(
     ``framework`` (PyTorch's op on the same inputs) describe the key, not the config: given,
     they are stored on the row whichever config it keeps (the newest measurement wins, and
     ``updated_at`` moves so that the API's lookup cache sees the change); not given (None),
-    the row keeps what it holds. ``framework_ms`` and ``framework`` go together.
+    the row keeps what it holds. ``framework_ms`` and ``framework`` go together, as do
+    ``compiled_ms`` and ``compiled`` (the same op compiled by ``torch.compile``).
     """
     key = and_(
         BestConfig.operator == operator,
@@ -652,6 +655,8 @@ def upsert_best_config(
         figures["default_ms"] = default_ms
     if framework_ms is not None:
         figures.update(framework_ms=framework_ms, framework=framework)
+    if compiled_ms is not None:
+        figures.update(compiled_ms=compiled_ms, compiled=compiled)
     values = {
         "shape": [int(s) for s in shape],
         "config": dict(config),
@@ -737,6 +742,8 @@ class StoredConfig:
     default_ms: float | None = None
     framework_ms: float | None = None
     framework: str | None = None
+    compiled_ms: float | None = None
+    compiled: str | None = None
 
 
 def _group_filter(operator: str, operator_version: str, dtype: str, gpu_model: str) -> Any:
@@ -857,6 +864,8 @@ def config_group_rows(
         BestConfig.default_ms,
         BestConfig.framework_ms,
         BestConfig.framework,
+        BestConfig.compiled_ms,
+        BestConfig.compiled,
     )
     result = session.execute(
         select(*columns)
@@ -881,6 +890,8 @@ def config_group_rows(
             default_ms=row.default_ms,
             framework_ms=row.framework_ms,
             framework=row.framework,
+            compiled_ms=row.compiled_ms,
+            compiled=row.compiled,
         )
         for row in result
     ]

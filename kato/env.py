@@ -73,6 +73,12 @@ VARIABLES: dict[str, Variable] = {
             "documented in Settings as framework_baseline",
         ),
         Variable(
+            "KATO_FRAMEWORK_COMPILED",
+            "kato.tuner.framework.compiled_enabled",
+            "false: workers do not time PyTorch's op compiled by torch.compile after a job "
+            "(default true); documented in Settings as framework_compiled",
+        ),
+        Variable(
             "KATO_URL",
             "kato_client.KatoClient",
             "the service the client asks (default http://127.0.0.1:8000)",

@@ -79,7 +79,9 @@ class Lookup:
     service is older than them: ``time_ms`` the served config, ``default_ms`` the operator's
     default config, ``framework_ms`` PyTorch's own op on the same inputs (``framework`` names
     it, e.g. ``"torch 2.13.0+cu130"``), ``speedup`` = ``framework_ms / time_ms`` (above 1:
-    Kato's config is faster than PyTorch's op)."""
+    Kato's config is faster than PyTorch's op), ``compiled_ms`` the same op compiled by
+    ``torch.compile`` (``compiled`` names it, e.g. ``"torch.compile 2.14.1 inductor"``),
+    ``compiled_speedup`` = ``compiled_ms / time_ms`` (the bar inside a compiled graph)."""
 
     operator: str
     shape: tuple[int, ...]
@@ -95,6 +97,9 @@ class Lookup:
     framework_ms: float | None = None
     framework: str | None = None
     speedup: float | None = None
+    compiled_ms: float | None = None
+    compiled: str | None = None
+    compiled_speedup: float | None = None
 
     @classmethod
     def from_answer(cls, answer: Mapping[str, Any], fetched_at: float) -> Lookup:
@@ -103,6 +108,9 @@ class Lookup:
         speedup = answer.get("speedup")
         if speedup is None and framework_ms is not None and time_ms:
             speedup = framework_ms / time_ms
+        compiled_ms, compiled_speedup = answer.get("compiled_ms"), answer.get("compiled_speedup")
+        if compiled_speedup is None and compiled_ms is not None and time_ms:
+            compiled_speedup = compiled_ms / time_ms
         return cls(
             operator=str(answer["operator"]),
             shape=tuple(int(d) for d in answer["shape"]),
@@ -118,6 +126,9 @@ class Lookup:
             framework_ms=framework_ms,
             framework=answer.get("framework"),
             speedup=speedup,
+            compiled_ms=compiled_ms,
+            compiled=answer.get("compiled"),
+            compiled_speedup=compiled_speedup,
         )
 
 

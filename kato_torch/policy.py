@@ -7,13 +7,22 @@ device) from what the configured client serves:
   exact shape that was measured faster than PyTorch's op on the same inputs (the lookup's
   ``speedup`` at least :data:`MIN_SPEEDUP`, 1.05). Anything else (untuned, nearest-shape or
   default answers, an old service that reports no framework time, no client, the service down)
-  runs PyTorch's op, so an untuned shape never makes a step slower than plain PyTorch. Inside
-  a ``torch.compile`` graph the bar is :data:`MIN_SPEEDUP_COMPILED` (Inductor's fusions); the
+  runs PyTorch's op, so an untuned shape never makes a step slower than plain PyTorch. The
   winner must also save :data:`MIN_SAVING_MS` per call (the host's cost of a Kato call). A
   winner over the bar that saves less is :data:`WHEN_BUSY` in eager mode (:func:`verdict`): its
   kernel runs while the GPU is at least :data:`MIN_SAVING_MS` behind the host on the caller's
   stream (a step bound by the GPU, where the host's extra cost hides behind the queue;
   :mod:`kato_torch._backlog`), PyTorch's op otherwise (a step bound by the host).
+
+  Inside a ``torch.compile`` graph (``compiled``) the bar is what Inductor runs in Kato's
+  place: where the answer reports ``compiled_speedup`` (``compiled_ms / time_ms``: the same
+  op compiled by ``torch.compile``, timed by the worker after the eager one,
+  :mod:`tuner.framework`), Kato's kernel must beat that by :data:`MIN_SPEEDUP` and save
+  :data:`MIN_SAVING_MS` against ``compiled_ms``. Where it does not (a service or a row older
+  than the compiled baseline, a key whose compile failed), the eager ``speedup`` must reach
+  :data:`MIN_SPEEDUP_COMPILED` (a guess at Inductor's fusions) with the saving against
+  ``framework_ms``. A compiled call is never :data:`WHEN_BUSY`: under either rule a winner
+  over the bar that saves less runs PyTorch's op.
 - ``"kato"``: always Kato's kernel (the served config, else the operator's default).
 - ``"torch"``: always PyTorch's op.
 
@@ -41,10 +50,10 @@ POLICIES = ("auto", "kato", "torch")
 #: The stored speedup "auto" asks of a winner: the winner's time is the best of many configs'
 #: medians (biased low by the noise the search selected for), and PyTorch's op is timed once.
 MIN_SPEEDUP = 1.05
-#: What "auto" asks inside a ``torch.compile`` graph: Inductor fuses a norm, softmax or loss
-#: with the elementwise ops around it, which an opaque custom op prevents, so Kato's kernel
-#: must beat PyTorch's eager op by more than that fusion saves (a residual add and a cast
-#: each cost a pass over the tensor the norm reads once).
+#: What "auto" asks inside a ``torch.compile`` graph of an answer without ``compiled_speedup``:
+#: Inductor fuses a norm, softmax or loss with the elementwise ops around it, which an opaque
+#: custom op prevents, so Kato's kernel must beat PyTorch's eager op by more than that fusion
+#: saves (a residual add and a cast each cost a pass over the tensor the norm reads once).
 MIN_SPEEDUP_COMPILED = 2.0
 #: The GPU time (ms) an eager Kato call must save over PyTorch's op, where the answer reports
 #: both times: a Kato call costs the host 0.17-0.26 ms more than PyTorch's own (a layer norm's
@@ -155,20 +164,27 @@ def served_config(answer: Any) -> tuple[dict[str, Any], str]:
 
 def judge(answer: Any, compiled: bool = False) -> int:
     """:data:`KATO` where ``answer`` is a winner tuned for this very shape that beat the
-    framework by :data:`MIN_SPEEDUP` (:data:`MIN_SPEEDUP_COMPILED` for a call in a compiled
-    graph) and, where the answer reports ``time_ms`` and ``framework_ms``, saves at least
-    :data:`MIN_SAVING_MS` of GPU time per call; :data:`WHEN_BUSY` where it beat the bar but
-    saves less, for an eager call; else :data:`TORCH`."""
+    framework by the bar and, where the answer reports ``time_ms`` and the bar's time, saves
+    at least :data:`MIN_SAVING_MS` of GPU time per call; :data:`WHEN_BUSY` where it beat the
+    bar but saves less, for an eager call; else :data:`TORCH`. The bar: ``speedup`` (eager
+    PyTorch, ``framework_ms``) against :data:`MIN_SPEEDUP`; for a call in a compiled graph
+    ``compiled_speedup`` (``compiled_ms``) against :data:`MIN_SPEEDUP` where the answer has
+    it, else ``speedup`` against :data:`MIN_SPEEDUP_COMPILED` (the module's docstring)."""
     if answer is None or _field(answer, "source") != "exact":
         return TORCH
-    speedup = _field(answer, "speedup")
-    bar = MIN_SPEEDUP_COMPILED if compiled else MIN_SPEEDUP
+    speedup, bar, baseline = _field(answer, "speedup"), MIN_SPEEDUP, "framework_ms"
+    if compiled:
+        compiled_speedup = _field(answer, "compiled_speedup")
+        if compiled_speedup is not None:
+            speedup, baseline = compiled_speedup, "compiled_ms"
+        else:
+            bar = MIN_SPEEDUP_COMPILED
     if speedup is None or float(speedup) < bar:
         return TORCH
-    time_ms, framework_ms = _field(answer, "time_ms"), _field(answer, "framework_ms")
-    if time_ms is None or framework_ms is None:
+    time_ms, baseline_ms = _field(answer, "time_ms"), _field(answer, baseline)
+    if time_ms is None or baseline_ms is None:
         return KATO
-    if float(framework_ms) - float(time_ms) >= MIN_SAVING_MS:
+    if float(baseline_ms) - float(time_ms) >= MIN_SAVING_MS:
         return KATO
     # A compiled graph's "yes" must also be the eager one that the op's implementation
     # decides again when the graph runs, and a graph cannot ask the queue at trace time.

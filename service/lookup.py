@@ -318,6 +318,15 @@ class Answer:
             return None
         return row.framework_ms / row.time_ms
 
+    @property
+    def compiled_speedup(self) -> float | None:
+        """The served winner's stored speedup over the framework's op compiled by
+        ``torch.compile`` (on its shape)."""
+        row = self.row
+        if row is None or not row.compiled_ms or not row.time_ms:
+            return None
+        return row.compiled_ms / row.time_ms
+
 
 class Lookups:
     """Answers lookups from one open session, by the module's rules.

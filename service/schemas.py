@@ -440,7 +440,9 @@ class ConfigPublic(BaseModel):
     figures, not this shape's; on a ``default`` answer there are none): ``time_ms`` the served
     config, ``default_ms`` the operator's default config, ``framework_ms`` PyTorch's own op on
     the same inputs (``framework`` names it and its version), ``speedup`` = ``framework_ms /
-    time_ms`` (above 1: Kato's config is faster); each null where not measured.
+    time_ms`` (above 1: Kato's config is faster), ``compiled_ms`` the same op compiled by
+    ``torch.compile`` (``compiled`` names it: the bar inside a compiled graph),
+    ``compiled_speedup`` = ``compiled_ms / time_ms``; each null where not measured.
     """
 
     operator: str
@@ -470,6 +472,18 @@ class ConfigPublic(BaseModel):
     speedup: float | None = Field(
         default=None, description="framework_ms / time_ms: above 1, Kato's config is faster"
     )
+    compiled_ms: float | None = Field(
+        default=None,
+        description="PyTorch's op compiled by torch.compile (Inductor) on tuned_shape, same "
+        "inputs (ms)",
+    )
+    compiled: str | None = Field(
+        default=None, description='what compiled_ms timed, e.g. "torch.compile 2.14.1 inductor"'
+    )
+    compiled_speedup: float | None = Field(
+        default=None,
+        description="compiled_ms / time_ms: above 1, Kato's config is faster than the compiled op",
+    )
 
     @classmethod
     def from_row(
@@ -491,12 +505,16 @@ class ConfigPublic(BaseModel):
             default_ms=row.default_ms,
             framework_ms=row.framework_ms,
             framework=row.framework if row.framework_ms is not None else None,
-            speedup=(
-                row.framework_ms / row.time_ms
-                if row.framework_ms is not None and row.time_ms
-                else None
-            ),
+            speedup=_ratio(row.framework_ms, row.time_ms),
+            compiled_ms=row.compiled_ms,
+            compiled=row.compiled if row.compiled_ms is not None else None,
+            compiled_speedup=_ratio(row.compiled_ms, row.time_ms),
         )
+
+
+def _ratio(baseline_ms: float | None, time_ms: float | None) -> float | None:
+    """``baseline_ms / time_ms`` where both are measured, else None."""
+    return baseline_ms / time_ms if baseline_ms is not None and time_ms else None
 
 
 class OperatorPublic(BaseModel):

@@ -166,6 +166,14 @@ class Settings(BaseSettings):
         "first) and store it beside the winner: lookups report framework_ms and speedup "
         "(kato.tuner.framework; false: not timed)",
     )
+    framework_compiled: bool = Field(
+        default=True,
+        description="with framework_baseline, the same child also compiles PyTorch's op with "
+        "torch.compile (Inductor, default mode, dynamic=False) and times it the same way: "
+        "lookups report compiled_ms and compiled_speedup, kato_torch's bar inside a compiled "
+        "graph (seconds of compiling per key, within the baseline's timeout; skipped where "
+        "torch.compile is unavailable; false: not compiled)",
+    )
 
     @property
     def api_db_connections(self) -> int:

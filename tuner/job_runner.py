@@ -375,7 +375,9 @@ class JobRunner:
             a GPU worker's does, a replay worker's not). ``KATO_FRAMEWORK_BASELINE=false``
             turns it off. A baseline that fails is logged, never stored, and the job is done
             all the same; one whose outputs disagree with the references is stored, with a
-            warning (PyTorch's op is what would run instead, accurate or not).
+            warning (PyTorch's op is what would run instead, accurate or not). Its result's
+            ``compiled`` (the op compiled by ``torch.compile``) is stored the same way, beside
+            it (``KATO_FRAMEWORK_COMPILED=false``: not taken).
         gpu_gate: the GPU's gate (:mod:`tuner.gpu_gate`), shared by the runners of a worker
             that holds several jobs at once (each measurement, device set-up, close and
             baseline then takes turns, and a config's compile is awaited before its turn, so
@@ -985,6 +987,7 @@ class JobRunner:
         retried step; a try whose commit landed answers what it stored)."""
         device = backend.device()
         baseline = self._framework_baseline(job, backend, device, state, ledger)
+        compiled = _compiled_baseline(job, baseline) if baseline is not None else None
         ending = ledger.finish(
             gpu_model=device.model,
             compute_capability="{}.{}".format(*device.compute_capability),
@@ -992,6 +995,8 @@ class JobRunner:
             default_key=_default_key(job),
             framework_ms=baseline.time_ms if baseline is not None else None,
             framework=framework.stored_label(baseline) if baseline is not None else None,
+            compiled_ms=compiled.time_ms if compiled is not None else None,
+            compiled=framework.stored_label(compiled) if compiled is not None else None,
         )
         return JobOutcome(job.id, ending.status, ending.measured, ending.best_time_ms, ending.error)
 
@@ -1047,6 +1052,33 @@ class JobRunner:
             time_ms / current.best_time_ms, took,
         )  # fmt: skip
         return result
+
+
+def _compiled_baseline(
+    job: Job, baseline: framework.FrameworkResult
+) -> framework.FrameworkResult | None:
+    """The compiled baseline to store beside the eager one (:mod:`tuner.framework`), or None:
+    not attempted (turned off), or not timed (logged with its reason, as the eager one is; the
+    job is done all the same); a timed ``mismatch`` is stored, with a warning."""
+    result = baseline.compiled
+    if result is None:
+        return None
+    if not result.timed:
+        log.warning(
+            "job %s: no compiled framework baseline stored (%s): %s",
+            job.id, result.status, result.detail,
+        )  # fmt: skip
+        return None
+    if not result.ok:
+        log.warning(
+            "job %s: compiled framework baseline stored, but %s's outputs are outside Kato's "
+            "tolerance (%s): %s", job.id, result.framework, result.status, result.detail,
+        )  # fmt: skip
+    log.info(
+        "job %s: %s %s: %.4f ms (eager %.4f ms)",
+        job.id, result.framework, result.op, result.time_ms or 0.0, baseline.time_ms or 0.0,
+    )  # fmt: skip
+    return result
 
 
 class _Either:

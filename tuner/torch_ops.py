@@ -27,6 +27,12 @@ from are each rounded), and by what an equivalent's ``extra_rtol`` says torch's 
 calls (about 1 ms, at most 200), each batch queued behind ``torch.cuda._sleep`` for twice the
 host's time to queue it, rotating over enough input copies that a batch streams twice the L2,
 the per-call time of each batch; :func:`measure` puts it together.
+
+:func:`measure_compiled` does the same for the equivalent's ``run`` compiled by
+``torch.compile`` (:func:`compile_equivalent`: Inductor, default mode, ``dynamic=False``,
+``fullgraph`` unless dynamo must break the graph), the compiled baseline: what Inductor runs in
+place of Kato's op inside a compiled graph. ``prepare`` stays outside the compiled function,
+as it stays outside the timing.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import numpy as np
 import torch
 from kato.kernels.layernorm import EPS as LAYERNORM_EPS
 from kato.kernels.spec import OperatorSpec, Problem
-from kato.tuner.framework import MISMATCH, OK, FrameworkResult
+from kato.tuner.framework import MISMATCH, OK, SKIPPED, FrameworkResult
 
 from kato.shared.gpus import find_gpu, normalize_gpu_name
 
@@ -657,13 +663,132 @@ def measure(
         LookupError: the operator has no torch equivalent.
     """
     eq = equivalent(spec.name)
-    framework = f"torch {torch.__version__}"
+
+    def first(state: Any) -> tuple[Callable[[Any], Sequence[Any]], Sequence[Any], str]:
+        return eq.run, tuple(eq.run(state)), eq.what
+
+    return _measure(
+        spec, shape, dtype, f"torch {torch.__version__}", first, device_index=device_index,
+        problem=problem, seed=seed, repeats=repeats, warmup=warmup, l2_bytes=l2_bytes,
+    )  # fmt: skip
+
+
+def compiled_label() -> str:
+    """What the compiled baseline times, as stored: ``"torch.compile <version> inductor"``."""
+    return f"torch.compile {torch.__version__} inductor"
+
+
+class CompileUnavailable(Exception):
+    """``torch.compile`` cannot compile an equivalent here (no Triton for the device, or it
+    raised); the message says why."""
+
+
+def compile_equivalent(
+    eq: Equivalent, state: Any, *, backend: str | Callable[..., Any] = "inductor"
+) -> tuple[Callable[[Any], Sequence[Any]], Sequence[Any], str]:
+    """``eq.run`` compiled by ``torch.compile`` (``backend``, default mode, ``dynamic=False``:
+    the key's shapes are static) and called once on ``state`` (which compiles it): the
+    compiled function, its outputs and what it ran. ``fullgraph=True`` first; an op dynamo
+    cannot trace whole is compiled again with graph breaks (``what`` then says so). The
+    function answered raises rather than compile again (``fail_on_recompile``): a copy of the
+    state that missed the first graph's guards would otherwise time another graph, or eager
+    torch once dynamo's recompile limit is reached.
+
+    Raises:
+        CompileUnavailable: Inductor has no Triton for the state's CUDA device, or compiling
+            (or the first call) raised.
+    """
+    import torch._dynamo
+
+    if backend == "inductor" and _on_cuda(state):
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            raise CompileUnavailable("torch.compile: Inductor has no Triton for this device")
+    what = f"torch.compile({eq.what})"
+    pinned = torch.compiler.set_stance("fail_on_recompile")
+    try:
+        try:
+            run = torch.compile(eq.run, backend=backend, dynamic=False, fullgraph=True)
+            return pinned(run), tuple(run(state)), what
+        except torch._dynamo.exc.Unsupported:
+            torch._dynamo.reset()  # the failed fullgraph attempt's cache entries
+            run = torch.compile(eq.run, backend=backend, dynamic=False)
+            return pinned(run), tuple(run(state)), f"{what} (graph breaks)"
+    except Exception as exc:  # any compiler fault: the baseline is unavailable, not the job's
+        reason = f"torch.compile raised {type(exc).__name__}: {exc}"
+        raise CompileUnavailable(reason[:2000]) from exc
+
+
+def _on_cuda(state: Any) -> bool:
+    if isinstance(state, torch.Tensor):
+        return state.is_cuda
+    if isinstance(state, tuple | list):
+        return any(_on_cuda(item) for item in state)
+    return False
+
+
+def measure_compiled(
+    spec: OperatorSpec,
+    shape: Sequence[int],
+    dtype: str,
+    *,
+    device_index: int = 0,
+    problem: Problem | None = None,
+    seed: int | None = None,
+    repeats: int = 15,
+    warmup: int = 3,
+    l2_bytes: int | None = None,
+    before_timing: Callable[[], object] | None = None,
+) -> FrameworkResult:
+    """:func:`measure` for torch's op compiled by ``torch.compile`` (:func:`compile_equivalent`):
+    the same problem (the same ``seed`` makes the same one), the same check against its
+    references and the same timing; ``framework`` is :func:`compiled_label`. ``skipped`` where
+    torch.compile is unavailable (:class:`CompileUnavailable`, the reason in ``detail``).
+    ``before_timing`` is called once compiled and checked, just before the timing (the
+    measuring child waits for the GPU's turn there: compiling takes seconds of host time).
+
+    Raises:
+        LookupError: the operator has no torch equivalent.
+    """
+    eq = equivalent(spec.name)
+    try:
+        return _measure(
+            spec, shape, dtype, compiled_label(), lambda state: compile_equivalent(eq, state),
+            device_index=device_index, problem=problem, seed=seed, repeats=repeats,
+            warmup=warmup, l2_bytes=l2_bytes, before_timing=before_timing,
+        )  # fmt: skip
+    except CompileUnavailable as exc:
+        torch.cuda.empty_cache()
+        return FrameworkResult(SKIPPED, compiled_label(), detail=str(exc))
+
+
+def _measure(
+    spec: OperatorSpec,
+    shape: Sequence[int],
+    dtype: str,
+    framework: str,
+    first: Callable[[Any], tuple[Callable[[Any], Sequence[Any]], Sequence[Any], str]],
+    *,
+    device_index: int,
+    problem: Problem | None,
+    seed: int | None,
+    repeats: int,
+    warmup: int,
+    l2_bytes: int | None,
+    before_timing: Callable[[], object] | None = None,
+) -> FrameworkResult:
+    """:func:`measure`'s steps, the op given by ``first``: called once on the prepared state,
+    it answers the function to time, its outputs and what it runs; ``before_timing`` is called
+    once the input copies are made, before the first timed call."""
+    eq = equivalent(spec.name)
     device = torch.device("cuda", device_index)
     if problem is None:
         problem = spec.make_problem(tuple(shape), dtype, np.random.default_rng(seed))
     with torch.cuda.device(device), torch.no_grad():
         state = eq.prepare(problem_values(problem, device))
-        error = check_outputs(spec, dtype, problem, tuple(eq.run(state)))
+        run, outputs, what = first(state)
+        error = check_outputs(spec, dtype, problem, tuple(outputs))
         if l2_bytes is None:
             gpu = find_gpu(normalize_gpu_name(torch.cuda.get_device_name(device)))
             l2_bytes = gpu.l2_bytes if gpu is not None and gpu.l2_bytes else DEFAULT_L2_BYTES
@@ -672,10 +797,12 @@ def measure(
         copies = max(1, min(copies, int(0.5 * free // max(_state_bytes(state), 1))))
         states = [state] + [_clone(state) for _ in range(copies - 1)]
         del problem  # the host copies and references: not needed for timing
-        times = time_calls(eq.run, states, repeats=repeats, warmup=warmup, device=device)
+        if before_timing is not None:
+            before_timing()
+        times = time_calls(run, states, repeats=repeats, warmup=warmup, device=device)
     torch.cuda.empty_cache()
     if error:
-        return FrameworkResult(MISMATCH, framework, eq.what, tuple(times), detail=error)
+        return FrameworkResult(MISMATCH, framework, what, tuple(times), detail=error)
     return FrameworkResult(
-        OK, framework, eq.what, tuple(times), detail=f"verified; {len(states)} input copies"
+        OK, framework, what, tuple(times), detail=f"verified; {len(states)} input copies"
     )

@@ -13,7 +13,8 @@ serves only a config tuned for exactly the shape asked for (else the default);
 on its own shape by more than ``KATO_NEAREST_MIN_GAIN``. What is served is decided by
 :class:`service.lookup.Lookups`, the one owner of the selection; this module validates,
 caches and shapes the answers. Answers carry the figures stored beside the served winner
-(``default_ms``, ``framework_ms``, ``framework``, ``speedup``), measured on ``tuned_shape``.
+(``default_ms``, ``framework_ms``, ``framework``, ``speedup``, ``compiled_ms``, ``compiled``,
+``compiled_speedup``), measured on ``tuned_shape``.
 """
 
 from __future__ import annotations

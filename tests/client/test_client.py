@@ -371,9 +371,10 @@ def test_a_revalidation_overtaken_by_invalidate_is_not_stored(tmp_path):
 
 
 def test_lookups_carry_the_services_figures_through_both_caches(live_server, tmp_path):
-    """default_ms, framework_ms, framework and speedup as the service answered them (a nearest
-    answer's are its neighbour's), kept by the disk cache for a new process offline; an offline
-    default has none."""
+    """default_ms, framework_ms, framework and speedup (compiled_ms, compiled and
+    compiled_speedup too) as the service answered them (a nearest answer's are its
+    neighbour's), kept by the disk cache for a new process offline; an offline default has
+    none."""
     from kato.db import queries
 
     with live_server.app.state.session_factory() as session:
@@ -381,10 +382,13 @@ def test_lookups_carry_the_services_figures_through_both_caches(live_server, tmp
             session, operator="softmax", operator_version=get_operator("softmax").version,
             shape=[2048, 2048], dtype="float16", gpu_model="H200", compute_capability="9.0",
             cuda_version="13.0", config=TUNED_4K, time_ms=0.025, job_id=None, default_ms=0.04,
-            framework_ms=0.05, framework="torch 2.13.0+cu130",
+            framework_ms=0.05, framework="torch 2.13.0+cu130", compiled_ms=0.03,
+            compiled="torch.compile 2.14.1 inductor",
         )  # fmt: skip
     with client_for(live_server.url, tmp_path) as kato:
         got = kato.lookup("softmax", (2048, 2048), "float16")
+        assert (got.compiled_ms, got.compiled) == (0.03, "torch.compile 2.14.1 inductor")
+        assert got.compiled_speedup == pytest.approx(1.2)
         assert (got.default_ms, got.framework_ms, got.framework) == (
             0.04, 0.05, "torch 2.13.0+cu130",
         )  # fmt: skip
@@ -404,9 +408,11 @@ def test_lookups_carry_the_services_figures_through_both_caches(live_server, tmp
     assert (again.framework_ms, again.framework, again.speedup) == (
         0.05, "torch 2.13.0+cu130", got.speedup,
     )  # fmt: skip
+    assert (again.compiled_ms, again.compiled_speedup) == (0.03, got.compiled_speedup)
     assert fallback.source == "default"
     figures = (fallback.default_ms, fallback.framework_ms, fallback.framework, fallback.speedup)
     assert figures == (None, None, None, None)
+    assert (fallback.compiled_ms, fallback.compiled, fallback.compiled_speedup) == (None,) * 3
 
 
 def test_an_answer_without_figures_reads_as_unmeasured():
@@ -417,8 +423,10 @@ def test_an_answer_without_figures_reads_as_unmeasured():
               "config": {}, "source": "exact", "tuned_shape": [8, 8], "time_ms": 0.01}  # fmt: skip
     old = Lookup.from_answer(answer, 1.0)
     assert (old.default_ms, old.framework_ms, old.framework, old.speedup) == (None,) * 4
-    computed = Lookup.from_answer({**answer, "framework_ms": 0.02}, 1.0)
+    assert (old.compiled_ms, old.compiled, old.compiled_speedup) == (None,) * 3
+    computed = Lookup.from_answer({**answer, "framework_ms": 0.02, "compiled_ms": 0.015}, 1.0)
     assert computed.speedup == pytest.approx(2.0)
+    assert computed.compiled_speedup == pytest.approx(1.5)
 
 
 def test_submit_batch_queues_every_job_or_none(live_server):

@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 from kato.shared.kt_cache import config_key, load_cache
 
 SPEC = get_operator("softmax")
+COMPILED = "torch.compile 2.14.1 inductor"
 FAILURES = [  # configs recorded as failed in job A, on top of the recorded measurements
     (
         {"BLOCK_SIZE": 1024, "VEC": 8, "STRATEGY": 1, "CACHE": 1, "MIN_BLOCKS": 4, "LANES": 32},
@@ -95,7 +96,9 @@ def _record_job(session: Session, recorded: str, failures=()) -> Job:
                                job_id=job.id, default_ms=queries.trial_time(
                                    session, job.id, config_key(list(SPEC.params), default)),
                                framework_ms=2 * job.best_time_ms,
-                               framework="torch 2.13.0+cu130")  # fmt: skip
+                               framework="torch 2.13.0+cu130",
+                               compiled_ms=1.5 * job.best_time_ms,
+                               compiled=COMPILED)  # fmt: skip
     return job
 
 
@@ -137,7 +140,7 @@ def _figures(factory: sessionmaker[Session]) -> list[tuple]:
         rows = session.scalars(select(BestConfig).order_by(BestConfig.shape_key,
                                BestConfig.dtype, BestConfig.cuda_version))  # fmt: skip
         return [(r.shape_key, r.dtype, r.cuda_version, r.default_ms, r.framework_ms,
-                 r.framework) for r in rows]  # fmt: skip
+                 r.framework, r.compiled_ms, r.compiled) for r in rows]  # fmt: skip
 
 
 def _counts(factory: sessionmaker[Session]) -> tuple[int, int, int]:
@@ -706,8 +709,9 @@ def test_a_job_id_stored_for_another_problem_is_rejected(small_export, tmp_path)
 
 
 def test_figures_beside_a_winner_are_exported_and_read_back(source, tmp_path):
-    """default_ms, framework_ms and framework travel in the Kato block where measured; a best
-    without them (no job: nothing measured beside it) has none in the file either."""
+    """default_ms, framework_ms and framework (compiled_ms and compiled too) travel in the Kato
+    block where measured; a best without them (no job: nothing measured beside it) has none in
+    the file either."""
     with source() as session:
         (path,) = export(collect(session, operator="softmax", dtype="float16"), tmp_path, "t4")
         job = session.scalars(select(Job).where(Job.shape_key == "4096x4096")).one()
@@ -718,26 +722,28 @@ def test_figures_beside_a_winner_are_exported_and_read_back(source, tmp_path):
     assert default_ms is not None and best["default_ms"] == default_ms
     assert best["framework_ms"] == 2 * best["time_ms"]
     assert best["framework"] == "torch 2.13.0+cu130"
+    assert (best["compiled_ms"], best["compiled"]) == (1.5 * best["time_ms"], COMPILED)
     figures = {(k, d, c): rest for k, d, c, *rest in _figures(source)}
-    assert figures[("1024x1024", "float32", "13.0")] == [None, None, None]
+    assert figures[("1024x1024", "float32", "13.0")] == [None] * 5
 
 
 def test_an_older_file_imports_and_gets_its_default_time_from_its_trials(source, tmp_path):
-    """A file written before the figures existed (no default_ms, framework_ms, framework) is
+    """A file written before the figures existed (no default_ms, framework_ms, framework,
+    compiled_ms, compiled) is
     imported as before; its best's default time is read from the file's own trial of the
     operator's default config, so the lookup guard can serve it for other shapes."""
     with source() as session:
         (path,) = export(collect(session, operator="softmax", dtype="float16"), tmp_path, "t4")
     doc = json.loads(path.read_text())
     for best in doc["metadata"]["kato"]["best"]:
-        for name in ("default_ms", "framework_ms", "framework"):
+        for name in ("default_ms", "framework_ms", "framework", "compiled_ms", "compiled"):
             del best[name]
     path.write_text(json.dumps(doc))
     target = _db(tmp_path / "target.db")
     with target() as session:
         report = import_paths(session, [path])
     assert report.best_added == 1
-    ((_, _, _, default_ms, framework_ms, framework),) = _figures(target)
+    ((_, _, _, default_ms, *measured),) = _figures(target)
     expected = {(k, d): rest for k, d, _, *rest in _figures(source)}[("4096x4096", "float16")]
     assert default_ms == expected[0] and default_ms is not None
-    assert (framework_ms, framework) == (None, None)
+    assert measured == [None] * 4

@@ -139,12 +139,14 @@ def test_finishing_stores_the_winner_and_answers_the_same_when_made_again(job):
         assert owner.reserve({"k": n}, f"k{n}") == "reserved"
         assert owner.record(f"k{n}", ok({"k": n}, time_ms))
     device = {"gpu_model": "H200", "compute_capability": "9.0", "cuda_version": "13.0"}
-    first = owner.finish(**device, default_key="k0", framework_ms=4.0, framework="torch x")
+    first = owner.finish(**device, default_key="k0", framework_ms=4.0, framework="torch x",
+                         compiled_ms=2.5, compiled="torch.compile x")  # fmt: skip
     again = owner.finish(**device, default_key="k0")  # its answer was lost: made again
     assert first == again and (first.status, first.measured, first.best_time_ms) == ("done", 3, 1.0)
     with sessions() as s:
         (row,) = s.query(BestConfig).all()
     assert (row.config, row.time_ms, row.default_ms, row.framework_ms) == ({"k": 1}, 1.0, 3.0, 4.0)
+    assert (row.compiled_ms, row.compiled) == (2.5, "torch.compile x")
 
 
 def test_a_job_without_a_correct_config_fails_and_a_cancel_wins_over_finishing(job, db_url):

@@ -40,7 +40,7 @@ def test_init_db_creates_the_tables_in_wal_mode(tmp_path: Path) -> None:
         assert connection.execute(text("PRAGMA journal_mode")).scalar() == "wal"
         assert connection.execute(text("PRAGMA foreign_keys")).scalar() == 1
         assert connection.execute(text("PRAGMA busy_timeout")).scalar() == 30_000
-    assert current_revision(engine) == head_revision() == "0008"
+    assert current_revision(engine) == head_revision() == "0009"
 
 
 def test_init_db_twice_is_a_no_op(tmp_path: Path) -> None:
@@ -332,7 +332,7 @@ def test_0007_moves_who_reserved_a_trial_out_of_its_error_text(db_url: str) -> N
                  "status": status, "error": error, "at": f"2026-01-01 00:0{minute}:00+00:00"},
             )  # fmt: skip
     init_db(engine)
-    assert current_revision(engine) == head_revision() == "0008"
+    assert current_revision(engine) == head_revision() == "0009"
     assert_models_match_head(engine)
     sessions = session_factory(engine)
     with sessions() as session:
@@ -398,7 +398,7 @@ def test_0008_adds_a_jobs_batch_and_gpu_busy_time_to_an_existing_database(db_url
             )
         )
     init_db(engine)
-    assert current_revision(engine) == head_revision() == "0008"
+    assert current_revision(engine) == head_revision() == "0009"
     assert_models_match_head(engine)
     with session_factory(engine)() as session:
         old = queries.get_job(session, "j1")
@@ -422,4 +422,51 @@ def test_0008_adds_a_jobs_batch_and_gpu_busy_time_to_an_existing_database(db_url
     assert not columns & {"batch_id", "gpu_busy_s", "gpu_busy_fraction"} and "token_id" in columns
     with engine.connect() as connection:  # no job's trials lost on the way up or down
         assert connection.execute(text("SELECT job_id FROM kato_trials")).scalars().all() == ["j1"]
+    engine.dispose()
+
+
+def test_0009_adds_the_compiled_baseline_beside_each_winner_to_an_existing_database(
+    db_url: str,
+) -> None:
+    """A database at 0008 with a stored winner and its eager baseline: after the upgrade the
+    row keeps its figures and has no compiled baseline (NULL); a new job's stores one beside
+    the kept winner; the downgrade drops the two columns and keeps the rest."""
+    from kato.db import queries
+    from kato.db.session import session_factory
+
+    engine = make_engine(db_url)
+    _upgrade(engine, "0008")
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO kato_best_configs (id, operator, operator_version, shape, shape_key,"
+                " dtype, gpu_model, compute_capability, cuda_version, config, time_ms,"
+                " updated_at, default_ms, framework_ms, framework) VALUES (1, 'softmax', 'v',"
+                " '[64, 64]', '64x64', 'float16', 'H200', '9.0', '13.0',"
+                " '{\"BLOCK_SIZE\": 128}', 0.5, '2026-01-01 00:00:00+00:00', 0.7, 0.65,"
+                " 'torch 2.13.0')"
+            )
+        )
+    init_db(engine)
+    assert current_revision(engine) == head_revision() == "0009"
+    assert_models_match_head(engine)
+    with session_factory(engine)() as session:
+        (row,) = session.scalars(select(BestConfig)).all()
+        assert (row.framework_ms, row.compiled_ms, row.compiled) == (0.65, None, None)
+        kept = queries.upsert_best_config(
+            session, operator="softmax", operator_version="v", shape=[64, 64], dtype="float16",
+            gpu_model="H200", compute_capability="9.0", cuda_version="13.0",
+            config={"BLOCK_SIZE": 256}, time_ms=0.6, job_id=None, compiled_ms=0.45,
+            compiled="torch.compile 2.14.1 inductor",
+        )  # fmt: skip
+        assert kept.id == 1 and kept.config == {"BLOCK_SIZE": 128}
+        assert (kept.framework_ms, kept.compiled_ms, kept.compiled) == (
+            0.65, 0.45, "torch.compile 2.14.1 inductor",
+        )  # fmt: skip
+    _downgrade(engine, "0008")
+    columns = {c["name"] for c in inspect(engine).get_columns("kato_best_configs")}
+    assert not columns & {"compiled_ms", "compiled"} and "framework_ms" in columns
+    with engine.connect() as connection:
+        stored = connection.execute(text("SELECT time_ms, framework_ms FROM kato_best_configs"))
+        assert stored.all() == [(0.5, 0.65)]
     engine.dispose()

@@ -655,6 +655,13 @@ def test_upsert_keeps_the_keys_figures_up_to_date(session: Session) -> None:
     faster = upsert(session, [1024, 1024], 1.0, default_ms=None, config={"BLOCK": 7})
     assert faster.time_ms == 1.0 and faster.config == {"BLOCK": 7}
     assert (faster.default_ms, faster.framework_ms, faster.framework) == (3.1, 2.4, "torch 2.13.0")
+    assert (faster.compiled_ms, faster.compiled) == (None, None)
+    # The compiled baseline is the key's too: stored whichever config stays, kept when absent.
+    compiled = upsert(session, [1024, 1024], 1.5, compiled_ms=1.8, compiled="torch.compile x")
+    assert compiled.config == {"BLOCK": 7} and compiled.framework_ms == 2.4
+    assert (compiled.compiled_ms, compiled.compiled) == (1.8, "torch.compile x")
+    later = upsert(session, [1024, 1024], 1.6, framework_ms=2.3, framework="torch 2.14.0")
+    assert (later.framework_ms, later.compiled_ms, later.compiled) == (2.3, 1.8, "torch.compile x")
 
 
 def test_trial_time_is_a_jobs_successful_measurement_of_one_config(session: Session) -> None:

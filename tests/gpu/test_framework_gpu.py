@@ -1,8 +1,10 @@
 """The framework baseline on the GPU: every operator's torch equivalent checked against the
-float64 references and timed (tuner/torch_ops.py), in its own process (tuner/framework.py), and
-a worker's job storing it beside the winner for the API to report as ``speedup``.
+float64 references and timed (tuner/torch_ops.py), eager and compiled by torch.compile
+(Inductor), in its own process (tuner/framework.py), and a worker's job storing both beside the
+winner for the API to report as ``speedup`` and ``compiled_speedup``.
 
-    python3 -m pytest -q tests/gpu/test_framework_gpu.py
+    python3 -m pytest -q -s tests/gpu/test_framework_gpu.py
+    python3 -m pytest -q -s tests/gpu/test_framework_gpu.py -k compiled   # the compiled one
 """
 
 from __future__ import annotations
@@ -48,6 +50,30 @@ def test_every_equivalent_agrees_with_the_references_and_is_timed(spec, dtype):
     assert len(result.times_ms) == 5 and all(t > 0 for t in result.times_ms)
 
 
+def compiled_cases():
+    """Every built-in operator at its first dtype: each compiles for seconds."""
+    for spec in list_operators():
+        if not isinstance(spec, UserOperatorSpec):
+            yield pytest.param(spec, spec.dtypes[0], id=f"{spec.name}-{spec.dtypes[0]}")
+
+
+@pytest.mark.parametrize(("spec", "dtype"), compiled_cases())
+def test_every_equivalent_compiled_is_checked_and_timed(spec, dtype):
+    """torch.compile of each equivalent (Inductor) compiles, is checked against the references
+    (a mismatch is timed all the same, as the eager one is) and timed like the eager op."""
+    eager = torch_ops.measure(spec, SHAPES[spec.rank], dtype, seed=0, repeats=5)
+    t0 = time.monotonic()
+    result = torch_ops.measure_compiled(spec, SHAPES[spec.rank], dtype, seed=0, repeats=5)
+    print(
+        f"{spec.name} {dtype}: eager {eager.time_ms:.4f} ms, compiled {result.status} "
+        f"{result.time_ms or float('nan'):.4f} ms ({time.monotonic() - t0:.1f} s) "
+        f"{result.op}: {result.detail}"
+    )
+    assert result.framework == f"torch.compile {torch.__version__} inductor"
+    assert result.timed, result.detail
+    assert len(result.times_ms) == 5 and all(t > 0 for t in result.times_ms)
+
+
 @pytest.mark.parametrize("operator", sorted(LARGE))
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_timing_is_the_gpus_at_a_plausible_bandwidth(operator, dtype):
@@ -68,8 +94,14 @@ def test_timing_is_the_gpus_at_a_plausible_bandwidth(operator, dtype):
 
 def test_the_child_measures_on_the_jobs_gpu_and_skips_another_model():
     model = normalize_gpu_name(torch.cuda.get_device_name(0))
-    result = framework.measure_in_child("softmax", (4096, 4096), "float16", gpu_model=model)
+    result = framework.measure_in_child(
+        "softmax", (4096, 4096), "float16", gpu_model=model, compiled=True
+    )
     assert result.ok and result.time_ms > 0, result.detail
+    compiled = result.compiled
+    assert compiled is not None and compiled.ok and compiled.time_ms > 0, compiled
+    print(f"softmax 4096x4096 float16: eager {result.time_ms:.4f} ms, {compiled.framework} "
+          f"{compiled.time_ms:.4f} ms")  # fmt: skip
     other = framework.measure_in_child("softmax", (4096, 4096), "float16", gpu_model="T4")
     assert other.status == "skipped" and "the job ran on a T4" in other.detail
 
@@ -101,8 +133,12 @@ def test_a_tuning_job_stores_the_baseline_and_the_api_reports_the_speedup(tmp_pa
     assert answer["framework"] == f"torch {torch.__version__}"
     assert answer["framework_ms"] > 0 and answer["default_ms"] >= answer["time_ms"]
     assert answer["speedup"] == pytest.approx(answer["framework_ms"] / answer["time_ms"])
+    assert answer["compiled"] == f"torch.compile {torch.__version__} inductor"
+    assert answer["compiled_ms"] > 0
+    assert answer["compiled_speedup"] == pytest.approx(answer["compiled_ms"] / answer["time_ms"])
     print(
         f"softmax 8192x4096 bfloat16: Kato {answer['time_ms']:.4f} ms, default "
         f"{answer['default_ms']:.4f} ms, {answer['framework']} {answer['framework_ms']:.4f} ms, "
-        f"speedup {answer['speedup']:.2f}"
+        f"speedup {answer['speedup']:.2f}, {answer['compiled']} {answer['compiled_ms']:.4f} ms, "
+        f"compiled_speedup {answer['compiled_speedup']:.2f}"
     )

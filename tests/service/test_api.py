@@ -170,6 +170,30 @@ def test_lookups_report_the_figures_beside_the_winner(client: TestClient, sessio
     assert (untimed["framework_ms"], untimed["speedup"]) == (None, None)
 
 
+def test_lookups_report_the_compiled_baseline_beside_the_winner(
+    client: TestClient, session: Session
+) -> None:
+    """compiled_ms, compiled and compiled_speedup (the op compiled by torch.compile), in GET
+    and batch answers alike; a winner without them answers nulls beside its eager figures."""
+    store_best(session, [4096, 4096], 0.05, framework_ms=0.06, framework="torch 2.14.1",
+               compiled_ms=0.04, compiled="torch.compile 2.14.1 inductor")  # fmt: skip
+    exact = lookup(client, "4096x4096").json()
+    assert (exact["compiled_ms"], exact["compiled"]) == (0.04, "torch.compile 2.14.1 inductor")
+    assert exact["compiled_speedup"] == pytest.approx(0.04 / 0.05)
+    assert exact["speedup"] == pytest.approx(0.06 / 0.05)
+    batch = client.post(
+        "/v1/configs/batch",
+        json={"lookups": [{"operator": "softmax", "shape": "4096x4096", "dtype": "float16",
+                           "gpu": "H200"}]},
+    ).json()["results"]  # fmt: skip
+    assert batch[0]["result"] == exact
+    store_best(session, [2048, 2048], 0.01, framework_ms=0.02, framework="torch 2.14.1")
+    eager_only = lookup(client, "2048x2048").json()
+    assert eager_only["source"] == "exact", eager_only
+    assert eager_only["speedup"] == pytest.approx(2.0)
+    assert [eager_only[k] for k in ("compiled_ms", "compiled", "compiled_speedup")] == [None] * 3
+
+
 def test_a_neighbour_that_did_not_beat_its_default_is_not_served(
     client: TestClient, session: Session
 ) -> None:

@@ -106,6 +106,52 @@ def test_auto_in_eager_mode_asks_a_saving_worth_the_host_cost():
     assert policy.verdict("cross_entropy", (8192, 50257), "bfloat16", "cuda") == policy.KATO
 
 
+def exact(speedup, time_ms, framework_ms, compiled_ms=None):
+    """A service's answer (as kato_client reads it) for a winner with these figures."""
+    from kato_client.client import Lookup
+
+    answer = {"operator": "softmax", "shape": [8, 4096], "dtype": "float16", "gpu": "H200",
+              "config": {}, "source": "exact", "time_ms": time_ms, "framework_ms": framework_ms,
+              "speedup": speedup, "compiled_ms": compiled_ms}  # fmt: skip
+    return Lookup.from_answer(answer, 0.0)
+
+
+def test_in_a_compiled_graph_the_measured_compiled_baseline_is_the_bar():
+    """Where the answer has compiled_speedup (torch.compile's op timed by the worker), a call
+    in a compiled graph needs MIN_SPEEDUP over it and MIN_SAVING_MS against compiled_ms,
+    whatever the eager speedup says; eager calls keep the eager bar."""
+    ms = 10 * policy.MIN_SAVING_MS
+    # 1.4x eager, 1.2x Inductor's: below the guessed 2.0 bar, above the measured one.
+    modest = exact(1.4, ms, 1.4 * ms, compiled_ms=1.2 * ms)
+    assert modest.compiled_speedup == pytest.approx(1.2)
+    assert policy.judge(modest, compiled=True) == policy.KATO
+    # 3x eager, but Inductor's own kernel beats Kato's: the guessed bar would have run Kato.
+    fused = exact(3.0, ms, 3.0 * ms, compiled_ms=0.8 * ms)
+    assert policy.judge(fused) == policy.KATO
+    assert policy.judge(fused, compiled=True) == policy.TORCH
+    # Over the measured bar but saving less than a Kato call costs: PyTorch's op.
+    small = exact(3.0, ms, 3.0 * ms, compiled_ms=ms + policy.MIN_SAVING_MS / 2)
+    assert small.compiled_speedup >= policy.MIN_SPEEDUP
+    assert policy.judge(small, compiled=True) == policy.TORCH
+    # Just under MIN_SPEEDUP over the compiled op.
+    close = exact(3.0, ms, 3.0 * ms, compiled_ms=(policy.MIN_SPEEDUP - 0.01) * ms)
+    assert policy.judge(close, compiled=True) == policy.TORCH
+
+
+def test_without_a_compiled_baseline_a_compiled_graph_keeps_the_eager_rule():
+    ms = 10 * policy.MIN_SAVING_MS
+    assert exact(1.4, ms, 1.4 * ms).compiled_speedup is None
+    assert policy.judge(exact(1.4, ms, 1.4 * ms), compiled=True) == policy.TORCH
+    over = policy.MIN_SPEEDUP_COMPILED + 0.1
+    assert policy.judge(exact(over, ms, over * ms), compiled=True) == policy.KATO
+    # An answer with the ratio alone (no times): the ratio decides, as for framework_ms.
+    assert policy.judge({"source": "exact", "speedup": 1.1, "compiled_speedup": 1.1}, True) == 1
+    assert policy.judge({"source": "exact", "speedup": 9.0, "compiled_speedup": 0.9}, True) == 0
+    client = FakeClient({("softmax", (8, 4096)): exact(1.4, ms, 1.4 * ms, compiled_ms=1.2 * ms)})
+    kato_torch.configure(client=client, gpu="H200")
+    assert policy.decide("softmax", (8, 4096), "float16", "cuda", compiled=True) is True
+
+
 def test_auto_without_a_client_or_with_a_failing_one_runs_pytorch():
     assert policy.decide("softmax", (8, 4096), "float16", "cuda") is False
 

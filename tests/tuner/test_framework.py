@@ -5,6 +5,8 @@ here a test double factory answers for it, and the real child reports why it can
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import threading
 
@@ -235,3 +237,117 @@ def test_a_gpu_workers_factory_times_in_a_child_on_its_own_device():
     assert result.status == "skipped" and result.detail == "torch sees no CUDA device 99"
     runner = JobRunner(None, "sqlite://", factory, worker_id="w")  # type: ignore[arg-type]
     assert runner.framework_timer == factory.measure_framework
+
+
+# --- the compiled baseline (torch.compile of the same op, stored beside the eager one) --------
+
+EAGER = FrameworkResult("ok", "torch 2.14.1", "torch.softmax", (0.05, 0.04, 0.06))
+COMPILED_LABEL = "torch.compile 2.14.1 inductor"
+
+
+def with_compiled(compiled: FrameworkResult | None) -> FrameworkResult:
+    return dataclasses.replace(EAGER, compiled=compiled)
+
+
+def test_a_finished_job_stores_the_compiled_baseline_beside_the_eager_one(db):
+    compiled = FrameworkResult("ok", COMPILED_LABEL, "torch.compile(...)", (0.03, 0.02, 0.04))
+    row = run_job(db, BaselineFactory(with_compiled(compiled)))
+    assert (row.framework_ms, row.framework) == (0.05, "torch 2.14.1")
+    assert (row.compiled_ms, row.compiled) == (0.03, COMPILED_LABEL)
+
+
+@pytest.mark.parametrize(
+    "compiled",
+    [
+        FrameworkResult("skipped", COMPILED_LABEL, detail="torch.compile raised BackendError: x"),
+        FrameworkResult("failed", detail="the measuring process died (exit code 3)"),
+        FrameworkResult("mismatch", COMPILED_LABEL, "op", detail="untimed: output 1: 3 of 9"),
+    ],
+    ids=["skipped", "failed", "untimed mismatch"],
+)
+def test_a_compiled_baseline_not_timed_is_logged_and_the_eager_one_stored(db, compiled, caplog):
+    caplog.set_level(logging.WARNING, logger="kato.tuner.worker")
+    row = run_job(db, BaselineFactory(with_compiled(compiled)))
+    assert (row.framework_ms, row.compiled_ms, row.compiled) == (0.05, None, None)
+    assert "no compiled framework baseline stored" in caplog.text
+    assert compiled.detail in caplog.text
+
+
+def test_a_timed_compiled_mismatch_is_stored_marked_with_a_warning(db, caplog):
+    caplog.set_level(logging.WARNING, logger="kato.tuner.worker")
+    compiled = FrameworkResult("mismatch", COMPILED_LABEL, "op", (0.03,), "output 2: 1%")
+    row = run_job(db, BaselineFactory(with_compiled(compiled)))
+    assert (row.compiled_ms, row.compiled) == (0.03, f"{COMPILED_LABEL} (mismatch)")
+    assert "compiled framework baseline stored, but" in caplog.text
+    assert "output 2: 1%" in caplog.text
+
+
+def test_without_a_compiled_result_only_the_eager_baseline_is_stored(db):
+    row = run_job(db, BaselineFactory(with_compiled(None)))
+    assert (row.framework_ms, row.compiled_ms, row.compiled) == (0.05, None, None)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [(None, True), ("yes", True), ("off", False), ("0", False)]
+)
+def test_compiled_enabled_reads_its_own_setting(value, expected):
+    environ = {"KATO_FRAMEWORK_BASELINE": "true"}
+    if value is not None:
+        environ["KATO_FRAMEWORK_COMPILED"] = value
+    assert framework.compiled_enabled(environ) is expected
+
+
+def test_compiled_enabled_refuses_what_is_not_a_boolean():
+    with pytest.raises(ValueError, match="KATO_FRAMEWORK_COMPILED='later': expected true or"):
+        framework.compiled_enabled({"KATO_FRAMEWORK_COMPILED": "later"})
+
+
+STAND_IN = ["framework_child_stand_in"]  # tests/framework_child_stand_in.py: a fake CUDA torch
+
+
+def test_the_child_sends_the_compiled_baseline_after_the_eager_one_on_the_same_problem():
+    """With a stand-in for torch on a GPU, the real child and parent: the eager result carries
+    the compiled one, both measured on one problem (one seed, drawn by the child), Inductor
+    compiling in the child's own process; the GPU's turn is held for the eager op, given back
+    while the child compiles and held again for the compiled op's timing."""
+    events: list[str] = []
+
+    @contextlib.contextmanager
+    def turn():
+        events.append("enter")
+        yield
+        events.append("exit")
+
+    result = framework.measure_in_child(
+        "softmax", (64, 100), "float32", gpu_model="H200", imports=STAND_IN, timeout_s=60,
+        turn=turn, compiled=True,
+    )  # fmt: skip
+    assert (result.status, result.framework, result.time_ms) == ("ok", "torch 9.9.9+stand-in", 0.2)
+    compiled = result.compiled
+    assert compiled is not None and compiled.ok and compiled.time_ms == 0.05
+    assert compiled.framework == "torch.compile 9.9.9+stand-in inductor"
+    assert compiled.op == result.op and result.op != "seed None"
+    assert compiled.detail == "compile_threads 1"
+    assert events == ["enter", "exit", "enter", "exit"]
+
+
+def test_a_child_dying_while_compiling_keeps_the_eager_baseline(monkeypatch):
+    monkeypatch.setenv("KATO_TEST_COMPILED_STAND_IN", "exit")
+    result = framework.measure_in_child(
+        "softmax", (64, 100), "float32", gpu_model="H200", imports=STAND_IN, timeout_s=60,
+        seed=7,
+    )  # fmt: skip
+    assert (result.status, result.op, result.time_ms) == ("ok", "seed 7", 0.2)
+    assert result.compiled is not None and result.compiled.status == "failed"
+    assert "the measuring process died" in (result.compiled.detail or "")
+
+
+def test_a_misset_compiled_baseline_is_skipped_with_the_reason(monkeypatch):
+    monkeypatch.setenv("KATO_FRAMEWORK_COMPILED", "perhaps")
+    result = framework.measure_in_child(
+        "softmax", (64, 100), "float32", gpu_model="H200", imports=STAND_IN, timeout_s=60,
+        seed=7,
+    )  # fmt: skip
+    assert result.ok and result.compiled is not None
+    assert (result.compiled.status, result.compiled.time_ms) == ("skipped", None)
+    assert "KATO_FRAMEWORK_COMPILED='perhaps'" in (result.compiled.detail or "")

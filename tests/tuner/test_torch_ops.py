@@ -149,3 +149,62 @@ def test_measure_needs_an_equivalent():
     with pytest.raises(LookupError, match="no torch equivalent of operator 'nope'"):
         torch_ops.equivalent("nope")
     assert torch_ops.equivalent(spec.name).what == "torch.softmax(x, dim=-1)"
+
+
+# --- the compiled baseline's compile (torch.compile of an equivalent) ------------------------
+# Dynamo traces here with its "eager" backend (seconds less than Inductor's C++ on the CPU);
+# tests/gpu/test_framework_gpu.py compiles with Inductor on the GPU.
+
+
+@pytest.fixture
+def fresh_dynamo():
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_a_compiled_equivalent_is_traced_whole_and_agrees_with_the_references(fresh_dynamo):
+    spec = next(s for s in BUILT_IN if s.name == "softmax")
+    made = problem(spec, "float32", (7, 129))
+    state = torch_ops.equivalent("softmax").prepare(torch_ops.problem_values(made, "cpu"))
+    run, outputs, what = torch_ops.compile_equivalent(
+        torch_ops.equivalent("softmax"), state, backend="eager"
+    )
+    assert what == "torch.compile(torch.softmax(x, dim=-1))"
+    assert torch_ops.check_outputs(spec, "float32", made, outputs) is None
+    copy = tuple(v.clone() if isinstance(v, torch.Tensor) else v for v in state)
+    assert torch.equal(run(copy)[0], outputs[0])  # a copy of the state: the same graph
+    # A state the graph was not compiled for is refused, never timed as another graph.
+    other = torch_ops.problem_values(problem(spec, "float32", (9, 129)), "cpu")
+    with pytest.raises(RuntimeError, match="fail_on_recompile"):
+        run(torch_ops.equivalent("softmax").prepare(other))
+
+
+def test_an_op_dynamo_cannot_trace_whole_is_compiled_with_graph_breaks(fresh_dynamo):
+    import torch._dynamo
+
+    def run(s):
+        y = torch.softmax(s[0], dim=-1)
+        torch._dynamo.graph_break()
+        return (y * 1,)
+
+    eq = torch_ops.Equivalent(run, "softmax, a break, a copy")
+    x = torch.randn(4, 8)
+    compiled, outputs, what = torch_ops.compile_equivalent(eq, (x,), backend="eager")
+    assert what == "torch.compile(softmax, a break, a copy) (graph breaks)"
+    assert torch.allclose(outputs[0], torch.softmax(x, dim=-1))
+
+
+def test_a_compiler_that_raises_makes_the_compiled_baseline_unavailable(fresh_dynamo):
+    def broken(graph, example_inputs):
+        raise RuntimeError("no kernels for you")
+
+    with pytest.raises(torch_ops.CompileUnavailable, match="RuntimeError.*no kernels for you"):
+        torch_ops.compile_equivalent(torch_ops.equivalent("softmax"), (torch.ones(2, 3),),
+                                     backend=broken)  # fmt: skip
+
+
+def test_the_compiled_baseline_is_labelled_with_torch_and_inductor():
+    assert torch_ops.compiled_label() == f"torch.compile {torch.__version__} inductor"
