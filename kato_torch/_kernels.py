@@ -314,14 +314,12 @@ def bind(
     instead of faulting on a misaligned vector."""
     import torch
 
-    if type(shape) is not tuple:
-        shape = tuple(int(s) for s in shape)
+    shape = tuple(int(s) for s in shape)  # a SymInt (a trace, opcheck) specialises here
     alignment = min(alignment, MAX_VECTOR_BYTES)
     key = (operator, shape, dtype, device_index, alignment)
     bound = _bound.get(key)
     if bound is not None:
         return bound
-    shape = tuple(int(s) for s in shape)
     with _lock:
         bound = _bound.get(key)
         if bound is not None:

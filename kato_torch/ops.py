@@ -89,13 +89,16 @@ def _use(operator: str, shape: Sequence[int], t: Tensor) -> bool:
         key = tuple(_operator.index(d) for d in shape)
         return _decide(operator, key, _dtype_name(t), t.device.type, True) == _policy.KATO
     # The hot path of every call: a key of cheap attributes (is_cuda, not device.type).
-    if type(shape) is not tuple:
-        shape = tuple(int(d) for d in shape)
     key = (operator, shape, t.dtype, t.is_cuda)
     if _fast_generation != _policy.generation():
         _fast.clear()
         _fast_generation = _policy.generation()
-    decision = _fast.get(key)
+    try:
+        decision = _fast.get(key)
+    except TypeError:  # a SymInt in the shape (a fake-tensor trace): specialise it
+        shape = tuple(int(d) for d in shape)
+        key = (operator, shape, t.dtype, t.is_cuda)
+        decision = _fast.get(key)
     if decision is None or _policy.recording():
         shape = tuple(int(d) for d in shape)
         decision = _decide(operator, shape, _dtype_name(t), t.device.type)
