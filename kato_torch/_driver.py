@@ -19,6 +19,8 @@ from kato.tuner.tensor_map import MAP_ALIGN, MAP_BYTES
 # The generic entry points live in tuner.cuda_driver (the backend launches tensor-map kernels
 # through them too); these names are kato_torch's own spelling of them.
 _driver = cuda_driver.library
+# Context queries and switches return at once: they keep the GIL (cuda_driver.quick_library).
+_quick = cuda_driver.quick_library
 _check = cuda_driver.check
 CudaDriverError = cuda_driver.CudaDriverError
 load_module = cuda_driver.load_module
@@ -48,7 +50,7 @@ def ensure_context(device_index: int) -> None:
     """Make ``device_index``'s primary context current on this thread if none is (autograd's
     threads); a launch should rather run inside :func:`on_device`, which also handles another
     device's context being current."""
-    lib = _driver()
+    lib = _quick()
     current = ctypes.c_void_p()
     _check(lib.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
     if not current.value:
@@ -63,7 +65,7 @@ def on_device(device_index: int) -> Iterator[None]:
     PyTorch itself would. Another device's context current (a process using several GPUs):
     push this one for the block and pop it after, so the thread's current device is unchanged.
     """
-    lib = _driver()
+    lib = _quick()
     current = ctypes.c_void_p()
     _check(lib.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
     if not current.value:

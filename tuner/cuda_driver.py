@@ -25,6 +25,7 @@ CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
+_quick: ctypes.PyDLL | None = None
 
 
 class CudaDriverError(KatoError, RuntimeError):
@@ -49,6 +50,28 @@ def library() -> ctypes.CDLL:
             lib.cuLaunchKernel.restype = ctypes.c_int
             _lib = lib
         return _lib
+
+
+def quick_library() -> ctypes.PyDLL:
+    """libcuda.so.1 for calls that return at once (a launch, the current context): loaded as
+    a ``PyDLL``, so the call keeps the GIL, as PyTorch's own kernel launches do. Through
+    :func:`library` ctypes releases and retakes the GIL around every call, and where another
+    thread waits for it (autograd's backward thread, between a step's passes) each retake is a
+    thread hand-off costing tens of microseconds. A launch blocks only when the stream's queue
+    is full, and then a PyTorch launch would block the same way."""
+    global _quick
+    if _quick is not None:
+        return _quick
+    library()  # the driver is loadable, or the error says so
+    with _lock:
+        if _quick is None:
+            lib = ctypes.PyDLL("libcuda.so.1")
+            lib.cuLaunchKernel.argtypes = (
+                [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+            )
+            lib.cuLaunchKernel.restype = ctypes.c_int
+            _quick = lib
+        return _quick
 
 
 def check(result: int, what: str) -> None:
@@ -127,7 +150,8 @@ def launch_array(
 ) -> None:
     """``cuLaunchKernel`` with a prepared :func:`argument_array` (``grid`` and ``block``: three
     ints each, as :class:`kernels.spec.Launch` holds them). The hot path of kato_torch's bound
-    operators: the argument types are declared once (:func:`library`), so ctypes converts in C."""
-    result = library().cuLaunchKernel(func, *grid, *block, shared_bytes, stream, params, None)
+    operators: the argument types are declared once (:func:`quick_library`, which keeps the
+    GIL), so ctypes converts in C."""
+    result = quick_library().cuLaunchKernel(func, *grid, *block, shared_bytes, stream, params, None)
     if result != 0:
         check(result, "cuLaunchKernel")
