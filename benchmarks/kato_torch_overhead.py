@@ -15,10 +15,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import ctypes  # noqa: E402
+
 import torch  # noqa: E402
+from kato.tuner import cuda_driver  # noqa: E402
 
 import kato_torch  # noqa: E402
-from kato_torch import _driver  # noqa: E402
+from kato_torch import _driver, ops  # noqa: E402
 from kato_torch._kernels import bind  # noqa: E402
 
 
@@ -122,6 +125,25 @@ def main():
     def forward_backward_identity():
         torch.autograd.grad(Identity.apply(xg), (xg,), dy)
 
+    class TorchLayerNorm(torch.autograd.Function):  # PyTorch's kernels behind a Python node
+        @staticmethod
+        def forward(ctx, t, weight, bias):
+            out, mu, rs = torch.native_layer_norm(t, (cols,), weight, bias, 1e-5)
+            ctx.save_for_backward(t, weight, mu, rs)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            t, weight, mu, rs = ctx.saved_tensors
+            return torch.ops.aten.native_layer_norm_backward(
+                grad, t, (cols,), mu, rs, weight, weight, (True, True, True)
+            )
+
+    def forward_backward_python_torch():
+        torch.autograd.grad(TorchLayerNorm.apply(xg, w, b), (xg,), dy)
+
+    _, saved_mean, saved_rstd = ops._layer_norm(x, w, b, 1e-5)
+
     def ctx_push_pop():
         with _driver.on_device(0):
             pass
@@ -144,11 +166,29 @@ def main():
         "kato_torch.layer_norm fwd+bwd": forward_backward_kato,
         "torch layer_norm fwd+bwd": forward_backward_torch,
         "Python Function fwd+bwd (floor)": forward_backward_identity,
+        "Python Function(torch LN) fwd+bwd": forward_backward_python_torch,
+        "Kato backward alone, main thread": lambda: ops._layer_norm_backward(
+            x, w, saved_mean, saved_rstd, dy
+        ),
     }
     results = {}
     for name, fn in cases.items():
         results[name] = per_call_us(fn, args.calls)
         print(f"{name:34} {results[name]:8.1f} us/call", flush=True)
+    # The same Kato calls with the launches' GIL released around each ctypes call (a CDLL
+    # handle, as before cuda_driver.quick_library): what keeping the GIL saves.
+    quick = cuda_driver.quick_library()
+    released = ctypes.CDLL("libcuda.so.1")
+    released.cuLaunchKernel.argtypes = quick.cuLaunchKernel.argtypes
+    released.cuLaunchKernel.restype = ctypes.c_int
+    cuda_driver._quick = released
+    try:
+        for name in ("kato_torch.layer_norm (no grad)", "kato_torch.layer_norm fwd+bwd"):
+            key = f"{name}, GIL released per call"
+            results[key] = per_call_us(cases[name], args.calls)
+            print(f"{key:34} {results[key]:8.1f} us/call", flush=True)
+    finally:
+        cuda_driver._quick = quick
     breakdown = time_parts(forward_backward_kato, args.calls)
     print("\nwhere a Kato forward + backward's host time goes (inclusive us per step, any thread):")
     for name, us in breakdown.items():
