@@ -102,7 +102,7 @@ class KatoOp:
 
             @staticmethod
             def backward(ctx: Any, *grads: Any) -> Any:
-                if None in grads:
+                if any(grad is None for grad in grads):  # not `None in`: Tensor.__eq__
                     grads = tuple(
                         torch.zeros(spec[0], dtype=spec[1], device=spec[2])
                         if grad is None and spec is not None
