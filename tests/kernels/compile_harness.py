@@ -47,6 +47,10 @@ WORKERS = int(os.environ.get("KATO_COMPILE_WORKERS") or 2)
 #: 16 cores); otherwise the compile tests take :func:`covering_sample`, which a cold run on CI's
 #: 2 cores affords.
 FULL = os.environ.get("KATO_COMPILE_FULL") == "1"
+#: The archs of a fused variant's compile test (an epilogue on a template that its own compile
+#: test builds for every arch of :data:`ARCHS`): the first alone in CI, all of them with
+#: :data:`FULL` or ``KATO_COMPILE_TEST_ARCHS``.
+FUSED_ARCHS = ARCHS if FULL or "KATO_COMPILE_TEST_ARCHS" in os.environ else ARCHS[:1]
 
 
 def kernel_names(spec: OperatorSpec) -> tuple[str, ...]:
@@ -277,18 +281,19 @@ def compile_covering(
     heaviest: Callable[[Variant], tuple[Hashable, float] | None] | None = None,
     extra: Sequence[Variant] = (),
     batch: int = 48,
+    archs: Sequence[str] = ARCHS,
 ) -> list[Outcome]:
-    """Compile :func:`sample_with_extra` of ``variants`` and ``extra`` for ``ARCHS[0]``, and
+    """Compile :func:`sample_with_extra` of ``variants`` and ``extra`` for ``archs[0]``, and
     every other one of them for the other archs (all with :data:`FULL`). Prints what it
     compiled and how long it took."""
     chosen = sample_with_extra(variants, heaviest=heaviest, extra=extra)
     start = time.perf_counter()
-    outcomes = compile_variants(chosen, ARCHS[:1], cache_dir, batch=batch)
-    rest = (chosen if FULL else chosen[::2]) if ARCHS[1:] else []
+    outcomes = compile_variants(chosen, archs[:1], cache_dir, batch=batch)
+    rest = (chosen if FULL else chosen[::2]) if archs[1:] else []
     if rest:
-        outcomes += compile_variants(rest, ARCHS[1:], cache_dir, batch=batch)
+        outcomes += compile_variants(rest, archs[1:], cache_dir, batch=batch)
     print(
-        f"\n{name}: {len(chosen)} of {len(variants) + len(extra)} variants on {ARCHS[0]}, "
-        f"{len(rest)} on {','.join(ARCHS[1:]) or '-'} in {time.perf_counter() - start:.0f} s"
+        f"\n{name}: {len(chosen)} of {len(variants) + len(extra)} variants on {archs[0]}, "
+        f"{len(rest)} on {','.join(archs[1:]) or '-'} in {time.perf_counter() - start:.0f} s"
     )
     return outcomes

@@ -1,15 +1,20 @@
 """Run a CUDA template's kernels on the CPU: host C++ (g++, C++20) with a small emulation of the
 CUDA features the transpose and sort templates use.
 
-One std::thread per CUDA thread, blocks one after another; ``std::barrier`` for
-``__syncthreads`` and for warp shuffles (every lane of a warp must call them, as with a full
-mask on the GPU); ``static`` for ``__shared__`` (blocks run one at a time) and, for dynamic
-shared memory, exactly the step's ``Launch.shared_bytes``, filled with garbage before every
-block and ending at an inaccessible page: a kernel that indexes past what its launch gives it
-fails the case (exit 86, or 87 for a write into the bytes up to the next multiple of 16).
-Every step of ``spec.steps()`` is launched with its real grid, block and shared bytes, so the
-kernels' indexing, guards, barriers and grid-stride loops run exactly as written; only the
-memory hierarchy differs.
+One cooperative thread (a ``ucontext`` fiber) per CUDA thread, blocks one after another, the
+fibers of a block taking turns on one OS thread: each runs until it waits at a barrier
+(``__syncthreads``, and the warp's for shuffles: every lane of a warp must call them, as with a
+full mask on the GPU) or ends; odd blocks take their turns in reverse order, so that a missing
+barrier shows whichever thread writes first. Barriers that can never complete (threads waiting
+at different ones) fail the case (exit 84) instead of hanging. ``static`` for ``__shared__``
+(blocks run one at a time) and, for dynamic shared memory, exactly the step's
+``Launch.shared_bytes``, filled with garbage before every block and ending at an inaccessible
+page: a kernel that indexes past what its launch gives it fails the case (exit 86, or 87 for a
+write into the bytes up to the next multiple of 16). Every step of ``spec.steps()`` is launched
+with its real grid, block and shared bytes, so the kernels' indexing, guards, barriers and
+grid-stride loops run exactly as written; only the memory hierarchy differs. (One OS thread per
+CUDA thread, as before, spent most of the emulation tests' time creating threads and switching
+between them at every barrier.)
 
 CI has no GPU: this is how the kernels' logic is checked there.
 """
@@ -30,16 +35,94 @@ from pathlib import Path
 import numpy as np
 from kato.kernels.spec import Config, OperatorSpec, Problem, template_source
 
-HEADER = r"""
-#include <barrier>
+#: The cooperative threads of a block, for :data:`HEADER` and the compile tests' own emulations:
+#: ``EmuBarrier`` (``arrive_and_wait``) and ``emu_run_block(kernel, threads, block, turn)``,
+#: which runs ``kernel`` as ``threads`` fibers until every one returns, calling ``turn(t)``
+#: before each turn of fiber t (to set threadIdx and the warp), in reverse order for odd
+#: ``block`` ids; exit 84 when the waiting fibers can never go on. Needs <cstdio>, <cstdlib>,
+#: <vector>, <sys/mman.h> and <ucontext.h>.
+FIBERS = r"""
+inline void emu_yield();
+// A barrier of `count` fibers: the last to arrive releases the others and runs on.
+struct EmuBarrier {
+  unsigned count, arrived = 0;
+  unsigned long long phase = 0;
+  void arrive_and_wait();
+};
+// Arrivals and ends of fibers: a round of turns that adds none is a deadlock.
+unsigned long long emu_progress;
+inline void EmuBarrier::arrive_and_wait() {
+  const unsigned long long mine = phase;
+  ++emu_progress;
+  if (++arrived == count) {
+    arrived = 0;
+    ++phase;
+    return;
+  }
+  while (phase == mine) emu_yield();
+}
+// The fibers of a block: their stacks (kEmuStack bytes each, mapped once, touched as used),
+// contexts, and whether each has returned.
+constexpr size_t kEmuStack = 512 * 1024;
+std::vector<unsigned char*> emu_stacks;
+std::vector<ucontext_t> emu_contexts;
+std::vector<char> emu_done;
+ucontext_t emu_scheduler;
+unsigned emu_current;
+void* emu_kernel;
+inline void emu_yield() { swapcontext(&emu_contexts[emu_current], &emu_scheduler); }
+template <class F> void emu_fiber() {
+  (*static_cast<F*>(emu_kernel))();
+  emu_done[emu_current] = 1;
+  ++emu_progress;
+}  // returns to emu_scheduler (uc_link)
+template <class F, class T>
+void emu_run_block(F& kernel, unsigned threads, unsigned block, const T& turn) {
+  while (emu_stacks.size() < threads) {
+    void* stack = mmap(nullptr, kEmuStack, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (stack == MAP_FAILED) std::abort();
+    emu_stacks.push_back(static_cast<unsigned char*>(stack));
+  }
+  emu_contexts.resize(threads);
+  emu_done.assign(threads, 0);
+  emu_kernel = &kernel;
+  for (unsigned t = 0; t < threads; ++t) {
+    getcontext(&emu_contexts[t]);
+    emu_contexts[t].uc_stack.ss_sp = emu_stacks[t];
+    emu_contexts[t].uc_stack.ss_size = kEmuStack;
+    emu_contexts[t].uc_link = &emu_scheduler;
+    makecontext(&emu_contexts[t], emu_fiber<F>, 0);
+  }
+  for (unsigned left = threads; left > 0;) {
+    const unsigned long long before = emu_progress;
+    for (unsigned k = 0; k < threads; ++k) {
+      const unsigned t = block % 2 ? threads - 1 - k : k;
+      if (emu_done[t]) continue;
+      emu_current = t;
+      turn(t);
+      swapcontext(&emu_scheduler, &emu_contexts[t]);
+      if (emu_done[t]) --left;
+    }
+    if (left > 0 && emu_progress == before) {
+      std::fprintf(stderr, "block %u: %u threads wait at barriers that cannot complete\n",
+                   block, left);
+      std::_Exit(84);
+    }
+  }
+}
+"""
+
+HEADER = (
+    r"""
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <vector>
 #include <sys/mman.h>
+#include <ucontext.h>
 #include <unistd.h>
 #include <vector_types.h>
 #include <vector_functions.h>
@@ -48,10 +131,14 @@ HEADER = r"""
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
-thread_local uint3 threadIdx, blockIdx, blockDim, gridDim;
-struct Warp { unsigned long long lanes[32]; std::barrier<> sync{32}; };
-thread_local Warp* this_warp;
-thread_local std::barrier<>* this_block;
+// The running fiber's; the scheduler in launch() sets them before every turn.
+uint3 threadIdx, blockIdx, blockDim, gridDim;
+"""
+    + FIBERS
+    + r"""
+struct Warp { unsigned long long lanes[32]; EmuBarrier sync{32}; };
+Warp* this_warp;
+EmuBarrier* this_block;
 inline void __syncthreads() { this_block->arrive_and_wait(); }
 inline unsigned lane_id() {
   return (threadIdx.x + threadIdx.y * blockDim.x) & 31;
@@ -158,17 +245,16 @@ void launch(F kernel, unsigned grid, unsigned bx, unsigned by, size_t shared) {
                   shared);
     std::memset(emu_smem, 0xcd, shared);  // stale shared memory must not matter
     std::memset(emu_smem + shared, kEmuCanary, room - shared);
-    std::barrier<> sync(block);
+    EmuBarrier sync{block};
     std::vector<Warp> warps((block + 31) / 32);
-    std::vector<std::thread> threads;
-    for (unsigned t = 0; t < block; ++t)
-      threads.emplace_back([&, t] {
-        threadIdx = make_uint3(t % bx, t / bx, 0); blockIdx = make_uint3(b, 0, 0);
-        blockDim = make_uint3(bx, by, 1); gridDim = make_uint3(grid, 1, 1);
-        this_warp = &warps[t / 32]; this_block = &sync;
-        kernel();
-      });
-    for (auto& thread : threads) thread.join();
+    blockIdx = make_uint3(b, 0, 0);
+    blockDim = make_uint3(bx, by, 1);
+    gridDim = make_uint3(grid, 1, 1);
+    this_block = &sync;
+    emu_run_block(kernel, block, b, [&](unsigned t) {
+      threadIdx = make_uint3(t % bx, t / bx, 0);
+      this_warp = &warps[t / 32];
+    });
     for (size_t i = shared; i < room; ++i) {
       if (emu_smem[i] != kEmuCanary) {
         std::fprintf(stderr, "block %u wrote dynamic shared memory byte %zu of a %zu-byte "
@@ -181,6 +267,7 @@ void launch(F kernel, unsigned grid, unsigned bx, unsigned by, size_t shared) {
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 """
+)
 
 #: Declarations of dynamic shared memory the templates use, and their emulated replacement.
 _DYNAMIC_SHARED = re.compile(r"extern __shared__ __align__\(16\) (\w[\w ]*?) (\w+)\[\];")

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from compile_harness import (
+    ARCHS,
     FULL,
     Outcome,
     Variant,
@@ -83,11 +84,21 @@ def sample(spec: OperatorSpec, heaviest: Heaviest | None) -> list[Variant]:
     return sample_with_extra(_variants(spec.name), heaviest=heaviest, extra=awkward_defaults(spec))
 
 
-def compile_sample(spec: OperatorSpec, heaviest: Heaviest | None, cache_dir: Path) -> list[Outcome]:
-    """Compile :func:`sample` for the first arch, and every other one of it (all with FULL) for
-    the rest."""
+def compile_sample(
+    spec: OperatorSpec,
+    heaviest: Heaviest | None,
+    cache_dir: Path,
+    archs: Sequence[str] = ARCHS,
+) -> list[Outcome]:
+    """Compile :func:`sample` for the first of ``archs``, and every other one of it (all with
+    FULL) for the rest."""
     return compile_covering(
-        spec.name, _variants(spec.name), cache_dir, heaviest=heaviest, extra=awkward_defaults(spec)
+        spec.name,
+        _variants(spec.name),
+        cache_dir,
+        heaviest=heaviest,
+        extra=awkward_defaults(spec),
+        archs=archs,
     )
 
 
@@ -176,6 +187,8 @@ class NormCompileChecks:
     MAX_SAMPLE: int
     #: Whether the weight (WB_REGS) sits in registers in some variant of every dtype.
     WEIGHT_IN_REGISTERS = True
+    #: The archs compiled for (a fused variant's module sets ``compile_harness.FUSED_ARCHS``).
+    ARCHS: tuple[str, ...] = ARCHS
 
     @staticmethod
     def holds_registers(v: Variant) -> bool:
@@ -191,7 +204,8 @@ class NormCompileChecks:
 
     @pytest.fixture(scope="class")
     def outcomes(self, cubin_cache: Path) -> list[Outcome]:
-        return compile_sample(self.SPEC, register_boundary(self.holds_registers), cubin_cache)
+        heaviest = register_boundary(self.holds_registers)
+        return compile_sample(self.SPEC, heaviest, cubin_cache, self.ARCHS)
 
     def test_the_sample_covers_every_code_path(self) -> None:
         variants = self.sample()

@@ -5,7 +5,11 @@ of spec.steps() at its real grid: both reduction strategies, the elementwise pas
 in the channel's block, several vector widths, unrolls and block sizes, on awkward shapes (H*W
 odd, prime, 1; C=1; N=1; N*H*W = 2) in every dtype; every output verified with the problem's
 tolerances as the GPU backend verifies. The epilogue itself is shown to matter: the same cases
-rendered without it fail."""
+rendered without it fail.
+
+In CI each operator runs half of the cases (:func:`ci_cases`): every case still runs for one
+forward and one backward, and each half holds every dtype, both strategies and both places of
+the elementwise pass; ``-m slow`` runs every case for every operator."""
 
 from __future__ import annotations
 
@@ -68,9 +72,24 @@ def emulated_cases(spec, cases=CASES) -> list[Case]:
     return out
 
 
+def ci_cases(spec) -> list:
+    """CI's half of :data:`CASES` for ``spec``: the even rows for batchnorm_relu and
+    batchnorm_add_relu_backward, the odd ones for the other two, so that each row runs for a
+    forward and a backward. The rows vary the launch paths, which are the plain kernels' own
+    (test_batchnorm_train_emulation.py runs them all); the epilogue is the same on each."""
+    even = spec.name in ("batchnorm_relu", "batchnorm_add_relu_backward")
+    return CASES[0 if even else 1 :: 2]
+
+
+@pytest.mark.parametrize(
+    "every_case", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["ci", "full"]
+)
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
-def test_kernel_logic_on_the_cpu(tmp_path, norm_emulation, spec) -> None:
-    failures = run_cases(emulated_cases(spec), tmp_path, np.random.default_rng(11))
+def test_kernel_logic_on_the_cpu(tmp_path, norm_emulation, spec, every_case) -> None:
+    rows = CASES if every_case else ci_cases(spec)
+    assert {r[1] for r in rows} == {"float32", "float16", "bfloat16"}
+    assert {r[5] for r in rows} == {0, 1} and {r[7] for r in rows} == {0, 1}  # STRATEGY, APPLY
+    failures = run_cases(emulated_cases(spec, rows), tmp_path, np.random.default_rng(11))
     assert not failures, "\n".join(failures[:20])
 
 

@@ -2,11 +2,13 @@
 ``EPILOGUE_RELU=1``, compiled as host C++ against tests/kernels/cuda_emulation.py and verified
 with the problems' tolerances exactly as the GPU backend verifies.
 
-The forward runs layernorm's own case sets (every (dtype, ROW_THREADS, CACHE) on awkward
-shapes, split rows on shifted pointers, the two-launch GROUP_ROWS=0 pieces), the backward
-layernorm_backward's (every (dtype, ROW_THREADS, CACHE, DW_ACC) on 1 row, 1 column, odd and
-prime widths, rows whose head moves). A template whose mask is broken (no ReLU, or the mask
-taken without the bias) fails on every case."""
+The forward runs layernorm's own case sets (every (ROW_THREADS, CACHE) on awkward shapes,
+split rows on shifted pointers, the two-launch GROUP_ROWS=0 pieces), the backward
+layernorm_backward's (every (ROW_THREADS, CACHE, DW_ACC) on 1 row, 1 column, odd and prime
+widths, rows whose head moves): in CI a third of each, every dtype meeting every value
+(ci_sample.rotated; test_layernorm_emulation and test_layernorm_backward_emulation run the whole
+product without the epilogue), the whole product here too under ``-m slow``. A template whose mask
+is broken (no ReLU, or the mask taken without the bias) fails on every case."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import numpy as np
 import pytest
 import rowwise_emulation
 import test_layernorm_emulation as ln_cases
+from ci_sample import EVERY_DTYPE, assert_rotated, rotated
 from cuda_emulation import Case, run_cases
 from kato.kernels import get_operator
 
@@ -31,13 +34,25 @@ def failing_cases(failures: list[str]) -> set[str]:
     return {line.split(": output")[0].split(": exit")[0] for line in failures}
 
 
-def test_forward_logic_on_the_cpu(tmp_path, norm_emulation) -> None:
-    """Every (dtype, ROW_THREADS, CACHE) on awkward shapes, and split rows (ROW_SPLIT) at every
-    VEC on shifted pointers: y, mean and rstd within tolerance."""
-    cases = as_relu(ln_cases.emulated_cases() + ln_cases.split_cases())
-    assert {(c.dtype, c.config["ROW_THREADS"], c.config["CACHE"]) for c in cases} == {
-        (d, t, k) for d in FORWARD.dtypes for t in (8, 16, 32, 0) for k in (0, 1, 2)
-    }
+@EVERY_DTYPE
+def test_forward_logic_on_the_cpu(tmp_path, norm_emulation, every_dtype) -> None:
+    """Every (ROW_THREADS, CACHE), each value of them in every dtype (``-m slow``: every (dtype,
+    ROW_THREADS, CACHE)), on awkward shapes and on split rows (ROW_SPLIT) at every VEC on
+    shifted pointers: y, mean and rstd within tolerance."""
+    keys = ("ROW_THREADS", "CACHE")
+    whole, split = ln_cases.emulated_cases(), ln_cases.split_cases()
+    shapes = {c.shape for c in whole + split}
+    if not every_dtype:  # turned so that every shape stays in the sample
+        whole, split = rotated(whole, keys, turn=2), rotated(split, keys, turn=2)
+    cases = as_relu(whole + split)
+    assert {c.shape for c in cases} == shapes
+    for part in (whole, split):
+        assert {(c.config["ROW_THREADS"], c.config["CACHE"]) for c in part} == {
+            (t, k) for t in (8, 16, 32, 0) for k in (0, 1, 2)
+        }
+        assert_rotated(part, keys)
+    assert {c.config["VEC"] for c in cases} == {1, 2, 4, 8}
+    assert {c.offset for c in cases} == {0, 1, 3}
     assert any(FORWARD.defines(c.config, c.shape, c.dtype).get("ROW_SPLIT") for c in cases)
     assert all(FORWARD.defines(c.config, c.shape, c.dtype)["EPILOGUE_RELU"] == 1 for c in cases)
     failures = run_cases(cases, tmp_path, np.random.default_rng(3030))
@@ -83,12 +98,18 @@ def backward_cases() -> list[Case]:
     return cases
 
 
-def test_backward_logic_on_the_cpu(tmp_path, monkeypatch) -> None:
-    """Every (dtype, ROW_THREADS, CACHE, DW_ACC): dx, dweight, dbias within tolerance."""
+@EVERY_DTYPE
+def test_backward_logic_on_the_cpu(tmp_path, monkeypatch, every_dtype) -> None:
+    """Every (ROW_THREADS, CACHE, DW_ACC), each value of them in every dtype (``-m slow``:
+    every (dtype, ROW_THREADS, CACHE, DW_ACC)), on every shape of rowwise_emulation: dx,
+    dweight, dbias within tolerance."""
     rowwise_emulation.set_up(monkeypatch)
-    cases = backward_cases()
+    keys = ("ROW_THREADS", "CACHE", "DW_ACC")
+    cases = backward_cases() if every_dtype else rotated(backward_cases(), keys)
+    assert len({tuple(c.config[k] for k in keys) for c in cases}) == 3 * 3 * 2 + 3 * 3
+    assert_rotated(cases, keys)
     assert {c.config["VEC"] for c in cases} == {1, 2, 4, 8}
-    assert {c.shape[1] for c in cases} >= {1, 31, 1031}
+    assert {c.shape for c in cases} == set(rowwise_emulation.SHAPES)
     failures = run_cases(cases, tmp_path, np.random.default_rng(3033))
     assert not failures, "\n".join(failures[:20])
 

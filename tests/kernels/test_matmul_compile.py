@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from compile_harness import Outcome, Variant, compile_variants, covering_sample, distinct_variants
-from cuda_emulation import HostBuild
+from cuda_emulation import FIBERS, HostBuild
 from kato.kernels import get_operator
 from kato.kernels.matmul import (
     FP32_TILES,
@@ -261,22 +261,23 @@ def test_standalone_compile_matches_the_batch(outcomes: list[Outcome], tmp_path:
 
 # --- the kernels' logic on the CPU -------------------------------------------------------------
 #
-# The template compiled by g++ as C++ with one std::thread per CUDA thread: __syncthreads is a
-# block barrier, and the warp-collective PTX (ldmatrix, mma.sync) is emulated per its PTX ISA
-# fragment layouts through per-warp exchange arrays (KATO_EMULATION routes the template's PTX
-# helpers to the kato_emu_* functions below; cp.async becomes a synchronous copy). Every
-# output element is compared with the float64 reference, with the spec's tolerance, after C was
-# poisoned with 0xFF bytes (NaN). This runs exactly the index arithmetic, guards, swizzles and
+# The template compiled by g++ as C++ with one fiber per CUDA thread (cuda_emulation.FIBERS):
+# __syncthreads is a block barrier, and the warp-collective PTX (ldmatrix, mma.sync) is emulated per
+# its PTX ISA fragment layouts through per-warp exchange arrays (KATO_EMULATION routes the
+# template's PTX helpers to the kato_emu_* functions below; cp.async becomes a synchronous copy).
+# Every output element is compared with the float64 reference, with the spec's tolerance, after C
+# was poisoned with 0xFF bytes (NaN). This runs exactly the index arithmetic, guards, swizzles and
 # barrier placement the GPU runs; what it cannot check is the hardware's own semantics.
 
-EMULATION_HEADER = r"""
-#include <barrier>
+EMULATION_HEADER = (
+    r"""
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <vector>
+#include <sys/mman.h>
+#include <ucontext.h>
 #include <vector_types.h>
 #include <vector_functions.h>
 #define __global__
@@ -288,15 +289,18 @@ EMULATION_HEADER = r"""
 #define KATO_EMULATION 1
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
-thread_local uint3 threadIdx, blockIdx, blockDim, gridDim;
+uint3 threadIdx, blockIdx, blockDim, gridDim;
+"""
+    + FIBERS
+    + r"""
 struct Warp {
   unsigned addr[32];
   unsigned a[32][4];
   unsigned b[32][2];
-  std::barrier<> sync{32};
+  EmuBarrier sync{32};
 };
-thread_local Warp* this_warp;
-thread_local std::barrier<>* this_block;
+Warp* this_warp;
+EmuBarrier* this_block;
 inline void __syncthreads() { this_block->arrive_and_wait(); }
 inline int min(int a, int b) { return a < b ? a : b; }
 template <class V> inline V __ldg(const V* p) { return *p; }
@@ -368,20 +372,20 @@ template <class F> void launch(F kernel, unsigned gx, unsigned gy, unsigned bloc
   for (unsigned by = 0; by < gy; ++by)
     for (unsigned bx = 0; bx < gx; ++bx) {
       std::memset(kato_smem, 0xcd, sizeof kato_smem);  // stale shared memory must not matter
-      std::barrier<> sync(block);
+      EmuBarrier sync{block};
       std::vector<Warp> warps(block / 32);
-      std::vector<std::thread> threads;
-      for (unsigned t = 0; t < block; ++t)
-        threads.emplace_back([&, t] {
-          threadIdx = make_uint3(t, 0, 0); blockIdx = make_uint3(bx, by, 0);
-          blockDim = make_uint3(block, 1, 1); gridDim = make_uint3(gx, gy, 1);
-          this_warp = &warps[t / 32]; this_block = &sync;
-          kernel();
-        });
-      for (auto& thread : threads) thread.join();
+      blockIdx = make_uint3(bx, by, 0);
+      blockDim = make_uint3(block, 1, 1);
+      gridDim = make_uint3(gx, gy, 1);
+      this_block = &sync;
+      emu_run_block(kernel, block, by * gx + bx, [&](unsigned t) {
+        threadIdx = make_uint3(t, 0, 0);
+        this_warp = &warps[t / 32];
+      });
     }
 }
 """
+)
 _DYNAMIC_SHARED = "extern __shared__ __align__(16) unsigned char kato_smem[];"
 
 

@@ -44,7 +44,7 @@ import numpy as np
 import pytest
 from compile_harness import ARCHS as HARNESS_ARCHS
 from compile_harness import FULL, compile_covering, covering_sample, distinct_variants
-from cuda_emulation import HostBuild
+from cuda_emulation import FIBERS, HostBuild
 from kato.kernels import DTYPES, Config, get_operator
 from kato.kernels.softmax import (
     SPLIT_STATS_KERNEL,
@@ -382,23 +382,24 @@ def test_split_variants_compile_both_kernels_within_bounds(split_outcomes: list)
 
 # --- the kernel's logic, run on the CPU -------------------------------------------------------
 #
-# CI has no GPU, so the template is also compiled as host C++ (g++, C++20) against a small
-# emulation of the CUDA features it uses: one std::thread per CUDA thread, std::barrier for
-# __syncthreads and for warp shuffles, a static array for shared memory. Its output is then
-# verified against the float64 reference with the spec's tolerances, as the GPU backend does.
-# This runs the real indexing, guards, reductions and grid-stride loops on every code path
-# (strategy x cache x vector width x dtype; sub-warp row groups: test_softmax_emulation.py) on
-# awkward shapes; only exp2 (libm instead of ex2.approx) and the memory hierarchy differ.
+# CI has no GPU, so the template is also compiled as host C++ (g++, C++20) against a small emulation
+# of the CUDA features it uses: one fiber per CUDA thread (cuda_emulation.FIBERS), its barriers for
+# __syncthreads and for warp shuffles, a static array for shared memory. Its output is then verified
+# against the float64 reference with the spec's tolerances, as the GPU backend does. This runs the
+# real indexing, guards, reductions and grid-stride loops on every code path (strategy x cache x
+# vector width x dtype; sub-warp row groups: test_softmax_emulation.py) on awkward shapes; only exp2
+# (libm instead of ex2.approx) and the memory hierarchy differ.
 
-EMULATION_HEADER = r"""
-#include <barrier>
+EMULATION_HEADER = (
+    r"""
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <vector>
+#include <sys/mman.h>
+#include <ucontext.h>
 #include <vector_types.h>
 #include <vector_functions.h>
 #define __global__
@@ -406,10 +407,13 @@ EMULATION_HEADER = r"""
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
-thread_local uint3 threadIdx, blockIdx, blockDim, gridDim;
-struct Warp { float lanes[32]; std::barrier<> sync{32}; };
-thread_local Warp* this_warp;
-thread_local std::barrier<>* this_block;
+uint3 threadIdx, blockIdx, blockDim, gridDim;
+"""
+    + FIBERS
+    + r"""
+struct Warp { float lanes[32]; EmuBarrier sync{32}; };
+Warp* this_warp;
+EmuBarrier* this_block;
 inline void __syncthreads() { this_block->arrive_and_wait(); }
 inline float __shfl_xor_sync(unsigned, float v, int offset) {
   const int lane = threadIdx.x & 31;
@@ -436,22 +440,22 @@ alignas(16) unsigned char kato_smem[232448];
 template <class F> void launch(F kernel, unsigned grid, unsigned block) {
   for (unsigned b = 0; b < grid; ++b) {
     std::memset(kato_smem, 0xcd, sizeof kato_smem);  // stale shared memory must not matter
-    std::barrier<> sync(block);
+    EmuBarrier sync{block};
     std::vector<Warp> warps(block / 32);
-    std::vector<std::thread> threads;
-    for (unsigned t = 0; t < block; ++t)
-      threads.emplace_back([&, t] {
-        threadIdx = make_uint3(t, 0, 0); blockIdx = make_uint3(b, 0, 0);
-        blockDim = make_uint3(block, 1, 1); gridDim = make_uint3(grid, 1, 1);
-        this_warp = &warps[t / 32]; this_block = &sync;
-        kernel();
-      });
-    for (auto& thread : threads) thread.join();
+    blockIdx = make_uint3(b, 0, 0);
+    blockDim = make_uint3(block, 1, 1);
+    gridDim = make_uint3(grid, 1, 1);
+    this_block = &sync;
+    emu_run_block(kernel, block, b, [&](unsigned t) {
+      threadIdx = make_uint3(t, 0, 0);
+      this_warp = &warps[t / 32];
+    });
   }
 }
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 """
+)
 EMULATED_SHAPES = ((7, 31), (6, 200), (3, 98), (2, 4104), (40, 8), (1, 1))
 #: Odd, prime and just-past-a-power-of-two row lengths: with VEC > 1 every row is split into a
 #: scalar head, aligned vectors and a scalar tail, each row at another offset (issue 31).
