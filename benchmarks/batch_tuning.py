@@ -7,17 +7,25 @@ batch's compiles are shared), four shapes each, float16 and float32, budget 50 e
 shapes (8-70 MB moved per call) so that a run fits a few minutes on the H200. It is queued as
 one batch (queue order: group by group, each group's shapes in the warm-start order of
 ``benchmarks/batch_order.py``) and tuned by one worker holding ``--jobs-at-once`` jobs (3),
-which interleaves them on its GPU (``tuner/worker.py``, ``tuner/gpu_gate.py``).
+which interleaves them on its GPU (``tuner/worker.py``, ``tuner/gpu_gate.py``). Claims take
+the group with the most jobs still queued first (``db.queries.claim_next_job``): queue order
+breaks ties and keeps each group's shapes in order.
 
 Measured: the batch's wall time (first claim to last job's end), configs measured per minute,
 the GPU's busy fraction (seconds the GPU was held for measurements, verify and timed launches,
-over the wall time; ``after_first_minute``: from 60 s on, the issue's target of 80%), per-key
-winners, and nvcc runs / compiles shared across jobs.
+over the wall time; ``after_first_minute``: from 60 s on, the issue's target of 80%), where
+it sat idle (``gpu_idle_s``: at job turnover or with every slot held), the batch's ``tail``
+(from the last moment every slot held a job to the end, and how busy the GPU was in it),
+each job's span and the order jobs started (``start_order``), per-key winners, and nvcc runs /
+compiles shared across jobs.
 
 - ``--replay DIR``: the recorded spaces in DIR (H200, current operator versions) instead of the
   GPU (``--delay`` seconds per measurement stand in for the GPU): checks the scheduling, not
   the speed (every key tuned once, every budget exact, nothing measured twice); CI runs it
   (tests/tuner/test_batch_tuning_bench.py).
+- ``--long-groups-last``: queues the groups of fewest keys first, so that the longest chains
+  come last (the worst case for claims in plain queue order; the replay batch's groups hold
+  1 to 4 keys, the GPU batch's 4 each, where it changes nothing).
 - ``--compare-serial``: tunes the same keys again one job at a time (a fresh database; on the
   GPU the interleaved run's compile cache, so that both fit one 10-minute call: the serial wall
   time is then without nvcc waits, a lower bound; ``--cold-serial`` gives it a cold cache of
@@ -85,14 +93,18 @@ class Key:
         return f"{self.operator}/{'x'.join(map(str, self.shape))}/{self.dtype}"
 
 
-def batch_order(keys: list[Key]) -> list[Key]:
-    """Group by group ((operator, dtype), in first-seen order), each group's shapes in the
+def batch_order(keys: list[Key], *, long_groups_last: bool = False) -> list[Key]:
+    """Group by group ((operator, dtype), in first-seen order; with ``long_groups_last``, the
+    groups of fewest keys first, ties in first-seen order), each group's shapes in the
     nearest-neighbour warm-start order."""
     groups: dict[tuple[str, str], list[Key]] = {}
     for key in keys:
         groups.setdefault((key.operator, key.dtype), []).append(key)
+    members_in_order = list(groups.values())
+    if long_groups_last:
+        members_in_order.sort(key=len)
     ordered: list[Key] = []
-    for members in groups.values():
+    for members in members_in_order:
         ordered += [members[i] for i in warm_order([k.shape for k in members])]
     return ordered
 
@@ -160,6 +172,8 @@ def run_batch(
     late = t0 + 60.0
     busy_late = sum(max(0.0, e - max(s, late)) for s, e, _ in holds if e > late)
     idle = idle_breakdown(holds, t0, t0 + wall, jobs_at_once)
+    tail = drain_tail(holds, t0, t0 + wall, jobs_at_once)
+    spans = job_spans(holds, t0)
     per_key: dict[str, Any] = {}
     problems: list[str] = []
     measured = 0
@@ -183,6 +197,7 @@ def run_batch(
                 "best_config": job.best_config if job else None,
                 "gpu_busy_fraction": job.gpu_busy_fraction if job else None,
                 "trial_keys": [t.config_key for t in trials],
+                "span_s": spans.get(job_id),
             }
     return {
         "label": label,
@@ -198,6 +213,8 @@ def run_batch(
         "gpu_busy_fraction_after_first_minute": busy_late / (wall - 60.0) if wall > 90 else None,
         "gate_waits": gate.waits,
         "gpu_idle_s": {k: v for k, v in idle.items() if k != "busy_s"},
+        "tail": tail,
+        "start_order": [ids[j].name for j in sorted(spans, key=lambda j: spans[j][0]) if j in ids],
         "nvcc": compiles,
         "problems": problems,
         "per_key": per_key,
@@ -239,6 +256,42 @@ def idle_breakdown(
         else:
             steady += b - a
     return {"busy_s": busy, "idle_turnover_s": turnover, "idle_steady_s": steady}
+
+
+def job_spans(holds: list[tuple[float, float, str]], start: float) -> dict[str, list[float]]:
+    """Each holder's (job's) first hold's start and last hold's end, seconds from ``start``."""
+    spans: dict[str, list[float]] = {}
+    for s, e, holder in holds:
+        span = spans.setdefault(holder, [s - start, e - start])
+        span[0], span[1] = min(span[0], s - start), max(span[1], e - start)
+    return spans
+
+
+def drain_tail(
+    holds: list[tuple[float, float, str]], start: float, end: float, jobs_at_once: int
+) -> dict[str, float]:
+    """The batch's tail: from the last moment ``jobs_at_once`` jobs were between their first
+    and last hold to ``end`` (``tail_s``; all of it if that never happened), the seconds the
+    GPU was busy in it (``tail_busy_s``) and the most jobs spanned at once in it
+    (``tail_jobs``). A long tail with few jobs is the schedule's end, not the slots' use."""
+    spans = job_spans(holds, 0.0).values()
+    opened: dict[float, int] = {}
+    for s, e in spans:
+        if e > start and s < end and e > s:
+            opened[max(s, start)] = opened.get(max(s, start), 0) + 1
+            opened[min(e, end)] = opened.get(min(e, end), 0) - 1
+    edges = sorted({start, end, *opened})
+    tail_start, count, counts = start, 0, []
+    for a, b in zip(edges, edges[1:], strict=False):
+        count += opened.get(a, 0)
+        counts.append((a, count))
+        if count >= jobs_at_once:
+            tail_start = b
+    tail_jobs = max((c for a, c in counts if a >= tail_start), default=0)
+    busy = (
+        idle_breakdown(holds, tail_start, end, jobs_at_once)["busy_s"] if end > tail_start else 0.0
+    )
+    return {"tail_s": end - tail_start, "tail_busy_s": busy, "tail_jobs": tail_jobs}
 
 
 def compare(
@@ -343,6 +396,11 @@ def _main(argv: list[str] | None) -> dict[str, Any]:
     parser.add_argument("--budget", type=int, default=50)
     parser.add_argument("--jobs-at-once", type=int, default=3)
     parser.add_argument("--keys", type=int, help="only the first N keys of the batch")
+    parser.add_argument(
+        "--long-groups-last",
+        action="store_true",
+        help="queue the groups of fewest keys first (the longest chains last)",
+    )
     parser.add_argument("--compare-serial", action="store_true")
     parser.add_argument("--cold-serial", action="store_true", help="serial: its own nvcc cache")
     parser.add_argument("--framework-baseline", action="store_true")
@@ -367,10 +425,13 @@ def _main(argv: list[str] | None) -> dict[str, Any]:
         by_key = {
             Key(r.problem.operator, tuple(r.problem.shape), r.problem.dtype): r for r in recordings
         }
-        keys = batch_order(sorted(by_key, key=lambda k: (k.operator, k.dtype, k.shape)))
+        keys = batch_order(
+            sorted(by_key, key=lambda k: (k.operator, k.dtype, k.shape)),
+            long_groups_last=args.long_groups_last,
+        )
         gpu_model = args.gpu_model
     else:
-        keys = batch_order(gpu_keys())
+        keys = batch_order(gpu_keys(), long_groups_last=args.long_groups_last)
         gpu_model = None
     keys = keys[: args.keys] if args.keys else keys
 
@@ -444,6 +505,8 @@ def summarize(run: dict[str, Any]) -> None:
         + (f" ({late:.1%} after the first minute)" if late is not None else "")
         + f"; idle {run['gpu_idle_s']['idle_turnover_s']:.1f} s at job turnover, "
         f"{run['gpu_idle_s']['idle_steady_s']:.1f} s with every slot held"
+        + f"; tail {run['tail']['tail_s']:.1f} s with fewer jobs than slots "
+        f"({run['tail']['tail_busy_s'] / max(run['tail']['tail_s'], 1e-9):.0%} busy)"
         + f"; nvcc runs {run['nvcc']['nvcc_runs']}, shared {run['nvcc']['shared']}"
         + (f"; PROBLEMS: {run['problems']}" if run["problems"] else "")
     )

@@ -27,7 +27,7 @@ from kato.db.models import (
 )
 from sqlalchemy import and_, exists, false, func, literal, or_, select, true, tuple_, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from kato.shared.status import TERMINAL_STATUSES
 
@@ -307,7 +307,18 @@ def claim_next_job(
     scope: JobScope | None = None,
     resume_own: bool = False,
 ) -> Job | None:
-    """Take the oldest claimable job for one of ``gpu_models`` and commit; ``None`` if none.
+    """Take the next claimable job for one of ``gpu_models`` and commit; ``None`` if none.
+
+    Which job: batches (``batch_id``) and jobs submitted alone in queue order (``created_at``,
+    then id): the oldest batch with a claimable job goes first, and a newer one never jumps
+    it, so a big batch cannot starve older work. Within that batch, the job whose group
+    (operator, dtype, GPU model) has the most of the batch's jobs still to run (queued, itself
+    included), ties in queue order: the longest remaining chain first, the critical-path rule,
+    so that a worker holding several jobs (whose group's jobs it runs one after the other,
+    :class:`JobScope`) starts the long chains early and keeps every slot busy to the batch's
+    end instead of running the last groups' chains alone. A group's own jobs still go in
+    queue order (they tie). The rule stays within a batch: the batch is what was submitted to
+    be done together, and across batches queue order is the promise.
 
     ``scope``: only jobs the worker can answer (:class:`JobScope`); the others stay queued for
     workers that can.
@@ -333,14 +344,21 @@ def claim_next_job(
         return own
 
     if session.get_bind().dialect.name == "postgresql":
-        job = session.scalars(
-            select(Job)
-            .where(_claimable(gpu_models, now, scope))
-            .order_by(Job.created_at, Job.id)
-            .limit(1)
-            .with_for_update(skip_locked=True)
-            .execution_options(populate_existing=True)
-        ).first()
+        claimable = _claimable(gpu_models, now, scope)
+        job = None
+        ranked = _claim_ranking(session, claimable)
+        # The ranked batch's jobs may all be locked by concurrent claims: then, as before,
+        # the first unlocked one in queue order.
+        for stmt in (ranked, select(Job).where(claimable).order_by(Job.created_at, Job.id)):
+            if stmt is None:
+                break
+            job = session.scalars(
+                stmt.limit(1)
+                .with_for_update(skip_locked=True, of=Job)
+                .execution_options(populate_existing=True)
+            ).first()
+            if job is not None:
+                break
         if job is None:
             session.rollback()
             return None
@@ -352,12 +370,12 @@ def claim_next_job(
         return job
 
     while True:
-        candidates = session.scalars(
-            select(Job.id)
-            .where(_claimable(gpu_models, now, scope))
-            .order_by(Job.created_at, Job.id)
-            .limit(_CLAIM_CANDIDATES)
-        ).all()
+        ranked = _claim_ranking(session, _claimable(gpu_models, now, scope))
+        candidates = (
+            []
+            if ranked is None
+            else session.scalars(ranked.with_only_columns(Job.id).limit(_CLAIM_CANDIDATES)).all()
+        )
         if not candidates:
             session.rollback()
             return None
@@ -387,12 +405,42 @@ def next_claimable_job(
     (:mod:`tuner.admission`). Another worker may claim it meanwhile."""
     if not gpu_models:
         return None
-    return session.scalars(
-        select(Job)
-        .where(_claimable(gpu_models, utcnow(), scope))
-        .order_by(Job.created_at, Job.id)
-        .limit(1)
+    ranked = _claim_ranking(session, _claimable(gpu_models, utcnow(), scope))
+    return None if ranked is None else session.scalars(ranked.limit(1)).first()
+
+
+def _claim_ranking(session: Session, claimable: Any) -> Any:
+    """The jobs meeting ``claimable`` in the order a claim takes them (see
+    :func:`claim_next_job`), as a ``SELECT`` of :class:`Job` without a limit; ``None`` when
+    none is claimable. Reads the head of the queue first, so that the ranking covers one batch
+    (at most ``KATO_MAX_BATCH`` jobs), not the whole queue."""
+    head = session.execute(
+        select(Job.id, Job.batch_id).where(claimable).order_by(Job.created_at, Job.id).limit(1)
     ).first()
+    if head is None:
+        return None
+    if head.batch_id is None:
+        return select(Job).where(Job.id == head.id, claimable)
+    peer = aliased(Job)
+    # The job's group's jobs in its batch still to run, itself included (it may be a
+    # resumed one, running under an expired lease).
+    chain = (
+        select(func.count(peer.id))
+        .where(
+            peer.batch_id == Job.batch_id,
+            peer.operator == Job.operator,
+            peer.dtype == Job.dtype,
+            peer.gpu_model == Job.gpu_model,
+            or_(peer.status == "queued", peer.id == Job.id),
+        )
+        .correlate(Job)
+        .scalar_subquery()
+    )
+    return (
+        select(Job)
+        .where(claimable, Job.batch_id == head.batch_id)
+        .order_by(chain.desc(), Job.created_at, Job.id)
+    )
 
 
 def _renew_own(

@@ -109,3 +109,35 @@ def test_idle_breakdown_matches_the_state_at_every_moment_on_random_timelines():
                 want["idle_steady_s"] += 0.25
         got = batch_tuning.idle_breakdown(holds, start, end, slots)
         assert got == pytest.approx(want), (holds, slots)
+
+
+def test_long_groups_last_queues_the_groups_of_fewest_keys_first():
+    Key = batch_tuning.Key
+    keys = [Key("relu", (n,), "float16") for n in (1, 2, 3)]
+    keys += [Key("transpose", (n, n), "float32") for n in (4, 8)]
+    keys += [Key("relu", (5,), "float32")]
+    plain = batch_tuning.batch_order(keys)
+    groups = [(k.operator, k.dtype) for k in plain]
+    assert groups == [("relu", "float16")] * 3 + [("transpose", "float32")] * 2 + [
+        ("relu", "float32")
+    ]
+    longest_last = batch_tuning.batch_order(keys, long_groups_last=True)
+    assert [(k.operator, k.dtype) for k in longest_last[:3]] == [
+        ("relu", "float32"),
+        ("transpose", "float32"),
+        ("transpose", "float32"),
+    ]
+    assert sorted(k.shape for k in longest_last[3:]) == [(1,), (2,), (3,)]
+    assert sorted(longest_last, key=lambda k: k.name) == sorted(keys, key=lambda k: k.name)
+
+
+def test_the_tail_starts_when_the_slots_were_last_all_spanned():
+    # The timeline of the idle test, two slots: a spans [1, 5), b [2, 9), c [6, 7); both
+    # slots spanned last in [6, 7), so the tail is [7, 10), busy in [8, 9) (b), one job.
+    holds = [(1, 2, "a"), (2, 3, "b"), (4, 5, "a"), (6, 7, "c"), (8, 9, "b")]
+    assert batch_tuning.job_spans(holds, 1.0) == {"a": [0, 4], "b": [1, 8], "c": [5, 6]}
+    tail = batch_tuning.drain_tail(holds, 0.0, 10.0, jobs_at_once=2)
+    assert tail == {"tail_s": 3.0, "tail_busy_s": 1.0, "tail_jobs": 1}
+    # Never both spanned (three slots): the whole window is the tail.
+    tail = batch_tuning.drain_tail(holds, 0.0, 10.0, jobs_at_once=3)
+    assert tail == {"tail_s": 10.0, "tail_busy_s": 5.0, "tail_jobs": 2}
