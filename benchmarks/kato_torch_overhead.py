@@ -175,20 +175,25 @@ def main():
     for name, fn in cases.items():
         results[name] = per_call_us(fn, args.calls)
         print(f"{name:34} {results[name]:8.1f} us/call", flush=True)
-    # The same Kato calls with the launches' GIL released around each ctypes call (a CDLL
-    # handle, as before cuda_driver.quick_library): what keeping the GIL saves.
-    quick = cuda_driver.quick_library()
-    released = ctypes.CDLL("libcuda.so.1")
-    released.cuLaunchKernel.argtypes = quick.cuLaunchKernel.argtypes
-    released.cuLaunchKernel.restype = ctypes.c_int
-    cuda_driver._quick = released
-    try:
-        for name in ("kato_torch.layer_norm (no grad)", "kato_torch.layer_norm fwd+bwd"):
-            key = f"{name}, GIL released per call"
-            results[key] = per_call_us(cases[name], args.calls)
-            print(f"{key:34} {results[key]:8.1f} us/call", flush=True)
-    finally:
-        cuda_driver._quick = quick
+    # The same Kato calls with the context queries' GIL released around each ctypes call (a
+    # CDLL handle, as before cuda_driver.quick_library), and with the launch keeping it (a
+    # PyDLL for cuLaunchKernel too): what the GIL costs a call, both ways.
+    quick, plain = cuda_driver.quick_library(), cuda_driver.library()
+    variants = {
+        "context queries release the GIL": ("_quick", ctypes.CDLL("libcuda.so.1")),
+        "launch keeps the GIL too": ("_lib", ctypes.PyDLL("libcuda.so.1")),
+    }
+    for label, (slot, lib) in variants.items():
+        lib.cuLaunchKernel.argtypes = plain.cuLaunchKernel.argtypes
+        lib.cuLaunchKernel.restype = ctypes.c_int
+        setattr(cuda_driver, slot, lib)
+        try:
+            for name in ("kato_torch.layer_norm (no grad)", "kato_torch.layer_norm fwd+bwd"):
+                key = f"{name}, {label}"
+                results[key] = per_call_us(cases[name], args.calls)
+                print(f"{key:34} {results[key]:8.1f} us/call", flush=True)
+        finally:
+            cuda_driver._quick, cuda_driver._lib = quick, plain
     breakdown = time_parts(forward_backward_kato, args.calls)
     print("\nwhere a Kato forward + backward's host time goes (inclusive us per step, any thread):")
     for name, us in breakdown.items():

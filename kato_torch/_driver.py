@@ -19,7 +19,7 @@ from kato.tuner.tensor_map import MAP_ALIGN, MAP_BYTES
 # The generic entry points live in tuner.cuda_driver (the backend launches tensor-map kernels
 # through them too); these names are kato_torch's own spelling of them.
 _driver = cuda_driver.library
-# Context queries and switches return at once: they keep the GIL (cuda_driver.quick_library).
+# Context queries and switches never wait: they keep the GIL (cuda_driver.quick_library).
 _quick = cuda_driver.quick_library
 _check = cuda_driver.check
 CudaDriverError = cuda_driver.CudaDriverError

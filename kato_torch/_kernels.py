@@ -195,12 +195,17 @@ class BoundOperator:
 def _current_stream(device_index: int) -> int:
     """The ``cudaStream_t`` of torch's current stream on the device: the raw getter Inductor's
     generated code calls (no Stream object built), else the public API."""
-    import torch
+    global _raw_stream
+    if _raw_stream is None:
+        import torch
 
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw(device_index)
-    return torch.cuda.current_stream(device_index).cuda_stream
+        _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+            lambda index: torch.cuda.current_stream(index).cuda_stream
+        )
+    return _raw_stream(device_index)
+
+
+_raw_stream: Any = None
 
 
 def _signature(spec: OperatorSpec, dtype: str) -> list[type[ctypes._SimpleCData] | None]:

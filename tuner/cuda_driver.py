@@ -53,24 +53,20 @@ def library() -> ctypes.CDLL:
 
 
 def quick_library() -> ctypes.PyDLL:
-    """libcuda.so.1 for calls that return at once (a launch, the current context): loaded as
-    a ``PyDLL``, so the call keeps the GIL, as PyTorch's own kernel launches do. Through
-    :func:`library` ctypes releases and retakes the GIL around every call, and where another
-    thread waits for it (autograd's backward thread, between a step's passes) each retake is a
-    thread hand-off costing tens of microseconds. A launch blocks only when the stream's queue
-    is full, and then a PyTorch launch would block the same way."""
+    """libcuda.so.1 for the context queries of every kato_torch launch (``cuCtxGetCurrent``,
+    ``cuCtxGetDevice``, and the push/pop when another device's context is current), loaded as
+    a ``PyDLL`` so that they keep the GIL: they never wait, and through :func:`library` ctypes
+    releases and retakes the GIL around each one, a thread hand-off wherever another thread
+    (autograd's backward thread) waits for it. Launches stay on :func:`library`: a launch into
+    a full queue waits for the GPU, and must not hold every Python thread meanwhile (PyTorch's
+    own ops release the GIL around their launches)."""
     global _quick
     if _quick is not None:
         return _quick
     library()  # the driver is loadable, or the error says so
     with _lock:
         if _quick is None:
-            lib = ctypes.PyDLL("libcuda.so.1")
-            lib.cuLaunchKernel.argtypes = (
-                [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
-            )
-            lib.cuLaunchKernel.restype = ctypes.c_int
-            _quick = lib
+            _quick = ctypes.PyDLL("libcuda.so.1")
         return _quick
 
 
@@ -150,8 +146,7 @@ def launch_array(
 ) -> None:
     """``cuLaunchKernel`` with a prepared :func:`argument_array` (``grid`` and ``block``: three
     ints each, as :class:`kernels.spec.Launch` holds them). The hot path of kato_torch's bound
-    operators: the argument types are declared once (:func:`quick_library`, which keeps the
-    GIL), so ctypes converts in C."""
-    result = quick_library().cuLaunchKernel(func, *grid, *block, shared_bytes, stream, params, None)
+    operators: the argument types are declared once (:func:`library`), so ctypes converts in C."""
+    result = library().cuLaunchKernel(func, *grid, *block, shared_bytes, stream, params, None)
     if result != 0:
         check(result, "cuLaunchKernel")

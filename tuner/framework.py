@@ -103,13 +103,20 @@ class FrameworkResult:
         return statistics.median(self.times_ms) if self.timed else None
 
 
+#: Characters a stored label may take (``kato_best_configs.framework`` and ``compiled``).
+LABEL_CHARS = 64
+
+
 def stored_label(result: FrameworkResult) -> str | None:
     """What a best-config row stores as its ``framework``: the name and version, marked
     ``" (mismatch)"`` where the op's outputs were outside Kato's tolerance, so that a lookup
     (and a reader of an export) sees which baselines did not verify."""
-    if result.framework is None or result.status != MISMATCH:
-        return result.framework
-    return f"{result.framework} ({MISMATCH})"
+    if result.framework is None:
+        return None
+    suffix = f" ({MISMATCH})" if result.status == MISMATCH else ""
+    # The columns (and export names) hold LABEL_CHARS: a long local version string
+    # ("2.8.0a0+5228986c39.nv25.05") is cut, never the mismatch mark.
+    return result.framework[: LABEL_CHARS - len(suffix)] + suffix
 
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:

@@ -706,15 +706,18 @@ def compile_equivalent(
         if not has_triton():
             raise CompileUnavailable("torch.compile: Inductor has no Triton for this device")
     what = f"torch.compile({eq.what})"
-    pinned = torch.compiler.set_stance("fail_on_recompile")
     try:
         try:
             run = torch.compile(eq.run, backend=backend, dynamic=False, fullgraph=True)
-            return pinned(run), tuple(run(state)), what
+            outputs = tuple(run(state))
         except torch._dynamo.exc.Unsupported:
             torch._dynamo.reset()  # the failed fullgraph attempt's cache entries
             run = torch.compile(eq.run, backend=backend, dynamic=False)
-            return pinned(run), tuple(run(state)), f"{what} (graph breaks)"
+            outputs = tuple(run(state))
+            what = f"{what} (graph breaks)"
+        # Made only now: building set_stance sets the process's stance at once (only the
+        # wrapped function's calls restore it), and the first call above must compile.
+        return torch.compiler.set_stance("fail_on_recompile")(run), outputs, what
     except Exception as exc:  # any compiler fault: the baseline is unavailable, not the job's
         reason = f"torch.compile raised {type(exc).__name__}: {exc}"
         raise CompileUnavailable(reason[:2000]) from exc
@@ -780,7 +783,8 @@ def _measure(
 ) -> FrameworkResult:
     """:func:`measure`'s steps, the op given by ``first``: called once on the prepared state,
     it answers the function to time, its outputs and what it runs; ``before_timing`` is called
-    once the input copies are made, before the first timed call."""
+    once those outputs are checked, before the input copies are made and timed (the compiled
+    baseline's compile and first call, seconds of host time, run before it)."""
     eq = equivalent(spec.name)
     device = torch.device("cuda", device_index)
     if problem is None:
@@ -789,6 +793,10 @@ def _measure(
         state = eq.prepare(problem_values(problem, device))
         run, outputs, what = first(state)
         error = check_outputs(spec, dtype, problem, tuple(outputs))
+        # The GPU's turn before the input copies (up to half its free memory) and the
+        # timing: another job measuring on this GPU must not see either.
+        if before_timing is not None:
+            before_timing()
         if l2_bytes is None:
             gpu = find_gpu(normalize_gpu_name(torch.cuda.get_device_name(device)))
             l2_bytes = gpu.l2_bytes if gpu is not None and gpu.l2_bytes else DEFAULT_L2_BYTES
@@ -797,8 +805,6 @@ def _measure(
         copies = max(1, min(copies, int(0.5 * free // max(_state_bytes(state), 1))))
         states = [state] + [_clone(state) for _ in range(copies - 1)]
         del problem  # the host copies and references: not needed for timing
-        if before_timing is not None:
-            before_timing()
         times = time_calls(run, states, repeats=repeats, warmup=warmup, device=device)
     torch.cuda.empty_cache()
     if error:

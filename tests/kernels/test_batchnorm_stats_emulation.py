@@ -1,5 +1,5 @@
 """The batchnorm_stats kernels' logic on the CPU: the real template compiled as host C++ against
-tests/kernels/cuda_emulation.py (blocks one after another, a std::thread per CUDA thread), every
+tests/kernels/cuda_emulation.py (blocks one after another, a fiber per CUDA thread), every
 step of spec.steps() launched with its real grid: two-phase and single-pass (last-block merge,
 counter reset) with several SPLITs, vector widths, unrolls and block sizes, on awkward shapes;
 verified with the spec's tolerance exactly as the GPU backend verifies. Blocks that get no

@@ -1,6 +1,6 @@
 """The training batchnorm kernels' logic on the CPU (``batchnorm`` forward and
 ``batchnorm_backward``): the real templates compiled as host C++ against
-tests/kernels/cuda_emulation.py (blocks one after another, a std::thread per CUDA thread), every
+tests/kernels/cuda_emulation.py (blocks one after another, a fiber per CUDA thread), every
 step of spec.steps() launched with its real grid: both reduction strategies with several SPLITs,
 the elementwise pass separate (several blocks per channel) and in the channel's own block,
 vector widths of both passes, unrolls and block sizes, on awkward shapes (H*W odd, prime, 1;

@@ -1,5 +1,5 @@
 """The layernorm kernel's logic on the CPU: the real template compiled as host C++ against
-tests/kernels/cuda_emulation.py (one std::thread per CUDA thread, barriers for __syncthreads and
+tests/kernels/cuda_emulation.py (one fiber per CUDA thread, barriers for __syncthreads and
 shuffles), run on awkward shapes for every (dtype, ROW_THREADS, CACHE) with several vector
 widths, block sizes and capped grids (grid-stride loops over rows, empty row groups in a warp),
 and verified with the spec's per-output tolerances exactly as the GPU backend verifies."""

@@ -1,6 +1,6 @@
 """reduce_sum, reduce_sum_all and relu run on the CPU: the real templates, every step of
-``spec.steps()`` with its grid and block, through tests/kernels/cuda_emulation.py (one std::thread
-per CUDA thread, barriers for __syncthreads and warp collectives).
+``spec.steps()`` with its grid and block, through tests/kernels/cuda_emulation.py (one fiber per
+CUDA thread, barriers for __syncthreads and warp collectives).
 
 This module adds what these kernels use on top of that harness's emulation: ``__ballot_sync``,
 ``__syncthreads_or``, ``atomicAdd`` (float and unsigned), ``__threadfence`` and ``__ldcg``.

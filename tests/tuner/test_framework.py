@@ -351,3 +351,16 @@ def test_a_misset_compiled_baseline_is_skipped_with_the_reason(monkeypatch):
     assert result.ok and result.compiled is not None
     assert (result.compiled.status, result.compiled.time_ms) == ("skipped", None)
     assert "KATO_FRAMEWORK_COMPILED='perhaps'" in (result.compiled.detail or "")
+
+
+def test_a_long_version_is_cut_to_the_column_keeping_the_mismatch_mark():
+    """A local build's version string can push a label past the 64 characters its column
+    holds: the name is cut, the mismatch mark kept, so the job's row is still stored."""
+    name = "torch.compile 2.8.0a0+5228986c39.nv25.05.build.local.custom inductor"
+    label = framework.stored_label(FrameworkResult(framework.MISMATCH, name, times_ms=(0.1,)))
+    assert len(label) == framework.LABEL_CHARS and label.endswith(" (mismatch)")
+    assert label.startswith("torch.compile 2.8.0a0+5228986c39")
+    ok = framework.stored_label(FrameworkResult(framework.OK, name, times_ms=(0.1,)))
+    assert ok == name[: framework.LABEL_CHARS]
+    short = FrameworkResult(framework.OK, "torch 2.13.0", times_ms=(0.1,))
+    assert framework.stored_label(short) == "torch 2.13.0"
