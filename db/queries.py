@@ -686,7 +686,9 @@ def upsert_best_config(
     they are stored on the row whichever config it keeps (the newest measurement wins, and
     ``updated_at`` moves so that the API's lookup cache sees the change); not given (None),
     the row keeps what it holds. ``framework_ms`` and ``framework`` go together, as do
-    ``compiled_ms`` and ``compiled`` (the same op compiled by ``torch.compile``).
+    ``compiled_ms`` and ``compiled`` (the same op compiled by ``torch.compile``); a new
+    ``framework_ms`` given without ``compiled_ms`` clears the stored compiled pair (the two
+    baselines are one measurement's).
     """
     key = and_(
         BestConfig.operator == operator,
@@ -702,8 +704,13 @@ def upsert_best_config(
     if default_ms is not None:
         figures["default_ms"] = default_ms
     if framework_ms is not None:
-        figures.update(framework_ms=framework_ms, framework=framework)
-    if compiled_ms is not None:
+        # The two baselines are stored as a unit: a compiled figure is never older than the
+        # eager one beside it (another torch, another run), so a fresh eager baseline without
+        # a compiled one clears it (the policy then keeps its rule for rows without one).
+        figures.update(framework_ms=framework_ms, framework=framework,
+                       compiled_ms=compiled_ms, compiled=compiled if compiled_ms is not None
+                       else None)  # fmt: skip
+    elif compiled_ms is not None:
         figures.update(compiled_ms=compiled_ms, compiled=compiled)
     values = {
         "shape": [int(s) for s in shape],

@@ -660,8 +660,15 @@ def test_upsert_keeps_the_keys_figures_up_to_date(session: Session) -> None:
     compiled = upsert(session, [1024, 1024], 1.5, compiled_ms=1.8, compiled="torch.compile x")
     assert compiled.config == {"BLOCK": 7} and compiled.framework_ms == 2.4
     assert (compiled.compiled_ms, compiled.compiled) == (1.8, "torch.compile x")
+    kept = upsert(session, [1024, 1024], 1.7, default_ms=3.2)
+    assert (kept.compiled_ms, kept.compiled) == (1.8, "torch.compile x")
+    # A new eager baseline without a compiled one (another torch, the compile failed): the
+    # old compiled figure is not left beside it.
     later = upsert(session, [1024, 1024], 1.6, framework_ms=2.3, framework="torch 2.14.0")
-    assert (later.framework_ms, later.compiled_ms, later.compiled) == (2.3, 1.8, "torch.compile x")
+    assert (later.framework_ms, later.compiled_ms, later.compiled) == (2.3, None, None)
+    both = upsert(session, [1024, 1024], 1.6, framework_ms=2.2, framework="torch 2.14.0",
+                  compiled_ms=1.9, compiled="torch.compile 2.14.0 inductor")  # fmt: skip
+    assert (both.framework_ms, both.compiled_ms) == (2.2, 1.9)
 
 
 def test_trial_time_is_a_jobs_successful_measurement_of_one_config(session: Session) -> None:
