@@ -1034,17 +1034,8 @@ class JobRunner:
             log.warning("job %s: the framework baseline failed", job.id, exc_info=True)
             return None
         took = time.monotonic() - t0
-        if not result.timed:
-            log.warning(
-                "job %s: no framework baseline stored (%s, %.1f s): %s",
-                job.id, result.status, took, result.detail,
-            )  # fmt: skip
+        if not _storable(job, result, "framework baseline", f"{result.status}, {took:.1f} s"):
             return None
-        if not result.ok:
-            log.warning(
-                "job %s: framework baseline stored, but %s's outputs are outside Kato's "
-                "tolerance (%s): %s", job.id, result.framework, result.status, result.detail,
-            )  # fmt: skip
         time_ms = result.time_ms or 0.0
         log.info(
             "job %s: %s %s: %.4f ms, Kato's winner %.4f ms (%.2fx; %.1f s)",
@@ -1054,6 +1045,21 @@ class JobRunner:
         return result
 
 
+def _storable(job: Job, result: framework.FrameworkResult, what: str, how: str) -> bool:
+    """Whether a baseline ``result`` is stored: a timed one is (a ``mismatch`` with a warning
+    naming the op whose outputs missed Kato's tolerance); one not timed is logged with its
+    reason (``how``: its status, and the time it took where known) and not stored."""
+    if not result.timed:
+        log.warning("job %s: no %s stored (%s): %s", job.id, what, how, result.detail)
+        return False
+    if not result.ok:
+        log.warning(
+            "job %s: %s stored, but %s's outputs are outside Kato's tolerance (%s): %s",
+            job.id, what, result.framework, result.status, result.detail,
+        )  # fmt: skip
+    return True
+
+
 def _compiled_baseline(
     job: Job, baseline: framework.FrameworkResult
 ) -> framework.FrameworkResult | None:
@@ -1061,19 +1067,8 @@ def _compiled_baseline(
     not attempted (turned off), or not timed (logged with its reason, as the eager one is; the
     job is done all the same); a timed ``mismatch`` is stored, with a warning."""
     result = baseline.compiled
-    if result is None:
+    if result is None or not _storable(job, result, "compiled framework baseline", result.status):
         return None
-    if not result.timed:
-        log.warning(
-            "job %s: no compiled framework baseline stored (%s): %s",
-            job.id, result.status, result.detail,
-        )  # fmt: skip
-        return None
-    if not result.ok:
-        log.warning(
-            "job %s: compiled framework baseline stored, but %s's outputs are outside Kato's "
-            "tolerance (%s): %s", job.id, result.framework, result.status, result.detail,
-        )  # fmt: skip
     log.info(
         "job %s: %s %s: %.4f ms (eager %.4f ms)",
         job.id, result.framework, result.op, result.time_ms or 0.0, baseline.time_ms or 0.0,
