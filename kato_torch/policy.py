@@ -181,38 +181,30 @@ def judge(answer: Any, compiled: bool = False) -> int:
     that runs PyTorch's op then is an opaque op that only blocks Inductor's fusions."""
     if answer is None or _field(answer, "source") != "exact":
         return TORCH
-    if compiled:
-        if _eager_judge(answer) != KATO:
-            return TORCH
-        compiled_speedup = _field(answer, "compiled_speedup")
-        if compiled_speedup is not None:
-            verdict = _over(answer, compiled_speedup, MIN_SPEEDUP_OVER_COMPILED, "compiled_ms")
-        else:
-            verdict = _over(answer, _field(answer, "speedup"), MIN_SPEEDUP_COMPILED, "framework_ms")
-        return KATO if verdict == KATO else TORCH
-    return _eager_judge(answer)
-
-
-def _eager_judge(answer: Any) -> int:
-    verdict = _over(answer, _field(answer, "speedup"), MIN_SPEEDUP, "framework_ms")
-    return WHEN_BUSY if verdict == _SMALL_SAVING else verdict
-
-
-#: :func:`_over`'s answer for a winner over the bar whose saving is under MIN_SAVING_MS.
-_SMALL_SAVING = -1
+    eager = _over(answer, _field(answer, "speedup"), MIN_SPEEDUP, "framework_ms")
+    if not compiled:
+        return eager
+    if eager != KATO:
+        return TORCH
+    compiled_speedup = _field(answer, "compiled_speedup")
+    if compiled_speedup is not None:
+        verdict = _over(answer, compiled_speedup, MIN_SPEEDUP_OVER_COMPILED, "compiled_ms")
+    else:
+        verdict = _over(answer, _field(answer, "speedup"), MIN_SPEEDUP_COMPILED, "framework_ms")
+    # A graph cannot ask the queue at trace time: a small saving is no "yes" there.
+    return KATO if verdict == KATO else TORCH
 
 
 def _over(answer: Any, speedup: Any, bar: float, baseline: str) -> int:
     """KATO where ``speedup`` reaches ``bar`` and the saving against ``baseline`` (a field of
-    the answer, ms) is at least MIN_SAVING_MS or unknown; _SMALL_SAVING where only the saving
-    falls short; TORCH otherwise. A compiled call has no WHEN_BUSY (a graph cannot ask the
-    queue at trace time): its callers read _SMALL_SAVING as TORCH."""
+    the answer, ms) is at least MIN_SAVING_MS or unknown; WHEN_BUSY where only the saving
+    falls short; TORCH otherwise."""
     if speedup is None or float(speedup) < bar:
         return TORCH
     time_ms, baseline_ms = _field(answer, "time_ms"), _field(answer, baseline)
     if time_ms is None or baseline_ms is None:
         return KATO
-    return KATO if float(baseline_ms) - float(time_ms) >= MIN_SAVING_MS else _SMALL_SAVING
+    return KATO if float(baseline_ms) - float(time_ms) >= MIN_SAVING_MS else WHEN_BUSY
 
 
 def known_faster(answer: Any, compiled: bool = False) -> bool:

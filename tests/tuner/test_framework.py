@@ -178,19 +178,24 @@ def test_without_a_cuda_device_the_child_says_why_it_skipped():
     assert result.framework == f"torch {torch.__version__}"
 
 
-def test_the_child_imports_torch_before_its_gpu_turn_and_answers_inside_it():
-    """A worker sharing its GPU among jobs holds the GPU's turn only for the baseline's GPU
-    work: the child imports torch first, then the turn is entered, then the child answers."""
-    pytest.importorskip("torch")
-    import contextlib
-
-    events: list[str] = []
+def _recorded_turn(events: list[str]):
+    """A GPU turn (as tuner.gpu_gate gives one) that records when it is entered and left."""
 
     @contextlib.contextmanager
     def turn():
         events.append("enter")
         yield
         events.append("exit")
+
+    return turn
+
+
+def test_the_child_imports_torch_before_its_gpu_turn_and_answers_inside_it():
+    """A worker sharing its GPU among jobs holds the GPU's turn only for the baseline's GPU
+    work: the child imports torch first, then the turn is entered, then the child answers."""
+    pytest.importorskip("torch")
+    events: list[str] = []
+    turn = _recorded_turn(events)
 
     result = framework.measure_in_child(
         "softmax", (64, 100), "float32", device_index=0, gpu_model="H200", timeout_s=120,
@@ -311,12 +316,7 @@ def test_the_child_sends_the_compiled_baseline_after_the_eager_one_on_the_same_p
     compiling in the child's own process; the GPU's turn is held for the eager op, given back
     while the child compiles and held again for the compiled op's timing."""
     events: list[str] = []
-
-    @contextlib.contextmanager
-    def turn():
-        events.append("enter")
-        yield
-        events.append("exit")
+    turn = _recorded_turn(events)
 
     result = framework.measure_in_child(
         "softmax", (64, 100), "float32", gpu_model="H200", imports=STAND_IN, timeout_s=60,
