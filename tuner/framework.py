@@ -46,10 +46,13 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kato import env
 from kato.shared.gpus import normalize_gpu_name
+
+if TYPE_CHECKING:
+    from kato.kernels.spec import OperatorSpec, Problem
 
 #: The environment variable that turns the baseline off (``service.settings.Settings``
 #: documents it as ``framework_baseline``).
@@ -172,6 +175,16 @@ def _child_main(
     the same way once the compiled op is compiled and checked, before timing it."""
     if compiled and seed is None:
         seed = secrets.randbits(32)  # one problem for both baselines
+    # Both baselines time the same problem: made once (its float64 references take seconds
+    # for a large GEMM), kept until the compiled one is done; the child exits after.
+    made: list[Problem] = []
+
+    def problem_for(spec: OperatorSpec) -> Problem:
+        if not made:
+            import numpy as np
+
+            made.append(spec.make_problem(tuple(shape), dtype, np.random.default_rng(seed)))
+        return made[0]
 
     def await_turn() -> None:
         conn.send(("ready",))
@@ -184,7 +197,7 @@ def _child_main(
             await_turn()
         result = measure_here(
             operator, shape, dtype, device_index=device_index, gpu_model=gpu_model,
-            imports=imports, seed=seed,
+            imports=imports, seed=seed, problem_for=problem_for if compiled else None,
         )  # fmt: skip
     except BaseException as exc:  # noqa: BLE001 - anything is the baseline's failure, reported
         result = _failure(exc)
@@ -194,7 +207,7 @@ def _child_main(
             try:
                 second = measure_compiled_here(
                     operator, shape, dtype, device_index=device_index, seed=seed,
-                    before_timing=await_turn if wait_turn else None,
+                    before_timing=await_turn if wait_turn else None, problem_for=problem_for,
                 )  # fmt: skip
             except BaseException as exc:  # noqa: BLE001 - the compiled baseline's failure
                 second = _failure(exc)
@@ -218,12 +231,14 @@ def measure_here(
     gpu_model: str | None = None,
     imports: Sequence[str] = (),
     seed: int | None = None,
+    problem_for: Callable[[OperatorSpec], Problem] | None = None,
 ) -> FrameworkResult:
     """The baseline in this process: ``skipped`` where torch does not import, sees no CUDA
     device ``device_index``, sees another GPU model there than ``gpu_model`` (the job's, in
     the catalog's spelling), or the operator has no torch equivalent; else
     :func:`tuner.torch_ops.measure` (which imports torch). ``imports``: modules to import first
-    (one registering the operator)."""
+    (one registering the operator). ``problem_for``: the problem to time, given the spec
+    (default: made from ``seed``)."""
     import importlib
 
     for module in imports:
@@ -251,7 +266,10 @@ def measure_here(
     spec = get_operator(operator)
     if operator not in torch_ops.EQUIVALENTS:
         return FrameworkResult(SKIPPED, framework, detail=f"no torch equivalent of {operator}")
-    return torch_ops.measure(spec, shape, dtype, device_index=device_index, seed=seed)
+    problem = problem_for(spec) if problem_for is not None else None
+    return torch_ops.measure(
+        spec, shape, dtype, device_index=device_index, problem=problem, seed=seed
+    )
 
 
 def measure_compiled_here(
@@ -262,12 +280,14 @@ def measure_compiled_here(
     device_index: int = 0,
     seed: int | None = None,
     before_timing: Callable[[], object] | None = None,
+    problem_for: Callable[[OperatorSpec], Problem] | None = None,
 ) -> FrameworkResult:
     """The compiled baseline in this process, after :func:`measure_here` timed the eager one
     (so torch, the device and the equivalent are known good):
     :func:`tuner.torch_ops.measure_compiled` (``before_timing``: called just before the
-    timing). Inductor compiles in this process (``compile_threads`` 1: no pool of compile
-    workers outlives or outgrows the child)."""
+    timing; ``problem_for``: as for :func:`measure_here`, the eager baseline's problem).
+    Inductor compiles in this process (``compile_threads`` 1: no pool of compile workers
+    outlives or outgrows the child)."""
     import torch._inductor.config
     from kato.kernels import get_operator
     from kato.tuner import torch_ops
@@ -275,8 +295,9 @@ def measure_compiled_here(
     torch._inductor.config.compile_threads = 1
     spec = get_operator(operator)
     return torch_ops.measure_compiled(
-        spec, shape, dtype, device_index=device_index, seed=seed, before_timing=before_timing
-    )
+        spec, shape, dtype, device_index=device_index, seed=seed, before_timing=before_timing,
+        problem=problem_for(spec) if problem_for is not None else None,
+    )  # fmt: skip
 
 
 def measure_in_child(
