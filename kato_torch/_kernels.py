@@ -60,6 +60,11 @@ def configure(
         _bound.clear()
 
 
+class MisalignedArguments(InvalidInput):
+    """An array handed to :meth:`BoundOperator.run` starts off the alignment its caller asked
+    for (``aligned_to``): nothing was launched; bind for :func:`pointer_alignment` instead."""
+
+
 @dataclass(frozen=True)
 class _Call:
     kernel: str
@@ -130,11 +135,18 @@ class BoundOperator:
                 self._calls_by_stream[stream] = calls
         return calls
 
-    def run(self, args: Sequence[Any], steps: Sequence[int] | None = None) -> None:
+    def run(
+        self, args: Sequence[Any], steps: Sequence[int] | None = None, *, aligned_to: int = 1
+    ) -> None:
         """Launch the steps (all, or those whose indices are in ``steps``) on the current torch
         stream. ``args`` follow the spec's ``make_problem`` argument order: tensors for arrays
         (contiguous, on this device), Python numbers for scalars; an array no launched step
-        reads may be None (e.g. the gradients in a forward-only launch)."""
+        reads may be None (e.g. the gradients in a forward-only launch).
+
+        Raises:
+            MisalignedArguments: an array's data pointer is not a multiple of ``aligned_to``
+                bytes (checked while the pointers are read, before any launch).
+        """
 
         if len(args) != len(self.signature):
             raise TypeError(
@@ -144,11 +156,20 @@ class BoundOperator:
         stream = _current_stream(self.device_index)
         calls = self.calls_on(stream)
         missing = False
+        bits = 0  # every pointer OR'd: its low bits say the least aligned one
         for value, arg, ctype in zip(slots.values, args, self.signature, strict=True):
             if arg is None:
                 missing = True
+            elif ctype is None:
+                value.value = pointer = arg.data_ptr()
+                bits |= pointer
             else:
-                value.value = arg.data_ptr() if ctype is None else arg
+                value.value = arg
+        if bits & (aligned_to - 1):
+            raise MisalignedArguments(
+                f"{self.spec.name}: an array starts {bits & -bits} bytes off a boundary, "
+                f"the caller asked for {aligned_to}"
+            )
         if steps is None and not missing and not slots.has_maps:
             # Every step, every argument given, no tensor map to encode: nothing to check.
             with _driver.on_device(self.device_index):

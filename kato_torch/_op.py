@@ -115,12 +115,17 @@ class KatoOp:
         self._function = Function
 
     def __call__(self, *args: Any) -> Any:
-        tensors = list(_tensors(args))
-        # A tensor subclass (DTensor, a FakeTensor outside its mode, a quantised wrapper) must
-        # reach its __torch_dispatch__ through the registered op, not our data_ptr().
-        if not eager() or any(type(t) not in _PLAIN for t in tensors):
+        # One pass over the tensors (this runs on every call): a tensor subclass (DTensor, a
+        # FakeTensor outside its mode, a quantised wrapper) must reach its __torch_dispatch__
+        # through the registered op, not our data_ptr().
+        needs_grad = False
+        for t in _tensors(args):
+            if type(t) not in _PLAIN:
+                return self.op(*args)
+            needs_grad = needs_grad or t.requires_grad
+        if not eager():
             return self.op(*args)
-        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        if needs_grad and torch.is_grad_enabled():
             if self._function is None:  # no autograd formula (a backward op, double backward):
                 return self.op(*args)  # the custom op raises as it always did
             return self._function.apply(*args)

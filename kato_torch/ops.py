@@ -35,7 +35,7 @@ from torch import Tensor
 from kato_torch import policy as _policy
 from kato_torch._backlog import lagging
 from kato_torch._fallbacks import chose_kato, remembers_fallbacks, waited
-from kato_torch._kernels import MAX_VECTOR_BYTES, bind, pointer_alignment
+from kato_torch._kernels import MAX_VECTOR_BYTES, MisalignedArguments, bind, pointer_alignment
 from kato_torch._op import KatoOp
 
 _DTYPES = {
@@ -116,11 +116,19 @@ def _use(operator: str, shape: Sequence[int], t: Tensor) -> bool:
 
 
 def _run(operator: str, shape: Sequence[int], t: Tensor, args: list) -> None:
+    dtype = _DTYPES[t.dtype]
+    index = t.device.index
+    # Fresh allocations are 16-byte aligned: the launch checks that while it reads the
+    # pointers, instead of a pass over them before every call.
+    try:
+        bind(operator, shape, dtype, index).run(args, aligned_to=MAX_VECTOR_BYTES)
+        return
+    except MisalignedArguments:
+        pass
     # A contiguous view may start a few elements into its storage: bound for that alignment.
     alignment = pointer_alignment(args)
-    dtype = _DTYPES[t.dtype]
     try:
-        bound = bind(operator, shape, dtype, t.device.index, alignment)
+        bound = bind(operator, shape, dtype, index, alignment)
     except InvalidInput:
         if alignment >= MAX_VECTOR_BYTES:
             raise
@@ -131,7 +139,7 @@ def _run(operator: str, shape: Sequence[int], t: Tensor, args: list) -> None:
             a.clone() if isinstance(a, Tensor) and a.data_ptr() % MAX_VECTOR_BYTES else a
             for a in args
         ]
-        bound = bind(operator, shape, dtype, t.device.index)
+        bound = bind(operator, shape, dtype, index)
     bound.run(args)
 
 

@@ -7,7 +7,13 @@ from __future__ import annotations
 import torch
 from kato.kernels import get_operator
 
-from kato_torch._kernels import fit_alignment, pointer_alignment
+from kato_torch._kernels import MisalignedArguments, fit_alignment, pointer_alignment
+
+
+def _check_alignment(args, aligned_to: int) -> None:
+    """What BoundOperator.run does with ``aligned_to`` before it launches."""
+    if pointer_alignment(args) < aligned_to:
+        raise MisalignedArguments(f"pointers aligned to {pointer_alignment(args)} bytes")
 
 
 def test_pointer_alignment_is_the_common_power_of_two() -> None:
@@ -56,8 +62,8 @@ def test_relu_binds_for_the_alignment_of_a_view_like_every_other_op(monkeypatch)
     class Bound:
         config = {"MASK": 1}
 
-        def run(self, args, steps=None) -> None:
-            pass
+        def run(self, args, steps=None, aligned_to=1) -> None:
+            _check_alignment(args, aligned_to)
 
     def fake_bind(operator, shape, dtype, device_index, alignment=16):
         bound.append(alignment)
@@ -92,7 +98,8 @@ def test_an_op_with_no_variant_for_a_views_alignment_runs_on_an_aligned_copy(mon
     ran: list[list] = []
 
     class Bound:
-        def run(self, args) -> None:
+        def run(self, args, aligned_to=1) -> None:
+            _check_alignment(args, aligned_to)
             ran.append(args)
 
     def fake_bind(operator, shape, dtype, device_index, alignment=16):

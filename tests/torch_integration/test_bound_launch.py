@@ -84,3 +84,24 @@ def test_a_step_chosen_alone_and_a_missing_argument(launches):
         bound.run([a, b, None, 3, None])
     with pytest.raises(TypeError, match="takes 5 arguments, got 4"):
         bound.run([a, b, c, 3])
+
+
+def test_a_pointer_off_the_asked_alignment_launches_nothing(launches):
+    """``aligned_to``: kato_torch binds for 16-byte pointers first and lets the launch check
+    them while it reads them; a view a few elements into its storage must raise before any
+    step runs (a 16-byte vector on it would fault and poison the context)."""
+    bound = _bound()
+    storage = torch.zeros(64)
+    a, b, c = storage[:4], torch.zeros(8), torch.zeros(16)
+    bound.run([a, b, c, 1, None], aligned_to=16)
+    assert len(launches) == 2
+    launches.clear()
+    for view, off_by in ((storage[1:5], 4), (storage[2:6], 8)):
+        with pytest.raises(_kernels.MisalignedArguments, match=f"{off_by} bytes off"):
+            bound.run([a, view, c, 1, None], aligned_to=16)
+        bound.run([a, view, c, 1, None], aligned_to=off_by)  # what the view does allow
+    assert len(launches) == 4
+    # A scalar never counts, whatever its value.
+    launches.clear()
+    bound.run([a, b, c, 3, None], aligned_to=16)
+    assert len(launches) == 2
