@@ -81,8 +81,7 @@ def _key(name: str, args: tuple, kwargs: dict, ignore: frozenset[str]) -> tuple 
            *map(_describe, args))  # fmt: skip
     if kwargs:
         key += tuple(sorted((k, _describe(v)) for k, v in kwargs.items() if k not in ignore))
-    hash(key)  # an unhashable argument raises here, not at the lookup
-    return key
+    return key  # an unhashable argument raises TypeError at the caller's lookup
 
 
 def remembers_fallbacks(
@@ -111,9 +110,10 @@ def remembers_fallbacks(
                 args = args[:cut]
             try:
                 key = _key(name, args, kwargs, ignored)
+                known = key is not None and key in _keys
             except TypeError:  # an unhashable argument: decide afresh
-                key = None
-            if key is not None and key in _keys:
+                key, known = None, False
+            if known:
                 if not _keys[key]:
                     return torch_op(*args, **kwargs)
                 t = _cuda_tensor(args, kwargs)
