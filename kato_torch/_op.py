@@ -44,14 +44,19 @@ def _tensors(args: Iterable[Any]) -> Iterable[Tensor]:
             yield from (a for a in arg if isinstance(a, Tensor))
 
 
-def _zero_specs(ctx: Any, output: Any) -> list[tuple[torch.Size, torch.dtype, torch.device] | None]:
+def _zero_specs(
+    ctx: Any, output: Any, none_ok: tuple[int, ...] = ()
+) -> list[tuple[torch.Size, torch.dtype, torch.device] | None]:
     """Per output: (shape, dtype, device) of the zeros its gradient defaults to, or None for
-    an output marked non-differentiable in ``ctx`` (its backward argument stays None)."""
+    an output marked non-differentiable in ``ctx`` or whose index is in ``none_ok`` (its
+    backward argument stays None)."""
     outputs = output if isinstance(output, tuple) else (output,)
     fixed = {id(t) for t in getattr(ctx, "non_differentiable", None) or ()}
     return [
-        (o.shape, o.dtype, o.device) if isinstance(o, Tensor) and id(o) not in fixed else None
-        for o in outputs
+        (o.shape, o.dtype, o.device)
+        if isinstance(o, Tensor) and id(o) not in fixed and i not in none_ok
+        else None
+        for i, o in enumerate(outputs)
     ]
 
 
@@ -80,9 +85,17 @@ class KatoOp:
         return self.custom.register_fake(fake)
 
     def register_autograd(
-        self, backward: Callable[..., Any], *, setup_context: Callable[..., None]
+        self,
+        backward: Callable[..., Any],
+        *,
+        setup_context: Callable[..., None],
+        none_ok: tuple[int, ...] = (),
     ) -> None:
-        """The custom op's autograd formula, and the eager Function made of the same two."""
+        """The custom op's autograd formula, and the eager Function made of the same two.
+
+        ``none_ok``: indices of differentiable outputs whose gradient ``backward`` takes as
+        None when the output was not used (it must also take a tensor: the custom op's path
+        may hand it zeros); the others get zeros, as autograd's default."""
         self.custom.register_autograd(backward, setup_context=setup_context)
         impl = self.impl
 
@@ -97,7 +110,7 @@ class KatoOp:
                 # gradient, statistics and masks included (an allocation and a fill kernel
                 # each, every step): only a differentiable output gets one, when unused.
                 ctx.set_materialize_grads(False)
-                ctx.kato_zeros = _zero_specs(ctx, output)
+                ctx.kato_zeros = _zero_specs(ctx, output, none_ok)
                 return output
 
             @staticmethod

@@ -624,7 +624,8 @@ def _add_rms_norm_grad(ctx, ds, dy, _drstd):
     return total, total, dw, None
 
 
-_add_rms_norm.register_autograd(_add_rms_norm_grad, setup_context=_add_rms_norm_setup)
+# An unused sum (a block's last residual) costs no zeros and no add.
+_add_rms_norm.register_autograd(_add_rms_norm_grad, setup_context=_add_rms_norm_setup, none_ok=(0,))
 
 
 def add_rms_norm(
@@ -684,7 +685,10 @@ def _add_layer_norm_grad(ctx, ds, dy, _dmean, _drstd):
     return total, total, dw, db, None
 
 
-_add_layer_norm.register_autograd(_add_layer_norm_grad, setup_context=_add_layer_norm_setup)
+# An unused sum (a block's last residual) costs no zeros and no add.
+_add_layer_norm.register_autograd(
+    _add_layer_norm_grad, setup_context=_add_layer_norm_setup, none_ok=(0,)
+)
 
 
 def add_layer_norm(

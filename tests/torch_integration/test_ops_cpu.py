@@ -101,6 +101,38 @@ def test_add_rms_norm_and_add_layer_norm_return_the_sum_and_its_norm(shape):
     _same(kato_torch.add_layer_norm, ln_ref, [x, r, w, b])
 
 
+def _backward_ops(fn, inputs):
+    """ATen ops the backward of ``fn(*inputs)``'s second output runs (its first unused)."""
+    y = fn(*inputs)[1]
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(0), dtype=y.dtype)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        grads = torch.autograd.grad(y, inputs, dy)
+    return [e.name for e in prof.events()], grads
+
+
+@pytest.mark.parametrize("name", ["add_layer_norm", "add_rms_norm"])
+def test_an_unused_residual_sum_costs_its_backward_no_zeros_and_no_add(name):
+    """The direct eager path of the add + norm ops hands their backward None for an unused
+    sum (autograd used to fill a tensor of zeros and the backward added it to dx): the
+    gradients stay those of the custom op's path (the dispatcher's, which hands zeros)."""
+    from kato_torch import ops
+
+    cols = 33
+    x, r, w, b = _rand(5, cols), _rand(5, cols), _rand(cols), _rand(cols)
+    inputs = [x, r, w, b] if name == "add_layer_norm" else [x, r, w]
+    extra = (1e-5,) if name == "add_layer_norm" else (1e-6,)
+    direct = getattr(ops, f"_{name}")
+    names, grads = _backward_ops(lambda *t: direct(*t, *extra), inputs)
+    assert "aten::zeros" not in names, names
+    assert "aten::add" not in names, names
+    dispatched = getattr(torch.ops.kato, name)
+    _, want = _backward_ops(lambda *t: dispatched(*t, *extra), inputs)
+    for g, h in zip(grads, want, strict=True):
+        torch.testing.assert_close(g, h, atol=0, rtol=0)
+    # dx and dresidual are the same gradient: the norm's, nothing added.
+    torch.testing.assert_close(grads[0], grads[1], atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("shape", [(1, 2), (9, 1031)])
 def test_cross_entropy_with_ignored_rows(shape, reduction):
