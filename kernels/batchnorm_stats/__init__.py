@@ -50,9 +50,11 @@ FINALIZE_THREADS = 256
 #: unpacked floats (fit to ptxas reports on sm_90: at a cap of 64 registers steps of up to 24
 #: registers compile without spills; at a cap of 32 even 5 spill, so no config fits there).
 REGISTER_OVERHEAD = 32
-#: Further registers of the PLANE_SPLIT loop (each vector's plane span, the slot's 64-bit
-#: address; fit to ptxas reports on sm_90 like REGISTER_OVERHEAD).
-PLANE_SPLIT_REGISTERS = 8
+#: Further registers per vector in flight of a pass rendered with PLANE_SPLIT (the slot's span
+#: in the plane, or its wider address): ptxas on sm_90 at a cap of 64, H*W = 49 against 64,
+#: gave 0 to 12 more registers a thread for UNROLL 2 and 4, and no spills where this estimate
+#: keeps a variant (docs/design.md).
+PLANE_SPLIT_REGISTERS = 1
 EPS = 1e-5
 
 _CUDA_FLAGS = {"float32": (0, 0), "float16": (1, 0), "bfloat16": (0, 1)}  # IS_HALF, IS_BF16
@@ -72,13 +74,10 @@ def effective_min_blocks(config: Config) -> int:
 
 def step_registers(config: Config, itemsize: int, plane_split: bool = False) -> int:
     """Registers one step holds: UNROLL raw vectors in flight plus one vector of floats, and
-    with ``plane_split`` (HW % VEC != 0) one span register per vector and
-    :data:`PLANE_SPLIT_REGISTERS`."""
+    with ``plane_split`` (HW % VEC != 0) :data:`PLANE_SPLIT_REGISTERS` per vector."""
     raw = config["UNROLL"] * config["VEC"] * itemsize
     regs = raw // 4 + (raw % 4 != 0) + config["VEC"]
-    if plane_split:
-        regs += config["UNROLL"] + PLANE_SPLIT_REGISTERS
-    return regs
+    return regs + (config["UNROLL"] * PLANE_SPLIT_REGISTERS if plane_split else 0)
 
 
 def static_shared_bytes(config: Config, kernel: str = "batchnorm_stats_partial") -> int:
