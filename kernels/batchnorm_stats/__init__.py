@@ -51,9 +51,8 @@ FINALIZE_THREADS = 256
 #: registers compile without spills; at a cap of 32 even 5 spill, so no config fits there).
 REGISTER_OVERHEAD = 32
 #: Further registers per vector in flight of a pass rendered with PLANE_SPLIT (the slot's span
-#: in the plane, or its wider address): ptxas on sm_90 at a cap of 64, H*W = 49 against 64,
-#: gave 0 to 12 more registers a thread for UNROLL 2 and 4, and no spills where this estimate
-#: keeps a variant (docs/design.md).
+#: in the plane, or its wider address), fit to ptxas reports on sm_90 like REGISTER_OVERHEAD
+#: (docs/design.md, "Planes that are not whole vectors").
 PLANE_SPLIT_REGISTERS = 1
 EPS = 1e-5
 
