@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from ci_sample import EVERY_DTYPE, rotated
 from cuda_emulation import Case, run_cases, stored_values
 from kato.kernels import get_operator
 
@@ -81,6 +82,46 @@ def test_planes_off_vector_boundaries(tmp_path, norm_emulation) -> None:
     cases = emulated_cases(PLANE_SPLIT_CASES)
     assert all("PLANE_SPLIT" in SPEC.defines(c.config, c.shape, c.dtype) for c in cases)
     failures = run_cases(cases, tmp_path, np.random.default_rng(11))
+    assert not failures, "\n".join(failures[:20])
+
+
+#: The sweep's planes: H*W of 49, 196, 7, 1 and 15.
+SWEEP_SHAPES = ((2, 3, 7, 7), (2, 3, 14, 14), (3, 2, 1, 7), (5, 3, 1, 1), (2, 3, 3, 5))
+#: The sweep's (STRATEGY, SPLIT): the block writes the outputs; two kernels over 4 blocks; the
+#: last of 8 blocks merges.
+SWEEP_MERGES = ((1, 1), (0, 4), (1, 8))
+
+
+def sweep_cases() -> list[Case]:
+    """Every (shape, dtype, VEC up to 16 bytes, merge) whose planes are not whole vectors."""
+    cases = []
+    for shape in SWEEP_SHAPES:
+        for dtype in SPEC.dtypes:
+            for vec in (2, 4, 8):
+                for strategy, split in SWEEP_MERGES:
+                    config = {
+                        "BLOCK_SIZE": 128,
+                        "VEC": vec,
+                        "UNROLL": 2,
+                        "STRATEGY": strategy,
+                        "SPLIT": split,
+                        "MIN_BLOCKS": 0,
+                    }
+                    if SPEC.check(config, shape, dtype) is None and shape[2] * shape[3] % vec:
+                        cases.append(Case(SPEC, config, shape, dtype, bounds=True))
+    return cases
+
+
+@EVERY_DTYPE
+def test_plane_split_sweep(tmp_path, norm_emulation, every_dtype) -> None:
+    """Every split plane shape at every VEC that splits it and every merge, each (VEC, SPLIT)
+    in one dtype in CI (rotated), every dtype under ``-m slow``."""
+    cases = sweep_cases()
+    if not every_dtype:
+        cases = rotated(cases, ("VEC", "SPLIT"))
+    assert {c.shape for c in cases} == set(SWEEP_SHAPES)
+    assert {c.config["VEC"] for c in cases} == {2, 4, 8}
+    failures = run_cases(cases, tmp_path, np.random.default_rng(19))
     assert not failures, "\n".join(failures[:20])
 
 

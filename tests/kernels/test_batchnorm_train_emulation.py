@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from ci_sample import EVERY_DTYPE, rotated
 from cuda_emulation import Case, run_cases, stored_values
 from kato.kernels import get_operator
 
@@ -96,6 +97,41 @@ def test_planes_off_vector_boundaries(tmp_path, norm_emulation, spec) -> None:
     assert sum("PLANE_SPLIT" in m for m in macros) == len(cases) - 1
     assert sum("APPLY_PLANE_SPLIT" in m for m in macros) == len(cases) - 1
     failures = run_cases(cases, tmp_path, np.random.default_rng(13))
+    assert not failures, "\n".join(failures[:20])
+
+
+#: The sweep's planes: H*W of 49, 196, 7, 1 and 15.
+SWEEP_SHAPES = ((2, 3, 7, 7), (2, 3, 14, 14), (3, 2, 1, 7), (5, 3, 1, 1), (2, 3, 3, 5))
+#: The sweep's (APPLY, STRATEGY, SPLIT): the channel's one block does everything; two kernels
+#: over 4 blocks and the apply kernel; the last of 8 blocks merges and normalises.
+SWEEP_MODES = ((1, 1, 1), (0, 0, 4), (1, 1, 8))
+
+
+def sweep_cases(spec) -> list[Case]:
+    """Every (shape, dtype, VEC = APPLY_VEC up to 16 bytes, mode) whose planes are not whole
+    vectors."""
+    cases = []
+    for shape in SWEEP_SHAPES:
+        for dtype in spec.dtypes:
+            for vec in (2, 4, 8):
+                for apply, strategy, split in SWEEP_MODES:
+                    config = _config(128, vec, 2, strategy, split, apply, 256, vec)
+                    if spec.check(config, shape, dtype) is None and shape[2] * shape[3] % vec:
+                        cases.append(Case(spec, config, shape, dtype, bounds=True))
+    return cases
+
+
+@EVERY_DTYPE
+@pytest.mark.parametrize("spec", [FORWARD, BACKWARD], ids=lambda s: s.name)
+def test_plane_split_sweep(tmp_path, norm_emulation, spec, every_dtype) -> None:
+    """Every split plane shape at every width that splits it and every mode, each (VEC,
+    SPLIT) in one dtype in CI (rotated), every dtype under ``-m slow``."""
+    cases = sweep_cases(spec)
+    if not every_dtype:
+        cases = rotated(cases, ("VEC", "SPLIT"))
+    assert {c.shape for c in cases} == set(SWEEP_SHAPES)
+    assert {c.config["VEC"] for c in cases} == {2, 4, 8}
+    failures = run_cases(cases, tmp_path, np.random.default_rng(23))
     assert not failures, "\n".join(failures[:20])
 
 
