@@ -150,10 +150,12 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, KATO_BN_RES_
                                            float pivot, float scale, float shift, int tid,
                                            int threads) {
 #endif
+#if !APPLY_PLANE_SPLIT  // the slots load and store through kato_plane.cuh instead
   const ApplyRaw* __restrict__ xv = reinterpret_cast<const ApplyRaw*>(x);
   ApplyRaw* __restrict__ yv = reinterpret_cast<ApplyRaw*>(y);
 #if BN_RELU == 2
   const ApplyRaw* __restrict__ rv = reinterpret_cast<const ApplyRaw*>(residual);
+#endif
 #endif
   const long long total = static_cast<long long>(N) * hwv;
   const long long per = total / split;

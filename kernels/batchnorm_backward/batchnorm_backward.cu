@@ -172,10 +172,12 @@ __device__ __forceinline__ Sums block_sums(const T* __restrict__ x, const T* __r
                                            float mean, Sums* red KATO_BN_MASK_PARAM) {
 #endif
   using Raw = typename RawOf<kVecBytes>::type;
+#if !PLANE_SPLIT  // the slots load and store through kato_plane.cuh instead
   const Raw* __restrict__ xv = reinterpret_cast<const Raw*>(x);
   const Raw* __restrict__ gv = reinterpret_cast<const Raw*>(dy);
 #if BN_RELU == 2
   const Raw* __restrict__ yv = reinterpret_cast<const Raw*>(mask.y);
+#endif
 #endif
   const Range range = part_range(N, hwv, part, split);
   long long v = range.start + threadIdx.x;
@@ -323,12 +325,14 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, const T* __r
                                            int threads KATO_BN_MASK_PARAM) {
 #endif
   using Raw = typename RawOf<kApplyBytes>::type;
+#if !APPLY_PLANE_SPLIT  // the slots load and store through kato_plane.cuh instead
   const Raw* __restrict__ xv = reinterpret_cast<const Raw*>(x);
   const Raw* __restrict__ gv = reinterpret_cast<const Raw*>(dy);
   Raw* __restrict__ ov = reinterpret_cast<Raw*>(dx);
 #if BN_RELU == 2
   const Raw* __restrict__ yv = reinterpret_cast<const Raw*>(mask.y);
   Raw* __restrict__ rv = reinterpret_cast<Raw*>(mask.dresidual);
+#endif
 #endif
   const Range range = part_range(N, hwv, part, split);
   long long v = range.start + tid;

@@ -48,7 +48,9 @@ __device__ __forceinline__ Stats block_partial(const T* __restrict__ x, int C, i
                                                int c, int part, int split, float pivot,
                                                Stats* red) {
 #endif
+#if !PLANE_SPLIT  // the slots load and store through kato_plane.cuh instead
   const Raw* __restrict__ xv = reinterpret_cast<const Raw*>(x);
+#endif
   const long long total = static_cast<long long>(N) * hwv;  // vectors in the channel
   // Balanced split without overflow: the first (total % split) parts get one vector more.
   const long long per = total / split;
