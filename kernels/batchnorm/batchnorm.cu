@@ -31,11 +31,14 @@
 //
 // Tunable parameters (`#define NAME value` before this template; kernels/batchnorm):
 //   BLOCK_SIZE  threads per block of the statistics kernels: a multiple of 32, <= 1024.
-//   VEC         elements per vector load of the statistics pass; HW % VEC == 0.
+//   VEC         elements per vector load of the statistics pass.
 //   UNROLL      vectors each thread loads per step (both passes).
 //   MIN_BLOCKS  __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS) of the statistics kernels; 0 = none.
 //   APPLY       0: normalise in batchnorm_fwd_apply; 1: in the block that finished the channel.
-//   APPLY_VEC   elements per vector of the normalise pass; HW % APPLY_VEC == 0.
+//   APPLY_VEC   elements per vector of the normalise pass.
+//   PLANE_SPLIT, APPLY_PLANE_SPLIT  1 (rendered only then) where HW % VEC, HW % APPLY_VEC != 0:
+//               that pass covers each (n, c) plane with kato_plane.cuh's slots (a scalar head,
+//               whole vectors, a scalar tail), since planes start off vector boundaries.
 // STRATEGY, SPLIT and the apply kernel's block size are not macros (steps and grids).
 // Derived: DTYPE (float, __half, __nv_bfloat16), IS_HALF, IS_BF16.
 // Fixed by the operator, not tunable (kernels/batchnorm_relu):
@@ -45,8 +48,8 @@
 //               torch's unfused relu(bn(x) + r): bn(x) (float32) rounded to the element type,
 //               the residual added in float32, the sum rounded to the element type (relu is
 //               exact). relu keeps NaN (v < 0 ? 0 : v, as torch's).
-// Contract (kernels.batchnorm.BatchNormSpec.check): x and y 16-byte aligned, HW % VEC == 0,
-// HW % APPLY_VEC == 0, statistics grid exactly C * SPLIT blocks, apply grid a multiple of C,
+// Contract (kernels.batchnorm.BatchNormSpec.check): x and y 16-byte aligned, PLANE_SPLIT and
+// APPLY_PLANE_SPLIT 1 where VEC and APPLY_VEC do not divide HW, statistics grid exactly C * SPLIT blocks, apply grid a multiple of C,
 // N, C, HW <= 2^30, N * HW >= 2; APPLY 1 needs SPLIT 1 or STRATEGY 1.
 
 #ifndef KATO_NS
@@ -81,9 +84,15 @@ constexpr int kMaxSplit = 256;
 #include "../common/kato_vec.cuh"
 using ApplyRaw = typename RawOf<kApplyBytes>::type;
 #include "../common/kato_convert.cuh"
+#if PLANE_SPLIT || APPLY_PLANE_SPLIT
+#include "../common/kato_plane.cuh"
+#endif
 
 // x is read with __ldg: the normalise pass reads it again and should find it in L2.
 #define KATO_STATS_LOAD __ldg
+#if PLANE_SPLIT
+#define KATO_STATS_STREAM false
+#endif
 #include "../common/kato_welford.cuh"
 #include "../common/kato_channel_stats.cuh"
 
@@ -128,15 +137,25 @@ __device__ __forceinline__ ApplyRaw pack_apply(const float (&f)[APPLY_VEC]) {
 }
 
 // y = (x - pivot) * scale + shift over part `part` of `split` of channel c (the same balanced
-// split into APPLY_VEC-vectors as block_partial's), by `threads` threads numbered `tid`.
+// split into APPLY_VEC-vectors as block_partial's), by `threads` threads numbered `tid`. With
+// APPLY_PLANE_SPLIT the vectors are kato_plane.cuh's slots (hwv = plane_slots<APPLY_VEC>(HW)).
+#if APPLY_PLANE_SPLIT
+__device__ __forceinline__ void apply_part(const T* __restrict__ x, KATO_BN_RES_PARAM T* __restrict__ y, int C,
+                                           int hwv, int N, int c, int part, int split,
+                                           float pivot, float scale, float shift, int tid,
+                                           int threads, int HW) {
+#else
 __device__ __forceinline__ void apply_part(const T* __restrict__ x, KATO_BN_RES_PARAM T* __restrict__ y, int C,
                                            int hwv, int N, int c, int part, int split,
                                            float pivot, float scale, float shift, int tid,
                                            int threads) {
+#endif
+#if !APPLY_PLANE_SPLIT  // the slots load and store through kato_plane.cuh instead
   const ApplyRaw* __restrict__ xv = reinterpret_cast<const ApplyRaw*>(x);
   ApplyRaw* __restrict__ yv = reinterpret_cast<ApplyRaw*>(y);
 #if BN_RELU == 2
   const ApplyRaw* __restrict__ rv = reinterpret_cast<const ApplyRaw*>(residual);
+#endif
 #endif
   const long long total = static_cast<long long>(N) * hwv;
   const long long per = total / split;
@@ -153,6 +172,18 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, KATO_BN_RES_
 #if BN_RELU == 2
     ApplyRaw rbuf[UNROLL];
 #endif
+#if APPLY_PLANE_SPLIT
+    Slot at[UNROLL];  // past the range: an empty slot
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      at[u] = v + static_cast<long long>(u) * threads < end
+                  ? plane_slot<APPLY_VEC>(n, C, c, HW, j)
+                  : Slot{0, 0, 0};
+      if (at[u].hi > at[u].lo) buf[u] = load_slot<APPLY_VEC, true>(x, at[u]);
+#if BN_RELU == 2
+      if (at[u].hi > at[u].lo) rbuf[u] = load_slot<APPLY_VEC, true>(residual, at[u]);
+#endif
+#else
     long long at[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -163,6 +194,7 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, KATO_BN_RES_
 #if BN_RELU == 2
       if (at[u] >= 0) rbuf[u] = __ldcs(rv + at[u]);
 #endif
+#endif
       j += r;
       n += q;
       if (j >= hwv) {
@@ -172,7 +204,11 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, KATO_BN_RES_
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
+#if APPLY_PLANE_SPLIT
+      if (at[u].hi > at[u].lo) {
+#else
       if (at[u] >= 0) {
+#endif
         float e[APPLY_VEC];
         unpack_apply(buf[u], e);
 #pragma unroll
@@ -193,7 +229,11 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, KATO_BN_RES_
 #pragma unroll
         for (int k = 0; k < APPLY_VEC; ++k) e[k] = e[k] < 0.0f ? 0.0f : e[k];
 #endif
+#if APPLY_PLANE_SPLIT
+        store_slot<APPLY_VEC>(y, at[u], pack_apply(e));
+#else
         __stcs(yv + at[u], pack_apply(e));
+#endif
       }
     }
     v += static_cast<long long>(UNROLL) * threads;
@@ -220,7 +260,12 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_fwd_partial(KATO_BN_FWD_
   const int c = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
   const int part = static_cast<int>(blockIdx.x - static_cast<unsigned>(c) * split);
   const float pivot = kb::channel_pivot(x, c, HW);
+#if PLANE_SPLIT
+  const kb::Stats s =
+      kb::block_partial(x, C, kb::plane_slots<VEC>(HW), N, c, part, split, pivot, red, HW);
+#else
   const kb::Stats s = kb::block_partial(x, C, HW / VEC, N, c, part, split, pivot, red);
+#endif
   if (split == 1) {  // uniform per launch
     if (threadIdx.x == 0) {
       kb::finish_channel(s, c, pivot, N, HW, eps, momentum, weight, bias, running_mean_in,
@@ -229,8 +274,13 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_fwd_partial(KATO_BN_FWD_
     }
 #if APPLY
     __syncthreads();
+#if APPLY_PLANE_SPLIT
+    kb::apply_part(x, KATO_BN_RES_ARG y, C, kb::plane_slots<APPLY_VEC>(HW), N, c, 0, 1, pivot,
+                   coef_s[0], coef_s[1], static_cast<int>(threadIdx.x), BLOCK_SIZE, HW);
+#else
     kb::apply_part(x, KATO_BN_RES_ARG y, C, HW / APPLY_VEC, N, c, 0, 1, pivot, coef_s[0], coef_s[1],
                    static_cast<int>(threadIdx.x), BLOCK_SIZE);
+#endif
 #endif
     return;
   }
@@ -274,7 +324,12 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_fwd_fused(KATO_BN_FWD_PA
   const int c = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
   const int part = static_cast<int>(blockIdx.x - static_cast<unsigned>(c) * split);
   const float pivot = kb::channel_pivot(x, c, HW);
+#if PLANE_SPLIT
+  kb::Stats s =
+      kb::block_partial(x, C, kb::plane_slots<VEC>(HW), N, c, part, split, pivot, red, HW);
+#else
   kb::Stats s = kb::block_partial(x, C, HW / VEC, N, c, part, split, pivot, red);
+#endif
   float* coef = APPLY ? coef_s : workspace + 2 * static_cast<size_t>(c);
   if (split > 1) {  // uniform per launch
     float* partials = workspace + 2 * static_cast<size_t>(C);
@@ -300,8 +355,13 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_fwd_fused(KATO_BN_FWD_PA
   }
 #if APPLY
   __syncthreads();
+#if APPLY_PLANE_SPLIT
+  kb::apply_part(x, KATO_BN_RES_ARG y, C, kb::plane_slots<APPLY_VEC>(HW), N, c, 0, 1, pivot,
+                 coef_s[0], coef_s[1], static_cast<int>(threadIdx.x), BLOCK_SIZE, HW);
+#else
   kb::apply_part(x, KATO_BN_RES_ARG y, C, HW / APPLY_VEC, N, c, 0, 1, pivot, coef_s[0], coef_s[1],
                  static_cast<int>(threadIdx.x), BLOCK_SIZE);
+#endif
 #endif
 }
 
@@ -314,7 +374,13 @@ extern "C" __global__ void __launch_bounds__(1024) batchnorm_fwd_apply(KATO_BN_F
   const int c = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
   const int part = static_cast<int>(blockIdx.x - static_cast<unsigned>(c) * split);
   const float* coef = workspace + 2 * static_cast<size_t>(c);
+#if APPLY_PLANE_SPLIT
+  kb::apply_part(x, KATO_BN_RES_ARG y, C, kb::plane_slots<APPLY_VEC>(HW), N, c, part, split,
+                 kb::channel_pivot(x, c, HW), coef[0], coef[1], static_cast<int>(threadIdx.x),
+                 static_cast<int>(blockDim.x), HW);
+#else
   kb::apply_part(x, KATO_BN_RES_ARG y, C, HW / APPLY_VEC, N, c, part, split, kb::channel_pivot(x, c, HW), coef[0],
                  coef[1], static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
+#endif
 #endif
 }

@@ -16,7 +16,12 @@ Tuner key order):
   comes from L2 while it is there, but a channel is then one block's work.
 - ``APPLY_BLOCK``: threads per block of ``<prefix>_apply`` (launch geometry only: the kernel is
   compiled for up to 1024). Only APPLY=0 launches it, so APPLY=1 takes the first value alone.
-- ``APPLY_VEC``: elements per vector of the elementwise pass (``HW % APPLY_VEC == 0``).
+- ``APPLY_VEC``: elements per vector of the elementwise pass.
+
+VEC and APPLY_VEC need not divide H*W: where one does not, its pass is rendered with
+``PLANE_SPLIT=1`` (``APPLY_PLANE_SPLIT=1``) and reads each (n, c) plane as a scalar head, aligned
+vectors and a scalar tail (``kernels/common/kato_plane.cuh``); shapes whose planes are whole
+vectors render no such macro and the source they always did.
 
 The apply kernel's grid is C times :func:`apply_split` blocks, derived from the shape (at least
 two waves of resident blocks, at most one block per ``APPLY_BLOCK * UNROLL`` vectors of a
@@ -29,7 +34,12 @@ import math
 from collections.abc import Sequence
 
 from kato.kernels import limits
-from kato.kernels.batchnorm_stats import MAX_DIM, effective_min_blocks, register_cap
+from kato.kernels.batchnorm_stats import (
+    MAX_DIM,
+    PLANE_SPLIT_REGISTERS,
+    effective_min_blocks,
+    register_cap,
+)
 from kato.kernels.spec import DTYPES, Config, InvalidInput, Launch, OperatorSpec, Step
 
 #: Threads per block of the finalize kernels (a warp per channel).
@@ -107,28 +117,33 @@ class ChannelwiseSpec(OperatorSpec):
             )
         return shape
 
-    def reduction_registers(self, config: Config, itemsize: int) -> int:
+    def reduction_registers(self, config: Config, itemsize: int, plane_split: bool = False) -> int:
         """Registers one reduction step holds: UNROLL raw vectors per array in flight, plus one
-        vector of floats per array."""
+        vector of floats per array; with ``plane_split`` (HW % VEC != 0) PLANE_SPLIT_REGISTERS
+        per vector in flight."""
         raw = raw_registers(config["VEC"], itemsize)
-        return self.arrays * (config["UNROLL"] * raw + config["VEC"])
+        regs = self.arrays * (config["UNROLL"] * raw + config["VEC"])
+        return regs + (config["UNROLL"] * PLANE_SPLIT_REGISTERS if plane_split else 0)
 
-    def apply_registers(self, config: Config, itemsize: int) -> int:
+    def apply_registers(self, config: Config, itemsize: int, plane_split: bool = False) -> int:
         """Registers one elementwise step holds: UNROLL raw vectors per array and their
-        addresses (two registers each), plus one vector of floats per array."""
+        addresses (two registers each, PLANE_SPLIT_REGISTERS more with ``plane_split``: HW %
+        APPLY_VEC != 0, the address a slot), plus one vector of floats per array."""
         raw = raw_registers(config["APPLY_VEC"], itemsize)
-        return config["UNROLL"] * (self.arrays * raw + 2) + self.arrays * config["APPLY_VEC"]
+        address = 2 + (PLANE_SPLIT_REGISTERS if plane_split else 0)
+        return config["UNROLL"] * (self.arrays * raw + address) + self.arrays * config["APPLY_VEC"]
 
     def check(self, config: Config, shape: Sequence[int], dtype: str) -> str | None:
         """Why ``config`` cannot run correctly for ``shape``/``dtype``, or None if it can.
 
         Rejects: parameters missing, unknown or outside the space; a shape :meth:`validate`
-        refuses; VEC or APPLY_VEC over 16 bytes or not dividing H*W (planes would start off a
-        vector boundary); ``MIN_BLOCKS * BLOCK_SIZE`` over 2048 threads per SM; ``C * SPLIT``
-        over the grid limit; APPLY=1 with two-kernel merging of several blocks (STRATEGY 0,
-        SPLIT > 1: no block holds the channel's result); APPLY=1 with another APPLY_BLOCK than
-        the first (it launches no apply kernel: a duplicate); a step's registers plus the
-        kernel's overhead over its launch bounds' cap (it would spill).
+        refuses; VEC or APPLY_VEC over 16 bytes; ``MIN_BLOCKS * BLOCK_SIZE`` over 2048 threads
+        per SM; ``C * SPLIT`` over the grid limit; APPLY=1 with two-kernel merging of several
+        blocks (STRATEGY 0, SPLIT > 1: no block holds the channel's result); APPLY=1 with
+        another APPLY_BLOCK than the first (it launches no apply kernel: a duplicate); a step's
+        registers plus the kernel's overhead over its launch bounds' cap (it would spill; a
+        pass whose vector does not divide H*W counts its plane split's registers). VEC and
+        APPLY_VEC need not divide H*W.
         """
         reason = self.check_params(config)
         if reason:
@@ -143,8 +158,6 @@ class ChannelwiseSpec(OperatorSpec):
             vec = config[name]
             if reason := limits.vector_width_error(vec, vec * itemsize, dtype):
                 return f"{name}: {reason}"
-            if hw % vec != 0:
-                return f"H*W={hw} is not a multiple of {name}={vec}: planes would start misaligned"
         block, min_blocks = config["BLOCK_SIZE"], config["MIN_BLOCKS"]
         if reason := limits.resident_threads_error(min_blocks, block):
             return reason
@@ -162,14 +175,16 @@ class ChannelwiseSpec(OperatorSpec):
                     f"only APPLY_BLOCK={self.params['APPLY_BLOCK'][0]} is a distinct config"
                 )
         cap = register_cap(config)
-        regs = self.reduction_registers(config, itemsize) + self.register_overhead
+        split = hw % config["VEC"] != 0
+        regs = self.reduction_registers(config, itemsize, split) + self.register_overhead
         if regs > cap:
             return (
                 f"UNROLL={config['UNROLL']} vectors of {config['VEC']} elements need about "
                 f"{regs} registers per thread, but the launch bounds allow {cap}: it would spill"
             )
         apply_cap = cap if config["APPLY"] == 1 else APPLY_REGISTER_CAP
-        regs = self.apply_registers(config, itemsize) + self.apply_overhead
+        split = hw % config["APPLY_VEC"] != 0
+        regs = self.apply_registers(config, itemsize, split) + self.apply_overhead
         if regs > apply_cap:
             return (
                 f"the elementwise pass's UNROLL={config['UNROLL']} vectors of "
@@ -182,10 +197,11 @@ class ChannelwiseSpec(OperatorSpec):
 
     def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
         """BLOCK_SIZE, VEC, UNROLL, effective MIN_BLOCKS, APPLY, APPLY_VEC, DTYPE, IS_HALF,
-        IS_BF16: the source depends neither on the shape nor on STRATEGY, SPLIT and
-        APPLY_BLOCK."""
+        IS_BF16, and PLANE_SPLIT=1 (APPLY_PLANE_SPLIT=1) where VEC (APPLY_VEC) does not divide
+        H*W, only there. The source depends on the shape only through those, and not on
+        STRATEGY, SPLIT and APPLY_BLOCK."""
         is_half, is_bf16 = _CUDA_FLAGS[dtype]
-        return {
+        macros: dict[str, object] = {
             "BLOCK_SIZE": config["BLOCK_SIZE"],
             "VEC": config["VEC"],
             "UNROLL": config["UNROLL"],
@@ -196,6 +212,12 @@ class ChannelwiseSpec(OperatorSpec):
             "IS_HALF": is_half,
             "IS_BF16": is_bf16,
         }
+        hw = shape[2] * shape[3]
+        if hw % config["VEC"] != 0:
+            macros["PLANE_SPLIT"] = 1
+        if hw % config["APPLY_VEC"] != 0:
+            macros["APPLY_PLANE_SPLIT"] = 1
+        return macros
 
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
         """Partial / fused kernel: exactly ``C * SPLIT`` blocks of BLOCK_SIZE threads."""

@@ -29,11 +29,14 @@
 //
 // Tunable parameters (`#define NAME value` before this template; kernels/batchnorm_backward):
 //   BLOCK_SIZE  threads per block of the reduction kernels: a multiple of 32, <= 1024.
-//   VEC         elements per vector load of the reduction pass; HW % VEC == 0.
+//   VEC         elements per vector load of the reduction pass.
 //   UNROLL      vectors of each array each thread loads per step (both passes).
 //   MIN_BLOCKS  __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS) of the reduction kernels; 0 = none.
 //   APPLY       0: dx in batchnorm_bwd_apply; 1: in the block that finished the channel.
-//   APPLY_VEC   elements per vector of the dx pass; HW % APPLY_VEC == 0.
+//   APPLY_VEC   elements per vector of the dx pass.
+//   PLANE_SPLIT, APPLY_PLANE_SPLIT  1 (rendered only then) where HW % VEC, HW % APPLY_VEC != 0:
+//               that pass covers each (n, c) plane with kato_plane.cuh's slots (a scalar head,
+//               whole vectors, a scalar tail), since planes start off vector boundaries.
 // STRATEGY, SPLIT and the apply kernel's block size are not macros (steps and grids).
 // Derived: DTYPE (float, __half, __nv_bfloat16), IS_HALF, IS_BF16.
 // Fixed by the operator, not tunable (kernels/batchnorm_relu_backward): the gradient g that
@@ -48,8 +51,9 @@
 //              dresidual, workspace, counters, N, C, HW).
 //   (torch's threshold_backward: a select, so a NaN dy where the mask is 0 gives 0.)
 // Contract (kernels.batchnorm_backward.BatchNormBackwardSpec.check): x, dy and dx 16-byte
-// aligned, HW % VEC == 0, HW % APPLY_VEC == 0, reduction grid exactly C * SPLIT blocks, apply
-// grid a multiple of C, N, C, HW <= 2^30; APPLY 1 needs SPLIT 1 or STRATEGY 1.
+// aligned, PLANE_SPLIT and APPLY_PLANE_SPLIT 1 where VEC and APPLY_VEC do not divide HW,
+// reduction grid exactly C * SPLIT blocks, apply grid a multiple of C, N, C, HW <= 2^30;
+// APPLY 1 needs SPLIT 1 or STRATEGY 1.
 
 #ifndef KATO_NS
 #define KATO_NS kato_batchnorm_backward
@@ -81,6 +85,9 @@ namespace KATO_NS {
 
 #include "../common/kato_vec.cuh"
 #include "../common/kato_convert.cuh"
+#if PLANE_SPLIT || APPLY_PLANE_SPLIT
+#include "../common/kato_plane.cuh"
+#endif
 
 // Vectors of V elements (VEC for the sums, APPLY_VEC for dx), unlike kato_convert.cuh's (VEC only).
 template <int V>
@@ -152,15 +159,25 @@ __device__ __forceinline__ Range part_range(int N, int hwv, int part, int split)
 
 // The block's sums over part `part` of `split` of channel c (every thread gets them; one
 // barrier). Thread t handles vectors start + t, start + t + BLOCK_SIZE, ... of the channel,
-// vector v being element VEC * (v % hwv) of plane (v / hwv, c).
+// vector v being element VEC * (v % hwv) of plane (v / hwv, c); with PLANE_SPLIT, hwv is
+// plane_slots<VEC>(HW) and vector v is slot v % hwv of that plane (its elements outside the
+// plane load as zeros: a zero dy adds nothing to either sum).
+#if PLANE_SPLIT
+__device__ __forceinline__ Sums block_sums(const T* __restrict__ x, const T* __restrict__ dy,
+                                           int C, int hwv, int N, int c, int part, int split,
+                                           float mean, Sums* red, int HW KATO_BN_MASK_PARAM) {
+#else
 __device__ __forceinline__ Sums block_sums(const T* __restrict__ x, const T* __restrict__ dy,
                                            int C, int hwv, int N, int c, int part, int split,
                                            float mean, Sums* red KATO_BN_MASK_PARAM) {
+#endif
   using Raw = typename RawOf<kVecBytes>::type;
+#if !PLANE_SPLIT  // the slots load and store through kato_plane.cuh instead
   const Raw* __restrict__ xv = reinterpret_cast<const Raw*>(x);
   const Raw* __restrict__ gv = reinterpret_cast<const Raw*>(dy);
 #if BN_RELU == 2
   const Raw* __restrict__ yv = reinterpret_cast<const Raw*>(mask.y);
+#endif
 #endif
   const Range range = part_range(N, hwv, part, split);
   long long v = range.start + threadIdx.x;
@@ -180,6 +197,16 @@ __device__ __forceinline__ Sums block_sums(const T* __restrict__ x, const T* __r
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       in[u] = v + static_cast<long long>(u) * BLOCK_SIZE < range.end;
+#if PLANE_SPLIT
+      if (in[u]) {
+        const Slot t = plane_slot<VEC>(n, C, c, HW, j);
+        bx[u] = load_slot<VEC, false>(x, t);
+        bg[u] = load_slot<VEC, false>(dy, t);
+#if BN_RELU == 2
+        by[u] = load_slot<VEC, false>(mask.y, t);
+#endif
+      }
+#else
       if (in[u]) {
         const long long at = (static_cast<long long>(n) * C + c) * hwv + j;
         bx[u] = __ldg(xv + at);
@@ -188,6 +215,7 @@ __device__ __forceinline__ Sums block_sums(const T* __restrict__ x, const T* __r
         by[u] = __ldg(yv + at);
 #endif
       }
+#endif
       j += r;
       n += q;
       if (j >= hwv) {
@@ -283,18 +311,28 @@ __device__ __forceinline__ Coef dx_coef(float dweight, float dbias, float invstd
 }
 
 // dx over part `part` of `split` of channel c (APPLY_VEC-vectors, the balanced split of
-// part_range), by `threads` threads numbered `tid`.
+// part_range), by `threads` threads numbered `tid`. With APPLY_PLANE_SPLIT the vectors are
+// kato_plane.cuh's slots (hwv = plane_slots<APPLY_VEC>(HW)).
+#if APPLY_PLANE_SPLIT
+__device__ __forceinline__ void apply_part(const T* __restrict__ x, const T* __restrict__ dy,
+                                           T* __restrict__ dx, int C, int hwv, int N, int c,
+                                           int part, int split, float mean, Coef f, int tid,
+                                           int threads, int HW KATO_BN_MASK_PARAM) {
+#else
 __device__ __forceinline__ void apply_part(const T* __restrict__ x, const T* __restrict__ dy,
                                            T* __restrict__ dx, int C, int hwv, int N, int c,
                                            int part, int split, float mean, Coef f, int tid,
                                            int threads KATO_BN_MASK_PARAM) {
+#endif
   using Raw = typename RawOf<kApplyBytes>::type;
+#if !APPLY_PLANE_SPLIT  // the slots load and store through kato_plane.cuh instead
   const Raw* __restrict__ xv = reinterpret_cast<const Raw*>(x);
   const Raw* __restrict__ gv = reinterpret_cast<const Raw*>(dy);
   Raw* __restrict__ ov = reinterpret_cast<Raw*>(dx);
 #if BN_RELU == 2
   const Raw* __restrict__ yv = reinterpret_cast<const Raw*>(mask.y);
   Raw* __restrict__ rv = reinterpret_cast<Raw*>(mask.dresidual);
+#endif
 #endif
   const Range range = part_range(N, hwv, part, split);
   long long v = range.start + tid;
@@ -307,6 +345,21 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, const T* __r
 #if BN_RELU == 2
     Raw by[UNROLL];
 #endif
+#if APPLY_PLANE_SPLIT
+    Slot at[UNROLL];  // past the range: an empty slot
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      at[u] = v + static_cast<long long>(u) * threads < range.end
+                  ? plane_slot<APPLY_VEC>(n, C, c, HW, j)
+                  : Slot{0, 0, 0};
+      if (at[u].hi > at[u].lo) {
+        bx[u] = load_slot<APPLY_VEC, true>(x, at[u]);
+        bg[u] = load_slot<APPLY_VEC, true>(dy, at[u]);
+#if BN_RELU == 2
+        by[u] = load_slot<APPLY_VEC, true>(mask.y, at[u]);
+#endif
+      }
+#else
     long long at[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -320,6 +373,7 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, const T* __r
         by[u] = __ldcs(yv + at[u]);
 #endif
       }
+#endif
       j += r;
       n += q;
       if (j >= hwv) {
@@ -329,7 +383,11 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, const T* __r
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
+#if APPLY_PLANE_SPLIT
+      if (at[u].hi > at[u].lo) {
+#else
       if (at[u] >= 0) {
+#endif
         float ex[APPLY_VEC], eg[APPLY_VEC];
         unpack<APPLY_VEC>(bx[u], ex);
         unpack<APPLY_VEC>(bg[u], eg);
@@ -343,11 +401,19 @@ __device__ __forceinline__ void apply_part(const T* __restrict__ x, const T* __r
         unpack<APPLY_VEC>(by[u], ey);
 #pragma unroll
         for (int k = 0; k < APPLY_VEC; ++k) eg[k] = ey[k] > 0.0f ? eg[k] : 0.0f;
+#if APPLY_PLANE_SPLIT
+        store_slot<APPLY_VEC>(mask.dresidual, at[u], pack<APPLY_VEC>(eg));  // dresidual = g
+#else
         __stcs(rv + at[u], pack<APPLY_VEC>(eg));  // dresidual = g (exact: dy's values or 0)
+#endif
 #endif
 #pragma unroll
         for (int k = 0; k < APPLY_VEC; ++k) eg[k] = fmaf(eg[k], f.k, fmaf(ex[k] - mean, f.kx, f.k0));
+#if APPLY_PLANE_SPLIT
+        store_slot<APPLY_VEC>(dx, at[u], pack<APPLY_VEC>(eg));
+#else
         __stcs(ov + at[u], pack<APPLY_VEC>(eg));
+#endif
       }
     }
     v += static_cast<long long>(UNROLL) * threads;
@@ -387,7 +453,12 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_bwd_partial(KATO_BN_BWD_
   const int c = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
   const int part = static_cast<int>(blockIdx.x - static_cast<unsigned>(c) * split);
   const float mu = mean[c];
+#if PLANE_SPLIT
+  const kb::Sums s = kb::block_sums(x, dy, C, kb::plane_slots<VEC>(HW), N, c, part, split, mu,
+                                    red, HW KATO_BN_MASK_ARG(c));
+#else
   const kb::Sums s = kb::block_sums(x, dy, C, HW / VEC, N, c, part, split, mu, red KATO_BN_MASK_ARG(c));
+#endif
   if (split == 1) {  // uniform per launch; every thread holds the block's sums
     const float dw = s.dyx * invstd[c];
     if (threadIdx.x == 0) {
@@ -395,9 +466,15 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_bwd_partial(KATO_BN_BWD_
       dbias[c] = s.dy;
     }
 #if APPLY
+#if APPLY_PLANE_SPLIT
+    kb::apply_part(x, dy, dx, C, kb::plane_slots<APPLY_VEC>(HW), N, c, 0, 1, mu,
+                   kb::dx_coef(dw, s.dy, invstd[c], weight[c], N, HW),
+                   static_cast<int>(threadIdx.x), BLOCK_SIZE, HW KATO_BN_MASK_ARG(c));
+#else
     kb::apply_part(x, dy, dx, C, HW / APPLY_VEC, N, c, 0, 1, mu,
                    kb::dx_coef(dw, s.dy, invstd[c], weight[c], N, HW),
                    static_cast<int>(threadIdx.x), BLOCK_SIZE KATO_BN_MASK_ARG(c));
+#endif
 #endif
     return;
   }
@@ -438,7 +515,12 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_bwd_fused(KATO_BN_BWD_PA
   const int c = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
   const int part = static_cast<int>(blockIdx.x - static_cast<unsigned>(c) * split);
   const float mu = mean[c];
+#if PLANE_SPLIT
+  kb::Sums s = kb::block_sums(x, dy, C, kb::plane_slots<VEC>(HW), N, c, part, split, mu, red,
+                              HW KATO_BN_MASK_ARG(c));
+#else
   kb::Sums s = kb::block_sums(x, dy, C, HW / VEC, N, c, part, split, mu, red KATO_BN_MASK_ARG(c));
+#endif
   if (split > 1) {  // uniform per launch
     if (threadIdx.x == 0) {
       float* w = workspace + (static_cast<size_t>(c) * split + part) * 2;
@@ -466,9 +548,15 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_bwd_fused(KATO_BN_BWD_PA
     dbias[c] = s.dy;
   }
 #if APPLY
+#if APPLY_PLANE_SPLIT
+  kb::apply_part(x, dy, dx, C, kb::plane_slots<APPLY_VEC>(HW), N, c, 0, 1, mu,
+                 kb::dx_coef(dw, s.dy, invstd[c], weight[c], N, HW), static_cast<int>(threadIdx.x),
+                 BLOCK_SIZE, HW KATO_BN_MASK_ARG(c));
+#else
   kb::apply_part(x, dy, dx, C, HW / APPLY_VEC, N, c, 0, 1, mu,
                  kb::dx_coef(dw, s.dy, invstd[c], weight[c], N, HW), static_cast<int>(threadIdx.x),
                  BLOCK_SIZE KATO_BN_MASK_ARG(c));
+#endif
 #endif
 }
 
@@ -481,8 +569,15 @@ extern "C" __global__ void __launch_bounds__(1024) batchnorm_bwd_apply(KATO_BN_B
   const int split = static_cast<int>(gridDim.x / static_cast<unsigned>(C));
   const int c = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
   const int part = static_cast<int>(blockIdx.x - static_cast<unsigned>(c) * split);
+#if APPLY_PLANE_SPLIT
+  kb::apply_part(x, dy, dx, C, kb::plane_slots<APPLY_VEC>(HW), N, c, part, split, mean[c],
+                 kb::dx_coef(dweight[c], dbias[c], invstd[c], weight[c], N, HW),
+                 static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x),
+                 HW KATO_BN_MASK_ARG(c));
+#else
   kb::apply_part(x, dy, dx, C, HW / APPLY_VEC, N, c, part, split, mean[c],
                  kb::dx_coef(dweight[c], dbias[c], invstd[c], weight[c], N, HW),
                  static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x) KATO_BN_MASK_ARG(c));
+#endif
 #endif
 }

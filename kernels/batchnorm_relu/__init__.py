@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 from kato.kernels.batchnorm import BatchNormSpec
 from kato.kernels.batchnorm.channelwise import raw_registers
+from kato.kernels.batchnorm_stats import PLANE_SPLIT_REGISTERS
 from kato.kernels.parallel import fill_rows
 from kato.kernels.registry import register
 from kato.kernels.spec import DTYPES, Config, Problem
@@ -83,11 +84,13 @@ class BatchNormAddReluSpec(BatchNormSpec):
         """:meth:`ChannelwiseSpec.defines` plus ``BN_RELU`` (the operator's epilogue)."""
         return {**super().defines(config, shape, dtype), "BN_RELU": self.relu_mode}
 
-    def apply_registers(self, config: Config, itemsize: int) -> int:
+    def apply_registers(self, config: Config, itemsize: int, plane_split: bool = False) -> int:
         """The normalise pass streams x and the residual: two raw vectors per step and one more
-        vector of floats than batchnorm's."""
+        vector of floats than batchnorm's (addresses as :meth:`ChannelwiseSpec.apply_registers`
+        counts them)."""
         raw = raw_registers(config["APPLY_VEC"], itemsize)
-        return config["UNROLL"] * (2 * raw + 2) + 2 * config["APPLY_VEC"]
+        address = 2 + (PLANE_SPLIT_REGISTERS if plane_split else 0)
+        return config["UNROLL"] * (2 * raw + address) + 2 * config["APPLY_VEC"]
 
     def make_problem(self, shape: Sequence[int], dtype: str, rng: np.random.Generator) -> Problem:
         """:meth:`BatchNormSpec.make_problem`'s inputs and outputs, with the residual

@@ -12,8 +12,10 @@ Kernel arguments (:attr:`Problem.args` order, the same for every kernel):
 Parameter space (Kernel Tuner key order):
 
 - ``BLOCK_SIZE``: threads per block.
-- ``VEC``: elements per vector load over H*W, at most 16 bytes; ``HW % VEC == 0`` (every (n, c)
-  plane starts on a vector boundary).
+- ``VEC``: elements per vector load over H*W, at most 16 bytes. Where ``HW % VEC != 0`` the
+  source is rendered with ``PLANE_SPLIT=1``: the (n, c) planes then start off vector boundaries,
+  and each is read as a scalar head, aligned vectors and a scalar tail
+  (``kernels/common/kato_plane.cuh``), so every VEC is valid on every shape.
 - ``UNROLL``: vectors each thread loads per step (bytes in flight per thread).
 - ``STRATEGY``: 0 = two kernels (partials to the workspace, then a finalize kernel merges them);
   1 = one kernel, the last block of each channel merges (``__threadfence`` + ``atomicInc``).
@@ -48,6 +50,10 @@ FINALIZE_THREADS = 256
 #: unpacked floats (fit to ptxas reports on sm_90: at a cap of 64 registers steps of up to 24
 #: registers compile without spills; at a cap of 32 even 5 spill, so no config fits there).
 REGISTER_OVERHEAD = 32
+#: Further registers per vector in flight of a pass rendered with PLANE_SPLIT (the slot's span
+#: in the plane, or its wider address), fit to ptxas reports on sm_90 like REGISTER_OVERHEAD
+#: (docs/design.md, "Planes that are not whole vectors").
+PLANE_SPLIT_REGISTERS = 1
 EPS = 1e-5
 
 _CUDA_FLAGS = {"float32": (0, 0), "float16": (1, 0), "bfloat16": (0, 1)}  # IS_HALF, IS_BF16
@@ -65,10 +71,12 @@ def effective_min_blocks(config: Config) -> int:
     return 0
 
 
-def step_registers(config: Config, itemsize: int) -> int:
-    """Registers one step holds: UNROLL raw vectors in flight plus one vector of floats."""
+def step_registers(config: Config, itemsize: int, plane_split: bool = False) -> int:
+    """Registers one step holds: UNROLL raw vectors in flight plus one vector of floats, and
+    with ``plane_split`` (HW % VEC != 0) :data:`PLANE_SPLIT_REGISTERS` per vector."""
     raw = config["UNROLL"] * config["VEC"] * itemsize
-    return raw // 4 + (raw % 4 != 0) + config["VEC"]
+    regs = raw // 4 + (raw % 4 != 0) + config["VEC"]
+    return regs + (config["UNROLL"] * PLANE_SPLIT_REGISTERS if plane_split else 0)
 
 
 def static_shared_bytes(config: Config, kernel: str = "batchnorm_stats_partial") -> int:
@@ -123,9 +131,10 @@ class BatchNormStatsSpec(OperatorSpec):
         """Why ``config`` cannot run correctly for ``shape``/``dtype``, or None if it can.
 
         Rejects: parameters missing, unknown or outside the space; vectors over 16 bytes;
-        ``HW % VEC != 0``; ``MIN_BLOCKS * BLOCK_SIZE`` over 2048 threads per SM; a grid of
-        ``C * SPLIT`` over 2**31 - 1 blocks; a step's registers (:func:`step_registers`) plus
-        REGISTER_OVERHEAD over the launch bounds' cap (it would spill).
+        ``MIN_BLOCKS * BLOCK_SIZE`` over 2048 threads per SM; a grid of ``C * SPLIT`` over
+        2**31 - 1 blocks; a step's registers (:func:`step_registers`, with the plane split's
+        where ``HW % VEC != 0``) plus REGISTER_OVERHEAD over the launch bounds' cap (it would
+        spill). Any VEC may leave H*W a partial vector: that renders the plane split.
         """
         reason = self.check_params(config)
         if reason:
@@ -139,13 +148,11 @@ class BatchNormStatsSpec(OperatorSpec):
         vector_bytes = vec * itemsize
         if reason := limits.vector_width_error(vec, vector_bytes, dtype):
             return reason
-        if (h * w) % vec != 0:
-            return f"H*W={h * w} is not a multiple of VEC={vec}: planes would start misaligned"
         if reason := limits.resident_threads_error(min_blocks, block):
             return reason
         if c * config["SPLIT"] > limits.MAX_GRID_X:
             return f"C * SPLIT = {c * config['SPLIT']} blocks exceed the grid limit 2**31-1"
-        regs = step_registers(config, itemsize)
+        regs = step_registers(config, itemsize, (h * w) % vec != 0)
         cap = register_cap(config)
         if regs + REGISTER_OVERHEAD > cap:
             return (
@@ -192,10 +199,12 @@ class BatchNormStatsSpec(OperatorSpec):
     # --- rendering and launching --------------------------------------------------------------
 
     def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
-        """BLOCK_SIZE, VEC, UNROLL, effective MIN_BLOCKS, DTYPE, IS_HALF, IS_BF16: the source
-        depends neither on the shape nor on STRATEGY and SPLIT."""
+        """BLOCK_SIZE, VEC, UNROLL, effective MIN_BLOCKS, DTYPE, IS_HALF, IS_BF16, and
+        PLANE_SPLIT=1 where ``H*W % VEC != 0`` (only there: the planes of whole vectors render
+        the source they always did). The source depends on the shape only through that, and
+        not on STRATEGY and SPLIT."""
         is_half, is_bf16 = _CUDA_FLAGS[dtype]
-        return {
+        macros: dict[str, object] = {
             "BLOCK_SIZE": config["BLOCK_SIZE"],
             "VEC": config["VEC"],
             "UNROLL": config["UNROLL"],
@@ -204,6 +213,9 @@ class BatchNormStatsSpec(OperatorSpec):
             "IS_HALF": is_half,
             "IS_BF16": is_bf16,
         }
+        if shape[2] * shape[3] % config["VEC"] != 0:
+            macros["PLANE_SPLIT"] = 1
+        return macros
 
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
         """Partial / fused kernel: exactly ``C * SPLIT`` blocks of BLOCK_SIZE threads."""

@@ -26,14 +26,16 @@
 //
 // Tunable parameters (`#define NAME value` before this template; kernels/batchnorm_stats):
 //   BLOCK_SIZE  threads per block of the partial/fused kernels: a multiple of 32, <= 1024.
-//   VEC         elements per vector load over H*W; HW % VEC == 0 (every (n, c) plane starts on
-//               a vector boundary), VEC * sizeof(DTYPE) <= 16 bytes.
+//   VEC         elements per vector load over H*W, VEC * sizeof(DTYPE) <= 16 bytes.
+//   PLANE_SPLIT 1 where HW % VEC != 0 (rendered only then): planes start off vector boundaries,
+//               each is covered by kato_plane.cuh's slots (a scalar head, whole vectors, a
+//               scalar tail); 0: every (n, c) plane is HW / VEC whole vectors.
 //   UNROLL      vectors each thread loads per step (in flight together).
 //   MIN_BLOCKS  __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS); 0 = no min-blocks clause.
 // STRATEGY and SPLIT are not macros: STRATEGY picks the kernels (steps), SPLIT the grid.
 // Derived: DTYPE (float, __half, __nv_bfloat16), IS_HALF, IS_BF16.
-// Contract (kernels.batchnorm_stats.BatchNormStatsSpec.check): x 16-byte aligned, HW % VEC == 0,
-// grid exactly C * SPLIT blocks (C * SPLIT <= 2^31 - 1), N, C, HW <= 2^30.
+// Contract (kernels.batchnorm_stats.BatchNormStatsSpec.check): x 16-byte aligned, PLANE_SPLIT 1
+// where HW % VEC != 0, grid exactly C * SPLIT blocks (C * SPLIT <= 2^31 - 1), N, C, HW <= 2^30.
 
 #ifndef KATO_NS
 #define KATO_NS kato_batchnorm_stats
@@ -48,6 +50,10 @@ namespace KATO_NS {
 #include "../common/kato_convert.cuh"
 
 #define KATO_STATS_LOAD __ldcs  // x is read once
+#if PLANE_SPLIT
+#define KATO_STATS_STREAM true
+#include "../common/kato_plane.cuh"
+#endif
 #include "../common/kato_welford.cuh"
 #include "../common/kato_channel_stats.cuh"
 
@@ -120,7 +126,12 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_stats_partial(
   const int c = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
   const int part = static_cast<int>(blockIdx.x - static_cast<unsigned>(c) * split);
   const float pivot = kb::channel_pivot(x, c, HW);
+#if PLANE_SPLIT
+  const kb::Stats s =
+      kb::block_partial(x, C, kb::plane_slots<VEC>(HW), N, c, part, split, pivot, red, HW);
+#else
   const kb::Stats s = kb::block_partial(x, C, HW / VEC, N, c, part, split, pivot, red);
+#endif
   if (threadIdx.x != 0) return;
   if (split == 1) {
     kb::write_final(s, c, pivot, kb::channel_count(N, HW), eps, mean_out, var_out, invstd_out);
@@ -166,7 +177,12 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS batchnorm_stats_fused(
   const int c = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
   const int part = static_cast<int>(blockIdx.x - static_cast<unsigned>(c) * split);
   const float pivot = kb::channel_pivot(x, c, HW);
+#if PLANE_SPLIT
+  const kb::Stats s =
+      kb::block_partial(x, C, kb::plane_slots<VEC>(HW), N, c, part, split, pivot, red, HW);
+#else
   const kb::Stats s = kb::block_partial(x, C, HW / VEC, N, c, part, split, pivot, red);
+#endif
   const float count = kb::channel_count(N, HW);
   if (split == 1) {  // uniform per launch
     if (threadIdx.x == 0) kb::write_final(s, c, pivot, count, eps, mean_out, var_out, invstd_out);

@@ -6,7 +6,10 @@
 // kato_vec.cuh, which uses T and kVecBytes), after kato_dtype.cuh at file scope:
 //   BLOCK_SIZE, VEC  required: threads per block and elements per vector of the channel pass;
 //   UNROLL           vectors each thread loads per step (4 unless rendered);
-//   MIN_BLOCKS       __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS); 0 (unless rendered) = none.
+//   MIN_BLOCKS       __launch_bounds__(BLOCK_SIZE, MIN_BLOCKS); 0 (unless rendered) = none;
+//   PLANE_SPLIT      1 (rendered only where HW % VEC != 0): the channel pass covers each plane
+//                    with kato_plane.cuh's slots (a scalar head and tail); 0, the default: every
+//                    plane is HW / VEC whole vectors.
 // The macros are directives, so they may stand inside the namespace: the preprocessor gives
 // them no scope. No include guard and inlined by OperatorSpec.render, as kato_vec.cuh says.
 
@@ -21,6 +24,9 @@
 #endif
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 0
+#endif
+#ifndef PLANE_SPLIT
+#define PLANE_SPLIT 0
 #endif
 
 using T = DTYPE;

@@ -2,7 +2,9 @@
 // coefficients): its macros and checks, and these templates' KATO_LAUNCH_BOUNDS. A fragment
 // included inside the template's `namespace KATO_NS { ... }` right after kato_channel.cuh:
 //   APPLY      0: the pass is its own kernel; 1: the block that finished the channel runs it;
-//   APPLY_VEC  elements per vector of the pass (VEC unless rendered); HW % APPLY_VEC == 0.
+//   APPLY_VEC  elements per vector of the pass (VEC unless rendered);
+//   APPLY_PLANE_SPLIT  1 (rendered only where HW % APPLY_VEC != 0): the pass covers each plane
+//              with kato_plane.cuh's slots; 0, the default: HW / APPLY_VEC whole vectors a plane.
 // No include guard and inlined by OperatorSpec.render, as kato_vec.cuh says.
 
 #ifndef APPLY
@@ -10,6 +12,9 @@
 #endif
 #ifndef APPLY_VEC
 #define APPLY_VEC VEC
+#endif
+#ifndef APPLY_PLANE_SPLIT
+#define APPLY_PLANE_SPLIT 0
 #endif
 
 [[maybe_unused]] constexpr int kApplyBytes = APPLY_VEC * static_cast<int>(sizeof(T));

@@ -5,20 +5,52 @@
 // merge, warp_allreduce, vector_stats), kato_convert.cuh (T, Raw, to_float, unpack) and
 // kato_channel.cuh (BLOCK_SIZE, UNROLL, kWarps), and
 //   KATO_STATS_LOAD  the load of one vector of x: __ldcs (streaming: x is read once) or __ldg
-//                    (x is read again by the normalise pass and should stay in L2).
+//                    (x is read again by the normalise pass and should stay in L2);
+//   KATO_STATS_STREAM with PLANE_SPLIT (and kato_plane.cuh before this fragment): true for
+//                    __ldcs, false for __ldg, the same choice for load_slot.
 // No include guard and inlined by OperatorSpec.render, as kato_vec.cuh says.
 
 #ifndef KATO_STATS_LOAD
 #error "KATO_STATS_LOAD must be defined (__ldcs or __ldg)"
 #endif
 
+#if PLANE_SPLIT
+// Statistics of the elements [lo, hi) of one slot's VEC values (kato_plane.cuh), exactly as
+// vector_stats does for a whole one; an empty slot gives the empty partial.
+__device__ __forceinline__ Stats slot_stats(const float (&v)[VEC], int lo, int hi) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) sum += k >= lo && k < hi ? v[k] : 0.0f;
+  Stats s;
+  s.n = static_cast<float>(hi > lo ? hi - lo : 0);
+  s.mean = hi - lo == VEC ? sum * (1.0f / VEC) : sum / fmaxf(s.n, 1.0f);
+  float m2 = 0.0f;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    const float d = v[k] - s.mean;
+    m2 = k >= lo && k < hi ? fmaf(d, d, m2) : m2;
+  }
+  s.m2 = m2;
+  return s;
+}
+#endif
+
 // The block's partial over part `part` of `split` of channel c (every thread gets it; one
 // barrier). Thread t handles vectors start + t, start + t + BLOCK_SIZE, ... of the channel,
-// vector v being element VEC * (v % hwv) of plane (v / hwv, c).
+// vector v being element VEC * (v % hwv) of plane (v / hwv, c); with PLANE_SPLIT, hwv is
+// plane_slots<VEC>(HW) and vector v is slot v % hwv of that plane.
+#if PLANE_SPLIT
+__device__ __forceinline__ Stats block_partial(const T* __restrict__ x, int C, int hwv, int N,
+                                               int c, int part, int split, float pivot,
+                                               Stats* red, int HW) {
+#else
 __device__ __forceinline__ Stats block_partial(const T* __restrict__ x, int C, int hwv, int N,
                                                int c, int part, int split, float pivot,
                                                Stats* red) {
+#endif
+#if !PLANE_SPLIT  // the slots load and store through kato_plane.cuh instead
   const Raw* __restrict__ xv = reinterpret_cast<const Raw*>(x);
+#endif
   const long long total = static_cast<long long>(N) * hwv;  // vectors in the channel
   // Balanced split without overflow: the first (total % split) parts get one vector more.
   const long long per = total / split;
@@ -36,12 +68,23 @@ __device__ __forceinline__ Stats block_partial(const T* __restrict__ x, int C, i
   while (v < end) {
     Raw buf[UNROLL];
     bool in[UNROLL];
+#if PLANE_SPLIT
+    int span[UNROLL];  // the slot's elements in the plane: lo | hi << 8
+#endif
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       in[u] = v + static_cast<long long>(u) * BLOCK_SIZE < end;
+#if PLANE_SPLIT
+      if (in[u]) {
+        const Slot t = plane_slot<VEC>(n, C, c, HW, j);
+        span[u] = t.lo | t.hi << 8;
+        buf[u] = load_slot<VEC, KATO_STATS_STREAM>(x, t);
+      }
+#else
       if (in[u]) {
         buf[u] = KATO_STATS_LOAD(xv + ((static_cast<long long>(n) * C + c) * hwv + j));
       }
+#endif
       j += r;
       n += q;
       if (j >= hwv) {
@@ -58,7 +101,11 @@ __device__ __forceinline__ Stats block_partial(const T* __restrict__ x, int C, i
         unpack(buf[u], e);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) e[k] -= pivot;
+#if PLANE_SPLIT
+        s = merge(s, slot_stats(e, span[u] & 0xff, span[u] >> 8));
+#else
         s = merge(s, vector_stats(e));
+#endif
       }
     }
     v += static_cast<long long>(UNROLL) * BLOCK_SIZE;

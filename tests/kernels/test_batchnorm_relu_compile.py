@@ -6,7 +6,8 @@ APPLY=1 the apply kernel is compiled empty: it is never launched.) As
 test_batchnorm_train_compile.py, with a smaller sample: the epilogue adds a stream (the
 residual, y) or a few registers (the recomputed mask) to the same kernels, so per (dtype, APPLY,
 register cap of the reduction kernels) only the variant with the most registers in flight, plus
-every (dtype, VEC, APPLY_VEC) pair and the defaults of awkward shapes.
+every (dtype, VEC, APPLY_VEC) pair and the defaults of awkward shapes, plus the plane splits'
+heaviest variants (plane_split_sample.py: H*W = 49, not a multiple of the vector width).
 
 The source depends neither on the shape nor on STRATEGY, SPLIT and APPLY_BLOCK (launch
 choices), so one shape per dtype whose H*W every VEC divides reaches every variant: 150 to 300
@@ -32,6 +33,7 @@ from kato.kernels.batchnorm.channelwise import APPLY_REGISTER_CAP, FINALIZE_THRE
 from kato.kernels.batchnorm_stats import register_cap
 from kato.kernels.limits import launch_bounds_register_cap
 from kato.tuner.nvcc import nvcc_available
+from plane_split_sample import plane_split_sample
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
 
@@ -97,6 +99,11 @@ def sample(spec) -> list[Variant]:
             if v.source() not in sources:
                 sources.add(v.source())
                 chosen.append(v)
+    # Planes that are not whole vectors (H*W = 49): the plane splits' heaviest variants.
+    for v in plane_split_sample(spec):
+        if v.source() not in sources:
+            sources.add(v.source())
+            chosen.append(v)
     return chosen
 
 
@@ -122,7 +129,29 @@ def test_distinct_sources_are_bounded_and_the_sample_covers_them() -> None:
             (d, a) for d in spec.dtypes for a in (0, 1)
         }
         assert {register_cap(v.config) for v in chosen} == {64, 128, 255}
-        assert len(chosen) <= 80 or FULL, (spec.name, len(chosen))
+        assert len(chosen) <= 100 or FULL, (spec.name, len(chosen))
+
+
+def test_the_plane_splits_are_compiled() -> None:
+    """Both splits, at every register cap of the reduction kernels, in every dtype."""
+    for spec in SPECS:
+        split = [
+            (
+                v.dtype,
+                register_cap(v.config),
+                tuple(
+                    sorted(
+                        set(spec.defines(v.config, v.shape, v.dtype))
+                        & {"PLANE_SPLIT", "APPLY_PLANE_SPLIT"}
+                    )
+                ),
+            )
+            for v in sample(spec)
+        ]
+        assert {(d, cap) for d, cap, macros in split if "PLANE_SPLIT" in macros} == {
+            (d, cap) for d in spec.dtypes for cap in (64, 128, 255)
+        }, spec.name
+        assert {d for d, _, macros in split if "APPLY_PLANE_SPLIT" in macros} == set(spec.dtypes)
 
 
 def test_every_variant_compiles(outcomes: list[Outcome]) -> None:

@@ -44,6 +44,15 @@ CASES = [
     ((1, 1, 1, 1009), "bfloat16", 256, 1, 2, 1, 4, 0, 256, 1),  # N = 1, C = 1, a prime plane
 ]
 
+#: Planes that are not whole vectors (PLANE_SPLIT and APPLY_PLANE_SPLIT): H*W of 49, 196, 1 and
+#: 15 at vector widths 2 to 8, both strategies and both places of the elementwise pass.
+PLANE_SPLIT_CASES = [
+    ((2, 3, 7, 7), "bfloat16", 128, 8, 2, 1, 2, 0, 256, 8),
+    ((2, 3, 14, 14), "float16", 128, 8, 2, 0, 1, 1, 256, 8),
+    ((5, 3, 1, 1), "float32", 128, 4, 2, 1, 1, 1, 256, 4),
+    ((2, 3, 3, 5), "float16", 128, 2, 2, 0, 4, 0, 256, 4),
+]
+
 
 def _config(block, vec, unroll, strategy, split, apply, apply_block, apply_vec) -> dict:
     return {
@@ -90,6 +99,22 @@ def test_kernel_logic_on_the_cpu(tmp_path, norm_emulation, spec, every_case) -> 
     assert {r[1] for r in rows} == {"float32", "float16", "bfloat16"}
     assert {r[5] for r in rows} == {0, 1} and {r[7] for r in rows} == {0, 1}  # STRATEGY, APPLY
     failures = run_cases(emulated_cases(spec, rows), tmp_path, np.random.default_rng(11))
+    assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_planes_off_vector_boundaries(tmp_path, norm_emulation, spec) -> None:
+    """The epilogues on planes that are not whole vectors: both passes split (the mask from x,
+    or from y, read per element in the head and tail; dresidual written once per element), no
+    access misaligned or outside the arrays."""
+    cases = [
+        Case(c.spec, c.config, c.shape, c.dtype, bounds=True)
+        for c in emulated_cases(spec, PLANE_SPLIT_CASES)
+    ]
+    for c in cases:
+        macros = spec.defines(c.config, c.shape, c.dtype)
+        assert macros.get("PLANE_SPLIT") == 1 and macros.get("APPLY_PLANE_SPLIT") == 1, c
+    failures = run_cases(cases, tmp_path, np.random.default_rng(17))
     assert not failures, "\n".join(failures[:20])
 
 

@@ -4,7 +4,8 @@
 The source depends neither on the shape nor on STRATEGY and SPLIT (launch choices), so one
 representative shape per dtype (VEC up to 16 bytes valid) reaches every variant; each variant
 holds all three kernels (partial, finalize, fused). Batched through compile_harness.py
-(``compile_covering``; per dtype and register cap the variant with the most bytes a step).
+(``compile_covering``; per dtype and register cap the variant with the most bytes a step), and
+the plane split's heaviest variants (plane_split_sample.py: H*W = 49, not a multiple of VEC).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from compile_harness import Outcome, Variant, compile_covering, distinct_variant
 from kato.kernels import DTYPES, get_operator
 from kato.kernels.batchnorm_stats import FINALIZE_THREADS, register_cap, static_shared_bytes
 from kato.tuner.nvcc import nvcc_available
+from plane_split_sample import plane_split_sample
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
 
@@ -38,8 +40,10 @@ def outcomes(cubin_cache: Path) -> list[Outcome]:
         for shape in AWKWARD
     ]
     every = distinct_variants(SPEC, [(SHAPE, d) for d in SPEC.dtypes])
+    # Planes that are not whole vectors (H*W = 49): per dtype and cap the heaviest split.
+    split = plane_split_sample(SPEC)
     return compile_covering(
-        "batchnorm_stats", every, cubin_cache, heaviest=heaviest, extra=defaults
+        "batchnorm_stats", every, cubin_cache, heaviest=heaviest, extra=defaults + split
     )
 
 
@@ -47,6 +51,17 @@ def test_distinct_sources_per_dtype_are_bounded() -> None:
     for dtype in SPEC.dtypes:
         n = len(distinct_variants(SPEC, [(SHAPE, dtype)]))
         assert 20 < n <= 150, (dtype, n)
+
+
+def test_the_plane_split_is_compiled(outcomes: list[Outcome]) -> None:
+    split = [
+        o
+        for o in outcomes
+        if "PLANE_SPLIT" in SPEC.defines(o.variant.config, o.variant.shape, o.variant.dtype)
+    ]
+    assert {(o.variant.dtype, register_cap(o.variant.config)) for o in split} >= {
+        (d, 64) for d in SPEC.dtypes
+    }
 
 
 def test_every_variant_compiles(outcomes: list[Outcome]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from ci_sample import EVERY_DTYPE, rotated
 from cuda_emulation import Case, run_cases, stored_values
 from kato.kernels import get_operator
 
@@ -33,10 +34,29 @@ CASES = [
     ((5, 1, 2, 2), "float32", 128, 2, 2, 0, 256),
 ]
 
+#: Planes that are not whole vectors (PLANE_SPLIT): H*W of 49 (ResNet's 7x7), 196 (14x14: half a
+#: bfloat16 vector over), 7, 1 (every plane inside one vector) and 15, at VEC 2, 4 and 8, with
+#: the two strategies and SPLITs that cut planes between blocks.
+PLANE_SPLIT_CASES = [
+    ((2, 3, 7, 7), "float32", 128, 4, 2, 1, 2),
+    ((2, 3, 7, 7), "float16", 128, 8, 2, 0, 4),
+    ((2, 3, 7, 7), "bfloat16", 128, 8, 4, 1, 1),
+    ((3, 2, 7, 7), "float32", 128, 2, 4, 0, 1),
+    ((2, 3, 14, 14), "bfloat16", 128, 8, 2, 1, 2),
+    ((2, 3, 14, 14), "float16", 256, 8, 4, 0, 1),
+    ((3, 2, 1, 7), "float32", 128, 2, 2, 0, 2),
+    ((3, 2, 1, 7), "float16", 128, 8, 4, 1, 8),
+    ((5, 3, 1, 1), "float32", 128, 4, 2, 1, 2),
+    ((5, 3, 1, 1), "bfloat16", 128, 8, 2, 0, 1),
+    ((2, 3, 3, 5), "float16", 128, 4, 2, 1, 1),
+    ((2, 3, 3, 5), "float32", 128, 2, 4, 0, 4),
+    ((4, 3, 3, 5), "bfloat16", 128, 8, 2, 1, 16),
+]
 
-def emulated_cases() -> list[Case]:
+
+def emulated_cases(table=CASES) -> list[Case]:
     cases = []
-    for shape, dtype, block, vec, unroll, strategy, split in CASES:
+    for shape, dtype, block, vec, unroll, strategy, split in table:
         config = {
             "BLOCK_SIZE": block,
             "VEC": vec,
@@ -46,13 +66,62 @@ def emulated_cases() -> list[Case]:
             "MIN_BLOCKS": 0,
         }
         assert SPEC.check(config, shape, dtype) is None, (shape, dtype, config)
-        cases.append(Case(SPEC, config, shape, dtype))
+        cases.append(Case(SPEC, config, shape, dtype, bounds=True))
     return cases
 
 
 def test_kernel_logic_on_the_cpu(tmp_path, norm_emulation) -> None:
     cases = emulated_cases()
     failures = run_cases(cases, tmp_path, np.random.default_rng(7))
+    assert not failures, "\n".join(failures[:20])
+
+
+def test_planes_off_vector_boundaries(tmp_path, norm_emulation) -> None:
+    """H*W not a multiple of VEC renders PLANE_SPLIT; every element counted once (the
+    reference's mean and variance), no access misaligned or outside x."""
+    cases = emulated_cases(PLANE_SPLIT_CASES)
+    assert all("PLANE_SPLIT" in SPEC.defines(c.config, c.shape, c.dtype) for c in cases)
+    failures = run_cases(cases, tmp_path, np.random.default_rng(11))
+    assert not failures, "\n".join(failures[:20])
+
+
+#: The sweep's planes: H*W of 49, 196, 7, 1 and 15.
+SWEEP_SHAPES = ((2, 3, 7, 7), (2, 3, 14, 14), (3, 2, 1, 7), (5, 3, 1, 1), (2, 3, 3, 5))
+#: The sweep's (STRATEGY, SPLIT): the block writes the outputs; two kernels over 4 blocks; the
+#: last of 8 blocks merges.
+SWEEP_MERGES = ((1, 1), (0, 4), (1, 8))
+
+
+def sweep_cases() -> list[Case]:
+    """Every (shape, dtype, VEC up to 16 bytes, merge) whose planes are not whole vectors."""
+    cases = []
+    for shape in SWEEP_SHAPES:
+        for dtype in SPEC.dtypes:
+            for vec in (2, 4, 8):
+                for strategy, split in SWEEP_MERGES:
+                    config = {
+                        "BLOCK_SIZE": 128,
+                        "VEC": vec,
+                        "UNROLL": 2,
+                        "STRATEGY": strategy,
+                        "SPLIT": split,
+                        "MIN_BLOCKS": 0,
+                    }
+                    if SPEC.check(config, shape, dtype) is None and shape[2] * shape[3] % vec:
+                        cases.append(Case(SPEC, config, shape, dtype, bounds=True))
+    return cases
+
+
+@EVERY_DTYPE
+def test_plane_split_sweep(tmp_path, norm_emulation, every_dtype) -> None:
+    """Every split plane shape at every VEC that splits it and every merge, each (VEC, SPLIT)
+    in one dtype in CI (rotated), every dtype under ``-m slow``."""
+    cases = sweep_cases()
+    if not every_dtype:
+        cases = rotated(cases, ("VEC", "SPLIT"))
+    assert {c.shape for c in cases} == set(SWEEP_SHAPES)
+    assert {c.config["VEC"] for c in cases} == {2, 4, 8}
+    failures = run_cases(cases, tmp_path, np.random.default_rng(19))
     assert not failures, "\n".join(failures[:20])
 
 

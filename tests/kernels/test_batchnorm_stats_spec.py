@@ -43,7 +43,7 @@ def test_registered_with_the_contract_attributes() -> None:
     ("config", "shape", "dtype", "reason"),
     [
         (cfg(vec=8), (2, 3, 4, 4), "float32", "32-byte vector"),
-        (cfg(vec=4), (2, 3, 7, 7), "float32", "not a multiple of VEC=4"),
+        (cfg(vec=8), (2, 3, 7, 7), "float32", "32-byte vector"),  # split planes too
         (cfg(block=1024, min_blocks=4), (2, 3, 4, 4), "float32", "not one of"),
         (cfg(vec=1, split=256), (1, 2**23, 1, 1), "float32", "grid limit"),
         (cfg(block=1024, vec=1, unroll=2, min_blocks=2), (2, 3, 8, 8), "float16", "spill"),
@@ -73,10 +73,34 @@ def test_check_rejects_missing_and_unknown_parameters() -> None:
         (cfg(vec=1, split=256), (1, 1, 1, 7), "float32"),  # blocks without work are fine
         (cfg(block=512, min_blocks=2, unroll=4, vec=4), (2, 3, 4, 4), "float32"),  # cap 64
         (cfg(vec=1, split=1, strategy=0), (16, 2048, 7, 7), "float16"),
+        # Planes that are not whole vectors (PLANE_SPLIT): any VEC up to 16 bytes.
+        (cfg(vec=4), (2, 3, 7, 7), "float32"),
+        (cfg(vec=8), (16, 2048, 7, 7), "bfloat16"),
+        (cfg(vec=8), (16, 256, 14, 14), "float16"),
+        (cfg(vec=8, split=1), (4, 3, 1, 1), "bfloat16"),
+        (cfg(vec=2), (2, 3, 3, 5), "float32"),
     ],
 )
 def test_check_accepts(config, shape, dtype) -> None:
     assert SPEC.check(config, shape, dtype) is None
+
+
+def test_plane_split_renders_only_where_planes_are_not_whole_vectors() -> None:
+    """PLANE_SPLIT=1 where H*W % VEC != 0, nothing new where it divides (the source stays
+    the one recorded results were measured with); the split's registers are counted."""
+    aligned = SPEC.defines(cfg(vec=8), (16, 256, 16, 16), "float16")
+    assert "PLANE_SPLIT" not in aligned
+    assert "#define PLANE_SPLIT 1" not in SPEC.render(cfg(vec=8), (16, 256, 16, 16), "float16")
+    assert "PLANE_SPLIT" not in SPEC.defines(cfg(vec=4), (16, 256, 14, 14), "float16")
+    for shape in ((16, 256, 14, 14), (16, 2048, 7, 7), (4, 3, 1, 1), (2, 3, 3, 5)):
+        split = SPEC.defines(cfg(vec=8), shape, "float16")
+        assert split == {**aligned, "PLANE_SPLIT": 1}
+        assert "#define PLANE_SPLIT 1\n" in SPEC.render(cfg(vec=8), shape, "float16")
+    # One register more per vector in flight: cap 64 (512 threads, 2 blocks) takes UNROLL 4 of
+    # 16-byte vectors at H*W 64 (24 + 32 = 56) and at 49 (28 + 32 = 60).
+    tight = cfg(block=512, min_blocks=2, unroll=4, vec=8)
+    assert SPEC.check(tight, (16, 64, 8, 8), "float16") is None
+    assert SPEC.check(tight, (16, 64, 7, 7), "float16") is None
 
 
 def test_valid_variants_for_the_benchmark_shapes() -> None:

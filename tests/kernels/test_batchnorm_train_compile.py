@@ -9,9 +9,10 @@ choices), so one shape per dtype whose H*W every VEC divides reaches every varia
 distinct sources per operator and dtype, more than CI's 2 cores compile in a minute. CI compiles
 a covering sample: per (dtype, APPLY, register cap of the reduction kernels) the variant with the
 most registers in flight per thread and the one with the fewest, plus every (dtype, VEC,
-APPLY_VEC) pair, plus the default configs of awkward shapes; ``KATO_COMPILE_FULL=1`` compiles
-every distinct variant (benchmarks/h200_training_ops.sh does), ``KATO_COMPILE_TEST_ARCHS``
-overrides the archs.
+APPLY_VEC) pair, plus the default configs of awkward shapes, plus the plane splits' heaviest
+variants (plane_split_sample.py: H*W = 49, not a multiple of the vector width);
+``KATO_COMPILE_FULL=1`` compiles every distinct variant (benchmarks/h200_training_ops.sh does),
+``KATO_COMPILE_TEST_ARCHS`` overrides the archs.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from kato.kernels.batchnorm.channelwise import APPLY_REGISTER_CAP, FINALIZE_THRE
 from kato.kernels.batchnorm_stats import register_cap
 from kato.kernels.limits import launch_bounds_register_cap
 from kato.tuner.nvcc import nvcc_available
+from plane_split_sample import plane_split_sample
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
 
@@ -80,6 +82,11 @@ def sample(spec) -> list[Variant]:
             if v.source() not in sources:
                 sources.add(v.source())
                 chosen.append(v)
+    # Planes that are not whole vectors (H*W = 49): the plane splits' heaviest variants.
+    for v in plane_split_sample(spec):
+        if v.source() not in sources:
+            sources.add(v.source())
+            chosen.append(v)
     return chosen
 
 
@@ -107,6 +114,28 @@ def test_distinct_sources_are_bounded_and_the_sample_covers_them() -> None:
         assert {v.config["UNROLL"] for v in chosen} == {2, 4}
         assert {register_cap(v.config) for v in chosen} == {64, 128, 255}
         assert len(chosen) <= 130 or FULL, (spec.name, len(chosen))
+
+
+def test_the_plane_splits_are_compiled() -> None:
+    """Both splits, at every register cap of the reduction kernels, in every dtype."""
+    for spec in SPECS:
+        split = [
+            (
+                v.dtype,
+                register_cap(v.config),
+                tuple(
+                    sorted(
+                        set(spec.defines(v.config, v.shape, v.dtype))
+                        & {"PLANE_SPLIT", "APPLY_PLANE_SPLIT"}
+                    )
+                ),
+            )
+            for v in sample(spec)
+        ]
+        assert {(d, cap) for d, cap, macros in split if "PLANE_SPLIT" in macros} == {
+            (d, cap) for d in spec.dtypes for cap in (64, 128, 255)
+        }, spec.name
+        assert {d for d, _, macros in split if "APPLY_PLANE_SPLIT" in macros} == set(spec.dtypes)
 
 
 def test_every_variant_compiles(outcomes: list[Outcome]) -> None:

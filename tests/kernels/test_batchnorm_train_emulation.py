@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from ci_sample import EVERY_DTYPE, rotated
 from cuda_emulation import Case, run_cases, stored_values
 from kato.kernels import get_operator
 
@@ -37,6 +38,25 @@ CASES = [
     ((2, 1, 1, 1000), "float16", 1024, 8, 2, 1, 2, 1, 256, 8),  # the only 1024-thread one
 ]
 
+#: Planes that are not whole vectors of VEC and/or APPLY_VEC (PLANE_SPLIT, APPLY_PLANE_SPLIT):
+#: H*W of 49 (ResNet's 7x7), 196 (14x14: half a bfloat16 vector over), 7, 1 (every plane inside
+#: one vector) and 15, at vector widths 2, 4 and 8, both strategies, SPLITs that cut planes
+#: between blocks, the elementwise pass separate and in the channel's block.
+PLANE_SPLIT_CASES = [
+    ((2, 3, 7, 7), "float32", 128, 4, 2, 1, 2, 0, 256, 4),
+    ((2, 3, 7, 7), "float16", 128, 8, 2, 0, 4, 0, 256, 8),
+    ((2, 3, 7, 7), "bfloat16", 128, 8, 4, 1, 1, 1, 256, 8),
+    ((2, 3, 14, 14), "bfloat16", 128, 8, 2, 1, 2, 1, 256, 8),
+    ((2, 3, 14, 14), "float16", 256, 4, 2, 0, 1, 0, 256, 8),  # only the elementwise pass splits
+    ((3, 2, 1, 7), "float32", 128, 2, 2, 0, 2, 0, 256, 1),  # only the reduction splits
+    ((3, 2, 1, 7), "float16", 128, 8, 4, 1, 8, 1, 256, 2),
+    ((5, 3, 1, 1), "float32", 128, 4, 2, 1, 2, 0, 256, 4),
+    ((5, 3, 1, 1), "bfloat16", 128, 8, 2, 0, 1, 1, 256, 8),
+    ((2, 3, 3, 5), "float16", 128, 4, 2, 1, 1, 1, 256, 2),
+    ((2, 3, 3, 5), "float32", 128, 2, 4, 0, 4, 0, 256, 2),
+    ((4, 3, 3, 5), "bfloat16", 128, 8, 2, 1, 16, 0, 1024, 8),
+]
+
 
 def _config(block, vec, unroll, strategy, split, apply, apply_block, apply_vec) -> dict:
     return {
@@ -52,18 +72,66 @@ def _config(block, vec, unroll, strategy, split, apply, apply_block, apply_vec) 
     }
 
 
-def emulated_cases(spec) -> list[Case]:
+def emulated_cases(spec, table=CASES) -> list[Case]:
     cases = []
-    for shape, dtype, *params in CASES:
+    for shape, dtype, *params in table:
         config = _config(*params)
         assert spec.check(config, shape, dtype) is None, (spec.name, shape, dtype, config)
-        cases.append(Case(spec, config, shape, dtype))
+        cases.append(Case(spec, config, shape, dtype, bounds=True))
     return cases
 
 
 @pytest.mark.parametrize("spec", [FORWARD, BACKWARD], ids=lambda s: s.name)
 def test_kernel_logic_on_the_cpu(tmp_path, norm_emulation, spec) -> None:
     failures = run_cases(emulated_cases(spec), tmp_path, np.random.default_rng(7))
+    assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.parametrize("spec", [FORWARD, BACKWARD], ids=lambda s: s.name)
+def test_planes_off_vector_boundaries(tmp_path, norm_emulation, spec) -> None:
+    """H*W not a multiple of VEC or APPLY_VEC renders the plane split of that pass: every
+    element counted once in the statistics (sums) and written once, against the float64
+    references; no access misaligned or outside the arrays."""
+    cases = emulated_cases(spec, PLANE_SPLIT_CASES)
+    macros = [spec.defines(c.config, c.shape, c.dtype) for c in cases]
+    assert sum("PLANE_SPLIT" in m for m in macros) == len(cases) - 1
+    assert sum("APPLY_PLANE_SPLIT" in m for m in macros) == len(cases) - 1
+    failures = run_cases(cases, tmp_path, np.random.default_rng(13))
+    assert not failures, "\n".join(failures[:20])
+
+
+#: The sweep's planes: H*W of 49, 196, 7, 1 and 15.
+SWEEP_SHAPES = ((2, 3, 7, 7), (2, 3, 14, 14), (3, 2, 1, 7), (5, 3, 1, 1), (2, 3, 3, 5))
+#: The sweep's (APPLY, STRATEGY, SPLIT): the channel's one block does everything; two kernels
+#: over 4 blocks and the apply kernel; the last of 8 blocks merges and normalises.
+SWEEP_MODES = ((1, 1, 1), (0, 0, 4), (1, 1, 8))
+
+
+def sweep_cases(spec) -> list[Case]:
+    """Every (shape, dtype, VEC = APPLY_VEC up to 16 bytes, mode) whose planes are not whole
+    vectors."""
+    cases = []
+    for shape in SWEEP_SHAPES:
+        for dtype in spec.dtypes:
+            for vec in (2, 4, 8):
+                for apply, strategy, split in SWEEP_MODES:
+                    config = _config(128, vec, 2, strategy, split, apply, 256, vec)
+                    if spec.check(config, shape, dtype) is None and shape[2] * shape[3] % vec:
+                        cases.append(Case(spec, config, shape, dtype, bounds=True))
+    return cases
+
+
+@EVERY_DTYPE
+@pytest.mark.parametrize("spec", [FORWARD, BACKWARD], ids=lambda s: s.name)
+def test_plane_split_sweep(tmp_path, norm_emulation, spec, every_dtype) -> None:
+    """Every split plane shape at every width that splits it and every mode, each (VEC,
+    SPLIT) in one dtype in CI (rotated), every dtype under ``-m slow``."""
+    cases = sweep_cases(spec)
+    if not every_dtype:
+        cases = rotated(cases, ("VEC", "SPLIT"))
+    assert {c.shape for c in cases} == set(SWEEP_SHAPES)
+    assert {c.config["VEC"] for c in cases} == {2, 4, 8}
+    failures = run_cases(cases, tmp_path, np.random.default_rng(23))
     assert not failures, "\n".join(failures[:20])
 
 

@@ -85,8 +85,8 @@ def test_the_forward_and_batchnorm_stats_share_the_welford_code() -> None:
     [
         (cfg(vec=8), (2, 3, 4, 4), "float32", "32-byte vector"),
         (cfg(avec=8, vec=1), (2, 3, 4, 4), "float32", "APPLY_VEC: VEC=8"),
-        (cfg(vec=4), (2, 3, 7, 7), "float32", "not a multiple of VEC=4"),
-        (cfg(vec=1, avec=2), (2, 3, 7, 7), "float32", "not a multiple of APPLY_VEC=2"),
+        (cfg(vec=8), (2, 3, 7, 7), "float32", "32-byte vector"),  # split planes too
+        (cfg(avec=8, vec=1), (2, 3, 7, 7), "float32", "APPLY_VEC: VEC=8"),
         (cfg(block=1024, min_blocks=4), (2, 3, 4, 4), "float32", "not one of"),
         (cfg(vec=1, avec=1, split=256), (2, 2**23, 1, 1), "float32", "grid limit"),
         (cfg(apply=1, strategy=0, split=4), (2, 3, 4, 4), "float32", "STRATEGY=0 with SPLIT"),
@@ -134,10 +134,29 @@ def test_check_rejects_missing_and_unknown_parameters() -> None:
         (cfg(apply=1, split=1, strategy=0, vec=1, avec=1), (16, 2048, 7, 7), "float16"),
         (cfg(apply=1, split=64), (2, 3, 4, 4), "float32"),  # the last block normalises
         (cfg(block=512, min_blocks=2, unroll=2), (2, 3, 4, 4), "float32"),  # cap 64
+        # Planes that are not whole vectors of VEC and/or APPLY_VEC (the plane splits).
+        (cfg(vec=4, avec=4, unroll=2), (2, 3, 7, 7), "float32"),
+        (cfg(vec=1, avec=2), (2, 3, 7, 7), "float32"),
+        (cfg(vec=8, avec=8, unroll=2), (64, 512, 7, 7), "bfloat16"),
+        (cfg(vec=8, avec=8, unroll=2, apply=1, split=1), (64, 256, 14, 14), "bfloat16"),
+        (cfg(vec=8, avec=4, unroll=2), (4, 3, 1, 1), "float16"),
     ],
 )
 def test_check_accepts(spec, config, shape, dtype) -> None:
     assert spec.check(config, shape, dtype) is None
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_plane_splits_render_only_where_planes_are_not_whole_vectors(spec) -> None:
+    """PLANE_SPLIT=1 where VEC does not divide H*W, APPLY_PLANE_SPLIT=1 where APPLY_VEC does
+    not, each only then: a shape of whole vectors defines what it always did."""
+    config = cfg(vec=2, avec=8, unroll=2)
+    base = spec.defines(config, (4, 3, 16, 16), "float16")
+    assert "PLANE_SPLIT" not in base and "APPLY_PLANE_SPLIT" not in base
+    assert spec.defines(config, (4, 3, 14, 14), "float16") == {**base, "APPLY_PLANE_SPLIT": 1}
+    both = spec.defines(config, (4, 3, 7, 7), "float16")
+    assert both == {**base, "PLANE_SPLIT": 1, "APPLY_PLANE_SPLIT": 1}
+    assert spec.defines(cfg(vec=8, avec=2, unroll=2), (4, 3, 1, 7), "float16")["PLANE_SPLIT"] == 1
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
