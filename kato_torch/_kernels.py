@@ -310,19 +310,29 @@ def pointer_alignment(tensors: Sequence[Any]) -> int:
     return min(MAX_VECTOR_BYTES, bits & -bits) if bits else MAX_VECTOR_BYTES
 
 
+#: Parameters that are a vector width in elements of the operator's arrays: ``VEC``, and the
+#: batchnorm family's ``APPLY_VEC`` (its elementwise pass loads x and stores y with its own).
+VECTOR_PARAMS = ("VEC", "APPLY_VEC")
+
+
 def fit_alignment(
     spec: OperatorSpec, config: dict[str, Any], shape: tuple[int, ...], dtype: str, alignment: int
 ) -> dict[str, Any] | None:
-    """``config`` with its ``VEC`` narrowed so that a vector of ``VEC`` elements is no wider
-    than ``alignment`` bytes (a narrower vector is a valid variant of every operator whose
-    template has VEC: any VEC runs on any row length); None if that config is not valid."""
-    if "VEC" not in config or alignment >= MAX_VECTOR_BYTES:
+    """``config`` with each of its :data:`VECTOR_PARAMS` narrowed so that a vector of that many
+    elements is no wider than ``alignment`` bytes (a narrower vector is a valid variant of every
+    operator whose template has them: any VEC runs on any row length or plane); None if that
+    config is not valid."""
+    if alignment >= MAX_VECTOR_BYTES or not any(p in config for p in VECTOR_PARAMS):
         return config
     itemsize = DTYPES[dtype][2]
-    vec = config["VEC"]
-    while vec > 1 and vec * itemsize > alignment:
-        vec //= 2
-    narrowed = {**config, "VEC": vec}
+    narrowed = dict(config)
+    for param in VECTOR_PARAMS:
+        if param not in config:
+            continue
+        vec = config[param]
+        while vec > 1 and vec * itemsize > alignment:
+            vec //= 2
+        narrowed[param] = vec
     return narrowed if spec.check(narrowed, shape, dtype) is None else None
 
 

@@ -4,10 +4,17 @@ served config's 16-byte vectors on a pointer they would fault on."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from kato.kernels import get_operator
+from kato.kernels.registry import list_operators
 
-from kato_torch._kernels import MisalignedArguments, fit_alignment, pointer_alignment
+from kato_torch._kernels import (
+    VECTOR_PARAMS,
+    MisalignedArguments,
+    fit_alignment,
+    pointer_alignment,
+)
 
 
 def _check_alignment(args, aligned_to: int) -> None:
@@ -41,6 +48,30 @@ def test_fit_alignment_narrows_vec_only_where_the_pointers_need_it() -> None:
     cached = {"BLOCK_SIZE": 32, "VEC": 8, "STRATEGY": 0, "CACHE": 2, "MIN_BLOCKS": 0, "LANES": 32}
     assert spec.check(cached, (4, 4096), dtype) is None
     assert fit_alignment(spec, cached, (4, 4096), dtype, 2) is None
+
+
+@pytest.mark.parametrize("hw", [(7, 7), (14, 14), (8, 8)])
+@pytest.mark.parametrize(
+    "name", ["batchnorm", "batchnorm_backward", "batchnorm_add_relu", "batchnorm_relu_backward"]
+)
+def test_fit_alignment_narrows_the_elementwise_pass_vector_too(name, hw) -> None:
+    """The batchnorm family's elementwise pass loads x and stores y in APPLY_VEC vectors of
+    its own: a view 4 bytes into its storage got VEC narrowed and APPLY_VEC's 16-byte vectors
+    kept (a misaligned-address fault, which poisons the CUDA context)."""
+    spec = get_operator(name)
+    shape, dtype = (2, 3, *hw), "float16"
+    config = {**spec.default_config(shape, dtype), "VEC": 8, "APPLY_VEC": 8, "UNROLL": 2}
+    assert spec.check(config, shape, dtype) is None
+    for alignment, width in ((8, 4), (4, 2), (2, 1)):
+        narrowed = fit_alignment(spec, config, shape, dtype, alignment)
+        assert narrowed == {**config, "VEC": width, "APPLY_VEC": width}, alignment
+
+
+def test_every_vector_width_parameter_is_narrowed() -> None:
+    """A parameter named like a vector width that fit_alignment does not know would keep its
+    16-byte vectors on a view's pointer."""
+    widths = {p for spec in list_operators() for p in spec.params if "VEC" in p}
+    assert widths <= set(VECTOR_PARAMS), widths - set(VECTOR_PARAMS)
 
 
 class _OnGpu(torch.Tensor):
