@@ -145,7 +145,7 @@ class BoundOperator:
 
         Raises:
             MisalignedArguments: an array's data pointer is not a multiple of ``aligned_to``
-                bytes (checked while the pointers are read, before any launch).
+                bytes (a power of two; checked while the pointers are read, before any launch).
         """
 
         if len(args) != len(self.signature):
@@ -153,8 +153,6 @@ class BoundOperator:
                 f"{self.spec.name} takes {len(self.signature)} arguments, got {len(args)}"
             )
         slots = self._slots()
-        stream = _current_stream(self.device_index)
-        calls = self.calls_on(stream)
         missing = False
         bits = 0  # every pointer OR'd: its low bits say the least aligned one
         for value, arg, ctype in zip(slots.values, args, self.signature, strict=True):
@@ -166,10 +164,13 @@ class BoundOperator:
             else:
                 value.value = arg
         if bits & (aligned_to - 1):
+            # Before calls_on: a refused call loads no module for a new stream.
             raise MisalignedArguments(
-                f"{self.spec.name}: an array starts {bits & -bits} bytes off a boundary, "
+                f"{self.spec.name}: an array is only {bits & -bits}-byte aligned, "
                 f"the caller asked for {aligned_to}"
             )
+        stream = _current_stream(self.device_index)
+        calls = self.calls_on(stream)
         if steps is None and not missing and not slots.has_maps:
             # Every step, every argument given, no tensor map to encode: nothing to check.
             with _driver.on_device(self.device_index):

@@ -96,12 +96,29 @@ def test_a_pointer_off_the_asked_alignment_launches_nothing(launches):
     bound.run([a, b, c, 1, None], aligned_to=16)
     assert len(launches) == 2
     launches.clear()
-    for view, off_by in ((storage[1:5], 4), (storage[2:6], 8)):
-        with pytest.raises(_kernels.MisalignedArguments, match=f"{off_by} bytes off"):
+    # 12 bytes into the storage is 4-byte aligned: the message says what the view allows.
+    for view, allows in ((storage[1:5], 4), (storage[2:6], 8), (storage[3:7], 4)):
+        with pytest.raises(_kernels.MisalignedArguments, match=f"only {allows}-byte aligned"):
             bound.run([a, view, c, 1, None], aligned_to=16)
-        bound.run([a, view, c, 1, None], aligned_to=off_by)  # what the view does allow
-    assert len(launches) == 4
+        bound.run([a, view, c, 1, None], aligned_to=allows)  # what the view does allow
+    assert len(launches) == 6
     # A scalar never counts, whatever its value.
     launches.clear()
     bound.run([a, b, c, 3, None], aligned_to=16)
     assert len(launches) == 2
+
+
+def test_a_refused_call_asks_for_no_stream_module(launches, monkeypatch):
+    """A per-stream operator loads a module at its first call on a stream: a call refused for
+    its alignment must not load one (nor inside a CUDA-graph capture)."""
+    asked: list[int] = []
+    monkeypatch.setattr(
+        BoundOperator, "calls_on", lambda self, stream: asked.append(stream) or self.calls
+    )
+    bound = _bound()
+    storage = torch.zeros(64)
+    with pytest.raises(_kernels.MisalignedArguments):
+        bound.run([storage[:4], storage[1:5], torch.zeros(16), 1, None], aligned_to=16)
+    assert asked == [] and launches == []
+    bound.run([storage[:4], torch.zeros(8), torch.zeros(16), 1, None], aligned_to=16)
+    assert asked == [STREAM] and len(launches) == 2
