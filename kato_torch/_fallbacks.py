@@ -108,13 +108,15 @@ def remembers_fallbacks(
                           default=len(args))  # fmt: skip
                 kwargs = {**dict(zip(list(positions)[cut:], args[cut:], strict=False)), **kwargs}
                 args = args[:cut]
+            # One lookup (get, not `in` then []): the key's hash walks every argument, and
+            # another thread may clear _keys between two lookups (KeyError).
             try:
                 key = _key(name, args, kwargs, ignored)
-                known = key is not None and key in _keys
+                remembered = None if key is None else _keys.get(key)  # None: not known
             except TypeError:  # an unhashable argument: decide afresh
-                key, known = None, False
-            if known:
-                if not _keys[key]:
+                key, remembered = None, None
+            if remembered is not None:
+                if not remembered:  # a plain fallback (True: a WHEN_BUSY one)
                     return torch_op(*args, **kwargs)
                 t = _cuda_tensor(args, kwargs)
                 if t is None or not lagging(t):

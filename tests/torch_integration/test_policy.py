@@ -493,3 +493,33 @@ def test_a_patched_batch_norm_compiles_once_in_one_graph():
         torch.testing.assert_close(compiled(x), theirs(x))
     assert len(graphs) == 1
     torch.testing.assert_close(ours[0].running_mean, theirs[0].running_mean)
+
+
+def test_a_remembered_fallback_hashes_its_key_once():
+    """A key's hash walks every argument (tens of them for a batch norm): a call that a
+    remembered fallback answers looks its key up once, and an unhashable argument decides
+    afresh on every call."""
+    from kato_torch._fallbacks import remembers_fallbacks
+
+    class Counted:
+        hashes = 0
+
+        def __hash__(self) -> int:
+            Counted.hashes += 1
+            return 7
+
+    ran: list[str] = []
+
+    @remembers_fallbacks(lambda x, tag: ran.append("torch"))
+    def op(x, tag):
+        ran.append("full")  # no choice for Kato: a fallback, remembered
+
+    x, tag = torch.zeros(3), Counted()
+    op(x, tag)
+    assert ran == ["full"] and Counted.hashes == 2  # the lookup and the store
+    Counted.hashes = 0
+    op(x, tag)
+    assert ran == ["full", "torch"] and Counted.hashes == 1
+    op(x, {"unhashable": 1})
+    op(x, {"unhashable": 1})
+    assert ran[2:] == ["full", "full"]
