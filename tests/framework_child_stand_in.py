@@ -7,8 +7,10 @@ what ``KATO_TEST_COMPILED_STAND_IN`` says:
 - ``ok`` (default): a timed result;
 - ``exit``: ``os._exit(3)`` (the child dies while compiling, without a word).
 
-Both results name the problem's seed in ``op`` (``"seed N"``), and the compiled one Inductor's
-``compile_threads`` as the child left it in ``detail``, so a test sees what the child passed.
+Both results name the problem's seed in ``op`` (``"seed N"``), and in ``detail`` how many
+distinct problem objects the child has handed the two so far (``"problems N"``, 0 for none); the
+compiled one adds Inductor's ``compile_threads`` as the child left it, so a test sees what the
+child passed.
 """
 
 from __future__ import annotations
@@ -35,11 +37,27 @@ sys.modules.update(
 )
 
 
-def measure(spec, shape, dtype, *, device_index=0, seed=None, **_: Any) -> FrameworkResult:
-    return FrameworkResult(OK, "torch 9.9.9+stand-in", f"seed {seed}", (0.2, 0.1, 0.3))
+#: The problems handed to either measurement, kept alive so that their ids stay distinct.
+_problems: list[Any] = []
 
 
-def measure_compiled(spec, shape, dtype, *, device_index=0, seed=None, before_timing=None, **_):
+def _problems_seen(problem: Any) -> str:
+    if problem is not None:
+        _problems.append(problem)
+    return f"problems {len({id(p) for p in _problems})}"
+
+
+def measure(
+    spec, shape, dtype, *, device_index=0, seed=None, problem=None, **_: Any
+) -> FrameworkResult:
+    return FrameworkResult(
+        OK, "torch 9.9.9+stand-in", f"seed {seed}", (0.2, 0.1, 0.3), _problems_seen(problem)
+    )
+
+
+def measure_compiled(
+    spec, shape, dtype, *, device_index=0, seed=None, before_timing=None, problem=None, **_
+):
     if os.environ.get("KATO_TEST_COMPILED_STAND_IN") == "exit":
         os._exit(3)
     if before_timing is not None:  # compiled and checked: the timing waits for the GPU's turn
@@ -47,7 +65,7 @@ def measure_compiled(spec, shape, dtype, *, device_index=0, seed=None, before_ti
     threads = torch._inductor.config.compile_threads
     return FrameworkResult(
         OK, "torch.compile 9.9.9+stand-in inductor", f"seed {seed}", (0.05, 0.04, 0.06),
-        detail=f"compile_threads {threads}",
+        detail=f"compile_threads {threads}; {_problems_seen(problem)}",
     )  # fmt: skip
 
 

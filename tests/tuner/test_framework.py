@@ -327,7 +327,9 @@ def test_the_child_sends_the_compiled_baseline_after_the_eager_one_on_the_same_p
     assert compiled is not None and compiled.ok and compiled.time_ms == 0.05
     assert compiled.framework == "torch.compile 9.9.9+stand-in inductor"
     assert compiled.op == result.op and result.op != "seed None"
-    assert compiled.detail == "compile_threads 1"
+    # One problem object, made for the eager baseline and handed to the compiled one.
+    assert result.detail == "problems 1"
+    assert compiled.detail == "compile_threads 1; problems 1"
     assert events == ["enter", "exit", "enter", "exit"]
 
 
