@@ -55,3 +55,17 @@ def plane_split_sample(spec) -> list[Variant]:
             weight = v.spec.apply_registers(v.config, DTYPES[v.dtype][2], True)
             keep((v.dtype, "apply kernel", hw), weight, v)
     return [v for _, v in heaviest.values()]
+
+
+def split_coverage(spec, chosen: list[Variant]) -> tuple[set[tuple[str, int]], set[str]]:
+    """Among ``chosen``: the (dtype, register cap of the reduction kernels) pairs whose
+    reduction pass renders PLANE_SPLIT, and the dtypes whose elementwise pass renders
+    APPLY_PLANE_SPLIT."""
+    reduction, apply = set(), set()
+    for v in chosen:
+        macros = spec.defines(v.config, v.shape, v.dtype)
+        if "PLANE_SPLIT" in macros:
+            reduction.add((v.dtype, register_cap(v.config)))
+        if "APPLY_PLANE_SPLIT" in macros:
+            apply.add(v.dtype)
+    return reduction, apply

@@ -33,7 +33,7 @@ from kato.kernels.batchnorm.channelwise import APPLY_REGISTER_CAP, FINALIZE_THRE
 from kato.kernels.batchnorm_stats import register_cap
 from kato.kernels.limits import launch_bounds_register_cap
 from kato.tuner.nvcc import nvcc_available
-from plane_split_sample import plane_split_sample
+from plane_split_sample import plane_split_sample, split_coverage
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
 
@@ -135,23 +135,9 @@ def test_distinct_sources_are_bounded_and_the_sample_covers_them() -> None:
 def test_the_plane_splits_are_compiled() -> None:
     """Both splits, at every register cap of the reduction kernels, in every dtype."""
     for spec in SPECS:
-        split = [
-            (
-                v.dtype,
-                register_cap(v.config),
-                tuple(
-                    sorted(
-                        set(spec.defines(v.config, v.shape, v.dtype))
-                        & {"PLANE_SPLIT", "APPLY_PLANE_SPLIT"}
-                    )
-                ),
-            )
-            for v in sample(spec)
-        ]
-        assert {(d, cap) for d, cap, macros in split if "PLANE_SPLIT" in macros} == {
-            (d, cap) for d in spec.dtypes for cap in (64, 128, 255)
-        }, spec.name
-        assert {d for d, _, macros in split if "APPLY_PLANE_SPLIT" in macros} == set(spec.dtypes)
+        reduction, apply = split_coverage(spec, sample(spec))
+        assert reduction == {(d, cap) for d in spec.dtypes for cap in (64, 128, 255)}, spec.name
+        assert apply == set(spec.dtypes), spec.name
 
 
 def test_every_variant_compiles(outcomes: list[Outcome]) -> None:
