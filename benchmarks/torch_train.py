@@ -13,7 +13,8 @@ four ways on the same weights and inputs:
 - ``kato+compile``: the patched model compiled (Kato's custom ops stay in the graph);
 - with ``--cudagraphs`` also both compiled with ``mode="reduce-overhead"`` (``compile_cg_ms``,
   ``kato_compile_cg_ms``): CUDA graphs replay the step without the host, so these two compare
-  the GPU work alone.
+  the GPU work alone where ``compile_cg_skips`` and ``kato_compile_cg_skips`` are 0 (graphs
+  Inductor declined to capture, which then run uncaptured).
 
 Loss and every gradient are checked against eager PyTorch first (relative error of each
 gradient's norm, printed); for a 16-bit step both Kato's and eager PyTorch's gradients are also
@@ -53,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402 - Inductor's cudagraph skips
 
 import kato_torch  # noqa: E402
 from benchmarks.torch_mlp import time_ms  # noqa: E402 - median of CUDA-event timed calls
@@ -407,7 +409,14 @@ def main() -> None:
                     kato_compile_cg_ms=torch.compile(kato_model, mode="reduce-overhead"),
                 )
             for column, model in models.items():
+                skips = counters["inductor"]["cudagraph_skips"]
                 row[column] = time_ms(lambda m=model, i=inputs: step(m, i), args.repeats)
+                if column.endswith("_cg_ms"):
+                    # A graph Inductor would not capture (a mutated input, a CPU tensor, an op
+                    # it cannot replay) runs uncaptured: the column then times the plain
+                    # compiled step, which its skips (0 where every graph was captured) say.
+                    skipped = counters["inductor"]["cudagraph_skips"] - skips
+                    row[column.replace("_ms", "_skips")] = skipped
             row["kato_vs_eager"] = row["eager_ms"] / row["kato_ms"]
             if "compile_ms" in row:
                 row["kato_compile_vs_compile"] = row["compile_ms"] / row["kato_compile_ms"]
