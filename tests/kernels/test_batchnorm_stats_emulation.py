@@ -112,10 +112,13 @@ def sweep_cases() -> list[Case]:
     return cases
 
 
+# CI runs the plane tables above (every sweep shape); the sweep's hundreds of emulated
+# launches are for -m slow.
+@pytest.mark.slow
 @EVERY_DTYPE
 def test_plane_split_sweep(tmp_path, norm_emulation, every_dtype) -> None:
     """Every split plane shape at every VEC that splits it and every merge, each (VEC, SPLIT)
-    in one dtype in CI (rotated), every dtype under ``-m slow``."""
+    in one dtype (rotated) or every dtype; both under ``-m slow``."""
     cases = sweep_cases()
     if not every_dtype:
         cases = rotated(cases, ("VEC", "SPLIT"))

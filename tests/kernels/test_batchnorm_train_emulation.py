@@ -121,11 +121,14 @@ def sweep_cases(spec) -> list[Case]:
     return cases
 
 
+# CI runs the plane tables above (every sweep shape); the sweep's hundreds of emulated
+# launches are for -m slow.
+@pytest.mark.slow
 @EVERY_DTYPE
 @pytest.mark.parametrize("spec", [FORWARD, BACKWARD], ids=lambda s: s.name)
 def test_plane_split_sweep(tmp_path, norm_emulation, spec, every_dtype) -> None:
     """Every split plane shape at every width that splits it and every mode, each (VEC,
-    SPLIT) in one dtype in CI (rotated), every dtype under ``-m slow``."""
+    SPLIT) in one dtype (rotated) or every dtype; both under ``-m slow``."""
     cases = sweep_cases(spec)
     if not every_dtype:
         cases = rotated(cases, ("VEC", "SPLIT"))
