@@ -115,13 +115,17 @@ def _use(operator: str, shape: Sequence[int], t: Tensor) -> bool:
     return True
 
 
-def _run(operator: str, shape: Sequence[int], t: Tensor, args: list) -> None:
+def _run(
+    operator: str, shape: Sequence[int], t: Tensor, args: list, steps: list[int] | None = None
+) -> None:
+    """Launch ``operator``'s served config (its ``steps``, default all) on ``args``, bound for
+    their pointers' alignment."""
     dtype = _DTYPES[t.dtype]
     index = t.device.index
     # Fresh allocations are 16-byte aligned: the launch checks that while it reads the
     # pointers, instead of a pass over them before every call.
     try:
-        bind(operator, shape, dtype, index).run(args, aligned_to=MAX_VECTOR_BYTES)
+        bind(operator, shape, dtype, index).run(args, steps, aligned_to=MAX_VECTOR_BYTES)
         return
     except MisalignedArguments:
         pass
@@ -140,7 +144,7 @@ def _run(operator: str, shape: Sequence[int], t: Tensor, args: list) -> None:
             for a in args
         ]
         bound = bind(operator, shape, dtype, index)
-    bound.run(args)
+    bound.run(args, steps)
 
 
 def _rows_cols(x: Tensor) -> tuple[int, int]:
@@ -861,10 +865,9 @@ def _relu(x: Tensor) -> tuple[Tensor, Tensor]:
     )
     y = torch.empty_like(x)
     args = [x, None, y, mask, None, n]
-    # x may be a contiguous view a few elements into its storage (as _run binds for): a narrower
-    # VEC of the same config, the same MASK (narrowing never invalidates a relu config).
-    bound = bind("relu", (n,), _DTYPES[x.dtype], x.device.index, pointer_alignment(args))
-    bound.run(args, steps=[0])
+    # x may be a contiguous view a few elements into its storage: _run binds a narrower VEC of
+    # the same config there, the same MASK (narrowing never invalidates a relu config).
+    _run("relu", (n,), x, args, steps=[0])
     return y, mask
 
 
@@ -883,8 +886,7 @@ def _relu_backward(x: Tensor, mask: Tensor, dy: Tensor) -> Tensor:
     dx = torch.empty_like(dy)
     masked = _relu_masked(n, dy)
     args = [None, dy, None, mask, dx, n] if masked else [x, dy, None, None, dx, n]
-    alignment = pointer_alignment(args)  # dy or x may be a view off a vector boundary
-    bind("relu", (n,), _DTYPES[dy.dtype], dy.device.index, alignment).run(args, steps=[1])
+    _run("relu", (n,), dy, args, steps=[1])  # dy or x may be a view off a vector boundary
     return dx
 
 

@@ -129,7 +129,7 @@ def test_an_op_with_no_variant_for_a_views_alignment_runs_on_an_aligned_copy(mon
     ran: list[list] = []
 
     class Bound:
-        def run(self, args, aligned_to=1) -> None:
+        def run(self, args, steps=None, aligned_to=1) -> None:
             _check_alignment(args, aligned_to)
             ran.append(args)
 
