@@ -36,12 +36,23 @@ def eager() -> bool:
 _PLAIN = (Tensor, torch.nn.Parameter)
 
 
-def _tensors(args: Iterable[Any]) -> Iterable[Tensor]:
+def _direct(args: Iterable[Any]) -> tuple[bool, bool]:
+    """(whether every tensor in ``args``, or in a list or tuple among them, is a plain tensor
+    the direct path may take, whether any of them requires a gradient): one loop, no
+    generator, as this runs on every call."""
+    needs_grad = False
     for arg in args:
         if isinstance(arg, Tensor):
-            yield arg
+            if type(arg) not in _PLAIN:
+                return False, False
+            needs_grad = needs_grad or arg.requires_grad
         elif isinstance(arg, list | tuple):
-            yield from (a for a in arg if isinstance(a, Tensor))
+            for item in arg:
+                if isinstance(item, Tensor):
+                    if type(item) not in _PLAIN:
+                        return False, False
+                    needs_grad = needs_grad or item.requires_grad
+    return True, needs_grad
 
 
 def _zero_specs(
@@ -58,6 +69,10 @@ def _zero_specs(
         else None
         for i, o in enumerate(outputs)
     ]
+
+
+def _is_none(value: Any) -> bool:
+    return value is None
 
 
 class KatoOp:
@@ -115,7 +130,7 @@ class KatoOp:
 
             @staticmethod
             def backward(ctx: Any, *grads: Any) -> Any:
-                if any(grad is None for grad in grads):  # not `None in`: Tensor.__eq__
+                if any(map(_is_none, grads)):  # not `None in`: Tensor.__eq__
                     grads = tuple(
                         torch.zeros(spec[0], dtype=spec[1], device=spec[2])
                         if grad is None and spec is not None
@@ -131,12 +146,8 @@ class KatoOp:
         # One pass over the tensors (this runs on every call): a tensor subclass (DTensor, a
         # FakeTensor outside its mode, a quantised wrapper) must reach its __torch_dispatch__
         # through the registered op, not our data_ptr().
-        needs_grad = False
-        for t in _tensors(args):
-            if type(t) not in _PLAIN:
-                return self.op(*args)
-            needs_grad = needs_grad or t.requires_grad
-        if not eager():
+        plain, needs_grad = _direct(args)
+        if not plain or not eager():
             return self.op(*args)
         if needs_grad and torch.is_grad_enabled():
             if self._function is None:  # no autograd formula (a backward op, double backward):
