@@ -42,16 +42,11 @@ def _direct(args: Iterable[Any]) -> tuple[bool, bool]:
     generator, as this runs on every call."""
     needs_grad = False
     for arg in args:
-        if isinstance(arg, Tensor):
-            if type(arg) not in _PLAIN:
-                return False, False
-            needs_grad = needs_grad or arg.requires_grad
-        elif isinstance(arg, list | tuple):
-            for item in arg:
-                if isinstance(item, Tensor):
-                    if type(item) not in _PLAIN:
-                        return False, False
-                    needs_grad = needs_grad or item.requires_grad
+        for item in arg if isinstance(arg, list | tuple) else (arg,):
+            if isinstance(item, Tensor):
+                if type(item) not in _PLAIN:
+                    return False, False
+                needs_grad = needs_grad or item.requires_grad
     return True, needs_grad
 
 
@@ -69,10 +64,6 @@ def _zero_specs(
         else None
         for i, o in enumerate(outputs)
     ]
-
-
-def _is_none(value: Any) -> bool:
-    return value is None
 
 
 class KatoOp:
@@ -130,7 +121,7 @@ class KatoOp:
 
             @staticmethod
             def backward(ctx: Any, *grads: Any) -> Any:
-                if any(map(_is_none, grads)):  # not `None in`: Tensor.__eq__
+                if any(grad is None for grad in grads):  # not `None in`: Tensor.__eq__
                     grads = tuple(
                         torch.zeros(spec[0], dtype=spec[1], device=spec[2])
                         if grad is None and spec is not None
