@@ -1,4 +1,4 @@
-"""Every wgmma config of matmul / matmul_nt / matmul_tn against cuBLAS, through the tuning backend.
+"""Every wgmma (or mma.sync / CUDA-core) config of matmul / matmul_nt / matmul_tn against cuBLAS.
 
 For each (operator, shape, dtype) case every valid ``ENGINE="wgmma"`` config is compiled, verified
 (float64 reference, poisoned output, twice) and timed by the pycuda backend exactly as a tuning
@@ -8,6 +8,11 @@ compiles once per (operator, dtype). Prints a table, writes JSON after every cas
 
     python3 benchmarks/matmul_sweep.py --out $OUT/matmul_sweep.json [--case matmul:4096x4096x4096]
         [--where CLUSTER_M=1 --where STAGES=3,4,5,6]
+    python3 benchmarks/matmul_sweep.py --out $OUT/f32.json --engine mma --dtypes float32 \
+        --case matmul:1000x1001x999
+
+``--engine mma`` sweeps the other template instead (CUDA cores for float32, ``mma.sync`` for
+16-bit types), ``any`` both.
 
 Needs an sm_90 GPU, PyCUDA, PyTorch and nvcc. Issue 32's shapes by default.
 """
@@ -70,6 +75,7 @@ def sweep(
     limit_s: float,
     where: dict[str, set[int]] | None = None,
     shuffle: bool = False,
+    engine: str = "wgmma",
 ) -> dict:
     from kato.kernels import get_operator
     from kato.tuner.backends.pycuda import PyCudaBackend
@@ -78,7 +84,7 @@ def sweep(
     configs = [
         c
         for c in spec.candidates(shape, dtype)
-        if c["ENGINE"] == "wgmma"
+        if engine in ("any", c["ENGINE"])
         and spec.check(c, shape, dtype) is None
         and all(c[k] in v for k, v in (where or {}).items())
     ]
@@ -137,6 +143,12 @@ def main() -> None:
     )
     ap.add_argument("--shuffle", action="store_true", help="time the configs in a random order")
     ap.add_argument(
+        "--engine",
+        choices=("wgmma", "mma", "any"),
+        default="wgmma",
+        help="which template's configs (mma: CUDA cores for float32, mma.sync for 16-bit)",
+    )
+    ap.add_argument(
         "--where",
         action="append",
         help="PARAM=V1,V2 (repeatable): time only the configs with these values",
@@ -148,31 +160,21 @@ def main() -> None:
             (c.split(":")[0], tuple(int(v) for v in c.split(":")[1].split("x"))) for c in args.case
         ]
     report = {"cases": []}
-    print(f"{'case':36} {'wgmma TFLOP/s':>14} {'cuBLAS':>8} {'ratio':>6} {'ok/all':>8}  best")
+    print(f"{'case':36} {'best TFLOP/s':>14} {'cuBLAS':>8} {'ratio':>6} {'ok/all':>8}  best")
     for operator, shape in cases:
         for dtype in args.dtypes.split(","):
             where = parse_where(args.where)
-            case = sweep(operator, shape, dtype, args.limit_s, where, args.shuffle)
+            case = sweep(operator, shape, dtype, args.limit_s, where, args.shuffle, args.engine)
             report["cases"].append(case)
             Path(args.out).write_text(json.dumps(report, indent=1))
             name = f"{operator} {'x'.join(map(str, shape))} {dtype}"
             best = case["best"]
-            tiles = (
-                {
-                    k: best["config"][k]
-                    for k in (
-                        "BM",
-                        "BN",
-                        "STAGES",
-                        "CLUSTER_M",
-                        "PERSISTENT",
-                        "EPILOGUE",
-                        "SPLIT_K",
-                    )
-                }
-                if best
-                else "-"
+            keys = (
+                ("BM", "BN", "STAGES", "CLUSTER_M", "PERSISTENT", "EPILOGUE", "SPLIT_K")
+                if best and best["config"]["ENGINE"] == "wgmma"
+                else ("BM", "BN", "BK", "WM", "WN", "TM", "TN", "VEC", "STAGES", "MIN_BLOCKS")
             )
+            tiles = {k: best["config"][k] for k in keys} if best else "-"
             ok = case["measured"] - case["failed"]
             print(
                 f"{name:36} {case['best_tflops'] or 0:14.1f} {case['cublas_tflops']:8.1f} "
