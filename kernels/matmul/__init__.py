@@ -23,6 +23,12 @@ float32, CUDA cores (FFMA, never TF32):
   shared-memory side keeps its vectors; see ``ALIGN_*`` in the template).
 - ``STAGES``: 1 = single shared buffer; 2 = double buffering, the next tile prefetched into
   registers while the current one is multiplied.
+- ``SPLIT_K`` (sm_90 and later: clusters): 1, or 2-4 CTAs of a cluster per output tile, each
+  multiplying a contiguous range of the k tiles; they exchange partial sums through
+  distributed shared memory and each adds them in rank order (deterministic, no workspace)
+  and stores a share of the tile's rows. Only where the tiles make fewer than two waves
+  (:data:`SPLIT_K_MAX_TILES`) and every CTA gets a k tile; the partial sums need ``BM * BN *
+  4`` bytes of shared memory (:func:`shared_bytes`).
 - ``PAD``: 0 or 4 floats of padding per row of the tiles that the stores into shared memory
   transpose (A in ``matmul``, A and B in ``matmul_nt``; ``matmul_tn`` transposes nothing and
   pins PAD to 0). VEC=1 keeps PAD=4 where a tile is transposed.
@@ -68,10 +74,10 @@ check_arch`):
 - The row pitches of A and B must be multiples of 8 elements (TMA's 16-byte pitch); C's may be
   anything. ``WM``, ``WN``, ``TM``, ``TN``, ``VEC``, ``PAD``, ``MIN_BLOCKS`` are unused and
   pinned to 64, 64, 4, 4, 8, 0, 0; under ``ENGINE="mma"`` CLUSTER_M, PERSISTENT, EPILOGUE,
-  SPLIT_K and PINGPONG are pinned to 1, 0, 0, 1, 0 and render nothing, so an mma.sync config's
-  source is what it was before the wgmma path. A and B reach the kernel as TMA tensor maps
-  (:class:`kernels.spec.TensorMap` in its step's arguments), which every launch path encodes
-  from the operands' pointers.
+  SPLIT_K (but float32's) and PINGPONG are pinned to 1, 0, 0, 1, 0 and render nothing, so an
+  mma.sync config's source is what it was before the wgmma path. A and B reach the kernel as
+  TMA tensor maps (:class:`kernels.spec.TensorMap` in its step's arguments), which every launch
+  path encodes from the operands' pointers.
 
 Both: ``MIN_BLOCKS`` is the min-blocks clause of ``__launch_bounds__`` (0 = none); threads per
 block are ``32 * (BM / WM) * (BN / WN)``. The grid has one block per output tile, visited in groups
@@ -114,6 +120,9 @@ MAX_M = limits.MAX_GRID_Y * GROUP_M * MIN_TILE_M
 #: Registers besides the accumulators, fragments and prefetch buffers (indices, pointers, loop
 #: state). Fit to ptxas reports for sm_80/sm_90: with less headroom than this, a tile spills.
 FP32_REGISTER_OVERHEAD = 40
+#: Registers the float32 split-K reduction adds (the cluster addresses and a float4 partial
+#: sum; ptxas sm_90: 167 -> 189 for a 64 x 128 tile of 8 x 8 per thread).
+FP32_SPLIT_REGISTERS = 24
 TC_REGISTER_OVERHEAD = 48
 #: Prefetch registers of one float4 whose elements load one by one (an unaligned operand): its
 #: 4 values and a share of the guards; tiles at the cap spill with 4 (ptxas, sm_90).
@@ -162,8 +171,13 @@ _TC_PINNED = {"TM": 4, "TN": 4, "PAD": 0}
 
 #: The mma.sync template's tunables: the only ones an ``ENGINE="mma"`` config renders.
 MMA_PARAMS = ("BM", "BN", "BK", "WM", "WN", "TM", "TN", "VEC", "STAGES", "PAD", "MIN_BLOCKS")
-#: The wgmma path's own tunables, pinned to these values under ``ENGINE="mma"``.
+#: The wgmma path's own tunables, pinned to these values under ``ENGINE="mma"`` (SPLIT_K but in
+#: float32, whose CUDA-core path splits k too: :data:`FP32_SPLIT_K`).
 MMA_PINNED = {"CLUSTER_M": 1, "PERSISTENT": 0, "EPILOGUE": 0, "SPLIT_K": 1, "PINGPONG": 0}
+#: SPLIT_K values of the float32 path (clusters of that many CTAs: sm_90 and later).
+FP32_SPLIT_K = (1, 2, 3, 4)
+#: The first arch with thread block clusters (float32's SPLIT_K > 1).
+CLUSTER_MIN_CC = 90
 #: The mma.sync tunables a wgmma config does not read, pinned to these values.
 WGMMA_PINNED = {"WM": 64, "WN": 64, "TM": 4, "TN": 4, "VEC": 8, "PAD": 0, "MIN_BLOCKS": 0}
 WGMMA_TEMPLATE = Path(__file__).with_name("matmul_wgmma.cu")
@@ -296,7 +310,8 @@ def registers_needed(config: Config, dtype: str, aligned: tuple[bool, bool] = (T
             loads = math.ceil(size * config["BK"] // vec / threads)
             per_load = 3 if vec == 1 else vec if ok else UNALIGNED_VEC_REGISTERS
             prefetch += loads * per_load
-    return tm * tn + tm + tn + prefetch + FP32_REGISTER_OVERHEAD
+    split = FP32_SPLIT_REGISTERS if config.get("SPLIT_K", 1) > 1 else 0
+    return tm * tn + tm + tn + prefetch + FP32_REGISTER_OVERHEAD + split
 
 
 def shared_bytes(config: Config, dtype: str, trans_a: bool = False, trans_b: bool = False) -> int:
@@ -306,7 +321,9 @@ def shared_bytes(config: Config, dtype: str, trans_a: bool = False, trans_b: boo
     if is_tensor_core(dtype):
         return stages * (bm * bk + bk * bn) * 2
     pad = config["PAD"]
-    return stages * (bk * (bm + (0 if trans_a else pad)) + bk * (bn + (pad if trans_b else 0))) * 4
+    stage = stages * (bk * (bm + (0 if trans_a else pad)) + bk * (bn + (pad if trans_b else 0))) * 4
+    # Split-K reuses the stages for the tile's partial sums, one float each.
+    return max(stage, bm * bn * 4) if config.get("SPLIT_K", 1) > 1 else stage
 
 
 def static_shared_bytes(config: Config) -> int:
@@ -392,11 +409,11 @@ class MatmulSpec(OperatorSpec):
             return reason
         if is_wgmma(config):
             return self._check_wgmma(config, shape, dtype)
+        tc = is_tensor_core(dtype)
         for name, value in MMA_PINNED.items():
-            if config[name] != value:
+            if config[name] != value and (tc or name != "SPLIT_K"):
                 return f"{name} is a wgmma tunable, pinned to {value} under ENGINE=mma"
         # The layout whitelists first: they reject most of the space, cheaply.
-        tc = is_tensor_core(dtype)
         if tc and (config["BM"], config["BN"], config["WM"], config["WN"]) not in _TC_TILE_SET:
             return (
                 f"tile {config['BM']}x{config['BN']}, warp {config['WM']}x{config['WN']} "
@@ -432,6 +449,8 @@ class MatmulSpec(OperatorSpec):
                 reason = (
                     "MIN_BLOCKS=2 spills an 8 x 8 thread tile with A^T (ptxas, sm_80 and sm_90)"
                 )
+        if not reason and not tc:
+            reason = self._check_fp32_split(config, shape)
         if reason:
             return reason
         smem = shared_bytes(config, dtype, self.trans_a, self.trans_b)
@@ -533,6 +552,8 @@ class MatmulSpec(OperatorSpec):
             {**dict(zip(MMA_PARAMS, values, strict=True)), "ENGINE": "mma", **MMA_PINNED}
             for values in itertools.product(*(mma_values[p] for p in MMA_PARAMS))
         ]
+        if not is_tensor_core(dtype):
+            found = [{**c, "SPLIT_K": split} for c in found for split in FP32_SPLIT_K]
         if is_tensor_core(dtype):
             own = (
                 "BM", "BN", "STAGES", "CLUSTER_M", "PERSISTENT", "EPILOGUE", "SPLIT_K", "PINGPONG"
@@ -548,9 +569,16 @@ class MatmulSpec(OperatorSpec):
 
     def check_arch(self, config: Config, arch: str) -> str | None:
         """wgmma, setmaxnreg and TMA multicast exist on sm_90 alone (built for sm_90a): a wgmma
-        config is invalid on every other arch."""
+        config is invalid on every other arch. float32's SPLIT_K > 1 needs clusters (sm_90 and
+        later)."""
         if is_wgmma(config) and arch != WGMMA_ARCH:
             return f"ENGINE=wgmma needs {WGMMA_ARCH} ({WGMMA_TARGET} code), the GPU is {arch}"
+        if not is_wgmma(config) and config.get("SPLIT_K", 1) > 1:
+            digits = "".join(ch for ch in arch if ch.isdigit())
+            if not digits or int(digits) < CLUSTER_MIN_CC:
+                return (
+                    f"SPLIT_K > 1 needs thread block clusters (sm_90 or later); the GPU is {arch}"
+                )
         return None
 
     def arch_for(self, config: Config, arch: str) -> str:
@@ -590,6 +618,25 @@ class MatmulSpec(OperatorSpec):
                 f"VEC=1 keeps BK=8, STAGES=2, PAD={pad}, MIN_BLOCKS=0 only (its scalar prefetch "
                 "of a BK=16 tile spills)"
             )
+        return None
+
+    @staticmethod
+    def _check_fp32_split(config: Config, shape: Sequence[int]) -> str | None:
+        """float32 SPLIT_K > 1: only where the tiles make fewer than two waves (with more, every
+        SM already has whole tiles and splitting only adds the reduction) and every CTA of a
+        cluster gets at least one k tile."""
+        split = config["SPLIT_K"]
+        if split == 1:
+            return None
+        m, n, k = shape
+        tiles = math.ceil(m / config["BM"]) * math.ceil(n / config["BN"])
+        if tiles >= SPLIT_K_MAX_TILES:
+            return (
+                f"SPLIT_K > 1 where {tiles} tiles already fill two waves of "
+                f"{PERSISTENT_CTAS} SMs: splitting only adds the reduction"
+            )
+        if (k_tiles := math.ceil(k / config["BK"])) < split:
+            return f"SPLIT_K={split} with {k_tiles} k tiles: a CTA would get none"
         return None
 
     @staticmethod
@@ -683,6 +730,8 @@ class MatmulSpec(OperatorSpec):
         if is_wgmma(config):
             return self._wgmma_defines(config, is_bf16)
         macros: dict[str, object] = {name: config[name] for name in MMA_PARAMS}
+        if config.get("SPLIT_K", 1) > 1:  # absent at 1: the source of the configs before it
+            macros["SPLIT_K"] = config["SPLIT_K"]
         macros["DTYPE"] = DTYPES[dtype][1]
         macros["IS_HALF"] = is_half
         macros["IS_BF16"] = is_bf16
@@ -723,14 +772,16 @@ class MatmulSpec(OperatorSpec):
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
         """wgmma: :meth:`_wgmma_launch`. mma.sync: one block per output tile: grid.y =
         ``ceil(tiles_m / 8)`` groups of 8 tile-rows, grid.x = ``min(tiles_m, 8) * tiles_n``
-        (blocks past the last, smaller group return at once); ``32 * (BM/WM) * (BN/WN)``
-        threads; the stages' shared memory as dynamic memory."""
+        (times SPLIT_K: a cluster per tile; blocks past the last, smaller group return at
+        once); ``32 * (BM/WM) * (BN/WN)`` threads; the stages' shared memory as dynamic
+        memory."""
         if is_wgmma(config):
             return self._wgmma_launch(config, shape)
         m, n, _ = shape
         tiles_m, tiles_n = math.ceil(m / config["BM"]), math.ceil(n / config["BN"])
+        split = config.get("SPLIT_K", 1)  # a cluster of SPLIT_K CTAs, consecutive in x, per tile
         return Launch(
-            grid=(min(tiles_m, GROUP_M) * tiles_n, math.ceil(tiles_m / GROUP_M), 1),
+            grid=(min(tiles_m, GROUP_M) * tiles_n * split, math.ceil(tiles_m / GROUP_M), 1),
             block=(threads_per_block(config), 1, 1),
             shared_bytes=shared_bytes(config, dtype, self.trans_a, self.trans_b),
         )

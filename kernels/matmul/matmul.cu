@@ -44,6 +44,11 @@
 //   PAD           float32: padding of the transposed tiles' rows in floats (0 or 4). Tensor
 //                 cores: 0 (swizzle).
 //   MIN_BLOCKS    __launch_bounds__(threads, MIN_BLOCKS); 0 = no min-blocks clause.
+//   SPLIT_K       float32 on sm_90 only: 1, or 2..4 CTAs of a cluster per output tile, CTA r
+//                 multiplying the r-th contiguous range of k tiles; their partial sums meet
+//                 through distributed shared memory and each CTA adds, in rank order (so the
+//                 result does not depend on timing), and stores a share of the tile's rows.
+//                 For problems of too few tiles to fill the GPU. Absent: 1.
 // Derived: DTYPE (float, __half, __nv_bfloat16), IS_HALF, IS_BF16; the layout TRANS_A, TRANS_B
 // (0 or 1); and from the shape, ALIGN_A, ALIGN_B, ALIGN_C: 1 where that matrix's row pitch is a
 // multiple of VEC (its vectors are aligned and entirely inside or outside it: one vector load or
@@ -52,7 +57,7 @@
 //
 // Dynamic shared memory (the launch passes it; no static shared memory at all):
 //   float32: STAGES * (BK * (BM + PAD_A) + BK * (BN + PAD_B)) * 4 bytes, PAD_A = PAD unless
-//   TRANS_A, PAD_B = PAD if TRANS_B;
+//   TRANS_A, PAD_B = PAD if TRANS_B; with SPLIT_K > 1 at least BM * BN * 4 (the partial sums);
 //   tensor cores: STAGES * (BM * BK + BK * BN) * 2 bytes.
 
 #ifndef KATO_NS
@@ -106,6 +111,9 @@
 #ifndef ALIGN_C
 #define ALIGN_C 1
 #endif
+#ifndef SPLIT_K
+#define SPLIT_K 1
+#endif
 // IS_HALF and IS_BF16 pick the code path (at most one is set), so a source compiled on its own
 // is float32, not kato_dtype.cuh's "both headers".
 #if !defined(IS_HALF) && !defined(IS_BF16)
@@ -137,6 +145,8 @@ constexpr int kGroupM = 8;
 static_assert(BM % WM == 0 && BN % WN == 0, "warp tiles must divide the block tile");
 static_assert(kThreads >= 32 && kThreads <= 1024, "threads per block out of range");
 static_assert(!(IS_HALF && IS_BF16), "IS_HALF and IS_BF16 are exclusive");
+static_assert(SPLIT_K >= 1 && SPLIT_K <= 4, "SPLIT_K must be 1..4");
+static_assert(SPLIT_K == 1 || !(IS_HALF || IS_BF16), "SPLIT_K > 1 is the float32 path's");
 
 // Output tile of this block. blockIdx.y is a group of kGroupM tile-rows; blockIdx.x runs over
 // the group's tiles column-major, so that the blocks running at the same time share a few A and
@@ -147,7 +157,8 @@ static_assert(!(IS_HALF && IS_BF16), "IS_HALF and IS_BF16 are exclusive");
 __device__ __forceinline__ bool tile_coords(int tiles_m, int tiles_n, int& tm, int& tn) {
   const int first_m = static_cast<int>(blockIdx.y) * kGroupM;
   const int rows = min(tiles_m - first_m, kGroupM);
-  const unsigned x = blockIdx.x;
+  // A split-K cluster's SPLIT_K CTAs (consecutive in x) share one tile.
+  const unsigned x = blockIdx.x / SPLIT_K;
   if (x >= static_cast<unsigned>(rows * tiles_n)) return false;
   unsigned q = x;
 #pragma unroll
@@ -329,6 +340,76 @@ __device__ __forceinline__ void compute_tile(const float* __restrict__ As,
   }
 }
 
+#if SPLIT_K > 1
+// --- split-K clusters (sm_90) ----------------------------------------------------------------
+__device__ __forceinline__ int cluster_rank() {
+  unsigned rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return static_cast<int>(rank);
+}
+
+// Every thread of every CTA of the cluster; releases this CTA's shared-memory writes to the
+// others and acquires theirs.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n"
+      "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// The float4 at shared-memory address `addr` of CTA `rank` of the cluster.
+__device__ __forceinline__ float4 ld_cluster_v4(unsigned addr, int rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+  return v;
+}
+
+// The cluster's partial sums of this thread's TM x TN outputs: each CTA puts its accumulators in
+// its own shared memory (slot (i, j4) of thread tid at [(i * TN / 4 + j4) * kThreads + tid]: a
+// warp reads 512 consecutive bytes); then CTA `kslice` adds, in rank order, the rows i of the
+// thread tile with i % SPLIT_K == kslice into acc, the rows it stores.
+__device__ __forceinline__ void split_k_reduce(float* smem, int tid, int kslice,
+                                               float (&acc)[TM][TN]) {
+  __syncthreads();  // every warp is done reading the stage buffers, reused here
+  float4* red = reinterpret_cast<float4*>(smem);
+#pragma unroll
+  for (int i = 0; i < TM; ++i) {
+#pragma unroll
+    for (int j = 0; j < TN / 4; ++j) {
+      red[(i * (TN / 4) + j) * kThreads + tid] =
+          make_float4(acc[i][j * 4 + 0], acc[i][j * 4 + 1], acc[i][j * 4 + 2], acc[i][j * 4 + 3]);
+    }
+  }
+  cluster_sync();
+  const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(red));
+#pragma unroll
+  for (int i = 0; i < TM; ++i) {
+    if (i % SPLIT_K != kslice) continue;
+#pragma unroll
+    for (int j = 0; j < TN / 4; ++j) {
+      const unsigned addr = base + ((i * (TN / 4) + j) * kThreads + tid) * 16u;
+      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int q = 0; q < SPLIT_K; ++q) {
+        const float4 v = ld_cluster_v4(addr, q);
+        sum.x += v.x;
+        sum.y += v.y;
+        sum.z += v.z;
+        sum.w += v.w;
+      }
+      acc[i][j * 4 + 0] = sum.x;
+      acc[i][j * 4 + 1] = sum.y;
+      acc[i][j * 4 + 2] = sum.z;
+      acc[i][j * 4 + 3] = sum.w;
+    }
+  }
+}
+#endif
+
 __device__ __forceinline__ void matmul(const float* __restrict__ A, const float* __restrict__ B,
                                        float* __restrict__ C, int M, int N, int K,
                                        float* smem) {
@@ -358,13 +439,22 @@ __device__ __forceinline__ void matmul(const float* __restrict__ A, const float*
     Vec ra[kALoads];
     Vec rb[kBLoads];
 
+#if SPLIT_K > 1
+    // This CTA's contiguous range of k tiles (check() keeps every range non-empty).
+    const int kslice = cluster_rank();
+    const int k_begin = k_tiles * kslice / SPLIT_K;
+    const int k_end = k_tiles * (kslice + 1) / SPLIT_K;
+#else
+    const int k_begin = 0;
+    const int k_end = k_tiles;
+#endif
 #if STAGES == 2
-    load_tiles(A, B, M, N, K, m0, n0, 0, tid, ra, rb);
+    load_tiles(A, B, M, N, K, m0, n0, k_begin * BK, tid, ra, rb);
     store_tiles(smem, smem + kAsSize, tid, ra, rb);
     __syncthreads();
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      const int buf = kt & 1;
-      const bool more = kt + 1 < k_tiles;  // uniform across the block
+    for (int kt = k_begin; kt < k_end; ++kt) {
+      const int buf = (kt - k_begin) & 1;
+      const bool more = kt + 1 < k_end;  // uniform across the block
       if (more) load_tiles(A, B, M, N, K, m0, n0, (kt + 1) * BK, tid, ra, rb);
       const float* As = smem + buf * (kAsSize + kBsSize);
       compute_tile(As, As + kAsSize, a_off, b_off, acc);
@@ -375,7 +465,7 @@ __device__ __forceinline__ void matmul(const float* __restrict__ A, const float*
       __syncthreads();  // next buffer written; this buffer free for the tile after next
     }
 #else
-    for (int kt = 0; kt < k_tiles; ++kt) {
+    for (int kt = k_begin; kt < k_end; ++kt) {
       load_tiles(A, B, M, N, K, m0, n0, kt * BK, tid, ra, rb);
       store_tiles(smem, smem + kAsSize, tid, ra, rb);
       __syncthreads();
@@ -384,9 +474,16 @@ __device__ __forceinline__ void matmul(const float* __restrict__ A, const float*
     }
 #endif
 
-    // Epilogue: sub-tile (i/4, j/4) row i%4 of the thread -> C, guarded.
+#if SPLIT_K > 1
+    split_k_reduce(smem, tid, kslice, acc);
+#endif
+    // Epilogue: sub-tile (i/4, j/4) row i%4 of the thread -> C, guarded (with SPLIT_K, the rows
+    // this CTA summed).
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
+#if SPLIT_K > 1
+      if (i % SPLIT_K != kslice) continue;
+#endif
       const int gm = m0 + a_off + (i / 4) * 4 * kLM + i % 4;
       if (gm >= M) continue;
       float* crow = C + static_cast<long long>(gm) * N;
@@ -407,6 +504,9 @@ __device__ __forceinline__ void matmul(const float* __restrict__ A, const float*
 #endif
       }
     }
+#if SPLIT_K > 1
+    cluster_sync();  // the other CTAs read this one's partial sums until here
+#endif
   }
 }
 
@@ -848,10 +948,15 @@ __device__ __forceinline__ void matmul(const T* __restrict__ A_, const T* __rest
 
 }  // namespace KATO_NS
 
-extern "C" __global__ void KATO_LAUNCH_BOUNDS matmul_kernel(const DTYPE* __restrict__ A,
-                                                            const DTYPE* __restrict__ B,
-                                                            DTYPE* __restrict__ C, int M, int N,
-                                                            int K) {
+#if SPLIT_K > 1
+#define KATO_CLUSTER_DIMS __cluster_dims__(SPLIT_K, 1, 1)
+#else
+#define KATO_CLUSTER_DIMS
+#endif
+
+extern "C" __global__ void KATO_LAUNCH_BOUNDS KATO_CLUSTER_DIMS
+matmul_kernel(const DTYPE* __restrict__ A, const DTYPE* __restrict__ B, DTYPE* __restrict__ C,
+              int M, int N, int K) {
   extern __shared__ __align__(16) unsigned char kato_smem[];
 #if IS_HALF || IS_BF16
   KATO_NS::matmul(A, B, C, M, N, K, reinterpret_cast<unsigned short*>(kato_smem));

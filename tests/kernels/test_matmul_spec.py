@@ -279,7 +279,8 @@ def test_space_is_rich_but_compiles_in_bounded_sources() -> None:
         assert {SPEC.render(c, (3, 5, 7), dtype) for c in odd} == odd_sources
         for c in odd:
             same = SPEC.render(c, (127, 131, 257), dtype) in sources
-            assert same == (c["VEC"] == 1), c
+            # float32's SPLIT_K > 1 exists only for few tiles: never at 4096^3
+            assert same == (c["VEC"] == 1 and c["SPLIT_K"] == 1), c
 
 
 def test_every_listed_tile_is_reachable() -> None:
