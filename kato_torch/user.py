@@ -425,12 +425,13 @@ class UserKernel:
         traced = tuple(shape) if shape is not None else self._shape(given, dtype)
         now = tuple(_hint(s) for s in traced)
         _, env_now = self._checked(given, now, dtype, traced=True)
-        for name, value, size in zip(
-            self._constant_names, constants, self._constant_sizes, strict=True
+        for const, value, size in zip(
+            self.spec.model.constants, constants, self._constant_sizes, strict=True
         ):
             if (count := _hint(value.numel())) != (want := _value(size, env_now)):
                 raise InvalidInput(
-                    f"{self.name}: constant {name} has {count} elements; its size is {want}"
+                    f"{self.name}: constant {const.name} has {count} elements; its size "
+                    f"{const.size} is {want}"
                 )
         env = self._env(traced, dtype)
         outputs = []
