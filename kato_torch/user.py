@@ -529,7 +529,7 @@ class UserKernel:
                 "no PyTorch implementation; set it to 'auto' or 'kato'"
             )
         index = device.index if device.index is not None else torch.cuda.current_device()
-        bound = bind(self.name, call.shape, call.dtype, index)
+        bound = bind(self.name, call.shape, call.dtype, index, spec=self.spec)
         if call.constants:
             _upload_constants(bound, call.constants, index)
         bound.run(call.arguments)

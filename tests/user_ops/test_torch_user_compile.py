@@ -352,3 +352,35 @@ def test_schema_names_avoid_keywords_and_the_call_s_own_arguments():
     taken: set[str] = set()
     names = [user._schema_name(n, taken) for n in ("in", "shape", "shape_", "x", "self", "out")]
     assert names == ["in_", "shape_", "shape__", "x", "self_", "out_"]
+
+
+def test_a_changed_spec_does_not_launch_the_kernel_bound_for_the_old_one(monkeypatch):
+    from types import SimpleNamespace
+
+    from kato_torch import _kernels
+
+    def spec(size):
+        return _one_dim(
+            "compile_rebound",
+            [
+                {"name": "out", "dtype": "float32", "size": size, "output": True},
+                {"name": "x", "dtype": "float32", "size": "n"},
+            ],
+        )
+
+    old, new = spec("n"), spec("n + 0")
+    stale = SimpleNamespace(spec=old)
+    key = ("compile_rebound", (8,), "float32", 0, _kernels.MAX_VECTOR_BYTES)
+    monkeypatch.setitem(_kernels._bound, key, stale)
+
+    class Compiles(Exception):
+        pass
+
+    def no_gpu(index):
+        raise Compiles
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", no_gpu)
+    assert _kernels.bind("compile_rebound", (8,), "float32", 0, spec=old) is stale
+    assert _kernels.bind("compile_rebound", (8,), "float32", 0) is stale  # by name, as before
+    with pytest.raises(Compiles):  # another version: bound anew, not the cached one
+        _kernels.bind("compile_rebound", (8,), "float32", 0, spec=new)
