@@ -681,8 +681,15 @@ def _custom_op(kernel: UserKernel) -> torch._ops.OpOverload:
         returns = ", ".join("Tensor" for _ in kernel.outputs)
         returns = returns if len(kernel.outputs) == 1 else f"({returns})"
         schema = f"({', '.join(params)}) -> {returns}"
+        # Inductor hands the op its inputs with the strides eager mode gives them, so a
+        # non-contiguous array is refused compiled as it is in eager mode, not copied.
+        exact = getattr(torch.Tag, "needs_exact_strides", None)
         custom = torch.library.custom_op(
-            qualname, lambda *args: kernel._real(args), mutates_args=tuple(mutated), schema=schema
+            qualname,
+            lambda *args: kernel._real(args),
+            mutates_args=tuple(mutated),
+            schema=schema,
+            tags=(exact,) if exact is not None else None,
         )
         custom.register_fake(lambda *args: kernel._fake(args))
         op = getattr(getattr(torch.ops, NAMESPACE), op_name).default

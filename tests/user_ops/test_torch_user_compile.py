@@ -69,6 +69,7 @@ def test_the_op_is_named_by_the_operator_and_its_version(vector_add, vector_add_
         "(Tensor a, Tensor b, SymInt n, SymInt[]? shape, str? dtype, Tensor[] constants) -> Tensor"
     )
     assert not vector_add.op._schema.is_mutable
+    assert torch.Tag.needs_exact_strides in vector_add.op.tags  # as eager: no silent copies
     again = kato_torch.user_kernel(spec_from_folder(vector_add_dir))
     assert again.op is vector_add.op  # the same version: the op registered once
 
@@ -229,6 +230,8 @@ def test_bad_arguments_raise_invalid_input_in_a_trace(vector_add):
         trace(a, torch.randn(8), 9)
     with pytest.raises(InvalidInput, match="b must be torch.float32, got torch.float64"):
         trace(a, torch.randn(8, dtype=torch.float64), 8)
+    with pytest.raises(InvalidInput, match="argument b is not contiguous; pass .contiguous()"):
+        trace(a, torch.randn(8, 2)[:, 0], 8)
     with pytest.raises(InvalidInput, match="argument b is an array .* pass a tensor, got float"):
         make_fx(lambda a: vector_add(a, 1.0, 8), tracing_mode="fake")(a)
     with pytest.raises(InvalidInput, match=r"takes 3 arguments \(a, b, n; outputs c are"):
