@@ -428,9 +428,9 @@ class UserKernel:
         for const, value, size in zip(
             self.spec.model.constants, constants, self._constant_sizes, strict=True
         ):
-            if (count := _hint(value.numel())) != (want := _value(size, env_now)):
+            if (elements := _hint(value.numel())) != (want := _value(size, env_now)):
                 raise InvalidInput(
-                    f"{self.name}: constant {const.name} has {count} elements; its size "
+                    f"{self.name}: constant {const.name} has {elements} elements; its size "
                     f"{const.size} is {want}"
                 )
         env = self._env(traced, dtype)

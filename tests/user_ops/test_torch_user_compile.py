@@ -270,6 +270,23 @@ def test_scalars_are_passed_as_the_schema_takes_them():
     assert [type(v) for v in node.args[1:4]] == [float, float, int]
     with pytest.raises(InvalidInput, match="scalar m is int64; got 3.5"):
         make_fx(lambda x: k(x, 3, 2, 3.5), tracing_mode="fake")(torch.zeros(3))
+    # A size given for a float scalar under dynamic shapes: torch's schemas have no symbolic
+    # float, so the op takes its value and the graph is guarded on it (one per size); the
+    # integer scalar stays a symbol, and sizes the output.
+    backend = _Recorder()
+    compiled = torch.compile(
+        lambda x: k(x, x.numel(), 2, x.numel()), backend=backend, fullgraph=True, dynamic=True
+    )
+    for n in (3, 11):
+        with pytest.raises(InvalidInput, match=CUDA_ONLY):
+            compiled(torch.zeros(n))
+    assert len(backend.graphs) == 2
+    for gm in backend.graphs:
+        (node,) = _op_nodes(gm, k)
+        count, alpha, m = node.args[1:4]
+        assert count.target is torch.sym_float and alpha == 2.0 and type(alpha) is float
+        assert isinstance(m.meta["example_value"], torch.SymInt)
+        assert _outputs(node)[0].shape[0].node.expr == m.meta["example_value"].node.expr
 
 
 def test_constants_and_a_keyword_argument_name_reach_the_op():
