@@ -39,7 +39,7 @@ _SCALAR_TYPES: dict[type, type[ctypes._SimpleCData]] = {
 
 _lock = threading.Lock()
 _bound: dict[tuple[Any, ...], BoundOperator] = {}
-_signatures: dict[tuple[str, str], list[type[ctypes._SimpleCData] | None]] = {}
+_signatures: dict[tuple[str, str, str], list[type[ctypes._SimpleCData] | None]] = {}
 #: Tensor maps of the bound operators' TMA arguments per (declaration, pointer): a training
 #: loop reuses its buffers, so a launch encodes only on a new one.
 _maps = MapCache()
@@ -232,7 +232,7 @@ _raw_stream: Any = None
 
 def _signature(spec: OperatorSpec, dtype: str) -> list[type[ctypes._SimpleCData] | None]:
     """Argument kinds of the operator's kernels, read from a one-element problem instance."""
-    key = (spec.name, dtype)
+    key = (spec.name, spec.version, dtype)  # a user operator's changed spec: its own
     if key not in _signatures:
         problem = None
         for size in (1, 2, 8):  # the smallest shape the operator accepts (batchnorm needs 2)
@@ -337,31 +337,38 @@ def fit_alignment(
     return narrowed if spec.check(narrowed, shape, dtype) is None else None
 
 
+def _same_version(bound: OperatorSpec, spec: OperatorSpec) -> bool:
+    return bound is spec or bound.version == spec.version
+
+
 def bind(
     operator: str,
     shape: Sequence[int],
     dtype: str,
     device_index: int,
     alignment: int = MAX_VECTOR_BYTES,
+    spec: OperatorSpec | None = None,
 ) -> BoundOperator:
     """The operator compiled for ``shape``/``dtype`` on ``device_index`` (cached), for arrays
     whose data pointers are ``alignment``-byte aligned (:func:`pointer_alignment`): where that
     is less than a vector of the served config, the same config with a narrower VEC (else the
     default config's), so that a view a few elements into its storage runs a valid variant
-    instead of faulting on a misaligned vector."""
+    instead of faulting on a misaligned vector. ``spec``: that version of the operator (a user
+    operator whose name may since have been registered with a changed spec), else the one
+    registered under ``operator``; a cached one of another version is replaced."""
     import torch
 
     shape = tuple(int(s) for s in shape)  # a SymInt (a trace, opcheck) specialises here
     alignment = min(alignment, MAX_VECTOR_BYTES)
     key = (operator, shape, dtype, device_index, alignment)
     bound = _bound.get(key)
-    if bound is not None:
+    if bound is not None and (spec is None or _same_version(bound.spec, spec)):
         return bound
     with _lock:
         bound = _bound.get(key)
-        if bound is not None:
+        if bound is not None and (spec is None or _same_version(bound.spec, spec)):
             return bound
-        spec = get_operator(operator)
+        spec = spec or get_operator(operator)
         spec.validate(shape, dtype)
         major, minor = torch.cuda.get_device_capability(device_index)
         arch = f"sm_{major}{minor}"

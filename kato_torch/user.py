@@ -19,13 +19,23 @@ checked (every size, every shape-dependent scalar). ``shape=`` gives it outright
 A user operator has no PyTorch equivalent, so under the policy ``"auto"`` its calls run Kato's
 kernel (:func:`kato_torch.policy.without_framework_equivalent`); under ``"torch"``, or on
 tensors that are not on a CUDA device, a call is an error saying so.
+
+Each operator is also a ``torch.library`` custom op, ``torch.ops.kato_user.<name>_<version>``
+(one per spec version: a changed spec registered under the same name is another op, and graphs
+compiled against the old one keep it), with a fake implementation that reads the shape and
+sizes the outputs as a call does, in the shape's SymInts. ``torch.compile``, ``torch.export``,
+``make_fx`` and any dispatch mode see that op; a plain eager call skips the dispatcher and runs
+the same code directly, as :class:`kato_torch._op.KatoOp` does for Kato's own operators.
 """
 
 from __future__ import annotations
 
 import ast
+import keyword
 import math
 import numbers
+import re
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +50,7 @@ from kato.kernels.user.spec import MAX_ELEMENTS, UserOperatorSpec
 
 from kato_torch import policy as _policy
 from kato_torch._kernels import MAX_VECTOR_BYTES, bind
+from kato_torch._op import _direct, eager
 
 _TORCH_DTYPES = {
     name: getattr(torch, name)
@@ -62,6 +73,13 @@ _TORCH_DTYPES = {
 _DTYPE_NAMES = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
 #: Initial contents of an allocated output, where the spec names a fixed one.
 _FILLS = {"zeros": torch.zeros, "ones": torch.ones}
+#: The ``torch.library`` namespace of user operators (``torch.ops.kato_user.<name>_<version>``).
+NAMESPACE = "kato_user"
+#: Registered custom ops by qualified name: one per operator name and spec version.
+_OPS: dict[str, torch._ops.OpOverload] = {}
+_OPS_LOCK = threading.Lock()
+#: Schema names of the arguments a call takes besides the operator's own.
+_EXTRA = ("shape", "dtype", "constants")
 
 
 def _torch_dtype(arg: ArgumentModel, dtype: str) -> torch.dtype:
@@ -108,8 +126,19 @@ class UserKernel:
         self.arguments = list(spec.model.arguments)
         self.inputs = [a for a in self.arguments if not a.output]
         self.outputs = [a for a in self.arguments if a.output]
-        self._sizes: list[Expression] = spec.model.expressions()["arguments"]
+        expressions = spec.model.expressions()
+        self._sizes: list[Expression] = expressions["arguments"]
+        # Parsed once: parsing every expression of the spec took three quarters of a call.
+        self._constant_sizes: list[Expression] = expressions["constants"]
+        self._constant_names = [c.name for c in spec.model.constants]
+        # Per input, what it is (a plain tuple: torch.compile traces the checks that read it).
+        self._kinds = tuple(
+            (a.name, "array" if a.size is not None else _scalar_kind(a), a.dtype, a.size)
+            for a in self.inputs
+        )
         _policy.without_framework_equivalent(spec.name)
+        #: The ``torch.library`` custom op (an OpOverload) that traces and compiled graphs call.
+        self.op = _custom_op(self)
 
     def __repr__(self) -> str:
         names = ", ".join(a.name for a in self.inputs)
@@ -139,29 +168,66 @@ class UserKernel:
                 a scalar that disagrees with the arrays, or a shape that cannot be read (each
                 message names the argument and what to pass).
         """
-        spec = self.spec
-        if len(args) != len(self.inputs):
+        self._check_kinds(args)
+        given, where, dtype = self._given(args, dtype, device)
+        shape = self._shape(given, dtype) if shape is None else tuple(int(s) for s in shape)
+        shape, env = self._checked(given, shape, dtype)
+        outputs, arguments = [], []
+        for arg, size in zip(self.arguments, self._sizes, strict=True):
+            if not arg.output:
+                value = given[arg.name]
+                if arg.size is None:  # a Python number, as the launch's ctypes take it
+                    kind = numpy_dtype(arg.dtype, dtype).kind
+                    value = int(value) if kind in "iu" else float(value)
+                elif value.data_ptr() % MAX_VECTOR_BYTES:
+                    # A view a few elements into its storage: a user kernel may load vectors of
+                    # up to 16 bytes (it was verified on fresh, aligned buffers), and nothing
+                    # says which of its parameters could be narrowed, so it gets aligned copies.
+                    value = value.clone()
+                arguments.append(value)
+                continue
+            dims = self._output_dims(size, env)
+            fill = _FILLS.get(arg.init or "zeros", torch.empty)
+            out = fill(dims, dtype=_torch_dtype(arg, dtype), device=where)
+            if arg.init == "index":
+                out = torch.arange(math.prod(dims), device=where).to(out.dtype).reshape(dims)
+            outputs.append(out)
+            arguments.append(out)
+        return UserCall(
+            shape, dtype, outputs, arguments, self._constants(constants, env, dtype, where)
+        )
+
+    def _check_kinds(self, args: Sequence[Any]) -> None:
+        """Raise InvalidInput unless ``args`` are as many as the inputs, tensors for arrays and
+        numbers for scalars."""
+        if len(args) != len(self._kinds):
             raise InvalidInput(
                 f"{self.name} takes {len(self.inputs)} arguments "
                 f"({', '.join(a.name for a in self.inputs) or 'none'}; outputs "
                 f"{', '.join(a.name for a in self.outputs) or 'none'} are allocated), "
                 f"got {len(args)}"
             )
+        for (name, kind, dtype, size), value in zip(self._kinds, args, strict=True):
+            if kind == "array":
+                if not isinstance(value, torch.Tensor):
+                    raise InvalidInput(
+                        f"{self.name}: argument {name} is an array ({dtype}, size {size}); "
+                        f"pass a tensor, got {type(value).__name__}"
+                    )
+            elif not _is_number(value):
+                raise InvalidInput(
+                    f"{self.name}: argument {name} is a scalar ({dtype}); pass a number, "
+                    f"got {type(value).__name__}"
+                )
+
+    def _given(
+        self, args: Sequence[Any], dtype: str | None, device: Any
+    ) -> tuple[dict[str, Any], torch.device, str]:
+        """(the arguments by name, the device of the call, the request dtype), after checking
+        the tensors' device, dtype and layout and the integer scalars."""
+        spec = self.spec
         given = dict(zip((a.name for a in self.inputs), args, strict=True))
-        tensors = [v for v in args if isinstance(v, torch.Tensor)]
-        for arg in self.inputs:
-            value = given[arg.name]
-            if arg.size is not None and not isinstance(value, torch.Tensor):
-                raise InvalidInput(
-                    f"{self.name}: argument {arg.name} is an array ({arg.dtype}, size "
-                    f"{arg.size}); pass a tensor, got {type(value).__name__}"
-                )
-            if arg.size is None and not _is_number(value):
-                raise InvalidInput(
-                    f"{self.name}: argument {arg.name} is a scalar ({arg.dtype}); pass a "
-                    f"number, got {type(value).__name__}"
-                )
-        devices = {t.device for t in tensors}
+        devices = {v.device for v in args if isinstance(v, torch.Tensor)}
         if len(devices) > 1:
             raise InvalidInput(
                 f"{self.name}: tensors on several devices: {sorted(map(str, devices))}"
@@ -189,65 +255,47 @@ class UserKernel:
                 raise InvalidInput(
                     f"{self.name}: argument {arg.name} is not contiguous; pass .contiguous()"
                 )
-        shape = self._shape(given, dtype) if shape is None else tuple(int(s) for s in shape)
+        return given, where, dtype
+
+    def _checked(
+        self, given: Mapping[str, Any], shape: Sequence[int], dtype: str, *, traced: bool = False
+    ) -> tuple[tuple[int, ...], dict[str, Any]]:
+        """(``shape`` validated, its environment), after checking every array's element count
+        and every shape-dependent scalar against it. ``traced``: the sizes and scalars may be
+        SymInts, compared here at the values they have now (the call checks them again)."""
+        spec = self.spec
         shape = spec.validate(shape, dtype)
         env = self._env(shape, dtype)
         for arg, size in zip(self.arguments, self._sizes, strict=True):
             if arg.output:
                 continue
             value = given[arg.name]
-            if arg.size is not None and value.numel() != (want := _value(size, env)):
-                raise InvalidInput(
-                    f"{self.name}: argument {arg.name} has {value.numel()} elements; at shape "
-                    f"{_named(spec, shape)} its size {arg.size} is {want}"
-                )
-            if (
-                arg.size is None
-                and size.names - {"itemsize"}
-                and not _same(value, want := size.evaluate(env))
-            ):
-                raise InvalidInput(
-                    f"{self.name}: scalar {arg.name} is {value!r}; at shape "
-                    f"{_named(spec, shape)} it must be {arg.value} = {want}"
-                )
-        outputs, arguments = [], []
-        for arg, size in zip(self.arguments, self._sizes, strict=True):
-            if not arg.output:
-                value = given[arg.name]
-                if arg.size is None:  # a Python number, as the launch's ctypes take it
-                    kind = numpy_dtype(arg.dtype, dtype).kind
-                    value = int(value) if kind in "iu" else float(value)
-                elif value.data_ptr() % MAX_VECTOR_BYTES:
-                    # A view a few elements into its storage: a user kernel may load vectors of
-                    # up to 16 bytes (it was verified on fresh, aligned buffers), and nothing
-                    # says which of its parameters could be narrowed, so it gets aligned copies.
-                    value = value.clone()
-                arguments.append(value)
-                continue
-            dims = self._output_dims(size, env)
-            fill = _FILLS.get(arg.init or "zeros", torch.empty)
-            out = fill(dims, dtype=_torch_dtype(arg, dtype), device=where)
-            if arg.init == "index":
-                out = torch.arange(math.prod(dims), device=where).to(out.dtype).reshape(dims)
-            outputs.append(out)
-            arguments.append(out)
-        return UserCall(
-            shape, dtype, outputs, arguments, self._constants(constants, env, dtype, where)
-        )
+            if arg.size is not None:
+                count = value.numel()
+                if traced:
+                    count = _hint(count)
+                if count != (want := _value(size, env)):
+                    raise InvalidInput(
+                        f"{self.name}: argument {arg.name} has {count} elements; at shape "
+                        f"{_named(spec, shape)} its size {arg.size} is {want}"
+                    )
+            elif size.names - {"itemsize"}:
+                if traced:
+                    value = _hint(value)
+                if not _same(value, want := size.evaluate(env)):
+                    raise InvalidInput(
+                        f"{self.name}: scalar {arg.name} is {value!r}; at shape "
+                        f"{_named(spec, shape)} it must be {arg.value} = {want}"
+                    )
+        return shape, env
 
     def _constants(
         self, given: Mapping[str, Any] | None, env: Mapping[str, Any], dtype: str, where: Any
     ) -> dict[str, torch.Tensor]:
         declared = self.spec.model.constants
-        names = sorted(c.name for c in declared)
-        if sorted(given or {}) != names:
-            raise InvalidInput(
-                f"{self.name}: constants= must give its constant-memory arrays "
-                f"{names or 'none'}; got {sorted(given or {}) or 'none'}"
-            )
-        sizes = self.spec.model.expressions()["constants"]
+        self._check_constant_names(given)
         out = {}
-        for const, size in zip(declared, sizes, strict=True):
+        for const, size in zip(declared, self._constant_sizes, strict=True):
             want = _value(size, env)
             value = torch.as_tensor((given or {})[const.name], device=where)
             value = value.to(_torch_dtype(const, dtype)).contiguous().reshape(-1)
@@ -258,6 +306,14 @@ class UserKernel:
                 )
             out[const.name] = value
         return out
+
+    def _check_constant_names(self, given: Mapping[str, Any] | None) -> None:
+        names = sorted(self._constant_names)
+        if sorted(given or {}) != names:
+            raise InvalidInput(
+                f"{self.name}: constants= must give its constant-memory arrays "
+                f"{names or 'none'}; got {sorted(given or {}) or 'none'}"
+            )
 
     def _dtype(self, given: Mapping[str, Any]) -> str:
         """The request dtype: that of the arrays declared with the request's dtype."""
@@ -289,7 +345,9 @@ class UserKernel:
             if arg.size is None:
                 if not _integral(value):
                     continue  # a float scalar tells no dimension
-                target, dims = int(value), None
+                # A SymInt (a trace) stays one: the outputs are sized in the shape's symbols.
+                target = value if isinstance(value, torch.SymInt) else int(value)
+                dims = None
             else:
                 target, dims = value.numel(), tuple(value.shape)
             factors = _factors(size)
@@ -297,7 +355,7 @@ class UserKernel:
                 known.setdefault(factors[0], target)
             elif factors and set(factors) <= names and dims and len(dims) == len(factors):
                 for name, dim in zip(factors, dims, strict=True):
-                    known.setdefault(name, int(dim))
+                    known.setdefault(name, dim)
             elif size.names & names:
                 targets.append((size, target))
         progress = True
@@ -307,7 +365,12 @@ class UserKernel:
                 unknown = (size.names & names) - set(known)
                 if len(unknown) == 1:
                     (name,) = unknown
-                    found = _solve(size, name, target, self._env_partial(known, dtype))
+                    # Bisection needs numbers: in a trace, int() guards on (specialises) the
+                    # sizes it reads, so a compiled graph is reused only where they are the same.
+                    env = self._env_partial(
+                        {n: int(known[n]) for n in size.names & known.keys()}, dtype
+                    )
+                    found = _solve(size, name, int(target), env)
                     if found is not None:
                         known[name] = found
                         progress = True
@@ -326,8 +389,97 @@ class UserKernel:
         """An output's dimensions: the factors of a product of shape names, else one."""
         factors = _factors(size)
         if factors and len(factors) > 1 and set(factors) <= set(self.spec.shape_names):
-            return tuple(int(env[f]) for f in factors)
+            return tuple(env[f] for f in factors)
         return (_value(size, env),)
+
+    def _traced_dims(
+        self, size: Expression, env: Mapping[str, Any], env_now: Mapping[str, Any]
+    ) -> tuple[Any, ...]:
+        """An output's dimensions in a trace: in the shape's SymInts where every step of its
+        size is one :func:`_symbolic` follows and it agrees with the value at ``env_now``; else
+        the value at the sizes the trace then guards on (int() of each symbol), so that the
+        graph is reused only where they are the same."""
+        if all(type(v) is not torch.SymInt for v in env.values()):
+            return self._output_dims(size, env)
+        factors = _factors(size)
+        if factors and len(factors) > 1 and set(factors) <= set(self.spec.shape_names):
+            return tuple(env[f] for f in factors)  # one shape name per dimension
+        try:
+            value = _symbolic(size.tree.body, env)
+        except (_NotSymbolic, ZeroDivisionError):
+            value = None
+        if value is not None and _hint(value) == _value(size, env_now):
+            return (value,)
+        guarded = {k: int(v) if k in size.names else v for k, v in env.items()}
+        return self._output_dims(size, guarded)
+
+    # --- the custom op ------------------------------------------------------------------------
+
+    def _fake(self, args: Sequence[Any]) -> Any:
+        """The custom op's fake implementation: the checks of a call, the shape read from the
+        arguments (SymInts where they are), and empty outputs of the sizes the call allocates,
+        each an expression of the shape in SymInts where :func:`_symbolic` follows it."""
+        count = len(self._kinds)
+        inputs, (shape, dtype, constants) = args[:count], args[count:]
+        given, where, dtype = self._given(inputs, dtype, None)
+        traced = tuple(shape) if shape is not None else self._shape(given, dtype)
+        now = tuple(_hint(s) for s in traced)
+        _, env_now = self._checked(given, now, dtype, traced=True)
+        for const, value, size in zip(
+            self.spec.model.constants, constants, self._constant_sizes, strict=True
+        ):
+            if (elements := _hint(value.numel())) != (want := _value(size, env_now)):
+                raise InvalidInput(
+                    f"{self.name}: constant {const.name} has {elements} elements; its size "
+                    f"{const.size} is {want}"
+                )
+        env = self._env(traced, dtype)
+        outputs = []
+        for arg, size in zip(self.arguments, self._sizes, strict=True):
+            if arg.output:
+                dims = self._traced_dims(size, env, env_now)
+                outputs.append(torch.empty(dims, dtype=_torch_dtype(arg, dtype), device=where))
+        return _returned(outputs)
+
+    def _real(self, args: Sequence[Any]) -> Any:
+        """The custom op's implementation: the eager call."""
+        count = len(self._kinds)
+        inputs, (shape, dtype, constants) = args[:count], args[count:]
+        given = dict(zip(self._constant_names, constants, strict=True)) or None
+        out = self._launch(*inputs, shape=shape, dtype=dtype, constants=given)
+        return out if self.outputs else None
+
+    def _call_op(
+        self,
+        args: Sequence[Any],
+        shape: Sequence[int] | None,
+        dtype: str | None,
+        constants: Mapping[str, Any] | None,
+    ) -> Any:
+        """A call through the custom op (a trace, a dispatch mode, a tensor subclass): the
+        checks that the schema would answer with a TypeError are made first, with Kato's
+        messages; the scalars are converted as the schema takes them."""
+        self._check_kinds(args)
+        self._check_constant_names(constants)
+        values = []
+        for (name, kind, scalar_dtype, _), value in zip(self._kinds, args, strict=True):
+            if kind == "int" and isinstance(value, float):
+                if not value.is_integer():
+                    raise InvalidInput(
+                        f"{self.name}: scalar {name} is {scalar_dtype}; got {value!r}"
+                    )
+                value = int(value)
+            elif kind == "float" and isinstance(value, int | torch.SymInt):
+                value = torch.sym_float(value)
+            values.append(value)
+        tables = [
+            v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
+            for v in ((constants or {})[n] for n in self._constant_names)
+        ]
+        out = self.op(*values, None if shape is None else list(shape), dtype, tables)
+        if not self.outputs:
+            return ()
+        return out
 
     # --- running ------------------------------------------------------------------------------
 
@@ -343,10 +495,27 @@ class UserKernel:
         module on torch's current stream before the launch (ordered with it; calls of one
         operator at one shape on two streams at once with different constants would race).
 
+        Under ``torch.compile`` (or ``torch.export``, ``make_fx``, a dispatch mode, a tensor
+        subclass) the call is the custom op :attr:`op`, which runs the same code; in plain
+        eager mode it skips the dispatcher.
+
         Raises:
             InvalidInput: what :meth:`plan` raises; tensors not on a CUDA device, or a policy
                 of ``"torch"`` for this operator (there is no PyTorch implementation of it).
         """
+        plain, _ = _direct(args)
+        if not plain or not eager():
+            return self._call_op(args, shape, dtype, constants)
+        return self._launch(*args, shape=shape, dtype=dtype, constants=constants)
+
+    def _launch(
+        self,
+        *args: Any,
+        shape: Sequence[int] | None = None,
+        dtype: str | None = None,
+        constants: Mapping[str, Any] | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The eager call: plan, check the device and the policy, bind and launch."""
         call = self.plan(*args, shape=shape, dtype=dtype, constants=constants)
         device = call.outputs[0].device if call.outputs else _device_of(args)
         if device.type != "cuda":
@@ -360,7 +529,7 @@ class UserKernel:
                 "no PyTorch implementation; set it to 'auto' or 'kato'"
             )
         index = device.index if device.index is not None else torch.cuda.current_device()
-        bound = bind(self.name, call.shape, call.dtype, index)
+        bound = bind(self.name, call.shape, call.dtype, index, spec=self.spec)
         if call.constants:
             _upload_constants(bound, call.constants, index)
         bound.run(call.arguments)
@@ -396,7 +565,136 @@ def user_kernel(operator: str | UserOperatorSpec) -> UserKernel:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    return isinstance(value, numbers.Real | torch.SymInt | torch.SymFloat) and not isinstance(
+        value, bool
+    )
+
+
+def _scalar_kind(arg: ArgumentModel) -> str:
+    """ "int" or "float": how the schema takes a scalar argument (its dtype is fixed)."""
+    return "int" if numpy_dtype(arg.dtype, "float32").kind in "iu" else "float"
+
+
+def _hint(value: Any) -> Any:
+    """A SymInt's (SymFloat's) value in the example the trace runs on, without a guard; a
+    number as it is."""
+    if isinstance(value, torch.SymInt | torch.SymFloat):
+        hint = value.node.hint
+        if hint is not None:
+            return hint
+        return int(value) if isinstance(value, torch.SymInt) else float(value)
+    return value
+
+
+def _returned(outputs: list[torch.Tensor]) -> Any:
+    if not outputs:
+        return None
+    return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+class _NotSymbolic(Exception):
+    """An expression :func:`_symbolic` does not follow in SymInts."""
+
+
+_SYMBOLIC_BINARY = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.FloorDiv: lambda a, b: a // b,
+    ast.Mod: lambda a, b: a % b,
+}
+
+
+def _symbolic(node: ast.AST, env: Mapping[str, Any]) -> Any:
+    """The integer an expression's (already checked) tree gives over ``env``, whose values may
+    be SymInts: names, integer constants, ``+ - * // %``, unary minus, ``min``/``max`` and
+    ``ceil``/``floor`` of a quotient. Anything else raises :class:`_NotSymbolic`."""
+    if isinstance(node, ast.Constant):
+        if type(node.value) is int:
+            return node.value
+        raise _NotSymbolic
+    if isinstance(node, ast.Name):
+        value = env[node.id]
+        if isinstance(value, int | torch.SymInt) and not isinstance(value, bool):
+            return value
+        raise _NotSymbolic
+    if isinstance(node, ast.BinOp) and type(node.op) in _SYMBOLIC_BINARY:
+        left, right = _symbolic(node.left, env), _symbolic(node.right, env)
+        return _SYMBOLIC_BINARY[type(node.op)](left, right)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        value = _symbolic(node.operand, env)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
+        name, args = node.func.id, node.args
+        if name in ("min", "max") and args:
+            values = [_symbolic(a, env) for a in args]
+            pick = torch.sym_min if name == "min" else torch.sym_max
+            out = values[0]
+            for value in values[1:]:
+                out = pick(out, value)
+            return out
+        if (
+            name in ("ceil", "floor")
+            and len(args) == 1
+            and isinstance(args[0], ast.BinOp)
+            and isinstance(args[0].op, ast.Div)
+        ):
+            top, bottom = _symbolic(args[0].left, env), _symbolic(args[0].right, env)
+            return -((-top) // bottom) if name == "ceil" else top // bottom
+    raise _NotSymbolic
+
+
+def _schema_name(name: str, taken: set[str]) -> str:
+    """An argument's name in the schema: the spec's, unless it is a Python keyword or one of
+    the call's own arguments (then with underscores appended)."""
+    while keyword.iskeyword(name) or name in ("self", "out", *_EXTRA) or name in taken:
+        name += "_"
+    taken.add(name)
+    return name
+
+
+def _custom_op(kernel: UserKernel) -> torch._ops.OpOverload:
+    """The ``torch.library`` custom op of ``kernel``'s operator at its spec version: registered
+    on first use (one definition per version; torch.library cannot redefine an op in place,
+    and a graph compiled against one version keeps calling it)."""
+    spec = kernel.spec
+    op_name = f"{re.sub(r'[^0-9a-zA-Z_]', '_', spec.name)}_{spec.version}"
+    qualname = f"{NAMESPACE}::{op_name}"
+    with _OPS_LOCK:
+        found = _OPS.get(qualname)
+        if found is not None:
+            return found
+        taken: set[str] = set()
+        mutable = not kernel.outputs  # no output: it can only work by writing its arrays
+        params, mutated = [], []
+        for i, (name, kind, _, _) in enumerate(kernel._kinds):
+            schema_name = _schema_name(name, taken)
+            if kind == "array":
+                params.append(
+                    f"Tensor(a{i}!) {schema_name}" if mutable else f"Tensor {schema_name}"
+                )
+                if mutable:
+                    mutated.append(schema_name)
+            else:
+                params.append(f"{'SymInt' if kind == 'int' else 'float'} {schema_name}")
+        params += ["SymInt[]? shape", "str? dtype", "Tensor[] constants"]
+        returns = ", ".join("Tensor" for _ in kernel.outputs)
+        returns = returns if len(kernel.outputs) == 1 else f"({returns})"
+        schema = f"({', '.join(params)}) -> {returns}"
+        # Inductor hands the op its inputs with the strides eager mode gives them, so a
+        # non-contiguous array is refused compiled as it is in eager mode, not copied.
+        exact = getattr(torch.Tag, "needs_exact_strides", None)
+        custom = torch.library.custom_op(
+            qualname,
+            lambda *args: kernel._real(args),
+            mutates_args=tuple(mutated),
+            schema=schema,
+            tags=(exact,) if exact is not None else None,
+        )
+        custom.register_fake(lambda *args: kernel._fake(args))
+        op = getattr(getattr(torch.ops, NAMESPACE), op_name).default
+        _OPS[qualname] = op
+        return op
 
 
 def _same(value: Any, want: Any) -> bool:
@@ -407,6 +705,8 @@ def _same(value: Any, want: Any) -> bool:
 
 
 def _integral(value: Any) -> bool:
+    if isinstance(value, int | torch.SymInt):  # float() of a SymInt would guard on its value
+        return True
     try:
         return float(value).is_integer()
     except (TypeError, ValueError, OverflowError):
