@@ -318,6 +318,7 @@ def test_float32_split_k_is_deterministic():
     import torch
 
     import kato_torch
+    from kato_torch import _kernels
 
     base = {
         "BM": 64, "BN": 64, "BK": 16, "WM": 16, "WN": 32, "TM": 4, "TN": 4, "VEC": 4,
@@ -338,6 +339,9 @@ def test_float32_split_k_is_deterministic():
         kato_torch.configure(client=Client(), policy="kato")
         try:
             outs[split] = [kato_torch.matmul(a, b) for _ in range(2)]
+            # the served config ran, not the default (SPLIT_K 1) after a refusal
+            bound = _kernels.bind("matmul", (257, 193, 8191), "float32", 0)
+            assert (bound.config["SPLIT_K"], bound.source) == (split, "exact")
         finally:
             kato_torch.configure()
     torch.cuda.synchronize()
