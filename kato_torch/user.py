@@ -586,6 +586,17 @@ def _hint(value: Any) -> Any:
     return value
 
 
+def _non_differentiable(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    """The custom op's autograd context: its outputs carry no gradient."""
+    outputs = output if isinstance(output, tuple) else (output,)
+    ctx.mark_non_differentiable(*(o for o in outputs if isinstance(o, torch.Tensor)))
+    ctx.inputs = len(inputs)
+
+
+def _no_gradient(ctx: Any, *grads: Any) -> tuple[None, ...]:
+    return (None,) * ctx.inputs
+
+
 def _returned(outputs: list[torch.Tensor]) -> Any:
     if not outputs:
         return None
@@ -692,6 +703,10 @@ def _custom_op(kernel: UserKernel) -> torch._ops.OpOverload:
             tags=(exact,) if exact is not None else None,
         )
         custom.register_fake(lambda *args: kernel._fake(args))
+        if not mutable:  # torch.library takes no formula for an op that mutates its inputs
+            # No gradient, as an eager call's outputs have none; without a formula, compiling
+            # a call on an input that requires grad failed ("no autograd formula registered").
+            custom.register_autograd(_no_gradient, setup_context=_non_differentiable)
         op = getattr(getattr(torch.ops, NAMESPACE), op_name).default
         _OPS[qualname] = op
         return op

@@ -195,6 +195,41 @@ def test_aot_autograd_keeps_the_op():
     assert [tuple(t.shape) for t in _outputs(node)] == [(4, 2)]
 
 
+def test_an_input_that_requires_grad_compiles_and_no_output_has_a_gradient():
+    """An eager call's outputs carry no gradient (docs/user_kernels.md: no autograd yet); the
+    op's have none either, so a compiled call on an input that requires grad compiles (without
+    an autograd formula AOT autograd refused the graph) and the op's output under a dispatch
+    mode does not require grad."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mm = kato_torch.user_kernel(_matmul("compile_grad_mm"))
+    graphs = []
+
+    def backend(gm, example_inputs):
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._functorch.aot_autograd import make_boxed_func
+
+        def keep(g, _):
+            graphs.append(g)
+            return make_boxed_func(g.forward)
+
+        return aot_autograd(fw_compiler=keep)(gm, example_inputs)
+
+    compiled = torch.compile(
+        lambda a, b: mm(a, b, a.shape[0], b.shape[1], a.shape[1]) * 2,
+        backend=backend,
+        fullgraph=True,
+    )
+    with pytest.raises(InvalidInput, match=CUDA_ONLY):
+        compiled(torch.randn(4, 6, requires_grad=True), torch.randn(6, 2))
+    (gm,) = graphs
+    assert [tuple(t.shape) for t in _outputs(_op_nodes(gm, mm)[0])] == [(4, 2)]
+    with FakeTensorMode():
+        a = torch.randn(4, 6, requires_grad=True)
+        out = mm(a, torch.randn(6, 2), 4, 2, 6)
+    assert tuple(out.shape) == (4, 2) and not out.requires_grad and out.grad_fn is None
+
+
 def test_a_changed_spec_under_the_same_name_is_another_op():
     def spec(size):
         return _one_dim(
