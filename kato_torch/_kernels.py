@@ -360,7 +360,9 @@ def bind(
 
     shape = tuple(int(s) for s in shape)  # a SymInt (a trace, opcheck) specialises here
     alignment = min(alignment, MAX_VECTOR_BYTES)
-    key = (operator, shape, dtype, device_index, alignment)
+    # A user operator's calls name their spec: two versions of one name alternating at one
+    # shape each keep their own binding rather than rebinding on every call.
+    key = (operator, shape, dtype, device_index, alignment, spec.version if spec else None)
     bound = _bound.get(key)
     if bound is not None and (spec is None or _same_version(bound.spec, spec)):
         return bound

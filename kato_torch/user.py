@@ -115,6 +115,9 @@ class UserCall:
     arguments: list[Any]
     #: The constant-memory arrays (name -> tensor on the call's device).
     constants: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: (given, aligned copy) of each misaligned array of an operator without outputs: such a
+    #: kernel works by writing its arrays, so the copies' contents go back after the launch.
+    write_back: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
 class UserKernel:
@@ -172,7 +175,7 @@ class UserKernel:
         given, where, dtype = self._given(args, dtype, device)
         shape = self._shape(given, dtype) if shape is None else tuple(int(s) for s in shape)
         shape, env = self._checked(given, shape, dtype)
-        outputs, arguments = [], []
+        outputs, arguments, write_back = [], [], []
         for arg, size in zip(self.arguments, self._sizes, strict=True):
             if not arg.output:
                 value = given[arg.name]
@@ -183,7 +186,10 @@ class UserKernel:
                     # A view a few elements into its storage: a user kernel may load vectors of
                     # up to 16 bytes (it was verified on fresh, aligned buffers), and nothing
                     # says which of its parameters could be narrowed, so it gets aligned copies.
-                    value = value.clone()
+                    copy = value.clone()
+                    if not self.outputs:
+                        write_back.append((value, copy))
+                    value = copy
                 arguments.append(value)
                 continue
             dims = self._output_dims(size, env)
@@ -194,7 +200,12 @@ class UserKernel:
             outputs.append(out)
             arguments.append(out)
         return UserCall(
-            shape, dtype, outputs, arguments, self._constants(constants, env, dtype, where)
+            shape,
+            dtype,
+            outputs,
+            arguments,
+            self._constants(constants, env, dtype, where),
+            write_back,
         )
 
     def _check_kinds(self, args: Sequence[Any]) -> None:
@@ -533,6 +544,8 @@ class UserKernel:
         if call.constants:
             _upload_constants(bound, call.constants, index)
         bound.run(call.arguments)
+        for given, copy in call.write_back:
+            given.copy_(copy)
         if len(call.outputs) == 1:
             return call.outputs[0]
         return tuple(call.outputs)

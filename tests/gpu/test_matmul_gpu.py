@@ -36,8 +36,9 @@ _IDS = {"ids": lambda s: "x".join(map(str, s))}
 
 
 def is_mma(config) -> bool:
-    """The mma.sync sweeps below; the wgmma configs have tests of their own (at the end)."""
-    return config["ENGINE"] == "mma"
+    """The mma.sync sweeps below; the wgmma configs and float32's split-K clusters have tests
+    of their own (at the end)."""
+    return config["ENGINE"] == "mma" and config["SPLIT_K"] == 1
 
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)

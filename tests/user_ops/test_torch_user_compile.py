@@ -426,7 +426,9 @@ def test_a_changed_spec_does_not_launch_the_kernel_bound_for_the_old_one(monkeyp
     old, new = spec("n"), spec("n + 0")
     stale = SimpleNamespace(spec=old)
     key = ("compile_rebound", (8,), "float32", 0, _kernels.MAX_VECTOR_BYTES)
-    monkeypatch.setitem(_kernels._bound, key, stale)
+    # bound for the old version, and (as a call naming no spec finds it) by name
+    monkeypatch.setitem(_kernels._bound, (*key, old.version), stale)
+    monkeypatch.setitem(_kernels._bound, (*key, None), stale)
 
     class Compiles(Exception):
         pass
@@ -439,3 +441,33 @@ def test_a_changed_spec_does_not_launch_the_kernel_bound_for_the_old_one(monkeyp
     assert _kernels.bind("compile_rebound", (8,), "float32", 0) is stale  # by name, as before
     with pytest.raises(Compiles):  # another version: bound anew, not the cached one
         _kernels.bind("compile_rebound", (8,), "float32", 0, spec=new)
+    # and the old version keeps its binding: two versions alternating do not rebind each call
+    assert _kernels.bind("compile_rebound", (8,), "float32", 0, spec=old) is stale
+
+
+def test_a_misaligned_array_of_an_operator_without_outputs_gets_its_copy_back():
+    """A kernel without outputs works by writing its arrays; one a few elements into its
+    storage runs on an aligned copy, whose contents the call copies back (else the write would
+    be lost); an operator with outputs writes only those, and keeps no such pair."""
+    spec = _one_dim(
+        "write_back_in_place",
+        [
+            {"name": "x", "dtype": "float32", "size": "n"},
+            {"name": "n", "dtype": "int32", "value": "n"},
+        ],
+    )
+    k = kato_torch.user_kernel(spec)
+    storage = torch.arange(11, dtype=torch.float32)
+    view = storage[1:]  # 4 bytes into its storage
+    call = k.plan(view, 10)
+    ((given, copy),) = call.write_back
+    assert given is view and copy.data_ptr() % 16 == 0
+    assert call.arguments[0] is copy and torch.equal(copy, view)
+    aligned = k.plan(storage[:10], 10)
+    assert aligned.write_back == [] and aligned.arguments[0].data_ptr() == storage.data_ptr()
+
+
+def test_an_operator_with_outputs_keeps_no_write_back(vector_add):
+    a = torch.arange(11, dtype=torch.float32)[1:]
+    call = vector_add.plan(a, a.clone(), 10)
+    assert call.write_back == [] and call.arguments[0] is not a  # still an aligned copy
