@@ -33,6 +33,7 @@ def compile_all(
     awkward: Sequence[Sequence[int]],
     cache_dir,
     more_shapes: Sequence[Sequence[int]] = (),
+    pairs: bool = False,
 ) -> list[Outcome]:
     """The valid configs at ``shape`` and at each of ``more_shapes`` (shapes whose sources
     differ: a code path only some shapes take), sampled, plus the defaults at ``awkward``."""
@@ -46,6 +47,7 @@ def compile_all(
         cache_dir,
         heaviest=_bytes_in_flight,
         extra=defaults,
+        pairs=pairs,
     )
 
 

@@ -79,9 +79,11 @@ def register_boundary(holds_registers: Callable[[Variant], bool]) -> Heaviest:
     return heaviest
 
 
-def sample(spec: OperatorSpec, heaviest: Heaviest | None) -> list[Variant]:
+def sample(spec: OperatorSpec, heaviest: Heaviest | None, pairs: bool = False) -> list[Variant]:
     """The variants :func:`compile_sample` compiles (every distinct one with FULL)."""
-    return sample_with_extra(_variants(spec.name), heaviest=heaviest, extra=awkward_defaults(spec))
+    return sample_with_extra(
+        _variants(spec.name), heaviest=heaviest, extra=awkward_defaults(spec), pairs=pairs
+    )
 
 
 def compile_sample(
@@ -89,6 +91,7 @@ def compile_sample(
     heaviest: Heaviest | None,
     cache_dir: Path,
     archs: Sequence[str] = ARCHS,
+    pairs: bool = False,
 ) -> list[Outcome]:
     """Compile :func:`sample` for the first of ``archs``, and every other one of it (all with
     FULL) for the rest."""
@@ -99,6 +102,7 @@ def compile_sample(
         heaviest=heaviest,
         extra=awkward_defaults(spec),
         archs=archs,
+        pairs=pairs,
     )
 
 
@@ -203,9 +207,9 @@ class NormCompileChecks:
         return sample(self.SPEC, register_boundary(self.holds_registers))
 
     @pytest.fixture(scope="class")
-    def outcomes(self, cubin_cache: Path) -> list[Outcome]:
+    def outcomes(self, cubin_cache: Path, sample_pairs: bool) -> list[Outcome]:
         heaviest = register_boundary(self.holds_registers)
-        return compile_sample(self.SPEC, heaviest, cubin_cache, self.ARCHS)
+        return compile_sample(self.SPEC, heaviest, cubin_cache, self.ARCHS, sample_pairs)
 
     def test_the_sample_covers_every_code_path(self) -> None:
         variants = self.sample()
