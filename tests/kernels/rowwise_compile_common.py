@@ -5,8 +5,9 @@ backward; one test module each).
 Their spaces have 440 to 880 distinct sources per operator over the two representative shapes
 (an odd width, where every row's head differs, and a multiple of every VEC, where register
 caches of the weight and of dweight apply), more than CI's 2 cores can compile in a minute. CI
-therefore compiles ``compile_harness.covering_sample`` of them (every dtype, shape and parameter
-value and every pair of those, every rendered macro's value) plus, per module, the variants of
+therefore compiles ``compile_harness.covering_sample`` of them (every shape and parameter value
+in every dtype, every rendered macro's value; ``-m slow``: every pair of values) plus, per
+module, the variants of
 its ``heaviest`` key (:func:`register_boundary`: per dtype, register cap and WB_REGS, the
 variant holding the most registers, where a spill would show), plus the default configs of
 awkward shapes; for sm_90, and every other one of them for sm_80. ``KATO_COMPILE_FULL=1``

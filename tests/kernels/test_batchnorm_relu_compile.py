@@ -6,17 +6,18 @@ APPLY=1 the apply kernel is compiled empty: it is never launched.) As
 test_batchnorm_train_compile.py, with a smaller sample: the epilogue adds a stream (the
 residual, y) or a few registers (the recomputed mask) to the same kernels, so per (dtype, APPLY,
 register cap of the reduction kernels) only the variant with the most registers in flight, plus
-every (dtype, VEC, APPLY_VEC) pair and the defaults of awkward shapes, plus the plane splits'
-heaviest variants (plane_split_sample.py: H*W = 49, not a multiple of the vector width).
+every VEC and APPLY_VEC in every dtype (every triple under ``-m slow``) and the defaults of
+awkward shapes, plus the plane splits' heaviest variants (plane_split_sample.py: H*W = 49, not
+a multiple of the vector width).
 
 The source depends neither on the shape nor on STRATEGY, SPLIT and APPLY_BLOCK (launch
 choices), so one shape per dtype whose H*W every VEC divides reaches every variant: 150 to 300
 distinct sources per operator and dtype, more than CI's 2 cores compile in a minute. CI compiles
-a covering sample: per (dtype, APPLY, register cap of the reduction kernels) the variant with the
-most registers in flight per thread and the one with the fewest, plus every (dtype, VEC,
-APPLY_VEC) pair, plus the default configs of awkward shapes; ``KATO_COMPILE_FULL=1`` compiles
-every distinct variant for sm_90 and sm_80 (benchmarks/h200_training_ops.sh does), CI for sm_90
-only; ``KATO_COMPILE_TEST_ARCHS`` overrides the archs.
+a covering sample as test_batchnorm_train_compile.py does (``-m slow``: per group the heaviest
+variant and every (dtype, VEC, APPLY_VEC) triple), plus the default configs of awkward shapes;
+``KATO_COMPILE_FULL=1`` compiles every distinct variant for sm_90 and sm_80
+(benchmarks/h200_training_ops.sh does), CI for sm_90 only; ``KATO_COMPILE_TEST_ARCHS`` overrides
+the archs.
 """
 
 from __future__ import annotations

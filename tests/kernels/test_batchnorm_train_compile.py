@@ -7,10 +7,13 @@ never launched.)
 The source depends neither on the shape nor on STRATEGY, SPLIT and APPLY_BLOCK (launch
 choices), so one shape per dtype whose H*W every VEC divides reaches every variant: 150 to 300
 distinct sources per operator and dtype, more than CI's 2 cores compile in a minute. CI compiles
-a covering sample: per (dtype, APPLY, register cap of the reduction kernels) the variant with the
-most registers in flight per thread and the one with the fewest, plus every (dtype, VEC,
-APPLY_VEC) pair, plus the default configs of awkward shapes, plus the plane splits' heaviest
-variants (plane_split_sample.py: H*W = 49, not a multiple of the vector width);
+a covering sample (``compile_harness.covering_sample``: every parameter value in every dtype and
+every rendered macro's value) with, per (dtype, APPLY, register cap of the reduction kernels),
+the variant with the most registers in flight per thread, plus every VEC and APPLY_VEC in every
+dtype, plus the default configs of awkward shapes, plus the plane splits' heaviest variants
+(plane_split_sample.py: H*W = 49, not a multiple of the vector width), for sm_90 and every
+other one for sm_80; ``-m slow`` compiles the pairwise sample for both archs: per group the
+heaviest and the lightest variant, and every (dtype, VEC, APPLY_VEC) triple;
 ``KATO_COMPILE_FULL=1`` compiles every distinct variant (benchmarks/h200_training_ops.sh does),
 ``KATO_COMPILE_TEST_ARCHS`` overrides the archs.
 """

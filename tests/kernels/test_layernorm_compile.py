@@ -7,8 +7,8 @@ CACHE=2 ones only through ITEMS/WB_REGS, GROUP_ROWS never reaches the source, an
 sources depend on BLOCK_SIZE/MIN_BLOCKS only through the register cap), plus the defaults of
 awkward shapes (short rows in registers with several rows per warp, odd widths, huge rows).
 Batched through tests/kernels/compile_harness.py (``compile_covering``: every parameter value
-and pair of values, and per dtype, register cap and CACHE the variant with the largest row cache,
-the spill boundary).
+in every dtype, every pair of values under ``-m slow``, and per dtype, register cap and CACHE
+the variant with the largest row cache, the spill boundary).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """softmax variants compile for sm_90 and sm_80, with sane ptxas resources.
 
 CI compiles a covering sample of the variants described below (``compile_harness.
-covering_sample``: every parameter value and pair, every rendered switch, and per dtype,
+covering_sample``: every parameter value in every dtype, every pair under ``-m slow``, every
+rendered switch, and per dtype,
 register cap, CACHE and LANES the variant holding the most row bytes a thread), every other one
 of them for sm_80; ``KATO_COMPILE_FULL=1`` compiles every one. "Every variant" means every
 config ``check`` accepts for one representative shape per dtype
