@@ -32,6 +32,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 from kato.kernels.spec import Config, OperatorSpec
 from kato.tuner.backends.pycuda import operator_space
 from kato.tuner.nvcc import CompiledKernel, CompileError, KernelResources, compile_many
@@ -51,6 +52,12 @@ FULL = os.environ.get("KATO_COMPILE_FULL") == "1"
 #: test builds for every arch of :data:`ARCHS`): the first alone in CI, all of them with
 #: :data:`FULL` or ``KATO_COMPILE_TEST_ARCHS``.
 FUSED_ARCHS = ARCHS if FULL or "KATO_COMPILE_TEST_ARCHS" in os.environ else ARCHS[:1]
+#: The ``pairs`` argument of :func:`covering_sample` that the ``sample_pairs`` fixture
+#: (tests/kernels/conftest.py) hands a compile module's fixtures: every value in the default
+#: run, every pair of values as well under ``-m slow`` (the default run's sample until
+#: 2026-12-07; docs/ARCHITECTURE.md has the figures).
+SAMPLES = [False, pytest.param(True, marks=pytest.mark.slow)]
+SAMPLE_IDS = ["values", "pairs"]
 
 
 def kernel_names(spec: OperatorSpec) -> tuple[str, ...]:
@@ -153,12 +160,16 @@ def _source_key(v: Variant) -> Hashable:
     return v.spec.template_for(v.config), defines
 
 
-def _features(v: Variant, shapes: dict[tuple[int, ...], int]) -> set[tuple]:
-    """What a variant exercises: its dtype, shape and every parameter's value, every pair of
-    those, and each macro the spec renders for it (derived switches such as a split row)."""
+def _features(v: Variant, shapes: dict[tuple[int, ...], int], pairs: bool) -> set[tuple]:
+    """What a variant exercises: its dtype, shape and every parameter's value, each of those
+    with the dtype (or, where ``pairs``, every pair of them), and each macro the spec renders
+    for it (derived switches such as a split row)."""
     axes = [("dtype", v.dtype), ("shape", shapes[v.shape]), *sorted(v.config.items())]
     found: set[tuple] = set(axes)
-    found.update(itertools.combinations(axes, 2))
+    if pairs:
+        found.update(itertools.combinations(axes, 2))
+    else:
+        found.update((axes[0], axis) for axis in axes[1:])
     for name, value in v.spec.defines(v.config, v.shape, v.dtype).items():
         found.add(("define", name, str(value)))
     return found
@@ -170,15 +181,18 @@ def covering_sample(
     heaviest: Callable[[Variant], tuple[Hashable, float] | None] | None = None,
     seed: int = 2026,
     full: bool | None = None,
+    pairs: bool = False,
 ) -> list[Variant]:
     """The variants a compile test compiles: every one where ``full`` (default
     :data:`FULL`), else a covering sample, in a seeded order, of each variant that reaches
-    something none before it did: a value of the dtype, the shape or a parameter, a pair of
-    those (every two parameters' values meet at least once), or a rendered macro's value.
-    ``heaviest(v)`` -> ``(key, score)`` adds, per key, the variant of highest score: the
-    module's resource boundary (the most registers a launch bound must hold), which pairs
-    alone would reach only by chance. Typically 3-10% of a space's sources; the full set is
-    compiled on the device host (``KATO_COMPILE_FULL=1``)."""
+    something none before it did: a value of the shape or a parameter in a dtype (every
+    value in every dtype), a rendered macro's value, and where ``pairs`` (the ``-m slow``
+    sample, :data:`SAMPLES`) any pair of values (every two parameters' values meet at least
+    once). ``heaviest(v)`` -> ``(key, score)`` adds, per key, the variant of highest score:
+    the module's resource boundary (the most registers a launch bound must hold), which
+    values or pairs alone would reach only by chance. Typically 3-10% of a space's sources
+    with pairs, about two thirds of that without; the full set is compiled on the device
+    host (``KATO_COMPILE_FULL=1``)."""
     if full is None:
         full = FULL
     if full:
@@ -188,7 +202,7 @@ def covering_sample(
     random.Random(seed).shuffle(order)
     chosen, covered = [], set()
     for v in order:
-        features = _features(v, shapes)
+        features = _features(v, shapes, pairs)
         if not features <= covered:
             covered |= features
             chosen.append(v)
@@ -261,10 +275,11 @@ def sample_with_extra(
     *,
     heaviest: Callable[[Variant], tuple[Hashable, float] | None] | None = None,
     extra: Sequence[Variant] = (),
+    pairs: bool = False,
 ) -> list[Variant]:
     """What :func:`compile_covering` compiles: :func:`covering_sample` of ``variants``, then
     each of ``extra`` (defaults of awkward shapes, always compiled) whose source is new."""
-    chosen = covering_sample(variants, heaviest=heaviest)
+    chosen = covering_sample(variants, heaviest=heaviest, pairs=pairs)
     seen = {v.source() for v in chosen}
     for v in extra:
         if v.source() not in seen:
@@ -282,11 +297,12 @@ def compile_covering(
     extra: Sequence[Variant] = (),
     batch: int = 48,
     archs: Sequence[str] = ARCHS,
+    pairs: bool = False,
 ) -> list[Outcome]:
     """Compile :func:`sample_with_extra` of ``variants`` and ``extra`` for ``archs[0]``, and
     every other one of them for the other archs (all with :data:`FULL`). Prints what it
     compiled and how long it took."""
-    chosen = sample_with_extra(variants, heaviest=heaviest, extra=extra)
+    chosen = sample_with_extra(variants, heaviest=heaviest, extra=extra, pairs=pairs)
     start = time.perf_counter()
     outcomes = compile_variants(chosen, archs[:1], cache_dir, batch=batch)
     rest = (chosen if FULL else chosen[::2]) if archs[1:] else []

@@ -6,6 +6,7 @@ import shutil
 
 import cuda_emulation
 import pytest
+from compile_harness import SAMPLE_IDS, SAMPLES
 
 
 @pytest.fixture
@@ -20,6 +21,14 @@ def norm_emulation(monkeypatch: pytest.MonkeyPatch) -> None:
         pytest.skip("CUDA headers not found next to nvcc")
     monkeypatch.setattr(cuda_emulation, "HEADER", cuda_emulation.HEADER + cuda_emulation.NORM_EXTRA)
     monkeypatch.setattr(cuda_emulation, "_literal", cuda_emulation.float_literal)
+
+
+@pytest.fixture(scope="module", params=SAMPLES, ids=SAMPLE_IDS)
+def sample_pairs(request: pytest.FixtureRequest) -> bool:
+    """Whether a compile module's covering sample takes every pair of parameter values
+    (``-m slow``) or every value (the default run): its fixtures compile, and its tests check,
+    each in turn."""
+    return request.param
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups

@@ -2,9 +2,10 @@
 
 The distinct rendered sources of the operator's space (the sources do not depend on the shape,
 so one representative shape per dtype reaches every variant): a covering sample of them
-(``compile_harness.covering_sample``: every parameter value and pair of values, every rendered
-switch, and per dtype and block size the variant with the most bytes in flight a thread, the
-register boundary), all with ``KATO_COMPILE_FULL=1``; plus the defaults of awkward shapes.
+(``compile_harness.covering_sample``: every parameter value in every dtype, every pair of values
+under ``-m slow``, every rendered switch, and per dtype and block size the variant with the most
+bytes in flight a thread, the register boundary), all with ``KATO_COMPILE_FULL=1``; plus the
+defaults of awkward shapes.
 Compiled for sm_90 and every other one for sm_80 (all with FULL; ``KATO_COMPILE_TEST_ARCHS``
 overrides) in batches through ``tests/kernels/compile_harness.py``. Checks: everything
 compiles; at most ~150 distinct sources per dtype; registers within the ``__launch_bounds__``
@@ -33,6 +34,7 @@ def compile_all(
     awkward: Sequence[Sequence[int]],
     cache_dir,
     more_shapes: Sequence[Sequence[int]] = (),
+    pairs: bool = False,
 ) -> list[Outcome]:
     """The valid configs at ``shape`` and at each of ``more_shapes`` (shapes whose sources
     differ: a code path only some shapes take), sampled, plus the defaults at ``awkward``."""
@@ -46,6 +48,7 @@ def compile_all(
         cache_dir,
         heaviest=_bytes_in_flight,
         extra=defaults,
+        pairs=pairs,
     )
 
 

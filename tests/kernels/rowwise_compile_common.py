@@ -5,8 +5,9 @@ backward; one test module each).
 Their spaces have 440 to 880 distinct sources per operator over the two representative shapes
 (an odd width, where every row's head differs, and a multiple of every VEC, where register
 caches of the weight and of dweight apply), more than CI's 2 cores can compile in a minute. CI
-therefore compiles ``compile_harness.covering_sample`` of them (every dtype, shape and parameter
-value and every pair of those, every rendered macro's value) plus, per module, the variants of
+therefore compiles ``compile_harness.covering_sample`` of them (every shape and parameter value
+in every dtype, every rendered macro's value; ``-m slow``: every pair of values) plus, per
+module, the variants of
 its ``heaviest`` key (:func:`register_boundary`: per dtype, register cap and WB_REGS, the
 variant holding the most registers, where a spill would show), plus the default configs of
 awkward shapes; for sm_90, and every other one of them for sm_80. ``KATO_COMPILE_FULL=1``
@@ -79,9 +80,11 @@ def register_boundary(holds_registers: Callable[[Variant], bool]) -> Heaviest:
     return heaviest
 
 
-def sample(spec: OperatorSpec, heaviest: Heaviest | None) -> list[Variant]:
+def sample(spec: OperatorSpec, heaviest: Heaviest | None, pairs: bool = False) -> list[Variant]:
     """The variants :func:`compile_sample` compiles (every distinct one with FULL)."""
-    return sample_with_extra(_variants(spec.name), heaviest=heaviest, extra=awkward_defaults(spec))
+    return sample_with_extra(
+        _variants(spec.name), heaviest=heaviest, extra=awkward_defaults(spec), pairs=pairs
+    )
 
 
 def compile_sample(
@@ -89,6 +92,7 @@ def compile_sample(
     heaviest: Heaviest | None,
     cache_dir: Path,
     archs: Sequence[str] = ARCHS,
+    pairs: bool = False,
 ) -> list[Outcome]:
     """Compile :func:`sample` for the first of ``archs``, and every other one of it (all with
     FULL) for the rest."""
@@ -99,6 +103,7 @@ def compile_sample(
         heaviest=heaviest,
         extra=awkward_defaults(spec),
         archs=archs,
+        pairs=pairs,
     )
 
 
@@ -203,9 +208,9 @@ class NormCompileChecks:
         return sample(self.SPEC, register_boundary(self.holds_registers))
 
     @pytest.fixture(scope="class")
-    def outcomes(self, cubin_cache: Path) -> list[Outcome]:
+    def outcomes(self, cubin_cache: Path, sample_pairs: bool) -> list[Outcome]:
         heaviest = register_boundary(self.holds_registers)
-        return compile_sample(self.SPEC, heaviest, cubin_cache, self.ARCHS)
+        return compile_sample(self.SPEC, heaviest, cubin_cache, self.ARCHS, sample_pairs)
 
     def test_the_sample_covers_every_code_path(self) -> None:
         variants = self.sample()

@@ -6,17 +6,18 @@ APPLY=1 the apply kernel is compiled empty: it is never launched.) As
 test_batchnorm_train_compile.py, with a smaller sample: the epilogue adds a stream (the
 residual, y) or a few registers (the recomputed mask) to the same kernels, so per (dtype, APPLY,
 register cap of the reduction kernels) only the variant with the most registers in flight, plus
-every (dtype, VEC, APPLY_VEC) pair and the defaults of awkward shapes, plus the plane splits'
-heaviest variants (plane_split_sample.py: H*W = 49, not a multiple of the vector width).
+every VEC and APPLY_VEC in every dtype (every triple under ``-m slow``) and the defaults of
+awkward shapes, plus the plane splits' heaviest variants (plane_split_sample.py: H*W = 49, not
+a multiple of the vector width).
 
 The source depends neither on the shape nor on STRATEGY, SPLIT and APPLY_BLOCK (launch
 choices), so one shape per dtype whose H*W every VEC divides reaches every variant: 150 to 300
 distinct sources per operator and dtype, more than CI's 2 cores compile in a minute. CI compiles
-a covering sample: per (dtype, APPLY, register cap of the reduction kernels) the variant with the
-most registers in flight per thread and the one with the fewest, plus every (dtype, VEC,
-APPLY_VEC) pair, plus the default configs of awkward shapes; ``KATO_COMPILE_FULL=1`` compiles
-every distinct variant for sm_90 and sm_80 (benchmarks/h200_training_ops.sh does), CI for sm_90
-only; ``KATO_COMPILE_TEST_ARCHS`` overrides the archs.
+a covering sample as test_batchnorm_train_compile.py does (``-m slow``: per group the heaviest
+variant and every (dtype, VEC, APPLY_VEC) triple), plus the default configs of awkward shapes;
+``KATO_COMPILE_FULL=1`` compiles every distinct variant for sm_90 and sm_80
+(benchmarks/h200_training_ops.sh does), CI for sm_90 only; ``KATO_COMPILE_TEST_ARCHS`` overrides
+the archs.
 """
 
 from __future__ import annotations
@@ -27,7 +28,13 @@ import time
 from pathlib import Path
 
 import pytest
-from compile_harness import Outcome, Variant, compile_variants, distinct_variants
+from compile_harness import (
+    Outcome,
+    Variant,
+    compile_variants,
+    covering_sample,
+    distinct_variants,
+)
 from kato.kernels import DTYPES, get_operator
 from kato.kernels.batchnorm.channelwise import APPLY_REGISTER_CAP, FINALIZE_THREADS
 from kato.kernels.batchnorm_stats import register_cap
@@ -71,12 +78,25 @@ def pressure(v: Variant) -> int:
     )
 
 
+def _heaviest(v: Variant) -> tuple[tuple, int]:
+    """Per (dtype, APPLY, register cap of the reduction kernels): the most registers in flight."""
+    return (v.dtype, v.config["APPLY"], register_cap(v.config)), pressure(v)
+
+
 @functools.cache
-def sample(spec) -> list[Variant]:
+def sample(spec, pairs: bool = False) -> list[Variant]:
     """The variants compiled for ``spec`` (built once, on first use: not at collection)."""
     every = distinct_variants(spec, [(SHAPE, d) for d in spec.dtypes])
     if FULL:
         chosen = list(every)
+    elif not pairs:
+        chosen = covering_sample(every, heaviest=_heaviest, full=False)
+        seen = {(v.dtype, k, v.config[k]) for v in chosen for k in ("VEC", "APPLY_VEC")}
+        for v in every:
+            new = {(v.dtype, k, v.config[k]) for k in ("VEC", "APPLY_VEC")} - seen
+            if new:
+                seen |= new
+                chosen.append(v)
     else:
         groups: dict[tuple, list[Variant]] = {}
         for v in every:
@@ -86,11 +106,11 @@ def sample(spec) -> list[Variant]:
         for members in groups.values():
             members.sort(key=pressure)
             chosen.append(members[-1])
-        pairs = {(v.dtype, v.config["VEC"], v.config["APPLY_VEC"]) for v in chosen}
+        triples = {(v.dtype, v.config["VEC"], v.config["APPLY_VEC"]) for v in chosen}
         for v in every:
-            pair = (v.dtype, v.config["VEC"], v.config["APPLY_VEC"])
-            if pair not in pairs:
-                pairs.add(pair)
+            triple = (v.dtype, v.config["VEC"], v.config["APPLY_VEC"])
+            if triple not in triples:
+                triples.add(triple)
                 chosen.append(v)
     sources = {v.source() for v in chosen}
     for dtype in spec.dtypes:
@@ -108,10 +128,14 @@ def sample(spec) -> list[Variant]:
 
 
 @pytest.fixture(scope="module")
-def outcomes(cubin_cache: Path) -> list[Outcome]:
-    variants = [v for spec in SPECS for v in sample(spec)]
+def outcomes(cubin_cache: Path, sample_pairs: bool) -> list[Outcome]:
+    variants = [v for spec in SPECS for v in sample(spec, sample_pairs)]
     start = time.perf_counter()
-    found = compile_variants(variants, ARCHS, cubin_cache, batch=32)
+    found = compile_variants(variants, ARCHS[:1], cubin_cache, batch=32)
+    # The other archs: every variant with FULL or -m slow's pairs, every other one by default.
+    rest = variants if FULL or sample_pairs else variants[::2]
+    if ARCHS[1:]:
+        found += compile_variants(rest, ARCHS[1:], cubin_cache, batch=32)
     print(
         f"\nbatchnorm(_add)_relu(_backward): {len(variants)} variants x {len(ARCHS)} archs in "
         f"{time.perf_counter() - start:.0f} s"

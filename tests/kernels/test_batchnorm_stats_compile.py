@@ -33,7 +33,7 @@ def heaviest(v: Variant) -> tuple[tuple, float]:
 
 
 @pytest.fixture(scope="module")
-def outcomes(cubin_cache: Path) -> list[Outcome]:
+def outcomes(cubin_cache: Path, sample_pairs: bool) -> list[Outcome]:
     defaults = [
         Variant(SPEC, SPEC.default_config(shape, dtype), shape, dtype)
         for dtype in SPEC.dtypes
@@ -43,7 +43,12 @@ def outcomes(cubin_cache: Path) -> list[Outcome]:
     # Planes that are not whole vectors (H*W = 49): per dtype and cap the heaviest split.
     split = plane_split_sample(SPEC)
     return compile_covering(
-        "batchnorm_stats", every, cubin_cache, heaviest=heaviest, extra=defaults + split
+        "batchnorm_stats",
+        every,
+        cubin_cache,
+        heaviest=heaviest,
+        extra=defaults + split,
+        pairs=sample_pairs,
     )
 
 

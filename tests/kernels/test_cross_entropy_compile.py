@@ -30,8 +30,9 @@ def widest(v: Variant) -> tuple[tuple, float]:
 
 
 @pytest.fixture(scope="module", params=NAMES)
-def compiled(request, cubin_cache: Path) -> list[Outcome]:
-    return common.compile_sample(get_operator(request.param), widest, cubin_cache)
+def compiled(request, cubin_cache: Path, sample_pairs: bool) -> list[Outcome]:
+    spec = get_operator(request.param)
+    return common.compile_sample(spec, widest, cubin_cache, pairs=sample_pairs)
 
 
 @pytest.mark.parametrize("name", NAMES)

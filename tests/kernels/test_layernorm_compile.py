@@ -7,8 +7,8 @@ CACHE=2 ones only through ITEMS/WB_REGS, GROUP_ROWS never reaches the source, an
 sources depend on BLOCK_SIZE/MIN_BLOCKS only through the register cap), plus the defaults of
 awkward shapes (short rows in registers with several rows per warp, odd widths, huge rows).
 Batched through tests/kernels/compile_harness.py (``compile_covering``: every parameter value
-and pair of values, and per dtype, register cap and CACHE the variant with the largest row cache,
-the spill boundary).
+in every dtype, every pair of values under ``-m slow``, and per dtype, register cap and CACHE
+the variant with the largest row cache, the spill boundary).
 """
 
 from __future__ import annotations
@@ -51,14 +51,16 @@ def heaviest(v: Variant) -> tuple[tuple, float]:
 
 
 @pytest.fixture(scope="module")
-def outcomes(cubin_cache: Path) -> list[Outcome]:
+def outcomes(cubin_cache: Path, sample_pairs: bool) -> list[Outcome]:
     defaults = [
         Variant(SPEC, SPEC.default_config(shape, dtype), shape, dtype)
         for dtype in SPEC.dtypes
         for shape in AWKWARD
     ]
     every = distinct_variants(SPEC, [(SHAPE, d) for d in SPEC.dtypes])
-    return compile_covering("layernorm", every, cubin_cache, heaviest=heaviest, extra=defaults)
+    return compile_covering(
+        "layernorm", every, cubin_cache, heaviest=heaviest, extra=defaults, pairs=sample_pairs
+    )
 
 
 def test_distinct_sources_per_dtype_are_bounded() -> None:
@@ -138,8 +140,9 @@ def split_row_variants() -> list[Variant]:
 
 
 @pytest.fixture(scope="module")
-def split_outcomes(cubin_cache: Path) -> list[Outcome]:
-    return compile_covering("layernorm GROUP_ROWS=0", split_row_variants(), cubin_cache)
+def split_outcomes(cubin_cache: Path, sample_pairs: bool) -> list[Outcome]:
+    variants = split_row_variants()
+    return compile_covering("layernorm GROUP_ROWS=0", variants, cubin_cache, pairs=sample_pairs)
 
 
 def test_split_variants_cover_the_space(split_outcomes: list[Outcome]) -> None:

@@ -27,7 +27,7 @@ FORWARD = get_operator("layernorm_relu")
 
 
 @pytest.fixture(scope="module")
-def outcomes(cubin_cache: Path) -> list[Outcome]:
+def outcomes(cubin_cache: Path, sample_pairs: bool) -> list[Outcome]:
     defaults = [
         Variant(FORWARD, FORWARD.default_config(shape, dtype), shape, dtype)
         for dtype in FORWARD.dtypes
@@ -48,6 +48,7 @@ def outcomes(cubin_cache: Path) -> list[Outcome]:
         heaviest=heaviest,
         extra=defaults + split[::4],
         archs=FUSED_ARCHS,
+        pairs=sample_pairs,
     )
 
 

@@ -115,10 +115,11 @@ def test_cluster_grids_are_whole_clusters_of_cluster_tiles():
 WGMMA_SHAPE = (4096, 4096, 4096)
 
 
-def _wgmma_classes():
+def _wgmma_classes(pairs: bool = True):
     """(spec, dtype, config): every tile x cluster class at its most stages in float16 for
     matmul, and for every layout and dtype the heaviest classes (128 x 256 and 256 x 128 with
-    two consumers, with and without clusters; 64 x 256 with one)."""
+    two consumers, with and without clusters, and the 64 x 256 ping-pong; with ``pairs``, the
+    ``-m slow`` sample, also 64 x 256 and 128 x 128 unpaired and the 128 x 128 ping-pong)."""
     from kato.kernels import get_operator
 
     specs = [get_operator(n) for n in ("matmul", "matmul_nt", "matmul_tn")]
@@ -137,16 +138,17 @@ def _wgmma_classes():
         first = c["PERSISTENT"] == int(c["PINGPONG"])  # ping-pong is persistent only
         if first and c["STAGES"] >= picked.get(key, {"STAGES": 0})["STAGES"]:
             picked[key] = c
-    heavy = {(128, 256), (256, 128), (64, 256), (128, 128)}
     for spec in specs:
         for dtype in ("float16", "bfloat16"):
+            every = pairs or (spec.name, dtype) == ("matmul", "float16")
+            heavy = {(128, 256), (256, 128)} | ({(64, 256), (128, 128)} if every else set())
             for c in valid(spec, dtype):
                 if (c["BM"], c["BN"]) in heavy and c["STAGES"] == 3 and c["PERSISTENT"] == 0:
                     key = (spec.name, dtype, c["BM"], c["BN"], c["CLUSTER_M"], c["EPILOGUE"], 0)
                     picked[key] = c
                 pp = (c["BM"], c["BN"], c["PINGPONG"], c["CLUSTER_M"]) in {
                     (64, 256, 1, 1),
-                    (128, 128, 1, 1),
+                    *([(128, 128, 1, 1)] if every else []),
                 }
                 if pp and c["STAGES"] == 3:
                     key = (spec.name, dtype, c["BM"], c["BN"], 1, c["EPILOGUE"], 1)
@@ -156,10 +158,10 @@ def _wgmma_classes():
 
 
 @pytest.fixture(scope="module")
-def wgmma_builds(cubin_cache):
+def wgmma_builds(cubin_cache, sample_pairs):
     from kato.tuner.nvcc import compile_many
 
-    classes = _wgmma_classes()
+    classes = _wgmma_classes(sample_pairs)
     jobs = [
         (
             spec.render(c, WGMMA_SHAPE, dtype),

@@ -43,8 +43,8 @@ def static_shared(kernel: str, config) -> int:
 
 
 @pytest.fixture(scope="module")
-def compiled(cubin_cache):
-    return compile_all(SPEC, SHAPE, AWKWARD, cubin_cache, MORE_SHAPES)
+def compiled(cubin_cache, sample_pairs):
+    return compile_all(SPEC, SHAPE, AWKWARD, cubin_cache, MORE_SHAPES, pairs=sample_pairs)
 
 
 @pytest.mark.parametrize("shape", [SHAPE, MORE_SHAPES[0]], ids=str)

@@ -30,8 +30,8 @@ def static_shared(kernel: str, config) -> int:
 
 
 @pytest.fixture(scope="module")
-def compiled(cubin_cache):
-    return compile_all(SPEC, SHAPE, AWKWARD, cubin_cache)
+def compiled(cubin_cache, sample_pairs):
+    return compile_all(SPEC, SHAPE, AWKWARD, cubin_cache, pairs=sample_pairs)
 
 
 def test_distinct_sources_per_dtype_are_bounded() -> None:

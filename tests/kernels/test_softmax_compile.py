@@ -1,7 +1,8 @@
 """softmax variants compile for sm_90 and sm_80, with sane ptxas resources.
 
 CI compiles a covering sample of the variants described below (``compile_harness.
-covering_sample``: every parameter value and pair, every rendered switch, and per dtype,
+covering_sample``: every parameter value in every dtype, every pair under ``-m slow``, every
+rendered switch, and per dtype,
 register cap, CACHE and LANES the variant holding the most row bytes a thread), every other one
 of them for sm_80; ``KATO_COMPILE_FULL=1`` compiles every one. "Every variant" means every
 config ``check`` accepts for one representative shape per dtype
@@ -171,9 +172,9 @@ def _heaviest(v: Variant) -> tuple[tuple, float]:
     return (v.dtype, register_cap(c), c["CACHE"], c["LANES"]), held
 
 
-def sample(found: list[Variant]) -> list[Variant]:
+def sample(found: list[Variant], pairs: bool) -> list[Variant]:
     """What is compiled: ``compile_harness.covering_sample`` (every one with FULL)."""
-    return covering_sample(found, heaviest=_heaviest)
+    return covering_sample(found, heaviest=_heaviest, pairs=pairs)
 
 
 def _cost(variant: Variant) -> int:
@@ -207,17 +208,18 @@ def _compile_one_by_one(batch: list[Variant], arch: str, cache: Path) -> list[Ou
 
 
 @pytest.fixture(scope="module")
-def outcomes(cubin_cache: Path) -> list[Outcome]:
+def outcomes(cubin_cache: Path, sample_pairs: bool) -> list[Outcome]:
     """Compile a covering sample of the variants (every one with FULL) plus the awkward
     defaults for sm_90, every other one of them for the other archs (all with FULL)."""
     batches: list[tuple[str, list[Variant]]] = []
     for dtype in SPEC.dtypes:
-        todo = sorted(sample(variants(dtype)), key=_cost, reverse=True) + awkward_defaults(dtype)
+        todo = sample(variants(dtype), sample_pairs)
+        todo = sorted(todo, key=_cost, reverse=True) + awkward_defaults(dtype)
         for arch in ARCHS:
             mine = todo if FULL or arch == SPLIT_ARCH else todo[::2]
             batches += [(arch, mine[i : i + BATCH]) for i in range(0, len(mine), BATCH)]
         if SPLIT_ARCH in ARCHS:
-            split = sample(split_variants(dtype) + sub_warp_variants(dtype))
+            split = sample(split_variants(dtype) + sub_warp_variants(dtype), sample_pairs)
             split = sorted(split, key=_cost)[::-1]
             batches += [(SPLIT_ARCH, split[i : i + BATCH]) for i in range(0, len(split), BATCH)]
     # Longest jobs first, so that the workers finish together.
@@ -345,8 +347,9 @@ def split_row_variants() -> list:
 
 
 @pytest.fixture(scope="module")
-def split_outcomes(cubin_cache: Path) -> list:
-    return compile_covering("softmax STRATEGY 2", split_row_variants(), cubin_cache)
+def split_outcomes(cubin_cache: Path, sample_pairs: bool) -> list:
+    variants = split_row_variants()
+    return compile_covering("softmax STRATEGY 2", variants, cubin_cache, pairs=sample_pairs)
 
 
 def test_split_variants_cover_the_space(split_outcomes: list) -> None:

@@ -38,8 +38,10 @@ def every_variant() -> list[Variant]:
 
 
 @pytest.fixture(scope="module")
-def outcomes(cubin_cache: Path) -> list[Outcome]:
-    return compile_covering("sort", every_variant(), cubin_cache, heaviest=heaviest, batch=24)
+def outcomes(cubin_cache: Path, sample_pairs: bool) -> list[Outcome]:
+    return compile_covering(
+        "sort", every_variant(), cubin_cache, heaviest=heaviest, batch=24, pairs=sample_pairs
+    )
 
 
 def heaviest(v: Variant) -> tuple[tuple, float]:

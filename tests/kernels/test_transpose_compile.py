@@ -31,9 +31,11 @@ CASES = [((8192, 8192), d) for d in SPEC.dtypes] + [((37, 5), d) for d in SPEC.d
 
 
 @pytest.fixture(scope="module")
-def outcomes(cubin_cache: Path) -> list[Outcome]:
+def outcomes(cubin_cache: Path, sample_pairs: bool) -> list[Outcome]:
     every = distinct_variants(SPEC, CASES)
-    return compile_covering("transpose", every, cubin_cache, heaviest=heaviest, batch=40)
+    return compile_covering(
+        "transpose", every, cubin_cache, heaviest=heaviest, batch=40, pairs=sample_pairs
+    )
 
 
 def heaviest(v: Variant) -> tuple[tuple, float]:

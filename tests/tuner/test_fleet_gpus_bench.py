@@ -11,6 +11,7 @@ import os
 import signal
 import time
 
+import pytest
 from paths import SPACES
 
 from benchmarks import fleet_gpus
@@ -18,6 +19,7 @@ from benchmarks import fleet_gpus
 BUDGET, SHARED, FAULTS = 3, 24, 20
 
 
+@pytest.mark.slow  # the benchmark's whole run; tests/db/test_fleet.py guards its properties
 def test_a_replayed_two_gpu_fleet_runs_the_batch_shares_a_job_and_resumes_a_kill(tmp_path):
     out = tmp_path / "fleet.json"
     report = fleet_gpus.main(
