@@ -9,33 +9,19 @@ import math
 import pytest
 from kato.kernels import get_operator
 from kato.kernels.matmul import (
-    MMA_PINNED,
     SPLIT_K_MAX_TILES,
     registers_needed,
     shared_bytes,
 )
+from test_matmul_spec import fp32_cfg
 
 SPEC = get_operator("matmul")
 TN = get_operator("matmul_tn")
 
 
 def cfg(**kw):
-    base = {
-        "BM": 64,
-        "BN": 128,
-        "BK": 16,
-        "WM": 32,
-        "WN": 64,
-        "TM": 8,
-        "TN": 8,
-        "VEC": 4,
-        "STAGES": 2,
-        "PAD": 4,
-        "MIN_BLOCKS": 0,
-        "ENGINE": "mma",
-        **MMA_PINNED,
-    }
-    return {**base, **kw}
+    """A 64 x 128 float32 tile (8 x 8 per thread, 128 threads) that splits at small shapes."""
+    return fp32_cfg(**{"BM": 64, "BN": 128, "BK": 16, "WM": 32, "WN": 64, **kw})
 
 
 def test_split_configs_are_valid_only_where_tiles_are_few():
