@@ -2,7 +2,10 @@
 # One device call on the H200 (see ../shared/device/README.md): install the staged wheels, then
 # run the steps named as arguments, writing results under $OUT.
 #   steps: occupancy gputests winners operators throughput mlp spaces ktexamples compile fleet
-#          (default: occupancy gputests operators)
+#          batch sweep (default: occupancy gputests operators)
+#   `batch` runs benchmarks/batch_tuning.py --compare-serial (issue 35; BATCH_ARGS: more
+#   options); `sweep` runs benchmarks/matmul_sweep.py (SWEEP_ARGS, e.g. "--engine mma --dtypes
+#   float32 --case matmul:1000x1001x999").
 #   `fleet` runs benchmarks/fleet_gpus.py on every visible GPU (a machine with several:
 #   nvidia-h200-x2 or larger; issue 36): a batch on N GPUs and on 1, a shared job, kill -9 and
 #   planted faults, device binding; FLEET_ARGS: more options (--gpus 2, --db URL, budgets).
@@ -58,6 +61,10 @@ for step in $steps; do
                  | tee "$OUT/fleet_gpus.log" | tail -60 ;;
     mlp) python3 benchmarks/torch_mlp.py --db "$DB" --out "$OUT/torch_mlp.json" 2>&1 \
                  | tee "$OUT/torch_mlp.log" | tail -10 ;;
+    batch) python3 benchmarks/batch_tuning.py --compare-serial ${BATCH_ARGS:-} \
+                 --out "$OUT/batch_tuning.json" 2>&1 | tee "$OUT/batch_tuning.log" | tail -30 ;;
+    sweep) python3 benchmarks/matmul_sweep.py --out "$OUT/matmul_sweep.json" ${SWEEP_ARGS:-} \
+                 2>&1 | tee "$OUT/matmul_sweep.log" | tail -12 ;;
     throughput) python3 benchmarks/tuning_throughput.py --out "$OUT/tuning_throughput.json" \
                  ${THROUGHPUT_ARGS:-} 2>&1 | tee "$OUT/throughput.log" | tail -30 ;;
     spaces) # Brute-force whole spaces (grid strategy, every valid config) and export them in
