@@ -553,7 +553,14 @@ class MatmulSpec(OperatorSpec):
             for values in itertools.product(*(mma_values[p] for p in MMA_PARAMS))
         ]
         if not is_tensor_core(dtype):
-            found = [{**c, "SPLIT_K": split} for c in found for split in FP32_SPLIT_K]
+            # SPLIT_K > 1 only on the listed tiles: the rest of the product is invalid anyway,
+            # and four copies of it would quadruple the listing's and the checks' cost.
+            found += [
+                {**c, "SPLIT_K": split}
+                for c in found
+                if tuple(c[p] for p in _FP32_KEYS) in _FP32_TILE_SET
+                for split in FP32_SPLIT_K[1:]
+            ]
         if is_tensor_core(dtype):
             own = (
                 "BM", "BN", "STAGES", "CLUSTER_M", "PERSISTENT", "EPILOGUE", "SPLIT_K", "PINGPONG"
