@@ -41,6 +41,23 @@ def _one_dim(name: str, arguments: list[dict], **changes):
     return _matmul(name, shape=["n"], problem_size=["n"], arguments=arguments, **changes)
 
 
+def _aot_keeping(graphs: list):
+    """A torch.compile backend through AOT autograd that appends each forward graph to
+    ``graphs`` and runs it as traced."""
+
+    def backend(gm, example_inputs):
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._functorch.aot_autograd import make_boxed_func
+
+        def keep(g, _):
+            graphs.append(g)
+            return make_boxed_func(g.forward)
+
+        return aot_autograd(fw_compiler=keep)(gm, example_inputs)
+
+    return backend
+
+
 def _op_nodes(gm, kernel):
     return [n for n in gm.graph.nodes if n.op == "call_function" and n.target is kernel.op]
 
@@ -172,16 +189,7 @@ def test_compile_fullgraph_keeps_the_op_once_for_every_size(vector_add):
 def test_aot_autograd_keeps_the_op():
     mm = kato_torch.user_kernel(_matmul("compile_aot_mm"))
     graphs = []
-
-    def backend(gm, example_inputs):
-        from torch._dynamo.backends.common import aot_autograd
-        from torch._functorch.aot_autograd import make_boxed_func
-
-        def keep(g, _):
-            graphs.append(g)
-            return make_boxed_func(g.forward)
-
-        return aot_autograd(fw_compiler=keep)(gm, example_inputs)
+    backend = _aot_keeping(graphs)
 
     compiled = torch.compile(
         lambda a, b: mm(a, b, a.shape[0], b.shape[1], a.shape[1]).sum(),
@@ -204,16 +212,7 @@ def test_an_input_that_requires_grad_compiles_and_no_output_has_a_gradient():
 
     mm = kato_torch.user_kernel(_matmul("compile_grad_mm"))
     graphs = []
-
-    def backend(gm, example_inputs):
-        from torch._dynamo.backends.common import aot_autograd
-        from torch._functorch.aot_autograd import make_boxed_func
-
-        def keep(g, _):
-            graphs.append(g)
-            return make_boxed_func(g.forward)
-
-        return aot_autograd(fw_compiler=keep)(gm, example_inputs)
+    backend = _aot_keeping(graphs)
 
     compiled = torch.compile(
         lambda a, b: mm(a, b, a.shape[0], b.shape[1], a.shape[1]) * 2,
@@ -367,16 +366,7 @@ def test_an_operator_without_outputs_mutates_its_arrays():
     (node,) = _op_nodes(gm, k)  # kept though nothing reads a result of it
     assert node.args[0].target is torch.ops.aten.mul.Tensor
     graphs = []
-
-    def backend(gm, example_inputs):
-        from torch._dynamo.backends.common import aot_autograd
-        from torch._functorch.aot_autograd import make_boxed_func
-
-        def keep(g, _):
-            graphs.append(g)
-            return make_boxed_func(g.forward)
-
-        return aot_autograd(fw_compiler=keep)(gm, example_inputs)
+    backend = _aot_keeping(graphs)
 
     with pytest.raises(InvalidInput, match=CUDA_ONLY):
         torch.compile(f, backend=backend, fullgraph=True)(torch.randn(10))
