@@ -270,6 +270,21 @@ def _one_by_one(chunk: list[Variant], arch: str, cache_dir: Path, workers: int) 
     return found
 
 
+def with_every_value(
+    chosen: list[Variant], every: Sequence[Variant], keys: Sequence[str]
+) -> list[Variant]:
+    """``chosen`` plus, in ``every``'s order, each variant that brings a value of one of
+    ``keys`` in a dtype that no variant chosen before it has (e.g. each ``VEC`` per dtype)."""
+    chosen = list(chosen)
+    seen = {(v.dtype, k, v.config[k]) for v in chosen for k in keys}
+    for v in every:
+        new = {(v.dtype, k, v.config[k]) for k in keys} - seen
+        if new:
+            seen |= new
+            chosen.append(v)
+    return chosen
+
+
 def sample_with_extra(
     variants: Sequence[Variant],
     *,

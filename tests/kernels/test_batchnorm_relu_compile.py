@@ -34,6 +34,7 @@ from compile_harness import (
     compile_variants,
     covering_sample,
     distinct_variants,
+    with_every_value,
 )
 from kato.kernels import DTYPES, get_operator
 from kato.kernels.batchnorm.channelwise import APPLY_REGISTER_CAP, FINALIZE_THREADS
@@ -90,13 +91,9 @@ def sample(spec, pairs: bool = False) -> list[Variant]:
     if FULL:
         chosen = list(every)
     elif not pairs:
-        chosen = covering_sample(every, heaviest=_heaviest, full=False)
-        seen = {(v.dtype, k, v.config[k]) for v in chosen for k in ("VEC", "APPLY_VEC")}
-        for v in every:
-            new = {(v.dtype, k, v.config[k]) for k in ("VEC", "APPLY_VEC")} - seen
-            if new:
-                seen |= new
-                chosen.append(v)
+        chosen = with_every_value(
+            covering_sample(every, heaviest=_heaviest, full=False), every, ("VEC", "APPLY_VEC")
+        )
     else:
         groups: dict[tuple, list[Variant]] = {}
         for v in every:
