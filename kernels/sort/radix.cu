@@ -11,6 +11,10 @@
 //   RADIX_BITS  digit width (4..8); the passes are ceil(32 / RADIX_BITS), the last one narrower
 //   PAIRS       0: keys only; 1: an int32 value travels with every key
 //   MIN_BLOCKS  min-blocks clause of __launch_bounds__ (0 = none)
+//   RANK        how a warp's lanes with the same digit find each other when ranking (see
+//               radix_pass): 0 (default, the space's "match"): __match_any_sync; 1 ("ballot"):
+//               one __ballot_sync per digit bit; 2 ("atomic"): atomicOr into a shared word per
+//               warp and digit
 //   SMEM_*      word offsets of radix_pass's dynamic shared memory regions and SMEM_WORDS,
 //               their total (derived from the others by radix.py, not tunables)
 //
@@ -53,6 +57,9 @@
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 0
 #endif
+#ifndef RANK
+#define RANK 0
+#endif
 #if !defined(SMEM_KEYS) || !defined(SMEM_VALS) || !defined(SMEM_WARP) || !defined(SMEM_COUNT) || \
     !defined(SMEM_START) || !defined(SMEM_GLOBAL) || !defined(SMEM_BASE) ||                     \
     !defined(SMEM_TILE) || !defined(SMEM_WORDS)
@@ -80,6 +87,7 @@ static_assert(BLOCK >= 64 && BLOCK <= 1024 && BLOCK % 64 == 0,
               "BLOCK must be a multiple of 64 in [64, 1024]");
 static_assert(ITEMS >= 1 && ITEMS <= 32, "ITEMS must be in [1, 32]");
 static_assert(PAIRS == 0 || PAIRS == 1, "PAIRS must be 0 or 1");
+static_assert(RANK >= 0 && RANK <= 2, "RANK must be 0 (match), 1 (ballot) or 2 (atomic)");
 
 // Dynamic shared memory of radix_pass, in 32-bit words: the tile's keys (and values) in digit
 // order, the per-warp digit counters, four per-digit arrays (tile counts, starts in the tile,
@@ -107,6 +115,13 @@ static_assert(kSmemBase - kSmemGlobal >= kRadix, "SMEM_GLOBAL: no room for a wor
 static_assert(kSmemTile - kSmemBase >= kRadix, "SMEM_BASE: no room for a word per digit");
 static_assert(kSmemWords - kSmemTile >= 1, "SMEM_TILE: no room for the tile id");
 static_assert(kSmemWords * 4 <= 227 * 1024, "the tile does not fit in shared memory");
+#if RANK == 2
+// RANK 2 ranks with two buffers of a peers word per warp and digit, in the keys' region (free
+// until the keys are stored in digit order, after the ranking).
+constexpr int kMatchWords = 2 * kWarps * kRadix;
+static_assert(kSmemVals - kSmemKeys >= kMatchWords,
+              "SMEM_KEYS: no room for the ranking's peers words (RANK 2)");
+#endif
 
 __device__ __forceinline__ unsigned int float_mask(int key_float) {
   return key_float ? 0xffffffffu : 0u;
@@ -251,6 +266,9 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS radix_pass(const unsigned int* __r
 
   if (tid == 0) kato_smem[kSmemTile] = atomicAdd(&counters[pass], 1u);
   for (int i = tid; i < kWarps * kRadix; i += BLOCK) s_warp[i] = 0u;
+#if RANK == 2
+  for (int i = tid; i < kMatchWords; i += BLOCK) s_keys[i] = 0u;
+#endif
   __syncthreads();
   const long long tile = kato_smem[kSmemTile];
   const long long tile_first = tile * kTile;
@@ -287,11 +305,14 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS radix_pass(const unsigned int* __r
     keys[i] = key;
   }
 
-  // Rank within the warp: lanes with the same digit find each other (match), the lowest of
-  // them bumps the warp's counter for that digit. Keys past n take the digit kRadix: they
-  // match only each other and touch no counter.
+  // Rank within the warp: lanes with the same digit find each other (their peers mask: by
+  // match.any, RANK 0; by a vote per digit bit, RANK 1; by ORs into a shared word, RANK 2), the
+  // lowest of them bumps the warp's counter for that digit. Keys past n never count among a
+  // valid key's peers (RANK 0: they take the digit kRadix and match only each other) and
+  // touch no counter.
   unsigned int* const warp_count = s_warp + warp * kRadix;
   const unsigned int lanes_below = (1u << lane) - 1u;
+#if RANK == 0
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const bool valid = i * 32 + lane < warp_valid;
@@ -304,6 +325,63 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS radix_pass(const unsigned int* __r
     __syncwarp();
     rank[i] = base + __popc(before);
   }
+#elif RANK == 1
+  // Peers from votes, every item's first (independent of the counters, so the votes of many
+  // items are in flight at once), kept in rank[] until the counter updates below. Of the lanes
+  // that hold a key of item i (lanes 0 .. warp_valid - 32 i - 1: keys past n never match), those
+  // that agree with this lane on every digit bit. A lane past n votes with its padding key and
+  // gets peers it never uses.
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int held = warp_valid - i * 32;
+    unsigned int peers = held >= 32 ? 0xffffffffu : (held > 0 ? (1u << held) - 1u : 0u);
+    const unsigned int d = digit_of(keys[i], shift);
+#pragma unroll
+    for (int b = 0; b < RADIX_BITS; ++b) {
+      const unsigned int bit = (d >> b) & 1u;
+      // The lanes whose bit b is this lane's: the vote, or its complement for a 0 bit.
+      peers &= __ballot_sync(0xffffffffu, bit) ^ (bit - 1u);
+    }
+    rank[i] = peers;
+  }
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const bool valid = i * 32 + lane < warp_valid;
+    const unsigned int d = digit_of(keys[i], shift);
+    const unsigned int peers = rank[i];
+    const unsigned int before = peers & lanes_below;
+    const unsigned int base = valid ? warp_count[d] : 0u;
+    __syncwarp();
+    if (valid && before == 0) warp_count[d] = base + __popc(peers);
+    __syncwarp();
+    rank[i] = base + __popc(before);
+  }
+#else
+  // Peers from shared words: every lane with a key ORs its bit into its digit's word and reads
+  // the word back; the lowest peer clears it with its counter update. Items alternate between
+  // two buffers of words (zeroed above), so one __syncwarp after the ORs and one after the
+  // reads order everything: the clears and counter updates of item i come before item i + 1's
+  // first __syncwarp, hence before its counter reads and before item i + 2's ORs into the
+  // same buffer. Lanes past n touch no word.
+  unsigned int* const warp_match = s_keys + warp * kRadix;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const bool valid = i * 32 + lane < warp_valid;
+    const unsigned int d = digit_of(keys[i], shift);
+    unsigned int* const match = warp_match + (i & 1) * kWarps * kRadix + d;
+    if (valid) atomicOr(match, 1u << lane);
+    __syncwarp();
+    const unsigned int peers = valid ? *match : 0u;
+    const unsigned int before = peers & lanes_below;
+    const unsigned int base = valid ? warp_count[d] : 0u;
+    __syncwarp();
+    if (valid && before == 0) {
+      warp_count[d] = base + __popc(peers);
+      *match = 0u;
+    }
+    rank[i] = base + __popc(before);
+  }
+#endif
   __syncthreads();
 
   // Per digit: warp counters -> exclusive offsets over warps, the tile's count published.

@@ -2,7 +2,11 @@
 shared by the radix path of ``sort_1d`` and by ``sort_1d_pairs``.
 
 Tunables: ``BLOCK`` (threads of the scatter passes), ``ITEMS`` (keys per thread; a tile is
-``T = BLOCK * ITEMS`` keys), ``RADIX_BITS`` (digit width: ``ceil(32 / RADIX_BITS)`` passes).
+``T = BLOCK * ITEMS`` keys), ``RADIX_BITS`` (digit width: ``ceil(32 / RADIX_BITS)`` passes),
+``RANK`` (how a warp's lanes with equal digits find each other in the ranking: ``"match"``,
+``__match_any_sync`` per item, the first value, which renders no macro and so the source of the
+space before RANK; ``"ballot"``, one ``__ballot_sync`` per digit bit; ``"atomic"``, ``atomicOr``
+into a shared word per warp and digit, two buffers of them in the keys' region).
 
 Scratch (arrays of the problem, after its scalars, in this order): a second key buffer of n
 keys (and for pairs a second value buffer), the digit histograms (:data:`HIST_WORDS`), the
@@ -26,6 +30,10 @@ MAIN_KERNEL = "radix_pass"
 
 #: Digit widths of the space.
 RADIX_BITS = (4, 5, 6, 7, 8)
+#: Ranking methods of the space, and the RANK macro of each (none for the first: the source
+#: from before RANK).
+RANKS = ("match", "ballot", "atomic")
+RANK_MACRO = {"match": None, "ballot": 1, "atomic": 2}
 #: The smallest tile the checks allow; the look-back buffers are sized for it, so a tile below
 #: it would overrun them (and such tiles only add look-back traffic).
 MIN_TILE = 2048
@@ -57,15 +65,30 @@ def tiles(n: int, config: Config) -> int:
     return math.ceil(n / tile(config))
 
 
+def rank(config: Config) -> str:
+    """The config's ranking method (``"match"`` for a config from before RANK)."""
+    return config.get("RANK", RANKS[0])
+
+
+def match_words(config: Config) -> int:
+    """Words of RANK="atomic"'s peers words: two buffers of one per warp and digit (0 for the
+    other methods)."""
+    if rank(config) != "atomic":
+        return 0
+    return 2 * config["BLOCK"] // 32 * (1 << config["RADIX_BITS"])
+
+
 def shared_layout(config: Config, pairs: bool) -> dict[str, int]:
     """Word offsets of ``radix_pass``'s dynamic shared memory regions, in order, and
     ``SMEM_WORDS``, their total: the one place the layout is computed. The kernel takes them as
     macros (:func:`defines`; radix.cu asserts that each region holds what it indexes there) and
-    the launch gives it ``4 * SMEM_WORDS`` bytes (:func:`shared_bytes`)."""
+    the launch gives it ``4 * SMEM_WORDS`` bytes (:func:`shared_bytes`). RANK="atomic" ranks
+    with :func:`match_words` words in the keys' region (the keys are stored there only after
+    the ranking), which grows where the tile is smaller."""
     radix = 1 << config["RADIX_BITS"]
     t = tile(config)
     regions = (
-        ("SMEM_KEYS", t),  # the tile's keys in digit order
+        ("SMEM_KEYS", max(t, match_words(config))),  # the tile's keys in digit order
         ("SMEM_VALS", t if pairs else 0),  # their values
         ("SMEM_WARP", config["BLOCK"] // 32 * radix),  # a counter per warp and digit
         ("SMEM_COUNT", radix),  # per digit: the tile's count,
@@ -119,14 +142,19 @@ def check(config: Config, n: int, pairs: bool) -> str | None:
 
 
 def defines(config: Config, pairs: bool) -> dict[str, object]:
-    """The tunables and the shared memory layout the launch is sized for."""
-    return {
+    """The tunables and the shared memory layout the launch is sized for (RANK only where it is
+    not the first method: a config from before RANK renders what it rendered then)."""
+    macros: dict[str, object] = {
         "BLOCK": config["BLOCK"],
         "ITEMS": config["ITEMS"],
         "RADIX_BITS": config["RADIX_BITS"],
         "PAIRS": int(pairs),
-        **shared_layout(config, pairs),
     }
+    code = RANK_MACRO[rank(config)]
+    if code is not None:
+        macros["RANK"] = code
+    macros.update(shared_layout(config, pairs))
+    return macros
 
 
 def pass_launch(config: Config, n: int, pairs: bool) -> Launch:

@@ -1,7 +1,8 @@
 """The radix sort kernels (kernels/sort/radix.cu) run on the CPU (tests/kernels/cuda_emulation.py):
 sort_1d with ALGO=radix and sort_1d_pairs, every digit width, tiles of 2048 and more keys, n
 from 1 to several tiles with a short last tile, both key types, all-equal keys and a -0.0/+0.0
-mix; outputs compared exactly with the references (the pairs' values in stable order).
+mix, every ranking method (RANK); outputs compared exactly with the references (the pairs'
+values in stable order).
 
 Blocks run one after another in the emulation, so a tile's look-back always finds its
 predecessors done: this checks the indexing, the ranking and the prefix arithmetic, not the
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import replace
+from itertools import product
 from pathlib import Path
 
 import cuda_emulation
@@ -44,6 +46,20 @@ inline unsigned __match_any_sync(unsigned, unsigned v) {
   }
   this_warp->sync.arrive_and_wait();
   return peers;
+}
+inline unsigned __ballot_sync(unsigned, int predicate) {
+  const unsigned lane = lane_id();
+  this_warp->lanes[lane] = predicate != 0;
+  this_warp->sync.arrive_and_wait();
+  unsigned votes = 0;
+  for (int l = 0; l < 32; ++l) {
+    if (this_warp->lanes[l]) votes |= 1u << l;
+  }
+  this_warp->sync.arrive_and_wait();
+  return votes;
+}
+inline unsigned atomicOr(unsigned* p, unsigned v) {
+  return __atomic_fetch_or(p, v, __ATOMIC_RELAXED);
 }
 inline unsigned __shfl_up_sync(unsigned, unsigned v, int delta) {
   const unsigned lane = lane_id();
@@ -105,9 +121,23 @@ LENGTHS = (1, 31, 2047, 2048, 2049, 3 * 2048 + 7, 9001)
 SEVERAL_TILES = 3 * 2048 + 7
 
 
+def _case(pairs: bool, block: int, items: int, bits: int, rank: str, n: int, dtype: str) -> Case:
+    config = {"BLOCK": block, "ITEMS": items, "RADIX_BITS": bits, "RANK": rank}
+    if pairs:
+        return Case(PAIRS, config, (n,), dtype)
+    config.update(ALGO="radix", WARP_SHFL=0, SMEM_FUSE=1, FUSE=1)
+    return Case(SORT_1D, config, (n,), dtype)
+
+
 def emulated_cases() -> list[Case]:
+    """The first ranking method (match) on every combination of key type, digit width and
+    keys/pairs at three lengths; every other method on every digit width and keys/pairs at
+    SEVERAL_TILES and one length of the rotation, the key type alternating with the digit width
+    (it changes the key transform of the first and last passes, not the ranking); all-tied keys
+    for every method, both key types, keys and pairs."""
     cases = []
     combo = 0
+    first, *others = radix.RANKS
     for dtype in ("float32", "int32"):
         for bits in radix.RADIX_BITS:
             for pairs in (False, True):
@@ -115,21 +145,23 @@ def emulated_cases() -> list[Case]:
                 lengths = {LENGTHS[combo % 7], LENGTHS[(combo + 3) % 7], SEVERAL_TILES}
                 for k, n in enumerate(sorted(lengths)):
                     block, items = TILES[(combo + k) % len(TILES)]
-                    if pairs:
-                        config = {"BLOCK": block, "ITEMS": items, "RADIX_BITS": bits}
-                        cases.append(Case(PAIRS, config, (n,), dtype))
-                    else:
-                        config = {**SORT_1D.default_config((n,), dtype), "ALGO": "radix"}
-                        config.update(
-                            BLOCK=block, ITEMS=items, RADIX_BITS=bits, WARP_SHFL=0, SMEM_FUSE=1
-                        )
-                        config["FUSE"] = 1
-                        cases.append(Case(SORT_1D, config, (n,), dtype))
-        for spec in (TiedSort1d(), TiedPairs()):
-            config = {"BLOCK": 128, "ITEMS": 16, "RADIX_BITS": 8}
-            if isinstance(spec, Sort1dSpec):
-                config.update(ALGO="radix", WARP_SHFL=0, SMEM_FUSE=1, FUSE=1)
-            cases.append(Case(spec, config, (5000,), dtype))
+                    cases.append(_case(pairs, block, items, bits, first, n, dtype))
+    for r, rank in enumerate(others):
+        for j, (bits, pairs) in enumerate(product(radix.RADIX_BITS, (False, True))):
+            dtype = ("float32", "int32")[(j // 2 + r) % 2]
+            for k, n in enumerate(sorted({LENGTHS[(j + 3 * r) % 7], SEVERAL_TILES})):
+                block, items = TILES[(j + r + k) % len(TILES)]
+                cases.append(_case(pairs, block, items, bits, rank, n, dtype))
+    # RANK=atomic's peers words (2 x 8 warps x 256 digits) outgrow a tile of 2048 keys: the keys'
+    # region grows to hold them, and the values' region follows it.
+    cases.append(_case(True, 256, 8, 8, "atomic", SEVERAL_TILES, "float32"))
+    for dtype in ("float32", "int32"):
+        for rank in radix.RANKS:
+            for spec in (TiedSort1d(), TiedPairs()):
+                config = {"BLOCK": 128, "ITEMS": 16, "RADIX_BITS": 8, "RANK": rank}
+                if isinstance(spec, Sort1dSpec):
+                    config.update(ALGO="radix", WARP_SHFL=0, SMEM_FUSE=1, FUSE=1)
+                cases.append(Case(spec, config, (5000,), dtype))
     return cases
 
 
@@ -138,6 +170,13 @@ def test_radix_kernels_on_the_cpu(radix_emulation, tmp_path: Path) -> None:
     covered = {(c.spec.name, c.dtype, c.config["RADIX_BITS"]) for c in cases}
     assert len(covered) == 2 * 2 * len(radix.RADIX_BITS)
     assert {c.shape[0] for c in cases} >= set(LENGTHS)
+    for rank in radix.RANKS:
+        mine = [c for c in cases if c.config["RANK"] == rank]
+        several = {(c.spec.name, c.config["RADIX_BITS"]) for c in mine if c.shape[0] >= 3 * 2048}
+        assert len(several) == 2 * len(radix.RADIX_BITS), rank  # a short last tile each
+        assert {c.dtype for c in mine} == {"float32", "int32"}
+        assert {c.shape[0] for c in mine} >= {1, 31, 5000}  # a lone key, a partial warp, ties
+    assert any(radix.match_words(c.config) > radix.tile(c.config) for c in cases)
     for case in cases:
         assert case.spec.check(case.config, case.shape, case.dtype) is None, case
     failures = run_cases(cases, tmp_path, np.random.default_rng(5), binaries=2)
@@ -169,7 +208,7 @@ def test_the_emulation_fails_a_launch_short_of_shared_memory(
     """The bug class of issue 32 fails on the CPU: an access past the launch's bytes faults
     (64 short: the launch of the H200 failure), and a write into the padding up to the next
     16 bytes trips the canary (2 short)."""
-    config = {"BLOCK": 256, "ITEMS": 8, "RADIX_BITS": 4, "ALGO": "radix"}
+    config = {"BLOCK": 256, "ITEMS": 8, "RADIX_BITS": 4, "RANK": "match", "ALGO": "radix"}
     config.update(WARP_SHFL=0, SMEM_FUSE=1, FUSE=1)
     assert radix.shared_bytes(config, pairs=False) == 8964
     cases = [Case(ShortShared(64), config, (1,), "float32")]

@@ -19,7 +19,7 @@ PAIRS = get_operator("sort_1d_pairs")
 KEYS = ("float32", "int32")
 
 
-def radix_cfg(block=512, items=16, bits=8):
+def radix_cfg(block=512, items=16, bits=8, rank="match"):
     return {
         "BLOCK": block,
         "ITEMS": items,
@@ -28,11 +28,12 @@ def radix_cfg(block=512, items=16, bits=8):
         "FUSE": 1,
         "ALGO": "radix",
         "RADIX_BITS": bits,
+        "RANK": rank,
     }
 
 
-def pairs_cfg(block=512, items=12, bits=8):
-    return {"BLOCK": block, "ITEMS": items, "RADIX_BITS": bits}
+def pairs_cfg(block=512, items=12, bits=8, rank="match"):
+    return {"BLOCK": block, "ITEMS": items, "RADIX_BITS": bits, "RANK": rank}
 
 
 def valid(spec, n=2**24, dtype="float32"):
@@ -61,9 +62,11 @@ def test_the_space_has_no_duplicate_configs() -> None:
             seen.add((spec.render(config, (2**24,), "float32"), repr(steps)))
         assert len(seen) == len(configs)
     radix_configs = [c for c in valid(SORT_1D) if c["ALGO"] == "radix"]
-    assert 60 <= len(radix_configs) <= 120
     assert {c["RADIX_BITS"] for c in radix_configs} == set(radix.RADIX_BITS)
-    assert 50 <= len(valid(PAIRS)) <= 100
+    # Every ranking method on every tile and digit width: RANK adds no constraint today.
+    for configs, low, high in ((radix_configs, 60, 120), (valid(PAIRS), 50, 100)):
+        assert len(configs) == len(radix.RANKS) * len([c for c in configs if c["RANK"] == "match"])
+        assert low <= len(configs) / len(radix.RANKS) <= high
 
 
 def test_check_fixes_what_an_algorithm_ignores() -> None:
@@ -75,6 +78,13 @@ def test_check_fixes_what_an_algorithm_ignores() -> None:
     bitonic = SORT_1D.default_config(n, "float32")
     assert SORT_1D.check(bitonic, n, "float32") is None
     assert "RADIX_BITS is ignored" in SORT_1D.check({**bitonic, "RADIX_BITS": 8}, n, "float32")
+    assert bitonic["RANK"] == radix.RANKS[0] == "match"
+    for rank in radix.RANKS[1:]:
+        reason = SORT_1D.check({**bitonic, "RANK": rank}, n, "float32")
+        assert reason == "RANK is ignored by ALGO=bitonic: fixed at match"
+        assert SORT_1D.check(radix_cfg(rank=rank), n, "float32") is None
+    assert "not one of" in SORT_1D.check(radix_cfg(rank="shuffle"), n, "float32")
+    assert "not one of" in PAIRS.check(pairs_cfg(rank=1), n, "float32")
     assert "ITEMS in" in SORT_1D.check({**bitonic, "ITEMS": 16}, n, "float32")
     assert "missing" in SORT_1D.check({k: v for k, v in bitonic.items() if k != "ALGO"}, n, "int32")
 
@@ -122,7 +132,10 @@ def test_shared_layout_is_what_the_kernel_indexes_and_the_launch_gives(pairs) ->
         layout = radix.shared_layout(config, pairs)
         assert list(layout) == names
         t, digits = radix.tile(config), 1 << config["RADIX_BITS"]
-        sizes = [t, t if pairs else 0, config["BLOCK"] // 32 * digits, *[digits] * 4, 1]
+        warp_words = config["BLOCK"] // 32 * digits
+        # RANK=atomic ranks with two buffers of a word per warp and digit in the keys' region.
+        keys = max(t, 2 * warp_words) if config["RANK"] == "atomic" else t
+        sizes = [keys, t if pairs else 0, warp_words, *[digits] * 4, 1]
         offsets = list(layout.values())
         assert offsets[0] == 0
         assert [b - a for a, b in zip(offsets, offsets[1:], strict=False)] == sizes, config
@@ -134,6 +147,41 @@ def test_shared_layout_is_what_the_kernel_indexes_and_the_launch_gives(pairs) ->
     # The launches of the issue's failures, now what radix.cu indexes.
     assert radix.shared_bytes({"BLOCK": 256, "ITEMS": 8, "RADIX_BITS": 4}, False) == 8964
     assert radix.shared_bytes({"BLOCK": 128, "ITEMS": 16, "RADIX_BITS": 4}, False) == 8708
+    # RANK=atomic at 8 warps x 256 digits: 2 x 2048 peers words in a region of 4096 words.
+    atomic = {"BLOCK": 256, "ITEMS": 8, "RADIX_BITS": 8, "RANK": "atomic"}
+    assert radix.shared_layout(atomic, True)["SMEM_VALS"] == 4096
+    assert radix.shared_layout({**atomic, "ITEMS": 24}, True)["SMEM_VALS"] == 256 * 24
+
+
+@pytest.mark.parametrize("pairs", (False, True), ids=("keys", "pairs"))
+def test_the_first_rank_renders_the_source_from_before_rank(pairs) -> None:
+    """RANK="match" (the first value) renders no RANK macro: a config from before RANK (no RANK
+    key) renders, launches and checks exactly as before, so its measured results still hold
+    (benchmarks/relabel_results.py carries them over). The other methods render RANK 1 and 2,
+    which radix.cu reads (0 when undefined)."""
+    spec = PAIRS if pairs else SORT_1D
+    configs = [c for c in valid(spec) if c.get("ALGO", "radix") == "radix"]
+    shape = (2**20 + 3,)
+    for config in configs:
+        source = spec.render(config, shape, "float32")
+        code = radix.RANK_MACRO[config["RANK"]]
+        if code is None:
+            old = {k: v for k, v in config.items() if k != "RANK"}
+            assert "RANK" not in spec.defines(config, shape, "float32")
+            assert source == spec.render(old, shape, "float32")
+            assert spec.steps(config, shape, "float32") == spec.steps(old, shape, "float32")
+            assert list(spec.defines(config, shape, "float32"))[:4] == [
+                "BLOCK",
+                "ITEMS",
+                "RADIX_BITS",
+                "PAIRS",
+            ]
+        else:
+            assert f"#define RANK {code}\n" in source
+    assert radix.RANK_MACRO == {"match": None, "ballot": 1, "atomic": 2}
+    template = radix.TEMPLATE.read_text()
+    assert "#ifndef RANK\n#define RANK 0\n#endif" in template
+    assert "#if RANK == 0" in template and "#elif RANK == 1" in template
 
 
 def _array(problem, index):
