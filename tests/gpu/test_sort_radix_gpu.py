@@ -1,8 +1,9 @@
 """The radix sort on a real GPU (sort_1d with ALGO=radix, sort_1d_pairs): every valid variant
 verified exactly through the backend on fresh random keys (duplicates, +-inf, -0.0/0.0,
 INT_MIN/INT_MAX), awkward lengths, all-equal keys and a -0.0/+0.0 mix, and the pairs' values
-in exact stable order. Each verification runs the whole call twice (the second call checks
-that a call leaves nothing behind), on many tiles at once: the look-back runs concurrently.
+in exact stable order; every ranking method (RANK) on every length and on the tied keys. Each
+verification runs the whole call twice (the second call checks that a call leaves nothing
+behind), on many tiles at once: the look-back runs concurrently.
 
     python3 -m pytest -q tests/gpu/test_sort_radix_gpu.py
 """
@@ -65,11 +66,13 @@ def _radix_config(**overrides) -> dict:
         "FUSE": 1,
         "ALGO": "radix",
         "RADIX_BITS": 8,
+        "RANK": radix.RANKS[0],
     }
     return {**config, **overrides}
 
 
-#: One variant per digit width (4..8 passes, odd and even counts), tiles of 2048 to 12288 keys.
+#: One variant per digit width (4..8 passes, odd and even counts), tiles of 2048 to 12288 keys;
+#: the tests run them with every RANK (:func:`_ranked`).
 SAMPLE = [
     _radix_config(BLOCK=256, ITEMS=8, RADIX_BITS=4),
     _radix_config(BLOCK=128, ITEMS=24, RADIX_BITS=5),
@@ -81,8 +84,8 @@ SAMPLE = [
 
 @pytest.mark.parametrize("dtype", KEYS)
 def test_every_radix_variant(dtype):
-    """Every valid radix config of sort_1d (~95) on 3 * 2^20 + 7 keys: hundreds of tiles,
-    a partial last one."""
+    """Every valid radix config of sort_1d (~95 per RANK, 285) on 3 * 2^20 + 7 keys: hundreds
+    of tiles, a partial last one."""
     checked, failures = verify_variants(RadixOnly(), (3 * 2**20 + 7,), dtype, seed=11)
     assert checked >= 60 and not failures, failures[:5]
 
@@ -94,6 +97,10 @@ def test_every_pairs_variant(dtype):
     assert checked >= 50 and not failures, failures[:5]
 
 
+def _ranked(configs: list[dict], rank: str) -> list[dict]:
+    return [{**c, "RANK": rank} for c in configs]
+
+
 def _pairs_configs(configs: list[dict]) -> list[dict]:
     """The SAMPLE configs' pairs counterparts that fit (a value per item needs registers)."""
     pairs = get_operator("sort_1d_pairs")
@@ -101,19 +108,23 @@ def _pairs_configs(configs: list[dict]) -> list[dict]:
     return [c for c in found if pairs.check(c, (2**20,), "int32") is None]
 
 
+@pytest.mark.parametrize("rank", radix.RANKS)
 @pytest.mark.parametrize("dtype", KEYS)
 @pytest.mark.parametrize("n", LENGTHS, ids=str)
-def test_awkward_lengths(n, dtype):
+def test_awkward_lengths(n, dtype, rank):
     """Every digit width (SAMPLE) for keys, three of them for pairs."""
-    errors = verify_configs(get_operator("sort_1d"), (n,), dtype, SAMPLE, seed=n % 97)
+    sample = _ranked(SAMPLE, rank)
+    errors = verify_configs(get_operator("sort_1d"), (n,), dtype, sample, seed=n % 97)
     pairs = get_operator("sort_1d_pairs")
-    errors += verify_configs(pairs, (n,), dtype, _pairs_configs(SAMPLE[::2]), seed=n % 89)
+    errors += verify_configs(pairs, (n,), dtype, _pairs_configs(sample[::2]), seed=n % 89)
     assert not errors, errors[:5]
 
 
+@pytest.mark.parametrize("rank", radix.RANKS)
 @pytest.mark.parametrize("dtype", KEYS)
-def test_tied_keys_keep_their_order(dtype):
+def test_tied_keys_keep_their_order(dtype, rank):
     n = 2**20 + 3
-    errors = verify_configs(TiedSort1d(), (n,), dtype, SAMPLE)
-    errors += verify_configs(TiedPairs(), (n,), dtype, _pairs_configs(SAMPLE))
+    sample = _ranked(SAMPLE, rank)
+    errors = verify_configs(TiedSort1d(), (n,), dtype, sample)
+    errors += verify_configs(TiedPairs(), (n,), dtype, _pairs_configs(sample))
     assert not errors, errors[:5]
