@@ -1,12 +1,14 @@
 """The radix path of sort_1d and sort_1d_pairs against torch.sort and CUB, in one run (issue 32).
 
 For each case, every valid radix config in the sweep (all of them for the first case, the
-fastest few of it for the others) is compiled, verified and timed by the pycuda backend (as a
-tuning trial: CUDA events, inputs rotated past the L2), beside the bitonic default (sort_1d),
+fastest few of it and the fastest of each ranking method RANK for the others) is compiled,
+verified and timed by the pycuda backend (as a tuning trial: CUDA events, inputs rotated past
+the L2), beside the bitonic default (sort_1d),
 ``torch.sort`` (values and indices; ``stable=True`` too) and CUB's ``DeviceRadixSort``
-(``benchmarks/cub_sort.cu`` built with nvcc; keys only and pairs). Writes JSON and prints a table.
+(``benchmarks/cub_sort.cu`` built with nvcc; keys only and pairs). Writes JSON and prints a table,
+then each case's fastest config per RANK.
 
-    python3 benchmarks/radix_sort.py --out $OUT/radix_sort.json [--quick]
+    python3 benchmarks/radix_sort.py --out $OUT/radix_sort.json [--quick] [--rank ballot ...]
 
 Needs a CUDA GPU, PyCUDA, PyTorch and nvcc.
 """
@@ -38,11 +40,42 @@ CASES = [
 TOP = 8
 
 
-def radix_configs(spec, n: int, dtype: str) -> list[dict]:
+def radix_configs(spec, n: int, dtype: str, ranks: list[str] | None = None) -> list[dict]:
+    """The valid radix configs, those of the ``ranks`` methods only where given."""
     from kato.tuner.space import SearchSpace
 
     space = SearchSpace(spec.params, lambda c: spec.check(c, (n,), dtype))
-    return [c for c in space.valid_configs() if c.get("ALGO", "radix") == "radix"]
+    return [
+        c
+        for c in space.valid_configs()
+        if c.get("ALGO", "radix") == "radix" and (not ranks or c["RANK"] in ranks)
+    ]
+
+
+def fastest_first(rows: list[dict]) -> list[dict]:
+    """The first case's radix configs to time on the others: the TOP fastest, then the fastest
+    of every ranking method not among them."""
+    ok = sorted(
+        (r for r in rows if r["time_ms"] and r["config"].get("ALGO", "radix") == "radix"),
+        key=lambda r: r["time_ms"],
+    )
+    chosen = [r["config"] for r in ok[:TOP]]
+    for row in ok:
+        if row["config"]["RANK"] not in {c["RANK"] for c in chosen}:
+            chosen.append(row["config"])
+    return chosen
+
+
+def best_per_rank(rows: list[dict]) -> dict[str, dict]:
+    """Per RANK, the fastest radix row."""
+    best: dict[str, dict] = {}
+    for row in rows:
+        rank = row["config"].get("RANK")
+        if not (row["time_ms"] and rank and row["config"].get("ALGO", "radix") == "radix"):
+            continue
+        if rank not in best or row["time_ms"] < best[rank]["time_ms"]:
+            best[rank] = row
+    return best
 
 
 def as_pairs_config(spec, config: dict) -> dict:
@@ -118,12 +151,19 @@ def fmt(value: float | None) -> str:
 
 
 def main() -> None:
+    from kato.kernels import get_operator
+    from kato.kernels.sort.radix import RANKS
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="JSON report path")
     ap.add_argument("--quick", action="store_true", help="the first two cases only")
+    ap.add_argument(
+        "--rank",
+        action="append",
+        choices=RANKS,
+        help="time only these ranking methods (repeatable; default: all)",
+    )
     args = ap.parse_args()
-
-    from kato.kernels import get_operator
 
     started = time.monotonic()
     report: dict = {"cases": []}
@@ -132,7 +172,7 @@ def main() -> None:
         best_first: list[dict] = []
         for index, (operator, n, dtype) in enumerate(CASES[:2] if args.quick else CASES):
             spec = get_operator(operator)
-            every = radix_configs(spec, n, dtype)
+            every = radix_configs(spec, n, dtype, args.rank)
             if index == 0:
                 configs = every
             else:
@@ -143,8 +183,7 @@ def main() -> None:
             print(f"{operator} n={n} {dtype}: {len(configs)} configs", flush=True)
             rows = time_configs(spec, n, dtype, configs)
             if index == 0:
-                ok = sorted((r for r in rows if r["time_ms"]), key=lambda r: r["time_ms"])
-                best_first = [r["config"] for r in ok if r["config"].get("ALGO") == "radix"][:TOP]
+                best_first = fastest_first(rows)
             case = {
                 "operator": operator,
                 "n": n,
@@ -175,6 +214,11 @@ def main() -> None:
             f"{fmt(bitonic[0]['time_ms'] if bitonic else None)} {fmt(case['torch.sort'])} "
             f"{fmt(cub_ms)}  {best['config'] if best else '-'}"
         )
+    print()
+    for case in report["cases"]:
+        name = f"{case['operator']} {case['n']} {case['dtype']}"
+        for rank, row in sorted(best_per_rank(case["rows"]).items()):
+            print(f"{name:34} RANK={rank:7} {fmt(row['time_ms'])}  {row['config']}")
     failed = [r for c in report["cases"] for r in c["rows"] if r["status"] != "ok"]
     print(f"{len(failed)} configs failed (see the JSON)")
 
