@@ -331,10 +331,11 @@ def test_float32_split_k_is_deterministic():
     b = torch.randn(8191, 193, device="cuda", generator=gen)
     outs = {}
     for split in (1, 3):
-        config = {**base, "SPLIT_K": split}
+        served = {**base, "SPLIT_K": split}
 
+        # (`config` is the method's name in the class body, so the default reads `served`)
         class Client:
-            def config(self, operator, shape, dtype, gpu=None, _config=config):
+            def config(self, operator, shape, dtype, gpu=None, _config=served):
                 return {"config": _config, "source": "exact", "speedup": 2.0}
 
         kato_torch.configure(client=Client(), policy="kato")
