@@ -16,8 +16,10 @@ the GPU's busy fraction (seconds the GPU was held for measurements, verify and t
 over the wall time; ``after_first_minute``: from 60 s on, the issue's target of 80%), where
 it sat idle (``gpu_idle_s``: at job turnover or with every slot held), the batch's ``tail``
 (from the last moment every slot held a job to the end, and how busy the GPU was in it),
-each job's span and the order jobs started (``start_order``), per-key winners, and nvcc runs /
-compiles shared across jobs.
+each job's span and the order jobs started (``start_order``), each job's ``setup_s`` (claim to
+first GPU turn) and ``ending_s`` (last turn to done) with their sums and means
+(``job_phases_s``: where a slot's turnover goes), per-key winners, and nvcc runs / compiles
+shared across jobs.
 
 - ``--replay DIR``: the recorded spaces in DIR (H200, current operator versions) instead of the
   GPU (``--delay`` seconds per measurement stand in for the GPU): checks the scheduling, not
@@ -43,6 +45,7 @@ unless ``--framework-baseline``.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -163,7 +166,7 @@ def run_batch(
     )  # fmt: skip
     gate = worker.runner.gpu_gate
     compiles_before = nvcc.compile_stats()
-    t0 = time.perf_counter()
+    t0, t0_epoch = time.perf_counter(), time.time()
     ended = worker.run_forever(max_jobs=len(ids))
     wall = time.perf_counter() - t0
     compiles = {k: v - compiles_before[k] for k, v in nvcc.compile_stats().items()}
@@ -198,6 +201,7 @@ def run_batch(
                 "gpu_busy_fraction": job.gpu_busy_fraction if job else None,
                 "trial_keys": [t.config_key for t in trials],
                 "span_s": spans.get(job_id),
+                **job_phases(job, spans.get(job_id), t0_epoch),
             }
     return {
         "label": label,
@@ -214,6 +218,7 @@ def run_batch(
         "gate_waits": gate.waits,
         "gpu_idle_s": {k: v for k, v in idle.items() if k != "busy_s"},
         "tail": tail,
+        "job_phases_s": phase_totals(per_key.values()),
         "start_order": [ids[j].name for j in sorted(spans, key=lambda j: spans[j][0]) if j in ids],
         "nvcc": compiles,
         "problems": problems,
@@ -256,6 +261,39 @@ def idle_breakdown(
         else:
             steady += b - a
     return {"busy_s": busy, "idle_turnover_s": turnover, "idle_steady_s": steady}
+
+
+def _seconds_since(moment: Any, epoch: float) -> float | None:
+    """A database timestamp as seconds after ``epoch`` (a ``time.time()``); naive ones are UTC."""
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return moment.timestamp() - epoch
+
+
+def job_phases(job: Any, span: list[float] | None, epoch: float) -> dict[str, float | None]:
+    """Where a job's slot time went outside its GPU turns: ``setup_s``, from its claim
+    (``started_at``) to its first turn (the measuring child, inputs, the first compiles), and
+    ``ending_s``, from its last turn to ``finished_at`` (the winner and the job's records).
+    None where a timestamp or the span is missing."""
+    claimed = _seconds_since(job.started_at, epoch) if job is not None else None
+    finished = _seconds_since(job.finished_at, epoch) if job is not None else None
+    return {
+        "setup_s": span[0] - claimed if span and claimed is not None else None,
+        "ending_s": finished - span[1] if span and finished is not None else None,
+    }
+
+
+def phase_totals(rows: Any) -> dict[str, float]:
+    """The jobs' setup and ending seconds (:func:`job_phases`), summed and averaged."""
+    out: dict[str, float] = {}
+    rows = list(rows)
+    for phase in ("setup_s", "ending_s"):
+        values = [r[phase] for r in rows if r.get(phase) is not None]
+        out[f"{phase[:-2]}_total_s"] = sum(values)
+        out[f"{phase[:-2]}_mean_s"] = sum(values) / len(values) if values else 0.0
+    return out
 
 
 def job_spans(holds: list[tuple[float, float, str]], start: float) -> dict[str, list[float]]:
@@ -507,6 +545,8 @@ def summarize(run: dict[str, Any]) -> None:
         f"{run['gpu_idle_s']['idle_steady_s']:.1f} s with every slot held"
         + f"; tail {run['tail']['tail_s']:.1f} s with fewer jobs than slots "
         f"({run['tail']['tail_busy_s'] / max(run['tail']['tail_s'], 1e-9):.0%} busy)"
+        + f"; per job: setup {run['job_phases_s']['setup_mean_s']:.2f} s (claim to first "
+        f"GPU turn), ending {run['job_phases_s']['ending_mean_s']:.2f} s (last turn to done)"
         + f"; nvcc runs {run['nvcc']['nvcc_runs']}, shared {run['nvcc']['shared']}"
         + (f"; PROBLEMS: {run['problems']}" if run["problems"] else "")
     )

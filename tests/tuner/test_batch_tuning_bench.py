@@ -33,6 +33,13 @@ def check(tmp_path, budget: int) -> None:
             assert row["status"] == "done" and row["trials"] == budget, name
             assert len(set(row["trial_keys"])) == budget, name  # nothing measured twice
             assert row["gpu_busy_fraction"] is not None and row["gpu_busy_fraction"] > 0
+            # claimed before its first GPU turn, done after its last (clocks agree to 10 ms)
+            assert row["setup_s"] > -0.01 and row["ending_s"] > -0.01, (name, row)
+            assert row["setup_s"] + row["ending_s"] < run["wall_s"], name
+        phases = run["job_phases_s"]
+        assert phases["setup_total_s"] == pytest.approx(
+            sum(r["setup_s"] for r in run["per_key"].values())
+        )
         assert run["configs_measured"] == budget * len(keys)
     assert report["interleaved"]["gate_waits"] > 0  # the jobs did take turns
     comparison = report["comparison"]
