@@ -654,13 +654,13 @@ class UserKernel:
         for arg, grad, shape, wanted in zip(
             self.inputs, gradients, ctx.kato_input_shapes, needs, strict=True
         ):
-            if grad is None or not wanted:
-                out.append(None)
-                continue
-            if shape is None:
+            if grad is not None and shape is None:
                 raise InvalidInput(
                     f"{self.name} backward: input {arg.name} is a scalar; its gradient must be None"
                 )
+            if grad is None or not wanted:
+                out.append(None)
+                continue
             if not isinstance(grad, torch.Tensor):
                 raise InvalidInput(
                     f"{self.name} backward: the gradient of {arg.name} must be a tensor or None, "
