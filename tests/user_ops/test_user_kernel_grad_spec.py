@@ -7,6 +7,7 @@ The gradients themselves, on torch tensors: tests/user_ops/test_user_kernel_grad
 from __future__ import annotations
 
 import copy
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -232,6 +233,31 @@ def test_sizes_are_not_compared_across_other_shape_names(scaled_mul_dir, scaled_
         check_backward(forward.spec, definition(spec, files).spec)
     spec["shape"] = ["n", "m"]
     check_backward(forward.spec, definition(spec, files).spec)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("folder", ["scaled_mul", "scaled_mul_backward"])
+def test_the_example_kernels_compile(folder, tmp_path):
+    """The GPU test's kernels (tests/gpu/test_user_kernel_grad_gpu.py): two variants of each
+    and its reference kernel go through nvcc and ptxas for sm_90, without spilling."""
+    from kato.tuner.nvcc import compile_kernel
+
+    from user_ops.conftest import DATA
+
+    spec = spec_from_folder(DATA / folder)
+    for config in (
+        {"block_size_x": 64, "tile_size_x": 4},
+        {"block_size_x": 1024, "tile_size_x": 1},
+    ):
+        compiled = compile_kernel(
+            spec.render(config, (1000,), "float32"), spec.kernel_name, arch="sm_90",
+            cache_dir=tmp_path,
+        )  # fmt: skip
+        assert compiled.cubin and 0 < compiled.registers <= 32 and compiled.spill_bytes == 0
+    reference = spec.device_reference((1000,), "float32")
+    assert compile_kernel(
+        reference.source, reference.kernel_name, arch="sm_90", cache_dir=tmp_path
+    ).cubin
 
 
 # --- the API ------------------------------------------------------------------------------------
