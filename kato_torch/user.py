@@ -26,6 +26,12 @@ compiled against the old one keep it), with a fake implementation that reads the
 sizes the outputs as a call does, in the shape's SymInts. ``torch.compile``, ``torch.export``,
 ``make_fx`` and any dispatch mode see that op; a plain eager call skips the dispatcher and runs
 the same code directly, as :class:`kato_torch._op.KatoOp` does for Kato's own operators.
+
+Gradients (docs/user_kernels.md, "Gradients"): the op's autograd formula calls the operator the
+spec's ``[backward]`` section names, fed as it maps them, or a Python ``backward(saved,
+*grads)`` given to :func:`user_kernel` (then the op is one of its own); an eager call whose
+inputs need a gradient goes through the op, so the formula records it. Without either, the
+outputs carry no gradient.
 """
 
 from __future__ import annotations
