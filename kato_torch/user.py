@@ -140,7 +140,7 @@ class Saved:
     an output that was not used; None for an integer output, which has no gradient).
 
     ``saved.inputs``: the call's arguments less the outputs, in the spec's order (tensors and
-    numbers, as the kernel got them); ``saved.outputs``: the outputs; ``saved["x"]``: either by
+    numbers, as the call was given them); ``saved.outputs``: the outputs; ``saved["x"]``: either by
     its name in the spec; ``saved.constants``: the constant-memory arrays by name;
     ``saved.dtype``: the request dtype; ``saved.needs_input_grad``: per input, whether its
     gradient is wanted (computing the others is wasted work, returning them is allowed)."""
