@@ -212,11 +212,19 @@ def test_compiled_training_step_has_the_backward_op_in_its_backward_graph(
     assert [n for n, _ in launches] == ["scaled_mul_test", "scaled_mul_backward_test"] * 2
 
 
-def test_opcheck_passes_on_the_cpu_stand_in(scaled_mul, launches):
-    a, b = torch.randn(16, requires_grad=True), torch.randn(16, requires_grad=True)
-    results = torch.library.opcheck(scaled_mul.op, (a, b, 0.5, 16, None, None, []))
-    assert set(results.values()) == {"SUCCESS"}, results
-    assert "test_aot_dispatch_dynamic" in results and "test_autograd_registration" in results
+def test_opcheck_passes_on_the_cpu_stand_in(scaled_mul, scaled_mul_dir, launches):
+    def backward(saved, grad_y):
+        return grad_y * saved["alpha"] * saved["b"], grad_y * saved["alpha"] * saved["a"]
+
+    python = kato_torch.user_kernel(
+        _without_backward(scaled_mul_dir, "scaled_mul_opcheck"),
+        backward=lambda saved, g: (*backward(saved, g), None, None),
+    )
+    for kernel in (scaled_mul, python):
+        a, b = torch.randn(16, requires_grad=True), torch.randn(16, requires_grad=True)
+        results = torch.library.opcheck(kernel.op, (a, b, 0.5, 16, None, None, []))
+        assert set(results.values()) == {"SUCCESS"}, results
+        assert "test_aot_dispatch_dynamic" in results and "test_autograd_registration" in results
 
 
 def test_the_backward_operator_must_be_registered_when_a_gradient_is_recorded(
