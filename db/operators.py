@@ -67,7 +67,17 @@ def build_spec(defn: OperatorDefinition) -> UserOperatorSpec:
             f"operator name {name!r} is taken by a built-in or installed operator; choose another"
         )
     spec = UserOperatorSpec(defn)
-    backward_operator(spec)
+    try:
+        backward_operator(spec)
+    except InvalidInput:
+        # This process reads the stored operators at most every REFRESH_SECONDS: a backward
+        # operator stored a moment ago through another API process (or a newer version of it)
+        # may not be in its registry yet. Read them again before refusing.
+        source = installed()
+        if source is None:
+            raise
+        source.refresh()
+        backward_operator(spec)
     spec.stored = True
     return spec
 

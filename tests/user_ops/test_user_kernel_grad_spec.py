@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from kato.db import operators as stored
 from kato.db import tokens
 from kato.kernels.spec import InvalidInput
 from kato.kernels.user import definition, load_folder, spec_from_folder
@@ -318,6 +319,26 @@ def test_the_api_stores_the_backward_operator_first_and_shows_the_section(
         r = client.post("/v1/operators", json=changed, headers=auth)
         assert r.status_code == 201 and r.json()["version"] != version
         assert r.json()["versions"] == 2
+
+
+def test_a_backward_operator_another_process_stored_is_read_again(
+    app, scaled_mul_dir, scaled_mul_backward_dir
+):
+    """An API process rereads the stored operators every few seconds: a backward operator that
+    another process stored a moment ago is read again before a forward naming it is refused
+    (with several API processes, the two POSTs may reach different ones)."""
+    forward, backward = _bodies(scaled_mul_dir, scaled_mul_backward_dir)
+    backward["spec"]["name"] = forward["spec"]["backward"]["operator"] = "other_scaled_mul_bwd"
+    forward["spec"]["name"] = "other_scaled_mul"
+    with TestClient(app, raise_server_exceptions=False) as client:
+        auth = {"Authorization": f"Bearer {_secret(app)}"}
+        assert client.get("/v1/operators").status_code == 200  # this process has read them
+        with app.state.session_factory() as session:  # another process's POST
+            stored.add_operator(session, stored.parse_definition(backward))
+        r = client.post("/v1/operators", json=forward, headers=auth)
+        assert r.status_code == 201, r.text
+        shown = client.get("/v1/operators/other_scaled_mul").json()["backward"]
+        assert shown == forward["spec"]["backward"]
 
 
 @pytest.mark.parametrize(
