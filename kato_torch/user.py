@@ -37,11 +37,13 @@ outputs carry no gradient.
 from __future__ import annotations
 
 import ast
+import inspect
 import keyword
 import math
 import numbers
 import re
 import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,10 +89,13 @@ _OPS: dict[str, torch._ops.OpOverload] = {}
 _OPS_LOCK = threading.Lock()
 #: Schema names of the arguments a call takes besides the operator's own.
 _EXTRA = ("shape", "dtype", "constants")
-#: Python backward functions given to :func:`user_kernel`, by (op name, id): each has an op of
-#: its own (``<name>_<version>_py<k>``), as an op's autograd formula is one per op. Kept here,
-#: so that an id is never reused for another function.
-_PYTHON_BACKWARDS: dict[tuple[str, int], tuple[Callable[..., Any], int]] = {}
+#: Python backward functions given to :func:`user_kernel`, by (op name, identity: see
+#: :func:`_identity`): each has an op of its own (``<name>_<version>_py<k>``), as an op's
+#: autograd formula is one per op. Kept here, so that an id is never reused for another function.
+_PYTHON_BACKWARDS: dict[tuple[Any, ...], tuple[Callable[..., Any], int]] = {}
+#: Python backward ops of one operator version past which each new one is warned about: ops are
+#: never freed, so a new function per call (a lambda, a closure) piles them up.
+MAX_PYTHON_BACKWARDS = 8
 #: A Python backward: ``backward(saved, *grads)`` (see :class:`Saved`) -> the input gradients.
 Backward = Callable[..., Any]
 
@@ -955,10 +960,19 @@ def _custom_op(kernel: UserKernel) -> torch._ops.OpOverload:
     with _OPS_LOCK:
         function = kernel._python_backward
         if function is not None:  # an op per backward function: one formula per op
-            key = (op_name, id(function))
+            key = (op_name, *_identity(function))
             if key not in _PYTHON_BACKWARDS:
-                taken = sum(1 for name, _ in _PYTHON_BACKWARDS if name == op_name)
-                _PYTHON_BACKWARDS[key] = (function, taken + 1)
+                number = 1 + sum(1 for k in _PYTHON_BACKWARDS if k[0] == op_name)
+                _PYTHON_BACKWARDS[key] = (function, number)
+                if number > MAX_PYTHON_BACKWARDS:
+                    warnings.warn(
+                        f"{spec.name}: {number} Python backward functions, each with an op of "
+                        f"its own ({NAMESPACE}::{op_name}_py<k>, never freed): give "
+                        "user_kernel the same function each time (one defined once), not a "
+                        "new lambda or closure per call",
+                        RuntimeWarning,
+                        stacklevel=4,
+                    )
             op_name = f"{op_name}_py{_PYTHON_BACKWARDS[key][1]}"
         qualname = f"{NAMESPACE}::{op_name}"
         found = _OPS.get(qualname)
@@ -1001,6 +1015,15 @@ def _custom_op(kernel: UserKernel) -> torch._ops.OpOverload:
         op = getattr(getattr(torch.ops, NAMESPACE), op_name).default
         _OPS[qualname] = op
         return op
+
+
+def _identity(function: Callable[..., Any]) -> tuple[int, ...]:
+    """Who a Python backward is: a bound method by its function and instance (each attribute
+    access makes a new bound-method object: ``backward=self.grad`` is one backward for one
+    ``self``), anything else by itself."""
+    if inspect.ismethod(function):
+        return id(function.__func__), id(function.__self__)
+    return (id(function),)
 
 
 def _same(value: Any, want: Any) -> bool:

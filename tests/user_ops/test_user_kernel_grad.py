@@ -371,6 +371,35 @@ def test_each_python_backward_has_its_own_op(scaled_mul_dir, launches):
     assert not plain(a, b, 1.0, 6).requires_grad  # no formula: no gradient, as before
 
 
+def test_one_op_per_bound_method_and_a_warning_as_functions_pile_up(scaled_mul_dir, monkeypatch):
+    """``backward=self.method`` is one backward per instance (a new bound-method object each
+    time); past MAX_PYTHON_BACKWARDS functions of one operator version, each new op (never
+    freed) is warned about."""
+    import warnings
+
+    from kato_torch import user
+
+    spec = _without_backward(scaled_mul_dir, "scaled_mul_methods")
+
+    class Layer:
+        def backward(self, saved, g):
+            return 2 * g * saved["b"], None, None, None
+
+    layer = Layer()
+    first = kato_torch.user_kernel(spec, backward=layer.backward)
+    assert kato_torch.user_kernel(spec, backward=layer.backward).op is first.op
+    other = kato_torch.user_kernel(spec, backward=Layer().backward)
+    assert other.op is not first.op and other.op.name().endswith("_py2")
+    monkeypatch.setattr(user, "MAX_PYTHON_BACKWARDS", 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kato_torch.user_kernel(spec, backward=lambda saved, g: None)  # the third
+        kato_torch.user_kernel(spec, backward=layer.backward)  # no new op
+    with pytest.warns(RuntimeWarning, match="scaled_mul_methods: 4 Python backward functions"):
+        fourth = kato_torch.user_kernel(spec, backward=lambda saved, g: None)
+    assert fourth.op.name().endswith("_py4")
+
+
 @pytest.mark.parametrize(
     ("returned", "says"),
     [
