@@ -746,6 +746,17 @@ class UserKernel:
         index = {a.name: i for i, a in enumerate(self.inputs)}
         for arg, value in zip(backward.outputs, results, strict=True):
             gradients[index[section.gradients[arg.name]]] = value
+        if (
+            torch.is_grad_enabled()  # a double backward (create_graph=True) records this one
+            and not backward.differentiable
+            and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+        ):
+            gradients = _once_differentiable(
+                gradients,
+                f"{self.name} backward: its operator {backward.name} has no gradient of its own "
+                "(no [backward] section), so the gradients it computed cannot be differentiated "
+                "again (create_graph=True); give it a [backward] section, or differentiate once",
+            )
         return gradients
 
     # --- running ------------------------------------------------------------------------------
@@ -1015,6 +1026,22 @@ def _custom_op(kernel: UserKernel) -> torch._ops.OpOverload:
         op = getattr(getattr(torch.ops, NAMESPACE), op_name).default
         _OPS[qualname] = op
         return op
+
+
+def _once_differentiable(gradients: list[Any], why: str) -> list[Any]:
+    """``gradients`` whose own gradient raises ``why``, as those of a function marked
+    ``torch.autograd.function.once_differentiable`` do: computed by a kernel that records no
+    gradient, a double backward through them would otherwise leave their terms out silently
+    (a gradient penalty's, say)."""
+    at = [i for i, g in enumerate(gradients) if isinstance(g, torch.Tensor)]
+    if not at:
+        return gradients
+    error = torch._C._functions.DelayedError(why.encode(), len(at))
+    wrapped = error(*(gradients[i].detach().requires_grad_() for i in at))
+    out = list(gradients)
+    for i, value in zip(at, wrapped if isinstance(wrapped, tuple) else (wrapped,), strict=True):
+        out[i] = value
+    return out
 
 
 def _identity(function: Callable[..., Any]) -> tuple[int, ...]:

@@ -243,6 +243,24 @@ def test_the_backward_operator_must_be_registered_when_a_gradient_is_recorded(
         k(torch.randn(4, requires_grad=True), torch.randn(4), 1.0, 4)
 
 
+def test_a_double_backward_through_a_backward_operator_without_one_raises(scaled_mul, launches):
+    """create_graph=True: the first gradients are right, and differentiating them again (a
+    gradient penalty) raises, since the backward operator records no gradient of its own,
+    instead of leaving the penalty's terms out (b.grad was 1.5 a, not 1.5 a + 4.5 b)."""
+    a, b = torch.randn(5, requires_grad=True), torch.randn(5, requires_grad=True)
+    y = scaled_mul(a, b, 1.5, 5)
+    (grad_a,) = torch.autograd.grad(y.sum(), a, create_graph=True)
+    torch.testing.assert_close(grad_a, 1.5 * b.detach())
+    assert grad_a.requires_grad
+    with pytest.raises(RuntimeError, match="operator scaled_mul_backward_test has no gradient"):
+        (y.sum() + (grad_a**2).sum()).backward()
+    # without create_graph nothing changes: the gradients are plain tensors
+    a.grad = b.grad = None
+    scaled_mul(a, b, 1.5, 5).sum().backward()
+    torch.testing.assert_close(b.grad, 1.5 * a.detach())
+    assert a.grad.grad_fn is None
+
+
 def test_integer_outputs_carry_no_gradient(launches, monkeypatch):
     """An integer output is marked non-differentiable; a float one, fed to the backward, has
     a gradient. 2-D inputs of ``r * c`` elements get gradients of their shape from a backward
