@@ -20,6 +20,7 @@ from kato.db.models import UserOperator
 from kato.kernels import registry
 from kato.kernels.spec import InvalidInput
 from kato.kernels.user import OperatorDefinition, UserOperatorSpec, definition
+from kato.kernels.user.backward import backward_operator
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -53,7 +54,9 @@ def parse_definition(data: Mapping[str, Any], where: str = "operator") -> Operat
 
 def build_spec(defn: OperatorDefinition) -> UserOperatorSpec:
     """The operator a definition describes; refuses a name already taken by an operator that
-    does not come from the database (a built-in one, or one a package registers)."""
+    does not come from the database (a built-in one, or one a package registers), and a
+    ``[backward]`` section whose operator is not registered yet or does not fit it
+    (:func:`kernels.user.backward.backward_operator`)."""
     name = defn.spec.name
     try:
         existing = registry.get_operator(name)
@@ -64,6 +67,17 @@ def build_spec(defn: OperatorDefinition) -> UserOperatorSpec:
             f"operator name {name!r} is taken by a built-in or installed operator; choose another"
         )
     spec = UserOperatorSpec(defn)
+    try:
+        backward_operator(spec)
+    except InvalidInput:
+        # This process reads the stored operators at most every REFRESH_SECONDS: a backward
+        # operator stored a moment ago through another API process (or a newer version of it)
+        # may not be in its registry yet. Read them again before refusing.
+        source = installed()
+        if source is None:
+            raise
+        source.refresh()
+        backward_operator(spec)
     spec.stored = True
     return spec
 

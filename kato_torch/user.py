@@ -26,17 +26,25 @@ compiled against the old one keep it), with a fake implementation that reads the
 sizes the outputs as a call does, in the shape's SymInts. ``torch.compile``, ``torch.export``,
 ``make_fx`` and any dispatch mode see that op; a plain eager call skips the dispatcher and runs
 the same code directly, as :class:`kato_torch._op.KatoOp` does for Kato's own operators.
+
+Gradients (docs/user_kernels.md, "Gradients"): the op's autograd formula calls the operator the
+spec's ``[backward]`` section names, fed as it maps them, or a Python ``backward(saved,
+*grads)`` given to :func:`user_kernel` (then the op is one of its own); an eager call whose
+inputs need a gradient goes through the op, so the formula records it. Without either, the
+outputs carry no gradient.
 """
 
 from __future__ import annotations
 
 import ast
+import inspect
 import keyword
 import math
 import numbers
 import re
 import threading
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,8 +52,9 @@ import torch
 from kato.kernels import InvalidInput, get_operator
 from kato.kernels.registry import register
 from kato.kernels.spec import DTYPES
+from kato.kernels.user.backward import backward_operator, source_argument
 from kato.kernels.user.expr import Expression, ExpressionError
-from kato.kernels.user.model import ArgumentModel, numpy_dtype
+from kato.kernels.user.model import GRAD_PREFIX, ArgumentModel, numpy_dtype
 from kato.kernels.user.spec import MAX_ELEMENTS, UserOperatorSpec
 
 from kato_torch import policy as _policy
@@ -80,6 +89,15 @@ _OPS: dict[str, torch._ops.OpOverload] = {}
 _OPS_LOCK = threading.Lock()
 #: Schema names of the arguments a call takes besides the operator's own.
 _EXTRA = ("shape", "dtype", "constants")
+#: Python backward functions given to :func:`user_kernel`, by (op name, identity: see
+#: :func:`_identity`): each has an op of its own (``<name>_<version>_py<k>``), as an op's
+#: autograd formula is one per op. Kept here, so that an id is never reused for another function.
+_PYTHON_BACKWARDS: dict[tuple[Any, ...], tuple[Callable[..., Any], int]] = {}
+#: Python backward ops of one operator version past which each new one is warned about: ops are
+#: never freed, so a new function per call (a lambda, a closure) piles them up.
+MAX_PYTHON_BACKWARDS = 8
+#: A Python backward: ``backward(saved, *grads)`` (see :class:`Saved`) -> the input gradients.
+Backward = Callable[..., Any]
 
 
 def _torch_dtype(arg: ArgumentModel, dtype: str) -> torch.dtype:
@@ -120,10 +138,44 @@ class UserCall:
     write_back: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
-class UserKernel:
-    """A user operator callable on torch tensors. See the module docstring."""
+@dataclass(frozen=True)
+class Saved:
+    """What a Python backward (``user_kernel(name, backward=f)``) gets of the forward call:
+    ``f(saved, *grads)``, ``grads`` one per output in the spec's order (contiguous; zeros for
+    an output that was not used; None for an integer output, which has no gradient).
 
-    def __init__(self, spec: UserOperatorSpec):
+    ``saved.inputs``: the call's arguments less the outputs, in the spec's order (tensors and
+    numbers, as the call was given them); ``saved.outputs``: the outputs; ``saved["x"]``: either by
+    its name in the spec; ``saved.constants``: the constant-memory arrays by name;
+    ``saved.dtype``: the request dtype; ``saved.needs_input_grad``: per input, whether its
+    gradient is wanted (computing the others is wasted work, returning them is allowed)."""
+
+    names: tuple[str, ...]
+    inputs: tuple[Any, ...]
+    outputs: tuple[torch.Tensor, ...]
+    output_names: tuple[str, ...]
+    constants: dict[str, torch.Tensor]
+    dtype: str
+    needs_input_grad: tuple[bool, ...]
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self.names:
+            return self.inputs[self.names.index(name)]
+        if name in self.output_names:
+            return self.outputs[self.output_names.index(name)]
+        raise KeyError(
+            f"{name!r} is no argument of the call (inputs {', '.join(self.names) or 'none'}; "
+            f"outputs {', '.join(self.output_names)})"
+        )
+
+
+class UserKernel:
+    """A user operator callable on torch tensors. See the module docstring.
+
+    ``backward``: a Python backward for the op's autograd formula (:func:`user_kernel`),
+    instead of the spec's ``[backward]`` section."""
+
+    def __init__(self, spec: UserOperatorSpec, backward: Backward | None = None):
         self.spec = spec
         self.name = spec.name
         self.arguments = list(spec.model.arguments)
@@ -140,6 +192,23 @@ class UserKernel:
             for a in self.inputs
         )
         _policy.without_framework_equivalent(spec.name)
+        if backward is not None and not callable(backward):
+            raise InvalidInput(
+                f"{self.name}: backward= must be a function backward(saved, *grads), got "
+                f"{type(backward).__name__}"
+            )
+        if backward is not None and not self.outputs:
+            raise InvalidInput(
+                f"{self.name} has no output (it writes its arrays): it takes no gradient, so no "
+                "backward="
+            )
+        self._python_backward = backward
+        #: Whether the op has an autograd formula computing gradients (a Python backward or
+        #: the spec's ``[backward]`` section); without one its outputs carry none.
+        self.differentiable = bool(self.outputs) and (
+            backward is not None or spec.model.backward is not None
+        )
+        self._backward_kernel: UserKernel | None = None
         #: The ``torch.library`` custom op (an OpOverload) that traces and compiled graphs call.
         self.op = _custom_op(self)
 
@@ -492,6 +561,204 @@ class UserKernel:
             return ()
         return out
 
+    # --- gradients ----------------------------------------------------------------------------
+
+    def backward_kernel(self) -> UserKernel:
+        """The user kernel of the spec's ``[backward]`` operator (itself where it names its own
+        name), resolved from the registry on first use and checked against this one.
+
+        Raises:
+            InvalidInput: the spec has no backward section, its operator is not registered, or
+                it does not fit this one (:func:`kato.kernels.user.backward.check_backward`).
+        """
+        if self._backward_kernel is None:
+            if self.spec.model.backward is None:
+                raise InvalidInput(f"{self.name}'s spec has no [backward] section")
+            found = backward_operator(self.spec)
+            self._backward_kernel = self if found is self.spec else UserKernel(found)
+        return self._backward_kernel
+
+    def _setup_context(self, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        """The op's autograd context: integer outputs marked non-differentiable; saved, the
+        arguments the backward reads (the Python backward: all; a declared one: those its
+        section names), the request dtype, the inputs' shapes and, for a declared backward
+        with the same shape names, the call's shape."""
+        count = len(self._kinds)
+        args, (shape, dtype, constants) = inputs[:count], inputs[count:]
+        outputs = output if isinstance(output, tuple) else (output,)
+        fixed = [o for o in outputs if not _floating(o.dtype)]
+        if fixed:
+            ctx.mark_non_differentiable(*fixed)
+        given = dict(zip((a.name for a in self.inputs), args, strict=True))
+        dtype = dtype or self._dtype(given)
+        section = self.spec.model.backward if self._python_backward is None else None
+        ctx.kato_shape = None
+        if section is not None:
+            backward = self.backward_kernel()  # resolved (and checked) at the forward call
+            wanted = {
+                source_argument(self.spec.model, s)[0].name
+                for s in section.inputs.values()
+                if not s.startswith(GRAD_PREFIX)
+            }
+            if backward.spec.shape_names == self.spec.shape_names:
+                ctx.kato_shape = tuple(shape) if shape is not None else self._shape(given, dtype)
+        else:
+            wanted = {a.name for a in self.arguments}
+        tensors: list[torch.Tensor] = []
+        slots: list[Any] = []  # per argument in spec order: ("t", i), ("v", value) or None
+        ins, outs = iter(args), iter(outputs)
+        for arg in self.arguments:
+            value = next(outs) if arg.output else next(ins)
+            if arg.name not in wanted:
+                slots.append(None)
+            elif isinstance(value, torch.Tensor):
+                slots.append(("t", len(tensors)))
+                tensors.append(value)
+            else:
+                slots.append(("v", value))
+        ctx.kato_slots = slots
+        ctx.kato_constants = len(constants)
+        ctx.save_for_backward(*tensors, *constants)
+        ctx.kato_dtype = dtype
+        ctx.kato_input_shapes = tuple(
+            tuple(v.shape) if isinstance(v, torch.Tensor) else None for v in args
+        )
+        ctx.kato_outputs = tuple((tuple(o.shape), o.dtype, o.device) for o in outputs)
+
+    def _saved(self, ctx: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """(the saved arguments by name, the constants by name) of ``ctx``."""
+        saved = ctx.saved_tensors
+        constants = saved[len(saved) - ctx.kato_constants :]
+        values = {}
+        for arg, slot in zip(self.arguments, ctx.kato_slots, strict=True):
+            if slot is not None:
+                values[arg.name] = saved[slot[1]] if slot[0] == "t" else slot[1]
+        return values, dict(zip(self._constant_names, constants, strict=True))
+
+    def _backward(self, ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        """The op's backward: the input gradients from the Python backward or the declared
+        backward operator, each shaped as its input; None for scalars, the shape, the dtype
+        and the constants."""
+        count = len(self._kinds)
+        needs = tuple(ctx.needs_input_grad[:count])
+        grads = tuple(
+            None if g is None or not _floating(g.dtype) else g.contiguous() for g in grads
+        )
+        values, constants = self._saved(ctx)
+        if self._python_backward is not None:
+            saved = Saved(
+                tuple(a.name for a in self.inputs),
+                tuple(values[a.name] for a in self.inputs),
+                tuple(values[a.name] for a in self.outputs),
+                tuple(a.name for a in self.outputs),
+                constants,
+                ctx.kato_dtype,
+                needs,
+            )
+            result = self._python_backward(saved, *grads)
+            gradients = self._gradients_returned(result)
+        elif any(needs):
+            gradients = self._declared_backward(ctx, values, constants, grads, needs)
+        else:
+            gradients = [None] * count
+        out: list[Any] = []
+        for arg, grad, shape, wanted in zip(
+            self.inputs, gradients, ctx.kato_input_shapes, needs, strict=True
+        ):
+            if grad is not None and shape is None:
+                raise InvalidInput(
+                    f"{self.name} backward: input {arg.name} is a scalar; its gradient must be None"
+                )
+            if grad is None or not wanted:
+                out.append(None)
+                continue
+            if not isinstance(grad, torch.Tensor):
+                raise InvalidInput(
+                    f"{self.name} backward: the gradient of {arg.name} must be a tensor or None, "
+                    f"got {type(grad).__name__}"
+                )
+            if grad.numel() != math.prod(shape):
+                raise InvalidInput(
+                    f"{self.name} backward: the gradient of {arg.name} has {grad.numel()} "
+                    f"elements; {arg.name} has {math.prod(shape)} ({tuple(shape)})"
+                )
+            out.append(grad.reshape(shape))
+        # shape, dtype, constants (a list: torch.library unflattens the gradients as inputs)
+        return (*out, None, None, [None] * ctx.kato_constants)
+
+    def _gradients_returned(self, result: Any) -> list[Any]:
+        """A Python backward's answer as one entry per input: a sequence in the inputs' order,
+        a mapping by name (missing names: None), or one tensor (or None) where there is one
+        input."""
+        names = [a.name for a in self.inputs]
+        if isinstance(result, Mapping):
+            unknown = sorted(set(result) - set(names))
+            if unknown:
+                raise InvalidInput(
+                    f"{self.name} backward: returned gradients of {', '.join(map(str, unknown))}, "
+                    f"which are not its inputs ({', '.join(names)})"
+                )
+            return [result.get(n) for n in names]
+        if len(names) == 1 and (result is None or isinstance(result, torch.Tensor)):
+            return [result]
+        if not isinstance(result, Sequence) or len(result) != len(names):
+            got = len(result) if isinstance(result, Sequence) else type(result).__name__
+            raise InvalidInput(
+                f"{self.name} backward: return one gradient (or None) per input "
+                f"({', '.join(names)}), as a sequence or a dict by name; got {got}"
+            )
+        return list(result)
+
+    def _declared_backward(
+        self,
+        ctx: Any,
+        values: Mapping[str, Any],
+        constants: Mapping[str, torch.Tensor],
+        grads: Sequence[torch.Tensor | None],
+        needs: Sequence[bool],
+    ) -> list[Any]:
+        """Call the spec's backward operator as its section says; its outputs by input."""
+        section = self.spec.model.backward
+        assert section is not None
+        backward = self.backward_kernel()
+        out_names = [a.name for a in self.outputs]
+        args = []
+        for arg in backward.inputs:
+            source = section.inputs[arg.name]
+            if source.startswith(GRAD_PREFIX):
+                name = source[len(GRAD_PREFIX) :]
+                index = out_names.index(name)
+                grad = grads[index]
+                if grad is None:  # not materialised (the output was not used): zeros
+                    shape, dtype, device = ctx.kato_outputs[index]
+                    grad = torch.zeros(shape, dtype=dtype, device=device)
+                args.append(grad)
+            else:
+                args.append(values[source])
+        result = backward(
+            *args,
+            shape=ctx.kato_shape,
+            dtype=ctx.kato_dtype,
+            constants={c: constants[c] for c in backward._constant_names} or None,
+        )
+        results = result if isinstance(result, tuple) else (result,)
+        gradients: list[Any] = [None] * len(self.inputs)
+        index = {a.name: i for i, a in enumerate(self.inputs)}
+        for arg, value in zip(backward.outputs, results, strict=True):
+            gradients[index[section.gradients[arg.name]]] = value
+        if (
+            torch.is_grad_enabled()  # a double backward (create_graph=True) records this one
+            and not backward.differentiable
+            and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+        ):
+            gradients = _once_differentiable(
+                gradients,
+                f"{self.name} backward: its operator {backward.name} has no gradient of its own "
+                "(no [backward] section), so the gradients it computed cannot be differentiated "
+                "again (create_graph=True); give it a [backward] section, or differentiate once",
+            )
+        return gradients
+
     # --- running ------------------------------------------------------------------------------
 
     def __call__(
@@ -514,8 +781,12 @@ class UserKernel:
             InvalidInput: what :meth:`plan` raises; tensors not on a CUDA device, or a policy
                 of ``"torch"`` for this operator (there is no PyTorch implementation of it).
         """
-        plain, _ = _direct(args)
-        if not plain or not eager():
+        plain, needs_grad = _direct(args)
+        if (
+            not plain
+            or not eager()
+            or (needs_grad and self.differentiable and torch.is_grad_enabled())
+        ):  # a gradient is recorded by the op's autograd formula
             return self._call_op(args, shape, dtype, constants)
         return self._launch(*args, shape=shape, dtype=dtype, constants=constants)
 
@@ -551,13 +822,23 @@ class UserKernel:
         return tuple(call.outputs)
 
 
-def user_kernel(operator: str | UserOperatorSpec) -> UserKernel:
+def user_kernel(
+    operator: str | UserOperatorSpec, *, backward: Backward | None = None
+) -> UserKernel:
     """The user operator ``operator`` (a registered name, or a spec, which is registered) as
     a function of torch tensors (:class:`UserKernel`).
 
+    Gradients (docs/user_kernels.md, "Gradients"): the spec's ``[backward]`` section, or
+    ``backward``, a Python function ``backward(saved, *grads)`` given what the forward call saw
+    (:class:`Saved`) and one gradient per output, returning the input gradients (a sequence in
+    the inputs' order or a dict by name; None where there is none; each reshaped to its input).
+    It runs where the call's backward runs, in this process, and may call user kernels itself.
+    Without either, the outputs carry no gradient.
+
     Raises:
         InvalidInput: no operator of that name, or one that is not a user operator (Kato's
-            own have their functions in :mod:`kato_torch.ops`).
+            own have their functions in :mod:`kato_torch.ops`); ``backward`` not callable, or
+            given for an operator without outputs.
     """
     if isinstance(operator, UserOperatorSpec):
         try:
@@ -574,7 +855,7 @@ def user_kernel(operator: str | UserOperatorSpec) -> UserKernel:
             f"{spec.name!r} is one of Kato's own operators, not a user operator; call its "
             "function in kato_torch (e.g. kato_torch.softmax)"
         )
-    return UserKernel(spec)
+    return UserKernel(spec, backward=backward)
 
 
 def _is_number(value: Any) -> bool:
@@ -597,6 +878,10 @@ def _hint(value: Any) -> Any:
             return hint
         return int(value) if isinstance(value, torch.SymInt) else float(value)
     return value
+
+
+def _floating(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point
 
 
 def _non_differentiable(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
@@ -683,8 +968,24 @@ def _custom_op(kernel: UserKernel) -> torch._ops.OpOverload:
     and a graph compiled against one version keeps calling it)."""
     spec = kernel.spec
     op_name = f"{re.sub(r'[^0-9a-zA-Z_]', '_', spec.name)}_{spec.version}"
-    qualname = f"{NAMESPACE}::{op_name}"
     with _OPS_LOCK:
+        function = kernel._python_backward
+        if function is not None:  # an op per backward function: one formula per op
+            key = (op_name, *_identity(function))
+            if key not in _PYTHON_BACKWARDS:
+                number = 1 + sum(1 for k in _PYTHON_BACKWARDS if k[0] == op_name)
+                _PYTHON_BACKWARDS[key] = (function, number)
+                if number > MAX_PYTHON_BACKWARDS:
+                    warnings.warn(
+                        f"{spec.name}: {number} Python backward functions, each with an op of "
+                        f"its own ({NAMESPACE}::{op_name}_py<k>, never freed): give "
+                        "user_kernel the same function each time (one defined once), not a "
+                        "new lambda or closure per call",
+                        RuntimeWarning,
+                        stacklevel=4,
+                    )
+            op_name = f"{op_name}_py{_PYTHON_BACKWARDS[key][1]}"
+        qualname = f"{NAMESPACE}::{op_name}"
         found = _OPS.get(qualname)
         if found is not None:
             return found
@@ -716,13 +1017,40 @@ def _custom_op(kernel: UserKernel) -> torch._ops.OpOverload:
             tags=(exact,) if exact is not None else None,
         )
         custom.register_fake(lambda *args: kernel._fake(args))
-        if not mutable:  # torch.library takes no formula for an op that mutates its inputs
+        if kernel.differentiable:  # the spec's [backward], or a Python backward
+            custom.register_autograd(kernel._backward, setup_context=kernel._setup_context)
+        elif not mutable:  # torch.library takes no formula for an op that mutates its inputs
             # No gradient, as an eager call's outputs have none; without a formula, compiling
             # a call on an input that requires grad failed ("no autograd formula registered").
             custom.register_autograd(_no_gradient, setup_context=_non_differentiable)
         op = getattr(getattr(torch.ops, NAMESPACE), op_name).default
         _OPS[qualname] = op
         return op
+
+
+def _once_differentiable(gradients: list[Any], why: str) -> list[Any]:
+    """``gradients`` whose own gradient raises ``why``, as those of a function marked
+    ``torch.autograd.function.once_differentiable`` do: computed by a kernel that records no
+    gradient, a double backward through them would otherwise leave their terms out silently
+    (a gradient penalty's, say)."""
+    at = [i for i, g in enumerate(gradients) if isinstance(g, torch.Tensor)]
+    if not at:
+        return gradients
+    error = torch._C._functions.DelayedError(why.encode(), len(at))
+    wrapped = error(*(gradients[i].detach().requires_grad_() for i in at))
+    out = list(gradients)
+    for i, value in zip(at, wrapped if isinstance(wrapped, tuple) else (wrapped,), strict=True):
+        out[i] = value
+    return out
+
+
+def _identity(function: Callable[..., Any]) -> tuple[int, ...]:
+    """Who a Python backward is: a bound method by its function and instance (each attribute
+    access makes a new bound-method object: ``backward=self.grad`` is one backward for one
+    ``self``), anything else by itself."""
+    if inspect.ismethod(function):
+        return id(function.__func__), id(function.__self__)
+    return (id(function),)
 
 
 def _same(value: Any, want: Any) -> bool:

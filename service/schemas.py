@@ -528,6 +528,8 @@ class OperatorPublic(BaseModel):
     shape_names: list[str]
     params: dict[str, list[Any]]
     space_size: int
+    #: A user operator's ``[backward]`` section (docs/user_kernels.md, "Gradients"), if any.
+    backward: dict[str, Any] | None = None
 
 
 def format_compute_capability(value: Any) -> Any:

@@ -159,6 +159,108 @@ class ReferenceModel(_Strict):
     defines: dict[str, Expr] = Field(default_factory=dict)
 
 
+#: The prefix of a backward input fed the gradient of one of the operator's outputs.
+GRAD_PREFIX = "grad:"
+
+
+def differentiable(dtype: str, request_dtypes: Collection[str]) -> bool:
+    """Whether an array of ``dtype`` ("dtype": the request's) is a floating-point one at every
+    request dtype the operator takes: only those carry a gradient."""
+    bfloat16 = DTYPES["bfloat16"][0]
+    return all(
+        (np_dtype := numpy_dtype(dtype, d)).kind == "f" or np_dtype == bfloat16
+        for d in request_dtypes
+    )
+
+
+class BackwardModel(_Strict):
+    """The ``[backward]`` section: another registered user operator that computes the
+    gradients of this one's inputs (docs/user_kernels.md, "Gradients").
+
+    ``inputs``: each of the backward operator's non-output arguments (its name) -> what feeds
+    it: a name of this operator's arguments (an input, or an output as the call returned it),
+    or ``"grad:<output>"``, the gradient of one of this operator's outputs. ``gradients``: each
+    of the backward operator's outputs (its name) -> the input of this operator whose gradient
+    it is. Plain names only: nothing here is an expression."""
+
+    operator: str = Field(pattern=NAME_PATTERN)
+    inputs: dict[str, str] = Field(min_length=1, max_length=MAX_ARGUMENTS)
+    gradients: dict[str, str] = Field(min_length=1, max_length=MAX_ARGUMENTS)
+
+    @model_validator(mode="after")
+    def _names(self) -> BackwardModel:
+        for key in (*self.inputs, *self.gradients):
+            if not _IDENTIFIER.match(key):
+                raise ValueError(f"backward argument name {key!r} must be a C identifier")
+        both = sorted(set(self.inputs) & set(self.gradients))
+        if both:
+            raise ValueError(
+                f"backward arguments {', '.join(both)} are both in inputs and in gradients: an "
+                "argument of the backward operator is fed (an input) or gives a gradient (an "
+                "output)"
+            )
+        return self
+
+    def check_against(self, forward: OperatorModel) -> None:
+        """Raise ValueError unless every name refers to an argument of ``forward`` as it
+        must: a source is one of its arguments or ``grad:`` of a floating-point output; a
+        gradient is of a floating-point array input, each at most once."""
+        args = {a.name: a for a in forward.arguments}
+        outputs = [a.name for a in forward.arguments if a.output]
+        if not outputs:
+            raise ValueError(
+                "backward: the operator has no output, so nothing to differentiate (an operator "
+                "that only writes its arrays takes no gradient)"
+            )
+        for key, source in self.inputs.items():
+            where = f"backward.inputs.{key}"
+            if source.startswith(GRAD_PREFIX):
+                name = source[len(GRAD_PREFIX) :]
+                arg = args.get(name)
+                if arg is None or not arg.output:
+                    raise ValueError(
+                        f"{where}: {source!r} names no output of {forward.name} (its outputs: "
+                        f"{', '.join(outputs)})"
+                    )
+                if not differentiable(arg.dtype, forward.dtypes):
+                    raise ValueError(
+                        f"{where}: output {name} is {arg.dtype}, not floating point at every "
+                        f"dtype of {forward.name} ({', '.join(forward.dtypes)}): it has no "
+                        "gradient"
+                    )
+            elif source not in args:
+                raise ValueError(
+                    f"{where}: {source!r} is not an argument of {forward.name} (give one of "
+                    f"{', '.join(args)}, or 'grad:<output>')"
+                )
+        seen: dict[str, str] = {}
+        for key, target in self.gradients.items():
+            where = f"backward.gradients.{key}"
+            arg = args.get(target)
+            if arg is None or arg.output:
+                inputs = [a.name for a in forward.arguments if not a.output]
+                raise ValueError(
+                    f"{where}: {target!r} is not an input of {forward.name} (its inputs: "
+                    f"{', '.join(inputs) or 'none'})"
+                )
+            if arg.size is None:
+                raise ValueError(
+                    f"{where}: input {target} is a scalar, passed as a number: it has no "
+                    "gradient (only array inputs do)"
+                )
+            if not differentiable(arg.dtype, forward.dtypes):
+                raise ValueError(
+                    f"{where}: input {target} is {arg.dtype}, not floating point at every "
+                    f"dtype of {forward.name} ({', '.join(forward.dtypes)}): it has no gradient"
+                )
+            if target in seen:
+                raise ValueError(
+                    f"{where}: the gradient of {target} is already {seen[target]}'s; each input "
+                    "has one"
+                )
+            seen[target] = key
+
+
 class OperatorModel(_Strict):
     """The spec file. See the module docstring and ``docs/user_kernels.md``."""
 
@@ -194,6 +296,8 @@ class OperatorModel(_Strict):
     #: False: no reference (outputs unchecked); only said explicitly.
     verify: bool = True
     default: dict[str, Value] | None = None
+    #: Another user operator computing this one's input gradients (:class:`BackwardModel`).
+    backward: BackwardModel | None = None
 
     @field_validator("restrictions", "grid_div_x", "grid_div_y", "grid_div_z", mode="before")
     @classmethod
@@ -297,6 +401,8 @@ class OperatorModel(_Strict):
             bad = [k for k, v in self.default.items() if v not in self.tune_params.get(k, [])]
             if missing or bad:
                 raise ValueError("default must give every tunable one of its values")
+        if self.backward is not None:
+            self.backward.check_against(self)
         return self
 
     # --- expressions ----------------------------------------------------------------------

@@ -218,6 +218,8 @@ class UserOperatorSpec(OperatorSpec):
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out["user"] = True
+        backward = self.model.backward
+        out["backward"] = None if backward is None else backward.model_dump(mode="json")
         return out
 
     # --- expressions ------------------------------------------------------------------------

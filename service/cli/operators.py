@@ -67,7 +67,8 @@ def operator_list(
     db: DbOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON lines")] = False,
 ) -> None:
-    """Every stored user operator: name, current version, versions stored, tunables, added."""
+    """Every stored user operator: name, current version, versions stored, tunables, the
+    operator computing its gradients ([backward]), added."""
     from kato.db import operators as stored
 
     _, sessions = open_sessions(load_settings(db).db_url)
@@ -82,6 +83,7 @@ def operator_list(
                     "versions": str(len(stored.versions(session, row.name))),
                     "shape": "x".join(spec.get("shape", [])),
                     "tunables": ", ".join(spec.get("tune_params", {})),
+                    "backward": (spec.get("backward") or {}).get("operator", ""),
                     "added": f"{row.created_at:%Y-%m-%d %H:%M}",
                 }
             )

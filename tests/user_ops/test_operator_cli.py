@@ -37,6 +37,34 @@ def test_add_list_and_version(tmp_path, vector_add_dir):
     ]
 
 
+def test_a_backward_operator_is_added_first_and_listed(
+    tmp_path, scaled_mul_dir, scaled_mul_backward_dir
+):
+    """A folder whose [backward] names an operator not stored yet is refused with the reason;
+    stored after it, it is listed with it (copies renamed: the names of the folders may be
+    registered in this process by other tests)."""
+    db = f"sqlite:///{tmp_path / 'kato.db'}"
+    forward, backward = tmp_path / "fwd", tmp_path / "bwd"
+    shutil.copytree(scaled_mul_dir, forward)
+    shutil.copytree(scaled_mul_backward_dir, backward)
+    for folder in (forward, backward):
+        spec = folder / "kato.toml"
+        text = spec.read_text().replace('"scaled_mul_backward_test"', '"cli_scaled_mul_backward"')
+        spec.write_text(text.replace('"scaled_mul_test"', '"cli_scaled_mul"'))
+    refused = runner.invoke(app, ["operator", "add", str(forward), "--db", db])
+    assert refused.exit_code == 2
+    assert "'cli_scaled_mul_backward' is not registered; register the backward" in (
+        " ".join(refused.output.split())
+    )
+    for folder in (backward, forward):
+        added = runner.invoke(app, ["operator", "add", str(folder), "--db", db, "--json"])
+        assert added.exit_code == 0, added.output
+    listed = runner.invoke(app, ["operator", "list", "--db", db, "--json"])
+    rows = {r["name"]: r for r in map(json.loads, listed.stdout.splitlines())}
+    assert rows["cli_scaled_mul"]["backward"] == "cli_scaled_mul_backward"
+    assert rows["cli_scaled_mul_backward"]["backward"] == ""
+
+
 def test_bad_folder_is_reported_not_stored(tmp_path, vector_add_dir):
     db = f"sqlite:///{tmp_path / 'kato.db'}"
     folder = tmp_path / "op"
