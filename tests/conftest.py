@@ -35,3 +35,18 @@ def cubin_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = Path(env).expanduser() if env else Path.home() / ".cache" / "kato" / "test-cubins"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@pytest.fixture
+def fresh_kato_torch():
+    """kato_torch's configuration and dynamo's caches reset around a test (the user-kernel
+    torch tests: a compiled graph or a policy must not leak into the next test)."""
+    import torch
+
+    import kato_torch
+
+    kato_torch.configure(client=None)
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    kato_torch.configure(client=None)

@@ -69,13 +69,7 @@ def _axpy(rule: str) -> UserOperatorSpec:
     )
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    kato_torch.configure(client=None)
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-    kato_torch.configure(client=None)
+pytestmark = pytest.mark.usefixtures("fresh_kato_torch")
 
 
 def test_a_compiled_vector_add_equals_eager_at_every_size():

@@ -30,13 +30,7 @@ SIZES = (1, 31, 1025, 1_000_003)
 TOL = {"rtol": 1e-5, "atol": 1e-6}
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    kato_torch.configure(client=None)  # "auto": a user kernel runs Kato's kernel
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-    kato_torch.configure(client=None)
+pytestmark = pytest.mark.usefixtures("fresh_kato_torch")
 
 
 @pytest.fixture

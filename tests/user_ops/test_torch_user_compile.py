@@ -23,13 +23,7 @@ from user_ops.test_torch_user_kernel import _matmul  # noqa: E402
 CUDA_ONLY = "no PyTorch implementation; its tensors must be on a CUDA device, not cpu"
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    kato_torch.configure(client=None)
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-    kato_torch.configure(client=None)
+pytestmark = pytest.mark.usefixtures("fresh_kato_torch")
 
 
 @pytest.fixture

@@ -43,13 +43,7 @@ STAND_INS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    kato_torch.configure(client=None)
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-    kato_torch.configure(client=None)
+pytestmark = pytest.mark.usefixtures("fresh_kato_torch")
 
 
 @pytest.fixture
