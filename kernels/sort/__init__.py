@@ -26,18 +26,19 @@ of ``__launch_bounds__`` is not tuned (the template takes MIN_BLOCKS, default 0)
 the maximum key, so ``N <= C`` is required, and a block sorts ``C / N`` rows at a time. Rows are
 limited to ``MAX_ROW`` = 8192 keys (the largest C whose keys stay in registers).
 
-``sort_1d`` adds ``ALGO`` ("bitonic" or "radix"), ``RADIX_BITS``, ``RANK`` and ``FUSE``: merge
-strides done per global pass (1, 2 or 3). n keys are sorted as: blocks of C keys sorted in
-shared memory (``sort_1d_block``); then for every merge size ``k = 2C, 4C, ..., next_pow2(n)``:
-the strides ``k/2 .. C`` in global passes of up to FUSE strides each (``sort_1d_global<F>``, one
-launch per pass, the first of a merge compares mirrors), then strides ``C/2 .. 1`` in shared
-memory (``sort_1d_merge``). Padding to the next power of two is virtual, the output buffer is
-the only workspace.
+``sort_1d`` adds ``ALGO`` ("bitonic" or "radix"), ``RADIX_BITS``, ``RANK``, ``HIST`` and ``FUSE``:
+merge strides done per global pass (1, 2 or 3). n keys are sorted as: blocks of C keys sorted in
+shared memory (``sort_1d_block``); then for every merge size ``k = 2C, 4C, ..., next_pow2(n)``: the
+strides ``k/2 .. C`` in global passes of up to FUSE strides each (``sort_1d_global<F>``, one launch
+per pass, the first of a merge compares mirrors), then strides ``C/2 .. 1`` in shared memory
+(``sort_1d_merge``). Padding to the next power of two is virtual, the output buffer is the only
+workspace.
 
 ``ALGO=radix`` runs :mod:`kernels.sort.radix` instead (onesweep LSD radix sort, ``RADIX_BITS``
 per pass, tiles of ``BLOCK * ITEMS`` keys with ITEMS in 8..24, the warp ranking method
-``RANK``); the bitonic-only tunables (WARP_SHFL, SMEM_FUSE, FUSE) are then fixed at their first
-value, and the radix-only ones (RADIX_BITS, RANK) are fixed at their first value under
+``RANK``, the histogram kernel's loads and counters ``HIST``); the bitonic-only tunables
+(WARP_SHFL, SMEM_FUSE, FUSE) are then fixed at their first value, and the radix-only ones
+(RADIX_BITS, RANK, HIST) are fixed at their first value under
 ``ALGO=bitonic`` (ITEMS 2, 4 or 8), so no two configs of the space run
 the same code. The radix sort takes n < 2**30 and needs scratch (a second key buffer, histograms,
 look-back words: :func:`kernels.sort.radix.scratch`), which every sort_1d problem carries after
@@ -79,7 +80,7 @@ BITONIC_ITEMS = (2, 4, 8)
 #: Tunables only the bitonic sort_1d reads: fixed at their first value under ALGO=radix.
 BITONIC_ONLY = ("WARP_SHFL", "SMEM_FUSE", "FUSE")
 #: Tunables only the radix sort_1d reads: fixed at their first value under ALGO=bitonic.
-RADIX_ONLY = ("RADIX_BITS", "RANK")
+RADIX_ONLY = ("RADIX_BITS", "RANK", "HIST")
 #: The argument layouts of the radix kernels in the sort_1d and sort_1d_pairs problems.
 KEYS_LAYOUT = radix.ArgLayout(pairs=False)
 PAIRS_LAYOUT = radix.ArgLayout(pairs=True)
@@ -262,6 +263,7 @@ class Sort1dSpec(OperatorSpec):
         "ALGO": ("bitonic", "radix"),
         "RADIX_BITS": radix.RADIX_BITS,
         "RANK": radix.RANKS,
+        "HIST": radix.HISTS,
     }
     template = Path(__file__).with_name("sort.cu")
     extra_templates = (radix.TEMPLATE,)
@@ -319,6 +321,7 @@ class Sort1dSpec(OperatorSpec):
             "ALGO": "bitonic",
             "RADIX_BITS": self.params["RADIX_BITS"][0],
             "RANK": self.params["RANK"][0],
+            "HIST": self.params["HIST"][0],
         }
 
     def template_for(self, config: Config) -> Path:
@@ -329,8 +332,8 @@ class Sort1dSpec(OperatorSpec):
 
     def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
         """Bitonic: FUSE only changes the launch sequence, not the source (and ALGO,
-        RADIX_BITS and RANK are not macros: the bitonic source is what it was before the radix
-        path)."""
+        RADIX_BITS, RANK and HIST are not macros: the bitonic source is what it was before the
+        radix path)."""
         if config["ALGO"] == "radix":
             return radix.defines(config, pairs=False)
         return _defines(self, config, dtype, sort_1d=True)
@@ -423,6 +426,7 @@ class Sort1dPairsSpec(OperatorSpec):
         "ITEMS": (8, 12, 16, 20, 24),
         "RADIX_BITS": radix.RADIX_BITS,
         "RANK": radix.RANKS,
+        "HIST": radix.HISTS,
     }
     template = radix.TEMPLATE
     kernel_name = radix.MAIN_KERNEL
@@ -447,9 +451,16 @@ class Sort1dPairsSpec(OperatorSpec):
         return radix.check(config, n, pairs=True)
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
-        """8-bit digits (4 passes), tiles of 512 x 12 keys, match.any ranking."""
+        """8-bit digits (4 passes), tiles of 512 x 12 keys, match.any ranking, the scalar
+        histogram kernel."""
         self.validate(shape, dtype)
-        return {"BLOCK": 512, "ITEMS": 12, "RADIX_BITS": 8, "RANK": radix.RANKS[0]}
+        return {
+            "BLOCK": 512,
+            "ITEMS": 12,
+            "RADIX_BITS": 8,
+            "RANK": radix.RANKS[0],
+            "HIST": radix.HISTS[0],
+        }
 
     def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
         return radix.defines(config, pairs=True)

@@ -15,6 +15,11 @@
 //               radix_pass): 0 (default, the space's "match"): __match_any_sync; 1 ("ballot"):
 //               one __ballot_sync per digit bit; 2 ("atomic"): atomicOr into a shared word per
 //               warp and digit
+//   HIST        how radix_histogram reads and counts the keys: 0 (default, the space's
+//               "scalar"): a 4-byte load per thread per step into one block histogram; 1
+//               ("vec4"): 16-byte loads, kHistVecs of them per thread per step (a scalar head up
+//               to the first 16-byte boundary and a scalar tail); 2 ("vec4_split4"): as 1, into
+//               four copies of the block histogram, lane l counting in copy l % 4
 //   SMEM_*      word offsets of radix_pass's dynamic shared memory regions and SMEM_WORDS,
 //               their total (derived from the others by radix.py, not tunables)
 //
@@ -60,6 +65,9 @@
 #ifndef RANK
 #define RANK 0
 #endif
+#ifndef HIST
+#define HIST 0
+#endif
 #if !defined(SMEM_KEYS) || !defined(SMEM_VALS) || !defined(SMEM_WARP) || !defined(SMEM_COUNT) || \
     !defined(SMEM_START) || !defined(SMEM_GLOBAL) || !defined(SMEM_BASE) ||                     \
     !defined(SMEM_TILE) || !defined(SMEM_WORDS)
@@ -88,6 +96,7 @@ static_assert(BLOCK >= 64 && BLOCK <= 1024 && BLOCK % 64 == 0,
 static_assert(ITEMS >= 1 && ITEMS <= 32, "ITEMS must be in [1, 32]");
 static_assert(PAIRS == 0 || PAIRS == 1, "PAIRS must be 0 or 1");
 static_assert(RANK >= 0 && RANK <= 2, "RANK must be 0 (match), 1 (ballot) or 2 (atomic)");
+static_assert(HIST >= 0 && HIST <= 2, "HIST must be 0 (scalar), 1 (vec4) or 2 (vec4_split4)");
 
 // Dynamic shared memory of radix_pass, in 32-bit words: the tile's keys (and values) in digit
 // order, the per-warp digit counters, four per-digit arrays (tile counts, starts in the tile,
@@ -206,6 +215,7 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kAuxBlock)
 
 // Every pass's digit counts of the n input keys: hist[p * radix + d]. Block kAuxBlock (256),
 // grid (any, grid stride); per-block counts in shared memory, then one atomic per nonzero bin.
+#if HIST == 0
 extern "C" __global__ void __launch_bounds__(KATO_NS::kAuxBlock)
     radix_histogram(const unsigned int* __restrict__ x, long long n,
                     unsigned int* __restrict__ hist, int key_float) {
@@ -228,6 +238,78 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kAuxBlock)
     if (s_hist[i]) atomicAdd(&hist[i], s_hist[i]);
   }
 }
+#else
+namespace KATO_NS {
+// HIST 1 and 2: copies of the block histogram (HIST 2: lane l counts in copy l % 4, so lanes
+// of a warp whose keys share a digit mostly add to different words) interleaved, bin b's
+// copies in words b * kHistCopies ..: the copies of a bin sit in different banks.
+constexpr int kHistCopies = HIST == 2 ? 4 : 1;
+constexpr int kHistBins = kPasses * kRadix;
+// 16-byte vectors a thread loads per step, all issued before any is counted: 64 bytes in
+// flight per thread (the scalar kernel had 4, and waited for each).
+constexpr int kHistVecs = 4;
+static_assert(kHistBins * kHistCopies * 4 <= 48 * 1024, "the histogram copies exceed 48 KiB");
+
+__device__ __forceinline__ void hist_count(unsigned int* counts, unsigned int key) {
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    atomicAdd(&counts[(p * kRadix + digit_of(key, p * RADIX_BITS)) * kHistCopies], 1u);
+  }
+}
+}  // namespace KATO_NS
+
+extern "C" __global__ void __launch_bounds__(KATO_NS::kAuxBlock)
+    radix_histogram(const unsigned int* __restrict__ x, long long n,
+                    unsigned int* __restrict__ hist, int key_float) {
+  using namespace KATO_NS;
+  __shared__ __align__(16) unsigned int s_hist[kHistBins * kHistCopies];
+  for (int i = threadIdx.x; i < kHistBins * kHistCopies; i += blockDim.x) s_hist[i] = 0u;
+  __syncthreads();
+  const unsigned int fmask = float_mask(key_float);
+  unsigned int* const counts = s_hist + threadIdx.x % kHistCopies;
+  const long long threads = static_cast<long long>(gridDim.x) * blockDim.x;
+  const long long g = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  // x is 4-byte aligned: the keys before its first 16-byte boundary (0..3, the head), the
+  // whole vectors, and the keys after them (0..3, the tail) go one each to the grid's first
+  // threads.
+  const unsigned int misaligned =
+      static_cast<unsigned int>(reinterpret_cast<unsigned long long>(x)) & 15u;
+  const long long head_keys = static_cast<long long>(((16u - misaligned) & 15u) >> 2);
+  const long long head = head_keys < n ? head_keys : n;
+  const long long vecs = (n - head) >> 2;
+  const long long body_end = head + 4 * vecs;
+  if (g < head) hist_count(counts, to_ord(x[g], fmask));
+  if (g < n - body_end) hist_count(counts, to_ord(x[body_end + g], fmask));
+  const uint4* const xv = reinterpret_cast<const uint4*>(x + head);
+  long long v = g;
+  for (; v + (kHistVecs - 1) * threads < vecs; v += kHistVecs * threads) {
+    uint4 q[kHistVecs];
+#pragma unroll
+    for (int u = 0; u < kHistVecs; ++u) q[u] = __ldg(xv + v + u * threads);
+#pragma unroll
+    for (int u = 0; u < kHistVecs; ++u) {
+      hist_count(counts, to_ord(q[u].x, fmask));
+      hist_count(counts, to_ord(q[u].y, fmask));
+      hist_count(counts, to_ord(q[u].z, fmask));
+      hist_count(counts, to_ord(q[u].w, fmask));
+    }
+  }
+  for (; v < vecs; v += threads) {
+    const uint4 q = __ldg(xv + v);
+    hist_count(counts, to_ord(q.x, fmask));
+    hist_count(counts, to_ord(q.y, fmask));
+    hist_count(counts, to_ord(q.z, fmask));
+    hist_count(counts, to_ord(q.w, fmask));
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kHistBins; i += blockDim.x) {
+    unsigned int c = 0;
+#pragma unroll
+    for (int k = 0; k < kHistCopies; ++k) c += s_hist[i * kHistCopies + k];
+    if (c) atomicAdd(&hist[i], c);
+  }
+}
+#endif
 
 // One digit pass: keys_in (the input keys on pass 0, mapped to ordered form as they are read)
 // scattered stably by digit `pass` into keys_out (mapped back on the last pass), values with

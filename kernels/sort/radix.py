@@ -6,7 +6,11 @@ Tunables: ``BLOCK`` (threads of the scatter passes), ``ITEMS`` (keys per thread;
 ``RANK`` (how a warp's lanes with equal digits find each other in the ranking: ``"match"``,
 ``__match_any_sync`` per item, the first value, which renders no macro and so the source of the
 space before RANK; ``"ballot"``, one ``__ballot_sync`` per digit bit; ``"atomic"``, ``atomicOr``
-into a shared word per warp and digit, two buffers of them in the keys' region).
+into a shared word per warp and digit, two buffers of them in the keys' region), ``HIST`` (how
+``radix_histogram`` reads and counts the keys: ``"scalar"``, a 4-byte load per thread per step
+into one block histogram, the first value, which renders no macro; ``"vec4"``, 16-byte loads,
+four per thread per step, with a scalar head and tail for any pointer and n; ``"vec4_split4"``,
+as vec4 into four interleaved copies of the block histogram, lane l counting in copy l % 4).
 
 Scratch (arrays of the problem, after its scalars, in this order): a second key buffer of n
 keys (and for pairs a second value buffer), the digit histograms (:data:`HIST_WORDS`), the
@@ -34,6 +38,13 @@ RADIX_BITS = (4, 5, 6, 7, 8)
 #: from before RANK).
 RANKS = ("match", "ballot", "atomic")
 RANK_MACRO = {"match": None, "ballot": 1, "atomic": 2}
+#: How the histogram kernel reads and counts the keys, and the HIST macro of each (none for the
+#: first: the source from before HIST). The vector variants handle any alignment of the keys
+#: (a scalar head up to the first 16-byte boundary), so HIST is not a vector width to narrow.
+HISTS = ("scalar", "vec4", "vec4_split4")
+HIST_MACRO = {"scalar": None, "vec4": 1, "vec4_split4": 2}
+#: Copies of the block histogram per HIST.
+HIST_COPIES = {"scalar": 1, "vec4": 1, "vec4_split4": 4}
 #: The smallest tile the checks allow; the look-back buffers are sized for it, so a tile below
 #: it would overrun them (and such tiles only add look-back traffic).
 MIN_TILE = 2048
@@ -68,6 +79,17 @@ def tiles(n: int, config: Config) -> int:
 def rank(config: Config) -> str:
     """The config's ranking method (``"match"`` for a config from before RANK)."""
     return config.get("RANK", RANKS[0])
+
+
+def hist(config: Config) -> str:
+    """The config's histogram method (``"scalar"`` for a config from before HIST)."""
+    return config.get("HIST", HISTS[0])
+
+
+def hist_shared_bytes(config: Config) -> int:
+    """Static shared memory of ``radix_histogram``: a word per pass and digit, per copy."""
+    bits = config["RADIX_BITS"]
+    return 4 * (passes(bits) << bits) * HIST_COPIES[hist(config)]
 
 
 def match_words(config: Config) -> int:
@@ -142,8 +164,9 @@ def check(config: Config, n: int, pairs: bool) -> str | None:
 
 
 def defines(config: Config, pairs: bool) -> dict[str, object]:
-    """The tunables and the shared memory layout the launch is sized for (RANK only where it is
-    not the first method: a config from before RANK renders what it rendered then)."""
+    """The tunables and the shared memory layout the launch is sized for (RANK and HIST only
+    where they are not the first method: a config from before them renders what it rendered
+    then)."""
     macros: dict[str, object] = {
         "BLOCK": config["BLOCK"],
         "ITEMS": config["ITEMS"],
@@ -153,6 +176,9 @@ def defines(config: Config, pairs: bool) -> dict[str, object]:
     code = RANK_MACRO[rank(config)]
     if code is not None:
         macros["RANK"] = code
+    code = HIST_MACRO[hist(config)]
+    if code is not None:
+        macros["HIST"] = code
     macros.update(shared_layout(config, pairs))
     return macros
 

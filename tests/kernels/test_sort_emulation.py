@@ -60,11 +60,12 @@ def emulated_cases() -> list[Case]:
                 "WARP_SHFL": shfl,
                 "FUSE": fuse,
                 "SMEM_FUSE": 1 + (n_keys % 2),
-                # The radix path is test_sort_radix_emulation.py's; RADIX_BITS and RANK are
-                # then fixed.
+                # The radix path is test_sort_radix_emulation.py's; RADIX_BITS, RANK and HIST
+                # are then fixed.
                 "ALGO": "bitonic",
                 "RADIX_BITS": SORT_1D.params["RADIX_BITS"][0],
                 "RANK": SORT_1D.params["RANK"][0],
+                "HIST": SORT_1D.params["HIST"][0],
             }
             cases.append(
                 Case(SORT_1D, config, (n_keys,), dtype, grid_cap=3 if n_keys % 2 else None)

@@ -19,7 +19,7 @@ PAIRS = get_operator("sort_1d_pairs")
 KEYS = ("float32", "int32")
 
 
-def radix_cfg(block=512, items=16, bits=8, rank="match"):
+def radix_cfg(block=512, items=16, bits=8, rank="match", hist="scalar"):
     return {
         "BLOCK": block,
         "ITEMS": items,
@@ -29,11 +29,12 @@ def radix_cfg(block=512, items=16, bits=8, rank="match"):
         "ALGO": "radix",
         "RADIX_BITS": bits,
         "RANK": rank,
+        "HIST": hist,
     }
 
 
-def pairs_cfg(block=512, items=12, bits=8, rank="match"):
-    return {"BLOCK": block, "ITEMS": items, "RADIX_BITS": bits, "RANK": rank}
+def pairs_cfg(block=512, items=12, bits=8, rank="match", hist="scalar"):
+    return {"BLOCK": block, "ITEMS": items, "RADIX_BITS": bits, "RANK": rank, "HIST": hist}
 
 
 def valid(spec, n=2**24, dtype="float32"):
@@ -63,10 +64,13 @@ def test_the_space_has_no_duplicate_configs() -> None:
         assert len(seen) == len(configs)
     radix_configs = [c for c in valid(SORT_1D) if c["ALGO"] == "radix"]
     assert {c["RADIX_BITS"] for c in radix_configs} == set(radix.RADIX_BITS)
-    # Every ranking method on every tile and digit width: RANK adds no constraint today.
+    # Every ranking method and histogram method on every tile and digit width: RANK and HIST
+    # add no constraint today.
+    methods = len(radix.RANKS) * len(radix.HISTS)
     for configs, low, high in ((radix_configs, 60, 120), (valid(PAIRS), 50, 100)):
-        assert len(configs) == len(radix.RANKS) * len([c for c in configs if c["RANK"] == "match"])
-        assert low <= len(configs) / len(radix.RANKS) <= high
+        first = [c for c in configs if c["RANK"] == "match" and c["HIST"] == "scalar"]
+        assert len(configs) == methods * len(first)
+        assert low <= len(configs) / methods <= high
 
 
 def test_check_fixes_what_an_algorithm_ignores() -> None:
@@ -83,6 +87,13 @@ def test_check_fixes_what_an_algorithm_ignores() -> None:
         reason = SORT_1D.check({**bitonic, "RANK": rank}, n, "float32")
         assert reason == "RANK is ignored by ALGO=bitonic: fixed at match"
         assert SORT_1D.check(radix_cfg(rank=rank), n, "float32") is None
+    assert bitonic["HIST"] == radix.HISTS[0] == "scalar"
+    for hist in radix.HISTS[1:]:
+        reason = SORT_1D.check({**bitonic, "HIST": hist}, n, "float32")
+        assert reason == "HIST is ignored by ALGO=bitonic: fixed at scalar"
+        assert SORT_1D.check(radix_cfg(hist=hist), n, "float32") is None
+        assert PAIRS.check(pairs_cfg(hist=hist), n, "float32") is None
+    assert "not one of" in SORT_1D.check(radix_cfg(hist="vec8"), n, "float32")
     assert "not one of" in SORT_1D.check(radix_cfg(rank="shuffle"), n, "float32")
     assert "not one of" in PAIRS.check(pairs_cfg(rank=1), n, "float32")
     assert "ITEMS in" in SORT_1D.check({**bitonic, "ITEMS": 16}, n, "float32")
@@ -182,6 +193,34 @@ def test_the_first_rank_renders_the_source_from_before_rank(pairs) -> None:
     template = radix.TEMPLATE.read_text()
     assert "#ifndef RANK\n#define RANK 0\n#endif" in template
     assert "#if RANK == 0" in template and "#elif RANK == 1" in template
+
+
+@pytest.mark.parametrize("pairs", (False, True), ids=("keys", "pairs"))
+def test_the_first_hist_renders_the_source_from_before_hist(pairs) -> None:
+    """HIST="scalar" (the first value) renders no HIST macro: a config from before HIST renders,
+    launches and checks exactly as before. The vector methods render HIST 1 and 2, and only the
+    histogram kernel's static counters differ between methods (the launches are the same)."""
+    spec = PAIRS if pairs else SORT_1D
+    configs = [c for c in valid(spec) if c.get("ALGO", "radix") == "radix"]
+    shape = (2**20 + 3,)
+    for config in configs:
+        source = spec.render(config, shape, "float32")
+        old = {k: v for k, v in config.items() if k != "HIST"}
+        code = radix.HIST_MACRO[config["HIST"]]
+        steps = spec.steps(config, shape, "float32")
+        assert steps == spec.steps(old, shape, "float32")
+        if code is None:
+            assert "HIST" not in spec.defines(config, shape, "float32")
+            assert source == spec.render(old, shape, "float32")
+            assert radix.check(old, shape[0], pairs) is radix.check(config, shape[0], pairs) is None
+        else:
+            assert f"#define HIST {code}\n" in source
+        copies = 4 if config["HIST"] == "vec4_split4" else 1
+        bins = radix.passes(config["RADIX_BITS"]) << config["RADIX_BITS"]
+        assert radix.hist_shared_bytes(config) == 4 * bins * copies <= 48 * 1024
+    assert radix.HIST_MACRO == {"scalar": None, "vec4": 1, "vec4_split4": 2}
+    template = radix.TEMPLATE.read_text()
+    assert "#ifndef HIST\n#define HIST 0\n#endif" in template and "#if HIST == 0" in template
 
 
 def _array(problem, index):

@@ -39,7 +39,7 @@ def rows_cfg(block=256, items=8, shfl=1, smem_fuse=2):
 
 def cfg_1d(block=1024, items=8, shfl=1, fuse=3, smem_fuse=2):
     config = {**rows_cfg(block, items, shfl, smem_fuse), "FUSE": fuse}
-    return {**config, "ALGO": "bitonic", "RADIX_BITS": 4, "RANK": "match"}
+    return {**config, "ALGO": "bitonic", "RADIX_BITS": 4, "RANK": "match", "HIST": "scalar"}
 
 
 def test_registered_with_the_contract_attributes() -> None:
