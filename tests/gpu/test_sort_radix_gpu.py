@@ -1,11 +1,14 @@
 """The radix sort on a real GPU (sort_1d with ALGO=radix, sort_1d_pairs): every valid variant
 verified exactly through the backend on fresh random keys (duplicates, +-inf, -0.0/0.0,
 INT_MIN/INT_MAX), awkward lengths, all-equal keys and a -0.0/+0.0 mix, and the pairs' values
-in exact stable order; every ranking method (RANK) on every length and on the tied keys. Each
+in exact stable order; every ranking method (RANK) and every histogram method (HIST: the vector
+ones read lengths that are no multiple of 4, and 2^24 + 1 keys loop several times per thread)
+on every length and on the tied keys. Each
 verification runs the whole call twice (the second call checks that a call leaves nothing
 behind), on many tiles at once: the look-back runs concurrently.
 
     python3 -m pytest -q tests/gpu/test_sort_radix_gpu.py
+    python3 -m pytest -q tests/gpu/test_sort_radix_gpu.py -k "vec4"   # the new HIST values only
 """
 
 from __future__ import annotations
@@ -67,12 +70,13 @@ def _radix_config(**overrides) -> dict:
         "ALGO": "radix",
         "RADIX_BITS": 8,
         "RANK": radix.RANKS[0],
+        "HIST": radix.HISTS[0],
     }
     return {**config, **overrides}
 
 
 #: One variant per digit width (4..8 passes, odd and even counts), tiles of 2048 to 12288 keys;
-#: the tests run them with every RANK (:func:`_ranked`).
+#: the tests run them with every RANK and HIST (:data:`METHODS`, :func:`_ranked`).
 SAMPLE = [
     _radix_config(BLOCK=256, ITEMS=8, RADIX_BITS=4),
     _radix_config(BLOCK=128, ITEMS=24, RADIX_BITS=5),
@@ -82,23 +86,34 @@ SAMPLE = [
 ]
 
 
+#: (RANK, HIST) pairs the sample runs with: every ranking method with the scalar histogram, and
+#: every vector histogram with the fastest ranking on the H100 (atomic). The two kernels are
+#: independent: the histogram kernel's source does not depend on RANK.
+METHODS = [(rank, radix.HISTS[0]) for rank in radix.RANKS]
+METHODS += [("atomic", hist) for hist in radix.HISTS[1:]]
+METHOD_IDS = [f"{rank}-{hist}" for rank, hist in METHODS]
+
+
+@pytest.mark.parametrize("hist", radix.HISTS)
 @pytest.mark.parametrize("dtype", KEYS)
-def test_every_radix_variant(dtype):
-    """Every valid radix config of sort_1d (~95 per RANK, 285) on 3 * 2^20 + 7 keys: hundreds
-    of tiles, a partial last one."""
-    checked, failures = verify_variants(RadixOnly(), (3 * 2**20 + 7,), dtype, seed=11)
+def test_every_radix_variant(dtype, hist):
+    """Every valid radix config of sort_1d of one HIST (~95 per RANK, 285 per HIST) on
+    3 * 2^20 + 7 keys: hundreds of tiles, a partial last one."""
+    spec, where = RadixOnly(), lambda c: c["HIST"] == hist
+    checked, failures = verify_variants(spec, (3 * 2**20 + 7,), dtype, seed=11, where=where)
     assert checked >= 60 and not failures, failures[:5]
 
 
+@pytest.mark.parametrize("hist", radix.HISTS)
 @pytest.mark.parametrize("dtype", KEYS)
-def test_every_pairs_variant(dtype):
-    spec = get_operator("sort_1d_pairs")
-    checked, failures = verify_variants(spec, (3 * 2**20 + 7,), dtype, seed=12)
+def test_every_pairs_variant(dtype, hist):
+    spec, where = get_operator("sort_1d_pairs"), lambda c: c["HIST"] == hist
+    checked, failures = verify_variants(spec, (3 * 2**20 + 7,), dtype, seed=12, where=where)
     assert checked >= 50 and not failures, failures[:5]
 
 
-def _ranked(configs: list[dict], rank: str) -> list[dict]:
-    return [{**c, "RANK": rank} for c in configs]
+def _ranked(configs: list[dict], rank: str, hist: str = radix.HISTS[0]) -> list[dict]:
+    return [{**c, "RANK": rank, "HIST": hist} for c in configs]
 
 
 def _pairs_configs(configs: list[dict]) -> list[dict]:
@@ -108,23 +123,23 @@ def _pairs_configs(configs: list[dict]) -> list[dict]:
     return [c for c in found if pairs.check(c, (2**20,), "int32") is None]
 
 
-@pytest.mark.parametrize("rank", radix.RANKS)
+@pytest.mark.parametrize(("rank", "hist"), METHODS, ids=METHOD_IDS)
 @pytest.mark.parametrize("dtype", KEYS)
 @pytest.mark.parametrize("n", LENGTHS, ids=str)
-def test_awkward_lengths(n, dtype, rank):
+def test_awkward_lengths(n, dtype, rank, hist):
     """Every digit width (SAMPLE) for keys, three of them for pairs."""
-    sample = _ranked(SAMPLE, rank)
+    sample = _ranked(SAMPLE, rank, hist)
     errors = verify_configs(get_operator("sort_1d"), (n,), dtype, sample, seed=n % 97)
     pairs = get_operator("sort_1d_pairs")
     errors += verify_configs(pairs, (n,), dtype, _pairs_configs(sample[::2]), seed=n % 89)
     assert not errors, errors[:5]
 
 
-@pytest.mark.parametrize("rank", radix.RANKS)
+@pytest.mark.parametrize(("rank", "hist"), METHODS, ids=METHOD_IDS)
 @pytest.mark.parametrize("dtype", KEYS)
-def test_tied_keys_keep_their_order(dtype, rank):
+def test_tied_keys_keep_their_order(dtype, rank, hist):
     n = 2**20 + 3
-    sample = _ranked(SAMPLE, rank)
+    sample = _ranked(SAMPLE, rank, hist)
     errors = verify_configs(TiedSort1d(), (n,), dtype, sample)
     errors += verify_configs(TiedPairs(), (n,), dtype, _pairs_configs(sample))
     assert not errors, errors[:5]
