@@ -1,14 +1,20 @@
 """The radix path of sort_1d and sort_1d_pairs against torch.sort and CUB, in one run (issue 32).
 
 For each case, every valid radix config in the sweep (all of them for the first case, the
-fastest few of it and the fastest of each ranking method RANK for the others) is compiled,
+fastest few of it and the fastest of each ranking method RANK and of each histogram method HIST
+for the others) is compiled,
 verified and timed by the pycuda backend (as a tuning trial: CUDA events, inputs rotated past
 the L2), beside the bitonic default (sort_1d),
 ``torch.sort`` (values and indices; ``stable=True`` too) and CUB's ``DeviceRadixSort``
 (``benchmarks/cub_sort.cu`` built with nvcc; keys only and pairs). Writes JSON and prints a table,
-then each case's fastest config per RANK.
+then each case's fastest config per RANK and per HIST.
 
     python3 benchmarks/radix_sort.py --out $OUT/radix_sort.json [--quick] [--rank ballot ...]
+        [--hist vec4 ...]
+
+The whole radix space of sort_1d is 855 configs (95 per RANK and HIST); ``--rank atomic`` (the
+fastest ranking on the H100) sweeps the 285 of every HIST, ``--rank atomic --hist scalar --hist
+vec4_split4`` 190.
 
 Needs a CUDA GPU, PyCUDA, PyTorch and nvcc.
 """
@@ -40,41 +46,46 @@ CASES = [
 TOP = 8
 
 
-def radix_configs(spec, n: int, dtype: str, ranks: list[str] | None = None) -> list[dict]:
-    """The valid radix configs, those of the ``ranks`` methods only where given."""
+def radix_configs(
+    spec, n: int, dtype: str, ranks: list[str] | None = None, hists: list[str] | None = None
+) -> list[dict]:
+    """The valid radix configs, those of the ``ranks`` and ``hists`` methods only where given."""
     from kato.tuner.space import SearchSpace
 
     space = SearchSpace(spec.params, lambda c: spec.check(c, (n,), dtype))
     return [
         c
         for c in space.valid_configs()
-        if c.get("ALGO", "radix") == "radix" and (not ranks or c["RANK"] in ranks)
+        if c.get("ALGO", "radix") == "radix"
+        and (not ranks or c["RANK"] in ranks)
+        and (not hists or c["HIST"] in hists)
     ]
 
 
 def fastest_first(rows: list[dict]) -> list[dict]:
     """The first case's radix configs to time on the others: the TOP fastest, then the fastest
-    of every ranking method not among them."""
+    of every ranking method and of every histogram method not among them."""
     ok = sorted(
         (r for r in rows if r["time_ms"] and r["config"].get("ALGO", "radix") == "radix"),
         key=lambda r: r["time_ms"],
     )
     chosen = [r["config"] for r in ok[:TOP]]
-    for row in ok:
-        if row["config"]["RANK"] not in {c["RANK"] for c in chosen}:
-            chosen.append(row["config"])
+    for name in ("RANK", "HIST"):
+        for row in ok:
+            if row["config"][name] not in {c[name] for c in chosen}:
+                chosen.append(row["config"])
     return chosen
 
 
-def best_per_rank(rows: list[dict]) -> dict[str, dict]:
-    """Per RANK, the fastest radix row."""
+def best_per(rows: list[dict], name: str) -> dict[str, dict]:
+    """Per value of the tunable ``name`` (RANK, HIST), the fastest radix row."""
     best: dict[str, dict] = {}
     for row in rows:
-        rank = row["config"].get("RANK")
-        if not (row["time_ms"] and rank and row["config"].get("ALGO", "radix") == "radix"):
+        value = row["config"].get(name)
+        if not (row["time_ms"] and value and row["config"].get("ALGO", "radix") == "radix"):
             continue
-        if rank not in best or row["time_ms"] < best[rank]["time_ms"]:
-            best[rank] = row
+        if value not in best or row["time_ms"] < best[value]["time_ms"]:
+            best[value] = row
     return best
 
 
@@ -152,7 +163,7 @@ def fmt(value: float | None) -> str:
 
 def main() -> None:
     from kato.kernels import get_operator
-    from kato.kernels.sort.radix import RANKS
+    from kato.kernels.sort.radix import HISTS, RANKS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="JSON report path")
@@ -163,6 +174,12 @@ def main() -> None:
         choices=RANKS,
         help="time only these ranking methods (repeatable; default: all)",
     )
+    ap.add_argument(
+        "--hist",
+        action="append",
+        choices=HISTS,
+        help="time only these histogram kernels (repeatable; default: all)",
+    )
     args = ap.parse_args()
 
     started = time.monotonic()
@@ -172,7 +189,7 @@ def main() -> None:
         best_first: list[dict] = []
         for index, (operator, n, dtype) in enumerate(CASES[:2] if args.quick else CASES):
             spec = get_operator(operator)
-            every = radix_configs(spec, n, dtype, args.rank)
+            every = radix_configs(spec, n, dtype, args.rank, args.hist)
             if index == 0:
                 configs = every
             else:
@@ -217,8 +234,10 @@ def main() -> None:
     print()
     for case in report["cases"]:
         name = f"{case['operator']} {case['n']} {case['dtype']}"
-        for rank, row in sorted(best_per_rank(case["rows"]).items()):
-            print(f"{name:34} RANK={rank:7} {fmt(row['time_ms'])}  {row['config']}")
+        for tunable in ("RANK", "HIST"):
+            for value, row in sorted(best_per(case["rows"], tunable).items()):
+                label = f"{tunable}={value}"
+                print(f"{name:34} {label:16} {fmt(row['time_ms'])}  {row['config']}")
     failed = [r for c in report["cases"] for r in c["rows"] if r["status"] != "ok"]
     print(f"{len(failed)} configs failed (see the JSON)")
 
