@@ -81,6 +81,9 @@ BITONIC_ITEMS = (2, 4, 8)
 BITONIC_ONLY = ("WARP_SHFL", "SMEM_FUSE", "FUSE")
 #: Tunables only the radix sort_1d reads: fixed at their first value under ALGO=bitonic.
 RADIX_ONLY = ("RADIX_BITS", "RANK", "HIST")
+#: The fewest keys for which sort_1d's default config is the radix sort (see
+#: :meth:`Sort1dSpec.default_config`): the smallest size at which radix was timed against bitonic.
+RADIX_DEFAULT_MIN = 1 << 20
 #: The argument layouts of the radix kernels in the sort_1d and sort_1d_pairs problems.
 KEYS_LAYOUT = radix.ArgLayout(pairs=False)
 PAIRS_LAYOUT = radix.ArgLayout(pairs=True)
@@ -309,9 +312,21 @@ class Sort1dSpec(OperatorSpec):
         return radix.check(config, n, pairs=False)
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
-        """Bitonic: 8192-key blocks (1024 threads x 8 keys), warp shuffles, 3 strides per global
-        pass (the radix path is not the default until measured on the H200)."""
-        self.validate(shape, dtype)
+        """From :data:`RADIX_DEFAULT_MIN` keys (and up to the radix sort's limit): the radix
+        sort in tiles of 512 x 16 keys, 8-bit digits, atomic ranking, the scalar histogram
+        kernel -- the fastest radix config at every size timed (2**20, 2**24 float32 and int32,
+        2**26 on an H100, 2026-12-07, docs/results_h200.md "Session 9"), where bitonic took
+        1.7x (2**20) to 6x (2**26) as long. Below it, bitonic: 8192-key blocks (1024 threads x
+        8 keys), warp shuffles, 3 strides per global pass (shorter arrays were not timed)."""
+        (n,) = self.validate(shape, dtype)
+        if RADIX_DEFAULT_MIN <= n <= radix.MAX_N:
+            config = {name: self.params[name][0] for name in BITONIC_ONLY}
+            config.update(
+                BLOCK=512, ITEMS=16, ALGO="radix", RADIX_BITS=8, RANK="atomic",
+                HIST=self.params["HIST"][0],
+            )  # fmt: skip
+            assert self.check(config, shape, dtype) is None, self.check(config, shape, dtype)
+            return config
         return {
             "BLOCK": 1024,
             "ITEMS": 8,
@@ -451,14 +466,16 @@ class Sort1dPairsSpec(OperatorSpec):
         return radix.check(config, n, pairs=True)
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
-        """8-bit digits (4 passes), tiles of 512 x 12 keys, match.any ranking, the scalar
-        histogram kernel."""
+        """8-bit digits (4 passes), tiles of 256 x 24 keys, atomic ranking, the scalar
+        histogram kernel: the fastest config at 2**24 float32 pairs on an H100 (0.711 ms; the
+        earlier default, 512 x 12 with match ranking, 0.775; 2026-12-07, docs/results_h200.md
+        "Session 9")."""
         self.validate(shape, dtype)
         return {
-            "BLOCK": 512,
-            "ITEMS": 12,
+            "BLOCK": 256,
+            "ITEMS": 24,
             "RADIX_BITS": 8,
-            "RANK": radix.RANKS[0],
+            "RANK": "atomic",
             "HIST": radix.HISTS[0],
         }
 

@@ -79,8 +79,8 @@ def test_check_fixes_what_an_algorithm_ignores() -> None:
     for name, value in (("WARP_SHFL", 1), ("SMEM_FUSE", 2), ("FUSE", 3)):
         reason = SORT_1D.check({**radix_cfg(), name: value}, n, "float32")
         assert f"{name} is ignored by ALGO=radix" in reason
-    bitonic = SORT_1D.default_config(n, "float32")
-    assert SORT_1D.check(bitonic, n, "float32") is None
+    bitonic = SORT_1D.default_config((2**20 - 1,), "float32")
+    assert bitonic["ALGO"] == "bitonic" and SORT_1D.check(bitonic, n, "float32") is None
     assert "RADIX_BITS is ignored" in SORT_1D.check({**bitonic, "RADIX_BITS": 8}, n, "float32")
     assert bitonic["RANK"] == radix.RANKS[0] == "match"
     for rank in radix.RANKS[1:]:
@@ -112,6 +112,14 @@ def test_check_rejects_what_the_radix_sort_cannot_run() -> None:
     big = (2**30,)
     assert "2**30" in SORT_1D.check(radix_cfg(), big, "float32")
     assert SORT_1D.check(SORT_1D.default_config(big, "float32"), big, "float32") is None
+    # the measured defaults: radix from 2**20 keys up to its limit, atomic ranking
+    radix_default = SORT_1D.default_config(n, "float32")
+    assert (radix_default["ALGO"], radix_default["RANK"], radix_default["ITEMS"]) == (
+        "radix", "atomic", 16,
+    )  # fmt: skip
+    assert SORT_1D.default_config(big, "float32")["ALGO"] == "bitonic"
+    assert PAIRS.default_config(n, "float32")["RANK"] == "atomic"
+    assert PAIRS.check(PAIRS.default_config(n, "float32"), n, "float32") is None
     with pytest.raises(InvalidInput, match="2\\*\\*30"):
         PAIRS.validate(big, "int32")
     assert "not one of" in PAIRS.check(pairs_cfg(bits=3), n, "int32")

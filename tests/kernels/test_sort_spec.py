@@ -13,6 +13,7 @@ from kato.kernels import InvalidInput, get_operator, list_operators
 from kato.kernels.sort import (
     GLOBAL_BLOCK,
     MAX_ROW,
+    RADIX_DEFAULT_MIN,
     Sort1dSpec,
     SortSpec,
     capacity,
@@ -88,7 +89,10 @@ def test_1d_default_is_valid(shape, dtype) -> None:
     config = SORT_1D.default_config(shape, dtype)
     assert SORT_1D.check(config, shape, dtype) is None
     steps = SORT_1D.steps(config, shape, dtype)
-    assert steps[0].kernel == "sort_1d_block"
+    # radix from RADIX_DEFAULT_MIN keys (measured faster there), bitonic below
+    radix_default = shape[0] >= RADIX_DEFAULT_MIN
+    assert config["ALGO"] == ("radix" if radix_default else "bitonic")
+    assert steps[0].kernel == ("radix_init" if radix_default else "sort_1d_block")
     for step in steps:
         assert step.launch.threads_per_block <= 1024
         assert 1 <= step.launch.grid[0] <= 2**31 - 1
