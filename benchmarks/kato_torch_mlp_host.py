@@ -13,7 +13,7 @@ Modes (``--modes``):
 
 A CPU tensor's key is always PyTorch's op (``policy.verdict``), so the benchmark forces the
 verdict where kato_torch asks it (``ops._decide``), stands in for the backlog's CUDA probe
-(:func:`stand_in_backlog`) and for the kernels (a bound operator that reads each argument's
+(``_backlog.stream_lags``) and for the kernels (a bound operator that reads each argument's
 data pointer, as ``kato_torch_host_lines.py`` does). For each mode: lines of Python per step
 (``sys.settrace``, in kato_torch's modules, in PyTorch's and elsewhere: deterministic), backlog
 probes per step, and the median and best host time per step (microseconds, one thread; they
@@ -39,7 +39,7 @@ import torch  # noqa: E402
 
 import kato_torch  # noqa: E402
 from benchmarks.torch_train import MLP  # noqa: E402
-from kato_torch import _fallbacks, ops, policy  # noqa: E402
+from kato_torch import _backlog, ops, policy  # noqa: E402
 
 MODES = ("eager", "torch", "when_busy", "when_busy_lagging", "kato")
 VERDICTS = {
@@ -81,13 +81,9 @@ def force(verdict: int) -> None:
 
 
 def stand_in_backlog(backlog: StandInBacklog) -> None:
-    """The backlog's probe (a CUDA event per stream) answered by ``backlog``; a remembered
-    fallback's search for the CUDA tensor to probe takes the first tensor."""
-    ops.lagging = backlog
-    _fallbacks.lagging = backlog
-    _fallbacks._cuda_tensor = lambda args, kwargs: next(
-        v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)
-    )
+    """The backlog's CUDA probe (``_backlog.stream_lags``: an event per stream) answered by
+    ``backlog``; everything around it (one answer per call, the backoff) runs as on a GPU."""
+    _backlog.stream_lags = backlog
 
 
 def count_lines(fn) -> dict[str, int]:
@@ -146,7 +142,7 @@ def measure(mode: str, dims, batch: int, steps: int, repeats: int) -> dict:
     base, fused = models(dims)
     x, labels = torch.randn(batch, dims[0]), torch.randint(0, dims[-1], (batch,))
     backlog = StandInBacklog(lag=mode == "when_busy_lagging")
-    saved = ops._decide, ops.bind, ops.lagging, _fallbacks.lagging, _fallbacks._cuda_tensor
+    saved = ops._decide, ops.bind, _backlog.stream_lags
     try:
         if mode != "eager":
             force(VERDICTS[mode])
@@ -159,7 +155,7 @@ def measure(mode: str, dims, batch: int, steps: int, repeats: int) -> dict:
         probes = backlog.probes
         median, best = per_step_us(step, steps, repeats)
     finally:
-        (ops._decide, ops.bind, ops.lagging, _fallbacks.lagging, _fallbacks._cuda_tensor) = saved
+        ops._decide, ops.bind, _backlog.stream_lags = saved
         kato_torch.configure(client=None)
     return {"mode": mode, "lines": lines, "probes": probes, "us_per_step": round(median, 1),
             "best_us_per_step": round(best, 1)}  # fmt: skip
