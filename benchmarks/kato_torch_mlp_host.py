@@ -16,8 +16,8 @@ verdict where kato_torch asks it (``ops._decide``), stands in for the backlog's 
 (``_backlog.stream_lags``) and for the kernels (a bound operator that reads each argument's
 data pointer, as ``kato_torch_host_lines.py`` does). For each mode: lines of Python per step
 (``sys.settrace``, in kato_torch's modules, in PyTorch's and elsewhere: deterministic), backlog
-probes per step, and the median and best host time per step (microseconds, one thread; they
-vary with the machine and its load).
+probes per step, and the median and best host CPU time per step (microseconds of the
+thread's CPU time, one intra-op thread; they vary with the machine and, less, its load).
 
     python3 benchmarks/kato_torch_mlp_host.py --out mlp_host.json
 """
@@ -126,15 +126,16 @@ def step_fn(model: torch.nn.Module, x: torch.Tensor, labels: torch.Tensor):
 
 
 def per_step_us(step, steps: int, repeats: int) -> tuple[float, float]:
-    """(median, best) host microseconds per step over ``repeats`` blocks of ``steps``."""
+    """(median, best) microseconds of this thread's CPU time per step over ``repeats`` blocks
+    of ``steps`` (CPU time, not wall time: a loaded machine's other processes count less)."""
     for _ in range(steps):
         step()
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.thread_time()
         for _ in range(steps):
             step()
-        times.append((time.perf_counter() - start) / steps * 1e6)
+        times.append((time.thread_time() - start) / steps * 1e6)
     return statistics.median(times), min(times)
 
 
