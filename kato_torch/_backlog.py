@@ -7,6 +7,32 @@ queue is shallow even if not empty: a stream's ``query()`` says "busy" whenever 
 in flight). :class:`Backlog` measures the lag itself: it records an event on the stream now and
 then, stamped with the host's clock; an event recorded at least ``lag_ms`` ago that the GPU has
 not reached yet means the GPU is at least that far behind.
+
+Asking costs the host too (a stream object, a lock, sometimes an event recorded, an event
+queried: a few microseconds on an H100's host), so kato_torch asks as little as it can:
+
+- **Once per call.** A public function of :mod:`kato_torch.ops` (or a drop-in module's call)
+  asks for every operator its forward and backward could run (a layer norm: two keys, a linear:
+  three) and again inside the operator it runs; :func:`lagging` answers all of them with the
+  call's first answer, inside :func:`enter` / :func:`leave` (the call's scope). A call outside
+  any scope (an operator's backward, run by autograd) asks afresh each time.
+- **Backing off where the answer keeps being "no".** A remembered fallback of a ``WHEN_BUSY``
+  verdict (:mod:`kato_torch._fallbacks`: a function's or a drop-in module's call that ran
+  PyTorch's op because the GPU kept up) asks through its own :class:`Backoff`: after
+  :data:`BACKOFF_AFTER` "no"s in a row it skips the question for 1 call, then 2, 4, ... up to
+  :data:`MAX_SKIP` calls (each skipped call runs PyTorch's op, as a "no" would), probing once
+  between skips; any "yes" starts the count again. A step bound by the host, where the answer
+  is always "no", then asks about once every :data:`MAX_SKIP` calls of each such site; a step
+  bound by the GPU, where it is "yes", asks on every call (and runs Kato's kernel). The price:
+  a step that turns from host-bound to GPU-bound runs PyTorch's op for up to :data:`MAX_SKIP`
+  more calls of each site (a site is called about once a step), and the answer after a long
+  skip is read from a mark that old (see :class:`Backlog`), so the first probe after a skip errs
+  towards "no" unless other sites keep marking the stream. The schedule depends only on the
+  answers, not on time, and a :class:`Backoff` is shared safely between threads (autograd's
+  backward, ``nn.DataParallel``'s replicas).
+
+:func:`stream_lags` is the one function that touches CUDA: a stand-in replaces it where no GPU
+is (``benchmarks/kato_torch_mlp_host.py``, tests/torch_integration).
 """
 
 from __future__ import annotations
@@ -63,13 +89,99 @@ class Backlog:
 #: The process's backlog test, at the lag that hides a Kato call's extra host cost.
 BACKLOG = Backlog(_policy.MIN_SAVING_MS)
 
+#: "No"s in a row after which a :class:`Backoff` starts skipping calls, and the most calls it
+#: skips between two probes.
+BACKOFF_AFTER = 8
+MAX_SKIP = 64
 
-def lagging(t: torch.Tensor) -> bool:
+
+def stream_lags(t: torch.Tensor) -> bool:
     """Whether the GPU of CUDA tensor ``t`` is far enough behind the host on the current stream
     that a Kato call's extra host cost is hidden (:data:`BACKLOG`), or that stream is being
     captured into a CUDA graph (replayed without the host; a capturing stream may not be
     queried). The capture test reads the current device's stream, which is ``t``'s wherever
-    a graph is captured around it."""
+    a graph is captured around it. Looked up by :func:`lagging` on every call: a stand-in
+    may replace it (a CPU benchmark or test, where no stream exists)."""
     if torch.cuda.is_current_stream_capturing():
         return True
     return BACKLOG.deep(torch.cuda.current_stream(t.device))
+
+
+_OUTSIDE = object()
+
+
+class _Call(threading.local):
+    #: The answer of the call in progress on this thread: ``_OUTSIDE`` (no call: every
+    #: question is asked), None (a call that has not asked yet), or its answer.
+    answer: object = _OUTSIDE
+
+
+_call = _Call()
+
+
+def lagging(t: torch.Tensor) -> bool:
+    """:func:`stream_lags` for ``t``, asked once per call: inside a call's scope
+    (:func:`enter`) the first answer is every later question's."""
+    answer = _call.answer
+    if answer is None:  # a call's first question
+        answer = _call.answer = stream_lags(t)
+    elif answer is _OUTSIDE:
+        return stream_lags(t)
+    return answer  # type: ignore[return-value]
+
+
+def enter(answer: bool | None = None) -> object:
+    """Open a call's scope on this thread with ``answer`` (None: not asked yet); within a scope
+    already open (a call made by another call), its answer stands. Returns what
+    :func:`leave` takes."""
+    outer = _call.answer
+    if outer is _OUTSIDE:
+        _call.answer = answer
+    return outer
+
+
+def leave(outer: object) -> None:
+    """Close the scope :func:`enter` opened (``outer``: what it returned)."""
+    if outer is _OUTSIDE:
+        _call.answer = _OUTSIDE
+
+
+class Backoff:
+    """When one remembered ``WHEN_BUSY`` fallback asks the backlog (the module's docstring):
+    every call until :data:`BACKOFF_AFTER` "no"s in a row, then once after skipping 1, 2, 4,
+    ... up to :data:`MAX_SKIP` calls; a "yes" starts again. Thread-safe; a copy (``deepcopy``,
+    pickling a module that holds one) starts afresh."""
+
+    __slots__ = ("_lock", "_noes", "_skip", "_left")
+
+    def __init__(self, noes: int = 0):
+        self._lock = threading.Lock()
+        self._noes = 0  # "no"s in a row
+        self._skip = 1  # calls the next backing off skips
+        self._left = 0  # calls left to skip
+        for _ in range(noes):
+            self._count(False)
+
+    def __reduce__(self) -> tuple:
+        return Backoff, ()
+
+    def lagging(self, t: torch.Tensor) -> bool:
+        """:func:`lagging` for ``t``, or False without asking while this call is skipped."""
+        # One lock around the question too: the schedule follows the calls in the order they
+        # took it, whichever thread made them (this site's calls wait while it is asked).
+        with self._lock:
+            if self._left:
+                self._left -= 1
+                return False
+            answer = lagging(t)
+            self._count(answer)
+            return answer
+
+    def _count(self, answer: bool) -> None:
+        if answer:
+            self._noes, self._skip, self._left = 0, 1, 0
+            return
+        self._noes += 1
+        if self._noes >= BACKOFF_AFTER:
+            self._left = self._skip
+            self._skip = min(2 * self._skip, MAX_SKIP)

@@ -9,10 +9,18 @@ every tensor's shape, dtype and device, the other arguments, autocast and its dt
 policy's generation) ran PyTorch's op before runs it at once. A call is a fallback when it made no
 choice for Kato: :func:`chose_kato` is called wherever one is made (a policy decision for Kato,
 a padded GEMM). A fallback that a ``WHEN_BUSY`` verdict made (:func:`waited`: the GPU kept up
-with the host that time) asks :func:`kato_torch._backlog.lagging` again before it runs
-PyTorch's op, and takes the full path when the GPU has fallen behind. Traced calls
-(``torch.compile``) and calls inside a :func:`kato_torch.record` block always take the full
-path, so compiled graphs and recorded keys are what they were.
+with the host that time) asks the backlog again before it runs PyTorch's op, through a
+:class:`kato_torch._backlog.Backoff` of its own (a host-bound step stops asking on most calls),
+and takes the full path when the GPU has fallen behind, with that answer for every question the
+call asks (:func:`kato_torch._backlog.enter`). Traced calls (``torch.compile``) and calls inside
+a :func:`kato_torch.record` block always take the full path, so compiled graphs and recorded
+keys are what they were.
+
+The drop-in modules (:mod:`kato_torch.nn`, :mod:`kato_torch.fuse`) go one step further with
+:func:`module_call`: each module keeps its last call's key (the input's shape, dtype and device,
+its parameters' and settings' that a choice depends on, autocast, the policy's generation) and
+what it ran, so a module whose call ran PyTorch's op calls torch's functional directly after
+one comparison, instead of the public function's generic key.
 """
 
 from __future__ import annotations
@@ -26,14 +34,26 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
+from kato_torch import _backlog
 from kato_torch import policy as _policy
-from kato_torch._backlog import lagging
+from kato_torch._backlog import Backoff
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_local = threading.local()
-#: Key of a remembered fallback -> whether a WHEN_BUSY verdict made it (see :func:`waited`).
-_keys: dict[tuple, bool] = {}
+
+class _Counts(threading.local):
+    """Per thread: choices made for Kato, and ``WHEN_BUSY`` verdicts that ran PyTorch's op."""
+
+    choices = 0
+    waits = 0
+
+
+_local = _Counts()
+#: What a remembered fallback runs: PyTorch's op at once (:data:`PLAIN`), or PyTorch's op unless
+#: its :class:`~kato_torch._backlog.Backoff` finds the GPU lagging (a ``WHEN_BUSY`` verdict's).
+PLAIN = False
+#: Key of a remembered fallback -> PLAIN or its Backoff.
+_keys: dict[tuple, Any] = {}
 _generation = -1
 #: Keys kept at most (an argument that changes every call, a cumulative batch-norm momentum,
 #: would grow the set without end): past it the set starts again.
@@ -42,18 +62,20 @@ MAX_KEYS = 4096
 
 def chose_kato() -> None:
     """Mark the current call as one that runs something of Kato's (not a fallback)."""
-    _local.choices = getattr(_local, "choices", 0) + 1
+    _local.choices += 1
 
 
 def waited() -> None:
     """Mark the current call as one where a ``WHEN_BUSY`` verdict ran PyTorch's op because the
     GPU kept up with the host: remembered, it asks the backlog again on its next call."""
-    _local.waits = getattr(_local, "waits", 0) + 1
+    _local.waits += 1
 
 
-def _cuda_tensor(args: tuple, kwargs: dict) -> Tensor | None:
+def _first_tensor(args: tuple, kwargs: dict) -> Tensor | None:
+    """The call's first tensor: the one its ``WHEN_BUSY`` verdict asked the backlog about
+    (every public function's data comes first)."""
     for value in (*args, *kwargs.values()):
-        if isinstance(value, Tensor) and value.is_cuda:
+        if isinstance(value, Tensor):
             return value
     return None
 
@@ -66,22 +88,41 @@ def _describe(value: Any) -> Any:
     return value
 
 
+def _autocast() -> torch.dtype | None:
+    """CUDA autocast's dtype where it is enabled, else None (what the functions cast for)."""
+    return torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
+
+
 def _key(name: str, args: tuple, kwargs: dict, ignore: frozenset[str]) -> tuple | None:
     global _generation
-    if torch.compiler.is_compiling() or _policy.recording():
+    if _policy._recorders:
         return None
-    generation = _policy.generation()
+    generation = _policy._generation
     if generation != _generation:
         _keys.clear()
         _generation = generation
-    autocast = torch.is_autocast_enabled("cuda")
     # The generation is part of the key: a call that began under an older policy and adds its
     # key after another thread moved on must not be found under the new one.
-    key = (name, generation, torch.get_autocast_dtype("cuda") if autocast else None,
-           *map(_describe, args))  # fmt: skip
+    key = (name, generation, _autocast(), *map(_describe, args))
     if kwargs:
         key += tuple(sorted((k, _describe(v)) for k, v in kwargs.items() if k not in ignore))
     return key  # an unhashable argument raises TypeError at the caller's lookup
+
+
+def _full(fn: Callable[..., Any], args: tuple, kwargs: dict, answer: bool | None) -> tuple:
+    """``fn(*args, **kwargs)`` (the full path), as one call of the backlog's (``answer``: its
+    answer where the caller asked already); returns (its output, what to remember of it:
+    None where something of Kato's ran, :data:`PLAIN`, or a new Backoff for a ``WHEN_BUSY``
+    verdict's fallback)."""
+    outer = _backlog.enter(answer)
+    choices, waits = _local.choices, _local.waits
+    try:
+        out = fn(*args, **kwargs)
+    finally:
+        _backlog.leave(outer)
+    if _local.choices != choices:
+        return out, None
+    return out, (Backoff(noes=1) if _local.waits != waits else PLAIN)
 
 
 def remembers_fallbacks(
@@ -90,7 +131,8 @@ def remembers_fallbacks(
     """Decorate a public function whose fallback is ``torch_op`` called with the same
     arguments (the function's own signature). ``ignore``: parameters no choice depends on
     (left out of the key, e.g. a momentum that changes every call); each is then passed by
-    keyword to the wrapped function."""
+    keyword to the wrapped function. The decorated function's ``__wrapped__`` is the function
+    itself (the full path, which :func:`module_call` takes with its own memory)."""
     ignored = frozenset(ignore)
 
     def wrap(fn: F) -> F:
@@ -115,21 +157,74 @@ def remembers_fallbacks(
                 remembered = None if key is None else _keys.get(key)  # None: not known
             except TypeError:  # an unhashable argument: decide afresh
                 key, remembered = None, None
+            answer = None
             if remembered is not None:
-                if not remembered:  # a plain fallback (True: a WHEN_BUSY one)
+                if remembered is PLAIN:
                     return torch_op(*args, **kwargs)
-                t = _cuda_tensor(args, kwargs)
-                if t is None or not lagging(t):
+                t = _first_tensor(args, kwargs)
+                answer = t is not None and remembered.lagging(t)
+                if not answer:
+                    waited()  # for a caller that remembers its own fallbacks
                     return torch_op(*args, **kwargs)
-            before = getattr(_local, "choices", 0)
-            waits = getattr(_local, "waits", 0)
-            out = fn(*args, **kwargs)
-            if key is not None and getattr(_local, "choices", 0) == before:
+            out, remember = _full(fn, args, kwargs, answer)
+            if key is not None and remembered is None and remember is not None:
                 if len(_keys) >= MAX_KEYS:
                     _keys.clear()
-                _keys[key] = getattr(_local, "waits", 0) != waits
+                _keys[key] = remember
             return out
 
         return call  # type: ignore[return-value]
 
     return wrap
+
+
+class _Memo:
+    """A drop-in module's last call (:func:`module_call`): its key (the policy's generation,
+    autocast's dtype, the module's key) and what it ran (:data:`PLAIN` or a Backoff). A copy
+    of the module (``deepcopy``, a pickle) forgets it: a generation number means nothing in
+    another process. ``nn.DataParallel``'s replicas share it, read-only."""
+
+    __slots__ = ("key", "remembered")
+
+    def __init__(self, key: tuple, remembered: Any):
+        self.key, self.remembered = key, remembered
+
+    def __reduce__(self) -> tuple:
+        return type(None), ()
+
+
+def module_call(
+    module: torch.nn.Module,
+    slot: str,
+    key: tuple,
+    torch_op: Callable[..., Any],
+    fn: Callable[..., Any],
+    *args: Any,
+) -> Any:
+    """``fn(*args)`` for a drop-in module's call (``fn``: a public function decorated with
+    :func:`remembers_fallbacks`), or ``torch_op(*args)`` (the torch functional the module's
+    torch class calls, with the same results) where ``module``'s call with this ``key`` ran
+    PyTorch's op before under the same policy generation and autocast state and, for a
+    ``WHEN_BUSY`` fallback, the GPU still keeps up with the host (its Backoff). ``key``:
+    whatever of the call (the input's shape, dtype and device, the parameters', the module's
+    settings) the function's choices depend on; ``slot``: the name the memory is kept under in
+    the module's ``__dict__`` (one per kind of call the module makes). Traced calls and calls
+    inside a :func:`kato_torch.record` block take ``fn``'s own path."""
+    if torch.compiler.is_compiling() or _policy._recorders:
+        return fn(*args)
+    autocast = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
+    key = (_policy._generation, autocast, key)
+    memo = module.__dict__.get(slot)
+    if memo is not None and memo.key == key:
+        remembered = memo.remembered
+        if remembered is PLAIN or not remembered.lagging(args[0]):
+            return torch_op(*args)
+        return _full(fn.__wrapped__, args, {}, True)[0]  # the GPU lags: Kato's kernels
+    out, remember = _full(fn.__wrapped__, args, {}, None)
+    try:
+        hash(key)  # a symbolic shape (a trace's SymInt) is no key to keep
+    except TypeError:
+        remember = None
+    # Replaced, never changed in place: replicas of the module share the old one.
+    module.__dict__[slot] = None if remember is None else _Memo(key, remember)
+    return out

@@ -28,6 +28,7 @@ from torch import Tensor, fx
 
 from kato_torch import nn as kato_nn
 from kato_torch import ops
+from kato_torch._fallbacks import module_call
 
 #: Attributes of a fused module's class: the rewritten graph's code (see :func:`fused`) and the
 #: class it was (see :func:`unfuse`).
@@ -44,16 +45,24 @@ def batch_norm_relu_module(bn: torch.nn.BatchNorm2d, x: Tensor, residual: Tensor
     and untracked statistics: :func:`kato_torch.nn.batch_norm_step`) and
     :func:`kato_torch.batch_norm_relu` for the rest."""
     running_mean, running_var, use_batch, factor = kato_nn.batch_norm_step(bn, x)
-    return ops.batch_norm_relu(
-        x, running_mean, running_var, bn.weight, bn.bias, use_batch, factor, bn.eps, residual
-    )
+    weight, bias = bn.weight, bn.bias
+    key = (x.shape, x.dtype, x.device, use_batch, weight is None, bias is None,
+           running_mean is None, running_var is None,
+           None if residual is None else (residual.shape, residual.dtype))  # fmt: skip
+    return module_call(bn, "_kato_batch_norm_relu", key, ops._torch_batch_norm_relu,
+                       ops.batch_norm_relu, x, running_mean, running_var, weight, bias,
+                       use_batch, factor, bn.eps, residual)  # fmt: skip
 
 
 def layer_norm_relu_module(ln: torch.nn.LayerNorm, x: Tensor, residual: None = None) -> Tensor:
     """``relu(ln(x))`` for a LayerNorm module with :func:`kato_torch.layer_norm_relu` (which
     runs torch's exact sequence where the module has no affine parameters or the policy says
     so). ``residual``: the table's signature; this pattern has none."""
-    return ops.layer_norm_relu(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+    shape, weight, bias = ln.normalized_shape, ln.weight, ln.bias
+    key = (x.shape, x.dtype, x.device, shape, None if weight is None else weight.dtype,
+           None if bias is None else bias.dtype)  # fmt: skip
+    return module_call(ln, "_kato_layer_norm_relu", key, ops._layer_norm_relu_torch,
+                       ops.layer_norm_relu, x, shape, weight, bias, ln.eps)  # fmt: skip
 
 
 # --- the pattern table ------------------------------------------------------------------------

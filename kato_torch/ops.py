@@ -20,8 +20,9 @@ arguments`` paragraph of each ``kernels/<operator>`` docstring).
 
 from __future__ import annotations
 
+import functools
 import operator as _operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from kato.kernels import InvalidInput, get_operator
@@ -32,6 +33,7 @@ from kato.kernels.layernorm_backward import partial_rows as layernorm_partial_ro
 from kato.kernels.rmsnorm_backward import partial_rows as rmsnorm_partial_rows
 from torch import Tensor
 
+from kato_torch import _backlog
 from kato_torch import policy as _policy
 from kato_torch._backlog import lagging
 from kato_torch._fallbacks import chose_kato, remembers_fallbacks, waited
@@ -81,7 +83,8 @@ _fast_generation = -1
 
 def _use(operator: str, shape: Sequence[int], t: Tensor) -> bool:
     """Whether Kato's ``operator`` runs for this key (see :func:`_decide`); a ``WHEN_BUSY``
-    verdict runs it while ``t``'s GPU lags the host (:func:`kato_torch._backlog.lagging`)."""
+    verdict runs it while ``t``'s GPU lags the host (:func:`kato_torch._backlog.lagging`: asked
+    once per call of a public function, whichever of its keys asks first)."""
     global _fast_generation
     if torch.compiler.is_compiling():  # folded to a constant at trace time
         # operator.index specializes a dynamic dimension (a guard on its value): a decision is
@@ -113,6 +116,24 @@ def _use(operator: str, shape: Sequence[int], t: Tensor) -> bool:
     # The GPU far enough behind the host (or the verdict KATO): the kernel's saving counts.
     chose_kato()
     return True
+
+
+def _one_answer(fn: Callable) -> Callable:
+    """``fn`` as one call of the backlog's (:func:`kato_torch._backlog.enter`): every key it
+    asks about gets the first answer. (The functions that remember their fallbacks,
+    :mod:`kato_torch._fallbacks`, do this already.)"""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            return fn(*args, **kwargs)
+        outer = _backlog.enter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _backlog.leave(outer)
+
+    return call
 
 
 def _run(
@@ -632,6 +653,7 @@ def _add_rms_norm_grad(ctx, ds, dy, _drstd):
 _add_rms_norm.register_autograd(_add_rms_norm_grad, setup_context=_add_rms_norm_setup, none_ok=(0,))
 
 
+@_one_answer
 def add_rms_norm(
     x: Tensor, residual: Tensor, weight: Tensor, eps: float | None = None
 ) -> tuple[Tensor, Tensor]:
@@ -695,6 +717,7 @@ _add_layer_norm.register_autograd(
 )
 
 
+@_one_answer
 def add_layer_norm(
     x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5
 ) -> tuple[Tensor, Tensor]:
@@ -1458,6 +1481,7 @@ def _transpose_grad(ctx, dy):
 _transpose.register_autograd(_transpose_grad, setup_context=_transpose_setup)
 
 
+@_one_answer
 def transpose(x: Tensor) -> Tensor:
     """A contiguous transpose of a 2-D tensor, like ``x.t().contiguous()``."""
     if x.dim() != 2:

@@ -1,0 +1,349 @@
+"""kato_torch's path to PyTorch's op, on the CPU: the drop-in modules' memory of their fallbacks
+(kato_torch/_fallbacks.py ``module_call``), one backlog question per call and the backoff of a
+``WHEN_BUSY`` fallback (kato_torch/_backlog.py), and the Python lines a fallback step runs.
+
+A CPU tensor's keys are always PyTorch's op. The ``WHEN_BUSY`` cases use CUDA tensors without
+memory (FakeTensorMode), a client whose winners save too little to be KATO, and a stand-in for
+the backlog's CUDA probe (``_backlog.stream_lags``)."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import sys
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="kato_torch's tests need PyTorch (the torch extra)")
+
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+import kato_torch  # noqa: E402
+from kato_torch import _backlog, policy  # noqa: E402
+
+
+class MLP(torch.nn.Module):
+    """benchmarks/torch_train.py's MLP: three Linear, two LayerNorm + ReLU, cross-entropy."""
+
+    def __init__(self, dims=(16, 32, 32, 10)):
+        super().__init__()
+        d0, d1, d2, d3 = dims
+        self.body = torch.nn.Sequential(
+            torch.nn.Linear(d0, d1), torch.nn.LayerNorm(d1), torch.nn.ReLU(),
+            torch.nn.Linear(d1, d2), torch.nn.LayerNorm(d2), torch.nn.ReLU(),
+            torch.nn.Linear(d2, d3),
+        )  # fmt: skip
+        self.loss = torch.nn.CrossEntropyLoss()
+
+    def forward(self, x, labels):
+        return self.loss(self.body(x), labels)
+
+
+def _kato(model):
+    return kato_torch.fuse(kato_torch.patch(model))
+
+
+class _OpLog(TorchDispatchMode):
+    """The operators a block dispatches (custom ops included)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+def _kato_ran(log) -> bool:
+    return any(op.startswith("kato.") for op in log.ops)
+
+
+class SmallSaving:
+    """A client whose every winner is 2x PyTorch's op but saves a microsecond: WHEN_BUSY."""
+
+    def lookup(self, operator, shape, dtype, gpu=None):
+        return {"config": {}, "source": "exact", "speedup": 2.0, "time_ms": 0.001,
+                "framework_ms": 0.002}  # fmt: skip
+
+
+class StandIn:
+    """The backlog's CUDA probe: answers from ``script`` (call number -> answer, else
+    ``default``), recording the call numbers it was asked at."""
+
+    def __init__(self, default=False, script=None):
+        self.default, self.script = default, script or {}
+        self.call = 0  # set by the test before each call
+        self.asked = []
+
+    def __call__(self, t):
+        self.asked.append(self.call)
+        return self.script.get(self.call, self.default)
+
+
+@pytest.fixture
+def backlog(monkeypatch):
+    def make(**kwargs):
+        stand_in = StandIn(**kwargs)
+        monkeypatch.setattr(_backlog, "stream_lags", stand_in)
+        return stand_in
+
+    return make
+
+
+def count_lines(fn) -> int:
+    """Lines of kato_torch's modules ``fn`` runs (any thread)."""
+    count = 0
+
+    def tracer(frame, event, arg):
+        nonlocal count
+        if event == "line" and "/kato_torch/" in frame.f_code.co_filename:
+            count += 1
+        return tracer
+
+    before = sys.gettrace(), threading.gettrace()  # a coverage tracer, say
+    sys.settrace(tracer)
+    threading.settrace(tracer)
+    try:
+        fn()
+    finally:
+        sys.settrace(before[0])
+        threading.settrace(before[1])
+    return count
+
+
+# --- the drop-ins' fallback -------------------------------------------------------------------
+
+
+def test_a_fused_mlp_step_on_pytorchs_ops_is_eagers_and_runs_few_lines_of_kato_torch():
+    """Every key PyTorch's (CPU tensors): the patched and fused MLP's loss and gradients are
+    the plain model's, bitwise, on every step, and a step runs at most 100 lines of
+    kato_torch's Python (90 when written; 201 before the drop-ins remembered their fallbacks,
+    benchmarks/kato_torch_mlp_host.py): six calls, each a key comparison and the functional."""
+    torch.manual_seed(0)
+    plain = MLP()
+    ours = _kato(copy.deepcopy(plain))
+    x, labels = torch.randn(8, 16), torch.randint(0, 10, (8,))
+
+    def step(model):
+        model.zero_grad()
+        loss = model(x, labels)
+        loss.backward()
+        return loss
+
+    for _ in range(3):
+        assert torch.equal(step(ours), step(plain))
+        for (name, p), q in zip(ours.named_parameters(), plain.parameters(), strict=True):
+            assert torch.equal(p.grad, q.grad), name
+    lines = count_lines(lambda: step(ours))
+    assert 0 < lines <= 100, lines
+
+
+def test_record_still_sees_every_key_of_a_remembered_step_and_the_fast_path_resumes():
+    torch.manual_seed(0)
+    model = _kato(MLP())
+    x, labels = torch.randn(8, 16), torch.randint(0, 10, (8,))
+    for _ in range(2):
+        model(x, labels).backward()
+    lines = count_lines(lambda: model(x, labels))
+    for _ in range(2):  # every step of a record() block sees every key, once
+        with kato_torch.record() as rec:
+            model(x, labels).backward()
+        keys = {(k.operator, k.shape) for k in rec.keys}
+        assert len(rec.keys) == len(keys)
+        assert keys == {
+            ("matmul_nt", (8, 32, 16)), ("matmul", (8, 16, 32)), ("matmul_tn", (32, 16, 8)),
+            ("matmul_nt", (8, 32, 32)), ("matmul", (8, 32, 32)), ("matmul_tn", (32, 32, 8)),
+            ("matmul_nt", (8, 10, 32)), ("matmul", (8, 32, 10)), ("matmul_tn", (10, 32, 8)),
+            ("layernorm_relu", (8, 32)), ("layernorm_relu_backward", (8, 32)),
+            ("cross_entropy", (8, 10)), ("cross_entropy_backward", (8, 10)),
+        }  # fmt: skip
+    assert count_lines(lambda: model(x, labels)) == lines
+
+
+def test_a_drop_in_follows_configure_autocast_and_its_parameters():
+    """A drop-in that ran PyTorch's op runs it again only under the same policy generation,
+    autocast dtype and parameter types: each change decides afresh (fake CUDA tensors)."""
+
+    class ByDtype:
+        def lookup(self, operator, shape, dtype, gpu=None):
+            fast = dtype == "float16"
+            return {"config": {}, "source": "exact" if fast else "default", "speedup": 2.0}
+
+    with FakeTensorMode():
+        linear = kato_torch.nn.Linear(32, 48, device="cuda", dtype=torch.bfloat16)
+        ln = kato_torch.nn.LayerNorm(48, device="cuda")
+        x = torch.empty(64, 32, device="cuda", dtype=torch.bfloat16)
+        h = torch.empty(64, 48, device="cuda")
+        kato_torch.configure(policy="torch")
+        for _ in range(2):
+            with _OpLog() as log:
+                linear(x)
+                ln(h)
+            assert not _kato_ran(log), log.ops
+        kato_torch.configure(policy="kato")
+        with _OpLog() as log:
+            linear(x)
+            ln(h)
+        assert "kato.mm" in log.ops and "kato.layer_norm" in log.ops
+        kato_torch.configure(client=ByDtype())  # auto: only float16 GEMMs are Kato's
+        torch.set_autocast_enabled("cuda", True)
+        try:
+            runs = []
+            for dtype in (torch.bfloat16, torch.bfloat16, torch.float16):
+                torch.set_autocast_dtype("cuda", dtype)
+                with _OpLog() as log:
+                    linear(x)
+                runs.append(_kato_ran(log))
+        finally:
+            torch.set_autocast_enabled("cuda", False)
+            torch.set_autocast_dtype("cuda", torch.float16)
+        assert runs == [False, False, True]
+        with _OpLog() as log:
+            linear(x)  # float32 weights and bfloat16 x, no autocast: torch's op
+        assert not _kato_ran(log)
+        # The same module and input, its parameters now float16 (x converted).
+        linear.weight = torch.nn.Parameter(torch.empty(48, 32, device="cuda", dtype=torch.half))
+        linear.bias = torch.nn.Parameter(torch.empty(48, device="cuda", dtype=torch.half))
+        with _OpLog() as log:
+            linear(x.half())
+        assert "kato.mm" in log.ops
+
+
+def test_a_module_that_remembered_its_fallback_copies_and_pickles_without_it(backlog):
+    """The memory holds a lock (a WHEN_BUSY fallback's Backoff) and a policy generation, which
+    mean nothing in a copy: deepcopy and pickle work, and the copy decides afresh."""
+    backlog(default=False)
+    model = _kato(MLP())
+    x, labels = torch.randn(8, 16), torch.randint(0, 10, (8,))
+    model(x, labels)
+    fc = model.body[0]
+    assert any(k.startswith("_kato_") and v is not None for k, v in fc.__dict__.items())
+    fc.__dict__["_kato_linear"].remembered = _backlog.Backoff()  # as a WHEN_BUSY fallback's
+    twin = copy.deepcopy(model)
+    assert twin.body[0].__dict__["_kato_linear"] is None
+    assert torch.equal(twin(x, labels), model(x, labels))
+    patched = kato_torch.patch(MLP())  # a fused model pickles by its state dict; this one whole
+    patched(x, labels)
+    patched.body[0].__dict__["_kato_linear"].remembered = _backlog.Backoff()
+    again = pickle.loads(pickle.dumps(patched))
+    assert again.body[0].__dict__["_kato_linear"] is None
+    assert torch.equal(again(x, labels), patched(x, labels))
+
+
+# --- WHEN_BUSY: one question per call, and the backoff -----------------------------------------
+
+
+def _when_busy_linear():
+    kato_torch.configure(client=SmallSaving())
+    assert policy.verdict("matmul_nt", (64, 48, 32), "bfloat16", "cuda") == policy.WHEN_BUSY
+    return kato_torch.nn.Linear(32, 48, device="cuda", dtype=torch.bfloat16)
+
+
+#: The calls (numbered from 1) at which a WHEN_BUSY fallback asks, the answer always "no":
+#: every call up to 8 "no"s in a row, then once after skipping 1, 2, 4, ... 64 calls.
+NO_SCHEDULE = [1, 2, 3, 4, 5, 6, 7, 8, 10, 13, 18, 27, 44, 77, 142, 207, 272]
+
+
+def test_a_host_bound_when_busy_module_backs_off_and_a_yes_starts_again(backlog):
+    assert (_backlog.BACKOFF_AFTER, _backlog.MAX_SKIP) == (8, 64)
+    stand_in = backlog(script={44: True})
+    kato_at = []
+    with FakeTensorMode():
+        linear = _when_busy_linear()
+        x = torch.empty(64, 32, device="cuda", dtype=torch.bfloat16)
+        for call in range(1, 301):
+            stand_in.call = call
+            with _OpLog() as log:
+                linear(x)
+            if _kato_ran(log):
+                kato_at.append(call)
+    assert kato_at == [44]  # Kato's GEMM only where the backlog said "yes"
+    # Up to 44 the "no" schedule; the "yes" at 44 starts it again from call 45.
+    again = [44 + c for c in NO_SCHEDULE if 44 + c <= 300]
+    assert stand_in.asked == [c for c in NO_SCHEDULE if c <= 44] + again
+
+
+def test_a_gpu_bound_when_busy_module_asks_once_per_call_and_runs_kato(backlog):
+    """The GPU far behind on every call: each call asks once (its forward's and backward's
+    three GEMM keys share the answer) and runs Kato's GEMM."""
+    stand_in = backlog(default=True)
+    with FakeTensorMode():
+        linear = _when_busy_linear()
+        x = torch.empty(64, 32, device="cuda", dtype=torch.bfloat16)
+        for call in range(1, 21):
+            stand_in.call = call
+            with _OpLog() as log:
+                linear(x)
+            assert "kato.mm" in log.ops
+    assert stand_in.asked == list(range(1, 21))
+
+
+def test_a_functions_two_keys_share_one_answer_and_its_fallback_backs_off(backlog):
+    """kato_torch.layer_norm_relu (not a module: the remembered fallback's own Backoff) asks
+    for its forward and backward keys once per call, with the same schedule."""
+    kato_torch.configure(client=SmallSaving())
+    stand_in = backlog(script={c: True for c in range(1, 4)})
+    kato_at = []
+    with FakeTensorMode():
+        x = torch.empty(64, 48, device="cuda")
+        w, b = torch.empty(48, device="cuda"), torch.empty(48, device="cuda")
+        for call in range(1, 301):
+            stand_in.call = call
+            with _OpLog() as log:
+                kato_torch.layer_norm_relu(x, (48,), w, b)
+            if _kato_ran(log):
+                kato_at.append(call)
+    assert kato_at == [1, 2, 3]
+    assert stand_in.asked == [1, 2, 3] + [3 + c for c in NO_SCHEDULE if 3 + c <= 300]
+
+
+def test_a_backoff_shared_by_threads_keeps_its_schedule(backlog):
+    """Autograd's and DataParallel's threads may ask through one Backoff at once: its
+    schedule counts their calls in the order they came, so 8 threads of 100 calls ask as
+    often as one thread of 800 does."""
+    stand_in = backlog(default=False)
+    shared = _backlog.Backoff()
+    t = torch.zeros(1)
+    start = threading.Barrier(8)
+    answers = []
+
+    def run():
+        start.wait()
+        answers.extend(shared.lagging(t) for _ in range(100))
+
+    threads = [threading.Thread(target=run) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    alone = _backlog.Backoff()
+    serial = StandIn()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_backlog, "stream_lags", serial)
+        assert not any(alone.lagging(t) for _ in range(800))
+    assert len(answers) == 800 and not any(answers)
+    # 1-8, then 10, 13, 18, 27, 44, 77, then every 65th call: 142, 207, ... 792.
+    assert len(stand_in.asked) == len(serial.asked) == 8 + 6 + 11
+
+
+def test_a_when_busy_mlp_step_bound_by_the_host_runs_few_lines(backlog):
+    """The fused MLP with every key WHEN_BUSY and the GPU keeping up (fake CUDA tensors):
+    once backed off, a forward asks nothing most steps and runs at most 130 lines of
+    kato_torch (120 when written; six calls: a key comparison, the Backoff's skip, the
+    functional)."""
+    kato_torch.configure(client=SmallSaving())
+    stand_in = backlog(default=False)
+    with FakeTensorMode():
+        with torch.device("cuda"):
+            model = _kato(MLP((32, 64, 64, 16)))
+        x = torch.empty(64, 32, device="cuda")
+        labels = torch.zeros(64, dtype=torch.int64, device="cuda")
+        for _ in range(100):
+            model(x, labels)
+        asked = len(stand_in.asked)
+        lines = count_lines(lambda: model(x, labels))
+    assert len(stand_in.asked) == asked
+    assert 0 < lines <= 130, lines
