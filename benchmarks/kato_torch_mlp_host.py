@@ -82,8 +82,10 @@ def force(verdict: int) -> None:
 
 def stand_in_backlog(backlog: StandInBacklog) -> None:
     """The backlog's CUDA probe (``_backlog.stream_lags``: an event per stream) answered by
-    ``backlog``; everything around it (one answer per call, the backoff) runs as on a GPU."""
+    ``backlog``, and no CUDA graph being captured (``_backlog.capturing``); everything around
+    them (one answer per call, the backoff) runs as on a GPU."""
     _backlog.stream_lags = backlog
+    _backlog.capturing = lambda: False
 
 
 def count_lines(fn) -> dict[str, int]:
@@ -143,7 +145,7 @@ def measure(mode: str, dims, batch: int, steps: int, repeats: int) -> dict:
     base, fused = models(dims)
     x, labels = torch.randn(batch, dims[0]), torch.randint(0, dims[-1], (batch,))
     backlog = StandInBacklog(lag=mode == "when_busy_lagging")
-    saved = ops._decide, ops.bind, _backlog.stream_lags
+    saved = ops._decide, ops.bind, _backlog.stream_lags, _backlog.capturing
     try:
         if mode != "eager":
             force(VERDICTS[mode])
@@ -156,7 +158,7 @@ def measure(mode: str, dims, batch: int, steps: int, repeats: int) -> dict:
         probes = backlog.probes
         median, best = per_step_us(step, steps, repeats)
     finally:
-        ops._decide, ops.bind, _backlog.stream_lags = saved
+        ops._decide, ops.bind, _backlog.stream_lags, _backlog.capturing = saved
         kato_torch.configure(client=None)
     return {"mode": mode, "lines": lines, "probes": probes, "us_per_step": round(median, 1),
             "best_us_per_step": round(best, 1)}  # fmt: skip

@@ -20,19 +20,22 @@ queried: a few microseconds on an H100's host), so kato_torch asks as little as 
   verdict (:mod:`kato_torch._fallbacks`: a function's or a drop-in module's call that ran
   PyTorch's op because the GPU kept up) asks through its own :class:`Backoff`: after
   :data:`BACKOFF_AFTER` "no"s in a row it skips the question for 1 call, then 2, 4, ... up to
-  :data:`MAX_SKIP` calls (each skipped call runs PyTorch's op, as a "no" would), probing once
-  between skips; any "yes" starts the count again. A step bound by the host, where the answer
-  is always "no", then asks about once every :data:`MAX_SKIP` calls of each such site; a step
-  bound by the GPU, where it is "yes", asks on every call (and runs Kato's kernel). The price:
-  a step that turns from host-bound to GPU-bound runs PyTorch's op for up to :data:`MAX_SKIP`
-  more calls of each site (a site is called about once a step), and the answer after a long
-  skip is read from a mark that old (see :class:`Backlog`), so the first probe after a skip errs
-  towards "no" unless other sites keep marking the stream. The schedule depends only on the
+  :data:`MAX_SKIP` calls (each skipped call runs PyTorch's op, as a "no" would), probing twice
+  between skips; any "yes" starts the count again. The first probe after a skip only marks the
+  stream (its "no" is not counted): alone, it would read the mark of its own last probe, up to
+  MAX_SKIP calls old (see :class:`Backlog`), which a GPU a few steps behind has long passed, so
+  a site that no other site's questions mark would hear "no" forever. A step bound by the
+  host, where the answer is always "no", then asks twice every :data:`MAX_SKIP` + 2 calls of
+  each such site; a step bound by the GPU, where it is "yes", asks on every call (and runs
+  Kato's kernel). The price: a step that turns from host-bound to GPU-bound runs PyTorch's op
+  for up to :data:`MAX_SKIP` + 2 more calls of each site (a site is called about once a step).
+  A call while the stream is being captured into a CUDA graph (:func:`capturing`) is never
+  skipped: the graph replays Kato's kernel without the host. The schedule depends only on the
   answers, not on time, and a :class:`Backoff` is shared safely between threads (autograd's
   backward, ``nn.DataParallel``'s replicas).
 
-:func:`stream_lags` is the one function that touches CUDA: a stand-in replaces it where no GPU
-is (``benchmarks/kato_torch_mlp_host.py``, tests/torch_integration).
+:func:`stream_lags` and :func:`capturing` are the functions that touch CUDA: stand-ins replace
+them where no GPU is (``benchmarks/kato_torch_mlp_host.py``, tests/torch_integration).
 """
 
 from __future__ import annotations
@@ -95,6 +98,13 @@ BACKOFF_AFTER = 8
 MAX_SKIP = 64
 
 
+def capturing() -> bool:
+    """Whether the current device's stream is being captured into a CUDA graph (replayed
+    without the host: Kato's kernel is then the one to capture). A stand-in may replace it
+    where no GPU is, as :func:`stream_lags`."""
+    return torch.cuda.is_current_stream_capturing()
+
+
 def stream_lags(t: torch.Tensor) -> bool:
     """Whether the GPU of CUDA tensor ``t`` is far enough behind the host on the current stream
     that a Kato call's extra host cost is hidden (:data:`BACKLOG`), or that stream is being
@@ -102,7 +112,7 @@ def stream_lags(t: torch.Tensor) -> bool:
     queried). The capture test reads the current device's stream, which is ``t``'s wherever
     a graph is captured around it. Looked up by :func:`lagging` on every call: a stand-in
     may replace it (a CPU benchmark or test, where no stream exists)."""
-    if torch.cuda.is_current_stream_capturing():
+    if capturing():
         return True
     return BACKLOG.deep(torch.cuda.current_stream(t.device))
 
@@ -148,17 +158,22 @@ def leave(outer: object) -> None:
 
 class Backoff:
     """When one remembered ``WHEN_BUSY`` fallback asks the backlog (the module's docstring):
-    every call until :data:`BACKOFF_AFTER` "no"s in a row, then once after skipping 1, 2, 4,
-    ... up to :data:`MAX_SKIP` calls; a "yes" starts again. Thread-safe; a copy (``deepcopy``,
+    every call until :data:`BACKOFF_AFTER` "no"s in a row, then twice after skipping 1, 2, 4,
+    ... up to :data:`MAX_SKIP` calls; a "yes" starts again. The first question after a skip
+    only marks the stream (a "no" there is not counted): asked alone, it would read the mark
+    its previous question left, MAX_SKIP calls ago, which a GPU lagging by a few steps has
+    passed, so a step that turned GPU-bound would hear "no" forever. A call while the stream
+    is being captured into a CUDA graph is never skipped. Thread-safe; a copy (``deepcopy``,
     pickling a module that holds one) starts afresh."""
 
-    __slots__ = ("_lock", "_noes", "_skip", "_left")
+    __slots__ = ("_lock", "_noes", "_skip", "_left", "_fresh")
 
     def __init__(self, noes: int = 0):
         self._lock = threading.Lock()
         self._noes = 0  # "no"s in a row
         self._skip = 1  # calls the next backing off skips
         self._left = 0  # calls left to skip
+        self._fresh = True  # whether this site's previous call asked (its mark is recent)
         for _ in range(noes):
             self._count(False)
 
@@ -170,11 +185,14 @@ class Backoff:
         # One lock around the question too: the schedule follows the calls in the order they
         # took it, whichever thread made them (this site's calls wait while it is asked).
         with self._lock:
-            if self._left:
+            if self._left and not capturing():
                 self._left -= 1
+                self._fresh = False
                 return False
             answer = lagging(t)
-            self._count(answer)
+            if answer or self._fresh:
+                self._count(answer)
+            self._fresh = True
             return answer
 
     def _count(self, answer: bool) -> None:

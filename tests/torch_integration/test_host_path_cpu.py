@@ -88,6 +88,7 @@ def backlog(monkeypatch):
     def make(**kwargs):
         stand_in = StandIn(**kwargs)
         monkeypatch.setattr(_backlog, "stream_lags", stand_in)
+        monkeypatch.setattr(_backlog, "capturing", lambda: False)  # no CUDA graph here
         return stand_in
 
     return make
@@ -243,13 +244,15 @@ def _when_busy_linear():
 
 
 #: The calls (numbered from 1) at which a WHEN_BUSY fallback asks, the answer always "no":
-#: every call up to 8 "no"s in a row, then once after skipping 1, 2, 4, ... 64 calls.
-NO_SCHEDULE = [1, 2, 3, 4, 5, 6, 7, 8, 10, 13, 18, 27, 44, 77, 142, 207, 272]
+#: every call up to 8 "no"s in a row, then twice (the first marks the stream, uncounted) after
+#: skipping 1, 2, 4, ... 64 calls.
+NO_SCHEDULE = [1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 14, 15, 20, 21, 30, 31, 48, 49, 82, 83, 148, 149,
+               214, 215, 280, 281]  # fmt: skip
 
 
 def test_a_host_bound_when_busy_module_backs_off_and_a_yes_starts_again(backlog):
     assert (_backlog.BACKOFF_AFTER, _backlog.MAX_SKIP) == (8, 64)
-    stand_in = backlog(script={44: True})
+    stand_in = backlog(script={48: True})
     kato_at = []
     with FakeTensorMode():
         linear = _when_busy_linear()
@@ -260,10 +263,81 @@ def test_a_host_bound_when_busy_module_backs_off_and_a_yes_starts_again(backlog)
                 linear(x)
             if _kato_ran(log):
                 kato_at.append(call)
-    assert kato_at == [44]  # Kato's GEMM only where the backlog said "yes"
-    # Up to 44 the "no" schedule; the "yes" at 44 starts it again from call 45.
-    again = [44 + c for c in NO_SCHEDULE if 44 + c <= 300]
-    assert stand_in.asked == [c for c in NO_SCHEDULE if c <= 44] + again
+    assert kato_at == [48]  # Kato's GEMM only where the backlog said "yes"
+    # Up to 48 the "no" schedule; the "yes" at 48 starts it again from call 49.
+    again = [48 + c for c in NO_SCHEDULE if 48 + c <= 300]
+    assert stand_in.asked == [c for c in NO_SCHEDULE if c <= 48] + again
+
+
+class _Gpu:
+    """A simulated GPU for the real :class:`kato_torch._backlog.Backlog`: the host's clock
+    (``now``, seconds) and events that the GPU reaches ``behind`` seconds after the host
+    recorded them."""
+
+    def __init__(self):
+        self.now, self.behind = 0.0, 0.0
+        gpu = self
+
+        class Event:
+            def record(self, stream):
+                self.reached_at = gpu.now + gpu.behind
+
+            def query(self):
+                return gpu.now >= self.reached_at
+
+        class Stream:
+            device_index, cuda_stream = 0, 0
+
+        self.Event, self.stream = Event, Stream()
+
+
+def test_a_backed_off_fallback_hears_yes_soon_after_the_step_turns_gpu_bound(monkeypatch):
+    """300 steps of 1 ms with the GPU keeping up back a fallback off to its longest skip;
+    then the GPU falls 5 ms (5 steps) behind for good. The real Backlog reads the newest mark
+    at least 0.1 ms old: a probe asked alone after a skip of 64 calls would read its own
+    mark from 65 steps ago, long reached, and say "no" forever; the uncounted first question
+    marks the stream so that the next one reads a mark 1 step old and says "yes"."""
+    gpu = _Gpu()
+    backlog = _backlog.Backlog(policy.MIN_SAVING_MS)
+    monkeypatch.setattr(torch.cuda, "Event", gpu.Event)
+    monkeypatch.setattr(_backlog, "time", type("Clock", (), {"perf_counter": lambda: gpu.now}))
+    monkeypatch.setattr(_backlog, "stream_lags", lambda t: backlog.deep(gpu.stream))
+    monkeypatch.setattr(_backlog, "capturing", lambda: False)
+    site, t = _backlog.Backoff(), torch.zeros(1)
+    answers = []
+    for step in range(600):
+        gpu.now += 1e-3
+        gpu.behind = 0.0 if step < 300 else 5e-3
+        answers.append(site.lagging(t))
+    assert not any(answers[:300])
+    first = answers.index(True, 300)
+    assert first <= 300 + _backlog.MAX_SKIP + 2, first
+    assert all(answers[first:])  # a "yes" asks on every call again
+
+
+def test_a_backed_off_fallback_is_not_skipped_while_a_cuda_graph_is_captured(backlog):
+    """A capture records the call's kernel for every replay, where the host's cost is gone:
+    a call captured while the module's fallback backs off runs Kato's GEMM, not PyTorch's."""
+    stand_in = backlog(default=False)
+    captured = {60}
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(_backlog, "capturing", lambda: stand_in.call in captured)
+    stand_in.script = {c: True for c in captured}  # stream_lags: True while capturing
+    kato_at = []
+    try:
+        with FakeTensorMode():
+            linear = _when_busy_linear()
+            x = torch.empty(64, 32, device="cuda", dtype=torch.bfloat16)
+            for call in range(1, 101):
+                stand_in.call = call
+                with _OpLog() as log:
+                    linear(x)
+                if _kato_ran(log):
+                    kato_at.append(call)
+    finally:
+        monkeypatch.undo()
+    assert 60 not in NO_SCHEDULE  # a call the backoff would skip
+    assert kato_at == [60]
 
 
 def test_a_gpu_bound_when_busy_module_asks_once_per_call_and_runs_kato(backlog):
@@ -325,8 +399,8 @@ def test_a_backoff_shared_by_threads_keeps_its_schedule(backlog):
         mp.setattr(_backlog, "stream_lags", serial)
         assert not any(alone.lagging(t) for _ in range(800))
     assert len(answers) == 800 and not any(answers)
-    # 1-8, then 10, 13, 18, 27, 44, 77, then every 65th call: 142, 207, ... 792.
-    assert len(stand_in.asked) == len(serial.asked) == 8 + 6 + 11
+    # 1-8, then pairs at 10, 14, 20, 30, 48, 82, then every 66th call: 148, 214, ... 742.
+    assert len(stand_in.asked) == len(serial.asked) == 8 + 2 * 6 + 2 * 10
 
 
 def test_a_when_busy_mlp_step_bound_by_the_host_runs_few_lines(backlog):
