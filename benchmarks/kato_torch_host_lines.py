@@ -24,8 +24,11 @@ import kato_torch  # noqa: E402
 from kato_torch import ops, policy  # noqa: E402
 
 
-class _StandIn:
-    """A bound operator that launches nothing (it reads the pointers, as a launch does)."""
+class StandInLaunch:
+    """A bound operator that launches nothing (it reads the pointers, as a launch does; its
+    config is empty: a ReLU's MASK is then the default)."""
+
+    config: dict = {}
 
     def run(self, args, steps=None, aligned_to=1):
         for arg in args:
@@ -34,6 +37,8 @@ class _StandIn:
 
 
 def count_lines(fn) -> dict[str, int]:
+    """Lines of Python ``fn`` runs (any thread), by where they are: kato_torch, torch, other.
+    A tracer already set (coverage's, say) is restored afterwards."""
     counts = {"kato_torch": 0, "torch": 0, "other": 0}
 
     def tracer(frame, event, arg):
@@ -49,20 +54,21 @@ def count_lines(fn) -> dict[str, int]:
             counts[kind] += 1
         return tracer
 
+    before = sys.gettrace(), threading.gettrace()
     sys.settrace(tracer)
     threading.settrace(tracer)
     try:
         fn()
     finally:
-        sys.settrace(None)
-        threading.settrace(None)
+        sys.settrace(before[0])
+        threading.settrace(before[1])
     return counts
 
 
 def main() -> None:
     kato_torch.configure(client=None, policy="kato")
     ops._decide = lambda *a, **k: policy.KATO  # a CPU tensor would get PyTorch's op
-    ops.bind = lambda *a, **k: _StandIn()
+    ops.bind = lambda *a, **k: StandInLaunch()
     cols = 768
     x, w, b = torch.randn(64, cols), torch.ones(cols), torch.zeros(cols)
     xg, dy = x.clone().requires_grad_(True), torch.randn(64, cols)

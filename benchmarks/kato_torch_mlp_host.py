@@ -29,7 +29,6 @@ import copy
 import json
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -38,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import kato_torch  # noqa: E402
+from benchmarks.kato_torch_host_lines import StandInLaunch, count_lines  # noqa: E402
 from benchmarks.torch_train import MLP  # noqa: E402
 from kato_torch import _backlog, ops, policy  # noqa: E402
 
@@ -48,17 +48,6 @@ VERDICTS = {
     "when_busy_lagging": policy.WHEN_BUSY,
     "kato": policy.KATO,
 }
-
-
-class StandInLaunch:
-    """A bound operator that launches nothing (it reads the pointers, as a launch does)."""
-
-    config: dict = {}
-
-    def run(self, args, steps=None, aligned_to=1):
-        for arg in args:
-            if isinstance(arg, torch.Tensor):
-                arg.data_ptr()
 
 
 class StandInBacklog:
@@ -86,32 +75,6 @@ def stand_in_backlog(backlog: StandInBacklog) -> None:
     them (one answer per call, the backoff) runs as on a GPU."""
     _backlog.stream_lags = backlog
     _backlog.capturing = lambda: False
-
-
-def count_lines(fn) -> dict[str, int]:
-    counts = {"kato_torch": 0, "torch": 0, "other": 0}
-
-    def tracer(frame, event, arg):
-        if event == "line":
-            name = frame.f_code.co_filename
-            kind = (
-                "kato_torch"
-                if "/kato_torch/" in name
-                else "torch"
-                if "/torch/" in name
-                else ("other")
-            )
-            counts[kind] += 1
-        return tracer
-
-    sys.settrace(tracer)
-    threading.settrace(tracer)
-    try:
-        fn()
-    finally:
-        sys.settrace(None)
-        threading.settrace(None)
-    return counts
 
 
 def models(dims: tuple[int, ...]) -> tuple[torch.nn.Module, torch.nn.Module]:
