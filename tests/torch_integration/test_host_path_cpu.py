@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import copy
 import pickle
-import sys
 import threading
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="kato_torch's tests need PyTorch (the torch extra)")
 
+from op_log import OpLog  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import kato_torch  # noqa: E402
+from benchmarks import kato_torch_host_lines as host_lines  # noqa: E402
 from kato_torch import _backlog, policy  # noqa: E402
 
 
@@ -43,18 +43,6 @@ class MLP(torch.nn.Module):
 
 def _kato(model):
     return kato_torch.fuse(kato_torch.patch(model))
-
-
-class _OpLog(TorchDispatchMode):
-    """The operators a block dispatches (custom ops included)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func.overloadpacket))
-        return func(*args, **(kwargs or {}))
 
 
 def _kato_ran(log) -> bool:
@@ -95,24 +83,8 @@ def backlog(monkeypatch):
 
 
 def count_lines(fn) -> int:
-    """Lines of kato_torch's modules ``fn`` runs (any thread)."""
-    count = 0
-
-    def tracer(frame, event, arg):
-        nonlocal count
-        if event == "line" and "/kato_torch/" in frame.f_code.co_filename:
-            count += 1
-        return tracer
-
-    before = sys.gettrace(), threading.gettrace()  # a coverage tracer, say
-    sys.settrace(tracer)
-    threading.settrace(tracer)
-    try:
-        fn()
-    finally:
-        sys.settrace(before[0])
-        threading.settrace(before[1])
-    return count
+    """Lines of kato_torch's modules ``fn`` runs (any thread; a coverage tracer kept)."""
+    return host_lines.count_lines(fn)["kato_torch"]
 
 
 # --- the drop-ins' fallback -------------------------------------------------------------------
@@ -180,12 +152,12 @@ def test_a_drop_in_follows_configure_autocast_and_its_parameters():
         h = torch.empty(64, 48, device="cuda")
         kato_torch.configure(policy="torch")
         for _ in range(2):
-            with _OpLog() as log:
+            with OpLog() as log:
                 linear(x)
                 ln(h)
             assert not _kato_ran(log), log.ops
         kato_torch.configure(policy="kato")
-        with _OpLog() as log:
+        with OpLog() as log:
             linear(x)
             ln(h)
         assert "kato.mm" in log.ops and "kato.layer_norm" in log.ops
@@ -195,20 +167,20 @@ def test_a_drop_in_follows_configure_autocast_and_its_parameters():
             runs = []
             for dtype in (torch.bfloat16, torch.bfloat16, torch.float16):
                 torch.set_autocast_dtype("cuda", dtype)
-                with _OpLog() as log:
+                with OpLog() as log:
                     linear(x)
                 runs.append(_kato_ran(log))
         finally:
             torch.set_autocast_enabled("cuda", False)
             torch.set_autocast_dtype("cuda", torch.float16)
         assert runs == [False, False, True]
-        with _OpLog() as log:
+        with OpLog() as log:
             linear(x)  # float32 weights and bfloat16 x, no autocast: torch's op
         assert not _kato_ran(log)
         # The same module and input, its parameters now float16 (x converted).
         linear.weight = torch.nn.Parameter(torch.empty(48, 32, device="cuda", dtype=torch.half))
         linear.bias = torch.nn.Parameter(torch.empty(48, device="cuda", dtype=torch.half))
-        with _OpLog() as log:
+        with OpLog() as log:
             linear(x.half())
         assert "kato.mm" in log.ops
 
@@ -243,6 +215,27 @@ def _when_busy_linear():
     return kato_torch.nn.Linear(32, 48, device="cuda", dtype=torch.bfloat16)
 
 
+def _linear_call():
+    linear = _when_busy_linear()
+    x = torch.empty(64, 32, device="cuda", dtype=torch.bfloat16)
+    return lambda: linear(x)
+
+
+def _kato_calls(stand_in, calls, make):
+    """The calls, numbered 1 to ``calls`` (``stand_in.call``), at which the callable that
+    ``make()`` returns (under fake CUDA tensors) ran something of Kato's."""
+    kato_at = []
+    with FakeTensorMode():
+        call_once = make()
+        for call in range(1, calls + 1):
+            stand_in.call = call
+            with OpLog() as log:
+                call_once()
+            if _kato_ran(log):
+                kato_at.append(call)
+    return kato_at
+
+
 #: The calls (numbered from 1) at which a WHEN_BUSY fallback asks, the answer always "no":
 #: every call up to 8 "no"s in a row, then twice (the first marks the stream, uncounted) after
 #: skipping 1, 2, 4, ... 64 calls.
@@ -253,16 +246,7 @@ NO_SCHEDULE = [1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 14, 15, 20, 21, 30, 31, 48, 49, 8
 def test_a_host_bound_when_busy_module_backs_off_and_a_yes_starts_again(backlog):
     assert (_backlog.BACKOFF_AFTER, _backlog.MAX_SKIP) == (8, 64)
     stand_in = backlog(script={48: True})
-    kato_at = []
-    with FakeTensorMode():
-        linear = _when_busy_linear()
-        x = torch.empty(64, 32, device="cuda", dtype=torch.bfloat16)
-        for call in range(1, 301):
-            stand_in.call = call
-            with _OpLog() as log:
-                linear(x)
-            if _kato_ran(log):
-                kato_at.append(call)
+    kato_at = _kato_calls(stand_in, 300, _linear_call)
     assert kato_at == [48]  # Kato's GEMM only where the backlog said "yes"
     # Up to 48 the "no" schedule; the "yes" at 48 starts it again from call 49.
     again = [48 + c for c in NO_SCHEDULE if 48 + c <= 300]
@@ -323,17 +307,8 @@ def test_a_backed_off_fallback_is_not_skipped_while_a_cuda_graph_is_captured(bac
     monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setattr(_backlog, "capturing", lambda: stand_in.call in captured)
     stand_in.script = {c: True for c in captured}  # stream_lags: True while capturing
-    kato_at = []
     try:
-        with FakeTensorMode():
-            linear = _when_busy_linear()
-            x = torch.empty(64, 32, device="cuda", dtype=torch.bfloat16)
-            for call in range(1, 101):
-                stand_in.call = call
-                with _OpLog() as log:
-                    linear(x)
-                if _kato_ran(log):
-                    kato_at.append(call)
+        kato_at = _kato_calls(stand_in, 100, _linear_call)
     finally:
         monkeypatch.undo()
     assert 60 not in NO_SCHEDULE  # a call the backoff would skip
@@ -344,14 +319,7 @@ def test_a_gpu_bound_when_busy_module_asks_once_per_call_and_runs_kato(backlog):
     """The GPU far behind on every call: each call asks once (its forward's and backward's
     three GEMM keys share the answer) and runs Kato's GEMM."""
     stand_in = backlog(default=True)
-    with FakeTensorMode():
-        linear = _when_busy_linear()
-        x = torch.empty(64, 32, device="cuda", dtype=torch.bfloat16)
-        for call in range(1, 21):
-            stand_in.call = call
-            with _OpLog() as log:
-                linear(x)
-            assert "kato.mm" in log.ops
+    assert _kato_calls(stand_in, 20, _linear_call) == list(range(1, 21))
     assert stand_in.asked == list(range(1, 21))
 
 
@@ -360,16 +328,13 @@ def test_a_functions_two_keys_share_one_answer_and_its_fallback_backs_off(backlo
     for its forward and backward keys once per call, with the same schedule."""
     kato_torch.configure(client=SmallSaving())
     stand_in = backlog(script={c: True for c in range(1, 4)})
-    kato_at = []
-    with FakeTensorMode():
+
+    def layer_norm_relu_call():
         x = torch.empty(64, 48, device="cuda")
         w, b = torch.empty(48, device="cuda"), torch.empty(48, device="cuda")
-        for call in range(1, 301):
-            stand_in.call = call
-            with _OpLog() as log:
-                kato_torch.layer_norm_relu(x, (48,), w, b)
-            if _kato_ran(log):
-                kato_at.append(call)
+        return lambda: kato_torch.layer_norm_relu(x, (48,), w, b)
+
+    kato_at = _kato_calls(stand_in, 300, layer_norm_relu_call)
     assert kato_at == [1, 2, 3]
     assert stand_in.asked == [1, 2, 3] + [3 + c for c in NO_SCHEDULE if 3 + c <= 300]
 

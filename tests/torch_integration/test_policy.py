@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from op_log import OpLog
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import kato_torch
 from kato_torch import policy
@@ -329,18 +329,6 @@ def test_a_patched_model_compiles_in_one_graph_at_every_batch_size(dynamic):
         torch.testing.assert_close(compiled(x, labels), model(x, labels))
 
 
-class _OpLog(TorchDispatchMode):
-    """The operators a block dispatches (custom ops included), in order."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func.overloadpacket))
-        return func(*args, **(kwargs or {}))
-
-
 def test_a_shape_the_kernels_refuse_runs_pytorchs_op_whatever_the_policy():
     """Under policy "kato" a shape the operator's spec refuses (rows past the kernels' int
     indices) must not reach the custom op, whose binding would raise InvalidInput: PyTorch's
@@ -350,10 +338,10 @@ def test_a_shape_the_kernels_refuse_runs_pytorchs_op_whatever_the_policy():
     with FakeTensorMode():
         taken = torch.empty(64, 100, device="cuda")
         refused = torch.empty(2**31, 1, device="cuda")  # rows > 2**31 - 1
-        with _OpLog() as log:
+        with OpLog() as log:
             kato_torch.softmax(taken)
         assert "kato.softmax" in log.ops
-        with _OpLog() as log, kato_torch.record() as rec:
+        with OpLog() as log, kato_torch.record() as rec:
             y = kato_torch.softmax(refused)
         assert "kato.softmax" not in log.ops and "aten._softmax" in log.ops
         assert y.shape == refused.shape
@@ -404,7 +392,7 @@ def test_a_linear_that_ran_pytorchs_op_reruns_it_until_the_policy_changes():
         x = torch.empty(64, 32, device="cuda", dtype=torch.bfloat16)
         w = torch.empty(48, 32, device="cuda", dtype=torch.bfloat16)
         for _ in range(2):
-            with _OpLog() as log:
+            with OpLog() as log:
                 kato_torch.linear(x, w)
             assert "kato.mm" not in log.ops and "aten.mm" in log.ops
         with kato_torch.record() as rec:
@@ -413,7 +401,7 @@ def test_a_linear_that_ran_pytorchs_op_reruns_it_until_the_policy_changes():
             (k.operator, k.shape, k.dtype) for k in rec.keys
         }
         kato_torch.configure(policy="kato")
-        with _OpLog() as log:
+        with OpLog() as log:
             kato_torch.linear(x, w)
         assert any(op.startswith("kato.") for op in log.ops), log.ops
 
@@ -425,11 +413,11 @@ def test_a_norm_that_ran_pytorchs_op_reruns_it_until_the_policy_changes():
         x = torch.empty(64, 32, device="cuda")
         w, b = torch.empty(32, device="cuda"), torch.empty(32, device="cuda")
         for _ in range(2):
-            with _OpLog() as log:
+            with OpLog() as log:
                 kato_torch.layer_norm(x, (32,), w, b)
             assert not any(op.startswith("kato.") for op in log.ops), log.ops
         kato_torch.configure(policy="kato")
-        with _OpLog() as log:
+        with OpLog() as log:
             kato_torch.layer_norm(x, (32,), w, b)
         assert any(op.startswith("kato.") for op in log.ops), log.ops
 
@@ -451,7 +439,7 @@ def test_a_remembered_fallback_follows_the_autocast_dtype():
             runs = {}
             for dtype in (torch.bfloat16, torch.bfloat16, torch.float16):
                 torch.set_autocast_dtype("cuda", dtype)
-                with _OpLog() as log:
+                with OpLog() as log:
                     kato_torch.matmul(a, b)
                 runs.setdefault(dtype, []).append(any(op.startswith("kato.") for op in log.ops))
         finally:
