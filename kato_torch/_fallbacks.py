@@ -208,8 +208,9 @@ def module_call(
     ``WHEN_BUSY`` fallback, the GPU still keeps up with the host (its Backoff). ``key``:
     whatever of the call (the input's shape, dtype and device, the parameters', the module's
     settings) the function's choices depend on; ``slot``: the name the memory is kept under in
-    the module's ``__dict__`` (one per kind of call the module makes). Traced calls and calls
-    inside a :func:`kato_torch.record` block take ``fn``'s own path."""
+    the module's ``__dict__`` (one per kind of call the module makes). A call whose key is not
+    the module's last goes through ``fn`` with its own memory. Traced calls and calls inside a
+    :func:`kato_torch.record` block take ``fn``'s own path."""
     if torch.compiler.is_compiling() or _policy._recorders:
         return fn(*args)
     autocast = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
@@ -220,7 +221,9 @@ def module_call(
         if remembered is PLAIN or not remembered.lagging(args[0]):
             return torch_op(*args)
         return _full(fn.__wrapped__, args, {}, True)[0]  # the GPU lags: Kato's kernels
-    out, remember = _full(fn.__wrapped__, args, {}, None)
+    # A miss goes through the public function's own memory (a module called at several
+    # shapes in turn misses on every call: that memory's Backoffs still back off).
+    out, remember = _full(fn, args, {}, None)
     try:
         hash(key)  # a symbolic shape (a trace's SymInt) is no key to keep
     except TypeError:

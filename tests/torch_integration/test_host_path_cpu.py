@@ -386,3 +386,21 @@ def test_a_when_busy_mlp_step_bound_by_the_host_runs_few_lines(backlog):
         lines = count_lines(lambda: model(x, labels))
     assert len(stand_in.asked) == asked
     assert 0 < lines <= 130, lines
+
+
+def test_a_drop_in_called_with_two_shapes_in_turn_still_backs_off(backlog):
+    """One module at two shapes in turn (a ResNet bottleneck's single ReLU, at three): its
+    memory holds one key, so every call misses it; the call then goes through the public
+    function's own memory, whose Backoff per key backs off, instead of asking on every call."""
+    kato_torch.configure(client=SmallSaving())
+    stand_in = backlog(default=False)
+
+    def relu_call():
+        relu = kato_torch.nn.ReLU()
+        xs = [torch.empty(64, 32, device="cuda"), torch.empty(64, 48, device="cuda")]
+        calls = iter(range(10**6))
+        return lambda: relu(xs[next(calls) % 2])
+
+    assert _kato_calls(stand_in, 400, relu_call) == []
+    # Each shape's key asks on its first 8 calls, then twice per up to 66 of its calls.
+    assert len(stand_in.asked) <= 2 * (8 + 2 * 8), len(stand_in.asked)
