@@ -118,6 +118,10 @@ def test_check_rejects_what_the_radix_sort_cannot_run() -> None:
         "radix", "atomic", 16,
     )  # fmt: skip
     assert SORT_1D.default_config(big, "float32")["ALGO"] == "bitonic"
+    largest = (radix.MAX_N,)  # the last length the radix default takes
+    for dtype in ("float32", "int32"):
+        config = SORT_1D.default_config(largest, dtype)
+        assert config["ALGO"] == "radix" and SORT_1D.check(config, largest, dtype) is None
     assert PAIRS.default_config(n, "float32")["RANK"] == "atomic"
     assert PAIRS.check(PAIRS.default_config(n, "float32"), n, "float32") is None
     with pytest.raises(InvalidInput, match="2\\*\\*30"):
