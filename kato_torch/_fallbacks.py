@@ -182,7 +182,10 @@ class _Memo:
     """A drop-in module's last call (:func:`module_call`): its key (the policy's generation,
     autocast's dtype, the module's key) and what it ran (:data:`PLAIN` or a Backoff). A copy
     of the module (``deepcopy``, a pickle) forgets it: a generation number means nothing in
-    another process. ``nn.DataParallel``'s replicas share it, read-only."""
+    another process. ``nn.DataParallel``'s replicas (a copy of the module's ``__dict__`` per
+    forward) read the original's and drop what they write with the replica: on several GPUs
+    the original is never called, so its memo stays empty and every replica's call goes
+    through the public function's own memory (a miss, :func:`module_call`)."""
 
     __slots__ = ("key", "remembered")
 
