@@ -101,6 +101,7 @@ from kato.tuner.space import SearchSpace
 from kato.tuner.trial_cost import check_measurable, launch_lower_bound_s
 from kato.tuner.trial_cost import trial_timeout_s as scaled_trial_timeout_s
 
+from kato import env
 from kato.errors import KatoError
 from kato.shared.gpus import find_gpu
 
@@ -345,7 +346,7 @@ def _spare_main(
 def _environment() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...], str]:
     """What a spawned child copies from this process when it starts: the environment,
     ``sys.path`` and the working directory."""
-    return tuple(sorted(os.environ.items())), tuple(sys.path), os.getcwd()
+    return env.inherited(), tuple(sys.path), os.getcwd()
 
 
 @dataclass
