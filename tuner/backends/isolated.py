@@ -425,13 +425,14 @@ class SpareChildren:
                 stale, spare = spare, None
             if spare is not None:
                 self.taken += 1
+            if stale is not None:
+                self.discarded += 1
             if self._refill is None or not self._refill.is_alive():
                 self._refill = threading.Thread(
                     target=self._fill, name="kato-spare-child", daemon=True
                 )
                 self._refill.start()
         if stale is not None:
-            self.discarded += 1
             stale.stop()
         return spare
 
