@@ -25,6 +25,9 @@ shared across jobs.
   GPU (``--delay`` seconds per measurement stand in for the GPU): checks the scheduling, not
   the speed (every key tuned once, every budget exact, nothing measured twice); CI runs it
   (tests/tuner/test_batch_tuning_bench.py).
+- ``--no-spare-child``: every job's measuring child starts fresh, as before the warm spares
+  (``tuner/backends/isolated.py``, ``SpareChildren``): compare ``job_phases_s`` with and
+  without (the report's ``spare_child`` says which).
 - ``--long-groups-last``: queues the groups of fewest keys first, so that the longest chains
   come last (the worst case for claims in plain queue order; the replay batch's groups hold
   1 to 4 keys, the GPU batch's 4 each, where it changes nothing).
@@ -448,6 +451,11 @@ def _main(argv: list[str] | None) -> dict[str, Any]:
         "--no-isolate", action="store_true", help="GPU: measure in the worker process"
     )
     parser.add_argument(
+        "--no-spare-child",
+        action="store_true",
+        help="GPU: every job's measuring child starts fresh (no warm spare, issue 35)",
+    )
+    parser.add_argument(
         "--retime-rounds",
         type=int,
         default=3,
@@ -477,8 +485,9 @@ def _main(argv: list[str] | None) -> dict[str, Any]:
         if args.replay is not None:
             return ReplayBackends([by_key[k] for k in keys], delay_s=args.delay)
         return pycuda_backend_factory(
-            args.device, isolate=not args.no_isolate, defer_prepare=args.jobs_at_once > 1
-        )
+            args.device, isolate=not args.no_isolate, defer_prepare=args.jobs_at_once > 1,
+            spares=not args.no_spare_child,
+        )  # fmt: skip
 
     if gpu_model is None:
         from kato.tuner.backends.pycuda import describe_device
@@ -487,6 +496,7 @@ def _main(argv: list[str] | None) -> dict[str, Any]:
     report: dict[str, Any] = {
         "backend": "replay" if args.replay is not None else "pycuda",
         "serial_compile_cache": "cold" if args.cold_serial else "the interleaved run's",
+        "spare_child": args.replay is None and not args.no_isolate and not args.no_spare_child,
         "gpu_model": gpu_model,
         "keys": [k.name for k in keys],
         "operators": sorted({k.operator for k in keys}),

@@ -23,7 +23,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["VARIABLES", "Variable", "get", "set_for_children"]
+__all__ = ["VARIABLES", "Variable", "get", "inherited", "set_for_children"]
 
 
 @dataclass(frozen=True)
@@ -129,3 +129,10 @@ def set_for_children(name: str, value: str) -> None:
     if name not in VARIABLES:
         raise KeyError(f"{name} is not a declared environment variable (kato.env.VARIABLES)")
     os.environ[name] = value
+
+
+def inherited() -> tuple[tuple[str, str], ...]:
+    """The whole environment as it is now, sorted: what a child process started now inherits.
+    For telling whether it changed since a child started (a spare measuring child,
+    :class:`tuner.backends.isolated.SpareChildren`), not for reading a setting (:func:`get`)."""
+    return tuple(sorted(os.environ.items()))

@@ -108,3 +108,15 @@ class StagedPrepare(ReplayBackend):
 def make_staged(spec: BackendSpec) -> Backend:
     assert spec.replay_file is not None
     return StagedPrepare(spec.replay_file, spec.option("log"))
+
+
+def make_dying_once(spec: BackendSpec) -> Backend:
+    """A replay backend whose first build, in any process, kills that process without a word
+    (``os._exit(5)``): the file ``marker`` (an option) says the first build happened."""
+    assert spec.replay_file is not None
+    marker = spec.option("marker")
+    if not os.path.exists(marker):
+        with open(marker, "w") as f:
+            f.write(str(os.getpid()))
+        os._exit(5)
+    return ReplayBackend(spec.replay_file)

@@ -7,7 +7,8 @@ Why the backend needs it: PyCUDA passes a kernel's arguments as one packed buffe
 ``__grid_constant__ CUtensorMap`` argument passed that way does not reach the kernel intact
 (its TMA loads never complete), while the same cubin, buffers and map bytes launched with
 ``kernelParams`` (one pointer per argument) verify. So launches with tensor maps use
-:func:`launch_array` here. Nothing here creates a context: calls run in the thread's current one.
+:func:`launch_array` here. Nothing here creates a context: calls run in the thread's current one
+(but :func:`retain_primary_context`, a measuring spare's warm-up).
 """
 
 from __future__ import annotations
@@ -77,6 +78,18 @@ def check(result: int, what: str) -> None:
         library().cuGetErrorString(result, ctypes.byref(text))
         message = text.value.decode() if text.value else f"error {result}"
         raise CudaDriverError(f"{what} failed: {message}")
+
+
+def retain_primary_context(device_index: int) -> None:
+    """Start the driver and create (retain) device ``device_index``'s primary context, the one
+    the PyCUDA backend retains, without making it current; the reference is held until the
+    process exits (:func:`tuner.backends.isolated._warm_up`: a spare measuring child creates
+    its context before it knows its job, and the backend's own retain then finds it)."""
+    lib = library()
+    check(lib.cuInit(0), "cuInit")
+    device, context = ctypes.c_int(), ctypes.c_void_p()
+    check(lib.cuDeviceGet(ctypes.byref(device), device_index), "cuDeviceGet")
+    check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
 
 
 def load_module(cubin: bytes) -> ctypes.c_void_p:

@@ -26,7 +26,12 @@ from kato.kernels import get_operator, list_operators
 from kato.kernels.spec import InvalidInput
 from kato.tuner import framework
 from kato.tuner.backends.base import Backend, DeviceInfo
-from kato.tuner.backends.isolated import DEFAULT_TRIAL_TIMEOUT_S, BackendSpec, measuring_backend
+from kato.tuner.backends.isolated import (
+    DEFAULT_TRIAL_TIMEOUT_S,
+    BackendSpec,
+    SpareChildren,
+    measuring_backend,
+)
 from kato.tuner.backends.pycuda import setup_bytes
 from kato.tuner.backends.replay import RecordedProblem, recorded_problem
 
@@ -48,7 +53,9 @@ class PyCudaBackends:
     cannot take down with the worker. Answers every operator registered in this process (and by
     ``imports``, which the child imports too) on the worker's GPU models. With
     ``defer_prepare`` (a worker holding several jobs on the GPU) a child makes its inputs at
-    once and its device buffers only in its job's first GPU turn."""
+    once and its device buffers only in its job's first GPU turn. Isolated, it keeps a warm
+    spare child for the device while a worker runs (:class:`SpareChildren`,
+    :class:`tuner.backends.abilities.KeepsSpares`) unless ``spares`` is False."""
 
     runs_current_code = True
 
@@ -60,10 +67,25 @@ class PyCudaBackends:
         trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
         imports: Sequence[str] = (),
         defer_prepare: bool = False,
+        spares: bool = True,
     ):
         self.device_index, self.isolate = device_index, isolate
         self.trial_timeout_s, self.imports = trial_timeout_s, tuple(imports)
         self.defer_prepare = defer_prepare
+        #: The warm spare children of this factory's backends (isolated only).
+        self.spares = (
+            SpareChildren("pycuda", device_index=device_index, imports=self.imports)
+            if isolate and spares
+            else None
+        )
+
+    def start_spares(self) -> None:
+        if self.spares is not None:
+            self.spares.start()
+
+    def close_spares(self) -> None:
+        if self.spares is not None:
+            self.spares.close()
 
     @property
     def scope(self) -> queries.JobScope:
@@ -114,7 +136,7 @@ class PyCudaBackends:
         )
         return measuring_backend(
             spec, isolate=self.isolate, trial_timeout_s=self.trial_timeout_s,
-            defer_prepare=self.defer_prepare,
+            defer_prepare=self.defer_prepare, spares=self.spares,
         )  # fmt: skip
 
 
@@ -125,11 +147,12 @@ def pycuda_backend_factory(
     trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
     imports: Sequence[str] = (),
     defer_prepare: bool = False,
+    spares: bool = True,
 ) -> PyCudaBackends:
     """:class:`PyCudaBackends` (a :data:`BackendFactory` with its scope)."""
     return PyCudaBackends(
         device_index, isolate=isolate, trial_timeout_s=trial_timeout_s, imports=imports,
-        defer_prepare=defer_prepare,
+        defer_prepare=defer_prepare, spares=spares,
     )  # fmt: skip
 
 
@@ -179,8 +202,9 @@ class ReplayBackends:
     operator, shape, dtype and GPU model equal, and the operator version where the recording
     names one. A recording of an older operator version answers only jobs still at that version
     (such a job is never moved to the current version: its times are of the old kernel). With
-    ``isolate``, through a child process like a GPU worker's; each evaluation takes ``delay_s``
-    seconds (a stand-in for measuring).
+    ``isolate``, through a child process like a GPU worker's (with a warm spare child while a
+    worker runs, unless ``spares`` is False: :class:`SpareChildren`); each evaluation takes
+    ``delay_s`` seconds (a stand-in for measuring).
 
     ``gpu_models``: keep only the recordings of these models (default: all).
 
@@ -199,8 +223,11 @@ class ReplayBackends:
         isolate: bool = False,
         trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
         delay_s: float = 0.0,
+        spares: bool = True,
     ):
         self.isolate, self.trial_timeout_s, self.delay_s = isolate, trial_timeout_s, delay_s
+        #: The warm spare children of this factory's backends (isolated only).
+        self.spares = SpareChildren("replay") if isolate and spares else None
         kept = list(recordings)
         if gpu_models:
             wanted = {normalize_gpu_name(m) for m in gpu_models}
@@ -228,6 +255,14 @@ class ReplayBackends:
     @property
     def gpu_models(self) -> list[str]:
         return sorted({r.problem.gpu_model for r in self.recordings.values()})
+
+    def start_spares(self) -> None:
+        if self.spares is not None:
+            self.spares.start()
+
+    def close_spares(self) -> None:
+        if self.spares is not None:
+            self.spares.close()
 
     @property
     def scope(self) -> queries.JobScope:
@@ -260,7 +295,9 @@ class ReplayBackends:
             )
         options = (("delay_s", self.delay_s), ("gpu_model", rec.problem.gpu_model))
         spec = BackendSpec(kind="replay", replay_file=str(rec.path), options=options)
-        return measuring_backend(spec, isolate=self.isolate, trial_timeout_s=self.trial_timeout_s)
+        return measuring_backend(
+            spec, isolate=self.isolate, trial_timeout_s=self.trial_timeout_s, spares=self.spares
+        )
 
 
 def replay_backend_factory(

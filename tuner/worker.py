@@ -286,8 +286,15 @@ class Worker:
         job). A stop with jobs running interrupts their runners and waits for each to give its
         job back; an interrupt gives back every held job at once (:meth:`_give_back_held`).
         A ``BaseException`` a job raised that is not an interrupt is raised here once every
-        held job is given back."""
+        held job is given back.
+
+        While it runs, a backend factory that keeps spare measuring children
+        (:class:`tuner.backends.abilities.KeepsSpares`) has one warm for the next job; they
+        are killed when it returns (a job's own child is its backend's to close)."""
         inline = self.jobs_at_once == 1
+        spares = self.runner.factory_abilities.spares
+        if spares is not None:  # the next job's measuring child, warm (KeepsSpares)
+            spares.start_spares()
         inboxes: list[queue.SimpleQueue[Claim | None]] = [
             queue.SimpleQueue() for _ in (() if inline else self.runners)
         ]
@@ -371,6 +378,8 @@ class Worker:
         except KeyboardInterrupt:  # the grace of stop_on_signals is over
             self._give_back_held(threads)
         finally:
+            if spares is not None:  # no spare outlives the loop
+                spares.close_spares()
             self._mark_stopped()
         if fatal is not None:
             raise fatal

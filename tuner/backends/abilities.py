@@ -226,6 +226,21 @@ class EstimatesMemory(Protocol):
     def device_bytes(self, job: Job) -> int: ...
 
 
+@runtime_checkable
+class KeepsSpares(Protocol):
+    """A factory whose isolated backends can start their measuring children from a warm spare
+    (:class:`tuner.backends.isolated.SpareChildren`, which the factory holds: one idle child
+    for its backend kind, device and imports). A worker calls ``start_spares`` when its loop
+    starts (:meth:`tuner.worker.Worker.run_forever`) and ``close_spares`` when it returns,
+    after which no process of the pool is left; neither raises (a spare that cannot start
+    means fresh children, as without one). Backends built while the spares are not started
+    start fresh children. Absent: every child starts fresh."""
+
+    def start_spares(self) -> None: ...
+
+    def close_spares(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class FactoryAbilities:
     """What a backend factory declares (see the protocols above)."""
@@ -234,6 +249,7 @@ class FactoryAbilities:
     runs_current_code: bool = True
     measure_framework: Callable[..., Any] | None = None
     device_bytes: Callable[[Job], int] | None = None
+    spares: KeepsSpares | None = None
 
     def scope(self) -> JobScope | None:
         """The factory's scope now (read anew: see :class:`Scoped`), or None: every job."""
@@ -251,4 +267,5 @@ def factory_abilities_of(factory: Any) -> FactoryAbilities:
         if isinstance(factory, MeasuresFramework)
         else None,
         device_bytes=factory.device_bytes if isinstance(factory, EstimatesMemory) else None,
+        spares=factory if isinstance(factory, KeepsSpares) else None,
     )

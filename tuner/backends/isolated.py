@@ -27,6 +27,46 @@ parent waits for its compile, and the child finds the cubin in the on-disk cache
 
 :meth:`IsolatedBackend.interrupt` (from another thread: a cancelled job) kills a running
 measurement at once; :meth:`IsolatedBackend.evaluate` then raises :class:`TrialInterrupted`.
+
+Warm spares (issue 35: a child's start is on each job's critical path at turnover). A fresh
+child costs a new interpreter, the imports of numpy, Kato and the backend's modules (PyCUDA),
+and the CUDA driver's start: about a second of CPU, more on a loaded host. A worker's backend
+factory keeps a :class:`SpareChildren`: one idle child per worker that has done everything that
+does not depend on a job (:func:`_warm_up`) and waits for one. The next job's
+:class:`IsolatedBackend` (or a crashed child's replacement) takes it, sends it the job
+(:class:`BackendSpec`, user operators, ``defer_prepare``) and it goes on exactly as a fresh
+child (:func:`_child_main`); another spare is started in the background at once. Settled:
+
+- Ownership: the factory that builds a worker's backends (:mod:`tuner.factories`: it knows the
+  backend kind, device and imports) holds the pool; the worker's loop starts it and closes it
+  (:class:`tuner.backends.abilities.KeepsSpares`, :meth:`tuner.worker.Worker.run_forever`).
+  One-job paths (``kato tune``, ``kato.tune_kernel``) never start one: every child is fresh.
+- No job state crosses jobs: a spare is handed out once, to one backend, which owns it from
+  then on as its child (closes or kills it); a child is never given back to the pool. A spare
+  found dead when taken is discarded and the job starts a fresh child; one that dies after it
+  was taken, before it announced its device, is replaced by a fresh child once, without
+  counting as a restart (:attr:`IsolatedBackend.restarts` counts replacements after a crash,
+  a timeout or a dead context; :attr:`IsolatedBackend.child_pids` lists every child that
+  served the backend, the spare included).
+- The environment: a spawned child copies the parent's environment, ``sys.path`` and working
+  directory when it starts, and the backends read variables at use in the child
+  (``KATO_COMPILE_CACHE``: the cubin cache; ``CUDA_VISIBLE_DEVICES``: read by the driver when
+  it starts, in the warm-up; a test backend's ``KATO_TEST_TIMED_BACKEND``), or at import. A
+  spare started before one of these changed would differ from a fresh child, so a spare is
+  handed out only if all three are as they were at its start, else it is replaced (a
+  benchmark that sets ``KATO_COMPILE_CACHE`` per run, ``kato serve --api-workers`` setting
+  ``KATO_DB_URL``: one cold start each).
+- The GPU's turn: the warm-up of a ``pycuda`` spare starts the driver and retains the device's
+  primary context (the CUDA context every child creates before announcing its device, outside
+  any GPU turn, today as before): the spare creates it earlier, not additionally (one context
+  per job either way), and an idle context runs nothing on the GPU. Its memory (a few hundred
+  MB) is in every reading the device's memory admission takes (:mod:`tuner.admission`), and a
+  spare started after a reading is within the admission's margin (1 GiB at least). The device
+  set-up (inputs, buffers, verifier) still waits for the job's GPU turn with
+  ``defer_prepare``. Every warm-up step is best effort: one that fails is done again, and
+  reported, by the job's child as a fresh child would.
+- Interrupts and the start timeout: unchanged; the start timeout counts from the moment the
+  spare is handed its job.
 """
 
 from __future__ import annotations
@@ -38,6 +78,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -60,6 +101,7 @@ from kato.tuner.space import SearchSpace
 from kato.tuner.trial_cost import check_measurable, launch_lower_bound_s
 from kato.tuner.trial_cost import trial_timeout_s as scaled_trial_timeout_s
 
+from kato import env
 from kato.errors import KatoError
 from kato.shared.gpus import find_gpu
 
@@ -81,6 +123,10 @@ class TrialInterrupted(KatoError):
 class ChildStartError(KatoError, RuntimeError):
     """The child process could not build its backend (no device, bad spec): not a config's
     fault, so it fails the job rather than a trial."""
+
+
+class _ChildDied(ChildStartError):
+    """The child died during its set-up without a word (no error reported)."""
 
 
 @dataclass(frozen=True)
@@ -252,6 +298,212 @@ def _memory_of(backend: Backend) -> DeviceMemory | None:
         return None
 
 
+def _warm_up(kind: str, device_index: int, imports: tuple[str, ...]) -> None:
+    """In a spare: what a child of ``kind`` on device ``device_index`` does before it knows its
+    job (:func:`_child_main`'s and :func:`build_backend`'s imports, in their order: the operator
+    registry, numpy and ``ml_dtypes`` with it, is most of a replay child's start; for ``pycuda``
+    the driver's start and the device's primary context, held until the process exits: see the
+    module docstring). Raises what a step raises (the caller ignores it)."""
+    importlib.import_module("kato.kernels.registry")
+    for module in imports:
+        importlib.import_module(module)
+    if kind == "pycuda":
+        from kato.tuner import cuda_driver
+        from kato.tuner.backends.pycuda import _import_pycuda
+
+        _import_pycuda().init()
+        # Not made current: the backend retains it again and pushes it (no second context).
+        cuda_driver.retain_primary_context(device_index)
+        return
+    if kind == "replay":
+        importlib.import_module("kato.tuner.backends.replay")
+        return
+    module_name, _, attr = kind.partition(":")
+    if attr:
+        importlib.import_module(module_name)
+
+
+def _spare_main(
+    conn: multiprocessing.connection.Connection,
+    kind: str,
+    device_index: int,
+    imports: tuple[str, ...],
+) -> None:
+    """A spare child: warm up (:func:`_warm_up`, best effort), say so (``("warm",)``), wait for
+    a job (``("job", spec, operators, defer_prepare)``) and become its child
+    (:func:`_child_main`); exit when the pipe closes first (its pool closed)."""
+    with contextlib.suppress(Exception):  # the job's child repeats the step, and reports it
+        _warm_up(kind, device_index, imports)
+    try:
+        conn.send(("warm",))
+        message = conn.recv()
+    except (EOFError, OSError, KeyboardInterrupt):  # the pool closed, or the worker stops
+        return
+    if message[0] == "job":
+        _child_main(conn, *message[1:])
+
+
+def _environment() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...], str]:
+    """What a spawned child copies from this process when it starts: the environment,
+    ``sys.path`` and the working directory."""
+    return env.inherited(), tuple(sys.path), os.getcwd()
+
+
+@dataclass
+class _Spare:
+    process: Any
+    conn: multiprocessing.connection.Connection
+    environment: tuple[Any, ...]
+
+    def stop(self) -> None:
+        """Kill it (an idle spare holds nothing to save) and reap it."""
+        self.conn.close()
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(10)
+
+
+class SpareChildren:
+    """At most one idle, warm measuring child for backends of ``kind`` on device
+    ``device_index`` importing ``imports`` (see the module docstring); thread-safe.
+
+    Contract: nothing is started before :meth:`start`. :meth:`take` hands the idle spare (alive,
+    warm or still warming) to one :class:`IsolatedBackend` for good, and starts the next spare
+    in a background thread at once; it returns None (the backend starts a fresh child) when the
+    pool is not started, the spec is of another kind, device or imports, no spare is ready
+    yet, or the spare is dead or was started with another environment (then replaced).
+    :meth:`close` kills the idle spare and any being started, and waits for them: no process
+    of the pool is left; :meth:`start` opens it again.
+
+    ``started``: the pid of every spare started, in order; ``taken``: how many were handed out;
+    ``discarded``: how many were replaced without being used (dead, or stale).
+    """
+
+    def __init__(self, kind: str, *, device_index: int = 0, imports: Sequence[str] = ()):
+        self.kind, self.device_index, self.imports = kind, device_index, tuple(imports)
+        self.started: list[int] = []
+        self.taken = self.discarded = 0
+        self._mp = multiprocessing.get_context("spawn")
+        self._lock = threading.Lock()
+        self._open = False
+        self._idle: _Spare | None = None
+        self._refill: threading.Thread | None = None
+
+    def fits(self, spec: BackendSpec) -> bool:
+        """Whether this pool's spares are warmed for ``spec``'s kind, device and imports."""
+        return (spec.kind, spec.device_index, tuple(spec.imports)) == (
+            self.kind,
+            self.device_index,
+            self.imports,
+        )
+
+    def start(self) -> None:
+        """Open the pool and start a spare now (if none is idle)."""
+        with self._lock:
+            self._open = True
+            if self._idle is None:
+                self._idle = self._spawn()
+
+    def take(self, spec: BackendSpec) -> _Spare | None:
+        """The idle spare for ``spec``'s backend, now its own (see the class docstring)."""
+        if not self.fits(spec):
+            return None
+        stale = None
+        with self._lock:
+            if not self._open:
+                return None
+            spare, self._idle = self._idle, None
+            if spare is not None and not spare.process.is_alive():
+                log.warning("the spare measuring process died (%s): replaced",
+                            _describe_exit(spare.process.exitcode))  # fmt: skip
+                stale, spare = spare, None
+            elif spare is not None and spare.environment != _environment():
+                log.info(
+                    "the spare measuring process started with another environment (%s): "
+                    "replaced", _changes(spare.environment, _environment()),
+                )  # fmt: skip
+                stale, spare = spare, None
+            if spare is not None:
+                self.taken += 1
+            if stale is not None:
+                self.discarded += 1
+            if self._refill is None or not self._refill.is_alive():
+                self._refill = threading.Thread(
+                    target=self._fill, name="kato-spare-child", daemon=True
+                )
+                self._refill.start()
+        if stale is not None:
+            stale.stop()
+        return spare
+
+    def idle_pid(self) -> int | None:
+        """The pid of the idle spare, None if there is none now."""
+        with self._lock:
+            return self._idle.process.pid if self._idle is not None else None
+
+    def wait_warm(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until an idle spare has warmed up; whether one has
+        (benchmarks and tests: a spare taken before is still worth having)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                spare = self._idle
+                if spare is not None and spare.conn.poll(0):
+                    return True
+            time.sleep(_POLL_S)
+        return False
+
+    def close(self) -> None:
+        """Kill the idle spare and any being started, and wait for them. Safe to call twice."""
+        with self._lock:
+            self._open = False
+            spare, self._idle = self._idle, None
+            refill = self._refill
+        if refill is not None:
+            refill.join()
+        if spare is not None:
+            spare.stop()
+
+    def _fill(self) -> None:
+        """The background start of the next spare (after a take)."""
+        with self._lock:
+            if self._open and self._idle is None:
+                self._idle = self._spawn()
+
+    def _spawn(self) -> _Spare | None:
+        """Start a spare (under the lock: tens of ms for the parent); None if it cannot."""
+        try:
+            parent_conn, child_conn = self._mp.Pipe()
+            process = self._mp.Process(
+                target=_spare_main,
+                args=(child_conn, self.kind, self.device_index, self.imports),
+                name="kato-measure",
+                daemon=True,
+            )
+            environment = _environment()
+            process.start()
+        except Exception:  # no spare: every job starts its own child, as without a pool
+            log.warning("a spare measuring process could not start", exc_info=True)
+            return None
+        child_conn.close()
+        self.started.append(process.pid)
+        return _Spare(process, parent_conn, environment)
+
+
+def _changes(before: tuple[Any, ...], now: tuple[Any, ...]) -> str:
+    """Which of (environment, sys.path, working directory) differ: the variables by name."""
+    parts = []
+    old_env, new_env = dict(before[0]), dict(now[0])
+    names = sorted(k for k in old_env.keys() | new_env.keys() if old_env.get(k) != new_env.get(k))
+    if names:
+        parts.append("variables " + ", ".join(names))
+    if before[1] != now[1]:
+        parts.append("sys.path")
+    if before[2] != now[2]:
+        parts.append("working directory")
+    return "; ".join(parts)
+
+
 def _describe_exit(code: int | None) -> str:
     if code is None:
         return "still running"
@@ -276,6 +528,9 @@ class IsolatedBackend(Backend):
             per core but one).
         defer_prepare: the child makes its inputs at once but sets up the device only at the
             first evaluation (a worker sharing the GPU among jobs evaluates in its GPU turn).
+        spares: a pool whose warm spare (:class:`SpareChildren`) each child of this backend,
+            the first and every replacement, starts from where it has one for the spec; else
+            (and without a pool) a fresh child is spawned.
 
     Raises:
         ChildStartError: the first child could not build its backend.
@@ -295,15 +550,20 @@ class IsolatedBackend(Backend):
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         compile_workers: int | None = None,
         defer_prepare: bool = False,
+        spares: SpareChildren | None = None,
     ):
         self.spec = spec
         self.defer_prepare = defer_prepare
+        self.spares = spares
         self.name = f"isolated-{spec.kind}"
         self.trial_timeout_s = trial_timeout_s
         self.start_timeout_s = start_timeout_s
         self.compile_workers = compile_workers
         self.restarts = 0  # children replaced after a crash, a timeout or a dead context
-        self.child_pids: list[int] = []  # every child started, in order (tests look at them)
+        #: Every child that served this backend, in order (a spare taken included).
+        self.child_pids: list[int] = []
+        #: How many of them were spares (:class:`SpareChildren`).
+        self.spares_taken = 0
         self._mp = multiprocessing.get_context("spawn")
         self._process: Any = None
         self._conn: multiprocessing.connection.Connection | None = None
@@ -327,20 +587,46 @@ class IsolatedBackend(Backend):
 
     # --- the child ------------------------------------------------------------------------
 
-    def _start(self) -> DeviceInfo:
-        parent_conn, child_conn = self._mp.Pipe()
-        process = self._mp.Process(
-            target=_child_main,
-            args=(child_conn, self.spec, _user_operators(self.spec), self.defer_prepare),
-            name="kato-measure",
-            daemon=True,
-        )
-        process.start()
-        child_conn.close()  # so that the child's death closes the pipe (EOF) for us
-        self._process, self._conn = process, parent_conn
+    def _start(self, *, spare: bool = True) -> DeviceInfo:
+        """Start the child (a spare of :attr:`spares` where it has one, else a fresh one) and
+        wait for its device. A spare that dies before announcing it, without a word, is
+        replaced by a fresh child once (see the module docstring).
+
+        Raises:
+            TrialInterrupted, ChildStartError: as :meth:`_expect`.
+        """
+        operators = _user_operators(self.spec)
+        taken = self.spares.take(self.spec) if spare and self.spares is not None else None
+        if taken is not None:
+            try:
+                taken.conn.send(("job", self.spec, operators, self.defer_prepare))
+            except OSError:  # it died since: its pipe is closed
+                taken.stop()
+                taken = None
+        if taken is not None:
+            self._process, self._conn = taken.process, taken.conn
+            self.spares_taken += 1
+        else:
+            parent_conn, child_conn = self._mp.Pipe()
+            process = self._mp.Process(
+                target=_child_main,
+                args=(child_conn, self.spec, operators, self.defer_prepare),
+                name="kato-measure",
+                daemon=True,
+            )
+            process.start()
+            child_conn.close()  # so that the child's death closes the pipe (EOF) for us
+            self._process, self._conn = process, parent_conn
         self._prepared = False
-        self.child_pids.append(process.pid)
-        return self._expect("ready", ("start", "started", "starting"))[1]
+        self.child_pids.append(self._process.pid)
+        try:
+            return self._expect("ready", ("start", "started", "starting"))[1]
+        except _ChildDied as exc:
+            if taken is None:
+                raise
+            log.warning("the spare measuring process died before its job started (%s): "
+                        "starting a fresh one", exc)  # fmt: skip
+            return self._start(spare=False)
 
     def _expect(self, kind: str, verb: tuple[str, str, str]) -> tuple[Any, ...]:
         """The child's next message, which must be ``kind`` (its set-up steps: "ready", then
@@ -355,19 +641,23 @@ class IsolatedBackend(Backend):
         conn, process = self._conn, self._process
         assert conn is not None and process is not None
         deadline = time.monotonic() + self.start_timeout_s
-        while not conn.poll(_POLL_S):
-            if self._interrupted.is_set():
+        message: tuple[Any, ...] = ("warm",)
+        while message[0] == "warm":  # a spare's word that it warmed up: not a step of the job
+            while not conn.poll(_POLL_S):
+                if self._interrupted.is_set():
+                    self._kill()
+                    raise TrialInterrupted(f"interrupted while the measuring process {done}")
+                if time.monotonic() > deadline or not process.is_alive():
+                    state = _describe_exit(process.exitcode)
+                    died = not process.is_alive()
+                    self._kill()
+                    error = _ChildDied if died else ChildStartError
+                    raise error(f"the measuring process did not {do} ({state})")
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
                 self._kill()
-                raise TrialInterrupted(f"interrupted while the measuring process {done}")
-            if time.monotonic() > deadline or not process.is_alive():
-                state = _describe_exit(process.exitcode)
-                self._kill()
-                raise ChildStartError(f"the measuring process did not {do} ({state})")
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            self._kill()
-            raise ChildStartError(f"the measuring process died while {doing}") from None
+                raise _ChildDied(f"the measuring process died while {doing}") from None
         if message[0] != kind:
             self._kill()
             raise ChildStartError(f"the measuring process could not {do}: {message[1]}")
@@ -635,7 +925,12 @@ class IsolatedBackend(Backend):
 
 
 def measuring_backend(
-    spec: BackendSpec, *, isolate: bool, trial_timeout_s: float, defer_prepare: bool = False
+    spec: BackendSpec,
+    *,
+    isolate: bool,
+    trial_timeout_s: float,
+    defer_prepare: bool = False,
+    spares: SpareChildren | None = None,
 ) -> Backend:
     """The backend every tuning path measures ``spec`` through: with ``isolate``, an
     :class:`IsolatedBackend` (a hung or faulting config is a ``timeout`` / ``crashed`` trial and
@@ -645,6 +940,8 @@ def measuring_backend(
 
     ``trial_timeout_s`` is the configured per-trial limit (``KATO_TRIAL_TIMEOUT_SECONDS``), the
     floor of the limit scaled to the task's predicted cost (:mod:`tuner.trial_cost`).
+    ``spares`` (isolated only; unused in process): the worker's pool of warm children
+    (:class:`SpareChildren`) the backend's children start from.
 
     Raises:
         ChildStartError: (isolated) the child could not build its backend.
@@ -653,7 +950,9 @@ def measuring_backend(
         Whatever the backend raises for problems of its own (in process).
     """
     if isolate:
-        return IsolatedBackend(spec, trial_timeout_s=trial_timeout_s, defer_prepare=defer_prepare)
+        return IsolatedBackend(
+            spec, trial_timeout_s=trial_timeout_s, defer_prepare=defer_prepare, spares=spares
+        )
     backend = build_backend(spec)
     launch_s = backend.launch_lower_bound_s()
     try:
