@@ -15,14 +15,13 @@ backward reads its shape from its arguments when it runs, and its call checks th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from kato.kernels.registry import get_operator
 from kato.kernels.spec import DTYPES, InvalidInput
 from kato.kernels.user.expr import ExpressionError
 from kato.kernels.user.model import GRAD_PREFIX, ArgumentModel, OperatorModel, numpy_dtype
-
-if TYPE_CHECKING:
-    from kato.kernels.user.spec import UserOperatorSpec
+from kato.kernels.user.spec import UserOperatorSpec
 
 #: Shapes the sizes of both operators are compared at (per dimension; distinct primes and a
 #: round number, so that a size off by a constant or a swapped dimension shows).
@@ -183,9 +182,6 @@ def backward_operator(forward: UserOperatorSpec) -> UserOperatorSpec | None:
         InvalidInput: no operator of that name is registered (register the backward operator
             first), it is one of Kato's own, or :func:`check_backward` refuses it.
     """
-    from kato.kernels.registry import get_operator
-    from kato.kernels.user.spec import UserOperatorSpec
-
     section = forward.model.backward
     if section is None:
         return None

@@ -67,8 +67,9 @@ def operator_list(
     db: DbOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON lines")] = False,
 ) -> None:
-    """Every stored user operator: name, current version, versions stored, tunables, the
-    operator computing its gradients ([backward]), added."""
+    """Every stored user operator: name, version, versions stored, tunables, backward, added.
+
+    ``backward``: the operator computing its gradients (its spec's ``[backward]`` section)."""
     from kato.db import operators as stored
 
     _, sessions = open_sessions(load_settings(db).db_url)
