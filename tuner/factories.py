@@ -47,7 +47,22 @@ BackendFactory = Callable[[Job], Backend]
 CHILD_CONTEXT_BYTES = 512 << 20
 
 
-class PyCudaBackends:
+class _KeepsSpares:
+    """:class:`tuner.backends.abilities.KeepsSpares` for a factory whose ``spares`` is its
+    :class:`SpareChildren` (None: not isolated, or spares turned off)."""
+
+    spares: SpareChildren | None = None
+
+    def start_spares(self) -> None:
+        if self.spares is not None:
+            self.spares.start()
+
+    def close_spares(self) -> None:
+        if self.spares is not None:
+            self.spares.close()
+
+
+class PyCudaBackends(_KeepsSpares):
     """Backends on CUDA device ``device_index`` for the job's operator, shape and dtype; with
     ``isolate``, measured in a child process (:class:`IsolatedBackend`) that a faulting kernel
     cannot take down with the worker. Answers every operator registered in this process (and by
@@ -78,14 +93,6 @@ class PyCudaBackends:
             if isolate and spares
             else None
         )
-
-    def start_spares(self) -> None:
-        if self.spares is not None:
-            self.spares.start()
-
-    def close_spares(self) -> None:
-        if self.spares is not None:
-            self.spares.close()
 
     @property
     def scope(self) -> queries.JobScope:
@@ -197,7 +204,7 @@ def find_recordings(path: Path) -> list[Recording]:
     return [Recording(f, recorded_problem(load_cache(f), f)) for f in files]
 
 
-class ReplayBackends:
+class ReplayBackends(_KeepsSpares):
     """Replay backends answering from ``recordings``, each only the job of its own problem:
     operator, shape, dtype and GPU model equal, and the operator version where the recording
     names one. A recording of an older operator version answers only jobs still at that version
@@ -255,14 +262,6 @@ class ReplayBackends:
     @property
     def gpu_models(self) -> list[str]:
         return sorted({r.problem.gpu_model for r in self.recordings.values()})
-
-    def start_spares(self) -> None:
-        if self.spares is not None:
-            self.spares.start()
-
-    def close_spares(self) -> None:
-        if self.spares is not None:
-            self.spares.close()
 
     @property
     def scope(self) -> queries.JobScope:
