@@ -349,6 +349,21 @@ def _environment() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...], str]:
     return env.inherited(), tuple(sys.path), os.getcwd()
 
 
+def _running(process: Any) -> bool:
+    """Whether ``process`` (a child) still runs: ``is_alive`` reaps a dead child, but answers
+    True for one that something else reaped (its ``waitpid`` then fails); the pid's absence
+    says so."""
+    if not process.is_alive():
+        return False
+    try:
+        os.kill(process.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a pid reused by another user's process: not our child
+        return False
+    return True
+
+
 @dataclass
 class _Spare:
     process: Any
@@ -413,7 +428,7 @@ class SpareChildren:
             if not self._open:
                 return None
             spare, self._idle = self._idle, None
-            if spare is not None and not spare.process.is_alive():
+            if spare is not None and not _running(spare.process):
                 log.warning("the spare measuring process died (%s): replaced",
                             _describe_exit(spare.process.exitcode))  # fmt: skip
                 stale, spare = spare, None
