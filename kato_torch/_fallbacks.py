@@ -216,8 +216,7 @@ def module_call(
     :func:`kato_torch.record` block take ``fn``'s own path."""
     if torch.compiler.is_compiling() or _policy._recorders:
         return fn(*args)
-    autocast = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
-    key = (_policy._generation, autocast, key)
+    key = (_policy._generation, _autocast(), key)
     memo = module.__dict__.get(slot)
     if memo is not None and memo.key == key:
         remembered = memo.remembered

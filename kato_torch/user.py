@@ -586,7 +586,7 @@ class UserKernel:
         count = len(self._kinds)
         args, (shape, dtype, constants) = inputs[:count], inputs[count:]
         outputs = output if isinstance(output, tuple) else (output,)
-        fixed = [o for o in outputs if not _floating(o.dtype)]
+        fixed = [o for o in outputs if not o.dtype.is_floating_point]
         if fixed:
             ctx.mark_non_differentiable(*fixed)
         given = dict(zip((a.name for a in self.inputs), args, strict=True))
@@ -642,7 +642,7 @@ class UserKernel:
         count = len(self._kinds)
         needs = tuple(ctx.needs_input_grad[:count])
         grads = tuple(
-            None if g is None or not _floating(g.dtype) else g.contiguous() for g in grads
+            None if g is None or not g.dtype.is_floating_point else g.contiguous() for g in grads
         )
         values, constants = self._saved(ctx)
         if self._python_backward is not None:
@@ -878,10 +878,6 @@ def _hint(value: Any) -> Any:
             return hint
         return int(value) if isinstance(value, torch.SymInt) else float(value)
     return value
-
-
-def _floating(dtype: torch.dtype) -> bool:
-    return dtype.is_floating_point
 
 
 def _non_differentiable(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
