@@ -26,7 +26,9 @@ def _rand(*shape, grad=True, offset=0.0):
 
 @pytest.mark.parametrize("residual", [False, True])
 def test_opcheck_and_autograd_of_the_fused_op_are_the_unfused_sequence(residual):
-    x, w, b = _rand(4, 6, 5, 3), _rand(6, offset=1), _rand(6)
+    # A positive scale and a small shift keep every channel on both sides of the ReLU.
+    x, w = _rand(4, 6, 5, 3), (torch.rand(6) + 0.5).requires_grad_()
+    b = (0.1 * torch.randn(6)).requires_grad_()
     r = _rand(4, 6, 5, 3) if residual else None
     rm, rv = torch.rand(6), torch.rand(6) + 0.5
     args = (x, r, w, b, rm, rv, 1e-5, 0.1)
