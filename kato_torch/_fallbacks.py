@@ -82,7 +82,9 @@ def _first_tensor(args: tuple, kwargs: dict) -> Tensor | None:
 
 def _describe(value: Any) -> Any:
     if isinstance(value, Tensor):
-        return (value.shape, value.dtype, value.device)
+        # Contiguity too: a channels-last activation runs PyTorch's batch norm, an NCHW one
+        # of the same shape may not (kato_torch.ops._relayout).
+        return (value.shape, value.dtype, value.device, value.is_contiguous())
     if isinstance(value, list | tuple):
         return tuple(_describe(v) for v in value)
     return value

@@ -46,9 +46,10 @@ def batch_norm_relu_module(bn: torch.nn.BatchNorm2d, x: Tensor, residual: Tensor
     :func:`kato_torch.batch_norm_relu` for the rest."""
     running_mean, running_var, use_batch, factor = kato_nn.batch_norm_step(bn, x)
     weight, bias = bn.weight, bn.bias
-    key = (x.shape, x.dtype, x.device, use_batch, weight is None, bias is None,
-           running_mean is None, running_var is None,
-           None if residual is None else (residual.shape, residual.dtype))  # fmt: skip
+    key = (x.shape, x.dtype, x.device, x.is_contiguous(), use_batch, weight is None,
+           bias is None, running_mean is None, running_var is None,
+           None if residual is None
+           else (residual.shape, residual.dtype, residual.is_contiguous()))  # fmt: skip
     return module_call(bn, "_kato_batch_norm_relu", key, ops._torch_batch_norm_relu,
                        ops.batch_norm_relu, x, running_mean, running_var, weight, bias,
                        use_batch, factor, bn.eps, residual)  # fmt: skip

@@ -96,8 +96,8 @@ class BatchNorm2d(torch.nn.BatchNorm2d):
     def forward(self, input: Tensor) -> Tensor:
         running_mean, running_var, use_batch, factor = batch_norm_step(self, input)
         weight, bias = self.weight, self.bias
-        key = (input.shape, input.dtype, input.device, use_batch, weight is None, bias is None,
-               running_mean is None, running_var is None)  # fmt: skip
+        key = (input.shape, input.dtype, input.device, input.is_contiguous(), use_batch,
+               weight is None, bias is None, running_mean is None, running_var is None)  # fmt: skip
         return module_call(self, "_kato_batch_norm", key, F.batch_norm, ops.batch_norm, input,
                            running_mean, running_var, weight, bias, use_batch, factor,
                            self.eps)  # fmt: skip

@@ -55,7 +55,12 @@ def _dtype_name(t: Tensor) -> str:
 
 @torch.compiler.assume_constant_result
 def _decide(
-    operator: str, shape: tuple[int, ...], dtype: str, device: str, compiled: bool = False
+    operator: str,
+    shape: tuple[int, ...],
+    dtype: str,
+    device: str,
+    compiled: bool = False,
+    relayout: bool = False,
 ) -> int:
     """The policy's verdict for this key (:func:`kato_torch.policy.verdict`); ``TORCH`` for an
     operator, dtype or shape Kato does not have (a shape the operator's spec refuses, e.g.
@@ -71,7 +76,7 @@ def _decide(
         spec.validate(shape, dtype)
     except InvalidInput:
         return _policy.TORCH
-    return _policy.verdict(operator, shape, dtype, device, compiled)
+    return _policy.verdict(operator, shape, dtype, device, compiled, relayout)
 
 
 #: (operator, shape, dtype, is_cuda) -> verdict (kato_torch.policy.KATO, ...), valid for
@@ -81,18 +86,20 @@ _fast: dict[tuple, int] = {}
 _fast_generation = -1
 
 
-def _use(operator: str, shape: Sequence[int], t: Tensor) -> bool:
-    """Whether Kato's ``operator`` runs for this key (see :func:`_decide`); a ``WHEN_BUSY``
-    verdict runs it while ``t``'s GPU lags the host (:func:`kato_torch._backlog.lagging`: asked
-    once per call of a public function, whichever of its keys asks first)."""
+def _use(operator: str, shape: Sequence[int], t: Tensor, relayout: bool = False) -> bool:
+    """Whether Kato's ``operator`` runs for this key (see :func:`_decide`; ``relayout``: the
+    call's tensors are not in the layout its kernel takes); a ``WHEN_BUSY`` verdict runs it
+    while ``t``'s GPU lags the host (:func:`kato_torch._backlog.lagging`: asked once per call
+    of a public function, whichever of its keys asks first)."""
     global _fast_generation
     if torch.compiler.is_compiling():  # folded to a constant at trace time
         # operator.index specializes a dynamic dimension (a guard on its value): a decision is
         # per shape, and assume_constant_result takes constants only (a SymInt breaks the graph).
         key = tuple(_operator.index(d) for d in shape)
-        return _decide(operator, key, _dtype_name(t), t.device.type, True) == _policy.KATO
+        decision = _decide(operator, key, _dtype_name(t), t.device.type, True, relayout)
+        return decision == _policy.KATO
     # The hot path of every call: a key of cheap attributes (is_cuda, not device.type).
-    key = (operator, shape, t.dtype, t.is_cuda)
+    key = (operator, shape, t.dtype, t.is_cuda, relayout)
     if _fast_generation != _policy.generation():
         _fast.clear()
         _fast_generation = _policy.generation()
@@ -100,11 +107,11 @@ def _use(operator: str, shape: Sequence[int], t: Tensor) -> bool:
         decision = _fast.get(key)
     except TypeError:  # a SymInt in the shape (a fake-tensor trace): specialise it
         shape = tuple(int(d) for d in shape)
-        key = (operator, shape, t.dtype, t.is_cuda)
+        key = (operator, shape, t.dtype, t.is_cuda, relayout)
         decision = _fast.get(key)
     if decision is None or _policy.recording():
         shape = tuple(int(d) for d in shape)
-        decision = _decide(operator, shape, _dtype_name(t), t.device.type)
+        decision = _decide(operator, shape, _dtype_name(t), t.device.type, False, relayout)
         _fast[key] = decision
     if decision == _policy.TORCH:
         return False
@@ -1042,6 +1049,27 @@ def _batch_norm_grad(ctx, dy, _dmean, _dinvstd, _dnew_mean, _dnew_var):
 _batch_norm.register_autograd(_batch_norm_grad, setup_context=_batch_norm_setup)
 
 
+def _relayout(*tensors: Tensor | None) -> bool:
+    """Whether Kato's batch-norm kernels, written for NCHW-contiguous activations, would need
+    ``tensors`` copied into that layout (and their output copied back): eagerly, a tensor
+    that is not contiguous (channels-last, where cuDNN's own kernels take it as it is); in a
+    ``torch.compile`` graph, whenever Inductor's layout optimisation is on, since it makes the
+    activations of a graph with convolutions channels-last after tracing (traced strides are
+    eager's) and copies them around a custom op that keeps its traced strides."""
+    if torch.compiler.is_compiling():
+        return _inductor_relayouts()
+    return any(t is not None and not t.is_contiguous() for t in tensors)
+
+
+@torch.compiler.assume_constant_result
+def _inductor_relayouts() -> bool:
+    """Inductor's ``layout_optimization`` setting (on unless ``TORCHINDUCTOR_LAYOUT_OPTIMIZATION
+    =0``); a constant for the trace."""
+    from torch._inductor import config
+
+    return bool(config.layout_optimization)
+
+
 @remembers_fallbacks(torch.nn.functional.batch_norm, ignore=("momentum", "eps"))
 def batch_norm(
     input: Tensor,
@@ -1069,7 +1097,11 @@ def batch_norm(
             input, running_mean, running_var, weight, bias, training, momentum, eps
         )
     shape = tuple(input.shape)
-    if not (_use("batchnorm", shape, input) | _use("batchnorm_backward", shape, input)):
+    relayout = _relayout(input)
+    if not (
+        _use("batchnorm", shape, input, relayout)
+        | _use("batchnorm_backward", shape, input, relayout)
+    ):
         return torch.nn.functional.batch_norm(
             input, running_mean, running_var, weight, bias, training, momentum, eps
         )
@@ -1282,7 +1314,10 @@ def batch_norm_relu(
         )
     shape = tuple(input.shape)
     forward = "batchnorm_relu" if residual is None else "batchnorm_add_relu"
-    if not (_use(forward, shape, input) | _use(f"{forward}_backward", shape, input)):
+    relayout = _relayout(input, residual)
+    if not (
+        _use(forward, shape, input, relayout) | _use(f"{forward}_backward", shape, input, relayout)
+    ):
         return _torch_batch_norm_relu(
             input, running_mean, running_var, weight, bias, training, momentum, eps, residual
         )

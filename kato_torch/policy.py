@@ -28,6 +28,12 @@ device) from what the configured client serves:
   :data:`MIN_SPEEDUP_COMPILED` (a guess at Inductor's fusions) with the saving against
   ``framework_ms``. A compiled call is never :data:`WHEN_BUSY`: under either rule a winner
   over the bar that saves less runs PyTorch's op.
+
+  A call whose tensors are not in the layout Kato's kernel takes (``relayout``: a channels-last
+  activation for the NCHW batch-norm kernels, eagerly, or in a compiled graph where Inductor's
+  layout optimisation makes convolution activations channels-last) runs PyTorch's op under
+  "auto": a copy into the kernel's layout and one back cost about what the op itself does,
+  and the winner's times leave them out.
 - ``"kato"``: always Kato's kernel (the served config, else the operator's default).
 - ``"torch"``: always PyTorch's op.
 
@@ -216,21 +222,30 @@ def known_faster(answer: Any, compiled: bool = False) -> bool:
     return judge(answer, compiled) == KATO
 
 
-def _verdict(operator: str, shape: tuple[int, ...], dtype: str, device: str, compiled: bool) -> int:
+def _verdict(
+    operator: str,
+    shape: tuple[int, ...],
+    dtype: str,
+    device: str,
+    compiled: bool,
+    relayout: bool = False,
+) -> int:
     for recorder in list(_recorders):
         recorder.add(operator, shape, dtype)
     if device != "cuda":
         return TORCH
-    key = (operator, shape, dtype, compiled)
+    key = (operator, shape, dtype, compiled, relayout)
     decision = _decisions.get(key)
     if decision is None:
         policy = policy_for(operator)
         if policy == "auto":
-            decision = (
-                KATO
-                if operator in _without_equivalent
-                else judge(served(operator, shape, dtype), compiled)
-            )
+            if relayout:
+                # The winner was timed on its own layout: the copies in and out are not in it.
+                decision = TORCH
+            elif operator in _without_equivalent:
+                decision = KATO
+            else:
+                decision = judge(served(operator, shape, dtype), compiled)
         else:
             decision = KATO if policy == "kato" else TORCH
         _decisions[key] = decision
@@ -238,23 +253,36 @@ def _verdict(operator: str, shape: tuple[int, ...], dtype: str, device: str, com
 
 
 def verdict(
-    operator: str, shape: tuple[int, ...], dtype: str, device: str, compiled: bool = False
+    operator: str,
+    shape: tuple[int, ...],
+    dtype: str,
+    device: str,
+    compiled: bool = False,
+    relayout: bool = False,
 ) -> int:
     """:data:`KATO`: run Kato's ``operator`` kernel for this key; :data:`TORCH`: PyTorch's op;
     :data:`WHEN_BUSY`: Kato's kernel while the GPU is :data:`MIN_SAVING_MS` or more behind the
     host on the caller's CUDA stream, else PyTorch's op (the caller measures on every call;
     eager calls only). ``device`` is
     the tensor's device type (anything but ``"cuda"`` is always PyTorch); ``compiled``: the
-    call is being traced into a ``torch.compile`` graph. Records the key in every active
-    :func:`record`."""
-    return _verdict(operator, tuple(int(d) for d in shape), dtype, device, compiled)
+    call is being traced into a ``torch.compile`` graph; ``relayout``: Kato's kernel would
+    need the call's tensors copied into the layout it takes and its outputs copied back (a
+    channels-last activation for an NCHW kernel), which "auto" answers with PyTorch's op (the
+    copies cost about as much as the op; a winner's times leave them out). Records the key in
+    every active :func:`record`."""
+    return _verdict(operator, tuple(int(d) for d in shape), dtype, device, compiled, relayout)
 
 
 def decide(
-    operator: str, shape: tuple[int, ...], dtype: str, device: str, compiled: bool = False
+    operator: str,
+    shape: tuple[int, ...],
+    dtype: str,
+    device: str,
+    compiled: bool = False,
+    relayout: bool = False,
 ) -> bool:
     """Whether :func:`verdict` is :data:`KATO` (Kato's kernel on every call)."""
-    return verdict(operator, shape, dtype, device, compiled) == KATO
+    return verdict(operator, shape, dtype, device, compiled, relayout) == KATO
 
 
 @dataclass(frozen=True, order=True)

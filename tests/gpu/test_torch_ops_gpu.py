@@ -540,3 +540,55 @@ def test_a_small_saving_runs_kato_while_the_gpu_lags_and_torch_when_it_waits():
     for _ in range(2):
         assert "layernorm_fwd" in kernels(lagging=True)  # Kato's kernel (extern "C")
         assert "layernorm_fwd" not in kernels(lagging=False)
+
+
+def test_batch_norm_off_its_layout_runs_pytorchs_op_eager_and_compiled():
+    """Kato's batch-norm kernels take NCHW-contiguous activations. Under "auto", with winners
+    far over every bar: a channels-last model runs PyTorch's batch norm eagerly; a compiled
+    model runs Inductor's (its layout optimisation makes convolution activations channels-last,
+    and a fixed-stride custom op would get a copy in and out: no kato op in the output code),
+    while with that optimisation off the compiled graph keeps Kato's fused ops. Values match
+    PyTorch's either way."""
+    from kato.kernels import get_operator
+    from torch._inductor import config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    class Faster:
+        def lookup(self, operator, shape, dtype, gpu=None):
+            config = get_operator(operator).default_config(shape, dtype)
+            return {"config": config, "source": "exact", "speedup": 10.0}
+
+    kato_torch.configure(client=Faster())
+    torch.manual_seed(0)
+    model = ConvBlock().cuda()
+    fused = kato_torch.fuse(kato_torch.patch(ConvBlock().cuda()))
+    fused.load_state_dict(model.state_dict())
+    x = torch.randn(16, 32, 14, 14, device="cuda")
+    labels = torch.randint(0, 10, (16,), device="cuda")
+
+    last = x.to(memory_format=torch.channels_last)
+    fused_last = fused.to(memory_format=torch.channels_last)
+    loss_ref, _ = _step(model, x, labels)
+    with _PassThrough() as mode:
+        loss, _ = _step(fused_last, last, labels)
+    assert not any(op.startswith("kato::batch_norm") for op in mode.seen), mode.seen
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-4, atol=1e-4)
+    fused = fused.to(memory_format=torch.contiguous_format)
+    with _PassThrough() as mode:
+        _step(fused, x, labels)  # the same shapes in NCHW: Kato's fused kernels
+    assert "kato::batch_norm_relu" in mode.seen
+
+    def code(layout_optimization):
+        torch._dynamo.reset()
+        with inductor_config.patch(layout_optimization=layout_optimization):
+            compiled = torch.compile(fused, fullgraph=True)
+            (loss, _), sources = run_and_get_code(_step, compiled, x, labels)
+        return loss, "\n".join(sources)
+
+    loss_c, source = code(True)
+    assert "kato.batch_norm" not in source
+    torch.testing.assert_close(loss_c, loss_ref, rtol=1e-4, atol=1e-4)
+    loss_c, source = code(False)
+    assert "kato.batch_norm_relu" in source
+    torch.testing.assert_close(loss_c, loss_ref, rtol=1e-4, atol=1e-4)
+    torch._dynamo.reset()

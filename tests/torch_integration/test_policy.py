@@ -511,3 +511,65 @@ def test_a_remembered_fallback_hashes_its_key_once():
     op(x, {"unhashable": 1})
     op(x, {"unhashable": 1})
     assert ran[2:] == ["full", "full"]
+
+
+def test_a_channels_last_activation_runs_pytorchs_batch_norm_under_auto():
+    """Kato's batch-norm kernels take NCHW-contiguous activations: a channels-last input would
+    cost a copy in and one back, about what the op costs, so "auto" runs PyTorch's op for it
+    (cuDNN takes that layout as it is) while the same winner runs for an NCHW input; "kato"
+    still means always. Fake CUDA tensors show which op a call dispatches."""
+    shape = (8, 16, 12, 12)
+    client = FakeClient({
+        (op, shape): Answer({}, "exact", 3.0)
+        for op in ("batchnorm_relu", "batchnorm_relu_backward", "batchnorm_add_relu",
+                   "batchnorm_add_relu_backward", "batchnorm", "batchnorm_backward")
+    })  # fmt: skip
+    kato_torch.configure(client=client, gpu="H200")
+    with FakeTensorMode():
+        x = torch.empty(shape, device="cuda", dtype=torch.bfloat16)
+        x_last = x.to(memory_format=torch.channels_last)
+        w, b = torch.ones(16, device="cuda"), torch.zeros(16, device="cuda")
+        mean, var = torch.zeros(16, device="cuda"), torch.ones(16, device="cuda")
+
+        def ops(fn, x, **kw):
+            with OpLog() as log:
+                fn(x, mean, var, w, b, True, **kw)
+            return log.ops
+
+        assert "kato.batch_norm_relu" in ops(kato_torch.batch_norm_relu, x)
+        assert "kato.batch_norm_relu" in ops(kato_torch.batch_norm_relu, x, residual=x)
+        assert "kato.batch_norm" in ops(kato_torch.batch_norm, x)
+        for fn, kw in ((kato_torch.batch_norm_relu, {}), (kato_torch.batch_norm_relu,
+                       {"residual": x_last}), (kato_torch.batch_norm, {})):  # fmt: skip
+            taken = ops(fn, x_last, **kw)
+            assert not any(op.startswith("kato.") for op in taken), taken
+            assert any("batch_norm" in op for op in taken), taken
+        # A channels-last residual beside an NCHW input is copied too.
+        taken = ops(kato_torch.batch_norm_relu, x, residual=x_last)
+        assert not any(op.startswith("kato.") for op in taken), taken
+        # A fallback remembered for a channels-last call is not one for an NCHW call, by the
+        # public function or by a drop-in module of the same shape.
+        kato_torch.configure(client=client, gpu="H200")
+        assert "kato.batch_norm_relu" not in ops(kato_torch.batch_norm_relu, x_last)
+        assert "kato.batch_norm_relu" in ops(kato_torch.batch_norm_relu, x)
+        bn = kato_torch.patch(torch.nn.Sequential(torch.nn.BatchNorm2d(16, device="cuda")))
+        for data, kato in ((x_last, False), (x, True), (x_last, False)):
+            with OpLog() as log:
+                bn(data.float())
+            assert ("kato.batch_norm" in log.ops) is kato, log.ops
+        kato_torch.configure(client=client, gpu="H200", policy="kato")
+        assert "kato.batch_norm_relu" in ops(kato_torch.batch_norm_relu, x_last)
+
+
+def test_a_call_that_needs_a_layout_copy_is_pytorchs_in_eager_and_compiled_graphs():
+    """``relayout`` (the call's tensors not in the kernel's layout, or a compiled graph whose
+    convolution activations Inductor makes channels-last) turns a winner well over every bar
+    into PyTorch's op under "auto", in both modes; the decision is cached per relayout."""
+    big = policy.MIN_SPEEDUP_COMPILED * 3
+    client = FakeClient({("batchnorm_relu", (8, 16, 12, 12)): Answer({}, "exact", big)})
+    kato_torch.configure(client=client, gpu="H200")
+    key = ("batchnorm_relu", (8, 16, 12, 12), "bfloat16", "cuda")
+    for compiled in (False, True):
+        assert policy.decide(*key, compiled=compiled) is True
+        assert policy.decide(*key, compiled=compiled, relayout=True) is False
+        assert policy.decide(*key, compiled=compiled) is True
