@@ -948,7 +948,7 @@ def relu(x: Tensor, inplace: bool = False) -> Tensor:
     backward pass instead of x. ``inplace=True`` runs PyTorch's in-place ReLU."""
     if inplace or x.dtype not in _FLOATS or x.numel() == 0:
         return torch.relu_(x) if inplace else torch.relu(x)
-    if _use("relu", (x.numel(),), x):
+    if _use("relu", (x.numel(),), x, not x.is_contiguous()):
         y, _ = _relu(x.contiguous())
         return y.view(x.shape)
     return torch.relu(x)

@@ -523,7 +523,7 @@ def test_a_channels_last_activation_runs_pytorchs_batch_norm_under_auto():
         (op, shape): Answer({}, "exact", 3.0)
         for op in ("batchnorm_relu", "batchnorm_relu_backward", "batchnorm_add_relu",
                    "batchnorm_add_relu_backward", "batchnorm", "batchnorm_backward")
-    })  # fmt: skip
+    } | {("relu", (8 * 16 * 12 * 12,)): Answer({}, "exact", 3.0)})  # fmt: skip
     kato_torch.configure(client=client, gpu="H200")
     with FakeTensorMode():
         x = torch.empty(shape, device="cuda", dtype=torch.bfloat16)
@@ -544,6 +544,12 @@ def test_a_channels_last_activation_runs_pytorchs_batch_norm_under_auto():
             taken = ops(fn, x_last, **kw)
             assert not any(op.startswith("kato.") for op in taken), taken
             assert any("batch_norm" in op for op in taken), taken
+        with OpLog() as log:
+            kato_torch.relu(x)
+        assert "kato.relu" in log.ops
+        with OpLog() as log:
+            kato_torch.relu(x_last)
+        assert "kato.relu" not in log.ops and "aten.relu" in log.ops
         # A channels-last residual beside an NCHW input is copied too.
         taken = ops(kato_torch.batch_norm_relu, x, residual=x_last)
         assert not any(op.startswith("kato.") for op in taken), taken
