@@ -14,11 +14,13 @@ breaks ties and keeps each group's shapes in order.
 Measured: the batch's wall time (first claim to last job's end), configs measured per minute,
 the GPU's busy fraction (seconds the GPU was held for measurements, verify and timed launches,
 over the wall time; ``after_first_minute``: from 60 s on, the issue's target of 80%), where
-it sat idle (``gpu_idle_s``: at job turnover or with every slot held), the batch's ``tail``
+it sat idle (``gpu_idle_s``: held by a backend's close, which no other job may measure
+through, at job turnover, or with every slot held), the batch's ``tail``
 (from the last moment every slot held a job to the end, and how busy the GPU was in it),
 each job's span and the order jobs started (``start_order``), each job's ``setup_s`` (claim to
-first GPU turn) and ``ending_s`` (last turn to done) with their sums and means
-(``job_phases_s``: where a slot's turnover goes), per-key winners, and nvcc runs / compiles
+first GPU turn), ``ending_s`` (last turn to done) and ``close_s`` (its backend's close, in a
+turn of the gate after done) with their sums and means (``job_phases_s``: where a slot's
+turnover goes), per-key winners, and nvcc runs / compiles
 shared across jobs.
 
 - ``--replay DIR``: the recorded spaces in DIR (H200, current operator versions) instead of the
@@ -174,10 +176,14 @@ def run_batch(
     wall = time.perf_counter() - t0
     compiles = {k: v - compiles_before[k] for k, v in nvcc.compile_stats().items()}
     holds = gate.timeline()
+    closes = [h for h in gate.uncounted() if h[0] >= t0]
     busy = sum(e - s for s, e, _ in holds if s >= t0)
     late = t0 + 60.0
     busy_late = sum(max(0.0, e - max(s, late)) for s, e, _ in holds if e > late)
-    idle = idle_breakdown(holds, t0, t0 + wall, jobs_at_once)
+    idle = idle_breakdown(holds, t0, t0 + wall, jobs_at_once, closes)
+    close_s: dict[str, float] = {}
+    for s, e, holder in closes:
+        close_s[holder] = close_s.get(holder, 0.0) + e - s
     tail = drain_tail(holds, t0, t0 + wall, jobs_at_once)
     spans = job_spans(holds, t0)
     per_key: dict[str, Any] = {}
@@ -205,6 +211,7 @@ def run_batch(
                 "trial_keys": [t.config_key for t in trials],
                 "span_s": spans.get(job_id),
                 **job_phases(job, spans.get(job_id), t0_epoch),
+                "close_s": close_s.get(job_id),
             }
     return {
         "label": label,
@@ -230,13 +237,19 @@ def run_batch(
 
 
 def idle_breakdown(
-    holds: list[tuple[float, float, str]], start: float, end: float, jobs_at_once: int
+    holds: list[tuple[float, float, str]],
+    start: float,
+    end: float,
+    jobs_at_once: int,
+    closes: list[tuple[float, float, str]] = (),
 ) -> dict[str, float]:
     """Where the GPU sat idle between ``start`` and ``end`` (seconds), from the gate's holds
-    (start, end, holder): ``turnover``, while fewer than ``jobs_at_once`` jobs were between
-    their first and last hold (a job setting up or ending, the queue draining: the next job's
-    set-up did not overlap), and ``steady``, while that many were (every held job busy on the
-    host: verification, its search, the database, nvcc). ``busy`` is the holds' union."""
+    (start, end, holder): ``closing``, while a backend's close held the gate (``closes``, the
+    uncounted holds: no measurement, and none of another job's either); else ``turnover``,
+    while fewer than ``jobs_at_once`` jobs were between their first and last hold (a job
+    setting up or ending, the queue draining: the next job's set-up did not overlap), and
+    ``steady``, while that many were (every held job busy on the host: verification, its
+    search, the database, nvcc). ``busy`` is the holds' union."""
     spans: dict[str, list[float]] = {}
     for s, e, holder in holds:
         span = spans.setdefault(holder, [s, e])
@@ -246,24 +259,37 @@ def idle_breakdown(
     # batch's timeline holds up to 200 000 holds.
     holding: dict[float, int] = {}
     spanned: dict[float, int] = {}
-    for counts, intervals in ((holding, [(s, e) for s, e, _ in holds]), (spanned, spans.values())):
+    closing: dict[float, int] = {}
+    for counts, intervals in (
+        (holding, [(s, e) for s, e, _ in holds]),
+        (spanned, spans.values()),
+        (closing, [(s, e) for s, e, _ in closes]),
+    ):
         for s, e in intervals:
             if e > start and s < end and e > s:
                 counts[max(s, start)] = counts.get(max(s, start), 0) + 1
                 counts[min(e, end)] = counts.get(min(e, end), 0) - 1
-    edges = sorted({start, end, *holding, *spanned})
-    busy = turnover = steady = 0.0
-    held = spans_open = 0
+    edges = sorted({start, end, *holding, *spanned, *closing})
+    busy = turnover = steady = closed = 0.0
+    held = spans_open = in_close = 0
     for a, b in zip(edges, edges[1:], strict=False):
         held += holding.get(a, 0)
         spans_open += spanned.get(a, 0)
+        in_close += closing.get(a, 0)
         if held > 0:
             busy += b - a
+        elif in_close > 0:
+            closed += b - a
         elif spans_open < jobs_at_once:
             turnover += b - a
         else:
             steady += b - a
-    return {"busy_s": busy, "idle_turnover_s": turnover, "idle_steady_s": steady}
+    return {
+        "busy_s": busy,
+        "idle_closing_s": closed,
+        "idle_turnover_s": turnover,
+        "idle_steady_s": steady,
+    }
 
 
 def _seconds_since(moment: Any, epoch: float) -> float | None:
@@ -289,10 +315,10 @@ def job_phases(job: Any, span: list[float] | None, epoch: float) -> dict[str, fl
 
 
 def phase_totals(rows: Any) -> dict[str, float]:
-    """The jobs' setup and ending seconds (:func:`job_phases`), summed and averaged."""
+    """The jobs' setup, ending (:func:`job_phases`) and close seconds, summed and averaged."""
     out: dict[str, float] = {}
     rows = list(rows)
-    for phase in ("setup_s", "ending_s"):
+    for phase in ("setup_s", "ending_s", "close_s"):
         values = [r[phase] for r in rows if r.get(phase) is not None]
         out[f"{phase[:-2]}_total_s"] = sum(values)
         out[f"{phase[:-2]}_mean_s"] = sum(values) / len(values) if values else 0.0
@@ -551,12 +577,14 @@ def summarize(run: dict[str, Any]) -> None:
         f"{run['wall_s']:.1f} s, {run['configs_per_min']:.0f} configs/min, GPU busy "
         f"{run['gpu_busy_fraction']:.1%}"
         + (f" ({late:.1%} after the first minute)" if late is not None else "")
-        + f"; idle {run['gpu_idle_s']['idle_turnover_s']:.1f} s at job turnover, "
+        + f"; idle {run['gpu_idle_s']['idle_closing_s']:.1f} s in backends' closes, "
+        f"{run['gpu_idle_s']['idle_turnover_s']:.1f} s at job turnover, "
         f"{run['gpu_idle_s']['idle_steady_s']:.1f} s with every slot held"
         + f"; tail {run['tail']['tail_s']:.1f} s with fewer jobs than slots "
         f"({run['tail']['tail_busy_s'] / max(run['tail']['tail_s'], 1e-9):.0%} busy)"
         + f"; per job: setup {run['job_phases_s']['setup_mean_s']:.2f} s (claim to first "
-        f"GPU turn), ending {run['job_phases_s']['ending_mean_s']:.2f} s (last turn to done)"
+        f"GPU turn), ending {run['job_phases_s']['ending_mean_s']:.2f} s (last turn to done), "
+        f"close {run['job_phases_s']['close_mean_s']:.2f} s"
         + f"; nvcc runs {run['nvcc']['nvcc_runs']}, shared {run['nvcc']['shared']}"
         + (f"; PROBLEMS: {run['problems']}" if run["problems"] else "")
     )

@@ -10,7 +10,10 @@ Turns are first come, first served (a ticket queue, not a plain lock: a job meas
 tight loop would otherwise take the lock again before a waiting job's thread wakes up).
 
 The gate also keeps what each holder held it for, in seconds (:meth:`GpuGate.busy_s`): the
-GPU's busy time per job, from which the worker stores its busy fraction.
+GPU's busy time per job, from which the worker stores its busy fraction. Holds that are not
+counted (a backend's close: no measurement, but no other job's either) are kept apart
+(:meth:`GpuGate.uncounted`), so a benchmark can tell the GPU they keep from the rest of its
+idle time.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class GpuGate:
         self._serving = 0
         self._busy: dict[str, float] = defaultdict(float)
         self._timeline: deque[tuple[float, float, str]] = deque(maxlen=TIMELINE_HOLDS)
+        self._uncounted: deque[tuple[float, float, str]] = deque(maxlen=TIMELINE_HOLDS)
         self.waits = 0  # turns that had to wait for another holder (tests look at it)
 
     @contextlib.contextmanager
@@ -58,6 +62,8 @@ class GpuGate:
                 if counted:
                     self._busy[holder] += t1 - t0
                     self._timeline.append((t0, t1, holder))
+                else:
+                    self._uncounted.append((t0, t1, holder))
                 self._serving += 1
                 self._cond.notify_all()
 
@@ -70,6 +76,11 @@ class GpuGate:
         """The counted holds, oldest first: (start, end, holder), ``time.perf_counter`` seconds."""
         with self._cond:
             return list(self._timeline)
+
+    def uncounted(self) -> list[tuple[float, float, str]]:
+        """The holds that were not counted, oldest first, as :meth:`timeline` gives the rest."""
+        with self._cond:
+            return list(self._uncounted)
 
     def forget(self, holder: str) -> float:
         """Drop ``holder``'s count (its job ended) and return it."""

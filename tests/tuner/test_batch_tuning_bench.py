@@ -36,10 +36,12 @@ def check(tmp_path, budget: int) -> None:
             # claimed before its first GPU turn, done after its last (clocks agree to 10 ms)
             assert row["setup_s"] > -0.01 and row["ending_s"] > -0.01, (name, row)
             assert row["setup_s"] + row["ending_s"] < run["wall_s"], name
+            assert 0 <= row["close_s"] < run["wall_s"], name  # every backend closed in a turn
         phases = run["job_phases_s"]
         assert phases["setup_total_s"] == pytest.approx(
             sum(r["setup_s"] for r in run["per_key"].values())
         )
+        assert run["gpu_idle_s"]["idle_closing_s"] == pytest.approx(phases["close_total_s"])
         assert run["configs_measured"] == budget * len(keys)
     assert report["interleaved"]["gate_waits"] > 0  # the jobs did take turns
     comparison = report["comparison"]
@@ -89,6 +91,13 @@ def test_idle_time_is_split_into_job_turnover_and_steady_state():
     assert idle["busy_s"] == pytest.approx(5.0)
     assert idle["idle_steady_s"] == pytest.approx(1.0)  # [3, 4)
     assert idle["idle_turnover_s"] == pytest.approx(4.0)  # [0, 1), [5, 6), [7, 8), [9, 10)
+    assert idle["idle_closing_s"] == 0.0
+    # a's backend closes in [5, 5.5) and c's in [7, 7.25): taken out of the turnover.
+    closes = [(5.0, 5.5, "a"), (7.0, 7.25, "c")]
+    idle = batch_tuning.idle_breakdown(holds, 0.0, 10.0, 2, closes)
+    assert idle["idle_closing_s"] == pytest.approx(0.75)
+    assert idle["idle_turnover_s"] == pytest.approx(3.25)
+    assert idle["busy_s"] == pytest.approx(5.0) and idle["idle_steady_s"] == pytest.approx(1.0)
 
 
 def test_idle_breakdown_matches_the_state_at_every_moment_on_random_timelines():
@@ -105,7 +114,7 @@ def test_idle_breakdown_matches_the_state_at_every_moment_on_random_timelines():
         for s, e, h in holds:
             spans.setdefault(h, [s, e])
             spans[h] = [min(spans[h][0], s), max(spans[h][1], e)]
-        want = {"busy_s": 0.0, "idle_turnover_s": 0.0, "idle_steady_s": 0.0}
+        want = {"busy_s": 0.0, "idle_closing_s": 0.0, "idle_turnover_s": 0.0, "idle_steady_s": 0.0}
         for k in range(40):  # quarter units: every hold and span edge is a whole unit
             mid = start + (k + 0.5) / 4
             if any(s <= mid < e for s, e, _ in holds):
