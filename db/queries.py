@@ -760,6 +760,36 @@ def upsert_best_config(
     raise RuntimeError("upsert_best_config: the row kept changing under concurrent writers")
 
 
+def set_framework_baselines(
+    session: Session,
+    row_id: int,
+    *,
+    framework_ms: float,
+    framework: str | None,
+    compiled_ms: float | None = None,
+    compiled: str | None = None,
+) -> bool:
+    """Store PyTorch's baselines on best-config row ``row_id`` and commit (``kato baseline``:
+    winners stored without them). The row's config and time stay; the pairs go together as in
+    :func:`upsert_best_config` (no ``compiled_ms`` clears the stored compiled pair: the two are
+    one measurement's), and ``updated_at`` moves so that lookup caches see the change. False
+    where the row is gone."""
+    done = session.execute(
+        update(BestConfig)
+        .where(BestConfig.id == row_id)
+        .values(
+            framework_ms=framework_ms,
+            framework=framework,
+            compiled_ms=compiled_ms,
+            compiled=compiled if compiled_ms is not None else None,
+            updated_at=utcnow(),
+        )
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    return bool(done.rowcount)
+
+
 # --- lookups -------------------------------------------------------------------------------
 #
 # The rows a lookup selects from, read by the queries below; the selection itself (exact ->

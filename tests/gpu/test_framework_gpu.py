@@ -142,3 +142,38 @@ def test_a_tuning_job_stores_the_baseline_and_the_api_reports_the_speedup(tmp_pa
         f"speedup {answer['speedup']:.2f}, {answer['compiled']} {answer['compiled_ms']:.4f} ms, "
         f"compiled_speedup {answer['compiled_speedup']:.2f}"
     )
+
+
+def test_kato_baseline_fills_a_winner_stored_without_its_baselines(tmp_path):
+    """``kato baseline`` on this GPU: a winner imported without PyTorch's figures gets the eager
+    and the compiled baseline stored beside it (its config and time unchanged), a lookup then
+    reports both speedups, and a second run finds nothing to measure."""
+    from kato.db import queries
+    from kato.db.session import init_db, session_factory
+    from kato.kernels import get_operator
+    from kato.service.cli import app
+    from typer.testing import CliRunner
+
+    url = f"sqlite:///{tmp_path}/kato.db"
+    engine = init_db(url)
+    sessions = session_factory(engine)
+    spec = get_operator("softmax")
+    model = normalize_gpu_name(torch.cuda.get_device_name(0))
+    config = spec.default_config((4096, 1024), "float16")
+    with sessions() as s:
+        row = queries.upsert_best_config(
+            s, operator="softmax", operator_version=spec.version, shape=[4096, 1024],
+            dtype="float16", gpu_model=model, compute_capability="9.0", cuda_version="13.0",
+            config=config, time_ms=0.02, job_id=None,
+        )  # fmt: skip
+    runner = CliRunner()
+    result = runner.invoke(app, ["baseline", "--db", url, "--json"])
+    assert result.exit_code == 0, result.output
+    with sessions() as s:
+        stored = queries.best_config_row(s, row.id)
+        assert stored.config == config and stored.time_ms == 0.02
+        assert stored.framework_ms > 0 and stored.framework.startswith("torch ")
+        assert stored.compiled_ms > 0 and stored.compiled.startswith("torch.compile ")
+    again = runner.invoke(app, ["baseline", "--db", url, "--json"])
+    assert again.exit_code == 0 and again.stdout.strip() == "", again.output
+    engine.dispose()
