@@ -2,7 +2,7 @@
 # One device call on the H200 (see ../shared/device/README.md): install the staged wheels, then
 # run the steps named as arguments, writing results under $OUT.
 #   steps: occupancy gputests winners operators throughput mlp spaces ktexamples compile fleet
-#          batch sweep (default: occupancy gputests operators)
+#          batch sweep baselines (default: occupancy gputests operators)
 #   `batch` runs benchmarks/batch_tuning.py --compare-serial (issue 35; BATCH_ARGS: more
 #   options); `sweep` runs benchmarks/matmul_sweep.py (SWEEP_ARGS, e.g. "--engine mma --dtypes
 #   float32 --case matmul:1000x1001x999").
@@ -20,7 +20,8 @@
 #        TUNE_ONLY=1, MAX_MINUTES, AWKWARD=1 (operators.py's awkward case set), DB (SQLAlchemy URL of the results database; data/h200 is
 #        imported into it first, and the operators step exports it to $OUT/h200),
 #        THROUGHPUT_ARGS, SPACES ("op:shape:dtype ..." to brute-force, each cut after SPACE_TIMEOUT s),
-#        KT_EXAMPLES, KT_SCRIPTS, KT_SCRIPT_BUDGET, KT_SCRIPT_TIMEOUT (ktexamples)
+#        KT_EXAMPLES, KT_SCRIPTS, KT_SCRIPT_BUDGET, KT_SCRIPT_TIMEOUT (ktexamples),
+#        BASELINE_DATA (folders of winners to import, default data/h100), BASELINE_TIMEOUT (baselines)
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device-wheels/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
@@ -86,6 +87,13 @@ for step in $steps; do
                 --script-budget "${KT_SCRIPT_BUDGET:-0}" --timeout "${KT_SCRIPT_TIMEOUT:-240}" \
                 --out "$OUT/kt_${script%.py}.json" 2>&1 | tail -4
             done ;;
+    baselines) # PyTorch's eager and compiled baselines (kato baseline) for the committed
+            # winners of this GPU's model that lack them, exported back as files to commit.
+            for d in ${BASELINE_DATA:-data/h100}; do kato import "$d" --db "$DB" | tail -1; done
+            timeout "${BASELINE_TIMEOUT:-500}" python3 -c 'from kato.service.cli import main; main()' \
+              baseline --db "$DB" 2>&1 | tee "$OUT/baselines.log" | tail -60
+            model=$(python3 -c 'import torch; from kato.shared.gpus import normalize_gpu_name as n; print(n(torch.cuda.get_device_name(0)))')
+            kato export "$OUT/baselines" --db "$DB" --gpu "$model" | tail -2 ;;
     *) echo "unknown step $step" ;;
   esac
 done
