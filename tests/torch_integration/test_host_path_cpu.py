@@ -71,8 +71,28 @@ class StandIn:
         return self.script.get(self.call, self.default)
 
 
+class Clock:
+    """The host's clock as :class:`kato_torch._backlog.Backoff` reads it (``_backlog.clock``):
+    ``now`` seconds, moved only by the test."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
 @pytest.fixture
-def backlog(monkeypatch):
+def clock(monkeypatch):
+    """A clock that stands still unless the test moves it: a schedule counted in calls does
+    not depend on how fast the machine runs them."""
+    stopped = Clock()
+    monkeypatch.setattr(_backlog, "clock", stopped)
+    return stopped
+
+
+@pytest.fixture
+def backlog(monkeypatch, clock):
     def make(**kwargs):
         stand_in = StandIn(**kwargs)
         monkeypatch.setattr(_backlog, "stream_lags", stand_in)
@@ -275,28 +295,59 @@ class _Gpu:
         self.Event, self.stream = Event, Stream()
 
 
-def test_a_backed_off_fallback_hears_yes_soon_after_the_step_turns_gpu_bound(monkeypatch):
-    """300 steps of 1 ms with the GPU keeping up back a fallback off to its longest skip;
-    then the GPU falls 5 ms (5 steps) behind for good. The real Backlog reads the newest mark
-    at least 0.1 ms old: a probe asked alone after a skip of 64 calls would read its own
-    mark from 65 steps ago, long reached, and say "no" forever; the uncounted first question
-    marks the stream so that the next one reads a mark 1 step old and says "yes"."""
+@pytest.mark.parametrize("step_s", [1e-3, 25e-3])
+def test_a_backed_off_fallback_hears_yes_soon_after_the_step_turns_gpu_bound(monkeypatch, step_s):
+    """300 steps of ``step_s`` with the GPU keeping up back a fallback off to its longest
+    skip; then the GPU falls 5 steps behind for good. The real Backlog reads the newest mark
+    at least 0.1 ms old: a probe asked alone after a long skip would read its own mark from
+    that long ago, long reached, and say "no" forever; the uncounted first question marks the
+    stream so that the next one reads a mark 1 step old and says "yes". The site runs
+    PyTorch's op for at most MAX_SKIP + 2 more of its calls (1 ms steps), and for at most
+    MAX_SKIP_S and two calls where that is fewer (25 ms steps: 6 calls, not 66)."""
     gpu = _Gpu()
     backlog = _backlog.Backlog(policy.MIN_SAVING_MS)
     monkeypatch.setattr(torch.cuda, "Event", gpu.Event)
-    monkeypatch.setattr(_backlog, "time", type("Clock", (), {"perf_counter": lambda: gpu.now}))
+    monkeypatch.setattr(_backlog, "clock", lambda: gpu.now)
     monkeypatch.setattr(_backlog, "stream_lags", lambda t: backlog.deep(gpu.stream))
     monkeypatch.setattr(_backlog, "capturing", lambda: False)
     site, t = _backlog.Backoff(), torch.zeros(1)
     answers = []
     for step in range(600):
-        gpu.now += 1e-3
-        gpu.behind = 0.0 if step < 300 else 5e-3
+        gpu.now += step_s
+        gpu.behind = 0.0 if step < 300 else 5 * step_s
         answers.append(site.lagging(t))
     assert not any(answers[:300])
     first = answers.index(True, 300)
-    assert first <= 300 + _backlog.MAX_SKIP + 2, first
+    # Skips of up to min(MAX_SKIP, MAX_SKIP_S / step_s) calls (64; 4), then two questions.
+    assert (_backlog.MAX_SKIP, _backlog.MAX_SKIP_S) == (64, 0.1)
+    assert first <= 300 + {1e-3: 66, 25e-3: 6}[step_s], first
     assert all(answers[first:])  # a "yes" asks on every call again
+
+
+def _asked(backlog, clock, calls, seconds_per_call):
+    """The calls (numbered from 1) at which a new Backoff, its answer always "no", asked the
+    backlog, ``clock`` moving ``seconds_per_call`` before each call."""
+    stand_in = backlog(default=False)
+    site, t = _backlog.Backoff(), torch.zeros(1)
+    for call in range(1, calls + 1):
+        clock.now += seconds_per_call
+        stand_in.call = call
+        assert site.lagging(t) is False
+    return stand_in.asked
+
+
+def test_a_skip_ends_after_max_skip_s_or_max_skip_calls_whichever_comes_first(backlog, clock):
+    """A site called once per 2/7 of MAX_SKIP_S skips at most the 3 calls that fit in it, then
+    asks twice (the first only marks the stream); called 1000 times as often, it keeps the
+    schedule counted in calls (NO_SCHEDULE, skips of up to MAX_SKIP calls)."""
+    assert _backlog.MAX_SKIP_S == 0.1
+    slow = _asked(backlog, clock, 100, _backlog.MAX_SKIP_S / 3.5)
+    # 1-8, then pairs after skipping 1 and 2 calls, then after 3 (not 4, 8, ...) every time.
+    assert slow == [1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 14, 15] + [
+        c for c in range(19, 101) if (c - 19) % 5 in (0, 1)
+    ]
+    fast = _asked(backlog, clock, 300, _backlog.MAX_SKIP_S / 1000)
+    assert fast == NO_SCHEDULE  # 300 calls take 0.03 s: no skip lasts MAX_SKIP_S
 
 
 def test_a_backed_off_fallback_is_not_skipped_while_a_cuda_graph_is_captured(backlog):
