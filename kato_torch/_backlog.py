@@ -18,24 +18,24 @@ queried: a few microseconds on an H100's host), so kato_torch asks as little as 
   any scope (an operator's backward, run by autograd) asks afresh each time.
 - **Backing off where the answer keeps being "no".** A remembered fallback of a ``WHEN_BUSY``
   verdict (:mod:`kato_torch._fallbacks`: a function's or a drop-in module's call that ran
-  PyTorch's op because the GPU kept up) asks through its own :class:`Backoff`: after
-  :data:`BACKOFF_AFTER` "no"s in a row it skips the question for 1 call, then 2, 4, ... up to
-  :data:`MAX_SKIP` calls (each skipped call runs PyTorch's op, as a "no" would), probing twice
-  between skips; any "yes" starts the count again. A skip also ends once :data:`MAX_SKIP_S`
-  seconds have passed since it began, however few calls it skipped (a site called once per slow
-  step). The first probe after a skip only marks the stream (its "no" is not counted): alone, it
-  would read the mark of its own last probe, up to MAX_SKIP calls old (see :class:`Backlog`),
-  which a GPU a few steps behind has long passed, so a site that no other site's questions mark
-  would hear "no" forever. A step bound by the host, where the answer is always "no", then asks
-  twice every :data:`MAX_SKIP` + 2 calls of each such site, or twice per :data:`MAX_SKIP_S`
-  where that comes first; a step bound by the GPU, where it is "yes", asks on every call (and
-  runs Kato's kernel). The price: a step that turns from host-bound to GPU-bound runs PyTorch's
-  op for up to :data:`MAX_SKIP` + 2 more calls of each site (a site is called about once a
-  step), and for no longer than :data:`MAX_SKIP_S` and two calls. A call while the stream is
-  being captured into a CUDA graph (:func:`capturing`) is never skipped: the graph replays
-  Kato's kernel without the host. A skipped call reads the host's clock (:data:`clock`, tens of
-  nanoseconds), and a :class:`Backoff` is shared safely between threads (autograd's backward,
-  ``nn.DataParallel``'s replicas).
+  PyTorch's op because the GPU kept up) asks through the :class:`Backoff` of its key (shared by
+  the drop-in modules calling with it): after :data:`BACKOFF_AFTER` "no"s in a row it skips the
+  question for 1 call, then 2, 4, ... up to :data:`MAX_SKIP` calls (each skipped call runs
+  PyTorch's op, as a "no" would), probing twice between skips; any "yes" starts the count again.
+  A skip also ends once :data:`MAX_SKIP_S` seconds have passed since it began, however few calls
+  it skipped (a site called once per slow step). The first probe after a skip only marks the
+  stream (its "no" is not counted): alone, it would read the mark of its own last probe, up to
+  MAX_SKIP calls old (see :class:`Backlog`), which a GPU a few steps behind has long passed, so
+  a site that no other site's questions mark would hear "no" forever. A step bound by the host,
+  where the answer is always "no", then asks twice every :data:`MAX_SKIP` + 2 calls of each such
+  site, or twice per :data:`MAX_SKIP_S` where that comes first; a step bound by the GPU, where
+  it is "yes", asks on every call (and runs Kato's kernel). The price: a step that turns from
+  host-bound to GPU-bound runs PyTorch's op for up to :data:`MAX_SKIP` + 2 more calls of each
+  site (a site is called about once a step), and for no longer than :data:`MAX_SKIP_S` and two
+  calls. A call while the stream is being captured into a CUDA graph (:func:`capturing`) is
+  never skipped: the graph replays Kato's kernel without the host. A skipped call reads the
+  host's clock (:data:`clock`, tens of nanoseconds), and a :class:`Backoff` is shared safely
+  between threads (autograd's backward, ``nn.DataParallel``'s replicas).
 
 :func:`stream_lags` and :func:`capturing` are the functions that touch CUDA: stand-ins replace
 them where no GPU is (``benchmarks/kato_torch_mlp_host.py``, tests/torch_integration).
