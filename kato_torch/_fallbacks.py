@@ -237,8 +237,8 @@ def module_call(
             module.__dict__[slot] = None
             return _full(fn, args, {}, None)[0]
         if remembered is None:
-            # A miss goes through the public function's own memory (a module called at several
-            # shapes in turn misses on every call: that memory's Backoffs still back off).
+            # No module's call with this key ran PyTorch's op: the public function decides,
+            # through its own memory (by argument key) or the full path.
             out, remembered = _full(fn, args, {}, None)
             if remembered is not None:
                 _remember((fn, key), remembered)
