@@ -18,21 +18,24 @@ queried: a few microseconds on an H100's host), so kato_torch asks as little as 
   any scope (an operator's backward, run by autograd) asks afresh each time.
 - **Backing off where the answer keeps being "no".** A remembered fallback of a ``WHEN_BUSY``
   verdict (:mod:`kato_torch._fallbacks`: a function's or a drop-in module's call that ran
-  PyTorch's op because the GPU kept up) asks through its own :class:`Backoff`: after
-  :data:`BACKOFF_AFTER` "no"s in a row it skips the question for 1 call, then 2, 4, ... up to
-  :data:`MAX_SKIP` calls (each skipped call runs PyTorch's op, as a "no" would), probing twice
-  between skips; any "yes" starts the count again. The first probe after a skip only marks the
+  PyTorch's op because the GPU kept up) asks through the :class:`Backoff` of its key (shared by
+  the drop-in modules calling with it): after :data:`BACKOFF_AFTER` "no"s in a row it skips the
+  question for 1 call, then 2, 4, ... up to :data:`MAX_SKIP` calls (each skipped call runs
+  PyTorch's op, as a "no" would), probing twice between skips; any "yes" starts the count again.
+  A skip also ends once :data:`MAX_SKIP_S` seconds have passed since it began, however few calls
+  it skipped (a site called once per slow step). The first probe after a skip only marks the
   stream (its "no" is not counted): alone, it would read the mark of its own last probe, up to
   MAX_SKIP calls old (see :class:`Backlog`), which a GPU a few steps behind has long passed, so
-  a site that no other site's questions mark would hear "no" forever. A step bound by the
-  host, where the answer is always "no", then asks twice every :data:`MAX_SKIP` + 2 calls of
-  each such site; a step bound by the GPU, where it is "yes", asks on every call (and runs
-  Kato's kernel). The price: a step that turns from host-bound to GPU-bound runs PyTorch's op
-  for up to :data:`MAX_SKIP` + 2 more calls of each site (a site is called about once a step).
-  A call while the stream is being captured into a CUDA graph (:func:`capturing`) is never
-  skipped: the graph replays Kato's kernel without the host. The schedule depends only on the
-  answers, not on time, and a :class:`Backoff` is shared safely between threads (autograd's
-  backward, ``nn.DataParallel``'s replicas).
+  a site that no other site's questions mark would hear "no" forever. A step bound by the host,
+  where the answer is always "no", then asks twice every :data:`MAX_SKIP` + 2 calls of each such
+  site, or twice per :data:`MAX_SKIP_S` where that comes first; a step bound by the GPU, where
+  it is "yes", asks on every call (and runs Kato's kernel). The price: a step that turns from
+  host-bound to GPU-bound runs PyTorch's op for up to :data:`MAX_SKIP` + 2 more calls of each
+  site (a site is called about once a step), and for no longer than :data:`MAX_SKIP_S` and two
+  calls. A call while the stream is being captured into a CUDA graph (:func:`capturing`) is
+  never skipped: the graph replays Kato's kernel without the host. A skipped call reads the
+  host's clock (:data:`clock`, tens of nanoseconds), and a :class:`Backoff` is shared safely
+  between threads (autograd's backward, ``nn.DataParallel``'s replicas).
 
 :func:`stream_lags` and :func:`capturing` are the functions that touch CUDA: stand-ins replace
 them where no GPU is (``benchmarks/kato_torch_mlp_host.py``, tests/torch_integration).
@@ -69,7 +72,7 @@ class Backlog:
         """Whether the GPU is at least ``lag_ms`` behind the host on ``stream``: an event
         recorded that long ago (or longer) is still pending. False until the stream has such a
         mark (its first calls). Marks the stream for later calls."""
-        now = time.perf_counter()
+        now = clock()
         device = stream.device_index
         with self._lock:
             marks = self._marks.setdefault((device, stream.cuda_stream), deque())
@@ -96,6 +99,14 @@ BACKLOG = Backlog(_policy.MIN_SAVING_MS)
 #: skips between two probes.
 BACKOFF_AFTER = 8
 MAX_SKIP = 64
+#: The longest a :class:`Backoff` skips, in seconds of :data:`clock`, however few calls: a
+#: backed-off site then asks at most twice per 0.1 s (a few microseconds, under 0.01% of the
+#: host's time), and a step that turned GPU-bound waits at most 0.1 s for Kato's kernel.
+MAX_SKIP_S = 0.1
+
+#: The host's clock (seconds) that :class:`Backlog` stamps its marks with and
+#: :class:`Backoff` times its skips by; a test may replace it (a simulated clock).
+clock = time.perf_counter
 
 
 def capturing() -> bool:
@@ -159,20 +170,22 @@ def leave(outer: object) -> None:
 class Backoff:
     """When one remembered ``WHEN_BUSY`` fallback asks the backlog (the module's docstring):
     every call until :data:`BACKOFF_AFTER` "no"s in a row, then twice after skipping 1, 2, 4,
-    ... up to :data:`MAX_SKIP` calls; a "yes" starts again. The first question after a skip
-    only marks the stream (a "no" there is not counted): asked alone, it would read the mark
-    its previous question left, MAX_SKIP calls ago, which a GPU lagging by a few steps has
-    passed, so a step that turned GPU-bound would hear "no" forever. A call while the stream
-    is being captured into a CUDA graph is never skipped. Thread-safe; a copy (``deepcopy``,
-    pickling a module that holds one) starts afresh."""
+    ... up to :data:`MAX_SKIP` calls, a skip ending early once :data:`MAX_SKIP_S` seconds have
+    passed since it began; a "yes" starts again. The first question after a skip only marks
+    the stream (a "no" there is not counted): asked alone, it would read the mark its previous
+    question left, MAX_SKIP calls ago, which a GPU lagging by a few steps has passed, so a step
+    that turned GPU-bound would hear "no" forever. A call while the stream is being captured
+    into a CUDA graph is never skipped. Thread-safe; a copy (``deepcopy``, pickling a module
+    that holds one) starts afresh."""
 
-    __slots__ = ("_lock", "_noes", "_skip", "_left", "_fresh")
+    __slots__ = ("_lock", "_noes", "_skip", "_left", "_until", "_fresh")
 
     def __init__(self, noes: int = 0):
         self._lock = threading.Lock()
         self._noes = 0  # "no"s in a row
         self._skip = 1  # calls the next backing off skips
         self._left = 0  # calls left to skip
+        self._until = 0.0  # when the skip in progress ends at the latest (clock())
         self._fresh = True  # whether this site's previous call asked (its mark is recent)
         for _ in range(noes):
             self._count(False)
@@ -185,7 +198,8 @@ class Backoff:
         # One lock around the question too: the schedule follows the calls in the order they
         # took it, whichever thread made them (this site's calls wait while it is asked).
         with self._lock:
-            if self._left and not capturing():
+            # A skip past its time asks (calls left or not) until _count starts the next one.
+            if self._left and clock() < self._until and not capturing():
                 self._left -= 1
                 self._fresh = False
                 return False
@@ -201,5 +215,5 @@ class Backoff:
             return
         self._noes += 1
         if self._noes >= BACKOFF_AFTER:
-            self._left = self._skip
+            self._left, self._until = self._skip, clock() + MAX_SKIP_S
             self._skip = min(2 * self._skip, MAX_SKIP)

@@ -20,7 +20,9 @@ The drop-in modules (:mod:`kato_torch.nn`, :mod:`kato_torch.fuse`) go one step f
 :func:`module_call`: each module keeps its last call's key (the input's shape, dtype and device,
 its parameters' and settings' that a choice depends on, autocast, the policy's generation) and
 what it ran, so a module whose call ran PyTorch's op calls torch's functional directly after
-one comparison, instead of the public function's generic key.
+one comparison, instead of the public function's generic key. A call with another key (a
+module's first, a ``nn.DataParallel`` replica's: a fresh copy of the module each forward) looks
+its key up among every module's fallbacks (by function and key) before that generic key.
 """
 
 from __future__ import annotations
@@ -111,6 +113,13 @@ def _key(name: str, args: tuple, kwargs: dict, ignore: frozenset[str]) -> tuple 
     return key  # an unhashable argument raises TypeError at the caller's lookup
 
 
+def _remember(key: tuple, remembered: Any) -> None:
+    """Keep ``remembered`` (:data:`PLAIN` or a Backoff) under ``key`` in :data:`_keys`."""
+    if len(_keys) >= MAX_KEYS:
+        _keys.clear()
+    _keys[key] = remembered
+
+
 def _full(fn: Callable[..., Any], args: tuple, kwargs: dict, answer: bool | None) -> tuple:
     """``fn(*args, **kwargs)`` (the full path), as one call of the backlog's (``answer``: its
     answer where the caller asked already); returns (its output, what to remember of it:
@@ -170,9 +179,7 @@ def remembers_fallbacks(
                     return torch_op(*args, **kwargs)
             out, remember = _full(fn, args, kwargs, answer)
             if key is not None and remembered is None and remember is not None:
-                if len(_keys) >= MAX_KEYS:
-                    _keys.clear()
-                _keys[key] = remember
+                _remember(key, remember)
             return out
 
         return call  # type: ignore[return-value]
@@ -185,9 +192,9 @@ class _Memo:
     autocast's dtype, the module's key) and what it ran (:data:`PLAIN` or a Backoff). A copy
     of the module (``deepcopy``, a pickle) forgets it: a generation number means nothing in
     another process. ``nn.DataParallel``'s replicas (a copy of the module's ``__dict__`` per
-    forward) read the original's and drop what they write with the replica: on several GPUs
-    the original is never called, so its memo stays empty and every replica's call goes
-    through the public function's own memory (a miss, :func:`module_call`)."""
+    forward, the original never called on several GPUs) start from the original's and drop
+    what they write with the replica: their calls find what to run in the process's memory
+    of drop-in calls instead (:func:`module_call`)."""
 
     __slots__ = ("key", "remembered")
 
@@ -208,30 +215,40 @@ def module_call(
 ) -> Any:
     """``fn(*args)`` for a drop-in module's call (``fn``: a public function decorated with
     :func:`remembers_fallbacks`), or ``torch_op(*args)`` (the torch functional the module's
-    torch class calls, with the same results) where ``module``'s call with this ``key`` ran
+    torch class calls, with the same results) where a call of ``fn`` with this ``key`` ran
     PyTorch's op before under the same policy generation and autocast state and, for a
     ``WHEN_BUSY`` fallback, the GPU still keeps up with the host (its Backoff). ``key``:
     whatever of the call (the input's shape, dtype and device, the parameters', the module's
-    settings) the function's choices depend on; ``slot``: the name the memory is kept under in
-    the module's ``__dict__`` (one per kind of call the module makes). A call whose key is not
-    the module's last goes through ``fn`` with its own memory. Traced calls and calls inside a
-    :func:`kato_torch.record` block take ``fn``'s own path."""
+    settings) the function's choices depend on, so that any module's call with it runs the
+    same; ``slot``: the name ``module``'s last call is kept under in its ``__dict__`` (one per
+    kind of call the module makes), checked first. A call whose key is not the module's last
+    looks it up in the process's memory of drop-in calls (by ``fn`` and key: another module's
+    call, or a ``nn.DataParallel`` replica's, each replica a fresh copy of the module; a
+    ``WHEN_BUSY`` fallback's Backoff is then shared by every module calling with that key,
+    one per device) and, where no call with it ran PyTorch's op, goes through ``fn`` with its
+    own memory. Traced calls and calls inside a :func:`kato_torch.record` block take ``fn``'s
+    own path. Thread-safe (replicas run in threads)."""
     if torch.compiler.is_compiling() or _policy._recorders:
         return fn(*args)
     key = (_policy._generation, _autocast(), key)
     memo = module.__dict__.get(slot)
-    if memo is not None and memo.key == key:
-        remembered = memo.remembered
-        if remembered is PLAIN or not remembered.lagging(args[0]):
-            return torch_op(*args)
-        return _full(fn.__wrapped__, args, {}, True)[0]  # the GPU lags: Kato's kernels
-    # A miss goes through the public function's own memory (a module called at several
-    # shapes in turn misses on every call: that memory's Backoffs still back off).
-    out, remember = _full(fn, args, {}, None)
-    try:
-        hash(key)  # a symbolic shape (a trace's SymInt) is no key to keep
-    except TypeError:
-        remember = None
-    # Replaced, never changed in place: replicas of the module share the old one.
-    module.__dict__[slot] = None if remember is None else _Memo(key, remember)
-    return out
+    if memo is None or memo.key != key:
+        try:
+            remembered = _keys.get((fn, key))
+        except TypeError:  # a symbolic shape (a trace's SymInt) is no key to keep
+            module.__dict__[slot] = None
+            return _full(fn, args, {}, None)[0]
+        if remembered is None:
+            # No module's call with this key ran PyTorch's op: the public function decides,
+            # through its own memory (by argument key) or the full path.
+            out, remembered = _full(fn, args, {}, None)
+            if remembered is not None:
+                _remember((fn, key), remembered)
+            # Replaced, never changed in place: replicas of the module share the old one.
+            module.__dict__[slot] = None if remembered is None else _Memo(key, remembered)
+            return out
+        memo = module.__dict__[slot] = _Memo(key, remembered)
+    remembered = memo.remembered
+    if remembered is PLAIN or not remembered.lagging(args[0]):
+        return torch_op(*args)
+    return _full(fn.__wrapped__, args, {}, True)[0]  # the GPU lags: Kato's kernels

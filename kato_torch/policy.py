@@ -15,8 +15,9 @@ device) from what the configured client serves:
   :mod:`kato_torch._backlog`), PyTorch's op otherwise (a step bound by the host). Asking costs
   the host too, so a call asks once whatever number of keys it decides, and a remembered
   fallback whose answer keeps being "no" backs off: after 8 in a row it asks twice per 3, 4,
-  6, ... up to 66 calls (PyTorch's op in between), until a "yes" (a host-bound step then asks
-  rarely, a GPU-bound one on every call; :class:`kato_torch._backlog.Backoff`).
+  6, ... up to 66 calls or per 0.1 s, whichever comes first (PyTorch's op in between), until
+  a "yes" (a host-bound step then asks rarely, a GPU-bound one on every call;
+  :class:`kato_torch._backlog.Backoff`).
 
   Inside a ``torch.compile`` graph (``compiled``) the bar is what Inductor runs in Kato's
   place: where the answer reports ``compiled_speedup`` (``compiled_ms / time_ms``: the same

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import pickle
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -71,8 +72,28 @@ class StandIn:
         return self.script.get(self.call, self.default)
 
 
+class Clock:
+    """The host's clock as :class:`kato_torch._backlog.Backoff` reads it (``_backlog.clock``):
+    ``now`` seconds, moved only by the test."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
 @pytest.fixture
-def backlog(monkeypatch):
+def clock(monkeypatch):
+    """A clock that stands still unless the test moves it: a schedule counted in calls does
+    not depend on how fast the machine runs them."""
+    stopped = Clock()
+    monkeypatch.setattr(_backlog, "clock", stopped)
+    return stopped
+
+
+@pytest.fixture
+def backlog(monkeypatch, clock):
     def make(**kwargs):
         stand_in = StandIn(**kwargs)
         monkeypatch.setattr(_backlog, "stream_lags", stand_in)
@@ -206,6 +227,56 @@ def test_a_module_that_remembered_its_fallback_copies_and_pickles_without_it(bac
     assert torch.equal(again(x, labels), patched(x, labels))
 
 
+def _replica(model, device=None):
+    """What ``torch.nn.parallel.replicate`` (``nn.DataParallel``'s, once per forward; it needs
+    CUDA) makes of ``model`` for one device: each module's ``_replicate_for_data_parallel()``
+    (a copy of its ``__dict__``), wired to its children's copies, with the parameters (moved
+    to ``device``, as the broadcast does) set as plain attributes."""
+    modules = list(model.modules())
+    copies = {m: m._replicate_for_data_parallel() for m in modules}
+    for m, replica in copies.items():
+        for name, child in m._modules.items():
+            setattr(replica, name, None if child is None else copies[child])
+        for name, p in m._parameters.items():
+            setattr(replica, name, p if p is None or device is None else p.to(device))
+    return copies[model]
+
+
+def test_dataparallel_replicas_of_a_never_called_model_find_its_fallbacks(monkeypatch):
+    """On several GPUs DataParallel calls fresh replicas, never the model: every replica starts
+    with the model's empty memory and drops what it writes. Its drop-ins' calls still run
+    PyTorch's functional after a key lookup in the process's memory of drop-in calls: at most
+    5 more lines of kato_torch for each of its six calls than the model's own memory runs (120
+    and 90 when written; 356 where a replica went through each public function's memory), with
+    the plain model's loss and gradients, in threads too; the model's own memory stays
+    empty."""
+    torch.manual_seed(0)
+    plain = MLP()
+    model = _kato(copy.deepcopy(plain))
+    x, labels = torch.randn(8, 16), torch.randint(0, 10, (8,))
+    for _ in range(3):
+        model.zero_grad(), plain.zero_grad()
+        loss = _replica(model)(x, labels)
+        loss.backward()
+        assert torch.equal(loss, plain(x, labels).detach())
+        plain(x, labels).backward()
+        for (name, p), q in zip(model.named_parameters(), plain.parameters(), strict=True):
+            assert torch.equal(p.grad, q.grad), name
+    assert not any(k.startswith("_kato_") for m in model.modules() for k in m.__dict__)
+    replica_lines = count_lines(lambda: _replica(model)(x, labels))
+    for _ in range(2):
+        model(x, labels)  # now the model's own memory (one GPU: DataParallel calls the model)
+    own_lines = count_lines(lambda: model(x, labels))
+    assert 0 < own_lines < replica_lines <= own_lines + 5 * 6, (own_lines, replica_lines)
+    # DataParallel's replicas run in threads: at a new batch size, four replicas at a time
+    # miss the memory together, then find it.
+    x, labels = torch.randn(16, 16), torch.randint(0, 10, (16,))
+    expected = plain(x, labels)
+    with ThreadPoolExecutor(4) as pool:
+        losses = list(pool.map(lambda _: _replica(model)(x, labels), range(100)))
+    assert all(torch.equal(loss, expected) for loss in losses)
+
+
 # --- WHEN_BUSY: one question per call, and the backoff -----------------------------------------
 
 
@@ -275,28 +346,93 @@ class _Gpu:
         self.Event, self.stream = Event, Stream()
 
 
-def test_a_backed_off_fallback_hears_yes_soon_after_the_step_turns_gpu_bound(monkeypatch):
-    """300 steps of 1 ms with the GPU keeping up back a fallback off to its longest skip;
-    then the GPU falls 5 ms (5 steps) behind for good. The real Backlog reads the newest mark
-    at least 0.1 ms old: a probe asked alone after a skip of 64 calls would read its own
-    mark from 65 steps ago, long reached, and say "no" forever; the uncounted first question
-    marks the stream so that the next one reads a mark 1 step old and says "yes"."""
+@pytest.mark.parametrize("step_s", [1e-3, 25e-3])
+def test_a_backed_off_fallback_hears_yes_soon_after_the_step_turns_gpu_bound(monkeypatch, step_s):
+    """300 steps of ``step_s`` with the GPU keeping up back a fallback off to its longest
+    skip; then the GPU falls 5 steps behind for good. The real Backlog reads the newest mark
+    at least 0.1 ms old: a probe asked alone after a long skip would read its own mark from
+    that long ago, long reached, and say "no" forever; the uncounted first question marks the
+    stream so that the next one reads a mark 1 step old and says "yes". The site runs
+    PyTorch's op for at most MAX_SKIP + 2 more of its calls (1 ms steps), and for at most
+    MAX_SKIP_S and two calls where that is fewer (25 ms steps: 6 calls, not 66)."""
     gpu = _Gpu()
     backlog = _backlog.Backlog(policy.MIN_SAVING_MS)
     monkeypatch.setattr(torch.cuda, "Event", gpu.Event)
-    monkeypatch.setattr(_backlog, "time", type("Clock", (), {"perf_counter": lambda: gpu.now}))
+    monkeypatch.setattr(_backlog, "clock", lambda: gpu.now)
     monkeypatch.setattr(_backlog, "stream_lags", lambda t: backlog.deep(gpu.stream))
     monkeypatch.setattr(_backlog, "capturing", lambda: False)
     site, t = _backlog.Backoff(), torch.zeros(1)
     answers = []
     for step in range(600):
-        gpu.now += 1e-3
-        gpu.behind = 0.0 if step < 300 else 5e-3
+        gpu.now += step_s
+        gpu.behind = 0.0 if step < 300 else 5 * step_s
         answers.append(site.lagging(t))
     assert not any(answers[:300])
     first = answers.index(True, 300)
-    assert first <= 300 + _backlog.MAX_SKIP + 2, first
+    # Skips of up to min(MAX_SKIP, MAX_SKIP_S / step_s) calls (64; 4), then two questions.
+    assert (_backlog.MAX_SKIP, _backlog.MAX_SKIP_S) == (64, 0.1)
+    assert first <= 300 + {1e-3: 66, 25e-3: 6}[step_s], first
     assert all(answers[first:])  # a "yes" asks on every call again
+
+
+def _asked(backlog, clock, calls, seconds_per_call):
+    """The calls (numbered from 1) at which a new Backoff, its answer always "no", asked the
+    backlog, ``clock`` moving ``seconds_per_call`` before each call."""
+    stand_in = backlog(default=False)
+    site, t = _backlog.Backoff(), torch.zeros(1)
+    for call in range(1, calls + 1):
+        clock.now += seconds_per_call
+        stand_in.call = call
+        assert site.lagging(t) is False
+    return stand_in.asked
+
+
+def test_a_skip_ends_after_max_skip_s_or_max_skip_calls_whichever_comes_first(backlog, clock):
+    """A site called once per 2/7 of MAX_SKIP_S skips at most the 3 calls that fit in it, then
+    asks twice (the first only marks the stream); called 1000 times as often, it keeps the
+    schedule counted in calls (NO_SCHEDULE, skips of up to MAX_SKIP calls)."""
+    assert _backlog.MAX_SKIP_S == 0.1
+    slow = _asked(backlog, clock, 100, _backlog.MAX_SKIP_S / 3.5)
+    # 1-8, then pairs after skipping 1 and 2 calls, then after 3 (not 4, 8, ...) every time.
+    assert slow == [1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 14, 15] + [
+        c for c in range(19, 101) if (c - 19) % 5 in (0, 1)
+    ]
+    fast = _asked(backlog, clock, 300, _backlog.MAX_SKIP_S / 1000)
+    assert fast == NO_SCHEDULE  # 300 calls take 0.03 s: no skip lasts MAX_SKIP_S
+
+
+def test_dataparallel_replicas_on_two_gpus_share_one_backoff_per_gpu(backlog, monkeypatch):
+    """A WHEN_BUSY Linear replicated on two GPUs for 100 forwards, the GPU keeping up: every
+    replica of one GPU sees the same Backoff, the other GPU's another (the key holds the
+    device), so each GPU's replicas ask as one module called 100 times does (NO_SCHEDULE),
+    and never run Kato's. (The replicas run in turn: fake tensors serve one thread; the test
+    above runs replicas in threads.)"""
+    backlog(default=False)
+    lock, asked = threading.Lock(), {"cuda:0": 0, "cuda:1": 0}
+
+    def stream_lags(t):
+        with lock:
+            asked[str(t.device)] += 1
+        return False
+
+    monkeypatch.setattr(_backlog, "stream_lags", stream_lags)
+    seen = {device: [] for device in asked}  # the memory each GPU's replicas saw
+    with FakeTensorMode():
+        linear = _when_busy_linear()
+        xs = {d: torch.empty(64, 32, device=d, dtype=torch.bfloat16) for d in asked}
+        for _ in range(100):
+            replicas = {d: _replica(linear, d) for d in xs}
+            with OpLog() as log:
+                for d, replica in replicas.items():
+                    replica(xs[d])
+            assert not _kato_ran(log)
+            for d, replica in replicas.items():
+                seen[d].append(replica.__dict__["_kato_linear"].remembered)
+    assert "_kato_linear" not in linear.__dict__
+    on_0, on_1 = ({id(b) for b in seen[d]} for d in asked)
+    assert len(on_0) == len(on_1) == 1 and on_0 != on_1
+    assert isinstance(seen["cuda:0"][0], _backlog.Backoff)
+    assert asked == {d: len([c for c in NO_SCHEDULE if c <= 100]) for d in asked}
 
 
 def test_a_backed_off_fallback_is_not_skipped_while_a_cuda_graph_is_captured(backlog):
