@@ -340,7 +340,9 @@ class UserOperator(Base):
     :class:`kernels.user.OperatorDefinition` as JSON), never Python code.
 
     A name's versions are its rows; the newest (highest id) is the one served and tuned.
-    Re-adding an unchanged definition finds its row; a changed one adds a version.
+    Re-adding an unchanged definition finds its row; one changed only outside its version (its
+    description, its ``[backward]`` section) replaces them in that row; any other change adds a
+    version (``db.operators.add_operator``).
     """
 
     __tablename__ = "kato_user_operators"

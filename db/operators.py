@@ -5,6 +5,11 @@ spec and its CUDA files' text), validated before it is stored; nothing is compil
 Python of the user's is ever run. Workers and API processes see the stored operators through
 :class:`DatabaseOperators`, a source of :mod:`kernels.registry` (:func:`use_database`), which
 rereads the newest version of each name at most every few seconds.
+
+A version hashes what decides a variant's code, launch, check and timing, not the spec's
+description or ``[backward]`` section (:data:`kernels.user.spec.UNVERSIONED_FIELDS`): adding
+the same version with other ones replaces them in its row, and every process rebuilds it, so
+the results stored under the version stay served.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from kato.kernels import registry
 from kato.kernels.spec import InvalidInput
 from kato.kernels.user import OperatorDefinition, UserOperatorSpec, definition
 from kato.kernels.user.backward import backward_operator
+from kato.kernels.user.spec import UNVERSIONED_FIELDS
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -39,6 +45,9 @@ class Added:
     version: str
     created: bool
     versions: int  # versions of this name now stored
+    #: The fields outside the version (description, backward) that this call replaced in the
+    #: row of a version stored already; empty where it created the row or nothing differed.
+    updated: tuple[str, ...] = ()
 
 
 def parse_definition(data: Mapping[str, Any], where: str = "operator") -> OperatorDefinition:
@@ -83,8 +92,10 @@ def build_spec(defn: OperatorDefinition) -> UserOperatorSpec:
 
 
 def add_operator(session: Session, defn: OperatorDefinition, token_id: str | None = None) -> Added:
-    """Store ``defn`` as the newest version of its name (commits). An unchanged definition
-    (same version hash) is found, not stored twice.
+    """Store ``defn`` as the newest version of its name (commits). A definition of a version
+    stored already is found, not stored twice; where it differs from the stored one (in its
+    description or ``[backward]`` section only: the rest is the version), it replaces it in
+    that row (``Added.updated``), which stays the version it was (newest or not).
 
     Raises:
         InvalidInput: the name belongs to another kind of operator, or the definition is
@@ -92,26 +103,37 @@ def add_operator(session: Session, defn: OperatorDefinition, token_id: str | Non
     """
     spec = build_spec(defn)
     version = spec.version
+    data = defn.model_dump(mode="json")
     row = _find(session, spec.name, version)
     created = row is None
-    if created:
+    if row is None:
         session.add(
-            UserOperator(
-                name=spec.name,
-                version=version,
-                definition=defn.model_dump(mode="json"),
-                token_id=token_id,
-            )
+            UserOperator(name=spec.name, version=version, definition=data, token_id=token_id)
         )
         try:
             session.commit()
         except IntegrityError:  # the same version added at the same moment elsewhere
             session.rollback()
             created = False
+            row = _find(session, spec.name, version)
+    updated = () if row is None else _replace_unversioned(session, row, data)
     count = session.scalar(
         select(func.count()).select_from(UserOperator).where(UserOperator.name == spec.name)
     )
-    return Added(spec.name, version, created, int(count or 0))
+    return Added(spec.name, version, created, int(count or 0), updated)
+
+
+def _replace_unversioned(
+    session: Session, row: UserOperator, data: dict[str, Any]
+) -> tuple[str, ...]:
+    """Put ``data`` (a definition of ``row``'s version) in ``row`` where the fields outside the
+    version differ (commits); those fields, by name."""
+    old, new = row.definition.get("spec", {}), data["spec"]
+    changed = tuple(name for name in UNVERSIONED_FIELDS if old.get(name) != new.get(name))
+    if changed:
+        row.definition = data
+        session.commit()
+    return changed
 
 
 def _find(session: Session, name: str, version: str) -> UserOperator | None:
@@ -146,9 +168,10 @@ def versions(session: Session, name: str) -> list[UserOperator]:
 class DatabaseOperators:
     """A :mod:`kernels.registry` source: the newest stored version of each user operator.
 
-    Rereads ``(name, id)`` of the newest rows at most every ``refresh_s`` seconds and builds a
-    spec only for a row it has not seen. A stored definition that no longer validates (a newer
-    Kato refuses it) is logged once and left out.
+    Rereads the newest rows at most every ``refresh_s`` seconds and builds a spec only for a
+    row it has not seen, or whose definition changed since (the same version added again with
+    another description or ``[backward]`` section: :func:`add_operator`). A stored definition
+    that no longer validates (a newer Kato refuses it) is logged once and left out.
     """
 
     def __init__(self, sessions: Callable[[], Session], refresh_s: float = REFRESH_SECONDS):
@@ -156,7 +179,8 @@ class DatabaseOperators:
         self._lock = threading.Lock()
         self._read_at = -float("inf")
         self._specs: dict[str, UserOperatorSpec] = {}
-        self._built: dict[int, UserOperatorSpec | None] = {}
+        #: Row id -> (the definition it was built from, the spec or None where refused).
+        self._built: dict[int, tuple[dict[str, Any], UserOperatorSpec | None]] = {}
         self._failing = False
 
     def refresh(self) -> None:
@@ -186,9 +210,10 @@ class DatabaseOperators:
             rows = newest(session)
             specs: dict[str, UserOperatorSpec] = {}
             for row in rows:
-                if row.id not in self._built:
-                    self._built[row.id] = self._build(row)
-                spec = self._built[row.id]
+                built = self._built.get(row.id)
+                if built is None or built[0] != row.definition:
+                    built = self._built[row.id] = (row.definition, self._build(row))
+                spec = built[1]
                 if spec is not None:
                     specs[row.name] = spec
         self._specs = specs

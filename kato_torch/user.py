@@ -22,10 +22,12 @@ tensors that are not on a CUDA device, a call is an error saying so.
 
 Each operator is also a ``torch.library`` custom op, ``torch.ops.kato_user.<name>_<version>``
 (one per spec version: a changed spec registered under the same name is another op, and graphs
-compiled against the old one keep it), with a fake implementation that reads the shape and
-sizes the outputs as a call does, in the shape's SymInts. ``torch.compile``, ``torch.export``,
-``make_fx`` and any dispatch mode see that op; a plain eager call skips the dispatcher and runs
-the same code directly, as :class:`kato_torch._op.KatoOp` does for Kato's own operators.
+compiled against the old one keep it; ``_b<digest>`` appended where the spec has a
+``[backward]`` section, which the version leaves out: one op per section), with a fake
+implementation that reads the shape and sizes the outputs as a call does, in the shape's
+SymInts. ``torch.compile``, ``torch.export``, ``make_fx`` and any dispatch mode see that op; a
+plain eager call skips the dispatcher and runs the same code directly, as
+:class:`kato_torch._op.KatoOp` does for Kato's own operators.
 
 Gradients (docs/user_kernels.md, "Gradients"): the op's autograd formula calls the operator the
 spec's ``[backward]`` section names, fed as it maps them, or a Python ``backward(saved,
@@ -37,6 +39,7 @@ outputs carry no gradient.
 from __future__ import annotations
 
 import ast
+import hashlib
 import inspect
 import keyword
 import math
@@ -959,11 +962,14 @@ def _schema_name(name: str, taken: set[str]) -> str:
 
 
 def _custom_op(kernel: UserKernel) -> torch._ops.OpOverload:
-    """The ``torch.library`` custom op of ``kernel``'s operator at its spec version: registered
-    on first use (one definition per version; torch.library cannot redefine an op in place,
-    and a graph compiled against one version keeps calling it)."""
+    """The ``torch.library`` custom op of ``kernel``'s operator at its spec version and
+    autograd formula: registered on first use (one definition per version and formula; a graph
+    compiled against one keeps calling it). The version leaves the spec's ``[backward]``
+    section out, and an op has one formula, so a section gets an op of its own
+    (``<name>_<version>_b<digest of the section>``), as a Python backward does (``_py<k>``)."""
     spec = kernel.spec
     op_name = f"{re.sub(r'[^0-9a-zA-Z_]', '_', spec.name)}_{spec.version}"
+    section = spec.model.backward
     with _OPS_LOCK:
         function = kernel._python_backward
         if function is not None:  # an op per backward function: one formula per op
@@ -981,6 +987,9 @@ def _custom_op(kernel: UserKernel) -> torch._ops.OpOverload:
                         stacklevel=4,
                     )
             op_name = f"{op_name}_py{_PYTHON_BACKWARDS[key][1]}"
+        elif section is not None:
+            digest = hashlib.sha256(section.model_dump_json().encode()).hexdigest()[:8]
+            op_name = f"{op_name}_b{digest}"
         qualname = f"{NAMESPACE}::{op_name}"
         found = _OPS.get(qualname)
         if found is not None:

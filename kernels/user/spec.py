@@ -37,6 +37,7 @@ from kato.kernels.user.expr import ExpressionError
 from kato.kernels.user.model import (
     DEFAULT_BLOCK_SIZE_NAMES,
     OperatorDefinition,
+    OperatorModel,
     include_error,
     inline_headers,
     numpy_dtype,
@@ -74,8 +75,6 @@ MAX_BLOCK = (1024, 1024, 64)
 MAX_GRID = (limits.MAX_GRID_X, limits.MAX_GRID_Y, limits.MAX_GRID_Y)
 #: Kernel Tuner's marker for a tunable that sets a ``#pragma unroll`` count.
 UNROLL_NAME = "loop_unroll_factor"
-#: Function computing float64 references: ``reference(args, shape, dtype) -> [array per
-#: output]`` (``args`` as :meth:`UserOperatorSpec.make_problem` made them).
 #: The modules whose code decides what a user operator's variants are and how they are checked.
 _HASHED_MODULES = (
     "kato.kernels.limits",
@@ -84,9 +83,26 @@ _HASHED_MODULES = (
     "kato.kernels.user.spec",
     "kato.kernels.user.vector",
 )
+#: Spec fields left out of the version (reset to their defaults before the spec is hashed, so
+#: a spec without them hashes as before): they decide nothing about a variant's code, launch,
+#: check or timing (``description`` is prose, ``backward`` the autograd binding), and editing
+#: one must not orphan the results stored under the version (``db.operators`` updates them).
+UNVERSIONED_FIELDS = ("description", "backward")
+#: Function computing float64 references: ``reference(args, shape, dtype) -> [array per
+#: output]`` (``args`` as :meth:`UserOperatorSpec.make_problem` made them).
 PythonReference = Callable[[list[Any], tuple[int, ...], str], Sequence[np.ndarray]]
 #: Kernel Tuner's custom verification: ``verify(answer, result_host, atol=None) -> bool``.
 VerifyFunction = Callable[..., Any]
+
+
+def versioned_spec(model: OperatorModel) -> OperatorModel:
+    """``model`` with its :data:`UNVERSIONED_FIELDS` at their defaults: what of a spec its
+    version hashes."""
+    fields = OperatorModel.model_fields
+    defaults = {
+        name: fields[name].get_default(call_default_factory=True) for name in UNVERSIONED_FIELDS
+    }
+    return model.model_copy(update=defaults)
 
 
 @dataclass
@@ -196,11 +212,12 @@ class UserOperatorSpec(OperatorSpec):
 
     @cached_property
     def version(self) -> str:
-        """sha256 of the spec (canonical JSON), the files' text, and the syntax of the code
-        that renders, launches and verifies it (this package and :mod:`kernels.limits`): a
-        changed folder or a changed Kato gives a new version (12 hex digits)."""
+        """sha256 of the spec (canonical JSON, less :data:`UNVERSIONED_FIELDS`), the files'
+        text, and the syntax of the code that renders, launches and verifies it (this package
+        and :mod:`kernels.limits`): a changed folder or a changed Kato gives a new version (12
+        hex digits); a changed description or ``[backward]`` section does not."""
         h = hashlib.sha256()
-        h.update(self.definition.spec.model_dump_json().encode())
+        h.update(versioned_spec(self.definition.spec).model_dump_json().encode())
         for name in sorted(self.definition.files):
             h.update(name.encode() + b"\0" + self.definition.files[name].encode() + b"\0")
         for module in _HASHED_MODULES:  # a fixed list: the same in every process

@@ -36,8 +36,9 @@ def operator_add(
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     """Validate an operator folder (nothing is compiled here) and store it as the newest version
-    of its name; an unchanged folder is found, not stored twice. Workers and API processes of
-    this database serve it within seconds."""
+    of its name; an unchanged folder is found, not stored twice, and one changed only in its
+    description or [backward] section (which the version leaves out) replaces them in the
+    stored version. Workers and API processes of this database serve it within seconds."""
     from kato.db import operators as stored
     from kato.kernels.spec import InvalidInput
     from kato.kernels.user import load_folder
@@ -56,7 +57,12 @@ def operator_add(
     if as_json:
         typer.echo(json.dumps(added.__dict__))
         return
-    what = "stored as a new version" if added.created else "unchanged (already stored)"
+    if added.created:
+        what = "stored as a new version"
+    elif added.updated:
+        what = f"already stored; its {' and '.join(added.updated)} updated"
+    else:
+        what = "unchanged (already stored)"
     console.print(
         f"operator {added.name} version {added.version}: {what}; {added.versions} version(s)"
     )

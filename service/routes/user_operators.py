@@ -38,8 +38,11 @@ class OperatorCreate(StrictBody):
 class OperatorAdded(BaseModel):
     name: str
     version: str
-    created: bool  # false: this exact definition was stored already
+    created: bool  # false: this version was stored already
     versions: int  # versions of this name stored
+    #: The fields outside the version (``description``, ``backward``) this request replaced in
+    #: the stored version: they decide nothing of its variants, so its results stay served.
+    updated: list[str] = []
 
 
 class OperatorVersion(BaseModel):
@@ -53,7 +56,11 @@ class OperatorVersion(BaseModel):
     "",
     status_code=status.HTTP_201_CREATED,
     responses={
-        200: {"model": OperatorAdded, "description": "this exact definition is stored already"},
+        200: {
+            "model": OperatorAdded,
+            "description": "this version is stored already (its description and [backward] "
+            "section, which the version leaves out, replaced where they differ: `updated`)",
+        },
         **AUTH_RESPONSES,
         **error_responses(
             e422="the spec is invalid (an unknown name in an expression, a function call or "
@@ -64,8 +71,9 @@ class OperatorVersion(BaseModel):
 def add_operator(
     body: OperatorCreate, session: SessionDep, caller: WriterDep, response: Response
 ) -> OperatorAdded:
-    """Store a user operator as the newest version of its name (201; 200 when this exact
-    definition is stored already). Needs a token with the operators scope (or an admin one)."""
+    """Store a user operator as the newest version of its name (201; 200 when this version
+    is stored already, its description and ``[backward]`` section replaced where they differ,
+    named in ``updated``). Needs a token with the operators scope (or an admin one)."""
     token = caller.token
     if token is not None and not (token.admin or token.operators):
         raise HTTPException(

@@ -63,6 +63,22 @@ def test_a_backward_operator_is_added_first_and_listed(
     rows = {r["name"]: r for r in map(json.loads, listed.stdout.splitlines())}
     assert rows["cli_scaled_mul"]["backward"] == "cli_scaled_mul_backward"
     assert rows["cli_scaled_mul_backward"]["backward"] == ""
+    # The version leaves the section and the description out: the stored version takes them.
+    spec = forward / "kato.toml"
+    text = spec.read_text()
+    spec.write_text(text.replace('gradients = { grad_a = "a", grad_b = "b" }',
+                                 'gradients = { grad_a = "b", grad_b = "a" }'))  # fmt: skip
+    swapped = runner.invoke(app, ["operator", "add", str(forward), "--db", db])
+    version = rows["cli_scaled_mul"]["version"]
+    assert f"operator cli_scaled_mul version {version}: already stored; its backward updated; " \
+           "1 version(s)" in " ".join(swapped.output.split())  # fmt: skip
+    spec.write_text(text[: text.index("[backward]")].replace("y = alpha", "y equals alpha"))
+    removed = runner.invoke(app, ["operator", "add", str(forward), "--db", db, "--json"])
+    assert json.loads(removed.stdout) == {"name": "cli_scaled_mul", "version": version,
+        "created": False, "versions": 1, "updated": ["description", "backward"]}  # fmt: skip
+    listed = runner.invoke(app, ["operator", "list", "--db", db, "--json"])
+    rows = {r["name"]: r for r in map(json.loads, listed.stdout.splitlines())}
+    assert (rows["cli_scaled_mul"]["version"], rows["cli_scaled_mul"]["backward"]) == (version, "")
 
 
 def test_bad_folder_is_reported_not_stored(tmp_path, vector_add_dir):

@@ -3,6 +3,7 @@ for bad specs) and a worker on the replay backend tuning one that is then served
 
 from __future__ import annotations
 
+import copy
 import threading
 import tomllib
 from pathlib import Path
@@ -95,7 +96,13 @@ def test_post_needs_the_operators_scope(app, vector_add_dir):
         r = client.post("/v1/operators", json=body, headers=bearer(secret))
         assert r.status_code == 201, r.text
         version = r.json()["version"]
-        assert r.json() == {"name": "api_va", "version": version, "created": True, "versions": 1}
+        assert r.json() == {
+            "name": "api_va",
+            "version": version,
+            "created": True,
+            "versions": 1,
+            "updated": [],
+        }
         r = client.post("/v1/operators", json=body, headers=bearer(_token(app, admin=True)))
         assert r.status_code == 200 and r.json()["created"] is False
         listed = client.get("/v1/operators").json()
@@ -137,6 +144,36 @@ def test_files_that_are_not_an_object_are_422(app):
         assert r.status_code == 422
 
 
+def _tune_on_replay(app, client, name: str, shape: tuple[int, ...], budget: int, tmp_path) -> dict:
+    """Submit a job for the stored operator ``name``, let a replay worker (a recorded space of
+    its version) run it, and return the recorded space's fastest config."""
+    path, best = record(get_operator(name), shape, tmp_path / "rec" / f"{name}.json")
+    r = client.post(
+        "/v1/jobs",
+        json={"operator": name, "shape": list(shape), "dtype": "float32", "gpu": "H200",
+              "budget": budget, "strategy": "grid"},
+    )  # fmt: skip
+    assert r.status_code == 202, r.text
+    worker = Worker(
+        app.state.session_factory, app.state.settings.db_url, ["H200"],
+        replay_backend_factory(path.parent), worker_id="w-user", poll_seconds=0.01,
+    )  # fmt: skip
+    thread = threading.Thread(target=worker.run_forever, kwargs={"max_jobs": 1})
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive()
+    job = client.get(f"/v1/jobs/{r.json()['id']}").json()
+    assert job["status"] == "done", job
+    return best
+
+
+def _served(client, name: str, shape: tuple[int, ...]) -> dict:
+    """What GET /v1/configs serves now (no-cache: not an answer the API process cached)."""
+    params = {"shape": ",".join(map(str, shape)), "dtype": "float32", "gpu": "H200"}
+    fresh = {"Cache-Control": "no-cache"}
+    return client.get(f"/v1/configs/{name}", params=params, headers=fresh).json()
+
+
 def test_an_api_registered_operator_is_tuned_on_replay_and_served(app, vector_add_dir, tmp_path):
     """Register through the API, submit a job, a replay worker (a recorded space of that
     operator's version) tunes it, and GET /v1/configs serves the recorded space's fastest."""
@@ -144,31 +181,60 @@ def test_an_api_registered_operator_is_tuned_on_replay_and_served(app, vector_ad
     secret = _token(app, operators=True)
     with TestClient(app, raise_server_exceptions=False, headers=bearer(secret)) as client:
         assert client.post("/v1/operators", json=body).status_code == 201
-        op = get_operator("served_va")
         shape = (1 << 20,)
-        path, best = record(op, shape, tmp_path / "rec" / "served_va.json")
-        r = client.post(
-            "/v1/jobs",
-            json={"operator": "served_va", "shape": list(shape), "dtype": "float32",
-                  "gpu": "H200", "budget": 23, "strategy": "grid"},
-        )  # fmt: skip
-        assert r.status_code == 202, r.text
-        db_url = app.state.settings.db_url
-        worker = Worker(
-            app.state.session_factory, db_url, ["H200"], replay_backend_factory(path.parent),
-            worker_id="w-user", poll_seconds=0.01,
-        )  # fmt: skip
-        thread = threading.Thread(target=worker.run_forever, kwargs={"max_jobs": 1})
-        thread.start()
-        thread.join(120)
-        assert not thread.is_alive()
-        job = client.get(f"/v1/jobs/{r.json()['id']}").json()
-        assert job["status"] == "done", job
-        served = client.get(
-            "/v1/configs/served_va", params={"shape": "1048576", "dtype": "float32", "gpu": "H200"}
-        ).json()
+        best = _tune_on_replay(app, client, "served_va", shape, 23, tmp_path)
+        served = _served(client, "served_va", shape)
         assert served["source"] == "exact"
         assert served["config"] == best
+
+
+def test_a_changed_backward_section_keeps_the_forward_s_results_served(
+    app, scaled_mul_dir, scaled_mul_backward_dir, tmp_path
+):
+    """Adding, changing and removing the forward's [backward] section (the version leaves it
+    out) replace it in the stored version, which every process rebuilds, and the forward's
+    tuned config stays served; an edited template is a new version, untuned."""
+    backward = _body(scaled_mul_backward_dir, name="kept_mul_bwd")
+    section = tomllib.loads((scaled_mul_dir / "kato.toml").read_text())["backward"]
+    section["operator"] = "kept_mul_bwd"
+    plain = _body(scaled_mul_dir, name="kept_mul")
+    del plain["spec"]["backward"]
+    swapped = section | {"gradients": {"grad_a": "b", "grad_b": "a"}}
+    other = stored.DatabaseOperators(app.state.session_factory, refresh_s=0.0)  # another host
+    shape = (1 << 20,)
+    secret = _token(app, operators=True)
+    with TestClient(app, raise_server_exceptions=False, headers=bearer(secret)) as client:
+        assert client.post("/v1/operators", json=backward).status_code == 201
+        r = client.post("/v1/operators", json=plain)
+        assert r.status_code == 201, r.text
+        version = r.json()["version"]
+        best = _tune_on_replay(app, client, "kept_mul", shape, 14, tmp_path)
+        served = _served(client, "kept_mul", shape)
+        assert (served["source"], served["config"]) == ("exact", best)
+        assert [s.model.backward for s in other() if s.name == "kept_mul"] == [None]
+        for now in (section, swapped, None):
+            body = copy.deepcopy(plain)
+            if now is not None:
+                body["spec"]["backward"] = now
+            r = client.post("/v1/operators", json=body)
+            assert r.status_code == 200, r.text
+            assert r.json() == {"name": "kept_mul", "version": version, "created": False,
+                                "versions": 1, "updated": ["backward"]}  # fmt: skip
+            assert client.get("/v1/operators/kept_mul").json()["backward"] == now
+            (seen,) = [s for s in other() if s.name == "kept_mul"]
+            assert seen.version == version
+            assert (seen.model.backward and seen.model.backward.model_dump()) == now
+            served = _served(client, "kept_mul", shape)
+            assert (served["source"], served["config"], served["operator_version"]) == (
+                "exact", best, version
+            )  # fmt: skip
+        edited = copy.deepcopy(plain)
+        edited["files"]["scaled_mul.cu"] += "\n// edited\n"
+        r = client.post("/v1/operators", json=edited)
+        assert r.status_code == 201 and r.json()["version"] != version
+        assert r.json()["versions"] == 2
+        served = _served(client, "kept_mul", shape)
+        assert (served["source"], served["operator_version"]) == ("default", r.json()["version"])
 
 
 def test_folder_model_refuses_code_in_every_expression_field(vector_add_dir):

@@ -237,6 +237,42 @@ def test_the_backward_operator_must_be_registered_when_a_gradient_is_recorded(
         k(torch.randn(4, requires_grad=True), torch.randn(4), 1.0, 4)
 
 
+def test_one_version_has_an_op_per_backward_section(scaled_mul_dir, backward_kernel, launches):
+    """The version leaves the [backward] section out and an op has one autograd formula: the
+    same version without a section, with it and with another one are three ops in one process,
+    each computing its own section's gradients (a section stored again takes effect)."""
+    import copy
+    import tomllib
+
+    spec = tomllib.loads((scaled_mul_dir / "kato.toml").read_text()) | {
+        "name": "scaled_mul_rebound"
+    }
+    files = {p.name: p.read_text() for p in scaled_mul_dir.glob("*.cu")}
+
+    def kernel(section):
+        body = copy.deepcopy(spec)
+        body.pop("backward")
+        return kato_torch.user_kernel(
+            UserOperatorSpec(definition(body | ({"backward": section} if section else {}), files))
+        )
+
+    plain, declared = kernel(None), kernel(spec["backward"])
+    swapped = kernel(spec["backward"] | {"gradients": {"grad_a": "b", "grad_b": "a"}})
+    version = plain.spec.version
+    assert declared.spec.version == swapped.spec.version == version
+    names = [k.op.name() for k in (plain, declared, swapped)]
+    assert names[0] == f"kato_user::scaled_mul_rebound_{version}" and len(set(names)) == 3
+    assert all(n.startswith(names[0] + "_b") for n in names[1:])
+    a, b = torch.randn(5, requires_grad=True), torch.randn(5, requires_grad=True)
+    assert not plain(a, b, 2.0, 5).requires_grad
+    declared(a, b, 2.0, 5).sum().backward()
+    torch.testing.assert_close((a.grad, b.grad), (2 * b.detach(), 2 * a.detach()))
+    a.grad = b.grad = None
+    swapped(a, b, 2.0, 5).sum().backward()  # grad_a (2 b) is now b's gradient, grad_b a's
+    torch.testing.assert_close((a.grad, b.grad), (2 * a.detach(), 2 * b.detach()))
+    assert kernel(spec["backward"]).op is declared.op  # one op per section, reused
+
+
 def test_a_double_backward_through_a_backward_operator_without_one_raises(scaled_mul, launches):
     """create_graph=True: the first gradients are right, and differentiating them again (a
     gradient penalty) raises, since the backward operator records no gradient of its own,

@@ -64,15 +64,31 @@ def test_the_example_folders_load_with_their_backward(scaled_mul_dir, scaled_mul
     check_backward(forward.model, backward.model)  # they fit
 
 
-def test_the_backward_section_is_part_of_the_version(scaled_mul_dir):
-    """Adding or changing it is a new version (the stored definition is versioned by it, and the
-    torch op named by the version keeps its own formula); results are keyed by the version."""
+def test_the_version_leaves_the_backward_section_and_description_out(scaled_mul_dir):
+    """Adding, changing or removing the section (or editing the description) keeps the version,
+    so the results stored under it stay served; what decides a variant's code, launch or check
+    (the template's text, a tunable's values, a restriction) still changes it."""
     spec, files = _spec(scaled_mul_dir), _files(scaled_mul_dir)
-    with_it = UserOperatorSpec(definition(spec, files)).version
-    without = UserOperatorSpec(definition(_with(spec, "backward", None), files)).version
-    changed = _with(spec, "backward.inputs", spec["backward"]["inputs"] | {"a": "b", "b": "a"})
-    assert len({with_it, without, UserOperatorSpec(definition(changed, files)).version}) == 3
-    assert UserOperatorSpec(definition(spec, files)).version == with_it  # stable
+
+    def version(spec: dict, files: dict = files) -> str:
+        return UserOperatorSpec(definition(spec, files)).version
+
+    with_it = version(spec)
+    swapped = _with(spec, "backward.gradients", {"grad_a": "b", "grad_b": "a"})
+    same = {
+        "without": version(_with(spec, "backward", None)),
+        "swapped": version(swapped),
+        "other description": version(_with(spec, "description", "y = alpha a b")),
+        "no description": version(_with(spec, "description", None, "backward", None)),
+    }
+    assert same == dict.fromkeys(same, with_it)
+    template = spec["template"]
+    different = [
+        version(spec, files | {template: files[template] + "\n// edited\n"}),
+        version(_with(spec, "tune_params.tile_size_x", [1, 2, 4, 8])),
+        version(_with(spec, "restrictions", ["block_size_x * tile_size_x <= 2048"])),
+    ]
+    assert with_it not in different and len(set(different)) == 3
 
 
 def _one_dim(name: str, arguments: list[dict], **extra) -> dict:
@@ -313,12 +329,20 @@ def test_the_api_stores_the_backward_operator_first_and_shows_the_section(
         listed = {o["name"]: o for o in client.get("/v1/operators").json()}
         assert listed["api_scaled_mul"]["backward"]["operator"] == "api_scaled_mul_backward"
         assert listed["softmax"]["backward"] is None
-        # A changed section is a new version of the operator.
+        # The version leaves the section out: a changed or removed one replaces the stored
+        # one in that version (200, named in updated), which every process then serves.
         changed = copy.deepcopy(forward)
-        changed["spec"]["backward"]["inputs"] |= {"a": "b", "b": "a"}
-        r = client.post("/v1/operators", json=changed, headers=auth)
-        assert r.status_code == 201 and r.json()["version"] != version
-        assert r.json()["versions"] == 2
+        changed["spec"]["backward"]["gradients"] = {"grad_a": "b", "grad_b": "a"}
+        removed = copy.deepcopy(forward)
+        del removed["spec"]["backward"]
+        for body, section in ((changed, changed["spec"]["backward"]), (removed, None)):
+            r = client.post("/v1/operators", json=body, headers=auth)
+            assert r.status_code == 200, r.text
+            assert r.json() == {"name": "api_scaled_mul", "version": version, "created": False,
+                                "versions": 1, "updated": ["backward"]}  # fmt: skip
+            assert client.get("/v1/operators/api_scaled_mul").json()["backward"] == section
+        r = client.post("/v1/operators", json=removed, headers=auth)  # nothing to replace
+        assert r.status_code == 200 and r.json()["updated"] == []
 
 
 def test_a_backward_operator_another_process_stored_is_read_again(
