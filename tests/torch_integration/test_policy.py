@@ -579,3 +579,21 @@ def test_a_call_that_needs_a_layout_copy_is_pytorchs_in_eager_and_compiled_graph
         assert policy.decide(*key, compiled=compiled) is True
         assert policy.decide(*key, compiled=compiled, relayout=True) is False
         assert policy.decide(*key, compiled=compiled) is True
+
+
+def test_a_drop_in_relu_remembers_channels_last_and_nchw_calls_apart():
+    """A drop-in ReLU whose channels-last call ran PyTorch's op (its kernel takes contiguous
+    tensors) still runs Kato's for an NCHW call of the same shape, and so does another ReLU
+    module: the remembered fallback is the channels-last call's only."""
+    shape = (8, 16, 12, 12)
+    client = FakeClient({("relu", (8 * 16 * 12 * 12,)): Answer({}, "exact", 3.0)})
+    kato_torch.configure(client=client, gpu="H200")
+    with FakeTensorMode():
+        x = torch.empty(shape, device="cuda", dtype=torch.bfloat16)
+        x_last = x.to(memory_format=torch.channels_last)
+        relus = kato_torch.patch(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.ReLU()))
+        for module, data, kato in ((0, x_last, False), (0, x, True), (1, x, True),
+                                   (0, x_last, False), (1, x_last, False)):  # fmt: skip
+            with OpLog() as log:
+                relus[module](data)
+            assert ("kato.relu" in log.ops) is kato, (module, data.is_contiguous(), log.ops)
