@@ -41,7 +41,11 @@ def baseline(
     ] = False,
     compiled: Annotated[
         bool,
-        typer.Option("--compiled/--no-compiled", help="also the op compiled by torch.compile"),
+        typer.Option(
+            "--compiled/--no-compiled",
+            help="also the op compiled by torch.compile (without it, a measured winner's stored "
+            "compiled figure is cleared: the two figures are one measurement's)",
+        ),
     ] = True,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="list the winners it would measure; no GPU needed")
