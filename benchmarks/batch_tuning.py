@@ -41,7 +41,8 @@ shared across jobs.
   by side first (``--retime-rounds``): each run's stored best was timed under other load.
 
 PyTorch's baseline after each job is off (``KATO_FRAMEWORK_BASELINE=false``; it is not tuning)
-unless ``--framework-baseline``.
+unless ``--framework-baseline``; its timing holds the gate uncounted too, so with that option
+``close_s`` and ``idle_closing_s`` hold PyTorch's baseline beside the closes.
 
     python3 benchmarks/batch_tuning.py --compare-serial --out $OUT/batch_tuning_h200.json
     python3 benchmarks/batch_tuning.py --replay data/spaces --budget 5 --compare-serial

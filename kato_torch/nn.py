@@ -74,7 +74,8 @@ class ReLU(torch.nn.ReLU):
 
     def forward(self, input: Tensor) -> Tensor:
         inplace = self.inplace
-        key = (input.shape, input.dtype, input.device, inplace)
+        # Contiguity too: a non-contiguous input runs PyTorch's op (ops.relu).
+        key = (input.shape, input.dtype, input.device, input.is_contiguous(), inplace)
         return module_call(self, "_kato_relu", key, F.relu, ops.relu, input, inplace)
 
 

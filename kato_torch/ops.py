@@ -948,7 +948,9 @@ def relu(x: Tensor, inplace: bool = False) -> Tensor:
     backward pass instead of x. ``inplace=True`` runs PyTorch's in-place ReLU."""
     if inplace or x.dtype not in _FLOATS or x.numel() == 0:
         return torch.relu_(x) if inplace else torch.relu(x)
-    if _use("relu", (x.numel(),), x, not x.is_contiguous()):
+    # A 4-d input is laid out as a convolution's activation would be (_relayout).
+    relayout = _relayout(x) if x.dim() == 4 else not x.is_contiguous()
+    if _use("relu", (x.numel(),), x, relayout):
         y, _ = _relu(x.contiguous())
         return y.view(x.shape)
     return torch.relu(x)
@@ -1051,14 +1053,15 @@ _batch_norm.register_autograd(_batch_norm_grad, setup_context=_batch_norm_setup)
 
 def _relayout(*tensors: Tensor | None) -> bool:
     """Whether Kato's batch-norm kernels, written for NCHW-contiguous activations, would need
-    ``tensors`` copied into that layout (and their output copied back): eagerly, a tensor
-    that is not contiguous (channels-last, where cuDNN's own kernels take it as it is); in a
-    ``torch.compile`` graph, whenever Inductor's layout optimisation is on, since it makes the
-    activations of a graph with convolutions channels-last after tracing (traced strides are
-    eager's) and copies them around a custom op that keeps its traced strides."""
-    if torch.compiler.is_compiling():
-        return _inductor_relayouts()
-    return any(t is not None and not t.is_contiguous() for t in tensors)
+    ``tensors`` copied into that layout (and their output copied back): a tensor that is not
+    contiguous (channels-last, where cuDNN's own kernels take it as it is), eagerly or traced;
+    in a ``torch.compile`` graph also whenever Inductor's layout optimisation is on, since it
+    makes the activations of a graph with convolutions channels-last after tracing (traced
+    strides are eager's) and copies them around a custom op that keeps its traced strides."""
+    # The tensors first: a channels-last model compiled with the optimisation off keeps them.
+    if any(t is not None and not t.is_contiguous() for t in tensors):
+        return True
+    return torch.compiler.is_compiling() and _inductor_relayouts()
 
 
 @torch.compiler.assume_constant_result

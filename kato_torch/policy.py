@@ -31,7 +31,7 @@ device) from what the configured client serves:
   over the bar that saves less runs PyTorch's op.
 
   A call whose tensors are not in the layout Kato's kernel takes (``relayout``: a channels-last
-  activation for the NCHW batch-norm kernels, eagerly, or in a compiled graph where Inductor's
+  activation for the NCHW batch-norm kernels, or any in a compiled graph where Inductor's
   layout optimisation makes convolution activations channels-last) runs PyTorch's op under
   "auto": a copy into the kernel's layout and one back cost about what the op itself does,
   and the winner's times leave them out.

@@ -21,6 +21,7 @@ from typing import Any
 from kato.db import queries
 from kato.db.models import BestConfig
 from kato.kernels import list_operators
+from kato.kernels.user import UserOperatorSpec
 from kato.tuner import framework
 from sqlalchemy import select
 
@@ -68,6 +69,13 @@ class Outcome:
         return self.compiled_ms / self.winner.time_ms if self.compiled_ms else None
 
 
+def measurable() -> list[Any]:
+    """The registered operators whose PyTorch op can be timed: all but users' operators (no
+    PyTorch equivalent: their baseline is always ``skipped``, so they would be measured, and
+    counted as not stored, on every run)."""
+    return [spec for spec in list_operators() if not isinstance(spec, UserOperatorSpec)]
+
+
 def winners(
     session: Any,
     gpu_model: str,
@@ -76,10 +84,11 @@ def winners(
     missing_only: bool = True,
     compiled: bool = True,
 ) -> list[Winner]:
-    """The winners of ``gpu_model`` at their operators' current versions (operators registered
-    here; ``operators`` narrows them), in operator, dtype and shape order; ``missing_only``:
-    only those without an eager baseline or, with ``compiled``, without a compiled one."""
-    versions = {spec.name: spec.version for spec in list_operators()}
+    """The winners of ``gpu_model`` at their operators' current versions (the operators
+    registered here that have a PyTorch op: :func:`measurable`; ``operators`` narrows them),
+    in operator, dtype and shape order; ``missing_only``: only those without an eager
+    baseline or, with ``compiled``, without a compiled one."""
+    versions = {spec.name: spec.version for spec in measurable()}
     wanted = set(versions) if operators is None else set(operators) & set(versions)
     rows = session.scalars(
         select(BestConfig)
@@ -114,7 +123,7 @@ def fill(
     *,
     device_index: int = 0,
     compiled: bool = True,
-    measure: Measure = framework.measure_in_child,
+    measure: Measure | None = None,
     stop: framework.StopFlag | None = None,
     on_outcome: Callable[[Outcome], None] | None = None,
 ) -> list[Outcome]:
@@ -124,6 +133,8 @@ def fill(
     what it measured. A timed ``mismatch`` is stored as the worker stores it (its label
     marked); a baseline not timed is reported and nothing is stored for it. Stops before the
     next winner once ``stop`` is set; ``on_outcome`` sees each outcome as it comes."""
+    # Looked up per call, not bound at import: the measuring child is what a test replaces.
+    measure = measure or framework.measure_in_child
     outcomes = []
     for winner in todo:
         if stop is not None and stop.is_set():

@@ -41,7 +41,11 @@ def baseline(
     ] = False,
     compiled: Annotated[
         bool,
-        typer.Option("--compiled/--no-compiled", help="also the op compiled by torch.compile"),
+        typer.Option(
+            "--compiled/--no-compiled",
+            help="also the op compiled by torch.compile (without it, a measured winner's stored "
+            "compiled figure is cleared: the two figures are one measurement's)",
+        ),
     ] = True,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="list the winners it would measure; no GPU needed")
@@ -55,8 +59,10 @@ def baseline(
     with the baseline off, or stored before the compiled baseline), and store them beside it:
     kato_torch's policy compares winners with them. Each is measured in a child process of its
     own on the given device, as a worker measures them after a job; the configs and their
-    times stay. Stop it with Ctrl-C: what was measured is kept."""
-    from kato.kernels import InvalidInput, list_operators
+    times stay. Stop it with Ctrl-C: what was measured is kept. Exit status 0 when every
+    winner's baselines were stored, 1 when one was not (the table says why), 130 when
+    interrupted."""
+    from kato.kernels import InvalidInput
     from kato.tuner import baselines
 
     from kato.shared.gpus import normalize_gpu_name
@@ -64,12 +70,12 @@ def baseline(
     settings = load_settings(db)
     _, sessions = open_sessions(settings.db_url)
     use_stored_operators(sessions)
-    known = {spec.name for spec in list_operators()}
+    known = {spec.name for spec in baselines.measurable()}
     unknown = sorted(set(operator or ()) - known)
     if unknown:
         fail(
-            f"unknown operator(s) {', '.join(map(repr, unknown))}: --operator takes a registered "
-            f"operator ({', '.join(sorted(known))})",
+            f"unknown operator(s) {', '.join(map(repr, unknown))}: --operator takes an operator "
+            f"with a PyTorch op ({', '.join(sorted(known))}; a user operator has none)",
             2,
         )
     model = None
@@ -99,7 +105,7 @@ def baseline(
             " (dry run)" if dry_run else ""))  # fmt: skip
         return
 
-    outcomes = []
+    outcomes, interrupted = [], False
     with progress_bar(disable=as_json) as bar:
         task = bar.add_task("baselines", total=len(todo))
         try:
@@ -108,10 +114,13 @@ def baseline(
                 on_outcome=lambda o: (outcomes.append(o), bar.advance(task)),
             )  # fmt: skip
         except KeyboardInterrupt:
+            interrupted = True
             console.print("interrupted: the baselines measured so far are stored")
     _show(outcomes, as_json)
     stored = sum(o.status == "stored" for o in outcomes)
     console.print(f"{stored} of {len(todo)} winner(s) of {model}: baselines stored")
+    if interrupted:  # a script must not take a partial run for a finished one
+        raise typer.Exit(130)
     if stored < len(outcomes):
         raise typer.Exit(1)
 

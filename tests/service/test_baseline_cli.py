@@ -155,3 +155,58 @@ def test_the_command_lists_in_a_dry_run_and_refuses_what_it_cannot_do(db):
         ([], ["no usable CUDA device 0"]),
     ):
         _assert_clear_error(runner.invoke(app, ["baseline", "--db", url, *argv]), 2, phrases)
+
+
+def test_a_user_operators_winners_are_not_measured(db):
+    """A user operator has no PyTorch op (its baseline would be ``skipped`` on every run, and
+    the run counted as failed): ``kato baseline`` leaves its winners out and refuses it by
+    name."""
+    from kato.db.operators import use_database
+    from kato.kernels import registry
+    from paths import REPO
+
+    url, sessions, _ = db
+    runner = CliRunner()
+    added = runner.invoke(app, ["operator", "add", str(REPO / "tests/user_ops/data/vector_add"),
+                                "--db", url])  # fmt: skip
+    assert added.exit_code == 0, added.output
+    source = use_database(sessions)
+    try:
+        store(sessions, "vector_add_test", [4096], dtype="float32")
+        with sessions() as s:
+            assert "vector_add_test" not in {w.operator for w in baselines.winners(s, "H200")}
+        result = runner.invoke(app, ["baseline", "--db", url, "--dry-run", "--gpu", "H200",
+                                     "--json"])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        listed = {json.loads(line)["operator"] for line in result.stdout.splitlines()}
+        assert listed == {"softmax", "layernorm"}
+        argv = ["baseline", "--db", url, "--operator", "vector_add_test", "--dry-run"]
+        _assert_clear_error(runner.invoke(app, argv), 2, ["'vector_add_test'", "user operator"])
+    finally:
+        registry.remove_source(source)
+
+
+def test_an_interrupted_run_keeps_what_it_stored_and_exits_130(db, monkeypatch):
+    """Ctrl-C during the second winner's measurement: the first's figures stay stored, and the
+    exit status says the run did not finish (a script must not export a partial run as done).
+    The measuring child, which needs a GPU, is replaced by one that answers, then is
+    interrupted."""
+    from kato.service.cli import baseline as command
+
+    url, sessions, rows = db
+    monkeypatch.setattr(command, "gpu_model_of", lambda device: "H200")
+    answers = iter([timed(0.2, 0.1)])
+
+    def measure(*args, **kw):
+        for answer in answers:
+            return answer
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(framework, "measure_in_child", measure)
+    result = CliRunner().invoke(app, ["baseline", "--db", url, "--json"])
+    assert result.exit_code == 130, result.output
+    (line,) = result.stdout.splitlines()
+    assert json.loads(line)["status"] == "stored"
+    with sessions() as s:
+        stored = [r for r in rows.values() if queries.best_config_row(s, r).framework_ms == 0.2]
+    assert len(stored) == 1

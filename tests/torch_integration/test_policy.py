@@ -579,3 +579,68 @@ def test_a_call_that_needs_a_layout_copy_is_pytorchs_in_eager_and_compiled_graph
         assert policy.decide(*key, compiled=compiled) is True
         assert policy.decide(*key, compiled=compiled, relayout=True) is False
         assert policy.decide(*key, compiled=compiled) is True
+
+
+def test_a_drop_in_relu_remembers_channels_last_and_nchw_calls_apart():
+    """A drop-in ReLU whose channels-last call ran PyTorch's op (its kernel takes contiguous
+    tensors) still runs Kato's for an NCHW call of the same shape, and so does another ReLU
+    module: the remembered fallback is the channels-last call's only."""
+    shape = (8, 16, 12, 12)
+    client = FakeClient({("relu", (8 * 16 * 12 * 12,)): Answer({}, "exact", 3.0)})
+    kato_torch.configure(client=client, gpu="H200")
+    with FakeTensorMode():
+        x = torch.empty(shape, device="cuda", dtype=torch.bfloat16)
+        x_last = x.to(memory_format=torch.channels_last)
+        relus = kato_torch.patch(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.ReLU()))
+        for module, data, kato in ((0, x_last, False), (0, x, True), (1, x, True),
+                                   (0, x_last, False), (1, x_last, False)):  # fmt: skip
+            with OpLog() as log:
+                relus[module](data)
+            assert ("kato.relu" in log.ops) is kato, (module, data.is_contiguous(), log.ops)
+
+
+@pytest.mark.parametrize("layout_optimization", [True, False])
+def test_a_traced_graph_keeps_kato_for_nchw_activations_only_while_inductor_keeps_them(
+    layout_optimization,
+):
+    """In a traced graph (``torch.export`` of fake CUDA tensors: the trace ``torch.compile``
+    makes too) Inductor's layout optimisation makes a convolution's activations channels-last:
+    while it is on, batch norm and a 4-d ReLU trace PyTorch's op whatever the layout; with it
+    off, Kato's op for NCHW activations and PyTorch's for channels-last ones (a copy in and out
+    either way). A 2-d ReLU is no convolution's activation: Kato's op in both settings."""
+    from torch._inductor import config as inductor_config
+
+    shape = (8, 16, 12, 12)
+    big = policy.MIN_SPEEDUP_COMPILED * 3
+    client = FakeClient({
+        (op, shape): Answer({}, "exact", big)
+        for op in ("batchnorm_relu", "batchnorm_relu_backward")
+    } | {("relu", (8 * 16 * 12 * 12,)): Answer({}, "exact", big)})  # fmt: skip
+    kato_torch.configure(client=client, gpu="H200")
+
+    class BnRelu(torch.nn.Module):
+        def forward(self, x, mean, var, w, b):
+            return kato_torch.batch_norm_relu(x, mean, var, w, b, True)
+
+    class Relu(torch.nn.Module):
+        def forward(self, x):
+            return kato_torch.relu(x)
+
+    def traced(module, *args):
+        with inductor_config.patch(layout_optimization=layout_optimization):
+            graph = torch.export.export(module, args).graph
+        return [str(n.target) for n in graph.nodes if n.op == "call_function"]
+
+    with FakeTensorMode():
+        x = torch.empty(shape, device="cuda", dtype=torch.bfloat16)
+        x_last = x.to(memory_format=torch.channels_last)
+        w, b = torch.ones(16, device="cuda"), torch.zeros(16, device="cuda")
+        mean, var = torch.zeros(16, device="cuda"), torch.ones(16, device="cuda")
+        for data, kato in ((x, not layout_optimization), (x_last, False)):
+            bn = traced(BnRelu(), data, mean, var, w, b)
+            assert ("kato.batch_norm_relu.default" in bn) is kato, bn
+            assert kato or "aten.batch_norm.default" in bn, bn
+            relu = traced(Relu(), data)
+            assert ("kato.relu.default" in relu) is kato, relu
+        flat = traced(Relu(), x.view(8 * 16, 12 * 12))
+        assert "kato.relu.default" in flat, flat
