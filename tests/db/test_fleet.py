@@ -104,8 +104,10 @@ def test_cancel_stops_a_running_measurement_within_seconds(db_url, tmp_path):
         start = time.monotonic()
         with sessions() as s:
             queries.request_cancel(s, job_id)
-        wait_for(lambda: job(sessions, job_id).status == "cancelled", 10, "cancel", logs=[log])
-        assert time.monotonic() - start < 5
+        wait_for(lambda: job(sessions, job_id).status == "cancelled", 20, "cancel", logs=[log])
+        # Well under the 60 s trial; the margin is for a loaded machine (the worker's heartbeat
+        # notices the cancel within a second on an idle one).
+        assert time.monotonic() - start < 10
         assert not ledger(sessions, "test", job_id).reservations()
         with sessions() as s:
             assert not queries.job_trials(s, job_id)
