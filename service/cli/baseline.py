@@ -9,9 +9,11 @@ import typer
 from kato.service.cli.common import (
     DbOption,
     app,
+    check_operators,
     console,
     fail,
     gpu_model_of,
+    gpu_option,
     load_settings,
     open_sessions,
     print_records,
@@ -62,28 +64,14 @@ def baseline(
     times stay. Stop it with Ctrl-C: what was measured is kept. Exit status 0 when every
     winner's baselines were stored, 1 when one was not (the table says why), 130 when
     interrupted."""
-    from kato.kernels import InvalidInput
     from kato.tuner import baselines
-
-    from kato.shared.gpus import normalize_gpu_name
 
     settings = load_settings(db)
     _, sessions = open_sessions(settings.db_url)
     use_stored_operators(sessions)
-    known = {spec.name for spec in baselines.measurable()}
-    unknown = sorted(set(operator or ()) - known)
-    if unknown:
-        fail(
-            f"unknown operator(s) {', '.join(map(repr, unknown))}: --operator takes an operator "
-            f"with a PyTorch op ({', '.join(sorted(known))}; a user operator has none)",
-            2,
-        )
-    model = None
-    if gpu is not None:
-        try:
-            model = normalize_gpu_name(gpu)
-        except InvalidInput as exc:
-            fail(f"--gpu: {exc}; e.g. --gpu H200", 2)
+    known = sorted(spec.name for spec in baselines.measurable())
+    check_operators(operator, known, "an operator with a PyTorch op (a user operator has none)")
+    model = gpu_option(gpu)
     if not dry_run:
         local = gpu_model_of(device)
         if model is not None and model != local:

@@ -107,6 +107,33 @@ def load_settings(db: str | None):
         db_fail(url, one_line(exc))
 
 
+def check_operators(given: list[str] | None, known: list[str], takes: str) -> None:
+    """Exit 2 naming every ``--operator`` value not in ``known``; ``takes`` says what the
+    option takes ("a registered operator")."""
+    unknown = sorted(set(given or ()) - set(known))
+    if unknown:
+        fail(
+            f"unknown operator(s) {', '.join(map(repr, unknown))}: --operator takes {takes} "
+            f"({', '.join(known)})",
+            2,
+        )
+
+
+def gpu_option(gpu: str | None) -> str | None:
+    """``--gpu`` as the catalog names it (None stays None); exits 2 with the reason if it is
+    no GPU model."""
+    if gpu is None:
+        return None
+    from kato.kernels import InvalidInput
+
+    from kato.shared.gpus import normalize_gpu_name
+
+    try:
+        return normalize_gpu_name(gpu)
+    except InvalidInput as exc:
+        fail(f"--gpu: {exc}; e.g. --gpu H200", 2)
+
+
 def gpu_model_of(device: int) -> str:
     """The catalog name of CUDA device ``device``; exits with a clear message where none."""
     from kato.tuner.backends.pycuda import describe_device

@@ -10,9 +10,11 @@ import typer
 from kato.service.cli.common import (
     DbOption,
     app,
+    check_operators,
     console,
     duration,
     fail,
+    gpu_option,
     load_settings,
     open_sessions,
     print_records,
@@ -21,8 +23,6 @@ from kato.service.cli.common import (
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-
-from kato.shared.gpus import normalize_gpu_name
 
 
 @app.command(
@@ -227,19 +227,8 @@ def retune(
     except InvalidInput as exc:
         fail(f"--budget: {exc}", 2)
     specs = {spec.name: spec for spec in list_operators()}
-    unknown = sorted(set(operator or ()) - specs.keys())
-    if unknown:
-        fail(
-            f"unknown operator(s) {', '.join(map(repr, unknown))}: --operator takes a registered "
-            f"operator ({', '.join(specs)})",
-            2,
-        )
-    model = None
-    if gpu is not None:
-        try:
-            model = normalize_gpu_name(gpu)
-        except InvalidInput as exc:
-            fail(f"--gpu: {exc}; e.g. --gpu H200", 2)
+    check_operators(operator, list(specs), "a registered operator")
+    model = gpu_option(gpu)
 
     _, sessions = open_sessions(settings.db_url)
     use_stored_operators(sessions)
