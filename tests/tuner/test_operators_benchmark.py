@@ -113,3 +113,66 @@ def test_a_failed_config_has_no_kato_figures():
     )  # fmt: skip
     assert row["speedup"] is None and row["pct_cublas"] is None and row["kato_gbs"] is None
     assert not math.isnan(row["torch_gbs"])
+
+
+def test_a_full_selector_off_the_set_is_a_case_of_its_own():
+    picked = operators.cases(["transpose:8191x8193:float32", "transpose:8192x8192:float32"])
+    assert picked == [
+        ("transpose", (8191, 8193), "float32"),
+        ("transpose", (8192, 8192), "float32"),
+    ]
+    assert operators.cases(["transpose:8191x8193"]) == []  # no dtype: only the set's cases
+    with pytest.raises(SystemExit, match="rank"):
+        operators.cases(["transpose:8191:float32"])
+    with pytest.raises(SystemExit):
+        operators.cases(["transpose:8191xabc:float32"])
+
+
+def test_where_filters_parse_to_integer_sets():
+    assert operators.parse_where(["HINTS=0,1,2", "TILE=64"]) == {"HINTS": {0, 1, 2}, "TILE": {64}}
+    assert operators.parse_where(None) == {}
+    for bad in ("HINTS", "HINTS=", "=1", "HINTS=a"):
+        with pytest.raises(SystemExit, match="PARAM=V1,V2"):
+            operators.parse_where([bad])
+
+
+def test_a_sweep_takes_the_valid_configs_that_match_hints_side_by_side():
+    """Issue 31's cache-hint comparison: the configs that pass check() and take the listed
+    values, those differing only in HINTS (the last parameter) one after another."""
+    spec = get_operator("transpose")
+    where = operators.parse_where(
+        ["TILE=64", "VEC=1,2,4", "RPT=4,8", "SMEM=1,2", "MIN_BLOCKS=0,4", "HINTS=0,1,2"]
+    )
+    configs = operators.sweep_configs(spec, (8191, 8193), "float32", where)
+    assert len(configs) == 54  # 72 combinations; MIN_BLOCKS=4 rules out 18 (threads or registers)
+    assert all(spec.check(c, (8191, 8193), "float32") is None for c in configs)
+    assert all(c[k] in where[k] for c in configs for k in where)
+    for i in range(0, len(configs), 3):
+        triple = configs[i : i + 3]
+        assert [c["HINTS"] for c in triple] == [0, 1, 2]
+        assert len({tuple(v for k, v in c.items() if k != "HINTS") for c in triple}) == 1
+    with pytest.raises(SystemExit, match="no parameter NOPE"):
+        operators.sweep_configs(spec, (64, 64), "float32", {"NOPE": {1}})
+    with pytest.raises(SystemExit, match="no valid"):
+        operators.sweep_configs(spec, (64, 64), "float32", {"TILE": {16}, "VEC": {4}, "RPT": {4}})
+
+
+def test_best_by_takes_the_fastest_timed_row_per_value(capsys):
+    def row(hints, ms, vec=1):
+        r = operators.make_row(
+            "transpose", (8191, 8193), "float32", bytes_moved=2 * 8191 * 8193 * 4, flops=0,
+            kato_ms=ms, torch_ms=0.55, copy_gbs=3029.0,
+        )  # fmt: skip
+        r.update(source="sweep", config={"VEC": vec, "HINTS": hints}, error="boom")
+        return r
+
+    rows = [row(0, 0.25), row(1, 0.21), row(0, 0.24, vec=4), row(1, None), row(2, None)]
+    best = operators.best_by(rows, "HINTS")
+    assert list(best) == [0, 1]  # HINTS=2 never timed
+    assert best[0]["kato_ms"] == 0.24 and best[0]["config"]["VEC"] == 4
+    assert best[1]["kato_ms"] == 0.21
+    operators.print_row(best[1], prefix="HINTS=1")
+    operators.print_row(rows[-1])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("HINTS=1: VEC=1 HINTS=1") and "0.2100" in lines[0]
+    assert "FAILED boom" in lines[1] and lines[1].endswith("VEC=1 HINTS=2")
