@@ -3,6 +3,7 @@ row reports. The GPU run itself is the lead's (the report's command)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -176,3 +177,61 @@ def test_best_by_takes_the_fastest_timed_row_per_value(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].endswith("HINTS=1: VEC=1 HINTS=1") and "0.2100" in lines[0]
     assert "FAILED boom" in lines[1] and lines[1].endswith("VEC=1 HINTS=2")
+
+
+def test_a_sweep_writes_every_row_and_the_best_per_value(tmp_path, monkeypatch, capsys):
+    """The ``--where`` run end to end with the device parts stood in: one row per matching
+    config (a failed one too), the JSON's best per HINTS value per case, the summary table."""
+    import sys
+    import types
+
+    from kato.tuner.backends import pycuda
+    from kato.tuner.backends.base import DeviceInfo, TrialResult, TrialStatus
+
+    import benchmarks.torch_ops
+
+    class FakeBackend:
+        def __init__(self, spec, shape, dtype, repeats):
+            self.shape = tuple(shape)
+
+        def precompile(self, configs):
+            self.compiled = len(configs)
+
+        def evaluate(self, config):
+            if config["VEC"] == 4 and config["HINTS"] == 2:
+                return TrialResult(dict(config), TrialStatus.VERIFY_ERROR, error="mismatch")
+            ms = 0.25 - 0.01 * config["HINTS"] - 0.001 * config["VEC"]
+            return TrialResult(dict(config), TrialStatus.OK, times_ms=[ms], registers=30)
+
+        def close(self):
+            pass
+
+    device = DeviceInfo("NVIDIA H100 80GB HBM3", "H100-SXM", (9, 0), "13.0")
+    monkeypatch.setattr(pycuda, "PyCudaBackend", FakeBackend)
+    monkeypatch.setattr(pycuda, "describe_device", lambda index: device)
+    monkeypatch.setattr(operators, "copy_bandwidth_gbs", lambda: 3000.0)
+    monkeypatch.setattr(operators, "torch_time_ms", lambda fn: 0.55)
+    torch_transpose = types.SimpleNamespace(CASES=[], make=lambda shape, dtype: None)
+    monkeypatch.setattr(benchmarks.torch_ops, "modules", lambda: {"transpose": torch_transpose})
+    out = tmp_path / "sweep.json"
+    argv = ["operators.py", "--out", str(out), "--case", "transpose:8191x8193:float32"]
+    argv += ["--where", "TILE=64", "--where", "VEC=1,4", "--where", "RPT=4"]
+    argv += ["--where", "SMEM=2", "--where", "MIN_BLOCKS=0", "--where", "HINTS=0,1,2"]
+    monkeypatch.setattr(sys, "argv", argv)
+    operators.main()
+    report = json.loads(out.read_text())
+    assert report["copy_gbs"] == 3000.0 and report["where"]["HINTS"] == [0, 1, 2]
+    assert [(r["config"]["VEC"], r["config"]["HINTS"]) for r in report["rows"]] == [
+        (v, h) for v in (1, 4) for h in (0, 1, 2)
+    ]
+    failed = [r for r in report["rows"] if r["kato_ms"] is None]
+    assert [(r["status"], r["error"]) for r in failed] == [("verify_error", "mismatch")]
+    best = {(b["param"], b["value"]): b for b in report["best_by"]}
+    assert set(best) == {("VEC", 1), ("VEC", 4), ("HINTS", 0), ("HINTS", 1), ("HINTS", 2)}
+    assert best[("HINTS", 2)]["config"]["VEC"] == 1  # VEC=4 HINTS=2 failed
+    assert best[("HINTS", 1)]["kato_ms"] == pytest.approx(0.236)
+    assert best[("HINTS", 1)]["kato_pct_copy"] == pytest.approx(
+        100 * 2 * 8191 * 8193 * 4 / 0.236 / 1e6 / 3000.0
+    )
+    text = capsys.readouterr().out
+    assert "best per value of VEC, HINTS" in text and "HINTS=1: TILE=64 VEC=4" in text
