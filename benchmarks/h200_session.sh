@@ -17,7 +17,8 @@
 #   it: GPU_SHARD=i/n runs every n-th test file from the i-th (1-based) of tests/gpu; `winners`
 #   runs the committed winners' check, each in a call of its own.
 #   env: GPU_TESTS (pytest paths, default tests/gpu minus the winners), GPU_SHARD (i/n), TUNE_BUDGET, CASES ("relu layernorm:1048576x128 ..."),
-#        TUNE_ONLY=1, MAX_MINUTES, AWKWARD=1 (operators.py's awkward case set), DB (SQLAlchemy URL of the results database; data/h200 is
+#        TUNE_ONLY=1, MAX_MINUTES, AWKWARD=1 (operators.py's awkward case set), WHERE ("PARAM=V1,V2 ...":
+#        operators.py sweeps the matching configs of each case instead of timing its winner), DB (SQLAlchemy URL of the results database; data/h200 is
 #        imported into it first, and the operators step exports it to $OUT/h200),
 #        THROUGHPUT_ARGS, SPACES ("op:shape:dtype ..." to brute-force, each cut after SPACE_TIMEOUT s),
 #        KT_EXAMPLES, KT_SCRIPTS, KT_SCRIPT_BUDGET, KT_SCRIPT_TIMEOUT (ktexamples),
@@ -52,6 +53,7 @@ for step in $steps; do
     winners) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_committed_winners_gpu.py \
                  2>&1 | tee "$OUT/gpu_winners.log" | tail -20 ;;
     operators) ops=(); for o in ${CASES:-}; do ops+=(--case "$o"); done
+               for w in ${WHERE:-}; do ops+=(--where "$w"); done
                python3 benchmarks/operators.py --db "$DB" \
                  --tune "${TUNE_BUDGET:-0}" ${TUNE_ONLY:+--tune-only} \
                  ${MAX_MINUTES:+--max-minutes $MAX_MINUTES} ${AWKWARD:+--awkward} "${ops[@]}" \

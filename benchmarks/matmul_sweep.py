@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.operators import torch_time_ms  # noqa: E402
+from benchmarks.operators import parse_where, torch_time_ms  # noqa: E402
 
 #: Issue 32's square shapes and a GPT-2 small training step's (M x N x K): the MLP's two GEMMs
 #: and the vocabulary head, forward (matmul) and the two backward layouts.
@@ -57,15 +57,6 @@ def torch_case(operator: str, shape: tuple[int, int, int], dtype: str):
     b_op = b.t() if operator == "matmul_nt" else b
     out = torch.empty(m, n, device="cuda", dtype=kind)
     return lambda: torch.matmul(a_op, b_op, out=out)
-
-
-def parse_where(items: list[str] | None) -> dict[str, set[int]]:
-    """``["STAGES=3,4", "CLUSTER_M=1"]`` -> ``{"STAGES": {3, 4}, "CLUSTER_M": {1}}``."""
-    where: dict[str, set[int]] = {}
-    for item in items or []:
-        name, _, values = item.partition("=")
-        where[name] = {int(v) for v in values.split(",")}
-    return where
 
 
 def sweep(

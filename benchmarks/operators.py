@@ -15,6 +15,15 @@ benchmark names (issue 31), each a launch of 0.05 to 5 ms on the H200. Every row
 and PyTorch's ms, the speedup, the share of the measured copy bandwidth (memory-bound operators)
 and, for matmul, the share of cuBLAS (PyTorch's matmul) as ``pct_cublas``.
 
+``--where PARAM=V1,V2`` (repeatable) sweeps instead: every valid config of each case whose
+parameters take the listed values, one row each, beside the same PyTorch time and copy bandwidth;
+no database and no tuning. The summary then gives each case's best row per value of every
+parameter listed with several values (issue 31's cache hints, side by side)::
+
+    python benchmarks/operators.py --case transpose:8191x8193:float32 \
+        --case transpose:8192x8192:float32 --where TILE=64 --where VEC=1,2,4 \
+        --where HINTS=0,1,2 --out transpose_hints.json
+
 Prints a table and writes JSON. Needs a CUDA GPU, PyCUDA and PyTorch.
 """
 
@@ -132,7 +141,8 @@ def cases(
     """The benchmark cases of the torch_ops modules (or, with ``awkward``, :data:`AWKWARD_CASES`
     in their order), all (by operator name) or those matching ``selectors`` in the order given
     (tuning spends device time in that order). A selector is ``operator``, ``operator:shape``
-    or ``operator:shape:dtype`` (shape as ``32768x4096``)."""
+    or ``operator:shape:dtype`` (shape as ``32768x4096``); the last names a case of its own
+    where the set lacks it (any shape the operator takes)."""
     from benchmarks.torch_ops import modules
 
     available = modules()
@@ -152,16 +162,69 @@ def cases(
         shape, _, dtype = rest.partition(":")
         if name not in available:
             raise SystemExit(f"no benchmark cases for operator {name!r}")
+        listed = False
         for case in every:
             matches = case[0] == name and (not shape or "x".join(map(str, case[1])) == shape)
-            if matches and (not dtype or case[2] == dtype) and case not in found:
-                found.append(case)
+            if matches and (not dtype or case[2] == dtype):
+                listed = True
+                if case not in found:
+                    found.append(case)
+        if not listed and shape and dtype:
+            from kato.kernels import InvalidInput, get_operator
+
+            try:
+                sizes = tuple(get_operator(name).validate(map(int, shape.split("x")), dtype))
+            except (InvalidInput, ValueError) as exc:
+                raise SystemExit(f"case {selector!r}: {exc}") from exc
+            if (name, sizes, dtype) not in found:
+                found.append((name, sizes, dtype))
     return found
+
+
+def parse_where(items: list[str] | None) -> dict[str, set[int]]:
+    """``["STAGES=3,4", "CLUSTER_M=1"]`` -> ``{"STAGES": {3, 4}, "CLUSTER_M": {1}}``."""
+    where: dict[str, set[int]] = {}
+    for item in items or []:
+        name, _, values = item.partition("=")
+        try:
+            where[name] = {int(v) for v in values.split(",")}
+        except ValueError:
+            name = ""
+        if not name:
+            raise SystemExit(f"--where takes PARAM=V1,V2 (integers), got {item!r}")
+    return where
+
+
+def sweep_configs(spec, shape, dtype, where: dict[str, set[int]]) -> list[dict]:
+    """The valid configs of ``spec`` for the case whose parameters take the values ``where``
+    lists (the others any), in the product order of its parameters: the last varies fastest,
+    so configs that differ in it alone are timed one after another."""
+    import itertools
+
+    unknown = sorted(set(where) - set(spec.params))
+    if unknown:
+        raise SystemExit(f"{spec.name} has no parameter {', '.join(unknown)}")
+    values = [[v for v in vs if k not in where or v in where[k]] for k, vs in spec.params.items()]
+    configs = [dict(zip(spec.params, combo, strict=True)) for combo in itertools.product(*values)]
+    valid = [c for c in configs if spec.check(c, shape, dtype) is None]
+    if not valid:
+        raise SystemExit(f"no valid {spec.name} config for {shape} {dtype} where {where}")
+    return valid
+
+
+def best_by(rows: list[dict], name: str) -> dict[int, dict]:
+    """The fastest timed row (``kato_ms``) per value of parameter ``name`` in their configs."""
+    best: dict[int, dict] = {}
+    for row in rows:
+        value = row["config"][name]
+        if row["kato_ms"] and (value not in best or row["kato_ms"] < best[value]["kato_ms"]):
+            best[value] = row
+    return dict(sorted(best.items()))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--db", required=True, help="SQLAlchemy URL of the results database")
+    ap.add_argument("--db", help="SQLAlchemy URL of the results database (required unless --where)")
     ap.add_argument("--out", default="operators.json", help="JSON report path")
     ap.add_argument("--tune", type=int, default=0, help="tune missing cases with this budget")
     ap.add_argument("--tune-only", action="store_true", help="tune missing cases, time nothing")
@@ -176,7 +239,20 @@ def main() -> None:
     ap.add_argument(
         "--awkward", action="store_true", help="the awkward shapes (AWKWARD_CASES) instead"
     )
+    ap.add_argument(
+        "--where",
+        action="append",
+        metavar="PARAM=V1,V2",
+        help="time every valid config of each case whose parameters take these values "
+        "(repeatable) instead of the stored winner: no database, no tuning",
+    )
     args = ap.parse_args()
+    where = parse_where(args.where)
+    if where:
+        sweep(args, where)
+        return
+    if not args.db:
+        ap.error("--db is required unless --where sweeps configs")
 
     import time
 
@@ -246,6 +322,77 @@ def main() -> None:
     print("%copy: share of the copy bandwidth; for matmul, Kato's column is its % of cuBLAS")
 
 
+def sweep(args: argparse.Namespace, where: dict[str, set[int]]) -> None:
+    """``--where``: every matching valid config of each case, timed as a tuning trial is
+    (verified first), one row each beside the case's PyTorch time and the copy bandwidth
+    measured once at the start; then each case's best per value of the parameters listed
+    with several values. Writes the JSON after every case."""
+    import time
+
+    from kato.kernels import get_operator
+    from kato.tuner.backends.pycuda import PyCudaBackend, describe_device
+
+    from benchmarks.torch_ops import modules
+
+    started = time.monotonic()
+    device = describe_device(0)
+    torch_ops = modules()
+    copy_gbs = copy_bandwidth_gbs()
+    compared = [name for name, values in where.items() if len(values) > 1]
+    report = {
+        "device": device.name,
+        "cuda": device.cuda_version,
+        "copy_gbs": copy_gbs,
+        "where": {k: sorted(v) for k, v in where.items()},
+        "rows": [],
+        "best_by": [],
+    }
+    print(f"{device.name}  device-to-device copy: {copy_gbs:.0f} GB/s (read + write)")
+    print(HEADER)
+    for operator, shape, dtype in cases(args.case, args.awkward):
+        spec = get_operator(operator)
+        configs = sweep_configs(spec, shape, dtype, where)
+        torch_ms = torch_time_ms(torch_ops[operator].make(shape, dtype))
+        backend = PyCudaBackend(spec, shape, dtype, repeats=30)
+        rows = []
+        try:
+            backend.precompile(configs)
+            for config in configs:
+                result = backend.evaluate(config)
+                row = make_row(
+                    operator,
+                    shape,
+                    dtype,
+                    bytes_moved=spec.bytes_moved(shape, dtype),
+                    flops=spec.flops(shape, dtype),
+                    kato_ms=result.time_ms,
+                    torch_ms=torch_ms,
+                    copy_gbs=copy_gbs,
+                )
+                row.update(
+                    source="sweep",
+                    config=config,
+                    status=result.status.value,
+                    error=result.error,
+                    registers=result.registers,
+                )
+                rows.append(row)
+                print_row(row, flush=True)
+        finally:
+            backend.close()
+        report["rows"] += rows
+        for name in compared:
+            for value, row in best_by(rows, name).items():
+                report["best_by"].append({"param": name, "value": value, **row})
+        report["seconds"] = time.monotonic() - started
+        Path(args.out).write_text(json.dumps(report, indent=2, default=str))
+    names = ", ".join(compared) or "-"
+    print(f"\nbest per value of {names} ({device.name}, copy {copy_gbs:.0f} GB/s)")
+    print(HEADER)
+    for row in report["best_by"]:
+        print_row(row, prefix=f"{row['param']}={row['value']}")
+
+
 def make_row(
     operator: str,
     shape: tuple[int, ...],
@@ -293,10 +440,20 @@ HEADER = (
 )
 
 
-def print_row(r: dict, flush: bool = False) -> None:
+def print_row(r: dict, flush: bool = False, prefix: str = "") -> None:
+    """One table line; a sweep's row (source ``sweep``) ends with its config, after
+    ``prefix``."""
     shape = "x".join(map(str, r["shape"]))
+    config = ""
+    if r.get("source") == "sweep":
+        config = f"  {prefix + ': ' if prefix else ''}" + " ".join(
+            f"{k}={v}" for k, v in r["config"].items()
+        )
     if r["kato_ms"] is None:
-        print(f"{r['operator']:10} {shape:>14} {r['dtype']:8} FAILED {r['error']}", flush=flush)
+        print(
+            f"{r['operator']:10} {shape:>14} {r['dtype']:8} FAILED {r['error']}{config}",
+            flush=flush,
+        )
         return
     if r["flops"]:
         kato, torch = f"{r['kato_tflops']:7.1f} TFLOP/s", f"{r['torch_tflops']:7.1f} TFLOP/s"
@@ -309,7 +466,7 @@ def print_row(r: dict, flush: bool = False) -> None:
     print(
         f"{r['operator']:10} {shape:>14} {r['dtype']:8} {r['source']:7} {r['kato_ms']:9.4f} "
         f"{r['torch_ms']:9.4f} {r['speedup']:7.2f} {kato:>15} {kato_pct:>6} "
-        f"{torch:>15} {torch_pct:>6}",
+        f"{torch:>15} {torch_pct:>6}{config}",
         flush=flush,
     )
 

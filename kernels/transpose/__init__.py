@@ -18,6 +18,14 @@ Parameter space (Kernel Tuner key order):
 - ``SMEM``: shared-memory layout: 0 plain ``[TILE][TILE]``, 1 padded by one word per row,
   2 XOR swizzle (column ``c ^ row``) against bank conflicts without padding.
 - ``MIN_BLOCKS``: the min-blocks clause of ``__launch_bounds__`` (0 = none).
+- ``HINTS``: cache hints of every global load and store (issue 31): 0 streaming loads and
+  stores (``__ldcs``/``__stcs``, evict-first: the program before the parameter existed), 1
+  streaming loads with plain write-back stores, 2 plain both (read-only ``__ldg`` loads, default
+  L2 eviction). Where a row pitch is no multiple of 32 bytes (odd sides), tile rows start mid
+  sector, so a sector at a tile boundary is written half by one block and half by its
+  neighbour. The hypothesis HINTS 1 and 2 test: evict-first stores let the L2 write such a
+  sector back half valid (a read-modify-write at the HBM) before the other half arrives, and
+  evict-first loads drop a sector the neighbour reads again; write-back stores would merge it.
 
 The source depends on the shape only through ``ALIGNED`` (sizes are kernel arguments), so
 two compiles per (config, dtype) serve every shape. The grid is 1-D over the tiles with a grid
@@ -102,6 +110,7 @@ class TransposeSpec(OperatorSpec):
         "RPT": (1, 2, 4, 8),
         "SMEM": (0, 1, 2),
         "MIN_BLOCKS": (0, 4),
+        "HINTS": (0, 1, 2),
     }
     template = Path(__file__).with_name("transpose.cu")
     kernel_name = "transpose_kernel"
@@ -173,7 +182,8 @@ class TransposeSpec(OperatorSpec):
         the 4-byte or scalar vectors that divide an odd shape take 4 to 16 times the loads and
         stores (VEC=1 ran the 8191 x 8193 float32 case at 70% of copy bandwidth on the H100).
         Every recorded space is a shape of the first kind, so its default is unchanged; the
-        split choice is not measured yet."""
+        split choice is not measured yet. ``HINTS=0`` (streaming loads and stores, what every
+        recorded space measured); the plain ones are not measured yet."""
         rows, cols = self.validate(shape, dtype)
         itemsize = DTYPES[dtype][2]
         widths = [v for v in self.params["VEC"] if v * itemsize <= 16]
@@ -182,6 +192,7 @@ class TransposeSpec(OperatorSpec):
         for vec in dict.fromkeys((first, dividing, 1)):
             for tile, rpt in ((64, 4), (64, 8), (32, 4), (32, 2), (32, 1), (16, 2), (16, 1)):
                 config = {"TILE": tile, "VEC": vec, "RPT": rpt, "SMEM": 1, "MIN_BLOCKS": 0}
+                config["HINTS"] = 0
                 if self.check(config, shape, dtype) is None:
                     return config
         raise AssertionError(f"no default transpose config for {tuple(shape)} {dtype}")

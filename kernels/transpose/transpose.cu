@@ -8,6 +8,12 @@
 //               (TILE / VEC) x (TILE / RPT) threads
 //   SMEM        shared-memory layout: 0 plain, 1 one padding word per tile row, 2 XOR swizzle
 //   MIN_BLOCKS  min-blocks clause of __launch_bounds__ (0 = none)
+//   HINTS       cache hints of the global loads and stores (issue 31): 0 streaming both
+//               (__ldcs / __stcs: evict-first), 1 streaming loads and plain write-back stores,
+//               2 plain both (read-only __ldg loads, default L2 eviction; write-back stores).
+//               Where rows start mid 32-byte sector, the sector at a tile boundary is written
+//               half by one block and half by its neighbour; the hypothesis 1 and 2 test:
+//               evict-first writes it back half valid before the other half arrives.
 // Derived macro (the spec computes it):
 //   ALIGNED     0 where rows % VEC != 0 or cols % VEC != 0 (issue 31): input and output rows
 //               start at offsets from a vector boundary that vary by row, so each tile row is
@@ -55,6 +61,25 @@
 #endif
 #ifndef ALIGNED
 #define ALIGNED 1
+#endif
+#ifndef HINTS
+#define HINTS 0
+#endif
+#if HINTS < 0 || HINTS > 2
+#error "HINTS must be 0, 1 or 2"
+#endif
+
+// Every global load and store goes through these: HINTS 0 expands to the intrinsics the kernel
+// always used, so its program is unchanged.
+#if HINTS == 2
+#define KATO_LOAD(p) __ldg(p)
+#else
+#define KATO_LOAD(p) __ldcs(p)
+#endif
+#if HINTS == 0
+#define KATO_STORE(p, v) __stcs(p, v)
+#else
+#define KATO_STORE(p, v) KATO_NS::store_plain(p, v)
 #endif
 
 // Only bits move: elements are handled as unsigned integers of their size, so float16 and
@@ -106,6 +131,33 @@ using Unit = typename UnitOf<kE * kElemBytes>::type;
 
 #include "../common/kato_vec.cuh"
 
+#if HINTS != 0
+// Plain (weak, write-back) global stores of one vector in one instruction, written as __stcs is
+// but without .cs: an assignment lets the compiler split a vector assembled by memcpy into
+// 32-bit stores, and __stwb's st.global.wb becomes a strong store (STG.E.STRONG.SM on sm_90).
+// The CPU emulation (no __CUDA_ARCH__) assigns.
+#ifdef __CUDA_ARCH__
+__device__ __forceinline__ void store_plain(unsigned short* p, unsigned short v) {
+  asm("st.global.u16 [%0], %1;" ::"l"(p), "h"(v) : "memory");
+}
+__device__ __forceinline__ void store_plain(unsigned int* p, unsigned int v) {
+  asm("st.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void store_plain(uint2* p, uint2 v) {
+  asm("st.global.v2.u32 [%0], {%1,%2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
+}
+__device__ __forceinline__ void store_plain(uint4* p, uint4 v) {
+  asm("st.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+      : "memory");
+}
+#else
+template <class V>
+__device__ __forceinline__ void store_plain(V* p, V v) {
+  *p = v;
+}
+#endif
+#endif
+
 // Physical column of unit (p, c) in the shared tile.
 __device__ __forceinline__ int phys(int p, int c) {
 #if SMEM == 2
@@ -127,10 +179,10 @@ __device__ __forceinline__ unsigned int perm(unsigned int a, unsigned int b, uns
 __device__ __forceinline__ Raw load(const T* __restrict__ x, long long a, long long n, int j0,
                                     int lim) {
   Raw r;
-  if (a >= 0 && a + VEC <= n) return __ldcs(reinterpret_cast<const Raw*>(x + a));
+  if (a >= 0 && a + VEC <= n) return KATO_LOAD(reinterpret_cast<const Raw*>(x + a));
   T e[VEC];
 #pragma unroll
-  for (int j = 0; j < VEC; ++j) e[j] = (j0 + j >= 0 && j0 + j < lim) ? __ldcs(x + a + j) : T(0);
+  for (int j = 0; j < VEC; ++j) e[j] = (j0 + j >= 0 && j0 + j < lim) ? KATO_LOAD(x + a + j) : T(0);
   __builtin_memcpy(&r, e, sizeof(Raw));
   return r;
 }
@@ -152,7 +204,7 @@ template <class Tile>
 __device__ __forceinline__ void store_elements(T* out, Tile& tile, int cl, int q, int lim) {
 #pragma unroll
   for (int m = 0; m < VEC; ++m) {
-    if (q + m >= 0 && q + m < lim) __stcs(out + q + m, tile[q + m][phys(q + m, cl)]);
+    if (q + m >= 0 && q + m < lim) KATO_STORE(out + q + m, tile[q + m][phys(q + m, cl)]);
   }
 }
 #endif
@@ -205,7 +257,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS transpose_kernel(const KATO_ELEM* 
       for (int e = 0; e < E; ++e) {
         const long long row = r0 + static_cast<long long>(ty + k * kt::kBY) * E + e;
         if (row < rows && col < cols) {
-          v[k * E + e] = __ldcs(reinterpret_cast<const Raw*>(x + row * cols + col));
+          v[k * E + e] = KATO_LOAD(reinterpret_cast<const Raw*>(x + row * cols + col));
         }
       }
     }
@@ -247,7 +299,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS transpose_kernel(const KATO_ELEM* 
       if (out_row < cols && out_col < rows) {
         Raw r;
         __builtin_memcpy(&r, u, sizeof(Raw));
-        __stcs(reinterpret_cast<Raw*>(y + out_row * rows + out_col), r);
+        KATO_STORE(reinterpret_cast<Raw*>(y + out_row * rows + out_col), r);
       }
     }
 #else
@@ -307,7 +359,7 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS transpose_kernel(const KATO_ELEM* 
           for (int m = 0; m < VEC; ++m) u[m] = tile[q + m][kt::phys(q + m, cl)];
           Raw r;
           __builtin_memcpy(&r, u, sizeof(Raw));
-          __stcs(reinterpret_cast<Raw*>(y + g + q), r);
+          KATO_STORE(reinterpret_cast<Raw*>(y + g + q), r);
         } else {
           kt::store_elements(y + g, tile, cl, q, lim_r);
         }

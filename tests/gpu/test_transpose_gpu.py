@@ -1,13 +1,14 @@
 """Transpose on a real GPU: every dtype on awkward shapes (default config), every valid variant
 verified exactly through the backend, every vector width on shapes it does not divide (rows
-split at vector boundaries, issue 31), and the tile loop's grid stride with a capped grid."""
+split at vector boundaries, issue 31), the plain cache hints (HINTS 1 and 2) on odd shapes, and
+the tile loop's grid stride with a capped grid."""
 
 from __future__ import annotations
 
 import kato.kernels.transpose as transpose_module
 import pytest
 from kato.kernels import DTYPES, get_operator
-from verify_harness import verify_variants
+from verify_harness import verify_config, verify_variants
 
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
 #: Single elements, 1 x N and N x 1, primes, sizes off every tile and vector width, very wide
@@ -66,6 +67,47 @@ def test_every_vector_width_on_split_shapes(spec, shape, dtype):
             spec, shape, dtype, max_configs=samples, seed=vec, where=lambda c, v=vec: c["VEC"] == v
         )
         assert checked >= samples and not failures, (vec, failures[:5])
+
+
+#: Odd sides, issue 31's 8191 x 8193 in small: every row starts at its own offset within a
+#: 32-byte sector, so the sectors at tile edges are shared by neighbouring blocks; then one side
+#: odd, the other a multiple of every vector width.
+ODD = [(127, 129), (129, 127), (255, 4097), (1000, 1003), (4096, 1001)]
+
+
+@pytest.mark.parametrize("hints", [1, 2])
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("shape", ODD, ids=lambda s: "x".join(map(str, s)))
+def test_plain_cache_hints_on_odd_shapes(spec, shape, dtype, hints):
+    """HINTS 1 (plain stores) and 2 (plain loads and stores): a seeded sample of the configs
+    of every vector width (split rows for VEC > 1), verified exactly."""
+    widths = [v for v in spec.params["VEC"] if v * DTYPES[dtype][2] <= 16]
+    for vec in widths:
+        checked, failures = verify_variants(
+            spec,
+            shape,
+            dtype,
+            max_configs=4,
+            seed=10 * hints + vec,
+            where=lambda c, v=vec: c["VEC"] == v and c["HINTS"] == hints,
+        )
+        assert checked >= 4 and not failures, (vec, failures[:5])
+
+
+#: 8191 x 8193 float32: the tuned winner (data/h100, TILE=64 VEC=1 RPT=4 SMEM=2) and a split
+#: 16-byte one.
+ISSUE_CONFIGS = [
+    {"TILE": 64, "VEC": 1, "RPT": 4, "SMEM": 2, "MIN_BLOCKS": 0},
+    {"TILE": 64, "VEC": 4, "RPT": 4, "SMEM": 1, "MIN_BLOCKS": 0},
+]
+
+
+@pytest.mark.parametrize("hints", [1, 2])
+def test_plain_cache_hints_on_the_issue_shape(spec, hints):
+    for config in ISSUE_CONFIGS:
+        config = {**config, "HINTS": hints}
+        error = verify_config(spec, (8191, 8193), "float32", config)
+        assert error is None, (config, error)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

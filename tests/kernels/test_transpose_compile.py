@@ -5,11 +5,16 @@ kernel's logic runs on the CPU in test_transpose_emulation.py).
 The source depends on the shape only through ALIGNED, so the valid configs of one shape per
 dtype whose sizes are multiples of every vector width (8192 x 8192) and of one no vector width
 divides (37 x 5: rows split at vector boundaries, ALIGNED=0) are every variant there is. ~150
-variants per dtype and path, batched by the compile harness.
+variants per dtype, path and cache hint (``HINTS``), batched by the compile harness. The PTX of
+each ``HINTS`` has its cache qualifiers on every global load and store, and otherwise the same
+accesses.
 """
 
 from __future__ import annotations
 
+import collections
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,7 +27,7 @@ from kato.kernels.transpose import (
     static_shared_bytes,
     threads,
 )
-from kato.tuner.nvcc import nvcc_available
+from kato.tuner.nvcc import BASE_OPTIONS, nvcc_available
 
 pytestmark = pytest.mark.skipif(not nvcc_available(), reason="nvcc not on PATH")
 
@@ -85,3 +90,43 @@ def test_resources_match_the_model(outcomes: list[Outcome]) -> None:
                 f"spec {static_shared_bytes(config, dtype, is_aligned)}"
             )
     assert not bad, "\n".join(bad[:10])
+
+
+#: A global load or store in PTX: the operation, its qualifiers, the vector and element type.
+GLOBAL_ACCESS = re.compile(r"\b(ld|st)\.global((?:\.(?:cs|nc|wb|cg|ca|lu|cv|wt))*)(\.v\d)?\.(\w+)")
+#: Qualifiers per HINTS: (loads, stores).
+QUALIFIERS = {0: (".cs", ".cs"), 1: (".cs", ""), 2: (".nc", "")}
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "config"),
+    [
+        ((8192, 8192), "float32", {"TILE": 64, "VEC": 4, "RPT": 4, "SMEM": 1, "MIN_BLOCKS": 4}),
+        ((8191, 8193), "float32", {"TILE": 64, "VEC": 1, "RPT": 4, "SMEM": 2, "MIN_BLOCKS": 0}),
+        ((8191, 8193), "float32", {"TILE": 64, "VEC": 4, "RPT": 4, "SMEM": 1, "MIN_BLOCKS": 0}),
+        ((8192, 8192), "float16", {"TILE": 64, "VEC": 8, "RPT": 8, "SMEM": 1, "MIN_BLOCKS": 0}),
+        ((8191, 8193), "bfloat16", {"TILE": 32, "VEC": 8, "RPT": 4, "SMEM": 2, "MIN_BLOCKS": 0}),
+    ],
+    ids=["aligned-f32", "odd-f32-vec1", "split-f32-vec4", "aligned-f16", "split-bf16"],
+)
+def test_hints_change_only_the_cache_qualifiers(shape, dtype, config, tmp_path: Path) -> None:
+    """Per HINTS, every global load and store carries its qualifier (0: ld.cs / st.cs, 1: ld.cs
+    / plain st, 2: ld.nc / plain st), and the accesses are otherwise the same: as many, as wide
+    (a plain store stays one vector instruction)."""
+    shapes = {}
+    for hints, (load_q, store_q) in QUALIFIERS.items():
+        c = {**config, "HINTS": hints}
+        assert SPEC.check(c, shape, dtype) is None
+        path = tmp_path / f"k{hints}.cu"
+        path.write_text(SPEC.render(c, shape, dtype))
+        options = [o for o in BASE_OPTIONS if o not in ("-Xptxas", "-v")]
+        ptx = subprocess.run(
+            ["nvcc", "-ptx", "-arch=sm_90", *options, "-o", "-", str(path)],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        accesses = GLOBAL_ACCESS.findall(ptx)
+        assert {op for op, *_ in accesses} == {"ld", "st"}
+        for op, qualifiers, _, _ in accesses:
+            assert qualifiers == (load_q if op == "ld" else store_q), (hints, op, qualifiers)
+        shapes[hints] = collections.Counter((op, v, k) for op, _, v, k in accesses)
+    assert shapes[0] == shapes[1] == shapes[2]

@@ -22,7 +22,7 @@ SPEC = get_operator("transpose")
 
 def emulated_cases() -> list[Case]:
     """Every dtype x tile x layout, the widest vectors the shape allows, tails on both sides,
-    1 x N and N x 1, and capped grids (the tile loop's grid stride)."""
+    1 x N and N x 1, capped grids (the tile loop's grid stride), and each cache hint."""
     cases = []
     shapes = {"float32": [(40, 72), (1, 36), (33, 1)], "float16": [(48, 24), (8, 120), (17, 3)]}
     shapes["bfloat16"] = [(24, 104), (1, 7), (70, 2)]
@@ -40,6 +40,7 @@ def emulated_cases() -> list[Case]:
     for dtype, dtype_shapes in shapes.items():
         for n, (tile, vec, rpt, smem) in enumerate(configs):
             config = {"TILE": tile, "VEC": vec, "RPT": rpt, "SMEM": smem, "MIN_BLOCKS": 0}
+            config["HINTS"] = n % 3
             for shape in dtype_shapes:
                 if SPEC.check(config, shape, dtype) is None:
                     cases.append(Case(SPEC, config, shape, dtype, grid_cap=3 if n % 2 else None))
@@ -52,6 +53,7 @@ def emulated_cases() -> list[Case]:
 def test_kernel_logic_on_the_cpu(tmp_path: Path) -> None:
     cases = emulated_cases()
     assert len({(c.dtype, c.config["SMEM"], c.config["TILE"]) for c in cases}) >= 18
+    assert {c.config["HINTS"] for c in cases} == {0, 1, 2}
     failures = run_cases(cases, tmp_path, np.random.default_rng(7))
     assert not failures, "\n".join(failures)
 
@@ -89,12 +91,14 @@ SPLIT_CONFIGS = [
 def split_cases() -> list[Case]:
     """Every dtype x split config on a shape no VEC divides (cycling through SPLIT_SHAPES),
     arrays shifted by 0 to 3 elements from a 16-byte boundary (the offsets come from the
-    addresses), capped grids, global accesses checked against the arrays' bounds; then the
-    default config of every split shape."""
+    addresses), capped grids, global accesses checked against the arrays' bounds (the loads'
+    at every HINTS; the plain stores of HINTS 1 and 2 are assignments here, unchecked, at the
+    addresses HINTS 0 checks); then the default config of every split shape."""
     cases = []
     for d, dtype in enumerate(("float32", "float16", "bfloat16")):
         for n, (tile, vec, rpt, smem) in enumerate(SPLIT_CONFIGS):
             config = {"TILE": tile, "VEC": vec, "RPT": rpt, "SMEM": smem, "MIN_BLOCKS": 0}
+            config["HINTS"] = (n + d) % 3
             for m in range(len(SPLIT_SHAPES)):
                 shape = SPLIT_SHAPES[(n + 3 * d + m) % len(SPLIT_SHAPES)]
                 if SPEC.check(config, shape, dtype) is None and not aligned(config, shape):
@@ -118,5 +122,6 @@ def test_split_rows_on_the_cpu(tmp_path: Path) -> None:
         shapes = {c.shape for c in split if c.dtype == dtype}
         assert len(shapes) >= 6, (dtype, shapes)
     assert {c.offset for c in split} == {0, 1, 2, 3}
+    assert {c.config["HINTS"] for c in split} == {0, 1, 2}
     failures = run_cases(cases, tmp_path, np.random.default_rng(11))
     assert not failures, "\n".join(failures)

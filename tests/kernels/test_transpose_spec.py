@@ -42,8 +42,15 @@ SHAPES = [
 ]
 
 
-def cfg(tile=32, vec=4, rpt=4, smem=1, min_blocks=0):
-    return {"TILE": tile, "VEC": vec, "RPT": rpt, "SMEM": smem, "MIN_BLOCKS": min_blocks}
+def cfg(tile=32, vec=4, rpt=4, smem=1, min_blocks=0, hints=0):
+    return {
+        "TILE": tile,
+        "VEC": vec,
+        "RPT": rpt,
+        "SMEM": smem,
+        "MIN_BLOCKS": min_blocks,
+        "HINTS": hints,
+    }
 
 
 def test_registered_with_the_contract_attributes() -> None:
@@ -51,7 +58,8 @@ def test_registered_with_the_contract_attributes() -> None:
     assert SPEC in list_operators()
     assert SPEC.rank == 2 and SPEC.shape_names == ("rows", "cols")
     assert SPEC.dtypes == DTYPE_NAMES
-    assert list(SPEC.params) == ["TILE", "VEC", "RPT", "SMEM", "MIN_BLOCKS"]
+    assert list(SPEC.params) == ["TILE", "VEC", "RPT", "SMEM", "MIN_BLOCKS", "HINTS"]
+    assert SPEC.params["HINTS"] == (0, 1, 2)
     assert SPEC.kernel_names == ("transpose_kernel",)
     assert 'extern "C" __global__' in SPEC.template.read_text()
     assert "namespace KATO_NS" in SPEC.template.read_text()
@@ -62,6 +70,7 @@ def test_registered_with_the_contract_attributes() -> None:
 def test_default_is_valid_everywhere(shape, dtype) -> None:
     config = SPEC.default_config(shape, dtype)
     assert SPEC.check(config, shape, dtype) is None
+    assert config["HINTS"] == 0  # streaming, as every recorded space measured
     launch = SPEC.launch(config, shape, dtype)
     assert 32 <= launch.threads_per_block <= 1024
     assert 1 <= launch.grid[0] <= 2**31 - 1 and launch.grid[1:] == (1, 1)
@@ -113,6 +122,10 @@ def test_check_rejects_what_cannot_work() -> None:
     assert "per SM" in SPEC.check(cfg(tile=32, vec=1, rpt=1, min_blocks=4), shape, "float32")
     assert "missing" in SPEC.check({"TILE": 32}, shape, "float32")
     assert "not one of" in SPEC.check(cfg(tile=128), shape, "float32")
+    assert "not one of" in SPEC.check(cfg(hints=3), shape, "float32")
+    assert "missing parameter HINTS" in SPEC.check(
+        {k: v for k, v in cfg().items() if k != "HINTS"}, shape, "float32"
+    )
     assert "unknown" in SPEC.check({**cfg(), "X": 1}, shape, "float32")
 
 
@@ -161,7 +174,7 @@ def test_space_sizes_and_shape_independent_sources(dtype) -> None:
         valid = space.valid_configs()
         sizes[shape] = len(valid)
         sources |= {SPEC.render(c, shape, dtype) for c in valid}
-    assert 100 <= sizes[(8192, 8192)] <= 170
+    assert 3 * 100 <= sizes[(8192, 8192)] <= 3 * 170  # every config at each of 3 HINTS
     assert sizes[(8192, 8192)] == sizes[(32768, 4096)]
     assert sizes[(3, 5)] >= sizes[(8192, 8192)]  # every vector width serves odd shapes
     # Odd shapes add one split source per VEC > 1 config; VEC=1 ones are the aligned sources.
@@ -170,6 +183,28 @@ def test_space_sizes_and_shape_independent_sources(dtype) -> None:
         for c in SearchSpace(SPEC.params, lambda c: SPEC.check(c, (3, 5), dtype)).valid_configs()
     )
     assert len(sources) == sizes[(8192, 8192)] + split
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("shape", [(8192, 8192), (8191, 8193), (37, 5)], ids=str)
+def test_hints_are_valid_wherever_the_streaming_config_is(shape, dtype) -> None:
+    """HINTS changes only the global accesses' cache qualifiers: the same configs are valid
+    at every value, and each renders its own source (the macro), the same launch."""
+    space = SearchSpace(SPEC.params, lambda c: SPEC.check(c, shape, dtype))
+    by_hints: dict[int, set[tuple]] = {}
+    for c in space.valid_configs():
+        rest = tuple(v for k, v in c.items() if k != "HINTS")
+        by_hints.setdefault(c["HINTS"], set()).add(rest)
+    assert sorted(by_hints) == [0, 1, 2]
+    assert by_hints[0] == by_hints[1] == by_hints[2]
+    config = SPEC.default_config(shape, dtype)
+    sources = set()
+    for hints in (0, 1, 2):
+        c = {**config, "HINTS": hints}
+        assert SPEC.defines(c, shape, dtype)["HINTS"] == hints
+        assert SPEC.launch(c, shape, dtype) == SPEC.launch(config, shape, dtype)
+        sources.add(SPEC.render(c, shape, dtype))
+    assert len(sources) == 3
 
 
 def test_static_shared_model() -> None:
