@@ -12,7 +12,14 @@ compiles once per (operator, dtype). Prints a table, writes JSON after every cas
         --case matmul:1000x1001x999
 
 ``--engine mma`` sweeps the other template instead (CUDA cores for float32, ``mma.sync`` for
-16-bit types), ``any`` both.
+16-bit types), ``any`` both. ``--list`` prints each case's configs and exits (no GPU: nvcc,
+PyCUDA and PyTorch are not needed), e.g. stream-K beside the rest at issue 32's layout::
+
+    python3 benchmarks/matmul_sweep.py --out /dev/null --list --dtypes bfloat16 \
+        --case matmul_tn:768x3072x8192 --where STREAM_K=0,1 --where PERSISTENT=1
+
+``--best-by STREAM_K`` prints, under each case's line, its best config per value of that
+parameter (with the ratio to cuBLAS timed in the same process).
 
 Needs an sm_90 GPU, PyCUDA, PyTorch and nvcc. Issue 32's shapes by default.
 """
@@ -59,6 +66,34 @@ def torch_case(operator: str, shape: tuple[int, int, int], dtype: str):
     return lambda: torch.matmul(a_op, b_op, out=out)
 
 
+def select(
+    operator: str,
+    shape: tuple[int, int, int],
+    dtype: str,
+    where: dict[str, set[int]] | None = None,
+    engine: str = "wgmma",
+) -> list[dict]:
+    """The valid configs of the case on ``engine`` with the ``where`` values, in the spec's
+    candidates order.
+
+    Raises:
+        SystemExit: a ``where`` name is not a parameter of the operator.
+    """
+    from kato.kernels import get_operator
+
+    spec = get_operator(operator)
+    unknown = sorted(set(where or {}) - set(spec.params))
+    if unknown:
+        raise SystemExit(f"--where {', '.join(unknown)}: not a parameter of {operator}")
+    return [
+        c
+        for c in spec.candidates(shape, dtype)
+        if engine in ("any", c["ENGINE"])
+        and spec.check(c, shape, dtype) is None
+        and all(c[k] in v for k, v in (where or {}).items())
+    ]
+
+
 def sweep(
     operator: str,
     shape: tuple[int, int, int],
@@ -72,13 +107,7 @@ def sweep(
     from kato.tuner.backends.pycuda import PyCudaBackend
 
     spec = get_operator(operator)
-    configs = [
-        c
-        for c in spec.candidates(shape, dtype)
-        if engine in ("any", c["ENGINE"])
-        and spec.check(c, shape, dtype) is None
-        and all(c[k] in v for k, v in (where or {}).items())
-    ]
+    configs = select(operator, shape, dtype, where, engine)
     if shuffle:  # a time limit then cuts a random sample, not the configs listed last
         random.Random(0).shuffle(configs)
     backend = PyCudaBackend(spec, shape, dtype, repeats=10, warmup=2, seed=0)
@@ -144,12 +173,26 @@ def main() -> None:
         action="append",
         help="PARAM=V1,V2 (repeatable): time only the configs with these values",
     )
+    ap.add_argument("--list", action="store_true", help="print the configs and exit (no GPU)")
+    ap.add_argument(
+        "--best-by",
+        metavar="PARAM",
+        help="also print each case's best config per value of PARAM (e.g. STREAM_K)",
+    )
     args = ap.parse_args()
     cases = CASES
     if args.case:
         cases = [
             (c.split(":")[0], tuple(int(v) for v in c.split(":")[1].split("x"))) for c in args.case
         ]
+    if args.list:
+        for operator, shape in cases:
+            for dtype in args.dtypes.split(","):
+                configs = select(operator, shape, dtype, parse_where(args.where), args.engine)
+                print(f"{operator} {'x'.join(map(str, shape))} {dtype}: {len(configs)} configs")
+                for c in configs:
+                    print("  " + " ".join(f"{k}={c[k]}" for k in _summary_keys(c)))
+        return
     report = {"cases": []}
     print(f"{'case':36} {'best TFLOP/s':>14} {'cuBLAS':>8} {'ratio':>6} {'ok/all':>8}  best")
     for operator, shape in cases:
@@ -160,18 +203,41 @@ def main() -> None:
             Path(args.out).write_text(json.dumps(report, indent=1))
             name = f"{operator} {'x'.join(map(str, shape))} {dtype}"
             best = case["best"]
-            keys = (
-                ("BM", "BN", "STAGES", "CLUSTER_M", "PERSISTENT", "EPILOGUE", "SPLIT_K")
-                if best and best["config"]["ENGINE"] == "wgmma"
-                else ("BM", "BN", "BK", "WM", "WN", "TM", "TN", "VEC", "STAGES", "MIN_BLOCKS")
-            )
-            tiles = {k: best["config"][k] for k in keys} if best else "-"
+            tiles = {k: best["config"][k] for k in _summary_keys(best["config"])} if best else "-"
             ok = case["measured"] - case["failed"]
             print(
                 f"{name:36} {case['best_tflops'] or 0:14.1f} {case['cublas_tflops']:8.1f} "
                 f"{case['vs_cublas'] or 0:6.3f} {ok:>3}/{case['configs']:<4}  {tiles}",
                 flush=True,
             )
+            if args.best_by:
+                for value, row in best_by(case, args.best_by).items():
+                    summary = {k: row["config"][k] for k in _summary_keys(row["config"])}
+                    print(
+                        f"  {args.best_by}={value}: {row['time_ms']:.4f} ms, "
+                        f"{case['cublas_ms'] / row['time_ms']:.3f} of cuBLAS, {summary}",
+                        flush=True,
+                    )
+
+
+def best_by(case: dict, param: str) -> dict:
+    """The fastest measured row of a :func:`sweep` case per value of ``param``, by value."""
+    best: dict = {}
+    for row in case["rows"]:
+        value = row["config"].get(param)
+        if row["time_ms"] and (value not in best or row["time_ms"] < best[value]["time_ms"]):
+            best[value] = row
+    return dict(sorted(best.items(), key=lambda item: str(item[0])))
+
+
+def _summary_keys(config: dict) -> tuple[str, ...]:
+    """The parameters that tell a config of its engine apart."""
+    if config["ENGINE"] == "wgmma":
+        return (
+            "BM", "BN", "STAGES", "CLUSTER_M", "PERSISTENT", "EPILOGUE", "SPLIT_K", "PINGPONG",
+            "STREAM_K",
+        )  # fmt: skip
+    return ("BM", "BN", "BK", "WM", "WN", "TM", "TN", "VEC", "STAGES", "MIN_BLOCKS")
 
 
 if __name__ == "__main__":

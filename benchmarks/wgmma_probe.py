@@ -351,7 +351,7 @@ def run_child(args) -> int:
             torch.cuda.synchronize()
             words = (ctypes.c_uint32 * 4)()
             _driver._check(lib.cuMemcpyDtoH_v2(words, flag, ctypes.c_size_t(16)), "cuMemcpyDtoH")
-            what = ("none", "full", "empty")[min(words[0], 2)]
+            what = ("none", "full", "empty", "stream-k counter")[min(words[0], 3)]
             row["debug_timeout"] = {"barrier": what, "stage": words[1], "parity": words[2],
                                     "block": words[3]}  # fmt: skip
             print(json.dumps(row), flush=True)

@@ -71,13 +71,31 @@ check_arch`):
   order (deterministic, no workspace); for problems of fewer than two waves of tiles
   (:data:`SPLIT_K_MAX_TILES`), with CLUSTER_M 1, PERSISTENT 0, EPILOGUE 0 and at least one k
   block per CTA.
+- ``STREAM_K``: 1 = stream-K: a persistent grid of :data:`PERSISTENT_CTAS` CTAs (one per SM,
+  all resident) splits the iteration space, tiles x k blocks in the tile order, into equal
+  contiguous ranges, one per CTA, so that a problem whose tiles are not whole waves still
+  keeps every SM busy to the end. A tile shared by several CTAs is finished by the one that
+  starts it: the others leave their float32 partial sums in a workspace and signal a counter,
+  and it adds them in CTA order (deterministic) before its epilogue. The workspace (a slot of
+  ``BM * BN`` floats per CTA and a counter per tile and consumer warpgroup,
+  :func:`stream_k_workspace_bytes`) is a ``__device__`` global of the loaded module, zeroed
+  when it loads and left zeroed by every launch, so the kernel arguments stay those of every
+  other config; two launches of one loaded module must not overlap (Kato measures on one
+  stream; kato_torch loads a module with ``__device__`` globals once per stream). With
+  PERSISTENT 1, CLUSTER_M 1, SPLIT_K 1 and PINGPONG 0 (either epilogue); only where the tiles
+  are not a whole number of waves of :data:`PERSISTENT_CTAS`, fewer than
+  :data:`STREAM_K_MAX_TILES`, and each CTA gets at least one k block. 0 renders exactly the
+  program of the configs before the parameter (no macro). A CTA waits only for CTAs of higher
+  index that signal before any wait of their own, so the grid cannot deadlock while all its
+  CTAs are resident (132 SMs: H100 SXM, H200) or, on a GPU with fewer SMs, as long as the
+  hardware starts blocks in index order (the waits time out and trap rather than hang).
 - The row pitches of A and B must be multiples of 8 elements (TMA's 16-byte pitch); C's may be
   anything. ``WM``, ``WN``, ``TM``, ``TN``, ``VEC``, ``PAD``, ``MIN_BLOCKS`` are unused and
   pinned to 64, 64, 4, 4, 8, 0, 0; under ``ENGINE="mma"`` CLUSTER_M, PERSISTENT, EPILOGUE,
-  SPLIT_K (but float32's) and PINGPONG are pinned to 1, 0, 0, 1, 0 and render nothing, so an
-  mma.sync config's source is what it was before the wgmma path. A and B reach the kernel as
-  TMA tensor maps (:class:`kernels.spec.TensorMap` in its step's arguments), which every launch
-  path encodes from the operands' pointers.
+  SPLIT_K (but float32's), PINGPONG and STREAM_K are pinned to 1, 0, 0, 1, 0, 0 and render
+  nothing, so an mma.sync config's source is what it was before the wgmma path. A and B reach
+  the kernel as TMA tensor maps (:class:`kernels.spec.TensorMap` in its step's arguments),
+  which every launch path encodes from the operands' pointers.
 
 Both: ``MIN_BLOCKS`` is the min-blocks clause of ``__launch_bounds__`` (0 = none); threads per
 block are ``32 * (BM / WM) * (BN / WN)``. The grid has one block per output tile, visited in groups
@@ -173,7 +191,14 @@ _TC_PINNED = {"TM": 4, "TN": 4, "PAD": 0}
 MMA_PARAMS = ("BM", "BN", "BK", "WM", "WN", "TM", "TN", "VEC", "STAGES", "PAD", "MIN_BLOCKS")
 #: The wgmma path's own tunables, pinned to these values under ``ENGINE="mma"`` (SPLIT_K but in
 #: float32, whose CUDA-core path splits k too: :data:`FP32_SPLIT_K`).
-MMA_PINNED = {"CLUSTER_M": 1, "PERSISTENT": 0, "EPILOGUE": 0, "SPLIT_K": 1, "PINGPONG": 0}
+MMA_PINNED = {
+    "CLUSTER_M": 1,
+    "PERSISTENT": 0,
+    "EPILOGUE": 0,
+    "SPLIT_K": 1,
+    "PINGPONG": 0,
+    "STREAM_K": 0,
+}
 #: SPLIT_K values of the float32 path (clusters of that many CTAs: sm_90 and later).
 FP32_SPLIT_K = (1, 2, 3, 4)
 #: The first arch with thread block clusters (float32's SPLIT_K > 1).
@@ -205,6 +230,10 @@ PERSISTENT_CTAS = 132
 #: SPLIT_K > 1 is kept for problems of fewer cluster tiles than this (two waves of
 #: PERSISTENT_CTAS): with more, every SM already has whole tiles to work on.
 SPLIT_K_MAX_TILES = 2 * PERSISTENT_CTAS
+#: STREAM_K=1 is kept for problems of fewer tiles than this (four waves of PERSISTENT_CTAS: a
+#: last wave's idle SMs then cost at most a fifth); the template's counters hold this many
+#: tiles (``STREAM_K_MAX_TILES``) and its workspace PERSISTENT_CTAS slots (``STREAM_K_CTAS``).
+STREAM_K_MAX_TILES = 4 * PERSISTENT_CTAS
 #: The arch whose wgmma and setmaxnreg a wgmma config needs, and the nvcc target it builds for.
 WGMMA_ARCH = "sm_90"
 WGMMA_TARGET = "sm_90a"
@@ -368,6 +397,7 @@ class MatmulSpec(OperatorSpec):
         "EPILOGUE": (0, 1),
         "SPLIT_K": (1, 2, 3, 4),
         "PINGPONG": (0, 1),
+        "STREAM_K": (0, 1),
     }
     template = Path(__file__).with_name("matmul.cu")
     extra_templates = (WGMMA_TEMPLATE,)
@@ -488,6 +518,14 @@ class MatmulSpec(OperatorSpec):
         if config["PINGPONG"] and not config["PERSISTENT"]:
             return "PINGPONG=1 alternates a CTA's tiles between its consumers: PERSISTENT 1"
         split = config["SPLIT_K"]
+        stream_k = config["STREAM_K"]
+        if stream_k and (
+            not config["PERSISTENT"] or config["CLUSTER_M"] != 1 or split != 1 or config["PINGPONG"]
+        ):
+            return (
+                "STREAM_K=1 takes PERSISTENT 1 (a CTA per SM, each on a range of tiles x k "
+                "blocks), CLUSTER_M 1, SPLIT_K 1 and PINGPONG 0"
+            )
         if split > 1 and config["PINGPONG"]:
             return "SPLIT_K > 1 takes PINGPONG 0 (one tile per cluster)"
         if split > 1:
@@ -528,7 +566,10 @@ class MatmulSpec(OperatorSpec):
             return f"SPLIT_K={split} with {math.ceil(k / WGMMA_BK)} k blocks: a CTA would get none"
         if cluster_tiles * config["CLUSTER_M"] * split > MAX_GRID_X:
             return f"{cluster_tiles} cluster tiles exceed the grid and the kernel's int index"
-        if config["PERSISTENT"] and cluster_tiles <= PERSISTENT_CTAS // config["CLUSTER_M"]:
+        if stream_k:
+            if reason := _check_stream_k(cluster_tiles, k):
+                return reason
+        elif config["PERSISTENT"] and cluster_tiles <= PERSISTENT_CTAS // config["CLUSTER_M"]:
             return (
                 f"PERSISTENT=1 launches what PERSISTENT=0 does for {cluster_tiles} cluster tiles "
                 f"(at most one per SM of {PERSISTENT_CTAS})"
@@ -541,8 +582,8 @@ class MatmulSpec(OperatorSpec):
     def candidates(self, shape: Sequence[int], dtype: str) -> list[Config]:
         """The mma.sync product (STAGES up to :data:`MMA_MAX_STAGES`) with the wgmma tunables
         pinned, and for float16 / bfloat16 the wgmma product (BM, BN, STAGES, CLUSTER_M,
-        PERSISTENT, EPILOGUE) with the rest pinned: a small part of the whole product, which
-        holds no other valid config."""
+        PERSISTENT, EPILOGUE, SPLIT_K, PINGPONG, STREAM_K) with the rest pinned: a small part
+        of the whole product, which holds no other valid config."""
         names = list(self.params)
         mma_values = {
             p: [v for v in self.params[p] if p != "STAGES" or v <= MMA_MAX_STAGES]
@@ -563,7 +604,8 @@ class MatmulSpec(OperatorSpec):
             ]
         if is_tensor_core(dtype):
             own = (
-                "BM", "BN", "STAGES", "CLUSTER_M", "PERSISTENT", "EPILOGUE", "SPLIT_K", "PINGPONG"
+                "BM", "BN", "STAGES", "CLUSTER_M", "PERSISTENT", "EPILOGUE", "SPLIT_K", "PINGPONG",
+                "STREAM_K",
             )  # fmt: skip
             fixed = {**WGMMA_PINNED, "BK": WGMMA_BK, "ENGINE": "wgmma"}
             found += [
@@ -752,10 +794,11 @@ class MatmulSpec(OperatorSpec):
     def _wgmma_defines(self, config: Config, is_bf16: int) -> dict[str, object]:
         """The wgmma template's macros: the tile, stages, consumers, cluster, tile order,
         setmaxnreg targets, element type and layout (the shape does not enter the source;
-        PERSISTENT only changes the grid)."""
+        PERSISTENT only changes the grid); with STREAM_K 1, that and its workspace's capacity
+        (absent at 0: the source of the configs before the parameter)."""
         consumers = wgmma_consumers(config)
         two = consumers == 2
-        return {
+        macros: dict[str, object] = {
             "BM": config["BM"],
             "BN": config["BN"],
             "BK": WGMMA_BK,
@@ -775,6 +818,11 @@ class MatmulSpec(OperatorSpec):
             "TRANS_A": int(self.trans_a),
             "TRANS_B": int(self.trans_b),
         }
+        if config.get("STREAM_K"):
+            macros["STREAM_K"] = 1
+            macros["STREAM_K_CTAS"] = PERSISTENT_CTAS
+            macros["STREAM_K_MAX_TILES"] = STREAM_K_MAX_TILES
+        return macros
 
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
         """wgmma: :meth:`_wgmma_launch`. mma.sync: one block per output tile: grid.y =
@@ -796,12 +844,15 @@ class MatmulSpec(OperatorSpec):
     def _wgmma_launch(self, config: Config, shape: Sequence[int]) -> Launch:
         """One CTA per output tile, in whole clusters (``CLUSTER_M`` CTAs on a cluster tile of
         ``CLUSTER_M * BM`` x BN, or ``SPLIT_K`` CTAs on one tile), or with PERSISTENT at most
-        :data:`PERSISTENT_CTAS` CTAs looping over the cluster tiles; 128 threads per
-        warpgroup; the stages' (and the staged C tile's) shared memory."""
+        :data:`PERSISTENT_CTAS` CTAs looping over the cluster tiles (with STREAM_K, over
+        ranges of tiles x k blocks: :func:`stream_k_ctas`); 128 threads per warpgroup; the
+        stages' (and the staged C tile's) shared memory."""
         m, n, _ = shape
         cl = config["CLUSTER_M"] * config["SPLIT_K"]  # one of the two is 1
         clusters = wgmma_cluster_tiles(config, m, n)
-        if config["PERSISTENT"]:
+        if config.get("STREAM_K"):
+            clusters = stream_k_ctas(config, shape)
+        elif config["PERSISTENT"]:
             clusters = min(clusters, PERSISTENT_CTAS // cl)
         return Launch(
             grid=(clusters * cl, 1, 1),
@@ -909,6 +960,46 @@ def wgmma_cluster_tiles(config: Config, m: int, n: int) -> int:
     return math.ceil(m / (config["BM"] * config["CLUSTER_M"])) * math.ceil(n / config["BN"])
 
 
+def stream_k_ctas(config: Config, shape: Sequence[int]) -> int:
+    """CTAs of a STREAM_K=1 launch: :data:`PERSISTENT_CTAS`, or one per iteration (tile x k
+    block) where there are fewer (check() rejects those configs)."""
+    m, n, k = shape
+    iterations = wgmma_cluster_tiles(config, m, n) * math.ceil(k / WGMMA_BK)
+    return min(PERSISTENT_CTAS, iterations)
+
+
+def stream_k_workspace_bytes(config: Config) -> int:
+    """Device memory of a STREAM_K=1 module's workspace (its ``__device__`` globals): a slot
+    of BM x BN float32 partial sums per CTA (:data:`PERSISTENT_CTAS`) and an int32 counter per
+    tile (:data:`STREAM_K_MAX_TILES`) and consumer warpgroup; 0 for other configs."""
+    if not config.get("STREAM_K"):
+        return 0
+    slots = PERSISTENT_CTAS * config["BM"] * config["BN"] * 4
+    return slots + STREAM_K_MAX_TILES * wgmma_consumers(config) * 4
+
+
+def _check_stream_k(tiles: int, k: int) -> str | None:
+    """STREAM_K=1 at ``tiles`` output tiles and K: only where it can balance what whole tiles
+    do not (tiles not a whole number of waves of :data:`PERSISTENT_CTAS`), within the
+    template's counters (:data:`STREAM_K_MAX_TILES`), and with a k block for every CTA."""
+    if tiles % PERSISTENT_CTAS == 0:
+        return (
+            f"STREAM_K=1 where {tiles} tiles are whole waves of {PERSISTENT_CTAS} SMs: nothing "
+            "to balance"
+        )
+    if tiles >= STREAM_K_MAX_TILES:
+        return (
+            f"STREAM_K=1 where {tiles} tiles make {STREAM_K_MAX_TILES // PERSISTENT_CTAS} waves "
+            f"or more of {PERSISTENT_CTAS} SMs (the last one's idle SMs cost little)"
+        )
+    if (iterations := tiles * math.ceil(k / WGMMA_BK)) < PERSISTENT_CTAS:
+        return (
+            f"STREAM_K=1 with {iterations} tile k blocks for {PERSISTENT_CTAS} CTAs: a CTA "
+            "would get none"
+        )
+    return None
+
+
 @functools.lru_cache(maxsize=64)
 def _validated(spec: MatmulSpec, shape: tuple[int, ...], dtype: str) -> tuple[int, ...]:
     """``spec.validate`` memoised: check() runs for every config of the space."""
@@ -974,6 +1065,8 @@ __all__ = [
     "registers_needed",
     "shared_bytes",
     "static_shared_bytes",
+    "stream_k_ctas",
+    "stream_k_workspace_bytes",
     "threads_per_block",
     "wgmma_accumulators",
     "wgmma_consumers",

@@ -42,11 +42,31 @@
 // previous stage),
 // EPILOGUE (0: consumers store C from registers; 1: through a swizzled tile in shared memory
 // and TMA stores, see the epilogue), SPLIT_K (1, or 2..8 CTAs of a cluster per tile, each on a
-// range of k blocks, partial sums added through distributed shared memory),
+// range of k blocks, partial sums added through distributed shared memory), STREAM_K (0, or 1:
+// see "Stream-K" below; with STREAM_K_CTAS and STREAM_K_MAX_TILES, its workspace's capacity),
 // PRODUCER_REGS / CONSUMER_REGS (setmaxnreg targets; 0 = no setmaxnreg), IS_BF16, TRANS_A,
 // TRANS_B. Diagnostics: MN_SWAP_LBO_SBO = 1 swaps the two offsets of MN-major descriptors;
 // FLIP_TRANSPOSE = 1 inverts both transpose immediates (the smem layouts stay);
 // KATO_WGMMA_DEBUG = 1 records a timed-out wait in kato_wgmma_timeout instead of trapping.
+//
+// Stream-K (STREAM_K 1; CLUSTER_M 1, SPLIT_K 1, PINGPONG 0): the grid is at most STREAM_K_CTAS
+// CTAs, all resident at once (one per SM), and the iteration space, tiles x k blocks (tile-major,
+// tiles in the grouped order above), is cut into gridDim.x contiguous ranges of equal length
+// (+-1), CTA b taking [total * b / gridDim.x, total * (b + 1) / gridDim.x). A CTA walks its range
+// as segments, one per tile it touches (the producer loads exactly those k blocks, the stage
+// ring running on across segments). A segment that covers its whole tile stores C as usual; one
+// that starts past the tile's first k block (only the CTA's first segment can) writes its float32
+// partial sums to the CTA's slot of the workspace and arrives on the tile's counter; the segment
+// that starts the tile without finishing it (only the CTA's last can) is the tile's owner: it
+// waits until the counter says every later CTA whose range reaches into the tile (b + 1, ...,
+// last) has arrived, adds their slots in that order (the same order every run: deterministic),
+// resets the counter and stores C. Consumer warpgroup c of a CTA only ever meets warpgroup c of
+// another (same rows of the tile), so each has counters of its own. The workspace is a global of
+// the loaded module (stream_k_partials, stream_k_flags: zeroed when the module loads); invariant:
+// every counter is 0 between launches (each is reset by its owner after the last arrival, and a
+// launch on one stream starts after the previous one ends). A wait can not deadlock: an owner
+// waits only at the end of its range, for CTAs that arrive at the start of theirs, after no wait
+// of their own; with every CTA resident (or blocks dispatched in index order) they all run.
 //
 // Kernel: kato_matmul_wgmma(tmap_a, tmap_b, [tmap_c with EPILOGUE 1,] C, M, N, K); block
 // 128 * (CONSUMERS + 1) threads; dynamic shared memory STAGES * (BM + BN) * BK * 2 (+ BM * BN
@@ -113,6 +133,15 @@
 #endif
 #ifndef PINGPONG
 #define PINGPONG 0
+#endif
+#ifndef STREAM_K
+#define STREAM_K 0
+#endif
+#ifndef STREAM_K_CTAS
+#define STREAM_K_CTAS 132
+#endif
+#ifndef STREAM_K_MAX_TILES
+#define STREAM_K_MAX_TILES 528
 #endif
 #ifndef KATO_WGMMA_DEBUG
 #define KATO_WGMMA_DEBUG 0
@@ -183,6 +212,8 @@ static_assert(SPLIT_K == 1 || (CLUSTER_M == 1 && EPILOGUE == 0 && PINGPONG == 0)
               "SPLIT_K > 1 takes CLUSTER_M 1, the register epilogue and no ping-pong");
 static_assert(PINGPONG == 0 || (PINGPONG == 1 && CONSUMERS == 2),
               "PINGPONG takes two consumer warpgroups");
+static_assert(STREAM_K == 0 || (STREAM_K == 1 && CLUSTER_M == 1 && SPLIT_K == 1 && PINGPONG == 0),
+              "STREAM_K 1 takes CLUSTER_M 1, SPLIT_K 1 and no ping-pong");
 // Consumer warps, and those of them whose rows one CTA of a split-K cluster sums and stores
 // (warp w belongs to CTA w % SPLIT_K): the receive buffer holds, for each of the other
 // SPLIT_K - 1 CTAs, kOwnedWarps warps' accumulators, in the stage memory the k loop is done with.
@@ -345,9 +376,10 @@ __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
 }
 #endif
 
-#if EPILOGUE || PINGPONG
+#if EPILOGUE || PINGPONG || STREAM_K
 // Named barriers of `count` threads: ids 1, 2 one consumer warpgroup's epilogue, 3, 4 the
-// ping-pong order of the two (0 is __syncthreads).
+// ping-pong order of the two, 5, 6 one consumer warpgroup's stream-K exchange (0 is
+// __syncthreads).
 __device__ __forceinline__ void named_barrier(int id, int count) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
@@ -587,6 +619,94 @@ __device__ __forceinline__ void store_pair(DTYPE* C, int M, int N, int row, int 
     }
 }
 
+#if STREAM_K
+// --- stream-K (see the header) --------------------------------------------------------------
+
+// The workspace: a slot of BM x BN partial sums per CTA (consumer c's part at c * kSkPartVecs
+// float2s, its thread t's pair v at v * 128 + t: a warp's lanes move 256 contiguous bytes),
+// and an arrival counter per tile and consumer warpgroup. Pairs, not float4s: the owner's
+// reduction of 128 accumulators per thread then fits 168 registers (ptxas spilled with float4s).
+constexpr int kSkSlotVecs = BM * BN / 2;
+constexpr int kSkVecs = kAccPerWgmma / 2;  // float2s per m64 slice per thread
+constexpr int kSkPartVecs = kMI * kSkVecs * 128;
+static_assert(CONSUMERS * kSkPartVecs == kSkSlotVecs, "a slot is one tile of accumulators");
+__device__ float2 stream_k_partials[static_cast<size_t>(STREAM_K_CTAS) * kSkSlotVecs];
+__device__ int stream_k_flags[STREAM_K_MAX_TILES * CONSUMERS];
+
+// A CTA's range of the iteration space (tiles x k_all k blocks, `total` in all), as segments:
+// k blocks [first_k, ...) of first_tile, whole tiles, then [0, end_k) of last_tile (one tile:
+// [first_k, end_k)); helpers: how many later CTAs' ranges reach into last_tile when this one
+// is its owner (starts it without finishing it), else 0.
+struct StreamKRange {
+    int first_tile, first_k, last_tile, end_k, helpers;
+};
+
+// CTA `cta` of `ctas` takes iterations [total * cta / ctas, total * (cta + 1) / ctas): at least
+// one each (total >= ctas). CTA c's range starts before iteration x iff total * c / ctas < x,
+// i.e. c <= (x * ctas - 1) / total: the last CTA in last_tile (which ends at x).
+__device__ __forceinline__ StreamKRange stream_k_range(long long total, int k_all, int cta,
+                                                       int ctas) {
+    const long long begin = total * cta / ctas;
+    const long long end = total * (cta + 1) / ctas;
+    StreamKRange r;
+    r.first_tile = static_cast<int>(begin / k_all);
+    r.first_k = static_cast<int>(begin - static_cast<long long>(r.first_tile) * k_all);
+    r.last_tile = static_cast<int>((end - 1) / k_all);
+    r.end_k = static_cast<int>(end - static_cast<long long>(r.last_tile) * k_all);
+    const bool owner = r.end_k != k_all && (r.first_tile != r.last_tile || r.first_k == 0);
+    const long long tile_end = static_cast<long long>(r.last_tile + 1) * k_all;
+    const long long last = (tile_end * ctas - 1) / total;
+    r.helpers = owner ? static_cast<int>((last < ctas - 1 ? last : ctas - 1) - cta) : 0;
+    return r;
+}
+
+// One arrival on a counter, ordered after every write of the CTA's threads that a barrier
+// ordered before it (fence.acq_rel.gpu is cumulative; CUTLASS's generic barrier does the same).
+__device__ __forceinline__ void stream_k_arrive(int* flag) {
+    const size_t at = __cvta_generic_to_global(flag);
+    asm volatile(
+        "fence.acq_rel.gpu;\n"
+        "red.relaxed.gpu.global.add.s32 [%0], 1;" ::"l"(at)
+        : "memory");
+}
+
+__device__ __forceinline__ int stream_k_load_acquire(const int* flag) {
+    const size_t at = __cvta_generic_to_global(flag);
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(at) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void stream_k_reset(int* flag) {
+    const size_t at = __cvta_generic_to_global(flag);
+    asm volatile("st.relaxed.gpu.global.b32 [%0], 0;" ::"l"(at) : "memory");
+}
+
+// Waits (acquire) until the counter reaches `count`. A counter that never does (a lost arrival,
+// one too many, or a CTA that never ran) traps after WAIT_TIMEOUT_NS, or in debug builds
+// records what = 3 (stage: the tile) and exits, as mbar_wait does.
+__device__ __forceinline__ void stream_k_wait(const int* flag, int count, int tile) {
+    if (stream_k_load_acquire(flag) == count) return;
+    const uint64_t start = global_timer();
+    for (uint32_t spin = 1;; ++spin) {
+        __nanosleep(64);
+        if (stream_k_load_acquire(flag) == count) return;
+        if ((spin & 255) == 0 && global_timer() - start > WAIT_TIMEOUT_NS) {
+#if KATO_WGMMA_DEBUG
+            if (atomicCAS(&kato_wgmma_timeout[0], 0u, 3u) == 0u) {
+                kato_wgmma_timeout[1] = tile;
+                kato_wgmma_timeout[2] = count;
+                kato_wgmma_timeout[3] = blockIdx.x;
+            }
+            asm volatile("exit;");
+#else
+            __trap();
+#endif
+        }
+    }
+}
+#endif
+
 }  // namespace KATO_NS
 
 #if CLUSTER_M > 1
@@ -625,6 +745,9 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kThreads, 1) KATO_CLUSTER_
     const int kslice = static_cast<int>(cluster_rank());
     const int cluster = blockIdx.x / SPLIT_K;
     const int clusters = gridDim.x / SPLIT_K;
+#elif STREAM_K
+    // No clusters; the CTAs' ranges (below) take the place of the tile loop's stride.
+    const int rank = 0;
 #else
     const int rank = static_cast<int>(cluster_rank());
     const int cluster = blockIdx.x / CLUSTER_M;
@@ -637,6 +760,18 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kThreads, 1) KATO_CLUSTER_
     const int k_all = (K + BK - 1) / BK;
     const int kt_begin = static_cast<int>(static_cast<long long>(k_all) * kslice / SPLIT_K);
     const int k_tiles = static_cast<int>(static_cast<long long>(k_all) * (kslice + 1) / SPLIT_K);
+#elif STREAM_K
+    // This CTA's range of the tiles x k blocks iteration space (see the header).
+    const int k_all = (K + BK - 1) / BK;
+    StreamKRange sk;
+    {
+        const long long total = static_cast<long long>(num_tiles) * k_all;
+        // The host's checks keep these; past them a slot or a counter would be shared, or a
+        // range empty (its CTA would never arrive): fail the launch instead.
+        if (gridDim.x > STREAM_K_CTAS || num_tiles > STREAM_K_MAX_TILES || total < gridDim.x)
+            __trap();
+        sk = stream_k_range(total, k_all, blockIdx.x, gridDim.x);
+    }
 #else
     const int kt_begin = 0;
     const int k_tiles = (K + BK - 1) / BK;
@@ -665,7 +800,13 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kThreads, 1) KATO_CLUSTER_
         if (threadIdx.x == 0) {
             int stage = 0;
             uint32_t phase = 0;
+#if STREAM_K
+            for (int tile = sk.first_tile, kt_begin = sk.first_k; tile <= sk.last_tile;
+                 ++tile, kt_begin = 0) {
+                const int k_tiles = tile == sk.last_tile ? sk.end_k : k_all;
+#else
             for (int tile = cluster; tile < num_tiles; tile += clusters) {
+#endif
                 int tm, tn;
                 tile_coords(tile, tiles_m, tiles_n, tm, tn);
                 const int m0 = (tm * CLUSTER_M + rank) * BM, n0 = tn * BN;
@@ -728,7 +869,14 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kThreads, 1) KATO_CLUSTER_
 #if PINGPONG
         int local = -1;  // the CTA's tiles so far; this consumer takes every other one
 #endif
+#if STREAM_K
+        // Segments: k blocks [kt_begin, k_tiles) of each tile of the range.
+        for (int tile = sk.first_tile, kt_begin = sk.first_k; tile <= sk.last_tile;
+             ++tile, kt_begin = 0) {
+            const int k_tiles = tile == sk.last_tile ? sk.end_k : k_all;
+#else
         for (int tile = cluster; tile < num_tiles; tile += clusters) {
+#endif
 #if PINGPONG
             if (((++local) & 1) != consumer) continue;
             {
@@ -809,6 +957,54 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kThreads, 1) KATO_CLUSTER_
             if (pending >= 0 && lane == 0)
                 for (int r = 0; r < CLUSTER_M; ++r)
                     mbar_arrive_cluster(smem_u32(&empty_bar[pending]), r);
+#endif
+#if STREAM_K
+            {
+                // Stream-K (see the header): this thread's accumulators, pair v of m64 slice i
+                // at float2 (i * kSkVecs + v) * 128 + t of its consumer's part of a slot.
+                const int t = threadIdx.x % 128;
+                int* const flag = &stream_k_flags[tile * CONSUMERS + consumer];
+                if (kt_begin != 0) {
+                    // Not the tile's start: partial sums to this CTA's slot, then arrive
+                    // (after the whole warpgroup's stores: the barrier, then the release).
+                    float2* const slot = stream_k_partials +
+                                         static_cast<size_t>(blockIdx.x) * kSkSlotVecs +
+                                         consumer * kSkPartVecs + t;
+#pragma unroll
+                    for (int i = 0; i < kMI; ++i)
+#pragma unroll
+                        for (int v = 0; v < kSkVecs; ++v)
+                            __stcg(slot + (i * kSkVecs + v) * 128,
+                                   make_float2(acc[i][2 * v], acc[i][2 * v + 1]));
+                    named_barrier(5 + consumer, 128);
+                    if (t == 0) stream_k_arrive(flag);
+                    continue;
+                }
+                if (k_tiles != k_all) {
+                    // The tile's owner (the range's last segment): the next sk.helpers CTAs
+                    // hold the rest of the tile.
+                    if (t == 0) {
+                        stream_k_wait(flag, sk.helpers, tile);
+                        stream_k_reset(flag);  // every arrival is in: ready for the next launch
+                    }
+                    named_barrier(5 + consumer, 128);
+                    const float2* slot = stream_k_partials +
+                                         static_cast<size_t>(blockIdx.x) * kSkSlotVecs +
+                                         consumer * kSkPartVecs + t;
+                    for (int n = 0; n < sk.helpers; ++n) {
+                        // L2 loads (.cg): the slots were written by other SMs.
+                        slot += kSkSlotVecs;
+#pragma unroll
+                        for (int i = 0; i < kMI; ++i)
+#pragma unroll
+                            for (int v = 0; v < kSkVecs; ++v) {
+                                const float2 part = __ldcg(slot + (i * kSkVecs + v) * 128);
+                                acc[i][2 * v] += part.x;
+                                acc[i][2 * v + 1] += part.y;
+                            }
+                    }
+                }
+            }
 #endif
 #if SPLIT_K > 1
             // Split-K reduction through distributed shared memory. Barrier 1: every CTA of the

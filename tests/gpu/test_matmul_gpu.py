@@ -256,7 +256,7 @@ def test_a_served_wgmma_config_runs_through_kato_torch(epilogue):
     served = {
         "BM": 128, "BN": 128, "BK": 64, "WM": 64, "WN": 64, "TM": 4, "TN": 4, "VEC": 8,
         "STAGES": 4, "PAD": 0, "MIN_BLOCKS": 0, "ENGINE": "wgmma", "CLUSTER_M": 2,
-        "PERSISTENT": 0, "EPILOGUE": epilogue, "SPLIT_K": 1, "PINGPONG": 0,
+        "PERSISTENT": 0, "EPILOGUE": epilogue, "SPLIT_K": 1, "PINGPONG": 0, "STREAM_K": 0,
     }  # fmt: skip
     asked = []
 
@@ -324,7 +324,7 @@ def test_float32_split_k_is_deterministic():
     base = {
         "BM": 64, "BN": 64, "BK": 16, "WM": 16, "WN": 32, "TM": 4, "TN": 4, "VEC": 4,
         "STAGES": 2, "PAD": 4, "MIN_BLOCKS": 0, "ENGINE": "mma", "CLUSTER_M": 1,
-        "PERSISTENT": 0, "EPILOGUE": 0, "SPLIT_K": 1, "PINGPONG": 0,
+        "PERSISTENT": 0, "EPILOGUE": 0, "SPLIT_K": 1, "PINGPONG": 0, "STREAM_K": 0,
     }  # fmt: skip
     gen = torch.Generator(device="cuda").manual_seed(0)
     a = torch.randn(257, 8191, device="cuda", generator=gen)
@@ -352,3 +352,92 @@ def test_float32_split_k_is_deterministic():
     for split in (1, 3):
         err = (outs[split][0].double() - want).abs().max().item()
         assert err < 1e-3 * want.abs().max().item(), (split, err)
+
+
+# --- stream-K (STREAM_K 1: a CTA per SM on ranges of tiles x k blocks, sm_90) ------------------
+#
+# Issue 32's shape (72 tiles of 128 x 256 for 132 SMs), and shapes where each part of the
+# protocol is at its edge: M, N and K multiples of no tile (1000^3: 8-128 tiles, 16 k blocks);
+# ranges of one or two k blocks (1032 x 3080 x 72: 2 k blocks per tile); every range inside one
+# tile (120 x 248 x 12792: one 128 x 256 tile of 200 k blocks, each CTA 1-2 of them, 131
+# helpers for CTA 0); ranges just over a tile (2056 x 2048 x 264: 136 tiles of 5 k blocks).
+# The backend verifies twice on one module: the second call is right only if the first left
+# every counter at zero (else its owners would wait past the timeout and trap).
+
+STREAM_K_SHAPE = (768, 3072, 8192)
+STREAM_K_SHAPES = [(1000, 1000, 1000), (1032, 3080, 72), (120, 248, 12792), (2056, 2048, 264)]
+
+
+def _stream_k_configs(spec, shape, dtype):
+    return [c for c in _wgmma_configs(spec, shape, dtype) if c["STREAM_K"]]
+
+
+@sm90
+def test_every_stream_k_config_verifies_at_the_issue_shape():
+    """Every valid STREAM_K=1 config of bfloat16 matmul_tn at 768 x 3072 x 8192 (14 tile x
+    epilogue classes at their stage counts) passes the backend's verification, twice."""
+    spec = get_operator("matmul_tn")
+    configs = _stream_k_configs(spec, STREAM_K_SHAPE, "bfloat16")
+    assert len({(c["BM"], c["BN"], c["EPILOGUE"]) for c in configs}) == 14
+    failures = _verify_all(spec, STREAM_K_SHAPE, "bfloat16", configs)
+    assert not failures, f"{len(failures)} of {len(configs)} failed: {failures[:3]}"
+
+
+@sm90
+@pytest.mark.parametrize(
+    ("operator", "dtype"),
+    [(op, "bfloat16") for op in OPERATORS] + [("matmul_tn", "float16")],
+)
+@pytest.mark.parametrize("shape", STREAM_K_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_every_stream_k_config_verifies_at_awkward_shapes(operator, dtype, shape):
+    spec = get_operator(operator)
+    configs = _stream_k_configs(spec, shape, dtype)
+    assert {c["EPILOGUE"] for c in configs} == {0, 1}
+    if shape == (120, 248, 12792):  # 1-8 tiles of every size: all eight tiles (not 256 x 256)
+        assert len({(c["BM"], c["BN"]) for c in configs}) == 8
+    failures = _verify_all(spec, shape, dtype, configs)
+    assert not failures, f"{len(failures)} of {len(configs)} failed: {failures[:3]}"
+
+
+@sm90
+@pytest.mark.parametrize("epilogue", [0, 1])
+def test_stream_k_is_deterministic_and_served_through_kato_torch(epilogue):
+    """kato_torch launches a served STREAM_K=1 config (its module holds the workspace, so it
+    is loaded per stream); its owners add the partial sums in CTA order, so three calls agree
+    bit for bit (each after the last left the counters at zero), within the K-scaled tolerance
+    of the float64 product; then a second shape on the same source runs right too."""
+    import torch
+
+    import kato_torch
+    from kato_torch import _kernels
+
+    served = {
+        "BM": 128, "BN": 256, "BK": 64, "WM": 64, "WN": 64, "TM": 4, "TN": 4, "VEC": 8,
+        "STAGES": 3, "PAD": 0, "MIN_BLOCKS": 0, "ENGINE": "wgmma", "CLUSTER_M": 1,
+        "PERSISTENT": 1, "EPILOGUE": epilogue, "SPLIT_K": 1, "PINGPONG": 0, "STREAM_K": 1,
+    }  # fmt: skip
+    spec = get_operator("matmul")
+
+    class Client:
+        def config(self, operator, shape, dtype, gpu=None):
+            return {"config": served, "source": "exact", "speedup": 2.0}
+
+    kato_torch.configure(client=Client(), policy="kato")
+    try:
+        for m, n, k in [(768, 3072, 8192), (1000, 1000, 1000)]:
+            assert spec.check(served, (m, n, k), "bfloat16") is None
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            a = torch.rand(m, k, device="cuda", generator=gen).sub_(0.5).to(torch.bfloat16)
+            b = torch.rand(k, n, device="cuda", generator=gen).sub_(0.5).to(torch.bfloat16)
+            outs = [kato_torch.matmul(a, b) for _ in range(3)]
+            torch.cuda.synchronize()
+            bound = _kernels.bind("matmul", (m, n, k), "bfloat16", 0)
+            assert (bound.config["STREAM_K"], bound.source) == (1, "exact")
+            assert bound.per_stream  # the workspace is the module's: one per stream
+            assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+            want = a.double() @ b.double()
+            atol, rtol = spec.tolerance_for(k, "bfloat16")
+            err = (outs[0].double() - want).abs() - rtol * want.abs()
+            assert err.max().item() <= atol, err.max().item()
+    finally:
+        kato_torch.configure()

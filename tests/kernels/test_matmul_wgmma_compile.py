@@ -269,3 +269,79 @@ def test_split_k_configs_build_for_sm_90a_without_spills(split_builds):
         assert "Performance Loss" not in result.log, f"{where}: {result.log}"
         assert result.registers <= min(255, 65536 // threads_per_block(config) // 8 * 8), where
         assert result.shared_static_bytes == WGMMA_STATIC_SHARED, where
+
+
+# --- stream-K (STREAM_K 1: ranges of tiles x k blocks, partial sums through a workspace) -----
+
+#: Issue 32's under-one-wave shape: 72 tiles of 128 x 256 (1.09 waves of 128 x 128), 128 k
+#: blocks; every tile but 64 x 64 (576 tiles: four waves or more) takes STREAM_K=1, which
+#: 1000^3 adds (256 tiles). The source does not depend on the shape.
+STREAM_K_SHAPE = (768, 3072, 8192)
+STREAM_K_SHAPES = (STREAM_K_SHAPE, (1000, 1000, 1000))
+
+
+def _stream_k_classes():
+    """(spec, dtype, config): every STREAM_K=1 tile (at :data:`STREAM_K_SHAPES`) with each
+    epilogue at its most stages in bfloat16 matmul_tn (the issue's layout), and the tiles of
+    128 accumulators per consumer thread (128 x 256, 256 x 128: the reduction's register
+    peak) at 3 stages in every other layout and dtype."""
+    from kato.kernels import get_operator
+
+    picked = {}
+    for name in ("matmul", "matmul_nt", "matmul_tn"):
+        spec = get_operator(name)
+        for dtype in ("float16", "bfloat16"):
+            every = (name, dtype) == ("matmul_tn", "bfloat16")
+            found = [
+                c
+                for shape in STREAM_K_SHAPES
+                for c in spec.candidates(shape, dtype)
+                if c["ENGINE"] == "wgmma" and c["STREAM_K"] and not spec.check(c, shape, dtype)
+            ]
+            for c in found:
+                key = (name, dtype, c["BM"], c["BN"], c["EPILOGUE"])
+                if every and c["STAGES"] > picked.get(key, (0, 0, {"STAGES": 0}))[2]["STAGES"]:
+                    picked[key] = (spec, dtype, c)
+                heavy = (c["BM"], c["BN"]) in ((128, 256), (256, 128))
+                if not every and heavy and c["STAGES"] == 3 and not c["EPILOGUE"]:
+                    picked[key] = (spec, dtype, c)
+    return [picked[k] for k in sorted(picked)]
+
+
+@pytest.fixture(scope="module")
+def stream_k_builds(cubin_cache):
+    from kato.tuner.nvcc import compile_many
+
+    classes = _stream_k_classes()
+    jobs = [
+        (spec.render(c, STREAM_K_SHAPE, dtype), spec.main_kernel(c), spec.arch_for(c, "sm_90"), ())
+        for spec, dtype, c in classes
+    ]
+    return list(zip(classes, compile_many(jobs, cache_dir=cubin_cache), strict=True))
+
+
+def test_stream_k_configs_build_for_sm_90a_without_spills(stream_k_builds):
+    """Every sampled STREAM_K=1 config builds without spills or local memory within the
+    launch's register budget; its workspace is module globals (has_device_globals: kato_torch
+    then loads it once per stream), the shared memory that of the same config without it."""
+    from kato.kernels.matmul import WGMMA_STATIC_SHARED, threads_per_block
+    from kato.tuner.cubin import has_device_globals
+
+    # 8 tiles x 2 epilogues (bfloat16 matmul_tn; 128 x 256 and 256 x 128 with EPILOGUE 1 fit
+    # only at fewer stages), and 2 tiles in each of the 5 other layouts x dtypes
+    assert len(stream_k_builds) == 8 * 2 + 2 * 5
+    for (spec, dtype, config), result in stream_k_builds:
+        where = f"{spec.name} {dtype} {config}"
+        assert not isinstance(result, CompileError), f"{where}: {result}\n{result.log}"
+        assert result.spill_bytes == 0 and result.local_bytes == 0, where
+        assert "Performance Loss" not in result.log, f"{where}: {result.log}"
+        assert result.registers <= min(255, 65536 // threads_per_block(config) // 8 * 8), where
+        assert result.shared_static_bytes == WGMMA_STATIC_SHARED, where
+        assert has_device_globals(result.cubin), where
+
+
+def test_stream_k_off_builds_a_module_without_globals(wgmma_builds):
+    """STREAM_K=0 (every other wgmma config) keeps no state in the module: shared freely."""
+    from kato.tuner.cubin import has_device_globals
+
+    assert not any(has_device_globals(result.cubin) for _, result in wgmma_builds)

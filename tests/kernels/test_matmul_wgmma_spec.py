@@ -46,6 +46,7 @@ def wgmma_cfg(**kw):
         "EPILOGUE": 0,
         "SPLIT_K": 1,
         "PINGPONG": 0,
+        "STREAM_K": 0,
     }
     return {**base, **kw}
 
@@ -442,3 +443,123 @@ def test_pingpong_gives_each_consumer_whole_tiles():
     src = SPEC.render(pp, SHAPE, "bfloat16")
     assert "#define PINGPONG 1" in src and "#define CONSUMERS 2" in src
     assert "#define CONSUMER_REGS 232" in src
+
+
+# --- stream-K (STREAM_K 1) ---------------------------------------------------------------------
+
+#: Issue 32's shape: 72 tiles of 128 x 256 (144 of 128 x 128) for 132 SMs, 128 k blocks.
+STREAM_K_SHAPE = (768, 3072, 8192)
+
+
+def stream_k_cfg(**kw):
+    return wgmma_cfg(STREAM_K=1, PERSISTENT=1, **kw)
+
+
+@pytest.mark.parametrize(
+    ("config", "shape", "reason"),
+    [
+        (wgmma_cfg(STREAM_K=1), STREAM_K_SHAPE, "STREAM_K=1 takes PERSISTENT 1"),
+        (stream_k_cfg(CLUSTER_M=2), STREAM_K_SHAPE, "CLUSTER_M 1, SPLIT_K 1 and PINGPONG 0"),
+        (stream_k_cfg(SPLIT_K=2), STREAM_K_SHAPE, "CLUSTER_M 1, SPLIT_K 1 and PINGPONG 0"),
+        (stream_k_cfg(BN=128, PINGPONG=1), STREAM_K_SHAPE, "SPLIT_K 1 and PINGPONG 0"),
+        # 12 x 11 tiles of 128 x 256: one whole wave, nothing to balance
+        (stream_k_cfg(), (1536, 2816, 8192), "132 tiles are whole waves"),
+        (stream_k_cfg(), (3072, 2816, 64), "264 tiles are whole waves"),
+        # 4096^2 in 128 x 128: 1024 tiles, past STREAM_K_MAX_TILES (528)
+        (stream_k_cfg(BN=128), (4096, 4096, 4096), "1024 tiles make 4 waves or more"),
+        (stream_k_cfg(BM=64, BN=64), STREAM_K_SHAPE, "576 tiles make 4 waves"),
+        # 72 tiles x 1 k block for 132 CTAs
+        (stream_k_cfg(), (768, 3072, 64), "72 tile k blocks for 132 CTAs"),
+    ],
+)
+def test_check_rejects_stream_k_where_it_cannot_run_or_help(config, shape, reason):
+    assert reason in (SPEC.check(config, shape, "bfloat16") or "")
+
+
+def test_stream_k_is_a_wgmma_tunable():
+    mma = SPEC.default_config(STREAM_K_SHAPE, "bfloat16")
+    assert mma["ENGINE"] == "mma" and mma["STREAM_K"] == 0
+    reason = SPEC.check({**mma, "STREAM_K": 1}, STREAM_K_SHAPE, "bfloat16")
+    assert "STREAM_K is a wgmma tunable, pinned to 0" in reason
+    assert "float16 or bfloat16" in SPEC.check(stream_k_cfg(), STREAM_K_SHAPE, "float32")
+    assert "missing parameter STREAM_K" in SPEC.check(
+        {k: v for k, v in wgmma_cfg().items() if k != "STREAM_K"}, SHAPE, "bfloat16"
+    )
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_stream_k_configs_of_the_issue_shape(spec):
+    """Every tile but 64 x 64 (576 tiles) at 768 x 3072 x 8192, with either epilogue, only
+    persistent, unclustered, unsplit and without ping-pong; 128 x 256 too although its 72
+    tiles make PERSISTENT alone invalid (a grid of one CTA per tile is the same launch)."""
+    configs = [c for c in wgmma_valid(spec, STREAM_K_SHAPE, "bfloat16") if c["STREAM_K"]]
+    tiles = {(c["BM"], c["BN"]) for c in configs}
+    assert tiles == {(m, n) for m in (64, 128, 256) for n in (64, 128, 256)} - {
+        (256, 256),
+        (64, 64),
+    }
+    assert {c["EPILOGUE"] for c in configs} == {0, 1}
+    for c in configs:
+        assert (c["PERSISTENT"], c["CLUSTER_M"], c["SPLIT_K"], c["PINGPONG"]) == (1, 1, 1, 0)
+    wide = stream_k_cfg()
+    assert spec.check(wide, STREAM_K_SHAPE, "bfloat16") is None
+    assert "PERSISTENT=1 launches what" in spec.check(
+        {**wide, "STREAM_K": 0}, STREAM_K_SHAPE, "bfloat16"
+    )
+    # two k blocks per tile: 144 iterations, one or two per CTA
+    assert spec.check(wide, (768, 3072, 104), "bfloat16") is None
+
+
+@pytest.mark.parametrize(
+    ("config", "shape", "grid"),
+    [
+        (stream_k_cfg(), STREAM_K_SHAPE, PERSISTENT_CTAS),
+        (stream_k_cfg(BN=128, EPILOGUE=1, STAGES=3), STREAM_K_SHAPE, PERSISTENT_CTAS),
+        (stream_k_cfg(), (128, 256, 64 * 131), 131),  # one tile of 131 k blocks
+        (stream_k_cfg(), (768, 3072, 64), 72),  # fewer iterations than SMs (check refuses)
+    ],
+)
+def test_stream_k_launch_is_one_cta_per_sm(config, shape, grid):
+    """STREAM_K=1 launches PERSISTENT_CTAS CTAs (fewer only where there are fewer tile k
+    blocks, which check() refuses) of the config's threads and shared memory: its workspace
+    is the module's, not shared memory; the arguments are every config's."""
+    launch = SPEC.launch(config, shape, "bfloat16")
+    plain = SPEC.launch({**config, "STREAM_K": 0, "PERSISTENT": 0}, shape, "bfloat16")
+    assert launch.grid == (grid, 1, 1)
+    assert (launch.block, launch.shared_bytes) == (plain.block, plain.shared_bytes)
+    (step,) = SPEC.steps(config, shape, "bfloat16")
+    (plain_step,) = SPEC.steps({**config, "STREAM_K": 0}, shape, "bfloat16")
+    assert step.args == plain_step.args and step.launch == launch
+
+
+def test_stream_k_renders_its_macros_only_when_on():
+    """STREAM_K=1 defines STREAM_K and its workspace's capacity (PERSISTENT_CTAS slots,
+    STREAM_K_MAX_TILES counters); STREAM_K=0 renders what the configs before the parameter
+    did: no macro at all."""
+    from kato.kernels.matmul import STREAM_K_MAX_TILES, stream_k_workspace_bytes
+
+    off = wgmma_cfg(PERSISTENT=1)
+    on = {**off, "STREAM_K": 1}
+    src_off = TN.render(off, STREAM_K_SHAPE, "bfloat16")
+    src_on = TN.render(on, STREAM_K_SHAPE, "bfloat16")
+    head_off, template = src_off.split("\n// Hopper GEMM", 1)
+    head_on, template_on = src_on.split("\n// Hopper GEMM", 1)
+    assert template_on == template and "STREAM_K" not in head_off
+    assert head_on.splitlines() == [
+        *head_off.splitlines(),
+        "#define STREAM_K 1",
+        f"#define STREAM_K_CTAS {PERSISTENT_CTAS}",
+        f"#define STREAM_K_MAX_TILES {STREAM_K_MAX_TILES}",
+    ]
+    assert STREAM_K_MAX_TILES == 4 * PERSISTENT_CTAS
+    # 132 slots of 128 x 256 floats and 528 tiles x 2 consumers' counters
+    assert stream_k_workspace_bytes(on) == 132 * 128 * 256 * 4 + 528 * 2 * 4
+    assert stream_k_workspace_bytes(off) == 0
+
+
+def test_stream_k_doubles_only_the_wgmma_candidates():
+    """The candidates list STREAM_K 0 for every mma.sync config and both values for wgmma."""
+    found = SPEC.candidates(STREAM_K_SHAPE, "bfloat16")
+    assert {c["STREAM_K"] for c in found if c["ENGINE"] == "mma"} == {0}
+    wgmma = [c for c in found if c["ENGINE"] == "wgmma"]
+    assert sum(c["STREAM_K"] for c in wgmma) * 2 == len(wgmma)
