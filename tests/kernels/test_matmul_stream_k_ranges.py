@@ -164,3 +164,48 @@ def test_the_check_protocol_catches_a_wrong_helper_count(ranges_binary):
     rows[owner] = (*rows[owner][:4], rows[owner][4] + 1)
     with pytest.raises(AssertionError, match="tile"):
         check_protocol(rows, 72, 128)
+
+
+#: The template's guard before its partition: past it, a slot or a counter would be shared or a
+#: range empty, so the kernel traps (the host's check() and launch must keep every config clear).
+TEMPLATE_GUARD = (
+    "if (gridDim.x > STREAM_K_CTAS || num_tiles > STREAM_K_MAX_TILES || total < gridDim.x)"
+)
+
+
+def test_every_config_check_accepts_launches_a_grid_the_kernel_runs(ranges_binary):
+    """Over random shapes (random multiples of 8, so every layout's TMA pitches hold), every
+    STREAM_K=1 tile and epilogue that check() accepts launches a grid the template's guard lets
+    through (no trap) and on which its partition keeps the protocol."""
+    import math
+    import random
+
+    from kato.kernels import get_operator
+    from kato.kernels.matmul import WGMMA_BK, wgmma_cluster_tiles
+
+    assert TEMPLATE_GUARD in WGMMA_TEMPLATE.read_text()
+    spec = get_operator("matmul_tn")
+    configs = {
+        (c["BM"], c["BN"], c["EPILOGUE"]): c
+        for c in spec.candidates((1000, 1000, 1000), "bfloat16")
+        if c["ENGINE"] == "wgmma"
+        and c["STREAM_K"]
+        and spec.check(c, (1000, 1000, 1000), "bfloat16") is None
+    }
+    rng = random.Random(32)
+    partitions, accepted = set(), 0
+    for _ in range(60):
+        shape = tuple(8 * rng.randint(1, 1 << rng.randint(3, 10)) for _ in range(3))
+        for config in configs.values():
+            if spec.check(config, shape, "bfloat16") is not None:
+                continue
+            accepted += 1
+            tiles = wgmma_cluster_tiles(config, shape[0], shape[1])
+            k_all = math.ceil(shape[2] / WGMMA_BK)
+            (grid, _, _) = spec.launch(config, shape, "bfloat16").grid
+            trapped = grid > PERSISTENT_CTAS or tiles > STREAM_K_MAX_TILES or tiles * k_all < grid
+            assert not trapped, (shape, config, grid)
+            partitions.add((tiles, k_all, grid))
+    assert accepted > 50 and len(partitions) > 20, (accepted, len(partitions))
+    for tiles, k_all, grid in sorted(partitions):
+        check_protocol(ranges(ranges_binary, tiles, k_all, grid), tiles, k_all)
