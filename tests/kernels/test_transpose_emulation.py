@@ -3,6 +3,7 @@ awkward shapes, outputs compared exactly with the references as the GPU verifier
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -20,9 +21,25 @@ pytestmark = pytest.mark.skipif(
 SPEC = get_operator("transpose")
 
 
+def with_checked_stores(cases: list[Case]) -> list[Case]:
+    """``cases``, each of HINTS 1 or 2 followed by its HINTS 0 twin. The emulation checks the
+    address of every ``__stcs`` (alignment, and the arrays' bounds with ``Case.bounds``), but
+    the plain stores of HINTS 1 and 2 are assignments here; the twin stores to the same
+    addresses (test_transpose_compile: the accesses differ only in their qualifiers) through
+    the checked ``__stcs``."""
+    out = []
+    for case in cases:
+        out.append(case)
+        if case.config["HINTS"]:
+            config = {**case.config, "HINTS": 0}
+            out.append(dataclasses.replace(case, config=config))
+    return out
+
+
 def emulated_cases() -> list[Case]:
     """Every dtype x tile x layout, the widest vectors the shape allows, tails on both sides,
-    1 x N and N x 1, capped grids (the tile loop's grid stride), and each cache hint."""
+    1 x N and N x 1, capped grids (the tile loop's grid stride), and each cache hint (with
+    :func:`with_checked_stores`)."""
     cases = []
     shapes = {"float32": [(40, 72), (1, 36), (33, 1)], "float16": [(48, 24), (8, 120), (17, 3)]}
     shapes["bfloat16"] = [(24, 104), (1, 7), (70, 2)]
@@ -47,7 +64,7 @@ def emulated_cases() -> list[Case]:
                     break
         for shape in dtype_shapes:
             cases.append(Case(SPEC, SPEC.default_config(shape, dtype), shape, dtype))
-    return cases
+    return with_checked_stores(cases)
 
 
 def test_kernel_logic_on_the_cpu(tmp_path: Path) -> None:
@@ -91,9 +108,9 @@ SPLIT_CONFIGS = [
 def split_cases() -> list[Case]:
     """Every dtype x split config on a shape no VEC divides (cycling through SPLIT_SHAPES),
     arrays shifted by 0 to 3 elements from a 16-byte boundary (the offsets come from the
-    addresses), capped grids, global accesses checked against the arrays' bounds (the loads'
-    at every HINTS; the plain stores of HINTS 1 and 2 are assignments here, unchecked, at the
-    addresses HINTS 0 checks); then the default config of every split shape."""
+    addresses), capped grids, global accesses checked against the arrays' bounds (the stores
+    of HINTS 1 and 2 through their HINTS 0 twins: :func:`with_checked_stores`); then the
+    default config of every split shape."""
     cases = []
     for d, dtype in enumerate(("float32", "float16", "bfloat16")):
         for n, (tile, vec, rpt, smem) in enumerate(SPLIT_CONFIGS):
@@ -108,7 +125,7 @@ def split_cases() -> list[Case]:
         for shape in SPLIT_SHAPES[d::3]:
             config = SPEC.default_config(shape, dtype)
             cases.append(Case(SPEC, config, shape, dtype, offset=d, bounds=True))
-    return cases
+    return with_checked_stores(cases)
 
 
 def test_split_rows_on_the_cpu(tmp_path: Path) -> None:
