@@ -198,15 +198,22 @@ def parse_where(items: list[str] | None) -> dict[str, set[int]]:
 def sweep_configs(spec, shape, dtype, where: dict[str, set[int]]) -> list[dict]:
     """The valid configs of ``spec`` for the case whose parameters take the values ``where``
     lists (the others any), in the product order of its parameters: the last varies fastest,
-    so configs that differ in it alone are timed one after another."""
+    so configs that differ in it alone are timed one after another. Drawn from the spec's
+    candidates where it lists them (matmul's whole product is 24 million configs, which took
+    about a minute per case to check)."""
     import itertools
 
     unknown = sorted(set(where) - set(spec.params))
     if unknown:
         raise SystemExit(f"{spec.name} has no parameter {', '.join(unknown)}")
-    values = [[v for v in vs if k not in where or v in where[k]] for k, vs in spec.params.items()]
-    configs = [dict(zip(spec.params, combo, strict=True)) for combo in itertools.product(*values)]
-    valid = [c for c in configs if spec.check(c, shape, dtype) is None]
+    configs = spec.candidates(shape, dtype)
+    if configs is None:
+        values = [
+            [v for v in vs if k not in where or v in where[k]] for k, vs in spec.params.items()
+        ]
+        configs = [dict(zip(spec.params, c, strict=True)) for c in itertools.product(*values)]
+    selected = [c for c in configs if all(c[k] in where[k] for k in where)]
+    valid = [c for c in selected if spec.check(c, shape, dtype) is None]
     if not valid:
         raise SystemExit(f"no valid {spec.name} config for {shape} {dtype} where {where}")
     return valid

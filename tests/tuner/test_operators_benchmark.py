@@ -158,6 +158,19 @@ def test_a_sweep_takes_the_valid_configs_that_match_hints_side_by_side():
         operators.sweep_configs(spec, (64, 64), "float32", {"TILE": {16}, "VEC": {4}, "RPT": {4}})
 
 
+def test_sweep_configs_draws_from_the_spec_candidates():
+    """matmul lists its candidates (its whole product is 24 million configs): the sweep takes
+    the valid ones with the listed values, in the spec's order, as matmul_sweep.py does."""
+    from benchmarks import matmul_sweep
+
+    spec = get_operator("matmul_tn")
+    case = ((768, 3072, 8192), "bfloat16")
+    where = {"STREAM_K": {1}, "EPILOGUE": {0}}
+    configs = operators.sweep_configs(spec, *case, where)
+    assert len(configs) == 29 and all(c["STREAM_K"] == 1 and not c["EPILOGUE"] for c in configs)
+    assert configs == matmul_sweep.select("matmul_tn", *case, where, engine="any")
+
+
 def test_best_by_takes_the_fastest_timed_row_per_value(capsys):
     def row(hints, ms, vec=1):
         r = operators.make_row(
