@@ -249,13 +249,19 @@ def _signature(spec: OperatorSpec, dtype: str) -> list[type[ctypes._SimpleCData]
     return _signatures[key]
 
 
-def _lookup(spec: OperatorSpec, shape: tuple[int, ...], dtype: str, arch: str) -> tuple[dict, str]:
-    """The config to run: the client's answer if it is valid for this shape and the device's
-    arch (``"sm_90"``), else the default."""
+def _lookup(
+    spec: OperatorSpec, shape: tuple[int, ...], dtype: str, arch: str, sm_count: int
+) -> tuple[dict, str]:
+    """The config to run: the client's answer if it is valid for this shape, the device's
+    arch (``"sm_90"``) and its multiprocessors, else the default."""
     answer = _policy.served(spec.name, shape, dtype)
     if answer is not None:
         config, source = _policy.served_config(answer)
-        reason = spec.check(config, shape, dtype) or spec.check_arch(config, arch)
+        reason = (
+            spec.check(config, shape, dtype)
+            or spec.check_arch(config, arch)
+            or spec.check_sms(config, sm_count)
+        )
         if reason is None:
             return config, source
         log.warning("served %s config is invalid for %s %s: %s", spec.name, shape, dtype, reason)
@@ -275,13 +281,14 @@ def prepare(keys: Sequence[Any], device_index: int = 0, workers: int | None = No
 
     major, minor = torch.cuda.get_device_capability(device_index)
     arch = f"sm_{major}{minor}"
+    sms = torch.cuda.get_device_properties(device_index).multi_processor_count
     chosen = [
         k for k in keys if _policy.verdict(k.operator, k.shape, k.dtype, "cuda") != _policy.TORCH
     ]
 
     def build(key: Any) -> None:
         spec = get_operator(key.operator)
-        config, _ = _lookup(spec, tuple(key.shape), key.dtype, arch)
+        config, _ = _lookup(spec, tuple(key.shape), key.dtype, arch, sms)
         compile_kernel(spec.render(config, key.shape, key.dtype), spec.main_kernel(config),
                        arch=spec.arch_for(config, arch))  # fmt: skip
 
@@ -374,7 +381,8 @@ def bind(
         spec.validate(shape, dtype)
         major, minor = torch.cuda.get_device_capability(device_index)
         arch = f"sm_{major}{minor}"
-        config, source = _lookup(spec, shape, dtype, arch)
+        sms = torch.cuda.get_device_properties(device_index).multi_processor_count
+        config, source = _lookup(spec, shape, dtype, arch, sms)
         if alignment < MAX_VECTOR_BYTES:
             fitted = fit_alignment(spec, config, shape, dtype, alignment)
             if fitted is None:

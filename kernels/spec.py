@@ -440,6 +440,12 @@ class OperatorSpec(ABC):
         compiling; :meth:`check` stays device-independent."""
         return None
 
+    def check_sms(self, config: Config, sm_count: int) -> str | None:
+        """Why ``config`` cannot run on a GPU of ``sm_count`` multiprocessors (a grid whose
+        CTAs must all be resident at once), or None. The backends check it with the device's
+        limits (:meth:`check_arch`'s callers); :meth:`check` stays device-independent."""
+        return None
+
     def render(self, config: Config, shape: Sequence[int], dtype: str) -> str:
         """Full CUDA source: ``#define NAME value`` lines, then the config's template with the
         shared headers it includes inlined (:func:`template_source`)."""

@@ -630,6 +630,18 @@ class MatmulSpec(OperatorSpec):
                 )
         return None
 
+    def check_sms(self, config: Config, sm_count: int) -> str | None:
+        """STREAM_K=1 launches :data:`PERSISTENT_CTAS` CTAs whose owners wait on later CTAs'
+        partial sums: every one must be resident at once, one per SM (a GPU with fewer SMs,
+        an H100 PCIe's 114, would rely on the hardware starting blocks in index order, and
+        run a second, partial wave)."""
+        if config.get("STREAM_K") and sm_count < PERSISTENT_CTAS:
+            return (
+                f"STREAM_K=1 needs its {PERSISTENT_CTAS} CTAs resident at once, one per SM; the "
+                f"GPU has {sm_count} SMs"
+            )
+        return None
+
     def arch_for(self, config: Config, arch: str) -> str:
         """wgmma configs build for ``sm_90a``; the mma.sync ones for the GPU's own arch."""
         return WGMMA_TARGET if is_wgmma(config) else arch

@@ -563,3 +563,18 @@ def test_stream_k_doubles_only_the_wgmma_candidates():
     assert {c["STREAM_K"] for c in found if c["ENGINE"] == "mma"} == {0}
     wgmma = [c for c in found if c["ENGINE"] == "wgmma"]
     assert sum(c["STREAM_K"] for c in wgmma) * 2 == len(wgmma)
+
+
+def test_stream_k_needs_a_gpu_with_an_sm_for_each_of_its_ctas():
+    """Stream-K's owners wait on later CTAs' partial sums, so its whole grid must be resident:
+    a GPU of fewer SMs than PERSISTENT_CTAS (the catalog's H100 PCIe, 114) refuses it before
+    compiling, through the backends' device check, while the same config runs on an H100 SXM;
+    configs without stream-K are the spec's business alone."""
+    config = stream_k_cfg()
+    assert SPEC.check(config, STREAM_K_SHAPE, "bfloat16") is None
+    assert SPEC.check_sms(config, PERSISTENT_CTAS) is None
+    assert "114 SMs" in SPEC.check_sms(config, 114)
+    assert SPEC.check_sms({**config, "STREAM_K": 0}, 114) is None
+    pcie, sxm = find_gpu("H100 PCIe"), find_gpu("H100 SXM")
+    assert "resident" in check_on_gpu(SPEC, STREAM_K_SHAPE, "bfloat16", pcie, config)
+    assert check_on_gpu(SPEC, STREAM_K_SHAPE, "bfloat16", sxm, config) is None

@@ -238,6 +238,8 @@ def check_on_gpu(
         reason = spec.check_arch(config, arch)
     if reason or gpu is None:
         return reason
+    if reason := spec.check_sms(config, gpu.sm_count):
+        return reason
     for step in spec.steps(config, shape, dtype):
         launch = step.launch
         if launch.threads_per_block > gpu.max_threads_per_block:
