@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.operators import parse_where, torch_time_ms  # noqa: E402
+from benchmarks.operators import parse_where, sweep_configs, torch_time_ms  # noqa: E402
 
 #: Issue 32's square shapes and a GPT-2 small training step's (M x N x K): the MLP's two GEMMs
 #: and the vocabulary head, forward (matmul) and the two backward layouts.
@@ -74,24 +74,15 @@ def select(
     engine: str = "wgmma",
 ) -> list[dict]:
     """The valid configs of the case on ``engine`` with the ``where`` values, in the spec's
-    candidates order.
+    candidates order (:func:`benchmarks.operators.sweep_configs`, filtered by engine).
 
     Raises:
-        SystemExit: a ``where`` name is not a parameter of the operator.
+        SystemExit: a ``where`` name is not a parameter of the operator, or no config is valid.
     """
     from kato.kernels import get_operator
 
-    spec = get_operator(operator)
-    unknown = sorted(set(where or {}) - set(spec.params))
-    if unknown:
-        raise SystemExit(f"--where {', '.join(unknown)}: not a parameter of {operator}")
-    return [
-        c
-        for c in spec.candidates(shape, dtype)
-        if engine in ("any", c["ENGINE"])
-        and spec.check(c, shape, dtype) is None
-        and all(c[k] in v for k, v in (where or {}).items())
-    ]
+    configs = sweep_configs(get_operator(operator), shape, dtype, where or {})
+    return [c for c in configs if engine in ("any", c["ENGINE"])]
 
 
 def sweep(

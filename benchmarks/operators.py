@@ -295,17 +295,7 @@ def main() -> None:
         result = backend.evaluate(config)
         backend.close()
         torch_ms = torch_time_ms(torch_ops[operator].make(shape, dtype))
-        row = make_row(
-            operator,
-            shape,
-            dtype,
-            bytes_moved=spec.bytes_moved(shape, dtype),
-            flops=spec.flops(shape, dtype),
-            kato_ms=result.time_ms,
-            torch_ms=torch_ms,
-            copy_gbs=copy_gbs,
-        )
-        row.update(source=source, config=config, status=result.status.value, error=result.error)
+        row = trial_row(spec, shape, dtype, config, result, torch_ms, copy_gbs, source)
         if kinds:
             row["awkward"] = kinds[(operator, tuple(shape), dtype)]
         rows.append(row)
@@ -366,23 +356,8 @@ def sweep(args: argparse.Namespace, where: dict[str, set[int]]) -> None:
             backend.precompile(configs)
             for config in configs:
                 result = backend.evaluate(config)
-                row = make_row(
-                    operator,
-                    shape,
-                    dtype,
-                    bytes_moved=spec.bytes_moved(shape, dtype),
-                    flops=spec.flops(shape, dtype),
-                    kato_ms=result.time_ms,
-                    torch_ms=torch_ms,
-                    copy_gbs=copy_gbs,
-                )
-                row.update(
-                    source="sweep",
-                    config=config,
-                    status=result.status.value,
-                    error=result.error,
-                    registers=result.registers,
-                )
+                row = trial_row(spec, shape, dtype, config, result, torch_ms, copy_gbs, "sweep")
+                row["registers"] = result.registers
                 rows.append(row)
                 print_row(row, flush=True)
         finally:
@@ -398,6 +373,18 @@ def sweep(args: argparse.Namespace, where: dict[str, set[int]]) -> None:
     print(HEADER)
     for row in report["best_by"]:
         print_row(row, prefix=f"{row['param']}={row['value']}")
+
+
+def trial_row(spec, shape, dtype, config, result, torch_ms, copy_gbs, source) -> dict:
+    """:func:`make_row` of one measured config (``result``: its backend's ``TrialResult``),
+    with where the config came from (``source``), the config and the trial's status."""
+    row = make_row(
+        spec.name, shape, dtype, bytes_moved=spec.bytes_moved(shape, dtype),
+        flops=spec.flops(shape, dtype), kato_ms=result.time_ms, torch_ms=torch_ms,
+        copy_gbs=copy_gbs,
+    )  # fmt: skip
+    row.update(source=source, config=config, status=result.status.value, error=result.error)
+    return row
 
 
 def make_row(
