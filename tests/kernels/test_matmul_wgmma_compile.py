@@ -159,16 +159,16 @@ def _wgmma_classes(pairs: bool = True):
 
 @pytest.fixture(scope="module")
 def wgmma_builds(cubin_cache, sample_pairs):
+    return _build(_wgmma_classes(sample_pairs), WGMMA_SHAPE, cubin_cache)
+
+
+def _build(classes, shape, cubin_cache):
+    """((spec, dtype, config), CompiledKernel) for each of ``classes``, built for an H200 at
+    ``shape`` in parallel."""
     from kato.tuner.nvcc import compile_many
 
-    classes = _wgmma_classes(sample_pairs)
     jobs = [
-        (
-            spec.render(c, WGMMA_SHAPE, dtype),
-            spec.main_kernel(c),
-            spec.arch_for(c, "sm_90"),
-            (),
-        )
+        (spec.render(c, shape, dtype), spec.main_kernel(c), spec.arch_for(c, "sm_90"), ())
         for spec, dtype, c in classes
     ]
     return list(zip(classes, compile_many(jobs, cache_dir=cubin_cache), strict=True))
@@ -247,14 +247,7 @@ def _split_classes():
 
 @pytest.fixture(scope="module")
 def split_builds(cubin_cache):
-    from kato.tuner.nvcc import compile_many
-
-    classes = _split_classes()
-    jobs = [
-        (spec.render(c, SPLIT_SHAPE, dtype), spec.main_kernel(c), spec.arch_for(c, "sm_90"), ())
-        for spec, dtype, c in classes
-    ]
-    return list(zip(classes, compile_many(jobs, cache_dir=cubin_cache), strict=True))
+    return _build(_split_classes(), SPLIT_SHAPE, cubin_cache)
 
 
 def test_split_k_configs_build_for_sm_90a_without_spills(split_builds):
@@ -310,14 +303,7 @@ def _stream_k_classes():
 
 @pytest.fixture(scope="module")
 def stream_k_builds(cubin_cache):
-    from kato.tuner.nvcc import compile_many
-
-    classes = _stream_k_classes()
-    jobs = [
-        (spec.render(c, STREAM_K_SHAPE, dtype), spec.main_kernel(c), spec.arch_for(c, "sm_90"), ())
-        for spec, dtype, c in classes
-    ]
-    return list(zip(classes, compile_many(jobs, cache_dir=cubin_cache), strict=True))
+    return _build(_stream_k_classes(), STREAM_K_SHAPE, cubin_cache)
 
 
 def test_stream_k_configs_build_for_sm_90a_without_spills(stream_k_builds):
