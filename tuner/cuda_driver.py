@@ -93,10 +93,17 @@ def retain_primary_context(device_index: int) -> None:
 
 
 def load_module(cubin: bytes) -> ctypes.c_void_p:
-    """Load a cubin into the current context. Modules are never unloaded (callers cache them)."""
+    """Load a cubin into the current context. The caller owns the module: it stays loaded,
+    with its device globals, until :func:`unload_module` or the context's end."""
     module = ctypes.c_void_p()
     check(library().cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
     return module
+
+
+def unload_module(module: ctypes.c_void_p) -> None:
+    """Unload a module of :func:`load_module` from the current context (its functions and
+    globals are gone: no launch of them may still be queued)."""
+    check(library().cuModuleUnload(module), "cuModuleUnload")
 
 
 def get_function(module: ctypes.c_void_p, name: str, dynamic_shared: int = 0) -> ctypes.c_void_p:

@@ -384,6 +384,37 @@ def test_every_stream_k_config_verifies_at_the_issue_shape():
 
 
 @sm90
+def test_a_stream_k_trial_loads_its_workspace_once_and_close_frees_it():
+    """A tensor-map config's cubin is loaded once (through the driver, not also into PyCUDA):
+    each loaded STREAM_K=1 config takes one workspace of device memory, and a backend's close
+    unloads those modules, so a backend made after it finds the memory free again."""
+    from kato.kernels.matmul import stream_k_workspace_bytes
+    from kato.tuner.backends.pycuda import PyCudaBackend
+
+    spec, shape = get_operator("matmul_tn"), STREAM_K_SHAPE
+    configs = _stream_k_configs(spec, shape, "bfloat16")[:4]
+    workspace = max(stream_k_workspace_bytes(c) for c in configs)
+    backend = PyCudaBackend(spec, shape, "bfloat16", repeats=1, warmup=0, seed=5)
+    try:
+        backend.precompile(configs)
+        compiled = [backend.compile(c) for c in configs]
+        before = backend.memory().free_bytes
+        for config, kernel in zip(configs, compiled, strict=True):
+            calls = backend.load(kernel, spec.steps(config, shape, "bfloat16"))
+            assert backend.verify(calls) is None
+        taken = before - backend.memory().free_bytes
+    finally:
+        backend.close()
+    # Twice the workspace per config when loaded twice; 2 MiB of page rounding per module.
+    assert taken <= len(configs) * (workspace + (2 << 20)), (taken, workspace)
+    again = PyCudaBackend(spec, shape, "bfloat16", repeats=1, warmup=0, seed=5)
+    try:
+        assert again.memory().free_bytes >= before - (8 << 20)
+    finally:
+        again.close()
+
+
+@sm90
 @pytest.mark.parametrize(
     ("operator", "dtype"),
     [(op, "bfloat16") for op in OPERATORS] + [("matmul_tn", "float16")],

@@ -368,6 +368,9 @@ class PyCudaBackend(Backend):
         self.gpu = find_gpu(self.info.model)
         self._rng = np.random.default_rng(seed)
         self._modules: list[Any] = []  # keep loaded modules alive
+        # Modules loaded through the driver for tensor-map steps: unloaded at close, since the
+        # primary context (and whatever a module's globals hold) outlives this backend.
+        self._driver_modules: list[Any] = []
         # Tensor maps per (declaration, buffer): 2 x 200 input copies stay encoded.
         self._maps = MapCache(capacity=4 * _MAX_COPIES)
         self._driver_args: dict[tuple[int, int], tuple[_Call, Any, list[Any], list[Any]]] = {}
@@ -648,9 +651,7 @@ class PyCudaBackend(Backend):
 
     def load(self, compiled: CompiledKernel, steps: Sequence[Step]) -> list[_Call]:
         """Load the cubin and prepare one call per step (functions fetched once per kernel)."""
-        module = self.cuda.module_from_buffer(compiled.cubin)
-        self._modules.append(module)
-        upload_constants(self.cuda, module, self.problem)
+        module = None
         functions: dict[str, Any] = {}
         formats: dict[str, str] = {}  # the argument format each of ``functions`` is prepared for
         driver_module = None
@@ -666,9 +667,16 @@ class PyCudaBackend(Backend):
                     )
                 if driver_module is None:
                     driver_module = cuda_driver.load_module(compiled.cubin)
+                    self._driver_modules.append(driver_module)
                 fn = cuda_driver.get_function(driver_module, step.kernel, step.launch.shared_bytes)
                 calls.append(_Call(fn, step.launch, indices, has_maps=True))
                 continue
+            if module is None:
+                # Loaded only for steps PyCUDA launches: a tensor-map kernel's module would
+                # otherwise sit in the context twice (a stream-K workspace is 17 MB a copy).
+                module = self.cuda.module_from_buffer(compiled.cubin)
+                self._modules.append(module)
+                upload_constants(self.cuda, module, self.problem)
             fn = functions.get(step.kernel)
             if fn is None:
                 fn = functions[step.kernel] = module.get_function(step.kernel)
@@ -885,6 +893,11 @@ class PyCudaBackend(Backend):
             self._queue.close()  # its stats stay readable
         if self._context is not None:
             self._modules.clear()
+            for module in self._driver_modules:
+                # A context a kernel fault destroyed has no modules left to unload.
+                with contextlib.suppress(cuda_driver.CudaDriverError):
+                    cuda_driver.unload_module(module)
+            self._driver_modules.clear()
             self._context.pop()
             self._context.detach()
             self._context = None
