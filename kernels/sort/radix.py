@@ -326,7 +326,7 @@ def scratch(n: int, dtype: str, pairs: bool, rows: int = 1) -> list[np.ndarray]:
     key_type = np.float32 if dtype == "float32" else np.int32
     arrays = [np.full(rows * n, 0x7FC00001, np.uint32).view(key_type)]
     if pairs:
-        arrays.append(np.full(n, -777, np.int32))
+        arrays.append(np.full(rows * n, -777, np.int32))
     arrays.append(np.full(rows * HIST_WORDS, 0xDEADBEEF, np.uint32))
     arrays.append(np.zeros(COUNTER_WORDS, np.uint32))
     arrays.append(np.zeros(status_words(n, rows), np.uint32))
