@@ -8,8 +8,9 @@ histogram method HIST for the others) is compiled,
 verified and timed by the pycuda backend (as a tuning trial: CUDA events, inputs rotated past
 the L2), beside the bitonic default (sort_1d),
 ``torch.sort`` (torch has no keys-only sort: it always returns the indices too, so its figure is
-a sort of keys with int64 values; ``stable=True`` too) and for 1-D cases CUB's
-``DeviceRadixSort`` (``benchmarks/cub_sort.cu`` built with nvcc; keys only and pairs). Writes
+a sort of keys with int64 values; ``stable=True`` too) and CUB (``benchmarks/cub_sort.cu``
+built with nvcc): for 1-D cases ``DeviceRadixSort`` (keys only and pairs), for row cases
+``DeviceSegmentedRadixSort`` and ``DeviceSegmentedSort`` (keys only, a segment per row). Writes
 JSON and prints a table, then each case's fastest config per RANK and per HIST.
 
     python3 benchmarks/radix_sort.py --out $OUT/radix_sort.json [--quick] [--rank ballot ...]
@@ -170,10 +171,16 @@ def build_cub(workdir: Path) -> Path | None:
     return binary
 
 
-def cub_time(binary: Path | None, n: int, dtype: str, kind: str) -> float | None:
+def cub_time(
+    binary: Path | None, n: int, dtype: str, kind: str, cols: int | None = None
+) -> float | None:
+    """CUB's median ms for n keys (kinds "keys", "pairs"; "rows", "rows_segsort": n / cols rows
+    of cols keys)."""
     if binary is None:
         return None
-    proc = subprocess.run([str(binary), str(n), dtype, kind, "20"], capture_output=True, text=True)
+    extra = [str(cols)] if cols else []
+    command = [str(binary), str(n), dtype, kind, "20", *extra]
+    proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode != 0:
         print(f"CUB {n} {dtype} {kind} failed: {proc.stderr[-500:]}")
         return None
@@ -213,7 +220,7 @@ def main() -> None:
     started = time.monotonic()
     report: dict = {"cases": []}
     with tempfile.TemporaryDirectory() as tmp:
-        cub = None if args.rows else build_cub(Path(tmp))
+        cub = build_cub(Path(tmp))
         for cases in groups:
             best_first: list[dict] = []
             for index, (operator, shape, dtype) in enumerate(cases):
@@ -231,17 +238,21 @@ def main() -> None:
                 rows = time_configs(spec, shape, dtype, configs)
                 if index == 0:
                     best_first = fastest_first(rows)
-                one_d = len(shape) == 1
                 case = {
                     "operator": operator,
                     "shape": list(shape),
-                    **({"n": shape[0]} if one_d else {}),
                     "dtype": dtype,
                     "rows": rows,
                     **torch_times(shape, dtype),
-                    "cub_keys_ms": cub_time(cub, shape[0], dtype, "keys") if one_d else None,
-                    "cub_pairs_ms": cub_time(cub, shape[0], dtype, "pairs") if one_d else None,
                 }
+                if len(shape) == 1:
+                    case["n"] = shape[0]
+                    case["cub_keys_ms"] = cub_time(cub, shape[0], dtype, "keys")
+                    case["cub_pairs_ms"] = cub_time(cub, shape[0], dtype, "pairs")
+                else:
+                    total = shape[0] * shape[1]
+                    case["cub_rows_ms"] = cub_time(cub, total, dtype, "rows", shape[1])
+                    case["cub_segsort_ms"] = cub_time(cub, total, dtype, "rows_segsort", shape[1])
                 report["cases"].append(case)
                 Path(args.out).write_text(json.dumps(report, indent=1))
     report["elapsed_s"] = time.monotonic() - started
@@ -249,7 +260,7 @@ def main() -> None:
     print()
     print("torch.sort returns int64 indices as well as the values (no keys-only sort in torch)")
     header = f"{'case':34} {'best radix':>11} {'default':>9} {'bitonic':>9} {'torch':>9}"
-    print(f"{header} {'torch st.':>9} {'CUB':>9}  best config")
+    print(f"{header} {'torch st.':>9} {'CUB':>9} {'CUB seg':>9}  best config")
     for case in report["cases"]:
         radix_rows = [
             r for r in case["rows"] if r["time_ms"] and r["config"].get("ALGO", "radix") == "radix"
@@ -258,14 +269,17 @@ def main() -> None:
         bitonic = [r for r in case["rows"] if r["config"].get("ALGO") == "bitonic"]
         default = case["rows"][0] if case["operator"] != "sort_1d_pairs" else None
         pairs = case["operator"] == "sort_1d_pairs"
-        cub_ms = case["cub_pairs_ms"] if pairs else case["cub_keys_ms"]
+        if case["operator"] == "sort":  # DeviceSegmentedRadixSort, DeviceSegmentedSort
+            cub_ms, cub_seg_ms = case["cub_rows_ms"], case["cub_segsort_ms"]
+        else:
+            cub_ms, cub_seg_ms = case["cub_pairs_ms" if pairs else "cub_keys_ms"], None
 
         name = f"{case['operator']} {_name(case['shape'])} {case['dtype']}"
         print(
             f"{name:34} {fmt(best and best['time_ms']):>11} "
             f"{fmt(default and default['time_ms'])} "
             f"{fmt(bitonic[0]['time_ms'] if bitonic else None)} {fmt(case['torch.sort'])} "
-            f"{fmt(case['torch.sort(stable=True)'])} {fmt(cub_ms)}  "
+            f"{fmt(case['torch.sort(stable=True)'])} {fmt(cub_ms)} {fmt(cub_seg_ms)}  "
             f"{best['config'] if best else '-'}"
         )
     print()
