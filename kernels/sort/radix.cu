@@ -223,6 +223,7 @@ namespace KATO_NS {
 // loads' alignment repeats every chunk); the host sizes the grid for it (radix.py:
 // SEG_HIST_CHUNK), and any grid is correct.
 constexpr int kSegChunk = 16384;
+static_assert(kSegChunk % 4 == 0, "chunks must keep the rows' 16-byte alignment");
 constexpr int kHistCopies = HIST == 2 ? 4 : 1;
 constexpr int kHistBins = kPasses * kRadix;
 constexpr int kHistVecs = 4;

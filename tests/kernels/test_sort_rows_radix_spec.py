@@ -172,3 +172,14 @@ def test_configs_from_before_algo_render_the_bitonic_program() -> None:
     shape = (4096, 4096)
     assert SORT.render(old, shape, "float32") == SORT.render(bitonic_cfg(512), shape, "float32")
     assert SORT.launch(old, shape, "float32") == SORT.launch(bitonic_cfg(512), shape, "float32")
+
+
+def test_the_histogram_chunk_is_the_kernels() -> None:
+    """The host sizes the rows' histogram grid by radix.cu's chunk (any grid is correct, a
+    different chunk only a worse grid)."""
+    assert f"constexpr int kSegChunk = {radix.SEG_HIST_CHUNK};" in radix.TEMPLATE.read_text()
+    config = radix_cfg()
+    steps = SORT.steps(config, (3, 40009), "float32")
+    assert steps[1].kernel == "radix_histogram" and steps[1].launch.grid == (3 * 3, 1, 1)
+    steps = SORT.steps(config, (4096, 16384), "float32")
+    assert steps[1].launch.grid == (radix.MAX_AUX_GRID, 1, 1)
