@@ -1,7 +1,7 @@
-"""Sorts of 32-bit keys, ascending: ``sort`` (every row of a matrix, bitonic), ``sort_1d`` (one
-long array: bitonic or LSD radix, the ``ALGO`` tunable) and ``sort_1d_pairs`` (one long array of
-keys with int32 values, stable radix). The bitonic kernels are ``sort.cu``, the radix ones
-``radix.cu`` (:mod:`kernels.sort.radix`).
+"""Sorts of 32-bit keys, ascending: ``sort`` (every row of a matrix: bitonic in shared memory or
+LSD radix, the ``ALGO`` tunable), ``sort_1d`` (one long array: bitonic or LSD radix) and
+``sort_1d_pairs`` (one long array of keys with int32 values, stable radix). The bitonic kernels
+are ``sort.cu``, the radix ones ``radix.cu`` (:mod:`kernels.sort.radix`).
 
 Keys are float32 or int32 and only keys are sorted (no values, stability irrelevant). Floats
 sort by value with -0.0 before +0.0 (they compare equal, so the output matches np.sort); NaN
@@ -22,9 +22,19 @@ Shared parameters (Kernel Tuner key order):
 The kernels use 32-44 registers, far below what any block size leaves, so the min-blocks clause
 of ``__launch_bounds__`` is not tuned (the template takes MIN_BLOCKS, default 0).
 
-``sort`` (rows): a row of ``cols`` keys is padded virtually to ``N = next_pow2(cols)`` keys with
-the maximum key, so ``N <= C`` is required, and a block sorts ``C / N`` rows at a time. Rows are
-limited to ``MAX_ROW`` = 8192 keys (the largest C whose keys stay in registers).
+``sort`` (rows) adds ``ALGO`` ("bitonic", the first value: the row sort from before ALGO, or
+"radix") and the radix tunables ``RADIX_BITS``, ``RANK``, ``HIST``; ITEMS gains the radix
+sort's 12..24. ALGO=bitonic: a row of ``cols`` keys is padded virtually to ``N =
+next_pow2(cols)`` keys with the maximum key, so ``N <= C`` is required, and a block sorts ``C /
+N`` rows at a time; rows of at most ``MAX_ROW`` = 8192 keys (the largest C whose keys stay in
+registers), ITEMS 1..8. ALGO=radix: rows longer than MAX_ROW (up to 2**30 - 1 keys, at most
+2**40 keys in all), every row sorted on its own by the radix kernels launched once for all rows
+(radix.cu's SEGMENTED: tiles of all rows in one grid, a histogram and look-back words per row,
+scratch sized by rows: :func:`kernels.sort.radix.scratch`). Each algorithm fixes the other's
+tunables at their first value (WARP_SHFL, SMEM_FUSE under radix; RADIX_BITS, RANK, HIST under
+bitonic), so no two configs run the same program. A shape takes one algorithm: rows that fit a
+block stay bitonic (their problems, launches and scratch-free buffers as before ALGO), longer
+ones are radix; the default follows.
 
 ``sort_1d`` adds ``ALGO`` ("bitonic" or "radix"), ``RADIX_BITS``, ``RANK``, ``HIST`` and ``FUSE``:
 merge strides done per global pass (1, 2 or 3). n keys are sorted as: blocks of C keys sorted in
@@ -81,12 +91,21 @@ BITONIC_ITEMS = (2, 4, 8)
 BITONIC_ONLY = ("WARP_SHFL", "SMEM_FUSE", "FUSE")
 #: Tunables only the radix sort_1d reads: fixed at their first value under ALGO=bitonic.
 RADIX_ONLY = ("RADIX_BITS", "RANK", "HIST")
+#: ITEMS of the bitonic row sort (powers of two); the radix row sort takes the rest too.
+ROW_BITONIC_ITEMS = (1, 2, 4, 8)
+#: Tunables only the bitonic row sort reads: fixed at their first value under ALGO=radix.
+ROW_BITONIC_ONLY = ("WARP_SHFL", "SMEM_FUSE")
+#: The most keys of all rows of a radix row sort (as sort_1d's n): its grid of tiles then
+#: stays far below 2**31 blocks.
+MAX_ROW_KEYS = 2**40
 #: The fewest keys for which sort_1d's default config is the radix sort (see
 #: :meth:`Sort1dSpec.default_config`): the smallest size at which radix was timed against bitonic.
 RADIX_DEFAULT_MIN = 1 << 20
 #: The argument layouts of the radix kernels in the sort_1d and sort_1d_pairs problems.
 KEYS_LAYOUT = radix.ArgLayout(pairs=False)
 PAIRS_LAYOUT = radix.ArgLayout(pairs=True)
+#: The argument layout of the radix kernels in a sort problem of rows longer than MAX_ROW.
+ROWS_LAYOUT = radix.ArgLayout(pairs=False, rows=True)
 
 
 def capacity(config: Config) -> int:
@@ -159,44 +178,84 @@ def make_keys(size: int, dtype: str, rng: np.random.Generator) -> np.ndarray:
 
 
 class SortSpec(OperatorSpec):
-    """Sort every row of a (rows, cols) matrix ascending, bitonic in shared memory/registers."""
+    """Sort every row of a (rows, cols) matrix ascending: bitonic in shared memory/registers
+    (rows of up to MAX_ROW keys) or LSD radix over all rows at once (longer rows)."""
 
     name = "sort"
-    description = "ascending bitonic sort of every row of a (rows, cols) matrix of 32-bit keys"
+    description = (
+        "ascending sort of every row of a (rows, cols) matrix of 32-bit keys (bitonic in shared "
+        "memory, or LSD radix for rows over 8192 keys)"
+    )
     dtypes = KEY_DTYPES
     rank = 2
     shape_names = ("rows", "cols")
     params = {
         "BLOCK": (64, 128, 256, 512, 1024),
-        "ITEMS": (1, 2, 4, 8),
+        "ITEMS": (*ROW_BITONIC_ITEMS, 12, 16, 20, 24),
         "WARP_SHFL": (0, 1),
         "SMEM_FUSE": (1, 2),
+        "ALGO": ("bitonic", "radix"),
+        "RADIX_BITS": radix.RADIX_BITS,
+        "RANK": radix.RANKS,
+        "HIST": radix.HISTS,
     }
     template = Path(__file__).with_name("sort.cu")
+    extra_templates = (radix.TEMPLATE,)
     kernel_name = "sort_rows_kernel"
-    kernel_names = ("sort_rows_kernel",)
+    kernel_names = ("sort_rows_kernel", *radix.KERNELS)
 
     def validate(self, shape: Sequence[int], dtype: str) -> tuple[int, ...]:
-        """The base checks, plus: rows up to 2**31 - 1 and at most MAX_ROW columns."""
+        """The base checks, plus: rows up to 2**31 - 1, cols up to 2**30 - 1 (the radix sort's
+        30-bit counts) and, for rows longer than MAX_ROW, at most 2**40 keys in all."""
         shape = super().validate(shape, dtype)
         rows, cols = shape
-        if cols > MAX_ROW:
+        if cols > radix.MAX_N:
             raise InvalidInput(
-                f"sort sorts rows of at most {MAX_ROW} keys in shared memory, got cols={cols}; "
-                "sort longer arrays one at a time with sort_1d"
+                f"sort takes rows of at most 2**30 - 1 keys (the radix sort's limit), "
+                f"got cols={cols}"
             )
         if rows > limits.INT32_MAX:
             raise InvalidInput(f"sort takes at most {limits.INT32_MAX} rows, got {rows}")
+        if cols > MAX_ROW and rows * cols > MAX_ROW_KEYS:
+            raise InvalidInput(
+                f"sort takes at most 2**40 keys in rows longer than {MAX_ROW}, got {rows} x {cols}"
+            )
         return shape
 
     def check(self, config: Config, shape: Sequence[int], dtype: str) -> str | None:
-        """Rejects: parameters missing, unknown or outside the space; ``MIN_BLOCKS * BLOCK``
-        over 2048 threads per SM; ITEMS keys that would not fit the registers the launch bounds
-        leave; a block buffer ``C = BLOCK * ITEMS`` smaller than ``next_pow2(cols)``."""
+        """Rejects: parameters missing, unknown or outside the space; a tunable the algorithm
+        ignores off its first value. Bitonic: rows longer than MAX_ROW, ITEMS not a power of
+        two up to 8, ``MIN_BLOCKS * BLOCK`` over 2048 threads per SM, ITEMS keys that would not
+        fit the registers the launch bounds leave, a block buffer ``C = BLOCK * ITEMS`` smaller
+        than ``next_pow2(cols)``. Radix: rows of at most MAX_ROW keys (bitonic's), what
+        :func:`kernels.sort.radix.check` rejects (tiles under 2048 keys, registers, shared
+        memory, over 2**31 - 1 tiles of all rows)."""
         try:
-            _, cols = self.validate(shape, dtype)
+            rows, cols = self.validate(shape, dtype)
         except InvalidInput as exc:
             return str(exc)
+        if reason := self.check_params(config):
+            return reason
+        if config["ALGO"] == "radix":
+            if cols <= MAX_ROW:
+                return (
+                    f"ALGO=radix sorts rows longer than {MAX_ROW} keys, got cols={cols}: rows "
+                    "that fit a block are sorted in shared memory (ALGO=bitonic)"
+                )
+            for name in ROW_BITONIC_ONLY:
+                if config[name] != self.params[name][0]:
+                    return f"{name} is ignored by ALGO=radix: fixed at {self.params[name][0]}"
+            return radix.check(config, cols, pairs=False, rows=rows)
+        if cols > MAX_ROW:
+            return (
+                f"ALGO=bitonic sorts rows of at most {MAX_ROW} keys in shared memory, got "
+                f"cols={cols}; longer rows take ALGO=radix"
+            )
+        if config["ITEMS"] not in ROW_BITONIC_ITEMS:
+            return f"ALGO=bitonic takes ITEMS in {ROW_BITONIC_ITEMS}, got {config['ITEMS']}"
+        for name in RADIX_ONLY:
+            if config[name] != self.params[name][0]:
+                return f"{name} is ignored by ALGO=bitonic: fixed at {self.params[name][0]}"
         reason = _check_common(self, config)
         if reason:
             return reason
@@ -208,34 +267,70 @@ class SortSpec(OperatorSpec):
         return None
 
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
-        """8 keys per thread with warp shuffles; 128 threads for rows up to 1024 keys (several
-        rows per block), else just enough threads for one row."""
+        """Rows that fit a block (up to MAX_ROW keys; the only ones bitonic takes): bitonic, 8
+        keys per thread with warp shuffles; 128 threads for rows up to 1024 keys (several rows
+        per block), else just enough threads for one row. Longer rows (radix only): sort_1d's
+        radix default, tiles of 512 x 16 keys, 8-bit digits, atomic ranking, the scalar
+        histogram kernel (the row sort's own configs not yet timed)."""
         _, cols = self.validate(shape, dtype)
-        block = min(1024, max(128, next_pow2(cols) // 8))
-        config = {"BLOCK": block, "ITEMS": 8, "WARP_SHFL": 1, "SMEM_FUSE": 2}
+        first = {name: values[0] for name, values in self.params.items()}
+        if cols > MAX_ROW:
+            config = {**first, "BLOCK": 512, "ITEMS": 16, "ALGO": "radix", "RADIX_BITS": 8}
+            config["RANK"] = "atomic"
+        else:
+            block = min(1024, max(128, next_pow2(cols) // 8))
+            config = {**first, "BLOCK": block, "ITEMS": 8, "WARP_SHFL": 1, "SMEM_FUSE": 2}
         assert self.check(config, shape, dtype) is None, self.check(config, shape, dtype)
         return config
 
+    def template_for(self, config: Config) -> Path:
+        return radix.TEMPLATE if _row_algo(config) == "radix" else self.template
+
+    def main_kernel(self, config: Config) -> str:
+        return radix.MAIN_KERNEL if _row_algo(config) == "radix" else self.kernel_name
+
     def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
+        """Bitonic: the macros from before ALGO (ALGO and the radix tunables are not macros).
+        Radix: radix.cu's, with SEGMENTED=1."""
+        if _row_algo(config) == "radix":
+            return radix.defines(config, pairs=False, segmented=True)
         return _defines(self, config, dtype, sort_1d=False)
 
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:
-        """One block per ``C / next_pow2(cols)`` rows (at most MAX_GRID blocks, grid stride)."""
+        """Bitonic: one block per ``C / next_pow2(cols)`` rows (at most MAX_GRID blocks, grid
+        stride). Radix: a scatter pass, one block per tile of every row."""
         rows, cols = shape
+        if _row_algo(config) == "radix":
+            return radix.pass_launch(config, cols, pairs=False, rows=rows)
         per_block = capacity(config) // next_pow2(cols)
         grid = min(math.ceil(rows / per_block), MAX_GRID)
         return Launch((grid, 1, 1), (config["BLOCK"], 1, 1), shared_bytes(config))
 
+    def steps(self, config: Config, shape: Sequence[int], dtype: str) -> list[Step]:
+        """Bitonic: the row kernel on all args (the problem of rows up to MAX_ROW keys).
+        Radix: :func:`kernels.sort.radix.steps` for rows on ``[x, y, cols, rows, 0..63,
+        scratch]`` (the problem of longer rows)."""
+        if _row_algo(config) == "radix":
+            rows, cols = shape
+            key_float = dtype == "float32"
+            return radix.steps(config, cols, ROWS_LAYOUT, key_float=key_float, rows=rows)
+        return super().steps(config, shape, dtype)
+
     def make_problem(self, shape: Sequence[int], dtype: str, rng: np.random.Generator) -> Problem:
-        """Keys from :func:`make_keys`; y pre-filled with NaN (floats) or a poison int."""
+        """Keys from :func:`make_keys`; y pre-filled with NaN (floats) or a poison int. Rows up
+        to MAX_ROW keys (bitonic): ``[x, y, rows, cols, key_float]`` (int32 scalars). Longer
+        rows (radix): ``[x, y, cols, rows]`` (int64), the int32 scalars 0..63, the radix
+        scratch for rows (:func:`kernels.sort.radix.scratch`)."""
         rows, cols = self.validate(shape, dtype)
         x = make_keys(rows * cols, dtype, rng).reshape(rows, cols)
         y = _poisoned((rows, cols), dtype)
-        return Problem(
-            args=[x, y, np.int32(rows), np.int32(cols), np.int32(dtype == "float32")],
-            outputs=[1],
-            references=[sort_reference(x)],
-        )
+        if cols > MAX_ROW:
+            scalars = [np.int32(v) for v in range(64)]
+            scratch = radix.scratch(cols, dtype, pairs=False, rows=rows)
+            args = [x, y, np.int64(cols), np.int64(rows), *scalars, *scratch]
+        else:
+            args = [x, y, np.int32(rows), np.int32(cols), np.int32(dtype == "float32")]
+        return Problem(args=args, outputs=[1], references=[sort_reference(x)])
 
     def tolerance(self, dtype: str) -> tuple[float, float]:
         """Exact: the output is a permutation of the input."""
@@ -246,6 +341,12 @@ class SortSpec(OperatorSpec):
     def bytes_moved(self, shape: Sequence[int], dtype: str) -> int:
         rows, cols = shape
         return 2 * rows * cols * 4
+
+    def buffer_bytes(self, shape: Sequence[int], dtype: str) -> int:
+        """x and y, and for rows longer than MAX_ROW the radix scratch."""
+        rows, cols = shape
+        scratch = radix.scratch_bytes(cols, pairs=False, rows=rows) if cols > MAX_ROW else 0
+        return 2 * rows * cols * 4 + scratch
 
 
 class Sort1dSpec(OperatorSpec):
@@ -516,6 +617,11 @@ class Sort1dPairsSpec(OperatorSpec):
 
     def buffer_bytes(self, shape: Sequence[int], dtype: str) -> int:
         return 4 * shape[0] * 4 + radix.scratch_bytes(shape[0], pairs=True)
+
+
+def _row_algo(config: Config) -> str:
+    """A sort config's algorithm: "bitonic" for a config from before ALGO."""
+    return config.get("ALGO", "bitonic")
 
 
 def _radix_n(n: int) -> int:

@@ -22,6 +22,8 @@
 //               four copies of the block histogram, lane l counting in copy l % 4
 //   SMEM_*      word offsets of radix_pass's dynamic shared memory regions and SMEM_WORDS,
 //               their total (derived from the others by radix.py, not tunables)
+//   SEGMENTED   0 (default): one array of n keys; 1: every row of a (rows, n) matrix sorted on
+//               its own (sort's ALGO=radix; keys only), see "Rows" below
 //
 // One call is: radix_init (zero the histograms, tile counters and look-back buffer 0),
 // radix_histogram (every digit's global counts, one read of the input keys), then radix_pass for
@@ -43,6 +45,15 @@
 // and the scatter never writes outside the output (__trap would do, but made ptxas spill).
 // Passes alternate between two look-back buffers: pass p clears buffer (p+1)%2 (the previous
 // pass's, finished) for pass p+1, each tile its own row.
+//
+// Rows (SEGMENTED): the kernels take the row length n and the number of rows, and every row is
+// an independent sort of n keys at x + row * n. The tiles of all rows are numbered row by row
+// (tiles_of(n) per row, one launch of rows * tiles_of(n) blocks, one tile counter per pass as
+// before), so the tiles a tile waits for in its look-back, those of its row before it, have
+// smaller ids and have started; a row's first tile publishes its prefix at once, so walks stop
+// at the row's start. Scratch by rows: each row's digit histograms (kPasses * kRadix words,
+// rows of them), and look-back buffers of rows * tiles_of(n) tiles each. The histogram kernel
+// counts chunks of kSegChunk keys of one row per block step, adding into that row's histogram.
 
 #ifndef KATO_NS
 #define KATO_NS kato_radix
@@ -67,6 +78,13 @@
 #endif
 #ifndef HIST
 #define HIST 0
+#endif
+#ifndef SEGMENTED
+#define SEGMENTED 0
+#endif
+// (A preprocessor check: the 1-D programs' translation units stay what they were.)
+#if SEGMENTED != 0 && (SEGMENTED != 1 || PAIRS != 0)
+#error "SEGMENTED must be 0, or 1 with PAIRS 0 (rows of keys only)"
 #endif
 #if !defined(SMEM_KEYS) || !defined(SMEM_VALS) || !defined(SMEM_WARP) || !defined(SMEM_COUNT) || \
     !defined(SMEM_START) || !defined(SMEM_GLOBAL) || !defined(SMEM_BASE) ||                     \
@@ -199,6 +217,109 @@ __device__ __forceinline__ void warp_exclusive_scan(const unsigned int* in, unsi
 #define KATO_LAUNCH_BOUNDS __launch_bounds__(BLOCK, 1)
 #endif
 
+#if SEGMENTED
+namespace KATO_NS {
+// Keys of one row the histogram kernel counts per block step (a multiple of 4: the vector
+// loads' alignment repeats every chunk); the host sizes the grid for it (radix.py:
+// SEG_HIST_CHUNK), and any grid is correct.
+constexpr int kSegChunk = 16384;
+static_assert(kSegChunk % 4 == 0, "chunks must keep the rows' 16-byte alignment");
+constexpr int kHistCopies = HIST == 2 ? 4 : 1;
+constexpr int kHistBins = kPasses * kRadix;
+constexpr int kHistVecs = 4;
+static_assert(kHistBins * kHistCopies * 4 <= 48 * 1024, "the histogram copies exceed 48 KiB");
+
+__device__ __forceinline__ void hist_count(unsigned int* counts, unsigned int key) {
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    atomicAdd(&counts[(p * kRadix + digit_of(key, p * RADIX_BITS)) * kHistCopies], 1u);
+  }
+}
+}  // namespace KATO_NS
+
+// Zeroes every row's histograms (rows x passes x radix words), the per-pass tile counters and
+// look-back buffer 0 (rows x tiles x radix words). Block kAuxBlock (256), grid (any).
+extern "C" __global__ void __launch_bounds__(KATO_NS::kAuxBlock)
+    radix_init(unsigned int* __restrict__ hist, unsigned int* __restrict__ counters,
+               unsigned int* __restrict__ status, long long n, long long rows) {
+  using namespace KATO_NS;
+  const long long words = rows * tiles_of(n) * kRadix;
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+  const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (long long i = first; i < words; i += stride) status[i] = 0u;
+  for (long long i = first; i < rows * kHistBins; i += stride) hist[i] = 0u;
+  if (first < kPasses) counters[first] = 0u;
+}
+
+// Every row's digit counts for every pass: hist[(row * passes + p) * radix + d]. Block
+// kAuxBlock (256), grid (any): block steps over the (row, chunk) items, rows * ceil(n /
+// kSegChunk) of them, each counted into shared memory (HIST: as the 1-D kernels, the vector
+// loads with a scalar head and tail per chunk) and added to its row's histogram, one atomic per
+// nonzero bin.
+extern "C" __global__ void __launch_bounds__(KATO_NS::kAuxBlock)
+    radix_histogram(const unsigned int* __restrict__ x, long long n, long long rows,
+                    unsigned int* __restrict__ hist, int key_float) {
+  using namespace KATO_NS;
+  __shared__ __align__(16) unsigned int s_hist[kHistBins * kHistCopies];
+  const unsigned int fmask = float_mask(key_float);
+  unsigned int* const counts = s_hist + threadIdx.x % kHistCopies;
+  const long long chunks = (n + kSegChunk - 1) / kSegChunk;
+  const int g = threadIdx.x;
+  const int step = blockDim.x;
+  for (long long item = blockIdx.x; item < rows * chunks; item += gridDim.x) {
+    const long long row = item / chunks;
+    const long long first = (item - row * chunks) * kSegChunk;
+    const int m = n - first < kSegChunk ? static_cast<int>(n - first) : kSegChunk;
+    const unsigned int* const keys = x + row * n + first;
+    for (int i = g; i < kHistBins * kHistCopies; i += step) s_hist[i] = 0u;
+    __syncthreads();
+#if HIST == 0
+    for (int i = g; i < m; i += step) hist_count(counts, to_ord(keys[i], fmask));
+#else
+    // The keys before the chunk's first 16-byte boundary (0..3), whole vectors, the keys after
+    // them (0..3), as in the 1-D kernel with the block for the grid.
+    const unsigned int misaligned =
+        static_cast<unsigned int>(reinterpret_cast<unsigned long long>(keys)) & 15u;
+    const int head_keys = static_cast<int>(((16u - misaligned) & 15u) >> 2);
+    const int head = head_keys < m ? head_keys : m;
+    const int vecs = (m - head) >> 2;
+    const int body_end = head + 4 * vecs;
+    if (g < head) hist_count(counts, to_ord(keys[g], fmask));
+    if (g < m - body_end) hist_count(counts, to_ord(keys[body_end + g], fmask));
+    const uint4* const xv = reinterpret_cast<const uint4*>(keys + head);
+    int v = g;
+    for (; v + (kHistVecs - 1) * step < vecs; v += kHistVecs * step) {
+      uint4 q[kHistVecs];
+#pragma unroll
+      for (int u = 0; u < kHistVecs; ++u) q[u] = __ldg(xv + v + u * step);
+#pragma unroll
+      for (int u = 0; u < kHistVecs; ++u) {
+        hist_count(counts, to_ord(q[u].x, fmask));
+        hist_count(counts, to_ord(q[u].y, fmask));
+        hist_count(counts, to_ord(q[u].z, fmask));
+        hist_count(counts, to_ord(q[u].w, fmask));
+      }
+    }
+    for (; v < vecs; v += step) {
+      const uint4 q = __ldg(xv + v);
+      hist_count(counts, to_ord(q.x, fmask));
+      hist_count(counts, to_ord(q.y, fmask));
+      hist_count(counts, to_ord(q.z, fmask));
+      hist_count(counts, to_ord(q.w, fmask));
+    }
+#endif
+    __syncthreads();
+    unsigned int* const row_hist = hist + row * kHistBins;
+    for (int i = g; i < kHistBins; i += step) {
+      unsigned int c = 0;
+#pragma unroll
+      for (int copy = 0; copy < kHistCopies; ++copy) c += s_hist[i * kHistCopies + copy];
+      if (c) atomicAdd(&row_hist[i], c);
+    }
+    __syncthreads();  // the counts are read before the next item clears them
+  }
+}
+#else
 // Zeroes the histograms (passes x radix words), the per-pass tile counters and look-back buffer
 // 0 (tiles x radix words). Block kAuxBlock (256), grid (any).
 extern "C" __global__ void __launch_bounds__(KATO_NS::kAuxBlock)
@@ -310,11 +431,14 @@ extern "C" __global__ void __launch_bounds__(KATO_NS::kAuxBlock)
   }
 }
 #endif
+#endif  // SEGMENTED
 
 // One digit pass: keys_in (the input keys on pass 0, mapped to ordered form as they are read)
 // scattered stably by digit `pass` into keys_out (mapped back on the last pass), values with
 // them. Block BLOCK, grid exactly ceil(n / T) (every tile id is taken once), dynamic shared
 // memory SMEM_WORDS * 4 bytes. status holds the two look-back buffers of tiles x radix words.
+// SEGMENTED: n is the row length, the grid exactly rows * ceil(n / T), the buffers rows * tiles
+// x radix words each, hist a histogram per row.
 extern "C" __global__ void KATO_LAUNCH_BOUNDS radix_pass(const unsigned int* __restrict__ keys_in,
                                                          unsigned int* __restrict__ keys_out,
 #if PAIRS
@@ -322,6 +446,9 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS radix_pass(const unsigned int* __r
                                                          int* __restrict__ vals_out,
 #endif
                                                          long long n,
+#if SEGMENTED
+                                                         long long rows,
+#endif
                                                          const unsigned int* __restrict__ hist,
                                                          unsigned int* __restrict__ counters,
                                                          unsigned int* __restrict__ status,
@@ -352,10 +479,27 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS radix_pass(const unsigned int* __r
   for (int i = tid; i < kMatchWords; i += BLOCK) s_keys[i] = 0u;
 #endif
   __syncthreads();
+#if SEGMENTED
+  // The block's tile of all rows -> its row and its tile in the row; the row's keys, histogram
+  // and look-back words, from which on the row is sorted as one array of n keys. A 32-bit
+  // division (rows * tiles < 2^31: radix.py checks it): the 64-bit one made ptxas spill the keys
+  // of some tile shapes (512 x 20, 1024 x 16 with RANK 1).
+  const unsigned int row_tiles = static_cast<unsigned int>(tiles);
+  const unsigned int row32 = kato_smem[kSmemTile] / row_tiles;
+  const long long row = row32;
+  const long long tile = kato_smem[kSmemTile] - row32 * row_tiles;
+  const long long tile_first = tile * kTile;
+  keys_in += row * n;
+  keys_out += row * n;
+  hist += row * (kPasses * kRadix);
+  unsigned int* const status_now = status + ((pass & 1) * rows + row) * tiles * kRadix;
+  unsigned int* const status_next = status + (((pass + 1) & 1) * rows + row) * tiles * kRadix;
+#else
   const long long tile = kato_smem[kSmemTile];
   const long long tile_first = tile * kTile;
   unsigned int* const status_now = status + (pass & 1) * tiles * kRadix;
   unsigned int* const status_next = status + ((pass + 1) & 1) * tiles * kRadix;
+#endif
 
   // Load: warp w holds keys w*32*ITEMS .. of the tile, item i of lane l is key i*32 + l of
   // the warp's run, so ranking items in order i = 0, 1, .. and lanes in order keeps the tile's

@@ -17,6 +17,13 @@ keys (and for pairs a second value buffer), the digit histograms (:data:`HIST_WO
 per-pass tile counters (:data:`COUNTER_WORDS`) and the two look-back buffers, sized for the
 smallest tile the space allows (:func:`status_words`). The first kernel of every call resets
 what the others rely on, so nothing is carried between calls.
+
+Rows (``sort``'s ALGO=radix: the template's SEGMENTED macro, keys only): every row of a (rows,
+n) matrix is sorted on its own by the same kernels, launched once for all rows (the scatter
+passes' tiles numbered row by row, ``rows * tiles`` blocks). The scratch is sized by rows: a
+second key buffer of rows * n keys, a histogram block of :data:`HIST_WORDS` per row, the
+look-back buffers ``status_words(n, rows)``; an :class:`ArgLayout` with ``rows`` puts the row
+count after n.
 """
 
 from __future__ import annotations
@@ -62,6 +69,11 @@ AUX_BLOCK = 256
 MAX_AUX_GRID = 4 * limits.NUM_SMS
 #: Keys per histogram-kernel thread below which fewer blocks are launched.
 HIST_KEYS_PER_THREAD = 16
+#: Keys of one row the rows' histogram kernel counts per block step (radix.cu's kSegChunk; the
+#: grid is sized for it, any grid is correct).
+SEG_HIST_CHUNK = 16384
+#: The most tiles of all rows together: the scatter passes' grid.x and 32-bit tile counters.
+MAX_SEG_TILES = 2**31 - 1
 
 
 def passes(bits: int) -> int:
@@ -138,13 +150,15 @@ def registers(config: Config, pairs: bool) -> int:
     return (3 if pairs else 2) * config["ITEMS"] + REGISTER_OVERHEAD
 
 
-def status_words(n: int) -> int:
-    """Words of the two look-back buffers: 2 x tiles x 256 at the smallest tile."""
-    return 2 * math.ceil(n / MIN_TILE) * (1 << max(RADIX_BITS))
+def status_words(n: int, rows: int = 1) -> int:
+    """Words of the two look-back buffers: 2 x tiles x 256 at the smallest tile (for every row:
+    ``rows`` rows of n keys)."""
+    return 2 * rows * math.ceil(n / MIN_TILE) * (1 << max(RADIX_BITS))
 
 
-def check(config: Config, n: int, pairs: bool) -> str | None:
-    """Why a radix config cannot sort n keys (the parameters are known to be in the space)."""
+def check(config: Config, n: int, pairs: bool, rows: int | None = None) -> str | None:
+    """Why a radix config cannot sort n keys (the parameters are known to be in the space), or
+    ``rows`` rows of n keys each (tiles of all rows together at most :data:`MAX_SEG_TILES`)."""
     block, min_blocks = config["BLOCK"], config.get("MIN_BLOCKS", 0)
     if n > MAX_N:
         return f"the radix sort takes at most 2**30 - 1 keys (30-bit look-back counts), n={n}"
@@ -152,6 +166,11 @@ def check(config: Config, n: int, pairs: bool) -> str | None:
         return reason
     if tile(config) < MIN_TILE:
         return f"BLOCK x ITEMS = {tile(config)} keys per tile; the radix sort needs {MIN_TILE}"
+    if rows is not None and rows * tiles(n, config) > MAX_SEG_TILES:
+        return (
+            f"{rows} rows x {tiles(n, config)} tiles of {tile(config)} keys: over "
+            f"{MAX_SEG_TILES} blocks of one launch (grid.x)"
+        )
     cap = limits.launch_bounds_register_cap(block, min_blocks)
     if registers(config, pairs) > cap:
         return (
@@ -163,16 +182,18 @@ def check(config: Config, n: int, pairs: bool) -> str | None:
     return None
 
 
-def defines(config: Config, pairs: bool) -> dict[str, object]:
+def defines(config: Config, pairs: bool, segmented: bool = False) -> dict[str, object]:
     """The tunables and the shared memory layout the launch is sized for (RANK and HIST only
     where they are not the first method: a config from before them renders what it rendered
-    then)."""
+    then; SEGMENTED only for rows)."""
     macros: dict[str, object] = {
         "BLOCK": config["BLOCK"],
         "ITEMS": config["ITEMS"],
         "RADIX_BITS": config["RADIX_BITS"],
         "PAIRS": int(pairs),
     }
+    if segmented:
+        macros["SEGMENTED"] = 1
     code = RANK_MACRO[rank(config)]
     if code is not None:
         macros["RANK"] = code
@@ -183,14 +204,23 @@ def defines(config: Config, pairs: bool) -> dict[str, object]:
     return macros
 
 
-def pass_launch(config: Config, n: int, pairs: bool) -> Launch:
-    """One block per tile: the look-back needs every tile id taken exactly once."""
-    return Launch((tiles(n, config), 1, 1), (config["BLOCK"], 1, 1), shared_bytes(config, pairs))
+def pass_launch(config: Config, n: int, pairs: bool, rows: int = 1) -> Launch:
+    """One block per tile (of every row): the look-back needs every tile id taken exactly
+    once."""
+    grid = rows * tiles(n, config)
+    return Launch((grid, 1, 1), (config["BLOCK"], 1, 1), shared_bytes(config, pairs))
 
 
-def steps(config: Config, n: int, layout: ArgLayout, key_float: bool) -> list[Step]:
+def steps(
+    config: Config, n: int, layout: ArgLayout, key_float: bool, rows: int | None = None
+) -> list[Step]:
     """Init, histogram, then one scatter pass per digit, ping-ponging so the last writes the
-    output: pass p writes the output when ``passes - 1 - p`` is even, the scratch otherwise."""
+    output: pass p writes the output when ``passes - 1 - p`` is even, the scratch otherwise.
+    With ``rows`` (a layout with rows): every row of n keys sorted on its own, the kernels
+    taking the row count after n, the histogram kernel's grid one block per
+    :data:`SEG_HIST_CHUNK` keys of a row (at most :data:`MAX_AUX_GRID`)."""
+    if rows is not None:
+        return _row_steps(config, n, rows, layout, key_float)
     count = passes(config["RADIX_BITS"])
     key = layout.scalar(int(key_float))
     status = status_words(n)
@@ -225,20 +255,57 @@ def steps(config: Config, n: int, layout: ArgLayout, key_float: bool) -> list[St
     return out
 
 
+def _row_steps(config: Config, n: int, rows: int, layout: ArgLayout, key_float: bool) -> list[Step]:
+    """:func:`steps` for ``rows`` rows of n keys (keys only)."""
+    assert layout.rows >= 0 and not layout.pairs, "rows of keys need ArgLayout(rows=True)"
+    count = passes(config["RADIX_BITS"])
+    key = layout.scalar(int(key_float))
+    zeroed = max(status_words(n, rows) // 2, rows * HIST_WORDS)
+    init_grid = max(1, min(math.ceil(zeroed / (4 * AUX_BLOCK)), MAX_AUX_GRID))
+    hist_grid = max(1, min(rows * math.ceil(n / SEG_HIST_CHUNK), MAX_AUX_GRID))
+    aux = (AUX_BLOCK, 1, 1)
+    out = [
+        Step(
+            "radix_init",
+            Launch((init_grid, 1, 1), aux, 0),
+            (layout.hist, layout.counters, layout.status, layout.n, layout.rows),
+        ),
+        Step(
+            "radix_histogram",
+            Launch((hist_grid, 1, 1), aux, 0),
+            (layout.keys_in, layout.n, layout.rows, layout.hist, key),
+        ),
+    ]
+    launch = pass_launch(config, n, pairs=False, rows=rows)
+    keys_src = layout.keys_in
+    for p in range(count):
+        keys_dst = layout.keys_out if (count - 1 - p) % 2 == 0 else layout.keys_tmp
+        args = (keys_src, keys_dst, layout.n, layout.rows, layout.hist, layout.counters)
+        args += (layout.status, layout.scalar(p), key)
+        out.append(Step("radix_pass", launch, args))
+        keys_src = keys_dst
+    return out
+
+
 class ArgLayout:
     """Indices of the radix kernels' arguments in a problem's args: the operator's own arrays
-    and n first (``keys_in, [vals_in,] keys_out, [vals_out,] n``), the int32 scalars 0..63,
-    then the scratch arrays of :func:`scratch`."""
+    and n first (``keys_in, [vals_in,] keys_out, [vals_out,] n``; with ``rows``, keys only:
+    ``keys_in, keys_out, n, rows``, both int64), the int32 scalars 0..63, then the scratch
+    arrays of :func:`scratch`."""
 
-    def __init__(self, pairs: bool) -> None:
+    def __init__(self, pairs: bool, rows: bool = False) -> None:
+        assert not (pairs and rows), "rows of keys only"
         self.pairs = pairs
         self.keys_in = 0
+        self.rows = -1
         if pairs:
             self.vals_in, self.keys_out, self.vals_out, self.n = 1, 2, 3, 4
         else:
             self.vals_in = self.vals_out = -1
             self.keys_out, self.n = 1, 2
-        self.first_scalar = self.n + 1
+        if rows:
+            self.rows = self.n + 1
+        self.first_scalar = max(self.n, self.rows) + 1
         after = self.first_scalar + 64
         self.keys_tmp = after
         self.vals_tmp = after + 1 if pairs else -1
@@ -251,22 +318,24 @@ class ArgLayout:
         return self.first_scalar + value
 
 
-def scratch(n: int, dtype: str, pairs: bool) -> list[np.ndarray]:
-    """The scratch arrays in :class:`ArgLayout` order. The second key (and value) buffer is
-    poisoned; the histograms hold garbage that radix_init must clear; the counters and status
-    words start at zero (radix_init clears them again on every call)."""
+def scratch(n: int, dtype: str, pairs: bool, rows: int = 1) -> list[np.ndarray]:
+    """The scratch arrays in :class:`ArgLayout` order (for ``rows`` rows of n keys: rows x the
+    keys, histograms and look-back words). The second key (and value) buffer is poisoned; the
+    histograms hold garbage that radix_init must clear; the counters and status words start at
+    zero (radix_init clears them again on every call)."""
     key_type = np.float32 if dtype == "float32" else np.int32
-    arrays = [np.full(n, 0x7FC00001, np.uint32).view(key_type)]
+    arrays = [np.full(rows * n, 0x7FC00001, np.uint32).view(key_type)]
     if pairs:
-        arrays.append(np.full(n, -777, np.int32))
-    arrays.append(np.full(HIST_WORDS, 0xDEADBEEF, np.uint32))
+        arrays.append(np.full(rows * n, -777, np.int32))
+    arrays.append(np.full(rows * HIST_WORDS, 0xDEADBEEF, np.uint32))
     arrays.append(np.zeros(COUNTER_WORDS, np.uint32))
-    arrays.append(np.zeros(status_words(n), np.uint32))
+    arrays.append(np.zeros(status_words(n, rows), np.uint32))
     return arrays
 
 
-def scratch_bytes(n: int, pairs: bool) -> int:
-    return 4 * (n * (2 if pairs else 1) + HIST_WORDS + COUNTER_WORDS + status_words(n))
+def scratch_bytes(n: int, pairs: bool, rows: int = 1) -> int:
+    keys = rows * n * (2 if pairs else 1)
+    return 4 * (keys + rows * HIST_WORDS + COUNTER_WORDS + status_words(n, rows))
 
 
 def ordered_keys(x: np.ndarray) -> np.ndarray:

@@ -4,10 +4,12 @@ specs model (the kernels' logic runs on the CPU in test_sort_emulation.py and
 test_sort_radix_emulation.py).
 
 Sources do not depend on the shape: the valid configs of ``sort`` at one row of a single key
-are every row-kernel variant there is (~100 per key type), those of ``sort_1d`` at any n every
-1-D variant (bitonic: FUSE only changes the launch sequence, 48 sources; radix: 95 per ranking
-method RANK and histogram method HIST, 855), those of ``sort_1d_pairs`` every pairs variant (70
-per RANK and HIST, 630). Float and int keys share every source.
+are every bitonic row-kernel variant there is (~100 per key type), at rows longer than MAX_ROW
+every radix row variant (radix.cu with SEGMENTED: 95 per RANK and HIST, 855), those of
+``sort_1d`` at any n every 1-D variant (bitonic: FUSE only changes the launch sequence, 48
+sources; radix: 95 per ranking method RANK and histogram method HIST, 855), those of
+``sort_1d_pairs`` every pairs variant (70 per RANK and HIST, 630). Float and int keys share
+every source.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ STATIC_SHARED = {"radix_histogram"}
 def every_variant() -> list[Variant]:
     # One row of one key admits every row-kernel config (the sources ignore the shape).
     variants = distinct_variants(SORT, [((1, 1), d) for d in SORT.dtypes])
+    # Rows longer than MAX_ROW admit every radix row config (ALGO=radix).
+    variants += distinct_variants(SORT, [((2, 2**20), d) for d in SORT.dtypes])
     variants += distinct_variants(SORT_1D, [((2**24,), d) for d in SORT_1D.dtypes])
     variants += distinct_variants(PAIRS, [((2**24,), d) for d in PAIRS.dtypes])
     return variants
@@ -55,7 +59,10 @@ def heaviest(v: Variant) -> tuple[tuple, float]:
 
 def test_the_spaces_hold_the_modelled_sources() -> None:
     # Float and int keys share sources; every RANK and HIST is a source of its own.
-    assert len(every_variant()) == 80 + 48 + 3 * 3 * 95 + 3 * 3 * 70
+    assert len(every_variant()) == 80 + 3 * 3 * 95 + 48 + 3 * 3 * 95 + 3 * 3 * 70
+    rows = [v for v in every_variant() if v.spec is SORT and v.config["ALGO"] == "radix"]
+    assert len(rows) == 3 * 3 * 95
+    assert all("#define SEGMENTED 1" in v.source() for v in rows)
 
 
 def test_every_variant_compiles(outcomes: list[Outcome]) -> None:

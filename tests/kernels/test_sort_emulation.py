@@ -38,6 +38,12 @@ def emulated_cases() -> list[Case]:
                         "ITEMS": items,
                         "WARP_SHFL": shfl,
                         "SMEM_FUSE": 1 + (len(cases) % 2),
+                        # Rows up to MAX_ROW are bitonic; the radix rows are
+                        # test_sort_rows_radix_emulation.py's.
+                        "ALGO": "bitonic",
+                        "RADIX_BITS": SORT.params["RADIX_BITS"][0],
+                        "RANK": SORT.params["RANK"][0],
+                        "HIST": SORT.params["HIST"][0],
                     }
                     if SORT.check(config, shape, dtype) is None:
                         cases.append(Case(SORT, config, shape, dtype, 2 if n % 2 else None))

@@ -19,6 +19,7 @@ from kato.kernels.sort import (
     capacity,
     make_keys,
     next_pow2,
+    radix,
     register_cap,
     shared_bytes,
     sort_reference,
@@ -35,7 +36,8 @@ MAX_KEY = 0xFFFFFFFF
 
 
 def rows_cfg(block=256, items=8, shfl=1, smem_fuse=2):
-    return {"BLOCK": block, "ITEMS": items, "WARP_SHFL": shfl, "SMEM_FUSE": smem_fuse}
+    config = {"BLOCK": block, "ITEMS": items, "WARP_SHFL": shfl, "SMEM_FUSE": smem_fuse}
+    return {**config, "ALGO": "bitonic", "RADIX_BITS": 4, "RANK": "match", "HIST": "scalar"}
 
 
 def cfg_1d(block=1024, items=8, shfl=1, fuse=3, smem_fuse=2):
@@ -48,12 +50,12 @@ def test_registered_with_the_contract_attributes() -> None:
     assert SORT in list_operators() and SORT_1D in list_operators()
     assert SORT.dtypes == KEYS and SORT_1D.dtypes == KEYS
     assert SORT.rank == 2 and SORT_1D.rank == 1
-    assert SORT.kernel_names == ("sort_rows_kernel",)
+    assert SORT.kernel_names == ("sort_rows_kernel", *radix.KERNELS)
     assert SORT_1D.kernel_name == SORT_1D.kernel_names[0] == "sort_1d_block"
     source = SORT.template.read_text()
     bitonic = [n for n in SORT_1D.kernel_names if n.startswith("sort_1d_")]
     assert len(bitonic) == 5
-    for name in (*SORT.kernel_names, *bitonic):
+    for name in (SORT.kernel_name, *bitonic):
         assert (
             f"void KATO_LAUNCH_BOUNDS {name}(" in source
             or f"void __launch_bounds__(256) {name}(" in source
@@ -61,9 +63,15 @@ def test_registered_with_the_contract_attributes() -> None:
 
 
 def test_validate() -> None:
-    with pytest.raises(InvalidInput, match=str(MAX_ROW)):
-        SORT.validate((2, MAX_ROW + 1), "float32")
+    # Rows longer than MAX_ROW (radix) up to the radix sort's 2**30 - 1 keys, 2**40 in all.
+    assert SORT.validate((2, MAX_ROW + 1), "float32") == (2, MAX_ROW + 1)
     assert SORT.validate((2, MAX_ROW), "int32") == (2, MAX_ROW)
+    assert SORT.validate((1024, 2**30 - 1), "int32") == (1024, 2**30 - 1)
+    with pytest.raises(InvalidInput, match="2\\*\\*30 - 1"):
+        SORT.validate((1, 2**30), "float32")
+    with pytest.raises(InvalidInput, match="2\\*\\*40"):
+        SORT.validate((1025, 2**30 - 1), "float32")
+    assert SORT.validate((2**31 - 1, MAX_ROW), "int32") == (2**31 - 1, MAX_ROW)
     with pytest.raises(InvalidInput, match="dtype"):
         SORT.validate((2, 2), "float16")
     with pytest.raises(InvalidInput, match="rank"):
@@ -103,7 +111,8 @@ def test_check_rejects_what_cannot_work() -> None:
     assert "next_pow2" in SORT.check(rows_cfg(256, 8), (10, 4096), "float32")
     assert "next_pow2" in SORT.check(rows_cfg(256, 8), (10, 2049), "float32")
     assert SORT.check(rows_cfg(256, 8), (10, 2048), "float32") is None
-    assert "not one of" in SORT.check(rows_cfg(1024, 16), (1, 8), "float32")
+    assert "ALGO=bitonic takes ITEMS" in SORT.check(rows_cfg(1024, 16), (1, 8), "float32")
+    assert "not one of" in SORT.check(rows_cfg(1024, 32), (1, 8), "float32")
     assert "not one of" in SORT.check(rows_cfg(smem_fuse=3), (1, 8), "float32")
     # The register model: 8 keys + overhead fit what 1024 threads leave (64 registers).
     assert register_cap(rows_cfg(1024, 8)) == 64
