@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # One device call on the H200 (see ../shared/device/README.md): install the staged wheels, then
 # run the steps named as arguments, writing results under $OUT.
-#   steps: occupancy gputests winners operators throughput mlp spaces ktexamples compile fleet
-#          batch sweep baselines (default: occupancy gputests operators)
+#   steps: occupancy gputests verify winners operators throughput mlp spaces ktexamples compile
+#          fleet batch sweep baselines (default: occupancy gputests operators)
+#   `verify` runs the pytest selections of VERIFY_TESTS (separated by ";", e.g. "tests/gpu/
+#   test_matmul_gpu.py -k stream_k; tests/gpu/test_sort_gpu.py"), each in a process of its own
+#   (a kernel's trap kills its CUDA context, and with it every later test of that process),
+#   VERIFY_JOBS (default 4) at once, each cut after VERIFY_TIMEOUT s (default 150): for
+#   correctness only, since they share the GPU; a line per selection in $OUT/verify/summary.txt.
 #   `batch` runs benchmarks/batch_tuning.py --compare-serial (issue 35; BATCH_ARGS: more
 #   options); `sweep` runs benchmarks/matmul_sweep.py (SWEEP_ARGS, e.g. "--engine mma --dtypes
 #   float32 --case matmul:1000x1001x999").
@@ -46,6 +51,15 @@ for step in $steps; do
               fi
               python3 -m pytest -q -p no:cacheprovider --durations=15 $tests 2>&1 \
                  | tee "$OUT/gpu_tests.log" | tail -40 ;;
+    verify) mkdir -p "$OUT/verify"; i=0
+            while IFS= read -r sel; do
+              eval "set -- $sel"; [ $# -eq 0 ] && continue; i=$((i + 1))  # shell quoting kept
+              ( timeout "${VERIFY_TIMEOUT:-150}" python3 -m pytest -q -x -p no:cacheprovider "$@" \
+                  > "$OUT/verify/$i.log" 2>&1
+                echo "rc=$? ${sel# }: $(tail -1 "$OUT/verify/$i.log")" >> "$OUT/verify/summary.txt" ) &
+              while [ "$(jobs -rp | wc -l)" -ge "${VERIFY_JOBS:-4}" ]; do sleep 1; done
+            done < <(echo "${VERIFY_TESTS:-}" | tr ';' '\n')
+            wait; cat "$OUT/verify/summary.txt" 2>/dev/null ;;
     compile) KATO_COMPILE_FULL=1 KATO_COMPILE_WORKERS=4 timeout "${COMPILE_TIMEOUT:-560}" \
                  python3 -m pytest -q -p no:cacheprovider --durations=15 -n 4 \
                  ${COMPILE_TESTS:-tests/kernels/test_*_compile.py} 2>&1 \
