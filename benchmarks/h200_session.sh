@@ -27,7 +27,9 @@
 #        imported into it first, and the operators step exports it to $OUT/h200),
 #        THROUGHPUT_ARGS, SPACES ("op:shape:dtype ..." to brute-force, each cut after SPACE_TIMEOUT s),
 #        KT_EXAMPLES, KT_SCRIPTS, KT_SCRIPT_BUDGET, KT_SCRIPT_TIMEOUT (ktexamples),
-#        BASELINE_DATA (folders of winners to import, default data/h100), BASELINE_TIMEOUT (baselines)
+#        BASELINE_DATA (folders of winners to import, default data/h100), BASELINE_TIMEOUT,
+#        BASELINE_ARGS (more `kato baseline` options, e.g. "--operator layernorm_relu": the
+#        105 H200 winners take longer than one call) (baselines)
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device-wheels/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
@@ -107,7 +109,7 @@ for step in $steps; do
             # winners of this GPU's model that lack them, exported back as files to commit.
             for d in ${BASELINE_DATA:-data/h100}; do kato import "$d" --db "$DB" | tail -1; done
             timeout "${BASELINE_TIMEOUT:-500}" python3 -c 'from kato.service.cli import main; main()' \
-              baseline --db "$DB" 2>&1 | tee "$OUT/baselines.log" | tail -60
+              baseline --db "$DB" ${BASELINE_ARGS:-} 2>&1 | tee "$OUT/baselines.log" | tail -60
             model=$(python3 -c 'import torch; from kato.shared.gpus import normalize_gpu_name as n; print(n(torch.cuda.get_device_name(0)))')
             kato export "$OUT/baselines" --db "$DB" --gpu "$model" | tail -2 ;;
     *) echo "unknown step $step" ;;
