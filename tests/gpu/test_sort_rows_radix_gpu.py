@@ -14,11 +14,11 @@ row boundaries.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+import test_sort_radix_gpu as sort_1d_radix_tests
 from kato.kernels import get_operator
-from kato.kernels.sort import SortSpec, radix
-from kato.kernels.spec import Problem
+from kato.kernels.sort import radix
+from sort_rows_problems import NanBits, TiedRows
 from verify_harness import verify_configs, verify_variants
 
 KEYS = ["float32", "int32"]
@@ -37,31 +37,10 @@ SHAPES = [
 ]
 
 
-def _radix_config(**overrides) -> dict:
-    config = {
-        "BLOCK": 512,
-        "ITEMS": 16,
-        "WARP_SHFL": 0,
-        "SMEM_FUSE": 1,
-        "ALGO": "radix",
-        "RADIX_BITS": 8,
-        "RANK": radix.RANKS[0],
-        "HIST": radix.HISTS[0],
-    }
-    return {**config, **overrides}
-
-
-#: One variant per digit width, tiles of 2048 to 12288 keys (as test_sort_radix_gpu.py).
-SAMPLE = [
-    _radix_config(BLOCK=256, ITEMS=8, RADIX_BITS=4),
-    _radix_config(BLOCK=128, ITEMS=24, RADIX_BITS=5),
-    _radix_config(BLOCK=512, ITEMS=12, RADIX_BITS=6),
-    _radix_config(BLOCK=1024, ITEMS=12, RADIX_BITS=7),
-    _radix_config(BLOCK=512, ITEMS=24, RADIX_BITS=8),
-]
-METHODS = [(rank, radix.HISTS[0]) for rank in radix.RANKS]
-METHODS += [("atomic", hist) for hist in radix.HISTS[1:]]
-METHOD_IDS = [f"{rank}-{hist}" for rank, hist in METHODS]
+#: sort_1d's radix sample (one variant per digit width, tiles of 2048 to 12288 keys) as sort
+#: configs, and the (RANK, HIST) pairs it runs with.
+SAMPLE = [{k: v for k, v in c.items() if k != "FUSE"} for c in sort_1d_radix_tests.SAMPLE]
+METHODS, METHOD_IDS = sort_1d_radix_tests.METHODS, sort_1d_radix_tests.METHOD_IDS
 
 
 @pytest.fixture(scope="module")
@@ -97,42 +76,6 @@ def test_awkward_rows(sort_spec, shape, dtype, rank, hist):
     sample = [{**c, "RANK": rank, "HIST": hist} for c in SAMPLE]
     errors = verify_configs(sort_spec, shape, dtype, sample, seed=shape[1] % 97)
     assert not errors, errors[:5]
-
-
-class TiedRows(SortSpec):
-    """Rows of tied keys (int: all INT_MIN; float: -0.0 and +0.0 interleaved)."""
-
-    def make_problem(self, shape, dtype, rng) -> Problem:
-        problem = super().make_problem(shape, dtype, rng)
-        if dtype == "float32":
-            x = np.zeros(shape, np.float32)
-            x[:, ::3] = -0.0
-        else:
-            x = np.full(shape, -(2**31), np.int32)
-        problem.args[0] = x
-        problem.references = [np.sort(x.astype(np.float64), axis=-1)]
-        return problem
-
-
-class NanBits(SortSpec):
-    """float32 rows with NaNs of both signs, +-inf, signed zeros and denormals among the stress
-    keys, compared as bits (an int32 view of y) with the kernels' documented key order
-    (:func:`kernels.sort.radix.ordered_keys`; positive NaNs last, negative ones first)."""
-
-    def make_problem(self, shape, dtype, rng) -> Problem:
-        problem = super().make_problem(shape, dtype, rng)
-        x = problem.args[0]
-        specials = np.array(
-            [0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF, 0x80000000, 0, 0x7F800000]
-            + [0xFF800000, 1, 0x80000001],
-            np.uint32,
-        ).view(np.float32)
-        picks = rng.random(x.shape) < 0.2
-        x[picks] = specials[rng.integers(0, specials.size, int(picks.sum()))]
-        problem.args[1] = problem.args[1].view(np.int32)
-        order = np.argsort(radix.ordered_keys(x), axis=-1, kind="stable")
-        problem.references = [np.take_along_axis(x, order, -1).view(np.int32).astype(np.int64)]
-        return problem
 
 
 @pytest.mark.parametrize(("rank", "hist"), METHODS, ids=METHOD_IDS)

@@ -174,6 +174,20 @@ def _build(classes, shape, cubin_cache):
     return list(zip(classes, compile_many(jobs, cache_dir=cubin_cache), strict=True))
 
 
+def _assert_clean(builds):
+    """Every build compiled, without spills, local memory or ptxas's performance warning,
+    within its launch's register budget, with the template's static shared memory."""
+    from kato.kernels.matmul import WGMMA_STATIC_SHARED, threads_per_block
+
+    for (spec, dtype, config), result in builds:
+        where = f"{spec.name} {dtype} {config}"
+        assert not isinstance(result, CompileError), f"{where}: {result}\n{result.log}"
+        assert result.spill_bytes == 0 and result.local_bytes == 0, where
+        assert "Performance Loss" not in result.log, f"{where}: {result.log}"
+        assert result.registers <= min(255, 65536 // threads_per_block(config) // 8 * 8), where
+        assert result.shared_static_bytes == WGMMA_STATIC_SHARED, where
+
+
 def test_every_wgmma_config_class_is_built(wgmma_builds):
     classes = {(spec.name, dtype) for (spec, dtype, _), _ in wgmma_builds}
     assert classes == {
@@ -191,17 +205,12 @@ def test_every_wgmma_config_class_is_built(wgmma_builds):
 
 
 def test_wgmma_configs_build_for_sm_90a_without_spills_within_their_budget(wgmma_builds):
-    from kato.kernels.matmul import WGMMA_STATIC_SHARED, threads_per_block, wgmma_shared_bytes
+    from kato.kernels.matmul import wgmma_shared_bytes
 
+    _assert_clean(wgmma_builds)
     for (spec, dtype, config), result in wgmma_builds:
-        where = f"{spec.name} {dtype} {config}"
-        assert not isinstance(result, CompileError), f"{where}: {result}\n{result.log}"
-        assert result.spill_bytes == 0 and result.local_bytes == 0, where
-        assert "Performance Loss" not in result.log, f"{where}: {result.log}"
-        threads = threads_per_block(config)
-        assert result.registers <= min(255, 65536 // threads // 8 * 8), where
         # the spec's shared-memory model is what ptxas reports
-        assert result.shared_static_bytes == WGMMA_STATIC_SHARED, where
+        where = f"{spec.name} {dtype} {config}"
         assert wgmma_shared_bytes(config) + result.shared_static_bytes <= SM90_SHARED, where
 
 
@@ -251,17 +260,9 @@ def split_builds(cubin_cache):
 
 
 def test_split_k_configs_build_for_sm_90a_without_spills(split_builds):
-    from kato.kernels.matmul import WGMMA_STATIC_SHARED, threads_per_block
-
     # 5 tiles x 3 splits in float16 matmul_tn, and 128 x 256 / 3 in the 5 other layouts x dtypes
     assert len(split_builds) == 5 * 3 + 5
-    for (spec, dtype, config), result in split_builds:
-        where = f"{spec.name} {dtype} {config}"
-        assert not isinstance(result, CompileError), f"{where}: {result}\n{result.log}"
-        assert result.spill_bytes == 0 and result.local_bytes == 0, where
-        assert "Performance Loss" not in result.log, f"{where}: {result.log}"
-        assert result.registers <= min(255, 65536 // threads_per_block(config) // 8 * 8), where
-        assert result.shared_static_bytes == WGMMA_STATIC_SHARED, where
+    _assert_clean(split_builds)
 
 
 # --- stream-K (STREAM_K 1: ranges of tiles x k blocks, partial sums through a workspace) -----
@@ -310,20 +311,14 @@ def test_stream_k_configs_build_for_sm_90a_without_spills(stream_k_builds):
     """Every sampled STREAM_K=1 config builds without spills or local memory within the
     launch's register budget; its workspace is module globals (has_device_globals: kato_torch
     then loads it once per stream), the shared memory that of the same config without it."""
-    from kato.kernels.matmul import WGMMA_STATIC_SHARED, threads_per_block
     from kato.tuner.cubin import has_device_globals
 
     # 8 tiles x 2 epilogues (bfloat16 matmul_tn; 128 x 256 and 256 x 128 with EPILOGUE 1 fit
     # only at fewer stages), and 2 tiles in each of the 5 other layouts x dtypes
     assert len(stream_k_builds) == 8 * 2 + 2 * 5
+    _assert_clean(stream_k_builds)
     for (spec, dtype, config), result in stream_k_builds:
-        where = f"{spec.name} {dtype} {config}"
-        assert not isinstance(result, CompileError), f"{where}: {result}\n{result.log}"
-        assert result.spill_bytes == 0 and result.local_bytes == 0, where
-        assert "Performance Loss" not in result.log, f"{where}: {result.log}"
-        assert result.registers <= min(255, 65536 // threads_per_block(config) // 8 * 8), where
-        assert result.shared_static_bytes == WGMMA_STATIC_SHARED, where
-        assert has_device_globals(result.cubin), where
+        assert has_device_globals(result.cubin), f"{spec.name} {dtype} {config}"
 
 
 def test_stream_k_off_builds_a_module_without_globals(wgmma_builds):

@@ -22,7 +22,7 @@ import numpy as np
 from cuda_emulation import Case, run_cases
 from kato.kernels import get_operator
 from kato.kernels.sort import MAX_ROW, SortSpec, radix
-from kato.kernels.spec import Problem
+from sort_rows_problems import NanBits, TiedRows
 
 # The radix emulation's extra device functions, and its fixture (skips without g++ or the CUDA
 # headers).
@@ -44,21 +44,6 @@ def radix_config(block: int, items: int, bits: int, rank: str, hist: str) -> dic
     return config
 
 
-class TiedRows(SortSpec):
-    """Rows of tied keys (int: all INT_MIN; float: -0.0 and +0.0 interleaved)."""
-
-    def make_problem(self, shape, dtype, rng) -> Problem:
-        problem = super().make_problem(shape, dtype, rng)
-        if dtype == "float32":
-            x = np.zeros(shape, np.float32)
-            x[:, ::3] = -0.0
-        else:
-            x = np.full(shape, -(2**31), np.int32)
-        problem.args[0] = x
-        problem.references = [np.sort(x.astype(np.float64), axis=-1)]
-        return problem
-
-
 class OneHistBlock(SortSpec):
     """sort whose histogram kernel runs as one block: it loops over every (row, chunk) item,
     clearing and flushing its counts for each."""
@@ -70,32 +55,6 @@ class OneHistBlock(SortSpec):
                 step = replace(step, launch=replace(step.launch, grid=(1, 1, 1)))
             out.append(step)
         return out
-
-
-class NanBits(SortSpec):
-    """float32 rows with NaNs of both signs (and payloads), +-inf, -0.0/+0.0, denormals among
-    the stress keys, compared as bits: the output array is an int32 view, the reference the
-    rows' bits in the kernels' key order (:func:`kernels.sort.radix.ordered_keys`: positive NaNs
-    after +inf, negative ones before -inf, -0.0 before +0.0). NaN would fail the float
-    comparison whatever its place."""
-
-    SPECIALS = np.array(
-        [0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF, 0x7FFFFFFF, 0x80000000, 0x00000000]
-        + [0x7F800000, 0xFF800000, 0x00000001, 0x80000001],
-        np.uint32,
-    ).view(np.float32)
-
-    def make_problem(self, shape, dtype, rng) -> Problem:
-        assert dtype == "float32"
-        problem = super().make_problem(shape, dtype, rng)
-        x = problem.args[0]
-        picks = rng.random(x.shape) < 0.2
-        x[picks] = self.SPECIALS[rng.integers(0, self.SPECIALS.size, int(picks.sum()))]
-        problem.args[1] = problem.args[1].view(np.int32)
-        order = np.argsort(radix.ordered_keys(x), axis=-1, kind="stable")
-        bits = np.take_along_axis(x, order, axis=-1).view(np.int32)
-        problem.references = [bits.astype(np.int64)]
-        return problem
 
 
 def emulated_cases() -> list[Case]:
