@@ -167,8 +167,13 @@ def run_scripts(
                         capture_output=True, text=True,
                     )  # fmt: skip
                     rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-1500:]
-                except subprocess.TimeoutExpired:
-                    rc, tail = None, f"timed out after {timeout} s"
+                except subprocess.TimeoutExpired as exc:
+                    # What it printed before the cut says where the time went.
+                    text = "".join(
+                        part.decode(errors="replace") if isinstance(part, bytes) else part
+                        for part in (exc.stdout, exc.stderr) if part
+                    )  # fmt: skip
+                    rc, tail = None, f"{text[-1500:]}\ntimed out after {timeout} s"
                 calls = [json.loads(line) for line in record.read_text().splitlines()] if (
                     record.exists()
                 ) else []  # fmt: skip

@@ -59,6 +59,8 @@ if _MODE in ("kato", "kt") and _OUT:
             configs_per_minute=60.0 * len(results) / wall if wall > 0 else None,
             best_config={k: best[k] for k in params} if best else None,
             best_time_own_ms=best["time"] if best else None,
+            # Where a call's time went: its configs' compile time (ms each, both tools' rows).
+            compile_s=sum(r.get("compile_time") or 0.0 for r in results) / 1e3,
         )
         with open(_OUT, "a") as f:
             f.write(json.dumps(record, default=str) + "\n")
