@@ -50,8 +50,9 @@ def test_a_kernel_tuner_script_runs_unchanged_through_kato(tmp_path):
         run = by_tool[tool]
         assert run["returncode"] == 0, run["output_tail"]
         (call,) = run["calls"]
-        assert call["measured"] == 23 and call["failed"] == 0
+        assert call["measured"] == 23 and call["failed"] == 0 and call["failures"] == []
         assert call["best_config"] == best
+        assert isinstance(call["compile_s"], float) and call["compile_s"] >= 0.0
 
 
 def test_a_script_budget_replaces_the_brute_force_on_both_sides(tmp_path):
@@ -75,3 +76,24 @@ def test_a_script_budget_replaces_the_brute_force_on_both_sides(tmp_path):
         (call,) = run["calls"]
         assert call["max_fevals"] == 10
         assert call["measured"] == 10 and call["failed"] == 0
+
+
+def test_a_script_cut_by_its_timeout_keeps_what_it_printed(tmp_path):
+    """A run past ``timeout`` is reported as cut (no return code), with the output it printed
+    before the cut: where its time went."""
+    (tmp_path / "script.py").write_text(
+        "import sys, time\nprint('tuning the first kernel', flush=True)\ntime.sleep(60)\n"
+    )
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "kt_bench", ROOT / "benchmarks" / "kt_examples.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    runs = module.run_scripts(tmp_path, ["script.py"], timeout=8)["script.py"]
+    assert [run["tool"] for run in runs] == ["kt", "kato"]
+    for run in runs:
+        assert run["returncode"] is None and run["calls"] == []
+        assert "tuning the first kernel" in run["output_tail"]
+        assert run["output_tail"].endswith("timed out after 8 s")

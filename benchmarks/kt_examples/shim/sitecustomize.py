@@ -61,6 +61,13 @@ if _MODE in ("kato", "kt") and _OUT:
             best_time_own_ms=best["time"] if best else None,
             # Where a call's time went: its configs' compile time (ms each, both tools' rows).
             compile_s=sum(r.get("compile_time") or 0.0 for r in results) / 1e3,
+            failures=sorted(
+                {
+                    f"{r.get('status', '')} {r.get('error') or r.get('time')}"[:300]
+                    for r in results
+                    if r not in ok
+                }
+            )[:5],
         )
         with open(_OUT, "a") as f:
             f.write(json.dumps(record, default=str) + "\n")
