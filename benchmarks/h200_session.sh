@@ -2,7 +2,7 @@
 # One device call on the H200 (see ../shared/device/README.md): install the staged wheels, then
 # run the steps named as arguments, writing results under $OUT.
 #   steps: occupancy gputests verify winners operators throughput mlp spaces ktexamples compile
-#          fleet batch sweep baselines (default: occupancy gputests operators)
+#          fleet batch sweep baselines profile (default: occupancy gputests operators)
 #   `verify` runs the pytest selections of VERIFY_TESTS (separated by ";", e.g. "tests/gpu/
 #   test_matmul_gpu.py -k stream_k; tests/gpu/test_sort_gpu.py"), each in a process of its own
 #   (a kernel's trap kills its CUDA context, and with it every later test of that process),
@@ -11,6 +11,11 @@
 #   `batch` runs benchmarks/batch_tuning.py --compare-serial (issue 35; BATCH_ARGS: more
 #   options); `sweep` runs benchmarks/matmul_sweep.py (SWEEP_ARGS, e.g. "--engine mma --dtypes
 #   float32 --case matmul:1000x1001x999").
+#   `profile` runs Nsight Compute on benchmarks/profile_case.py for each entry of PROFILES
+#   (";"-separated "operator:shape:dtype [config JSON]", the stored winner where no config is
+#   given), the kernels matching PROFILE_KERNEL (regex, default: the operator's name), one
+#   launch each, sections PROFILE_SECTIONS (default SpeedOfLight MemoryWorkloadAnalysis):
+#   $OUT/profile/<i>.txt, e.g. one config at an odd and an aligned shape.
 #   `fleet` runs benchmarks/fleet_gpus.py on every visible GPU (a machine with several:
 #   nvidia-h200-x2 or larger; issue 36): a batch on N GPUs and on 1, a shared job, kill -9 and
 #   planted faults, device binding; FLEET_ARGS: more options (--gpus 2, --db URL, budgets).
@@ -112,6 +117,17 @@ for step in $steps; do
               baseline --db "$DB" ${BASELINE_ARGS:-} 2>&1 | tee "$OUT/baselines.log" | tail -60
             model=$(python3 -c 'import torch; from kato.shared.gpus import normalize_gpu_name as n; print(n(torch.cuda.get_device_name(0)))')
             kato export "$OUT/baselines" --db "$DB" --gpu "$model" | tail -2 ;;
+    profile) mkdir -p "$OUT/profile"; i=0
+            while IFS= read -r entry; do
+              entry=$(echo "$entry" | sed 's/^ *//'); [ -z "$entry" ] && continue; i=$((i + 1))
+              case_=${entry%% *}; config=""; [ "$case_" != "$entry" ] && config=${entry#* }
+              sections=(); for s in ${PROFILE_SECTIONS:-SpeedOfLight MemoryWorkloadAnalysis}; do
+                sections+=(--section "$s"); done
+              timeout "${PROFILE_TIMEOUT:-120}" ncu --kernel-name "regex:${PROFILE_KERNEL:-${case_%%:*}}" \
+                --launch-count 1 "${sections[@]}" python3 benchmarks/profile_case.py --db "$DB" \
+                --case "$case_" ${config:+--config "$config"} > "$OUT/profile/$i.txt" 2>&1
+              echo "rc=$? $entry"; grep -E "Duration|DRAM Throughput|Memory Throughput|L2 Hit|dram__bytes|Mem Busy" "$OUT/profile/$i.txt" | head -8
+            done < <(echo "${PROFILES:-}" | tr ';' '\n') ;;
     *) echo "unknown step $step" ;;
   esac
 done

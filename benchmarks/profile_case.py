@@ -4,7 +4,9 @@
         python3 benchmarks/profile_case.py --db sqlite:///kato.db --case relu:268435456:float32
 
 The config is the one ``benchmarks/operators.py`` times for the case (exact or nearest stored
-winner valid for the shape, else the operator's default). The kernels run through Kato's pycuda
+winner valid for the shape, else the operator's default), or ``--config`` (JSON): one config
+profiled at two shapes shows what the shape alone costs (e.g. transpose at 8191x8193 and
+8192x8192). The kernels run through Kato's pycuda
 backend, verification first, then a few timed launches; filter the profiler on the operator's
 kernel names (``spec.kernel_names``) so that the verifier is left out.
 """
@@ -24,6 +26,7 @@ def main() -> None:
     ap.add_argument("--db", required=True, help="SQLAlchemy URL of the results database")
     ap.add_argument("--case", required=True, help="operator:shape:dtype, shape as 8192x32768")
     ap.add_argument("--repeats", type=int, default=2, help="timed batches after verification")
+    ap.add_argument("--config", type=json.loads, help="this config (JSON) instead of the winner")
     args = ap.parse_args()
 
     from kato.db.session import init_db, session_factory
@@ -36,8 +39,19 @@ def main() -> None:
     shape = tuple(int(s) for s in shape_text.split("x"))
     spec = get_operator(operator)
     sessions = session_factory(init_db(args.db))
-    best, source = lookup(sessions, spec, shape, dtype, describe_device(0).model)
-    config = best.config if best is not None else spec.default_config(shape, dtype)
+    if args.config is not None:
+        config, source = dict(args.config), "given"
+        missing, unknown = set(spec.params) - set(config), set(config) - set(spec.params)
+        problem = (
+            f"missing {sorted(missing)}, unknown {sorted(unknown)}"
+            if missing or unknown
+            else spec.check(config, shape, dtype)
+        )
+        if problem is not None:
+            raise SystemExit(f"--config: {problem}")
+    else:
+        best, source = lookup(sessions, spec, shape, dtype, describe_device(0).model)
+        config = best.config if best is not None else spec.default_config(shape, dtype)
     backend = PyCudaBackend(spec, shape, dtype, repeats=args.repeats, warmup=0)
     try:
         result = backend.evaluate(config)
