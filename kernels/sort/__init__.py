@@ -269,14 +269,16 @@ class SortSpec(OperatorSpec):
     def default_config(self, shape: Sequence[int], dtype: str) -> Config:
         """Rows that fit a block (up to MAX_ROW keys; the only ones bitonic takes): bitonic, 8
         keys per thread with warp shuffles; 128 threads for rows up to 1024 keys (several rows
-        per block), else just enough threads for one row. Longer rows (radix only): sort_1d's
-        radix default, tiles of 512 x 16 keys, 8-bit digits, atomic ranking, the scalar
-        histogram kernel (the row sort's own configs not yet timed)."""
+        per block), else just enough threads for one row. Longer rows (radix only): tiles of 256
+        x 16 keys, 8-bit digits, atomic ranking, the vec4 histogram kernel: the fastest of the
+        285 row configs timed on an H100 at 64 x 128256 and of the leading ten at three other
+        shapes (data/benchmarks/radix_sort_rows_h100.json), 23-27% faster there than
+        sort_1d's 512 x 16 tiles with the scalar histogram (more blocks resident a row)."""
         _, cols = self.validate(shape, dtype)
         first = {name: values[0] for name, values in self.params.items()}
         if cols > MAX_ROW:
-            config = {**first, "BLOCK": 512, "ITEMS": 16, "ALGO": "radix", "RADIX_BITS": 8}
-            config["RANK"] = "atomic"
+            config = {**first, "BLOCK": 256, "ITEMS": 16, "ALGO": "radix", "RADIX_BITS": 8}
+            config.update(RANK="atomic", HIST="vec4")
         else:
             block = min(1024, max(128, next_pow2(cols) // 8))
             config = {**first, "BLOCK": block, "ITEMS": 8, "WARP_SHFL": 1, "SMEM_FUSE": 2}

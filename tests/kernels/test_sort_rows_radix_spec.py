@@ -102,12 +102,12 @@ def test_the_default_is_bitonic_where_rows_fit_a_block(shape, dtype) -> None:
             "HIST": "scalar"
         }
         return
-    assert config == radix_cfg()
+    assert config == radix_cfg(block=256, hist="vec4")
     steps = SORT.steps(config, shape, dtype)
     assert [s.kernel for s in steps] == ["radix_init", "radix_histogram"] + 4 * ["radix_pass"]
     for step in steps:
         assert 1 <= step.launch.grid[0] <= 2**31 - 1 and step.launch.threads_per_block <= 1024
-    assert steps[-1].launch.grid[0] == rows * math.ceil(cols / 8192)
+    assert steps[-1].launch.grid[0] == rows * math.ceil(cols / 4096)
 
 
 @pytest.mark.parametrize("bits", radix.RADIX_BITS)
