@@ -4,8 +4,10 @@ which user operator reached the child."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
+import numpy as np
 from kato.kernels import get_operator
 from kato.tuner.backends.base import Backend, DeviceInfo, TrialResult, TrialStatus
 from kato.tuner.space import SearchSpace
@@ -35,3 +37,26 @@ class RegistryEcho(Backend):
 
 def make(spec: Any) -> Backend:
     return RegistryEcho(spec.operator, tuple(spec.shape), spec.dtype)
+
+
+class InputsEcho(RegistryEcho):
+    """Answers with a digest of the problem the child's operator makes (its arguments' bytes
+    and references), so a test can compare what reached the child with the parent's."""
+
+    def evaluate(self, config: dict[str, Any]) -> TrialResult:
+        problem = self.op.make_problem(self.shape, self.dtype, np.random.default_rng(0))
+        return TrialResult(
+            config=dict(config), status=TrialStatus.OK, times_ms=[float(problem.nbytes)],
+            error=problem_digest(problem),
+        )  # fmt: skip
+
+
+def problem_digest(problem: Any) -> str:
+    h = hashlib.sha256()
+    for array in [*problem.args, *problem.references]:
+        h.update(np.ascontiguousarray(array).tobytes())
+    return h.hexdigest()
+
+
+def make_inputs_echo(spec: Any) -> Backend:
+    return InputsEcho(spec.operator, tuple(spec.shape), spec.dtype)

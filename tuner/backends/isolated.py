@@ -87,6 +87,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kato.tuner.backends import shipping
 from kato.tuner.backends.abilities import abilities_of
 from kato.tuner.backends.base import (
     Backend,
@@ -186,15 +187,15 @@ def build_backend(spec: BackendSpec) -> Backend:
     return getattr(importlib.import_module(module_name), attr)(spec)
 
 
-def _user_operators(spec: BackendSpec) -> tuple[Any, ...]:
-    """The operator of ``spec`` when it is a user operator (:mod:`kernels.user`), to register in
-    the child: it exists in this process only (read from the database, or built by
-    ``kato.tune_kernel``), not in a module the child could import. A built-in operator, or one
-    whose spec cannot be pickled, is left to the child's own registry."""
+def _user_operators(spec: BackendSpec) -> shipping.Package | None:
+    """The operator of ``spec`` when it is a user operator (:mod:`kernels.user`), packed for
+    the child to register (:mod:`tuner.backends.shipping`: its argument arrays in shared
+    memory, not in the pipe): it exists in this process only (read from the database, or built
+    by ``kato.tune_kernel``), not in a module the child could import. None for a built-in
+    operator, or one whose spec cannot be pickled (left to the child's own registry). The
+    caller releases the package once the child is ready."""
     if not spec.operator:
-        return ()
-    import pickle
-
+        return None
     from kato.kernels import get_operator
     from kato.kernels.spec import InvalidInput
     from kato.kernels.user import UserOperatorSpec
@@ -202,24 +203,24 @@ def _user_operators(spec: BackendSpec) -> tuple[Any, ...]:
     try:
         op = get_operator(spec.operator)
     except InvalidInput:
-        return ()
+        return None
     if not isinstance(op, UserOperatorSpec):
-        return ()
+        return None
     try:
-        pickle.dumps(op)
-    except (pickle.PicklingError, TypeError, AttributeError):
-        log.warning("user operator %s cannot be sent to the measuring process", op.name)
-        return ()
-    return (op,)
+        return shipping.pack((op,))
+    except shipping.Unshippable as exc:
+        log.warning("user operator %s cannot be sent to the measuring process: %s", op.name, exc)
+        return None
 
 
 def _child_main(
     conn: multiprocessing.connection.Connection,
     spec: BackendSpec,
-    operators: tuple[Any, ...] = (),
+    operators: shipping.Package | None = None,
     defer_prepare: bool = False,
 ) -> None:
-    """The child: register ``operators`` (user operators of the parent), build the backend,
+    """The child: register ``operators`` (the parent's user operators, packed by
+    :func:`_user_operators`), build the backend,
     announce its device, make its inputs (``prepare``, while the parent starts compiling; a user
     operator's reference kernel runs here), say so, then answer configs until told to close or
     the pipe closes. Exits (without closing the CUDA context cleanly: it may be dead) after a
@@ -232,7 +233,7 @@ def _child_main(
     try:
         from kato.kernels.registry import register
 
-        for op in operators:
+        for op in operators.open() if operators is not None else ():
             register(op)
         backend = build_backend(spec)
         conn.send(("ready", backend.device()))
@@ -642,6 +643,9 @@ class IsolatedBackend(Backend):
             log.warning("the spare measuring process died before its job started (%s): "
                         "starting a fresh one", exc)  # fmt: skip
             return self._start(spare=False)
+        finally:
+            if operators is not None:  # the child has opened it (ready), or never will
+                operators.release()
 
     def _expect(self, kind: str, verb: tuple[str, str, str]) -> tuple[Any, ...]:
         """The child's next message, which must be ``kind`` (its set-up steps: "ready", then
