@@ -5,6 +5,7 @@ which user operator reached the child."""
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Any
 
 import numpy as np
@@ -60,3 +61,17 @@ def problem_digest(problem: Any) -> str:
 
 def make_inputs_echo(spec: Any) -> Backend:
     return InputsEcho(spec.operator, tuple(spec.shape), spec.dtype)
+
+
+class CrashingInputsEcho(InputsEcho):
+    """:class:`InputsEcho` whose child dies (``os._exit``) on a config with ``tile_size_x`` 1:
+    the next config is measured by a replacement child."""
+
+    def evaluate(self, config: dict[str, Any]) -> TrialResult:
+        if config.get("tile_size_x") == 1:
+            os._exit(3)
+        return super().evaluate(config)
+
+
+def make_crashing_inputs_echo(spec: Any) -> Backend:
+    return CrashingInputsEcho(spec.operator, tuple(spec.shape), spec.dtype)

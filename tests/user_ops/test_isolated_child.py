@@ -10,7 +10,12 @@ from kato.kernels.registry import register
 from kato.kernels.user import load_folder
 from kato.kernels.user.spec import UserOperatorSpec
 from kato.tuner.backends import shipping
-from kato.tuner.backends.isolated import BackendSpec, IsolatedBackend
+from kato.tuner.backends.isolated import (
+    BackendSpec,
+    ChildStartError,
+    IsolatedBackend,
+    SpareChildren,
+)
 
 from kato.kernel_tuner import operator_from_arguments, problem_shape
 from user_ops.child_backend import problem_digest
@@ -37,50 +42,92 @@ def test_user_operator_reaches_the_child(vector_add_dir):
         backend.close()
 
 
-def test_a_tune_kernel_operators_large_arguments_reach_the_child_through_shared_memory(
-    monkeypatch,
-):
-    """Kernel Tuner's arguments (here 3 x 16 MiB) travel to the child in a shared-memory block
-    (tuner.backends.shipping), not pickled through the pipe: the child's problem is the
-    parent's, byte for byte, and the block is gone once the child has started."""
-    n = 1 << 22
+N_BIG = 1 << 22  # 16 MiB a float32 argument: over shipping.SHARED_MIN_BYTES
+
+
+@pytest.fixture
+def big_operator():
+    """A kato.tune_kernel operator holding its caller's arrays (3 x 16 MiB), the shape of its
+    problem, and the digest of the problem it makes in this process."""
     rng = np.random.default_rng(3)
-    a = rng.standard_normal(n).astype(np.float32)
-    b = rng.standard_normal(n).astype(np.float32)
-    tune_params = {"block_size_x": [128, 256], "tile_size_x": [1, 2]}
+    a = rng.standard_normal(N_BIG).astype(np.float32)
+    b = rng.standard_normal(N_BIG).astype(np.float32)
+    args = [np.zeros_like(a), a, b, np.int32(N_BIG)]
     op, _ = operator_from_arguments(
-        "vector_add_big", KERNEL, n, [np.zeros_like(a), a, b, np.int32(n)], tune_params,
+        "vector_add_big", KERNEL, N_BIG, args, {"block_size_x": [128, 256], "tile_size_x": [1, 2]},
         grid_div_x=["block_size_x", "tile_size_x"], answer=[a + b, None, None, None],
     )  # fmt: skip
     register(op)
-    package = shipping.pack((op,))
-    assert package.block is not None and sum(package.sizes) >= 3 * n * 4
-    package.release()
-    shape = problem_shape(n, [np.zeros_like(a), a, b, np.int32(n)])[0]
-    expected = problem_digest(op.make_problem(shape, "float32", np.random.default_rng(0)))
-    created: list[str] = []
-    real_pack = shipping.pack
+    shape = problem_shape(N_BIG, args)[0]
+    return op, shape, problem_digest(op.make_problem(shape, "float32", np.random.default_rng(0)))
+
+
+@pytest.fixture
+def packs(monkeypatch):
+    """The blocks shipping.pack makes while the test runs (None for a package without one)."""
+    if shipping.shared_room() < 8 * 3 * N_BIG * 4:
+        pytest.skip(f"{shipping.SHM_DIR} has too little room for the test's blocks")
+    made: list[str | None] = []
+    real = shipping.pack
 
     def watched(objs):
-        package = real_pack(objs)
-        created.append(package.block)
+        package = real(objs)
+        made.append(package.block)
         return package
 
     monkeypatch.setattr(shipping, "pack", watched)
-    backend = IsolatedBackend(
-        BackendSpec(
-            kind="user_ops.child_backend:make_inputs_echo", operator=op.name, shape=shape,
-            dtype="float32",
-        ),
-        trial_timeout_s=60,
-    )  # fmt: skip
+    return made
+
+
+def _gone(name):
+    with pytest.raises(FileNotFoundError):
+        shared_memory.SharedMemory(name=name)
+    return True
+
+
+def _spec(op, shape, kind="make_inputs_echo"):
+    return BackendSpec(
+        kind=f"user_ops.child_backend:{kind}", operator=op.name, shape=shape, dtype="float32"
+    )
+
+
+def test_large_arguments_reach_each_child_from_one_block_unlinked_at_close(big_operator, packs):
+    """Kernel Tuner's arguments travel to the child in a shared-memory block
+    (tuner.backends.shipping), not pickled through the pipe: the child's problem is the
+    parent's, byte for byte, also in the child that replaces one that crashed, which maps the
+    same block; the block is gone once the backend is closed."""
+    op, shape, expected = big_operator
+    backend = IsolatedBackend(_spec(op, shape, "make_crashing_inputs_echo"), trial_timeout_s=60)
     try:
+        crashed = backend.evaluate({"block_size_x": 128, "tile_size_x": 1})
         result = backend.evaluate({"block_size_x": 128, "tile_size_x": 2})
-        assert result.ok, result.error
-        assert result.error == expected
-        assert result.times_ms == [float(3 * n * 4)]  # c, a and b
     finally:
         backend.close()
-    assert len(created) == 1 and created[0] is not None
-    with pytest.raises(FileNotFoundError):  # unlinked once the child was ready
-        shared_memory.SharedMemory(name=created[0])
+    assert crashed.status.value == "crashed" and backend.restarts == 1
+    assert result.ok and result.error == expected
+    assert result.times_ms == [float(3 * N_BIG * 4)]  # c, a and b
+    assert len(packs) == 1 and packs[0] is not None and _gone(packs[0])
+
+
+def test_a_warm_spare_takes_the_packed_operator(big_operator, packs):
+    op, shape, expected = big_operator
+    pool = SpareChildren("user_ops.child_backend:make_inputs_echo")
+    pool.start()
+    try:
+        backend = IsolatedBackend(_spec(op, shape), trial_timeout_s=60, spares=pool)
+        try:
+            result = backend.evaluate({"block_size_x": 256, "tile_size_x": 2})
+        finally:
+            backend.close()
+    finally:
+        pool.close()
+    assert backend.spares_taken == 1
+    assert result.ok and result.error == expected
+    assert len(packs) == 1 and _gone(packs[0])
+
+
+def test_a_child_that_cannot_start_leaves_no_block(big_operator, packs):
+    op, shape, _ = big_operator
+    with pytest.raises(ChildStartError, match="no_such_backend"):
+        IsolatedBackend(_spec(op, shape, "no_such_backend"), trial_timeout_s=60)
+    assert len(packs) == 1 and _gone(packs[0])

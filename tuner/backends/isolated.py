@@ -193,7 +193,7 @@ def _user_operators(spec: BackendSpec) -> shipping.Package | None:
     memory, not in the pipe): it exists in this process only (read from the database, or built
     by ``kato.tune_kernel``), not in a module the child could import. None for a built-in
     operator, or one whose spec cannot be pickled (left to the child's own registry). The
-    caller releases the package once the child is ready."""
+    caller releases the package when it starts no more children from it."""
     if not spec.operator:
         return None
     from kato.kernels import get_operator
@@ -220,11 +220,11 @@ def _child_main(
     defer_prepare: bool = False,
 ) -> None:
     """The child: register ``operators`` (the parent's user operators, packed by
-    :func:`_user_operators`), build the backend,
-    announce its device, make its inputs (``prepare``, while the parent starts compiling; a user
-    operator's reference kernel runs here), say so, then answer configs until told to close or
-    the pipe closes. Exits (without closing the CUDA context cleanly: it may be dead) after a
-    result whose backend reports itself unhealthy.
+    :func:`_user_operators`), build the backend, announce its device, make its inputs
+    (``prepare``, while the parent starts compiling; a user operator's reference kernel runs
+    here), say so, then answer configs until told to close or the pipe closes. Exits (without
+    closing the CUDA context cleanly: it may be dead) after a result whose backend reports
+    itself unhealthy.
 
     With ``defer_prepare`` (the GPU is shared with other jobs' children) only the host part
     of the set-up (``prepare_inputs``: random inputs, float64 references) runs at once; the
@@ -586,12 +586,17 @@ class IsolatedBackend(Backend):
         self._interrupted = threading.Event()
         self._prepared = False  # the current child has made its inputs ("prepared" received)
         self._queue: CompileQueue[Any] | None = None
-        self._info = self._start()
+        # The user operator packed for its children once (its arrays in shared memory: every
+        # replacement child maps the same block); released at close.
+        self._operators: shipping.Package | None = None
+        self._packed = False
         try:
+            self._info = self._start()
             self._space, self._launch_s = self._describe_task()
             check_measurable(trial_timeout_s, self._launch_s, self._what())
         except BaseException:
             self._kill()
+            self._release_operators()
             raise
         #: The limit of each trial: ``trial_timeout_s`` scaled to the predicted launch time.
         self.trial_limit_s = scaled_trial_timeout_s(trial_timeout_s, self._launch_s)
@@ -611,7 +616,9 @@ class IsolatedBackend(Backend):
         Raises:
             TrialInterrupted, ChildStartError: as :meth:`_expect`.
         """
-        operators = _user_operators(self.spec)
+        if not self._packed:
+            self._operators, self._packed = _user_operators(self.spec), True
+        operators = self._operators
         taken = self.spares.take(self.spec) if spare and self.spares is not None else None
         if taken is not None:
             try:
@@ -643,9 +650,6 @@ class IsolatedBackend(Backend):
             log.warning("the spare measuring process died before its job started (%s): "
                         "starting a fresh one", exc)  # fmt: skip
             return self._start(spare=False)
-        finally:
-            if operators is not None:  # the child has opened it (ready), or never will
-                operators.release()
 
     def _expect(self, kind: str, verb: tuple[str, str, str]) -> tuple[Any, ...]:
         """The child's next message, which must be ``kind`` (its set-up steps: "ready", then
@@ -941,6 +945,13 @@ class IsolatedBackend(Backend):
             except (OSError, BrokenPipeError):
                 pass
         self._kill()
+        self._release_operators()
+
+    def _release_operators(self) -> None:
+        """Unlink the packed operator's block (children that mapped it keep their mapping)."""
+        package, self._operators = self._operators, None
+        if package is not None:
+            package.release()
 
 
 def measuring_backend(
