@@ -949,7 +949,7 @@ class IsolatedBackend(Backend):
 
     def _release_operators(self) -> None:
         """Unlink the packed operator's block (children that mapped it keep their mapping)."""
-        package, self._operators = self._operators, None
+        package, self._operators, self._packed = self._operators, None, False
         if package is not None:
             package.release()
 
