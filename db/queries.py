@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import Any
 
 from kato.db.models import (
+    RESERVED,
     BestConfig,
     Job,
     Trial,
@@ -25,7 +26,19 @@ from kato.db.models import (
     result_values,
     utcnow,
 )
-from sqlalchemy import and_, exists, false, func, literal, or_, select, true, tuple_, update
+from sqlalchemy import (
+    and_,
+    delete,
+    exists,
+    false,
+    func,
+    literal,
+    or_,
+    select,
+    true,
+    tuple_,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
 
@@ -284,17 +297,39 @@ def _claimable(gpu_models: Sequence[str], now: Any, scope: JobScope | None = Non
 
 
 def _cancel_abandoned(session: Session, now: Any) -> None:
-    """Jobs whose worker died after a cancel was requested: cancelled, not claimed again."""
-    session.execute(
-        update(Job)
-        .where(
-            Job.status == "running",
-            Job.cancel_requested.is_(True),
-            Job.lease_expires_at < now,
+    """Jobs whose worker died after a cancel was requested: cancelled, not claimed again, and
+    the reservations left in them deleted with their budget (no one will measure them, and a
+    cancelled job holds none). A worker that was only slow to renew finds its reservation gone
+    and stores nothing (:mod:`db.ledger`), as after a release."""
+    abandoned = session.scalars(
+        select(Job.id).where(
+            Job.status == "running", Job.cancel_requested.is_(True), Job.lease_expires_at < now
         )
-        .values(status="cancelled", finished_at=now, lease_expires_at=None)
-        .execution_options(synchronize_session=False)
-    )
+    ).all()
+    for job_id in abandoned:
+        cancelled = session.execute(
+            update(Job)
+            .where(
+                Job.id == job_id,
+                Job.status == "running",
+                Job.cancel_requested.is_(True),
+                Job.lease_expires_at < now,
+            )
+            .values(status="cancelled", finished_at=now, lease_expires_at=None)
+            .execution_options(synchronize_session=False)
+        )
+        if cancelled.rowcount != 1:  # claimed or ended by another caller since the select
+            continue
+        gone = session.execute(
+            delete(Trial).where(Trial.job_id == job_id, Trial.status == RESERVED)
+        ).rowcount
+        if gone:
+            session.execute(
+                update(Job)
+                .where(Job.id == job_id)
+                .values(trials_done=Job.trials_done - gone)
+                .execution_options(synchronize_session=False)
+            )
     session.commit()
 
 

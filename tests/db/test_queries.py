@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from kato.db import queries
-from kato.db.models import BestConfig, Job, Trial
+from kato.db.models import RESERVED, BestConfig, Job, Trial
 from kato.service import lookup as service_lookup
 from kato.tuner.backends.base import TrialResult, TrialStatus
 from sqlalchemy import select
@@ -160,8 +160,19 @@ def test_claim_takes_over_an_expired_lease(session: Session) -> None:
 
 
 def test_expired_job_with_cancel_request_is_cancelled_not_reclaimed(session: Session) -> None:
+    """Its worker died (or renews too late) after the cancel: the job ends cancelled, its
+    measured trial kept, the reservation its worker held deleted with its unit of budget."""
     job = make_job(session)
     queries.claim_next_job(session, gpu_models=["H200"], worker_id="w1", lease_seconds=60)
+    now = datetime.now(UTC)
+    session.add_all([
+        Trial(job_id=job.id, number=0, config={"B": 1}, config_key="1", status="ok",
+              time_ms=1.0, times_ms=[1.0]),
+        Trial(job_id=job.id, number=1, config={"B": 2}, config_key="2", status=RESERVED,
+              reserved_by="w1", reserved_at=now),
+    ])  # fmt: skip
+    session.get(Job, job.id).trials_done = 2
+    session.commit()
     queries.request_cancel(session, job.id)
     expire_lease(session, job.id)
 
@@ -172,6 +183,8 @@ def test_expired_job_with_cancel_request_is_cancelled_not_reclaimed(session: Ses
     reloaded = queries.get_job(session, job.id)
     assert reloaded is not None
     assert reloaded.status == "cancelled" and reloaded.finished_at is not None
+    assert [(t.config_key, t.status) for t in queries.job_trials(session, job.id)] == [("1", "ok")]
+    assert reloaded.trials_done == 1
 
 
 def test_concurrent_claims_take_each_job_once(factory: sessionmaker[Session]) -> None:
