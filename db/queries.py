@@ -301,24 +301,19 @@ def _cancel_abandoned(session: Session, now: Any) -> None:
     the reservations left in them deleted with their budget (no one will measure them, and a
     cancelled job holds none). A worker that was only slow to renew finds its reservation gone
     and stores nothing (:mod:`db.ledger`), as after a release."""
-    abandoned = session.scalars(
-        select(Job.id).where(
-            Job.status == "running", Job.cancel_requested.is_(True), Job.lease_expires_at < now
-        )
-    ).all()
-    for job_id in abandoned:
+    abandoned = (
+        Job.status == "running",
+        Job.cancel_requested.is_(True),
+        Job.lease_expires_at < now,
+    )
+    for job_id in session.scalars(select(Job.id).where(*abandoned)).all():
         cancelled = session.execute(
             update(Job)
-            .where(
-                Job.id == job_id,
-                Job.status == "running",
-                Job.cancel_requested.is_(True),
-                Job.lease_expires_at < now,
-            )
+            .where(Job.id == job_id, *abandoned)  # still so: no claim or end landed since
             .values(status="cancelled", finished_at=now, lease_expires_at=None)
             .execution_options(synchronize_session=False)
         )
-        if cancelled.rowcount != 1:  # claimed or ended by another caller since the select
+        if cancelled.rowcount != 1:
             continue
         gone = session.execute(
             delete(Trial).where(Trial.job_id == job_id, Trial.status == RESERVED)
