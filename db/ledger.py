@@ -94,7 +94,7 @@ from typing import Any, Literal, TypeVar
 
 from kato.db import fleet, queries, retry
 from kato.db.models import RESERVED, Job, Trial, result_values, utcnow
-from sqlalchemy import delete, exists, func, or_, select, update
+from sqlalchemy import exists, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
@@ -917,23 +917,7 @@ def _release(session: Session, job_id: str, keys: Sequence[tuple[str, str | None
     released = 0
     for config_key, worker_id in keys:
         by = Trial.reserved_by.is_(None) if worker_id is None else Trial.reserved_by == worker_id
-        gone = session.execute(
-            delete(Trial).where(
-                Trial.job_id == job_id,
-                Trial.config_key == config_key,
-                Trial.status == RESERVED,
-                by,
-            )
-        )
-        if gone.rowcount == 1:
-            released += 1
-    if released:
-        session.execute(
-            update(Job)
-            .where(Job.id == job_id)
-            .values(trials_done=Job.trials_done - released)
-            .execution_options(synchronize_session=False)
-        )
+        released += queries.delete_reservations(session, job_id, Trial.config_key == config_key, by)
     session.commit()
     return released
 

@@ -315,17 +315,24 @@ def _cancel_abandoned(session: Session, now: Any) -> None:
         )
         if cancelled.rowcount != 1:
             continue
-        gone = session.execute(
-            delete(Trial).where(Trial.job_id == job_id, Trial.status == RESERVED)
-        ).rowcount
-        if gone:
-            session.execute(
-                update(Job)
-                .where(Job.id == job_id)
-                .values(trials_done=Job.trials_done - gone)
-                .execution_options(synchronize_session=False)
-            )
+        delete_reservations(session, job_id)
     session.commit()
+
+
+def delete_reservations(session: Session, job_id: str, *where: Any) -> int:
+    """Delete the job's reservations (placeholder trials) matching ``where`` (all where
+    nothing is given) and give their units of budget back; how many. Not committed."""
+    gone = session.execute(
+        delete(Trial).where(Trial.job_id == job_id, Trial.status == RESERVED, *where)
+    ).rowcount
+    if gone:
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(trials_done=Job.trials_done - gone)
+            .execution_options(synchronize_session=False)
+        )
+    return gone
 
 
 def claim_next_job(
