@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.util
 import os
 import time
 from typing import Any
@@ -120,3 +122,26 @@ def make_dying_once(spec: BackendSpec) -> Backend:
             f.write(str(os.getpid()))
         os._exit(5)
     return ReplayBackend(spec.replay_file)
+
+
+class SlowToExit(ReplayBackend):
+    """A replay backend whose ``close`` appends ``closed`` and its process id to the file
+    ``log`` and, in a measuring child, makes the child take ``exit_s`` seconds to exit (an
+    interpreter's teardown)."""
+
+    def __init__(self, replay_file: str, log: str, exit_s: float):
+        super().__init__(replay_file)
+        self.log, self.exit_s = log, exit_s
+
+    def close(self) -> None:
+        super().close()
+        with open(self.log, "a") as f:
+            f.write(f"closed {time.time()} {os.getpid()}\n")
+        if multiprocessing.parent_process() is not None:
+            # Run at the child's exit (multiprocessing ends a child with os._exit: no atexit).
+            multiprocessing.util.Finalize(None, time.sleep, args=(self.exit_s,), exitpriority=0)
+
+
+def make_slow_exit(spec: BackendSpec) -> Backend:
+    assert spec.replay_file is not None
+    return SlowToExit(spec.replay_file, spec.option("log"), spec.option("exit_s", 0.0))

@@ -519,19 +519,27 @@ class JobRunner:
             interrupt()
 
     def _close(self, backend: Backend, job_id: str) -> None:
-        """Close ``backend`` in a GPU turn (a child's context ends on the GPU), its compiles
-        ahead ended before the turn: waiting on nvcc never holds the GPU another job shares."""
-        close_compiles = abilities_of(backend).close_compiles
-        if close_compiles is not None:
-            close_compiles()
+        """Close ``backend``, the part that ends its hold on the GPU in a GPU turn (a child's
+        context ends on the GPU): its compiles ahead are ended before the turn and, where the
+        backend releases the device apart (``ReleasesDevice``, :mod:`tuner.backends.abilities`),
+        the rest of the close (a child's exit) after it, so that neither nvcc nor a process's
+        teardown holds the GPU another job shares."""
+        abilities = abilities_of(backend)
+        if abilities.close_compiles is not None:
+            abilities.close_compiles()
         with self._gpu(job_id, counted=False):
             try:
-                backend.close()
+                if abilities.release_device is not None:
+                    abilities.release_device()
+                else:
+                    backend.close()
             finally:
                 # In the same turn: a reading taken after the close, its memory free, must
                 # not add the job's need to it too (tuner.admission).
                 if self.admission is not None:
                     self.admission.closed(job_id)
+        if abilities.release_device is not None:
+            backend.close()
 
     def _set_up(self, job_id: str, backend: Backend) -> None:
         """A worker holding several jobs (:mod:`tuner.admission`): in one GPU turn, read the

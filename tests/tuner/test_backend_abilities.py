@@ -14,6 +14,7 @@ from kato.tuner.backends.abilities import (
     Interruptible,
     Precompiles,
     Prepares,
+    ReleasesDevice,
     ReportsCompiled,
     TakesHints,
     WaitsCompiled,
@@ -126,6 +127,8 @@ def test_the_product_backends_declare_their_abilities():
     assert not issubclass(PyCudaBackend, Interruptible)
     assert all(issubclass(IsolatedBackend, p) for p in (Interruptible, *ahead))
     assert not any(issubclass(ReplayBackend, p) for p in (Interruptible, Prepares, *ahead))
+    assert issubclass(IsolatedBackend, ReleasesDevice)
+    assert not any(issubclass(b, ReleasesDevice) for b in (PyCudaBackend, ReplayBackend))
     plain = abilities_of(Plain())
     assert plain == type(plain)()  # nothing at all, measured in this process
 

@@ -296,6 +296,54 @@ def test_a_job_ending_waits_on_its_compiles_outside_the_gpu_turn(tmp_path, monke
     assert backends.drains_holding_gate == [False, False]
 
 
+class ReleasingReplay(ReplayBackends):
+    """Replay backends that release the device apart from their close, as an isolated
+    backend's child does (``ReleasesDevice``); records, per call, whether it held the gate."""
+
+    def __init__(self, recordings: list[Recording]) -> None:
+        super().__init__(recordings)
+        self.calls: list[tuple[str, bool]] = []
+
+    def __call__(self, job):  # type: ignore[no-untyped-def]
+        backend = super().__call__(job)
+        outer, close = self, backend.close
+
+        def release() -> None:
+            outer.calls.append(("release", TrackingGate.made[-1].held_here()))
+
+        def closed() -> None:
+            outer.calls.append(("close", TrackingGate.made[-1].held_here()))
+            close()
+
+        backend.release_device, backend.close = release, closed  # type: ignore[attr-defined]
+        return backend
+
+
+def test_a_job_ending_holds_the_gpu_only_while_its_backend_releases_the_device(
+    tmp_path, monkeypatch
+):
+    """The GPU turn that ends a job covers the backend's release of the device (a child's
+    CUDA context), not the rest of its close (the child's exit), which another job's
+    measurement need not wait for."""
+    from kato.tuner import worker as worker_module
+
+    monkeypatch.setattr(worker_module, "GpuGate", TrackingGate)
+    recordings = recordings_by_group(per_group=1, groups=2)
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    sessions = session_factory(init_db(url))
+    queue_recordings(sessions, recordings, 3)
+    backends = ReleasingReplay(recordings)
+    worker = Worker(
+        sessions, url, ["H200"], backends, worker_id="w", poll_seconds=0.01, jobs_at_once=2
+    )
+    assert worker.run_forever(max_jobs=2) == 2
+    releases = [held for what, held in backends.calls if what == "release"]
+    closes = [held for what, held in backends.calls if what == "close"]
+    assert releases and all(releases)  # each in a GPU turn
+    assert closes and not any(closes)  # each after it
+    assert Counter(what for what, _ in backends.calls)["release"] >= 2
+
+
 def test_a_worker_of_several_gpu_models_never_holds_two_jobs_of_one_operator_and_dtype(
     tmp_path,
 ):

@@ -5,6 +5,7 @@ worker (this process) carries on."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -242,3 +243,50 @@ def test_the_child_reports_the_devices_memory_before_and_after_its_set_up(replay
         assert backend.restarts == 0
     finally:
         backend.close()
+
+
+def test_releasing_the_device_waits_for_the_childs_close_not_for_its_exit(tmp_path):
+    """A worker sharing its GPU holds its turn while a finished job's child closes its backend
+    (its CUDA context), not while the child's process exits: ``release_device`` returns once
+    the child has closed, ``close`` then waits for the exit (issue 35)."""
+    log = tmp_path / "close.log"
+    spec = BackendSpec(
+        kind="fault_backend:make_slow_exit",
+        replay_file=str(RECORDING),
+        options=(("log", str(log)), ("exit_s", 3.0)),
+    )
+    backend = IsolatedBackend(spec)
+    pid = backend.child_pids[-1]
+    try:
+        t0 = time.monotonic()
+        backend.release_device()
+        released = time.monotonic() - t0
+        assert _closes(log, pid) == 1  # the child's backend has closed
+        assert released < 2.0
+        backend.release_device()  # twice is harmless: the child is not told again
+        t1 = time.monotonic()
+        backend.close()
+        assert time.monotonic() - t1 >= 1.0  # close is what waits on the exit
+        assert _closes(log, pid) == 1
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    finally:
+        backend.close()
+
+
+def _closes(log, pid: int) -> int:
+    """How many times the process ``pid`` closed its backend (the log of ``SlowToExit``)."""
+    return sum(ln.split()[2] == str(pid) for ln in log.read_text().splitlines())
+
+
+def test_a_child_closed_without_a_release_first_still_closes_once(tmp_path):
+    log = tmp_path / "close.log"
+    spec = BackendSpec(
+        kind="fault_backend:make_slow_exit",
+        replay_file=str(RECORDING),
+        options=(("log", str(log)),),
+    )
+    backend = IsolatedBackend(spec)
+    backend.close()
+    backend.close()
+    assert _closes(log, backend.child_pids[-1]) == 1

@@ -19,6 +19,7 @@ ability                  PyCudaBackend   IsolatedBackend  Replay
 :class:`Interruptible`   no              yes              no
 :class:`DrainsCompiles`  yes             yes              no
 :class:`ReportsMemory`   yes             yes (its child)  no
+:class:`ReleasesDevice`  no              yes              no
 =======================  ==============  ===============  ========
 """
 
@@ -144,6 +145,19 @@ class ReportsMemory(Protocol):
     def memory(self) -> DeviceMemory | None: ...
 
 
+@runtime_checkable
+class ReleasesDevice(Protocol):
+    """A backend whose hold on the GPU (buffers, modules, CUDA context) can end apart from the
+    rest of :meth:`close`: :meth:`release_device` ends it and returns once it has ended (an
+    isolated backend's child has closed its backend and said so; the child's exit, most of a
+    close's time, is left to ``close``). Safe to call twice; after it only ``close`` may be
+    called. A worker sharing its GPU among jobs calls it in the GPU turn that ends a job and
+    ``close`` after that turn, so that no other job waits on a process's exit. Absent:
+    ``close`` runs inside that turn."""
+
+    def release_device(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class Abilities:
     """What one backend can do beyond the :class:`~tuner.backends.base.Backend` contract: the
@@ -158,6 +172,7 @@ class Abilities:
     interrupt: Callable[[], None] | None = None
     close_compiles: Callable[[], None] | None = None
     memory: Callable[[], DeviceMemory | None] | None = None
+    release_device: Callable[[], None] | None = None
     measures_out_of_process: bool = False
 
 
@@ -172,6 +187,7 @@ def abilities_of(backend: Any) -> Abilities:
         interrupt=backend.interrupt if isinstance(backend, Interruptible) else None,
         close_compiles=backend.close_compiles if isinstance(backend, DrainsCompiles) else None,
         memory=backend.memory if isinstance(backend, ReportsMemory) else None,
+        release_device=backend.release_device if isinstance(backend, ReleasesDevice) else None,
         measures_out_of_process=isinstance(backend, Backend) and backend.measures_out_of_process,
     )
 

@@ -112,6 +112,8 @@ log = logging.getLogger(__name__)
 DEFAULT_TRIAL_TIMEOUT_S = 60.0
 #: How long a new child may take to build its backend (CUDA context, buffers, verifier).
 DEFAULT_START_TIMEOUT_S = 300.0
+#: How long a child is given to close its backend, and then to exit, before it is killed.
+CLOSE_WAIT_S = 10.0
 #: How often the parent checks for an interrupt while a child measures.
 _POLL_S = 0.05
 
@@ -249,7 +251,7 @@ def _child_main(
                 conn.send(("memory", _memory_of(backend)))
                 message = conn.recv()
             if message[0] == "close":
-                backend.close()
+                _close_and_say_so(conn, backend)
                 return
         if prepare is not None:
             prepare()
@@ -263,7 +265,7 @@ def _child_main(
         except (EOFError, OSError):  # the parent went away
             break
         if message[0] == "close":
-            backend.close()
+            _close_and_say_so(conn, backend)
             break
         if message[0] == "memory":
             conn.send(("memory", _memory_of(backend)))
@@ -284,6 +286,17 @@ def _child_main(
         if not healthy:
             os._exit(0)  # a dead CUDA context: the parent starts a fresh child
     conn.close()
+
+
+def _close_and_say_so(conn: multiprocessing.connection.Connection, backend: Backend) -> None:
+    """The child's answer to ``("close",)``: close the backend (its buffers, modules and CUDA
+    context end here), then say ``("closed",)``, so that the parent's wait for the device to be
+    free (:meth:`IsolatedBackend.release_device`) does not include this process's exit."""
+    try:
+        backend.close()
+    finally:
+        with contextlib.suppress(OSError):
+            conn.send(("closed",))
 
 
 def _memory_of(backend: Backend) -> DeviceMemory | None:
@@ -590,6 +603,7 @@ class IsolatedBackend(Backend):
         # replacement child maps the same block); released at close.
         self._operators: shipping.Package | None = None
         self._packed = False
+        self._device_released = False
         try:
             self._info = self._start()
             self._space, self._launch_s = self._describe_task()
@@ -641,6 +655,7 @@ class IsolatedBackend(Backend):
             child_conn.close()  # so that the child's death closes the pipe (EOF) for us
             self._process, self._conn = process, parent_conn
         self._prepared = False
+        self._device_released = False  # this child has not been told to close
         self.child_pids.append(self._process.pid)
         try:
             return self._expect("ready", ("start", "started", "starting"))[1]
@@ -934,14 +949,33 @@ class IsolatedBackend(Backend):
         if self._queue is not None:
             self._queue.close()
 
+    def release_device(self) -> None:
+        """End the child's hold on the GPU: it closes its backend (buffers, modules, CUDA
+        context) and says so; this returns then, or after :data:`CLOSE_WAIT_S` if it never
+        does, leaving the child's process exit (the interpreter's teardown, most of a close's
+        time) to :meth:`close`. Safe to call twice, and before :meth:`close`."""
+        if self._conn is None or self._process is None or self._device_released:
+            return
+        self._device_released = True
+        try:
+            self._conn.send(("close",))
+            deadline = time.monotonic() + CLOSE_WAIT_S
+            while self._conn.poll(max(0.0, deadline - time.monotonic())):
+                if self._conn.recv()[0] == "closed":
+                    return
+        except (OSError, EOFError):  # the child went away: its context went with it
+            pass
+
     def close(self) -> None:
         """Stop the child (politely, then by force) and the compile pool. Safe to call twice."""
         if self._queue is not None:
             self._queue.close()
         if self._conn is not None and self._process is not None:
             try:
-                self._conn.send(("close",))
-                self._process.join(10)
+                if not self._device_released:
+                    self._device_released = True
+                    self._conn.send(("close",))
+                self._process.join(CLOSE_WAIT_S)
             except (OSError, BrokenPipeError):
                 pass
         self._kill()
