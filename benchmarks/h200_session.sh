@@ -31,7 +31,8 @@
 #        operators.py sweeps the matching configs of each case instead of timing its winner), DB (SQLAlchemy URL of the results database; data/h200 is
 #        imported into it first, and the operators step exports it to $OUT/h200),
 #        THROUGHPUT_ARGS, SPACES ("op:shape:dtype ..." to brute-force, each cut after SPACE_TIMEOUT s),
-#        KT_EXAMPLES, KT_SCRIPTS, KT_SCRIPT_BUDGET, KT_SCRIPT_TIMEOUT (ktexamples),
+#        KT_EXAMPLES, KT_SCRIPTS, KT_SCRIPT_BUDGET, KT_SCRIPT_TIMEOUT, KT_SCRIPT_RETIME=1 (both
+#        tools' best of each call measured again on Kato's timer) (ktexamples),
 #        BASELINE_DATA (folders of winners to import, default data/h100), BASELINE_TIMEOUT,
 #        BASELINE_ARGS (more `kato baseline` options, e.g. "--operator layernorm_relu": the
 #        105 H200 winners take longer than one call) (baselines)
@@ -108,6 +109,7 @@ for step in $steps; do
               timeout $(( ${KT_SCRIPT_TIMEOUT:-240} * 2 + 30 )) python3 benchmarks/kt_examples.py --cases none \
                 --kt-scripts "${KT_EXAMPLES:-.kt-examples}" --scripts "$script" \
                 --script-budget "${KT_SCRIPT_BUDGET:-0}" --timeout "${KT_SCRIPT_TIMEOUT:-240}" \
+                ${KT_SCRIPT_RETIME:+--script-retime} \
                 --out "$OUT/kt_${script%.py}.json" 2>&1 | tail -4
             done ;;
     baselines) # PyTorch's eager and compiled baselines (kato baseline) for the committed

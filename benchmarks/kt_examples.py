@@ -138,16 +138,18 @@ DEFAULT_SCRIPTS = "vector_add.py,stencil.py,spmv.py,matmul.py"  # expdist.py: 96
 
 def run_scripts(
     folder: Path, scripts: list[str], timeout: float, max_fevals: int = 0,
-    kt_strategy: str = "random_sample",
+    kt_strategy: str = "random_sample", retime: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """Each Kernel Tuner example script run by Kernel Tuner, then through Kato (the shim).
     ``max_fevals`` > 0 gives every call that names no strategy that budget on both sides
-    (Kernel Tuner's ``kt_strategy``, Kato's default search) instead of a brute force."""
+    (Kernel Tuner's ``kt_strategy``, Kato's default search) instead of a brute force.
+    ``retime``: Kato's run measures both tools' best config of each call again on its own
+    timer (the shim's ``KATO_KT_SHIM_RETIME``; a call's ``retimed``)."""
     import os
 
     out: dict[str, Any] = {}
     for script in scripts:
-        runs = []
+        runs: list[dict[str, Any]] = []
         for tool in ("kt", "kato"):
             with tempfile.TemporaryDirectory() as tmp:
                 record = Path(tmp) / "calls.jsonl"
@@ -160,6 +162,10 @@ def run_scripts(
                     KATO_DB_URL=f"sqlite:///{tmp}/kato.db",
                     PYTHONPATH=os.pathsep.join([str(SHIM), str(ROOT), env.get("PYTHONPATH", "")]),
                 )
+                if retime and tool == "kato" and runs:
+                    kt_calls = Path(tmp) / "kt_calls.jsonl"
+                    kt_calls.write_text("".join(json.dumps(c) + "\n" for c in runs[0]["calls"]))
+                    env["KATO_KT_SHIM_RETIME"] = str(kt_calls)
                 t0 = time.perf_counter()
                 try:
                     proc = subprocess.run(
@@ -206,6 +212,10 @@ def main() -> None:
     parser.add_argument(
         "--script-kt-strategy", default="random_sample",
         help="Kernel Tuner's strategy for --script-budget",
+    )  # fmt: skip
+    parser.add_argument(
+        "--script-retime", action="store_true",
+        help="measure both tools' best config of each script call again on Kato's timer",
     )  # fmt: skip
     parser.add_argument("--one", nargs=2, metavar=("TOOL", "CASE"), help=argparse.SUPPRESS)
     parser.add_argument("--retime", metavar="CASE", help=argparse.SUPPRESS)
@@ -268,8 +278,9 @@ def main() -> None:
         print(f"{case:<12} verdict: {data['verdict']}")
     if a.kt_scripts is not None:
         report["scripts"] = run_scripts(
-            a.kt_scripts, a.scripts.split(","), a.timeout, a.script_budget, a.script_kt_strategy
-        )
+            a.kt_scripts, a.scripts.split(","), a.timeout, a.script_budget, a.script_kt_strategy,
+            a.script_retime,
+        )  # fmt: skip
         for script, runs in report["scripts"].items():
             for run in runs:
                 for call in run["calls"] or [{}]:
@@ -282,7 +293,10 @@ def main() -> None:
                     print(f"{script:<14} {run['tool']:<5} rc={run['returncode']} "
                           + " ".join(_fmt(c, "{}") if isinstance(c, int) else _fmt(c)
                                      for c in cells)
-                          + (f" {call['error'][:80]}" if call.get("error") else ""))  # fmt: skip
+                          + (f" {call['error'][:80]}" if call.get("error") else "")
+                          + "".join(f" | {who} best on Kato's timer: "
+                                    + (_fmt(r.get("ms")) if "ms" in r else r["failure"][:60])
+                                    for who, r in (call.get("retimed") or {}).items()))  # fmt: skip
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(report, indent=1, default=str))

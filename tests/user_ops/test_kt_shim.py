@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from kato.kernel_tuner import operator_from_arguments
 from user_ops.recording import record
 from user_ops.test_tune_kernel import KERNEL, N, _problem
@@ -97,3 +99,31 @@ def test_a_script_cut_by_its_timeout_keeps_what_it_printed(tmp_path):
         assert run["returncode"] is None and run["calls"] == []
         assert "tuning the first kernel" in run["output_tail"]
         assert run["output_tail"].endswith("timed out after 8 s")
+
+
+def test_each_tools_best_of_a_call_is_measured_again_on_katos_timer(tmp_path):
+    """``--script-retime``: after each call of Kato's run, Kato's best config and Kernel
+    Tuner's best config of the same call are measured again by Kato, so that both winners are
+    compared on one timer (on a replay: the recorded time of each tool's own best)."""
+    args, tune_params, kw = _problem()
+    op, _ = operator_from_arguments("vector_add", KERNEL, N, args, tune_params, **kw)
+    record(op, (N,), tmp_path / "cache.json")
+    (tmp_path / "kernel.cu").write_text(KERNEL)
+    (tmp_path / "script.py").write_text(SCRIPT)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "kt_bench", ROOT / "benchmarks" / "kt_examples.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    kt, kato = module.run_scripts(tmp_path, ["script.py"], timeout=300, max_fevals=5, retime=True)[
+        "script.py"
+    ]
+    assert "retimed" not in kt["calls"][0]
+    (call,) = kato["calls"]
+    retimed = call["retimed"]
+    assert retimed["kato"]["config"] == call["best_config"]
+    assert retimed["kt"]["config"] == kt["calls"][0]["best_config"]
+    assert retimed["kato"]["ms"] == pytest.approx(call["best_time_own_ms"])
+    assert retimed["kt"]["ms"] == pytest.approx(kt["calls"][0]["best_time_own_ms"])
