@@ -54,6 +54,7 @@ from kato.db import queries  # noqa: E402 - after the path insert
 from kato.db.session import init_db, session_factory  # noqa: E402
 from kato.kernels import get_operator  # noqa: E402
 from kato.tuner import job_runner as job_runner_module  # noqa: E402
+from kato.tuner.backends.base import Backend  # noqa: E402
 from kato.tuner.factories import ReplayBackends, find_recordings  # noqa: E402
 from kato.tuner.job_runner import DEFAULT_LOOKAHEAD, JobRunner  # noqa: E402
 from kato.tuner.search import SearchResult, TrialTiming  # noqa: E402
@@ -63,11 +64,21 @@ DEFAULT_SPACES = (REPO / "data" / "spaces" / "h200",)
 PARTS = ("propose", "db", "measure", "rest", "overhead")
 
 
-class _TimedBackend:
-    """A backend whose ``evaluate`` adds its own seconds to ``spent`` (the rest passes through)."""
+class _TimedBackend(Backend):
+    """A backend whose ``evaluate`` adds its own seconds to ``spent`` (the rest passes through).
+    A :class:`~tuner.backends.base.Backend` measuring where the one it wraps does, so that the
+    job's search writes its results behind, as the worker's does (a wrapper that is no
+    ``Backend`` would have them written inline, on the path)."""
 
     def __init__(self, inner: Any, spent: list[float]):
         self._inner, self._spent = inner, spent
+        self.measures_out_of_process = inner.measures_out_of_process
+
+    def device(self) -> Any:
+        return self._inner.device()
+
+    def space(self) -> Any:
+        return self._inner.space()
 
     def evaluate(self, config: dict[str, Any]) -> Any:
         t0 = time.perf_counter()

@@ -527,19 +527,21 @@ class JobRunner:
         abilities = abilities_of(backend)
         if abilities.close_compiles is not None:
             abilities.close_compiles()
-        with self._gpu(job_id, counted=False):
-            try:
-                if abilities.release_device is not None:
-                    abilities.release_device()
-                else:
-                    backend.close()
-            finally:
-                # In the same turn: a reading taken after the close, its memory free, must
-                # not add the job's need to it too (tuner.admission).
-                if self.admission is not None:
-                    self.admission.closed(job_id)
-        if abilities.release_device is not None:
-            backend.close()
+        try:
+            with self._gpu(job_id, counted=False):
+                try:
+                    if abilities.release_device is not None:
+                        abilities.release_device()
+                    else:
+                        backend.close()
+                finally:
+                    # In the same turn: a reading taken after the close, its memory free, must
+                    # not add the job's need to it too (tuner.admission).
+                    if self.admission is not None:
+                        self.admission.closed(job_id)
+        finally:
+            if abilities.release_device is not None:
+                backend.close()
 
     def _set_up(self, job_id: str, backend: Backend) -> None:
         """A worker holding several jobs (:mod:`tuner.admission`): in one GPU turn, read the
@@ -836,7 +838,9 @@ class JobRunner:
         abilities = abilities_of(backend)
         search = SharedSearch(
             space,
-            functools.partial(self._measure, ledger, backend, state, space),
+            functools.partial(
+                self._measure, ledger, backend, state, space, lambda: search.release_writes()
+            ),
             strategy=job.strategy,
             seed=seed,
             storage=storage,
@@ -850,6 +854,7 @@ class JobRunner:
             ready=abilities.is_compiled,
             wait_ready=abilities.wait_compiled,
             write_behind=abilities.measures_out_of_process,
+            evaluate_releases=True,
             worker_id=self.worker_id,
             is_live=live.__contains__,
             orphan_grace_seconds=self.lease_seconds,
@@ -879,11 +884,14 @@ class JobRunner:
         backend: Backend,
         state: _JobState,
         space: Any,
+        release_writes: Callable[[], None],
         config: dict[str, Any],
     ) -> TrialResult:
-        """The search's ``evaluate``: reserve ``config``, then measure it; a config another
-        worker holds is awaited and answered from its result (measured again only if that
-        worker's reservation is released)."""
+        """The search's ``evaluate``: reserve ``config``, then start the earlier results' writes
+        (``release_writes``: after the reservation, which they would otherwise hold up on a
+        database of one writer, SQLite's) and measure it; a config another worker holds is
+        awaited and answered from its result (measured again only if that worker's
+        reservation is released)."""
         key = space.key(config)
         while True:
             reservation = ledger.reserve(config, key)
@@ -897,6 +905,7 @@ class JobRunner:
             if result is not None:
                 return result
         try:
+            release_writes()
             if self.shares_gpu:
                 self._await_compile(backend, config, state)
             with self._gpu(ledger.job_id):

@@ -173,6 +173,11 @@ class Search:
             (:mod:`tuner.write_behind`); :meth:`run` returns once they are done. Only for a
             backend that measures out of this process; ``on_result`` must then be callable from
             another thread and must not touch the search.
+        evaluate_releases: ``evaluate`` starts the earlier results' writes itself
+            (:meth:`release_writes`) once its own database work before the measurement is done
+            (a worker's reservation of the config), so that the two do not contend for the
+            database; the loop starts them before ``evaluate`` otherwise, and after it where
+            ``evaluate`` did not.
     """
 
     def __init__(
@@ -193,6 +198,7 @@ class Search:
         ready: Callable[[Config], bool] | None = None,
         wait_ready: Callable[[list[Config]], None] | None = None,
         write_behind: bool = False,
+        evaluate_releases: bool = False,
     ):
         self.space = space
         self.evaluate = evaluate
@@ -215,6 +221,8 @@ class Search:
         self.ready = ready
         self.wait_ready = wait_ready
         self._writes = WriteBehind(write_behind)
+        self._evaluate_releases = evaluate_releases
+        self._released = False  # the earlier results' writes were started for this trial
         #: Configs asked for and not measured yet: (ticket, config, key), oldest first.
         self._inflight: list[tuple[Any, Config, str]] = []
         self._drained = False
@@ -328,6 +336,16 @@ class Search:
             log.exception("closing the trials in flight failed")
             self._inflight.clear()
 
+    def release_writes(self) -> None:
+        """Start the earlier results' writes (``on_result``) on the write-behind thread, after
+        waiting for those started before; once per measured config, later calls are no-ops.
+        Called by ``evaluate`` where the search was made with ``evaluate_releases``, from the
+        search's thread. Raises the first failure of the writes started before."""
+        if self._released:
+            return
+        self._released = True
+        self._writes.release()
+
     def _close_proposer(self) -> None:
         """The strategy's background work ends with the run (the forest's model fits)."""
         close = getattr(self.proposer, "close", None)
@@ -403,14 +421,16 @@ class Search:
                     continue
                 if self._wants_another(budget):
                     continue
-            t0 = clock()
-            try:
-                # The last result's records, while the next one compiles and measures.
-                self._writes.release()
-            except BaseException:
-                self._abandon_inflight()
-                raise
-            timing.writes += clock() - t0
+            self._released = False
+            if not self._evaluate_releases:
+                t0 = clock()
+                try:
+                    # The last result's records, while the next one compiles and measures.
+                    self.release_writes()
+                except BaseException:
+                    self._abandon_inflight()
+                    raise
+                timing.writes += clock() - t0
             trial, config, key = self._next_to_measure()
             known = self.results.get(key)
             if known is not None and known.status != TrialStatus.PENDING:
@@ -425,6 +445,13 @@ class Search:
                 raise
             t1 = clock()
             timing.evaluate += t1 - t0
+            if not self._released:  # evaluate answered without measuring (another's result)
+                try:
+                    self.release_writes()
+                except BaseException:
+                    self._abandon_inflight()
+                    raise
+                timing.writes += clock() - t1
             self.results[key] = result
             new.append(result)
             self.proposer.observe(trial, objective_value(result))

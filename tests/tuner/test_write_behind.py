@@ -203,3 +203,51 @@ def test_a_failed_write_leaves_no_optuna_trial_running():
         search.run(Budget(max_configs=20))
     running = search.study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
     assert running == []
+
+
+def test_an_evaluate_that_releases_the_writes_does_its_own_database_work_first():
+    """``evaluate_releases`` (a worker: its reservation of the config before the earlier
+    result's records, which would hold it up on SQLite's one writer): each result's write
+    starts only once the next evaluate has done what comes before its release; an evaluate
+    that never releases (another worker's result, awaited) has the writes started after it;
+    every result is written, in order, at most one behind."""
+    events: list[str] = []
+    lock = threading.Lock()
+    counter = Counter()
+    search: Search | None = None
+
+    def note(what: str) -> None:
+        with lock:
+            events.append(what)
+
+    def evaluate(config):
+        n = len(counter.calls) + 1
+        note(f"reserve {n}")
+        if n % 5 != 0:  # every fifth answers without a release of its own
+            assert search is not None
+            search.release_writes()
+            search.release_writes()  # a second call in one trial is a no-op
+        time.sleep(0.01)  # measuring: the released write runs meanwhile
+        note(f"measured {n}")
+        return counter(config)
+
+    def on_result(result, measured: int) -> None:
+        note(f"write {measured}")
+
+    search = Search(
+        make_space(), evaluate, seed=3, on_result=on_result, write_behind=True,
+        evaluate_releases=True,
+    )  # fmt: skip
+    search.run(Budget(max_configs=20))
+    writes = [int(e.split()[1]) for e in events if e.startswith("write")]
+    assert writes == list(range(1, 21))
+    at = events.index
+    for n in range(2, 21):
+        if n % 5 != 0:
+            # The write of result n - 1 begins after trial n's reservation, never before it,
+            # and is done before trial n + 1 reserves: at most one result behind.
+            assert at(f"reserve {n}") < at(f"write {n - 1}")
+            assert n == 20 or at(f"write {n - 1}") < at(f"reserve {n + 1}")
+        else:  # released after trial n's evaluate, done before trial n + 1 measures
+            assert at(f"measured {n}") < at(f"write {n - 1}")
+            assert n == 20 or at(f"write {n - 1}") < at(f"measured {n + 1}")
