@@ -109,7 +109,7 @@ for step in $steps; do
               timeout $(( ${KT_SCRIPT_TIMEOUT:-240} * 2 + 30 )) python3 benchmarks/kt_examples.py --cases none \
                 --kt-scripts "${KT_EXAMPLES:-.kt-examples}" --scripts "$script" \
                 --script-budget "${KT_SCRIPT_BUDGET:-0}" --timeout "${KT_SCRIPT_TIMEOUT:-240}" \
-                ${KT_SCRIPT_RETIME:+--script-retime} \
+                $([ "${KT_SCRIPT_RETIME:-0}" = 1 ] && echo --script-retime) \
                 --out "$OUT/kt_${script%.py}.json" 2>&1 | tail -4
             done ;;
     baselines) # PyTorch's eager and compiled baselines (kato baseline) for the committed

@@ -180,14 +180,29 @@ def run_scripts(
                         for part in (exc.stdout, exc.stderr) if part
                     )  # fmt: skip
                     rc, tail = None, f"{text[-1500:]}\ntimed out after {timeout} s"
-                calls = [json.loads(line) for line in record.read_text().splitlines()] if (
-                    record.exists()
-                ) else []  # fmt: skip
+                calls = _calls(record)
             runs.append({"tool": tool, "returncode": rc, "wall_s": time.perf_counter() - t0,
                          "calls": calls, "output_tail": tail if rc != 0 else ""})  # fmt: skip
             print(f"{script} {tool}: rc={rc} {json.dumps(calls)[:300]}", file=sys.stderr)
         out[script] = runs
     return out
+
+
+def _calls(record: Path) -> list[dict[str, Any]]:
+    """A run's calls from the shim's JSON lines, each re-measurement (a ``retimed_call``
+    line, written after its call's) set on its call as ``retimed``."""
+    if not record.exists():
+        return []
+    calls: list[dict[str, Any]] = []
+    for line in record.read_text().splitlines():
+        row = json.loads(line)
+        if "retimed_call" in row:
+            for call in calls:
+                if call.get("call") == row["retimed_call"]:
+                    call["retimed"] = row["retimed"]
+        else:
+            calls.append(row)
+    return calls
 
 
 def _fmt(value: Any, form: str = "{:.4f}") -> str:

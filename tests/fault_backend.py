@@ -145,3 +145,17 @@ class SlowToExit(ReplayBackend):
 def make_slow_exit(spec: BackendSpec) -> Backend:
     assert spec.replay_file is not None
     return SlowToExit(spec.replay_file, spec.option("log"), spec.option("exit_s", 0.0))
+
+
+class HangingClose(ReplayBackend):
+    """A replay backend whose ``close`` never returns in a measuring child (a driver call that
+    hangs); in the parent (its description of the task) it closes."""
+
+    def close(self) -> None:
+        while multiprocessing.parent_process() is not None:
+            time.sleep(3600)
+
+
+def make_hanging_close(spec: BackendSpec) -> Backend:
+    assert spec.replay_file is not None
+    return HangingClose(spec.replay_file)

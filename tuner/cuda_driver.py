@@ -82,14 +82,25 @@ def check(result: int, what: str) -> None:
 
 def retain_primary_context(device_index: int) -> None:
     """Start the driver and create (retain) device ``device_index``'s primary context, the one
-    the PyCUDA backend retains, without making it current; the reference is held until the
-    process exits (:func:`tuner.backends.isolated._warm_up`: a spare measuring child creates
-    its context before it knows its job, and the backend's own retain then finds it)."""
+    the PyCUDA backend retains, without making it current; the reference is held until
+    :func:`release_primary_context` (:func:`tuner.backends.isolated._warm_up`: a spare
+    measuring child creates its context before it knows its job, and the backend's own retain
+    then finds it; the child drops it when it closes its backend)."""
     lib = library()
     check(lib.cuInit(0), "cuInit")
     device, context = ctypes.c_int(), ctypes.c_void_p()
     check(lib.cuDeviceGet(ctypes.byref(device), device_index), "cuDeviceGet")
     check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
+
+
+def release_primary_context(device_index: int) -> None:
+    """Drop one reference to device ``device_index``'s primary context (the one
+    :func:`retain_primary_context` took); the driver destroys the context, and frees what it
+    holds, when the last reference goes."""
+    lib = library()
+    device = ctypes.c_int()
+    check(lib.cuDeviceGet(ctypes.byref(device), device_index), "cuDeviceGet")
+    check(lib.cuDevicePrimaryCtxRelease(device), "cuDevicePrimaryCtxRelease")
 
 
 def load_module(cubin: bytes) -> ctypes.c_void_p:

@@ -2,18 +2,18 @@
 
 A worker may hold several jobs at once (:class:`tuner.worker.Worker`, ``jobs_at_once``): while
 one job waits on nvcc or on its search, another measures. Every piece of GPU work of a job
-(a measurement: verify and timed launches; its device set-up; its backend's close; the
-framework baseline) runs while holding the gate, so no two jobs' GPU work ever overlaps and a
-timing sees the GPU alone, as it would with one job.
+(a measurement: verify and timed launches; its device set-up; the end of its backend's hold
+on the device; the framework baseline) runs while holding the gate, so no two jobs' GPU work
+ever overlaps and a timing sees the GPU alone, as it would with one job.
 
 Turns are first come, first served (a ticket queue, not a plain lock: a job measuring in a
 tight loop would otherwise take the lock again before a waiting job's thread wakes up).
 
 The gate also keeps what each holder held it for, in seconds (:meth:`GpuGate.busy_s`): the
 GPU's busy time per job, from which the worker stores its busy fraction. Holds that are not
-counted (a backend's close: no measurement, but no other job's either) are kept apart
-(:meth:`GpuGate.uncounted`), so a benchmark can tell the GPU they keep from the rest of its
-idle time.
+counted (a backend's release of the device: no measurement, but no other job's either) are
+kept apart (:meth:`GpuGate.uncounted`), so a benchmark can tell the GPU they keep from the rest
+of its idle time.
 """
 
 from __future__ import annotations

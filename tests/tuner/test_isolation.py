@@ -279,7 +279,27 @@ def _closes(log, pid: int) -> int:
     return sum(ln.split()[2] == str(pid) for ln in log.read_text().splitlines())
 
 
-def test_a_child_closed_without_a_release_first_still_closes_once(tmp_path):
+def test_a_child_that_never_says_it_closed_is_killed_by_the_release(monkeypatch):
+    """The release holds the GPU turn until the device is free: a child whose close hangs is
+    killed (its end frees the device) once ``CLOSE_WAIT_S`` has passed, not left running."""
+    from kato.tuner.backends import isolated
+
+    monkeypatch.setattr(isolated, "CLOSE_WAIT_S", 1.0)
+    backend = IsolatedBackend(
+        BackendSpec(kind="fault_backend:make_hanging_close", replay_file=str(RECORDING))
+    )
+    pid = backend.child_pids[-1]
+    try:
+        t0 = time.monotonic()
+        backend.release_device()
+        assert 0.9 < time.monotonic() - t0 < 5.0
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    finally:
+        backend.close()
+
+
+def test_a_child_closed_without_a_release_first_closes_its_backend_once(tmp_path):
     log = tmp_path / "close.log"
     spec = BackendSpec(
         kind="fault_backend:make_slow_exit",

@@ -64,7 +64,9 @@ child (:func:`_child_main`); another spare is started in the background at once.
   spare started after a reading is within the admission's margin (1 GiB at least). The device
   set-up (inputs, buffers, verifier) still waits for the job's GPU turn with
   ``defer_prepare``. Every warm-up step is best effort: one that fails is done again, and
-  reported, by the job's child as a fresh child would.
+  reported, by the job's child as a fresh child would. The warm-up's reference to the context
+  is dropped when the child closes its backend (``("close",)``), so that the context, with the
+  job's buffers, ends there, inside the GPU turn that ends the job, not at the process's exit.
 - Interrupts and the start timeout: unchanged; the start timeout counts from the moment the
   spare is handed its job.
 """
@@ -289,11 +291,18 @@ def _child_main(
 
 
 def _close_and_say_so(conn: multiprocessing.connection.Connection, backend: Backend) -> None:
-    """The child's answer to ``("close",)``: close the backend (its buffers, modules and CUDA
-    context end here), then say ``("closed",)``, so that the parent's wait for the device to be
-    free (:meth:`IsolatedBackend.release_device`) does not include this process's exit."""
+    """The child's answer to ``("close",)``: close the backend and drop the primary context a
+    spare's warm-up retained (the last references to it: the context, with every buffer of
+    the job, ends here), then say ``("closed",)``, so that the parent's wait for the device to
+    be free (:meth:`IsolatedBackend.release_device`) does not include this process's exit."""
     try:
         backend.close()
+        while _warm_contexts:
+            from kato.tuner import cuda_driver
+
+            device_index = _warm_contexts.pop()
+            with contextlib.suppress(cuda_driver.CudaDriverError, OSError):
+                cuda_driver.release_primary_context(device_index)
     finally:
         with contextlib.suppress(OSError):
             conn.send(("closed",))
@@ -312,12 +321,17 @@ def _memory_of(backend: Backend) -> DeviceMemory | None:
         return None
 
 
+#: Devices whose primary context this process's warm-up retained (a spare: :func:`_warm_up`);
+#: released when the child closes its backend (:func:`_close_and_say_so`).
+_warm_contexts: list[int] = []
+
+
 def _warm_up(kind: str, device_index: int, imports: tuple[str, ...]) -> None:
     """In a spare: what a child of ``kind`` on device ``device_index`` does before it knows its
     job (:func:`_child_main`'s and :func:`build_backend`'s imports, in their order: the operator
     registry, numpy and ``ml_dtypes`` with it, is most of a replay child's start; for ``pycuda``
-    the driver's start and the device's primary context, held until the process exits: see the
-    module docstring). Raises what a step raises (the caller ignores it)."""
+    the driver's start and the device's primary context, held until the child closes its
+    backend: see the module docstring). Raises what a step raises (the caller ignores it)."""
     importlib.import_module("kato.kernels.registry")
     for module in imports:
         importlib.import_module(module)
@@ -328,6 +342,7 @@ def _warm_up(kind: str, device_index: int, imports: tuple[str, ...]) -> None:
         _import_pycuda().init()
         # Not made current: the backend retains it again and pushes it (no second context).
         cuda_driver.retain_primary_context(device_index)
+        _warm_contexts.append(device_index)
         return
     if kind == "replay":
         importlib.import_module("kato.tuner.backends.replay")
@@ -951,9 +966,10 @@ class IsolatedBackend(Backend):
 
     def release_device(self) -> None:
         """End the child's hold on the GPU: it closes its backend (buffers, modules, CUDA
-        context) and says so; this returns then, or after :data:`CLOSE_WAIT_S` if it never
-        does, leaving the child's process exit (the interpreter's teardown, most of a close's
-        time) to :meth:`close`. Safe to call twice, and before :meth:`close`."""
+        context) and says so; this returns then, leaving the child's process exit (the
+        interpreter's teardown, most of a close's time) to :meth:`close`. A child that does
+        not say so within :data:`CLOSE_WAIT_S` is killed (its end frees the device). Safe to
+        call twice, and before :meth:`close`."""
         if self._conn is None or self._process is None or self._device_released:
             return
         self._device_released = True
@@ -964,7 +980,8 @@ class IsolatedBackend(Backend):
                 if self._conn.recv()[0] == "closed":
                     return
         except (OSError, EOFError):  # the child went away: its context went with it
-            pass
+            return
+        self._kill()  # it never said so: the device is freed by its end
 
     def close(self) -> None:
         """Stop the child (politely, then by force) and the compile pool. Safe to call twice."""

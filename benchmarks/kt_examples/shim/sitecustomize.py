@@ -30,8 +30,33 @@ _MAX_FEVALS = int(os.environ.get("KATO_KT_SHIM_MAX_FEVALS") or 0)
 _KT_STRATEGY = os.environ.get("KATO_KT_SHIM_KT_STRATEGY") or "random_sample"
 _RETIME = os.environ.get("KATO_KT_SHIM_RETIME")
 #: Settings a one-config re-measurement drops (it measures exactly the config it is given).
-_NOT_RETIMED = ("cache", "strategy", "strategy_options", "verbose", "tune_params", "metrics")
+_NOT_RETIMED = (
+    "cache", "strategy", "strategy_options", "verbose", "tune_params", "metrics", "quiet",
+    "isolate",
+)  # fmt: skip
 _calls = [0]  # tune_kernel calls made so far by the script
+
+
+def _plain(value):
+    """A tunable's value as JSON keeps it (numpy's scalars as Python's)."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def _signature(kernel_name, args, kwargs) -> str:
+    """What pairs a call of Kernel Tuner's run with Kato's: the kernel, the problem size, the
+    tunables and the arguments' shapes and types (a script calling one kernel on several
+    problems, as reduction.py does, differs only there)."""
+    tune_params = args[3] if len(args) > 3 else kwargs.get("tune_params", {})
+    problem = args[1] if len(args) > 1 else kwargs.get("problem_size")
+    arguments = args[2] if len(args) > 2 else kwargs.get("arguments", ())
+    shapes = [
+        [str(getattr(a, "dtype", type(a).__name__)), list(a.shape)]
+        if getattr(a, "shape", ()) != ()
+        else [str(getattr(a, "dtype", type(a).__name__)), _plain(a)]  # a scalar: its value
+        for a in arguments
+    ]
+    params = {k: [_plain(v) for v in vs] for k, vs in dict(tune_params).items()}
+    return json.dumps([kernel_name, problem, params, shapes], default=str)
 
 
 def _kt_calls() -> list[dict]:
@@ -83,7 +108,9 @@ if _MODE in ("kato", "kt") and _OUT:
 
     def tune_kernel(kernel_name, *args, **kwargs):
         t0 = time.perf_counter()
-        record = {"tool": _MODE, "kernel_name": kernel_name}
+        call, _calls[0] = _calls[0], _calls[0] + 1  # a failed call counts too
+        record = {"tool": _MODE, "kernel_name": kernel_name, "call": call,
+                  "signature": _signature(kernel_name, args, kwargs)}  # fmt: skip
         if _MAX_FEVALS and kwargs.get("strategy") in (None, "brute_force"):
             kwargs["strategy"] = _KT_STRATEGY if _MODE == "kt" else None
             kwargs["strategy_options"] = {"max_fevals": _MAX_FEVALS}
@@ -110,7 +137,7 @@ if _MODE in ("kato", "kt") and _OUT:
             failed=len(results) - len(ok),
             wall_s=wall,
             configs_per_minute=60.0 * len(results) / wall if wall > 0 else None,
-            best_config={k: best[k] for k in params} if best else None,
+            best_config={k: _plain(best[k]) for k in params} if best else None,
             best_time_own_ms=best["time"] if best else None,
             # Where a call's time went: its configs' compile time (ms each, both tools' rows).
             compile_s=sum(r.get("compile_time") or 0.0 for r in results) / 1e3,
@@ -122,15 +149,16 @@ if _MODE in ("kato", "kt") and _OUT:
                 }
             )[:5],
         )
-        call, _calls[0] = _calls[0], _calls[0] + 1
+        with open(_OUT, "a") as f:  # before the re-measurements: a cut run keeps the call
+            f.write(json.dumps(record, default=str) + "\n")
         if _MODE == "kato" and _RETIME:
             kt_calls = _kt_calls()
             kt_record = kt_calls[call] if call < len(kt_calls) else None
-            if kt_record is not None and kt_record.get("kernel_name") != kernel_name:
-                kt_record = None  # the scripts' calls went differently: nothing to pair
-            record["retimed"] = _retime(kernel_name, args, kwargs, record["best_config"], kt_record)
-        with open(_OUT, "a") as f:
-            f.write(json.dumps(record, default=str) + "\n")
+            if kt_record is not None and kt_record.get("signature") != record["signature"]:
+                kt_record = None  # the script's calls went differently: nothing to pair
+            retimed = _retime(kernel_name, args, kwargs, record["best_config"], kt_record)
+            with open(_OUT, "a") as f:
+                f.write(json.dumps({"retimed_call": call, "retimed": retimed}) + "\n")
         return results, env
 
     kernel_tuner.tune_kernel = tune_kernel
