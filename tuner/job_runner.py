@@ -525,9 +525,9 @@ class JobRunner:
         the rest of the close (a child's exit) after it, so that neither nvcc nor a process's
         teardown holds the GPU another job shares."""
         abilities = abilities_of(backend)
-        if abilities.close_compiles is not None:
-            abilities.close_compiles()
         try:
+            if abilities.close_compiles is not None:
+                abilities.close_compiles()
             with self._gpu(job_id, counted=False):
                 try:
                     if abilities.release_device is not None:
@@ -890,8 +890,8 @@ class JobRunner:
         """The search's ``evaluate``: reserve ``config``, then start the earlier results' writes
         (``release_writes``: after the reservation, which they would otherwise hold up on a
         database of one writer, SQLite's) and measure it; a config another worker holds is
-        awaited and answered from its result (measured again only if that worker's
-        reservation is released)."""
+        awaited, the writes started first, and answered from its result (measured again only
+        if that worker's reservation is released)."""
         key = space.key(config)
         while True:
             reservation = ledger.reserve(config, key)
@@ -901,7 +901,10 @@ class JobRunner:
                 raise _BudgetUsed
             if reservation == "stopped":
                 raise TrialInterrupted("the job is no longer running")
-            result = self._await_result(ledger, key, state)  # taken: another worker's
+            # Taken: another worker's. Our last result's records go first: that worker may be
+            # waiting for one of them (crossed configs) while we wait for its result.
+            release_writes()
+            result = self._await_result(ledger, key, state)
             if result is not None:
                 return result
         try:

@@ -92,7 +92,8 @@ class TrialTiming:
     rejected proposals included; ``stop_check``: ``should_stop`` (a worker reads the other
     workers' results there); ``writes``: waiting for the previous result's records (the
     write-behind) or making them inline (the proposer's study, ``on_result``); ``evaluate``: the
-    ``evaluate`` callable (a worker's includes its reservation of the config); ``total``: the
+    ``evaluate`` callable (a worker's includes its reservation of the config and, with
+    ``evaluate_releases``, the wait for the previous records); ``total``: the
     whole span, so ``total`` minus the others is the loop's own bookkeeping."""
 
     propose: float = 0.0
@@ -445,13 +446,12 @@ class Search:
                 raise
             t1 = clock()
             timing.evaluate += t1 - t0
-            if not self._released:  # evaluate answered without measuring (another's result)
+            if not self._released:  # evaluate answered without a release of its own
                 try:
                     self.release_writes()
                 except BaseException:
                     self._abandon_inflight()
                     raise
-                timing.writes += clock() - t1
             self.results[key] = result
             new.append(result)
             self.proposer.observe(trial, objective_value(result))

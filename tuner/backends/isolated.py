@@ -292,20 +292,27 @@ def _child_main(
 
 def _close_and_say_so(conn: multiprocessing.connection.Connection, backend: Backend) -> None:
     """The child's answer to ``("close",)``: close the backend and drop the primary context a
-    spare's warm-up retained (the last references to it: the context, with every buffer of
-    the job, ends here), then say ``("closed",)``, so that the parent's wait for the device to
-    be free (:meth:`IsolatedBackend.release_device`) does not include this process's exit."""
+    spare's warm-up retained (with the backend's, the child's references to it: nothing else in
+    a measuring child starts CUDA's runtime, so the context, with every buffer of the job, ends
+    here), then say ``("closed",)``, so that the parent's wait for the device to be free
+    (:meth:`IsolatedBackend.release_device`) does not include this process's exit; a close
+    that fails says ``("close_failed",)`` (the parent then kills this process)."""
     try:
         backend.close()
-        while _warm_contexts:
-            from kato.tuner import cuda_driver
-
-            device_index = _warm_contexts.pop()
-            with contextlib.suppress(cuda_driver.CudaDriverError, OSError):
-                cuda_driver.release_primary_context(device_index)
-    finally:
+    except BaseException:
+        # Its context may still be held: the parent kills this process at once (its end frees
+        # the device) rather than taking the device for free.
         with contextlib.suppress(OSError):
-            conn.send(("closed",))
+            conn.send(("close_failed",))
+        raise
+    while _warm_contexts:
+        from kato.tuner import cuda_driver
+
+        device_index = _warm_contexts.pop()
+        with contextlib.suppress(cuda_driver.CudaDriverError, OSError):
+            cuda_driver.release_primary_context(device_index)
+    with contextlib.suppress(OSError):
+        conn.send(("closed",))
 
 
 def _memory_of(backend: Backend) -> DeviceMemory | None:
@@ -977,11 +984,16 @@ class IsolatedBackend(Backend):
             self._conn.send(("close",))
             deadline = time.monotonic() + CLOSE_WAIT_S
             while self._conn.poll(max(0.0, deadline - time.monotonic())):
-                if self._conn.recv()[0] == "closed":
+                answer = self._conn.recv()[0]
+                if answer == "closed":
                     return
+                if answer == "close_failed":
+                    break
         except (OSError, EOFError):  # the child went away: its context went with it
             return
-        self._kill()  # it never said so: the device is freed by its end
+        log.warning("the measuring process %s did not close its backend: killed",
+                    self._process.pid)  # fmt: skip
+        self._kill()  # its end frees the device
 
     def close(self) -> None:
         """Stop the child (politely, then by force) and the compile pool. Safe to call twice."""

@@ -35,6 +35,7 @@ _NOT_RETIMED = (
     "isolate",
 )  # fmt: skip
 _calls = [0]  # tune_kernel calls made so far by the script
+_seen: dict[str, int] = {}  # Kato's calls so far by signature (their pairing)
 
 
 def _plain(value):
@@ -42,10 +43,17 @@ def _plain(value):
     return value.item() if hasattr(value, "item") else value
 
 
-def _signature(kernel_name, args, kwargs) -> str:
+def _signature(kernel_name, args, kwargs) -> str | None:
     """What pairs a call of Kernel Tuner's run with Kato's: the kernel, the problem size, the
     tunables and the arguments' shapes and types (a script calling one kernel on several
-    problems, as reduction.py does, differs only there)."""
+    problems, as reduction.py does, differs only there); None where it cannot be told."""
+    try:
+        return _described(kernel_name, args, kwargs)
+    except Exception:
+        return None
+
+
+def _described(kernel_name, args, kwargs) -> str:
     tune_params = args[3] if len(args) > 3 else kwargs.get("tune_params", {})
     problem = args[1] if len(args) > 1 else kwargs.get("problem_size")
     arguments = args[2] if len(args) > 2 else kwargs.get("arguments", ())
@@ -55,6 +63,8 @@ def _signature(kernel_name, args, kwargs) -> str:
         else [str(getattr(a, "dtype", type(a).__name__)), _plain(a)]  # a scalar: its value
         for a in arguments
     ]
+    if callable(problem):
+        problem = getattr(problem, "__qualname__", "<callable>")  # not its address
     params = {k: [_plain(v) for v in vs] for k, vs in dict(tune_params).items()}
     return json.dumps([kernel_name, problem, params, shapes], default=str)
 
@@ -64,6 +74,17 @@ def _kt_calls() -> list[dict]:
         return []
     with open(_RETIME) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def _paired(record: dict):
+    """Kernel Tuner's call that ``record`` (Kato's) pairs with: the n-th of its calls with the
+    same signature where ``record`` is the n-th of Kato's; None if there is none."""
+    signature = record["signature"]
+    if signature is None:
+        return None
+    _seen[signature] = nth = _seen.get(signature, 0) + 1
+    same = [c for c in _kt_calls() if c.get("signature") == signature]
+    return same[nth - 1] if nth <= len(same) else None
 
 
 def _retime(kernel_name, args, kwargs, kato_best, kt_record):
@@ -152,10 +173,7 @@ if _MODE in ("kato", "kt") and _OUT:
         with open(_OUT, "a") as f:  # before the re-measurements: a cut run keeps the call
             f.write(json.dumps(record, default=str) + "\n")
         if _MODE == "kato" and _RETIME:
-            kt_calls = _kt_calls()
-            kt_record = kt_calls[call] if call < len(kt_calls) else None
-            if kt_record is not None and kt_record.get("signature") != record["signature"]:
-                kt_record = None  # the script's calls went differently: nothing to pair
+            kt_record = _paired(record)
             retimed = _retime(kernel_name, args, kwargs, record["best_config"], kt_record)
             with open(_OUT, "a") as f:
                 f.write(json.dumps({"retimed_call": call, "retimed": retimed}) + "\n")
