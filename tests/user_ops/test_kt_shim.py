@@ -4,6 +4,7 @@ file: the same configs measured and the same winner."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -33,12 +34,8 @@ print(len(results))
 """
 
 
-def test_a_kernel_tuner_script_runs_unchanged_through_kato(tmp_path):
-    args, tune_params, kw = _problem()
-    op, _ = operator_from_arguments("vector_add", KERNEL, N, args, tune_params, **kw)
-    _, best = record(op, (N,), tmp_path / "cache.json")
-    (tmp_path / "kernel.cu").write_text(KERNEL)
-    (tmp_path / "script.py").write_text(SCRIPT)
+def _bench():
+    """``benchmarks/kt_examples.py`` as a module."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
@@ -46,6 +43,24 @@ def test_a_kernel_tuner_script_runs_unchanged_through_kato(tmp_path):
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def _script_and_bench(tmp_path):
+    """The script, its kernel, a recorded cache of every config and its best config
+    (``best.json``) in ``tmp_path``; the benchmark module."""
+    args, tune_params, kw = _problem()
+    op, _ = operator_from_arguments("vector_add", KERNEL, N, args, tune_params, **kw)
+    _, best = record(op, (N,), tmp_path / "cache.json")
+    (tmp_path / "best.json").write_text(json.dumps(best))
+    (tmp_path / "kernel.cu").write_text(KERNEL)
+    (tmp_path / "script.py").write_text(SCRIPT)
+    return _bench()
+
+
+def test_a_kernel_tuner_script_runs_unchanged_through_kato(tmp_path):
+    module = _script_and_bench(tmp_path)
+    best = json.loads((tmp_path / "best.json").read_text())
     runs = module.run_scripts(tmp_path, ["script.py"], timeout=300)["script.py"]
     by_tool = {run["tool"]: run for run in runs}
     for tool in ("kt", "kato"):
@@ -60,18 +75,7 @@ def test_a_kernel_tuner_script_runs_unchanged_through_kato(tmp_path):
 def test_a_script_budget_replaces_the_brute_force_on_both_sides(tmp_path):
     """``--script-budget``: a script that names no strategy measures that many configs with
     each tool (Kernel Tuner's random sampling, Kato's default search), not all 23."""
-    args, tune_params, kw = _problem()
-    op, _ = operator_from_arguments("vector_add", KERNEL, N, args, tune_params, **kw)
-    record(op, (N,), tmp_path / "cache.json")
-    (tmp_path / "kernel.cu").write_text(KERNEL)
-    (tmp_path / "script.py").write_text(SCRIPT)
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "kt_bench", ROOT / "benchmarks" / "kt_examples.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _script_and_bench(tmp_path)
     runs = module.run_scripts(tmp_path, ["script.py"], timeout=300, max_fevals=10)["script.py"]
     for run in runs:
         assert run["returncode"] == 0, run["output_tail"]
@@ -86,13 +90,7 @@ def test_a_script_cut_by_its_timeout_keeps_what_it_printed(tmp_path):
     (tmp_path / "script.py").write_text(
         "import sys, time\nprint('tuning the first kernel', flush=True)\ntime.sleep(60)\n"
     )
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "kt_bench", ROOT / "benchmarks" / "kt_examples.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _bench()
     runs = module.run_scripts(tmp_path, ["script.py"], timeout=8)["script.py"]
     assert [run["tool"] for run in runs] == ["kt", "kato"]
     for run in runs:
@@ -105,18 +103,7 @@ def test_each_tools_best_of_a_call_is_measured_again_on_katos_timer(tmp_path):
     """``--script-retime``: after each call of Kato's run, Kato's best config and Kernel
     Tuner's best config of the same call are measured again by Kato, so that both winners are
     compared on one timer (on a replay: the recorded time of each tool's own best)."""
-    args, tune_params, kw = _problem()
-    op, _ = operator_from_arguments("vector_add", KERNEL, N, args, tune_params, **kw)
-    record(op, (N,), tmp_path / "cache.json")
-    (tmp_path / "kernel.cu").write_text(KERNEL)
-    (tmp_path / "script.py").write_text(SCRIPT)
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "kt_bench", ROOT / "benchmarks" / "kt_examples.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _script_and_bench(tmp_path)
     kt, kato = module.run_scripts(tmp_path, ["script.py"], timeout=300, max_fevals=5, retime=True)[
         "script.py"
     ]
