@@ -999,14 +999,9 @@ class IsolatedBackend(Backend):
         """Stop the child (politely, then by force) and the compile pool. Safe to call twice."""
         if self._queue is not None:
             self._queue.close()
-        if self._conn is not None and self._process is not None:
-            try:
-                if not self._device_released:
-                    self._device_released = True
-                    self._conn.send(("close",))
-                self._process.join(CLOSE_WAIT_S)
-            except (OSError, BrokenPipeError):
-                pass
+        self.release_device()  # a no-op where it was released (or killed) already
+        if self._process is not None:
+            self._process.join(CLOSE_WAIT_S)
         self._kill()
         self._release_operators()
 
