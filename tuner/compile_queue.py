@@ -15,6 +15,9 @@ Contract (tests/tuner/test_compile_queue.py):
   one that has not (it does not queue behind the others), and removing it from the queue;
 - at most ``workers`` background compiles run at once; hinted configs start before the bulk,
   the latest hint first;
+- with shared ``slots`` (:mod:`tuner.compile_slots`), a background thread takes its config
+  only once a slot is free for the front's urgency, and compiles it under a want that a hint
+  raises to ``NEXT`` and a :meth:`take`, :meth:`wait` or :meth:`wait_any` to ``NOW``;
 - :meth:`close` cancels what has not started and waits for what has.
 """
 
@@ -28,6 +31,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+
+from kato.tuner.compile_slots import Abandoned, CompileSlots, Urgency, Want, wanting
 
 T = TypeVar("T")
 
@@ -73,6 +78,12 @@ class CompileQueue(Generic[T]):
         key: a config's identity (configs with the same key are compiled once).
         workers: background compiles at most at once (None: one nvcc process per core less
             one, so that an inline compile and the measuring thread still get a core).
+        slots: the nvcc slots this queue's compiles share with other queues (the worker's
+            jobs: :func:`tuner.compile_slots.nvcc_slots`). A background thread then takes its
+            config from the front of the queue only once a slot is free for it, by the front's
+            urgency (hinted: ``NEXT``, the rest: ``BULK``), so that a hint given meanwhile is
+            compiled first, and other queues' more urgent compiles go before this queue's
+            speculative ones. None: threads take their config at once (no sharing).
     """
 
     def __init__(
@@ -80,15 +91,20 @@ class CompileQueue(Generic[T]):
         compile_fn: Callable[[Config], T],
         key: Callable[[Config], str],
         workers: int | None = None,
+        slots: CompileSlots | None = None,
     ):
         self._compile = compile_fn
         self._key = key
         self._workers = max(1, workers or (os.cpu_count() or 2) - 1)
+        self._slots = slots
         # Re-entrant: a future that is already done runs its done-callback (which takes the
         # lock) inside add_done_callback, while _fill holds it.
         self._lock = threading.RLock()
-        self._queued: OrderedDict[str, Config] = OrderedDict()  # not started, front first
+        # Not started, front first, with how soon each is wanted.
+        self._queued: OrderedDict[str, tuple[Config, Urgency]] = OrderedDict()
         self._started: dict[str, concurrent.futures.Future[T]] = {}  # running or done
+        self._wants: dict[str, Want] = {}  # of the started ones not taken yet
+        self._turns: set[Want] = set()  # threads waiting for a slot to take the front
         self._running = 0
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
@@ -100,7 +116,7 @@ class CompileQueue(Generic[T]):
             for config in configs:
                 k = self._key(config)
                 if k not in self._queued and k not in self._started:
-                    self._queued[k] = dict(config)
+                    self._queued[k] = (dict(config), Urgency.BULK)
             self._fill()
 
     def hint(self, configs: Iterable[Config]) -> None:
@@ -110,9 +126,14 @@ class CompileQueue(Generic[T]):
             for config in reversed(list(configs)):
                 k = self._key(config)
                 if k in self._started:
+                    if (want := self._wants.get(k)) is not None:
+                        want.raise_to(Urgency.NEXT)
                     continue
-                self._queued[k] = self._queued.get(k, dict(config))
+                queued = self._queued.get(k)
+                self._queued[k] = (queued[0] if queued else dict(config), Urgency.NEXT)
                 self._queued.move_to_end(k, last=False)
+            for turn in self._turns:
+                turn.raise_to(self._front_urgency())
             self._fill()
 
     def take(self, config: Config) -> T:
@@ -158,7 +179,11 @@ class CompileQueue(Generic[T]):
         of them has started. The time blocked counts as waiting on the compiler
         (:attr:`stats`)."""
         with self._lock:
-            futures = [f for c in configs if (f := self._started.get(self._key(c))) is not None]
+            keys = [k for c in configs if (k := self._key(c)) in self._started]
+            futures = [self._started[k] for k in keys]
+            for k in keys:
+                if (want := self._wants.get(k)) is not None:
+                    want.raise_to(Urgency.NOW)
         if not futures:
             return False
         started = time.perf_counter()
@@ -192,6 +217,8 @@ class CompileQueue(Generic[T]):
         with self._lock:
             self._closed = True
             self._queued.clear()
+            for turn in self._turns:
+                turn.cancel()
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
@@ -208,21 +235,83 @@ class CompileQueue(Generic[T]):
                 self.stats.inline += 1
             else:
                 self.stats.ahead += 1
+                if (want := self._wants.pop(k, None)) is not None:
+                    want.raise_to(Urgency.NOW)  # someone waits for it now
             return future
 
     # (called with the lock held)
 
+    def _front_urgency(self) -> Urgency:
+        return next(iter(self._queued.values()))[1] if self._queued else Urgency.BULK
+
     def _fill(self) -> None:
-        while not self._closed and self._queued and self._running < self._workers:
-            k, config = self._queued.popitem(last=False)
+        while (
+            not self._closed
+            and len(self._queued) > len(self._turns)
+            and self._running < self._workers
+        ):
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(self._workers, "kato-precompile")
             self._running += 1
-            future = self._pool.submit(self._compile, config)
-            self._started[k] = future
-            future.add_done_callback(self._done)
+            if self._slots is None:  # nothing to wait for: the thread's config is the front now
+                self._pool.submit(self._run, None, self._take_front())
+            else:
+                turn = Want(self._front_urgency())
+                self._turns.add(turn)
+                self._pool.submit(self._run, turn, None)
 
-    def _done(self, _: concurrent.futures.Future[T]) -> None:
-        with self._lock:
-            self._running -= 1
-            self._fill()
+    def _take_front(self) -> _Picked[T] | None:
+        if self._closed or not self._queued:
+            return None
+        k, (config, urgency) = self._queued.popitem(last=False)
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()
+        want = self._wants[k] = Want(urgency)
+        self._started[k] = future
+        return _Picked(k, config, future, want)
+
+    # (in a pool thread)
+
+    def _run(self, turn: Want | None, picked: _Picked[T] | None) -> None:
+        """Compile ``picked``, or the front config once a slot is free for ``turn`` (the front's
+        urgency, raised by hints), under the config's own want (raised by :meth:`take`)."""
+        try:
+            if turn is not None:
+                picked = self._wait_for_front(turn)
+            if picked is None:
+                return
+            with wanting(picked.want):
+                try:
+                    result = self._compile(picked.config)
+                except BaseException as error:  # noqa: BLE001 - re-raised by take()
+                    picked.future.set_exception(error)
+                else:
+                    picked.future.set_result(result)
+            with self._lock:
+                self._wants.pop(picked.key, None)
+        finally:
+            with self._lock:
+                if turn is not None:
+                    self._turns.discard(turn)
+                self._running -= 1
+                self._fill()
+
+    def _wait_for_front(self, turn: Want) -> _Picked[T] | None:
+        # The slot is given back at once: the compile asks for one again by its own want
+        # (none at all where the cache or another caller's nvcc run answers it).
+        try:
+            with self._slots.held(turn), self._lock:  # type: ignore[union-attr]
+                self._turns.discard(turn)
+                return self._take_front()
+        except Abandoned:  # closed while waiting
+            return None
+
+
+@dataclass
+class _Picked(Generic[T]):
+    """A config a background thread compiles: its key, its future and how soon it is wanted."""
+
+    key: str
+    config: Config
+    future: concurrent.futures.Future[T]
+    want: Want

@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from kato.tuner.compile_slots import nvcc_slots
+
 from kato.errors import KatoError
 from kato.shared.paths import compile_cache_dir
 
@@ -330,13 +332,12 @@ class _InFlight:
     """The compiles running in this process, by cache key, so that a second caller of the same
     key (the same rendered source, name, arch, options: another job's config whose template
     takes the shape at run time) waits for the first instead of running nvcc again; and a
-    bound on the nvcc processes of the whole process (one per core), however many jobs' compile
-    queues feed it."""
+    bound on the nvcc processes of the whole process (one per core, handed out by urgency:
+    :mod:`tuner.compile_slots`), however many jobs' compile queues feed it."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.running: dict[str, threading.Event] = {}
-        self.nvcc_slots = threading.BoundedSemaphore(max(1, os.cpu_count() or 1))
         self.shared = 0  # compiles answered by another caller's nvcc run (tests, benchmarks)
         self.runs = 0  # nvcc runs
 
@@ -447,8 +448,9 @@ def _run_nvcc(
     use_cache: bool,
     timeout_s: float,
 ) -> CompiledKernel:
-    """Run nvcc for :func:`compile_kernel` (at most one process per core at once)."""
-    with _IN_FLIGHT.nvcc_slots:
+    """Run nvcc for :func:`compile_kernel` (at most one process per core at once, the most
+    urgent first: this thread's :func:`~tuner.compile_slots.current_want`)."""
+    with nvcc_slots().held():
         with _IN_FLIGHT.lock:
             _IN_FLIGHT.runs += 1
         return _nvcc_once(source, kernel_name, arch, options, cache_dir, nvcc, key, use_cache,

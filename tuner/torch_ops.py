@@ -430,6 +430,28 @@ def run_equivalent(operator: str, values: list[Value]) -> tuple[Any, ...]:
     return tuple(eq.run(eq.prepare(values)))
 
 
+def float64_disagreement(
+    spec: OperatorSpec, dtype: str, problem: Problem, device: str | torch.device
+) -> str | None:
+    """Why torch's op, run on float64 copies of ``problem``'s floating inputs, disagrees with
+    the references (:func:`check_outputs` at the tolerances of ``dtype``, the problem's), or
+    None.
+
+    Tells a wrong equivalent from a precise one: where torch's op fails the check in the
+    problem's dtype but agrees here, it computes the operator's function and only loses more
+    precision than Kato's tolerance allows on these inputs (torch's layer norm subtracts a
+    float32 mean, so rows with a large offset lose digits that Kato's pivoted kernel keeps).
+    """
+    values = [
+        v.to(torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+        for v in problem_values(problem, device)
+    ]
+    eq = equivalent(spec.name)
+    with torch.no_grad():
+        outputs = tuple(eq.run(eq.prepare(values)))
+    return check_outputs(spec, dtype, problem, outputs)
+
+
 def _unit_roundoff(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).eps) / 2 if dtype.is_floating_point else 0.0
 

@@ -100,6 +100,7 @@ from kato.tuner.backends.base import (
     TrialStatus,
 )
 from kato.tuner.compile_queue import CompileQueue, CompileStats
+from kato.tuner.compile_slots import nvcc_slots
 from kato.tuner.space import SearchSpace
 from kato.tuner.trial_cost import check_measurable, launch_lower_bound_s
 from kato.tuner.trial_cost import trial_timeout_s as scaled_trial_timeout_s
@@ -954,7 +955,7 @@ class IsolatedBackend(Backend):
                 return compile_config(op, shape, dtype, config, arch, cache)
 
             workers = max_workers or self.compile_workers
-            self._queue = CompileQueue(compile_one, self._space.key, workers)
+            self._queue = CompileQueue(compile_one, self._space.key, workers, nvcc_slots())
         return self._queue
 
     def _wait_for_compile(self, config: Config) -> None:

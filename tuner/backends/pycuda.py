@@ -46,6 +46,7 @@ from kato.kernels.spec import (
 from kato.tuner import cuda_driver
 from kato.tuner.backends.base import Backend, DeviceInfo, DeviceMemory, TrialResult, TrialStatus
 from kato.tuner.compile_queue import CompileQueue, CompileStats
+from kato.tuner.compile_slots import nvcc_slots
 from kato.tuner.nvcc import CompiledKernel, CompileError, compile_kernel, cuda_version
 from kato.tuner.occupancy import occupancy
 from kato.tuner.space import SearchSpace
@@ -557,7 +558,9 @@ class PyCudaBackend(Backend):
 
     def _compile_queue(self, max_workers: int | None = None) -> CompileQueue[CompiledKernel]:
         if self._queue is None:
-            self._queue = CompileQueue(self._compile_now, self.space().key, max_workers)
+            self._queue = CompileQueue(
+                self._compile_now, self.space().key, max_workers, nvcc_slots()
+            )
         return self._queue
 
     def compile(self, config: dict[str, Any]) -> CompiledKernel:
