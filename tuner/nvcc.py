@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from kato.tuner.compile_slots import nvcc_slots
+from kato.tuner.compile_slots import Urgency, current_want, nvcc_slots
 
 from kato.errors import KatoError
 from kato.shared.paths import compile_cache_dir
@@ -62,6 +62,10 @@ BASE_OPTIONS = ("-O3", "-std=c++17", "-Xptxas", "-v")
 #: critical path (a replayed 100-trial job beside 4 busy processes on 2 cores: 9.7 s, beside
 #: the same at niceness 10: 5.7 s, alone: 5.3 s). Niced, they use only what the rest leaves.
 COMPILE_NICENESS = 10
+#: A speculative compile (the rest of a job's space, :attr:`Urgency.BULK`) runs at the lowest
+#: priority: already running when another job's measurement starts waiting on a compile, it
+#: must not take the cores that compile needs.
+SPECULATIVE_NICENESS = 19
 
 
 @dataclass(frozen=True)
@@ -318,14 +322,14 @@ def _cache_store(cache_dir: Path, kernel: CompiledKernel) -> None:
 # --- compiling --------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=1)
-def _nice_prefix() -> tuple[str, ...]:
-    """``nice -n COMPILE_NICENESS`` where the ``nice`` tool exists (nvcc itself is known to run:
+@functools.lru_cache(maxsize=4)
+def _nice_prefix(niceness: int) -> tuple[str, ...]:
+    """``nice -n <niceness>`` where the ``nice`` tool exists (nvcc itself is known to run:
     its version is part of the cache key), else nothing: the compile then runs unniced."""
     nice = shutil.which("nice")
-    if nice is None or COMPILE_NICENESS <= 0:
+    if nice is None or niceness <= 0:
         return ()
-    return (nice, "-n", str(COMPILE_NICENESS))
+    return (nice, "-n", str(niceness))
 
 
 class _InFlight:
@@ -480,7 +484,8 @@ def _nvcc_once(
             raise NvccNotFoundError(f"cannot run {nvcc!r}: not found")
         exe = os.path.abspath(exe)  # which() keeps a relative path; nvcc runs in ``tmp``
         cmd = [exe, "-cubin", f"-arch={arch}", *BASE_OPTIONS, *options, "-o", str(out), str(src)]
-        cmd = [*_nice_prefix(), *cmd]
+        speculative = current_want().urgency is Urgency.BULK
+        cmd = [*_nice_prefix(SPECULATIVE_NICENESS if speculative else COMPILE_NICENESS), *cmd]
         start = time.perf_counter()
         try:
             # Own session: on a timeout the whole group (cicc, ptxas) is killed, not just nvcc.

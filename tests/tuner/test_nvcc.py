@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from kato.tuner import nvcc as nvcc_module
+from kato.tuner.compile_slots import Urgency, Want, wanting
 from kato.tuner.nvcc import (
     CompiledKernel,
     CompileError,
@@ -120,6 +121,11 @@ def test_nvcc_runs_niced_so_compiles_ahead_leave_the_cores_to_the_search(tmp_pat
         compile_kernel(TINY, "scale", cache_dir=tmp_path, nvcc=str(fake), use_cache=False)
     expected = min(19, os.nice(0) + nvcc_module.COMPILE_NICENESS)
     assert int(seen.read_text()) == expected
+    # A speculative compile (another job's space, compiled ahead) runs lower still.
+    with wanting(Want(Urgency.BULK)), pytest.raises(CompileError, match="exit 2"):
+        compile_kernel(TINY, "scale", cache_dir=tmp_path, nvcc=str(fake), use_cache=False)
+    assert int(seen.read_text()) == min(19, os.nice(0) + nvcc_module.SPECULATIVE_NICENESS)
+    assert nvcc_module.SPECULATIVE_NICENESS > nvcc_module.COMPILE_NICENESS
 
 
 def test_nvcc_gone_after_its_version_was_read_is_still_reported_as_missing(
