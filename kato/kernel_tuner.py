@@ -5,6 +5,11 @@ tune_params, restrictions, answer, grid_div_*, block_size_names, atol`` into a
 :class:`~kernels.user.spec.UserOperatorSpec`: the arguments' numpy arrays give the dtypes and
 sizes, ``answer``'s non-None entries are the outputs and their expected values, the rest of
 the launch follows Kernel Tuner's conventions (:mod:`kernels.user.model`).
+
+A ``kernel_source`` that is a code generator (a callable of the config's tunables returning
+its source, as Kernel Tuner takes one) is called here, in the caller's process only, once per
+config valid at the problem size (:func:`generated_sources`); the operator is then a
+:class:`~kernels.user.generated.GeneratedOperatorSpec` holding the sources, never the callable.
 """
 
 from __future__ import annotations
@@ -19,12 +24,24 @@ import numpy as np
 
 from kato.kernels.spec import DTYPES, InvalidInput
 from kato.kernels.user import definition
+from kato.kernels.user.generated import (
+    MAX_GENERATED_CONFIGS,
+    PLACEHOLDER,
+    GeneratedOperatorSpec,
+)
 from kato.kernels.user.model import ARRAY_DTYPES, OUTPUT_DTYPES, SCALAR_DTYPES
 from kato.kernels.user.spec import UserOperatorSpec
+from kato.tuner.space import FILTER_MAX, SearchSpace
 
 #: What Kato's result key calls a dimension of ``problem_size``.
 DIMENSION_NAMES = ("x", "y", "z")
 _NAME = re.compile(r"[^a-z0-9_]+")
+#: Why a code generator is refused through a service.
+GENERATOR_LOCAL_ONLY = (
+    "kernel_source is a code generator (Python of this process): generators run only in a "
+    "local kato.tune_kernel, which calls it here for each config; a service's workers run no "
+    "caller's Python. Through a service, pass the CUDA source as a string, or tune locally"
+)
 
 
 def operator_name(kernel_name: str) -> str:
@@ -50,6 +67,55 @@ def kernel_source_text(kernel_source: Any) -> str:
     if not isinstance(kernel_source, str):
         raise InvalidInput("kernel_source must be CUDA code or the name of a file holding it")
     return kernel_source
+
+
+def code_generator(kernel_source: Any) -> Any:
+    """Kernel Tuner's code generator where ``kernel_source`` is one (a callable, or a list
+    whose first entry is one: the kernel's), else None."""
+    if isinstance(kernel_source, list | tuple) and kernel_source:
+        kernel_source = kernel_source[0]
+    return kernel_source if callable(kernel_source) else None
+
+
+def generated_sources(
+    op: UserOperatorSpec, generator: Any, shape: Sequence[int], dtype: str
+) -> list[tuple[dict[str, Any], str]]:
+    """Each config valid for ``op`` at ``shape`` and ``dtype`` (its restrictions and launch
+    limits, in ``tune_params`` order) with ``generator(config)``: called here, in this
+    process, once per config, with a fresh dict of its tunables as Kernel Tuner calls it.
+
+    Raises:
+        InvalidInput: more than :data:`~kernels.user.generated.MAX_GENERATED_CONFIGS` valid
+            configs, or a product of ``tune_params`` too large to count them (over
+            :data:`~tuner.space.FILTER_MAX`), before the generator is called; a generator
+            that raises for a config (the config and the exception named, the exception
+            chained).
+    """
+    space = SearchSpace(
+        op.params, check=lambda c: op.check(c, shape, dtype), screen=op.screen(shape, dtype)
+    )
+    narrow = (
+        f"a code generator is run up front for every valid config, at most "
+        f"{MAX_GENERATED_CONFIGS}: narrow tune_params or add restrictions"
+    )
+    if len(space) > FILTER_MAX:
+        raise InvalidInput(
+            f"tune_params has {len(space)} combinations, too many to count the valid ones "
+            f"(at most {FILTER_MAX}); {narrow}"
+        )
+    count = space.count_valid()
+    if count is not None and count > MAX_GENERATED_CONFIGS:
+        raise InvalidInput(f"{count} configs are valid at problem size {tuple(shape)}; {narrow}")
+    out = []
+    for config in space.valid_configs():
+        try:
+            text = generator(dict(config))
+        except Exception as exc:  # the user's code: any error names its config
+            raise InvalidInput(
+                f"the code generator raised {type(exc).__name__} for config {config}: {exc}"
+            ) from exc
+        out.append((config, text))
+    return out
 
 
 def problem_dims(problem_size: Any) -> tuple[int, ...]:
@@ -153,9 +219,17 @@ def operator_from_arguments(
     verify function; it then decides (no output is compared with the answer on the device,
     and the answer's entries may have any size, as Kernel Tuner allows).
 
+    ``kernel_source`` may be a code generator (:func:`code_generator`), with ``fixed`` only:
+    it is called for every config valid at the shape (:func:`generated_sources`) and the
+    operator is a :class:`~kernels.user.generated.GeneratedOperatorSpec` of its sources,
+    each rendered with Kato's macros (``block_size_names``, ``grid_div_*``: Kernel Tuner's
+    rules) as a string source would be.
+
     Raises:
         InvalidInput: an argument Kato cannot pass, a restriction that is not an expression,
-            an answer of the wrong length, and every error of the declarative spec.
+            an answer of the wrong length, and every error of the declarative spec; a code
+            generator without ``fixed`` (a service's spec), and every error of
+            :func:`generated_sources` and of a generated source.
     """
     shape, problem_exprs = problem_shape(problem_size, arguments, shape)
     if restrictions is None:
@@ -228,16 +302,26 @@ def operator_from_arguments(
         "verify": False,  # the answer is the reference, where there is one
     }
     spec = {k: v for k, v in spec.items() if v is not None}
-    defn = definition(spec, {"kernel.cu": kernel_source_text(kernel_source)}, "tune_kernel")
+    generator = code_generator(kernel_source)
+    if generator is not None and not fixed:
+        raise InvalidInput(GENERATOR_LOCAL_ONLY)
+    text = PLACEHOLDER if generator is not None else kernel_source_text(kernel_source)
+    defn = definition(spec, {"kernel.cu": text}, "tune_kernel")
     if not fixed:
         return UserOperatorSpec(defn), spec
     values = [v.item() if isinstance(v, np.generic) else v for v in arguments]
-    op = UserOperatorSpec(
-        defn, arguments=values, answer=list(answer) if answer else None,
+    options: dict[str, Any] = dict(
+        arguments=values, answer=list(answer) if answer else None,
         constants={k: v for k, (_, v) in constants.items()} if constants else None,
         verify=verify,
     )  # fmt: skip
-    return op, spec
+    op = UserOperatorSpec(defn, **options)
+    if generator is None:
+        return op, spec
+    # The spec's own checks (restrictions, launch limits) decide which configs are rendered;
+    # the generator is called here and the operator keeps only what it returned.
+    sources = generated_sources(op, generator, shape, op.dtypes[0])
+    return GeneratedOperatorSpec(defn, sources, **options), spec
 
 
 def _constants(

@@ -146,6 +146,13 @@ def tune_kernel(
     ``verify(answer, result_host, atol=None)``) replaces the comparison with the answer in a
     local run (in the measuring child where the function pickles, else in this process);
     through a service it is refused.
+    ``kernel_source``: CUDA code, a file name, or (locally only) a code generator, a callable
+    of a config's tunables returning its source, such as a Jinja2 template's ``render``: it is
+    called here, in this process, once per config valid at ``problem_size`` (at most
+    :data:`~kernels.user.generated.MAX_GENERATED_CONFIGS`, else ``InvalidInput`` before any
+    call), and the operator keeps the sources (:mod:`kato.kernel_tuner`); a call that raises
+    or returns no string is an ``InvalidInput`` naming the config. Through a service it is
+    refused.
     ``strategy``: None or ``brute_force`` measures every valid config (Kato's ``grid``);
     Kato's own names (``forest``, ``tpe``, ...) select that search; any other Kernel Tuner
     name runs Kato's default search; ``strategy_options["max_fevals"]`` is the budget and

@@ -841,15 +841,22 @@ def _filled(arg: Any, n: int, np_dtype: np.dtype, rng: np.random.Generator) -> n
 
 
 def _render(macros: Mapping[str, Any], name: str, definition: OperatorDefinition) -> str:
-    """The macros, then the file ``name`` of ``definition`` with its headers inlined.
-
-    A macro whose name holds ``loop_unroll_factor`` follows Kernel Tuner: a ``constexpr int``
-    rather than a ``#define``, and at 0 the ``#pragma unroll <name>`` lines are dropped."""
+    """The macros, then the file ``name`` of ``definition`` with its headers inlined
+    (:func:`render_source`)."""
     files, headers = definition.files, definition.spec.headers
     try:
         template = inline_headers(name, files[name], files, headers) if headers else files[name]
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
+    return render_source(macros, template)
+
+
+def render_source(macros: Mapping[str, Any], template: str) -> str:
+    """The macros, then ``template`` (a whole source: headers already inlined), wrapped in
+    ``extern "C" { }`` where it has no ``extern "C"``; checked for includes as a whole.
+
+    A macro whose name holds ``loop_unroll_factor`` follows Kernel Tuner: a ``constexpr int``
+    rather than a ``#define``, and at 0 the ``#pragma unroll <name>`` lines are dropped."""
     lines = []
     for k, v in macros.items():
         if UNROLL_NAME in k:

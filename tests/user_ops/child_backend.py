@@ -75,3 +75,19 @@ class CrashingInputsEcho(InputsEcho):
 
 def make_crashing_inputs_echo(spec: Any) -> Backend:
     return CrashingInputsEcho(spec.operator, tuple(spec.shape), spec.dtype)
+
+
+class RenderEcho(RegistryEcho):
+    """Answers with the sha256 of the source the child's operator renders for the config (and
+    the child's pid as the time), so a test can compare it with the parent's rendering."""
+
+    def evaluate(self, config: dict[str, Any]) -> TrialResult:
+        source = self.op.render(config, self.shape, self.dtype)
+        return TrialResult(
+            config=dict(config), status=TrialStatus.OK, times_ms=[float(os.getpid())],
+            error=hashlib.sha256(source.encode()).hexdigest(),
+        )  # fmt: skip
+
+
+def make_render_echo(spec: Any) -> Backend:
+    return RenderEcho(spec.operator, tuple(spec.shape), spec.dtype)

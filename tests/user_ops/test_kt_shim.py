@@ -114,3 +114,60 @@ def test_each_tools_best_of_a_call_is_measured_again_on_katos_timer(tmp_path):
     assert retimed["kt"]["config"] == kt["calls"][0]["best_config"]
     assert retimed["kato"]["ms"] == pytest.approx(call["best_time_own_ms"])
     assert retimed["kt"]["ms"] == pytest.approx(kt["calls"][0]["best_time_own_ms"])
+
+
+# Kernel Tuner's vector_add_codegen.py in the shape of SCRIPT: a code generator (Kernel Tuner
+# asks for lang= with one) whose source writes the block size into the code.
+CODEGEN_SCRIPT = """
+import numpy as np
+from kernel_tuner import tune_kernel
+
+KERNEL = open("kernel.cu").read()
+
+
+def my_fancy_generator(params):
+    return "// block %d\\n" % params["block_size_x"] + KERNEL
+
+
+n = 1 << 20
+a = np.ones(n, np.float32)
+tune_params = {"block_size_x": [32, 64, 128, 256, 512, 1024], "tile_size_x": [1, 2, 4, 8]}
+results, env = tune_kernel(
+    "vector_add", my_fancy_generator, n, [np.zeros_like(a), a, a, np.int32(n)], tune_params,
+    grid_div_x=["block_size_x", "tile_size_x"], lang="CUDA",
+    restrictions=["block_size_x * tile_size_x <= 4096"], cache="cache.json",
+    simulation_mode=True,
+)
+"""
+
+
+def test_a_code_generator_script_runs_unchanged_through_kato(tmp_path):
+    """Kernel Tuner's codegen example's way (kernel_source a function) runs through Kato as
+    through Kernel Tuner: the same configs, the same winner."""
+    args, tune_params, kw = _problem()
+    op, _ = operator_from_arguments(
+        "vector_add", lambda p: f"// block {p['block_size_x']}\n" + KERNEL, N, args,
+        tune_params, **kw,
+    )  # fmt: skip
+    _, best = record(op, (N,), tmp_path / "cache.json")
+    (tmp_path / "kernel.cu").write_text(KERNEL)
+    (tmp_path / "codegen.py").write_text(CODEGEN_SCRIPT)
+    runs = _bench().run_scripts(tmp_path, ["codegen.py"], timeout=300)["codegen.py"]
+    for run in runs:
+        assert run["returncode"] == 0, run["output_tail"]
+        (call,) = run["calls"]
+        assert call["measured"] == 23 and call["failed"] == 0
+        assert call["best_config"] == best
+
+
+def test_the_generator_examples_are_runnable_scripts():
+    module = _bench()
+    assert "vector_add_codegen.py" in module.DEFAULT_SCRIPTS.split(",")
+    try:
+        import jinja2  # noqa: F401
+
+        jinja = ["vector_add_jinja.py", "vector_add_jinja2.py"]
+    except ImportError:
+        jinja = []
+    assert module.runnable_scripts("generators") == ["vector_add_codegen.py", *jinja]
+    assert module.runnable_scripts("vector_add.py,generators,vector_add.py")[0] == "vector_add.py"

@@ -1,0 +1,186 @@
+"""User operators whose CUDA source differs per config: a table of plain sources.
+
+Kernel Tuner's ``kernel_source`` may be a code generator, a Python callable taking a config's
+tunables and returning its source (its ``vector_add_codegen.py``; a Jinja2 template's bound
+``render`` in ``vector_add_jinja.py``). Kato never runs a caller's Python outside the
+caller's process: ``kato.tune_kernel`` calls the generator there, once for each config valid
+at the tuned shape, and builds a :class:`GeneratedOperatorSpec` from the results. That
+operator holds only data (the table of sources, deduplicated), so it pickles to the isolated
+measuring child, is registered, compiled, recorded and replayed as any user operator; its
+version hashes every source of the table with the rest of the spec.
+
+Configs outside the table (valid at another shape, never rendered) are refused by
+:meth:`GeneratedOperatorSpec.check` and :meth:`GeneratedOperatorSpec.screen` with the reason,
+and :meth:`GeneratedOperatorSpec.render` raises for them: there is no generator to ask.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from kato.kernels.spec import Config, InvalidInput, code_fingerprint
+from kato.kernels.user.model import MAX_FILE_BYTES, OperatorDefinition, include_error
+from kato.kernels.user.spec import UserOperatorSpec, render_source
+
+#: Most configs whose sources one operator's table holds. The generator runs once for each,
+#: up front, in the caller's process, and every source travels with the operator to the
+#: measuring child: a larger space must be narrowed (``tune_params``, ``restrictions``).
+MAX_GENERATED_CONFIGS = 10_000
+#: The definition's template file of a generated operator: it is never compiled (every
+#: config renders its table entry); it says where the sources are for whoever reads it.
+PLACEHOLDER = (
+    "// kernel_source was a code generator: each config's CUDA source is in the operator's\n"
+    "// table (kato.kernels.user.generated.GeneratedOperatorSpec), not in this file.\n"
+)
+
+Key = tuple[Any, ...]
+
+
+class GeneratedOperatorSpec(UserOperatorSpec):
+    """A :class:`UserOperatorSpec` whose template is one plain CUDA source per config.
+
+    Args:
+        definition: the spec (its launch, arguments, restrictions...) and a template file that
+            is not compiled (:data:`PLACEHOLDER`).
+        sources: config (tunable -> value, every tunable) -> its CUDA source as the generator
+            returned it, at most :data:`MAX_GENERATED_CONFIGS`. Each must be what a template
+            file may be (text of at most ``MAX_FILE_BYTES``, no NUL, no ``#include`` of a
+            file: the template's rules). Kept as data only: no callable is held.
+        options: :class:`UserOperatorSpec`'s (``arguments``, ``answer``, ``constants``,
+            ``verify``).
+
+    Raises:
+        InvalidInput: a source that is not text or breaks a template's rules, or a config not
+            of this space, named in the message; more than :data:`MAX_GENERATED_CONFIGS`.
+    """
+
+    def __init__(
+        self,
+        definition: OperatorDefinition,
+        sources: Sequence[tuple[Config, str]] | Mapping[Key, str],
+        **options: Any,
+    ):
+        super().__init__(definition, **options)
+        pairs = (
+            [(dict(zip(self.params, key, strict=True)), text) for key, text in sources.items()]
+            if isinstance(sources, Mapping)
+            else list(sources)
+        )
+        if len(pairs) > MAX_GENERATED_CONFIGS:
+            raise InvalidInput(
+                f"{len(pairs)} generated sources; at most {MAX_GENERATED_CONFIGS} configs can "
+                "be generated up front: restrict tune_params or restrictions"
+            )
+        # Identical sources (a generator that ignores a tunable) are stored once: the table
+        # is pickled to every measuring child.
+        self._texts: list[str] = []
+        self._source_of: dict[Key, int] = {}
+        position: dict[str, int] = {}
+        for config, text in pairs:
+            if reason := self.check_params(config):
+                raise InvalidInput(f"generated source for config {config}: {reason}")
+            if not isinstance(text, str):
+                raise InvalidInput(
+                    f"the code generator returned a {type(text).__name__} for config {config}; "
+                    "it must return the kernel's CUDA source as a string"
+                )
+            if reason := _text_error(text):
+                raise InvalidInput(f"the source generated for config {config}: {reason}")
+            if text not in position:
+                position[text] = len(self._texts)
+                self._texts.append(text)
+            self._source_of[self.key(config)] = position[text]
+
+    def key(self, config: Mapping[str, Any]) -> Key:
+        """A config's row of the table: its values in ``tune_params`` order."""
+        return tuple(config[name] for name in self.params)
+
+    @property
+    def generated_configs(self) -> int:
+        """How many configs the table holds a source for."""
+        return len(self._source_of)
+
+    def source_for(self, config: Mapping[str, Any]) -> str | None:
+        """The generator's source for ``config``, or None where it was not generated."""
+        try:
+            index = self._source_of.get(self.key(config))
+        except (KeyError, TypeError):  # a tunable missing, or a value that does not hash
+            return None
+        return None if index is None else self._texts[index]
+
+    @cached_property
+    def version(self) -> str:
+        """:class:`UserOperatorSpec`'s version (the spec, its files, Kato's code), this
+        module's code and every (config, source) row of the table, in a fixed order: another
+        source for any config is another version."""
+        h = hashlib.sha256(UserOperatorSpec.version.func(self).encode())  # type: ignore[attr-defined]
+        h.update(code_fingerprint(Path(inspect.getfile(GeneratedOperatorSpec)).read_text()))
+        rows = sorted(
+            (json.dumps(list(key), default=str), index) for key, index in self._source_of.items()
+        )
+        for key, index in rows:
+            h.update(key.encode() + b"\0")
+            h.update(hashlib.sha256(self._texts[index].encode()).digest())
+        return h.hexdigest()[:12]
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out["generated_configs"] = self.generated_configs
+        return out
+
+    def check(self, config: Config, shape: Sequence[int], dtype: str) -> str | None:
+        """:meth:`UserOperatorSpec.check`, and a config must be in the table."""
+        reason = super().check(config, shape, dtype)
+        if reason is None and self.source_for(config) is None:
+            return _NOT_GENERATED
+        return reason
+
+    def _screen(self, columns: Mapping[str, np.ndarray], n: int, *args: Any) -> np.ndarray:
+        # Both screen() and default_config() go through here: a config valid by the spec but
+        # outside the table is refused as check() refuses it. Only the rows the spec accepts
+        # are looked up (at most the space's valid configs, one dict lookup each).
+        ok = super()._screen(columns, n, *args)
+        names = list(self.params)
+        for i in np.flatnonzero(ok).tolist():
+            key = tuple(_plain(columns[name][i]) for name in names)
+            if key not in self._source_of:
+                ok[i] = False
+        return ok
+
+    def render(self, config: Config, shape: Sequence[int], dtype: str) -> str:
+        """The macros (:meth:`defines`, as for any user operator), then the config's source
+        from the table, wrapped in ``extern "C"`` where it has none.
+
+        Raises:
+            InvalidInput: ``config`` is not in the table."""
+        text = self.source_for(config)
+        if text is None:
+            raise InvalidInput(f"config {dict(config)}: {_NOT_GENERATED}")
+        return render_source(self.defines(config, shape, dtype), text)
+
+
+_NOT_GENERATED = (
+    "no source was generated for this config (kato.tune_kernel runs a code generator for the "
+    "configs valid at the problem size it tunes; tune this size to generate its sources)"
+)
+
+
+def _text_error(text: str) -> str | None:
+    """Why ``text`` cannot be a template file (:class:`OperatorDefinition`'s rules), or None."""
+    if len(text.encode("utf-8", errors="surrogatepass")) > MAX_FILE_BYTES:
+        return f"over {MAX_FILE_BYTES} bytes"
+    if "\x00" in text:
+        return "it holds a NUL character"
+    return include_error("generated source", text)
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar of a screened column as the Python value the table is keyed by."""
+    return value.item() if isinstance(value, np.generic) else value

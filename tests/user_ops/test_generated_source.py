@@ -1,0 +1,332 @@
+"""``kato.tune_kernel`` with a code generator as ``kernel_source`` (Kernel Tuner's
+``vector_add_codegen.py``, and a Jinja2 template's bound ``render`` in ``vector_add_jinja.py``):
+the generator runs in this process only, once per valid config, and the operator holds its
+sources as data (``kernels.user.generated``)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import shutil
+
+import numpy as np
+import pytest
+from kato.kernels.registry import register
+from kato.kernels.spec import InvalidInput
+from kato.kernels.user.generated import MAX_GENERATED_CONFIGS, GeneratedOperatorSpec
+from kato.tuner.backends.isolated import BackendSpec, IsolatedBackend
+
+import kato
+from kato.kernel_tuner import operator_from_arguments
+from user_ops.recording import record
+from user_ops.test_tune_kernel import N
+
+# A tiled vector add whose block size and tile count are written into the code (Kernel
+# Tuner's codegen example does this with the block size), with a tunable block size name.
+CODEGEN = """
+__global__ void vector_add(float *c, float *a, float *b, int n) {
+    int i = blockIdx.x * %(bs)d * %(tile)d + threadIdx.x;
+    for (int t = 0; t < %(tile)d; t++, i += %(bs)d) {
+        if (i < n) c[i] = a[i] + b[i];
+    }
+}
+"""
+TUNE = {"bs": [32, 64, 128, 256, 512, 1024], "tile": [1, 2, 4, 8]}
+KW = {
+    "block_size_names": ["bs"],
+    "grid_div_x": ["bs", "tile"],
+    "restrictions": ["bs * tile <= 4096"],
+}
+VALID = 23  # 24 combinations less 1024 x 8
+
+# Kernel Tuner's examples/cuda/vector_add_jinja.cu, as its vector_add_jinja2.py renders it.
+JINJA = """
+{% set real_vector = real_type ~ vector_size %}
+#define float1 float
+
+__global__ void vector_add(const {{ real_vector }} * __restrict__ a, const {{ real_vector }} * __restrict__ b, {{ real_vector }} * __restrict__ c, int size)
+{
+    int index = (blockIdx.x * {{ block_size_x }} * {{ tiling_x }}) + threadIdx.x;
+
+    {% for tile in range(tiling_x) %}
+    {% set offset = block_size_x * tile %}
+    if ( index + {{ offset }} < (size / {{ vector_size }}) )
+    {
+        {{ real_vector }} item_a = a[index + {{ offset }}];
+        {{ real_vector }} item_b = b[index + {{ offset }}];
+
+        {% if vector_size == 1 %}
+        c[index + {{ offset }}] =  item_a + item_b;
+        {% elif vector_size == 2 %}
+        c[index + {{ offset }}] =  make_{{ real_vector }}(item_a.x + item_b.x, item_a.y + item_b.y);
+        {% elif vector_size == 4 %}
+        c[index + {{ offset }}] =  make_{{ real_vector }}(item_a.x + item_b.x, item_a.y + item_b.y, item_a.z + item_b.z, item_a.w + item_b.w);
+        {% endif %}
+    }
+    {% endfor %}
+}
+"""  # noqa: E501
+
+
+class Counting:
+    """A generator (any callable) that records each call's params and pid, and refuses to be
+    pickled: an operator that kept it could not be sent to the measuring child."""
+
+    def __init__(self, text=CODEGEN, fail_on=None, returns=str):
+        self.text, self.fail_on, self.returns = text, fail_on, returns
+        self.calls: list[tuple[dict, int]] = []
+
+    def __call__(self, params):
+        self.calls.append((dict(params), os.getpid()))
+        if self.fail_on is not None and params["bs"] == self.fail_on:
+            return 1 // 0
+        if self.returns is not str:  # a non-string return, None included
+            return self.returns
+        return self.text % params
+
+    def __reduce__(self):
+        raise TypeError("a code generator is never pickled")
+
+
+class Template:
+    """Jinja2's ``Template`` in miniature: its bound ``render`` takes the params dict."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def render(self, params):
+        return self.text % params
+
+
+def _args(n=N):
+    a = np.ones(n, np.float32)
+    return [np.zeros_like(a), a, a, np.int32(n)], [2 * a, None, None, None]
+
+
+def _operator(source, tune=TUNE, n=N, **kw):
+    args, answer = _args(n)
+    op, _ = operator_from_arguments("vector_add", source, n, args, tune, answer=answer,
+                                    **(KW | kw))  # fmt: skip
+    return op
+
+
+def _configs():
+    return [{"bs": bs, "tile": t} for bs in TUNE["bs"] for t in TUNE["tile"] if bs * t <= 4096]
+
+
+def test_each_config_renders_what_its_generated_string_would():
+    """The generator is called once per valid config, in tune_params order, with a dict of the
+    tunables; render(config) is Kato's rendering of exactly that source (Kernel Tuner's macros
+    under block_size_names, the grid by grid_div_x, extern "C"), as a string source of the
+    same text renders it, and the launch is the same."""
+    gen = Counting()
+    op = _operator(gen)
+    assert isinstance(op, GeneratedOperatorSpec) and op.generated_configs == VALID
+    assert [params for params, _ in gen.calls] == _configs()
+    assert {pid for _, pid in gen.calls} == {os.getpid()}
+    for config in _configs():
+        fixed = _operator(CODEGEN % config)
+        source = op.render(config, (N,), "float32")
+        assert source == fixed.render(config, (N,), "float32")
+        assert source.endswith('extern "C" {\n' + CODEGEN % config + "\n}\n")
+        assert f"#define bs {config['bs']}\n" in source
+        assert f"#define grid_size_x {-(-N // (config['bs'] * config['tile']))}\n" in source
+        assert op.launch(config, (N,), "float32") == fixed.launch(config, (N,), "float32")
+    assert len(gen.calls) == VALID  # rendering asks the table, not the generator
+    assert "does not hold" in op.check({"bs": 1024, "tile": 8}, (N,), "float32")
+    with pytest.raises(InvalidInput, match="no source was generated"):
+        op.render({"bs": 1024, "tile": 8}, (N,), "float32")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_generated_sources_compile_with_nvcc(tmp_path):
+    """What the backend compiles (its compile_config: render, then nvcc) for generated
+    variants: Kernel Tuner's codegen example, and its Jinja2 template where jinja2 imports."""
+    from kato.tuner.backends.pycuda import compile_config
+
+    op = _operator(Counting())
+    for config in ({"bs": 64, "tile": 1}, {"bs": 256, "tile": 8}):
+        compiled = compile_config(op, (N,), "float32", config, "sm_90", compile_cache=tmp_path)
+        assert compiled.cubin and compiled.registers is not None
+    jinja2 = pytest.importorskip("jinja2")
+    op = _jinja_operator(jinja2.Template(JINJA).render)
+    for vector_size in (1, 2, 4):
+        config = {"real_type": "float", "block_size_x": 128, "vector_size": vector_size,
+                  "tiling_x": 3}  # fmt: skip
+        compiled = compile_config(op, (N,), "float32", config, "sm_90", compile_cache=tmp_path)
+        assert compiled.cubin
+
+
+def _jinja_operator(render, tiling=(1, 2, 3)):
+    """Kernel Tuner's vector_add_jinja2.py call (a smaller space): string tunables too."""
+    a = np.ones(N, np.float32)
+    op, _ = operator_from_arguments(
+        "vector_add", render, N, [a, a, np.zeros_like(a), np.int32(N)],
+        {"real_type": ["float"], "block_size_x": [32, 128], "vector_size": [1, 2, 4],
+         "tiling_x": list(tiling)},
+        grid_div_x=["block_size_x * vector_size * tiling_x"], answer=[None, None, 2 * a, None],
+    )  # fmt: skip
+    return op
+
+
+def test_a_bound_render_method_is_a_generator():
+    """vector_add_jinja.py passes ``Template(...).render``: a bound method works as a
+    function does, with the same sources and version."""
+    template = Template(CODEGEN)
+    by_method = _operator(template.render)
+    by_function = _operator(lambda params: CODEGEN % params)
+    assert by_method.version == by_function.version
+    config = {"bs": 128, "tile": 4}
+    assert by_method.render(config, (N,), "float32") == by_function.render(config, (N,), "float32")
+
+
+def test_jinja2_templates_render_as_kernel_tuner_renders_them():
+    jinja2 = pytest.importorskip("jinja2")
+    template = jinja2.Template(JINJA)
+    op = _jinja_operator(template.render)
+    assert op.generated_configs == 2 * 3 * 3
+    config = {"real_type": "float", "block_size_x": 32, "vector_size": 4, "tiling_x": 2}
+    source = op.render(config, (N,), "float32")
+    assert template.render(config) in source
+    assert "make_float4(item_a.x + item_b.x" in source and "index + 32 <" in source
+    assert "#define real_type float\n" in source
+    assert f"#define grid_size_x {-(-N // (32 * 4 * 2))}\n" in source
+
+
+def test_the_version_follows_the_generated_sources():
+    """The version hashes every source the generator gave: the same sources from another
+    callable are the same version, another source for one config is another; a problem size
+    with the same valid configs keeps it (results cross sizes)."""
+    base = _operator(Counting()).version
+    assert _operator(Template(CODEGEN).render).version == base
+    assert _operator(Counting(), n=N * 2).version == base
+
+    def one_differs(params):
+        extra = "// tuned\n" if params == {"bs": 64, "tile": 2} else ""
+        return extra + CODEGEN % params
+
+    assert _operator(one_differs).version != base
+    assert _operator(lambda p: CODEGEN % p + " ").version != base
+
+
+def test_configs_outside_the_table_are_refused_where_another_size_allows_them():
+    """Only the configs valid at the tuned size were generated: at a larger size, where more
+    are valid, check and screen refuse the others and the default is one of the table's."""
+    op = _operator(Counting(), tune={"bs": [32, 64, 128, 256], "tile": [1]}, n=128,
+                   restrictions=["bs <= x"])  # fmt: skip
+    assert op.generated_configs == 3
+    big = (1024,)
+    assert "no source was generated" in op.check({"bs": 256, "tile": 1}, big, "float32")
+    assert op.check({"bs": 128, "tile": 1}, big, "float32") is None
+    columns = {"bs": np.array([32, 64, 128, 256]), "tile": np.array([1, 1, 1, 1])}
+    assert op.screen(big, "float32")(columns).tolist() == [True, True, True, False]
+    assert op.default_config(big, "float32") == {"bs": 32, "tile": 1}
+    with pytest.raises(InvalidInput, match="bs': 256.*no source was generated"):
+        op.render({"bs": 256, "tile": 1}, big, "float32")
+
+
+def test_too_many_configs_are_refused_before_the_generator_runs():
+    gen = Counting()
+    tune = {"bs": [32, 64], "tile": list(range(1, 101)), "u": list(range(51))}
+    with pytest.raises(InvalidInput, match=r"10200 configs are valid at problem size .*at most "
+                       r"10000: narrow tune_params or add restrictions"):  # fmt: skip
+        _operator(gen, tune=tune, restrictions=[])
+    huge = {"bs": [32, 64], "tile": list(range(1, 1025)), "u": list(range(1024)),
+            "v": list(range(64))}  # fmt: skip
+    with pytest.raises(InvalidInput, match="too many to count the valid ones"):
+        _operator(gen, tune=huge, restrictions=[])
+    args, answer = _args()
+    with pytest.raises(InvalidInput, match="10200 configs are valid"):
+        kato.tune_kernel("vector_add", gen, N, args, tune, answer=answer, **(KW | {
+            "restrictions": []}))  # fmt: skip
+    assert gen.calls == []
+    # Restricted to the limit, it runs.
+    op = _operator(gen, tune=tune, restrictions=["u < 50"])
+    assert op.generated_configs == MAX_GENERATED_CONFIGS
+
+
+@pytest.mark.parametrize(
+    ("gen", "says"),
+    [
+        (Counting(fail_on=64), r"raised ZeroDivisionError for config \{'bs': 64, 'tile': 1\}: "),
+        (Counting(returns=None), r"returned a NoneType for config \{'bs': 32, 'tile': 1\}"),
+        (Counting(returns=b"__global__ void k() {}"), "returned a bytes for config"),
+        (Counting(text='#include "mine.h"\n' + CODEGEN),
+         r"source generated for config \{'bs': 32, 'tile': 1\}: .*mine\.h"),
+        (Counting(text=CODEGEN + "\x00"), "holds a NUL character"),
+    ],
+)  # fmt: skip
+def test_a_generator_that_fails_names_the_config(gen, says):
+    with pytest.raises(InvalidInput, match=says) as caught:
+        _operator(gen)
+    if gen.fail_on is not None:
+        assert isinstance(caught.value.__cause__, ZeroDivisionError)  # its traceback kept
+
+
+def test_a_generator_is_refused_through_a_service():
+    """A service's workers run no caller's Python: refused before anything is sent, without
+    calling the generator."""
+    gen = Counting()
+    args, answer = _args()
+    with pytest.raises(InvalidInput, match="generators run only in a local kato.tune_kernel"):
+        kato.tune_kernel("vector_add", gen, N, args, TUNE, answer=answer,
+                         service="http://kato.invalid", **KW)  # fmt: skip
+    with pytest.raises(InvalidInput, match="generators run only in a local kato.tune_kernel"):
+        operator_from_arguments("vector_add", [gen], N, args, TUNE, fixed=False, **KW)
+    assert gen.calls == []
+
+
+def test_the_operator_holds_sources_not_the_generator():
+    """The operator pickles though its generator cannot (a lambda, an object refusing it), and
+    what comes back renders and versions the same: only data travels."""
+    for gen in (Counting(), lambda params: CODEGEN % params):
+        op = _operator(gen)
+        copy = pickle.loads(pickle.dumps(op))
+        assert copy.version == op.version
+        config = {"bs": 512, "tile": 2}
+        assert copy.render(config, (N,), "float32") == op.render(config, (N,), "float32")
+
+
+def test_the_measuring_child_renders_the_parents_sources_without_the_generator():
+    """The isolated child (a spawned process) gets the operator registered here and renders
+    each config's source from the table, byte for byte the parent's; the generator ran only
+    here, before the child started, once per valid config."""
+    gen = Counting()
+    args, answer = _args()
+    op, _ = operator_from_arguments("vector_add_generated", gen, N, args, TUNE, answer=answer,
+                                    **KW)  # fmt: skip
+    register(op)
+    backend = IsolatedBackend(
+        BackendSpec(kind="user_ops.child_backend:make_render_echo", operator=op.name,
+                    shape=(N,), dtype="float32"),
+        trial_timeout_s=60,
+    )  # fmt: skip
+    try:
+        for config in ({"bs": 32, "tile": 8}, {"bs": 1024, "tile": 4}):
+            result = backend.evaluate(config)
+            assert result.ok, result.error
+            expected = op.render(config, (N,), "float32")
+            assert result.error == hashlib.sha256(expected.encode()).hexdigest()
+            assert result.times_ms[0] != os.getpid()  # rendered in the child
+    finally:
+        backend.close()
+    assert len(gen.calls) == VALID and {pid for _, pid in gen.calls} == {os.getpid()}
+
+
+def test_tune_kernel_with_a_generator_replays_and_serves_its_winner(tmp_path):
+    """The whole local path with a generator, on the replay backend (Kernel Tuner's
+    simulation mode): every valid config measured, the winner stored and served by
+    kato.lookup, under the generated operator's version."""
+    op = _operator(Counting())
+    path, best = record(op, (N,), tmp_path / "vector_add.json")
+    args, answer = _args()
+    db = f"sqlite:///{tmp_path / 'kato.db'}"
+    results, env = kato.tune_kernel(
+        "vector_add", Template(CODEGEN).render, N, args, TUNE, answer=answer,
+        cache=str(path), simulation_mode=True, db=db, **KW,
+    )  # fmt: skip
+    assert len(results) == VALID and all(isinstance(r["time"], float) for r in results)
+    assert env["best_config"] == best and env["kato_operator_version"] == op.version
+    found = kato.lookup("vector_add", N, gpu="H200", db=db)
+    assert found["config"] == best and found["version"] == op.version
