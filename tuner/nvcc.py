@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from kato.tuner.compile_slots import Urgency, Want, current_want, nvcc_slots
+from kato.tuner.compile_slots import Urgency, Want, current_want, nvcc_slots, release_passed
 
 from kato.errors import KatoError
 from kato.shared.paths import compile_cache_dir
@@ -364,6 +364,7 @@ class _InFlight:
                 leads = False
         if not leads:
             leader_want.raise_to(want.urgency)  # it runs for this caller too now
+            release_passed()  # the leader may be waiting for the slot this thread was handed
             event.wait()
             with self.lock:
                 self.shared += 1
