@@ -276,19 +276,25 @@ class CompileQueue(Generic[T]):
         """Compile ``picked``, or the front config once a slot is free for ``turn`` (the front's
         urgency, raised by hints), under the config's own want (raised by :meth:`take`)."""
         try:
-            if turn is not None:
-                picked = self._wait_for_front(turn)
-            if picked is None:
+            if turn is None:
+                if picked is not None:
+                    self._compile_picked(picked)
                 return
-            with wanting(picked.want):
-                try:
-                    result = self._compile(picked.config)
-                except BaseException as error:  # noqa: BLE001 - re-raised by take()
-                    picked.future.set_exception(error)
-                else:
-                    picked.future.set_result(result)
-            with self._lock:
-                self._wants.pop(picked.key, None)
+            try:
+                with self._slots.held(turn) as hold:  # type: ignore[union-attr]
+                    with self._lock:
+                        self._turns.discard(turn)
+                        picked = self._take_front()
+                    if picked is None:
+                        return
+                    if picked.want.urgency > turn.urgency:
+                        # Less urgent than the turn (its hint was taken meanwhile): the slot
+                        # may be the reserve, so the compile waits for one by its own want.
+                        hold.release()
+                    with self._slots.passing(hold):  # type: ignore[union-attr]
+                        self._compile_picked(picked)
+            except Abandoned:  # closed while waiting
+                return
         finally:
             with self._lock:
                 if turn is not None:
@@ -296,15 +302,16 @@ class CompileQueue(Generic[T]):
                 self._running -= 1
                 self._fill()
 
-    def _wait_for_front(self, turn: Want) -> _Picked[T] | None:
-        # The slot is given back at once: the compile asks for one again by its own want
-        # (none at all where the cache or another caller's nvcc run answers it).
-        try:
-            with self._slots.held(turn), self._lock:  # type: ignore[union-attr]
-                self._turns.discard(turn)
-                return self._take_front()
-        except Abandoned:  # closed while waiting
-            return None
+    def _compile_picked(self, picked: _Picked[T]) -> None:
+        with wanting(picked.want):
+            try:
+                result = self._compile(picked.config)
+            except BaseException as error:  # noqa: BLE001 - re-raised by take()
+                picked.future.set_exception(error)
+            else:
+                picked.future.set_result(result)
+        with self._lock:
+            self._wants.pop(picked.key, None)
 
 
 @dataclass

@@ -28,7 +28,16 @@ import os
 import threading
 from collections.abc import Iterator
 
-__all__ = ["Abandoned", "CompileSlots", "Urgency", "Want", "current_want", "nvcc_slots", "wanting"]
+__all__ = [
+    "Abandoned",
+    "CompileSlots",
+    "Urgency",
+    "Want",
+    "current_want",
+    "nvcc_slots",
+    "release_passed",
+    "wanting",
+]
 
 
 class Urgency(enum.IntEnum):
@@ -121,7 +130,7 @@ class CompileSlots:
         self._arrivals = itertools.count()
 
     @contextlib.contextmanager
-    def held(self, want: Want | None = None) -> Iterator[None]:
+    def held(self, want: Want | None = None) -> Iterator[_Hold]:
         """Hold a slot for the block, waiting for one by ``want``'s urgency (default: this
         thread's :func:`current_want`).
 
@@ -129,6 +138,10 @@ class CompileSlots:
             Abandoned: ``want`` was cancelled before a slot was free for it.
         """
         want = want if want is not None else current_want()
+        passed = self._passed()
+        if passed is not None:  # released by the block that passed it
+            yield passed
+            return
         with self._cond:
             ticket = next(self._arrivals)
             self._waiting[ticket] = want
@@ -147,13 +160,32 @@ class CompileSlots:
             # The next waiter may be able to take a slot too (one freed for several, or a
             # bulk waiter passed over for the reserve).
             self._cond.notify_all()
+        hold = _Hold(self, bulk)
+        try:
+            yield hold
+        finally:
+            hold.release()
+
+    @contextlib.contextmanager
+    def passing(self, hold: _Hold) -> Iterator[None]:
+        """Inside ``hold``'s :meth:`held` block: the first :meth:`held` of this thread within
+        this block takes ``hold``'s slot instead of waiting for another (a compile queue's
+        thread hands the slot it picked its config with to that config's nvcc run, so that no
+        other thread picks a config with the same free slot meanwhile)."""
+        previous = getattr(_local, "passed", None)
+        _local.passed = hold
         try:
             yield
         finally:
-            with self._cond:
-                self._held -= 1
-                self._held_bulk -= bulk
-                self._cond.notify_all()
+            _local.passed = previous
+
+    def _passed(self) -> _Hold | None:
+        """This thread's slot handed on by :meth:`passing`, taken (once)."""
+        hold = getattr(_local, "passed", None)
+        if hold is None or hold.slots is not self or hold.released:
+            return None
+        _local.passed = None
+        return hold
 
     def counts(self) -> tuple[int, int, int]:
         """(holders, of them acquired as bulk, waiters): for tests and diagnostics."""
@@ -170,6 +202,34 @@ class CompileSlots:
         # The most urgent waiter goes first; a bulk one held back by the reserve does not
         # stand in the way of an urgent one behind it (it ranks after every urgent one anyway).
         return all((other.urgency, t) >= rank for t, other in self._waiting.items() if t != ticket)
+
+
+class _Hold:
+    """One slot held; :meth:`release` gives it back (once, however often it is called)."""
+
+    def __init__(self, slots: CompileSlots, bulk: bool):
+        self.slots = slots
+        self.bulk = bulk
+        self.released = False
+
+    def release(self) -> None:
+        with self.slots._cond:
+            if self.released:
+                return
+            self.released = True
+            self.slots._held -= 1
+            self.slots._held_bulk -= self.bulk
+            self.slots._cond.notify_all()
+
+
+def release_passed() -> None:
+    """Give back a slot this thread was handed (:meth:`CompileSlots.passing`) and has not used:
+    called before it waits on something other than a slot (another caller's nvcc run of the
+    same source), which may itself be waiting for that slot."""
+    hold = getattr(_local, "passed", None)
+    if hold is not None:
+        _local.passed = None
+        hold.release()
 
 
 _PROCESS_SLOTS: CompileSlots | None = None

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from kato.tuner.compile_slots import Urgency, current_want, nvcc_slots
+from kato.tuner.compile_slots import Urgency, Want, current_want, nvcc_slots, release_passed
 
 from kato.errors import KatoError
 from kato.shared.paths import compile_cache_dir
@@ -341,7 +341,10 @@ class _InFlight:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.running: dict[str, threading.Event] = {}
+        # The leader's want with its event: a follower raises it to its own urgency, so that a
+        # measurement that waits for another job's speculative compile of the same source does
+        # not wait at BULK priority behind every other job's compiles.
+        self.running: dict[str, tuple[threading.Event, Want]] = {}
         self.shared = 0  # compiles answered by another caller's nvcc run (tests, benchmarks)
         self.runs = 0  # nvcc runs
 
@@ -349,14 +352,19 @@ class _InFlight:
     def leader(self, key: str) -> Iterator[bool]:
         """True: this caller compiles ``key`` (others wait until the block ends); False: another
         caller did meanwhile (its result is in the cache, or it failed: compile again)."""
+        want = current_want()
         with self.lock:
-            event = self.running.get(key)
-            if event is None:
-                event = self.running[key] = threading.Event()
+            running = self.running.get(key)
+            if running is None:
+                event = threading.Event()
+                self.running[key] = (event, want)
                 leads = True
             else:
+                event, leader_want = running
                 leads = False
         if not leads:
+            leader_want.raise_to(want.urgency)  # it runs for this caller too now
+            release_passed()  # the leader may be waiting for the slot this thread was handed
             event.wait()
             with self.lock:
                 self.shared += 1

@@ -176,3 +176,41 @@ def test_a_thread_compiles_under_the_want_it_is_given():
     with wanting(Want(Urgency.BULK)):
         compile_fn({})
     assert seen == [Urgency.NOW, Urgency.BULK]
+
+
+def test_a_thread_handed_a_slot_gives_it_back_to_follow_another_callers_compile(monkeypatch):
+    """A queue's thread holds the only slot and follows another caller's compile of the same
+    source, which waits for a slot: the follower gives its slot back (no deadlock)."""
+    from kato.tuner import nvcc as nvcc_module
+
+    slots = CompileSlots(slots=1, reserved=0)
+    in_compile, registered = threading.Event(), threading.Event()
+    done: list[str] = []
+
+    def compile_fn(_config):
+        in_compile.set()
+        assert registered.wait(5)
+        with nvcc_module._IN_FLIGHT.leader("review-follow") as leads:
+            assert not leads
+        return "followed"
+
+    def lead() -> None:
+        with nvcc_module._IN_FLIGHT.leader("review-follow") as leads:
+            assert leads
+            registered.set()
+            with slots.held():
+                done.append("led")
+
+    queue = CompileQueue(compile_fn, lambda c: c["n"], workers=1, slots=slots)
+    try:
+        queue.add([{"n": "x"}])
+        assert in_compile.wait(5)
+        leader = threading.Thread(target=lead, daemon=True)
+        leader.start()
+        leader.join(5)
+        assert done == ["led"]
+        assert queue.take({"n": "x"}) == "followed"
+    finally:
+        registered.set()
+        queue.close()
+    assert slots.counts() == (0, 0, 0)

@@ -6,6 +6,8 @@ import concurrent.futures
 import json
 import os
 import pickle
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -360,3 +362,35 @@ def test_callers_compiling_one_source_at_once_run_nvcc_once(tmp_path: Path) -> N
     assert after["nvcc_runs"] - before["nvcc_runs"] == 1
     assert len({k.cubin for k in kernels}) == 1 and len({k.source_hash for k in kernels}) == 1
     assert sum(not k.cached for k in kernels) == 1  # the others read the first one's cubin
+
+
+def test_a_caller_waiting_for_another_callers_compile_raises_its_urgency() -> None:
+    """A measurement (NOW) that waits for another job's speculative (BULK) compile of the same
+    source lends it its urgency: the leader's nvcc slot is not handed out as a BULK one."""
+    led, follow_started, release = threading.Event(), threading.Event(), threading.Event()
+    bulk = Want(Urgency.BULK)
+
+    def lead() -> None:
+        with wanting(bulk), nvcc_module._IN_FLIGHT.leader("review-key") as leads:
+            assert leads
+            led.set()
+            release.wait(5)
+
+    def follow() -> None:
+        follow_started.set()
+        with nvcc_module._IN_FLIGHT.leader("review-key") as leads:  # this thread: NOW
+            assert not leads
+
+    leader = threading.Thread(target=lead, daemon=True)
+    leader.start()
+    assert led.wait(5)
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    assert follow_started.wait(5)
+    deadline = time.monotonic() + 5
+    while bulk.urgency is not Urgency.NOW and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert bulk.urgency is Urgency.NOW
+    release.set()
+    leader.join(5)
+    follower.join(5)
