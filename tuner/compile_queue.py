@@ -179,11 +179,21 @@ class CompileQueue(Generic[T]):
         of them has started. The time blocked counts as waiting on the compiler
         (:attr:`stats`)."""
         with self._lock:
-            keys = [k for c in configs if (k := self._key(c)) in self._started]
+            wanted = [self._key(c) for c in configs]
+            keys = [k for k in wanted if k in self._started]
             futures = [self._started[k] for k in keys]
             for k in keys:
                 if (want := self._wants.get(k)) is not None:
                     want.raise_to(Urgency.NOW)
+            # The caller blocks on these: those still queued go first, at NOW, and the threads
+            # waiting to pick the front wait at NOW too.
+            for k in reversed(wanted):
+                if k in self._queued:
+                    self._queued[k] = (self._queued[k][0], Urgency.NOW)
+                    self._queued.move_to_end(k, last=False)
+            for turn in self._turns:
+                turn.raise_to(self._front_urgency())
+            self._fill()
         if not futures:
             return False
         started = time.perf_counter()
@@ -219,6 +229,11 @@ class CompileQueue(Generic[T]):
             self._queued.clear()
             for turn in self._turns:
                 turn.cancel()
+            # Nobody takes a speculative compile after close: one waiting for a slot gives up
+            # (it could wait long behind other jobs' wanted compiles).
+            for want in self._wants.values():
+                if want.urgency is Urgency.BULK:
+                    want.cancel()
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)

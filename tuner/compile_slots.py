@@ -180,11 +180,12 @@ class CompileSlots:
             _local.passed = previous
 
     def _passed(self) -> _Hold | None:
-        """This thread's slot handed on by :meth:`passing`, taken (once)."""
+        """This thread's slot handed on by :meth:`passing`, while not given back: every
+        :meth:`held` of the thread inside that block uses it (they run one after another; a
+        compile that runs nvcc twice must not wait for a second slot while holding one)."""
         hold = getattr(_local, "passed", None)
         if hold is None or hold.slots is not self or hold.released:
             return None
-        _local.passed = None
         return hold
 
     def counts(self) -> tuple[int, int, int]:

@@ -64,7 +64,8 @@ BASE_OPTIONS = ("-O3", "-std=c++17", "-Xptxas", "-v")
 COMPILE_NICENESS = 10
 #: A speculative compile (the rest of a job's space, :attr:`Urgency.BULK`) runs at the lowest
 #: priority: already running when another job's measurement starts waiting on a compile, it
-#: must not take the cores that compile needs.
+#: must not take the cores that compile needs. One raised after nvcc started (a measurement
+#: takes it) keeps this niceness: an unprivileged process cannot lower it again.
 SPECULATIVE_NICENESS = 19
 
 

@@ -130,8 +130,9 @@ def test_a_jobs_wanted_compile_starts_before_another_jobs_speculative_ones():
         a.hint([{"n": "a6"}])
         taken: list[str] = []
         taker = threading.Thread(target=lambda: taken.append(b.take({"n": "b7"})), daemon=True)
+        waiting = slots.counts()[2]
         taker.start()  # b7 not started: compiled inline, NOW
-        wait_until(lambda: slots.counts()[2] >= 1)
+        wait_until(lambda: slots.counts()[2] == waiting + 1)
         compiler.gate.set()
         taker.join(10)
         assert taken == ["cubin-b7"]
@@ -214,3 +215,31 @@ def test_a_thread_handed_a_slot_gives_it_back_to_follow_another_callers_compile(
         registered.set()
         queue.close()
     assert slots.counts() == (0, 0, 0)
+
+
+def test_a_config_a_measurement_waits_for_is_picked_first_at_now():
+    """wait_any on a config still queued puts it at the front at NOW: the queue's waiting
+    thread then goes before another queue's hint and picks it."""
+    slots = CompileSlots(slots=1, reserved=0)
+    order: list[str] = []
+    blocker = Holder(slots, Want(Urgency.NOW), "blocker", order)
+    wait_until(lambda: order == ["blocker"])
+    compiler = SlotCompiler(slots)
+    compiler.gate.set()
+    queue = CompileQueue(compiler, lambda c: c["n"], workers=1, slots=slots)
+    try:
+        queue.add([{"n": n} for n in ("q1", "q2", "q3")])
+        wait_until(lambda: slots.counts()[2] == 1)  # its thread waits for the slot, BULK
+        hinted = Holder(slots, Want(Urgency.NEXT), "other-job-hint", order)
+        wait_until(lambda: slots.counts()[2] == 2)
+        assert queue.wait_any([{"n": "q3"}]) is False  # not started: no wait
+        blocker.release.set()
+        wait_until(lambda: "q3" in compiler.started)
+        hinted.release.set()
+        hinted.thread.join(5)
+        assert compiler.started[0] == "q3" and order[1] == "other-job-hint"
+        wait_until(lambda: not queue.pending())
+    finally:
+        queue.close()
+        blocker.release.set()
+        blocker.thread.join(5)
