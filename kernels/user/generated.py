@@ -33,6 +33,10 @@ from kato.kernels.user.spec import UserOperatorSpec, render_source
 #: up front, in the caller's process, and every source travels with the operator to the
 #: measuring child: a larger space must be narrowed (``tune_params``, ``restrictions``).
 MAX_GENERATED_CONFIGS = 10_000
+#: Most bytes (UTF-8) of distinct sources one operator's table holds: the table is pickled
+#: whole to every measuring child it starts (through a pipe, held twice on each side while
+#: it travels), so 10 000 sources of up to a megabyte each must not reach it.
+MAX_GENERATED_BYTES = 256 << 20
 #: The definition's template file of a generated operator: it is never compiled (every
 #: config renders its table entry); it says where the sources are for whoever reads it.
 PLACEHOLDER = (
@@ -52,13 +56,16 @@ class GeneratedOperatorSpec(UserOperatorSpec):
         sources: config (tunable -> value, every tunable) -> its CUDA source as the generator
             returned it, at most :data:`MAX_GENERATED_CONFIGS`. Each must be what a template
             file may be (text of at most ``MAX_FILE_BYTES``, no NUL, no ``#include`` of a
-            file: the template's rules). Kept as data only: no callable is held.
+            file: the template's rules), at most :data:`MAX_GENERATED_BYTES` of distinct
+            sources in all. Kept as data only, as exact ``str`` (a subclass is copied to one,
+            so nothing of the caller's code travels with the table): no callable is held.
         options: :class:`UserOperatorSpec`'s (``arguments``, ``answer``, ``constants``,
             ``verify``).
 
     Raises:
         InvalidInput: a source that is not text or breaks a template's rules, or a config not
-            of this space, named in the message; more than :data:`MAX_GENERATED_CONFIGS`.
+            of this space, named in the message; more than :data:`MAX_GENERATED_CONFIGS`,
+            or over :data:`MAX_GENERATED_BYTES` of distinct sources.
     """
 
     def __init__(
@@ -83,6 +90,7 @@ class GeneratedOperatorSpec(UserOperatorSpec):
         self._texts: list[str] = []
         self._source_of: dict[Key, int] = {}
         position: dict[str, int] = {}
+        total = 0
         for config, text in pairs:
             if reason := self.check_params(config):
                 raise InvalidInput(f"generated source for config {config}: {reason}")
@@ -91,9 +99,20 @@ class GeneratedOperatorSpec(UserOperatorSpec):
                     f"the code generator returned a {type(text).__name__} for config {config}; "
                     "it must return the kernel's CUDA source as a string"
                 )
+            # A str subclass (markupsafe's Markup, the caller's own) as a plain str: its class
+            # would be pickled with the table, and one defined in a script or a function
+            # does not unpickle in the measuring child (the operator would not be sent).
+            text = str.__str__(text)
             if reason := _text_error(text):
                 raise InvalidInput(f"the source generated for config {config}: {reason}")
             if text not in position:
+                total += len(text.encode("utf-8", errors="surrogatepass"))
+                if total > MAX_GENERATED_BYTES:
+                    raise InvalidInput(
+                        f"the generated sources are over {MAX_GENERATED_BYTES} bytes in all "
+                        f"(at config {config}); every source travels to the measuring process: "
+                        "restrict tune_params or restrictions"
+                    )
                 position[text] = len(self._texts)
                 self._texts.append(text)
             self._source_of[self.key(config)] = position[text]

@@ -330,3 +330,49 @@ def test_tune_kernel_with_a_generator_replays_and_serves_its_winner(tmp_path):
     assert env["best_config"] == best and env["kato_operator_version"] == op.version
     found = kato.lookup("vector_add", N, gpu="H200", db=db)
     assert found["config"] == best and found["version"] == op.version
+
+
+def test_a_str_subclass_is_kept_as_a_plain_str():
+    """A generator may return a str subclass (markupsafe's Markup; a class of its own, here
+    one defined in a function, which does not pickle): the table holds exact str, so the
+    operator still pickles to the measuring child and nothing of the caller's code travels."""
+
+    class Source(str):
+        pass
+
+    op = _operator(lambda params: Source(CODEGEN % params))
+    config = {"bs": 64, "tile": 2}
+    assert type(op.source_for(config)) is str and op.source_for(config) == CODEGEN % config
+    copy = pickle.loads(pickle.dumps(op))
+    assert copy.render(config, (N,), "float32") == op.render(config, (N,), "float32")
+    assert op.version == _operator(Counting()).version
+
+
+def test_a_generator_that_mutates_its_params_changes_nothing_else():
+    """Each call gets a fresh dict: a generator that writes into it (or removes a tunable)
+    changes neither the next call's params nor the config its source is filed under."""
+    seen = []
+
+    def mutating(params):
+        seen.append(dict(params))
+        text = CODEGEN % params
+        params["bs"] = 0
+        params.pop("tile")
+        return text
+
+    op = _operator(mutating)
+    assert seen == _configs()
+    for config in _configs():
+        assert op.source_for(config) == CODEGEN % config
+
+
+def test_the_table_is_bounded_in_bytes(monkeypatch):
+    """The table travels whole to each measuring child: over MAX_GENERATED_BYTES of distinct
+    sources is refused, naming the config where it went over; identical sources count once."""
+    from kato.kernels.user import generated
+
+    one = len((CODEGEN % {"bs": 32, "tile": 1}).encode())
+    monkeypatch.setattr(generated, "MAX_GENERATED_BYTES", 3 * one + 2)
+    with pytest.raises(InvalidInput, match=r"over \d+ bytes in all \(at config \{'bs': 32, 't"):
+        _operator(Counting())
+    assert _operator(lambda params: CODEGEN % {"bs": 32, "tile": 1}).generated_configs == VALID
