@@ -376,3 +376,12 @@ def test_the_table_is_bounded_in_bytes(monkeypatch):
     with pytest.raises(InvalidInput, match=r"over \d+ bytes in all \(at config \{'bs': 32, 't"):
         _operator(Counting())
     assert _operator(lambda params: CODEGEN % {"bs": 32, "tile": 1}).generated_configs == VALID
+
+
+def test_every_config_a_table_may_hold_is_enumerated_not_sampled():
+    """The table is built from the space's valid configs; a space of more than ENUMERATE_MAX
+    is sampled, which would leave configs out of the table silently."""
+    from kato.kernels.user.generated import MAX_GENERATED_CONFIGS
+    from kato.tuner.space import ENUMERATE_MAX
+
+    assert MAX_GENERATED_CONFIGS <= ENUMERATE_MAX
