@@ -89,7 +89,7 @@ def generated_sources(
             configs, or a product of ``tune_params`` too large to count them (over
             :data:`~tuner.space.FILTER_MAX`), before the generator is called; a generator
             that raises for a config (the config and the exception named, the exception
-            chained).
+            chained) or returns anything but a string (at that config's call).
     """
     space = SearchSpace(
         op.params, check=lambda c: op.check(c, shape, dtype), screen=op.screen(shape, dtype)
@@ -114,6 +114,11 @@ def generated_sources(
             raise InvalidInput(
                 f"the code generator raised {type(exc).__name__} for config {config}: {exc}"
             ) from exc
+        if not isinstance(text, str):  # at once, not after every other config's call
+            raise InvalidInput(
+                f"the code generator returned a {type(text).__name__} for config {config}; "
+                "it must return the kernel's CUDA source as a string"
+            )
         out.append((config, text))
     return out
 

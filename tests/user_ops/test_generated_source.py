@@ -262,6 +262,8 @@ def test_a_generator_that_fails_names_the_config(gen, says):
         _operator(gen)
     if gen.fail_on is not None:
         assert isinstance(caught.value.__cause__, ZeroDivisionError)  # its traceback kept
+    if gen.returns is not str:
+        assert len(gen.calls) == 1  # refused at its first call, not after every config's
 
 
 def test_a_generator_is_refused_through_a_service():
