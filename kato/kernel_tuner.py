@@ -28,6 +28,7 @@ from kato.kernels.user.generated import (
     MAX_GENERATED_CONFIGS,
     PLACEHOLDER,
     GeneratedOperatorSpec,
+    returned_source,
 )
 from kato.kernels.user.model import ARRAY_DTYPES, OUTPUT_DTYPES, SCALAR_DTYPES
 from kato.kernels.user.spec import UserOperatorSpec
@@ -114,12 +115,8 @@ def generated_sources(
             raise InvalidInput(
                 f"the code generator raised {type(exc).__name__} for config {config}: {exc}"
             ) from exc
-        if not isinstance(text, str):  # at once, not after every other config's call
-            raise InvalidInput(
-                f"the code generator returned a {type(text).__name__} for config {config}; "
-                "it must return the kernel's CUDA source as a string"
-            )
-        out.append((config, text))
+        # Checked at once, not after every other config's call.
+        out.append((config, returned_source(config, text)))
     return out
 
 

@@ -123,18 +123,7 @@ class CompileQueue(Generic[T]):
         """Move ``configs`` to the front of the queue (queueing those not known yet), the first
         of them first: they are what the search expects to ask for next."""
         with self._lock:
-            for config in reversed(list(configs)):
-                k = self._key(config)
-                if k in self._started:
-                    if (want := self._wants.get(k)) is not None:
-                        want.raise_to(Urgency.NEXT)
-                    continue
-                queued = self._queued.get(k)
-                self._queued[k] = (queued[0] if queued else dict(config), Urgency.NEXT)
-                self._queued.move_to_end(k, last=False)
-            for turn in self._turns:
-                turn.raise_to(self._front_urgency())
-            self._fill()
+            self._put_first(list(configs), Urgency.NEXT, queue_unknown=True)
 
     def take(self, config: Config) -> T:
         """The compiled ``config``: waits for its compile if started, else compiles it now in
@@ -178,22 +167,11 @@ class CompileQueue(Generic[T]):
         ``timeout`` seconds, or ``stop`` is set): True when one has; False at once when none
         of them has started. The time blocked counts as waiting on the compiler
         (:attr:`stats`)."""
+        configs = list(configs)
         with self._lock:
-            wanted = [self._key(c) for c in configs]
-            keys = [k for k in wanted if k in self._started]
-            futures = [self._started[k] for k in keys]
-            for k in keys:
-                if (want := self._wants.get(k)) is not None:
-                    want.raise_to(Urgency.NOW)
-            # The caller blocks on these: those still queued go first, at NOW, and the threads
-            # waiting to pick the front wait at NOW too.
-            for k in reversed(wanted):
-                if k in self._queued:
-                    self._queued[k] = (self._queued[k][0], Urgency.NOW)
-                    self._queued.move_to_end(k, last=False)
-            for turn in self._turns:
-                turn.raise_to(self._front_urgency())
-            self._fill()
+            futures = [f for c in configs if (f := self._started.get(self._key(c))) is not None]
+            # The caller blocks on these: started or queued, they are wanted NOW.
+            self._put_first(configs, Urgency.NOW, queue_unknown=False)
         if not futures:
             return False
         started = time.perf_counter()
@@ -255,6 +233,27 @@ class CompileQueue(Generic[T]):
             return future
 
     # (called with the lock held)
+
+    def _put_first(self, configs: list[Config], urgency: Urgency, *, queue_unknown: bool) -> None:
+        """Raise ``configs`` to ``urgency``: a started one's want; a queued one (and, with
+        ``queue_unknown``, one not known yet) to the front of the queue, the first of them
+        first; then the threads waiting to pick the front."""
+        for config in reversed(configs):
+            k = self._key(config)
+            if k in self._started:
+                if (want := self._wants.get(k)) is not None:
+                    want.raise_to(urgency)
+                continue
+            queued = self._queued.get(k)
+            if queued is None and not queue_unknown:
+                continue
+            # Never less urgent than it was (a hint must not lower a config a caller waits for).
+            entry = (queued[0], min(urgency, queued[1])) if queued else (dict(config), urgency)
+            self._queued[k] = entry
+            self._queued.move_to_end(k, last=False)
+        for turn in self._turns:
+            turn.raise_to(self._front_urgency())
+        self._fill()
 
     def _front_urgency(self) -> Urgency:
         return next(iter(self._queued.values()))[1] if self._queued else Urgency.BULK

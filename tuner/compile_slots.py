@@ -69,16 +69,17 @@ class Want:
         if urgency >= self._urgency:
             return
         self._urgency = Urgency(urgency)
-        slots = self._slots  # read after the write: a waiter that started meanwhile sees it
-        if slots is not None:
-            with slots._cond:
-                slots._cond.notify_all()
+        self._wake()
 
     def cancel(self) -> None:
         """Stop waiting: :meth:`CompileSlots.held` raises :class:`Abandoned` (its owner shuts
         down)."""
         self.cancelled = True
-        slots = self._slots
+        self._wake()
+
+    def _wake(self) -> None:
+        """Tell the slots this want waits on (if any) that it changed."""
+        slots = self._slots  # read after the change: a waiter that started meanwhile sees it
         if slots is not None:
             with slots._cond:
                 slots._cond.notify_all()
@@ -168,10 +169,10 @@ class CompileSlots:
 
     @contextlib.contextmanager
     def passing(self, hold: _Hold) -> Iterator[None]:
-        """Inside ``hold``'s :meth:`held` block: the first :meth:`held` of this thread within
-        this block takes ``hold``'s slot instead of waiting for another (a compile queue's
-        thread hands the slot it picked its config with to that config's nvcc run, so that no
-        other thread picks a config with the same free slot meanwhile)."""
+        """Inside ``hold``'s :meth:`held` block: every :meth:`held` of this thread within this
+        block uses ``hold``'s slot, while it is held, instead of waiting for another (a compile
+        queue's thread hands the slot it picked its config with to that config's nvcc runs, so
+        that no other thread picks a config with the same free slot meanwhile)."""
         previous = getattr(_local, "passed", None)
         _local.passed = hold
         try:

@@ -47,6 +47,24 @@ PLACEHOLDER = (
 Key = tuple[Any, ...]
 
 
+def returned_source(config: Mapping[str, Any], text: Any) -> str:
+    """What a code generator returned for ``config``, as a plain ``str``.
+
+    A ``str`` subclass (markupsafe's Markup, the caller's own) becomes a plain ``str``: its
+    class would be pickled with the table, and one defined in a script or a function does not
+    unpickle in the measuring child (the operator would not be sent).
+
+    Raises:
+        InvalidInput: ``text`` is not a string (the config and the type named).
+    """
+    if not isinstance(text, str):
+        raise InvalidInput(
+            f"the code generator returned a {type(text).__name__} for config {dict(config)}; "
+            "it must return the kernel's CUDA source as a string"
+        )
+    return str.__str__(text)
+
+
 class GeneratedOperatorSpec(UserOperatorSpec):
     """A :class:`UserOperatorSpec` whose template is one plain CUDA source per config.
 
@@ -94,15 +112,7 @@ class GeneratedOperatorSpec(UserOperatorSpec):
         for config, text in pairs:
             if reason := self.check_params(config):
                 raise InvalidInput(f"generated source for config {config}: {reason}")
-            if not isinstance(text, str):
-                raise InvalidInput(
-                    f"the code generator returned a {type(text).__name__} for config {config}; "
-                    "it must return the kernel's CUDA source as a string"
-                )
-            # A str subclass (markupsafe's Markup, the caller's own) as a plain str: its class
-            # would be pickled with the table, and one defined in a script or a function
-            # does not unpickle in the measuring child (the operator would not be sent).
-            text = str.__str__(text)
+            text = returned_source(config, text)
             if reason := _text_error(text):
                 raise InvalidInput(f"the source generated for config {config}: {reason}")
             if text not in position:

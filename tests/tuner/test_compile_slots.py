@@ -36,11 +36,18 @@ class Holder:
         self.thread.start()
 
 
-def test_a_freed_slot_goes_to_the_most_urgent_waiter_the_earliest_of_equals():
+def one_slot_held(urgency: Urgency, name: str) -> tuple[CompileSlots, list[str], Holder]:
+    """A single slot (no reserve), held by a thread named ``name`` until its release is set;
+    ``order`` lists the holders in the order they got the slot."""
     slots = CompileSlots(slots=1, reserved=0)
     order: list[str] = []
-    first = Holder(slots, Want(Urgency.BULK), "first", order)
-    wait_until(lambda: order == ["first"])
+    holder = Holder(slots, Want(urgency), name, order)
+    wait_until(lambda: order == [name])
+    return slots, order, holder
+
+
+def test_a_freed_slot_goes_to_the_most_urgent_waiter_the_earliest_of_equals():
+    slots, order, first = one_slot_held(Urgency.BULK, "first")
     waiters = []
     for name, urgency in [("bulk", Urgency.BULK), ("next-1", Urgency.NEXT),
                           ("now", Urgency.NOW), ("next-2", Urgency.NEXT)]:  # fmt: skip
@@ -72,10 +79,7 @@ def test_speculative_compiles_leave_the_reserve_free_for_wanted_ones():
 
 
 def test_raising_a_waiting_want_puts_it_first_and_a_cancelled_one_gives_up():
-    slots = CompileSlots(slots=1, reserved=0)
-    order: list[str] = []
-    first = Holder(slots, Want(Urgency.NOW), "first", order)
-    wait_until(lambda: order == ["first"])
+    slots, order, first = one_slot_held(Urgency.NOW, "first")
     early, late, gone = Want(Urgency.NEXT), Want(Urgency.BULK), Want(Urgency.BULK)
     holders = [Holder(slots, early, "early", order), Holder(slots, late, "late", order)]
     wait_until(lambda: slots.counts()[2] == 2)
@@ -149,10 +153,7 @@ def test_a_jobs_wanted_compile_starts_before_another_jobs_speculative_ones():
 
 
 def test_close_ends_threads_that_wait_for_a_slot():
-    slots = CompileSlots(slots=1, reserved=0)
-    order: list[str] = []
-    blocker = Holder(slots, Want(Urgency.NOW), "blocker", order)
-    wait_until(lambda: order == ["blocker"])
+    slots, order, blocker = one_slot_held(Urgency.NOW, "blocker")
     queue = CompileQueue(lambda c: c["n"], lambda c: str(c["n"]), workers=2, slots=slots)
     queue.add([{"n": i} for i in range(5)])
     wait_until(lambda: slots.counts()[2] == 2)
@@ -220,10 +221,7 @@ def test_a_thread_handed_a_slot_gives_it_back_to_follow_another_callers_compile(
 def test_a_config_a_measurement_waits_for_is_picked_first_at_now():
     """wait_any on a config still queued puts it at the front at NOW: the queue's waiting
     thread then goes before another queue's hint and picks it."""
-    slots = CompileSlots(slots=1, reserved=0)
-    order: list[str] = []
-    blocker = Holder(slots, Want(Urgency.NOW), "blocker", order)
-    wait_until(lambda: order == ["blocker"])
+    slots, order, blocker = one_slot_held(Urgency.NOW, "blocker")
     compiler = SlotCompiler(slots)
     compiler.gate.set()
     queue = CompileQueue(compiler, lambda c: c["n"], workers=1, slots=slots)
