@@ -8,8 +8,9 @@ the launch follows Kernel Tuner's conventions (:mod:`kernels.user.model`).
 
 A ``kernel_source`` that is a code generator (a callable of the config's tunables returning
 its source, as Kernel Tuner takes one) is called here, in the caller's process only, once per
-config valid at the problem size (:func:`generated_sources`); the operator is then a
-:class:`~kernels.user.generated.GeneratedOperatorSpec` holding the sources, never the callable.
+config that passes the checks holding at every problem size (:func:`generated_sources`); the
+operator is then a :class:`~kernels.user.generated.GeneratedOperatorSpec` holding the sources,
+never the callable, and is one version at every problem size.
 """
 
 from __future__ import annotations
@@ -79,25 +80,30 @@ def code_generator(kernel_source: Any) -> Any:
 
 
 def generated_sources(
-    op: UserOperatorSpec, generator: Any, shape: Sequence[int], dtype: str
+    op: UserOperatorSpec, generator: Any, dtype: str
 ) -> list[tuple[dict[str, Any], str]]:
-    """Each config valid for ``op`` at ``shape`` and ``dtype`` (its restrictions and launch
-    limits, in ``tune_params`` order) with ``generator(config)``: called here, in this
-    process, once per config, with a fresh dict of its tunables as Kernel Tuner calls it.
+    """Each config of ``op`` that passes the checks holding at every problem size
+    (:meth:`~kernels.user.spec.UserOperatorSpec.check_any_size`: the restrictions and launch
+    limits that read no shape name), in ``tune_params`` order, with ``generator(config)``:
+    called here, in this process, once per config, with a fresh dict of its tunables as Kernel
+    Tuner calls it. No problem size is asked for: the table is the same at every size (a
+    config refused at a size by a check left out here is refused there by ``op.check``).
 
     Raises:
-        InvalidInput: more than :data:`~kernels.user.generated.MAX_GENERATED_CONFIGS` valid
+        InvalidInput: more than :data:`~kernels.user.generated.MAX_GENERATED_CONFIGS` such
             configs, or a product of ``tune_params`` too large to count them (over
             :data:`~tuner.space.FILTER_MAX`), before the generator is called; a generator
             that raises for a config (the config and the exception named, the exception
             chained) or returns anything but a string (at that config's call).
     """
     space = SearchSpace(
-        op.params, check=lambda c: op.check(c, shape, dtype), screen=op.screen(shape, dtype)
+        op.params,
+        check=lambda c: op.check_any_size(c, dtype),
+        screen=op.screen_any_size(dtype),
     )
     narrow = (
-        f"a code generator is run up front for every valid config, at most "
-        f"{MAX_GENERATED_CONFIGS}: narrow tune_params or add restrictions"
+        f"a code generator is run up front for every config that may be valid at some problem "
+        f"size, at most {MAX_GENERATED_CONFIGS}: narrow tune_params or add restrictions"
     )
     if len(space) > FILTER_MAX:
         raise InvalidInput(
@@ -106,7 +112,10 @@ def generated_sources(
         )
     count = space.count_valid()
     if count is not None and count > MAX_GENERATED_CONFIGS:
-        raise InvalidInput(f"{count} configs are valid at problem size {tuple(shape)}; {narrow}")
+        raise InvalidInput(
+            f"{count} configs pass the restrictions and limits that hold at every problem "
+            f"size; {narrow}"
+        )
     out = []
     for config in space.valid_configs():
         try:
@@ -222,8 +231,9 @@ def operator_from_arguments(
     and the answer's entries may have any size, as Kernel Tuner allows).
 
     ``kernel_source`` may be a code generator (:func:`code_generator`), with ``fixed`` only:
-    it is called for every config valid at the shape (:func:`generated_sources`) and the
-    operator is a :class:`~kernels.user.generated.GeneratedOperatorSpec` of its sources,
+    it is called for every config that may be valid at some problem size
+    (:func:`generated_sources`) and the operator is a
+    :class:`~kernels.user.generated.GeneratedOperatorSpec` of its sources,
     each rendered with Kato's macros (``block_size_names``, ``grid_div_*``: Kernel Tuner's
     rules) as a string source would be.
 
@@ -320,9 +330,10 @@ def operator_from_arguments(
     op = UserOperatorSpec(defn, **options)
     if generator is None:
         return op, spec
-    # The spec's own checks (restrictions, launch limits) decide which configs are rendered;
-    # the generator is called here and the operator keeps only what it returned.
-    sources = generated_sources(op, generator, shape, op.dtypes[0])
+    # The spec's checks that hold at every size decide which configs are rendered (so the
+    # version is one at every size); the generator is called here and the operator keeps only
+    # what it returned.
+    sources = generated_sources(op, generator, op.dtypes[0])
     return GeneratedOperatorSpec(defn, sources, **options), spec
 
 

@@ -148,7 +148,8 @@ def tune_kernel(
     through a service it is refused.
     ``kernel_source``: CUDA code, a file name, or (locally only) a code generator, a callable
     of a config's tunables returning its source, such as a Jinja2 template's ``render``: it is
-    called here, in this process, once per config valid at ``problem_size`` (at most
+    called here, in this process, once per config that passes the restrictions and limits
+    holding at every problem size, so its operator is one version at every size (at most
     :data:`~kernels.user.generated.MAX_GENERATED_CONFIGS`, else ``InvalidInput`` before any
     call), and the operator keeps the sources (:mod:`kato.kernel_tuner`); a call that raises
     or returns no string is an ``InvalidInput`` naming the config. Through a service it is

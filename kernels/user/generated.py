@@ -3,15 +3,21 @@
 Kernel Tuner's ``kernel_source`` may be a code generator, a Python callable taking a config's
 tunables and returning its source (its ``vector_add_codegen.py``; a Jinja2 template's bound
 ``render`` in ``vector_add_jinja.py``). Kato never runs a caller's Python outside the
-caller's process: ``kato.tune_kernel`` calls the generator there, once for each config valid
-at the tuned shape, and builds a :class:`GeneratedOperatorSpec` from the results. That
-operator holds only data (the table of sources, deduplicated), so it pickles to the isolated
-measuring child, is registered, compiled, recorded and replayed as any user operator; its
-version hashes every source of the table with the rest of the spec.
+caller's process: ``kato.tune_kernel`` calls the generator there, once for each config that
+passes the spec's checks that hold at every problem size
+(:meth:`~kernels.user.spec.UserOperatorSpec.check_any_size`: a restriction naming a shape
+name, a grid limit, is left to the check at each size), and builds a
+:class:`GeneratedOperatorSpec` from the results. So the table, and the version that hashes
+it, is the same at every problem size: results of one size are the nearest answer and the warm
+start at another, as for a string source. That operator holds only data (the table of sources,
+deduplicated), so it pickles to the isolated measuring child, is registered, compiled,
+recorded and replayed as any user operator; its version hashes every source of the table with
+the rest of the spec.
 
-Configs outside the table (valid at another shape, never rendered) are refused by
-:meth:`GeneratedOperatorSpec.check` and :meth:`GeneratedOperatorSpec.screen` with the reason,
-and :meth:`GeneratedOperatorSpec.render` raises for them: there is no generator to ask.
+Configs outside the table (never rendered: refused at every size, or left out by a
+restriction function when it was built) are refused by :meth:`GeneratedOperatorSpec.check`,
+:meth:`GeneratedOperatorSpec.check_any_size` and the screens with the reason, and
+:meth:`GeneratedOperatorSpec.render` raises for them: there is no generator to ask.
 """
 
 from __future__ import annotations
@@ -171,10 +177,18 @@ class GeneratedOperatorSpec(UserOperatorSpec):
             return _NOT_GENERATED
         return reason
 
+    def check_any_size(self, config: Config, dtype: str) -> str | None:
+        """:meth:`UserOperatorSpec.check_any_size`, and a config must be in the table (which
+        is the same at every size)."""
+        reason = super().check_any_size(config, dtype)
+        if reason is None and self.source_for(config) is None:
+            return _NOT_GENERATED
+        return reason
+
     def _screen(self, columns: Mapping[str, np.ndarray], n: int, *args: Any) -> np.ndarray:
-        # Both screen() and default_config() go through here: a config valid by the spec but
-        # outside the table is refused as check() refuses it. Only the rows the spec accepts
-        # are looked up (at most the space's valid configs, one dict lookup each).
+        # screen(), screen_any_size() and default_config() go through here: a config valid by
+        # the spec but outside the table is refused as check() refuses it. Only the rows the
+        # spec accepts are looked up (at most the space's valid configs, one dict lookup each).
         ok = super()._screen(columns, n, *args)
         names = list(self.params)
         for i in np.flatnonzero(ok).tolist():
@@ -196,8 +210,9 @@ class GeneratedOperatorSpec(UserOperatorSpec):
 
 
 _NOT_GENERATED = (
-    "no source was generated for this config (kato.tune_kernel runs a code generator for the "
-    "configs valid at the problem size it tunes; tune this size to generate its sources)"
+    "no source was generated for this config (kato.tune_kernel runs a code generator for each "
+    "config that passes the restrictions and limits holding at every problem size, and that "
+    "its restriction functions accept)"
 )
 
 

@@ -210,34 +210,59 @@ def test_the_version_follows_the_generated_sources():
     assert _operator(lambda p: CODEGEN % p + " ").version != base
 
 
-def test_configs_outside_the_table_are_refused_where_another_size_allows_them():
-    """Only the configs valid at the tuned size were generated: at a larger size, where more
-    are valid, check and screen refuse the others and the default is one of the table's."""
-    op = _operator(Counting(), tune={"bs": [32, 64, 128, 256], "tile": [1]}, n=128,
-                   restrictions=["bs <= x"])  # fmt: skip
-    assert op.generated_configs == 3
-    big = (1024,)
-    assert "no source was generated" in op.check({"bs": 256, "tile": 1}, big, "float32")
-    assert op.check({"bs": 128, "tile": 1}, big, "float32") is None
+def test_the_table_holds_every_size_and_each_size_checks_its_own():
+    """The table is built from the checks holding at every size: a restriction naming x is
+    left to each size's check, so a small size generates the configs only a larger one allows,
+    refuses them by that restriction (not by the table), and is the larger size's version."""
+    gen = Counting()
+    tune = {"bs": [32, 64, 128, 256], "tile": [1]}
+    op = _operator(gen, tune=tune, n=128, restrictions=["bs <= x"])
+    assert op.generated_configs == 4 and [c["bs"] for c, _ in gen.calls] == tune["bs"]
+    small, big = (128,), (1024,)
+    assert "restriction bs <= x does not hold" in op.check({"bs": 256, "tile": 1}, small, "float32")
+    assert op.check({"bs": 256, "tile": 1}, big, "float32") is None
+    columns = {"bs": np.array(tune["bs"]), "tile": np.array([1, 1, 1, 1])}
+    assert op.screen(small, "float32")(columns).tolist() == [True, True, True, False]
+    assert op.screen(big, "float32")(columns).tolist() == [True] * 4
+    assert op.render({"bs": 256, "tile": 1}, big, "float32").endswith(
+        'extern "C" {\n' + CODEGEN % {"bs": 256, "tile": 1} + "\n}\n"
+    )
+    assert _operator(Counting(), tune=tune, n=1024, restrictions=["bs <= x"]).version == op.version
+
+
+def test_configs_outside_the_table_are_refused_at_every_size():
+    """A table without a config (refused at every size; here one built without it) refuses it
+    in check, check_any_size and the screens, and render raises: there is no generator to ask."""
+    op = _operator(Counting(), tune={"bs": [32, 64, 128, 256], "tile": [1]})
+    partial = GeneratedOperatorSpec(
+        op.definition, [(c, op.source_for(c)) for c in ({"bs": 32, "tile": 1},
+                                                        {"bs": 64, "tile": 1})],
+    )  # fmt: skip
+    config = {"bs": 128, "tile": 1}
+    assert op.check(config, (N,), "float32") is None
+    assert "no source was generated" in partial.check(config, (N,), "float32")
+    assert "no source was generated" in partial.check_any_size(config, "float32")
     columns = {"bs": np.array([32, 64, 128, 256]), "tile": np.array([1, 1, 1, 1])}
-    assert op.screen(big, "float32")(columns).tolist() == [True, True, True, False]
-    assert op.default_config(big, "float32") == {"bs": 32, "tile": 1}
-    with pytest.raises(InvalidInput, match="bs': 256.*no source was generated"):
-        op.render({"bs": 256, "tile": 1}, big, "float32")
+    assert partial.screen((N,), "float32")(columns).tolist() == [True, True, False, False]
+    assert partial.screen_any_size("float32")(columns).tolist() == [True, True, False, False]
+    assert partial.default_config((N,), "float32") == {"bs": 32, "tile": 1}
+    with pytest.raises(InvalidInput, match="bs': 128.*no source was generated"):
+        partial.render(config, (N,), "float32")
 
 
 def test_too_many_configs_are_refused_before_the_generator_runs():
     gen = Counting()
     tune = {"bs": [32, 64], "tile": list(range(1, 101)), "u": list(range(51))}
-    with pytest.raises(InvalidInput, match=r"10200 configs are valid at problem size .*at most "
-                       r"10000: narrow tune_params or add restrictions"):  # fmt: skip
+    with pytest.raises(InvalidInput, match=r"10200 configs pass the restrictions and limits that "
+                       r"hold at every problem size; .*at most 10000: narrow tune_params or add "
+                       r"restrictions"):  # fmt: skip
         _operator(gen, tune=tune, restrictions=[])
     huge = {"bs": [32, 64], "tile": list(range(1, 1025)), "u": list(range(1024)),
             "v": list(range(64))}  # fmt: skip
     with pytest.raises(InvalidInput, match="too many to count the valid ones"):
         _operator(gen, tune=huge, restrictions=[])
     args, answer = _args()
-    with pytest.raises(InvalidInput, match="10200 configs are valid"):
+    with pytest.raises(InvalidInput, match="10200 configs pass"):
         kato.tune_kernel("vector_add", gen, N, args, tune, answer=answer, **(KW | {
             "restrictions": []}))  # fmt: skip
     assert gen.calls == []
