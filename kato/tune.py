@@ -34,6 +34,9 @@ _MARKERS = {
     "compile_error": "CompilationFailedConfig",
     "invalid": "InvalidConfig",
 }
+#: The operator :func:`tune_kernel` last tuned locally under each name in this process:
+#: :func:`lookup` checks a winner of another size against it before serving it.
+_TUNED: dict[str, Any] = {}
 #: Strategies of Kernel Tuner that are an exhaustive search; any other name runs Kato's
 #: default search at the budget ``strategy_options["max_fevals"]`` (default 100).
 _EXHAUSTIVE = (None, "brute_force")
@@ -331,6 +334,7 @@ def _tune_locally(
     from kato.tuner.job_runner import default_worker_id
 
     register(op)  # before a measuring child starts: it is sent this process's operator
+    _TUNED[op.name] = op
     if simulation:
         if cache is None or not Path(cache).is_file():
             raise InvalidInput("simulation_mode replays a cache file: give cache=PATH of one")
@@ -461,9 +465,15 @@ def lookup(
     name: str | None = None,
 ) -> dict[str, Any] | None:
     """The tuned config of a kernel tuned through :func:`tune_kernel` for this problem size and
-    GPU model: ``{"config", "time_ms", "source", "version"}``, or None where nothing was tuned
-    (the exact size, else the nearest tuned size of the same version). From the service's
-    ``GET /v1/configs`` with ``service``, else from the local database."""
+    GPU model: ``{"config", "time_ms", "source", "version"}``, or None where nothing is served.
+
+    ``source`` ``exact``: the winner tuned at this size; ``nearest``: the winner of the
+    nearest tuned size of the same version that is valid at this size (checked against the
+    operator: a restriction naming ``x`` or a grid limit may refuse it here) and beat the
+    default config on its own size. From the service's ``GET /v1/configs`` with ``service``
+    (its registered operator checks), else from the local database, newest tuned version
+    first: there only the operator :func:`tune_kernel` tuned in this process can check a
+    nearest size's winner, so another process is served exact sizes only."""
     op_name = name or operator_name(kernel_name)
     shape = problem_dims(problem_size)
     if service is not None:
@@ -484,7 +494,7 @@ def lookup(
                 "source": data["source"], "version": data.get("operator_version")}  # fmt: skip
     from kato.db import queries
     from kato.db.session import default_db_url, init_db, session_factory
-    from kato.service.lookup import lookup_best_config
+    from kato.service.lookup import applies, lookup_best_config
 
     engine = init_db(db or default_db_url())
     try:
@@ -497,9 +507,15 @@ def lookup(
             )
             if version is None:
                 return None
+            op = _TUNED.get(op_name)
+            if op is None or op.version != version:
+                # Nothing here knows which configs are valid at this size: exact sizes only.
+                accept, max_distance = None, 0.0
+            else:
+                accept, max_distance = (lambda c: applies(op, c, shape, dtype)), None
             found, source = lookup_best_config(
                 session, operator=op_name, operator_version=version, shape=shape,
-                dtype=dtype, gpu_model=model,
+                dtype=dtype, gpu_model=model, accept=accept, max_distance=max_distance,
             )  # fmt: skip
             if found is None:
                 return None

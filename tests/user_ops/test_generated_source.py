@@ -412,3 +412,64 @@ def test_every_config_a_table_may_hold_is_enumerated_not_sampled():
     from kato.tuner.space import ENUMERATE_MAX
 
     assert MAX_GENERATED_CONFIGS <= ENUMERATE_MAX
+
+
+# Kernel Tuner's "no tail" restriction: a block's tile must divide the problem, so the configs
+# valid at 3 * 1024 (bs * tile up to 1024) are not those valid at 2**20 (up to 4096).
+NO_TAIL = {"restrictions": ["bs * tile <= 4096", "x % (bs * tile) == 0"]}
+SMALL, BIG = 3 * 1024, N
+BETWEEN = N + 2048  # nearest BIG; x % 4096 == 2048: BIG's winner is invalid here
+
+
+def _tune_at(n, db, tmp_path, gen=None):
+    """Tune the generator at ``n`` on a recording of its space there; (env, best config)."""
+    op = _operator(Counting(), n=n, **NO_TAIL)
+    path, best = record(op, (n,), tmp_path / f"cache_{n}.json")
+    args, answer = _args(n)
+    _, env = kato.tune_kernel(
+        "vector_add", gen or Counting(), n, args, TUNE, answer=answer, cache=str(path),
+        simulation_mode=True, db=db, **(KW | NO_TAIL),
+    )  # fmt: skip
+    assert env["best_config"] == best and env["status"] == "done"
+    return env, best
+
+
+def test_two_sizes_with_other_valid_configs_are_one_version(tmp_path):
+    """A restriction naming x makes the valid configs differ between two sizes; the generator
+    tuned at both is one operator version (its table the same), each size's lookup serves its
+    own winner, and a winner invalid at a size is never served there (the nearest size's
+    winner is checked against the operator)."""
+    db = f"sqlite:///{tmp_path / 'kato.db'}"
+    small_gen, big_gen = Counting(), Counting()
+    small, small_best = _tune_at(SMALL, db, tmp_path, small_gen)
+    big, big_best = _tune_at(BIG, db, tmp_path, big_gen)
+    assert small["kato_operator_version"] == big["kato_operator_version"]
+    assert [c for c, _ in small_gen.calls] == [c for c, _ in big_gen.calls] == _configs()
+    op = _operator(Counting(), n=SMALL, **NO_TAIL)
+    assert op.check(big_best, (BIG,), "float32") is None
+    assert "does not hold" in op.check(big_best, (SMALL,), "float32")
+    assert small_best != big_best
+    version = big["kato_operator_version"]
+    for n, best in ((SMALL, small_best), (BIG, big_best)):
+        found = kato.lookup("vector_add", n, gpu="H200", db=db)
+        assert (found["config"], found["source"], found["version"]) == (best, "exact", version)
+    # Nearest BIG, where BIG's winner does not divide the size: the next nearest valid winner.
+    assert "does not hold" in op.check(big_best, (BETWEEN,), "float32")
+    near = kato.lookup("vector_add", BETWEEN, gpu="H200", db=db)
+    assert near["source"] == "nearest" and near["config"] == small_best
+    assert op.check(near["config"], (BETWEEN,), "float32") is None
+    # Where the nearest winner is valid, it is served.
+    assert kato.lookup("vector_add", 2 * BIG, gpu="H200", db=db)["config"] == big_best
+
+
+def test_a_process_that_did_not_tune_the_kernel_serves_exact_sizes_only(tmp_path, monkeypatch):
+    """kato.lookup checks a nearest size's winner against the operator this process tuned;
+    without it (another process) nothing says the winner is valid here: exact sizes only."""
+    from kato import tune
+
+    db = f"sqlite:///{tmp_path / 'kato.db'}"
+    _, big_best = _tune_at(BIG, db, tmp_path)
+    assert kato.lookup("vector_add", 2 * BIG, gpu="H200", db=db)["source"] == "nearest"
+    monkeypatch.setattr(tune, "_TUNED", {})
+    assert kato.lookup("vector_add", BIG, gpu="H200", db=db)["config"] == big_best
+    assert kato.lookup("vector_add", 2 * BIG, gpu="H200", db=db) is None
