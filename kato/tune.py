@@ -156,7 +156,10 @@ def tune_kernel(
     :data:`~kernels.user.generated.MAX_GENERATED_CONFIGS`, else ``InvalidInput`` before any
     call), and the operator keeps the sources (:mod:`kato.kernel_tuner`); a call that raises
     or returns no string is an ``InvalidInput`` naming the config. Through a service it is
-    refused.
+    refused. ``restrictions``: expression strings, and locally also Kernel Tuner's restriction
+    functions (:func:`kato.kernel_tuner.split_restrictions`), called here with the generator
+    (a string source is then a generator of itself); the operator they shape serves exact
+    sizes only (:func:`lookup`).
     ``strategy``: None or ``brute_force`` measures every valid config (Kato's ``grid``);
     Kato's own names (``forest``, ``tpe``, ...) select that search; any other Kernel Tuner
     name runs Kato's default search; ``strategy_options["max_fevals"]`` is the budget and
@@ -473,7 +476,8 @@ def lookup(
     default config on its own size. From the service's ``GET /v1/configs`` with ``service``
     (its registered operator checks), else from the local database, newest tuned version
     first: there only the operator :func:`tune_kernel` tuned in this process can check a
-    nearest size's winner, so another process is served exact sizes only."""
+    nearest size's winner, so another process is served exact sizes only, and so is an
+    operator shaped by restriction functions (called at its tuned sizes only)."""
     op_name = name or operator_name(kernel_name)
     shape = problem_dims(problem_size)
     if service is not None:
@@ -508,7 +512,7 @@ def lookup(
             if version is None:
                 return None
             op = _TUNED.get(op_name)
-            if op is None or op.version != version:
+            if op is None or op.version != version or not op.checks_every_size:
                 # Nothing here knows which configs are valid at this size: exact sizes only.
                 accept, max_distance = None, 0.0
             else:

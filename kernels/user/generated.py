@@ -83,6 +83,9 @@ class GeneratedOperatorSpec(UserOperatorSpec):
             file: the template's rules), at most :data:`MAX_GENERATED_BYTES` of distinct
             sources in all. Kept as data only, as exact ``str`` (a subclass is copied to one,
             so nothing of the caller's code travels with the table): no callable is held.
+        by_functions: restriction functions (Python of the caller, called at the tuned
+            size only) left configs out of ``sources``: their answers at another size are
+            unknown, so :attr:`checks_every_size` is False.
         options: :class:`UserOperatorSpec`'s (``arguments``, ``answer``, ``constants``,
             ``verify``).
 
@@ -96,9 +99,12 @@ class GeneratedOperatorSpec(UserOperatorSpec):
         self,
         definition: OperatorDefinition,
         sources: Sequence[tuple[Config, str]] | Mapping[Key, str],
+        *,
+        by_functions: bool = False,
         **options: Any,
     ):
         super().__init__(definition, **options)
+        self.checks_every_size = not by_functions
         pairs = (
             [(dict(zip(self.params, key, strict=True)), text) for key, text in sources.items()]
             if isinstance(sources, Mapping)

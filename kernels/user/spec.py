@@ -144,6 +144,11 @@ class UserOperatorSpec(OperatorSpec):
     #: Read from the database (``db.operators``): such an operator may be replaced by a newer
     #: stored version; a built-in or installed one's name cannot be taken by a stored one.
     stored: bool = False
+    #: Whether :meth:`check` decides a config's validity at every shape. False where code
+    #: Kato cannot read decided some configs at one shape only (a restriction function of
+    #: ``kato.tune_kernel``, :mod:`kernels.user.generated`): a winner tuned at one shape is
+    #: then not served at another (``kato.lookup`` serves exact shapes only).
+    checks_every_size: bool = True
 
     def __init__(
         self,
