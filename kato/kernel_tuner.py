@@ -166,6 +166,7 @@ def generated_sources(
     generator: Any,
     dtype: str,
     functions: Sequence[RestrictionFunction] = (),
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[tuple[dict[str, Any], str]]:
     """Each config of ``op`` that passes the checks holding at every problem size
     (:meth:`~kernels.user.spec.UserOperatorSpec.check_any_size`: the restrictions and launch
@@ -175,7 +176,8 @@ def generated_sources(
     asked for: the table is the same at every size (a config refused at a size by a check
     left out here is refused there by ``op.check``). The restriction functions are called
     first, on every config that passes the checks, at most :data:`~tuner.space.ENUMERATE_MAX`;
-    whatever they read, their answers are in the table, so in the version.
+    whatever they read, their answers are in the table, so in the version. ``progress``
+    (optional) is called with (sources generated, sources to generate) after each call.
 
     Raises:
         InvalidInput: more than :data:`~kernels.user.generated.MAX_GENERATED_CONFIGS` such
@@ -228,6 +230,8 @@ def generated_sources(
             ) from exc
         # Checked at once, not after every other config's call.
         out.append((config, returned_source(config, text)))
+        if progress is not None:
+            progress(len(out), len(configs))
     return out
 
 
@@ -335,6 +339,7 @@ def operator_from_arguments(
     fixed: bool = True,
     shape: Any = None,
     verify: Any = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[UserOperatorSpec, dict[str, Any]]:
     """The operator (with the given arguments and answer when ``fixed``) and the spec dict
     it was built from (what a service is sent). ``shape``: Kato's shape where
@@ -350,7 +355,8 @@ def operator_from_arguments(
     rules) as a string source would be. ``restrictions`` may hold functions
     (:func:`split_restrictions`), with ``fixed`` only: they are called with the generator (a
     string source is then a generator of itself), and the configs they refuse are left out
-    of the table (the operator's ``checks_every_size`` is then False).
+    of the table (the operator's ``checks_every_size`` is then False). ``progress``: told
+    how far the generator is (:func:`generated_sources`).
 
     Raises:
         InvalidInput: an argument Kato cannot pass, a restriction that is neither an
@@ -448,7 +454,7 @@ def operator_from_arguments(
     # The spec's checks that hold at every size decide which configs are rendered (so the
     # version is one at every size); the generator is called here and the operator keeps only
     # what it returned.
-    sources = generated_sources(op, generator, op.dtypes[0], functions)
+    sources = generated_sources(op, generator, op.dtypes[0], functions, progress)
     return GeneratedOperatorSpec(defn, sources, by_functions=bool(functions), **options), spec
 
 

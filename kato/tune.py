@@ -37,6 +37,9 @@ _MARKERS = {
 #: The operator :func:`tune_kernel` last tuned locally under each name in this process:
 #: :func:`lookup` checks a winner of another size against it before serving it.
 _TUNED: dict[str, Any] = {}
+#: A code generator still running after this many seconds prints how far it is, and again
+#: each as many seconds (unless ``quiet``): up to 10,000 calls may take minutes.
+PROGRESS_EVERY_S = 5.0
 #: Strategies of Kernel Tuner that are an exhaustive search; any other name runs Kato's
 #: default search at the budget ``strategy_options["max_fevals"]`` (default 100).
 _EXHAUSTIVE = (None, "brute_force")
@@ -202,6 +205,7 @@ def tune_kernel(
         grid_div_y=grid_div_y, grid_div_z=grid_div_z, block_size_names=block_size_names,
         smem_args=smem_args, cmem_args=cmem_args, defines=defines, name=name,
         fixed=service is None, verify=_local_verify(verify, service),
+        progress=None if quiet else _GeneratorProgress(kernel_name),
     )  # fmt: skip
     shape, _ = problem_shape(problem_size, arguments)
     dtype = op.dtypes[0]
@@ -239,6 +243,28 @@ def tune_kernel(
         )  # fmt: skip
     _add_metrics(results, metrics)
     return results, env
+
+
+class _GeneratorProgress:
+    """Prints how far a slow code generator is, as tune_kernel prints its other news (``kato:``
+    lines, none when ``quiet``): every :data:`PROGRESS_EVERY_S` seconds, and once when done
+    where it took that long, so a fast generator prints nothing."""
+
+    def __init__(self, kernel_name: str):
+        self.kernel_name = kernel_name
+        self.start = self.last = time.monotonic()
+        self.printed = False
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done == total:
+            if self.printed or now - self.start >= PROGRESS_EVERY_S:
+                print(f"kato: {self.kernel_name}: generated {total} sources in "
+                      f"{now - self.start:.0f} s", flush=True)  # fmt: skip
+        elif now - self.last >= PROGRESS_EVERY_S:
+            self.last, self.printed = now, True
+            print(f"kato: {self.kernel_name}: generated {done} of {total} sources "
+                  f"({now - self.start:.0f} s)", flush=True)  # fmt: skip
 
 
 def _too_large_to_walk(op: Any, shape: Sequence[int], dtype: str) -> bool:

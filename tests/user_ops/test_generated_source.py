@@ -473,3 +473,29 @@ def test_a_process_that_did_not_tune_the_kernel_serves_exact_sizes_only(tmp_path
     monkeypatch.setattr(tune, "_TUNED", {})
     assert kato.lookup("vector_add", BIG, gpu="H200", db=db)["config"] == big_best
     assert kato.lookup("vector_add", 2 * BIG, gpu="H200", db=db) is None
+
+
+def test_a_slow_generator_prints_how_far_it_is(tmp_path, monkeypatch, capsys):
+    """tune_kernel prints a slow generator's progress as it prints its other news (kato:
+    lines, every PROGRESS_EVERY_S, then once when done), nothing for a fast one or when
+    quiet; progress is told after each source."""
+    from kato import tune
+
+    told = []
+    _operator(Counting(), progress=lambda done, total: told.append((done, total)))
+    assert told == [(i, VALID) for i in range(1, VALID + 1)]
+    path, _ = record(_operator(Counting()), (N,), tmp_path / "cache.json")
+    args, answer = _args()
+
+    def run(quiet):
+        kato.tune_kernel("vector_add", Counting(), N, args, TUNE, answer=answer, quiet=quiet,
+                         cache=str(path), simulation_mode=True,
+                         db=f"sqlite:///{tmp_path / 'kato.db'}", **KW)  # fmt: skip
+        return capsys.readouterr().out.splitlines()
+
+    assert run(quiet=False) == []  # a fast generator
+    monkeypatch.setattr(tune, "PROGRESS_EVERY_S", 0.0)
+    assert run(quiet=True) == []
+    lines = run(quiet=False)
+    assert len(lines) == VALID and lines[0].startswith("kato: vector_add: generated 1 of 23 ")
+    assert lines[-1].startswith(f"kato: vector_add: generated {VALID} sources in ")
