@@ -50,6 +50,13 @@ PLACEHOLDER = (
     "// table (kato.kernels.user.generated.GeneratedOperatorSpec), not in this file.\n"
 )
 
+#: What to do instead of a quoted include in a generated source: a generator has no headers
+#: (it runs in the caller's process, so it can read the file itself).
+GENERATOR_INCLUDE_ADVICE = (
+    "a generated source has no headers: have the generator put the header's text into the "
+    "source (read the file, or a Jinja2 {% include %}), or include system headers by <name>"
+)
+
 Key = tuple[Any, ...]
 
 
@@ -228,7 +235,7 @@ def _text_error(text: str) -> str | None:
         return f"over {MAX_FILE_BYTES} bytes"
     if "\x00" in text:
         return "it holds a NUL character"
-    return include_error("generated source", text)
+    return include_error("generated source", text, advice=GENERATOR_INCLUDE_ADVICE)
 
 
 def _plain(value: Any) -> Any:

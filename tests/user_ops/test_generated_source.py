@@ -278,7 +278,8 @@ def test_too_many_configs_are_refused_before_the_generator_runs():
         (Counting(returns=None), r"returned a NoneType for config \{'bs': 32, 'tile': 1\}"),
         (Counting(returns=b"__global__ void k() {}"), "returned a bytes for config"),
         (Counting(text='#include "mine.h"\n' + CODEGEN),
-         r"source generated for config \{'bs': 32, 'tile': 1\}: .*mine\.h"),
+         r"source generated for config \{'bs': 32, 'tile': 1\}: .*mine\.h.*; a generated "
+         r"source has no headers: have the generator put the header's text into the source"),
         (Counting(text=CODEGEN + "\x00"), "holds a NUL character"),
     ],
 )  # fmt: skip
