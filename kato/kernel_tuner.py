@@ -8,15 +8,20 @@ the launch follows Kernel Tuner's conventions (:mod:`kernels.user.model`).
 
 A ``kernel_source`` that is a code generator (a callable of the config's tunables returning
 its source, as Kernel Tuner takes one) is called here, in the caller's process only, once per
-config valid at the problem size (:func:`generated_sources`); the operator is then a
-:class:`~kernels.user.generated.GeneratedOperatorSpec` holding the sources, never the callable.
+config that passes the checks holding at every problem size (:func:`generated_sources`); the
+operator is then a :class:`~kernels.user.generated.GeneratedOperatorSpec` holding the sources,
+never the callable, and is one version at every problem size. Restriction functions (Kernel
+Tuner's callable ``restrictions``, :func:`split_restrictions`) are called there too, locally
+only, and a config they refuse is left out of the table; with a string source the operator is
+then such a table of that one source.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +37,7 @@ from kato.kernels.user.generated import (
 )
 from kato.kernels.user.model import ARRAY_DTYPES, OUTPUT_DTYPES, SCALAR_DTYPES
 from kato.kernels.user.spec import UserOperatorSpec
-from kato.tuner.space import FILTER_MAX, SearchSpace
+from kato.tuner.space import ENUMERATE_MAX, FILTER_MAX, SearchSpace
 
 #: What Kato's result key calls a dimension of ``problem_size``.
 DIMENSION_NAMES = ("x", "y", "z")
@@ -43,6 +48,84 @@ GENERATOR_LOCAL_ONLY = (
     "local kato.tune_kernel, which calls it here for each config; a service's workers run no "
     "caller's Python. Through a service, pass the CUDA source as a string, or tune locally"
 )
+
+#: Why a restriction function is refused through a service.
+RESTRICTION_FUNCTION_LOCAL_ONLY = (
+    "restrictions holds a Python function: restriction functions run only in a local "
+    "kato.tune_kernel, which calls them here for each config; a service's workers run no "
+    "caller's Python. Through a service, write it as an expression string such as "
+    "'block_size_x * tile_size_x <= 1024'"
+)
+
+
+class RestrictionFunction:
+    """One of Kernel Tuner's restriction functions, called on a config: with a dict of the
+    config where ``names`` is None, else with the values of ``names`` (tunables) in order.
+    Its answer's truth decides, as in Kernel Tuner."""
+
+    def __init__(self, function: Callable[..., Any], names: Sequence[str] | None):
+        self.function = function
+        self.names = None if names is None else tuple(names)
+
+    def __call__(self, config: Mapping[str, Any]) -> bool:
+        if self.names is None:
+            return bool(self.function(dict(config)))
+        return bool(self.function(*(config[name] for name in self.names)))
+
+    def __str__(self) -> str:
+        return getattr(self.function, "__qualname__", None) or repr(self.function)
+
+
+def split_restrictions(
+    restrictions: Any, tune_params: Mapping[str, Any]
+) -> tuple[list[str], list[RestrictionFunction]]:
+    """Kernel Tuner's ``restrictions`` as the spec's expression strings and the restriction
+    functions: None, an expression, a function, or a list of expressions and functions. A
+    function is called as Kernel Tuner calls its forms (:class:`RestrictionFunction`): one of
+    a single parameter, with several tunables, gets the config's dict (its documented form,
+    ``lambda p: p["block_size_x"] <= 512``); one whose parameters are all tunables' names
+    gets those by name; any other every tunable's value in ``tune_params`` order.
+
+    Raises:
+        InvalidInput: an entry of another kind (python-constraint's ``Constraint`` objects,
+            ``(function, names)`` pairs, which Kernel Tuner's tune_kernel refuses too).
+    """
+    if restrictions is None:
+        return [], []
+    items = list(restrictions) if isinstance(restrictions, list | tuple) else [restrictions]
+    params = list(tune_params)
+    texts: list[str] = []
+    functions: list[RestrictionFunction] = []
+    for item in items:
+        if isinstance(item, str):
+            texts.append(item)
+        elif callable(item) and type(item).__module__.split(".")[0] != "constraint":
+            parameters = _parameters(item)
+            if parameters is not None and len(parameters) == 1 and len(params) > 1:
+                functions.append(RestrictionFunction(item, None))
+            elif parameters and set(parameters) <= set(params):
+                functions.append(RestrictionFunction(item, parameters))  # by their names
+            else:
+                functions.append(RestrictionFunction(item, params))
+        else:
+            raise InvalidInput(
+                "restrictions must be expression strings such as 'block_size_x * tile <= "
+                f"1024' or functions of the tunables, not {type(item).__name__} ({item!r})"
+            )
+    return texts, functions
+
+
+def _parameters(function: Callable[..., Any]) -> list[str] | None:
+    """The names of a function's plain parameters; None where it has others (``*args``,
+    keyword-only) or no signature to read (a builtin)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if any(p.kind not in plain for p in parameters):
+        return None
+    return [p.name for p in parameters]
 
 
 def operator_name(kernel_name: str) -> str:
@@ -79,25 +162,40 @@ def code_generator(kernel_source: Any) -> Any:
 
 
 def generated_sources(
-    op: UserOperatorSpec, generator: Any, shape: Sequence[int], dtype: str
+    op: UserOperatorSpec,
+    generator: Any,
+    dtype: str,
+    functions: Sequence[RestrictionFunction] = (),
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[tuple[dict[str, Any], str]]:
-    """Each config valid for ``op`` at ``shape`` and ``dtype`` (its restrictions and launch
-    limits, in ``tune_params`` order) with ``generator(config)``: called here, in this
-    process, once per config, with a fresh dict of its tunables as Kernel Tuner calls it.
+    """Each config of ``op`` that passes the checks holding at every problem size
+    (:meth:`~kernels.user.spec.UserOperatorSpec.check_any_size`: the restrictions and launch
+    limits that read no shape name) and every restriction function of ``functions``, in
+    ``tune_params`` order, with ``generator(config)``: called here, in this process, once per
+    config, with a fresh dict of its tunables as Kernel Tuner calls it. No problem size is
+    asked for: the table is the same at every size (a config refused at a size by a check
+    left out here is refused there by ``op.check``). The restriction functions are called
+    first, on every config that passes the checks, at most :data:`~tuner.space.ENUMERATE_MAX`;
+    whatever they read, their answers are in the table, so in the version. ``progress``
+    (optional) is called with (sources generated, sources to generate) after each call.
 
     Raises:
-        InvalidInput: more than :data:`~kernels.user.generated.MAX_GENERATED_CONFIGS` valid
-            configs, or a product of ``tune_params`` too large to count them (over
-            :data:`~tuner.space.FILTER_MAX`), before the generator is called; a generator
-            that raises for a config (the config and the exception named, the exception
-            chained) or returns anything but a string (at that config's call).
+        InvalidInput: more than :data:`~kernels.user.generated.MAX_GENERATED_CONFIGS` such
+            configs (:data:`~tuner.space.ENUMERATE_MAX` before restriction functions), or a
+            product of ``tune_params`` too large to count them (over
+            :data:`~tuner.space.FILTER_MAX`), before the generator is called; a generator or
+            a restriction function that raises for a config (the config and the exception
+            named, the exception chained), a generator that returns anything but a string (at
+            that config's call).
     """
     space = SearchSpace(
-        op.params, check=lambda c: op.check(c, shape, dtype), screen=op.screen(shape, dtype)
+        op.params,
+        check=lambda c: op.check_any_size(c, dtype),
+        screen=op.screen_any_size(dtype),
     )
     narrow = (
-        f"a code generator is run up front for every valid config, at most "
-        f"{MAX_GENERATED_CONFIGS}: narrow tune_params or add restrictions"
+        f"a code generator is run up front for every config that may be valid at some problem "
+        f"size, at most {MAX_GENERATED_CONFIGS}: narrow tune_params or add restrictions"
     )
     if len(space) > FILTER_MAX:
         raise InvalidInput(
@@ -105,10 +203,25 @@ def generated_sources(
             f"(at most {FILTER_MAX}); {narrow}"
         )
     count = space.count_valid()
-    if count is not None and count > MAX_GENERATED_CONFIGS:
-        raise InvalidInput(f"{count} configs are valid at problem size {tuple(shape)}; {narrow}")
+    most = ENUMERATE_MAX if functions else MAX_GENERATED_CONFIGS
+    if count is not None and count > most:
+        raise InvalidInput(
+            f"{count} configs pass the restrictions and limits that hold at every problem "
+            + (
+                f"size, too many to call restriction functions on (at most {most}): write "
+                "restrictions as expressions, or narrow tune_params"
+                if functions
+                else f"size; {narrow}"
+            )
+        )
+    configs = [c for c in space.valid_configs() if all(_holds(f, c) for f in functions)]
+    if len(configs) > MAX_GENERATED_CONFIGS:
+        raise InvalidInput(
+            f"{len(configs)} configs pass the restrictions and limits that hold at every "
+            f"problem size and the restriction functions; {narrow}"
+        )
     out = []
-    for config in space.valid_configs():
+    for config in configs:
         try:
             text = generator(dict(config))
         except Exception as exc:  # the user's code: any error names its config
@@ -117,7 +230,19 @@ def generated_sources(
             ) from exc
         # Checked at once, not after every other config's call.
         out.append((config, returned_source(config, text)))
+        if progress is not None:
+            progress(len(out), len(configs))
     return out
+
+
+def _holds(function: RestrictionFunction, config: Mapping[str, Any]) -> bool:
+    try:
+        return function(config)
+    except Exception as exc:  # the user's code: any error names its config
+        raise InvalidInput(
+            f"the restriction function {function} raised {type(exc).__name__} for config "
+            f"{dict(config)}: {exc}"
+        ) from exc
 
 
 def problem_dims(problem_size: Any) -> tuple[int, ...]:
@@ -214,6 +339,7 @@ def operator_from_arguments(
     fixed: bool = True,
     shape: Any = None,
     verify: Any = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[UserOperatorSpec, dict[str, Any]]:
     """The operator (with the given arguments and answer when ``fixed``) and the spec dict
     it was built from (what a service is sent). ``shape``: Kato's shape where
@@ -222,27 +348,27 @@ def operator_from_arguments(
     and the answer's entries may have any size, as Kernel Tuner allows).
 
     ``kernel_source`` may be a code generator (:func:`code_generator`), with ``fixed`` only:
-    it is called for every config valid at the shape (:func:`generated_sources`) and the
-    operator is a :class:`~kernels.user.generated.GeneratedOperatorSpec` of its sources,
+    it is called for every config that may be valid at some problem size
+    (:func:`generated_sources`) and the operator is a
+    :class:`~kernels.user.generated.GeneratedOperatorSpec` of its sources,
     each rendered with Kato's macros (``block_size_names``, ``grid_div_*``: Kernel Tuner's
-    rules) as a string source would be.
+    rules) as a string source would be. ``restrictions`` may hold functions
+    (:func:`split_restrictions`), with ``fixed`` only: they are called with the generator (a
+    string source is then a generator of itself), and the configs they refuse are left out
+    of the table (the operator's ``checks_every_size`` is then False). ``progress``: told
+    how far the generator is (:func:`generated_sources`).
 
     Raises:
-        InvalidInput: an argument Kato cannot pass, a restriction that is not an expression,
-            an answer of the wrong length, and every error of the declarative spec; a code
-            generator without ``fixed`` (a service's spec), and every error of
-            :func:`generated_sources` and of a generated source.
+        InvalidInput: an argument Kato cannot pass, a restriction that is neither an
+            expression nor a function, an answer of the wrong length, and every error of the
+            declarative spec; a code generator or a restriction function without ``fixed`` (a
+            service's spec), and every error of :func:`generated_sources` and of a generated
+            source.
     """
     shape, problem_exprs = problem_shape(problem_size, arguments, shape)
-    if restrictions is None:
-        restrictions = []
-    elif isinstance(restrictions, str):
-        restrictions = [restrictions]
-    elif callable(restrictions) or not all(isinstance(r, str) for r in restrictions):
-        raise InvalidInput(
-            "restrictions must be expression strings such as 'block_size_x * tile <= 1024' "
-            "(a Python function cannot be sent to a service or evaluated safely)"
-        )
+    restrictions, functions = split_restrictions(restrictions, tune_params)
+    if functions and not fixed:
+        raise InvalidInput(RESTRICTION_FUNCTION_LOCAL_ONLY)
     if answer is not None and len(answer) != len(arguments):
         raise InvalidInput(
             f"answer has {len(answer)} entries for {len(arguments)} arguments (None where "
@@ -307,6 +433,11 @@ def operator_from_arguments(
     generator = code_generator(kernel_source)
     if generator is not None and not fixed:
         raise InvalidInput(GENERATOR_LOCAL_ONLY)
+    if generator is None and functions:
+        # Restriction functions are answered up front into a table, as a generator's sources
+        # are: a string source is a generator of that one source.
+        source = kernel_source_text(kernel_source)
+        generator = lambda params: source  # noqa: E731
     text = PLACEHOLDER if generator is not None else kernel_source_text(kernel_source)
     defn = definition(spec, {"kernel.cu": text}, "tune_kernel")
     if not fixed:
@@ -320,10 +451,11 @@ def operator_from_arguments(
     op = UserOperatorSpec(defn, **options)
     if generator is None:
         return op, spec
-    # The spec's own checks (restrictions, launch limits) decide which configs are rendered;
-    # the generator is called here and the operator keeps only what it returned.
-    sources = generated_sources(op, generator, shape, op.dtypes[0])
-    return GeneratedOperatorSpec(defn, sources, **options), spec
+    # The spec's checks that hold at every size decide which configs are rendered (so the
+    # version is one at every size); the generator is called here and the operator keeps only
+    # what it returned.
+    sources = generated_sources(op, generator, op.dtypes[0], functions, progress)
+    return GeneratedOperatorSpec(defn, sources, by_functions=bool(functions), **options), spec
 
 
 def _constants(

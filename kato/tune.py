@@ -34,6 +34,12 @@ _MARKERS = {
     "compile_error": "CompilationFailedConfig",
     "invalid": "InvalidConfig",
 }
+#: The operator :func:`tune_kernel` last tuned locally under each name in this process:
+#: :func:`lookup` checks a winner of another size against it before serving it.
+_TUNED: dict[str, Any] = {}
+#: A code generator still running after this many seconds prints how far it is, and again
+#: each as many seconds (unless ``quiet``): up to 10,000 calls may take minutes.
+PROGRESS_EVERY_S = 5.0
 #: Strategies of Kernel Tuner that are an exhaustive search; any other name runs Kato's
 #: default search at the budget ``strategy_options["max_fevals"]`` (default 100).
 _EXHAUSTIVE = (None, "brute_force")
@@ -148,11 +154,15 @@ def tune_kernel(
     through a service it is refused.
     ``kernel_source``: CUDA code, a file name, or (locally only) a code generator, a callable
     of a config's tunables returning its source, such as a Jinja2 template's ``render``: it is
-    called here, in this process, once per config valid at ``problem_size`` (at most
+    called here, in this process, once per config that passes the restrictions and limits
+    holding at every problem size, so its operator is one version at every size (at most
     :data:`~kernels.user.generated.MAX_GENERATED_CONFIGS`, else ``InvalidInput`` before any
     call), and the operator keeps the sources (:mod:`kato.kernel_tuner`); a call that raises
     or returns no string is an ``InvalidInput`` naming the config. Through a service it is
-    refused.
+    refused. ``restrictions``: expression strings, and locally also Kernel Tuner's restriction
+    functions (:func:`kato.kernel_tuner.split_restrictions`), called here with the generator
+    (a string source is then a generator of itself); the operator they shape serves exact
+    sizes only (:func:`lookup`).
     ``strategy``: None or ``brute_force`` measures every valid config (Kato's ``grid``);
     Kato's own names (``forest``, ``tpe``, ...) select that search; any other Kernel Tuner
     name runs Kato's default search; ``strategy_options["max_fevals"]`` is the budget and
@@ -195,6 +205,7 @@ def tune_kernel(
         grid_div_y=grid_div_y, grid_div_z=grid_div_z, block_size_names=block_size_names,
         smem_args=smem_args, cmem_args=cmem_args, defines=defines, name=name,
         fixed=service is None, verify=_local_verify(verify, service),
+        progress=None if quiet else _GeneratorProgress(kernel_name),
     )  # fmt: skip
     shape, _ = problem_shape(problem_size, arguments)
     dtype = op.dtypes[0]
@@ -232,6 +243,28 @@ def tune_kernel(
         )  # fmt: skip
     _add_metrics(results, metrics)
     return results, env
+
+
+class _GeneratorProgress:
+    """Prints how far a slow code generator is, as tune_kernel prints its other news (``kato:``
+    lines, none when ``quiet``): every :data:`PROGRESS_EVERY_S` seconds, and once when done
+    where it took that long, so a fast generator prints nothing."""
+
+    def __init__(self, kernel_name: str):
+        self.kernel_name = kernel_name
+        self.start = self.last = time.monotonic()
+        self.printed = False
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done == total:
+            if self.printed or now - self.start >= PROGRESS_EVERY_S:
+                print(f"kato: {self.kernel_name}: generated {total} sources in "
+                      f"{now - self.start:.0f} s", flush=True)  # fmt: skip
+        elif now - self.last >= PROGRESS_EVERY_S:
+            self.last, self.printed = now, True
+            print(f"kato: {self.kernel_name}: generated {done} of {total} sources "
+                  f"({now - self.start:.0f} s)", flush=True)  # fmt: skip
 
 
 def _too_large_to_walk(op: Any, shape: Sequence[int], dtype: str) -> bool:
@@ -330,6 +363,7 @@ def _tune_locally(
     from kato.tuner.job_runner import default_worker_id
 
     register(op)  # before a measuring child starts: it is sent this process's operator
+    _TUNED[op.name] = op
     if simulation:
         if cache is None or not Path(cache).is_file():
             raise InvalidInput("simulation_mode replays a cache file: give cache=PATH of one")
@@ -460,9 +494,16 @@ def lookup(
     name: str | None = None,
 ) -> dict[str, Any] | None:
     """The tuned config of a kernel tuned through :func:`tune_kernel` for this problem size and
-    GPU model: ``{"config", "time_ms", "source", "version"}``, or None where nothing was tuned
-    (the exact size, else the nearest tuned size of the same version). From the service's
-    ``GET /v1/configs`` with ``service``, else from the local database."""
+    GPU model: ``{"config", "time_ms", "source", "version"}``, or None where nothing is served.
+
+    ``source`` ``exact``: the winner tuned at this size; ``nearest``: the winner of the
+    nearest tuned size of the same version that is valid at this size (checked against the
+    operator: a restriction naming ``x`` or a grid limit may refuse it here) and beat the
+    default config on its own size. From the service's ``GET /v1/configs`` with ``service``
+    (its registered operator checks), else from the local database, newest tuned version
+    first: there only the operator :func:`tune_kernel` tuned in this process can check a
+    nearest size's winner, so another process is served exact sizes only, and so is an
+    operator shaped by restriction functions (called at its tuned sizes only)."""
     op_name = name or operator_name(kernel_name)
     shape = problem_dims(problem_size)
     if service is not None:
@@ -483,7 +524,7 @@ def lookup(
                 "source": data["source"], "version": data.get("operator_version")}  # fmt: skip
     from kato.db import queries
     from kato.db.session import default_db_url, init_db, session_factory
-    from kato.service.lookup import lookup_best_config
+    from kato.service.lookup import applies, lookup_best_config
 
     engine = init_db(db or default_db_url())
     try:
@@ -496,9 +537,15 @@ def lookup(
             )
             if version is None:
                 return None
+            op = _TUNED.get(op_name)
+            if op is None or op.version != version or not op.checks_every_size:
+                # Nothing here knows which configs are valid at this size: exact sizes only.
+                accept, max_distance = None, 0.0
+            else:
+                accept, max_distance = (lambda c: applies(op, c, shape, dtype)), None
             found, source = lookup_best_config(
                 session, operator=op_name, operator_version=version, shape=shape,
-                dtype=dtype, gpu_model=model,
+                dtype=dtype, gpu_model=model, accept=accept, max_distance=max_distance,
             )  # fmt: skip
             if found is None:
                 return None

@@ -3,15 +3,21 @@
 Kernel Tuner's ``kernel_source`` may be a code generator, a Python callable taking a config's
 tunables and returning its source (its ``vector_add_codegen.py``; a Jinja2 template's bound
 ``render`` in ``vector_add_jinja.py``). Kato never runs a caller's Python outside the
-caller's process: ``kato.tune_kernel`` calls the generator there, once for each config valid
-at the tuned shape, and builds a :class:`GeneratedOperatorSpec` from the results. That
-operator holds only data (the table of sources, deduplicated), so it pickles to the isolated
-measuring child, is registered, compiled, recorded and replayed as any user operator; its
-version hashes every source of the table with the rest of the spec.
+caller's process: ``kato.tune_kernel`` calls the generator there, once for each config that
+passes the spec's checks that hold at every problem size
+(:meth:`~kernels.user.spec.UserOperatorSpec.check_any_size`: a restriction naming a shape
+name, a grid limit, is left to the check at each size), and builds a
+:class:`GeneratedOperatorSpec` from the results. So the table, and the version that hashes
+it, is the same at every problem size: results of one size are the nearest answer and the warm
+start at another, as for a string source. That operator holds only data (the table of sources,
+deduplicated), so it pickles to the isolated measuring child, is registered, compiled,
+recorded and replayed as any user operator; its version hashes every source of the table with
+the rest of the spec.
 
-Configs outside the table (valid at another shape, never rendered) are refused by
-:meth:`GeneratedOperatorSpec.check` and :meth:`GeneratedOperatorSpec.screen` with the reason,
-and :meth:`GeneratedOperatorSpec.render` raises for them: there is no generator to ask.
+Configs outside the table (never rendered: refused at every size, or left out by a
+restriction function when it was built) are refused by :meth:`GeneratedOperatorSpec.check`,
+:meth:`GeneratedOperatorSpec.check_any_size` and the screens with the reason, and
+:meth:`GeneratedOperatorSpec.render` raises for them: there is no generator to ask.
 """
 
 from __future__ import annotations
@@ -42,6 +48,13 @@ MAX_GENERATED_BYTES = 256 << 20
 PLACEHOLDER = (
     "// kernel_source was a code generator: each config's CUDA source is in the operator's\n"
     "// table (kato.kernels.user.generated.GeneratedOperatorSpec), not in this file.\n"
+)
+
+#: What to do instead of a quoted include in a generated source: a generator has no headers
+#: (it runs in the caller's process, so it can read the file itself).
+GENERATOR_INCLUDE_ADVICE = (
+    "a generated source has no headers: have the generator put the header's text into the "
+    "source (read the file, or a Jinja2 {% include %}), or include system headers by <name>"
 )
 
 Key = tuple[Any, ...]
@@ -77,6 +90,9 @@ class GeneratedOperatorSpec(UserOperatorSpec):
             file: the template's rules), at most :data:`MAX_GENERATED_BYTES` of distinct
             sources in all. Kept as data only, as exact ``str`` (a subclass is copied to one,
             so nothing of the caller's code travels with the table): no callable is held.
+        by_functions: restriction functions (Python of the caller, called at the tuned
+            size only) left configs out of ``sources``: their answers at another size are
+            unknown, so :attr:`checks_every_size` is False.
         options: :class:`UserOperatorSpec`'s (``arguments``, ``answer``, ``constants``,
             ``verify``).
 
@@ -90,9 +106,12 @@ class GeneratedOperatorSpec(UserOperatorSpec):
         self,
         definition: OperatorDefinition,
         sources: Sequence[tuple[Config, str]] | Mapping[Key, str],
+        *,
+        by_functions: bool = False,
         **options: Any,
     ):
         super().__init__(definition, **options)
+        self.checks_every_size = not by_functions
         pairs = (
             [(dict(zip(self.params, key, strict=True)), text) for key, text in sources.items()]
             if isinstance(sources, Mapping)
@@ -171,10 +190,18 @@ class GeneratedOperatorSpec(UserOperatorSpec):
             return _NOT_GENERATED
         return reason
 
+    def check_any_size(self, config: Config, dtype: str) -> str | None:
+        """:meth:`UserOperatorSpec.check_any_size`, and a config must be in the table (which
+        is the same at every size)."""
+        reason = super().check_any_size(config, dtype)
+        if reason is None and self.source_for(config) is None:
+            return _NOT_GENERATED
+        return reason
+
     def _screen(self, columns: Mapping[str, np.ndarray], n: int, *args: Any) -> np.ndarray:
-        # Both screen() and default_config() go through here: a config valid by the spec but
-        # outside the table is refused as check() refuses it. Only the rows the spec accepts
-        # are looked up (at most the space's valid configs, one dict lookup each).
+        # screen(), screen_any_size() and default_config() go through here: a config valid by
+        # the spec but outside the table is refused as check() refuses it. Only the rows the
+        # spec accepts are looked up (at most the space's valid configs, one dict lookup each).
         ok = super()._screen(columns, n, *args)
         names = list(self.params)
         for i in np.flatnonzero(ok).tolist():
@@ -196,8 +223,9 @@ class GeneratedOperatorSpec(UserOperatorSpec):
 
 
 _NOT_GENERATED = (
-    "no source was generated for this config (kato.tune_kernel runs a code generator for the "
-    "configs valid at the problem size it tunes; tune this size to generate its sources)"
+    "no source was generated for this config (kato.tune_kernel runs a code generator for each "
+    "config that passes the restrictions and limits holding at every problem size, and that "
+    "its restriction functions accept)"
 )
 
 
@@ -207,7 +235,7 @@ def _text_error(text: str) -> str | None:
         return f"over {MAX_FILE_BYTES} bytes"
     if "\x00" in text:
         return "it holds a NUL character"
-    return include_error("generated source", text)
+    return include_error("generated source", text, advice=GENERATOR_INCLUDE_ADVICE)
 
 
 def _plain(value: Any) -> Any:

@@ -483,13 +483,20 @@ _INCLUDE_LINE = re.compile(r'(?m)^[ \t]*#[ \t]*include[ \t]*"([^"\r\n]*)"[ \t]*(
 _PRAGMA_ONCE = re.compile(r"(?m)^[ \t]*#[ \t]*pragma[ \t]+once[ \t]*\r?$")
 
 
-def include_error(name: str, text: str, headers: Collection[str] = ()) -> str | None:
+#: What to do instead of a quoted include, for a template file: its own headers are listed.
+HEADERS_ADVICE = "list the file beside the template in headers, or include system headers by <name>"
+
+
+def include_error(
+    name: str, text: str, headers: Collection[str] = (), advice: str = HEADERS_ADVICE
+) -> str | None:
     """Why a template's preprocessor lines are refused, or None: an ``#include`` of anything
     but a system header by a relative name (a path, a quoted or computed name), and
     ``#include_next``, ``#import``, ``#embed``, ``#line``. nvcc runs on the workers, and its
     errors are shown to the user: an include of a host file would echo the file. A quoted
     plain name among ``headers`` (the operator's own, inlined by :func:`inline_headers`) is
-    allowed.
+    allowed; another is refused with ``advice`` (a source without a folder, a code
+    generator's, has no headers to list).
 
     The text is searched everywhere, after trigraphs and line splices are undone, for ``#`` or
     ``%:`` before such a name: a preprocessor's idea of lines, comments and strings differs
@@ -513,8 +520,7 @@ def include_error(name: str, text: str, headers: Collection[str] = ()) -> str | 
         if quoted:
             return (
                 f"file {name!r}: '#include \"{quoted.group(1)}\"' is not allowed: it names none "
-                f"of the operator's headers ({', '.join(headers) or 'none'}); list the file "
-                "beside the template in headers, or include system headers by <name>"
+                f"of the operator's headers ({', '.join(headers) or 'none'}); {advice}"
             )
         rest = (text[match.end() : match.end() + 60].splitlines() or [""])[0]
         return (

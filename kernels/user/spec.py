@@ -144,6 +144,11 @@ class UserOperatorSpec(OperatorSpec):
     #: Read from the database (``db.operators``): such an operator may be replaced by a newer
     #: stored version; a built-in or installed one's name cannot be taken by a stored one.
     stored: bool = False
+    #: Whether :meth:`check` decides a config's validity at every shape. False where code
+    #: Kato cannot read decided some configs at one shape only (a restriction function of
+    #: ``kato.tune_kernel``, :mod:`kernels.user.generated`): a winner tuned at one shape is
+    #: then not served at another (``kato.lookup`` serves exact shapes only).
+    checks_every_size: bool = True
 
     def __init__(
         self,
@@ -241,8 +246,13 @@ class UserOperatorSpec(OperatorSpec):
 
     # --- expressions ------------------------------------------------------------------------
 
-    def _env(self, config: Mapping[str, Any] | None, shape: Sequence[int], dtype: str) -> dict:
-        env: dict[str, Any] = dict(zip(self.shape_names, shape, strict=True))
+    def _env(
+        self, config: Mapping[str, Any] | None, shape: Sequence[int] | None, dtype: str
+    ) -> dict:
+        # shape None: no shape name is bound (the size-independent checks read none).
+        env: dict[str, Any] = {}
+        if shape is not None:
+            env.update(zip(self.shape_names, shape, strict=True))
         env["itemsize"] = DTYPES[dtype][2] if dtype in DTYPES else 4
         if config is not None:
             env.update(config)
@@ -274,36 +284,64 @@ class UserOperatorSpec(OperatorSpec):
             for name, default in zip(self.block_size_names, defaults, strict=True)
         )
 
+    def _sized(self, expression: Any, shape: Sequence[int] | None) -> bool:
+        """Whether ``expression`` cannot be evaluated for want of a shape: ``shape`` is None
+        and it reads a shape name."""
+        return shape is None and not expression.names.isdisjoint(self.shape_names)
+
     def problem_size(self, config: Config, shape: Sequence[int], dtype: str) -> tuple[int, ...]:
         """``problem_size`` evaluated (default: the shape), padded to 3 dimensions with 1."""
+        return tuple(self._problem_size(config, shape, dtype))  # type: ignore[arg-type]
+
+    def _problem_size(
+        self, config: Config, shape: Sequence[int] | None, dtype: str
+    ) -> list[int | None]:
+        """:meth:`problem_size`; with ``shape`` None, None for each dimension that depends on
+        the shape (the others evaluated, their errors raised)."""
         env = self._env(config, shape, dtype)
         exprs = self._expr["problem_size"]
-        if exprs is None:
-            sizes = list(shape[:3])
-            if len(shape) > 3:
-                sizes[2] = math.prod(shape[2:])
+        sizes: list[int | None]
+        if exprs is None and shape is None:
+            sizes = [None] * min(self.rank, 3)
+        elif exprs is None:
+            sizes = list(shape[:3])  # type: ignore[index]
+            if len(shape) > 3:  # type: ignore[arg-type]
+                sizes[2] = math.prod(shape[2:])  # type: ignore[index]
         else:
-            sizes = [self._truncated(e, env, "problem_size") for e in exprs]
-        return tuple(sizes + [1] * (3 - len(sizes)))
+            sizes = [
+                None if self._sized(e, shape) else self._truncated(e, env, "problem_size")
+                for e in exprs
+            ]
+        return sizes + [1] * (3 - len(sizes))
 
     def grid(self, config: Config, shape: Sequence[int], dtype: str) -> tuple[int, int, int]:
         """Kernel Tuner's grid: ``ceil(problem_size / divisor)`` per dimension, the divisor the
         product of ``grid_div_*`` (default: that dimension's block size name if a tunable)."""
+        return tuple(self._grid(config, shape, dtype))  # type: ignore[return-value]
+
+    def _grid(self, config: Config, shape: Sequence[int] | None, dtype: str) -> list[int | None]:
+        """:meth:`grid`; with ``shape`` None, None for each dimension whose size or divisor
+        depends on the shape (a divisor known below 1, or one failing to evaluate, raises)."""
         env = self._env(config, shape, dtype)
-        size = self.problem_size(config, shape, dtype)
-        grid = []
+        size = self._problem_size(config, shape, dtype)
+        grid: list[int | None] = []
         for dim, exprs in enumerate(self._expr["grid_div"]):
+            divisor: int | None
             if exprs is None:
                 name = self.block_size_names[dim]
                 divisor = int(config[name]) if name in config else 1
             else:
-                divisor = math.prod(
-                    self._truncated(e, env, f"grid_div_{'xyz'[dim]}") for e in exprs
-                )
-            if divisor < 1:
+                factors = [
+                    None if self._sized(e, shape)
+                    else self._truncated(e, env, f"grid_div_{'xyz'[dim]}")
+                    for e in exprs
+                ]  # fmt: skip
+                divisor = None if None in factors else math.prod(factors)  # type: ignore[arg-type]
+            if divisor is not None and divisor < 1:
                 raise ExpressionError(f"grid_div_{'xyz'[dim]} is {divisor}; it must be >= 1")
-            grid.append(max(1, -(-size[dim] // divisor)))
-        return tuple(grid)  # type: ignore[return-value]
+            known = size[dim] is not None and divisor is not None
+            grid.append(max(1, -(-size[dim] // divisor)) if known else None)  # type: ignore[operator]
+        return grid
 
     # --- OperatorSpec -----------------------------------------------------------------------
 
@@ -340,28 +378,49 @@ class UserOperatorSpec(OperatorSpec):
         more than 1024 threads (or over CUDA's per-dimension limits); a grid over CUDA's limits;
         dynamic shared memory over the largest GPU's; an expression that cannot be evaluated
         for this config (its error)."""
+        return self._check(config, shape, dtype)
+
+    def check_any_size(self, config: Config, dtype: str) -> str | None:
+        """The part of :meth:`check` that does not depend on the shape: the parameters, the
+        block's limits, and each restriction, grid dimension, shared memory size and define
+        that reads no shape name (by the names its expression reads, so a restriction naming
+        ``x`` is left out whatever its value). A config refused here is refused by
+        :meth:`check` at every shape; one accepted here may still be refused at a shape (by
+        the checks left out). What a table of every size is built from (a code generator's,
+        :mod:`kernels.user.generated`)."""
+        return self._check(config, None, dtype)
+
+    def _check(self, config: Config, shape: Sequence[int] | None, dtype: str) -> str | None:
+        """:meth:`check` at ``shape``; with ``shape`` None, :meth:`check_any_size`: every
+        expression reading a shape name is skipped (it might hold at some shape)."""
         reason = self.check_params(config)
         if reason:
             return reason
         try:
-            shape = self.validate(shape, dtype)
+            if shape is not None:
+                shape = self.validate(shape, dtype)
             env = self._env(config, shape, dtype)
             for restriction in self._expr["restrictions"]:
-                if not restriction.evaluate(env):
+                if not self._sized(restriction, shape) and not restriction.evaluate(env):
                     return f"restriction {restriction} does not hold"
             block = self.threads(config)
             if math.prod(block) > 1024 or any(
                 not 1 <= b <= m for b, m in zip(block, MAX_BLOCK, strict=True)
             ):
                 return f"block {block} is over CUDA's limits (1024 threads, {MAX_BLOCK})"
-            grid = self.grid(config, shape, dtype)
-            if any(g > m for g, m in zip(grid, MAX_GRID, strict=True)):
-                return f"grid {grid} is over CUDA's limits {MAX_GRID}"
-            shared = self._shared(env)
-            if not 0 <= shared <= limits.MAX_SHARED_PER_BLOCK:
-                return f"{shared} B of dynamic shared memory; 0 to {limits.MAX_SHARED_PER_BLOCK}"
+            grid = self._grid(config, shape, dtype)
+            if any(g is not None and g > m for g, m in zip(grid, MAX_GRID, strict=True)):
+                return f"grid {tuple(grid)} is over CUDA's limits {MAX_GRID}"
+            e = self._expr["shared_memory"]
+            if e and not self._sized(e, shape):
+                shared = self._int(e, env, "shared_memory")
+                if not 0 <= shared <= limits.MAX_SHARED_PER_BLOCK:
+                    return (
+                        f"{shared} B of dynamic shared memory; 0 to {limits.MAX_SHARED_PER_BLOCK}"
+                    )
             for define in self._expr["defines"].values():
-                define.evaluate(env)
+                if not self._sized(define, shape):
+                    define.evaluate(env)
         except InvalidInput as exc:  # ExpressionError included
             return str(exc)
         return None
@@ -388,6 +447,21 @@ class UserOperatorSpec(OperatorSpec):
             shape = self.validate(shape, dtype)
         except InvalidInput:
             return lambda columns: np.zeros(len(next(iter(columns.values()))), dtype=bool)
+        return self._mask(shape, dtype, max_threads, max_shared)
+
+    def screen_any_size(self, dtype: str) -> Callable[[Mapping[str, np.ndarray]], np.ndarray]:
+        """:meth:`check_any_size` for many configs at once, as :meth:`screen` is
+        :meth:`check`'s (the same columns, the same answers as one config at a time)."""
+        return self._mask(None, dtype, None, None)
+
+    def _mask(
+        self,
+        shape: Sequence[int] | None,
+        dtype: str,
+        max_threads: int | None,
+        max_shared: int | None,
+    ) -> Callable[[Mapping[str, np.ndarray]], np.ndarray]:
+        """:meth:`screen` at a validated ``shape``, or :meth:`screen_any_size` (None)."""
         base = self._env(None, shape, dtype)
 
         def one_by_one(columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
@@ -395,7 +469,9 @@ class UserOperatorSpec(OperatorSpec):
             names = list(self.params)
             for i in range(n):
                 config = {k: _python(columns[k][i]) for k in names}
-                if self.check(config, shape, dtype) is None:
+                if shape is None:  # no GPU limits: there is no launch without a shape
+                    out[i] = self.check_any_size(config, dtype) is None
+                elif self.check(config, shape, dtype) is None:
                     launch = self.launch(config, shape, dtype)
                     out[i] = (max_threads is None or launch.threads_per_block <= max_threads) and (
                         max_shared is None or launch.shared_bytes <= max_shared
@@ -415,12 +491,14 @@ class UserOperatorSpec(OperatorSpec):
         self,
         columns: Mapping[str, np.ndarray],
         n: int,
-        shape: Sequence[int],
+        shape: Sequence[int] | None,
         dtype: str,
         base: Mapping[str, Any],
         max_threads: int | None,
         max_shared: int | None,
     ) -> np.ndarray:
+        # shape None: what check_any_size checks, each expression reading a shape name skipped
+        # as _check skips it.
         env = {**base, **columns}
         ok = np.ones(n, dtype=bool)
 
@@ -442,6 +520,8 @@ class UserOperatorSpec(OperatorSpec):
             return v.astype(np.int64), failed
 
         for restriction in self._expr["restrictions"]:
+            if self._sized(restriction, shape):
+                continue
             v, failed = value(restriction)
             ok &= vector.truthy(v) & ~failed
         threads = np.ones(n, dtype=np.int64)
@@ -457,16 +537,24 @@ class UserOperatorSpec(OperatorSpec):
             threads = threads * np.clip(b, 0, 1 << 20)
         ok &= threads <= (1024 if max_threads is None else min(1024, max_threads))
         exprs = self._expr["problem_size"]
+        sizes: list[np.ndarray | None]
         if exprs is None:
-            sizes = [np.full(n, s, dtype=np.int64) for s in self.problem_size({}, shape, dtype)]
+            sizes = [
+                None if s is None else np.full(n, s, dtype=np.int64)
+                for s in self._problem_size({}, shape, dtype)
+            ]
         else:
             sizes = []
             for e in exprs:
+                if self._sized(e, shape):
+                    sizes.append(None)
+                    continue
                 v, failed = truncated(e)
                 ok &= ~failed
                 sizes.append(v)
             sizes += [np.ones(n, dtype=np.int64)] * (3 - len(sizes))
         for dim, exprs in enumerate(self._expr["grid_div"]):
+            divisor: np.ndarray | None
             if exprs is None:
                 name = self.block_size_names[dim]
                 divisor = (
@@ -475,17 +563,25 @@ class UserOperatorSpec(OperatorSpec):
             else:
                 divisor = np.ones(n, dtype=np.int64)
                 for e in exprs:
+                    if self._sized(e, shape):
+                        divisor = None  # the other factors are still evaluated, as _grid does
+                        continue
                     v, failed = truncated(e)
                     ok &= ~failed
-                    divisor = divisor * np.where(failed, 1, v)
-                    if np.abs(divisor).max(initial=0) > vector.EXACT:
-                        raise vector.NotVectorised("a grid divisor beyond 2**53")
+                    if divisor is not None:
+                        divisor = divisor * np.where(failed, 1, v)
+                        if np.abs(divisor).max(initial=0) > vector.EXACT:
+                            raise vector.NotVectorised("a grid divisor beyond 2**53")
+            if divisor is None:
+                continue
             good = divisor >= 1
             ok &= good
-            grid = np.maximum(1, -(-sizes[dim] // np.where(good, divisor, 1)))
-            ok &= grid <= MAX_GRID[dim]
+            size = sizes[dim]
+            if size is not None:
+                grid = np.maximum(1, -(-size // np.where(good, divisor, 1)))
+                ok &= grid <= MAX_GRID[dim]
         e = self._expr["shared_memory"]
-        if e:
+        if e and not self._sized(e, shape):
             if vector.may_be_bool(e, env):
                 raise vector.NotVectorised("shared memory that may be a bool")
             v, failed = value(e)
@@ -498,7 +594,8 @@ class UserOperatorSpec(OperatorSpec):
             if max_shared is not None:
                 ok &= shared <= max_shared
         for define in self._expr["defines"].values():
-            ok &= ~value(define)[1]
+            if not self._sized(define, shape):
+                ok &= ~value(define)[1]
         return ok
 
     def _shared(self, env: Mapping[str, Any]) -> int:

@@ -210,34 +210,59 @@ def test_the_version_follows_the_generated_sources():
     assert _operator(lambda p: CODEGEN % p + " ").version != base
 
 
-def test_configs_outside_the_table_are_refused_where_another_size_allows_them():
-    """Only the configs valid at the tuned size were generated: at a larger size, where more
-    are valid, check and screen refuse the others and the default is one of the table's."""
-    op = _operator(Counting(), tune={"bs": [32, 64, 128, 256], "tile": [1]}, n=128,
-                   restrictions=["bs <= x"])  # fmt: skip
-    assert op.generated_configs == 3
-    big = (1024,)
-    assert "no source was generated" in op.check({"bs": 256, "tile": 1}, big, "float32")
-    assert op.check({"bs": 128, "tile": 1}, big, "float32") is None
+def test_the_table_holds_every_size_and_each_size_checks_its_own():
+    """The table is built from the checks holding at every size: a restriction naming x is
+    left to each size's check, so a small size generates the configs only a larger one allows,
+    refuses them by that restriction (not by the table), and is the larger size's version."""
+    gen = Counting()
+    tune = {"bs": [32, 64, 128, 256], "tile": [1]}
+    op = _operator(gen, tune=tune, n=128, restrictions=["bs <= x"])
+    assert op.generated_configs == 4 and [c["bs"] for c, _ in gen.calls] == tune["bs"]
+    small, big = (128,), (1024,)
+    assert "restriction bs <= x does not hold" in op.check({"bs": 256, "tile": 1}, small, "float32")
+    assert op.check({"bs": 256, "tile": 1}, big, "float32") is None
+    columns = {"bs": np.array(tune["bs"]), "tile": np.array([1, 1, 1, 1])}
+    assert op.screen(small, "float32")(columns).tolist() == [True, True, True, False]
+    assert op.screen(big, "float32")(columns).tolist() == [True] * 4
+    assert op.render({"bs": 256, "tile": 1}, big, "float32").endswith(
+        'extern "C" {\n' + CODEGEN % {"bs": 256, "tile": 1} + "\n}\n"
+    )
+    assert _operator(Counting(), tune=tune, n=1024, restrictions=["bs <= x"]).version == op.version
+
+
+def test_configs_outside_the_table_are_refused_at_every_size():
+    """A table without a config (refused at every size; here one built without it) refuses it
+    in check, check_any_size and the screens, and render raises: there is no generator to ask."""
+    op = _operator(Counting(), tune={"bs": [32, 64, 128, 256], "tile": [1]})
+    partial = GeneratedOperatorSpec(
+        op.definition, [(c, op.source_for(c)) for c in ({"bs": 32, "tile": 1},
+                                                        {"bs": 64, "tile": 1})],
+    )  # fmt: skip
+    config = {"bs": 128, "tile": 1}
+    assert op.check(config, (N,), "float32") is None
+    assert "no source was generated" in partial.check(config, (N,), "float32")
+    assert "no source was generated" in partial.check_any_size(config, "float32")
     columns = {"bs": np.array([32, 64, 128, 256]), "tile": np.array([1, 1, 1, 1])}
-    assert op.screen(big, "float32")(columns).tolist() == [True, True, True, False]
-    assert op.default_config(big, "float32") == {"bs": 32, "tile": 1}
-    with pytest.raises(InvalidInput, match="bs': 256.*no source was generated"):
-        op.render({"bs": 256, "tile": 1}, big, "float32")
+    assert partial.screen((N,), "float32")(columns).tolist() == [True, True, False, False]
+    assert partial.screen_any_size("float32")(columns).tolist() == [True, True, False, False]
+    assert partial.default_config((N,), "float32") == {"bs": 32, "tile": 1}
+    with pytest.raises(InvalidInput, match="bs': 128.*no source was generated"):
+        partial.render(config, (N,), "float32")
 
 
 def test_too_many_configs_are_refused_before_the_generator_runs():
     gen = Counting()
     tune = {"bs": [32, 64], "tile": list(range(1, 101)), "u": list(range(51))}
-    with pytest.raises(InvalidInput, match=r"10200 configs are valid at problem size .*at most "
-                       r"10000: narrow tune_params or add restrictions"):  # fmt: skip
+    with pytest.raises(InvalidInput, match=r"10200 configs pass the restrictions and limits that "
+                       r"hold at every problem size; .*at most 10000: narrow tune_params or add "
+                       r"restrictions"):  # fmt: skip
         _operator(gen, tune=tune, restrictions=[])
     huge = {"bs": [32, 64], "tile": list(range(1, 1025)), "u": list(range(1024)),
             "v": list(range(64))}  # fmt: skip
     with pytest.raises(InvalidInput, match="too many to count the valid ones"):
         _operator(gen, tune=huge, restrictions=[])
     args, answer = _args()
-    with pytest.raises(InvalidInput, match="10200 configs are valid"):
+    with pytest.raises(InvalidInput, match="10200 configs pass"):
         kato.tune_kernel("vector_add", gen, N, args, tune, answer=answer, **(KW | {
             "restrictions": []}))  # fmt: skip
     assert gen.calls == []
@@ -253,7 +278,8 @@ def test_too_many_configs_are_refused_before_the_generator_runs():
         (Counting(returns=None), r"returned a NoneType for config \{'bs': 32, 'tile': 1\}"),
         (Counting(returns=b"__global__ void k() {}"), "returned a bytes for config"),
         (Counting(text='#include "mine.h"\n' + CODEGEN),
-         r"source generated for config \{'bs': 32, 'tile': 1\}: .*mine\.h"),
+         r"source generated for config \{'bs': 32, 'tile': 1\}: .*mine\.h.*; a generated "
+         r"source has no headers: have the generator put the header's text into the source"),
         (Counting(text=CODEGEN + "\x00"), "holds a NUL character"),
     ],
 )  # fmt: skip
@@ -387,3 +413,90 @@ def test_every_config_a_table_may_hold_is_enumerated_not_sampled():
     from kato.tuner.space import ENUMERATE_MAX
 
     assert MAX_GENERATED_CONFIGS <= ENUMERATE_MAX
+
+
+# Kernel Tuner's "no tail" restriction: a block's tile must divide the problem, so the configs
+# valid at 3 * 1024 (bs * tile up to 1024) are not those valid at 2**20 (up to 4096).
+NO_TAIL = {"restrictions": ["bs * tile <= 4096", "x % (bs * tile) == 0"]}
+SMALL, BIG = 3 * 1024, N
+BETWEEN = N + 2048  # nearest BIG; x % 4096 == 2048: BIG's winner is invalid here
+
+
+def _tune_at(n, db, tmp_path, gen=None):
+    """Tune the generator at ``n`` on a recording of its space there; (env, best config)."""
+    op = _operator(Counting(), n=n, **NO_TAIL)
+    path, best = record(op, (n,), tmp_path / f"cache_{n}.json")
+    args, answer = _args(n)
+    _, env = kato.tune_kernel(
+        "vector_add", gen or Counting(), n, args, TUNE, answer=answer, cache=str(path),
+        simulation_mode=True, db=db, **(KW | NO_TAIL),
+    )  # fmt: skip
+    assert env["best_config"] == best and env["status"] == "done"
+    return env, best
+
+
+def test_two_sizes_with_other_valid_configs_are_one_version(tmp_path):
+    """A restriction naming x makes the valid configs differ between two sizes; the generator
+    tuned at both is one operator version (its table the same), each size's lookup serves its
+    own winner, and a winner invalid at a size is never served there (the nearest size's
+    winner is checked against the operator)."""
+    db = f"sqlite:///{tmp_path / 'kato.db'}"
+    small_gen, big_gen = Counting(), Counting()
+    small, small_best = _tune_at(SMALL, db, tmp_path, small_gen)
+    big, big_best = _tune_at(BIG, db, tmp_path, big_gen)
+    assert small["kato_operator_version"] == big["kato_operator_version"]
+    assert [c for c, _ in small_gen.calls] == [c for c, _ in big_gen.calls] == _configs()
+    op = _operator(Counting(), n=SMALL, **NO_TAIL)
+    assert op.check(big_best, (BIG,), "float32") is None
+    assert "does not hold" in op.check(big_best, (SMALL,), "float32")
+    assert small_best != big_best
+    version = big["kato_operator_version"]
+    for n, best in ((SMALL, small_best), (BIG, big_best)):
+        found = kato.lookup("vector_add", n, gpu="H200", db=db)
+        assert (found["config"], found["source"], found["version"]) == (best, "exact", version)
+    # Nearest BIG, where BIG's winner does not divide the size: the next nearest valid winner.
+    assert "does not hold" in op.check(big_best, (BETWEEN,), "float32")
+    near = kato.lookup("vector_add", BETWEEN, gpu="H200", db=db)
+    assert near["source"] == "nearest" and near["config"] == small_best
+    assert op.check(near["config"], (BETWEEN,), "float32") is None
+    # Where the nearest winner is valid, it is served.
+    assert kato.lookup("vector_add", 2 * BIG, gpu="H200", db=db)["config"] == big_best
+
+
+def test_a_process_that_did_not_tune_the_kernel_serves_exact_sizes_only(tmp_path, monkeypatch):
+    """kato.lookup checks a nearest size's winner against the operator this process tuned;
+    without it (another process) nothing says the winner is valid here: exact sizes only."""
+    from kato import tune
+
+    db = f"sqlite:///{tmp_path / 'kato.db'}"
+    _, big_best = _tune_at(BIG, db, tmp_path)
+    assert kato.lookup("vector_add", 2 * BIG, gpu="H200", db=db)["source"] == "nearest"
+    monkeypatch.setattr(tune, "_TUNED", {})
+    assert kato.lookup("vector_add", BIG, gpu="H200", db=db)["config"] == big_best
+    assert kato.lookup("vector_add", 2 * BIG, gpu="H200", db=db) is None
+
+
+def test_a_slow_generator_prints_how_far_it_is(tmp_path, monkeypatch, capsys):
+    """tune_kernel prints a slow generator's progress as it prints its other news (kato:
+    lines, every PROGRESS_EVERY_S, then once when done), nothing for a fast one or when
+    quiet; progress is told after each source."""
+    from kato import tune
+
+    told = []
+    _operator(Counting(), progress=lambda done, total: told.append((done, total)))
+    assert told == [(i, VALID) for i in range(1, VALID + 1)]
+    path, _ = record(_operator(Counting()), (N,), tmp_path / "cache.json")
+    args, answer = _args()
+
+    def run(quiet):
+        kato.tune_kernel("vector_add", Counting(), N, args, TUNE, answer=answer, quiet=quiet,
+                         cache=str(path), simulation_mode=True,
+                         db=f"sqlite:///{tmp_path / 'kato.db'}", **KW)  # fmt: skip
+        return capsys.readouterr().out.splitlines()
+
+    assert run(quiet=False) == []  # a fast generator
+    monkeypatch.setattr(tune, "PROGRESS_EVERY_S", 0.0)
+    assert run(quiet=True) == []
+    lines = run(quiet=False)
+    assert len(lines) == VALID and lines[0].startswith("kato: vector_add: generated 1 of 23 ")
+    assert lines[-1].startswith(f"kato: vector_add: generated {VALID} sources in ")

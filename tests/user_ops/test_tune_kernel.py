@@ -151,7 +151,8 @@ def test_metrics_are_added_as_kernel_tuner_does(recorded, tmp_path):
 @pytest.mark.parametrize(
     ("change", "says"),
     [
-        ({"restrictions": lambda p: True}, "expression strings"),
+        ({"restrictions": [3]}, "or functions of the tunables, not int"),
+        ({"restrictions": lambda p: True, "service": "http://kato"}, "run only in a local"),
         ({"verify": lambda *a, **k: True, "service": "http://kato"}, "run only in a local"),
         ({"verify": "numpy.allclose"}, "verify must be a function"),
         ({"lang": "OpenCL"}, "CUDA"),

@@ -362,3 +362,84 @@ def test_include_check_is_linear_in_the_text():
     text = "#include <cuda_fp16.h> // #x\n" * 30_000 + "%:" * 200_000
     assert include_error("t.cu", text) is None
     assert time.perf_counter() - start < 5.0
+
+
+# Shapes (rows, cols) that make each size-dependent check bite somewhere: a restriction naming
+# cols, a grid_div naming rows, y grids over CUDA's 65535 blocks, a define that divides by rows.
+SHAPES = [(1, 1), (3, 2), (7, 5), (1000, 777), (70000, 3), (600000, 40), (3, 70000)]
+
+
+def _sized_and_not() -> UserOperatorSpec:
+    """A spec whose every kind of check comes in a size-dependent and a size-independent form."""
+    return _two_d(
+        tune_params={
+            "block_size_x": [16, 32, 64, 128],
+            "block_size_y": [1, 2, 4, 8, 16],
+            "tile_size_x": [1, 2, 3],
+            "tile_size_y": [1, 4],
+            "s": [0, 64, 100000],
+        },
+        restrictions=["block_size_x * block_size_y >= 32", "tile_size_x <= cols"],
+        grid_div_x=["block_size_x", "tile_size_x"],
+        grid_div_y=["block_size_y * tile_size_y", "1 if rows > 5 else 2"],
+        shared_memory="s * tile_size_y",
+        defines={"EVERY": "16 // (tile_size_x - 3)", "SOME": "64 // (rows - 3 * tile_size_y)"},
+    )
+
+
+def _every(spec: UserOperatorSpec) -> list[dict]:
+    names = list(spec.params)
+    return [dict(zip(names, v, strict=True)) for v in itertools.product(*spec.params.values())]
+
+
+def test_the_size_independent_check_refuses_only_what_every_size_refuses():
+    """check_any_size keeps each check that reads no shape name: what it refuses, check refuses
+    at every shape; every config valid at some shape passes it; and the checks that name the
+    shape are left out (it passes configs that some shape refuses for them)."""
+    spec = _sized_and_not()
+    configs = _every(spec)
+    any_size = [c for c in configs if spec.check_any_size(c, "float32") is None]
+    valid_somewhere = [
+        c for c in configs if any(spec.check(c, s, "float32") is None for s in SHAPES)
+    ]
+    assert all(c in any_size for c in valid_somewhere)
+    for c in configs:
+        if c not in any_size:
+            assert all(spec.check(c, s, "float32") is not None for s in SHAPES)
+    assert len(valid_somewhere) == len(any_size) < len(configs)  # the shapes cover them all
+    # Each size-independent kind refuses on its own, with check's reason.
+    base = {"block_size_x": 32, "block_size_y": 1, "tile_size_x": 1, "tile_size_y": 1, "s": 0}
+    for change, says in [
+        ({"block_size_x": 16}, "restriction block_size_x * block_size_y >= 32"),
+        ({"block_size_x": 128, "block_size_y": 16}, "over CUDA's limits"),
+        ({"tile_size_x": 3}, "division by zero"),
+        ({"s": 100000, "tile_size_y": 4}, "B of dynamic shared memory"),
+    ]:
+        assert says in spec.check_any_size(base | change, "float32")
+    # A size-dependent one never does: a restriction naming cols, a grid over 65535 blocks
+    # of rows, a define dividing by zero at rows == 3.
+    for change, shape, says in [
+        ({"tile_size_x": 2}, (1, 1), "restriction tile_size_x <= cols"),
+        ({}, (70000, 3), "grid (1, 70000, 1) is over"),
+        ({}, (3, 2), "division by zero"),
+    ]:
+        assert says in spec.check(base | change, shape, "float32")
+        assert spec.check_any_size(base | change, "float32") is None
+
+
+def test_the_size_independent_screen_answers_as_the_check(monkeypatch):
+    """screen_any_size on numpy columns gives check_any_size's answers, vectorised and one
+    config at a time."""
+    from kato.kernels.user import vector
+
+    spec = _sized_and_not()
+    configs = _every(spec)
+    columns = {k: np.array([c[k] for c in configs]) for k in spec.params}
+    expected = [spec.check_any_size(c, "float32") is None for c in configs]
+    assert spec.screen_any_size("float32")(columns).tolist() == expected
+
+    def refuse(*args, **kwargs):
+        raise vector.NotVectorised("forced")
+
+    monkeypatch.setattr(vector, "evaluate", refuse)
+    assert spec.screen_any_size("float32")(columns).tolist() == expected
