@@ -60,6 +60,18 @@ def _no_client():
     kato_torch.configure(client=None)
 
 
+@pytest.fixture(autouse=True)
+def _registrations_end_with_the_test():
+    """``kato_torch.user_kernel(spec)`` registers the spec process-wide: without this, a later
+    test in the same process (``kato operator add`` of the same folder) finds the name taken."""
+    from kato.kernels import registry
+
+    before = {spec.name for spec in registry.list_operators()}
+    yield
+    for name in {spec.name for spec in registry.list_operators()} - before:
+        registry._OPERATORS.pop(name, None)
+
+
 @pytest.fixture
 def vector_add(vector_add_dir):
     return kato_torch.user_kernel(spec_from_folder(vector_add_dir))
