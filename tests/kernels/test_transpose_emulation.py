@@ -57,7 +57,7 @@ def emulated_cases() -> list[Case]:
     for dtype, dtype_shapes in shapes.items():
         for n, (tile, vec, rpt, smem) in enumerate(configs):
             config = {"TILE": tile, "VEC": vec, "RPT": rpt, "SMEM": smem, "MIN_BLOCKS": 0}
-            config["HINTS"] = n % 3
+            config["HINTS"], config["SKEW"] = n % 3, 0
             for shape in dtype_shapes:
                 if SPEC.check(config, shape, dtype) is None:
                     cases.append(Case(SPEC, config, shape, dtype, grid_cap=3 if n % 2 else None))
@@ -115,7 +115,7 @@ def split_cases() -> list[Case]:
     for d, dtype in enumerate(("float32", "float16", "bfloat16")):
         for n, (tile, vec, rpt, smem) in enumerate(SPLIT_CONFIGS):
             config = {"TILE": tile, "VEC": vec, "RPT": rpt, "SMEM": smem, "MIN_BLOCKS": 0}
-            config["HINTS"] = (n + d) % 3
+            config["HINTS"], config["SKEW"] = (n + d) % 3, 0
             for m in range(len(SPLIT_SHAPES)):
                 shape = SPLIT_SHAPES[(n + 3 * d + m) % len(SPLIT_SHAPES)]
                 if SPEC.check(config, shape, dtype) is None and not aligned(config, shape):

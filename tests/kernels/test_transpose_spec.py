@@ -42,7 +42,7 @@ SHAPES = [
 ]
 
 
-def cfg(tile=32, vec=4, rpt=4, smem=1, min_blocks=0, hints=0):
+def cfg(tile=32, vec=4, rpt=4, smem=1, min_blocks=0, hints=0, skew=0):
     return {
         "TILE": tile,
         "VEC": vec,
@@ -50,6 +50,7 @@ def cfg(tile=32, vec=4, rpt=4, smem=1, min_blocks=0, hints=0):
         "SMEM": smem,
         "MIN_BLOCKS": min_blocks,
         "HINTS": hints,
+        "SKEW": skew,
     }
 
 
@@ -58,8 +59,9 @@ def test_registered_with_the_contract_attributes() -> None:
     assert SPEC in list_operators()
     assert SPEC.rank == 2 and SPEC.shape_names == ("rows", "cols")
     assert SPEC.dtypes == DTYPE_NAMES
-    assert list(SPEC.params) == ["TILE", "VEC", "RPT", "SMEM", "MIN_BLOCKS", "HINTS"]
+    assert list(SPEC.params) == ["TILE", "VEC", "RPT", "SMEM", "MIN_BLOCKS", "HINTS", "SKEW"]
     assert SPEC.params["HINTS"] == (0, 1, 2)
+    assert SPEC.params["SKEW"] == (0, 1)
     assert SPEC.kernel_names == ("transpose_kernel",)
     assert 'extern "C" __global__' in SPEC.template.read_text()
     assert "namespace KATO_NS" in SPEC.template.read_text()
@@ -71,6 +73,7 @@ def test_default_is_valid_everywhere(shape, dtype) -> None:
     config = SPEC.default_config(shape, dtype)
     assert SPEC.check(config, shape, dtype) is None
     assert config["HINTS"] == 0  # streaming, as every recorded space measured
+    assert config["SKEW"] == 0  # the skewed tiles are not measured yet
     launch = SPEC.launch(config, shape, dtype)
     assert 32 <= launch.threads_per_block <= 1024
     assert 1 <= launch.grid[0] <= 2**31 - 1 and launch.grid[1:] == (1, 1)
@@ -158,7 +161,7 @@ def test_any_shape_takes_every_vector_width(dtype) -> None:
         assert {c["VEC"] for c in configs} == {c["VEC"] for c in wide}, shape
         assert len(configs) >= len(wide), shape
         for c in configs:
-            split = shape[0] % c["VEC"] != 0 or shape[1] % c["VEC"] != 0
+            split = shape[0] % c["VEC"] != 0 or shape[1] % c["VEC"] != 0 or c["SKEW"] == 1
             assert aligned(c, shape) is not split
             assert SPEC.defines(c, shape, dtype).get("ALIGNED", 1) == (0 if split else 1)
     for c in wide:
@@ -175,14 +178,15 @@ def test_space_sizes_and_shape_independent_sources(dtype) -> None:
         sizes[shape] = len(valid)
         sources |= {SPEC.render(c, shape, dtype) for c in valid}
     assert 3 * 100 <= sizes[(8192, 8192)] <= 3 * 170  # every config at each of 3 HINTS
-    assert sizes[(8192, 8192)] == sizes[(32768, 4096)]
-    assert sizes[(3, 5)] >= sizes[(8192, 8192)]  # every vector width serves odd shapes
-    # Odd shapes add one split source per VEC > 1 config; VEC=1 ones are the aligned sources.
-    split = sum(
-        c["VEC"] > 1
-        for c in SearchSpace(SPEC.params, lambda c: SPEC.check(c, (3, 5), dtype)).valid_configs()
-    )
-    assert len(sources) == sizes[(8192, 8192)] + split
+    assert sizes[(8192, 8192)] == sizes[(32768, 4096)]  # no SKEW=1 on either
+    assert sizes[(3, 5)] >= 2 * sizes[(8192, 8192)]  # every vector width, both SKEW values
+    # Odd shapes add one split source per VEC > 1 config (VEC=1 ones are the aligned sources)
+    # and one per SKEW=1 config.
+    odd = SearchSpace(SPEC.params, lambda c: SPEC.check(c, (3, 5), dtype)).valid_configs()
+    split = sum(c["VEC"] > 1 and not c["SKEW"] for c in odd)
+    skewed = sum(c["SKEW"] for c in odd)
+    assert skewed == sizes[(3, 5)] // 2
+    assert len(sources) == sizes[(8192, 8192)] + split + skewed
 
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
