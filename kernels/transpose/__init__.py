@@ -26,10 +26,23 @@ Parameter space (Kernel Tuner key order):
   neighbour. The hypothesis HINTS 1 and 2 test: evict-first stores let the L2 write such a
   sector back half valid (a read-modify-write at the HBM) before the other half arrives, and
   evict-first loads drop a sector the neighbour reads again; write-back stores would merge it.
+- ``SKEW``: output-aligned tiles (issue 31), valid only where an output row's pitch
+  (``rows * itemsize``) is no multiple of 32 bytes (:func:`skew_applies`): elsewhere every
+  output row starts at the same offset in a sector and ``SKEW=1`` would store what ``SKEW=0``
+  stores, so it is left out of the space. 0 is the program from before the parameter existed
+  (no macro). 1 places each block's tile boundaries in every output row on 32-byte sector
+  boundaries of the flat output (the row's offset in a sector, taken from y's address, shifts
+  its slice), so that each sector inside a row is written whole by one block in aligned vector
+  stores instead of in halves by two neighbouring blocks; the block loads ``V - 1`` more input
+  rows (``V`` elements per sector: 8 for 4-byte, 16 for 2-byte elements) into a shared tile of
+  ``TILE + V - 1`` rows of single elements (no packed pairs). It renders ``ALIGNED=0`` on every
+  shape (offsets from the addresses), so one compile serves every shape. With ``MIN_BLOCKS=0``
+  its kernel declares a min-blocks clause of 1: without one, ptxas picked an occupancy of its
+  own and spilled a few bytes to reach it in about 2% of the ``SKEW=1`` variants.
 
 The source depends on the shape only through ``ALIGNED`` (sizes are kernel arguments), so
-two compiles per (config, dtype) serve every shape. The grid is 1-D over the tiles with a grid
-stride.
+two compiles per (config, dtype) serve every shape (one for ``SKEW=1``). The grid is 1-D over
+the tiles with a grid stride.
 """
 
 from __future__ import annotations
@@ -59,17 +72,32 @@ def threads(config: Config) -> int:
 
 
 def aligned(config: Config, shape: Sequence[int]) -> bool:
-    """Whether every input and output row of ``shape`` is whole vectors of ``VEC`` elements
-    (the kernel's ``ALIGNED`` path); else rows are split at vector boundaries."""
+    """Whether the kernel takes its ``ALIGNED`` path: every input and output row of ``shape``
+    is whole vectors of ``VEC`` elements and the config is not ``SKEW=1`` (which renders
+    ``ALIGNED=0`` everywhere); else rows are split at vector boundaries."""
     rows, cols = shape
+    if config.get("SKEW", 0):
+        return False
     return rows % config["VEC"] == 0 and cols % config["VEC"] == 0
+
+
+def sector_elements(dtype: str) -> int:
+    """``V``: elements of one 32-byte sector."""
+    return 32 // DTYPES[dtype][2]
+
+
+def skew_applies(shape: Sequence[int], dtype: str) -> bool:
+    """Whether output rows start at different offsets in a 32-byte sector (``rows * itemsize``
+    no multiple of 32): where ``SKEW=1`` is valid."""
+    return shape[0] % sector_elements(dtype) != 0
 
 
 def pack_pairs(config: Config, dtype: str, is_aligned: bool = True) -> int:
     """Elements per shared-memory unit: 2 when 2-byte elements are packed in 2x2 blocks
     (``VEC >= 2`` on an aligned shape: a pair's rows must share their offset from a vector
-    boundary)."""
-    return 2 if DTYPES[dtype][2] == 2 and config["VEC"] >= 2 and is_aligned else 1
+    boundary; never with ``SKEW=1``)."""
+    pairs = DTYPES[dtype][2] == 2 and config["VEC"] >= 2 and is_aligned
+    return 2 if pairs and not config.get("SKEW", 0) else 1
 
 
 def register_cap(config: Config) -> int:
@@ -78,21 +106,42 @@ def register_cap(config: Config) -> int:
 
 
 def static_shared_bytes(config: Config, dtype: str, is_aligned: bool = True) -> int:
-    """The shared tile: ``TILE / E`` rows of ``TILE + pad`` units of ``E * itemsize`` bytes."""
-    e = pack_pairs(config, dtype, is_aligned)
+    """The shared tile: ``TILE / E`` rows of ``TILE + pad`` units of ``E * itemsize`` bytes;
+    ``SKEW=1``: ``TILE + V - 1`` rows of single elements."""
     pad = 1 if config["SMEM"] == 1 else 0
+    if config.get("SKEW", 0):
+        unit_rows = config["TILE"] + sector_elements(dtype) - 1
+        return unit_rows * (config["TILE"] + pad) * DTYPES[dtype][2]
+    e = pack_pairs(config, dtype, is_aligned)
     return (config["TILE"] // e) * (config["TILE"] + pad) * e * DTYPES[dtype][2]
 
 
-def edge_vectors(config: Config) -> int:
-    """Misaligned tile rows' extra (edge) vectors each thread loads: ``ceil(TILE / threads)``."""
-    return math.ceil(config["TILE"] / threads(config))
+def edge_vectors(config: Config, dtype: str = "float32") -> int:
+    """Misaligned tile rows' extra (edge) vectors each thread loads: ``ceil(TILE / threads)``
+    (``SKEW=1``: of its ``TILE + V - 1`` tile rows)."""
+    return math.ceil(tile_rows(config, dtype) / threads(config))
+
+
+def tile_rows(config: Config, dtype: str) -> int:
+    """Input rows a block loads per tile: ``TILE``, plus the ``V - 1`` halo rows with
+    ``SKEW=1``."""
+    halo = sector_elements(dtype) - 1 if config.get("SKEW", 0) else 0
+    return config["TILE"] + halo
+
+
+def loaded_vectors(config: Config, dtype: str, is_aligned: bool = True) -> int:
+    """Vectors each thread holds between its loads and its shared-memory stores: one per tile
+    row it loads (``RPT``, more with ``SKEW=1``'s halo rows), plus the edge vectors where rows
+    are split (not ``is_aligned``, and not ``VEC=1`` under ``SKEW=1``)."""
+    if config.get("SKEW", 0):
+        loads = math.ceil(tile_rows(config, dtype) / (config["TILE"] // config["RPT"]))
+        return loads + (edge_vectors(config, dtype) if config["VEC"] > 1 else 0)
+    return config["RPT"] + (0 if is_aligned else edge_vectors(config, dtype))
 
 
 def data_registers(config: Config, dtype: str, is_aligned: bool = True) -> int:
-    """32-bit registers holding the RPT loaded vectors, and the edge vectors where rows are
-    split (not ``is_aligned``)."""
-    vectors = config["RPT"] + (0 if is_aligned else edge_vectors(config))
+    """32-bit registers holding the loaded vectors (:func:`loaded_vectors`)."""
+    vectors = loaded_vectors(config, dtype, is_aligned)
     return math.ceil(vectors * config["VEC"] * DTYPES[dtype][2] / 4)
 
 
@@ -111,6 +160,7 @@ class TransposeSpec(OperatorSpec):
         "SMEM": (0, 1, 2),
         "MIN_BLOCKS": (0, 4),
         "HINTS": (0, 1, 2),
+        "SKEW": (0, 1),
     }
     template = Path(__file__).with_name("transpose.cu")
     kernel_name = "transpose_kernel"
@@ -133,12 +183,15 @@ class TransposeSpec(OperatorSpec):
         ``VEC`` or ``RPT`` not dividing ``TILE``; blocks outside 32..1024 threads; an odd
         ``RPT`` with packed 2-byte pairs; ``MIN_BLOCKS`` blocks over 2048 threads per SM;
         loaded vectors that would not fit the registers the launch bounds leave (they would
-        spill). Any rows and cols: where they are not multiples of ``VEC`` the kernel splits
-        rows at vector boundaries (:func:`aligned`).
+        spill); ``SKEW=1`` where output rows start on sector boundaries (:func:`skew_applies`:
+        it would store as ``SKEW=0`` does). Any rows and cols: where they are not multiples of
+        ``VEC`` the kernel splits rows at vector boundaries (:func:`aligned`).
 
         Assumed, not checked (no addresses here): x and y aligned to ``VEC`` elements where the
         shape is aligned (the backends' cudaMalloc gives 256 bytes), to one element otherwise
-        (the split path takes each row's offset from the addresses).
+        (the split path takes each row's offset from the addresses) and with ``SKEW=1`` (its
+        sector offsets too; with y on a 32-byte boundary, as cudaMalloc's is, the output rows of
+        a shape :func:`skew_applies` rejects all start on sectors).
         """
         reason = self.check_params(config)
         if reason:
@@ -151,6 +204,11 @@ class TransposeSpec(OperatorSpec):
         itemsize = DTYPES[dtype][2]
         if reason := limits.vector_width_error(vec, vec * itemsize, dtype):
             return reason
+        if config["SKEW"] and not skew_applies((rows, cols), dtype):
+            return (
+                f"SKEW=1 needs output rows that start mid 32-byte sector: rows={rows} x "
+                f"{itemsize} bytes is a multiple of 32 (SKEW=0 stores the same)"
+            )
         if vec > tile or rpt > tile:
             return f"VEC={vec} and RPT={rpt} must divide TILE={tile}"
         n_threads = threads(config)
@@ -183,7 +241,8 @@ class TransposeSpec(OperatorSpec):
         stores (VEC=1 ran the 8191 x 8193 float32 case at 70% of copy bandwidth on the H100).
         Every recorded space is a shape of the first kind, so its default is unchanged; the
         split choice is not measured yet. ``HINTS=0`` (streaming loads and stores, what every
-        recorded space measured); the plain ones are not measured yet."""
+        recorded space measured); the plain ones are not measured yet. ``SKEW=0``: the skewed
+        tiles are not measured yet."""
         rows, cols = self.validate(shape, dtype)
         itemsize = DTYPES[dtype][2]
         widths = [v for v in self.params["VEC"] if v * itemsize <= 16]
@@ -192,7 +251,7 @@ class TransposeSpec(OperatorSpec):
         for vec in dict.fromkeys((first, dividing, 1)):
             for tile, rpt in ((64, 4), (64, 8), (32, 4), (32, 2), (32, 1), (16, 2), (16, 1)):
                 config = {"TILE": tile, "VEC": vec, "RPT": rpt, "SMEM": 1, "MIN_BLOCKS": 0}
-                config["HINTS"] = 0
+                config["HINTS"] = config["SKEW"] = 0
                 if self.check(config, shape, dtype) is None:
                     return config
         raise AssertionError(f"no default transpose config for {tuple(shape)} {dtype}")
@@ -200,12 +259,16 @@ class TransposeSpec(OperatorSpec):
     def defines(self, config: Config, shape: Sequence[int], dtype: str) -> dict[str, object]:
         """Tunables, then ELEM_BYTES: the kernel moves bits, so float16 and bfloat16 render
         (and compile) the same source; ALIGNED=0 where rows or cols is not a multiple of
-        ``VEC`` (absent otherwise: an aligned shape's source is what it was before rows could
-        be split, and every shape of a split config shares one compile)."""
-        macros: dict[str, object] = {name: config[name] for name in self.params}
+        ``VEC`` or with ``SKEW=1`` (absent otherwise: an aligned shape's source is what it was
+        before rows could be split, and every shape of a split config shares one compile).
+        ``SKEW`` only where it is 1, last: a ``SKEW=0`` config renders the ``#define`` lines it
+        rendered before the parameter existed."""
+        macros: dict[str, object] = {name: config[name] for name in self.params if name != "SKEW"}
         macros["ELEM_BYTES"] = DTYPES[dtype][2]
         if not aligned(config, shape):
             macros["ALIGNED"] = 0
+        if config["SKEW"]:
+            macros["SKEW"] = 1
         return macros
 
     def launch(self, config: Config, shape: Sequence[int], dtype: str) -> Launch:

@@ -7,13 +7,16 @@
 //   RPT         vectors each thread loads (and stores) per tile: the block is
 //               (TILE / VEC) x (TILE / RPT) threads
 //   SMEM        shared-memory layout: 0 plain, 1 one padding word per tile row, 2 XOR swizzle
-//   MIN_BLOCKS  min-blocks clause of __launch_bounds__ (0 = none)
+//   MIN_BLOCKS  min-blocks clause of __launch_bounds__ (0 = none; with SKEW 1, one block)
 //   HINTS       cache hints of the global loads and stores (issue 31): 0 streaming both
 //               (__ldcs / __stcs: evict-first), 1 streaming loads and plain write-back stores,
 //               2 plain both (read-only __ldg loads, default L2 eviction; write-back stores).
 //               Where rows start mid 32-byte sector, the sector at a tile boundary is written
 //               half by one block and half by its neighbour; the hypothesis 1 and 2 test:
 //               evict-first writes it back half valid before the other half arrives.
+//   SKEW        1: output-aligned ("skewed") tiles, for output rows that start mid 32-byte
+//               sector (rows * element bytes no multiple of 32; issue 31). 0 (the default):
+//               the program compiled before SKEW existed. Below.
 // Derived macro (the spec computes it):
 //   ALIGNED     0 where rows % VEC != 0 or cols % VEC != 0 (issue 31): input and output rows
 //               start at offsets from a vector boundary that vary by row, so each tile row is
@@ -21,7 +24,21 @@
 //               misaligned, elements outside the tile or the matrix dropped) and written as its
 //               whole aligned vectors with an element-by-element head and tail. 1 (the
 //               default): every vector is aligned, and the program is the one compiled before
-//               ALIGNED existed.
+//               ALIGNED existed. SKEW 1 renders ALIGNED 0 on every shape.
+//
+// SKEW 1: with the tiles above, where output rows start mid sector, every 32-byte sector at a
+// tile's edge in the output is written partly by one block and partly by its neighbour, in
+// stores split at the sector boundary. SKEW 1 moves each output row's tile boundaries onto
+// sector boundaries of the flat output array instead: with s = (address of y[c][0] in elements)
+// mod V (V = elements per 32-byte sector, 8 or 16), the block of tile row r0 writes output
+// columns [r0 - s, r0 + TILE - s) of output row c, clipped to [0, rows), the last tile row on
+// to rows. These slices partition every output row, each sector inside a row is written whole
+// by one block in aligned vectors, and only the sectors holding a row's end and the next row's
+// start are shared. The block loads input rows r0 - (V - 1) .. r0 + TILE - 1 (V - 1 "halo" rows
+// above the tile; they are also the tile above's rows) as the split path loads rows, into a
+// shared tile of TILE + V - 1 rows of single elements. Interior tiles (not in the first or last
+// tile row or the last tile column) need no bounds checks; the others (a few percent of a large
+// matrix) are read element by element in a second loop over the tiles.
 //
 // Shared memory holds 32-bit words ("units") for 4-byte elements and, for 2-byte elements with
 // VEC >= 2, packed pairs: the unit at (p, c) is (x[2p][c], x[2p+1][c]), a 2x2 sub-block already
@@ -33,7 +50,8 @@
 // Preconditions (kernels.transpose.TransposeSpec.check enforces the static part): ALIGNED 1
 // needs rows % VEC == 0 and cols % VEC == 0 (every vector is aligned and entirely inside or
 // outside the matrix), RPT % E == 0, x and y aligned to VEC elements (cudaMalloc gives 256
-// bytes); ALIGNED 0 needs x and y aligned to one element only (offsets come from the addresses).
+// bytes); ALIGNED 0 needs x and y aligned to one element only (offsets come from the addresses),
+// and so does SKEW 1 (any shape is correct; the spec offers it where rows start mid sector).
 //
 // Tiles are numbered row-major over the (ceil(rows/TILE), ceil(cols/TILE)) tile grid and the
 // 1-D grid loops over them with a grid stride, so any grid size is correct (no grid.y limit).
@@ -64,6 +82,12 @@
 #endif
 #ifndef HINTS
 #define HINTS 0
+#endif
+#ifndef SKEW
+#define SKEW 0
+#endif
+#if SKEW && ALIGNED
+#error "SKEW 1 takes every offset from the addresses: render it with ALIGNED 0"
 #endif
 #if HINTS < 0 || HINTS > 2
 #error "HINTS must be 0, 1 or 2"
@@ -100,7 +124,13 @@ constexpr int kE = (kElemBytes == 2 && VEC >= 2 && ALIGNED) ? 2 : 1;
 constexpr int kBX = TILE / VEC;                   // threads along a tile row (vectors per row)
 constexpr int kBY = TILE / RPT;                   // thread rows
 constexpr int kThreads = kBX * kBY;
+#if SKEW
+constexpr int kV = 32 / kElemBytes;               // elements of a 32-byte sector
+constexpr int kHalo = kV - 1;                     // input rows above the tile (see the header)
+constexpr int kUnitRows = TILE + kHalo;           // rows of the shared tile (single elements)
+#else
 constexpr int kUnitRows = TILE / kE;              // unit rows of the shared tile
+#endif
 constexpr int kPad = SMEM == 1 ? 1 : 0;
 constexpr int kVecBytes = VEC * kElemBytes;
 #if ALIGNED
@@ -114,7 +144,14 @@ static_assert(RPT >= 1 && TILE % RPT == 0 && TILE % VEC == 0, "RPT and VEC must 
 static_assert(RPT % kE == 0, "packed pairs need an even RPT");
 static_assert(kThreads >= 32 && kThreads <= 1024, "32..1024 threads per block");
 static_assert(SMEM >= 0 && SMEM <= 2, "SMEM must be 0, 1 or 2");
-#if !ALIGNED
+#if SKEW
+static_assert(kV >= VEC && TILE % kV == 0, "vectors and tiles are whole within sectors");
+static_assert(kE == 1, "SKEW 1 keeps single elements in shared memory");
+// Tile rows each thread loads (RPT and the halo's share), and the rows whose misaligned edge
+// vector it also moves (VEC 1 has none: its offsets are 0).
+constexpr int kLoads = (kUnitRows + kBY - 1) / kBY;
+constexpr int kEdges = (kUnitRows + kThreads - 1) / kThreads;
+#elif !ALIGNED
 static_assert(VEC > 1, "ALIGNED 0 is for rows that are not whole vectors");
 // Rows of the tile whose misaligned edge vector each thread also moves (at most 2: 32+ threads).
 constexpr int kEdges = (TILE + kThreads - 1) / kThreads;
@@ -207,12 +244,81 @@ __device__ __forceinline__ void store_elements(T* out, Tile& tile, int cl, int q
     if (q + m >= 0 && q + m < lim) KATO_STORE(out + q + m, tile[q + m][phys(q + m, cl)]);
   }
 }
+
+#if SKEW
+// Elements from the Bytes-aligned address at or before p to p (Bytes a power of 2).
+__device__ __forceinline__ int offset(const T* p, int bytes) {
+  return static_cast<int>(reinterpret_cast<size_t>(p) & (bytes - 1)) / kElemBytes;
+}
+
+// The aligned vector holding *p.
+__device__ __forceinline__ const Raw* vector_at(const T* p) {
+  return reinterpret_cast<const Raw*>(reinterpret_cast<size_t>(p) & ~size_t(kVecBytes - 1));
+}
+
+// Whether the tile at (r0, c0) is neither in the first or last tile row nor in the last tile
+// column: all of its rows, halo and columns are inside the matrix, and every aligned vector
+// holding one of its elements is inside x (rows above and below, columns on the right).
+__device__ __forceinline__ bool interior(long long r0, long long c0, int rows, int cols) {
+  return r0 != 0 && r0 + TILE < rows && c0 + TILE < cols;
+}
+
+// Writes the elements of vector v at tile columns j0 + j >= 0 into tile row p (the others
+// belong to the tile on the left; j0 + VEC <= TILE).
+template <class Row>
+__device__ __forceinline__ void put_from(Row& row, int p, const Raw& v, int j0) {
+  Unit u[VEC];
+  __builtin_memcpy(u, &v, sizeof(Raw));
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    if (j0 + j >= 0) row[phys(p, j0 + j)] = u[j];
+  }
+}
+
+// Stores tile rows p .. p + VEC - 1 of tile column cl to the aligned vector at out.
+template <class Tile>
+__device__ __forceinline__ void store_vector(T* out, Tile& tile, int cl, int p) {
+  Unit u[VEC];
+#pragma unroll
+  for (int m = 0; m < VEC; ++m) u[m] = tile[p + m][phys(p + m, cl)];
+  Raw r;
+  __builtin_memcpy(&r, u, sizeof(Raw));
+  KATO_STORE(reinterpret_cast<Raw*>(out), r);
+}
+
+// Stores out[q .. q + VEC) (tile rows kHalo + q .. of tile column cl) where it lies in
+// [lo, hi), lo >= -kHalo and hi <= TILE: one aligned vector where all of it does, else the
+// elements that do, one by one.
+template <class Tile>
+__device__ __forceinline__ void store_slice(T* out, Tile& tile, int cl, int q, int lo, int hi) {
+  Unit u[VEC];
+#pragma unroll
+  for (int m = 0; m < VEC; ++m) {
+    const int p = kHalo + q + m;
+    u[m] = q + m >= lo && q + m < hi ? tile[p][phys(p, cl)] : Unit(0);
+  }
+  if (q >= lo && q + VEC <= hi) {
+    Raw r;
+    __builtin_memcpy(&r, u, sizeof(Raw));
+    KATO_STORE(reinterpret_cast<Raw*>(out + q), r);
+  } else {
+#pragma unroll
+    for (int m = 0; m < VEC; ++m) {
+      if (q + m >= lo && q + m < hi) KATO_STORE(out + q + m, u[m]);
+    }
+  }
+}
+#endif
 #endif
 
 }  // namespace KATO_NS
 
+// SKEW 1 without MIN_BLOCKS declares one block: with no min-blocks clause ptxas picks an
+// occupancy of its own and spilled a few bytes to reach it in about 2% of the SKEW 1 variants.
 #if MIN_BLOCKS > 0
 #define KATO_LAUNCH_BOUNDS __launch_bounds__(KATO_NS::kThreads, MIN_BLOCKS)
+#elif SKEW
+#define KATO_LAUNCH_BOUNDS __launch_bounds__(KATO_NS::kThreads, 1)
 #else
 #define KATO_LAUNCH_BOUNDS __launch_bounds__(KATO_NS::kThreads)
 #endif
@@ -236,9 +342,11 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS transpose_kernel(const KATO_ELEM* 
   const long long tiles_r = (rows + TILE - 1) / TILE;
   const long long ntiles = tiles_r * tiles_c;
 #if !ALIGNED
+#if !SKEW
   const long long n = static_cast<long long>(rows) * cols;
   const long long xbase = static_cast<long long>(reinterpret_cast<size_t>(x) / sizeof(KATO_ELEM));
   const long long ybase = static_cast<long long>(reinterpret_cast<size_t>(y) / sizeof(KATO_ELEM));
+#endif
   const int tid = ty * kt::kBX + tx;
 #endif
 
@@ -301,6 +409,56 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS transpose_kernel(const KATO_ELEM* 
         __builtin_memcpy(&r, u, sizeof(Raw));
         KATO_STORE(reinterpret_cast<Raw*>(y + out_row * rows + out_col), r);
       }
+    }
+#elif SKEW
+    // Tile row p is input row r0 - kHalo + p (p < kUnitRows). Output row c0 + cl starts s
+    // elements past a sector boundary; this block writes its columns r0 + q for q in
+    // [-s, TILE - s) (the last tile row on to rows: at most s more, within one sector),
+    // clipped to [0, rows). Here only interior tiles (block-uniform; the others after the loop):
+    // every row and column inside the matrix and every aligned vector holding one of their
+    // elements inside x, so the tile rows are read as the split path reads them (below) with
+    // no bounds to check, and thread tx writes the whole aligned vector at q = tx*VEC - s.
+    if (!kt::interior(r0, c0, rows, cols)) continue;
+    // Row k of this thread is tile row ty + k*kBY, kBY rows of x further each; its offset from
+    // a vector boundary (mis) comes from its address. Likewise output row i, kBY further each,
+    // and its offset s from a sector boundary (r0 is a multiple of the sector).
+    const KATO_ELEM* xr = x + (r0 - kt::kHalo + ty) * cols + c0;
+    const long long xstep = static_cast<long long>(kt::kBY) * cols;
+    Raw v[kt::kLoads];
+#pragma unroll
+    for (int k = 0; k < kt::kLoads; ++k) {
+      if (ty + k * kt::kBY < kt::kUnitRows) v[k] = KATO_LOAD(kt::vector_at(xr + k * xstep) + tx);
+    }
+    Raw w[kt::kEdges];
+#pragma unroll
+    for (int k = 0; k < kt::kEdges; ++k) {
+      const int p = tid + k * kt::kThreads;
+      const KATO_ELEM* row = x + (r0 - kt::kHalo + p) * cols + c0;
+      if (p < kt::kUnitRows && kt::offset(row, kt::kVecBytes) != 0) {
+        w[k] = KATO_LOAD(kt::vector_at(row) + TILE / VEC);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kt::kLoads; ++k) {
+      const int p = ty + k * kt::kBY;
+      const int mis = kt::offset(xr + k * xstep, kt::kVecBytes);
+      if (p < kt::kUnitRows) kt::put_from(tile[p], p, v[k], tx * VEC - mis);
+    }
+#pragma unroll
+    for (int k = 0; k < kt::kEdges; ++k) {
+      const int p = tid + k * kt::kThreads;
+      const int mis = kt::offset(x + (r0 - kt::kHalo + p) * cols + c0, kt::kVecBytes);
+      if (p < kt::kUnitRows && mis != 0) kt::put(tile[p], p, w[k], TILE - mis, TILE);
+    }
+    __syncthreads();
+
+    KATO_ELEM* const yr = y + (c0 + ty) * rows + r0;
+    const long long ystep = static_cast<long long>(kt::kBY) * rows;
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) {
+      KATO_ELEM* const row = yr + i * ystep;
+      const int q = tx * VEC - kt::offset(row, 32);
+      kt::store_vector(row + q, tile, ty + i * kt::kBY, kt::kHalo + q);
     }
 #else
     // Load: tile row p is x[r0 + p][c0 .. c0 + lim_c), which starts `mis` elements past a
@@ -377,4 +535,42 @@ extern "C" __global__ void KATO_LAUNCH_BOUNDS transpose_kernel(const KATO_ELEM* 
 #endif
     __syncthreads();  // the next tile overwrites the shared tile
   }
+#if SKEW
+  // The other tiles, in a loop of their own (one loop holding both paths kept the rare path's
+  // values in registers through the common one): rows and columns clipped to the matrix, read
+  // element by element; the slices' vectors written whole but at the output rows' ends.
+  for (long long t = blockIdx.x; t < ntiles; t += gridDim.x) {
+    const long long r0 = (t / tiles_c) * TILE;
+    const long long c0 = (t % tiles_c) * TILE;
+    if (kt::interior(r0, c0, rows, cols)) continue;
+    const int lim_c = static_cast<int>(cols - c0 < TILE ? cols - c0 : TILE);
+    const int p_lo = r0 < kt::kHalo ? static_cast<int>(kt::kHalo - r0) : 0;
+    const int p_hi = static_cast<int>(rows - r0 < TILE ? rows - r0 : TILE) + kt::kHalo;
+    for (int e = tid; e < kt::kUnitRows * TILE; e += kt::kThreads) {
+      const int p = e / TILE;
+      const int j = e % TILE;
+      if (p >= p_lo && p < p_hi && j < lim_c) {
+        tile[p][kt::phys(p, j)] = KATO_LOAD(x + (r0 - kt::kHalo + p) * cols + c0 + j);
+      }
+    }
+    __syncthreads();
+
+    // Per output row, TILE / VEC vector slots, and kV / VEC more on the last tile row; the
+    // slice's columns q are in [lo, hi).
+    constexpr int kSlots = TILE / VEC + kt::kV / VEC;
+    const int slots = r0 + TILE >= rows ? kSlots : TILE / VEC;
+    const int lo = static_cast<int>(r0 < kt::kHalo ? -r0 : -kt::kHalo);
+    const int hi = static_cast<int>(rows - r0 < TILE ? rows - r0 : TILE);
+#pragma unroll 1
+    for (int u = tid; u < TILE * kSlots; u += kt::kThreads) {
+      const int cl = u / kSlots;
+      const int slot = u % kSlots;
+      if (cl < lim_c && slot < slots) {
+        KATO_ELEM* const row = y + (c0 + cl) * rows + r0;
+        kt::store_slice(row, tile, cl, slot * VEC - kt::offset(row, 32), lo, hi);
+      }
+    }
+    __syncthreads();
+  }
+#endif
 }

@@ -1,14 +1,16 @@
 """Transpose on a real GPU: every dtype on awkward shapes (default config), every valid variant
 verified exactly through the backend, every vector width on shapes it does not divide (rows
-split at vector boundaries, issue 31), the plain cache hints (HINTS 1 and 2) on odd shapes, and
-the tile loop's grid stride with a capped grid."""
+split at vector boundaries, issue 31), the plain cache hints (HINTS 1 and 2) on odd shapes, the
+output-aligned tiles (SKEW=1) on odd shapes and the issue's, and the tile loop's grid stride
+with a capped grid."""
 
 from __future__ import annotations
 
 import kato.kernels.transpose as transpose_module
 import pytest
 from kato.kernels import DTYPES, get_operator
-from verify_harness import verify_config, verify_variants
+from kato.kernels.transpose import skew_applies
+from verify_harness import verify_config, verify_configs, verify_variants
 
 DTYPE_NAMES = ["float32", "float16", "bfloat16"]
 #: Single elements, 1 x N and N x 1, primes, sizes off every tile and vector width, very wide
@@ -97,8 +99,8 @@ def test_plain_cache_hints_on_odd_shapes(spec, shape, dtype, hints):
 #: 8191 x 8193 float32: the tuned winner (data/h100, TILE=64 VEC=1 RPT=4 SMEM=2) and a split
 #: 16-byte one.
 ISSUE_CONFIGS = [
-    {"TILE": 64, "VEC": 1, "RPT": 4, "SMEM": 2, "MIN_BLOCKS": 0},
-    {"TILE": 64, "VEC": 4, "RPT": 4, "SMEM": 1, "MIN_BLOCKS": 0},
+    {"TILE": 64, "VEC": 1, "RPT": 4, "SMEM": 2, "MIN_BLOCKS": 0, "SKEW": 0},
+    {"TILE": 64, "VEC": 4, "RPT": 4, "SMEM": 1, "MIN_BLOCKS": 0, "SKEW": 0},
 ]
 
 
@@ -108,6 +110,55 @@ def test_plain_cache_hints_on_the_issue_shape(spec, hints):
         config = {**config, "HINTS": hints}
         error = verify_config(spec, (8191, 8193), "float32", config)
         assert error is None, (config, error)
+
+
+#: Output rows that start mid 32-byte sector (SKEW=1 valid): odd sides, 1 x n and n x 1, rows
+#: under a sector, an even side no sector divides.
+SKEWED = [(127, 129), (129, 127), (255, 4097), (1, 4097), (4097, 1), (3, 5), (1002, 1003)]
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("shape", SKEWED, ids=lambda s: "x".join(map(str, s)))
+def test_skewed_tiles_on_odd_shapes(spec, shape, dtype):
+    """SKEW=1: a seeded sample of the configs of every vector width, verified exactly."""
+    assert skew_applies(shape, dtype)
+    widths = [v for v in spec.params["VEC"] if v * DTYPES[dtype][2] <= 16]
+    for vec in widths:
+        checked, failures = verify_variants(
+            spec,
+            shape,
+            dtype,
+            max_configs=4,
+            seed=20 + vec,
+            where=lambda c, v=vec: c["VEC"] == v and c["SKEW"] == 1,
+        )
+        assert checked >= 4 and not failures, (vec, failures[:5])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_skewed_tiles_on_the_issue_shape(spec, dtype):
+    """The SKEW=1 configs timed at 8191 x 8193 (TILE 64, every VEC, RPT 4 and 8, SMEM 1,
+    MIN_BLOCKS 0 and 4, HINTS 2), on one problem."""
+    configs = [
+        {"TILE": 64, "VEC": vec, "RPT": rpt, "SMEM": 1, "MIN_BLOCKS": mb, "HINTS": 2, "SKEW": 1}
+        for vec in (1, 2, 4, 8)
+        for rpt in (4, 8)
+        for mb in (0, 4)
+    ]
+    configs = [c for c in configs if spec.check(c, (8191, 8193), dtype) is None]
+    assert len(configs) >= 6
+    failures = verify_configs(spec, (8191, 8193), dtype, configs)
+    assert not failures, failures[:5]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_grid_stride_over_skewed_tiles(spec, dtype, monkeypatch):
+    """SKEW=1's two loops over the tiles (interior ones, then the others) with 7 blocks."""
+    monkeypatch.setattr(transpose_module, "MAX_GRID", 7)
+    checked, failures = verify_variants(
+        spec, (301, 456), dtype, max_configs=12, seed=3, where=lambda c: c["SKEW"] == 1
+    )
+    assert checked >= 12 and not failures, failures[:5]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import kato.kernels.transpose as transpose_module
 import ml_dtypes
 import numpy as np
 import pytest
@@ -16,8 +17,11 @@ from kato.kernels.transpose import (
     aligned,
     data_registers,
     edge_vectors,
+    loaded_vectors,
     pack_pairs,
     register_cap,
+    sector_elements,
+    skew_applies,
     static_shared_bytes,
     threads,
     transpose_reference,
@@ -42,7 +46,7 @@ SHAPES = [
 ]
 
 
-def cfg(tile=32, vec=4, rpt=4, smem=1, min_blocks=0, hints=0):
+def cfg(tile=32, vec=4, rpt=4, smem=1, min_blocks=0, hints=0, skew=0):
     return {
         "TILE": tile,
         "VEC": vec,
@@ -50,6 +54,7 @@ def cfg(tile=32, vec=4, rpt=4, smem=1, min_blocks=0, hints=0):
         "SMEM": smem,
         "MIN_BLOCKS": min_blocks,
         "HINTS": hints,
+        "SKEW": skew,
     }
 
 
@@ -58,8 +63,9 @@ def test_registered_with_the_contract_attributes() -> None:
     assert SPEC in list_operators()
     assert SPEC.rank == 2 and SPEC.shape_names == ("rows", "cols")
     assert SPEC.dtypes == DTYPE_NAMES
-    assert list(SPEC.params) == ["TILE", "VEC", "RPT", "SMEM", "MIN_BLOCKS", "HINTS"]
+    assert list(SPEC.params) == ["TILE", "VEC", "RPT", "SMEM", "MIN_BLOCKS", "HINTS", "SKEW"]
     assert SPEC.params["HINTS"] == (0, 1, 2)
+    assert SPEC.params["SKEW"] == (0, 1)
     assert SPEC.kernel_names == ("transpose_kernel",)
     assert 'extern "C" __global__' in SPEC.template.read_text()
     assert "namespace KATO_NS" in SPEC.template.read_text()
@@ -71,6 +77,7 @@ def test_default_is_valid_everywhere(shape, dtype) -> None:
     config = SPEC.default_config(shape, dtype)
     assert SPEC.check(config, shape, dtype) is None
     assert config["HINTS"] == 0  # streaming, as every recorded space measured
+    assert config["SKEW"] == 0  # the skewed tiles are not measured yet
     launch = SPEC.launch(config, shape, dtype)
     assert 32 <= launch.threads_per_block <= 1024
     assert 1 <= launch.grid[0] <= 2**31 - 1 and launch.grid[1:] == (1, 1)
@@ -158,7 +165,7 @@ def test_any_shape_takes_every_vector_width(dtype) -> None:
         assert {c["VEC"] for c in configs} == {c["VEC"] for c in wide}, shape
         assert len(configs) >= len(wide), shape
         for c in configs:
-            split = shape[0] % c["VEC"] != 0 or shape[1] % c["VEC"] != 0
+            split = shape[0] % c["VEC"] != 0 or shape[1] % c["VEC"] != 0 or c["SKEW"] == 1
             assert aligned(c, shape) is not split
             assert SPEC.defines(c, shape, dtype).get("ALIGNED", 1) == (0 if split else 1)
     for c in wide:
@@ -175,14 +182,15 @@ def test_space_sizes_and_shape_independent_sources(dtype) -> None:
         sizes[shape] = len(valid)
         sources |= {SPEC.render(c, shape, dtype) for c in valid}
     assert 3 * 100 <= sizes[(8192, 8192)] <= 3 * 170  # every config at each of 3 HINTS
-    assert sizes[(8192, 8192)] == sizes[(32768, 4096)]
-    assert sizes[(3, 5)] >= sizes[(8192, 8192)]  # every vector width serves odd shapes
-    # Odd shapes add one split source per VEC > 1 config; VEC=1 ones are the aligned sources.
-    split = sum(
-        c["VEC"] > 1
-        for c in SearchSpace(SPEC.params, lambda c: SPEC.check(c, (3, 5), dtype)).valid_configs()
-    )
-    assert len(sources) == sizes[(8192, 8192)] + split
+    assert sizes[(8192, 8192)] == sizes[(32768, 4096)]  # no SKEW=1 on either
+    assert sizes[(3, 5)] >= 2 * sizes[(8192, 8192)]  # every vector width, both SKEW values
+    # Odd shapes add one split source per VEC > 1 config (VEC=1 ones are the aligned sources)
+    # and one per SKEW=1 config.
+    odd = SearchSpace(SPEC.params, lambda c: SPEC.check(c, (3, 5), dtype)).valid_configs()
+    split = sum(c["VEC"] > 1 and not c["SKEW"] for c in odd)
+    skewed = sum(c["SKEW"] for c in odd)
+    assert skewed == sizes[(3, 5)] // 2
+    assert len(sources) == sizes[(8192, 8192)] + split + skewed
 
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
@@ -205,6 +213,85 @@ def test_hints_are_valid_wherever_the_streaming_config_is(shape, dtype) -> None:
         assert SPEC.launch(c, shape, dtype) == SPEC.launch(config, shape, dtype)
         sources.add(SPEC.render(c, shape, dtype))
     assert len(sources) == 3
+
+
+def test_skew_is_valid_where_output_rows_start_mid_sector() -> None:
+    """SKEW=1 where rows * itemsize is no multiple of 32 bytes (V = 8 float32, 16 for 2-byte
+    elements), whatever VEC divides; rejected where every output row starts on a sector, where
+    it would store exactly what SKEW=0 stores."""
+    assert sector_elements("float32") == 8 and sector_elements("bfloat16") == 16
+    on = cfg(tile=64, vec=4, rpt=4, skew=1)
+    for shape in ((8191, 8193), (1, 37), (41, 1), (3, 5), (8190, 8194), (8196, 8192)):
+        assert skew_applies(shape, "float32")
+        assert SPEC.check(on, shape, "float32") is None, shape
+    for shape in ((8192, 8192), (8, 3), (40, 37), (32768, 4096), (8, 1)):
+        assert not skew_applies(shape, "float32")
+        assert "mid 32-byte sector" in SPEC.check(on, shape, "float32"), shape
+        assert SPEC.check(cfg(tile=64, vec=4, rpt=4), shape, "float32") is None
+    half = cfg(tile=64, vec=8, rpt=8, skew=1)
+    assert SPEC.check(half, (40, 37), "float16") is None  # 80 bytes: mid sector
+    assert SPEC.check(half, (8200, 8192), "bfloat16") is None  # 16400 bytes
+    assert "mid 32-byte sector" in SPEC.check(half, (48, 5), "float16")
+    assert "mid 32-byte sector" in SPEC.check(half, (8192, 8191), "bfloat16")
+    # Packed pairs never (single 16-bit units): an odd RPT is fine where pairs would need it even.
+    odd_rpt = cfg(tile=32, vec=2, rpt=1, skew=1)
+    assert SPEC.check(odd_rpt, (8190, 8194), "float16") is None
+    assert "even" in SPEC.check({**odd_rpt, "SKEW": 0}, (8192, 8194), "float16")
+    assert pack_pairs(cfg(vec=8, skew=1), "float16") == 1
+    # VEC=1 takes skewed tiles too (scalar stores, each sector still whole in one block).
+    assert SPEC.check(cfg(tile=32, vec=1, rpt=8, skew=1), (8191, 8193), "float32") is None
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+def test_skew_renders_split_rows_and_skew_0_renders_as_before(dtype) -> None:
+    """SKEW=1 renders ALIGNED=0 and SKEW=1 (last) on every shape, aligned to VEC or not, one
+    source per config; SKEW=0 renders the #define lines of the program before SKEW existed."""
+    base = cfg(tile=64, vec=2, rpt=4)
+    for shape in ((8191, 8193), (8190, 8194), (37, 5)):
+        macros = SPEC.defines({**base, "SKEW": 1}, shape, dtype)
+        assert list(macros)[-2:] == ["ALIGNED", "SKEW"]
+        assert macros["ALIGNED"] == 0 and macros["SKEW"] == 1
+        zero = SPEC.defines(base, shape, dtype)
+        assert "SKEW" not in zero
+        assert list(zero)[:7] == ["TILE", "VEC", "RPT", "SMEM", "MIN_BLOCKS", "HINTS", "ELEM_BYTES"]
+        assert zero.get("ALIGNED", 1) == (0 if shape[0] % 2 or shape[1] % 2 else 1)
+    sources = {SPEC.render({**base, "SKEW": 1}, s, dtype) for s in ((8191, 8193), (8190, 8194))}
+    assert len(sources) == 1
+    for shape in ((8191, 8193), (37, 5)):
+        launch = SPEC.launch({**base, "SKEW": 1}, shape, dtype)
+        assert launch == SPEC.launch(base, shape, dtype)  # the same 1-D grid over the tiles
+
+
+def test_skew_shared_and_register_model(monkeypatch) -> None:
+    """SKEW=1's shared tile has V - 1 more rows of single elements; each thread loads the
+    tile rows of RPT and of the halo, plus the edge vectors (none at VEC=1); check() rejects
+    a config whose loads would not fit the registers the launch bounds leave."""
+    on = cfg(tile=64, vec=4, rpt=4, smem=1, skew=1)
+    assert static_shared_bytes(on, "float32") == 71 * 65 * 4
+    assert static_shared_bytes({**on, "SMEM": 2}, "float32") == 71 * 64 * 4
+    assert static_shared_bytes(cfg(64, 8, 8, 2, skew=1), "float16") == 79 * 64 * 2
+    assert static_shared_bytes(cfg(16, 1, 1, 0, skew=1), "bfloat16") == 31 * 16 * 2
+    # 256 threads, 16 thread rows: ceil(71 / 16) = 5 loads and ceil(71 / 256) = 1 edge vector.
+    assert loaded_vectors(on, "float32") == 6 and data_registers(on, "float32") == 24
+    assert loaded_vectors(cfg(64, 4, 4), "float32", is_aligned=False) == 5
+    assert edge_vectors(on, "float32") == 1
+    # VEC=1: aligned rows, no edges. 2-byte elements: 15 halo rows; 32 threads in 2 thread rows
+    # load 16 of the 31 rows each, 2 bytes apiece.
+    assert loaded_vectors(cfg(64, 1, 8, skew=1), "float32") == 8 + 1
+    assert loaded_vectors(cfg(16, 1, 8, skew=1), "float16") == 16
+    assert data_registers(cfg(16, 1, 8, skew=1), "float16") == 8
+    # 64 threads in 8 thread rows, 79 tile rows: 10 loads and 2 edge vectors each.
+    assert loaded_vectors(cfg(64, 8, 8, skew=1), "float16") == 10 + 2
+    assert SPEC.check(cfg(64, 8, 8, skew=1), (8191, 8193), "float16") is None
+    # The register check counts them: 128 threads x MIN_BLOCKS 4 leave 128 registers; with an
+    # overhead that leaves 90, SKEW=0's 9 vectors (36 registers) fit and SKEW=1's 10 do not.
+    config = cfg(tile=64, vec=4, rpt=8, min_blocks=4)
+    assert register_cap(config) == 128
+    assert loaded_vectors(config, "float32", is_aligned=False) == 9
+    assert loaded_vectors({**config, "SKEW": 1}, "float32") == 10
+    monkeypatch.setattr(transpose_module, "REGISTER_OVERHEAD", 128 - 38)
+    assert SPEC.check(config, (8191, 8193), "float32") is None
+    assert "spill" in SPEC.check({**config, "SKEW": 1}, (8191, 8193), "float32")
 
 
 def test_static_shared_model() -> None:

@@ -142,7 +142,7 @@ def test_a_sweep_takes_the_valid_configs_that_match_hints_side_by_side():
     values, those differing only in HINTS (the last parameter) one after another."""
     spec = get_operator("transpose")
     where = operators.parse_where(
-        ["TILE=64", "VEC=1,2,4", "RPT=4,8", "SMEM=1,2", "MIN_BLOCKS=0,4", "HINTS=0,1,2"]
+        ["TILE=64", "VEC=1,2,4", "RPT=4,8", "SMEM=1,2", "MIN_BLOCKS=0,4", "HINTS=0,1,2", "SKEW=0"]
     )
     configs = operators.sweep_configs(spec, (8191, 8193), "float32", where)
     assert len(configs) == 54  # 72 combinations; MIN_BLOCKS=4 rules out 18 (threads or registers)
@@ -152,6 +152,17 @@ def test_a_sweep_takes_the_valid_configs_that_match_hints_side_by_side():
         triple = configs[i : i + 3]
         assert [c["HINTS"] for c in triple] == [0, 1, 2]
         assert len({tuple(v for k, v in c.items() if k != "HINTS") for c in triple}) == 1
+    # The skewed tiles' comparison (SKEW, the last parameter): twins one after the other, every
+    # SKEW=1 config valid wherever its SKEW=0 twin is at the odd shape.
+    where = operators.parse_where(
+        ["TILE=64", "VEC=1,2,4", "RPT=4,8", "SMEM=1", "MIN_BLOCKS=0,4", "HINTS=2", "SKEW=0,1"]
+    )
+    configs = operators.sweep_configs(spec, (8191, 8193), "float32", where)
+    assert len(configs) == 18  # 24 combinations; MIN_BLOCKS=4 rules out 6
+    for i in range(0, len(configs), 2):
+        pair = configs[i : i + 2]
+        assert [c["SKEW"] for c in pair] == [0, 1]
+        assert pair[0] == {**pair[1], "SKEW": 0}
     with pytest.raises(SystemExit, match="no parameter NOPE"):
         operators.sweep_configs(spec, (64, 64), "float32", {"NOPE": {1}})
     with pytest.raises(SystemExit, match="no valid"):
@@ -230,6 +241,7 @@ def test_a_sweep_writes_every_row_and_the_best_per_value(tmp_path, monkeypatch, 
     argv = ["operators.py", "--out", str(out), "--case", "transpose:8191x8193:float32"]
     argv += ["--where", "TILE=64", "--where", "VEC=1,4", "--where", "RPT=4"]
     argv += ["--where", "SMEM=2", "--where", "MIN_BLOCKS=0", "--where", "HINTS=0,1,2"]
+    argv += ["--where", "SKEW=0"]
     monkeypatch.setattr(sys, "argv", argv)
     operators.main()
     report = json.loads(out.read_text())
