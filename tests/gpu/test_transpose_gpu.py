@@ -77,23 +77,28 @@ def test_every_vector_width_on_split_shapes(spec, shape, dtype):
 ODD = [(127, 129), (129, 127), (255, 4097), (1000, 1003), (4096, 1001)]
 
 
+def _verify_every_width(spec, shape, dtype, seed, where):
+    """Four seeded configs matching ``where`` at every vector width of at most 16 bytes,
+    each verified exactly."""
+    for vec in (v for v in spec.params["VEC"] if v * DTYPES[dtype][2] <= 16):
+        checked, failures = verify_variants(
+            spec,
+            shape,
+            dtype,
+            max_configs=4,
+            seed=seed + vec,
+            where=lambda c, v=vec: c["VEC"] == v and where(c),
+        )
+        assert checked >= 4 and not failures, (vec, failures[:5])
+
+
 @pytest.mark.parametrize("hints", [1, 2])
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
 @pytest.mark.parametrize("shape", ODD, ids=lambda s: "x".join(map(str, s)))
 def test_plain_cache_hints_on_odd_shapes(spec, shape, dtype, hints):
     """HINTS 1 (plain stores) and 2 (plain loads and stores): a seeded sample of the configs
     of every vector width (split rows for VEC > 1), verified exactly."""
-    widths = [v for v in spec.params["VEC"] if v * DTYPES[dtype][2] <= 16]
-    for vec in widths:
-        checked, failures = verify_variants(
-            spec,
-            shape,
-            dtype,
-            max_configs=4,
-            seed=10 * hints + vec,
-            where=lambda c, v=vec: c["VEC"] == v and c["HINTS"] == hints,
-        )
-        assert checked >= 4 and not failures, (vec, failures[:5])
+    _verify_every_width(spec, shape, dtype, 10 * hints, lambda c: c["HINTS"] == hints)
 
 
 #: 8191 x 8193 float32: the tuned winner (data/h100, TILE=64 VEC=1 RPT=4 SMEM=2) and a split
@@ -122,17 +127,7 @@ SKEWED = [(127, 129), (129, 127), (255, 4097), (1, 4097), (4097, 1), (3, 5), (10
 def test_skewed_tiles_on_odd_shapes(spec, shape, dtype):
     """SKEW=1: a seeded sample of the configs of every vector width, verified exactly."""
     assert skew_applies(shape, dtype)
-    widths = [v for v in spec.params["VEC"] if v * DTYPES[dtype][2] <= 16]
-    for vec in widths:
-        checked, failures = verify_variants(
-            spec,
-            shape,
-            dtype,
-            max_configs=4,
-            seed=20 + vec,
-            where=lambda c, v=vec: c["VEC"] == v and c["SKEW"] == 1,
-        )
-        assert checked >= 4 and not failures, (vec, failures[:5])
+    _verify_every_width(spec, shape, dtype, 20, lambda c: c["SKEW"] == 1)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
